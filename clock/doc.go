@@ -1,0 +1,13 @@
+// Package clock provides the time sources tokenshard reads: Monotonic for
+// production and Manual for tests.
+//
+// A Clock reports nanoseconds since its own origin as an int64 that never
+// goes below zero. The engine reads it only inside the goroutine that owns the
+// state being decided, once per message, so a decision and the time it was
+// made at always belong together.
+//
+// # Ownership
+//
+// Monotonic is immutable after construction. Manual's reading is one atomic
+// value: any goroutine may read or move it.
+package clock
