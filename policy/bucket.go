@@ -155,11 +155,11 @@ func ceilDiv(hi, lo, d uint64) int64 {
 		return math.MaxInt64
 	}
 	q, r := bits.Div64(hi, lo, d)
-	if r != 0 {
-		q++ // cannot wrap: q <= (2^128-1)/d rounded down, and hi < d keeps q < 2^64-1 when r != 0
-	}
-	if q > math.MaxInt64 {
+	if q >= math.MaxInt64 { // the ceiling is at least q: saturate before q++ can wrap
 		return math.MaxInt64
+	}
+	if r != 0 {
+		q++
 	}
 	return int64(q)
 }
