@@ -1,0 +1,152 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tokenshard/tokenshard/msg"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// acquire takes the coordinator, honouring ctx and Close.
+func (e *Engine) acquire(ctx context.Context) error {
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case e.admin <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-e.closing:
+		return ErrClosed
+	}
+}
+
+func (e *Engine) release() { <-e.admin }
+
+// EvictFull removes every bucket that is full at its shard's clock reading
+// and returns how many it removed; background sweeps count separately. A
+// full bucket is exactly what a new key would get, so dropping it changes no
+// future answer, while a depleted or partly refilled bucket is never dropped,
+// however old. Keys created after their shard's pass survive it.
+//
+// Shards are swept one after another. If ctx ends part-way, EvictFull returns
+// the count so far with the context's error. A shard whose clock stepped back
+// evicts nothing and makes EvictFull return ErrClockRegression once every
+// other shard is done. After Close it returns ErrClosed.
+func (e *Engine) EvictFull(ctx context.Context) (int, error) {
+	if err := e.acquire(ctx); err != nil {
+		return 0, err
+	}
+	defer e.release()
+	return e.sweep(ctx)
+}
+
+// sweep runs one pass over every shard; the caller holds the coordinator.
+func (e *Engine) sweep(ctx context.Context) (int, error) {
+	w := &msg.Sweep{Done: make(chan msg.SweepReply, 1)}
+	n := 0
+	var regression error
+	for _, mb := range e.mailboxes {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		r := mb.Sweep(ctx, w)
+		n += r.Evicted
+		switch {
+		case r.Err == ErrClockRegression:
+			regression = r.Err
+		case r.Err != nil:
+			return n, r.Err
+		}
+	}
+	return n, regression
+}
+
+// sweeper runs a sweep every period until Close.
+func (e *Engine) sweeper(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.closing:
+			return
+		case <-t.C:
+			if e.acquire(context.Background()) != nil {
+				return // only Close makes acquire fail here
+			}
+			n, _ := e.sweep(context.Background())
+			e.release()
+			e.swept.Add(int64(n))
+		}
+	}
+}
+
+// ReplacePolicy installs next if the version in force is expectedVersion and
+// next.Version is above it. Errors, in order: ErrInvalidPolicy (wrapped,
+// naming the field; even when next is also stale), ErrClosed, the context's
+// error, ErrStalePolicy; a shard whose clock stepped back makes it fail with
+// ErrClockRegression. On any error nothing changes anywhere.
+//
+// Each shard cuts over at its own clock reading: a bucket keeps what it
+// earned under the old policy up to that instant, is clamped to the new
+// capacity, and refills at the new rate from then on. Raising the capacity
+// tops nobody up; new keys start at the new capacity.
+//
+// The cutover has two phases: every shard takes its reading and stops
+// serving (prepare), then every shard switches (publish). So once any call
+// has seen the new version no later call sees the old one, and every call
+// that starts after ReplacePolicy returns sees the new version. A context
+// that ends before publish aborts everywhere; once publish has begun,
+// ReplacePolicy completes and returns nil. Concurrent calls with the same
+// expectedVersion: exactly one succeeds.
+func (e *Engine) ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error {
+	if err := next.Validate(); err != nil {
+		return err
+	}
+	if err := e.acquire(ctx); err != nil {
+		return err
+	}
+	defer e.release()
+	cur := e.Policy()
+	if expectedVersion != cur.Version || next.Version <= cur.Version {
+		return fmt.Errorf("%w: expected version %d, next version %d, version in force %d",
+			ErrStalePolicy, expectedVersion, next.Version, cur.Version)
+	}
+
+	// Phase 1: prepare. Each prepared shard serves nothing until publish or
+	// abort, so the barrier lasts only as long as this loop.
+	p := &msg.Prepare{Next: next, Done: make(chan error, 1)}
+	prepared := 0
+	var err error
+	for _, mb := range e.mailboxes {
+		if err = mb.Prepare(ctx, p); err != nil {
+			break
+		}
+		prepared++
+	}
+	if err == nil {
+		err = ctx.Err() // the last chance to abort
+	}
+	if err != nil {
+		for _, mb := range e.mailboxes[:prepared] {
+			mb.Abort() // false only on Close, which stops the shard unchanged
+		}
+		if e.closed.Load() {
+			return ErrClosed
+		}
+		return err
+	}
+
+	// Phase 2: publish. From here the cutover completes, whatever ctx does.
+	e.pol.Store(&next)
+	for _, mb := range e.mailboxes {
+		mb.Publish()
+	}
+	return nil
+}

@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/tokenshard/tokenshard/msg"
+)
+
+// batchCall is the reusable working set of one AllowBatch call: one part per
+// shard, the request indices each part carries, and the channel the parts
+// report on. Pooled, so a batch allocates nothing in steady state.
+type batchCall struct {
+	parts []batchPart
+	done  chan int // one slot per shard: no shard ever blocks on it
+}
+
+type batchPart struct {
+	m   msg.Batch
+	idx []int // idx[j] is the index in reqs of m.Items[j]
+}
+
+func newBatchCall(shards int) *batchCall {
+	c := &batchCall{parts: make([]batchPart, shards), done: make(chan int, shards)}
+	for i := range c.parts {
+		c.parts[i].m.Part = i
+		c.parts[i].m.Done = c.done
+	}
+	return c
+}
+
+// reset empties every part, dropping references to the caller's keys.
+func (c *batchCall) reset() {
+	for i := range c.parts {
+		p := &c.parts[i]
+		clear(p.m.Items)
+		clear(p.m.Out)
+		p.m.Items, p.m.Out, p.idx = p.m.Items[:0], p.m.Out[:0], p.idx[:0]
+	}
+}
+
+// AllowBatch decides reqs[i] into out[i] for every i. Requests are grouped by
+// shard and each shard gets one message with its part, which it decides in
+// request order at one clock reading: every result is what the same Allow
+// calls made one by one in that order would give at that instant.
+//
+// Per-request errors are only in out[i].Err, and AllowBatch returns nil, when
+// every part reached its shard. Otherwise it returns ErrClosed or the
+// context's error, which is also written into every result that was not
+// decided. len(out) < len(reqs) is ErrInvalidConfig, and nothing is decided.
+// Parts on different shards may see different policy versions during a
+// cutover. It does not allocate in steady state.
+func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) error {
+	if len(out) < len(reqs) {
+		return fmt.Errorf("%w: len(out) %d < len(reqs) %d", ErrInvalidConfig, len(out), len(reqs))
+	}
+	c := e.batches.Get().(*batchCall)
+	for i, r := range reqs {
+		err := e.checkKey(r.Key)
+		if err == nil && r.Cost < 1 {
+			err = ErrInvalidCost
+		}
+		if err != nil {
+			out[i] = Result{Err: err}
+			continue
+		}
+		p := &c.parts[e.shardOf(r.Key)]
+		p.m.Items = append(p.m.Items, msg.Item{Key: r.Key, Cost: r.Cost})
+		p.idx = append(p.idx, i)
+	}
+
+	var err error
+	if e.closed.Load() {
+		err = ErrClosed
+	} else {
+		err = ctx.Err()
+	}
+	sent := 0
+	for i := range c.parts {
+		p := &c.parts[i]
+		if len(p.m.Items) == 0 {
+			continue
+		}
+		if err == nil {
+			p.m.Out = grow(p.m.Out, len(p.m.Items))
+			err = e.mailboxes[i].SendBatch(ctx, &p.m)
+			if err == nil {
+				sent++
+				continue
+			}
+		}
+		for _, j := range p.idx {
+			out[j] = Result{Err: err}
+		}
+	}
+	// Parts taken by a shard are always answered; wait for all of them, since
+	// they write into buffers that go back to the pool.
+	for ; sent > 0; sent-- {
+		p := &c.parts[<-c.done]
+		for j, r := range p.m.Out {
+			out[p.idx[j]] = Result{Decision: Decision(r.Decision), Err: r.Err}
+		}
+	}
+	c.reset()
+	e.batches.Put(c)
+	return err
+}
+
+// grow returns s resized to n, reusing its array when it is large enough.
+func grow(s []msg.Reply, n int) []msg.Reply {
+	if cap(s) < n {
+		return make([]msg.Reply, n)
+	}
+	return s[:n]
+}

@@ -1,0 +1,37 @@
+package engine
+
+import "time"
+
+// Decision is the answer to one admission request. An error always comes
+// with the zero Decision; a denial is a Decision with Allowed false, never an
+// error.
+type Decision struct {
+	// Allowed reports whether the cost was taken from the bucket.
+	Allowed bool
+	// Remaining is the whole tokens left after the decision, floored.
+	Remaining int64
+	// RetryAfter is 0 when allowed; when denied, the time until the bucket
+	// would hold the cost at the current rate with no other callers, rounded
+	// up to the nanosecond and saturated. An estimate, not a reservation.
+	RetryAfter time.Duration
+	// Version is the version of the policy that decided.
+	Version int64
+	// Limit is the capacity of the limit that decided.
+	Limit int64
+	// ResetAfter is the time until the bucket is full again, rounded up; 0
+	// when full.
+	ResetAfter time.Duration
+}
+
+// Request is one admission request of a batch.
+type Request struct {
+	Key  string
+	Cost int64
+}
+
+// Result is the answer to one Request: a Decision, or an error with the zero
+// Decision.
+type Result struct {
+	Decision Decision
+	Err      error
+}

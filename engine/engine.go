@@ -1,0 +1,150 @@
+package engine
+
+import (
+	crand "crypto/rand"
+	"encoding/binary"
+	"math/bits"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/tokenshard/tokenshard/msg"
+	"github.com/tokenshard/tokenshard/policy"
+	"github.com/tokenshard/tokenshard/shard"
+)
+
+// Engine is a keyed token-bucket admission engine. Keys are spread over
+// shard goroutines by a hash seeded at random per engine; each shard alone
+// owns its buckets, so no lock guards them. Engine is safe for concurrent use
+// and must not be copied. Create it with New and release it with Close.
+type Engine struct {
+	maxKeyBytes int
+	seeded      xxhash.Digest // reset with the engine's seed; copied per key
+	mailboxes   []*shard.Mailbox
+	budget      *shard.Budget
+
+	pol atomic.Pointer[policy.Policy] // the policy in force; written by the coordinator
+
+	// admin is the coordinator: a one-slot semaphore held by ReplacePolicy,
+	// EvictFull and background sweeps, so they never overlap.
+	admin chan struct{}
+
+	closed    atomic.Bool
+	closing   chan struct{} // closed when Close starts
+	stop      chan struct{} // closed once no sender can reach a mailbox
+	closeOnce sync.Once
+	wg        sync.WaitGroup // every goroutine the engine started
+
+	allows  sync.Pool // *msg.Allow with its reply channel
+	batches sync.Pool // *batchCall
+
+	swept atomic.Int64 // keys evicted by background sweeps
+}
+
+// New validates cfg, fills its defaults and starts the engine's goroutines:
+// one per shard, and a sweeper if cfg.SweepEvery is set. It returns
+// ErrInvalidPolicy (wrapped, naming the field) for an invalid policy and
+// ErrInvalidConfig for a negative field. New allocates in proportion to the
+// shard count, not to MaxKeys.
+func New(cfg Config) (*Engine, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		maxKeyBytes: cfg.MaxKeyBytes,
+		mailboxes:   make([]*shard.Mailbox, cfg.Shards),
+		budget:      shard.NewBudget(int64(cfg.MaxKeys)),
+		admin:       make(chan struct{}, 1),
+		closing:     make(chan struct{}),
+		stop:        make(chan struct{}),
+	}
+	// A random seed per engine: without it anyone who reads this code could
+	// pick keys that all land on one shard.
+	var seed [8]byte
+	_, _ = crand.Read(seed[:]) // never fails on supported platforms
+	e.seeded.ResetWithSeed(binary.LittleEndian.Uint64(seed[:]))
+	p := cfg.Policy
+	e.pol.Store(&p)
+	e.allows.New = func() any { return &msg.Allow{Done: make(chan struct{}, 1)} }
+	e.batches.New = func() any { return newBatchCall(len(e.mailboxes)) }
+
+	shards := make([]*shard.Shard, cfg.Shards)
+	for i := range shards {
+		e.mailboxes[i] = shard.NewMailbox(MailboxSize, e.closing)
+		shards[i] = shard.New(p, cfg.Clock, e.budget, e.mailboxes[i])
+	}
+	e.wg.Add(len(shards))
+	for _, s := range shards {
+		go func() {
+			defer e.wg.Done()
+			s.Run(e.stop)
+		}()
+	}
+	if cfg.SweepEvery > 0 {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.sweeper(cfg.SweepEvery)
+		}()
+	}
+	return e, nil
+}
+
+// KeyCount returns the number of tracked keys. It never blocks, never
+// exceeds MaxKeys, and counts every creation and eviction whose call has
+// returned. It keeps answering after Close.
+func (e *Engine) KeyCount() int { return int(e.budget.Count()) }
+
+// Policy returns the policy in force: the one every call that starts now
+// will be decided under. It keeps answering after Close.
+func (e *Engine) Policy() policy.Policy { return *e.pol.Load() }
+
+// Close stops the engine. Requests a shard has already taken get their
+// answers; all others, and every later call, get ErrClosed. Every Close,
+// concurrent or later, returns nil only after every goroutine the engine
+// started has exited.
+func (e *Engine) Close() error {
+	e.closeOnce.Do(func() {
+		e.closed.Store(true)
+		close(e.closing) // releases callers blocked on a full mailbox or the coordinator
+		for _, mb := range e.mailboxes {
+			mb.Close() // after this no request can enter a mailbox
+		}
+		close(e.stop) // shards answer ErrClosed to what is queued, then exit
+		e.wg.Wait()
+	})
+	return nil
+}
+
+// shardOf returns the index of the shard that owns key: the seeded hash
+// mapped onto [0, n) by a multiply-shift, which needs no power of two.
+func (e *Engine) shardOf(key string) int {
+	n := len(e.mailboxes)
+	if n == 1 {
+		return 0
+	}
+	d := e.seeded // a copy: the seeded state costs nothing to reuse
+	_, _ = d.WriteString(key)
+	hi, _ := bits.Mul64(d.Sum64(), uint64(n))
+	return int(hi)
+}
+
+// checkKey reports ErrInvalidKey for a blank key or one over MaxKeyBytes.
+func (e *Engine) checkKey(key string) error {
+	if len(key) > e.maxKeyBytes || isBlank(key) {
+		return ErrInvalidKey
+	}
+	return nil
+}
+
+// isBlank is strings.TrimSpace(key) == "" with a fast exit for the common
+// key that starts with a printable ASCII byte.
+func isBlank(key string) bool {
+	if key != "" && key[0] > ' ' && key[0] < 0x7f {
+		return false
+	}
+	return strings.TrimSpace(key) == ""
+}

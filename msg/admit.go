@@ -1,0 +1,45 @@
+package msg
+
+import "time"
+
+// Decision is a shard's answer to one admission, field for field the same as
+// engine.Decision so the engine converts it without copying field by field.
+type Decision struct {
+	Allowed    bool
+	Remaining  int64
+	RetryAfter time.Duration
+	Version    int64
+	Limit      int64
+	ResetAfter time.Duration
+}
+
+// Reply is a Decision or an error; an error always comes with the zero
+// Decision.
+type Reply struct {
+	Decision Decision
+	Err      error
+}
+
+// Allow asks a shard to decide one request. The shard writes Reply and then
+// sends on Done.
+type Allow struct {
+	Key   string
+	Cost  int64
+	Reply Reply
+	Done  chan struct{} // one-slot buffer; made once per pooled message
+}
+
+// Item is one request of a batch part.
+type Item struct {
+	Key  string
+	Cost int64
+}
+
+// Batch asks a shard to decide Items in order at one clock reading, writing
+// Out[i] for Items[i], then to send Part on Done.
+type Batch struct {
+	Items []Item
+	Out   []Reply
+	Part  int
+	Done  chan int // buffered for every part of one call, so no shard blocks
+}

@@ -1,0 +1,12 @@
+// Package msg defines the messages that travel between the engine and its
+// shards: one struct per request kind, each carrying values and its own reply
+// channel, and the sentinel errors a shard can answer with.
+//
+// # Ownership
+//
+// A message belongs to its sender until the send succeeds, then to the
+// receiving shard until it replies, then to the sender again. The reply
+// channels have a one-slot buffer, so a shard never blocks on a reply, and the
+// receive on them is what orders the shard's writes into the message before
+// the sender's reads. Messages are pooled by the engine and reused.
+package msg

@@ -1,0 +1,17 @@
+package msg
+
+import "errors"
+
+// The errors a shard or the engine can answer with. They live here, at the
+// bottom of the import graph, so a shard can return the very values the
+// engine exports (engine.ErrKeyCapacity == msg.ErrKeyCapacity) without
+// importing it. They are preallocated: rejecting a request allocates nothing.
+var (
+	ErrInvalidKey      = errors.New("engine: invalid key")
+	ErrInvalidCost     = errors.New("engine: invalid cost")
+	ErrKeyCapacity     = errors.New("engine: key capacity reached")
+	ErrStalePolicy     = errors.New("engine: stale policy")
+	ErrClockRegression = errors.New("engine: clock went backwards")
+	ErrClosed          = errors.New("engine: closed")
+	ErrInvalidConfig   = errors.New("engine: invalid config")
+)

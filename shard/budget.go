@@ -1,0 +1,42 @@
+package shard
+
+import "sync/atomic"
+
+// Budget is the engine-wide bound on tracked keys, shared by every shard. A
+// creation reserves a slot before inserting and releases it if it fails; an
+// eviction releases its slot only after the delete. So Count never exceeds
+// the maximum, and it is exact for every call that has returned. Budget is
+// safe for concurrent use and must not be copied.
+type Budget struct {
+	_   [64]byte // keep the hot counter off the cache line of whatever precedes it
+	n   atomic.Int64
+	max int64
+	_   [48]byte
+}
+
+// NewBudget returns an empty budget of max keys.
+func NewBudget(max int64) *Budget { return &Budget{max: max} }
+
+// Reserve takes one slot and reports whether there was one. It never lets
+// the count pass the maximum, even for an instant, so a concurrent Count
+// never reads more than max.
+func (b *Budget) Reserve() bool {
+	for {
+		c := b.n.Load()
+		if c >= b.max {
+			return false
+		}
+		if b.n.CompareAndSwap(c, c+1) {
+			return true
+		}
+	}
+}
+
+// Release gives one slot back.
+func (b *Budget) Release() { b.n.Add(-1) }
+
+// Count returns the number of reserved slots.
+func (b *Budget) Count() int64 { return b.n.Load() }
+
+// Max returns the bound.
+func (b *Budget) Max() int64 { return b.max }

@@ -1,0 +1,170 @@
+package shard
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tokenshard/tokenshard/msg"
+)
+
+// closedBit marks a closed mailbox in Mailbox.senders; the bits below it
+// count the data senders inside a send.
+const closedBit = 1 << 62
+
+// Mailbox is how requests reach one shard: bounded channels for data (one per
+// request kind) and unbuffered channels for control, which the shard serves
+// first. It is the one piece a faster transport would replace; State does not
+// know it exists.
+//
+// Close must never strand a request in a buffer that nobody will drain, so
+// data senders register in senders while they send: Close sets the closed bit,
+// waits until no sender is inside, and only then lets the shard do its final
+// drain. Mailbox is safe for concurrent use and must not be copied.
+type Mailbox struct {
+	allow   chan *msg.Allow
+	batch   chan *msg.Batch
+	prepare chan *msg.Prepare
+	publish chan struct{}
+	abort   chan struct{}
+	sweep   chan *msg.Sweep
+
+	closing <-chan struct{} // closed by the engine when Close starts
+
+	senders   atomic.Int64
+	drained   chan struct{} // closed once closed and no sender is inside
+	drainOnce sync.Once
+}
+
+// NewMailbox returns a mailbox whose data channels hold size messages each.
+// closing must be closed when the engine starts closing: it releases senders
+// blocked on a full mailbox.
+func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
+	return &Mailbox{
+		allow:   make(chan *msg.Allow, size),
+		batch:   make(chan *msg.Batch, size),
+		prepare: make(chan *msg.Prepare),
+		publish: make(chan struct{}),
+		abort:   make(chan struct{}),
+		sweep:   make(chan *msg.Sweep),
+		closing: closing,
+		drained: make(chan struct{}),
+	}
+}
+
+// SendAllow hands a to the shard. It returns ErrClosed if the mailbox is
+// closed, the context's error if ctx is done first (checked before the send,
+// since a select between a ready channel and a done context picks at random),
+// and nil once the shard holds a; then the shard will answer on a.Done.
+func (m *Mailbox) SendAllow(ctx context.Context, a *msg.Allow) error {
+	if !m.enter() {
+		return msg.ErrClosed
+	}
+	err := ctx.Err()
+	if err == nil {
+		select {
+		case m.allow <- a:
+		default: // full: wait for room, the context or Close
+			select {
+			case m.allow <- a:
+			case <-ctx.Done():
+				err = ctx.Err()
+			case <-m.closing:
+				err = msg.ErrClosed
+			}
+		}
+	}
+	m.leave()
+	return err
+}
+
+// SendBatch is SendAllow for a batch part; the shard answers on b.Done.
+func (m *Mailbox) SendBatch(ctx context.Context, b *msg.Batch) error {
+	if !m.enter() {
+		return msg.ErrClosed
+	}
+	err := ctx.Err()
+	if err == nil {
+		select {
+		case m.batch <- b:
+		default:
+			select {
+			case m.batch <- b:
+			case <-ctx.Done():
+				err = ctx.Err()
+			case <-m.closing:
+				err = msg.ErrClosed
+			}
+		}
+	}
+	m.leave()
+	return err
+}
+
+// Prepare sends a cutover prepare and returns the shard's answer. ctx and
+// Close end the wait for the shard to take it; once taken, it is answered.
+func (m *Mailbox) Prepare(ctx context.Context, p *msg.Prepare) error {
+	select {
+	case m.prepare <- p:
+		return <-p.Done
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.closing:
+		return msg.ErrClosed
+	}
+}
+
+// Publish tells a prepared shard to switch. It returns false only if the
+// engine is closing, in which case the shard stops without switching.
+func (m *Mailbox) Publish() bool { return m.signal(m.publish) }
+
+// Abort tells a prepared shard to drop the staged cutover.
+func (m *Mailbox) Abort() bool { return m.signal(m.abort) }
+
+func (m *Mailbox) signal(ch chan struct{}) bool {
+	select {
+	case ch <- struct{}{}:
+		return true
+	case <-m.closing:
+		return false
+	}
+}
+
+// Sweep sends a sweep and returns the shard's answer, or the context's error
+// or ErrClosed if the shard did not take it.
+func (m *Mailbox) Sweep(ctx context.Context, w *msg.Sweep) msg.SweepReply {
+	select {
+	case m.sweep <- w:
+		return <-w.Done
+	case <-ctx.Done():
+		return msg.SweepReply{Err: ctx.Err()}
+	case <-m.closing:
+		return msg.SweepReply{Err: msg.ErrClosed}
+	}
+}
+
+// Close marks the mailbox closed and waits until no sender is inside a send.
+// After it returns, nothing more can enter the data channels. It is safe to
+// call more than once.
+func (m *Mailbox) Close() {
+	if m.senders.Or(closedBit) == 0 {
+		m.drainOnce.Do(m.closeDrained)
+	}
+	<-m.drained
+}
+
+func (m *Mailbox) enter() bool {
+	if m.senders.Add(1)&closedBit != 0 {
+		m.leave()
+		return false
+	}
+	return true
+}
+
+func (m *Mailbox) leave() {
+	if m.senders.Add(-1) == closedBit {
+		m.drainOnce.Do(m.closeDrained)
+	}
+}
+
+func (m *Mailbox) closeDrained() { close(m.drained) }

@@ -1,0 +1,133 @@
+package shard
+
+import (
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/msg"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// maxGroup bounds how many queued single requests the loop takes before it
+// reads the clock and decides them, so one burst cannot starve control.
+const maxGroup = 64
+
+// Shard is one goroutine's worth of state: a State, the clock it reads and
+// the Mailbox it serves. Its methods other than Mailbox are for the goroutine
+// running Run.
+type Shard struct {
+	state *State
+	clk   clock.Clock
+	mb    *Mailbox
+	group []*msg.Allow // reused buffer of one group of single requests
+}
+
+// New returns a shard serving p on mb, reading clk, sharing budget.
+func New(p policy.Policy, clk clock.Clock, budget *Budget, mb *Mailbox) *Shard {
+	return &Shard{
+		state: NewState(p, budget),
+		clk:   clk,
+		mb:    mb,
+		group: make([]*msg.Allow, 0, maxGroup),
+	}
+}
+
+// Mailbox returns the shard's mailbox.
+func (s *Shard) Mailbox() *Mailbox { return s.mb }
+
+// Run serves the mailbox until stop is closed, then answers ErrClosed to
+// every request still queued and returns. The engine closes stop only after
+// the mailbox is closed, so nothing can arrive after the final drain.
+func (s *Shard) Run(stop <-chan struct{}) {
+	mb := s.mb
+	for {
+		// Control first: a cutover or sweep never waits behind data.
+		select {
+		case p := <-mb.prepare:
+			if !s.cutover(p, stop) {
+				s.drain()
+				return
+			}
+			continue
+		case w := <-mb.sweep:
+			w.Done <- s.state.Sweep(s.clk.Now())
+			continue
+		default:
+		}
+		select {
+		case p := <-mb.prepare:
+			if !s.cutover(p, stop) {
+				s.drain()
+				return
+			}
+		case w := <-mb.sweep:
+			w.Done <- s.state.Sweep(s.clk.Now())
+		case a := <-mb.allow:
+			s.serveAllow(a)
+		case b := <-mb.batch:
+			s.state.Batch(s.clk.Now(), b)
+			b.Done <- b.Part
+		case <-stop:
+			s.drain()
+			return
+		}
+	}
+}
+
+// serveAllow takes first and whatever else is queued (up to maxGroup), reads
+// the clock once after the take, and decides them in arrival order.
+func (s *Shard) serveAllow(first *msg.Allow) {
+	g := append(s.group[:0], first)
+take:
+	for len(g) < maxGroup {
+		select {
+		case a := <-s.mb.allow:
+			g = append(g, a)
+		default:
+			break take
+		}
+	}
+	now := s.clk.Now()
+	for i, a := range g {
+		a.Reply = s.state.Allow(now, a.Key, a.Cost)
+		a.Done <- struct{}{}
+		g[i] = nil // the message goes back to its pool; do not keep it alive
+	}
+	s.group = g[:0]
+}
+
+// cutover runs one prepare and waits, serving nothing else, for publish or
+// abort. It returns false if stop came first (the staged cutover is dropped).
+func (s *Shard) cutover(p *msg.Prepare, stop <-chan struct{}) bool {
+	err := s.state.Prepare(s.clk.Now(), p.Next)
+	p.Done <- err
+	if err != nil {
+		return true
+	}
+	select {
+	case <-s.mb.publish:
+		s.state.Publish()
+	case <-s.mb.abort:
+		s.state.Abort()
+	case <-stop:
+		s.state.Abort()
+		return false
+	}
+	return true
+}
+
+// drain answers ErrClosed to every queued data request.
+func (s *Shard) drain() {
+	for {
+		select {
+		case a := <-s.mb.allow:
+			a.Reply = msg.Reply{Err: msg.ErrClosed}
+			a.Done <- struct{}{}
+		case b := <-s.mb.batch:
+			for i := range b.Out[:len(b.Items)] {
+				b.Out[i] = msg.Reply{Err: msg.ErrClosed}
+			}
+			b.Done <- b.Part
+		default:
+			return
+		}
+	}
+}

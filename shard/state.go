@@ -1,0 +1,209 @@
+package shard
+
+import (
+	"strings"
+	"time"
+
+	"github.com/tokenshard/tokenshard/msg"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// maxGenerations bounds the policy history a shard keeps for lazy cutover
+// conversion. Past it, the shard converts every bucket at publish and starts
+// afresh, so a service that cuts over often but never sweeps keeps O(1)
+// history per shard.
+const maxGenerations = 64
+
+// generation is one policy a shard has served, from its cutover reading on.
+type generation struct {
+	pol   policy.Policy
+	start int64
+}
+
+// State is the pure state machine of one shard: a bucket map and the policy
+// that governs it. Handlers take the clock reading now and return the reply.
+// State is not safe for concurrent use: exactly one goroutine owns it.
+//
+// A cutover publishes in O(1): it appends a generation, and each bucket is
+// converted the first time it is touched (or swept) by replaying the cutovers
+// it missed with policy.Bucket.Cutover, which gives exactly what an eager
+// conversion at each cutover reading would have given.
+type State struct {
+	buckets map[string]policy.Bucket
+	budget  *Budget
+
+	// gens[i] is generation base+i; the last one is in force. A bucket's
+	// Epoch names the generation its balance is expressed in.
+	gens  []generation
+	base  uint32
+	epoch uint32
+	stale int // buckets whose Epoch != epoch; at 0 the history is dropped
+
+	last int64 // latest clock reading a successful operation observed
+
+	prepared bool
+	staged   generation
+}
+
+// NewState returns an empty shard state serving p, sharing budget with the
+// other shards.
+func NewState(p policy.Policy, budget *Budget) *State {
+	return &State{
+		buckets: make(map[string]policy.Bucket),
+		budget:  budget,
+		gens:    []generation{{pol: p}},
+	}
+}
+
+// Policy returns the policy in force.
+func (s *State) Policy() policy.Policy { return s.gens[len(s.gens)-1].pol }
+
+// Len returns the number of buckets this shard tracks.
+func (s *State) Len() int { return len(s.buckets) }
+
+// Allow decides one request at now, following DESIGN 3.2 steps 4 to 8: cost
+// above capacity, then clock regression, then the key bound; an error
+// changes nothing. The key and cost are already known to be well formed.
+func (s *State) Allow(now int64, key string, cost int64) msg.Reply {
+	p := s.Policy()
+	if cost > p.Capacity {
+		return msg.Reply{Err: msg.ErrInvalidCost}
+	}
+	if now < s.last {
+		return msg.Reply{Err: msg.ErrClockRegression}
+	}
+	lim := p.Limit()
+	b, ok := s.buckets[key]
+	if ok {
+		s.bringUp(&b)
+	} else {
+		if !s.budget.Reserve() {
+			return msg.Reply{Err: msg.ErrKeyCapacity}
+		}
+		// Clone so a key sliced from a request buffer does not pin it.
+		key = strings.Clone(key)
+		b = policy.NewBucket(lim, now)
+		b.Epoch = s.epoch
+	}
+	o := b.Decide(lim, now, cost)
+	s.buckets[key] = b
+	s.last = now
+	return msg.Reply{Decision: msg.Decision{
+		Allowed:    o.Allowed,
+		Remaining:  o.Remaining,
+		RetryAfter: time.Duration(o.RetryAfter),
+		Version:    p.Version,
+		Limit:      p.Capacity,
+		ResetAfter: time.Duration(o.ResetAfter),
+	}}
+}
+
+// Batch decides b.Items in order at one reading, into b.Out. The answers are
+// those of the same Allow calls made one by one at now.
+func (s *State) Batch(now int64, b *msg.Batch) {
+	for i, it := range b.Items {
+		b.Out[i] = s.Allow(now, it.Key, it.Cost)
+	}
+}
+
+// Sweep removes every bucket that is full at now and returns how many. A
+// reading older than the last one observed is ErrClockRegression, and then
+// nothing changes. Every surviving bucket is brought up to date, which
+// changes no answer (refilling a to b then b to c equals refilling a to c)
+// and finishes any pending cutover conversion.
+func (s *State) Sweep(now int64) msg.SweepReply {
+	if now < s.last {
+		return msg.SweepReply{Err: msg.ErrClockRegression}
+	}
+	lim := s.Policy().Limit()
+	n := 0
+	for k, b := range s.buckets {
+		s.bringUp(&b)
+		b.Refill(lim, now)
+		if b.Full(lim) {
+			delete(s.buckets, k)
+			s.budget.Release() // only after the delete: Count never undercounts
+			n++
+			continue
+		}
+		s.buckets[k] = b
+	}
+	s.last = now
+	return msg.SweepReply{Evicted: n}
+}
+
+// Prepare takes now as the cutover reading for next and stops the shard from
+// serving data until Publish or Abort. A reading older than the last one
+// observed is ErrClockRegression, and then nothing changes.
+func (s *State) Prepare(now int64, next policy.Policy) error {
+	if now < s.last {
+		return msg.ErrClockRegression
+	}
+	s.prepared = true
+	s.staged = generation{pol: next, start: now}
+	return nil
+}
+
+// Prepared reports whether a cutover is staged.
+func (s *State) Prepared() bool { return s.prepared }
+
+// Publish switches to the staged policy in O(1): buckets convert lazily. It
+// does nothing if no cutover is staged.
+func (s *State) Publish() {
+	if !s.prepared {
+		return
+	}
+	s.prepared = false
+	s.gens = append(s.gens, s.staged)
+	s.epoch++
+	s.last = s.staged.start
+	s.stale = len(s.buckets)
+	if len(s.gens) > maxGenerations {
+		s.convertAll()
+	}
+	s.compact()
+}
+
+// Abort drops the staged cutover; nothing else changes.
+func (s *State) Abort() {
+	s.prepared = false
+	s.staged = generation{}
+}
+
+// bringUp converts b to the generation in force by replaying every cutover
+// it missed: refill under the old limit up to the cutover reading, then clamp
+// to the new capacity. It does not refill past the last cutover.
+func (s *State) bringUp(b *policy.Bucket) {
+	if b.Epoch == s.epoch {
+		return
+	}
+	for i := b.Epoch - s.base; int(i) < len(s.gens)-1; i++ {
+		old, next := s.gens[i], s.gens[i+1]
+		b.Cutover(old.pol.Limit(), next.pol.Limit(), next.start)
+	}
+	b.Epoch = s.epoch
+	s.stale--
+	s.compact()
+}
+
+// convertAll converts every bucket now, for when the history grew too long.
+func (s *State) convertAll() {
+	for k, b := range s.buckets {
+		if b.Epoch != s.epoch {
+			s.bringUp(&b)
+			s.buckets[k] = b
+		}
+	}
+}
+
+// compact forgets every generation but the one in force once no bucket needs
+// them.
+func (s *State) compact() {
+	if s.stale != 0 || len(s.gens) == 1 {
+		return
+	}
+	s.gens[0] = s.gens[len(s.gens)-1]
+	clear(s.gens[1:])
+	s.gens = s.gens[:1]
+	s.base = s.epoch
+}
