@@ -1,0 +1,219 @@
+package shard
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/tokenshard/tokenshard/msg"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// gateClock hands out exactly the readings the test sends it, and blocks the
+// shard until it does: the test decides when the shard may go on.
+type gateClock chan int64
+
+func (g gateClock) Now() int64 { return <-g }
+
+// loop runs one shard the way the engine does and stops it the way Close
+// does: closing, then the mailbox, then stop.
+type loop struct {
+	mb      *Mailbox
+	closing chan struct{}
+	stop    chan struct{}
+	exited  chan struct{}
+}
+
+func startLoop(p policy.Policy, clk gateClock, budget *Budget) *loop {
+	l := &loop{closing: make(chan struct{}), stop: make(chan struct{}), exited: make(chan struct{})}
+	l.mb = NewMailbox(8, l.closing)
+	s := New(p, clk, budget, l.mb)
+	go func() {
+		defer close(l.exited)
+		s.Run(l.stop)
+	}()
+	return l
+}
+
+func (l *loop) close() {
+	close(l.closing)
+	l.mb.Close()
+	close(l.stop)
+	<-l.exited
+}
+
+// allowAsync sends one request and returns where its answer will arrive.
+func allowAsync(t *testing.T, mb *Mailbox, key string, cost int64) <-chan msg.Reply {
+	t.Helper()
+	a := &msg.Allow{Key: key, Cost: cost, Done: make(chan struct{}, 1)}
+	got := make(chan msg.Reply, 1)
+	go func() {
+		if err := mb.SendAllow(context.Background(), a); err != nil {
+			got <- msg.Reply{Err: err}
+			return
+		}
+		<-a.Done
+		got <- a.Reply
+	}()
+	return got
+}
+
+var p1 = policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
+
+// TestRunControlBeforeData shows a sweep queued behind data is served first.
+// With room for one key, key a (depleted at 0, full by 5 s) holds the slot.
+// While the shard is stalled reading the clock for another request, a new key
+// b and a sweep queue up. Only if the sweep runs first is there room for b.
+func TestRunControlBeforeData(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := make(gateClock)
+		l := startLoop(p1, clk, NewBudget(1))
+		defer l.close()
+
+		ra := allowAsync(t, l.mb, "a", 10)
+		clk <- 0
+		require.NoError(t, (<-ra).Err)
+
+		rx := allowAsync(t, l.mb, "a", 1)
+		synctest.Wait() // the shard holds x and waits for its reading
+		rb := allowAsync(t, l.mb, "b", 1)
+		sw := make(chan msg.SweepReply, 1)
+		go func() { sw <- l.mb.Sweep(context.Background(), &msg.Sweep{Done: make(chan msg.SweepReply, 1)}) }()
+		synctest.Wait() // b is queued, the sweep is waiting to be taken
+
+		clk <- 0 // x is decided at 0: a stays depleted
+		x := <-rx
+		require.NoError(t, x.Err)
+		assert.False(t, x.Decision.Allowed)
+		clk <- 5 * int64(time.Second) // the sweep's reading: a is full
+		clk <- 5 * int64(time.Second) // b's reading
+		w, b := <-sw, <-rb
+		require.NoError(t, w.Err)
+		assert.Equal(t, 1, w.Evicted, "the sweep ran before b and found a full")
+		require.NoError(t, b.Err, "b found the slot a left")
+		assert.True(t, b.Decision.Allowed)
+	})
+}
+
+// TestRunPreparedServesNothing shows a prepared shard decides no data until
+// publish, and then decides it under the new policy.
+func TestRunPreparedServesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := make(gateClock)
+		l := startLoop(p1, clk, NewBudget(10))
+		defer l.close()
+
+		p2 := policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 4}
+		prep := make(chan error, 1)
+		go func() { prep <- l.mb.Prepare(context.Background(), &msg.Prepare{Next: p2, Done: make(chan error, 1)}) }()
+		clk <- 100
+		require.NoError(t, <-prep)
+
+		ra := allowAsync(t, l.mb, "a", 1)
+		synctest.Wait()
+		select {
+		case r := <-ra:
+			t.Fatalf("a prepared shard answered %+v before publish", r)
+		default:
+		}
+		require.True(t, l.mb.Publish())
+		clk <- 200
+		r := <-ra
+		require.NoError(t, r.Err)
+		assert.Equal(t, int64(2), r.Decision.Version)
+		assert.Equal(t, int64(19), r.Decision.Remaining, "a new key starts at the new capacity")
+	})
+}
+
+// TestRunStopDrains shows Close's order: queued requests that the shard has
+// not taken get ErrClosed, a staged cutover is dropped, and the loop exits.
+func TestRunStopDrains(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := make(gateClock)
+		l := startLoop(p1, clk, NewBudget(10))
+
+		prep := make(chan error, 1)
+		go func() {
+			prep <- l.mb.Prepare(context.Background(), &msg.Prepare{Next: policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}, Done: make(chan error, 1)})
+		}()
+		clk <- 0
+		require.NoError(t, <-prep)
+
+		var replies []<-chan msg.Reply
+		for range 5 {
+			replies = append(replies, allowAsync(t, l.mb, "a", 1))
+		}
+		batch := &msg.Batch{Items: []msg.Item{{Key: "b", Cost: 1}, {Key: "c", Cost: 1}}, Out: make([]msg.Reply, 2), Done: make(chan int, 1)}
+		require.NoError(t, l.mb.SendBatch(context.Background(), batch))
+		synctest.Wait()
+
+		l.close()
+		for _, r := range replies {
+			assert.ErrorIs(t, (<-r).Err, msg.ErrClosed)
+		}
+		<-batch.Done
+		for _, r := range batch.Out {
+			assert.ErrorIs(t, r.Err, msg.ErrClosed)
+		}
+		assert.ErrorIs(t, l.mb.SendAllow(context.Background(), &msg.Allow{Key: "a", Cost: 1, Done: make(chan struct{}, 1)}), msg.ErrClosed)
+		assert.False(t, l.mb.Publish(), "nobody left to publish to")
+		l.mb.Close() // idempotent
+	})
+}
+
+// TestMailboxFullBlocksUntilContext shows a full mailbox blocks the sender
+// until its context ends, and Close releases the others with ErrClosed.
+func TestMailboxFullBlocksUntilContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := make(gateClock)
+		l := startLoop(p1, clk, NewBudget(100))
+		// Stall the shard in its clock read so nothing leaves the mailbox.
+		first := allowAsync(t, l.mb, "a", 1)
+		synctest.Wait()
+		for range cap(l.mb.allow) {
+			allowAsync(t, l.mb, "a", 1)
+		}
+		synctest.Wait()
+		require.Len(t, l.mb.allow, cap(l.mb.allow))
+
+		ctx, cancel := context.WithCancel(context.Background())
+		blocked := make(chan error, 1)
+		go func() { blocked <- l.mb.SendAllow(ctx, &msg.Allow{Key: "a", Cost: 1, Done: make(chan struct{}, 1)}) }()
+		synctest.Wait()
+		select {
+		case err := <-blocked:
+			t.Fatalf("send into a full mailbox returned %v", err)
+		default:
+		}
+		cancel()
+		assert.ErrorIs(t, <-blocked, context.Canceled)
+
+		closed := make(chan error, 1)
+		go func() { closed <- l.mb.SendAllow(context.Background(), &msg.Allow{Key: "a", Cost: 1, Done: make(chan struct{}, 1)}) }()
+		synctest.Wait()
+		close(l.closing)
+		assert.ErrorIs(t, <-closed, msg.ErrClosed)
+		l.mb.Close()
+		close(l.stop)
+		// Feed readings until the loop exits: it may still decide queued
+		// requests before it sees stop, which is allowed.
+		go func() {
+			for {
+				select {
+				case clk <- 0:
+				case <-l.exited:
+					return
+				}
+			}
+		}()
+		require.NoError(t, (<-first).Err, "a taken request is answered")
+		<-l.exited
+	})
+}

@@ -1,0 +1,229 @@
+package shard
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/msg"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// eager is the obvious reference for State: it converts every bucket at each
+// cutover instead of lazily, and never drops history because it keeps none.
+type eager struct {
+	pol     policy.Policy
+	buckets map[string]policy.Bucket
+	last    int64
+	max     int
+}
+
+func (m *eager) allow(now int64, key string, cost int64) msg.Reply {
+	if cost > m.pol.Capacity {
+		return msg.Reply{Err: msg.ErrInvalidCost}
+	}
+	if now < m.last {
+		return msg.Reply{Err: msg.ErrClockRegression}
+	}
+	b, ok := m.buckets[key]
+	if !ok {
+		if len(m.buckets) >= m.max {
+			return msg.Reply{Err: msg.ErrKeyCapacity}
+		}
+		b = policy.NewBucket(m.pol.Limit(), now)
+	}
+	o := b.Decide(m.pol.Limit(), now, cost)
+	m.buckets[key] = b
+	m.last = now
+	return msg.Reply{Decision: msg.Decision{
+		Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: durationOf(o.RetryAfter),
+		Version: m.pol.Version, Limit: m.pol.Capacity, ResetAfter: durationOf(o.ResetAfter),
+	}}
+}
+
+func (m *eager) cutover(now int64, next policy.Policy) error {
+	if now < m.last {
+		return msg.ErrClockRegression
+	}
+	for k, b := range m.buckets {
+		b.Cutover(m.pol.Limit(), next.Limit(), now)
+		m.buckets[k] = b
+	}
+	m.pol, m.last = next, now
+	return nil
+}
+
+func (m *eager) sweep(now int64) msg.SweepReply {
+	if now < m.last {
+		return msg.SweepReply{Err: msg.ErrClockRegression}
+	}
+	n := 0
+	for k, b := range m.buckets {
+		b.Refill(m.pol.Limit(), now)
+		if b.Full(m.pol.Limit()) {
+			delete(m.buckets, k)
+			n++
+		}
+	}
+	m.last = now
+	return msg.SweepReply{Evicted: n}
+}
+
+// TestStateMatchesEagerCutover drives State and the eager reference with the
+// same random trace: allows over a few keys, sweeps, cutovers that raise and
+// lower capacity and rate, clock steps of 0, 1 ns, typical and huge amounts,
+// and now and then a step back. Every answer must be identical, and so must
+// every balance once both are brought to the same instant. Long runs without
+// sweeps push the lazy history past maxGenerations.
+func TestStateMatchesEagerCutover(t *testing.T) {
+	for seed := uint64(1); seed <= 40; seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, seed*7919))
+			start := policy.Policy{Version: 1, Capacity: 1 + r.Int64N(20), TokensPerSecond: 1 + r.Int64N(5)}
+			maxKeys := 3 + r.IntN(6)
+			budget := NewBudget(int64(maxKeys))
+			s := NewState(start, budget)
+			m := &eager{pol: start, buckets: map[string]policy.Bucket{}, max: maxKeys}
+			now := int64(0)
+			sweepOdds := 20 + r.IntN(400) // some seeds almost never sweep
+			for step := range 3000 {
+				now = stepClock(r, now)
+				switch op := r.IntN(sweepOdds); {
+				case op == 0:
+					got, want := s.Sweep(now), m.sweep(now)
+					require.Equal(t, want, got, "seed %d step %d: sweep at %d", seed, step, now)
+				case op < 4:
+					next := randomPolicy(r, m.pol.Version+1)
+					wantErr := m.cutover(now, next)
+					gotErr := s.Prepare(now, next)
+					require.Equal(t, wantErr, gotErr, "seed %d step %d: prepare", seed, step)
+					if gotErr == nil {
+						s.Publish()
+					}
+				default:
+					key := fmt.Sprintf("k%d", r.IntN(maxKeys+2))
+					c := m.pol.Capacity
+					cost := 1 + r.Int64N(min(c, 40))
+					switch r.IntN(10) {
+					case 0:
+						cost = c
+					case 1:
+						if c < math.MaxInt64 {
+							cost = c + 1 // above capacity: ErrInvalidCost
+						}
+					}
+					got, want := s.Allow(now, key, cost), m.allow(now, key, cost)
+					require.Equal(t, want, got, "seed %d step %d: allow %q cost %d at %d", seed, step, key, cost, now)
+				}
+				require.Equal(t, int64(len(m.buckets)), budget.Count(), "seed %d step %d: key count", seed, step)
+				require.LessOrEqual(t, len(s.gens), maxGenerations+1, "seed %d: history unbounded", seed)
+			}
+			// Same balances when both are brought to the final instant.
+			lim := m.pol.Limit()
+			for k, want := range m.buckets {
+				got := s.buckets[k]
+				s.bringUp(&got)
+				got.Refill(lim, now)
+				want.Refill(lim, now)
+				got.Epoch, want.Epoch = 0, 0
+				assert.Equal(t, want, got, "seed %d: bucket %q", seed, k)
+			}
+		})
+	}
+}
+
+// stepClock moves now by a step drawn from the boundary cases, sometimes
+// backwards (which must be rejected) and saturating at math.MaxInt64.
+func stepClock(r *rand.Rand, now int64) int64 {
+	var d int64
+	switch r.IntN(12) {
+	case 0, 1:
+		d = 0
+	case 2:
+		d = 1
+	case 3:
+		d = 333_333_333
+	case 4:
+		d = -1 - r.Int64N(1_000_000) // a regression
+	case 5:
+		d = r.Int64N(math.MaxInt64 / 64) // huge
+	default:
+		d = r.Int64N(2_000_000_000)
+	}
+	next := now + d
+	switch {
+	case d > 0 && next < now:
+		return math.MaxInt64
+	case next < 0:
+		return 0
+	}
+	return next
+}
+
+func randomPolicy(r *rand.Rand, version int64) policy.Policy {
+	p := policy.Policy{Version: version, Capacity: 1 + r.Int64N(25), TokensPerSecond: 1 + r.Int64N(8)}
+	if r.IntN(20) == 0 {
+		p.Capacity = math.MaxInt64
+	}
+	if r.IntN(20) == 0 {
+		p.TokensPerSecond = math.MaxInt64
+	}
+	return p
+}
+
+// TestStateHistoryCompacts checks the lazy history is dropped once every
+// bucket has been converted, and bounded when no bucket is ever touched.
+func TestStateHistoryCompacts(t *testing.T) {
+	const sec = int64(time.Second)
+	s := NewState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10))
+	require.NoError(t, s.Allow(0, "a", 10).Err)
+	require.NoError(t, s.Allow(0, "b", 10).Err)
+	for v := int64(2); v <= 5; v++ {
+		require.NoError(t, s.Prepare(v*sec, policy.Policy{Version: v, Capacity: 10, TokensPerSecond: 1}))
+		s.Publish()
+	}
+	assert.Len(t, s.gens, 5, "four cutovers, nothing touched: five generations kept")
+	got := s.Allow(6*sec, "a", 1)
+	require.NoError(t, got.Err)
+	assert.Equal(t, int64(5), got.Decision.Remaining, "6 s at 1/s across four cutovers, minus 1")
+	assert.Len(t, s.gens, 5, "b still needs the history")
+	s.Allow(6*sec, "b", 1)
+	assert.Len(t, s.gens, 1, "every bucket converted: history dropped")
+
+	// Cutovers with nothing touched in between stay bounded.
+	for v := int64(6); v < 6+3*maxGenerations; v++ {
+		require.NoError(t, s.Prepare(6*sec+v, policy.Policy{Version: v, Capacity: 10, TokensPerSecond: 1}))
+		s.Publish()
+		require.LessOrEqual(t, len(s.gens), maxGenerations)
+	}
+	got = s.Allow(7*sec, "a", 1)
+	require.NoError(t, got.Err)
+	assert.Equal(t, int64(5), got.Decision.Remaining, "one more second across 192 cutovers, minus 1")
+}
+
+// TestStatePrepareAbort checks a prepare that is aborted changes nothing, and
+// that a prepare with a regressed clock is refused with nothing staged.
+func TestStatePrepareAbort(t *testing.T) {
+	p1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
+	s := NewState(p1, NewBudget(10))
+	require.NoError(t, s.Allow(100, "a", 10).Err)
+	require.ErrorIs(t, s.Prepare(99, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}), msg.ErrClockRegression)
+	require.False(t, s.Prepared())
+	require.NoError(t, s.Prepare(200, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}))
+	require.True(t, s.Prepared())
+	s.Abort()
+	require.False(t, s.Prepared())
+	s.Publish() // nothing staged: no effect
+	assert.Equal(t, p1, s.Policy())
+	// The aborted prepare's reading was not observed: 150 is not a regression.
+	got := s.Allow(150, "a", 1)
+	require.NoError(t, got.Err)
+	assert.Equal(t, int64(1), got.Decision.Version)
+}
+
+func durationOf(ns int64) time.Duration { return time.Duration(ns) }
