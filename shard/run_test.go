@@ -196,7 +196,9 @@ func TestMailboxFullBlocksUntilContext(t *testing.T) {
 		assert.ErrorIs(t, <-blocked, context.Canceled)
 
 		closed := make(chan error, 1)
-		go func() { closed <- l.mb.SendAllow(context.Background(), &msg.Allow{Key: "a", Cost: 1, Done: make(chan struct{}, 1)}) }()
+		go func() {
+			closed <- l.mb.SendAllow(context.Background(), &msg.Allow{Key: "a", Cost: 1, Done: make(chan struct{}, 1)})
+		}()
 		synctest.Wait()
 		close(l.closing)
 		assert.ErrorIs(t, <-closed, msg.ErrClosed)
