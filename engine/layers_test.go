@@ -1,0 +1,50 @@
+package engine_test
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestImportLayers holds DESIGN section 1's import rules: policy and clock use
+// only the standard library, msg may use policy, shard may use msg, policy
+// and clock, and nothing but engine imports shard or msg. A wrong import
+// fails here rather than in review.
+func TestImportLayers(t *testing.T) {
+	const mod = "github.com/tokenshard/tokenshard/"
+	allowed := map[string][]string{
+		"policy": {},
+		"clock":  {},
+		"msg":    {"policy"},
+		"shard":  {"msg", "policy", "clock"},
+		"engine": {"msg", "policy", "clock", "shard"},
+	}
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}{{range .Imports}} {{.}}{{end}}", mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	seen := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg := strings.TrimPrefix(fields[0], mod)
+		rules, layered := allowed[pkg]
+		if layered {
+			seen++
+		}
+		for _, imp := range fields[1:] {
+			inner, internal := strings.CutPrefix(imp, mod)
+			switch {
+			case internal && (inner == "shard" || inner == "msg") && !layered:
+				t.Errorf("%s imports %s: only engine may", pkg, inner)
+			case internal && layered && !slices.Contains(rules, inner):
+				t.Errorf("%s imports %s, outside its layer (allowed: %v)", pkg, inner, rules)
+			case !internal && (pkg == "policy" || pkg == "clock") && strings.Contains(strings.Split(imp, "/")[0], "."):
+				t.Errorf("%s imports %s: it may use only the standard library", pkg, imp)
+			}
+		}
+	}
+	if seen != len(allowed) {
+		t.Errorf("found %d of the %d layered packages in go list's output:\n%s", seen, len(allowed), out)
+	}
+}
