@@ -36,6 +36,7 @@ func (c *batchCall) reset() {
 		clear(p.m.Items)
 		clear(p.m.Out)
 		p.m.Items, p.m.Out, p.idx = p.m.Items[:0], p.m.Out[:0], p.idx[:0]
+		p.m.Closed = false
 	}
 }
 
@@ -97,6 +98,9 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 	// they write into buffers that go back to the pool.
 	for ; sent > 0; sent-- {
 		p := &c.parts[<-c.done]
+		if p.m.Closed && err == nil {
+			err = ErrClosed // queued, but the shard stopped before taking it
+		}
 		for j, r := range p.m.Out {
 			out[p.idx[j]] = Result{Decision: Decision(r.Decision), Err: r.Err}
 		}

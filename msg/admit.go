@@ -36,10 +36,13 @@ type Item struct {
 }
 
 // Batch asks a shard to decide Items in order at one clock reading, writing
-// Out[i] for Items[i], then to send Part on Done.
+// Out[i] for Items[i], then to send Part on Done. A shard that stops before
+// taking the part answers every item ErrClosed and sets Closed, so the sender
+// knows the part was not decided.
 type Batch struct {
-	Items []Item
-	Out   []Reply
-	Part  int
-	Done  chan int // buffered for every part of one call, so no shard blocks
+	Items  []Item
+	Out    []Reply
+	Part   int
+	Closed bool
+	Done   chan int // buffered for every part of one call, so no shard blocks
 }

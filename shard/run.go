@@ -125,6 +125,7 @@ func (s *Shard) drain() {
 			for i := range b.Out[:len(b.Items)] {
 				b.Out[i] = msg.Reply{Err: msg.ErrClosed}
 			}
+			b.Closed = true
 			b.Done <- b.Part
 		default:
 			return

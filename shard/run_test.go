@@ -159,6 +159,7 @@ func TestRunStopDrains(t *testing.T) {
 			assert.ErrorIs(t, (<-r).Err, msg.ErrClosed)
 		}
 		<-batch.Done
+		assert.True(t, batch.Closed, "a drained part is marked undecided")
 		for _, r := range batch.Out {
 			assert.ErrorIs(t, r.Err, msg.ErrClosed)
 		}
