@@ -1,0 +1,360 @@
+package clock_test
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/tokenshard/tokenshard/clock"
+)
+
+// TestMain fails the package if a test leaves a goroutine behind; the
+// concurrency tests below start many. No goroutine is ignored.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// Both clocks implement the one-method interface.
+var (
+	_ clock.Clock = (*clock.Manual)(nil)
+	_ clock.Clock = (*clock.Monotonic)(nil)
+)
+
+// panicValue runs f and returns what it panicked with, or nil.
+func panicValue(f func()) (v any) {
+	defer func() { v = recover() }()
+	f()
+	return nil
+}
+
+// requirePanics fails unless f panics with a message that starts with the
+// package prefix and mentions want.
+func requirePanics(t *testing.T, want string, f func()) {
+	t.Helper()
+	v := panicValue(f)
+	require.NotNil(t, v, "expected a panic")
+	msg := fmt.Sprint(v)
+	require.Contains(t, msg, "clock: ")
+	require.Contains(t, msg, want)
+}
+
+func TestManualStartsAtStart(t *testing.T) {
+	for _, start := range []int64{0, 1, int64(time.Hour), math.MaxInt64} {
+		m := clock.NewManual(start)
+		require.Equal(t, start, m.Now())
+		require.Equal(t, start, m.Now(), "reading does not move by itself")
+	}
+}
+
+func TestManualZeroValue(t *testing.T) {
+	var m clock.Manual
+	require.Zero(t, m.Now())
+	m.Advance(time.Second)
+	require.Equal(t, int64(time.Second), m.Now())
+	m.Set(5 * int64(time.Second))
+	require.Equal(t, 5*int64(time.Second), m.Now())
+}
+
+func TestNewManualNegativePanics(t *testing.T) {
+	requirePanics(t, "-1", func() { clock.NewManual(-1) })
+	requirePanics(t, fmt.Sprint(int64(math.MinInt64)), func() { clock.NewManual(math.MinInt64) })
+}
+
+func TestManualSet(t *testing.T) {
+	m := clock.NewManual(100)
+	m.Set(100) // the current reading: allowed, changes nothing
+	require.Equal(t, int64(100), m.Now())
+	m.Set(250)
+	require.Equal(t, int64(250), m.Now())
+	m.Set(math.MaxInt64)
+	require.Equal(t, int64(math.MaxInt64), m.Now())
+}
+
+func TestManualSetBackwardsPanics(t *testing.T) {
+	m := clock.NewManual(500)
+	requirePanics(t, "499", func() { m.Set(499) })
+	require.Equal(t, int64(500), m.Now(), "a refused Set leaves the reading alone")
+	requirePanics(t, "500", func() { m.Set(0) })
+	requirePanics(t, "before", func() { m.Set(-1) })
+	require.Equal(t, int64(500), m.Now())
+
+	m.Set(math.MaxInt64)
+	requirePanics(t, "before", func() { m.Set(math.MaxInt64 - 1) })
+	require.Equal(t, int64(math.MaxInt64), m.Now())
+}
+
+func TestManualAdvance(t *testing.T) {
+	m := clock.NewManual(10)
+	m.Advance(0)
+	require.Equal(t, int64(10), m.Now())
+	m.Advance(1)
+	require.Equal(t, int64(11), m.Now())
+	m.Advance(time.Second)
+	require.Equal(t, int64(11+time.Second), m.Now())
+	m.Advance(250 * time.Millisecond)
+	require.Equal(t, int64(11+1250*time.Millisecond), m.Now())
+}
+
+func TestManualAdvanceNegativePanics(t *testing.T) {
+	m := clock.NewManual(10)
+	requirePanics(t, "negative", func() { m.Advance(-1) })
+	requirePanics(t, "negative", func() { m.Advance(math.MinInt64) })
+	require.Equal(t, int64(10), m.Now(), "a refused Advance leaves the reading alone")
+}
+
+func TestManualAdvanceSaturates(t *testing.T) {
+	m := clock.NewManual(math.MaxInt64 - 5)
+	m.Advance(5)
+	require.Equal(t, int64(math.MaxInt64), m.Now(), "reaching MaxInt64 exactly")
+
+	m = clock.NewManual(math.MaxInt64 - 5)
+	m.Advance(10)
+	require.Equal(t, int64(math.MaxInt64), m.Now(), "past MaxInt64 saturates")
+	m.Advance(1)
+	require.Equal(t, int64(math.MaxInt64), m.Now(), "at MaxInt64 it stays")
+	m.Advance(math.MaxInt64)
+	require.Equal(t, int64(math.MaxInt64), m.Now())
+
+	m = clock.NewManual(1)
+	m.Advance(math.MaxInt64)
+	require.Equal(t, int64(math.MaxInt64), m.Now())
+	m.Set(math.MaxInt64) // still the current reading: allowed
+}
+
+// TestManualConcurrentAdvance: many goroutines advancing at once lose no
+// step, and every reader sees a reading that never goes backwards.
+func TestManualConcurrentAdvance(t *testing.T) {
+	const (
+		writers = 8
+		steps   = 20_000
+		readers = 1 // few spinning readers, so the writers get the CPUs and collide
+		start   = int64(1_000)
+	)
+	m := clock.NewManual(start)
+	errs := make(chan error, readers)
+	done := make(chan struct{})
+	// Writers wait for one signal, so they really overlap instead of each
+	// finishing before the next is scheduled.
+	begin := make(chan struct{})
+
+	var readersWG sync.WaitGroup
+	for range readers {
+		readersWG.Go(func() { errs <- readMonotonic(m, done) })
+	}
+	var writersWG sync.WaitGroup
+	for w := range writers {
+		writersWG.Go(func() {
+			<-begin
+			for i := range steps {
+				// Steps of 1 and 2 ns, so the total checks the sizes
+				// as well as the count of steps that landed.
+				m.Advance(time.Duration(1 + (w+i)%2))
+			}
+		})
+	}
+	close(begin)
+	writersWG.Wait()
+	close(done)
+	readersWG.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	want := start
+	for w := range writers {
+		for i := range steps {
+			want += int64(1 + (w+i)%2)
+		}
+	}
+	require.Equal(t, want, m.Now())
+}
+
+// TestManualConcurrentSetAndAdvance runs rounds: in each round many
+// goroutines Set the same target at once (never a step back, so it never
+// panics), then many Advance; readers check the reading never decreases
+// throughout. The final reading is known exactly.
+func TestManualConcurrentSetAndAdvance(t *testing.T) {
+	const (
+		goroutines = 16
+		rounds     = 50
+		stride     = int64(1_000_000) // > goroutines * largest step, so each Set moves forward
+		readers    = 4
+	)
+	m := clock.NewManual(0)
+	errs := make(chan error, readers+(goroutines+2)*rounds)
+	done := make(chan struct{})
+
+	var readersWG sync.WaitGroup
+	for range readers {
+		readersWG.Go(func() { errs <- readMonotonic(m, done) })
+	}
+
+	for r := range rounds {
+		target := int64(r+1) * stride
+		var wg sync.WaitGroup
+		for range goroutines {
+			wg.Go(func() {
+				if v := panicValue(func() { m.Set(target) }); v != nil {
+					errs <- fmt.Errorf("round %d: Set(%d) panicked: %v", r, target, v)
+				}
+			})
+		}
+		wg.Wait()
+		if got := m.Now(); got != target {
+			errs <- fmt.Errorf("round %d: after Set(%d) read %d", r, target, got)
+		}
+		for g := range goroutines {
+			wg.Go(func() { m.Advance(time.Duration(g + 1)) })
+		}
+		wg.Wait()
+		if want, got := target+goroutines*(goroutines+1)/2, m.Now(); got != want {
+			errs <- fmt.Errorf("round %d: after Advance read %d, want %d", r, got, want)
+		}
+	}
+	close(done)
+	readersWG.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
+	}
+	require.Equal(t, int64(rounds)*stride+goroutines*(goroutines+1)/2, m.Now())
+}
+
+// TestManualConcurrentAdvanceSaturates: concurrent steps past MaxInt64 all
+// saturate; none wraps negative.
+func TestManualConcurrentAdvanceSaturates(t *testing.T) {
+	m := clock.NewManual(math.MaxInt64 - 1_000)
+	errs := make(chan error, 1)
+	done := make(chan struct{})
+	var readerWG sync.WaitGroup
+	readerWG.Go(func() { errs <- readMonotonic(m, done) })
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for range 100 {
+				m.Advance(math.MaxInt64 / 3)
+			}
+		})
+	}
+	wg.Wait()
+	close(done)
+	readerWG.Wait()
+	require.NoError(t, <-errs)
+	require.Equal(t, int64(math.MaxInt64), m.Now())
+}
+
+// readMonotonic reads c until done is closed and reports the first reading
+// that is negative or earlier than the one before it. It reads at least
+// once after done is closed, so it always ends on the final value too.
+func readMonotonic(c clock.Clock, done <-chan struct{}) error {
+	prev := c.Now()
+	for n := 0; ; n++ {
+		select {
+		case <-done:
+			return check(prev, c.Now(), n)
+		default:
+		}
+		cur := c.Now()
+		if err := check(prev, cur, n); err != nil {
+			return err
+		}
+		prev = cur
+	}
+}
+
+func check(prev, cur int64, n int) error {
+	if cur < 0 {
+		return fmt.Errorf("read %d: negative reading %d", n, cur)
+	}
+	if cur < prev {
+		return fmt.Errorf("read %d: reading went back from %d to %d", n, prev, cur)
+	}
+	return nil
+}
+
+// TestMonotonicStartsNearZero: the origin is construction, so the first
+// reading is at least 0 and at most the time that passed around the call,
+// measured independently. No wall-clock bound is assumed.
+func TestMonotonicStartsNearZero(t *testing.T) {
+	before := time.Now()
+	c := clock.NewMonotonic()
+	first := c.Now()
+	elapsed := time.Since(before)
+	require.GreaterOrEqual(t, first, int64(0))
+	require.LessOrEqual(t, first, int64(elapsed), "the origin is at construction, not earlier")
+}
+
+func TestMonotonicNeverDecreases(t *testing.T) {
+	c := clock.NewMonotonic()
+	prev := c.Now()
+	require.GreaterOrEqual(t, prev, int64(0))
+	for i := range 200_000 {
+		cur := c.Now()
+		require.NoError(t, check(prev, cur, i))
+		prev = cur
+	}
+}
+
+func TestMonotonicConcurrentReads(t *testing.T) {
+	c := clock.NewMonotonic()
+	const readers = 8
+	errs := make(chan error, readers)
+	var wg sync.WaitGroup
+	for range readers {
+		wg.Go(func() {
+			prev := c.Now()
+			for i := range 20_000 {
+				cur := c.Now()
+				if err := check(prev, cur, i); err != nil {
+					errs <- err
+					return
+				}
+				prev = cur
+			}
+			errs <- nil
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+// TestMonotonicIndependentOrigins: each clock counts from its own
+// construction, so a clock made later reads no more than one made earlier.
+func TestMonotonicIndependentOrigins(t *testing.T) {
+	older := clock.NewMonotonic()
+	newer := clock.NewMonotonic()
+	n := newer.Now()
+	o := older.Now()
+	require.LessOrEqual(t, n, o)
+}
+
+// ExampleManual drives time by hand, as engine tests do: nothing moves until
+// the test says so, so every reading is known.
+func ExampleManual() {
+	c := clock.NewManual(0)
+	fmt.Println(c.Now())
+
+	c.Advance(500 * time.Millisecond)
+	fmt.Println(c.Now())
+
+	c.Set(int64(2 * time.Second))
+	fmt.Println(time.Duration(c.Now()))
+
+	c.Advance(math.MaxInt64) // saturates rather than wrapping
+	fmt.Println(c.Now() == math.MaxInt64)
+	// Output:
+	// 0
+	// 500000000
+	// 2s
+	// true
+}
