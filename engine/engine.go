@@ -39,8 +39,6 @@ type Engine struct {
 
 	allows  sync.Pool // *msg.Allow with its reply channel
 	batches sync.Pool // *batchCall
-
-	swept atomic.Int64 // keys evicted by background sweeps
 }
 
 // New validates cfg, fills its defaults and starts the engine's goroutines:

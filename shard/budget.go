@@ -37,6 +37,3 @@ func (b *Budget) Release() { b.n.Add(-1) }
 
 // Count returns the number of reserved slots.
 func (b *Budget) Count() int64 { return b.n.Load() }
-
-// Max returns the bound.
-func (b *Budget) Max() int64 { return b.max }

@@ -30,44 +30,38 @@ func New(p policy.Policy, clk clock.Clock, budget *Budget, mb *Mailbox) *Shard {
 	}
 }
 
-// Mailbox returns the shard's mailbox.
-func (s *Shard) Mailbox() *Mailbox { return s.mb }
-
 // Run serves the mailbox until stop is closed, then answers ErrClosed to
 // every request still queued and returns. The engine closes stop only after
 // the mailbox is closed, so nothing can arrive after the final drain.
 func (s *Shard) Run(stop <-chan struct{}) {
+	defer s.drain()
 	mb := s.mb
 	for {
-		// Control first: a cutover or sweep never waits behind data.
+		// Control first: a cutover or sweep never waits behind data. The
+		// blocking select below lists them again so they also wake the loop.
 		select {
 		case p := <-mb.prepare:
 			if !s.cutover(p, stop) {
-				s.drain()
 				return
 			}
-			continue
 		case w := <-mb.sweep:
 			w.Done <- s.state.Sweep(s.clk.Now())
-			continue
 		default:
-		}
-		select {
-		case p := <-mb.prepare:
-			if !s.cutover(p, stop) {
-				s.drain()
+			select {
+			case p := <-mb.prepare:
+				if !s.cutover(p, stop) {
+					return
+				}
+			case w := <-mb.sweep:
+				w.Done <- s.state.Sweep(s.clk.Now())
+			case a := <-mb.allow:
+				s.serveAllow(a)
+			case b := <-mb.batch:
+				s.state.Batch(s.clk.Now(), b)
+				b.Done <- b.Part
+			case <-stop:
 				return
 			}
-		case w := <-mb.sweep:
-			w.Done <- s.state.Sweep(s.clk.Now())
-		case a := <-mb.allow:
-			s.serveAllow(a)
-		case b := <-mb.batch:
-			s.state.Batch(s.clk.Now(), b)
-			b.Done <- b.Part
-		case <-stop:
-			s.drain()
-			return
 		}
 	}
 }

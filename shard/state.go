@@ -58,9 +58,6 @@ func NewState(p policy.Policy, budget *Budget) *State {
 // Policy returns the policy in force.
 func (s *State) Policy() policy.Policy { return s.gens[len(s.gens)-1].pol }
 
-// Len returns the number of buckets this shard tracks.
-func (s *State) Len() int { return len(s.buckets) }
-
 // Allow decides one request at now, following DESIGN 3.2 steps 4 to 8: cost
 // above capacity, then clock regression, then the key bound; an error
 // changes nothing. The key and cost are already known to be well formed.
@@ -143,9 +140,6 @@ func (s *State) Prepare(now int64, next policy.Policy) error {
 	s.staged = generation{pol: next, start: now}
 	return nil
 }
-
-// Prepared reports whether a cutover is staged.
-func (s *State) Prepared() bool { return s.prepared }
 
 // Publish switches to the staged policy in O(1): buckets convert lazily. It
 // does nothing if no cutover is staged.
