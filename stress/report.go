@@ -1,0 +1,295 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jedib0t/go-pretty/v6/progress"
+	"github.com/jedib0t/go-pretty/v6/table"
+
+	"github.com/tokenshard/tokenshard/engine"
+)
+
+// Violation is a broken invariant, explained: which check, key and
+// operation, what the contract wanted and what the engine gave.
+type Violation struct {
+	Check  string
+	Key    string
+	Op     string
+	Want   string
+	Got    string
+	Seed   uint64
+	Detail string // a reproduction or a history excerpt, when there is one
+}
+
+func (v *Violation) Error() string {
+	s := fmt.Sprintf("%s violation (seed %d): key %q, op %s: want %s, got %s", v.Check, v.Seed, v.Key, v.Op, v.Want, v.Got)
+	if v.Detail != "" {
+		s += "\n" + v.Detail
+	}
+	return s
+}
+
+// errKind indexes counters.errs.
+type errKind int
+
+const (
+	kindInvalidKey errKind = iota
+	kindInvalidCost
+	kindKeyCapacity
+	kindStalePolicy
+	kindClockRegression
+	kindClosed
+	kindContext
+	kindOther
+	numKinds
+)
+
+var kindNames = [numKinds]string{"key", "cost", "capacity", "stale", "regression", "closed", "context", "other"}
+
+func kindOf(err error) errKind {
+	switch {
+	case errors.Is(err, engine.ErrInvalidKey):
+		return kindInvalidKey
+	case errors.Is(err, engine.ErrInvalidCost):
+		return kindInvalidCost
+	case errors.Is(err, engine.ErrKeyCapacity):
+		return kindKeyCapacity
+	case errors.Is(err, engine.ErrStalePolicy):
+		return kindStalePolicy
+	case errors.Is(err, engine.ErrClockRegression):
+		return kindClockRegression
+	case errors.Is(err, engine.ErrClosed):
+		return kindClosed
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return kindContext
+	}
+	return kindOther
+}
+
+// counters are what every check reports as it goes; the progress line and the
+// summary read them. All fields are atomics: checks update them from many
+// goroutines.
+type counters struct {
+	decisions atomic.Int64
+	allowed   atomic.Int64
+	denied    atomic.Int64
+	errs      [numKinds]atomic.Int64
+	keys      atomic.Int64 // keys tracked by the conservation engine, last read
+	cutovers  atomic.Int64 // successful ReplacePolicy calls
+	stale     atomic.Int64 // ReplacePolicy calls refused as stale, on purpose
+	evictions atomic.Int64 // keys removed by EvictFull
+	histories atomic.Int64 // linearizability histories checked
+	traces    atomic.Int64 // differential traces replayed
+	floodKeys atomic.Int64 // distinct keys offered by the flood
+	peakHeap  atomic.Uint64
+}
+
+// record counts one decision or error.
+func (c *counters) record(d engine.Decision, err error) {
+	switch {
+	case err != nil:
+		c.errs[kindOf(err)].Add(1)
+	case d.Allowed:
+		c.decisions.Add(1)
+		c.allowed.Add(1)
+	default:
+		c.decisions.Add(1)
+		c.denied.Add(1)
+	}
+}
+
+// sampleHeap raises peakHeap to the current live heap.
+func (c *counters) sampleHeap() {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	for {
+		p := c.peakHeap.Load()
+		if ms.HeapAlloc <= p || c.peakHeap.CompareAndSwap(p, ms.HeapAlloc) {
+			return
+		}
+	}
+}
+
+func (c *counters) line(elapsed time.Duration, decisionsPerSec float64) string {
+	var errs []string
+	for k := range numKinds {
+		if n := c.errs[k].Load(); n > 0 {
+			errs = append(errs, fmt.Sprintf("%s=%d", kindNames[k], n))
+		}
+	}
+	if len(errs) == 0 {
+		errs = append(errs, "none")
+	}
+	return fmt.Sprintf("%5.1fs  %9.0f decisions/s  allowed %d  denied %d  errors %s  keys %d  cutovers %d  evicted %d  histories %d",
+		elapsed.Seconds(), decisionsPerSec, c.allowed.Load(), c.denied.Load(), strings.Join(errs, " "),
+		c.keys.Load(), c.cutovers.Load(), c.evictions.Load(), c.histories.Load())
+}
+
+// outcome is how one check ended.
+type outcome struct {
+	name string
+	err  error
+	took time.Duration
+}
+
+// runChecks runs the selected checks side by side for o.duration, reporting
+// progress every second, then prints the summary. It returns 1 if any check
+// found a violation or could not run, 0 otherwise.
+func runChecks(ctx context.Context, o options, out io.Writer) int {
+	ctx, cancel := context.WithTimeout(ctx, o.duration)
+	defer cancel()
+	fmt.Fprintf(out, "stress: seed %d, checks %s, duration %v, GOMAXPROCS %d\n",
+		o.seed, strings.Join(o.checks, ","), o.duration, runtime.GOMAXPROCS(0))
+
+	c := &counters{}
+	results := make(chan outcome, len(o.checks))
+	start := time.Now()
+	for _, ch := range checks {
+		if !slices.Contains(o.checks, ch.name) {
+			continue
+		}
+		go func() {
+			t0 := time.Now()
+			err := ch.run(ctx, o, c)
+			if err != nil {
+				cancel() // the first violation stops everything
+			}
+			results <- outcome{name: ch.name, err: err, took: time.Since(t0)}
+		}()
+	}
+
+	p := newProgress(out, o.duration)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var done []outcome
+	lastDecisions, lastTick := int64(0), start
+	for len(done) < len(o.checks) {
+		select {
+		case r := <-results:
+			done = append(done, r)
+		case now := <-tick.C:
+			c.sampleHeap()
+			d := c.decisions.Load()
+			rate := float64(d-lastDecisions) / now.Sub(lastTick).Seconds()
+			lastDecisions, lastTick = d, now
+			p.update(now.Sub(start), c.line(now.Sub(start), rate))
+		}
+	}
+	p.stop()
+	c.sampleHeap()
+	return summarize(out, o, c, done, time.Since(start))
+}
+
+// progressView prints one line a second, or drives a progress bar when
+// stdout is a terminal.
+type progressView struct {
+	out     io.Writer
+	pw      progress.Writer
+	tracker *progress.Tracker
+	wg      sync.WaitGroup
+}
+
+func newProgress(out io.Writer, total time.Duration) *progressView {
+	p := &progressView{out: out}
+	f, ok := out.(*os.File)
+	if !ok {
+		return p
+	}
+	if st, err := f.Stat(); err != nil || st.Mode()&os.ModeCharDevice == 0 {
+		return p
+	}
+	p.pw = progress.NewWriter()
+	p.pw.SetOutputWriter(out)
+	p.pw.SetUpdateFrequency(200 * time.Millisecond)
+	p.pw.SetTrackerLength(30)
+	p.pw.SetMessageLength(140)
+	p.tracker = &progress.Tracker{Message: "starting", Total: int64(total / time.Millisecond), Units: progress.UnitsDefault}
+	p.pw.AppendTracker(p.tracker)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.pw.Render()
+	}()
+	return p
+}
+
+func (p *progressView) update(elapsed time.Duration, line string) {
+	if p.pw == nil {
+		fmt.Fprintln(p.out, line)
+		return
+	}
+	p.tracker.UpdateMessage(line)
+	p.tracker.SetValue(min(int64(elapsed/time.Millisecond), p.tracker.Total))
+}
+
+func (p *progressView) stop() {
+	if p.pw == nil {
+		return
+	}
+	p.tracker.MarkAsDone()
+	p.pw.Stop()
+	p.wg.Wait()
+}
+
+// summarize prints the final table and the first violation, and returns the
+// exit status.
+func summarize(out io.Writer, o options, c *counters, done []outcome, took time.Duration) int {
+	t := table.NewWriter()
+	t.SetOutputMirror(out)
+	t.AppendHeader(table.Row{"check", "result", "time"})
+	status := 0
+	var first *Violation
+	for _, r := range done {
+		result := "ok"
+		var v *Violation
+		switch {
+		case errors.As(r.err, &v):
+			result = "VIOLATION"
+			status = 1
+			if first == nil {
+				first = v
+			}
+		case r.err != nil:
+			result = "failed: " + r.err.Error()
+			status = 1
+		}
+		t.AppendRow(table.Row{r.name, result, r.took.Round(time.Millisecond)})
+	}
+	t.Render()
+
+	s := table.NewWriter()
+	s.SetOutputMirror(out)
+	s.AppendHeader(table.Row{"measure", "value"})
+	s.AppendRows([]table.Row{
+		{"decisions", c.decisions.Load()},
+		{"decisions/s", fmt.Sprintf("%.0f", float64(c.decisions.Load())/took.Seconds())},
+		{"allowed", c.allowed.Load()},
+		{"denied", c.denied.Load()},
+	})
+	for k := range numKinds {
+		s.AppendRow(table.Row{"errors: " + kindNames[k], c.errs[k].Load()})
+	}
+	s.AppendRows([]table.Row{
+		{"cutovers (stale refused)", fmt.Sprintf("%d (%d)", c.cutovers.Load(), c.stale.Load())},
+		{"keys evicted", c.evictions.Load()},
+		{"linearizability histories", c.histories.Load()},
+		{"differential traces", c.traces.Load()},
+		{"flood keys offered", c.floodKeys.Load()},
+		{"peak heap", fmt.Sprintf("%.1f MiB", float64(c.peakHeap.Load())/(1<<20))},
+	})
+	s.Render()
+	if first != nil {
+		fmt.Fprintln(out, "FIRST VIOLATION:", first.Error())
+	}
+	return status
+}
