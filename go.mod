@@ -3,10 +3,13 @@ module github.com/tokenshard/tokenshard
 go 1.26
 
 require (
+	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/jedib0t/go-pretty/v6 v6.9.2
+	github.com/sethvargo/go-limiter v0.7.1
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
+	golang.org/x/time v0.15.0
 )
 
 require (

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// TestMain fails the package if a contender leaves a goroutine behind
+// (go-limiter's sweeper, the engine's shards).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	keySetsMu sync.Mutex
+	keySets   = map[string]*keySet{}
+)
+
+// keysFor builds a scenario's keys once per process, outside any timer.
+func keysFor(s scenario) *keySet {
+	keySetsMu.Lock()
+	defer keySetsMu.Unlock()
+	if ks, ok := keySets[s.name]; ok {
+		return ks
+	}
+	ks := newKeySet(s)
+	keySets[s.name] = ks
+	return ks
+}
+
+// BenchmarkDecide is every contender on every scenario; run it with
+// -cpu 1,2 and -count 10, and compare with benchstat.
+func BenchmarkDecide(b *testing.B) {
+	for _, s := range scenarios {
+		for _, c := range contenders {
+			b.Run("scenario="+s.name+"/contender="+strings.ReplaceAll(c.name, " ", "_"), func(b *testing.B) {
+				benchDecide(b, c, s, keysFor(s))
+			})
+		}
+	}
+}
+
+// TestContendersAgree checks every contender enforces the same bucket: 3
+// tokens, a refill far too slow to matter, 5 requests on one key, 3 admitted.
+// A contender that does not limit would make every ratio meaningless.
+func TestContendersAgree(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
+	for _, c := range contenders {
+		inst := c.setup(p, 10)
+		d := inst.forWorker()
+		keys := []string{"k", "k", "k", "k", "k"}
+		got := 0
+		for i := 0; i < len(keys); i += c.batch {
+			got += d.decide(keys[i:min(i+c.batch, len(keys))])
+		}
+		inst.close()
+		if got != 3 {
+			t.Errorf("%s admitted %d of 5 requests against a bucket of 3", c.name, got)
+		}
+	}
+}
+
+// TestQuickRun runs the command end to end on the smallest setting, so the
+// README's command cannot rot. It takes about ten seconds, ten times that
+// under the race detector, so it runs only without -race (CI runs both).
+func TestQuickRun(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes the quick bench take minutes; `go test ./...` without -race runs it")
+	}
+	var out bytes.Buffer
+	if code := run([]string{"-quick", "-cpu", "1"}, &out, &out); code != 0 {
+		t.Fatalf("bench -quick exited %d:\n%s", code, out.String())
+	}
+	for _, want := range []string{"ns per decision", "retained heap", "latency", "EvictFull", "ReplacePolicy"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}

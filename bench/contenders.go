@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/sethvargo/go-limiter"
+	"github.com/sethvargo/go-limiter/memorystore"
+	"golang.org/x/time/rate"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// decider makes admission decisions for a run of keys. decide is called
+// from many goroutines at once, except on a contender marked sequential.
+// Each goroutine gets its own decider from forWorker, so batch buffers are
+// not shared.
+type decider interface {
+	decide(keys []string) (allowed int)
+}
+
+// instance is one contender set up for one scenario.
+type instance struct {
+	forWorker func() decider
+	close     func()
+}
+
+// contender is one way a service could limit requests.
+type contender struct {
+	name       string
+	batch      int  // keys per decide call; 1 for single-request contenders
+	peer       bool // a library a service would use instead of tokenshard
+	sequential bool // may only be called from one goroutine (the floor)
+	keepsState bool // keeps per-key state whose memory is worth measuring
+	setup      func(p policy.Policy, maxKeys int) instance
+}
+
+var contenders = []contender{
+	{name: "tokenshard Allow", batch: 1, keepsState: true, setup: tokenshardAllow},
+	{name: "tokenshard AllowBatch 16", batch: 16, setup: tokenshardBatch},
+	{name: "tokenshard AllowBatch 128", batch: 128, setup: tokenshardBatch},
+	{name: "x/time/rate map+mutex", batch: 1, peer: true, keepsState: true, setup: rateMutex},
+	{name: "x/time/rate 64 shards", batch: 1, peer: true, keepsState: true, setup: rateSharded},
+	{name: "go-limiter memorystore", batch: 1, peer: true, keepsState: true, setup: goLimiter},
+	{name: "floor (policy, 1 goroutine)", batch: 1, sequential: true, keepsState: true, setup: floor},
+}
+
+func newEngine(p policy.Policy, maxKeys int) *engine.Engine {
+	e, err := engine.New(engine.Config{Policy: p, MaxKeys: maxKeys})
+	if err != nil {
+		panic(err) // the bench's own configuration is wrong
+	}
+	return e
+}
+
+type allowDecider struct{ e *engine.Engine }
+
+func (d allowDecider) decide(keys []string) int {
+	n := 0
+	ctx := context.Background()
+	for _, k := range keys {
+		if dec, err := d.e.Allow(ctx, k, 1); err == nil && dec.Allowed {
+			n++
+		}
+	}
+	return n
+}
+
+func tokenshardAllow(p policy.Policy, maxKeys int) instance {
+	e := newEngine(p, maxKeys)
+	return instance{
+		forWorker: func() decider { return allowDecider{e} },
+		close:     func() { _ = e.Close() },
+	}
+}
+
+type batchDecider struct {
+	e    *engine.Engine
+	reqs []engine.Request
+	out  []engine.Result
+}
+
+func (d *batchDecider) decide(keys []string) int {
+	d.reqs = d.reqs[:0]
+	for _, k := range keys {
+		d.reqs = append(d.reqs, engine.Request{Key: k, Cost: 1})
+	}
+	if err := d.e.AllowBatch(context.Background(), d.reqs, d.out); err != nil {
+		return 0
+	}
+	n := 0
+	for _, r := range d.out[:len(keys)] {
+		if r.Err == nil && r.Decision.Allowed {
+			n++
+		}
+	}
+	return n
+}
+
+func tokenshardBatch(p policy.Policy, maxKeys int) instance {
+	e := newEngine(p, maxKeys)
+	return instance{
+		forWorker: func() decider {
+			return &batchDecider{e: e, reqs: make([]engine.Request, 0, 128), out: make([]engine.Result, 128)}
+		},
+		close: func() { _ = e.Close() },
+	}
+}
+
+// rateLimit converts a policy to x/time/rate's float form, as its users do.
+func rateLimit(p policy.Policy) (rate.Limit, int) {
+	return rate.Limit(p.TokensPerSecond), int(p.Capacity)
+}
+
+// rateMap is how services commonly use x/time/rate: a map of limiters
+// guarded by one mutex.
+type rateMap struct {
+	mu    sync.Mutex
+	m     map[string]*rate.Limiter
+	limit rate.Limit
+	burst int
+}
+
+func (r *rateMap) allow(key string) bool {
+	r.mu.Lock()
+	l, ok := r.m[key]
+	if !ok {
+		l = rate.NewLimiter(r.limit, r.burst)
+		r.m[key] = l
+	}
+	r.mu.Unlock()
+	return l.Allow()
+}
+
+func (r *rateMap) decide(keys []string) int {
+	n := 0
+	for _, k := range keys {
+		if r.allow(k) {
+			n++
+		}
+	}
+	return n
+}
+
+func rateMutex(p policy.Policy, _ int) instance {
+	limit, burst := rateLimit(p)
+	r := &rateMap{m: map[string]*rate.Limiter{}, limit: limit, burst: burst}
+	return instance{forWorker: func() decider { return r }, close: func() {}}
+}
+
+// rateShards splits the map into 64 mutex-guarded shards by a string hash.
+type rateShards [64]rateMap
+
+func (r *rateShards) decide(keys []string) int {
+	n := 0
+	for _, k := range keys {
+		if r[fnv32(k)&63].allow(k) {
+			n++
+		}
+	}
+	return n
+}
+
+func fnv32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint32(s[i])) * 16777619
+	}
+	return h
+}
+
+func rateSharded(p policy.Policy, _ int) instance {
+	limit, burst := rateLimit(p)
+	r := &rateShards{}
+	for i := range r {
+		r[i] = rateMap{m: map[string]*rate.Limiter{}, limit: limit, burst: burst}
+	}
+	return instance{forWorker: func() decider { return r }, close: func() {}}
+}
+
+type storeDecider struct{ s limiter.Store }
+
+func (d storeDecider) decide(keys []string) int {
+	n := 0
+	ctx := context.Background()
+	for _, k := range keys {
+		if _, _, _, ok, err := d.s.Take(ctx, k); err == nil && ok {
+			n++
+		}
+	}
+	return n
+}
+
+func goLimiter(p policy.Policy, _ int) instance {
+	// go-limiter counts tokens per interval: Capacity tokens refilled over
+	// Capacity/rate seconds is the same bucket.
+	interval := time.Duration(p.Capacity) * time.Second / time.Duration(p.TokensPerSecond)
+	s, err := memorystore.New(&memorystore.Config{Tokens: uint64(p.Capacity), Interval: interval, SweepInterval: time.Hour})
+	if err != nil {
+		panic(err)
+	}
+	return instance{
+		forWorker: func() decider { return storeDecider{s} },
+		close:     func() { _ = s.Close(context.Background()) },
+	}
+}
+
+// floorDecider is the exact arithmetic on a plain map from one goroutine
+// with no synchronisation: what any design pays at least, per core.
+type floorDecider struct {
+	m   map[string]policy.Bucket
+	lim policy.Limit
+	clk clock.Clock
+}
+
+func (f *floorDecider) decide(keys []string) int {
+	n := 0
+	now := f.clk.Now()
+	for _, k := range keys {
+		b, ok := f.m[k]
+		if !ok {
+			b = policy.NewBucket(f.lim, now)
+		}
+		if b.Decide(f.lim, now, 1).Allowed {
+			n++
+		}
+		f.m[k] = b
+	}
+	return n
+}
+
+func floor(p policy.Policy, _ int) instance {
+	f := &floorDecider{m: map[string]policy.Bucket{}, lim: p.Limit(), clk: clock.NewMonotonic()}
+	return instance{forWorker: func() decider { return f }, close: func() {}}
+}

@@ -1,0 +1,212 @@
+// Command bench measures tokenshard side by side with what a service would
+// use instead, in one run on one machine, and prints ratios to the best peer:
+//
+//	go run ./bench          # the full table, about 3 minutes
+//	go run ./bench -quick   # a shorter run, under 30 seconds
+//
+// Contenders: tokenshard Allow and AllowBatch (16 and 128 per call);
+// golang.org/x/time/rate in a map under one mutex and in 64 mutex shards;
+// github.com/sethvargo/go-limiter's memorystore; and the floor, the policy
+// arithmetic on a plain map from one goroutine with no synchronisation.
+// Scenarios: one hot key, 100,000 keys uniform, 1,000,000 keys Zipf (s=1.1),
+// and a mostly-denied policy, with 8 goroutines per core at GOMAXPROCS 1 and
+// 2. Then retained heap per key at 1,000,000 keys, the latency of a single
+// Allow, and the longest admission stall while EvictFull and ReplacePolicy
+// cover 1,000,000 keys.
+//
+// The same benchmark bodies run under `go test -bench . ./bench`, for
+// benchstat.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jedib0t/go-pretty/v6/table"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+func main() {
+	testing.Init() // testing.Benchmark reads the test.* flags
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+type config struct {
+	quick bool
+	cpus  []int
+	keys  int // keys for the memory and stall measurements
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg config
+	var cpus string
+	fs.BoolVar(&cfg.quick, "quick", false, "shorter runs and smaller key sets (under 30 s)")
+	fs.StringVar(&cpus, "cpu", "1,2", "GOMAXPROCS values to measure, comma-separated")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	for _, f := range strings.Split(cpus, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(stderr, "bench: bad -cpu value %q\n", f)
+			return 2
+		}
+		cfg.cpus = append(cfg.cpus, n)
+	}
+	benchtime := "1s"
+	cfg.keys = 1_000_000
+	if cfg.quick {
+		benchtime = "100ms"
+		cfg.keys = 200_000
+	}
+	if err := flag.Set("test.benchtime", benchtime); err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 2
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+
+	fmt.Fprintf(stdout, "tokenshard bench: %s, %d cores, %s, 8 goroutines per core\n",
+		runtime.Version(), runtime.NumCPU(), map[bool]string{true: "quick", false: "full"}[cfg.quick])
+	decisions(stdout, cfg)
+	memory(stdout, cfg)
+	latencies(stdout, cfg)
+	return 0
+}
+
+// decisions prints ns per decision for every contender, scenario and
+// GOMAXPROCS, with each contender's ratio to the best peer in that column.
+func decisions(out io.Writer, cfg config) {
+	type cell struct {
+		ns     float64
+		allocs int64
+	}
+	results := map[string]map[string]cell{} // contender -> column -> cell
+	var columns []string
+	for _, s := range scenarios {
+		sc := s
+		if cfg.quick && sc.keys > 100_000 {
+			sc.keys = 100_000
+		}
+		ks := newKeySet(sc)
+		for _, cpu := range cfg.cpus {
+			runtime.GOMAXPROCS(cpu)
+			col := fmt.Sprintf("%s cpu=%d", s.name, cpu)
+			columns = append(columns, col)
+			for _, c := range contenders {
+				r := testing.Benchmark(func(b *testing.B) { benchDecide(b, c, sc, ks) })
+				if results[c.name] == nil {
+					results[c.name] = map[string]cell{}
+				}
+				results[c.name][col] = cell{ns: r.Extra["ns/decision"], allocs: r.AllocsPerOp() / int64(c.batch)}
+			}
+		}
+	}
+	best := map[string]float64{}
+	for _, c := range contenders {
+		if !c.peer {
+			continue
+		}
+		for _, col := range columns {
+			if v := results[c.name][col].ns; best[col] == 0 || v < best[col] {
+				best[col] = v
+			}
+		}
+	}
+	t := table.NewWriter()
+	t.SetOutputMirror(out)
+	t.SetTitle("ns per decision (x = ratio to the best peer in the column; < 1 is faster), allocs per decision")
+	header := table.Row{"contender"}
+	for _, col := range columns {
+		header = append(header, col)
+	}
+	t.AppendHeader(append(header, "allocs"))
+	for _, c := range contenders {
+		row := table.Row{c.name}
+		var allocs int64
+		for _, col := range columns {
+			r := results[c.name][col]
+			row = append(row, fmt.Sprintf("%.0f (%.2fx)", r.ns, r.ns/best[col]))
+			allocs = max(allocs, r.allocs)
+		}
+		t.AppendRow(append(row, allocs))
+	}
+	t.Render()
+}
+
+// memory prints retained heap bytes per tracked key.
+func memory(out io.Writer, cfg config) {
+	t := table.NewWriter()
+	t.SetOutputMirror(out)
+	t.SetTitle(fmt.Sprintf("retained heap per tracked key at %d keys (keys of 17 bytes included)", cfg.keys))
+	t.AppendHeader(table.Row{"contender", "bytes/key"})
+	for _, c := range contenders {
+		if c.keepsState {
+			t.AppendRow(table.Row{c.name, fmt.Sprintf("%.0f", retainedPerKey(c, cfg.keys))})
+		}
+	}
+	t.Render()
+}
+
+// latencies prints the single-Allow latency distribution and the longest
+// admission stalls during a sweep and a cutover.
+func latencies(out io.Writer, cfg config) {
+	d := 2 * time.Second
+	if cfg.quick {
+		d = 300 * time.Millisecond
+	}
+	t := table.NewWriter()
+	t.SetOutputMirror(out)
+	t.SetTitle("tokenshard Allow latency, 8 goroutines per core, uniform 100,000 keys")
+	t.AppendHeader(table.Row{"GOMAXPROCS", "p50", "p99", "p99.9", "max"})
+	ks := newKeySet(scenario{keys: 100_000})
+	for _, cpu := range cfg.cpus {
+		runtime.GOMAXPROCS(cpu)
+		l := allowLatency(ks, d)
+		t.AppendRow(table.Row{cpu, l.p50, l.p99, l.p999, l.max})
+	}
+	t.Render()
+
+	s := table.NewWriter()
+	s.SetOutputMirror(out)
+	s.SetTitle(fmt.Sprintf("longest single Allow while an admin call covers %d keys", cfg.keys))
+	s.AppendHeader(table.Row{"GOMAXPROCS", "admin call", "admin took", "longest Allow during", "longest Allow, same time after"})
+	admins := []struct {
+		name string
+		call func(e *engine.Engine) error
+	}{
+		{"EvictFull", func(e *engine.Engine) error {
+			_, err := e.EvictFull(context.Background())
+			return err
+		}},
+		{"ReplacePolicy", func(e *engine.Engine) error {
+			return e.ReplacePolicy(context.Background(), policy.Policy{Version: 2, Capacity: 3, TokensPerSecond: 2}, 1)
+		}},
+	}
+	for _, cpu := range cfg.cpus {
+		runtime.GOMAXPROCS(cpu)
+		for _, a := range admins {
+			worst, baseline, took, err := stall(cfg.keys, a.call)
+			s.AppendRow(table.Row{cpu, a.name, took.Round(time.Microsecond), errOr(worst, err), baseline.Round(time.Microsecond)})
+		}
+	}
+	s.Render()
+}
+
+func errOr(d time.Duration, err error) string {
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return d.Round(time.Microsecond).String()
+}

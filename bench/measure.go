@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// parallelism is goroutines per core, as a busy server runs.
+const parallelism = 8
+
+// warm makes one decision for every key so that every contender starts with
+// its state built: the benchmark measures deciding, not creating.
+func warm(d decider, ks *keySet, batch int) {
+	for i := 0; i < len(ks.names); i += batch {
+		d.decide(ks.names[i:min(i+batch, len(ks.names))])
+	}
+}
+
+// benchDecide is the benchmark body shared by `go test -bench` and
+// `go run ./bench`: b.N decisions, batch keys per call, from 8 goroutines
+// per core (one goroutine for a sequential contender). It reports
+// ns/decision.
+func benchDecide(b *testing.B, c contender, s scenario, ks *keySet) {
+	inst := c.setup(s.policy, max(s.keys, 1))
+	defer inst.close()
+	warm(inst.forWorker(), ks, max(c.batch, 1))
+	var offset atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	if c.sequential {
+		d := inst.forWorker()
+		for i := 0; i < b.N; i += c.batch {
+			start := (i * 7919) % (drawLen - c.batch)
+			d.decide(ks.draws[start : start+c.batch])
+		}
+	} else {
+		b.SetParallelism(parallelism)
+		b.RunParallel(func(pb *testing.PB) {
+			d := inst.forWorker()
+			pos := int(offset.Add(104_729)) % (drawLen - c.batch)
+			for pb.Next() {
+				if pos+c.batch > drawLen {
+					pos = 0
+				}
+				d.decide(ks.draws[pos : pos+c.batch])
+				pos += c.batch
+			}
+		})
+	}
+	b.StopTimer()
+	// For batch contenders one op is one batch; report per decision so every
+	// row compares.
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*c.batch), "ns/decision")
+}
+
+// retainedPerKey measures the heap a contender keeps per tracked key once n
+// keys are tracked: live heap after GC, before and after.
+func retainedPerKey(c contender, n int) float64 {
+	ks := &keySet{names: newKeySet(scenario{keys: n}).names}
+	before := liveHeap()
+	inst := c.setup(admitAll, n)
+	d := inst.forWorker()
+	warm(d, ks, max(c.batch, 1))
+	after := liveHeap()
+	runtime.KeepAlive(d) // the decider holds the state of in-process contenders
+	inst.close()
+	runtime.KeepAlive(ks)
+	return float64(int64(after)-int64(before)) / float64(n)
+}
+
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC() // the second cycle frees what the first one's finalizers released
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// latency is the distribution of single Allow calls under parallelism
+// goroutines per core, for d.
+type latency struct{ p50, p99, p999, max time.Duration }
+
+func allowLatency(ks *keySet, d time.Duration) latency {
+	e := newEngine(admitAll, len(ks.names))
+	defer e.Close()
+	warm(allowDecider{e}, ks, 1)
+	workers := parallelism * runtime.GOMAXPROCS(0)
+	hists := make([]*hdrhistogram.Histogram, workers)
+	var wg sync.WaitGroup
+	stop := time.Now().Add(d)
+	for w := range workers {
+		hists[w] = hdrhistogram.New(1, int64(time.Second), 3)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			pos := (w * 104_729) % drawLen
+			for i := 0; ; i++ {
+				if i%256 == 0 && time.Now().After(stop) {
+					return
+				}
+				t0 := time.Now()
+				_, _ = e.Allow(ctx, ks.draws[pos], 1)
+				_ = hists[w].RecordValue(int64(time.Since(t0)))
+				pos = (pos + 1) % drawLen
+			}
+		}()
+	}
+	wg.Wait()
+	all := hdrhistogram.New(1, int64(time.Second), 3)
+	for _, h := range hists {
+		all.Merge(h)
+	}
+	return latency{
+		p50:  time.Duration(all.ValueAtQuantile(50)),
+		p99:  time.Duration(all.ValueAtQuantile(99)),
+		p999: time.Duration(all.ValueAtQuantile(99.9)),
+		max:  time.Duration(all.Max()),
+	}
+}
+
+// stall measures the longest single Allow while admin runs on an engine
+// tracking n keys, with parallelism callers per core hammering it. baseline
+// is the longest Allow over an equally long window just before, with no
+// admin call: on a noisy machine only the difference means anything.
+func stall(n int, admin func(e *engine.Engine) error) (worst, baseline, took time.Duration, err error) {
+	// Capacity 2 and one token spent per key: nothing is full, so a sweep
+	// visits every bucket and evicts none.
+	p := policy.Policy{Version: 1, Capacity: 2, TokensPerSecond: 1}
+	e := newEngine(p, n)
+	defer e.Close()
+	ks := &keySet{names: newKeySet(scenario{keys: n}).names}
+	warm(&batchDecider{e: e, reqs: make([]engine.Request, 0, 128), out: make([]engine.Result, 128)}, ks, 128)
+
+	var longest, calls atomic.Int64
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range parallelism * runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			for i := w; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				t0 := time.Now()
+				_, _ = e.Allow(ctx, ks.names[(i*7919)%n], 1)
+				raise(&longest, int64(time.Since(t0)))
+				calls.Add(1)
+			}
+		}()
+	}
+	// Let every caller reach steady state before measuring anything.
+	for calls.Load() < 100_000 {
+		runtime.Gosched()
+	}
+	longest.Store(0)
+	t0 := time.Now()
+	err = admin(e)
+	took = time.Since(t0)
+	worst = time.Duration(longest.Swap(0))
+	// The same length of time again, with no admin call, as the baseline.
+	window := max(took, 10*time.Millisecond)
+	for start := time.Now(); time.Since(start) < window; {
+		runtime.Gosched()
+	}
+	baseline = time.Duration(longest.Load())
+	close(done)
+	wg.Wait()
+	return worst, baseline, took, err
+}
+
+// raise sets *a to v if v is larger, without losing a concurrent larger value.
+func raise(a *atomic.Int64, v int64) {
+	for {
+		cur := a.Load()
+		if v <= cur || a.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}

@@ -1,0 +1,7 @@
+//go:build race
+
+package main
+
+// raceEnabled: the race detector slows the bench tenfold, so the end-to-end
+// run is left to the plain `go test ./...` that CI also runs.
+const raceEnabled = true
