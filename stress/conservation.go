@@ -3,9 +3,530 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	mrand "math/rand" // for rand.Zipf, which math/rand/v2 does not have
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
-// runConservation is being written; until then it fails loudly rather than pass.
+// Conservation under the real monotonic clock (issue 3, check 3), and the
+// command's main load: o.workers goroutines call Allow and AllowBatch over a
+// Zipf-skewed key set while a coordinator cuts over policies (stale attempts
+// included) and sweeps. Three invariants:
+//
+//	(a) no key is admitted more than its policy history could have granted
+//	    (the bound and why it is sound: conservation_bound.go);
+//	(b) Remaining never exceeds Limit, and Limit is the capacity of the
+//	    policy version the decision names; the retry and reset estimates
+//	    are consistent with Remaining and that policy's rate;
+//	(c) a decision's version was attempted by the coordinator and did not
+//	    fail, and is at least the version whose ReplacePolicy returned
+//	    before the call started.
+
+// Policy parameters stay at or below these, so every per-decision check fits
+// in int64: (cost - remaining) * 1e9 + rate <= 1e18 + 1e9.
+const (
+	consMaxCapacity = 1_000_000_000
+	consMaxRate     = 1_000_000_000
+)
+
+// consInitial is the policy the engine starts with.
+var consInitial = policy.Policy{Version: 1, Capacity: 50, TokensPerSecond: 100}
+
+// States of a consVersion.
+const (
+	consPending int32 = iota
+	consInstalled
+	consFailed
+)
+
+// consVersion is one policy version the coordinator attempted to install.
+type consVersion struct {
+	pol   policy.Policy
+	state atomic.Int32
+	seen  atomic.Bool // some decision named this version
+}
+
+// consRegistry is the coordinator's log of versions, readable by workers.
+// A version is registered before ReplacePolicy is called (the engine may
+// answer with it before the call returns) and marked failed if the call
+// fails.
+type consRegistry struct {
+	vers    atomic.Pointer[[]*consVersion] // indexed by version; nil: never attempted
+	backing []*consVersion                 // owned by the coordinator
+	inForce atomic.Int64                   // version of the last ReplacePolicy that returned nil
+	seq     atomic.Int64                   // odd while an attempt with a fresh version is in flight
+}
+
+func (r *consRegistry) register(p policy.Policy) *consVersion {
+	v := &consVersion{pol: p}
+	for int64(len(r.backing)) <= p.Version {
+		r.backing = append(r.backing, nil)
+	}
+	r.backing[p.Version] = v
+	// Workers read only up to the length they loaded, so appending in place
+	// before publishing the longer slice races with nobody.
+	s := r.backing[:len(r.backing):len(r.backing)]
+	r.vers.Store(&s)
+	return v
+}
+
+func (r *consRegistry) lookup(version int64) *consVersion {
+	vs := *r.vers.Load()
+	if version < 1 || version >= int64(len(vs)) {
+		return nil
+	}
+	return vs[version]
+}
+
+// consWorker is one load goroutine's state.
+type consWorker struct {
+	seg     atomic.Int64 // its admissions in segments below seg are flushed; MaxInt64 when done
+	cur     int64        // segment acc belongs to
+	acc     []int64      // tokens admitted per key in segment cur
+	touched []int32      // keys with acc != 0
+	rng     *rand.Rand
+	zipf    *mrand.Zipf
+	reqs    []engine.Request
+	idx     []int32
+	out     []engine.Result
+}
+
+// consRun is one conservation run.
+type consRun struct {
+	o     options
+	c     *counters
+	eng   *engine.Engine
+	clk   *clock.Monotonic
+	names []string
+	reg   consRegistry
+
+	seg     atomic.Int64 // current segment, published after its boundary
+	closing atomic.Bool  // set before Close: from then on ErrClosed is expected
+
+	mu      sync.Mutex
+	pending map[int64]map[int32]int64 // segment -> key -> tokens, flushed by workers
+
+	workers []*consWorker
+	ledger  *consLedger // coordinator only
+	rng     *rand.Rand  // coordinator only
+	lastBnd time.Time   // coordinator only: when the last boundary was made
+
+	first  atomic.Pointer[Violation]
+	cancel context.CancelFunc
+}
+
+// runConservation runs the conservation load until ctx ends, then closes its
+// engine and returns the first violation, if any. It leaves no goroutine.
 func runConservation(ctx context.Context, o options, c *counters) error {
-	return errors.New("conservation: not implemented yet")
+	clk := clock.NewMonotonic()
+	eng, err := engine.New(engine.Config{Policy: consInitial, MaxKeys: o.maxKeys, Shards: o.shards, Clock: clk})
+	if err != nil {
+		return fmt.Errorf("conservation: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := &consRun{
+		o: o, c: c, eng: eng, clk: clk,
+		names:   make([]string, o.keys),
+		pending: map[int64]map[int32]int64{},
+		rng:     rand.New(rand.NewPCG(o.seed, 0xc0)),
+		cancel:  cancel,
+	}
+	for i := range r.names {
+		r.names[i] = "cons/" + strconv.Itoa(i)
+	}
+	r.ledger = newConsLedger(consInitial, r.names, o.seed)
+	r.reg.register(consInitial).state.Store(consInstalled)
+	r.reg.inForce.Store(consInitial.Version)
+
+	var wg sync.WaitGroup
+	for i := range o.workers {
+		w := &consWorker{
+			acc:  make([]int64, o.keys),
+			rng:  rand.New(rand.NewPCG(o.seed, uint64(i)+1)),
+			zipf: mrand.NewZipf(mrand.New(mrand.NewSource(int64(o.seed)+int64(i))), 1.1, 1, uint64(o.keys-1)),
+			out:  make([]engine.Result, consMaxBatch),
+		}
+		r.workers = append(r.workers, w)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.work(w)
+		}()
+	}
+
+	r.coordinate(ctx)
+	r.closing.Store(true)
+	_ = eng.Close() // in-flight calls get their answers or ErrClosed
+	wg.Wait()
+	if v := r.first.Load(); v != nil {
+		return v
+	}
+	// Every worker has flushed and exited: finalize the rest.
+	r.finalizeReady()
+	if v := r.first.Load(); v != nil {
+		return v
+	}
+	return nil
+}
+
+// fail records v if it is the first violation and stops the run.
+func (r *consRun) fail(v *Violation) {
+	v.Check, v.Seed = "conservation", r.o.seed
+	r.first.CompareAndSwap(nil, v)
+	r.cancel()
+}
+
+const consMaxBatch = 32
+
+// work is one load goroutine: Allow and AllowBatch until the engine closes.
+func (r *consRun) work(w *consWorker) {
+	defer func() {
+		r.flush(w)
+		w.seg.Store(math.MaxInt64)
+	}()
+	// Calls do not take the run's context: they go on until Close, so Close
+	// is exercised with requests in flight.
+	bg := context.Background()
+	for !r.closing.Load() && r.first.Load() == nil {
+		if g := r.seg.Load(); g != w.cur {
+			r.flush(w)
+			w.cur = g
+			w.seg.Store(g)
+		}
+		q1 := r.reg.seq.Load()
+		floor := r.reg.inForce.Load()
+		if w.rng.IntN(10) < 7 {
+			k := int32(w.zipf.Uint64())
+			cost := w.cost()
+			d, err := r.eng.Allow(bg, r.names[k], cost)
+			r.c.record(d, err)
+			certain := q1 == r.reg.seq.Load() && q1%2 == 0
+			if v := r.checkResult(w, k, cost, d, err, certain, floor); v != nil {
+				v.Op = fmt.Sprintf("Allow(cost %d)", cost) + v.Op
+				r.fail(v)
+				return
+			}
+			continue
+		}
+		n := 1 + w.rng.IntN(consMaxBatch)
+		w.reqs, w.idx = w.reqs[:0], w.idx[:0]
+		for i := range n {
+			k := int32(w.zipf.Uint64())
+			if i > 0 && w.rng.IntN(4) == 0 { // repeat a key of this batch
+				k = w.idx[w.rng.IntN(i)]
+			}
+			w.idx = append(w.idx, k)
+			w.reqs = append(w.reqs, engine.Request{Key: r.names[k], Cost: w.cost()})
+		}
+		err := r.eng.AllowBatch(bg, w.reqs, w.out)
+		certain := q1 == r.reg.seq.Load() && q1%2 == 0
+		if err != nil && !(errors.Is(err, engine.ErrClosed) && r.closing.Load()) {
+			r.fail(&Violation{Key: r.names[w.idx[0]], Op: fmt.Sprintf("AllowBatch of %d", n), Want: "nil, or ErrClosed once Close has begun", Got: err.Error()})
+			return
+		}
+		for i := range n {
+			res := w.out[i]
+			r.c.record(res.Decision, res.Err)
+			if v := r.checkResult(w, w.idx[i], w.reqs[i].Cost, res.Decision, res.Err, certain, floor); v != nil {
+				v.Op = fmt.Sprintf("AllowBatch[%d of %d](cost %d)", i, n, w.reqs[i].Cost) + v.Op
+				r.fail(v)
+				return
+			}
+		}
+	}
+}
+
+// cost draws a request cost: mostly 1, sometimes more, rarely above the
+// capacity in force (ErrInvalidCost).
+func (w *consWorker) cost() int64 {
+	switch x := w.rng.IntN(1000); {
+	case x < 800:
+		return 1
+	case x < 950:
+		return 2 + w.rng.Int64N(4)
+	case x < 995:
+		return 6 + w.rng.Int64N(45)
+	default:
+		return 51 + w.rng.Int64N(1950)
+	}
+}
+
+// flush hands w's admissions of segment w.cur to the coordinator.
+func (r *consRun) flush(w *consWorker) {
+	if len(w.touched) == 0 {
+		return
+	}
+	r.mu.Lock()
+	m := r.pending[w.cur]
+	if m == nil {
+		m = make(map[int32]int64, len(w.touched))
+		r.pending[w.cur] = m
+	}
+	for _, k := range w.touched {
+		m[k] += w.acc[k]
+		w.acc[k] = 0
+	}
+	r.mu.Unlock()
+	w.touched = w.touched[:0]
+}
+
+// checkResult checks one answer for key k at cost, given whether the version
+// in force was certain for the whole call (no fresh cutover attempt in
+// flight) and floor, the version in force when the call started. An allowed
+// decision is added to w's admissions. The violation's Op is completed by
+// the caller.
+func (r *consRun) checkResult(w *consWorker, k int32, cost int64, d engine.Decision, err error, certain bool, floor int64) *Violation {
+	key := r.names[k]
+	if err != nil {
+		switch {
+		case errors.Is(err, engine.ErrClosed) && r.closing.Load():
+			return nil
+		case errors.Is(err, engine.ErrKeyCapacity) && r.o.keys > r.o.maxKeys:
+			return nil
+		case errors.Is(err, engine.ErrInvalidCost):
+			if v := r.reg.lookup(floor); certain && cost <= v.pol.Capacity {
+				return &Violation{Key: key, Op: fmt.Sprintf(" under version %d alone", floor),
+					Want: fmt.Sprintf("a decision: cost %d <= capacity %d", cost, v.pol.Capacity), Got: err.Error()}
+			}
+			return nil
+		}
+		return &Violation{Key: key, Want: "a decision (or ErrInvalidCost above capacity, ErrClosed after Close)", Got: err.Error()}
+	}
+	v := r.reg.lookup(d.Version)
+	if v == nil {
+		return &Violation{Key: key, Want: "the version of a policy the coordinator attempted", Got: fmt.Sprintf("version %d in %+v", d.Version, d)}
+	}
+	v.seen.Store(true) // before reading state: see consRun.cutover
+	switch {
+	case v.state.Load() == consFailed:
+		return &Violation{Key: key, Want: "no version whose ReplacePolicy failed", Got: fmt.Sprintf("version %d (%+v) in %+v", d.Version, v.pol, d)}
+	case d.Version < floor:
+		return &Violation{Key: key, Want: fmt.Sprintf("version >= %d, installed before the call started", floor), Got: fmt.Sprintf("%+v", d)}
+	case certain && d.Version != floor:
+		return &Violation{Key: key, Want: fmt.Sprintf("version %d, the only one in force during the call", floor), Got: fmt.Sprintf("%+v", d)}
+	}
+	if s := consCheckDecision(d, cost, v.pol); s != "" {
+		return &Violation{Key: key, Want: s, Got: fmt.Sprintf("%+v under %+v", d, v.pol)}
+	}
+	if d.Allowed {
+		if w.acc[k] == 0 {
+			w.touched = append(w.touched, k)
+		}
+		w.acc[k] += cost
+	}
+	return nil
+}
+
+// consCheckDecision checks d, the answer to a request of cost decided under
+// p, for what can be known without the bucket's exact balance: the balance
+// lies in [Remaining, Remaining+1) tokens, so each estimate lies between
+// the two ceilings it gives. It returns what was wanted, or "".
+func consCheckDecision(d engine.Decision, cost int64, p policy.Policy) string {
+	rem, capacity, rate := d.Remaining, p.Capacity, p.TokensPerSecond
+	switch {
+	case d.Limit != capacity:
+		return fmt.Sprintf("Limit %d, the capacity of version %d", capacity, p.Version)
+	case rem < 0 || rem > d.Limit:
+		return fmt.Sprintf("0 <= Remaining <= Limit %d", d.Limit)
+	case cost > capacity:
+		return fmt.Sprintf("ErrInvalidCost: cost %d is above capacity %d", cost, capacity)
+	case d.Allowed && d.RetryAfter != 0:
+		return "RetryAfter 0 when allowed"
+	case d.Allowed && rem > capacity-cost:
+		return fmt.Sprintf("Remaining <= %d after admitting %d of %d", capacity-cost, cost, capacity)
+	case !d.Allowed && rem >= cost:
+		return fmt.Sprintf("Remaining < cost %d when denied", cost)
+	}
+	if !d.Allowed {
+		lo := consCeil((cost-rem-1)*consUnits+1, rate)
+		hi := consCeil((cost-rem)*consUnits, rate)
+		if int64(d.RetryAfter) < lo || int64(d.RetryAfter) > hi {
+			return fmt.Sprintf("RetryAfter in [%d, %d] ns for %d missing tokens at %d/s", lo, hi, cost-rem, rate)
+		}
+	}
+	if rem == capacity {
+		if d.ResetAfter != 0 {
+			return "ResetAfter 0 when full"
+		}
+		return ""
+	}
+	lo := consCeil((capacity-rem-1)*consUnits+1, rate)
+	hi := consCeil((capacity-rem)*consUnits, rate)
+	if int64(d.ResetAfter) < lo || int64(d.ResetAfter) > hi {
+		return fmt.Sprintf("ResetAfter in [%d, %d] ns", lo, hi)
+	}
+	return ""
+}
+
+// consCeil is ceil(n/d) for n >= 0, d >= 1 and n+d within int64.
+func consCeil(n, d int64) int64 { return (n + d - 1) / d }
+
+// coordinate cuts over, sweeps, samples the key count and finalizes
+// segments until ctx ends.
+func (r *consRun) coordinate(ctx context.Context) {
+	cut := time.NewTicker(r.o.cutoverEvery)
+	defer cut.Stop()
+	sweep := time.NewTicker(r.o.sweepEvery)
+	defer sweep.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var v *Violation
+		select {
+		case <-ctx.Done():
+			return
+		case <-cut.C:
+			v = r.cutover(ctx)
+		case <-sweep.C:
+			v = r.sweep(ctx)
+		case <-tick.C:
+			n := r.eng.KeyCount()
+			r.c.keys.Store(int64(n))
+			if n > r.o.maxKeys {
+				v = &Violation{Op: "KeyCount", Want: fmt.Sprintf("<= MaxKeys %d", r.o.maxKeys), Got: strconv.Itoa(n)}
+			}
+		}
+		if v != nil {
+			r.fail(v)
+			return
+		}
+		r.boundary()
+		r.finalizeReady()
+	}
+}
+
+// boundary starts a new segment, a new candidate window start, unless the
+// last one is too recent: the check costs O(keys touched) per segment.
+func (r *consRun) boundary() {
+	if gap := time.Duration(len(r.names)) * 100 * time.Nanosecond; time.Since(r.lastBnd) < gap {
+		return
+	}
+	r.lastBnd = time.Now()
+	r.seg.Store(int64(r.ledger.boundary(r.clk.Now())))
+}
+
+// finalizeReady finalizes every segment all workers have moved past.
+func (r *consRun) finalizeReady() {
+	ready := int64(math.MaxInt64)
+	for _, w := range r.workers {
+		ready = min(ready, w.seg.Load())
+	}
+	if int64(r.ledger.done) >= ready {
+		return
+	}
+	T := r.clk.Now() // after the loads: every counted admission happened before it
+	for int64(r.ledger.done) < ready && r.ledger.done < len(r.ledger.bounds) {
+		g := r.ledger.done
+		r.mu.Lock()
+		m := r.pending[int64(g)]
+		delete(r.pending, int64(g))
+		r.mu.Unlock()
+		adm := make([]consAdmission, 0, len(m))
+		for k, t := range m {
+			adm = append(adm, consAdmission{key: k, tokens: t})
+		}
+		if v := r.ledger.finalize(g, adm, T); v != nil {
+			r.fail(v)
+			return
+		}
+	}
+}
+
+// sweep runs EvictFull once.
+func (r *consRun) sweep(ctx context.Context) *Violation {
+	n, err := r.eng.EvictFull(ctx)
+	r.c.evictions.Add(int64(n))
+	if err != nil && ctx.Err() == nil {
+		return &Violation{Op: "EvictFull", Want: "nil", Got: err.Error()}
+	}
+	return nil
+}
+
+// cutover makes one ReplacePolicy attempt: mostly a valid one with a fresh
+// version, sometimes a stale one (wrong expected version, or a version that
+// does not increase), which must be refused.
+func (r *consRun) cutover(ctx context.Context) *Violation {
+	cur := r.ledger.tl.pol
+	next := consRandomPolicy(r.rng, cur.Version+1+r.rng.Int64N(3))
+	expected := cur.Version
+	stale := ""
+	switch x := r.rng.IntN(8); {
+	case x == 0:
+		stale = "wrong expected version"
+		if expected = cur.Version - 1 - r.rng.Int64N(3); r.rng.IntN(2) == 0 {
+			expected = cur.Version + 1 + r.rng.Int64N(3)
+		}
+	case x == 1:
+		stale = "version not above the one in force"
+		next.Version = cur.Version - r.rng.Int64N(min(cur.Version, 3))
+	}
+
+	// A fresh version is registered before the call: publish precedes the
+	// return, so a worker may see it first. A stale attempt whose version
+	// exists already is not registered: were it installed, decisions would
+	// name that version with the wrong capacity (or the call's nil return
+	// would be caught below).
+	var v *consVersion
+	if next.Version > cur.Version {
+		v = r.reg.register(next)
+		r.reg.seq.Add(1)
+		defer r.reg.seq.Add(1)
+	}
+	before := r.clk.Now()
+	err := r.eng.ReplacePolicy(ctx, next, expected)
+	after := r.clk.Now()
+
+	if err == nil && stale == "" {
+		r.ledger.cutover(before, after, next)
+		v.state.Store(consInstalled)
+		r.reg.inForce.Store(next.Version)
+		r.c.cutovers.Add(1)
+		return nil
+	}
+	if v != nil {
+		v.state.Store(consFailed)
+		if v.seen.Load() { // workers store seen before they load state
+			return &Violation{Op: fmt.Sprintf("ReplacePolicy(%+v, expected %d)", next, expected),
+				Want: "no decision under a version whose ReplacePolicy failed", Got: fmt.Sprintf("a decision under version %d; the call returned %v", next.Version, err)}
+		}
+	}
+	op := fmt.Sprintf("ReplacePolicy(%+v, expected %d) with version %d in force", next, expected, cur.Version)
+	switch {
+	case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		return nil // the run is ending; the attempt was aborted everywhere
+	case stale != "" && errors.Is(err, engine.ErrStalePolicy):
+		r.c.stale.Add(1)
+		return nil
+	case stale != "":
+		return &Violation{Op: op + " (" + stale + ")", Want: "ErrStalePolicy", Got: fmt.Sprint(err)}
+	}
+	return &Violation{Op: op, Want: "nil", Got: err.Error()}
+}
+
+// consRandomPolicy draws a policy: mostly modest, sometimes large, within
+// consMaxCapacity and consMaxRate.
+func consRandomPolicy(r *rand.Rand, version int64) policy.Policy {
+	draw := func(max int64) int64 {
+		switch x := r.IntN(100); {
+		case x < 60:
+			return 1 + r.Int64N(100)
+		case x < 90:
+			return 100 + r.Int64N(900)
+		case x < 98:
+			return 1000 + r.Int64N(999_000)
+		default:
+			return max - r.Int64N(1000)
+		}
+	}
+	return policy.Policy{Version: version, Capacity: draw(consMaxCapacity), TokensPerSecond: draw(consMaxRate)}
 }

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// TestConservation runs the conservation load briefly: once with room for
+// every key, once with fewer slots than keys (ErrKeyCapacity on the way).
+func TestConservation(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		keys, maxKeys, shards int
+	}{
+		{"keys=200/maxkeys=1e5/shards=4", 200, 100_000, 4},
+		{"keys=300/maxkeys=150/shards=3", 300, 150, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := options{workers: 8, keys: tc.keys, maxKeys: tc.maxKeys, shards: tc.shards,
+				cutoverEvery: 5 * time.Millisecond, sweepEvery: 20 * time.Millisecond, seed: uint64(time.Now().UnixNano())}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			c := &counters{}
+			require.NoError(t, runConservation(ctx, o, c), "seed %d", o.seed)
+			t.Logf("seed %d: %s", o.seed, c.line(2*time.Second, float64(c.decisions.Load())/2))
+			assert.Positive(t, c.allowed.Load(), "allowed")
+			assert.Positive(t, c.denied.Load(), "denied")
+			assert.Positive(t, c.cutovers.Load(), "cutovers")
+			assert.Positive(t, c.stale.Load(), "stale attempts refused")
+			assert.Positive(t, c.evictions.Load(), "evictions")
+			if tc.keys > tc.maxKeys {
+				assert.Positive(t, c.errs[kindKeyCapacity].Load(), "ErrKeyCapacity")
+			}
+		})
+	}
+}
+
+func TestConservationCommand(t *testing.T) {
+	var buf bytes.Buffer
+	status := run(context.Background(), []string{"-check", "conservation", "-duration", "2s", "-seed", "7"}, &buf, &buf)
+	require.Equal(t, 0, status, buf.String())
+}
+
+// ledgerStep is one fabricated step: a cutover or boundary, or a finalized
+// segment of admissions checked at reading at.
+type ledgerStep struct {
+	cutover   *policy.Policy // installed over [at, until]
+	until     int64
+	boundary  bool
+	finalize  []consAdmission
+	at        int64
+	violation bool
+}
+
+// TestConservationBound feeds the ledger fabricated histories: admissions
+// exactly at the bound pass, one token more is a violation.
+func TestConservationBound(t *testing.T) {
+	const s = int64(time.Second)
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	fast := policy.Policy{Version: 2, Capacity: 10, TokensPerSecond: 1_000_000}
+	slow := policy.Policy{Version: 3, Capacity: 10, TokensPerSecond: 1}
+	rate5 := policy.Policy{Version: 2, Capacity: 10, TokensPerSecond: 5}
+	raise := policy.Policy{Version: 2, Capacity: 30, TokensPerSecond: 1}
+	lower := policy.Policy{Version: 2, Capacity: 4, TokensPerSecond: 1}
+	fin := func(at int64, tokens int64, violation bool) ledgerStep {
+		return ledgerStep{finalize: []consAdmission{{key: 0, tokens: tokens}, {key: 1, tokens: 1}}, at: at, violation: violation}
+	}
+	bnd := func(at int64) ledgerStep { return ledgerStep{boundary: true, at: at} }
+	cut := func(next policy.Policy, at, until int64) ledgerStep {
+		return ledgerStep{cutover: &next, at: at, until: until}
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []ledgerStep
+	}{
+		{"burst=capacity", []ledgerStep{fin(0, 10, false)}},
+		{"burst>capacity", []ledgerStep{fin(0, 11, true)}},
+		{"refill", []ledgerStep{fin(0, 10, false), bnd(s), fin(s, 1, false), bnd(2 * s), fin(2*s, 1, false)}},
+		{"refill+1", []ledgerStep{fin(0, 10, false), bnd(s), fin(s, 1, false), bnd(2 * s), fin(2*s, 2, true)}},
+		{"half-second-refill", []ledgerStep{fin(0, 10, false), bnd(s / 2), fin(s/2, 1, true)}},
+		// Over the window [1s, 2s] the rate is 1 or 5: the bound takes 5.
+		{"window-max-rate", []ledgerStep{cut(rate5, s, 2*s), bnd(2 * s), fin(2*s, 16, false)}},
+		{"window-max-rate+1", []ledgerStep{cut(rate5, s, 2*s), bnd(2 * s), fin(2*s, 17, true)}},
+		// A raise may reach a key through eviction and recreation.
+		{"raise", []ledgerStep{cut(raise, s, s), bnd(s), fin(s, 31, false)}},
+		{"raise+1", []ledgerStep{cut(raise, s, s), bnd(s), fin(s, 32, true)}},
+		// A lowering takes nothing back from what was granted before it.
+		{"lower", []ledgerStep{cut(lower, s, s), bnd(s), fin(s, 11, false)}},
+		{"lower+1", []ledgerStep{cut(lower, s, s), bnd(s), fin(s, 12, true)}},
+		// A generous period (a huge rate, unused) does not hide an excess
+		// after it: the window starting at 3s catches it.
+		{"after-fast", []ledgerStep{fin(0, 10, false), cut(fast, s, s), cut(slow, 2*s, 3*s), bnd(3 * s), fin(4*s, 11, false)}},
+		{"after-fast+1", []ledgerStep{fin(0, 10, false), cut(fast, s, s), cut(slow, 2*s, 3*s), bnd(3 * s), fin(4*s, 12, true)}},
+		// Admissions attributed to segment 0 but finalized late count
+		// against the credit up to the finalization reading.
+		{"late-finalize", []ledgerStep{bnd(s), fin(2*s, 12, false)}},
+		{"late-finalize+1", []ledgerStep{bnd(s), fin(2*s, 13, true)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newConsLedger(p, []string{"hot", "cold"}, 1)
+			seg := 0
+			for i, st := range tc.steps {
+				switch {
+				case st.cutover != nil:
+					l.cutover(st.at, st.until, *st.cutover)
+				case st.boundary:
+					l.boundary(st.at)
+				default:
+					v := l.finalize(seg, st.finalize, st.at)
+					seg++
+					if !st.violation {
+						require.Nil(t, v, "step %d", i)
+						continue
+					}
+					require.NotNil(t, v, "step %d", i)
+					assert.Equal(t, "conservation", v.Check)
+					assert.Equal(t, "hot", v.Key)
+					t.Log(v.Error())
+				}
+			}
+		})
+	}
+}
+
+func TestConsCheckDecision(t *testing.T) {
+	p := policy.Policy{Version: 4, Capacity: 10, TokensPerSecond: 3}
+	for i, c := range []struct {
+		d    engine.Decision
+		cost int64
+	}{
+		{engine.Decision{Allowed: true, Remaining: 9, Version: 4, Limit: 10, ResetAfter: 333_333_334}, 1},
+		{engine.Decision{Allowed: true, Remaining: 0, Version: 4, Limit: 10, ResetAfter: 3_333_333_334}, 10},
+		{engine.Decision{Remaining: 0, RetryAfter: 333_333_334, Version: 4, Limit: 10, ResetAfter: 3_333_333_334}, 1},
+		{engine.Decision{Remaining: 0, RetryAfter: 1, Version: 4, Limit: 10, ResetAfter: 3_000_000_001}, 1},
+	} {
+		assert.Empty(t, consCheckDecision(c.d, c.cost, p), "case %d", i)
+	}
+	for i, c := range []struct {
+		d    engine.Decision
+		cost int64
+	}{
+		{engine.Decision{Allowed: true, Remaining: 9, Version: 4, Limit: 11, ResetAfter: 333_333_334}, 1},             // Limit
+		{engine.Decision{Remaining: 11, RetryAfter: 1, Version: 4, Limit: 10}, 1},                                     // Remaining > Limit
+		{engine.Decision{Remaining: 0, RetryAfter: 333_333_335, Version: 4, Limit: 10, ResetAfter: 3_333_333_334}, 1}, // retry too long
+		{engine.Decision{Remaining: 0, Version: 4, Limit: 10, ResetAfter: 3_333_333_334}, 1},                          // denied, no retry
+		{engine.Decision{Allowed: true, Remaining: 9, RetryAfter: 5, Version: 4, Limit: 10, ResetAfter: 333_333_334}, 1},
+		{engine.Decision{Allowed: true, Remaining: 9, Version: 4, Limit: 10, ResetAfter: 333_333_335}, 1},   // reset too long
+		{engine.Decision{Allowed: true, Remaining: 8, Version: 4, Limit: 10, ResetAfter: 333_333_333}, 1},   // reset too short
+		{engine.Decision{Allowed: true, Remaining: 10, Version: 4, Limit: 10}, 1},                           // full after admitting
+		{engine.Decision{Remaining: 1, RetryAfter: 1, Version: 4, Limit: 10, ResetAfter: 3_000_000_001}, 1}, // denied with enough
+		{engine.Decision{Remaining: 10, Version: 4, Limit: 10, RetryAfter: 1}, 1},                           // denied while full
+		{engine.Decision{Allowed: true, Version: 4, Limit: 10, ResetAfter: 3_333_333_334}, 11},              // cost above capacity
+	} {
+		assert.NotEmpty(t, consCheckDecision(c.d, c.cost, p), "case %d: %+v", i, c.d)
+	}
+}

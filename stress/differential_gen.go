@@ -1,0 +1,326 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
+	"github.com/tokenshard/tokenshard/stress/model"
+)
+
+// diffGen builds one trace, running the model alongside so it can aim at the
+// instants that matter (exactly when a retry estimate or a reset falls due).
+type diffGen struct {
+	r     *rand.Rand
+	cfg   diffConfig
+	m     *model.Model
+	t     int64
+	keys  []string // the trace's working set, so keys repeat
+	fresh int
+	marks []int64 // instants named by recent answers
+}
+
+var (
+	diffGoodKeys  = []string{"a", "b", "k1", "k22", "key333", "ключ", "\u200b", " x", "x\t", "\xff", "\x7f"}
+	diffBlankKeys = []string{"", " ", "\t\n", "\u00a0", "\u3000", "\u0085 \u2028"}
+)
+
+// diffGenerate returns the trace of seed: a configuration drawn from
+// shardCounts and the edge values, and about nops operations.
+func diffGenerate(seed uint64, shardCounts []int, nops int) diffTrace {
+	r := rand.New(rand.NewPCG(seed, 0x646966666572656e))
+	g := &diffGen{r: r}
+	cfg := &g.cfg
+	cfg.shards = shardCounts[r.IntN(len(shardCounts))]
+	if r.IntN(6) == 0 {
+		cfg.regress, cfg.shards = true, 1 // the model has one observed time
+	}
+	switch r.IntN(4) {
+	case 1:
+		cfg.maxKeys = 1 + r.IntN(3)
+	case 2:
+		cfg.maxKeys = 3 + r.IntN(6)
+	case 3:
+		cfg.maxKeys = 100
+	}
+	switch r.IntN(4) {
+	case 2:
+		cfg.maxKeyBytes = 1 + r.IntN(4)
+	case 3:
+		cfg.maxKeyBytes = 8
+	}
+	switch r.IntN(12) {
+	case 7, 8, 9:
+		cfg.start = r.Int64N(1 << 50)
+	case 10:
+		cfg.start = math.MaxInt64 - r.Int64N(1<<56)
+	case 11:
+		cfg.start = math.MaxInt64 - r.Int64N(100)
+	}
+	g.t = cfg.start
+	version := int64(1)
+	switch r.IntN(5) {
+	case 3:
+		version = 1 + r.Int64N(1e6)
+	case 4:
+		version = math.MaxInt64 - r.Int64N(3)
+	}
+	cfg.policy = policy.Policy{Version: version, Capacity: g.capacity(0), TokensPerSecond: g.rate()}
+	g.m = model.New(cfg.policy, cfg.maxKeys, cfg.maxKeyBytes)
+	for _, i := range r.Perm(len(diffGoodKeys))[:1+r.IntN(5)] {
+		g.keys = append(g.keys, diffGoodKeys[i])
+	}
+
+	// Weights of allow, batch, short batch, evict, cutover, keys; the
+	// cutover-heavy profile runs past the shard's 64-generation history.
+	profiles := [][diffNumKinds]int{
+		{45, 20, 2, 10, 10, 3},
+		{35, 15, 1, 35, 10, 4},
+		{15, 5, 1, 5, 70, 4},
+	}
+	pi := r.IntN(len(profiles))
+	prof := profiles[pi]
+	if pi == 2 {
+		nops *= 2
+	}
+	total := 0
+	for _, w := range prof {
+		total += w
+	}
+	tr := diffTrace{seed: seed, cfg: *cfg}
+	for range nops {
+		g.step()
+		x, kind := r.IntN(total), diffKind(0)
+		for ; x >= prof[kind]; kind++ {
+			x -= prof[kind]
+		}
+		tr.ops = append(tr.ops, g.op(kind))
+	}
+	return tr
+}
+
+// op builds one op of kind at g.t and applies it to the model.
+func (g *diffGen) op(kind diffKind) diffOp {
+	op := diffOp{kind: kind, t: g.t}
+	switch kind {
+	case diffAllow:
+		op.key, op.cost = g.key(), g.cost()
+		d, err := g.m.Allow(g.t, op.key, op.cost)
+		g.mark(d, err)
+	case diffBatch:
+		op.reqs = g.batch(g.r.IntN(9))
+		if diffAmbiguous(g.m, g.cfg, op.reqs) {
+			op.reqs = slices.DeleteFunc(op.reqs, func(q engine.Request) bool {
+				_, ok := g.m.Bucket(q.Key)
+				return !ok
+			})
+		}
+		for _, res := range g.m.AllowBatch(g.t, op.reqs) {
+			g.mark(res.Decision, res.Err)
+		}
+	case diffShortBatch:
+		op.reqs = g.batch(1 + g.r.IntN(4))
+	case diffEvict:
+		_, _ = g.m.EvictFull(g.t)
+	case diffCutover:
+		g.cutover(&op)
+		r := op.resolve(g.m.Policy().Version)
+		_ = g.m.ReplacePolicy(g.t, r.next, r.expected)
+	}
+	return op
+}
+
+// step moves g.t: mostly by 0 or 1 ns, often to an instant a recent answer
+// named (or 1 ns either side), to one token's refill time, sometimes far,
+// rarely to math.MaxInt64; backwards now and then when the clock may regress.
+func (g *diffGen) step() {
+	r := g.r
+	if g.cfg.regress && r.IntN(8) == 0 {
+		switch r.IntN(3) {
+		case 0:
+			g.t--
+		case 1:
+			g.t -= r.Int64N(max(g.t, 1))
+		default:
+			g.t = 0
+		}
+		g.t = max(g.t, 0)
+		return
+	}
+	var d int64
+	switch r.IntN(16) {
+	case 6:
+		d = 1
+	case 7, 8, 9:
+		if len(g.marks) > 0 {
+			at := diffAdd(g.marks[r.IntN(len(g.marks))], int64(r.IntN(3)-1))
+			d = max(at-g.t, 0)
+			if d > 1<<50 && r.IntN(8) != 0 {
+				d = 0 // a far mark, often saturated: rarely, or the trace ends frozen there
+			}
+		}
+	case 10:
+		rate := g.m.Policy().TokensPerSecond
+		d = max((policy.UnitsPerToken+rate-1)/rate-int64(r.IntN(2)), 0) // ceil(1e9/rate), or 1 ns less
+	case 11:
+		d = r.Int64N(2e9)
+	case 12:
+		d = r.Int64N(1 << 50)
+	case 13:
+		if r.IntN(64) == 0 {
+			d = r.Int64N(math.MaxInt64)
+		}
+	case 14:
+		if r.IntN(64) == 0 {
+			d = math.MaxInt64
+		}
+	}
+	g.t = diffAdd(g.t, d)
+}
+
+// diffAdd is a + b for b >= -1, saturated at math.MaxInt64 as Manual does.
+func diffAdd(a, b int64) int64 {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// mark remembers when a denied request could next be admitted and when the
+// bucket is full again: the instants an off-by-one would show at.
+func (g *diffGen) mark(d engine.Decision, err error) {
+	if err != nil {
+		return
+	}
+	for _, at := range []time.Duration{d.RetryAfter, d.ResetAfter} {
+		if at > 0 {
+			g.marks = append(g.marks, diffAdd(g.t, int64(at)))
+		}
+	}
+	if len(g.marks) > 8 {
+		g.marks = slices.Delete(g.marks, 0, len(g.marks)-8)
+	}
+}
+
+func (g *diffGen) key() string {
+	_, maxKeyBytes := diffBounds(g.cfg)
+	switch x := g.r.IntN(20); {
+	case x < 14:
+		return g.keys[g.r.IntN(len(g.keys))]
+	case x == 14:
+		return diffGoodKeys[g.r.IntN(len(diffGoodKeys))]
+	case x == 15:
+		g.fresh++
+		return fmt.Sprintf("n%d", g.fresh) // a new key, to press on the key bound
+	case x == 16:
+		return strings.Repeat("x", maxKeyBytes) // exactly MaxKeyBytes: valid
+	case x == 17:
+		return strings.Repeat("y", maxKeyBytes+1)
+	}
+	return diffBlankKeys[g.r.IntN(len(diffBlankKeys))]
+}
+
+func (g *diffGen) cost() int64 {
+	c := g.m.Policy().Capacity
+	switch g.r.IntN(16) {
+	case 6:
+		return 2
+	case 7:
+		return c
+	case 8:
+		return max(c-1, 1)
+	case 9, 10:
+		return 1 + g.r.Int64N(c)
+	case 11:
+		return diffAdd(c, 1) // over capacity (or MaxInt64 at MaxInt64)
+	case 12:
+		return math.MaxInt64
+	case 13:
+		return 0
+	case 14:
+		return -1
+	case 15:
+		return math.MinInt64
+	}
+	return 1
+}
+
+// batch returns n requests over at most three keys, so keys repeat.
+func (g *diffGen) batch(n int) []engine.Request {
+	keys := []string{g.key(), g.key(), g.key()}
+	reqs := make([]engine.Request, n)
+	for i := range reqs {
+		reqs[i] = engine.Request{Key: keys[g.r.IntN(len(keys))], Cost: g.cost()}
+	}
+	return reqs
+}
+
+// capacity draws a capacity: edge values, or near cur when cur > 0.
+func (g *diffGen) capacity(cur int64) int64 {
+	if cur > 0 && g.r.IntN(2) == 0 {
+		switch g.r.IntN(4) {
+		case 0:
+			return diffAdd(cur, 1)
+		case 1:
+			return diffAdd(cur, cur)
+		case 2:
+			return max(cur-1, 1)
+		}
+		return max(cur/2, 1)
+	}
+	caps := []int64{1, 2, 3, 10, 10, 1000, 1 + g.r.Int64N(1e6),
+		math.MaxInt64 / policy.UnitsPerToken, math.MaxInt64/policy.UnitsPerToken + 1, math.MaxInt64 - 1, math.MaxInt64}
+	return caps[g.r.IntN(len(caps))]
+}
+
+func (g *diffGen) rate() int64 {
+	rates := []int64{1, 2, 3, 7, 1000, policy.UnitsPerToken - 1, policy.UnitsPerToken, policy.UnitsPerToken + 1,
+		3 * policy.UnitsPerToken, 1 + g.r.Int64N(1e12), math.MaxInt64}
+	return rates[g.r.IntN(len(rates))]
+}
+
+// cutover draws ReplacePolicy's arguments into op: mostly a valid next
+// policy, else a stale expected version, a version that does not increase,
+// an invalid policy, or one both invalid and stale.
+func (g *diffGen) cutover(op *diffOp) {
+	cur := g.m.Policy()
+	op.next = policy.Policy{Capacity: g.capacity(cur.Capacity), TokensPerSecond: g.rate()}
+	op.vDelta = 1
+	switch x := g.r.IntN(20); {
+	case x < 9:
+		if g.r.IntN(4) == 0 {
+			op.vDelta = 1 + g.r.Int64N(1000)
+		}
+		if g.r.IntN(3) == 0 {
+			op.next.TokensPerSecond = cur.TokensPerSecond // capacity moves alone
+		}
+	case x == 9:
+		op.next = policy.Policy{Capacity: cur.Capacity, TokensPerSecond: cur.TokensPerSecond}
+	case x == 10 && g.r.IntN(16) == 0:
+		op.vAbs, op.next.Version = true, math.MaxInt64-g.r.Int64N(2) // no valid cutover is left after this
+	case x < 13:
+		op.eDelta = int64(2*g.r.IntN(2) - 1) // stale expected version
+	case x < 15:
+		op.vDelta = -g.r.Int64N(2) // not above the version in force
+	case x < 18:
+		switch g.r.IntN(5) {
+		case 0:
+			op.vAbs, op.next.Version = true, 0
+		case 1:
+			op.next.Capacity = 0
+		case 2:
+			op.next.TokensPerSecond = 0
+		case 3:
+			op.next.Capacity = -1
+		default:
+			op.next.TokensPerSecond = math.MinInt64
+		}
+	default:
+		op.vAbs, op.next.Version, op.eDelta = true, 0, -1 // invalid and stale: invalid wins
+	}
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// TestDiffSeeds replays fixed seeds on the engine and the model, and checks
+// that the traces reach what they are meant to: every error kind, denials,
+// the saturated clock, and cutover chains longer than a shard's history.
+func TestDiffSeeds(t *testing.T) {
+	seen := map[string]int{}
+	want := []string{"ErrInvalidKey", "ErrInvalidCost", "ErrKeyCapacity", "ErrStalePolicy", "ErrClockRegression",
+		"ErrInvalidConfig", "ErrInvalidPolicy", "Allowed:false", "Allowed:true", "t=9223372036854775807 ", "AllowBatch("}
+	longest := 0
+	c := &counters{}
+	for seed := uint64(1); seed <= 200; seed++ {
+		tr := diffGenerate(seed, []int{1, 2, 16}, diffOpsPerTrace)
+		out, err := diffReplay(tr, diffNewEngine, c, true)
+		require.NoError(t, err)
+		if out.fail != nil {
+			t.Fatal(diffCheck(tr, diffNewEngine, nil))
+		}
+		require.True(t, out.valid, "seed %d: the generator made a trace outside the contract", seed)
+		cutovers := 0
+		for _, l := range out.lines {
+			for _, w := range want {
+				if strings.Contains(l, w) {
+					seen[w]++
+				}
+			}
+			if strings.Contains(l, "ReplacePolicy(") && strings.Contains(l, ") -> nil;") {
+				cutovers++
+			}
+		}
+		longest = max(longest, cutovers)
+	}
+	for _, w := range want {
+		assert.Positive(t, seen[w], "no trace produced %s", w)
+	}
+	assert.Greater(t, longest, 64, "no trace cut over more often than a shard keeps history")
+	assert.Positive(t, c.decisions.Load())
+	t.Logf("decisions %d, errors by kind %v, longest cutover chain %d", c.decisions.Load(), seen, longest)
+}
+
+// diffFault is a planted engine bug: it changes answers the real engine gives.
+type diffFault struct {
+	diffTarget
+	cutOver   bool
+	remaining bool // after a cutover, report one token too many when allowed
+	retry     bool // round every retry estimate down by 1 ns
+}
+
+func (f *diffFault) replacePolicy(next policy.Policy, expected int64) error {
+	err := f.diffTarget.replacePolicy(next, expected)
+	f.cutOver = f.cutOver || err == nil
+	return err
+}
+
+func (f *diffFault) allow(key string, cost int64) (engine.Decision, error) {
+	d, err := f.diffTarget.allow(key, cost)
+	if f.remaining && f.cutOver && err == nil && d.Allowed {
+		d.Remaining++
+	}
+	if f.retry && err == nil && d.RetryAfter > 0 {
+		d.RetryAfter--
+	}
+	return d, err
+}
+
+func (f *diffFault) allowBatch(reqs []engine.Request, out []engine.Result) error {
+	err := f.diffTarget.allowBatch(reqs, out)
+	for i := range out {
+		if f.retry && out[i].Err == nil && out[i].Decision.RetryAfter > 0 {
+			out[i].Decision.RetryAfter--
+		}
+	}
+	return err
+}
+
+// TestDiffShrink plants faults behind the engine and checks that a failing
+// trace shrinks to a reproduction of a couple of ops that still fails with
+// the fault and passes without it.
+func TestDiffShrink(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		fault  diffFault
+		maxOps int
+		op     string
+	}{
+		{"remaining after cutover", diffFault{remaining: true}, 2, "Allow("},
+		{"retry rounded down", diffFault{retry: true}, 3, "Allow"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mk := func(cfg diffConfig, c *counters) (diffTarget, error) {
+				tg, err := diffNewEngine(cfg, c)
+				if err != nil {
+					return nil, err
+				}
+				f := tc.fault
+				f.diffTarget = tg
+				return &f, nil
+			}
+			var tr diffTrace
+			for seed := uint64(1); ; seed++ {
+				require.Less(t, seed, uint64(100), "no trace tripped the planted fault")
+				tr = diffGenerate(seed, []int{1, 2, 16}, diffOpsPerTrace)
+				out, err := diffReplay(tr, mk, nil, false)
+				require.NoError(t, err)
+				if out.fail != nil {
+					break
+				}
+			}
+			small, replays := diffShrink(tr, mk)
+			t.Logf("seed %d: %d ops shrunk to %d in %d replays", tr.seed, len(tr.ops), len(small.ops), replays)
+			assert.LessOrEqual(t, len(small.ops), tc.maxOps)
+			out, err := diffReplay(small, mk, nil, false)
+			require.NoError(t, err)
+			require.NotNil(t, out.fail, "the shrunk trace no longer fails")
+			assert.Equal(t, len(small.ops)-1, out.fail.index, "the failure is the last op")
+			honest, err := diffReplay(small, diffNewEngine, nil, false)
+			require.NoError(t, err)
+			assert.Nil(t, honest.fail, "the shrunk trace fails without the fault")
+
+			err = diffCheck(tr, mk, nil)
+			var v *Violation
+			require.ErrorAs(t, err, &v)
+			t.Log(v.Error())
+			assert.Equal(t, "differential", v.Check)
+			assert.Equal(t, tr.seed, v.Seed)
+			assert.Contains(t, v.Op, tc.op)
+			assert.NotEqual(t, v.Want, v.Got)
+			lines := strings.Split(v.Detail, "\n")
+			assert.LessOrEqual(t, len(lines), 5+tc.maxOps, "reproduce, shrink, config, ops, want, got")
+			assert.True(t, strings.HasPrefix(strings.TrimSpace(lines[len(lines)-2]), "want "), lines[len(lines)-2])
+			assert.True(t, strings.HasPrefix(strings.TrimSpace(lines[len(lines)-1]), "got "), lines[len(lines)-1])
+		})
+	}
+}
+
+func TestDiffDDMin(t *testing.T) {
+	xs := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+	calls := 0
+	got := diffDDMin(xs, func(s []int) bool {
+		calls++
+		return slices.Contains(s, 3) && slices.Contains(s, 7)
+	})
+	assert.Equal(t, []int{3, 7}, got)
+	assert.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, xs, "the input is left alone")
+	t.Logf("%d calls", calls)
+}
+
+// TestDiffErrorsCompareBySentinel: the engine wraps its stale-policy error,
+// the model does not; both are the same answer.
+func TestDiffErrorsCompareBySentinel(t *testing.T) {
+	assert.Equal(t, "ErrStalePolicy", diffErr(errors.Join(errors.New("context"), engine.ErrStalePolicy)))
+	assert.Equal(t, "ErrInvalidPolicy", diffErr(policy.Policy{}.Validate()))
+	assert.Equal(t, "nil", diffErr(nil))
+	assert.Contains(t, diffErr(errors.New("boom")), "unexpected")
+	assert.Equal(t, "ErrKeyCapacity with decision {Allowed:true Remaining:0 RetryAfter:0 Version:0 Limit:0 ResetAfter:0}",
+		diffDecision(engine.Decision{Allowed: true}, engine.ErrKeyCapacity), "an error must come with the zero Decision")
+}
+
+// TestDiffCommand runs the check from the command line for two seconds.
+func TestDiffCommand(t *testing.T) {
+	var buf bytes.Buffer
+	code := run(context.Background(), []string{"-check", "differential", "-duration", "2s", "-seed", "7"}, &buf, &buf)
+	require.Equal(t, 0, code, buf.String())
+	m := regexp.MustCompile(`differential traces\s*\|\s*(\d+)`).FindStringSubmatch(buf.String())
+	require.NotNil(t, m, buf.String())
+	n, err := strconv.Atoi(m[1])
+	require.NoError(t, err)
+	assert.Positive(t, n, buf.String())
+}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// TestFlood floods a 10,000-key engine with a few hundred thousand distinct
+// keys; runFlood checks every answer, count and sweep itself.
+func TestFlood(t *testing.T) {
+	for _, shards := range []int{1, 4} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		c := &counters{}
+		o := options{workers: 4, shards: shards, seed: 1}
+		err := runFlood(ctx, o, c)
+		cancel()
+		require.NoError(t, err, "shards %d", shards)
+		t.Logf("shards %d: %d keys offered, %d ErrKeyCapacity, %d evicted, peak heap %d KiB",
+			shards, c.floodKeys.Load(), c.errs[kindKeyCapacity].Load(), c.evictions.Load(), c.peakHeap.Load()>>10)
+		assert.GreaterOrEqual(t, c.floodKeys.Load(), int64(3*floodPerRound), "keys offered")
+		assert.Positive(t, c.errs[kindKeyCapacity].Load(), "ErrKeyCapacity")
+		assert.Positive(t, c.evictions.Load(), "evictions")
+		assert.Positive(t, c.peakHeap.Load(), "heap sampled")
+	}
+}
+
+// TestFloodBucket checks the flood's exact model against DESIGN 3.5's first
+// and second examples.
+func TestFloodBucket(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
+	b := floodBucket{units: 10 * consUnits}
+	assert.Equal(t, engine.Decision{Allowed: true, Remaining: 0, Version: 1, Limit: 10, ResetAfter: 5 * time.Second}, b.decide(p, 0, 10))
+	assert.Equal(t, engine.Decision{RetryAfter: 500 * time.Millisecond, Version: 1, Limit: 10, ResetAfter: 5 * time.Second}, b.decide(p, 0, 1))
+	assert.False(t, b.decide(p, 250_000_000, 1).Allowed)
+	assert.Equal(t, engine.Decision{Allowed: true, Remaining: 0, Version: 1, Limit: 10, ResetAfter: 5 * time.Second}, b.decide(p, 500_000_000, 1))
+
+	q := policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 3}
+	b = floodBucket{}
+	assert.False(t, b.decide(q, 333_333_333, 1).Allowed)
+	assert.True(t, b.decide(q, 333_333_334, 1).Allowed)
+	b = floodBucket{}
+	assert.Equal(t, time.Duration(333_333_334), b.decide(q, 0, 1).RetryAfter)
+}
