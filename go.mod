@@ -4,6 +4,7 @@ go 1.26
 
 require (
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/jedib0t/go-pretty/v6 v6.9.2
 	github.com/sethvargo/go-limiter v0.7.1

@@ -1,11 +1,403 @@
 package main
 
+// The linearizability check (issue 3, check 1). Concurrent clients call an
+// engine with several shards while every invocation and response is
+// recorded; porcupine then searches for an order of the operations,
+// consistent with real time, that the sequential specification (stress/model,
+// through linearize_model.go) accepts.
+//
+// Time: the engine reads a clock.Manual that moves only between rounds. In a
+// round every client makes a few calls, and the driver waits for all of them
+// before it advances the clock, so every operation of a round was decided at
+// the same reading, recorded in its input: the specification needs no
+// guess about when an operation read the clock. Cutovers and sweeps run
+// inside rounds, concurrently with everything else.
+//
+// Real time: Call and Return come from one atomic counter, taken just
+// before the call and just after it returns, so A.Return < B.Call means A
+// really returned before B was invoked.
+//
+// What is atomic. Porcupine needs each operation to take effect at one
+// instant inside its interval. The engine promises that of Allow (decided by
+// its shard, which reserves a new key's slot in the atomic key budget as it
+// decides), KeyCount and Policy (one atomic load each) and ReplacePolicy
+// (stale or not is judged under the coordinator; a cutover is two-phase: at
+// the instant the new policy is stored every shard is prepared and none has
+// published, so it takes effect everywhere at once, and every shard's
+// cutover reading is the round's). It does not promise it of a whole AllowBatch (parts on
+// different shards are decided at different instants) or a whole EvictFull
+// (shards are swept one after another, and KeyCount drops one eviction at a
+// time). So they are recorded as several atomic operations sharing the
+// call's interval, which is sound because the real instants of the pieces
+// lie inside it:
+//   - a batch becomes one operation per key, holding that key's items in
+//     request order: they go to one shard, which decides them in order
+//     without serving anything else, and the items of other keys between
+//     them cannot change their answers unless the key bound binds, and
+//     unpartitioned histories (where it may bind) never repeat a key in a
+//     batch;
+//   - a sweep becomes one pass per key: evict it if it is full. That happens
+//     while its shard serves nothing else, and other shards see the eviction
+//     when the key budget is released, so it is atomic. Each pass carries
+//     the call's answer; the count must be the number of passes that
+//     evicted (checked in unpartitioned histories).
+
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
-// runLinearizability is being written; until then it fails loudly rather than pass.
+// linTimeout bounds porcupine's search for one history. Histories are kept
+// small enough to be checked in milliseconds; a timeout is counted in
+// c.linTimeouts, not reported as a violation.
+const linTimeout = 10 * time.Second
+
+// linSteps are the clock steps between rounds: none, a nanosecond, fractions
+// of a token at the usual rates, and jumps that fill every bucket.
+var linSteps = []int64{0, 0, 1, 1_000_000, 100_000_000, 250_000_000, 333_333_333, 500_000_000,
+	1_000_000_000, 3_000_000_000, 3_600_000_000_000}
+
+// runLinearizability records and checks histories, seeded from o.seed, until
+// ctx ends; the history in progress then finishes. Two of every three are
+// partitioned by key (MaxKeys above the number of keys), the third is checked
+// whole, usually with MaxKeys below the number of keys. It returns the first
+// violation.
 func runLinearizability(ctx context.Context, o options, c *counters) error {
-	return errors.New("linearize: not implemented yet")
+	for i := uint64(0); ctx.Err() == nil; i++ {
+		rng := rand.New(rand.NewPCG(o.seed, i))
+		spec := linNewSpec(rng, i%3 != 2, o.shards)
+		if err := linOne(spec, rng, c, os.TempDir()); err != nil {
+			if v := (*Violation)(nil); errors.As(err, &v) {
+				v.Seed = o.seed
+				v.Detail = fmt.Sprintf("history %d of seed %d: %s\n%s", i, o.seed, spec, v.Detail)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// linOne records one history of spec and checks it. It returns a
+// *Violation, an error that kept it from checking, or nil.
+func linOne(spec *linSpec, rng *rand.Rand, c *counters, vizDir string) error {
+	h, err := linRecord(spec, rng, c)
+	if err != nil {
+		return err
+	}
+	v, unknown := linCheck(spec, h, vizDir)
+	if unknown {
+		c.linTimeouts.Add(1)
+		return nil
+	}
+	c.histories.Add(1)
+	if v != nil {
+		return v
+	}
+	return nil
+}
+
+// linNewSpec draws one history's configuration. shards 0 draws a count.
+func linNewSpec(rng *rand.Rand, partitioned bool, shards int) *linSpec {
+	sp := &linSpec{partitioned: partitioned, shards: shards}
+	if sp.shards == 0 {
+		sp.shards = []int{1, 2, 3, 4, 16}[rng.IntN(5)]
+	}
+	var keys int
+	if partitioned {
+		keys = 3 + rng.IntN(6)
+		sp.maxKeys = keys + 1 + rng.IntN(4) // above the keys: the bound never binds
+		sp.clients = 3 + rng.IntN(4)
+		sp.rounds = 8 + rng.IntN(8)
+		sp.perRound = 3
+	} else {
+		// Small, so the search over every key at once stays fast.
+		keys = 3 + rng.IntN(2)
+		sp.maxKeys = 1 + rng.IntN(keys-1) // below the keys: ErrKeyCapacity
+		if rng.IntN(4) == 0 {
+			sp.maxKeys = keys + rng.IntN(2)
+		}
+		sp.clients = 3 + rng.IntN(2)
+		sp.rounds = 6 + rng.IntN(6)
+		sp.perRound = 2
+	}
+	for i := range keys {
+		sp.keys = append(sp.keys, fmt.Sprintf("k%d", i))
+	}
+	sp.pol = linRandPolicy(rng, 1+rng.Int64N(3))
+	switch rng.IntN(8) {
+	case 0:
+		sp.start = math.MaxInt64 - 5_000_000_000_000 // the clock saturates within the history
+	case 1, 2:
+		sp.start = rng.Int64N(1 << 40)
+	}
+	return sp
+}
+
+func (sp *linSpec) String() string {
+	mode := "unpartitioned"
+	if sp.partitioned {
+		mode = "partitioned"
+	}
+	return fmt.Sprintf("%s, %d keys, MaxKeys %d, %d shards, %d clients, %d rounds, policy v%d cap %d rate %d, start %d",
+		mode, len(sp.keys), sp.maxKeys, sp.shards, sp.clients, sp.rounds,
+		sp.pol.Version, sp.pol.Capacity, sp.pol.TokensPerSecond, sp.start)
+}
+
+// linRandPolicy draws a policy: small capacities and rates, so buckets run
+// dry and refill within a history, and now and then math.MaxInt64.
+func linRandPolicy(rng *rand.Rand, version int64) policy.Policy {
+	caps := []int64{1, 2, 3, 4, 5, 8, 10, 16}
+	rates := []int64{1, 2, 3, 4, 7, 10}
+	p := policy.Policy{Version: version, Capacity: caps[rng.IntN(len(caps))], TokensPerSecond: rates[rng.IntN(len(rates))]}
+	switch rng.IntN(30) {
+	case 0:
+		p.Capacity = math.MaxInt64
+	case 1:
+		p.TokensPerSecond = math.MaxInt64
+	case 2:
+		p.TokensPerSecond = policy.UnitsPerToken // a token a nanosecond
+	}
+	return p
+}
+
+// linCall is one planned engine call. kind uses the operation kinds:
+// linAllow (an AllowBatch when reqs is set), linCutover, linPass for
+// EvictFull, linKeyCount and linPolicy.
+type linCall struct {
+	kind     linKind
+	key      string
+	cost     int64
+	reqs     []engine.Request
+	next     policy.Policy
+	expected int64
+}
+
+// linRecorder runs one history's calls and records them.
+type linRecorder struct {
+	e      *engine.Engine
+	spec   *linSpec
+	c      *counters
+	seq    atomic.Int64 // the logical time of Call and Return
+	sweeps atomic.Int64 // numbers EvictFull calls
+}
+
+// linRecord runs spec's history on a fresh engine and returns it.
+func linRecord(spec *linSpec, rng *rand.Rand, c *counters) ([]porcupine.Operation, error) {
+	clk := clock.NewManual(spec.start)
+	e, err := engine.New(engine.Config{Policy: spec.pol, MaxKeys: spec.maxKeys, Shards: spec.shards, Clock: clk})
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	r := &linRecorder{e: e, spec: spec, c: c}
+	ops := make([][]porcupine.Operation, spec.clients) // ops[w] is written only by client w
+	for round := range spec.rounds {
+		if round > 0 {
+			// No call is in flight: the previous round has been waited for.
+			clk.Advance(time.Duration(linSteps[rng.IntN(len(linSteps))]))
+		}
+		now := clk.Now()
+		plans := r.plan(rng)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range spec.clients {
+			wg.Go(func() {
+				<-start // released together, so the calls of a round overlap
+				for _, call := range plans[w] {
+					ops[w] = r.do(w, now, call, ops[w])
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+	}
+	var h []porcupine.Operation
+	for _, o := range ops {
+		h = append(h, o...)
+	}
+	return h, nil
+}
+
+// plan draws one round's calls, client by client. It reads the engine's
+// policy, between rounds, to aim cutovers at the version in force.
+func (r *linRecorder) plan(rng *rand.Rand) [][]linCall {
+	sp := r.spec
+	cur := r.e.Policy()
+	plans := make([][]linCall, sp.clients)
+	sweeps := 0
+	for w := range plans {
+		for range 1 + rng.IntN(sp.perRound) {
+			var call linCall
+			switch k := rng.IntN(100); {
+			case k < 55:
+				call = linCall{kind: linAllow, key: r.randKey(rng), cost: linCost(rng, cur.Capacity)}
+			case k < 70:
+				call = linCall{kind: linAllow, reqs: r.randBatch(rng, cur.Capacity)}
+			case k < 78 && (sp.partitioned || sweeps == 0):
+				// A sweep is a pass per key, and passes nearly commute:
+				// when porcupine backtracks over a round it tries their
+				// interleavings, so a whole history gets one sweep a round.
+				sweeps++
+				call = linCall{kind: linPass}
+			case k < 78:
+				call = linCall{kind: linAllow, key: r.randKey(rng), cost: linCost(rng, cur.Capacity)}
+			case k < 87:
+				call = linCutoverCall(rng, cur)
+			case k < 93:
+				call = linCall{kind: linKeyCount}
+			default:
+				call = linCall{kind: linPolicy}
+			}
+			plans[w] = append(plans[w], call)
+		}
+	}
+	return plans
+}
+
+func (r *linRecorder) randKey(rng *rand.Rand) string {
+	if rng.IntN(40) == 0 {
+		return " " // blank: ErrInvalidKey
+	}
+	return r.spec.keys[rng.IntN(len(r.spec.keys))]
+}
+
+// randBatch draws 2 to 4 requests. Unpartitioned histories use distinct
+// keys (see the note on batches at the top of the file).
+func (r *linRecorder) randBatch(rng *rand.Rand, capacity int64) []engine.Request {
+	sp := r.spec
+	n := 2 + rng.IntN(3)
+	var reqs []engine.Request
+	if sp.partitioned {
+		for range n {
+			reqs = append(reqs, engine.Request{Key: r.randKey(rng), Cost: linCost(rng, capacity)})
+		}
+		return reqs
+	}
+	for _, i := range rng.Perm(len(sp.keys))[:min(n, len(sp.keys))] {
+		reqs = append(reqs, engine.Request{Key: sp.keys[i], Cost: linCost(rng, capacity)})
+	}
+	return reqs
+}
+
+// linCost draws a cost: mostly small, sometimes the whole capacity or just
+// above it, and now and then invalid.
+func linCost(rng *rand.Rand, capacity int64) int64 {
+	switch k := rng.IntN(20); {
+	case k < 10:
+		return 1
+	case k < 15:
+		return 2 + rng.Int64N(2)
+	case k < 18:
+		return 1 + rng.Int64N(min(capacity, 1<<40)+1)
+	case k == 18:
+		return capacity
+	default:
+		return []int64{0, 17, math.MaxInt64}[rng.IntN(3)]
+	}
+}
+
+// linCutoverCall draws a ReplacePolicy aimed at cur: mostly one that can
+// succeed (clients racing with the same expected version: one wins), else
+// stale in each way, or invalid.
+func linCutoverCall(rng *rand.Rand, cur policy.Policy) linCall {
+	call := linCall{kind: linCutover, next: linRandPolicy(rng, cur.Version+1+rng.Int64N(2)), expected: cur.Version}
+	switch rng.IntN(10) {
+	case 6:
+		call.expected = cur.Version - 1
+	case 7:
+		call.next.Version = cur.Version
+	case 8:
+		call.expected = cur.Version + 1
+	case 9:
+		call.next.Version = 0
+	}
+	return call
+}
+
+// do makes one call for client w at the round's reading now and appends
+// its operations to ops.
+func (r *linRecorder) do(w int, now int64, call linCall, ops []porcupine.Operation) []porcupine.Operation {
+	ctx := context.Background() // a history is short: it finishes even when the run ends
+	add := func(in *linInput, out *linOutput, t0, t1 int64) {
+		ops = append(ops, porcupine.Operation{ClientId: w, Input: in, Call: t0, Output: out, Return: t1})
+	}
+	switch call.kind {
+	case linAllow:
+		if call.reqs == nil {
+			t0 := r.seq.Add(1)
+			d, err := r.e.Allow(ctx, call.key, call.cost)
+			t1 := r.seq.Add(1)
+			r.c.record(d, err)
+			add(&linInput{kind: linAllow, now: now, key: call.key, costs: []int64{call.cost}},
+				&linOutput{res: []linResult{{d, err}}}, t0, t1)
+			return ops
+		}
+		res := make([]engine.Result, len(call.reqs))
+		t0 := r.seq.Add(1)
+		err := r.e.AllowBatch(ctx, call.reqs, res)
+		t1 := r.seq.Add(1)
+		group := map[string]int{}
+		var ins []*linInput
+		var outs []*linOutput
+		for i, q := range call.reqs {
+			r.c.record(res[i].Decision, res[i].Err)
+			g, ok := group[q.Key]
+			if !ok {
+				g = len(ins)
+				group[q.Key] = g
+				ins = append(ins, &linInput{kind: linAllow, now: now, key: q.Key, batch: true})
+				outs = append(outs, &linOutput{err: err})
+			}
+			ins[g].costs = append(ins[g].costs, q.Cost)
+			outs[g].res = append(outs[g].res, linResult{res[i].Decision, res[i].Err})
+		}
+		for g := range ins {
+			add(ins[g], outs[g], t0, t1)
+		}
+	case linCutover:
+		t0 := r.seq.Add(1)
+		err := r.e.ReplacePolicy(ctx, call.next, call.expected)
+		t1 := r.seq.Add(1)
+		switch {
+		case err == nil:
+			r.c.cutovers.Add(1)
+		case errors.Is(err, engine.ErrStalePolicy):
+			r.c.stale.Add(1)
+		}
+		add(&linInput{kind: linCutover, now: now, next: call.next, expected: call.expected}, &linOutput{err: err}, t0, t1)
+	case linPass:
+		id := int(r.sweeps.Add(1))
+		t0 := r.seq.Add(1)
+		n, err := r.e.EvictFull(ctx)
+		t1 := r.seq.Add(1)
+		r.c.evictions.Add(int64(n))
+		out := &linOutput{n: n, err: err}
+		for _, k := range r.spec.keys {
+			add(&linInput{kind: linPass, now: now, key: k, sweep: id, passes: len(r.spec.keys), tally: !r.spec.partitioned}, out, t0, t1)
+		}
+	case linKeyCount:
+		t0 := r.seq.Add(1)
+		n := r.e.KeyCount()
+		t1 := r.seq.Add(1)
+		add(&linInput{kind: linKeyCount, now: now}, &linOutput{n: n}, t0, t1)
+	case linPolicy:
+		t0 := r.seq.Add(1)
+		p := r.e.Policy()
+		t1 := r.seq.Add(1)
+		add(&linInput{kind: linPolicy, now: now}, &linOutput{pol: p}, t0, t1)
+	}
+	return ops
 }

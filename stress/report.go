@@ -80,18 +80,19 @@ func kindOf(err error) errKind {
 // summary read them. All fields are atomics: checks update them from many
 // goroutines.
 type counters struct {
-	decisions atomic.Int64
-	allowed   atomic.Int64
-	denied    atomic.Int64
-	errs      [numKinds]atomic.Int64
-	keys      atomic.Int64 // keys tracked by the conservation engine, last read
-	cutovers  atomic.Int64 // successful ReplacePolicy calls
-	stale     atomic.Int64 // ReplacePolicy calls refused as stale, on purpose
-	evictions atomic.Int64 // keys removed by EvictFull
-	histories atomic.Int64 // linearizability histories checked
-	traces    atomic.Int64 // differential traces replayed
-	floodKeys atomic.Int64 // distinct keys offered by the flood
-	peakHeap  atomic.Uint64
+	decisions   atomic.Int64
+	allowed     atomic.Int64
+	denied      atomic.Int64
+	errs        [numKinds]atomic.Int64
+	keys        atomic.Int64 // keys tracked by the conservation engine, last read
+	cutovers    atomic.Int64 // successful ReplacePolicy calls
+	stale       atomic.Int64 // ReplacePolicy calls refused as stale, on purpose
+	evictions   atomic.Int64 // keys removed by EvictFull
+	histories   atomic.Int64 // linearizability histories checked
+	linTimeouts atomic.Int64 // histories porcupine could not decide in time (not violations)
+	traces      atomic.Int64 // differential traces replayed
+	floodKeys   atomic.Int64 // distinct keys offered by the flood
+	peakHeap    atomic.Uint64
 }
 
 // record counts one decision or error.
@@ -283,6 +284,7 @@ func summarize(out io.Writer, o options, c *counters, done []outcome, took time.
 		{"cutovers (stale refused)", fmt.Sprintf("%d (%d)", c.cutovers.Load(), c.stale.Load())},
 		{"keys evicted", c.evictions.Load()},
 		{"linearizability histories", c.histories.Load()},
+		{"linearizability timeouts (not violations)", c.linTimeouts.Load()},
 		{"differential traces", c.traces.Load()},
 		{"flood keys offered", c.floodKeys.Load()},
 		{"peak heap", fmt.Sprintf("%.1f MiB", float64(c.peakHeap.Load())/(1<<20))},

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"strconv"
+	"testing"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
+	"github.com/tokenshard/tokenshard/stress/model"
+)
+
+// TestLinHistories records and checks histories from fixed seeds, partitioned
+// and whole, over 1, 2 and 16 shards.
+func TestLinHistories(t *testing.T) {
+	const perCase = 40
+	for _, partitioned := range []bool{true, false} {
+		for _, shards := range []int{1, 2, 16} {
+			t.Run(fmt.Sprintf("partitioned=%v/shards=%d", partitioned, shards), func(t *testing.T) {
+				t.Parallel()
+				c := &counters{}
+				dir := t.TempDir() // for porcupine's visualization of a failure
+				for i := range uint64(perCase) {
+					seed := uint64(shards)<<8 | i
+					if partitioned {
+						seed |= 1 << 16
+					}
+					rng := rand.New(rand.NewPCG(seed, 0))
+					spec := linNewSpec(rng, partitioned, shards)
+					err := linOne(spec, rng, c, dir)
+					require.NoError(t, err, "seed %d: %s", seed, spec)
+				}
+				// A timeout is not a failure, but it should be rare.
+				assert.GreaterOrEqual(t, c.histories.Load(), int64(perCase-2), "histories checked, not timed out")
+				assert.Positive(t, c.decisions.Load())
+			})
+		}
+	}
+}
+
+// linOp builds one operation of a hand-made history.
+func linOp(client int, call, ret int64, in *linInput, out *linOutput) porcupine.Operation {
+	return porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret}
+}
+
+func linAllowOp(client int, call, ret int64, key string, d engine.Decision) porcupine.Operation {
+	return linOp(client, call, ret, &linInput{kind: linAllow, key: key, costs: []int64{1}},
+		&linOutput{res: []linResult{{d: d}}})
+}
+
+// linTwoDecisions returns the first two decisions of cost 1 on a fresh key
+// under p at time 0: Remaining capacity-1, then capacity-2.
+func linTwoDecisions(t *testing.T, p policy.Policy) (first, second engine.Decision) {
+	m := model.New(p, 0, 0)
+	first, err := m.Allow(0, "k", 1)
+	require.NoError(t, err)
+	second, err = m.Allow(0, "k", 1)
+	require.NoError(t, err)
+	return first, second
+}
+
+// TestLinRejectsRemainingGoingUp: the check can fail. An Allow that reports
+// Remaining 9 after one that reported Remaining 8, on the same key at the
+// same instant, in real-time order, has no linearization; the same two
+// answers from overlapping calls do.
+func TestLinRejectsRemainingGoingUp(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	nine, eight := linTwoDecisions(t, p)
+	require.Equal(t, int64(9), nine.Remaining)
+	require.Equal(t, int64(8), eight.Remaining)
+	for _, partitioned := range []bool{true, false} {
+		spec := &linSpec{partitioned: partitioned, keys: []string{"k", "j"}, maxKeys: 3, pol: p}
+		sequential := []porcupine.Operation{
+			linAllowOp(0, 1, 2, "k", eight),
+			linAllowOp(1, 3, 4, "k", nine),
+			linAllowOp(2, 5, 6, "j", nine),
+		}
+		v, unknown := linCheck(spec, sequential, t.TempDir())
+		require.False(t, unknown)
+		require.NotNil(t, v, "partitioned=%v", partitioned)
+		assert.Equal(t, "linearizability", v.Check)
+		assert.Equal(t, "k", v.Key)
+		assert.Equal(t, "a linearizable history", v.Want)
+		assert.Contains(t, v.Got, "none of these fits next")
+		assert.Contains(t, v.Detail, "visualization: ")
+		t.Log(v)
+
+		overlapping := []porcupine.Operation{
+			linAllowOp(0, 1, 3, "k", eight),
+			linAllowOp(1, 2, 4, "k", nine),
+		}
+		v, unknown = linCheck(spec, overlapping, "")
+		assert.False(t, unknown)
+		assert.Nil(t, v, "partitioned=%v", partitioned)
+	}
+}
+
+// TestLinRejectsWrongCounts: in a whole history, a sweep count and a
+// KeyCount are checked exactly; a bucket that is not full is not evicted.
+func TestLinRejectsWrongCounts(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	nine, _ := linTwoDecisions(t, p)
+	spec := &linSpec{keys: []string{"k", "j"}, maxKeys: 1, pol: p}
+	sweep := func(call, ret int64, evicted int) []porcupine.Operation {
+		out := &linOutput{n: evicted}
+		return []porcupine.Operation{
+			linOp(1, call, ret, &linInput{kind: linPass, key: "k", sweep: 1, passes: 2, tally: true}, out),
+			linOp(1, call, ret, &linInput{kind: linPass, key: "j", sweep: 1, passes: 2, tally: true}, out),
+		}
+	}
+	keyCount := func(call, ret int64, n int) porcupine.Operation {
+		return linOp(2, call, ret, &linInput{kind: linKeyCount}, &linOutput{n: n})
+	}
+	capacity := linOp(0, 9, 10, &linInput{kind: linAllow, key: "j", costs: []int64{1}},
+		&linOutput{res: []linResult{{err: engine.ErrKeyCapacity}}})
+
+	good := append([]porcupine.Operation{linAllowOp(0, 1, 2, "k", nine)}, sweep(3, 4, 0)...)
+	good = append(good, keyCount(5, 6, 1), capacity)
+	v, _ := linCheck(spec, good, "")
+	require.Nil(t, v)
+
+	for name, h := range map[string][]porcupine.Operation{
+		"sweep evicts a bucket that is not full": append([]porcupine.Operation{linAllowOp(0, 1, 2, "k", nine), keyCount(5, 6, 1)}, sweep(3, 4, 1)...),
+		"key count":                              {linAllowOp(0, 1, 2, "k", nine), keyCount(5, 6, 2)},
+		"key bound":                              {linAllowOp(0, 1, 2, "k", nine), linAllowOp(0, 3, 4, "j", nine)},
+	} {
+		v, unknown := linCheck(spec, h, "")
+		assert.False(t, unknown, name)
+		assert.NotNil(t, v, name)
+	}
+}
+
+// TestLinRejectsVersionGoingBack: a call invoked after another returned
+// never sees an older version, on whatever key.
+func TestLinRejectsVersionGoingBack(t *testing.T) {
+	d := func(v int64) engine.Decision {
+		return engine.Decision{Allowed: true, Remaining: 1, Version: v, Limit: 2}
+	}
+	h := []porcupine.Operation{
+		linAllowOp(0, 1, 2, "a", d(2)),
+		linAllowOp(1, 3, 4, "b", d(1)),
+	}
+	v := linVersions(h)
+	require.NotNil(t, v)
+	assert.Equal(t, "b", v.Key)
+	assert.Equal(t, "version 1", v.Got)
+	assert.Contains(t, v.Want, "version >= 2")
+
+	cut := linOp(2, 1, 2, &linInput{kind: linCutover, next: policy.Policy{Version: 3, Capacity: 1, TokensPerSecond: 1}, expected: 2}, &linOutput{})
+	require.NotNil(t, linVersions([]porcupine.Operation{cut, linAllowOp(0, 3, 4, "a", d(2))}))
+	require.Nil(t, linVersions([]porcupine.Operation{linAllowOp(0, 1, 3, "a", d(2)), linAllowOp(1, 2, 4, "b", d(1))}),
+		"overlapping calls may see either order")
+}
+
+// TestLinCommand runs the check from the command line for two seconds.
+func TestLinCommand(t *testing.T) {
+	var buf bytes.Buffer
+	status := run(context.Background(), []string{"-check", "linearizability", "-duration", "2s", "-seed", "7"}, &buf, &buf)
+	out := buf.String()
+	require.Equal(t, 0, status, out)
+	m := regexp.MustCompile(`linearizability histories\s*\|\s*(\d+)`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+	n, err := strconv.Atoi(m[1])
+	require.NoError(t, err)
+	assert.Positive(t, n, out)
+	t.Logf("%d histories in 2s\n%s", n, out)
+}
