@@ -128,10 +128,12 @@ func allowLatency(ks *keySet, d time.Duration) latency {
 	}
 }
 
-// stall measures the longest single Allow while admin runs on an engine
-// tracking n keys, with parallelism callers per core hammering it. baseline
-// is the longest Allow over an equally long window just before, with no
-// admin call: on a noisy machine only the difference means anything.
+// stall measures the longest single Allow whose call overlaps admin, on an
+// engine tracking n keys with parallelism callers per core hammering it.
+// baseline is the longest Allow that starts after admin returns, over an
+// equally long window: on a noisy machine only the difference means
+// anything. Each call is classified by its own interval, so a call held up
+// by admin counts as during even if it returns after.
 func stall(n int, admin func(e *engine.Engine) error) (worst, baseline, took time.Duration, err error) {
 	// Capacity 2 and one token spent per key: nothing is full, so a sweep
 	// visits every bucket and evicts none.
@@ -141,7 +143,12 @@ func stall(n int, admin func(e *engine.Engine) error) (worst, baseline, took tim
 	ks := &keySet{names: newKeySet(scenario{keys: n}).names}
 	warm(&batchDecider{e: e, reqs: make([]engine.Request, 0, 128), out: make([]engine.Result, 128)}, ks, 128)
 
-	var longest, calls atomic.Int64
+	base := time.Now()
+	since := func() int64 { return int64(time.Since(base)) }
+	const unset = int64(1<<63 - 1)
+	var during, after, calls, adminStart, adminEnd atomic.Int64
+	adminStart.Store(unset)
+	adminEnd.Store(unset)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := range parallelism * runtime.GOMAXPROCS(0) {
@@ -155,9 +162,15 @@ func stall(n int, admin func(e *engine.Engine) error) (worst, baseline, took tim
 					return
 				default:
 				}
-				t0 := time.Now()
+				t0 := since()
 				_, _ = e.Allow(ctx, ks.names[(i*7919)%n], 1)
-				raise(&longest, int64(time.Since(t0)))
+				t1 := since()
+				switch end := adminEnd.Load(); {
+				case t1 >= adminStart.Load() && t0 <= end:
+					raise(&during, t1-t0)
+				case t0 > end:
+					raise(&after, t1-t0)
+				}
 				calls.Add(1)
 			}
 		}()
@@ -166,20 +179,18 @@ func stall(n int, admin func(e *engine.Engine) error) (worst, baseline, took tim
 	for calls.Load() < 100_000 {
 		runtime.Gosched()
 	}
-	longest.Store(0)
-	t0 := time.Now()
+	adminStart.Store(since())
 	err = admin(e)
-	took = time.Since(t0)
-	worst = time.Duration(longest.Swap(0))
-	// The same length of time again, with no admin call, as the baseline.
+	adminEnd.Store(since())
+	took = time.Duration(adminEnd.Load() - adminStart.Load())
+	// Then the same length of time again, with no admin call, as the baseline.
 	window := max(took, 10*time.Millisecond)
 	for start := time.Now(); time.Since(start) < window; {
 		runtime.Gosched()
 	}
-	baseline = time.Duration(longest.Load())
 	close(done)
 	wg.Wait()
-	return worst, baseline, took, err
+	return time.Duration(during.Load()), time.Duration(after.Load()), took, err
 }
 
 // raise sets *a to v if v is larger, without losing a concurrent larger value.
