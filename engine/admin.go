@@ -29,16 +29,21 @@ func (e *Engine) acquire(ctx context.Context) error {
 
 func (e *Engine) release() { <-e.admin }
 
-// EvictFull removes every bucket that is full at its shard's clock reading
-// and returns how many it removed; background sweeps count separately. A
-// full bucket is exactly what a new key would get, so dropping it changes no
-// future answer, while a depleted or partly refilled bucket is never dropped,
-// however old. Keys created after their shard's pass survive it.
+// EvictFull removes every bucket that is full and returns how many it
+// removed; background sweeps count separately. A full bucket is exactly what
+// a new key would get, so dropping it changes no future answer, while a
+// depleted or partly refilled bucket is never dropped, however old. Keys
+// created after their shard's pass began survive it.
 //
-// Shards are swept one after another. If ctx ends part-way, EvictFull returns
-// the count so far with the context's error. A shard whose clock stepped back
-// evicts nothing and makes EvictFull return ErrClockRegression once every
-// other shard is done. After Close it returns ErrClosed.
+// Each shard sweeps in slices of shard.SliceSize buckets, serving requests
+// between slices, so a sweep over a million keys holds no request up for
+// more than one slice; each bucket is judged at the clock reading of the
+// slice that reaches it. Shards are swept one after another. If ctx ends
+// part-way, EvictFull returns the count so far with the context's error. A
+// slice whose clock reading stepped back ends that shard's pass (what earlier
+// slices removed stays removed and is counted), and EvictFull returns
+// ErrClockRegression once every other shard is done. After Close, or if
+// Close comes part-way, it returns ErrClosed with the count so far.
 func (e *Engine) EvictFull(ctx context.Context) (int, error) {
 	if err := e.acquire(ctx); err != nil {
 		return 0, err

@@ -92,3 +92,139 @@ func TestEvictFullContextEndsPartWay(t *testing.T) {
 	assert.Equal(t, keys-n, n2)
 	assert.Zero(t, e.KeyCount())
 }
+
+// stepClock advances one second every time it is read, so time passes
+// between the slices of a sweep and between requests. It closes started at
+// read number startAt.
+type stepClock struct {
+	clock.Manual
+	reads   atomic.Int64
+	startAt int64
+	started chan struct{}
+}
+
+func (c *stepClock) Now() int64 {
+	if c.reads.Add(1) == c.startAt {
+		close(c.started)
+	}
+	c.Advance(time.Second)
+	return c.Manual.Now()
+}
+
+// TestEvictFullSlicedUnderLoad sweeps one shard holding several slices of
+// buckets while callers create keys and drain others. Keys full when judged
+// go; depleted keys and keys created during the sweep stay, even though the
+// moving clock makes the new ones full before the sweep ends.
+func TestEvictFullSlicedUnderLoad(t *testing.T) {
+	const full, depleted = 3 * 4096, 100
+	clk := &stepClock{started: make(chan struct{})}
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 1_000_000, 1), Clock: clk, Shards: 1})
+	ctx := context.Background()
+	reqs := make([]engine.Request, 0, full+depleted)
+	for i := range full {
+		reqs = append(reqs, engine.Request{Key: fmt.Sprintf("full%d", i), Cost: 1}) // full one read later
+	}
+	for i := range depleted {
+		reqs = append(reqs, engine.Request{Key: fmt.Sprintf("deep%d", i), Cost: 1_000_000})
+	}
+	out := make([]engine.Result, len(reqs))
+	require.NoError(t, e.AllowBatch(ctx, reqs, out))
+	for _, r := range out {
+		require.NoError(t, r.Err)
+	}
+
+	// The sweep's first slice is the next read: callers start only once the
+	// pass has begun, so every key they create is younger than the pass.
+	clk.startAt = clk.reads.Load() + 1
+	created := make(chan int, 4)
+	stop := make(chan struct{})
+	for w := range 4 {
+		go func() {
+			<-clk.started
+			n := 0
+			for {
+				select {
+				case <-stop:
+					created <- n
+					return
+				default:
+				}
+				_, err := e.Allow(ctx, fmt.Sprintf("new%d-%d", w, n), 1)
+				if err == nil {
+					n++
+				}
+				_, _ = e.Allow(ctx, fmt.Sprintf("deep%d", n%depleted), 1)
+			}
+		}()
+	}
+	n, err := e.EvictFull(ctx)
+	close(stop)
+	total := 0
+	for range 4 {
+		total += <-created
+	}
+	require.NoError(t, err)
+	assert.Equal(t, full, n, "exactly the keys full when judged")
+	assert.Equal(t, depleted+total, e.KeyCount(), "depleted keys and keys created during the sweep remain")
+	t.Logf("%d keys created during the sweep", total)
+}
+
+// gateClock blocks a read when armed until the test lets it go, so the test
+// can hold a shard between two slices of a sweep.
+type gateClock struct {
+	clock.Manual
+	reads   atomic.Int64
+	holdAt  int64
+	reached chan struct{}
+	release chan struct{}
+}
+
+func (g *gateClock) Now() int64 {
+	if g.reads.Add(1) == g.holdAt {
+		close(g.reached)
+		<-g.release
+	}
+	return g.Manual.Now()
+}
+
+// TestCloseDuringSlicedSweep: Close while a shard is between slices of a
+// sweep answers the sweep with what it evicted so far and ErrClosed; nothing
+// hangs and no goroutine is left.
+func TestCloseDuringSlicedSweep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const keys = 5 * 4096
+		clk := &gateClock{reached: make(chan struct{}), release: make(chan struct{})}
+		e, err := engine.New(engine.Config{Policy: pol(1, 10, 1), Clock: clk, Shards: 1})
+		require.NoError(t, err)
+		reqs := make([]engine.Request, keys)
+		for i := range reqs {
+			reqs[i] = engine.Request{Key: fmt.Sprintf("k%d", i), Cost: 1}
+		}
+		require.NoError(t, e.AllowBatch(context.Background(), reqs, make([]engine.Result, keys)))
+		clk.Set(int64(time.Second)) // every key is full again
+		// Reads so far: 1 for the batch. The sweep's slices read 2, 3, ...:
+		// hold the third slice's read.
+		clk.holdAt = clk.reads.Load() + 3
+
+		type result struct {
+			n   int
+			err error
+		}
+		swept := make(chan result, 1)
+		go func() {
+			n, err := e.EvictFull(context.Background())
+			swept <- result{n, err}
+		}()
+		<-clk.reached
+		closed := make(chan error, 1)
+		go func() { closed <- e.Close() }()
+		synctest.Wait() // Close has closed stop and waits for the held shard
+		close(clk.release)
+
+		r := <-swept
+		require.NoError(t, <-closed)
+		assert.ErrorIs(t, r.err, engine.ErrClosed)
+		assert.Equal(t, 3*4096, r.n, "three slices judged before the shard saw stop")
+		assert.Equal(t, keys-r.n, e.KeyCount())
+	})
+}

@@ -9,8 +9,9 @@
 //
 // # Ownership
 //
-// The bucket map, the policy generations and the staged cutover state are
-// read and written only by the goroutine running Shard.Run (or, in tests, the
+// The bucket map, the policy generations, the staged cutover state and the
+// sweep pass in progress are read and written only by the goroutine running
+// Shard.Run (or, in tests, the
 // one goroutine calling State's methods). The Budget is the only state shared
 // between shards, and it is a single atomic counter. The Mailbox's channels
 // and sender count are the only fields both callers and the owner touch.

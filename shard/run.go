@@ -18,6 +18,7 @@ type Shard struct {
 	clk   clock.Clock
 	mb    *Mailbox
 	group []*msg.Allow // reused buffer of one group of single requests
+	sweep *msg.Sweep   // the sweep being served a slice at a time, if any
 }
 
 // New returns a shard serving p on mb, reading clk, sharing budget.
@@ -37,6 +38,12 @@ func (s *Shard) Run(stop <-chan struct{}) {
 	defer s.drain()
 	mb := s.mb
 	for {
+		if s.sweep != nil {
+			if !s.sweepStep(stop) {
+				return
+			}
+			continue
+		}
 		// Control first: a cutover or sweep never waits behind data. The
 		// blocking select below lists them again so they also wake the loop.
 		select {
@@ -45,7 +52,7 @@ func (s *Shard) Run(stop <-chan struct{}) {
 				return
 			}
 		case w := <-mb.sweep:
-			w.Done <- s.state.Sweep(s.clk.Now())
+			s.beginSweep(w)
 		default:
 			select {
 			case p := <-mb.prepare:
@@ -53,17 +60,54 @@ func (s *Shard) Run(stop <-chan struct{}) {
 					return
 				}
 			case w := <-mb.sweep:
-				w.Done <- s.state.Sweep(s.clk.Now())
+				s.beginSweep(w)
 			case a := <-mb.allow:
 				s.serveAllow(a)
 			case b := <-mb.batch:
-				s.state.Batch(s.clk.Now(), b)
-				b.Done <- b.Part
+				s.serveBatch(b)
 			case <-stop:
 				return
 			}
 		}
 	}
+}
+
+// beginSweep starts a sliced sweep; the loop runs it a slice at a time.
+func (s *Shard) beginSweep(w *msg.Sweep) {
+	s.sweep = w
+	s.state.BeginSweep()
+}
+
+// sweepStep judges one slice of the sweep at a fresh reading, then serves at
+// most one waiting data message, so requests wait at most one slice and a
+// shard with no more than a slice of buckets sweeps before serving anything,
+// as the sweep's place in the control queue says. The coordinator holds the
+// sweep's reply, so no control message arrives until it is sent. It returns
+// false if stop came; the sweep is then answered with what it evicted so far
+// and ErrClosed.
+func (s *Shard) sweepStep(stop <-chan struct{}) bool {
+	if done, err := s.state.SweepSlice(s.clk.Now(), SliceSize); done {
+		s.sweep.Done <- s.state.EndSweep(err)
+		s.sweep = nil
+		return true
+	}
+	select {
+	case a := <-s.mb.allow:
+		s.serveAllow(a)
+	case b := <-s.mb.batch:
+		s.serveBatch(b)
+	case <-stop:
+		s.sweep.Done <- s.state.EndSweep(msg.ErrClosed)
+		s.sweep = nil
+		return false
+	default:
+	}
+	return true
+}
+
+func (s *Shard) serveBatch(b *msg.Batch) {
+	s.state.Batch(s.clk.Now(), b)
+	b.Done <- b.Part
 }
 
 // serveAllow takes first and whatever else is queued (up to maxGroup), reads

@@ -43,6 +43,8 @@ type State struct {
 
 	prepared bool
 	staged   generation
+
+	pass *sweepPass // the sweep in progress, if any
 }
 
 // NewState returns an empty shard state serving p, sharing budget with the
@@ -81,6 +83,9 @@ func (s *State) Allow(now int64, key string, cost int64) msg.Reply {
 		key = strings.Clone(key)
 		b = policy.NewBucket(lim, now)
 		b.Epoch = s.epoch
+		if s.pass != nil {
+			s.pass.born[key] = struct{}{} // created after the pass began: it survives it
+		}
 	}
 	o := b.Decide(lim, now, cost)
 	s.buckets[key] = b
@@ -101,32 +106,6 @@ func (s *State) Batch(now int64, b *msg.Batch) {
 	for i, it := range b.Items {
 		b.Out[i] = s.Allow(now, it.Key, it.Cost)
 	}
-}
-
-// Sweep removes every bucket that is full at now and returns how many. A
-// reading older than the last one observed is ErrClockRegression, and then
-// nothing changes. Every surviving bucket is brought up to date, which
-// changes no answer (refilling a to b then b to c equals refilling a to c)
-// and finishes any pending cutover conversion.
-func (s *State) Sweep(now int64) msg.SweepReply {
-	if now < s.last {
-		return msg.SweepReply{Err: msg.ErrClockRegression}
-	}
-	lim := s.Policy().Limit()
-	n := 0
-	for k, b := range s.buckets {
-		s.bringUp(&b)
-		b.Refill(lim, now)
-		if b.Full(lim) {
-			delete(s.buckets, k)
-			s.budget.Release() // only after the delete: Count never undercounts
-			n++
-			continue
-		}
-		s.buckets[k] = b
-	}
-	s.last = now
-	return msg.SweepReply{Evicted: n}
 }
 
 // Prepare takes now as the cutover reading for next and stops the shard from

@@ -1,0 +1,88 @@
+package shard
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/msg"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// TestSweepSlicesInterleaved runs a pass in slices of 3 with requests served
+// between the slices, as the loop does: keys full at every slice reading are
+// evicted, depleted keys never are, and keys created during the pass survive
+// it even once they are full. Every count is exact.
+func TestSweepSlicesInterleaved(t *testing.T) {
+	const sec = int64(time.Second)
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
+	budget := NewBudget(1000)
+	s := NewState(p, budget)
+	for i := range 20 {
+		require.NoError(t, s.Allow(0, fmt.Sprintf("full%d", i), 1).Err) // full again by 0.5 s
+	}
+	for i := range 20 {
+		require.NoError(t, s.Allow(9*sec, fmt.Sprintf("deep%d", i), 10).Err) // empty at 9 s
+	}
+
+	s.BeginSweep()
+	require.True(t, s.Sweeping())
+	now, born, slices := 10*sec, 0, 0
+	for {
+		done, err := s.SweepSlice(now, 3)
+		require.NoError(t, err)
+		slices++
+		if done {
+			break
+		}
+		// Between slices: a new key (not full: it spent a token), and time
+		// moves on by 100 ms, so each new key is full 5 slices later while
+		// the deep keys (2 tokens/s from empty at 9 s) stay below 10.
+		r := s.Allow(now, fmt.Sprintf("born%d", born), 1)
+		require.NoError(t, r.Err)
+		born++
+		now += sec / 10
+	}
+	got := s.EndSweep(nil)
+	require.False(t, s.Sweeping())
+	assert.Greater(t, slices, 10, "the pass really was sliced")
+	assert.Equal(t, 20, got.Evicted, "every full key, and nothing else")
+	assert.Equal(t, int64(20+born), budget.Count(), "depleted and born keys remain")
+	for i := range 20 {
+		_, ok := s.buckets[fmt.Sprintf("deep%d", i)]
+		assert.True(t, ok, "deep%d was evicted while not full", i)
+	}
+	for i := range born {
+		_, ok := s.buckets[fmt.Sprintf("born%d", i)]
+		assert.True(t, ok, "born%d was created after the pass began and must survive it", i)
+	}
+
+	// The next pass sees the born keys like any other: ten seconds on, they
+	// and the deep keys are all full.
+	r := s.Sweep(now + 10*sec)
+	require.NoError(t, r.Err)
+	assert.Equal(t, born+20, r.Evicted)
+	assert.Zero(t, budget.Count())
+}
+
+// TestSweepSliceRegression: a slice whose reading went back ends the pass
+// with ErrClockRegression; what earlier slices evicted is counted.
+func TestSweepSliceRegression(t *testing.T) {
+	s := NewState(policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}, NewBudget(100))
+	for i := range 10 {
+		require.NoError(t, s.Allow(0, fmt.Sprintf("k%d", i), 1).Err)
+	}
+	s.BeginSweep()
+	done, err := s.SweepSlice(int64(2*time.Second), 4)
+	require.NoError(t, err)
+	require.False(t, done)
+	done, err = s.SweepSlice(int64(time.Second), 4)
+	require.True(t, done)
+	got := s.EndSweep(err)
+	assert.ErrorIs(t, got.Err, msg.ErrClockRegression)
+	assert.Equal(t, 4, got.Evicted)
+	assert.Equal(t, int64(6), s.budget.Count())
+}
