@@ -51,8 +51,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg config
-	var cpus string
+	var cpus, parts string
 	fs.BoolVar(&cfg.quick, "quick", false, "shorter runs and smaller key sets (under 30 s)")
+	fs.StringVar(&parts, "parts", "decisions,memory,latency", "which tables to measure, comma-separated")
 	fs.StringVar(&cpus, "cpu", "1,2", "GOMAXPROCS values to measure, comma-separated")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -79,9 +80,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	fmt.Fprintf(stdout, "tokenshard bench: %s, %d cores, %s, 8 goroutines per core\n",
 		runtime.Version(), runtime.NumCPU(), map[bool]string{true: "quick", false: "full"}[cfg.quick])
-	decisions(stdout, cfg)
-	memory(stdout, cfg)
-	latencies(stdout, cfg)
+	tables := map[string]func(io.Writer, config){"decisions": decisions, "memory": memory, "latency": latencies}
+	for _, p := range strings.Split(parts, ",") {
+		f, ok := tables[strings.TrimSpace(p)]
+		if !ok {
+			fmt.Fprintf(stderr, "bench: unknown part %q (have decisions, memory, latency)\n", p)
+			return 2
+		}
+		f(stdout, cfg)
+	}
 	return 0
 }
 
