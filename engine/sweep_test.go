@@ -13,6 +13,7 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/shard"
 )
 
 // TestSweepEvery runs the background sweep under synctest's fake time, which
@@ -116,7 +117,7 @@ func (c *stepClock) Now() int64 {
 // go; depleted keys and keys created during the sweep stay, even though the
 // moving clock makes the new ones full before the sweep ends.
 func TestEvictFullSlicedUnderLoad(t *testing.T) {
-	const full, depleted = 3 * 4096, 100
+	full, depleted := 3*shard.SliceSize, 100
 	clk := &stepClock{started: make(chan struct{})}
 	e, _ := newEngine(t, engine.Config{Policy: pol(1, 1_000_000, 1), Clock: clk, Shards: 1})
 	ctx := context.Background()
@@ -192,7 +193,7 @@ func (g *gateClock) Now() int64 {
 // hangs and no goroutine is left.
 func TestCloseDuringSlicedSweep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const keys = 5 * 4096
+		keys := 5 * shard.SliceSize
 		clk := &gateClock{reached: make(chan struct{}), release: make(chan struct{})}
 		e, err := engine.New(engine.Config{Policy: pol(1, 10, 1), Clock: clk, Shards: 1})
 		require.NoError(t, err)
@@ -224,7 +225,7 @@ func TestCloseDuringSlicedSweep(t *testing.T) {
 		r := <-swept
 		require.NoError(t, <-closed)
 		assert.ErrorIs(t, r.err, engine.ErrClosed)
-		assert.Equal(t, 3*4096, r.n, "three slices judged before the shard saw stop")
+		assert.Equal(t, 3*shard.SliceSize, r.n, "three slices judged before the shard saw stop")
 		assert.Equal(t, keys-r.n, e.KeyCount())
 	})
 }

@@ -114,6 +114,10 @@ func (s *Shard) sweepStep(stop <-chan struct{}) bool {
 		s.sweep = nil
 		return false
 	default:
+		// Nothing waiting: yield, so callers get a core to send on. Without
+		// it, on one core a sweep runs slice after slice until preempted,
+		// and callers wait whole 10 ms scheduler time slices.
+		runtime.Gosched()
 	}
 	return true
 }

@@ -11,7 +11,7 @@ import (
 // SliceSize is how many buckets one sweep slice judges before the shard
 // serves its mailbox again: a few hundred microseconds of work, so a sweep
 // over a million keys never holds up a request for long.
-const SliceSize = 4096
+const SliceSize = 1024
 
 // sweepPass is a sweep in progress: a resumable walk over the bucket map,
 // judged slice by slice, each slice at its own clock reading (DESIGN 3.7
