@@ -201,20 +201,7 @@ func TestBatchOutLength(t *testing.T) {
 // cost is only known inside the shard, step 4), and decides nothing.
 func TestBatchDoneContext(t *testing.T) {
 	const repeats = 20
-	kinds := []struct {
-		name string
-		ctx  func() (context.Context, context.CancelFunc)
-		want error
-	}{
-		{"canceled", func() (context.Context, context.CancelFunc) {
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			return ctx, cancel
-		}, context.Canceled},
-		{"deadline", func() (context.Context, context.CancelFunc) {
-			return context.WithDeadline(context.Background(), time.Now().Add(-time.Minute))
-		}, context.DeadlineExceeded},
-	}
+	kinds := doneContexts
 	reqs := []engine.Request{
 		{Key: "a", Cost: 1},
 		{Key: "", Cost: 1},

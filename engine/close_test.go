@@ -28,20 +28,7 @@ import (
 // returns the context's error and changes nothing (DESIGN 3.2 step 3, 3.9).
 func TestDoneContextChangesNothing(t *testing.T) {
 	const repeats = 200
-	kinds := []struct {
-		name string
-		ctx  func() (context.Context, context.CancelFunc)
-		want error
-	}{
-		{"canceled", func() (context.Context, context.CancelFunc) {
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			return ctx, cancel
-		}, context.Canceled},
-		{"deadline", func() (context.Context, context.CancelFunc) {
-			return context.WithDeadline(context.Background(), time.Now().Add(-time.Hour))
-		}, context.DeadlineExceeded},
-	}
+	kinds := doneContexts
 	for _, shards := range shardCounts {
 		for _, kind := range kinds {
 			t.Run(fmt.Sprintf("shards=%d/%s", shards, kind.name), func(t *testing.T) {

@@ -1,7 +1,9 @@
 package engine_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -39,4 +41,21 @@ func newEngine(t testing.TB, cfg engine.Config) (*engine.Engine, *clock.Manual) 
 	}
 	t.Cleanup(func() { _ = e.Close() })
 	return e, clk
+}
+
+// doneContexts are the two ways a context is already done when a call
+// starts: canceled, and past its deadline, with the error each must yield.
+var doneContexts = []struct {
+	name string
+	ctx  func() (context.Context, context.CancelFunc)
+	want error
+}{
+	{"canceled", func() (context.Context, context.CancelFunc) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		return ctx, cancel
+	}, context.Canceled},
+	{"deadline", func() (context.Context, context.CancelFunc) {
+		return context.WithDeadline(context.Background(), time.Now().Add(-time.Hour))
+	}, context.DeadlineExceeded},
 }

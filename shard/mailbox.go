@@ -57,39 +57,28 @@ func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 // since a select between a ready channel and a done context picks at random),
 // and nil once the shard holds a; then the shard will answer on a.Done.
 func (m *Mailbox) SendAllow(ctx context.Context, a *msg.Allow) error {
-	if !m.enter() {
-		return msg.ErrClosed
-	}
-	err := ctx.Err()
-	if err == nil {
-		select {
-		case m.allow <- a:
-		default: // full: wait for room, the context or Close
-			select {
-			case m.allow <- a:
-			case <-ctx.Done():
-				err = ctx.Err()
-			case <-m.closing:
-				err = msg.ErrClosed
-			}
-		}
-	}
-	m.leave()
-	return err
+	return send(ctx, m, m.allow, a)
 }
 
 // SendBatch is SendAllow for a batch part; the shard answers on b.Done.
 func (m *Mailbox) SendBatch(ctx context.Context, b *msg.Batch) error {
+	return send(ctx, m, m.batch, b)
+}
+
+// send puts v on one of m's data channels, registered as a sender so Close
+// cannot strand it. A full channel blocks until there is room, ctx ends or
+// the engine closes.
+func send[T any](ctx context.Context, m *Mailbox, ch chan<- T, v T) error {
 	if !m.enter() {
 		return msg.ErrClosed
 	}
 	err := ctx.Err()
 	if err == nil {
 		select {
-		case m.batch <- b:
-		default:
+		case ch <- v:
+		default: // full: wait for room, the context or Close
 			select {
-			case m.batch <- b:
+			case ch <- v:
 			case <-ctx.Done():
 				err = ctx.Err()
 			case <-m.closing:
