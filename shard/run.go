@@ -13,8 +13,7 @@ import (
 const maxGroup = 64
 
 // Shard is one goroutine's worth of state: a State, the clock it reads and
-// the Mailbox it serves. Its methods other than Mailbox are for the goroutine
-// running Run.
+// the Mailbox it serves. Run is meant for one goroutine, which then owns it.
 type Shard struct {
 	state *State
 	clk   clock.Clock
