@@ -214,7 +214,8 @@ func newProgress(out io.Writer, total time.Duration) *progressView {
 	p.pw.SetUpdateFrequency(200 * time.Millisecond)
 	p.pw.SetTrackerLength(30)
 	p.pw.SetMessageLength(140)
-	p.tracker = &progress.Tracker{Message: "starting", Total: int64(total / time.Millisecond), Units: progress.UnitsDefault}
+	elapsed := progress.Units{Formatter: func(ms int64) string { return (time.Duration(ms) * time.Millisecond).String() }}
+	p.tracker = &progress.Tracker{Message: "starting", Total: int64(total / time.Millisecond), Units: elapsed}
 	p.pw.AppendTracker(p.tracker)
 	p.wg.Add(1)
 	go func() {
