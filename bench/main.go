@@ -200,6 +200,17 @@ func latencies(out io.Writer, cfg config) {
 		{"ReplacePolicy", func(e *engine.Engine) error {
 			return e.ReplacePolicy(context.Background(), policy.Policy{Version: 2, Capacity: 3, TokensPerSecond: 2}, 1)
 		}},
+		// More cutovers than a shard keeps history for, with no sweep:
+		// untouched buckets are converted by background passes.
+		{"ReplacePolicy x70", func(e *engine.Engine) error {
+			for v := int64(2); v <= 71; v++ {
+				next := policy.Policy{Version: v, Capacity: 2 + v%3, TokensPerSecond: 1 + v%2}
+				if err := e.ReplacePolicy(context.Background(), next, v-1); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
 	}
 	for _, cpu := range cfg.cpus {
 		runtime.GOMAXPROCS(cpu)

@@ -39,10 +39,17 @@ func New(p policy.Policy, clk clock.Clock, budget *Budget, mb *Mailbox) *Shard {
 // the mailbox is closed, so nothing can arrive after the final drain.
 func (s *Shard) Run(stop <-chan struct{}) {
 	defer s.drain()
+	defer s.state.Abandon() // a background conversion pass has no one waiting
 	mb := s.mb
 	for {
 		if s.sweep != nil {
 			if !s.sweepStep(stop) {
+				return
+			}
+			continue
+		}
+		if s.state.Converting() {
+			if !s.convertStep(stop) {
 				return
 			}
 			continue
@@ -54,6 +61,7 @@ func (s *Shard) Run(stop <-chan struct{}) {
 			if !s.cutover(p, stop) {
 				return
 			}
+			s.serveWaiting()
 		case w := <-mb.sweep:
 			s.beginSweep(w)
 		default:
@@ -71,6 +79,7 @@ func (s *Shard) Run(stop <-chan struct{}) {
 				if !s.cutover(p, stop) {
 					return
 				}
+				s.serveWaiting()
 			case w := <-mb.sweep:
 				s.beginSweep(w)
 			case a := <-mb.allow:
@@ -119,6 +128,59 @@ func (s *Shard) sweepStep(stop <-chan struct{}) bool {
 		runtime.Gosched()
 	}
 	return true
+}
+
+// convertStep serves whatever is waiting, control first, or else yields,
+// then converts one slice of the background conversion pass: the pass only
+// uses time nobody else wants. While the policy history is full it takes no
+// prepare (a nil channel is never ready), so the coordinator waits for the
+// pass while requests keep being served. It returns false if stop came.
+func (s *Shard) convertStep(stop <-chan struct{}) bool {
+	mb := s.mb
+	prepare := mb.prepare
+	if s.state.HistoryFull() {
+		prepare = nil
+	}
+	select {
+	case p := <-prepare:
+		if !s.cutover(p, stop) {
+			return false
+		}
+		s.serveWaiting()
+		return true
+	case w := <-mb.sweep:
+		s.beginSweep(w) // the sweep converts what it visits
+		return true
+	default:
+	}
+	select {
+	case a := <-mb.allow:
+		s.serveAllow(a)
+	case b := <-mb.batch:
+		s.serveBatch(b)
+	case <-stop:
+		return false
+	default:
+		runtime.Gosched()
+	}
+	if s.state.Converting() {
+		s.state.ConvertSlice(SliceSize)
+	}
+	return true
+}
+
+// serveWaiting serves one waiting data message, if any. It follows every
+// cutover: control goes first, but back-to-back cutovers would otherwise
+// starve data for as long as they keep coming (measured: 70 in a row held a
+// request up for half a second).
+func (s *Shard) serveWaiting() {
+	select {
+	case a := <-s.mb.allow:
+		s.serveAllow(a)
+	case b := <-s.mb.batch:
+		s.serveBatch(b)
+	default:
+	}
 }
 
 func (s *Shard) serveBatch(b *msg.Batch) {

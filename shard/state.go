@@ -8,11 +8,19 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// maxGenerations bounds the policy history a shard keeps for lazy cutover
-// conversion. Past it, the shard converts every bucket at publish and starts
-// afresh, so a service that cuts over often but never sweeps keeps O(1)
-// history per shard.
-const maxGenerations = 64
+// Policy history bounds. Buckets convert lazily when touched; once more than
+// convertAfter generations are kept, the shard also converts the untouched
+// ones in a background pass, sliced like a sweep and invisible in every
+// answer, so a service that cuts over often but never sweeps keeps a short
+// history. If cutovers outpace those passes and maxGenerations are kept, the
+// shard's loop takes no prepare until a pass has finished (DESIGN 3.8 allows
+// refusing the next cutover until the previous conversion is done), serving
+// requests all the while; Prepare itself converts everything at once only for
+// a caller that drives State directly.
+const (
+	convertAfter   = 8
+	maxGenerations = 64
+)
 
 // generation is one policy a shard has served, from its cutover reading on.
 type generation struct {
@@ -44,7 +52,7 @@ type State struct {
 	prepared bool
 	staged   generation
 
-	pass *sweepPass // the sweep in progress, if any
+	pass *sweepPass // the sweep or conversion pass in progress, if any
 }
 
 // NewState returns an empty shard state serving p, sharing budget with the
@@ -83,8 +91,8 @@ func (s *State) Allow(now int64, key string, cost int64) msg.Reply {
 		key = strings.Clone(key)
 		b = policy.NewBucket(lim, now)
 		b.Epoch = s.epoch
-		if s.pass != nil {
-			s.pass.born[key] = struct{}{} // created after the pass began: it survives it
+		if s.Sweeping() {
+			s.pass.born[key] = struct{}{} // created after the sweep began: it survives it
 		}
 	}
 	o := b.Decide(lim, now, cost)
@@ -115,6 +123,9 @@ func (s *State) Prepare(now int64, next policy.Policy) error {
 	if now < s.last {
 		return msg.ErrClockRegression
 	}
+	if s.HistoryFull() {
+		s.convertAll() // the loop never gets here: it converts in slices first
+	}
 	s.prepared = true
 	s.staged = generation{pol: next, start: now}
 	return nil
@@ -131,11 +142,15 @@ func (s *State) Publish() {
 	s.epoch++
 	s.last = s.staged.start
 	s.stale = len(s.buckets)
-	if len(s.gens) > maxGenerations {
-		s.convertAll()
+	if len(s.gens) > convertAfter {
+		s.beginConvert()
 	}
 	s.compact()
 }
+
+// HistoryFull reports whether the shard keeps as many policy generations as
+// it may: the next cutover waits until a conversion pass has finished.
+func (s *State) HistoryFull() bool { return len(s.gens) >= maxGenerations }
 
 // Abort drops the staged cutover; nothing else changes.
 func (s *State) Abort() {

@@ -88,11 +88,17 @@ func TestStateMatchesEagerCutover(t *testing.T) {
 			maxKeys := 3 + r.IntN(6)
 			budget := NewBudget(int64(maxKeys))
 			s := NewState(start, budget)
+			defer s.Abandon()
 			m := &eager{pol: start, buckets: map[string]policy.Bucket{}, max: maxKeys}
 			now := int64(0)
 			sweepOdds := 20 + r.IntN(400) // some seeds almost never sweep
 			for step := range 3000 {
 				now = stepClock(r, now)
+				if s.Converting() && r.IntN(3) == 0 {
+					// The loop converts between messages; here, at random
+					// points of the trace, a few buckets at a time.
+					s.ConvertSlice(1 + r.IntN(3))
+				}
 				switch op := r.IntN(sweepOdds); {
 				case op == 0:
 					got, want := s.Sweep(now), m.sweep(now)
@@ -181,6 +187,7 @@ func randomPolicy(r *rand.Rand, version int64) policy.Policy {
 func TestStateHistoryCompacts(t *testing.T) {
 	const sec = int64(time.Second)
 	s := NewState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10))
+	defer s.Abandon()
 	require.NoError(t, s.Allow(0, "a", 10).Err)
 	require.NoError(t, s.Allow(0, "b", 10).Err)
 	for v := int64(2); v <= 5; v++ {
@@ -227,3 +234,38 @@ func TestStatePrepareAbort(t *testing.T) {
 }
 
 func durationOf(ns int64) time.Duration { return time.Duration(ns) }
+
+// TestStateConversionPass: past convertAfter generations a background pass
+// converts untouched buckets; run to the end, it empties the history, and
+// every balance is what the eager rule gives.
+func TestStateConversionPass(t *testing.T) {
+	const sec = int64(time.Second)
+	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
+	s := NewState(p, NewBudget(100))
+	defer s.Abandon()
+	m := &eager{pol: p, buckets: map[string]policy.Bucket{}, max: 100}
+	for i := range 50 {
+		key := fmt.Sprintf("k%d", i)
+		require.Equal(t, m.allow(0, key, int64(1+i)), s.Allow(0, key, int64(1+i)))
+	}
+	for v := int64(2); v <= convertAfter+2; v++ {
+		next := policy.Policy{Version: v, Capacity: 100 - 5*v, TokensPerSecond: v}
+		require.NoError(t, m.cutover(v*sec, next))
+		require.NoError(t, s.Prepare(v*sec, next))
+		s.Publish()
+	}
+	require.True(t, s.Converting(), "more than convertAfter generations start a pass")
+	require.Greater(t, len(s.gens), convertAfter)
+	slices := 0
+	for !s.ConvertSlice(7) {
+		slices++
+	}
+	assert.Greater(t, slices, 3, "the pass really was sliced")
+	assert.False(t, s.Converting())
+	assert.Len(t, s.gens, 1, "every bucket converted: history dropped")
+	now := 20 * sec
+	for i := range 50 {
+		key := fmt.Sprintf("k%d", i)
+		require.Equal(t, m.allow(now, key, 1), s.Allow(now, key, 1), "key %s", key)
+	}
+}

@@ -21,6 +21,7 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
 	budget := NewBudget(1000)
 	s := NewState(p, budget)
+	defer s.Abandon()
 	for i := range 20 {
 		require.NoError(t, s.Allow(0, fmt.Sprintf("full%d", i), 1).Err) // full again by 0.5 s
 	}
