@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -219,4 +221,51 @@ func TestMailboxFullBlocksUntilContext(t *testing.T) {
 		require.NoError(t, (<-first).Err, "a taken request is answered")
 		<-l.exited
 	})
+}
+
+// TestRunCutoversOutpaceConversion sends cutovers back to back to a shard
+// holding several slices of untouched buckets, so background conversion
+// passes cannot keep up and the policy history fills: the loop then refuses
+// prepares until a pass finishes. Every cutover still succeeds, the history
+// stays bounded, and every balance afterwards is what eager conversion at
+// each cutover reading gives.
+func TestRunCutoversOutpaceConversion(t *testing.T) {
+	const sec = int64(time.Second)
+	keys := 3 * SliceSize
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	clk := clock.NewManual(0)
+	closing, stop, exited := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	mb := NewMailbox(8, closing)
+	sh := New(p, clk, NewBudget(int64(keys)), mb)
+	m := &eager{pol: p, buckets: map[string]policy.Bucket{}, max: keys}
+	// Create the keys before the loop starts: the test owns the state until then.
+	for i := range keys {
+		key := fmt.Sprintf("k%d", i)
+		require.Equal(t, m.allow(0, key, int64(1+i%1000)), sh.state.Allow(0, key, int64(1+i%1000)))
+	}
+	go func() {
+		defer close(exited)
+		sh.Run(stop)
+	}()
+	ctx := context.Background()
+	for v := int64(2); v <= 71; v++ {
+		clk.Set(v * sec)
+		next := policy.Policy{Version: v, Capacity: 1000 - 7*v, TokensPerSecond: 1 + v%5}
+		require.NoError(t, m.cutover(v*sec, next))
+		require.NoError(t, mb.Prepare(ctx, &msg.Prepare{Next: next, Done: make(chan error, 1)}), "cutover to version %d", v)
+		require.True(t, mb.Publish())
+	}
+	clk.Set(100 * sec)
+	for i := range keys {
+		key := fmt.Sprintf("k%d", i)
+		a := &msg.Allow{Key: key, Cost: 1, Done: make(chan struct{}, 1)}
+		require.NoError(t, mb.SendAllow(ctx, a))
+		<-a.Done
+		require.Equal(t, m.allow(100*sec, key, 1), a.Reply, "key %s", key)
+	}
+	close(closing)
+	mb.Close()
+	close(stop)
+	<-exited
+	assert.LessOrEqual(t, len(sh.state.gens), maxGenerations, "history stayed bounded")
 }
