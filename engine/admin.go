@@ -125,6 +125,15 @@ func (e *Engine) ReplacePolicy(ctx context.Context, next policy.Policy, expected
 			ErrStalePolicy, expectedVersion, next.Version, cur.Version)
 	}
 
+	// Phase 0: wait until every shard can prepare at once (one that has
+	// kept too much policy history finishes converting first, serving
+	// requests meanwhile), so no prepared shard waits on another.
+	for _, mb := range e.mailboxes {
+		if err := mb.WaitReady(ctx); err != nil {
+			return err
+		}
+	}
+
 	// Phase 1: prepare. Each prepared shard serves nothing until publish or
 	// abort, so the barrier lasts only as long as this loop.
 	p := &msg.Prepare{Next: next, Done: make(chan error, 1)}

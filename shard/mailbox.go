@@ -24,6 +24,7 @@ const closedBit = 1 << 62
 type Mailbox struct {
 	allow   chan *msg.Allow
 	batch   chan *msg.Batch
+	ready   chan struct{} // taken only when the shard can prepare at once
 	prepare chan *msg.Prepare
 	publish chan struct{}
 	abort   chan struct{}
@@ -43,6 +44,7 @@ func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 	return &Mailbox{
 		allow:   make(chan *msg.Allow, size),
 		batch:   make(chan *msg.Batch, size),
+		ready:   make(chan struct{}),
 		prepare: make(chan *msg.Prepare),
 		publish: make(chan struct{}),
 		abort:   make(chan struct{}),
@@ -88,6 +90,22 @@ func send[T any](ctx context.Context, m *Mailbox, ch chan<- T, v T) error {
 	}
 	m.leave()
 	return err
+}
+
+// WaitReady returns once the shard could take a prepare at once: a shard
+// whose policy history is full first finishes converting, serving requests
+// all the while. Asking every shard before preparing any keeps the cutover
+// barrier, during which prepared shards serve nothing, short. ctx and Close
+// end the wait.
+func (m *Mailbox) WaitReady(ctx context.Context) error {
+	select {
+	case m.ready <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.closing:
+		return msg.ErrClosed
+	}
 }
 
 // Prepare sends a cutover prepare and returns the shard's answer. ctx and

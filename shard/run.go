@@ -62,6 +62,7 @@ func (s *Shard) Run(stop <-chan struct{}) {
 				return
 			}
 			s.serveWaiting()
+		case <-mb.ready:
 		case w := <-mb.sweep:
 			s.beginSweep(w)
 		default:
@@ -80,6 +81,7 @@ func (s *Shard) Run(stop <-chan struct{}) {
 					return
 				}
 				s.serveWaiting()
+			case <-mb.ready:
 			case w := <-mb.sweep:
 				s.beginSweep(w)
 			case a := <-mb.allow:
@@ -132,16 +134,19 @@ func (s *Shard) sweepStep(stop <-chan struct{}) bool {
 
 // convertStep serves whatever is waiting, control first, or else yields,
 // then converts one slice of the background conversion pass: the pass only
-// uses time nobody else wants. While the policy history is full it takes no
-// prepare (a nil channel is never ready), so the coordinator waits for the
-// pass while requests keep being served. It returns false if stop came.
+// uses time nobody else wants. While the policy history is full it answers
+// no readiness check (a nil channel is never ready), so the coordinator
+// waits for the pass, before preparing any shard, while requests keep being
+// served. It returns false if stop came.
 func (s *Shard) convertStep(stop <-chan struct{}) bool {
 	mb := s.mb
-	prepare := mb.prepare
+	ready, prepare := mb.ready, mb.prepare
 	if s.state.HistoryFull() {
-		prepare = nil
+		ready, prepare = nil, nil
 	}
 	select {
+	case <-ready:
+		return true
 	case p := <-prepare:
 		if !s.cutover(p, stop) {
 			return false
