@@ -105,7 +105,10 @@ func (e *Engine) sweeper(every time.Duration) {
 // tops nobody up; new keys start at the new capacity.
 //
 // The cutover has two phases: every shard takes its reading and stops
-// serving (prepare), then every shard switches (publish). So once any call
+// serving (prepare), then every shard switches (publish). Before the first,
+// the coordinator waits until every shard can prepare at once: a shard that
+// has kept too much policy history after many cutovers finishes converting
+// first, serving requests meanwhile, and the wait honours ctx. So once any call
 // has seen the new version no later call sees the old one, and every call
 // that starts after ReplacePolicy returns sees the new version. A context
 // that ends before publish aborts everywhere; once publish has begun,

@@ -61,7 +61,6 @@ func (s *Shard) Run(stop <-chan struct{}) {
 			if !s.cutover(p, stop) {
 				return
 			}
-			s.serveWaiting()
 		case <-mb.ready:
 		case w := <-mb.sweep:
 			s.beginSweep(w)
@@ -80,7 +79,6 @@ func (s *Shard) Run(stop <-chan struct{}) {
 				if !s.cutover(p, stop) {
 					return
 				}
-				s.serveWaiting()
 			case <-mb.ready:
 			case w := <-mb.sweep:
 				s.beginSweep(w)
@@ -148,11 +146,7 @@ func (s *Shard) convertStep(stop <-chan struct{}) bool {
 	case <-ready:
 		return true
 	case p := <-prepare:
-		if !s.cutover(p, stop) {
-			return false
-		}
-		s.serveWaiting()
-		return true
+		return s.cutover(p, stop)
 	case w := <-mb.sweep:
 		s.beginSweep(w) // the sweep converts what it visits
 		return true
@@ -217,7 +211,8 @@ take:
 }
 
 // cutover runs one prepare and waits, serving nothing else, for publish or
-// abort. It returns false if stop came first (the staged cutover is dropped).
+// abort, then serves one waiting data message (see serveWaiting). It returns
+// false if stop came first (the staged cutover is dropped).
 func (s *Shard) cutover(p *msg.Prepare, stop <-chan struct{}) bool {
 	err := s.state.Prepare(s.clk.Now(), p.Next)
 	p.Done <- err
@@ -233,6 +228,7 @@ func (s *Shard) cutover(p *msg.Prepare, stop <-chan struct{}) bool {
 		s.state.Abort()
 		return false
 	}
+	s.serveWaiting()
 	return true
 }
 

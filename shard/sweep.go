@@ -153,18 +153,3 @@ func (s *State) EndSweep(err error) msg.SweepReply {
 	p.stop()
 	return msg.SweepReply{Evicted: p.evicted, Err: err}
 }
-
-// Sweep runs a whole pass at one reading: every bucket full at now is
-// removed, and a reading older than the last one observed is
-// ErrClockRegression with nothing removed.
-func (s *State) Sweep(now int64) msg.SweepReply {
-	if now < s.last {
-		return msg.SweepReply{Err: msg.ErrClockRegression}
-	}
-	s.BeginSweep()
-	for {
-		if done, err := s.SweepSlice(now, SliceSize); done {
-			return s.EndSweep(err)
-		}
-	}
-}

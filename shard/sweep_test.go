@@ -63,7 +63,7 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 
 	// The next pass sees the born keys like any other: ten seconds on, they
 	// and the deep keys are all full.
-	r := s.Sweep(now + 10*sec)
+	r := sweepAll(s, now+10*sec)
 	require.NoError(t, r.Err)
 	assert.Equal(t, born+20, r.Evicted)
 	assert.Zero(t, budget.Count())
@@ -86,4 +86,20 @@ func TestSweepSliceRegression(t *testing.T) {
 	assert.ErrorIs(t, got.Err, msg.ErrClockRegression)
 	assert.Equal(t, 4, got.Evicted)
 	assert.Equal(t, int64(6), s.budget.Count())
+}
+
+// sweepAll runs a whole sweep pass at one reading, as the loop does when
+// nothing arrives between slices: every bucket full at now is removed, and a
+// reading older than the last one observed is ErrClockRegression with
+// nothing removed.
+func sweepAll(s *State, now int64) msg.SweepReply {
+	if now < s.last {
+		return msg.SweepReply{Err: msg.ErrClockRegression}
+	}
+	s.BeginSweep()
+	for {
+		if done, err := s.SweepSlice(now, SliceSize); done {
+			return s.EndSweep(err)
+		}
+	}
 }
