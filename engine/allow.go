@@ -24,8 +24,9 @@ func (e *Engine) Allow(ctx context.Context, key string, cost int64) (Decision, e
 		return Decision{}, ErrInvalidCost
 	}
 	a := e.allows.Get().(*msg.Allow)
-	a.Key, a.Cost = key, cost
-	if err := e.mailboxes[e.shardOf(key)].SendAllow(ctx, a); err != nil {
+	i, h := e.shardOf(key)
+	a.Key, a.Hash, a.Cost = key, h, cost
+	if err := e.mailboxes[i].SendAllow(ctx, a); err != nil {
 		a.Key = ""
 		e.allows.Put(a)
 		return Decision{}, err

@@ -65,8 +65,9 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 			out[i] = Result{Err: err}
 			continue
 		}
-		p := &c.parts[e.shardOf(r.Key)]
-		p.m.Items = append(p.m.Items, msg.Item{Key: r.Key, Cost: r.Cost})
+		j, h := e.shardOf(r.Key)
+		p := &c.parts[j]
+		p.m.Items = append(p.m.Items, msg.Item{Key: r.Key, Hash: h, Cost: r.Cost})
 		p.idx = append(p.idx, i)
 	}
 

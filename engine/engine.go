@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 	"github.com/tokenshard/tokenshard/shard"
@@ -21,7 +19,7 @@ import (
 // and must not be copied. Create it with New and release it with Close.
 type Engine struct {
 	maxKeyBytes int
-	seeded      xxhash.Digest // reset with the engine's seed; copied per key
+	hasher      shard.Hasher // seeded at random per engine; routes keys and indexes shard tables
 	mailboxes   []*shard.Mailbox
 	budget      *shard.Budget
 
@@ -63,7 +61,7 @@ func New(cfg Config) (*Engine, error) {
 	// pick keys that all land on one shard.
 	var seed [8]byte
 	_, _ = crand.Read(seed[:]) // never fails on supported platforms
-	e.seeded.ResetWithSeed(binary.LittleEndian.Uint64(seed[:]))
+	e.hasher = shard.NewHasher(binary.LittleEndian.Uint64(seed[:]))
 	p := cfg.Policy
 	e.pol.Store(&p)
 	e.allows.New = func() any { return &msg.Allow{Done: make(chan struct{}, 1)} }
@@ -72,7 +70,7 @@ func New(cfg Config) (*Engine, error) {
 	shards := make([]*shard.Shard, cfg.Shards)
 	for i := range shards {
 		e.mailboxes[i] = shard.NewMailbox(MailboxSize, e.closing)
-		shards[i] = shard.New(p, cfg.Clock, e.budget, e.mailboxes[i])
+		shards[i] = shard.New(p, cfg.Clock, e.budget, e.mailboxes[i], &e.hasher)
 	}
 	e.wg.Add(len(shards))
 	for _, s := range shards {
@@ -117,17 +115,13 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-// shardOf returns the index of the shard that owns key: the seeded hash
-// mapped onto [0, n) by a multiply-shift, which needs no power of two.
-func (e *Engine) shardOf(key string) int {
-	n := len(e.mailboxes)
-	if n == 1 {
-		return 0
-	}
-	d := e.seeded // a copy: the seeded state costs nothing to reuse
-	_, _ = d.WriteString(key)
-	hi, _ := bits.Mul64(d.Sum64(), uint64(n))
-	return int(hi)
+// shardOf returns the index of the shard that owns key, and the key's hash,
+// which the shard indexes its table with: the seeded hash mapped onto [0, n)
+// by a multiply-shift, which needs no power of two.
+func (e *Engine) shardOf(key string) (int, uint64) {
+	h := e.hasher.Sum(key)
+	hi, _ := bits.Mul64(h, uint64(len(e.mailboxes)))
+	return int(hi), h
 }
 
 // checkKey reports ErrInvalidKey for a blank key or one over MaxKeyBytes.

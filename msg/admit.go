@@ -24,6 +24,7 @@ type Reply struct {
 // sends on Done.
 type Allow struct {
 	Key   string
+	Hash  uint64 // the key's hash by the shard's Hasher, computed to route it
 	Cost  int64
 	Reply Reply
 	Done  chan struct{} // one-slot buffer; made once per pooled message
@@ -32,6 +33,7 @@ type Allow struct {
 // Item is one request of a batch part.
 type Item struct {
 	Key  string
+	Hash uint64 // as in Allow
 	Cost int64
 }
 

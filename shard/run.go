@@ -24,10 +24,11 @@ type Shard struct {
 	lastSingle bool // the last data served was single requests: yield before parking
 }
 
-// New returns a shard serving p on mb, reading clk, sharing budget.
-func New(p policy.Policy, clk clock.Clock, budget *Budget, mb *Mailbox) *Shard {
+// New returns a shard serving p on mb, reading clk, sharing budget. Keys
+// arrive hashed by h.
+func New(p policy.Policy, clk clock.Clock, budget *Budget, mb *Mailbox, h *Hasher) *Shard {
 	return &Shard{
-		state: NewState(p, budget),
+		state: NewState(p, budget, h),
 		clk:   clk,
 		mb:    mb,
 		group: make([]*msg.Allow, 0, maxGroup),
@@ -203,7 +204,7 @@ take:
 	}
 	now := s.clk.Now()
 	for i, a := range g {
-		a.Reply = s.state.Allow(now, a.Key, a.Cost)
+		a.Reply = s.state.AllowHashed(now, a.Key, a.Hash, a.Cost)
 		a.Done <- struct{}{}
 		g[i] = nil // the message goes back to its pool; do not keep it alive
 	}

@@ -36,7 +36,7 @@ type loop struct {
 func startLoop(p policy.Policy, clk gateClock, budget *Budget) *loop {
 	l := &loop{closing: make(chan struct{}), stop: make(chan struct{}), exited: make(chan struct{})}
 	l.mb = NewMailbox(8, l.closing)
-	s := New(p, clk, budget, l.mb)
+	s := New(p, clk, budget, l.mb, &testHasher)
 	go func() {
 		defer close(l.exited)
 		s.Run(l.stop)
@@ -54,7 +54,7 @@ func (l *loop) close() {
 // allowAsync sends one request and returns where its answer will arrive.
 func allowAsync(t *testing.T, mb *Mailbox, key string, cost int64) <-chan msg.Reply {
 	t.Helper()
-	a := &msg.Allow{Key: key, Cost: cost, Done: make(chan struct{}, 1)}
+	a := &msg.Allow{Key: key, Hash: testHasher.Sum(key), Cost: cost, Done: make(chan struct{}, 1)}
 	got := make(chan msg.Reply, 1)
 	go func() {
 		if err := mb.SendAllow(context.Background(), a); err != nil {
@@ -152,7 +152,7 @@ func TestRunStopDrains(t *testing.T) {
 		for range 5 {
 			replies = append(replies, allowAsync(t, l.mb, "a", 1))
 		}
-		batch := &msg.Batch{Items: []msg.Item{{Key: "b", Cost: 1}, {Key: "c", Cost: 1}}, Out: make([]msg.Reply, 2), Done: make(chan int, 1)}
+		batch := &msg.Batch{Items: []msg.Item{{Key: "b", Hash: testHasher.Sum("b"), Cost: 1}, {Key: "c", Hash: testHasher.Sum("c"), Cost: 1}}, Out: make([]msg.Reply, 2), Done: make(chan int, 1)}
 		require.NoError(t, l.mb.SendBatch(context.Background(), batch))
 		synctest.Wait()
 
@@ -165,7 +165,7 @@ func TestRunStopDrains(t *testing.T) {
 		for _, r := range batch.Out {
 			assert.ErrorIs(t, r.Err, msg.ErrClosed)
 		}
-		assert.ErrorIs(t, l.mb.SendAllow(context.Background(), &msg.Allow{Key: "a", Cost: 1, Done: make(chan struct{}, 1)}), msg.ErrClosed)
+		assert.ErrorIs(t, l.mb.SendAllow(context.Background(), &msg.Allow{Key: "a", Hash: testHasher.Sum("a"), Cost: 1, Done: make(chan struct{}, 1)}), msg.ErrClosed)
 		assert.False(t, l.mb.Publish(), "nobody left to publish to")
 		l.mb.Close() // idempotent
 	})
@@ -188,7 +188,9 @@ func TestMailboxFullBlocksUntilContext(t *testing.T) {
 
 		ctx, cancel := context.WithCancel(context.Background())
 		blocked := make(chan error, 1)
-		go func() { blocked <- l.mb.SendAllow(ctx, &msg.Allow{Key: "a", Cost: 1, Done: make(chan struct{}, 1)}) }()
+		go func() {
+			blocked <- l.mb.SendAllow(ctx, &msg.Allow{Key: "a", Hash: testHasher.Sum("a"), Cost: 1, Done: make(chan struct{}, 1)})
+		}()
 		synctest.Wait()
 		select {
 		case err := <-blocked:
@@ -200,7 +202,7 @@ func TestMailboxFullBlocksUntilContext(t *testing.T) {
 
 		closed := make(chan error, 1)
 		go func() {
-			closed <- l.mb.SendAllow(context.Background(), &msg.Allow{Key: "a", Cost: 1, Done: make(chan struct{}, 1)})
+			closed <- l.mb.SendAllow(context.Background(), &msg.Allow{Key: "a", Hash: testHasher.Sum("a"), Cost: 1, Done: make(chan struct{}, 1)})
 		}()
 		synctest.Wait()
 		close(l.closing)
@@ -236,7 +238,7 @@ func TestRunCutoversOutpaceConversion(t *testing.T) {
 	clk := clock.NewManual(0)
 	closing, stop, exited := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	mb := NewMailbox(8, closing)
-	sh := New(p, clk, NewBudget(int64(keys)), mb)
+	sh := New(p, clk, NewBudget(int64(keys)), mb, &testHasher)
 	m := &eager{pol: p, buckets: map[string]policy.Bucket{}, max: keys}
 	// Create the keys before the loop starts: the test owns the state until then.
 	for i := range keys {
@@ -258,7 +260,7 @@ func TestRunCutoversOutpaceConversion(t *testing.T) {
 	clk.Set(100 * sec)
 	for i := range keys {
 		key := fmt.Sprintf("k%d", i)
-		a := &msg.Allow{Key: key, Cost: 1, Done: make(chan struct{}, 1)}
+		a := &msg.Allow{Key: key, Hash: testHasher.Sum(key), Cost: 1, Done: make(chan struct{}, 1)}
 		require.NoError(t, mb.SendAllow(ctx, a))
 		<-a.Done
 		require.Equal(t, m.allow(100*sec, key, 1), a.Reply, "key %s", key)

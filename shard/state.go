@@ -1,7 +1,6 @@
 package shard
 
 import (
-	"strings"
 	"time"
 
 	"github.com/tokenshard/tokenshard/msg"
@@ -28,8 +27,8 @@ type generation struct {
 	start int64
 }
 
-// State is the pure state machine of one shard: a bucket map and the policy
-// that governs it. Handlers take the clock reading now and return the reply.
+// State is the pure state machine of one shard: a bucket table and the
+// policy that governs it. Handlers take the clock reading now and return the reply.
 // State is not safe for concurrent use: exactly one goroutine owns it.
 //
 // A cutover publishes in O(1): it appends a generation, and each bucket is
@@ -37,8 +36,9 @@ type generation struct {
 // it missed with policy.Bucket.Cutover, which gives exactly what an eager
 // conversion at each cutover reading would have given.
 type State struct {
-	buckets map[string]policy.Bucket
-	budget  *Budget
+	hasher *Hasher
+	tab    table
+	budget *Budget
 
 	// gens[i] is generation base+i; the last one is in force. A bucket's
 	// Epoch names the generation its balance is expressed in.
@@ -56,14 +56,18 @@ type State struct {
 }
 
 // NewState returns an empty shard state serving p, sharing budget with the
-// other shards.
-func NewState(p policy.Policy, budget *Budget) *State {
+// other shards, that hashes keys with h (the engine's routing hash).
+func NewState(p policy.Policy, budget *Budget, h *Hasher) *State {
 	return &State{
-		buckets: make(map[string]policy.Bucket),
-		budget:  budget,
-		gens:    []generation{{pol: p}},
+		hasher: h,
+		tab:    newTable(h),
+		budget: budget,
+		gens:   []generation{{pol: p}},
 	}
 }
+
+// Len returns the number of keys the shard tracks.
+func (s *State) Len() int { return s.tab.count }
 
 // Policy returns the policy in force.
 func (s *State) Policy() policy.Policy { return s.gens[len(s.gens)-1].pol }
@@ -72,6 +76,12 @@ func (s *State) Policy() policy.Policy { return s.gens[len(s.gens)-1].pol }
 // above capacity, then clock regression, then the key bound; an error
 // changes nothing. The key and cost are already known to be well formed.
 func (s *State) Allow(now int64, key string, cost int64) msg.Reply {
+	return s.AllowHashed(now, key, s.hasher.Sum(key), cost)
+}
+
+// AllowHashed is Allow for a key whose hash h the caller has computed with
+// the state's Hasher, as the engine does to route it.
+func (s *State) AllowHashed(now int64, key string, h uint64, cost int64) msg.Reply {
 	p := s.Policy()
 	if cost > p.Capacity {
 		return msg.Reply{Err: msg.ErrInvalidCost}
@@ -80,23 +90,21 @@ func (s *State) Allow(now int64, key string, cost int64) msg.Reply {
 		return msg.Reply{Err: msg.ErrClockRegression}
 	}
 	lim := p.Limit()
-	b, ok := s.buckets[key]
-	if ok {
-		s.bringUp(&b)
+	b := s.tab.find(h, key)
+	if b != nil {
+		s.bringUp(b)
 	} else {
 		if !s.budget.Reserve() {
 			return msg.Reply{Err: msg.ErrKeyCapacity}
 		}
-		// Clone so a key sliced from a request buffer does not pin it.
-		key = strings.Clone(key)
-		b = policy.NewBucket(lim, now)
+		// The table copies the key, so a key sliced from a request buffer
+		// does not pin it. A key created ahead of a sweep's cursor survives
+		// that sweep.
+		b = s.tab.insert(h, key, s.Sweeping() && h*mix >= s.pass.cursor)
+		*b = policy.NewBucket(lim, now)
 		b.Epoch = s.epoch
-		if s.Sweeping() {
-			s.pass.born[key] = struct{}{} // created after the sweep began: it survives it
-		}
 	}
 	o := b.Decide(lim, now, cost)
-	s.buckets[key] = b
 	s.last = now
 	return msg.Reply{Decision: msg.Decision{
 		Allowed:    o.Allowed,
@@ -112,7 +120,7 @@ func (s *State) Allow(now int64, key string, cost int64) msg.Reply {
 // those of the same Allow calls made one by one at now.
 func (s *State) Batch(now int64, b *msg.Batch) {
 	for i, it := range b.Items {
-		b.Out[i] = s.Allow(now, it.Key, it.Cost)
+		b.Out[i] = s.AllowHashed(now, it.Key, it.Hash, it.Cost)
 	}
 }
 
@@ -141,7 +149,7 @@ func (s *State) Publish() {
 	s.gens = append(s.gens, s.staged)
 	s.epoch++
 	s.last = s.staged.start
-	s.stale = len(s.buckets)
+	s.stale = s.tab.count
 	if len(s.gens) > convertAfter {
 		s.beginConvert()
 	}
@@ -176,12 +184,7 @@ func (s *State) bringUp(b *policy.Bucket) {
 
 // convertAll converts every bucket now, for when the history grew too long.
 func (s *State) convertAll() {
-	for k, b := range s.buckets {
-		if b.Epoch != s.epoch {
-			s.bringUp(&b)
-			s.buckets[k] = b
-		}
-	}
+	s.tab.each(func(_ string, b *policy.Bucket) { s.bringUp(b) })
 }
 
 // compact forgets every generation but the one in force once no bucket needs

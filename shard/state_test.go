@@ -87,7 +87,10 @@ func TestStateMatchesEagerCutover(t *testing.T) {
 			start := policy.Policy{Version: 1, Capacity: 1 + r.Int64N(20), TokensPerSecond: 1 + r.Int64N(5)}
 			maxKeys := 3 + r.IntN(6)
 			budget := NewBudget(int64(maxKeys))
-			s := NewState(start, budget)
+			s := NewState(start, budget, &testHasher)
+			if seed%2 == 1 {
+				s.tab.maxGroups = 1 // one group per segment: splits all the time
+			}
 			defer s.Abandon()
 			m := &eager{pol: start, buckets: map[string]policy.Bucket{}, max: maxKeys}
 			now := int64(0)
@@ -132,7 +135,7 @@ func TestStateMatchesEagerCutover(t *testing.T) {
 			// Same balances when both are brought to the final instant.
 			lim := m.pol.Limit()
 			for k, want := range m.buckets {
-				got := s.buckets[k]
+				got, _ := s.bucket(k)
 				s.bringUp(&got)
 				got.Refill(lim, now)
 				want.Refill(lim, now)
@@ -186,7 +189,7 @@ func randomPolicy(r *rand.Rand, version int64) policy.Policy {
 // bucket has been converted, and bounded when no bucket is ever touched.
 func TestStateHistoryCompacts(t *testing.T) {
 	const sec = int64(time.Second)
-	s := NewState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10))
+	s := NewState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10), &testHasher)
 	defer s.Abandon()
 	require.NoError(t, s.Allow(0, "a", 10).Err)
 	require.NoError(t, s.Allow(0, "b", 10).Err)
@@ -217,7 +220,7 @@ func TestStateHistoryCompacts(t *testing.T) {
 // that a prepare with a regressed clock is refused with nothing staged.
 func TestStatePrepareAbort(t *testing.T) {
 	p1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
-	s := NewState(p1, NewBudget(10))
+	s := NewState(p1, NewBudget(10), &testHasher)
 	require.NoError(t, s.Allow(100, "a", 10).Err)
 	require.ErrorIs(t, s.Prepare(99, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}), msg.ErrClockRegression)
 	require.False(t, s.prepared)
@@ -241,7 +244,8 @@ func durationOf(ns int64) time.Duration { return time.Duration(ns) }
 func TestStateConversionPass(t *testing.T) {
 	const sec = int64(time.Second)
 	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
-	s := NewState(p, NewBudget(100))
+	s := NewState(p, NewBudget(100), &testHasher)
+	s.tab.maxGroups = 1 // many small segments, so a slice of 7 slots is one of them
 	defer s.Abandon()
 	m := &eager{pol: p, buckets: map[string]policy.Bucket{}, max: 100}
 	for i := range 50 {
@@ -269,3 +273,7 @@ func TestStateConversionPass(t *testing.T) {
 		require.Equal(t, m.allow(now, key, 1), s.Allow(now, key, 1), "key %s", key)
 	}
 }
+
+// testHasher hashes keys for states and messages built by tests, as an
+// engine's hasher does for its shards.
+var testHasher = NewHasher(0x5eed)

@@ -1,31 +1,30 @@
 package shard
 
 import (
-	"iter"
-	"maps"
-
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// SliceSize is how many buckets one sweep slice judges before the shard
-// serves its mailbox again: a few hundred microseconds of work, so a sweep
-// over a million keys never holds up a request for long.
+// SliceSize is about how many slots one sweep slice visits before the shard
+// serves its mailbox again: a slice takes whole segments of the table, at
+// least one, so it is a few tens of microseconds of work, and a sweep over a
+// million keys never holds up a request for long.
 const SliceSize = 1024
 
-// sweepPass is a walk over the bucket map in progress, resumable slice by
-// slice. A sweep (evict) judges each bucket at the reading of its slice
-// (DESIGN 3.7 allows the reading of the slice that judges a bucket); a
-// conversion pass only brings buckets to the policy generation in force.
+// sweepPass is a walk over the table in progress, resumable slice by slice.
+// A sweep (evict) judges each bucket at the reading of its slice (DESIGN 3.7
+// allows the reading of the slice that judges a bucket); a conversion pass
+// only brings buckets to the policy generation in force.
+//
+// The walk goes segment by segment in hash order: every key whose mixed hash
+// is below cursor has been visited. Segments grow, split and shrink between
+// slices, but a key never leaves its place in hash order, so the cursor stays
+// right. A key created during a sweep at or past the cursor is marked born
+// and skipped (and unmarked) when the walk reaches it: it survives the sweep.
 type sweepPass struct {
 	evict   bool
-	next    func() (string, policy.Bucket, bool) // yields keys; values are re-read
-	stop    func()
+	cursor  uint64
 	evicted int
-	// born holds the keys created since a sweep began. Go's map iteration
-	// may or may not reach a key inserted during it, and such a key must
-	// survive the sweep, so the walk skips these. Nil for a conversion pass.
-	born map[string]struct{}
 }
 
 // BeginSweep starts a sweep pass, replacing any conversion pass (a sweep
@@ -35,7 +34,7 @@ func (s *State) BeginSweep() {
 	if s.Sweeping() {
 		return
 	}
-	s.beginPass(true)
+	s.pass = &sweepPass{evict: true}
 }
 
 // Sweeping reports whether a sweep pass is in progress.
@@ -50,106 +49,107 @@ func (s *State) beginConvert() {
 	if s.Sweeping() {
 		return
 	}
-	s.beginPass(false)
+	s.pass = &sweepPass{}
 }
 
-func (s *State) beginPass(evict bool) {
-	if s.pass != nil {
-		s.pass.stop()
-	}
-	// Deleting and assigning entries during a map iteration is allowed, and
-	// entries not yet reached that are deleted are not produced.
-	next, stop := iter.Pull2(maps.All(s.buckets))
-	s.pass = &sweepPass{evict: evict, next: next, stop: stop}
-	if evict {
-		s.pass.born = map[string]struct{}{}
-	}
-}
-
-// ConvertSlice brings up to n buckets of the conversion pass to the policy
-// generation in force, and reports done when the pass is over (the history
-// is then dropped). It reads no clock and changes no answer: converting is
-// what the bucket's next touch would do first anyway.
+// ConvertSlice brings the buckets of about n slots of the conversion pass to
+// the policy generation in force, and reports done when the pass is over
+// (the history is then dropped). It reads no clock and changes no answer:
+// converting is what the bucket's next touch would do first anyway.
 func (s *State) ConvertSlice(n int) (done bool) {
-	exhausted := false
-	for range n {
-		if s.stale == 0 {
-			break // everything is converted: the history is already gone
+	for visited := 0; s.stale != 0; {
+		if visited >= n {
+			return false
 		}
-		k, _, ok := s.pass.next()
-		if !ok {
-			exhausted = true
+		seg, next, last := s.tab.segmentAt(s.pass.cursor)
+		seg.eachFull(func(i int) { s.bringUp(&seg.slots[i].b) })
+		visited += len(seg.slots)
+		s.pass.cursor = next
+		if last {
 			break
 		}
-		if b, ok := s.buckets[k]; ok && b.Epoch != s.epoch {
-			s.bringUp(&b)
-			s.buckets[k] = b
-		}
 	}
-	if s.stale == 0 || exhausted {
-		s.pass.stop()
-		s.pass = nil
-		return true
-	}
-	return false
+	s.pass = nil
+	return true
 }
 
-// SweepSlice judges up to n buckets of the pass at now and evicts those that
-// are full. It reports done when the pass has visited every bucket. A reading
-// older than the last one observed ends the pass with ErrClockRegression;
-// what earlier slices evicted stays evicted and is counted.
+// SweepSlice judges the buckets of about n slots of the pass at now and
+// evicts those that are full. It reports done when the pass has visited
+// every bucket. A reading older than the last one observed ends the pass with
+// ErrClockRegression; what earlier slices evicted stays evicted and is
+// counted.
 func (s *State) SweepSlice(now int64, n int) (done bool, err error) {
 	if now < s.last {
 		return true, msg.ErrClockRegression
 	}
+	s.last = now
 	lim := s.Policy().Limit()
-	for range n {
-		k, _, ok := s.pass.next()
-		if !ok {
-			s.last = now
+	for visited := 0; visited < n; {
+		seg, next, last := s.tab.segmentAt(s.pass.cursor)
+		visited += len(seg.slots)
+		seg.eachFull(func(i int) {
+			sl := &seg.slots[i]
+			if sl.n&bornBit != 0 {
+				sl.n &^= bornBit // created after the sweep began: it survives it
+				return
+			}
+			// Bringing a surviving bucket up to date changes no answer
+			// (refilling a to b then b to c equals refilling a to c), and it
+			// finishes any pending cutover conversion.
+			s.bringUp(&sl.b)
+			sl.b.Refill(lim, now)
+			if sl.b.Full(lim) {
+				s.tab.remove(seg, i)
+				s.budget.Release() // only after the delete: Count never undercounts
+				s.pass.evicted++
+			}
+		})
+		s.tab.shrink(seg)
+		s.pass.cursor = next
+		if last {
 			return true, nil
 		}
-		if _, young := s.pass.born[k]; young {
-			continue
-		}
-		// Read the bucket afresh: requests served between slices may have
-		// changed it since the walk was positioned on it.
-		b, ok := s.buckets[k]
-		if !ok {
-			continue
-		}
-		// Bringing a surviving bucket up to date changes no answer
-		// (refilling a to b then b to c equals refilling a to c), and it
-		// finishes any pending cutover conversion.
-		s.bringUp(&b)
-		b.Refill(lim, now)
-		if b.Full(lim) {
-			delete(s.buckets, k)
-			s.budget.Release() // only after the delete: Count never undercounts
-			s.pass.evicted++
-			continue
-		}
-		s.buckets[k] = b
 	}
-	s.last = now
 	return false, nil
 }
 
-// Abandon drops any pass in progress without finishing it, releasing its
-// iterator. A sweep abandoned this way is not answered: use EndSweep for one
-// that has a caller.
+// Abandon drops any pass in progress without finishing it. A sweep abandoned
+// this way is not answered: use EndSweep for one that has a caller.
 func (s *State) Abandon() {
-	if s.pass != nil {
-		s.pass.stop()
-		s.pass = nil
+	if s.Sweeping() {
+		s.unmarkBorn()
 	}
+	s.pass = nil
 }
 
 // EndSweep finishes the pass and returns what it evicted, with err (from
 // SweepSlice, or ErrClosed when the shard stops part-way).
 func (s *State) EndSweep(err error) msg.SweepReply {
 	p := s.pass
+	if err != nil {
+		s.unmarkBorn() // the walk did not reach them all
+	}
 	s.pass = nil
-	p.stop()
 	return msg.SweepReply{Evicted: p.evicted, Err: err}
+}
+
+// unmarkBorn clears the born mark of every key, for a sweep that ends before
+// its walk reached them; the next sweep judges them like any other.
+func (s *State) unmarkBorn() {
+	for i, seg := range s.tab.dir {
+		if i > 0 && s.tab.dir[i-1] == seg {
+			continue
+		}
+		for j := range seg.slots {
+			seg.slots[j].n &^= bornBit
+		}
+	}
+}
+
+// bucket returns key's bucket and whether it is tracked, for tests.
+func (s *State) bucket(key string) (policy.Bucket, bool) {
+	if b := s.tab.find(s.hasher.Sum(key), key); b != nil {
+		return *b, true
+	}
+	return policy.Bucket{}, false
 }

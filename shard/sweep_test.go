@@ -17,15 +17,16 @@ import (
 // evicted, depleted keys never are, and keys created during the pass survive
 // it even once they are full. Every count is exact.
 func TestSweepSlicesInterleaved(t *testing.T) {
-	const sec = int64(time.Second)
+	const sec, keys = int64(time.Second), 80
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
 	budget := NewBudget(1000)
-	s := NewState(p, budget)
+	s := NewState(p, budget, &testHasher)
+	s.tab.maxGroups = 1 // many small segments, so a slice of 3 slots is one of them
 	defer s.Abandon()
-	for i := range 20 {
+	for i := range keys {
 		require.NoError(t, s.Allow(0, fmt.Sprintf("full%d", i), 1).Err) // full again by 0.5 s
 	}
-	for i := range 20 {
+	for i := range keys {
 		require.NoError(t, s.Allow(9*sec, fmt.Sprintf("deep%d", i), 10).Err) // empty at 9 s
 	}
 
@@ -50,14 +51,14 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 	got := s.EndSweep(nil)
 	require.False(t, s.Sweeping())
 	assert.Greater(t, slices, 10, "the pass really was sliced")
-	assert.Equal(t, 20, got.Evicted, "every full key, and nothing else")
-	assert.Equal(t, int64(20+born), budget.Count(), "depleted and born keys remain")
-	for i := range 20 {
-		_, ok := s.buckets[fmt.Sprintf("deep%d", i)]
+	assert.Equal(t, keys, got.Evicted, "every full key, and nothing else")
+	assert.Equal(t, int64(keys+born), budget.Count(), "depleted and born keys remain")
+	for i := range keys {
+		_, ok := s.bucket(fmt.Sprintf("deep%d", i))
 		assert.True(t, ok, "deep%d was evicted while not full", i)
 	}
 	for i := range born {
-		_, ok := s.buckets[fmt.Sprintf("born%d", i)]
+		_, ok := s.bucket(fmt.Sprintf("born%d", i))
 		assert.True(t, ok, "born%d was created after the pass began and must survive it", i)
 	}
 
@@ -65,27 +66,31 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 	// and the deep keys are all full.
 	r := sweepAll(s, now+10*sec)
 	require.NoError(t, r.Err)
-	assert.Equal(t, born+20, r.Evicted)
+	assert.Equal(t, born+keys, r.Evicted)
 	assert.Zero(t, budget.Count())
 }
 
 // TestSweepSliceRegression: a slice whose reading went back ends the pass
 // with ErrClockRegression; what earlier slices evicted is counted.
 func TestSweepSliceRegression(t *testing.T) {
-	s := NewState(policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}, NewBudget(100))
-	for i := range 10 {
+	s := NewState(policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}, NewBudget(100), &testHasher)
+	s.tab.maxGroups = 1
+	for i := range 30 {
 		require.NoError(t, s.Allow(0, fmt.Sprintf("k%d", i), 1).Err)
 	}
 	s.BeginSweep()
 	done, err := s.SweepSlice(int64(2*time.Second), 4)
 	require.NoError(t, err)
 	require.False(t, done)
+	first := 30 - int(s.budget.Count())
+	require.Positive(t, first, "the first slice evicted its segment's keys")
 	done, err = s.SweepSlice(int64(time.Second), 4)
 	require.True(t, done)
 	got := s.EndSweep(err)
 	assert.ErrorIs(t, got.Err, msg.ErrClockRegression)
-	assert.Equal(t, 4, got.Evicted)
-	assert.Equal(t, int64(6), s.budget.Count())
+	assert.Equal(t, first, got.Evicted, "the failed slice evicted nothing")
+	assert.Equal(t, int64(30-first), s.budget.Count())
+	assert.Equal(t, 30-first, s.Len())
 }
 
 // sweepAll runs a whole sweep pass at one reading, as the loop does when

@@ -1,0 +1,416 @@
+package shard
+
+import (
+	"math"
+	"math/bits"
+	"unsafe"
+
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// The bucket table of one shard. A Go map[string]policy.Bucket costs about
+// 84 bytes per key at a million keys (a 16-byte string header and the key's
+// own allocation, at the load a doubling map keeps) and scans a pointer per
+// key at every GC. This table keeps a 32-byte slot per key (the 24-byte
+// bucket and where its key lives), the key bytes in a per-segment arena with
+// no pointers, and one control byte per slot, at a load between 0.7 and
+// 0.875, so about 60 bytes per key all told.
+//
+// It is an extendible hash table: a directory indexed by the top bits of the
+// mixed hash points at segments, each an open-addressing table of groups of
+// eight slots probed linearly, with a control word per group matched eight
+// bytes at a time (the layout of Abseil's Swiss tables, without SIMD). A
+// segment grows by a quarter at a time, so the load stays high at every size,
+// and past maxGroups it splits in two on the next hash bit, so no single
+// operation rehashes more than one segment: a few tens of microseconds, at any
+// key count. The directory keeps keys in hash order across segments, which is
+// what lets a sweep walk it in slices while keys come and go.
+const (
+	groupSize = 8
+	maxGroups = 512 // a segment's size before it splits: 4096 slots
+	maxDepth  = 40  // directory bits; past this a segment grows instead of splitting
+
+	// loadNum/loadDen is the load a rehash leaves behind; a segment grows when
+	// 7 of every 8 slots are used (live or tombstone), so its load stays
+	// between 0.75 and 0.875.
+	loadNum, loadDen = 3, 4
+
+	// Large allocations are rounded up to 8 KiB pages: sizes that would be
+	// rounded are grown to the page instead, so the rounding holds keys.
+	pageBytes  = 8 << 10
+	pageGroups = pageBytes / (groupSize * 32) // a slot is 32 bytes
+
+	// Keys longer than longKey are kept as their own strings rather than in
+	// the arena, which keeps a segment's arena well inside its 32-bit offsets.
+	longKey = 1 << 16
+
+	bornBit = 1 << 31 // created during the sweep in progress, ahead of its cursor
+	longBit = 1 << 30 // off indexes segment.long instead of the arena
+	lenMask = longBit - 1
+
+	ctrlEmpty   = 0x80
+	ctrlDeleted = 0xfe
+	lsbs        = 0x0101010101010101
+	msbs        = 0x8080808080808080
+
+	// mix spreads the routing hash again, so the bits the table uses do not
+	// repeat the bits that chose the shard (a multiply-shift of the hash).
+	mix = 0x9e3779b97f4a7c15
+)
+
+type slot struct {
+	b   policy.Bucket
+	off uint32 // offset in the arena, or index in long
+	n   uint32 // key length, with bornBit and longBit
+}
+
+type segment struct {
+	depth uint8    // prefix bits its keys share
+	ctrl  []uint64 // a control byte per slot, eight per group
+	slots []slot
+	count int // live slots
+	dead  int // tombstones
+	arena []byte
+	live  int      // arena bytes held by live keys
+	long  []string // long keys; "" where one was deleted
+}
+
+type table struct {
+	hasher    *Hasher
+	dir       []*segment
+	depth     uint8
+	count     int
+	maxGroups int      // maxGroups, or less in tests that want many segments
+	hashes    []uint64 // scratch for rehash
+}
+
+func newTable(h *Hasher) table {
+	return table{hasher: h, dir: []*segment{newSegment(0, 1, 0)}, maxGroups: maxGroups}
+}
+
+func newSegment(depth uint8, groups, keyBytes int) *segment {
+	s := &segment{
+		depth: depth,
+		ctrl:  make([]uint64, groups),
+		slots: make([]slot, groups*groupSize),
+	}
+	for i := range s.ctrl {
+		s.ctrl[i] = lsbs * ctrlEmpty
+	}
+	if keyBytes > 0 {
+		s.arena = make([]byte, 0, arenaFor(keyBytes))
+	}
+	return s
+}
+
+// arenaFor is the arena size for n bytes of keys: an eighth to spare, so
+// keys cost little more than their bytes, and a compaction (which copies
+// the live keys) comes once every eighth of growth.
+func arenaFor(n int) int {
+	n += n/8 + 64
+	if n > pageBytes {
+		n = (n + pageBytes - 1) / pageBytes * pageBytes // the allocator's rounding, used
+	}
+	return n
+}
+
+// groupsFor is the group count a rehash gives a segment of n keys. Past a
+// page of slots it rounds up to whole pages, which the allocator would
+// round the slot array up to anyway.
+func groupsFor(n int) int {
+	g := max(1, (n*loadDen+groupSize*loadNum-1)/(groupSize*loadNum))
+	if g > pageGroups {
+		g = (g + pageGroups - 1) / pageGroups * pageGroups
+	}
+	return g
+}
+
+// limit is how many slots may be used, live or tombstone, before a rehash.
+// It always leaves an empty slot, so every probe ends.
+func (s *segment) limit() int { return len(s.ctrl) * (groupSize - 1) }
+
+func matchByte(w uint64, b uint8) uint64 {
+	x := w ^ (lsbs * uint64(b))
+	return (x - lsbs) &^ x & msbs // may report a false match next to a true one
+}
+
+func matchEmpty(w uint64) uint64          { return w &^ (w << 6) & msbs }
+func matchEmptyOrDeleted(w uint64) uint64 { return w & msbs }
+func matchFull(w uint64) uint64           { return ^w & msbs }
+
+func setCtrl(w *uint64, j int, c uint8) {
+	shift := uint(j) * 8
+	*w = *w&^(0xff<<shift) | uint64(c)<<shift
+}
+
+// start returns the first group probed for hm, and its control tag.
+func (s *segment) start(hm uint64) (int, uint8) {
+	g, _ := bits.Mul32(uint32(hm>>7), uint32(len(s.ctrl)))
+	return int(g), uint8(hm & 0x7f)
+}
+
+// key returns the key of sl. An arena key is a view of the arena, good only
+// until the segment next stores a key: copy it to keep it.
+func (s *segment) key(sl *slot) string {
+	if sl.n&longBit != 0 {
+		return s.long[sl.off]
+	}
+	return unsafe.String(&s.arena[sl.off], sl.n&lenMask) // keys are never empty
+}
+
+// find returns the index of key's slot, or -1.
+func (s *segment) find(hm uint64, key string) int {
+	g, tag := s.start(hm)
+	for {
+		w := s.ctrl[g]
+		for m := matchByte(w, tag); m != 0; m &= m - 1 {
+			i := g*groupSize + bits.TrailingZeros64(m)>>3
+			sl := &s.slots[i]
+			if sl.n&longBit == 0 {
+				if int(sl.n&lenMask) == len(key) && string(s.arena[sl.off:sl.off+uint32(len(key))]) == key {
+					return i
+				}
+			} else if s.long[sl.off] == key {
+				return i
+			}
+		}
+		if matchEmpty(w) != 0 {
+			return -1
+		}
+		if g++; g == len(s.ctrl) {
+			g = 0
+		}
+	}
+}
+
+// put claims a slot for a key known to be absent, with room already made.
+func (s *segment) put(hm uint64) int {
+	g, tag := s.start(hm)
+	for {
+		w := &s.ctrl[g]
+		if m := matchEmptyOrDeleted(*w); m != 0 {
+			j := bits.TrailingZeros64(m) >> 3
+			if uint8(*w>>(uint(j)*8)) == ctrlDeleted {
+				s.dead--
+			}
+			setCtrl(w, j, tag)
+			s.count++
+			return g*groupSize + j
+		}
+		if g++; g == len(s.ctrl) {
+			g = 0
+		}
+	}
+}
+
+// storeKey copies key into the segment and records where in sl.
+func (s *segment) storeKey(sl *slot, key string, flags uint32) {
+	if len(key) > longKey || s.live+len(key) > math.MaxUint32/2 {
+		sl.off = uint32(len(s.long))
+		sl.n = longBit | flags
+		s.long = append(s.long, key)
+		return
+	}
+	if len(s.arena)+len(key) > cap(s.arena) {
+		s.compactArena(len(key))
+	}
+	sl.off = uint32(len(s.arena))
+	sl.n = uint32(len(key)) | flags
+	s.arena = append(s.arena, key...)
+	s.live += len(key)
+}
+
+// compactArena moves the live keys into a new arena with room for extra
+// more bytes, dropping deleted keys' bytes.
+func (s *segment) compactArena(extra int) {
+	old := s.arena
+	s.arena = make([]byte, 0, arenaFor(s.live+extra))
+	s.eachFull(func(i int) {
+		sl := &s.slots[i]
+		if sl.n&longBit != 0 {
+			return
+		}
+		n := sl.n & lenMask
+		off := uint32(len(s.arena))
+		s.arena = append(s.arena, old[sl.off:sl.off+n]...)
+		sl.off = off
+	})
+}
+
+// eachFull calls f with the index of every live slot, in slot order. f may
+// delete the slot it is given, and nothing else.
+func (s *segment) eachFull(f func(i int)) {
+	for g, w := range s.ctrl {
+		for m := matchFull(w); m != 0; m &= m - 1 {
+			f(g*groupSize + bits.TrailingZeros64(m)>>3)
+		}
+	}
+}
+
+// remove deletes slot i.
+func (s *segment) remove(i int) {
+	g, j := i/groupSize, i%groupSize
+	sl := &s.slots[i]
+	if sl.n&longBit != 0 {
+		s.long[sl.off] = ""
+	} else {
+		s.live -= int(sl.n & lenMask)
+	}
+	*sl = slot{}
+	// A probe never passes a group that has an empty slot, so a slot in such
+	// a group can become empty; otherwise it must stay a tombstone.
+	if matchEmpty(s.ctrl[g]) != 0 {
+		setCtrl(&s.ctrl[g], j, ctrlEmpty)
+	} else {
+		setCtrl(&s.ctrl[g], j, ctrlDeleted)
+		s.dead++
+	}
+	s.count--
+}
+
+// hashOf is the table's mixed hash of key, for a rehash.
+func (t *table) hashOf(key string) uint64 { return t.hasher.Sum(key) * mix }
+
+func (t *table) segmentOf(hm uint64) (int, *segment) {
+	i := int(hm >> (64 - uint(t.depth))) // 0 at depth 0
+	return i, t.dir[i]
+}
+
+// find returns key's bucket, or nil. h is the Hasher's sum of key.
+func (t *table) find(h uint64, key string) *policy.Bucket {
+	hm := h * mix
+	_, s := t.segmentOf(hm)
+	if i := s.find(hm, key); i >= 0 {
+		return &s.slots[i].b
+	}
+	return nil
+}
+
+// insert adds key, known to be absent, with a zero bucket, and returns the
+// bucket. The pointer is good until the next insert or sweep.
+func (t *table) insert(h uint64, key string, born bool) *policy.Bucket {
+	hm := h * mix
+	_, s := t.segmentOf(hm)
+	for s.count+s.dead >= s.limit() {
+		t.rehash(s, s.count+1)
+		_, s = t.segmentOf(hm)
+	}
+	i := s.put(hm)
+	var flags uint32
+	if born {
+		flags = bornBit
+	}
+	s.storeKey(&s.slots[i], key, flags)
+	t.count++
+	return &s.slots[i].b
+}
+
+// remove deletes slot i of s.
+func (t *table) remove(s *segment, i int) {
+	s.remove(i)
+	t.count--
+}
+
+// rehash rebuilds s for n keys: in place at the right size, or split in two
+// once it would outgrow the largest segment size.
+func (t *table) rehash(s *segment, n int) {
+	// Hash each key once, into a buffer the table keeps.
+	t.hashes = t.hashes[:0]
+	s.eachFull(func(i int) { t.hashes = append(t.hashes, t.hashOf(s.key(&s.slots[i]))) })
+	if groupsFor(n) <= t.maxGroups || s.depth >= maxDepth {
+		t.replace(s, s.depth, []*segment{t.copyOf(s, s.depth, n, s.live, func(uint64) bool { return true })})
+		return
+	}
+	if s.depth == t.depth {
+		t.grow()
+	}
+	bit := uint64(1) << (63 - s.depth)
+	high, highBytes, k := 0, 0, 0
+	s.eachFull(func(i int) {
+		if t.hashes[k]&bit != 0 {
+			high++
+			if sl := &s.slots[i]; sl.n&longBit == 0 {
+				highBytes += int(sl.n & lenMask)
+			}
+		}
+		k++
+	})
+	// The key that asked for room goes to one side or the other: room for
+	// it on both.
+	lo := t.copyOf(s, s.depth+1, s.count-high+1, s.live-highBytes, func(hm uint64) bool { return hm&bit == 0 })
+	hi := t.copyOf(s, s.depth+1, high+1, highBytes, func(hm uint64) bool { return hm&bit != 0 })
+	t.replace(s, s.depth, []*segment{lo, hi})
+}
+
+// copyOf returns a new segment of the given depth, sized for n keys of
+// keyBytes in all, holding the entries of s whose mixed hash (from t.hashes)
+// keep accepts.
+func (t *table) copyOf(s *segment, depth uint8, n, keyBytes int, keep func(uint64) bool) *segment {
+	c := newSegment(depth, groupsFor(n), keyBytes)
+	k := 0
+	s.eachFull(func(i int) {
+		hm := t.hashes[k]
+		k++
+		if !keep(hm) {
+			return
+		}
+		sl := &s.slots[i]
+		j := c.put(hm)
+		c.slots[j].b = sl.b
+		c.storeKey(&c.slots[j], s.key(sl), sl.n&bornBit)
+	})
+	return c
+}
+
+// grow doubles the directory.
+func (t *table) grow() {
+	dir := make([]*segment, 2*len(t.dir))
+	for i, s := range t.dir {
+		dir[2*i], dir[2*i+1] = s, s
+	}
+	t.dir = dir
+	t.depth++
+}
+
+// replace points the directory entries of s, which had the given depth, at
+// parts: one segment, or two that split its prefix range in half.
+func (t *table) replace(s *segment, depth uint8, parts []*segment) {
+	span := 1 << (t.depth - depth)
+	first := 0
+	for first < len(t.dir) && t.dir[first] != s {
+		first += span
+	}
+	per := span / len(parts)
+	for k, p := range parts {
+		for i := range per {
+			t.dir[first+k*per+i] = p
+		}
+	}
+}
+
+// segmentAt returns the segment holding the mixed hash cursor, and the
+// cursor just past its range; last reports that no segment follows.
+func (t *table) segmentAt(cursor uint64) (s *segment, next uint64, last bool) {
+	_, s = t.segmentOf(cursor)
+	span := uint64(1) << (64 - uint(s.depth)) // 0 for the whole range
+	next = cursor&^(span-1) + span
+	return s, next, next == 0
+}
+
+// shrink rebuilds s smaller once a sweep has left it mostly empty.
+func (t *table) shrink(s *segment) {
+	if len(s.ctrl) > 1 && s.count < s.limit()/4 {
+		t.rehash(s, s.count)
+	}
+}
+
+// each calls f for every key and bucket, in hash order. The key is a view
+// that f must copy to keep, and f must not insert or remove.
+func (t *table) each(f func(key string, b *policy.Bucket)) {
+	for i, s := range t.dir {
+		if i > 0 && t.dir[i-1] == s {
+			continue
+		}
+		s.eachFull(func(j int) { f(s.key(&s.slots[j]), &s.slots[j].b) })
+	}
+}

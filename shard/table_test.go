@@ -1,0 +1,167 @@
+package shard
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// TestTableMatchesMap drives the table and a Go map with the same random
+// inserts, lookups and removals, over segment sizes that split at every few
+// keys or never, with short, empty-prefix-sharing and long keys. After every
+// step the table must hold exactly the map's keys and buckets, and its
+// directory must be well formed.
+func TestTableMatchesMap(t *testing.T) {
+	for _, groups := range []int{1, 2, 3, 8, maxGroups} {
+		for seed := uint64(1); seed <= 6; seed++ {
+			t.Run(fmt.Sprintf("maxGroups=%d/seed=%d", groups, seed), func(t *testing.T) {
+				r := rand.New(rand.NewPCG(seed, uint64(groups)))
+				tab := newTable(&testHasher)
+				tab.maxGroups = groups
+				model := map[string]int64{}
+				universe := 50 + r.IntN(3000)
+				key := func() string {
+					i := r.IntN(universe)
+					switch i % 97 {
+					case 0:
+						return strings.Repeat("L", longKey+1+i) // kept outside the arena
+					case 1:
+						return strings.Repeat("x", 1+i%300)
+					}
+					return fmt.Sprintf("tenant:%d:user", i)
+				}
+				steps := 4000
+				for step := range steps {
+					k := key()
+					h := testHasher.Sum(k)
+					b := tab.find(h, k)
+					want, ok := model[k]
+					require.Equal(t, ok, b != nil, "step %d: find %q", step, k[:min(len(k), 20)])
+					switch {
+					case ok && r.IntN(3) == 0:
+						removeKey(&tab, k)
+						delete(model, k)
+					case ok:
+						require.Equal(t, want, b.Tokens)
+						b.Tokens++
+						model[k]++
+					default:
+						b = tab.insert(h, k, false)
+						require.Equal(t, policy.Bucket{}, *b, "a new slot holds a zero bucket")
+						b.Tokens = int64(step)
+						model[k] = int64(step)
+					}
+					if step%500 == 0 || step == steps-1 {
+						checkTable(t, &tab, model)
+					}
+				}
+			})
+		}
+	}
+}
+
+// removeKey deletes key from tab, as a sweep does.
+func removeKey(tab *table, key string) {
+	hm := tab.hashOf(key)
+	_, s := tab.segmentOf(hm)
+	tab.remove(s, s.find(hm, key))
+	tab.shrink(s)
+}
+
+// checkTable asserts that tab holds exactly model, that every segment's
+// directory entries form one aligned run of the right length, and that each
+// key sits in the segment its hash prefix names.
+func checkTable(t *testing.T, tab *table, model map[string]int64) {
+	t.Helper()
+	require.Equal(t, len(model), tab.count)
+	seen := map[string]bool{}
+	tab.each(func(k string, b *policy.Bucket) {
+		require.False(t, seen[k], "key visited twice")
+		seen[k] = true
+		want, ok := model[k]
+		require.True(t, ok, "key %q is not in the model", k[:min(len(k), 20)])
+		require.Equal(t, want, b.Tokens)
+	})
+	require.Len(t, seen, len(model))
+	require.Len(t, tab.dir, 1<<tab.depth)
+	live := 0
+	for i := 0; i < len(tab.dir); {
+		s := tab.dir[i]
+		span := 1 << (tab.depth - s.depth)
+		require.Zero(t, i%span, "segment entries aligned")
+		for j := range span {
+			require.Same(t, s, tab.dir[i+j], "segment entries contiguous")
+		}
+		s.eachFull(func(j int) {
+			idx := int(tab.hashOf(s.key(&s.slots[j])) >> (64 - uint(tab.depth)))
+			require.True(t, idx >= i && idx < i+span, "key in its segment's hash range")
+		})
+		used, tomb := 0, 0
+		for _, w := range s.ctrl {
+			for j := range groupSize {
+				switch c := uint8(w >> (8 * j)); {
+				case c == ctrlDeleted:
+					tomb++
+				case c < ctrlEmpty:
+					used++
+				}
+			}
+		}
+		require.Equal(t, s.count, used)
+		require.Equal(t, s.dead, tomb)
+		require.Less(t, s.count+s.dead, len(s.slots), "an empty slot ends every probe")
+		live += s.count
+		i += span
+	}
+	require.Equal(t, tab.count, live)
+}
+
+// TestTableShrinksAfterSweep: once a sweep has evicted most keys, the table
+// gives the memory back rather than keeping its high-water size.
+func TestTableShrinksAfterSweep(t *testing.T) {
+	s := NewState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(1<<20), &testHasher)
+	for i := range 100_000 {
+		require.NoError(t, s.Allow(0, fmt.Sprintf("k%d", i), 1).Err)
+	}
+	slots := func() (n int) {
+		for i, seg := range s.tab.dir {
+			if i == 0 || s.tab.dir[i-1] != seg {
+				n += len(seg.slots)
+			}
+		}
+		return n
+	}
+	before := slots()
+	require.GreaterOrEqual(t, before, 100_000)
+	assert.Equal(t, 100_000, sweepAll(s, int64(10e9)).Evicted)
+	assert.Zero(t, s.Len())
+	assert.Less(t, slots(), before/50, "emptied segments shrank")
+}
+
+// TestKeyIsCopied: the table keeps its own copy of a key, so a key that
+// aliases a request buffer may change once the call returns.
+func TestKeyIsCopied(t *testing.T) {
+	s := NewState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(10), &testHasher)
+	buf := []byte("tenant-a")
+	key := unsafe.String(&buf[0], len(buf)) // what a zero-copy parser hands over
+	require.NoError(t, s.Allow(0, key, 5).Err)
+	buf[0] = 'X'
+	_, ok := s.bucket("tenant-a")
+	assert.True(t, ok, "the key as it was when created")
+	_, ok = s.bucket("Xenant-a")
+	assert.False(t, ok)
+}
+
+// TestSlotSize holds the memory budget: 32 bytes per slot, the bucket's 24
+// and its key's place, with no pointer for the GC to scan.
+func TestSlotSize(t *testing.T) {
+	assert.Equal(t, uintptr(32), unsafe.Sizeof(slot{}))
+	assert.Equal(t, pageBytes, pageGroups*groupSize*int(unsafe.Sizeof(slot{})))
+}
