@@ -40,28 +40,40 @@ func benchEngine(b *testing.B, keys []string) *engine.Engine {
 }
 
 // BenchmarkAllow is one request per call from 8 goroutines per core, as a
-// server runs it.
+// server runs it. transport=bare is the same hand-off with no clock read and
+// no bucket work (NewBare): the floor the decision path stands on.
 func BenchmarkAllow(b *testing.B) {
 	for _, n := range []int{1, 100_000} {
-		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("keys=%d/transport=full", n), func(b *testing.B) {
 			keys := benchKeys(n)
-			e := benchEngine(b, keys)
-			var seed atomic.Uint64
-			b.SetParallelism(8)
-			b.ReportAllocs()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				r := rand.New(rand.NewPCG(seed.Add(1), 0))
-				ctx := context.Background()
-				for pb.Next() {
-					if _, err := e.Allow(ctx, keys[r.IntN(len(keys))], 1); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
+			benchAllow(b, keys, benchEngine(b, keys))
+		})
+		b.Run(fmt.Sprintf("keys=%d/transport=bare", n), func(b *testing.B) {
+			e, err := engine.NewBare(engine.Config{Policy: pol(1, 1<<40, 1<<40)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = e.Close() })
+			benchAllow(b, benchKeys(n), e)
 		})
 	}
+}
+
+func benchAllow(b *testing.B, keys []string, e *engine.Engine) {
+	var seed atomic.Uint64
+	b.SetParallelism(8)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		r := rand.New(rand.NewPCG(seed.Add(1), 0))
+		ctx := context.Background()
+		for pb.Next() {
+			if _, err := e.Allow(ctx, keys[r.IntN(len(keys))], 1); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
 
 // BenchmarkAllowBatch sends batches of 64 requests from 8 goroutines per

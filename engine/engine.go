@@ -44,7 +44,12 @@ type Engine struct {
 // ErrInvalidPolicy (wrapped, naming the field) for an invalid policy and
 // ErrInvalidConfig for a negative field. New allocates in proportion to the
 // shard count, not to MaxKeys.
-func New(cfg Config) (*Engine, error) {
+func New(cfg Config) (*Engine, error) { return newEngine(cfg, false) }
+
+// newEngine is New; a bare engine's shards answer every single request with
+// a zero Decision, reading no clock and touching no bucket, so benchmarks
+// can measure the transport alone.
+func newEngine(cfg Config, bare bool) (*Engine, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -71,6 +76,9 @@ func New(cfg Config) (*Engine, error) {
 	for i := range shards {
 		e.mailboxes[i] = shard.NewMailbox(MailboxSize, e.closing)
 		shards[i] = shard.New(p, cfg.Clock, e.budget, e.mailboxes[i], &e.hasher)
+		if bare {
+			shards[i].Bare()
+		}
 	}
 	e.wg.Add(len(shards))
 	for _, s := range shards {

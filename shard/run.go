@@ -22,7 +22,13 @@ type Shard struct {
 	sweep *msg.Sweep   // the sweep being served a slice at a time, if any
 
 	lastSingle bool // the last data served was single requests: yield before parking
+	bare       bool // answer single requests without deciding them (see Bare)
 }
+
+// Bare makes the shard answer every single request with a zero reply,
+// reading no clock and touching no bucket: the transport alone, for
+// benchmarks to measure what the hand-off costs. Call it before Run.
+func (s *Shard) Bare() { s.bare = true }
 
 // New returns a shard serving p on mb, reading clk, sharing budget. Keys
 // arrive hashed by h.
@@ -201,6 +207,17 @@ take:
 		default:
 			break take
 		}
+	}
+	if s.bare {
+		for i, a := range g {
+			a.Done <- struct{}{}
+			g[i] = nil
+		}
+		s.group = g[:0]
+		return
+	}
+	if len(g) > 1 && s.state.tab.count >= warmFrom {
+		s.state.warmAllows(g)
 	}
 	now := s.clk.Now()
 	for i, a := range g {

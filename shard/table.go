@@ -414,3 +414,39 @@ func (t *table) each(f func(key string, b *policy.Bucket)) {
 		s.eachFull(func(j int) { f(s.key(&s.slots[j]), &s.slots[j].b) })
 	}
 }
+
+// warmCtrl loads the control word that h's probe starts at. Called for every
+// request of a batch before any is decided, these loads do not wait for each
+// other, so their cache misses overlap instead of coming one at a time.
+func (t *table) warmCtrl(h uint64) uint64 {
+	hm := h * mix
+	_, s := t.segmentOf(hm)
+	g, _ := s.start(hm)
+	return s.ctrl[g]
+}
+
+// warmSlot loads the slot of the first tag match in that control word, and
+// returns where its key is, for warmKey, or -1.
+func (t *table) warmSlot(h uint64) int64 {
+	hm := h * mix
+	_, s := t.segmentOf(hm)
+	g, tag := s.start(hm)
+	m := matchByte(s.ctrl[g], tag)
+	if m == 0 {
+		return -1
+	}
+	sl := &s.slots[g*groupSize+bits.TrailingZeros64(m)>>3]
+	if sl.n&longBit != 0 {
+		return -1
+	}
+	return int64(sl.off)
+}
+
+// warmKey loads the first byte of the key warmSlot found.
+func (t *table) warmKey(h uint64, off int64) uint64 {
+	if off < 0 {
+		return 0
+	}
+	_, s := t.segmentOf(h * mix)
+	return uint64(s.arena[off])
+}

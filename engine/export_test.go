@@ -1,0 +1,5 @@
+package engine
+
+// NewBare returns an engine whose shards answer every single request with a
+// zero Decision, deciding nothing: the transport alone, for benchmarks.
+func NewBare(cfg Config) (*Engine, error) { return newEngine(cfg, true) }
