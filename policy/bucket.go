@@ -13,14 +13,17 @@ import (
 // Frac == 0. Splitting whole tokens from the fraction keeps the record at 24
 // bytes while the balance itself needs up to 93 bits.
 //
-// Epoch is not interpreted here: the shard that owns the bucket records which
-// policy generation the balance is expressed in, so a cutover can convert
-// buckets lazily. Bucket is a plain value and is not safe for concurrent use.
+// Epoch and Limit are not interpreted here: the shard that owns the bucket
+// records which policy generation the balance is expressed in, so a cutover
+// can convert buckets lazily, and which limit of that policy the key
+// resolved to, so it is resolved once. Bucket is a plain value and is not
+// safe for concurrent use.
 type Bucket struct {
 	Tokens int64
 	Last   int64
 	Frac   uint32
-	Epoch  uint32
+	Epoch  uint16     // counts cutovers modulo 1<<16
+	Limit  LimitIndex // into the limit table of the Epoch's policy
 }
 
 // Outcome is the answer to one admission decision, in tokens and nanoseconds.

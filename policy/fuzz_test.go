@@ -61,7 +61,8 @@ func fuzzBucket(l policy.Limit, tokens int64, frac uint32, last int64, epoch uin
 		Tokens: upTo(tokens, l.Capacity),
 		Frac:   frac % policy.UnitsPerToken,
 		Last:   nonNegative(last),
-		Epoch:  epoch,
+		Epoch:  uint16(epoch),
+		Limit:  policy.LimitIndex(epoch >> 16),
 	}
 	if b.Tokens == l.Capacity {
 		b.Frac = 0
@@ -160,6 +161,7 @@ func FuzzDecide(f *testing.F) {
 			requireSame(t, m, b, msg...)
 			requireValid(t, l, b, msg...)
 			require.Equal(t, before.Epoch, b.Epoch, "Decide never touches Epoch")
+			require.Equal(t, before.Limit, b.Limit, "Decide never touches Limit")
 		}
 	})
 }

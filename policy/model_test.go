@@ -57,10 +57,10 @@ func modelOf(b policy.Bucket) model {
 }
 
 // bucketOf converts a balance in units back into a policy.Bucket with the
-// given Last and Epoch: Tokens = floor(units/1e9), Frac = units mod 1e9. It
+// given Last, and Epoch and Limit from tag: Tokens = floor(units/1e9), Frac = units mod 1e9. It
 // panics if the balance is negative or its whole tokens do not fit in int64,
 // which no valid bucket can reach.
-func bucketOf(units *big.Int, last int64, epoch uint32) policy.Bucket {
+func bucketOf(units *big.Int, last int64, tag policy.Bucket) policy.Bucket {
 	if units.Sign() < 0 {
 		panic(fmt.Sprintf("bucketOf: negative balance %v", units))
 	}
@@ -68,12 +68,12 @@ func bucketOf(units *big.Int, last int64, epoch uint32) policy.Bucket {
 	if !tokens.IsInt64() {
 		panic(fmt.Sprintf("bucketOf: %v whole tokens overflow int64", tokens))
 	}
-	return policy.Bucket{Tokens: tokens.Int64(), Frac: uint32(frac.Uint64()), Last: last, Epoch: epoch}
+	return policy.Bucket{Tokens: tokens.Int64(), Frac: uint32(frac.Uint64()), Last: last, Epoch: tag.Epoch, Limit: tag.Limit}
 }
 
 // bucket converts the model back into a policy.Bucket carrying epoch.
-func (m model) bucket(epoch uint32) policy.Bucket {
-	return bucketOf(m.units, m.last, epoch)
+func (m model) bucket(tag policy.Bucket) policy.Bucket {
+	return bucketOf(m.units, m.last, tag)
 }
 
 // clone returns a deep copy, so a test can keep a "before" snapshot.
@@ -201,7 +201,7 @@ func requireValid(t testing.TB, l policy.Limit, b policy.Bucket, msgAndArgs ...a
 // since no function in policy may change it).
 func requireSame(t testing.TB, m model, b policy.Bucket, msgAndArgs ...any) {
 	t.Helper()
-	require.Equal(t, m.bucket(b.Epoch), b, msgAndArgs...)
+	require.Equal(t, m.bucket(b), b, msgAndArgs...)
 	require.Zero(t, m.units.Cmp(unitsOf(b)), msgAndArgs...)
 }
 
@@ -214,20 +214,20 @@ func TestModelConversionRoundTrip(t *testing.T) {
 		{Frac: 1},
 		{Frac: policy.UnitsPerToken - 1},
 		{Tokens: 7, Frac: 123_456_789, Last: 42, Epoch: 3},
-		{Tokens: math.MaxInt64, Last: math.MaxInt64, Epoch: math.MaxUint32},
+		{Tokens: math.MaxInt64, Last: math.MaxInt64, Epoch: math.MaxUint16, Limit: math.MaxUint16},
 		{Tokens: math.MaxInt64 - 1, Frac: policy.UnitsPerToken - 1},
 	} {
-		got := bucketOf(unitsOf(b), b.Last, b.Epoch)
+		got := bucketOf(unitsOf(b), b.Last, b)
 		require.Equal(t, b, got)
 	}
 
 	// 2^65-1 units is 36893488147 tokens and 419103231 units.
 	u := new(big.Int).Sub(new(big.Int).Lsh(big.NewInt(1), 65), big.NewInt(1))
-	require.Equal(t, policy.Bucket{Tokens: 36_893_488_147, Frac: 419_103_231}, bucketOf(u, 0, 0))
+	require.Equal(t, policy.Bucket{Tokens: 36_893_488_147, Frac: 419_103_231}, bucketOf(u, 0, policy.Bucket{}))
 
-	require.Panics(t, func() { bucketOf(big.NewInt(-1), 0, 0) })
+	require.Panics(t, func() { bucketOf(big.NewInt(-1), 0, policy.Bucket{}) })
 	tooBig := new(big.Int).Mul(new(big.Int).Add(bigMaxInt64, big.NewInt(1)), bigUnitsPerToken)
-	require.Panics(t, func() { bucketOf(tooBig, 0, 0) })
+	require.Panics(t, func() { bucketOf(tooBig, 0, policy.Bucket{}) })
 
 	require.Equal(t, int64(0), ceilSat(big.NewInt(0), 3))
 	require.Equal(t, int64(1), ceilSat(big.NewInt(1), 3))

@@ -7,18 +7,24 @@ import "fmt"
 const UnitsPerToken = 1_000_000_000
 
 // Policy is the limit every key gets: a bucket of Capacity tokens refilled at
-// TokensPerSecond, identified by a Version that only ever increases across
-// cutovers. It is a comparable value, safe to copy and share. The zero value
-// is invalid (Version 0).
+// TokensPerSecond, unless Overrides gives the key a limit of its own,
+// identified by a Version that only ever increases across cutovers. It is a
+// comparable value, safe to copy and share (Overrides is immutable and
+// compared by reference). The zero value is invalid (Version 0).
 type Policy struct {
 	Version         int64
 	Capacity        int64
 	TokensPerSecond int64
+	// Overrides gives some keys their own limits; nil means none. Build it
+	// with NewOverrideSet.
+	Overrides *OverrideSet
 }
 
 // Validate reports whether p can be used. A valid policy has Version,
 // Capacity and TokensPerSecond all >= 1; any such int64 is legal, up to
 // math.MaxInt64. The error wraps ErrInvalid and names the first bad field.
+// An OverrideSet can only be made valid (by NewOverrideSet, which checks
+// every entry) or empty (by hand), so Overrides needs no check here.
 func (p Policy) Validate() error {
 	switch {
 	case p.Version < 1:

@@ -138,7 +138,8 @@ func randomState(r *rand.Rand) (policy.Limit, policy.Bucket, int64, int64) {
 		Tokens: interesting(r, 0, l.Capacity),
 		Frac:   uint32(interesting(r, 0, policy.UnitsPerToken-1)),
 		Last:   interesting(r, 0, maxInt64),
-		Epoch:  r.Uint32(),
+		Epoch:  uint16(r.Uint32()),
+		Limit:  policy.LimitIndex(r.Uint32()),
 	}
 	if b.Tokens == l.Capacity {
 		b.Frac = 0

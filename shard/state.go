@@ -23,8 +23,13 @@ const (
 
 // generation is one policy a shard has served, from its cutover reading on.
 type generation struct {
-	pol   policy.Policy
-	start int64
+	pol    policy.Policy
+	limits []policy.Limit // pol.Limits(): a bucket's Limit indexes it
+	start  int64
+}
+
+func newGeneration(p policy.Policy, start int64) generation {
+	return generation{pol: p, limits: p.Limits(), start: start}
 }
 
 // State is the pure state machine of one shard: a bucket table and the
@@ -43,8 +48,8 @@ type State struct {
 	// gens[i] is generation base+i; the last one is in force. A bucket's
 	// Epoch names the generation its balance is expressed in.
 	gens  []generation
-	base  uint32
-	epoch uint32
+	base  uint16 // modulo 1<<16, like Epoch: no bucket is 1<<16 cutovers behind
+	epoch uint16
 	stale int // buckets whose Epoch != epoch; at 0 the history is dropped
 
 	last int64 // latest clock reading a successful operation observed
@@ -65,7 +70,7 @@ func NewState(p policy.Policy, budget *Budget, h *Hasher) *State {
 		hasher: h,
 		tab:    newTable(h),
 		budget: budget,
-		gens:   []generation{{pol: p}},
+		gens:   []generation{newGeneration(p, 0)},
 	}
 }
 
@@ -85,18 +90,27 @@ func (s *State) Allow(now int64, key string, cost int64) msg.Reply {
 // AllowHashed is Allow for a key whose hash h the caller has computed with
 // the state's Hasher, as the engine does to route it.
 func (s *State) AllowHashed(now int64, key string, h uint64, cost int64) msg.Reply {
-	p := s.Policy()
-	if cost > p.Capacity {
+	// The key's own limit: its bucket's, or what the policy resolves a new
+	// key to. The cost bound is that limit's capacity.
+	b := s.tab.find(h, key)
+	if b != nil {
+		s.bringUp(b, key) // may drop the history: read the generation after
+	}
+	g := &s.gens[len(s.gens)-1]
+	var idx policy.LimitIndex
+	if b != nil {
+		idx = b.Limit
+	} else {
+		idx = g.pol.Overrides.Resolve(key)
+	}
+	lim := g.limits[idx]
+	if cost > lim.Capacity {
 		return msg.Reply{Err: msg.ErrInvalidCost}
 	}
 	if now < s.last {
 		return msg.Reply{Err: msg.ErrClockRegression}
 	}
-	lim := p.Limit()
-	b := s.tab.find(h, key)
-	if b != nil {
-		s.bringUp(b)
-	} else {
+	if b == nil {
 		if !s.budget.Reserve() {
 			return msg.Reply{Err: msg.ErrKeyCapacity}
 		}
@@ -105,7 +119,7 @@ func (s *State) AllowHashed(now int64, key string, h uint64, cost int64) msg.Rep
 		// that sweep.
 		b = s.tab.insert(h, key, s.Sweeping() && h*mix >= s.pass.cursor)
 		*b = policy.NewBucket(lim, now)
-		b.Epoch = s.epoch
+		b.Epoch, b.Limit = s.epoch, idx
 	}
 	o := b.Decide(lim, now, cost)
 	s.last = now
@@ -113,8 +127,8 @@ func (s *State) AllowHashed(now int64, key string, h uint64, cost int64) msg.Rep
 		Allowed:    o.Allowed,
 		Remaining:  o.Remaining,
 		RetryAfter: time.Duration(o.RetryAfter),
-		Version:    p.Version,
-		Limit:      p.Capacity,
+		Version:    g.pol.Version,
+		Limit:      lim.Capacity,
 		ResetAfter: time.Duration(o.ResetAfter),
 	}}
 }
@@ -182,7 +196,7 @@ func (s *State) Prepare(now int64, next policy.Policy) error {
 		s.convertAll() // the loop never gets here: it converts in slices first
 	}
 	s.prepared = true
-	s.staged = generation{pol: next, start: now}
+	s.staged = newGeneration(next, now)
 	return nil
 }
 
@@ -213,16 +227,19 @@ func (s *State) Abort() {
 	s.staged = generation{}
 }
 
-// bringUp converts b to the generation in force by replaying every cutover
-// it missed: refill under the old limit up to the cutover reading, then clamp
-// to the new capacity. It does not refill past the last cutover.
-func (s *State) bringUp(b *policy.Bucket) {
+// bringUp converts key's bucket b to the generation in force by replaying
+// every cutover it missed: refill under the key's old limit up to the
+// cutover reading, resolve the key again under the new policy, then clamp to
+// its new capacity. It does not refill past the last cutover.
+func (s *State) bringUp(b *policy.Bucket, key string) {
 	if b.Epoch == s.epoch {
 		return
 	}
-	for i := b.Epoch - s.base; int(i) < len(s.gens)-1; i++ {
-		old, next := s.gens[i], s.gens[i+1]
-		b.Cutover(old.pol.Limit(), next.pol.Limit(), next.start)
+	for i := int(b.Epoch - s.base); i < len(s.gens)-1; i++ {
+		old, next := &s.gens[i], &s.gens[i+1]
+		idx := next.pol.Overrides.Resolve(key)
+		b.Cutover(old.limits[b.Limit], next.limits[idx], next.start)
+		b.Limit = idx
 	}
 	b.Epoch = s.epoch
 	s.stale--
@@ -231,7 +248,7 @@ func (s *State) bringUp(b *policy.Bucket) {
 
 // convertAll converts every bucket now, for when the history grew too long.
 func (s *State) convertAll() {
-	s.tab.each(func(_ string, b *policy.Bucket) { s.bringUp(b) })
+	s.tab.each(func(k string, b *policy.Bucket) { s.bringUp(b, k) })
 }
 
 // compact forgets every generation but the one in force once no bucket needs

@@ -136,7 +136,7 @@ func TestStateMatchesEagerCutover(t *testing.T) {
 			lim := m.pol.Limit()
 			for k, want := range m.buckets {
 				got, _ := s.bucket(k)
-				s.bringUp(&got)
+				s.bringUp(&got, k)
 				got.Refill(lim, now)
 				want.Refill(lim, now)
 				got.Epoch, want.Epoch = 0, 0

@@ -62,7 +62,7 @@ func (s *State) ConvertSlice(n int) (done bool) {
 			return false
 		}
 		seg, next, last := s.tab.segmentAt(s.pass.cursor)
-		seg.eachFull(func(i int) { s.bringUp(&seg.slots[i].b) })
+		seg.eachFull(func(i int) { s.bringUp(&seg.slots[i].b, seg.key(&seg.slots[i])) })
 		visited += len(seg.slots)
 		s.pass.cursor = next
 		if last {
@@ -83,7 +83,7 @@ func (s *State) SweepSlice(now int64, n int) (done bool, err error) {
 		return true, msg.ErrClockRegression
 	}
 	s.last = now
-	lim := s.Policy().Limit()
+	limits := s.gens[len(s.gens)-1].limits
 	for visited := 0; visited < n; {
 		seg, next, last := s.tab.segmentAt(s.pass.cursor)
 		visited += len(seg.slots)
@@ -96,7 +96,8 @@ func (s *State) SweepSlice(now int64, n int) (done bool, err error) {
 			// Bringing a surviving bucket up to date changes no answer
 			// (refilling a to b then b to c equals refilling a to c), and it
 			// finishes any pending cutover conversion.
-			s.bringUp(&sl.b)
+			s.bringUp(&sl.b, seg.key(sl))
+			lim := limits[sl.b.Limit] // the key's own limit
 			sl.b.Refill(lim, now)
 			if sl.b.Full(lim) {
 				s.tab.remove(seg, i)

@@ -99,13 +99,14 @@ func (m *Model) Allow(now int64, key string, cost int64) (engine.Decision, error
 	if strings.TrimSpace(key) == "" || len(key) > m.maxKeyBytes {
 		return engine.Decision{}, engine.ErrInvalidKey
 	}
-	if cost < 1 || cost > m.pol.Capacity {
+	lim := LimitOf(m.pol, key)
+	if cost < 1 || cost > lim.Capacity {
 		return engine.Decision{}, engine.ErrInvalidCost
 	}
 	if now < m.last {
 		return engine.Decision{}, engine.ErrClockRegression
 	}
-	capacity := capUnits(m.pol)
+	capacity := capUnits(lim)
 	b, ok := m.buckets[key]
 	if !ok {
 		if len(m.buckets) >= m.maxKeys {
@@ -113,17 +114,17 @@ func (m *Model) Allow(now int64, key string, cost int64) (engine.Decision, error
 		}
 		b = Bucket{Units: new(big.Int).Set(capacity), Last: now}
 	}
-	b = refill(b, m.pol, now)
+	b = refill(b, lim, now)
 	need := tokens(cost)
-	d := engine.Decision{Version: m.pol.Version, Limit: m.pol.Capacity}
+	d := engine.Decision{Version: m.pol.Version, Limit: lim.Capacity}
 	if b.Units.Cmp(need) >= 0 {
 		d.Allowed = true
 		b.Units.Sub(b.Units, need)
 	} else {
-		d.RetryAfter = ceilDiv(new(big.Int).Sub(need, b.Units), m.pol.TokensPerSecond)
+		d.RetryAfter = ceilDiv(new(big.Int).Sub(need, b.Units), lim.TokensPerSecond)
 	}
 	d.Remaining = new(big.Int).Quo(b.Units, unitsPerToken).Int64()
-	d.ResetAfter = ceilDiv(new(big.Int).Sub(capacity, b.Units), m.pol.TokensPerSecond)
+	d.ResetAfter = ceilDiv(new(big.Int).Sub(capacity, b.Units), lim.TokensPerSecond)
 	m.buckets[key] = b
 	m.last = now
 	return d, nil
@@ -146,7 +147,8 @@ func (m *Model) EvictFull(now int64) (int, error) {
 	}
 	n := 0
 	for k, b := range m.buckets {
-		if refill(b, m.pol, now).Units.Cmp(capUnits(m.pol)) == 0 {
+		lim := LimitOf(m.pol, k)
+		if refill(b, lim, now).Units.Cmp(capUnits(lim)) == 0 {
 			delete(m.buckets, k)
 			n++
 		}
@@ -156,7 +158,8 @@ func (m *Model) EvictFull(now int64) (int, error) {
 }
 
 // ReplacePolicy cuts over to next at now (DESIGN 3.8): every bucket is
-// refilled under the old policy up to now, then clamped to the new capacity.
+// refilled under its key's old limit up to now, then clamped to the capacity
+// the key resolves to under next.
 func (m *Model) ReplacePolicy(now int64, next policy.Policy, expectedVersion int64) error {
 	if err := next.Validate(); err != nil {
 		return err
@@ -167,10 +170,9 @@ func (m *Model) ReplacePolicy(now int64, next policy.Policy, expectedVersion int
 	if now < m.last {
 		return engine.ErrClockRegression
 	}
-	newCap := capUnits(next)
 	for k, b := range m.buckets {
-		b = refill(b, m.pol, now)
-		if b.Units.Cmp(newCap) > 0 {
+		b = refill(b, LimitOf(m.pol, k), now)
+		if newCap := capUnits(LimitOf(next, k)); b.Units.Cmp(newCap) > 0 {
 			b.Units.Set(newCap)
 		}
 		m.buckets[k] = b
@@ -180,13 +182,13 @@ func (m *Model) ReplacePolicy(now int64, next policy.Policy, expectedVersion int
 	return nil
 }
 
-// refill returns b brought up to now under p (DESIGN 3.1), in a new Bucket.
-func refill(b Bucket, p policy.Policy, now int64) Bucket {
+// refill returns b brought up to now under l (DESIGN 3.1), in a new Bucket.
+func refill(b Bucket, l policy.Limit, now int64) Bucket {
 	units := new(big.Int).Set(b.Units)
 	if now > b.Last {
-		earned := new(big.Int).Mul(big.NewInt(now-b.Last), big.NewInt(p.TokensPerSecond))
+		earned := new(big.Int).Mul(big.NewInt(now-b.Last), big.NewInt(l.TokensPerSecond))
 		units.Add(units, earned)
-		if c := capUnits(p); units.Cmp(c) > 0 {
+		if c := capUnits(l); units.Cmp(c) > 0 {
 			units.Set(c)
 		}
 		return Bucket{Units: units, Last: now}
@@ -194,7 +196,44 @@ func refill(b Bucket, p policy.Policy, now int64) Bucket {
 	return Bucket{Units: units, Last: b.Last}
 }
 
-func capUnits(p policy.Policy) *big.Int { return tokens(p.Capacity) }
+func capUnits(l policy.Limit) *big.Int { return tokens(l.Capacity) }
+
+// LimitOf is the limit p gives key, by the rule of the override issue,
+// written independently of policy's resolver: an override whose Match is
+// key; else the first override, in declaration order, whose Match contains
+// '*' and matches key, each '*' standing for any run of bytes; else p's
+// default.
+func LimitOf(p policy.Policy, key string) policy.Limit {
+	overrides := p.Overrides.Overrides()
+	for _, o := range overrides {
+		if o.Match == key && !strings.Contains(o.Match, "*") {
+			return policy.Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond}
+		}
+	}
+	for _, o := range overrides {
+		if strings.Contains(o.Match, "*") && globMatch(o.Match, key) {
+			return policy.Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond}
+		}
+	}
+	return p.Limit()
+}
+
+// globMatch matches key against pattern by plain backtracking, byte by
+// byte: a '*' tries every run of key, everything else must equal.
+func globMatch(pattern, key string) bool {
+	if pattern == "" {
+		return key == ""
+	}
+	if pattern[0] == '*' {
+		for i := 0; i <= len(key); i++ {
+			if globMatch(pattern[1:], key[i:]) {
+				return true
+			}
+		}
+		return false
+	}
+	return key != "" && pattern[0] == key[0] && globMatch(pattern[1:], key[1:])
+}
 
 func tokens(n int64) *big.Int { return new(big.Int).Mul(big.NewInt(n), unitsPerToken) }
 

@@ -1,0 +1,189 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Override gives the keys that Match selects their own limit. Match is an
+// exact key or, if it contains '*', a pattern in which each '*' matches any
+// run of bytes, the empty run and '/' included ("tenant:acme:*", "*:login").
+// There is no escape: a key that contains '*' cannot have an exact override,
+// though patterns may match it.
+type Override struct {
+	Match           string
+	Capacity        int64
+	TokensPerSecond int64
+}
+
+// Bounds on an OverrideSet.
+const (
+	// MaxPatterns is the most pattern overrides one set may hold: each new
+	// key is tried against them in order.
+	MaxPatterns = 128
+	// MaxLimits is the most distinct limits (Capacity and TokensPerSecond
+	// pairs) one set may hold, the default not counted: a bucket records its
+	// limit as a 16-bit index. Any number of overrides may share a limit.
+	MaxLimits = 1<<16 - 2
+)
+
+// OverrideSet is an immutable set of overrides, built once by NewOverrideSet
+// and shared by reference, so a Policy that carries one stays comparable
+// with ==. It is safe for concurrent use.
+//
+// A key resolves to the override whose Match equals it; failing that, to
+// the first pattern, in declaration order, that matches it; failing that,
+// to the policy's default limit. Exact overrides are one map lookup;
+// patterns are compiled when the set is built.
+type OverrideSet struct {
+	overrides []Override
+	exact     map[string]LimitIndex
+	patterns  []pattern
+	limits    []Limit // limits[i-1] is LimitIndex i; 0 is the policy's default
+}
+
+// LimitIndex names a limit of a Policy: 0 is its default, and 1 and up are
+// the distinct limits of its OverrideSet. A bucket keeps the index of its
+// key's limit, so the key is resolved once, not on every request.
+type LimitIndex uint16
+
+type pattern struct {
+	parts []string // the literal runs between stars; len >= 2
+	limit LimitIndex
+}
+
+// NewOverrideSet validates overrides and builds their set. It returns nil
+// for no overrides, and an error wrapping ErrInvalid that names the first
+// bad entry for a non-positive limit, a blank Match, a Match given twice,
+// more than MaxPatterns patterns or more than MaxLimits distinct limits.
+func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
+	if len(overrides) == 0 {
+		return nil, nil
+	}
+	s := &OverrideSet{
+		overrides: append([]Override(nil), overrides...),
+		exact:     make(map[string]LimitIndex),
+	}
+	index := map[Limit]LimitIndex{}
+	seen := map[string]bool{}
+	for i, o := range s.overrides {
+		if err := o.validate(); err != nil {
+			return nil, fmt.Errorf("%w: override %d (%q): %s", ErrInvalid, i, o.Match, err)
+		}
+		if seen[o.Match] {
+			return nil, fmt.Errorf("%w: override %d (%q): Match given twice", ErrInvalid, i, o.Match)
+		}
+		seen[o.Match] = true
+		lim := Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond}
+		idx, ok := index[lim]
+		if !ok {
+			if len(s.limits) == MaxLimits {
+				return nil, fmt.Errorf("%w: override %d (%q): more than %d distinct limits", ErrInvalid, i, o.Match, MaxLimits)
+			}
+			s.limits = append(s.limits, lim)
+			idx = LimitIndex(len(s.limits))
+			index[lim] = idx
+		}
+		if !strings.Contains(o.Match, "*") {
+			s.exact[o.Match] = idx
+			continue
+		}
+		if len(s.patterns) == MaxPatterns {
+			return nil, fmt.Errorf("%w: override %d (%q): more than %d patterns", ErrInvalid, i, o.Match, MaxPatterns)
+		}
+		s.patterns = append(s.patterns, pattern{parts: strings.Split(o.Match, "*"), limit: idx})
+	}
+	return s, nil
+}
+
+func (o Override) validate() error {
+	switch {
+	case strings.TrimSpace(o.Match) == "":
+		return fmt.Errorf("blank Match")
+	case o.Capacity < 1:
+		return fmt.Errorf("capacity %d, want >= 1", o.Capacity)
+	case o.TokensPerSecond < 1:
+		return fmt.Errorf("tokens per second %d, want >= 1", o.TokensPerSecond)
+	}
+	return nil
+}
+
+// Overrides returns a copy of the overrides, in declaration order.
+func (s *OverrideSet) Overrides() []Override {
+	if s == nil {
+		return nil
+	}
+	return append([]Override(nil), s.overrides...)
+}
+
+// Len returns the number of overrides.
+func (s *OverrideSet) Len() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.overrides)
+}
+
+// Resolve returns the index of key's limit: that of the override whose Match
+// is key, else that of the first pattern that matches key, else 0 for the
+// policy's default. A nil set resolves every key to 0.
+func (s *OverrideSet) Resolve(key string) LimitIndex {
+	if s == nil {
+		return 0
+	}
+	if idx, ok := s.exact[key]; ok {
+		return idx
+	}
+	for i := range s.patterns {
+		if s.patterns[i].match(key) {
+			return s.patterns[i].limit
+		}
+	}
+	return 0
+}
+
+// match reports whether key matches the pattern: its first run as a prefix,
+// its last as a suffix, and the runs between in order, without overlap. With
+// '*' the only wildcard, taking each middle run at its leftmost place is
+// never worse than any other choice.
+func (p *pattern) match(key string) bool {
+	first, last := p.parts[0], p.parts[len(p.parts)-1]
+	if len(key) < len(first)+len(last) || !strings.HasPrefix(key, first) || !strings.HasSuffix(key, last) {
+		return false
+	}
+	rest := key[len(first) : len(key)-len(last)]
+	for _, part := range p.parts[1 : len(p.parts)-1] {
+		i := strings.Index(rest, part)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(part):]
+	}
+	return true
+}
+
+// Resolve returns the limit p gives key and its index: the exact override
+// for key, else the first matching pattern, else the default.
+func (p Policy) Resolve(key string) (Limit, LimitIndex) {
+	idx := p.Overrides.Resolve(key)
+	return p.LimitAt(idx), idx
+}
+
+// LimitAt returns the limit at idx, which must come from p's Resolve or
+// Limits.
+func (p Policy) LimitAt(idx LimitIndex) Limit {
+	if idx == 0 {
+		return p.Limit()
+	}
+	return p.Overrides.limits[idx-1]
+}
+
+// Limits returns p's limit table: the default at index 0, then the distinct
+// limits of its overrides, so limits[idx] is LimitAt(idx).
+func (p Policy) Limits() []Limit {
+	out := []Limit{p.Limit()}
+	if p.Overrides != nil {
+		out = append(out, p.Overrides.limits...)
+	}
+	return out
+}
