@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -42,6 +43,8 @@ var contenders = []contender{
 	{name: "tokenshard Allow", batch: 1, keepsState: true, setup: tokenshardAllow},
 	{name: "tokenshard AllowBatch 16", batch: 16, setup: tokenshardBatch},
 	{name: "tokenshard AllowBatch 128", batch: 128, setup: tokenshardBatch},
+	{name: "tokenshard Allow +overrides", batch: 1, keepsState: true, setup: withOverrides(tokenshardAllow)},
+	{name: "tokenshard AllowBatch 128 +overrides", batch: 128, setup: withOverrides(tokenshardBatch)},
 	{name: "x/time/rate map+mutex", batch: 1, peer: true, keepsState: true, setup: rateMutex},
 	{name: "x/time/rate 64 shards", batch: 1, peer: true, keepsState: true, setup: rateSharded},
 	{name: "go-limiter memorystore", batch: 1, peer: true, keepsState: true, setup: goLimiter},
@@ -107,6 +110,50 @@ func tokenshardBatch(p policy.Policy, maxKeys int) instance {
 			return &batchDecider{e: e, reqs: make([]engine.Request, 0, 128), out: make([]engine.Result, 128)}
 		},
 		close: func() { _ = e.Close() },
+	}
+}
+
+// Overrides as a real service might carry them: many exact keys (tenants on
+// a paid plan) and a handful of patterns (routes), every new key tried
+// against all of them.
+const (
+	benchExact    = 1000
+	benchPatterns = 20
+)
+
+// withOverrides gives setup a policy with benchExact exact overrides, spread
+// over the scenario's keys (the rest name keys it never uses), and
+// benchPatterns patterns, of which one matches a tenth of the keys. Every
+// override has the scenario's own limit, so the decisions, and the table's
+// "allowed" counts, are those of the plain policy: the difference is the
+// cost of resolving.
+func withOverrides(setup func(policy.Policy, int) instance) func(policy.Policy, int) instance {
+	return func(p policy.Policy, maxKeys int) instance {
+		seen := map[string]bool{}
+		var os []policy.Override
+		add := func(match string) {
+			if !seen[match] {
+				seen[match] = true
+				os = append(os, policy.Override{Match: match, Capacity: p.Capacity, TokensPerSecond: p.TokensPerSecond})
+			}
+		}
+		step := max(1, maxKeys/benchExact)
+		for i := 0; i < maxKeys && len(os) < benchExact; i += step {
+			add(keyName(i))
+		}
+		for i := maxKeys; len(os) < benchExact; i++ {
+			add(keyName(i))
+		}
+		add("tenant:*7") // a tenth of the keys
+		for i := 1; i < benchPatterns; i++ {
+			add(fmt.Sprintf("route:%d:*", i))
+		}
+		set, err := policy.NewOverrideSet(os...)
+		if err != nil {
+			panic(err) // the bench's own configuration is wrong
+		}
+		p.Overrides = set
+		return setup(p, maxKeys)
 	}
 }
 

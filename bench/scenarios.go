@@ -44,7 +44,7 @@ type keySet struct {
 func newKeySet(s scenario) *keySet {
 	ks := &keySet{names: make([]string, s.keys), draws: make([]string, drawLen)}
 	for i := range ks.names {
-		ks.names[i] = "tenant:" + strconv.Itoa(1_000_000_000+i)
+		ks.names[i] = keyName(i)
 	}
 	r := rand.New(rand.NewSource(1))
 	var z *rand.Zipf
@@ -61,3 +61,7 @@ func newKeySet(s scenario) *keySet {
 	}
 	return ks
 }
+
+// keyName is the i-th key of every scenario: about 17 bytes, as a tenant ID
+// would be.
+func keyName(i int) string { return "tenant:" + strconv.Itoa(1_000_000_000+i) }

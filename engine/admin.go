@@ -100,9 +100,10 @@ func (e *Engine) sweeper(every time.Duration) {
 // ErrClockRegression. On any error nothing changes anywhere.
 //
 // Each shard cuts over at its own clock reading: a bucket keeps what it
-// earned under the old policy up to that instant, is clamped to the new
-// capacity, and refills at the new rate from then on. Raising the capacity
-// tops nobody up; new keys start at the new capacity.
+// earned under its key's old limit up to that instant, is clamped to the
+// capacity its key resolves to under next (its override, or next's
+// default), and refills at that limit's rate from then on. Raising a
+// capacity tops nobody up; new keys start full at their own capacity.
 //
 // The cutover has two phases: every shard takes its reading and stops
 // serving (prepare), then every shard switches (publish). Before the first,

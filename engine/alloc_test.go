@@ -11,54 +11,75 @@ import (
 	"testing"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
 // TestAllowDoesNotAllocate holds the hot-path promise: deciding a request on
-// an existing key allocates nothing, allowed or denied, single or batched.
+// an existing key allocates nothing, allowed or denied, single or batched,
+// with or without overrides.
 func TestAllowDoesNotAllocate(t *testing.T) {
-	for _, shards := range shardCounts {
-		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
-			e, _ := newEngine(t, engine.Config{Policy: pol(1, 1000, 1), Shards: shards})
-			ctx := context.Background()
-			keys := []string{"alpha", "beta", "gamma", "delta"}
-			reqs := make([]engine.Request, 64)
-			for i := range reqs {
-				reqs[i] = engine.Request{Key: keys[i%len(keys)], Cost: 1}
-			}
-			out := make([]engine.Result, len(reqs))
-			// Warm up: create the keys and fill the pools.
-			for range 3 {
-				if err := e.AllowBatch(ctx, reqs, out); err != nil {
-					t.Fatal(err)
-				}
-			}
-			i := 0
-			if n := testing.AllocsPerRun(1000, func() {
-				i++
-				if _, err := e.Allow(ctx, keys[i%len(keys)], 1); err != nil {
-					t.Fatal(err)
-				}
-			}); n != 0 {
-				t.Errorf("Allow: %v allocations per call, want 0", n)
-			}
-			if n := testing.AllocsPerRun(100, func() {
-				if err := e.AllowBatch(ctx, reqs, out); err != nil {
-					t.Fatal(err)
-				}
-			}); n != 0 {
-				t.Errorf("AllowBatch: %v allocations per call, want 0", n)
-			}
-			// Rejections are preallocated errors, not fmt.Errorf per request.
-			if n := testing.AllocsPerRun(100, func() {
-				if _, err := e.Allow(ctx, "alpha", 1001); err == nil {
-					t.Fatal("cost above capacity was admitted")
-				}
-				if _, err := e.Allow(ctx, " ", 1); err == nil {
-					t.Fatal("blank key was admitted")
-				}
-			}); n != 0 {
-				t.Errorf("rejections: %v allocations per call, want 0", n)
-			}
-		})
+	set, err := policy.NewOverrideSet(
+		policy.Override{Match: "alpha", Capacity: 1000, TokensPerSecond: 5},
+		policy.Override{Match: "*mm*", Capacity: 1000, TokensPerSecond: 7},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		p    policy.Policy
+	}{
+		{"plain", pol(1, 1000, 1)},
+		{"overrides", policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1, Overrides: set}},
+	} {
+		for _, shards := range shardCounts {
+			t.Run(fmt.Sprintf("%s/shards=%d", tc.name, shards), func(t *testing.T) {
+				allocsPerDecision(t, engine.Config{Policy: tc.p, Shards: shards})
+			})
+		}
+	}
+}
+
+func allocsPerDecision(t *testing.T, cfg engine.Config) {
+	e, _ := newEngine(t, cfg)
+	ctx := context.Background()
+	keys := []string{"alpha", "beta", "gamma", "delta"}
+	reqs := make([]engine.Request, 64)
+	for i := range reqs {
+		reqs[i] = engine.Request{Key: keys[i%len(keys)], Cost: 1}
+	}
+	out := make([]engine.Result, len(reqs))
+	// Warm up: create the keys and fill the pools.
+	for range 3 {
+		if err := e.AllowBatch(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	i := 0
+	if n := testing.AllocsPerRun(1000, func() {
+		i++
+		if _, err := e.Allow(ctx, keys[i%len(keys)], 1); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("Allow: %v allocations per call, want 0", n)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if err := e.AllowBatch(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("AllowBatch: %v allocations per call, want 0", n)
+	}
+	// Rejections are preallocated errors, not fmt.Errorf per request.
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := e.Allow(ctx, "alpha", 1001); err == nil {
+			t.Fatal("cost above capacity was admitted")
+		}
+		if _, err := e.Allow(ctx, " ", 1); err == nil {
+			t.Fatal("blank key was admitted")
+		}
+	}); n != 0 {
+		t.Errorf("rejections: %v allocations per call, want 0", n)
 	}
 }

@@ -9,7 +9,8 @@ import (
 // Allow decides whether key may spend cost tokens now. Errors come in the
 // order of DESIGN 3.2: ErrInvalidKey, ErrInvalidCost (cost < 1), ErrClosed,
 // the context's error, then from the key's shard ErrInvalidCost (cost above
-// the capacity in force), ErrClockRegression and ErrKeyCapacity. An error
+// the key's own capacity: its override's, or the default), ErrClockRegression
+// and ErrKeyCapacity. An error
 // changes nothing. A denial is not an error: it is a Decision with Allowed
 // false and a RetryAfter estimate.
 //

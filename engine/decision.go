@@ -16,7 +16,8 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Version is the version of the policy that decided.
 	Version int64
-	// Limit is the capacity of the limit that decided.
+	// Limit is the capacity of the limit that decided: the key's own, from
+	// its override, or the policy's default.
 	Limit int64
 	// ResetAfter is the time until the bucket is full again, rounded up; 0
 	// when full.

@@ -12,7 +12,8 @@ import (
 var (
 	// ErrInvalidKey: the key is blank or longer than Config.MaxKeyBytes.
 	ErrInvalidKey = msg.ErrInvalidKey
-	// ErrInvalidCost: the cost is below 1 or above the capacity in force.
+	// ErrInvalidCost: the cost is below 1 or above the key's own capacity
+	// under the policy in force (its override's, or the default).
 	ErrInvalidCost = msg.ErrInvalidCost
 	// ErrKeyCapacity: the key is new and Config.MaxKeys keys are tracked.
 	ErrKeyCapacity = msg.ErrKeyCapacity

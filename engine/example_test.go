@@ -112,3 +112,39 @@ func ExampleEngine_EvictFull() {
 	// Output:
 	// 1 1
 }
+
+// Per-key limits: a paying tenant gets a bigger bucket, every login route a
+// smaller one, everyone else the default. Each key is resolved once, when it
+// is first seen, and again at each cutover; the hot path stays one lookup.
+func Example_overrides() {
+	set, err := policy.NewOverrideSet(
+		policy.Override{Match: "tenant:acme:*", Capacity: 1000, TokensPerSecond: 100},
+		policy.Override{Match: "*:login", Capacity: 5, TokensPerSecond: 1},
+		policy.Override{Match: "tenant:acme:login", Capacity: 20, TokensPerSecond: 2}, // exact beats patterns
+	)
+	if err != nil {
+		panic(err)
+	}
+	e, err := engine.New(engine.Config{
+		Policy: policy.Policy{Version: 1, Capacity: 60, TokensPerSecond: 10, Overrides: set},
+		Clock:  clock.NewManual(0),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer e.Close()
+
+	ctx := context.Background()
+	for _, key := range []string{"tenant:acme:search", "tenant:acme:login", "tenant:other:login", "tenant:other:search"} {
+		d, _ := e.Allow(ctx, key, 1)
+		fmt.Printf("%-20s limit %4d, %4d left\n", key, d.Limit, d.Remaining)
+	}
+	_, err = e.Allow(ctx, "tenant:other:login", 6)
+	fmt.Println(errors.Is(err, engine.ErrInvalidCost)) // above that key's own capacity
+	// Output:
+	// tenant:acme:search   limit 1000,  999 left
+	// tenant:acme:login    limit   20,   19 left
+	// tenant:other:login   limit    5,    4 left
+	// tenant:other:search  limit   60,   59 left
+	// true
+}
