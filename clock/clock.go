@@ -1,5 +1,7 @@
 package clock
 
+import "time"
+
 // Clock is a source of time in nanoseconds since the clock's origin.
 //
 // Now must return a value >= 0 and should never go backwards; the engine
@@ -10,4 +12,21 @@ package clock
 // written by a user keeps working.
 type Clock interface {
 	Now() int64
+}
+
+// WallClock is what a Clock may also do: tell the wall-clock time. Readings
+// of Now have an arbitrary origin per process, so a snapshot restored by
+// another process measures the time between the two with the wall clock.
+// A Clock without it is taken to run on time.Now's wall clock.
+type WallClock interface {
+	Wall() time.Time
+}
+
+// Wall returns c's wall-clock time: c.Wall() if c is a WallClock, else
+// time.Now().
+func Wall(c Clock) time.Time {
+	if w, ok := c.(WallClock); ok {
+		return w.Wall()
+	}
+	return time.Now()
 }

@@ -21,3 +21,6 @@ func (m *Monotonic) Now() int64 {
 	// backwards and starts at zero.
 	return int64(time.Since(m.origin))
 }
+
+// Wall returns time.Now().
+func (m *Monotonic) Wall() time.Time { return time.Now() }

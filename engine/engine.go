@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 	"github.com/tokenshard/tokenshard/shard"
@@ -19,6 +20,7 @@ import (
 // and must not be copied. Create it with New and release it with Close.
 type Engine struct {
 	maxKeyBytes int
+	clk         clock.Clock  // for the wall time of snapshots only; shards read their own
 	hasher      shard.Hasher // seeded at random per engine; routes keys and indexes shard tables
 	mailboxes   []*shard.Mailbox
 	budget      *shard.Budget
@@ -54,8 +56,22 @@ func newEngine(cfg Config, bare bool) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	e, shards := build(cfg)
+	if bare {
+		for _, s := range shards {
+			s.Bare()
+		}
+	}
+	e.start(cfg, shards)
+	return e, nil
+}
+
+// build makes an engine and its shards, starting nothing: until start, the
+// caller may fill the shards' states. cfg has its defaults.
+func build(cfg Config) (*Engine, []*shard.Shard) {
 	e := &Engine{
 		maxKeyBytes: cfg.MaxKeyBytes,
+		clk:         cfg.Clock,
 		mailboxes:   make([]*shard.Mailbox, cfg.Shards),
 		budget:      shard.NewBudget(int64(cfg.MaxKeys)),
 		admin:       make(chan struct{}, 1),
@@ -76,10 +92,12 @@ func newEngine(cfg Config, bare bool) (*Engine, error) {
 	for i := range shards {
 		e.mailboxes[i] = shard.NewMailbox(MailboxSize, e.closing)
 		shards[i] = shard.New(p, cfg.Clock, e.budget, e.mailboxes[i], &e.hasher)
-		if bare {
-			shards[i].Bare()
-		}
 	}
+	return e, shards
+}
+
+// start starts the shards' goroutines and the sweeper.
+func (e *Engine) start(cfg Config, shards []*shard.Shard) {
 	e.wg.Add(len(shards))
 	for _, s := range shards {
 		go func() {
@@ -94,7 +112,6 @@ func newEngine(cfg Config, bare bool) (*Engine, error) {
 			e.sweeper(cfg.SweepEvery)
 		}()
 	}
-	return e, nil
 }
 
 // KeyCount returns the number of tracked keys. It never blocks, never

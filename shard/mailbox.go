@@ -29,6 +29,7 @@ type Mailbox struct {
 	publish chan struct{}
 	abort   chan struct{}
 	sweep   chan *msg.Sweep
+	snap    chan *msg.Snapshot
 
 	closing <-chan struct{} // closed by the engine when Close starts
 
@@ -49,6 +50,7 @@ func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 		publish: make(chan struct{}),
 		abort:   make(chan struct{}),
 		sweep:   make(chan *msg.Sweep),
+		snap:    make(chan *msg.Snapshot),
 		closing: closing,
 		drained: make(chan struct{}),
 	}
@@ -147,6 +149,19 @@ func (m *Mailbox) Sweep(ctx context.Context, w *msg.Sweep) msg.SweepReply {
 		return msg.SweepReply{Err: ctx.Err()}
 	case <-m.closing:
 		return msg.SweepReply{Err: msg.ErrClosed}
+	}
+}
+
+// Snapshot hands m to the shard and returns its clock reading, or the
+// context's error or ErrClosed if the shard did not take it.
+func (m *Mailbox) Snapshot(ctx context.Context, s *msg.Snapshot) (int64, error) {
+	select {
+	case m.snap <- s:
+		return <-s.Begin, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-m.closing:
+		return 0, msg.ErrClosed
 	}
 }
 

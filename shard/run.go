@@ -18,8 +18,9 @@ type Shard struct {
 	state *State
 	clk   clock.Clock
 	mb    *Mailbox
-	group []*msg.Allow // reused buffer of one group of single requests
-	sweep *msg.Sweep   // the sweep being served a slice at a time, if any
+	group []*msg.Allow  // reused buffer of one group of single requests
+	sweep *msg.Sweep    // the sweep being served a slice at a time, if any
+	snap  *msg.Snapshot // the snapshot being copied a chunk at a time, if any
 
 	lastSingle bool // the last data served was single requests: yield before parking
 	bare       bool // answer single requests without deciding them (see Bare)
@@ -41,6 +42,10 @@ func New(p policy.Policy, clk clock.Clock, budget *Budget, mb *Mailbox, h *Hashe
 	}
 }
 
+// State returns the shard's state, for an engine restoring it before Run:
+// once Run starts, only the shard's goroutine may touch it.
+func (s *Shard) State() *State { return s.state }
+
 // Run serves the mailbox until stop is closed, then answers ErrClosed to
 // every request still queued and returns. The engine closes stop only after
 // the mailbox is closed, so nothing can arrive after the final drain.
@@ -49,6 +54,12 @@ func (s *Shard) Run(stop <-chan struct{}) {
 	defer s.state.Abandon() // a background conversion pass has no one waiting
 	mb := s.mb
 	for {
+		if s.snap != nil {
+			if !s.snapStep(stop) {
+				return
+			}
+			continue
+		}
 		if s.sweep != nil {
 			if !s.sweepStep(stop) {
 				return
@@ -71,6 +82,8 @@ func (s *Shard) Run(stop <-chan struct{}) {
 		case <-mb.ready:
 		case w := <-mb.sweep:
 			s.beginSweep(w)
+		case m := <-mb.snap:
+			s.beginSnapshot(m)
 		default:
 			// Nothing waiting. After single requests, yield once before
 			// parking, so callers about to send join the next group: parking
@@ -89,6 +102,8 @@ func (s *Shard) Run(stop <-chan struct{}) {
 			case <-mb.ready:
 			case w := <-mb.sweep:
 				s.beginSweep(w)
+			case m := <-mb.snap:
+				s.beginSnapshot(m)
 			case a := <-mb.allow:
 				s.serveAllow(a)
 			case b := <-mb.batch:
@@ -137,6 +152,40 @@ func (s *Shard) sweepStep(stop <-chan struct{}) bool {
 	return true
 }
 
+// beginSnapshot answers the snapshot with the shard's reading and starts
+// copying; the loop copies a chunk whenever the writer has one free.
+func (s *Shard) beginSnapshot(m *msg.Snapshot) {
+	s.snap = m
+	s.state.BeginSnapshot()
+	m.Begin <- s.clk.Now()
+}
+
+// snapStep fills a free chunk with the next buckets, or serves a waiting
+// data message, whichever comes first; with neither it parks. A slow writer
+// only delays the copy. It returns false if stop came: the snapshot is then
+// abandoned, and the writer learns of it from the engine closing.
+func (s *Shard) snapStep(stop <-chan struct{}) bool {
+	m := s.snap
+	select {
+	case c := <-m.Free:
+		c.Last = s.state.SnapshotSlice(c, SliceSize)
+		m.Out <- c // never blocks: Out has room for every chunk
+		if c.Last {
+			s.snap = nil
+		}
+	case <-m.Cancel:
+		s.snap = nil
+	case a := <-s.mb.allow:
+		s.serveAllow(a)
+	case b := <-s.mb.batch:
+		s.serveBatch(b)
+	case <-stop:
+		s.snap = nil
+		return false
+	}
+	return true
+}
+
 // convertStep serves whatever is waiting, control first, or else yields,
 // then converts one slice of the background conversion pass: the pass only
 // uses time nobody else wants. While the policy history is full it answers
@@ -156,6 +205,9 @@ func (s *Shard) convertStep(stop <-chan struct{}) bool {
 		return s.cutover(p, stop)
 	case w := <-mb.sweep:
 		s.beginSweep(w) // the sweep converts what it visits
+		return true
+	case m := <-mb.snap:
+		s.beginSnapshot(m) // the snapshot converts what it copies
 		return true
 	default:
 	}

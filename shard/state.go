@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/tokenshard/tokenshard/msg"
@@ -57,7 +58,8 @@ type State struct {
 	prepared bool
 	staged   generation
 
-	pass *sweepPass // the sweep or conversion pass in progress, if any
+	pass       *sweepPass // the sweep or conversion pass in progress, if any
+	snapCursor uint64     // the snapshot walk's place, in mixed-hash order
 
 	sink uint64  // keeps the loads that warm the cache from being optimized away
 	offs []int64 // scratch for Batch
@@ -261,4 +263,49 @@ func (s *State) compact() {
 	clear(s.gens[1:])
 	s.gens = s.gens[:1]
 	s.base = s.epoch
+}
+
+// Restore adds key with bucket b, last brought up to date at b.Last <= now
+// under the limit old, for a state being rebuilt from a snapshot before it
+// serves. The key is resolved under the policy in force and the bucket
+// carried through the cutover rule: refilled under old up to now, clamped to
+// the key's new capacity. The key takes a slot in the budget even past its
+// bound: the caller decides what to drop before serving. A key already
+// present is an error.
+func (s *State) Restore(now int64, key string, h uint64, b policy.Bucket, old policy.Limit) error {
+	if s.tab.find(h, key) != nil {
+		return fmt.Errorf("duplicate key %q", key)
+	}
+	g := &s.gens[len(s.gens)-1]
+	idx := g.pol.Overrides.Resolve(key)
+	b.Cutover(old, g.limits[idx], now)
+	b.Epoch, b.Limit = s.epoch, idx
+	*s.tab.insert(h, key, false) = b
+	s.budget.n.Add(1)
+	s.last = max(s.last, now)
+	return nil
+}
+
+// Each calls f with every key, its bucket and its limit, in no particular
+// order. The key is only valid during the call. Buckets already converted
+// to the policy in force are what f sees; f must not change the state.
+func (s *State) Each(f func(key string, b policy.Bucket, lim policy.Limit)) {
+	s.tab.each(func(k string, b *policy.Bucket) {
+		s.bringUp(b, k)
+		f(k, *b, s.gens[len(s.gens)-1].limits[b.Limit])
+	})
+}
+
+// Drop deletes key, hashed h, and releases its slot; it reports whether the
+// key was tracked.
+func (s *State) Drop(key string, h uint64) bool {
+	hm := h * mix
+	_, seg := s.tab.segmentOf(hm)
+	i := seg.find(hm, key)
+	if i < 0 {
+		return false
+	}
+	s.tab.remove(seg, i)
+	s.budget.Release()
+	return true
 }

@@ -154,3 +154,32 @@ func (s *State) bucket(key string) (policy.Bucket, bool) {
 	}
 	return policy.Bucket{}, false
 }
+
+// BeginSnapshot starts a snapshot walk from the start of the table. Keys
+// created ahead of its cursor are copied when it gets there; keys created
+// behind it are not in the snapshot, as if created after it.
+func (s *State) BeginSnapshot() { s.snapCursor = 0 }
+
+// SnapshotSlice copies the buckets of about n slots into c, which it resets,
+// each brought to the policy in force and paired with its key's limit, and
+// reports whether the walk is over. It reads no clock and changes no answer.
+func (s *State) SnapshotSlice(c *msg.SnapChunk, n int) (done bool) {
+	c.Records, c.Keys = c.Records[:0], c.Keys[:0]
+	limits := s.gens[len(s.gens)-1].limits
+	for visited := 0; visited < n; {
+		seg, next, last := s.tab.segmentAt(s.snapCursor)
+		visited += len(seg.slots)
+		seg.eachFull(func(i int) {
+			sl := &seg.slots[i]
+			k := seg.key(sl)
+			s.bringUp(&sl.b, k)
+			c.Records = append(c.Records, msg.SnapRecord{KeyOff: len(c.Keys), KeyLen: len(k), Bucket: sl.b, Limit: limits[sl.b.Limit]})
+			c.Keys = append(c.Keys, k...)
+		})
+		s.snapCursor = next
+		if last {
+			return true
+		}
+	}
+	return false
+}

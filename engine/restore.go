@@ -1,0 +1,454 @@
+package engine
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/policy"
+	"github.com/tokenshard/tokenshard/shard"
+)
+
+// RestoreOptions tunes Restore.
+type RestoreOptions struct {
+	// DropFullest lets Restore fit a snapshot of more than MaxKeys keys by
+	// dropping buckets, the fullest first. A full bucket is the same as an
+	// absent one, but a partly refilled one is not: its key starts over
+	// full. RestoreReport says how many such keys there were and how far
+	// from full. Without it, such a snapshot is ErrKeyCapacity.
+	DropFullest bool
+}
+
+// RestoreReport says what Restore did.
+type RestoreReport struct {
+	Restored int           // keys tracked by the new engine
+	Elapsed  time.Duration // wall time between snapshot and restore, counted as refill
+	// Dropped is how many keys DropFullest dropped; DroppedPartial how many
+	// of them were not full, and MaxDeficit the most tokens any of those was
+	// short of its capacity.
+	Dropped        int
+	DroppedPartial int
+	MaxDeficit     int64
+}
+
+// Restore builds an engine from cfg and a snapshot written by Snapshot, and
+// starts it only once the whole snapshot has been read and checked: nothing
+// half-restored is ever served.
+//
+// Every bucket is brought forward by the time that passed: from its last
+// update to the snapshot's reading (on the old engine's clock), plus the
+// wall time from the snapshot to now (cfg.Clock's, if it is a
+// clock.WallClock, else time.Now), which counts as zero if the wall clock
+// went backwards. Then it goes through the cutover rule of DESIGN 3.8 into
+// cfg.Policy: refilled under the limit it had, clamped to the capacity its
+// key resolves to now. So a restore never mints tokens: a depleted key is
+// exactly as depleted as the elapsed time says.
+//
+// Errors, with no engine: those of New for cfg; ErrInvalidSnapshot (wrapped,
+// saying what was wrong) for input it cannot read; ErrKeyCapacity if the
+// snapshot holds more than cfg.MaxKeys keys and opts.DropFullest is not set;
+// the reader's error.
+func Restore(cfg Config, r io.Reader, opts RestoreOptions) (*Engine, RestoreReport, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, RestoreReport{}, err
+	}
+	e, shards := build(cfg)
+	rep, err := e.restore(cfg, shards, r, opts)
+	if err != nil {
+		return nil, RestoreReport{}, err
+	}
+	e.start(cfg, shards)
+	return e, rep, nil
+}
+
+func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts RestoreOptions) (RestoreReport, error) {
+	d := &snapReader{br: bufio.NewReaderSize(r, 64<<10), sum: xxhash.New()}
+	h, err := d.header()
+	if err != nil {
+		return RestoreReport{}, err
+	}
+	// The restoring goroutine owns the states until the shards start.
+	now := cfg.Clock.Now()
+	var rep RestoreReport
+	if wall := clock.Wall(cfg.Clock).UnixNano(); wall > h.wall {
+		rep.Elapsed = time.Duration(wall - h.wall)
+	}
+	count := 0
+	for {
+		tag, err := d.byte("a bucket or the end")
+		if err != nil {
+			return rep, err
+		}
+		if tag == 0 {
+			break
+		}
+		if tag != 1 {
+			return rep, d.fail("bucket %d: unexpected byte %#x", count, tag)
+		}
+		key, b, lim, err := d.bucket(count, e.maxKeyBytes)
+		if err != nil {
+			return rep, err
+		}
+		// Time owed: from the bucket's last update to the snapshot's
+		// reading, then the wall time since. b is relative to 0 for that.
+		owed := int64(rep.Elapsed)
+		if b.Last < h.reading {
+			owed = satAdd(owed, h.reading-b.Last)
+		}
+		b.Last = 0
+		b.Refill(lim, owed)
+		b.Last = now
+		i, hash := e.shardOf(key)
+		if err := shards[i].State().Restore(now, key, hash, b, lim); err != nil {
+			return rep, d.fail("bucket %d: %v", count, err)
+		}
+		count++
+	}
+	if err := d.end(count); err != nil {
+		return rep, err
+	}
+	rep.Restored = count
+	if count > cfg.MaxKeys {
+		if !opts.DropFullest {
+			return rep, fmt.Errorf("%w: the snapshot holds %d keys, MaxKeys is %d", ErrKeyCapacity, count, cfg.MaxKeys)
+		}
+		dropFullest(e, shards, count-cfg.MaxKeys, &rep)
+	}
+	return rep, nil
+}
+
+// dropFullest drops the n fullest buckets, by balance over capacity.
+func dropFullest(e *Engine, shards []*shard.Shard, n int, rep *RestoreReport) {
+	type entry struct {
+		key       string
+		tokens    int64
+		frac      uint32
+		capacity  int64
+		shard     int
+		hash      uint64
+		full      bool
+		deficitTk int64
+	}
+	var all []entry
+	for i, s := range shards {
+		s.State().Each(func(key string, b policy.Bucket, lim policy.Limit) {
+			_, h := e.shardOf(key)
+			all = append(all, entry{key: strings.Clone(key), tokens: b.Tokens, frac: b.Frac, capacity: lim.Capacity, shard: i, hash: h,
+				full: b.Full(lim), deficitTk: lim.Capacity - b.Tokens})
+		})
+	}
+	// Fullest first: compare tokens/capacity exactly, as units times the
+	// other's capacity (192-bit products).
+	slices.SortFunc(all, func(a, b entry) int {
+		return -cmpFraction(a.tokens, a.frac, a.capacity, b.tokens, b.frac, b.capacity)
+	})
+	for _, x := range all[:n] {
+		shards[x.shard].State().Drop(x.key, x.hash)
+		rep.Dropped++
+		if !x.full {
+			rep.DroppedPartial++
+			rep.MaxDeficit = max(rep.MaxDeficit, x.deficitTk)
+		}
+	}
+	rep.Restored -= n
+}
+
+// cmpFraction compares (ta + fa/1e9)/ca with (tb + fb/1e9)/cb exactly.
+func cmpFraction(ta int64, fa uint32, ca int64, tb int64, fb uint32, cb int64) int {
+	a2, a1, a0 := mulUnits(ta, fa, cb)
+	b2, b1, b0 := mulUnits(tb, fb, ca)
+	switch {
+	case a2 != b2:
+		return cmpU(a2, b2)
+	case a1 != b1:
+		return cmpU(a1, b1)
+	default:
+		return cmpU(a0, b0)
+	}
+}
+
+// mulUnits returns (t*1e9 + f) * m as a 192-bit number.
+func mulUnits(t int64, f uint32, m int64) (r2, r1, r0 uint64) {
+	hi, lo := bits.Mul64(uint64(t), policy.UnitsPerToken)
+	lo, c := bits.Add64(lo, uint64(f), 0)
+	hi += c
+	p1, r0 := bits.Mul64(lo, uint64(m))
+	q1, q0 := bits.Mul64(hi, uint64(m))
+	r1, c = bits.Add64(p1, q0, 0)
+	return q1 + c, r1, r0
+}
+
+func cmpU(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// snapReader decodes a snapshot, hashing every byte it consumes.
+type snapReader struct {
+	br      *bufio.Reader
+	sum     *xxhash.Digest
+	pending []byte // consumed, not yet hashed
+	scratch []byte
+	ioErr   error // the last error of the underlying reader
+}
+
+type snapHeader struct {
+	pol     policy.Policy
+	wall    int64
+	reading int64
+}
+
+func (d *snapReader) fail(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidSnapshot}, args...)...)
+}
+
+// truncated turns the end of input into a clear error.
+func (d *snapReader) truncated(what string, err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return d.fail("truncated: the stream ends before %s", what)
+	}
+	if err != d.ioErr {
+		return d.fail("%s: %v", what, err) // a varint longer than 64 bits
+	}
+	return err // the reader's own error
+}
+
+func (d *snapReader) hash() {
+	_, _ = d.sum.Write(d.pending)
+	d.pending = d.pending[:0]
+}
+
+// ReadByte lets binary.ReadUvarint read through d.
+func (d *snapReader) ReadByte() (byte, error) {
+	c, err := d.br.ReadByte()
+	if err != nil {
+		d.ioErr = err
+		return 0, err
+	}
+	d.pending = append(d.pending, c)
+	if len(d.pending) >= 4096 {
+		d.hash()
+	}
+	return c, nil
+}
+
+func (d *snapReader) byte(what string) (byte, error) {
+	c, err := d.ReadByte()
+	if err != nil {
+		return 0, d.truncated(what, err)
+	}
+	return c, nil
+}
+
+// bytes reads exactly n bytes into a reused buffer.
+func (d *snapReader) bytes(n int, what string) ([]byte, error) {
+	d.hash()
+	if cap(d.scratch) < n {
+		d.scratch = make([]byte, n)
+	}
+	b := d.scratch[:n]
+	if _, err := io.ReadFull(d.br, b); err != nil {
+		if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+			d.ioErr = err
+		}
+		return nil, d.truncated(what, err)
+	}
+	_, _ = d.sum.Write(b)
+	return b, nil
+}
+
+func (d *snapReader) uvarint(what string) (uint64, error) {
+	v, err := binary.ReadUvarint(d)
+	if err != nil {
+		return 0, d.truncated(what, err)
+	}
+	return v, nil
+}
+
+// int reads a uvarint that must lie in [lo, math.MaxInt64].
+func (d *snapReader) int(lo int64, what string) (int64, error) {
+	v, err := d.uvarint(what)
+	if err != nil {
+		return 0, err
+	}
+	if v > math.MaxInt64 || int64(v) < lo {
+		return 0, d.fail("%s is %d, want %d to %d", what, v, lo, int64(math.MaxInt64))
+	}
+	return int64(v), nil
+}
+
+func (d *snapReader) varint(what string) (int64, error) {
+	v, err := binary.ReadVarint(d)
+	if err != nil {
+		return 0, d.truncated(what, err)
+	}
+	return v, nil
+}
+
+func (d *snapReader) header() (snapHeader, error) {
+	var h snapHeader
+	magic, err := d.bytes(len(snapMagic), "the magic header")
+	if err != nil {
+		return h, err
+	}
+	if string(magic) != snapMagic {
+		return h, d.fail("not a tokenshard snapshot (bad magic %q)", magic)
+	}
+	v, err := d.uvarint("the format version")
+	if err != nil {
+		return h, err
+	}
+	if v != snapVersion {
+		return h, d.fail("format version %d, this build reads %d", v, snapVersion)
+	}
+	p := &h.pol
+	if p.Version, err = d.int(0, "policy version"); err != nil {
+		return h, err
+	}
+	if p.Capacity, err = d.int(0, "policy capacity"); err != nil {
+		return h, err
+	}
+	if p.TokensPerSecond, err = d.int(0, "policy tokens per second"); err != nil {
+		return h, err
+	}
+	n, err := d.uvarint("the override count")
+	if err != nil {
+		return h, err
+	}
+	var os []policy.Override
+	for i := range n {
+		size, err := d.int(0, fmt.Sprintf("override %d's Match length", i))
+		if err != nil {
+			return h, err
+		}
+		if size > maxMatchBytes {
+			return h, d.fail("override %d's Match is %d bytes, at most %d", i, size, maxMatchBytes)
+		}
+		match, err := d.bytes(int(size), fmt.Sprintf("override %d's Match", i))
+		if err != nil {
+			return h, err
+		}
+		o := policy.Override{Match: string(match)}
+		if o.Capacity, err = d.int(0, fmt.Sprintf("override %d's capacity", i)); err != nil {
+			return h, err
+		}
+		if o.TokensPerSecond, err = d.int(0, fmt.Sprintf("override %d's tokens per second", i)); err != nil {
+			return h, err
+		}
+		os = append(os, o)
+	}
+	if p.Overrides, err = policy.NewOverrideSet(os...); err != nil {
+		return h, d.fail("policy: %w", err)
+	}
+	if err := p.Validate(); err != nil {
+		return h, d.fail("policy: %w", err)
+	}
+	if h.wall, err = d.varint("the wall time"); err != nil {
+		return h, err
+	}
+	if h.reading, err = d.varint("the clock reading"); err != nil {
+		return h, err
+	}
+	if h.reading < 0 {
+		return h, d.fail("clock reading %d is negative", h.reading)
+	}
+	return h, nil
+}
+
+// bucket reads bucket i after its tag byte and checks it.
+func (d *snapReader) bucket(i, maxKeyBytes int) (string, policy.Bucket, policy.Limit, error) {
+	var b policy.Bucket
+	var lim policy.Limit
+	size, err := d.int(0, fmt.Sprintf("bucket %d's key length", i))
+	if err != nil {
+		return "", b, lim, err
+	}
+	if size == 0 || size > int64(maxKeyBytes) {
+		return "", b, lim, d.fail("bucket %d: a key of %d bytes (MaxKeyBytes is %d)", i, size, maxKeyBytes)
+	}
+	raw, err := d.bytes(int(size), fmt.Sprintf("bucket %d's key", i))
+	if err != nil {
+		return "", b, lim, err
+	}
+	key := string(raw)
+	if isBlank(key) {
+		return "", b, lim, d.fail("bucket %d: blank key %q", i, key)
+	}
+	if b.Tokens, err = d.int(0, fmt.Sprintf("bucket %d's tokens", i)); err != nil {
+		return "", b, lim, err
+	}
+	frac, err := d.int(0, fmt.Sprintf("bucket %d's units", i))
+	if err != nil {
+		return "", b, lim, err
+	}
+	if frac >= policy.UnitsPerToken {
+		return "", b, lim, d.fail("bucket %d (%q): %d units, want fewer than a token", i, key, frac)
+	}
+	b.Frac = uint32(frac)
+	if b.Last, err = d.varint(fmt.Sprintf("bucket %d's last update", i)); err != nil {
+		return "", b, lim, err
+	}
+	if b.Last < 0 {
+		return "", b, lim, d.fail("bucket %d (%q): last update %d is negative", i, key, b.Last)
+	}
+	if lim.Capacity, err = d.int(1, fmt.Sprintf("bucket %d's capacity", i)); err != nil {
+		return "", b, lim, err
+	}
+	if lim.TokensPerSecond, err = d.int(1, fmt.Sprintf("bucket %d's tokens per second", i)); err != nil {
+		return "", b, lim, err
+	}
+	if b.Tokens > lim.Capacity || (b.Tokens == lim.Capacity && b.Frac != 0) {
+		return "", b, lim, d.fail("bucket %d (%q): balance %d tokens and %d units is above its capacity %d", i, key, b.Tokens, b.Frac, lim.Capacity)
+	}
+	return key, b, lim, nil
+}
+
+// end reads the bucket count and the checksum after the end byte, and
+// checks that nothing follows.
+func (d *snapReader) end(count int) error {
+	n, err := d.uvarint("the bucket count")
+	if err != nil {
+		return err
+	}
+	if n != uint64(count) {
+		return d.fail("the end says %d buckets, the stream held %d", n, count)
+	}
+	d.hash()
+	want := d.sum.Sum64()
+	raw, err := d.bytes(8, "the checksum")
+	if err != nil {
+		return err
+	}
+	if got := binary.LittleEndian.Uint64(raw); got != want {
+		return d.fail("checksum mismatch: the stream says %#x, its bytes hash to %#x", got, want)
+	}
+	if _, err := d.br.ReadByte(); err == nil {
+		return d.fail("trailing bytes after the checksum")
+	} else if !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}

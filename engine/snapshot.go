@@ -1,0 +1,196 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"math"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/msg"
+	"github.com/tokenshard/tokenshard/policy"
+	"github.com/tokenshard/tokenshard/shard"
+)
+
+// The snapshot format, version 1. Integers are varints (encoding/binary);
+// every field is checked on the way in.
+//
+//	magic     "tokenshard-snapshot" and a newline (20 bytes)
+//	version   uvarint, 1
+//	policy    uvarint Version, Capacity, TokensPerSecond; uvarint override
+//	          count; per override: uvarint length, Match bytes, uvarint
+//	          Capacity, TokensPerSecond
+//	wall      varint Unix nanoseconds when the snapshot began
+//	reading   varint clock reading when it began
+//	buckets   per bucket: byte 1; uvarint key length, key bytes; uvarint
+//	          whole tokens, uvarint units (< 1e9); varint last update
+//	          reading; uvarint Capacity, TokensPerSecond of the key's limit
+//	end       byte 0; uvarint bucket count
+//	checksum  8 bytes, little endian: xxhash64 of every byte before it
+//
+// and nothing after it.
+const (
+	snapMagic   = "tokenshard-snapshot\n"
+	snapVersion = 1
+
+	// snapChunk is how many buckets a shard copies per chunk, and
+	// snapChunks how many chunks each shard may have in flight.
+	snapChunk  = shard.SliceSize
+	snapChunks = 2
+
+	// maxMatchBytes bounds an override's Match in a snapshot, so a corrupt
+	// length cannot make Restore allocate without bound.
+	maxMatchBytes = 1 << 20
+)
+
+// ErrInvalidSnapshot is returned (wrapped, saying what was wrong) by Restore
+// for input it cannot read: a wrong magic, an unknown version, a truncated
+// stream, a checksum mismatch, a bad key, limit or balance, a duplicate key,
+// an invalid policy or trailing bytes.
+var ErrInvalidSnapshot = errors.New("engine: invalid snapshot")
+
+// Snapshot writes the state of every tracked key to w, in a versioned format
+// that Restore reads, while the engine goes on serving.
+//
+// Each shard copies its buckets itself, a chunk at a time, between requests,
+// and Snapshot writes the chunks to w as they come: a slow writer pauses the
+// copying, never admission, and the state is never copied whole. Each bucket
+// is copied as it is at the moment its shard copies it, so the snapshot is
+// consistent per key; across keys it is not a single instant (requests
+// served during the snapshot show in the buckets copied after them), and a
+// key created while the snapshot runs may or may not be in it. Snapshot
+// holds the coordinator, so no cutover or sweep runs meanwhile.
+//
+// Errors: ErrClosed (before or during), the context's error, or w's error;
+// on an error what was written is incomplete and Restore rejects it.
+func (e *Engine) Snapshot(ctx context.Context, w io.Writer) error {
+	if err := e.acquire(ctx); err != nil {
+		return err
+	}
+	defer e.release()
+
+	n := len(e.mailboxes)
+	out := make(chan *msg.SnapChunk, n*snapChunks)
+	cancel := make(chan struct{})
+	defer close(cancel) // shards still copying stop; after success none is
+	begun := int64(math.MaxInt64)
+	for _, mb := range e.mailboxes {
+		m := &msg.Snapshot{Begin: make(chan int64, 1), Free: make(chan *msg.SnapChunk, snapChunks), Out: out, Cancel: cancel}
+		for range snapChunks {
+			m.Free <- &msg.SnapChunk{Free: m.Free}
+		}
+		reading, err := mb.Snapshot(ctx, m)
+		if err != nil {
+			return err
+		}
+		begun = min(begun, reading)
+	}
+
+	sw := newSnapWriter(w)
+	sw.header(*e.pol.Load(), clock.Wall(e.clk).UnixNano(), begun)
+	count := uint64(0)
+	for left := n; left > 0; {
+		select {
+		case c := <-out:
+			for _, r := range c.Records {
+				sw.bucket(c.Keys[r.KeyOff:r.KeyOff+r.KeyLen], r.Bucket, r.Limit)
+			}
+			count += uint64(len(c.Records))
+			if c.Last {
+				left--
+			} else {
+				c.Free <- c // room for it: it came from there
+			}
+			if sw.err != nil {
+				return sw.err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.closing:
+			return ErrClosed
+		}
+	}
+	return sw.end(count)
+}
+
+// snapWriter encodes a snapshot into a buffered writer, hashing as it goes.
+// The first error sticks.
+type snapWriter struct {
+	w   io.Writer
+	bw  *bufio.Writer // into w and sum
+	sum *xxhash.Digest
+	buf []byte
+	err error
+}
+
+func newSnapWriter(w io.Writer) *snapWriter {
+	sw := &snapWriter{w: w, sum: xxhash.New(), buf: make([]byte, 0, 64)}
+	sw.bw = bufio.NewWriterSize(io.MultiWriter(w, sw.sum), 64<<10)
+	return sw
+}
+
+func (sw *snapWriter) uvarint(v uint64) { sw.buf = binary.AppendUvarint(sw.buf, v) }
+func (sw *snapWriter) varint(v int64)   { sw.buf = binary.AppendVarint(sw.buf, v) }
+
+func (sw *snapWriter) flush(tail []byte) {
+	if sw.err == nil {
+		_, sw.err = sw.bw.Write(sw.buf)
+	}
+	if sw.err == nil && len(tail) > 0 {
+		_, sw.err = sw.bw.Write(tail)
+	}
+	sw.buf = sw.buf[:0]
+}
+
+func (sw *snapWriter) header(p policy.Policy, wall, reading int64) {
+	sw.buf = append(sw.buf, snapMagic...)
+	sw.uvarint(snapVersion)
+	sw.uvarint(uint64(p.Version))
+	sw.uvarint(uint64(p.Capacity))
+	sw.uvarint(uint64(p.TokensPerSecond))
+	os := p.Overrides.Overrides()
+	sw.uvarint(uint64(len(os)))
+	sw.flush(nil)
+	for _, o := range os {
+		sw.uvarint(uint64(len(o.Match)))
+		sw.flush([]byte(o.Match))
+		sw.uvarint(uint64(o.Capacity))
+		sw.uvarint(uint64(o.TokensPerSecond))
+	}
+	sw.varint(wall)
+	sw.varint(reading)
+	sw.flush(nil)
+}
+
+func (sw *snapWriter) bucket(key []byte, b policy.Bucket, l policy.Limit) {
+	sw.buf = append(sw.buf, 1)
+	sw.uvarint(uint64(len(key)))
+	sw.flush(key)
+	sw.uvarint(uint64(b.Tokens))
+	sw.uvarint(uint64(b.Frac))
+	sw.varint(b.Last)
+	sw.uvarint(uint64(l.Capacity))
+	sw.uvarint(uint64(l.TokensPerSecond))
+	sw.flush(nil)
+}
+
+func (sw *snapWriter) end(count uint64) error {
+	sw.buf = append(sw.buf, 0)
+	sw.uvarint(count)
+	sw.flush(nil)
+	if sw.err == nil {
+		sw.err = sw.bw.Flush()
+	}
+	if sw.err != nil {
+		return sw.err
+	}
+	// The checksum goes straight to w: it covers everything before it.
+	var sum [8]byte
+	binary.LittleEndian.PutUint64(sum[:], sw.sum.Sum64())
+	_, err := sw.w.Write(sum[:])
+	return err
+}
