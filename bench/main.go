@@ -11,8 +11,8 @@
 // Scenarios: one hot key, 100,000 keys uniform, 1,000,000 keys Zipf (s=1.1),
 // and a mostly-denied policy, with 8 goroutines per core at GOMAXPROCS 1 and
 // 2. Then retained heap per key at 1,000,000 keys, the latency of a single
-// Allow, and the longest admission stall while EvictFull and ReplacePolicy
-// cover 1,000,000 keys.
+// Allow, and the longest admission stall while EvictFull, Snapshot and
+// ReplacePolicy cover 1,000,000 keys.
 //
 // The same benchmark bodies run under `go test -bench . ./bench`, for
 // benchstat.
@@ -199,6 +199,11 @@ func latencies(out io.Writer, cfg config) {
 		}},
 		{"ReplacePolicy", func(e *engine.Engine) error {
 			return e.ReplacePolicy(context.Background(), policy.Policy{Version: 2, Capacity: 3, TokensPerSecond: 2}, 1)
+		}},
+		// The snapshot's writer discards: what is measured is the copying
+		// and encoding beside admission, not a disk.
+		{"Snapshot", func(e *engine.Engine) error {
+			return e.Snapshot(context.Background(), io.Discard)
 		}},
 		// More cutovers than a shard keeps history for, with no sweep:
 		// untouched buckets are converted by background passes.
