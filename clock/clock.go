@@ -30,3 +30,10 @@ func Wall(c Clock) time.Time {
 	}
 	return time.Now()
 }
+
+// Sleeper is what a Clock may also do: signal when its reading has moved on
+// by d, for Engine.Wait. Without it, Wait sleeps on real timers.
+type Sleeper interface {
+	// After returns a channel closed once the reading reaches Now()+d.
+	After(d time.Duration) <-chan struct{}
+}

@@ -358,3 +358,80 @@ func ExampleManual() {
 	// 2s
 	// true
 }
+
+// TestManualAfter: After's channel closes exactly when the reading reaches
+// Now()+d, by Set or Advance, at once for d <= 0, and each channel once.
+func TestManualAfter(t *testing.T) {
+	m := clock.NewManual(100)
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	assert.True(t, closed(m.After(0)))
+	assert.True(t, closed(m.After(-5)))
+	a, b := m.After(10), m.After(20)
+	m.Set(109)
+	assert.False(t, closed(a))
+	m.Advance(1) // 110
+	assert.True(t, closed(a))
+	assert.False(t, closed(b))
+	m.Set(1000)
+	assert.True(t, closed(b))
+	assert.True(t, closed(m.After(math.MinInt64)))
+	c := m.After(math.MaxInt64) // saturates: closes only at the end of time
+	m.Set(math.MaxInt64 - 1)
+	assert.False(t, closed(c))
+	m.Advance(1)
+	assert.True(t, closed(c))
+}
+
+// TestManualAfterConcurrent: After and Set from many goroutines: every
+// channel whose time has come is closed, none is closed twice (that would
+// panic), and the race detector is quiet.
+func TestManualAfterConcurrent(t *testing.T) {
+	m := clock.NewManual(0)
+	var wg sync.WaitGroup
+	chans := make([][]<-chan struct{}, 4)
+	for g := range chans {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 1000 {
+				chans[g] = append(chans[g], m.After(time.Duration(i%50)))
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 1000 {
+			m.Advance(1)
+		}
+	}()
+	wg.Wait()
+	m.Advance(100) // everything registered is now due
+	for _, cs := range chans {
+		for _, ch := range cs {
+			<-ch
+		}
+	}
+}
+
+// TestWall: Manual's wall time is the epoch plus its reading; Monotonic's
+// is the real one; a Clock with neither falls back to time.Now.
+func TestWall(t *testing.T) {
+	assert.Equal(t, time.Unix(0, 5e9), clock.Wall(clock.NewManual(5e9)))
+	before := time.Now()
+	w := clock.Wall(clock.NewMonotonic())
+	assert.False(t, w.Before(before))
+	w = clock.Wall(oneMethod{})
+	assert.False(t, w.Before(before))
+}
+
+type oneMethod struct{}
+
+func (oneMethod) Now() int64 { return 0 }

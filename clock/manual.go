@@ -2,6 +2,7 @@ package clock
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -11,6 +12,14 @@ import (
 // 0 and is ready to use.
 type Manual struct {
 	now atomic.Int64
+
+	mu      sync.Mutex
+	waiters []waiter // After channels not yet fired
+}
+
+type waiter struct {
+	at int64
+	ch chan struct{}
 }
 
 // NewManual returns a Manual clock reading start. It panics if start is
@@ -37,6 +46,7 @@ func (m *Manual) Set(t int64) {
 			panic(fmt.Sprintf("clock: Manual.Set(%d) is before the current reading %d", t, cur))
 		}
 		if m.now.CompareAndSwap(cur, t) {
+			m.fire()
 			return
 		}
 	}
@@ -55,6 +65,7 @@ func (m *Manual) Advance(d time.Duration) {
 			next = 1<<63 - 1
 		}
 		if m.now.CompareAndSwap(cur, next) {
+			m.fire()
 			return
 		}
 	}
@@ -64,3 +75,40 @@ func (m *Manual) Advance(d time.Duration) {
 // readings a and b are b-a apart on the wall too: a test restores a snapshot
 // "later" by starting the new engine's clock later.
 func (m *Manual) Wall() time.Time { return time.Unix(0, m.Now()) }
+
+// After returns a channel that is closed once the reading reaches Now()+d:
+// at once if d <= 0, else when Set or Advance moves the clock that far. It
+// makes Manual a Sleeper, so Engine.Wait runs in tests without real sleeps.
+func (m *Manual) After(d time.Duration) <-chan struct{} {
+	ch := make(chan struct{})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now.Load()
+	if d <= 0 {
+		close(ch)
+		return ch
+	}
+	at := now + int64(d)
+	if at < now { // overflow: saturate, as Advance does
+		at = 1<<63 - 1
+	}
+	m.waiters = append(m.waiters, waiter{at: at, ch: ch})
+	return ch
+}
+
+// fire closes the channels of every waiter the reading has reached.
+func (m *Manual) fire() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now.Load()
+	kept := m.waiters[:0]
+	for _, w := range m.waiters {
+		if w.at <= now {
+			close(w.ch)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	clear(m.waiters[len(kept):])
+	m.waiters = kept
+}

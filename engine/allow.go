@@ -10,14 +10,19 @@ import (
 // order of DESIGN 3.2: ErrInvalidKey, ErrInvalidCost (cost < 1), ErrClosed,
 // the context's error, then from the key's shard ErrInvalidCost (cost above
 // the key's own capacity: its override's, or the default), ErrClockRegression
-// and ErrKeyCapacity. An error
-// changes nothing. A denial is not an error: it is a Decision with Allowed
-// false and a RetryAfter estimate.
+// and ErrKeyCapacity. An error changes nothing. A denial is not an error: it
+// is a Decision with Allowed false and a RetryAfter estimate.
 //
 // Allow blocks while the shard's mailbox is full, until there is room, ctx
 // ends or the engine closes; once the shard has taken the request, Allow
 // returns its answer whatever ctx does. It does not allocate.
 func (e *Engine) Allow(ctx context.Context, key string, cost int64) (Decision, error) {
+	return e.single(ctx, msg.OpAllow, key, cost)
+}
+
+// single sends one request of kind op to key's shard and waits for the
+// answer.
+func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) (Decision, error) {
 	if err := e.checkKey(key); err != nil {
 		return Decision{}, err
 	}
@@ -26,7 +31,7 @@ func (e *Engine) Allow(ctx context.Context, key string, cost int64) (Decision, e
 	}
 	a := e.allows.Get().(*msg.Allow)
 	i, h := e.shardOf(key)
-	a.Key, a.Hash, a.Cost = key, h, cost
+	a.Op, a.Key, a.Hash, a.Cost = op, key, h, cost
 	if err := e.mailboxes[i].SendAllow(ctx, a); err != nil {
 		a.Key = ""
 		e.allows.Put(a)
@@ -37,4 +42,23 @@ func (e *Engine) Allow(ctx context.Context, key string, cost int64) (Decision, e
 	a.Key, a.Reply = "", msg.Reply{}
 	e.allows.Put(a)
 	return Decision(r.Decision), r.Err
+}
+
+// Peek reports key's balance now without changing it: a Decision for a
+// request of one token that spends nothing (Allowed and RetryAfter say
+// whether such a request would pass and when it could). It creates no
+// bucket: a key not tracked reports a full bucket of the limit it would
+// get. It is decided in the key's shard like Allow, with the same errors
+// but ErrInvalidCost and ErrKeyCapacity, and does not allocate.
+func (e *Engine) Peek(ctx context.Context, key string) (Decision, error) {
+	return e.single(ctx, msg.OpPeek, key, 1)
+}
+
+// Refund credits tokens (>= 1, else ErrInvalidCost) back to key, exactly
+// and capped at its capacity: for a cost that was over-estimated when it was
+// spent. It never creates a key: refunding a key not tracked (never seen,
+// or evicted because it was full) changes nothing. It answers like Peek,
+// with the balance after the refund.
+func (e *Engine) Refund(ctx context.Context, key string, tokens int64) (Decision, error) {
+	return e.single(ctx, msg.OpRefund, key, tokens)
 }

@@ -20,9 +20,19 @@ type Reply struct {
 	Err      error
 }
 
-// Allow asks a shard to decide one request. The shard writes Reply and then
-// sends on Done.
+// Op is what a single request asks of its key's shard.
+type Op uint8
+
+const (
+	OpAllow  Op = iota // decide Cost, spending it if allowed
+	OpPeek             // report the balance: change nothing, create nothing
+	OpRefund           // credit Cost tokens back, capped: create nothing
+)
+
+// Allow asks a shard to act on one key: decide a request, by default (see
+// Op). The shard writes Reply and then sends on Done.
 type Allow struct {
+	Op    Op
 	Key   string
 	Hash  uint64 // the key's hash by the shard's Hasher, computed to route it
 	Cost  int64

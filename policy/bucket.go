@@ -135,6 +135,17 @@ func (b *Bucket) Clamp(capacity int64) {
 	}
 }
 
+// Credit gives tokens (>= 1) back to b, capped at l's capacity: the exact
+// refund of a cost that was over-estimated. Call Refill first, so the credit
+// lands at a known instant. Fractional credit is kept.
+func (b *Bucket) Credit(l Limit, tokens int64) {
+	if tokens >= l.Capacity-b.Tokens { // no overflow: 0 <= Tokens <= Capacity
+		b.Tokens, b.Frac = l.Capacity, 0
+		return
+	}
+	b.Tokens += tokens
+}
+
 // Cutover converts b from old to next at the cutover instant at: refill under
 // old up to at, then clamp to next's capacity. From then on b refills under
 // next. It requires at >= b.Last.

@@ -656,3 +656,35 @@ func TestCutoverNeverTopsUp(t *testing.T) {
 func TestBucketSize(t *testing.T) {
 	require.Equal(t, uintptr(24), unsafe.Sizeof(policy.Bucket{}))
 }
+
+// TestCredit checks refunds against the math/big model: exact, capped at
+// capacity, fractional credit kept.
+func TestCredit(t *testing.T) {
+	l := policy.Limit{Capacity: 10, TokensPerSecond: 3}
+	for _, tc := range []struct {
+		name   string
+		b      policy.Bucket
+		tokens int64
+		want   policy.Bucket
+	}{
+		{"empty", policy.Bucket{Last: 5}, 4, policy.Bucket{Tokens: 4, Last: 5}},
+		{"fraction kept", policy.Bucket{Tokens: 2, Frac: 999_999_999}, 7, policy.Bucket{Tokens: 9, Frac: 999_999_999}},
+		{"to exactly full", policy.Bucket{Tokens: 3}, 7, policy.Bucket{Tokens: 10}},
+		{"fraction past full is capped", policy.Bucket{Tokens: 9, Frac: 1}, 1, policy.Bucket{Tokens: 10}},
+		{"far past full", policy.Bucket{Tokens: 9}, math.MaxInt64, policy.Bucket{Tokens: 10}},
+		{"already full", policy.Bucket{Tokens: 10}, 1, policy.Bucket{Tokens: 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := tc.b
+			b.Credit(l, tc.tokens)
+			assert.Equal(t, tc.want, b)
+			// The model: units + tokens*1e9, capped at capacity*1e9.
+			m := modelOf(tc.b)
+			m.units.Add(m.units, costUnits(tc.tokens))
+			if c := capUnits(l); m.units.Cmp(c) > 0 {
+				m.units = c
+			}
+			requireSame(t, m, b)
+		})
+	}
+}

@@ -273,7 +273,11 @@ take:
 	}
 	now := s.clk.Now()
 	for i, a := range g {
-		a.Reply = s.state.AllowHashed(now, a.Key, a.Hash, a.Cost)
+		if a.Op == msg.OpAllow {
+			a.Reply = s.state.AllowHashed(now, a.Key, a.Hash, a.Cost)
+		} else {
+			a.Reply = s.state.inspect(now, a)
+		}
 		a.Done <- struct{}{}
 		g[i] = nil // the message goes back to its pool; do not keep it alive
 	}

@@ -135,6 +135,50 @@ func (s *State) AllowHashed(now int64, key string, h uint64, cost int64) msg.Rep
 	}}
 }
 
+// inspect serves a Peek or a Refund at now. Neither creates a bucket: an
+// unknown key reports a full bucket of the limit it would resolve to. A Peek
+// changes nothing (it refills a copy); a Refund refills the bucket to now and
+// credits a.Cost tokens, capped at the key's capacity. Allowed and
+// RetryAfter answer for a request of one token.
+func (s *State) inspect(now int64, a *msg.Allow) msg.Reply {
+	if now < s.last {
+		return msg.Reply{Err: msg.ErrClockRegression}
+	}
+	b := s.tab.find(a.Hash, a.Key)
+	if b != nil {
+		s.bringUp(b, a.Key)
+	}
+	g := &s.gens[len(s.gens)-1]
+	var bk policy.Bucket
+	var lim policy.Limit
+	switch {
+	case b == nil:
+		lim = g.limits[g.pol.Overrides.Resolve(a.Key)]
+		bk = policy.NewBucket(lim, now)
+	case a.Op == msg.OpRefund:
+		lim = g.limits[b.Limit]
+		b.Refill(lim, now)
+		b.Credit(lim, a.Cost)
+		s.last = now
+		bk = *b
+	default:
+		lim = g.limits[b.Limit]
+		bk = *b
+		bk.Refill(lim, now)
+	}
+	d := msg.Decision{
+		Allowed:    bk.Tokens >= 1,
+		Remaining:  bk.Tokens,
+		Version:    g.pol.Version,
+		Limit:      lim.Capacity,
+		ResetAfter: time.Duration(bk.ResetAfter(lim)),
+	}
+	if !d.Allowed {
+		d.RetryAfter = time.Duration(bk.RetryAfter(lim, 1))
+	}
+	return msg.Reply{Decision: d}
+}
+
 // Batch decides b.Items in order at one reading, into b.Out. The answers are
 // those of the same Allow calls made one by one at now.
 func (s *State) Batch(now int64, b *msg.Batch) {

@@ -1,0 +1,63 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tokenshard/tokenshard/clock"
+)
+
+// ErrWouldExceedDeadline is returned (wrapped) by Wait when the wait it
+// would need ends after the context's deadline.
+var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the context deadline")
+
+// Wait blocks until key may spend cost tokens, spends them and returns the
+// Decision, or until ctx ends. It decides with Allow, waits the RetryAfter
+// of a denial and decides again: an estimate is not a reservation, so
+// others may take the tokens meanwhile and Wait then waits again.
+//
+// Wait never waits past ctx's deadline: if a denial's RetryAfter ends after
+// it, Wait returns at once with that Decision and ErrWouldExceedDeadline,
+// having spent nothing. If ctx ends while waiting it returns ctx's error.
+// Any other error of Allow is returned as it is.
+//
+// It waits on the engine's clock if that is a clock.Sleeper (clock.Manual
+// is), else on a real timer. It starts no goroutine.
+func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, error) {
+	for {
+		d, err := e.Allow(ctx, key, cost)
+		if err != nil || d.Allowed {
+			return d, err
+		}
+		if deadline, ok := ctx.Deadline(); ok {
+			if left := time.Until(deadline); d.RetryAfter > left {
+				return d, fmt.Errorf("%w: retry after %v, deadline in %v", ErrWouldExceedDeadline, d.RetryAfter, left)
+			}
+		}
+		if err := e.sleep(ctx, d.RetryAfter); err != nil {
+			return Decision{}, err
+		}
+	}
+}
+
+// sleep waits d on the engine's clock, or until ctx ends.
+func (e *Engine) sleep(ctx context.Context, d time.Duration) error {
+	if s, ok := e.clk.(clock.Sleeper); ok {
+		select {
+		case <-s.After(d):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
