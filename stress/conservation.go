@@ -15,6 +15,7 @@ import (
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/policy"
+	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // Conservation under the real monotonic clock (issue 3, check 3), and the
@@ -25,8 +26,9 @@ import (
 //	(a) no key is admitted more than its policy history could have granted
 //	    (the bound and why it is sound: conservation_bound.go);
 //	(b) Remaining never exceeds Limit, and Limit is the capacity of the
-//	    policy version the decision names; the retry and reset estimates
-//	    are consistent with Remaining and that policy's rate;
+//	    key's own limit under the policy version the decision names; the
+//	    retry and reset estimates are consistent with Remaining and that
+//	    limit's rate; a cost is refused as invalid only above that capacity;
 //	(c) a decision's version was attempted by the coordinator and did not
 //	    fail, and is at least the version whose ReplacePolicy returned
 //	    before the call started.
@@ -38,8 +40,44 @@ const (
 	consMaxRate     = 1_000_000_000
 )
 
-// consInitial is the policy the engine starts with.
-var consInitial = policy.Policy{Version: 1, Capacity: 50, TokensPerSecond: 100}
+// consInitial is the policy the engine starts with: the hottest key and one
+// class of keys have limits of their own.
+var consInitial = policy.Policy{Version: 1, Capacity: 50, TokensPerSecond: 100, Overrides: mustOverrides(
+	policy.Override{Match: consHot, Capacity: 20, TokensPerSecond: 300},
+	policy.Override{Match: "A*", Capacity: 5, TokensPerSecond: 40})}
+
+// Key names sort keys into classes that every policy the check draws gives
+// one limit (consClassOf): the hottest key, "hot", alone, so overrides may
+// name it exactly; the others "A1A", "B2B", ..., "E5E", "A6A", ..., one
+// class per letter, which patterns select whole (consMatches).
+const (
+	consHot     = "hot"
+	consLetters = "ABCDE"
+)
+
+// consName is the name of key i (0 is the hottest under the Zipf draw).
+func consName(i int) string {
+	if i == 0 {
+		return consHot
+	}
+	c := string(consLetters[(i-1)%len(consLetters)])
+	return c + strconv.Itoa(i) + c
+}
+
+// consClassOf names the class of a key: its letter for "X<n>X", else the
+// key itself, a class of one.
+func consClassOf(name string) string {
+	if n := len(name); n >= 2 && name[0] >= 'A' && name[0] <= 'Z' && name[n-1] == name[0] {
+		return name[:1]
+	}
+	return name
+}
+
+// consMatches are the Matches of the overrides the check draws: the hottest
+// key exactly, and patterns with '*' first, inside, last and around, each of
+// which matches every key of a class or none of it ("E" has no pattern of
+// its own: only "*" moves it), so the keys of a class always share a limit.
+var consMatches = []string{consHot, "A*", "*B", "C*C", "*D*", "A*A", "*", "zz*"}
 
 // States of a consVersion.
 const (
@@ -50,9 +88,10 @@ const (
 
 // consVersion is one policy version the coordinator attempted to install.
 type consVersion struct {
-	pol   policy.Policy
-	state atomic.Int32
-	seen  atomic.Bool // some decision named this version
+	pol    policy.Policy
+	limits []policy.Limit // by key class: the limit pol gives its keys
+	state  atomic.Int32
+	seen   atomic.Bool // some decision named this version
 }
 
 // consRegistry is the coordinator's log of versions, readable by workers.
@@ -64,10 +103,14 @@ type consRegistry struct {
 	backing []*consVersion                 // owned by the coordinator
 	inForce atomic.Int64                   // version of the last ReplacePolicy that returned nil
 	seq     atomic.Int64                   // odd while an attempt with a fresh version is in flight
+	reps    []string                       // a key of each class, by class index; set before any register
 }
 
 func (r *consRegistry) register(p policy.Policy) *consVersion {
 	v := &consVersion{pol: p}
+	for _, k := range r.reps {
+		v.limits = append(v.limits, model.LimitOf(p, k))
+	}
 	for int64(len(r.backing)) <= p.Version {
 		r.backing = append(r.backing, nil)
 	}
@@ -107,6 +150,7 @@ type consRun struct {
 	eng   *engine.Engine
 	clk   *clock.Monotonic
 	names []string
+	class []int // by key: its class in the ledger and in consVersion.limits
 	reg   consRegistry
 
 	seg     atomic.Int64 // current segment, published after its boundary
@@ -142,9 +186,15 @@ func runConservation(ctx context.Context, o options, c *counters) error {
 		cancel:  cancel,
 	}
 	for i := range r.names {
-		r.names[i] = "cons/" + strconv.Itoa(i)
+		r.names[i] = consName(i)
 	}
 	r.ledger = newConsLedger(consInitial, r.names, o.seed)
+	for _, k := range r.ledger.keys {
+		r.class = append(r.class, k.class)
+	}
+	for _, c := range r.ledger.classes {
+		r.reg.reps = append(r.reg.reps, c.rep)
+	}
 	r.reg.register(consInitial).state.Store(consInstalled)
 	r.reg.inForce.Store(consInitial.Version)
 
@@ -246,8 +296,9 @@ func (r *consRun) work(w *consWorker) {
 	}
 }
 
-// cost draws a request cost: mostly 1, sometimes more, rarely above the
-// capacity in force (ErrInvalidCost).
+// cost draws a request cost: mostly 1, sometimes more, rarely above every
+// capacity in force (ErrInvalidCost); costs between 6 and 50 are above some
+// keys' own capacities and within others'.
 func (w *consWorker) cost() int64 {
 	switch x := w.rng.IntN(1000); {
 	case x < 800:
@@ -294,9 +345,9 @@ func (r *consRun) checkResult(w *consWorker, k int32, cost int64, d engine.Decis
 		case errors.Is(err, engine.ErrKeyCapacity) && r.o.keys > r.o.maxKeys:
 			return nil
 		case errors.Is(err, engine.ErrInvalidCost):
-			if v := r.reg.lookup(floor); certain && cost <= v.pol.Capacity {
+			if v := r.reg.lookup(floor); certain && cost <= v.limits[r.class[k]].Capacity {
 				return &Violation{Key: key, Op: fmt.Sprintf(" under version %d alone", floor),
-					Want: fmt.Sprintf("a decision: cost %d <= capacity %d", cost, v.pol.Capacity), Got: err.Error()}
+					Want: fmt.Sprintf("a decision: cost %d <= the key's capacity %d under %s", cost, v.limits[r.class[k]].Capacity, policyText(v.pol)), Got: err.Error()}
 			}
 			return nil
 		}
@@ -315,8 +366,12 @@ func (r *consRun) checkResult(w *consWorker, k int32, cost int64, d engine.Decis
 	case certain && d.Version != floor:
 		return &Violation{Key: key, Want: fmt.Sprintf("version %d, the only one in force during the call", floor), Got: fmt.Sprintf("%+v", d)}
 	}
-	if s := consCheckDecision(d, cost, v.pol); s != "" {
-		return &Violation{Key: key, Want: s, Got: fmt.Sprintf("%+v under %+v", d, v.pol)}
+	lim := v.limits[r.class[k]]
+	if s := consCheckDecision(d, cost, lim, d.Version); s != "" {
+		return &Violation{Key: key, Want: s, Got: fmt.Sprintf("%+v under %s", d, policyText(v.pol))}
+	}
+	if lim != v.pol.Limit() {
+		r.c.overridden.Add(1)
 	}
 	if d.Allowed {
 		if w.acc[k] == 0 {
@@ -328,14 +383,15 @@ func (r *consRun) checkResult(w *consWorker, k int32, cost int64, d engine.Decis
 }
 
 // consCheckDecision checks d, the answer to a request of cost decided under
-// p, for what can be known without the bucket's exact balance: the balance
-// lies in [Remaining, Remaining+1) tokens, so each estimate lies between
-// the two ceilings it gives. It returns what was wanted, or "".
-func consCheckDecision(d engine.Decision, cost int64, p policy.Policy) string {
-	rem, capacity, rate := d.Remaining, p.Capacity, p.TokensPerSecond
+// lim, the key's own limit in policy version, for what can be known without
+// the bucket's exact balance: the balance lies in [Remaining, Remaining+1)
+// tokens, so each estimate lies between the two ceilings it gives. It
+// returns what was wanted, or "".
+func consCheckDecision(d engine.Decision, cost int64, lim policy.Limit, version int64) string {
+	rem, capacity, rate := d.Remaining, lim.Capacity, lim.TokensPerSecond
 	switch {
 	case d.Limit != capacity:
-		return fmt.Sprintf("Limit %d, the capacity of version %d", capacity, p.Version)
+		return fmt.Sprintf("Limit %d, the key's capacity in version %d", capacity, version)
 	case rem < 0 || rem > d.Limit:
 		return fmt.Sprintf("0 <= Remaining <= Limit %d", d.Limit)
 	case cost > capacity:
@@ -425,7 +481,7 @@ func (r *consRun) finalizeReady() {
 		return
 	}
 	T := r.clk.Now() // after the loads: every counted admission happened before it
-	for int64(r.ledger.done) < ready && r.ledger.done < len(r.ledger.bounds) {
+	for int64(r.ledger.done) < ready && r.ledger.done < r.ledger.segments() {
 		g := r.ledger.done
 		r.mu.Lock()
 		m := r.pending[int64(g)]
@@ -456,7 +512,7 @@ func (r *consRun) sweep(ctx context.Context) *Violation {
 // version, sometimes a stale one (wrong expected version, or a version that
 // does not increase), which must be refused.
 func (r *consRun) cutover(ctx context.Context) *Violation {
-	cur := r.ledger.tl.pol
+	cur := r.ledger.pol
 	next := consRandomPolicy(r.rng, cur.Version+1+r.rng.Int64N(3))
 	expected := cur.Version
 	stale := ""
@@ -514,7 +570,8 @@ func (r *consRun) cutover(ctx context.Context) *Violation {
 }
 
 // consRandomPolicy draws a policy: mostly modest, sometimes large, within
-// consMaxCapacity and consMaxRate.
+// consMaxCapacity and consMaxRate, and with overrides from consMatches two
+// times in three.
 func consRandomPolicy(r *rand.Rand, version int64) policy.Policy {
 	draw := func(max int64) int64 {
 		switch x := r.IntN(100); {
@@ -528,5 +585,14 @@ func consRandomPolicy(r *rand.Rand, version int64) policy.Policy {
 			return max - r.Int64N(1000)
 		}
 	}
-	return policy.Policy{Version: version, Capacity: draw(consMaxCapacity), TokensPerSecond: draw(consMaxRate)}
+	p := policy.Policy{Version: version, Capacity: draw(consMaxCapacity), TokensPerSecond: draw(consMaxRate)}
+	if r.IntN(3) == 0 {
+		return p
+	}
+	var os []policy.Override
+	for _, i := range r.Perm(len(consMatches))[:1+r.IntN(4)] {
+		os = append(os, policy.Override{Match: consMatches[i], Capacity: draw(consMaxCapacity), TokensPerSecond: draw(consMaxRate)})
+	}
+	p.Overrides = mustOverrides(os...)
+	return p
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tokenshard/tokenshard/policy"
+	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // The conservation bound: how many tokens one key can have been admitted.
@@ -74,14 +75,15 @@ const consUnits = policy.UnitsPerToken
 
 var consBigUnits = big.NewInt(consUnits)
 
-// consTimeline integrates C(t), the credit bound, from the coordinator's own
-// clock readings. It is owned by the coordinator goroutine.
+// consTimeline integrates C(t), the credit bound, for the keys of one class
+// (keys every policy gives the same limit, see consClassOf), from the
+// coordinator's own clock readings. It is owned by the coordinator goroutine.
 type consTimeline struct {
-	at       int64         // last reading folded in
-	pol      policy.Policy // in force on every shard since at
-	rate     big.Int       // ∫ rate upper bound over [0, at], in units
-	raise    big.Int       // Σ capacity raises x 1e9 up to at, in units
-	cutovers int           // successful cutovers up to at
+	at       int64        // last reading folded in
+	lim      policy.Limit // the class's limit on every shard since at
+	rate     big.Int      // ∫ rate upper bound over [0, at], in units
+	raise    big.Int      // Σ capacity raises x 1e9 up to at, in units
+	cutovers int          // successful cutovers up to at
 	tmp      big.Int
 }
 
@@ -97,23 +99,25 @@ func (tl *consTimeline) advance(t, tokensPerSecond int64) {
 	tl.at = t
 }
 
-// cutover folds a successful ReplacePolicy(next) called after reading before
-// and returned before reading after: the old rate up to before, the larger
-// of the two rates over the window, and the capacity raise if any.
-func (tl *consTimeline) cutover(before, after int64, next policy.Policy) {
-	tl.advance(before, tl.pol.TokensPerSecond)
-	tl.advance(after, max(tl.pol.TokensPerSecond, next.TokensPerSecond))
-	if d := next.Capacity - tl.pol.Capacity; d > 0 {
+// cutover folds a successful ReplacePolicy that gives the class next, called
+// after reading before and returned before reading after: the old rate up to
+// before, the larger of the two rates over the window, and the capacity
+// raise if any.
+func (tl *consTimeline) cutover(before, after int64, next policy.Limit) {
+	tl.advance(before, tl.lim.TokensPerSecond)
+	tl.advance(after, max(tl.lim.TokensPerSecond, next.TokensPerSecond))
+	if d := next.Capacity - tl.lim.Capacity; d > 0 {
 		tl.tmp.SetInt64(d)
 		tl.tmp.Mul(&tl.tmp, consBigUnits)
 		tl.raise.Add(&tl.raise, &tl.tmp)
 	}
-	tl.pol = next
+	tl.lim = next
 	tl.cutovers++
 }
 
-// consBoundary is a candidate window start: a reading taken while no cutover
-// was in flight, with C and the capacity at that reading.
+// consBoundary is a candidate window start for one class: a reading taken
+// while no cutover was in flight, with C and the class's capacity at that
+// reading.
 type consBoundary struct {
 	at       int64
 	capacity int64
@@ -123,8 +127,20 @@ type consBoundary struct {
 	w        big.Int // capacity*1e9 - C(at)
 }
 
+// consClass is the bound's state for one class of keys: its own timeline,
+// its boundaries (one per segment, like every class's) and their suffix
+// minima.
+type consClass struct {
+	rep    string // a key of the class: the policy's limit for it is the class's
+	tl     consTimeline
+	bounds []consBoundary
+	stack  []int // boundary indices; w increases from bottom to top (suffix minima)
+	ct     big.Int
+}
+
 // consKey is one key's running state in the check.
 type consKey struct {
+	class    int     // index in consLedger.classes
 	admitted int64   // tokens admitted in finalized segments
 	last     int     // last segment whose admissions were folded in; -1 none
 	min      big.Int // min over boundaries s folded so far of A(s)*1e9 + w(s)
@@ -141,26 +157,35 @@ type consAdmission struct {
 // consLedger checks the bound for every key. It is a pure state machine: the
 // coordinator feeds it cutovers, boundaries and finalized segments; tests
 // feed it fabricated ones. Not safe for concurrent use.
+//
+// With overrides keys have limits of their own, so the bound is kept per
+// class of keys that every policy gives the same limit: the argument above
+// holds key by key with the key's own capacity and rate, and all keys of a
+// class share them.
 type consLedger struct {
-	tl     consTimeline
-	bounds []consBoundary
-	stack  []int // boundary indices; w increases from bottom to top (suffix minima)
-	done   int   // segments finalized
-	keys   []consKey
-	names  []string
-	seed   uint64
-	tmp    big.Int
-	ct     big.Int // C(T) of the finalization in progress
+	pol     policy.Policy // in force since the last cutover
+	classes []consClass
+	done    int // segments finalized
+	keys    []consKey
+	names   []string
+	seed    uint64
+	tmp     big.Int
 }
 
 // newConsLedger returns a ledger for an engine started at reading 0 under p,
-// with boundary 0 at reading 0.
+// with boundary 0 at reading 0. Keys fall into classes by consClassOf.
 func newConsLedger(p policy.Policy, names []string, seed uint64) *consLedger {
-	l := &consLedger{names: names, seed: seed, keys: make([]consKey, len(names))}
-	l.tl.pol = p
-	for i := range l.keys {
-		l.keys[i].last = -1
-		l.keys[i].from = -1
+	l := &consLedger{pol: p, names: names, seed: seed, keys: make([]consKey, len(names))}
+	index := map[string]int{}
+	for i, name := range names {
+		c, ok := index[consClassOf(name)]
+		if !ok {
+			c = len(l.classes)
+			index[consClassOf(name)] = c
+			l.classes = append(l.classes, consClass{rep: name})
+			l.classes[c].tl.lim = model.LimitOf(p, name)
+		}
+		l.keys[i] = consKey{class: c, last: -1, from: -1}
 	}
 	l.boundary(0)
 	return l
@@ -169,22 +194,37 @@ func newConsLedger(p policy.Policy, names []string, seed uint64) *consLedger {
 // cutover records a successful ReplacePolicy(next) bracketed by the readings
 // before and after.
 func (l *consLedger) cutover(before, after int64, next policy.Policy) {
-	l.tl.cutover(before, after, next)
+	for i := range l.classes {
+		c := &l.classes[i]
+		c.tl.cutover(before, after, model.LimitOf(next, c.rep))
+	}
+	l.pol = next
 }
 
 // boundary marks a window start at reading at (no cutover in flight) and
 // returns its index, which is also the number of the segment it starts.
 func (l *consLedger) boundary(at int64) int {
-	l.tl.advance(at, l.tl.pol.TokensPerSecond)
-	l.bounds = append(l.bounds, consBoundary{at: at, capacity: l.tl.pol.Capacity, cutovers: l.tl.cutovers})
-	b := &l.bounds[len(l.bounds)-1]
-	b.rate.Set(&l.tl.rate)
-	b.raise.Set(&l.tl.raise)
-	b.w.SetInt64(b.capacity)
-	b.w.Mul(&b.w, consBigUnits)
-	b.w.Sub(&b.w, &b.rate)
-	b.w.Sub(&b.w, &b.raise)
-	return len(l.bounds) - 1
+	for i := range l.classes {
+		c := &l.classes[i]
+		c.tl.advance(at, c.tl.lim.TokensPerSecond)
+		c.bounds = append(c.bounds, consBoundary{at: at, capacity: c.tl.lim.Capacity, cutovers: c.tl.cutovers})
+		b := &c.bounds[len(c.bounds)-1]
+		b.rate.Set(&c.tl.rate)
+		b.raise.Set(&c.tl.raise)
+		b.w.SetInt64(b.capacity)
+		b.w.Mul(&b.w, consBigUnits)
+		b.w.Sub(&b.w, &b.rate)
+		b.w.Sub(&b.w, &b.raise)
+	}
+	return l.segments() - 1
+}
+
+// segments returns how many boundaries (segments) there are.
+func (l *consLedger) segments() int {
+	if len(l.classes) == 0 {
+		return 0
+	}
+	return len(l.classes[0].bounds)
 }
 
 // finalize folds in segment g (which must be the next one) with adm, what
@@ -192,18 +232,21 @@ func (l *consLedger) boundary(at int64) int {
 // to reading T; every admission counted so far must have happened by T, and
 // no cutover may be in flight at T. It returns the first violation.
 func (l *consLedger) finalize(g int, adm []consAdmission, T int64) *Violation {
-	if g != l.done || g >= len(l.bounds) {
-		panic(fmt.Sprintf("stress: finalize segment %d, next is %d of %d", g, l.done, len(l.bounds)))
+	if g != l.done || g >= l.segments() {
+		panic(fmt.Sprintf("stress: finalize segment %d, next is %d of %d", g, l.done, l.segments()))
 	}
 	l.done++
-	// Boundary g becomes a candidate start now that A(g) is final for every
-	// key: segments before g are folded in.
-	for len(l.stack) > 0 && l.bounds[l.stack[len(l.stack)-1]].w.Cmp(&l.bounds[g].w) >= 0 {
-		l.stack = l.stack[:len(l.stack)-1]
+	for i := range l.classes {
+		c := &l.classes[i]
+		// Boundary g becomes a candidate start now that A(g) is final for
+		// every key: segments before g are folded in.
+		for len(c.stack) > 0 && c.bounds[c.stack[len(c.stack)-1]].w.Cmp(&c.bounds[g].w) >= 0 {
+			c.stack = c.stack[:len(c.stack)-1]
+		}
+		c.stack = append(c.stack, g)
+		c.tl.advance(T, c.tl.lim.TokensPerSecond)
+		c.ct.Add(&c.tl.rate, &c.tl.raise)
 	}
-	l.stack = append(l.stack, g)
-	l.tl.advance(T, l.tl.pol.TokensPerSecond)
-	l.ct.Add(&l.tl.rate, &l.tl.raise)
 
 	slices.SortFunc(adm, func(a, b consAdmission) int { return cmp.Compare(a.key, b.key) })
 	for _, a := range adm {
@@ -211,13 +254,14 @@ func (l *consLedger) finalize(g int, adm []consAdmission, T int64) *Violation {
 			continue
 		}
 		k := &l.keys[a.key]
-		l.fold(k, g)
+		c := &l.classes[k.class]
+		l.fold(k, c, g)
 		k.admitted += a.tokens
 		k.last = g
 		// A(T)*1e9 - C(T) <= min
 		l.tmp.SetInt64(k.admitted)
 		l.tmp.Mul(&l.tmp, consBigUnits)
-		l.tmp.Sub(&l.tmp, &l.ct)
+		l.tmp.Sub(&l.tmp, &c.ct)
 		if l.tmp.Cmp(&k.min) > 0 {
 			return l.violation(a.key, T)
 		}
@@ -225,18 +269,18 @@ func (l *consLedger) finalize(g int, adm []consAdmission, T int64) *Violation {
 	return nil
 }
 
-// fold lowers k.min with every boundary in (k.last, g]: A is constant over
-// them (no admissions since segment k.last), so the best is the smallest w,
-// the first suffix minimum past k.last.
-func (l *consLedger) fold(k *consKey, g int) {
+// fold lowers k.min with every boundary of its class c in (k.last, g]: A is
+// constant over them (no admissions since segment k.last), so the best is
+// the smallest w, the first suffix minimum past k.last.
+func (l *consLedger) fold(k *consKey, c *consClass, g int) {
 	if k.last >= g {
 		return
 	}
-	j, _ := slices.BinarySearch(l.stack, k.last+1)
-	i := l.stack[j] // exists: g, just pushed, is on top and g > k.last
+	j, _ := slices.BinarySearch(c.stack, k.last+1)
+	i := c.stack[j] // exists: g, just pushed, is on top and g > k.last
 	l.tmp.SetInt64(k.admitted)
 	l.tmp.Mul(&l.tmp, consBigUnits)
-	l.tmp.Add(&l.tmp, &l.bounds[i].w)
+	l.tmp.Add(&l.tmp, &c.bounds[i].w)
 	if k.from < 0 || l.tmp.Cmp(&k.min) < 0 {
 		k.min.Set(&l.tmp)
 		k.from = i
@@ -247,9 +291,10 @@ func (l *consLedger) fold(k *consKey, g int) {
 // violation explains the window that failed for key.
 func (l *consLedger) violation(key int32, T int64) *Violation {
 	k := &l.keys[key]
-	b := &l.bounds[k.from]
-	refill := new(big.Int).Sub(&l.tl.rate, &b.rate)
-	raises := new(big.Int).Sub(&l.tl.raise, &b.raise)
+	c := &l.classes[k.class]
+	b := &c.bounds[k.from]
+	refill := new(big.Int).Sub(&c.tl.rate, &b.rate)
+	raises := new(big.Int).Sub(&c.tl.raise, &b.raise)
 	bound := new(big.Int).SetInt64(b.capacity)
 	bound.Mul(bound, consBigUnits)
 	bound.Add(bound, refill)
@@ -258,11 +303,12 @@ func (l *consLedger) violation(key int32, T int64) *Violation {
 		Check: "conservation",
 		Key:   l.names[key],
 		Op:    fmt.Sprintf("Allow/AllowBatch admissions between readings %v and %v", time.Duration(b.at), time.Duration(T)),
-		Want: fmt.Sprintf("at most %s tokens: capacity %d at the window start + refill bound %s + capacity raises %s, over %d cutovers",
-			consTokens(bound), b.capacity, consTokens(refill), consTokens(raises), l.tl.cutovers-b.cutovers),
-		Got:    fmt.Sprintf("%d tokens admitted", k.admitted-k.before),
-		Seed:   l.seed,
-		Detail: fmt.Sprintf("window from boundary %d of %d; the key's admissions total %d tokens", k.from, len(l.bounds), k.admitted),
+		Want: fmt.Sprintf("at most %s tokens: the key's capacity %d at the window start + refill bound %s + capacity raises %s, over %d cutovers",
+			consTokens(bound), b.capacity, consTokens(refill), consTokens(raises), c.tl.cutovers-b.cutovers),
+		Got:  fmt.Sprintf("%d tokens admitted", k.admitted-k.before),
+		Seed: l.seed,
+		Detail: fmt.Sprintf("window from boundary %d of %d; the key's admissions total %d tokens; its limit now %d/%d under %s",
+			k.from, len(c.bounds), k.admitted, c.tl.lim.Capacity, c.tl.lim.TokensPerSecond, policyText(l.pol)),
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/policy"
+	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // TestConservation runs the conservation load briefly: once with room for
@@ -39,6 +41,7 @@ func TestConservation(t *testing.T) {
 			if tc.keys > tc.maxKeys {
 				assert.Positive(t, c.errs[kindKeyCapacity].Load(), "ErrKeyCapacity")
 			}
+			assert.Positive(t, c.overridden.Load(), "decisions under an override")
 		})
 	}
 }
@@ -141,7 +144,7 @@ func TestConsCheckDecision(t *testing.T) {
 		{engine.Decision{Remaining: 0, RetryAfter: 333_333_334, Version: 4, Limit: 10, ResetAfter: 3_333_333_334}, 1},
 		{engine.Decision{Remaining: 0, RetryAfter: 1, Version: 4, Limit: 10, ResetAfter: 3_000_000_001}, 1},
 	} {
-		assert.Empty(t, consCheckDecision(c.d, c.cost, p), "case %d", i)
+		assert.Empty(t, consCheckDecision(c.d, c.cost, p.Limit(), p.Version), "case %d", i)
 	}
 	for i, c := range []struct {
 		d    engine.Decision
@@ -159,6 +162,87 @@ func TestConsCheckDecision(t *testing.T) {
 		{engine.Decision{Remaining: 10, Version: 4, Limit: 10, RetryAfter: 1}, 1},                           // denied while full
 		{engine.Decision{Allowed: true, Version: 4, Limit: 10, ResetAfter: 3_333_333_334}, 11},              // cost above capacity
 	} {
-		assert.NotEmpty(t, consCheckDecision(c.d, c.cost, p), "case %d: %+v", i, c.d)
+		assert.NotEmpty(t, consCheckDecision(c.d, c.cost, p.Limit(), p.Version), "case %d: %+v", i, c.d)
+	}
+}
+
+// TestConservationBoundPerKey: with overrides the bound is each key's own.
+// "A1A" and "A2A" share the class A* selects; "hot" and "cold" keep the
+// default.
+func TestConservationBoundPerKey(t *testing.T) {
+	const s = int64(time.Second)
+	names := []string{"hot", "A1A", "A2A", "cold"}
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1,
+		Overrides: mustOverrides(policy.Override{Match: "A*", Capacity: 3, TokensPerSecond: 2})}
+	dropped := policy.Policy{Version: 2, Capacity: 10, TokensPerSecond: 1} // A* back to the default: a raise of 7
+	swapped := policy.Policy{Version: 2, Capacity: 3, TokensPerSecond: 2,  // the default and A* trade places
+		Overrides: mustOverrides(policy.Override{Match: "A*", Capacity: 10, TokensPerSecond: 1})}
+	for _, tc := range []struct {
+		name       string
+		cut        *policy.Policy // at 1s
+		at         int64          // the one finalization
+		a, hot     int64          // admitted to A1A, hot
+		violation  bool
+		violatorIs string
+	}{
+		{"own capacity", nil, 0, 3, 10, false, ""},
+		{"own capacity+1", nil, 0, 4, 10, true, "A1A"},
+		{"default capacity+1", nil, 0, 3, 11, true, "hot"},
+		{"own rate", nil, 2 * s, 3 + 4, 10 + 2, false, ""},
+		{"own rate+1", nil, 2 * s, 3 + 4 + 1, 10 + 2, true, "A1A"},
+		{"override dropped: raise", &dropped, 2 * s, 3 + 2 + 7 + 1, 10 + 2, false, ""},
+		{"override dropped: raise+1", &dropped, 2 * s, 3 + 2 + 7 + 1 + 1, 10 + 2, true, "A1A"},
+		{"swapped", &swapped, 2 * s, 3 + 2 + 7 + 1, 10 + 1 + 2, false, ""},
+		{"swapped+1", &swapped, 2 * s, 3 + 2 + 7 + 1, 10 + 1 + 2 + 1, true, "hot"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newConsLedger(p, names, 1)
+			require.Len(t, l.classes, 3, "hot, A, cold")
+			if tc.cut != nil {
+				l.cutover(s, s, *tc.cut)
+			}
+			v := l.finalize(0, []consAdmission{{key: 1, tokens: tc.a}, {key: 0, tokens: tc.hot}, {key: 2, tokens: 1}}, tc.at)
+			if !tc.violation {
+				require.Nil(t, v)
+				return
+			}
+			require.NotNil(t, v)
+			assert.Equal(t, tc.violatorIs, v.Key)
+			t.Log(v.Error())
+		})
+	}
+}
+
+// TestConsClasses: every policy the check draws gives all keys of a class
+// one limit, which the per-class bound relies on; and the draws do give
+// some classes limits of their own.
+func TestConsClasses(t *testing.T) {
+	names := make([]string, 60)
+	for i := range names {
+		names[i] = consName(i)
+	}
+	assert.Equal(t, []string{"hot", "A1A", "B2B", "C3C", "D4D", "E5E", "A6A"}, names[:7])
+	r := rand.New(rand.NewPCG(1, 2))
+	overridden := map[string]int{}
+	for i := range 500 {
+		p := consInitial
+		if i > 0 {
+			p = consRandomPolicy(r, int64(i+1))
+		}
+		class := map[string]policy.Limit{}
+		for _, k := range names {
+			lim := model.LimitOf(p, k)
+			c := consClassOf(k)
+			if want, ok := class[c]; ok {
+				require.Equal(t, want, lim, "policy %s: %s and the rest of class %s", policyText(p), k, c)
+			}
+			class[c] = lim
+			if lim != p.Limit() {
+				overridden[c]++
+			}
+		}
+	}
+	for _, c := range []string{"hot", "A", "B", "C", "D", "E"} {
+		assert.Positive(t, overridden[c], "class %s never had a limit of its own", c)
 	}
 }

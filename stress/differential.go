@@ -19,7 +19,8 @@ import (
 // The differential check replays random single-goroutine traces on a fresh
 // engine and on the sequential model (stress/model), compares every answer,
 // error, KeyCount and Policy after each operation, and on the first mismatch
-// shrinks the trace to a short reproduction. Times are absolute instants, so
+// shrinks the trace to a short reproduction, printed as Go (policies with
+// overrides included, see diffPolicy). Times are absolute instants, so
 // deleting operations while shrinking never moves the others.
 
 const (
@@ -154,20 +155,30 @@ func (d *diffEngine) setTime(t int64) int64 {
 
 func (d *diffEngine) allow(key string, cost int64) (engine.Decision, error) {
 	dec, err := d.e.Allow(context.Background(), key, cost)
-	if d.c != nil {
-		d.c.record(dec, err)
-	}
+	d.record(key, dec, err)
 	return dec, err
 }
 
 func (d *diffEngine) allowBatch(reqs []engine.Request, out []engine.Result) error {
 	err := d.e.AllowBatch(context.Background(), reqs, out)
-	if d.c != nil && len(out) >= len(reqs) {
-		for _, r := range out[:len(reqs)] {
-			d.c.record(r.Decision, r.Err)
+	if len(out) >= len(reqs) {
+		for i, r := range out[:len(reqs)] {
+			d.record(reqs[i].Key, r.Decision, r.Err)
 		}
 	}
 	return err
+}
+
+// record counts one answer, and whether it was decided under an override
+// (one goroutine replays a trace: the policy read now is the one that decided).
+func (d *diffEngine) record(key string, dec engine.Decision, err error) {
+	if d.c == nil {
+		return
+	}
+	d.c.record(dec, err)
+	if p := d.e.Policy(); err == nil && p.Overrides != nil && model.LimitOf(p, key) != p.Limit() {
+		d.c.overridden.Add(1)
+	}
 }
 
 func (d *diffEngine) evictFull() (int, error) { return d.e.EvictFull(context.Background()) }
@@ -295,6 +306,9 @@ func diffApply(tg diffTarget, op diffOp) diffAnswer {
 	}
 	p := tg.policy()
 	a.state = fmt.Sprintf("keys=%d policy={%d %d %d}", tg.keyCount(), p.Version, p.Capacity, p.TokensPerSecond)
+	if o := overridesText(p.Overrides); o != "" {
+		a.state = strings.TrimSuffix(a.state, "}") + " " + o + "}"
+	}
 	return a
 }
 
@@ -305,8 +319,19 @@ func diffQuote(k string) string {
 	return fmt.Sprintf("%q", k)
 }
 
+// diffPolicy prints p as the Go expression that builds it; overrides are
+// built with mustOverrides, policy.NewOverrideSet with its error checked.
 func diffPolicy(p policy.Policy) string {
-	return fmt.Sprintf("policy.Policy{Version: %d, Capacity: %d, TokensPerSecond: %d}", p.Version, p.Capacity, p.TokensPerSecond)
+	s := fmt.Sprintf("policy.Policy{Version: %d, Capacity: %d, TokensPerSecond: %d", p.Version, p.Capacity, p.TokensPerSecond)
+	if p.Overrides.Len() > 0 {
+		os := p.Overrides.Overrides()
+		parts := make([]string, len(os))
+		for i, o := range os {
+			parts[i] = fmt.Sprintf("policy.Override{Match: %s, Capacity: %d, TokensPerSecond: %d}", diffQuote(o.Match), o.Capacity, o.TokensPerSecond)
+		}
+		s += ", Overrides: mustOverrides(" + strings.Join(parts, ", ") + ")"
+	}
+	return s + "}"
 }
 
 func (op diffOp) String() string {
@@ -338,6 +363,19 @@ func (cfg diffConfig) String() string {
 	}
 	return fmt.Sprintf("engine.New(engine.Config{Policy: %s, Shards: %d, MaxKeys: %d, MaxKeyBytes: %d, Clock: %s})",
 		diffPolicy(cfg.policy), cfg.shards, cfg.maxKeys, cfg.maxKeyBytes, clk)
+}
+
+// overridesNote is a comment for the configuration line of a trace whose
+// policies carry overrides: where mustOverrides comes from.
+func (tr diffTrace) overridesNote() string {
+	uses := tr.cfg.policy.Overrides.Len() > 0
+	for _, op := range tr.ops {
+		uses = uses || (op.kind == diffCutover && op.next.Overrides.Len() > 0)
+	}
+	if !uses {
+		return ""
+	}
+	return " // mustOverrides: policy.NewOverrideSet, its error checked (stress/overrides.go)"
 }
 
 // diffAmbiguous reports whether a batch could hit the key bound on more than
@@ -494,7 +532,7 @@ func diffCheck(tr diffTrace, mk diffMaker, c *counters) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "reproduce: go run ./stress -check differential -seed %d (its first trace; same -shards)\n", tr.seed)
 	fmt.Fprintf(&b, "shrunk from %d ops (failing at op %d) to %d in %d replays%s:\n", len(tr.ops), out.fail.index, len(small.ops), replays, note)
-	fmt.Fprintf(&b, "  %s\n", small.cfg)
+	fmt.Fprintf(&b, "  %s%s\n", small.cfg, small.overridesNote())
 	for _, l := range rep.lines {
 		fmt.Fprintf(&b, "  %s\n", l)
 	}

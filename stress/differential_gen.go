@@ -26,7 +26,9 @@ type diffGen struct {
 }
 
 var (
-	diffGoodKeys  = []string{"a", "b", "k1", "k22", "key333", "ключ", "\u200b", " x", "x\t", "\xff", "\x7f"}
+	// The keys with a '*' cannot have an exact override (a Match with a star
+	// is a pattern) but patterns match them, themselves included.
+	diffGoodKeys  = []string{"a", "b", "k1", "k22", "key333", "ключ", "\u200b", " x", "x\t", "\xff", "\x7f", "a*b", "*", "k*1"}
 	diffBlankKeys = []string{"", " ", "\t\n", "\u00a0", "\u3000", "\u0085 \u2028"}
 )
 
@@ -70,11 +72,12 @@ func diffGenerate(seed uint64, shardCounts []int, nops int) diffTrace {
 	case 4:
 		version = math.MaxInt64 - r.Int64N(3)
 	}
-	cfg.policy = policy.Policy{Version: version, Capacity: g.capacity(0), TokensPerSecond: g.rate()}
-	g.m = model.New(cfg.policy, cfg.maxKeys, cfg.maxKeyBytes)
 	for _, i := range r.Perm(len(diffGoodKeys))[:1+r.IntN(5)] {
 		g.keys = append(g.keys, diffGoodKeys[i])
 	}
+	cfg.policy = policy.Policy{Version: version, Capacity: g.capacity(0), TokensPerSecond: g.rate()}
+	cfg.policy.Overrides = g.overrides(nil, cfg.policy.Limit())
+	g.m = model.New(cfg.policy, cfg.maxKeys, cfg.maxKeyBytes)
 
 	// Weights of allow, batch, short batch, evict, cutover, keys; the
 	// cutover-heavy profile runs past the shard's 64-generation history.
@@ -109,7 +112,8 @@ func (g *diffGen) op(kind diffKind) diffOp {
 	op := diffOp{kind: kind, t: g.t}
 	switch kind {
 	case diffAllow:
-		op.key, op.cost = g.key(), g.cost()
+		op.key = g.key()
+		op.cost = g.cost(op.key)
 		d, err := g.m.Allow(g.t, op.key, op.cost)
 		g.mark(d, err)
 	case diffBatch:
@@ -165,7 +169,7 @@ func (g *diffGen) step() {
 			}
 		}
 	case 10:
-		rate := g.m.Policy().TokensPerSecond
+		rate := model.LimitOf(g.m.Policy(), g.keys[r.IntN(len(g.keys))]).TokensPerSecond
 		d = max((policy.UnitsPerToken+rate-1)/rate-int64(r.IntN(2)), 0) // ceil(1e9/rate), or 1 ns less
 	case 11:
 		d = r.Int64N(2e9)
@@ -225,8 +229,19 @@ func (g *diffGen) key() string {
 	return diffBlankKeys[g.r.IntN(len(diffBlankKeys))]
 }
 
-func (g *diffGen) cost() int64 {
-	c := g.m.Policy().Capacity
+// cost draws a cost for key, around the capacity of key's own limit, and
+// now and then around that of another limit of the policy, so a cost may be
+// above key's capacity while within the default's, or the other way round.
+func (g *diffGen) cost(key string) int64 {
+	p := g.m.Policy()
+	c := model.LimitOf(p, key).Capacity
+	if p.Overrides.Len() > 0 && g.r.IntN(4) == 0 {
+		caps := []int64{p.Capacity}
+		for _, o := range p.Overrides.Overrides() {
+			caps = append(caps, o.Capacity)
+		}
+		return diffAdd(caps[g.r.IntN(len(caps))], int64(g.r.IntN(3)-1))
+	}
 	switch g.r.IntN(16) {
 	case 6:
 		return 2
@@ -255,7 +270,8 @@ func (g *diffGen) batch(n int) []engine.Request {
 	keys := []string{g.key(), g.key(), g.key()}
 	reqs := make([]engine.Request, n)
 	for i := range reqs {
-		reqs[i] = engine.Request{Key: keys[g.r.IntN(len(keys))], Cost: g.cost()}
+		k := keys[g.r.IntN(len(keys))]
+		reqs[i] = engine.Request{Key: k, Cost: g.cost(k)}
 	}
 	return reqs
 }
@@ -323,4 +339,87 @@ func (g *diffGen) cutover(op *diffOp) {
 	default:
 		op.vAbs, op.next.Version, op.eDelta = true, 0, -1 // invalid and stale: invalid wins
 	}
+	if g.r.IntN(4) == 0 {
+		op.next.Overrides = cur.Overrides // the same set, by reference
+	} else {
+		op.next.Overrides = g.overrides(cur.Overrides, op.next.Limit())
+	}
+}
+
+// overrides draws the overrides of a policy whose default is def, or nil.
+// Half the time it starts from prev's: some dropped, some limits moved up
+// or down, the order shuffled (which changes the first pattern a key
+// meets). Then it adds exact overrides on the trace's keys and patterns cut
+// from them, so across cutovers keys move from the default to an override,
+// back, and from one override to another.
+func (g *diffGen) overrides(prev *policy.OverrideSet, def policy.Limit) *policy.OverrideSet {
+	r := g.r
+	if r.IntN(5) < 2 {
+		return nil
+	}
+	var out []policy.Override
+	seen := map[string]bool{}
+	add := func(o policy.Override) {
+		if strings.TrimSpace(o.Match) != "" && !seen[o.Match] {
+			seen[o.Match] = true
+			out = append(out, o)
+		}
+	}
+	if prev.Len() > 0 && r.IntN(2) == 0 {
+		for _, o := range prev.Overrides() {
+			switch r.IntN(5) {
+			case 0:
+				continue
+			case 1:
+				o.Capacity = g.capacity(o.Capacity)
+			case 2:
+				o.TokensPerSecond = g.rate()
+			}
+			add(o)
+		}
+		if r.IntN(2) == 0 {
+			r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+		}
+	}
+	for n := r.IntN(4); n > 0 || len(out) == 0; n-- {
+		o := policy.Override{Match: g.match(), Capacity: g.capacity(def.Capacity), TokensPerSecond: g.rate()}
+		if def.TokensPerSecond > 0 && r.IntN(3) == 0 {
+			o.TokensPerSecond = def.TokensPerSecond // the capacity differs alone
+		}
+		add(o)
+	}
+	return mustOverrides(out...)
+}
+
+// match draws an override's Match: mostly a key of the trace, exactly or as
+// a pattern with '*' at its start, in its middle, at its end or at both
+// ends; sometimes a lone "*", the new keys to come, the longest valid key,
+// or a pattern that matches no key of the trace.
+func (g *diffGen) match() string {
+	r := g.r
+	_, maxKeyBytes := diffBounds(g.cfg)
+	k := g.keys[r.IntN(len(g.keys))]
+	switch x := r.IntN(20); {
+	case x < 6:
+		return k // a pattern if k has a star
+	case x == 6:
+		return "*"
+	case x == 7:
+		return []string{"n1", "n2", "n*", "*2", "n*1"}[r.IntN(5)] // the keys g.key makes fresh
+	case x == 8:
+		return strings.Repeat("x", maxKeyBytes)
+	case x == 9:
+		return []string{"zz*", "*qq", "q*q", "*z*"}[r.IntN(4)]
+	case x < 12:
+		return "*" + k[r.IntN(len(k)+1):]
+	case x < 14:
+		return k[:r.IntN(len(k)+1)] + "*"
+	case x < 17:
+		i := r.IntN(len(k) + 1)
+		j := i + r.IntN(len(k)-i+1)
+		return k[:i] + "*" + k[j:]
+	}
+	i := r.IntN(len(k) + 1)
+	j := i + r.IntN(len(k)-i+1)
+	return "*" + k[i:j] + "*"
 }

@@ -5,15 +5,17 @@ import (
 	"time"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
 // diffShrink reduces a failing trace to a short one that still fails: first
 // one shard if that still fails, then the ops after the failure go, then
-// delta debugging over the ops and over each batch's requests, and last
-// readability: times shifted to start at 0, and a Manual clock instead of
-// the regressing one when the times left never step back. Every candidate
-// is replayed from scratch on a fresh engine and model, and kept only if it
-// still fails. It returns the shrunk trace and how many replays it took.
+// delta debugging over the ops, over each batch's requests and over each
+// policy's overrides, and last readability: times shifted to start at 0,
+// and a Manual clock instead of the regressing one when the times left
+// never step back. Every candidate is replayed from scratch on a fresh
+// engine and model, and kept only if it still fails. It returns the shrunk
+// trace and how many replays it took.
 func diffShrink(tr diffTrace, mk diffMaker) (diffTrace, int) {
 	replays := 0
 	deadline := time.Now().Add(diffShrinkTime)
@@ -57,6 +59,41 @@ func diffShrink(tr diffTrace, mk diffMaker) (diffTrace, int) {
 			t.ops = slices.Clone(cur.ops)
 			t.ops[i].reqs = reqs
 			return fails(t)
+		})
+	}
+	// Overrides the failure does not need go too: all of a policy's at once
+	// if it can, else one by one.
+	shrinkOverrides := func(p *policy.Policy, with func(policy.Policy) diffTrace) {
+		if p.Overrides.Len() == 0 {
+			return
+		}
+		try := func(os []policy.Override) bool {
+			q := *p
+			q.Overrides = mustOverrides(os...)
+			return fails(with(q))
+		}
+		if try(nil) {
+			p.Overrides = nil
+			return
+		}
+		if os := diffDDMin(p.Overrides.Overrides(), try); len(os) < p.Overrides.Len() {
+			p.Overrides = mustOverrides(os...)
+		}
+	}
+	shrinkOverrides(&cur.cfg.policy, func(p policy.Policy) diffTrace {
+		t := cur
+		t.cfg.policy = p
+		return t
+	})
+	for i := range cur.ops {
+		if cur.ops[i].kind != diffCutover {
+			continue
+		}
+		shrinkOverrides(&cur.ops[i].next, func(p policy.Policy) diffTrace {
+			t := cur
+			t.ops = slices.Clone(cur.ops)
+			t.ops[i].next = p
+			return t
 		})
 	}
 	if t := cur.shifted(); !slices.Equal(t.times(), cur.times()) && fails(t) {

@@ -26,8 +26,10 @@ func TestDiffSeeds(t *testing.T) {
 		"ErrInvalidConfig", "ErrInvalidPolicy", "Allowed:false", "Allowed:true", "t=9223372036854775807 ", "AllowBatch("}
 	longest := 0
 	c := &counters{}
+	events := map[string]int{}
 	for seed := uint64(1); seed <= 200; seed++ {
 		tr := diffGenerate(seed, []int{1, 2, 16}, diffOpsPerTrace)
+		diffOverrideEvents(tr, events)
 		out, err := diffReplay(tr, diffNewEngine, c, true)
 		require.NoError(t, err)
 		if out.fail != nil {
@@ -53,6 +55,18 @@ func TestDiffSeeds(t *testing.T) {
 	assert.Greater(t, longest, 64, "no trace cut over more often than a shard keeps history")
 	assert.Positive(t, c.decisions.Load())
 	t.Logf("decisions %d, errors by kind %v, longest cutover chain %d", c.decisions.Load(), seen, longest)
+	for _, e := range []string{
+		"decided under an override: exact", "decided under an override: pattern with '*' first",
+		"decided under an override: pattern with '*' inside", "decided under an override: pattern with '*' last",
+		"decided a key with '*' under an override",
+		"allowed or denied a cost above the default capacity", "ErrInvalidCost for a cost within the default capacity",
+		"evicted a key under an override",
+		"cutover: default -> override", "cutover: override -> default", "cutover: override -> another override",
+		"cutover: a key's own capacity goes up", "cutover: a key's own capacity goes down",
+	} {
+		assert.Positive(t, events[e], "no trace did this: %s", e)
+	}
+	t.Logf("overrides: %v", events)
 }
 
 // diffFault is a planted engine bug: it changes answers the real engine gives.
@@ -61,6 +75,7 @@ type diffFault struct {
 	cutOver   bool
 	remaining bool // after a cutover, report one token too many when allowed
 	retry     bool // round every retry estimate down by 1 ns
+	limit     bool // report the default capacity as every decision's Limit
 }
 
 func (f *diffFault) replacePolicy(next policy.Policy, expected int64) error {
@@ -77,6 +92,9 @@ func (f *diffFault) allow(key string, cost int64) (engine.Decision, error) {
 	if f.retry && err == nil && d.RetryAfter > 0 {
 		d.RetryAfter--
 	}
+	if f.limit && err == nil {
+		d.Limit = f.policy().Capacity
+	}
 	return d, err
 }
 
@@ -85,6 +103,9 @@ func (f *diffFault) allowBatch(reqs []engine.Request, out []engine.Result) error
 	for i := range out {
 		if f.retry && out[i].Err == nil && out[i].Decision.RetryAfter > 0 {
 			out[i].Decision.RetryAfter--
+		}
+		if f.limit && out[i].Err == nil {
+			out[i].Decision.Limit = f.policy().Capacity
 		}
 	}
 	return err
@@ -102,6 +123,7 @@ func TestDiffShrink(t *testing.T) {
 	}{
 		{"remaining after cutover", diffFault{remaining: true}, 2, "Allow("},
 		{"retry rounded down", diffFault{retry: true}, 3, "Allow"},
+		{"default limit reported", diffFault{limit: true}, 2, "Allow"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mk := func(cfg diffConfig, c *counters) (diffTarget, error) {
@@ -146,6 +168,11 @@ func TestDiffShrink(t *testing.T) {
 			assert.LessOrEqual(t, len(lines), 5+tc.maxOps, "reproduce, shrink, config, ops, want, got")
 			assert.True(t, strings.HasPrefix(strings.TrimSpace(lines[len(lines)-2]), "want "), lines[len(lines)-2])
 			assert.True(t, strings.HasPrefix(strings.TrimSpace(lines[len(lines)-1]), "got "), lines[len(lines)-1])
+			if tc.fault.limit {
+				// One override is all it takes, and the shrinker leaves no more.
+				assert.Equal(t, 1, strings.Count(v.Detail, "policy.Override{"), v.Detail)
+				assert.Contains(t, v.Detail, "// mustOverrides: ")
+			}
 		})
 	}
 }

@@ -11,7 +11,9 @@ package main
 // before it advances the clock, so every operation of a round was decided at
 // the same reading, recorded in its input: the specification needs no
 // guess about when an operation read the clock. Cutovers and sweeps run
-// inside rounds, concurrently with everything else.
+// inside rounds, concurrently with everything else. Policies carry per-key
+// overrides about half the time, and cutovers change them, so the model's
+// per-key limits (model.LimitOf) are checked under concurrency too.
 //
 // Real time: Call and Return come from one atomic counter, taken just
 // before the call and just after it returns, so A.Return < B.Call means A
@@ -58,6 +60,7 @@ import (
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/policy"
+	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // linTimeout bounds porcupine's search for one history. Histories are kept
@@ -137,6 +140,7 @@ func linNewSpec(rng *rand.Rand, partitioned bool, shards int) *linSpec {
 		sp.keys = append(sp.keys, fmt.Sprintf("k%d", i))
 	}
 	sp.pol = linRandPolicy(rng, 1+rng.Int64N(3))
+	sp.pol.Overrides = linRandOverrides(rng, nil)
 	switch rng.IntN(8) {
 	case 0:
 		sp.start = math.MaxInt64 - 5_000_000_000_000 // the clock saturates within the history
@@ -151,9 +155,8 @@ func (sp *linSpec) String() string {
 	if sp.partitioned {
 		mode = "partitioned"
 	}
-	return fmt.Sprintf("%s, %d keys, MaxKeys %d, %d shards, %d clients, %d rounds, policy v%d cap %d rate %d, start %d",
-		mode, len(sp.keys), sp.maxKeys, sp.shards, sp.clients, sp.rounds,
-		sp.pol.Version, sp.pol.Capacity, sp.pol.TokensPerSecond, sp.start)
+	return fmt.Sprintf("%s, %d keys, MaxKeys %d, %d shards, %d clients, %d rounds, policy %s, start %d",
+		mode, len(sp.keys), sp.maxKeys, sp.shards, sp.clients, sp.rounds, policyText(sp.pol), sp.start)
 }
 
 // linRandPolicy draws a policy: small capacities and rates, so buckets run
@@ -171,6 +174,48 @@ func linRandPolicy(rng *rand.Rand, version int64) policy.Policy {
 		p.TokensPerSecond = policy.UnitsPerToken // a token a nanosecond
 	}
 	return p
+}
+
+// linMatches are the Matches overrides draw from, over the keys k0 to k8:
+// exact keys, and patterns with '*' first, inside, last, around, alone, and
+// one that matches no key.
+var linMatches = []string{"k0", "k1", "k2", "k5", "*1", "*3", "k*2", "k*4", "k*", "*k*", "*", "k1*", "q*"}
+
+// linRandOverrides draws the overrides of a policy, or nil (about half the
+// time): one to three, with limits from linRandPolicy's small shapes. From
+// prev's, now and then: its Matches in a new order, each limit kept or
+// moved, so keys change limits at a cutover whose default stays put too.
+func linRandOverrides(rng *rand.Rand, prev *policy.OverrideSet) *policy.OverrideSet {
+	if rng.IntN(2) == 0 {
+		return nil
+	}
+	var os []policy.Override
+	if prev.Len() > 0 && rng.IntN(3) == 0 {
+		os = prev.Overrides()
+		rng.Shuffle(len(os), func(i, j int) { os[i], os[j] = os[j], os[i] })
+		for i := range os {
+			if rng.IntN(2) == 0 {
+				l := linRandPolicy(rng, 1)
+				os[i].Capacity, os[i].TokensPerSecond = l.Capacity, l.TokensPerSecond
+			}
+		}
+		return mustOverrides(os...)
+	}
+	for _, i := range rng.Perm(len(linMatches))[:1+rng.IntN(3)] {
+		l := linRandPolicy(rng, 1)
+		os = append(os, policy.Override{Match: linMatches[i], Capacity: l.Capacity, TokensPerSecond: l.TokensPerSecond})
+	}
+	return mustOverrides(os...)
+}
+
+// linCapacity is the capacity a request on key is drawn around: mostly the
+// key's own under cur, sometimes the default's, so a cost may be within one
+// and above the other.
+func linCapacity(rng *rand.Rand, cur policy.Policy, key string) int64 {
+	if rng.IntN(4) == 0 {
+		return cur.Capacity
+	}
+	return model.LimitOf(cur, key).Capacity
 }
 
 // linCall is one planned engine call. kind uses the operation kinds:
@@ -228,7 +273,38 @@ func linRecord(spec *linSpec, rng *rand.Rand, c *counters) ([]porcupine.Operatio
 	for _, o := range ops {
 		h = append(h, o...)
 	}
+	linCountOverrides(spec, h, c)
 	return h, nil
+}
+
+// linCountOverrides counts, for the summary and the tests, the decisions of
+// h made under an override and the keys its cutovers gave another limit.
+func linCountOverrides(spec *linSpec, h []porcupine.Operation, c *counters) {
+	pols := map[int64]policy.Policy{spec.pol.Version: spec.pol}
+	for _, op := range h {
+		if in := op.Input.(*linInput); in.kind == linCutover && op.Output.(*linOutput).err == nil {
+			pols[in.next.Version] = in.next
+		}
+	}
+	for _, op := range h {
+		in, out := op.Input.(*linInput), op.Output.(*linOutput)
+		switch in.kind {
+		case linAllow:
+			for _, r := range out.res {
+				if p, ok := pols[r.d.Version]; ok && r.err == nil && model.LimitOf(p, in.key) != p.Limit() {
+					c.overridden.Add(1)
+				}
+			}
+		case linCutover:
+			if prev, ok := pols[in.expected]; ok && out.err == nil {
+				for _, k := range spec.keys {
+					if model.LimitOf(prev, k) != model.LimitOf(in.next, k) {
+						c.limitMoves.Add(1)
+					}
+				}
+			}
+		}
+	}
 }
 
 // plan draws one round's calls, client by client. It reads the engine's
@@ -243,9 +319,10 @@ func (r *linRecorder) plan(rng *rand.Rand) [][]linCall {
 			var call linCall
 			switch k := rng.IntN(100); {
 			case k < 55:
-				call = linCall{kind: linAllow, key: r.randKey(rng), cost: linCost(rng, cur.Capacity)}
+				key := r.randKey(rng)
+				call = linCall{kind: linAllow, key: key, cost: linCost(rng, linCapacity(rng, cur, key))}
 			case k < 70:
-				call = linCall{kind: linAllow, reqs: r.randBatch(rng, cur.Capacity)}
+				call = linCall{kind: linAllow, reqs: r.randBatch(rng, cur)}
 			case k < 78 && (sp.partitioned || sweeps == 0):
 				// A sweep is a pass per key, and passes nearly commute:
 				// when porcupine backtracks over a round it tries their
@@ -253,7 +330,8 @@ func (r *linRecorder) plan(rng *rand.Rand) [][]linCall {
 				sweeps++
 				call = linCall{kind: linPass}
 			case k < 78:
-				call = linCall{kind: linAllow, key: r.randKey(rng), cost: linCost(rng, cur.Capacity)}
+				key := r.randKey(rng)
+				call = linCall{kind: linAllow, key: key, cost: linCost(rng, linCapacity(rng, cur, key))}
 			case k < 87:
 				call = linCutoverCall(rng, cur)
 			case k < 93:
@@ -276,18 +354,20 @@ func (r *linRecorder) randKey(rng *rand.Rand) string {
 
 // randBatch draws 2 to 4 requests. Unpartitioned histories use distinct
 // keys (see the note on batches at the top of the file).
-func (r *linRecorder) randBatch(rng *rand.Rand, capacity int64) []engine.Request {
+func (r *linRecorder) randBatch(rng *rand.Rand, cur policy.Policy) []engine.Request {
 	sp := r.spec
 	n := 2 + rng.IntN(3)
 	var reqs []engine.Request
 	if sp.partitioned {
 		for range n {
-			reqs = append(reqs, engine.Request{Key: r.randKey(rng), Cost: linCost(rng, capacity)})
+			key := r.randKey(rng)
+			reqs = append(reqs, engine.Request{Key: key, Cost: linCost(rng, linCapacity(rng, cur, key))})
 		}
 		return reqs
 	}
 	for _, i := range rng.Perm(len(sp.keys))[:min(n, len(sp.keys))] {
-		reqs = append(reqs, engine.Request{Key: sp.keys[i], Cost: linCost(rng, capacity)})
+		key := sp.keys[i]
+		reqs = append(reqs, engine.Request{Key: key, Cost: linCost(rng, linCapacity(rng, cur, key))})
 	}
 	return reqs
 }
@@ -311,9 +391,14 @@ func linCost(rng *rand.Rand, capacity int64) int64 {
 
 // linCutoverCall draws a ReplacePolicy aimed at cur: mostly one that can
 // succeed (clients racing with the same expected version: one wins), else
-// stale in each way, or invalid.
+// stale in each way, or invalid. Its overrides are new, cur's moved, or
+// cur's very set.
 func linCutoverCall(rng *rand.Rand, cur policy.Policy) linCall {
 	call := linCall{kind: linCutover, next: linRandPolicy(rng, cur.Version+1+rng.Int64N(2)), expected: cur.Version}
+	call.next.Overrides = linRandOverrides(rng, cur.Overrides)
+	if rng.IntN(5) == 0 {
+		call.next.Overrides = cur.Overrides
+	}
 	switch rng.IntN(10) {
 	case 6:
 		call.expected = cur.Version - 1

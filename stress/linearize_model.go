@@ -85,6 +85,11 @@ func linNewState(pol policy.Policy, buckets map[string]*model.Model, tally map[i
 	s := &linState{pol: pol, buckets: buckets, tally: tally}
 	b := make([]byte, 0, 64+48*len(buckets))
 	b = fmt.Appendf(b, "v%d c%d r%d", pol.Version, pol.Capacity, pol.TokensPerSecond)
+	if pol.Overrides != nil {
+		// By content, to read, and by reference: racing cutovers may offer
+		// equal sets, and Policy must return the very one installed.
+		b = fmt.Appendf(b, " o%s@%p", overridesText(pol.Overrides), pol.Overrides)
+	}
 	for _, k := range slices.Sorted(maps.Keys(buckets)) {
 		bk, _ := buckets[k].Bucket(k)
 		b = append(b, ' ')
@@ -350,14 +355,13 @@ func linDescribe(in *linInput, out *linOutput) string {
 			b.WriteString(linResultString(r))
 		}
 	case linCutover:
-		fmt.Fprintf(&b, "ReplacePolicy(v%d cap %d rate %d, expected %d) -> %s",
-			in.next.Version, in.next.Capacity, in.next.TokensPerSecond, in.expected, linErrOrNil(out.err))
+		fmt.Fprintf(&b, "ReplacePolicy(%s, expected %d) -> %s", policyText(in.next), in.expected, linErrOrNil(out.err))
 	case linPass:
 		fmt.Fprintf(&b, "EvictFull#%d pass over %q (the call returned %d, %s)", in.sweep, in.key, out.n, linErrOrNil(out.err))
 	case linKeyCount:
 		fmt.Fprintf(&b, "KeyCount -> %d", out.n)
 	case linPolicy:
-		fmt.Fprintf(&b, "Policy -> v%d cap %d rate %d", out.pol.Version, out.pol.Capacity, out.pol.TokensPerSecond)
+		fmt.Fprintf(&b, "Policy -> %s", policyText(out.pol))
 	}
 	fmt.Fprintf(&b, " @%d", in.now)
 	return b.String()

@@ -41,6 +41,10 @@ func TestLinHistories(t *testing.T) {
 				// A timeout is not a failure, but it should be rare.
 				assert.GreaterOrEqual(t, c.histories.Load(), int64(perCase-2), "histories checked, not timed out")
 				assert.Positive(t, c.decisions.Load())
+				assert.Positive(t, c.overridden.Load(), "decisions under an override")
+				assert.Positive(t, c.limitMoves.Load(), "keys given another limit by a cutover")
+				t.Logf("%d decisions, %d under an override, %d keys given another limit by a cutover",
+					c.decisions.Load(), c.overridden.Load(), c.limitMoves.Load())
 			})
 		}
 	}
@@ -172,4 +176,67 @@ func TestLinCommand(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, n, out)
 	t.Logf("%d histories in 2s\n%s", n, out)
+}
+
+// TestLinRejectsDefaultLimit: the specification gives each key its own
+// limit. An overridden key answered under the default limit, a cost within
+// the default but above the key's own capacity admitted, and a key a
+// cutover moves to an override answered as if it had not moved: none is
+// linearizable; the right answers are.
+func TestLinRejectsDefaultLimit(t *testing.T) {
+	k3 := mustOverrides(policy.Override{Match: "k*", Capacity: 3, TokensPerSecond: 1})
+	plain := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	withK3 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1, Overrides: k3}
+	allow := func(call int64, key string, cost int64, d engine.Decision, err error) porcupine.Operation {
+		return linOp(0, call, call+1, &linInput{kind: linAllow, key: key, costs: []int64{cost}},
+			&linOutput{res: []linResult{{d: d, err: err}}})
+	}
+	decide := func(p policy.Policy, steps func(m *model.Model)) {
+		steps(model.New(p, 0, 0))
+	}
+	for _, partitioned := range []bool{true, false} {
+		spec := &linSpec{partitioned: partitioned, keys: []string{"k", "j"}, maxKeys: 3, pol: withK3}
+
+		var own, dflt, j engine.Decision
+		decide(withK3, func(m *model.Model) { own, _ = m.Allow(0, "k", 1); j, _ = m.Allow(0, "j", 1) })
+		decide(plain, func(m *model.Model) { dflt, _ = m.Allow(0, "k", 1) })
+		require.Equal(t, int64(3), own.Limit)
+		require.Equal(t, int64(10), j.Limit, "j matches no override")
+		good := []porcupine.Operation{allow(1, "k", 1, own, nil), allow(3, "j", 1, j, nil), allow(5, "k", 5, engine.Decision{}, engine.ErrInvalidCost)}
+		v, _ := linCheck(spec, good, "")
+		require.Nil(t, v, "partitioned=%v", partitioned)
+
+		for name, h := range map[string][]porcupine.Operation{
+			"default limit": {allow(1, "k", 1, dflt, nil)},
+			"cost above the key's own capacity": {allow(1, "k", 1, own, nil), allow(3, "k", 5,
+				engine.Decision{Allowed: true, Remaining: 0, Version: 1, Limit: 10, ResetAfter: 5_000_000_000}, nil)},
+		} {
+			v, unknown := linCheck(spec, h, "")
+			assert.False(t, unknown, name)
+			assert.NotNil(t, v, "%s, partitioned=%v", name, partitioned)
+		}
+
+		// A cutover at 0 moves k from the default to k*'s limit: the
+		// bucket spent one of ten tokens and is clamped to three.
+		spec = &linSpec{partitioned: partitioned, keys: []string{"k", "j"}, maxKeys: 3, pol: plain}
+		next := withK3
+		next.Version = 2
+		var first, moved, stayed engine.Decision
+		decide(plain, func(m *model.Model) {
+			first, _ = m.Allow(0, "k", 1)
+			clone := m.Clone()
+			require.NoError(t, m.ReplacePolicy(0, next, 1))
+			moved, _ = m.Allow(0, "k", 1)
+			stale := policy.Policy{Version: 2, Capacity: 10, TokensPerSecond: 1}
+			require.NoError(t, clone.ReplacePolicy(0, stale, 1))
+			stayed, _ = clone.Allow(0, "k", 1)
+		})
+		require.Equal(t, engine.Decision{Allowed: true, Remaining: 2, Version: 2, Limit: 3, ResetAfter: 1_000_000_000}, moved)
+		cut := linOp(1, 3, 4, &linInput{kind: linCutover, next: next, expected: 1}, &linOutput{})
+		v, _ = linCheck(spec, []porcupine.Operation{allow(1, "k", 1, first, nil), cut, allow(5, "k", 1, moved, nil)}, "")
+		require.Nil(t, v, "partitioned=%v", partitioned)
+		v, _ = linCheck(spec, []porcupine.Operation{allow(1, "k", 1, first, nil), cut, allow(5, "k", 1, stayed, nil)}, "")
+		require.NotNil(t, v, "partitioned=%v: k kept the default limit across the cutover", partitioned)
+		t.Log(v.Want, "; ", v.Got)
+	}
 }

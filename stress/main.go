@@ -4,7 +4,9 @@
 //
 //	go run -race ./stress -duration 60s
 //
-// Four checks run side by side, each on its own engine:
+// Four checks run side by side, each on its own engine. The first three
+// draw policies with per-key overrides (exact keys and '*' patterns) as well
+// as plain ones, and cut over between them, so keys move between limits:
 //
 //   - linearizability: concurrent histories under a Manual clock advanced in
 //     epochs, checked with porcupine against stress/model, the sequential

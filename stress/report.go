@@ -92,6 +92,8 @@ type counters struct {
 	linTimeouts atomic.Int64 // histories porcupine could not decide in time (not violations)
 	traces      atomic.Int64 // differential traces replayed
 	floodKeys   atomic.Int64 // distinct keys offered by the flood
+	overridden  atomic.Int64 // decisions under a key's own limit (an override), where a check knows it
+	limitMoves  atomic.Int64 // keys a successful cutover gave another limit, where a check knows it
 	peakHeap    atomic.Uint64
 }
 
@@ -287,6 +289,8 @@ func summarize(out io.Writer, o options, c *counters, done []outcome, took time.
 		{"linearizability histories", c.histories.Load()},
 		{"linearizability timeouts (not violations)", c.linTimeouts.Load()},
 		{"differential traces", c.traces.Load()},
+		{"decisions under an override", c.overridden.Load()},
+		{"keys given another limit by a cutover", c.limitMoves.Load()},
 		{"flood keys offered", c.floodKeys.Load()},
 		{"peak heap", fmt.Sprintf("%.1f MiB", float64(c.peakHeap.Load())/(1<<20))},
 	})

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// Per-key overrides (issue 5) as the harness builds and prints them.
+
+// mustOverrides is policy.NewOverrideSet for overrides the harness knows to
+// be valid; it panics on an error. The differential check prints policies
+// that carry overrides with it, so a reproduction pastes into a test of this
+// package as Go.
+func mustOverrides(overrides ...policy.Override) *policy.OverrideSet {
+	s, err := policy.NewOverrideSet(overrides...)
+	if err != nil {
+		panic(fmt.Sprintf("stress: %v", err))
+	}
+	return s
+}
+
+// overridesText renders a set compactly, in declaration order, for
+// comparisons, canonical states and violations: [match cap/rate ...], or ""
+// for none.
+func overridesText(s *policy.OverrideSet) string {
+	if s.Len() == 0 {
+		return ""
+	}
+	parts := make([]string, 0, s.Len())
+	for _, o := range s.Overrides() {
+		parts = append(parts, fmt.Sprintf("%q %d/%d", o.Match, o.Capacity, o.TokensPerSecond))
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}
+
+// policyText renders p for violations: "v1 cap 10 rate 2", and its
+// overrides if it has any.
+func policyText(p policy.Policy) string {
+	s := fmt.Sprintf("v%d cap %d rate %d", p.Version, p.Capacity, p.TokensPerSecond)
+	if o := overridesText(p.Overrides); o != "" {
+		s += " overrides " + o
+	}
+	return s
+}
