@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -85,9 +86,11 @@ func (e *Engine) sweeper(every time.Duration) {
 			if e.acquire(context.Background()) != nil {
 				return // only Close makes acquire fail here
 			}
-			// The count and any clock regression have nowhere to go until
-			// the engine exposes stats; the next tick simply tries again.
-			_, _ = e.sweep(context.Background())
+			// The shards count what they evict; a failure is counted here,
+			// and the next tick simply tries again.
+			if _, err := e.sweep(context.Background()); err != nil && !errors.Is(err, ErrClosed) {
+				e.sweepFailures.Add(1)
+			}
 			e.release()
 		}
 	}

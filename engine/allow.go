@@ -24,9 +24,11 @@ func (e *Engine) Allow(ctx context.Context, key string, cost int64) (Decision, e
 // answer.
 func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) (Decision, error) {
 	if err := e.checkKey(key); err != nil {
+		e.callerErrs.add(err, 1)
 		return Decision{}, err
 	}
 	if cost < 1 {
+		e.callerErrs.add(ErrInvalidCost, 1)
 		return Decision{}, ErrInvalidCost
 	}
 	a := e.allows.Get().(*msg.Allow)
@@ -35,6 +37,7 @@ func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) 
 	if err := e.mailboxes[i].SendAllow(ctx, a); err != nil {
 		a.Key = ""
 		e.allows.Put(a)
+		e.callerErrs.add(err, 1)
 		return Decision{}, err
 	}
 	<-a.Done // a shard that took the request always answers, even on Close

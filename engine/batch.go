@@ -63,6 +63,7 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 		}
 		if err != nil {
 			out[i] = Result{Err: err}
+			e.callerErrs.add(err, 1)
 			continue
 		}
 		j, h := e.shardOf(r.Key)
@@ -94,6 +95,7 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 		for _, j := range p.idx {
 			out[j] = Result{Err: err}
 		}
+		e.callerErrs.add(err, len(p.idx))
 	}
 	// Parts taken by a shard are always answered; wait for all of them, since
 	// they write into buffers that go back to the pool.

@@ -19,6 +19,11 @@ const (
 	// parts, may wait for one shard; a caller that finds it full blocks until
 	// there is room, its context ends or the engine closes.
 	MailboxSize = 1024
+	// DefaultEventEvery is the sampling period of Config.Events when
+	// Config.EventEvery is 0.
+	DefaultEventEvery = 1000
+	// DefaultEventBuffer is the event buffer when Config.EventBuffer is 0.
+	DefaultEventBuffer = 1024
 )
 
 // Config configures New. The zero value of every field but Policy has a
@@ -43,6 +48,31 @@ type Config struct {
 	// SweepEvery runs EvictFull in the background at this period; 0 means
 	// never. The period is measured in real time, not by Clock.
 	SweepEvery time.Duration
+
+	// Events, if set, is called with one decision in every EventEvery,
+	// sampled by the shards, as an audit trail: from one goroutine of the
+	// engine, one event at a time, through a buffer of EventBuffer events.
+	// Admission never waits for it: when the buffer is full the event is
+	// dropped and counted in Stats. Close waits for a call in progress to
+	// return, so f must not block for long; it must not call Close.
+	Events func(Event)
+	// EventEvery is the sampling period; 0 means DefaultEventEvery.
+	EventEvery int
+	// EventBuffer is how many sampled events may wait for Events; 0 means
+	// DefaultEventBuffer.
+	EventBuffer int
+}
+
+// Event is one sampled decision (Config.Events): the request, its answer
+// (Decision.Version is the policy's), the shard that decided it and that
+// shard's clock reading.
+type Event struct {
+	Key      string
+	Cost     int64
+	Decision Decision
+	Err      error
+	Shard    int
+	Reading  int64
 }
 
 // withDefaults validates c and fills its defaults.
@@ -59,6 +89,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: MaxKeyBytes %d is negative", ErrInvalidConfig, c.MaxKeyBytes)
 	case c.SweepEvery < 0:
 		return c, fmt.Errorf("%w: SweepEvery %v is negative", ErrInvalidConfig, c.SweepEvery)
+	case c.EventEvery < 0:
+		return c, fmt.Errorf("%w: EventEvery %d is negative", ErrInvalidConfig, c.EventEvery)
+	case c.EventBuffer < 0:
+		return c, fmt.Errorf("%w: EventBuffer %d is negative", ErrInvalidConfig, c.EventBuffer)
 	}
 	if c.MaxKeys == 0 {
 		c.MaxKeys = DefaultMaxKeys
@@ -71,6 +105,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxKeyBytes == 0 {
 		c.MaxKeyBytes = DefaultMaxKeyBytes
+	}
+	if c.EventEvery == 0 {
+		c.EventEvery = DefaultEventEvery
+	}
+	if c.EventBuffer == 0 {
+		c.EventBuffer = DefaultEventBuffer
 	}
 	return c, nil
 }

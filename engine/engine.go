@@ -23,6 +23,7 @@ type Engine struct {
 	clk         clock.Clock  // for the wall time of snapshots only; shards read their own
 	hasher      shard.Hasher // seeded at random per engine; routes keys and indexes shard tables
 	mailboxes   []*shard.Mailbox
+	shards      []*shard.Shard // for their published counters only
 	budget      *shard.Budget
 
 	pol atomic.Pointer[policy.Policy] // the policy in force; written by the coordinator
@@ -36,6 +37,10 @@ type Engine struct {
 	stop      chan struct{} // closed once no sender can reach a mailbox
 	closeOnce sync.Once
 	wg        sync.WaitGroup // every goroutine the engine started
+
+	callerErrs    callerErrors
+	sweepFailures atomic.Uint64
+	events        chan msg.Event // sampled decisions on their way to Config.Events
 
 	allows  sync.Pool // *msg.Allow with its reply channel
 	batches sync.Pool // *batchCall
@@ -88,11 +93,18 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 	e.allows.New = func() any { return &msg.Allow{Done: make(chan struct{}, 1)} }
 	e.batches.New = func() any { return newBatchCall(len(e.mailboxes)) }
 
+	if cfg.Events != nil {
+		e.events = make(chan msg.Event, cfg.EventBuffer)
+	}
 	shards := make([]*shard.Shard, cfg.Shards)
 	for i := range shards {
 		e.mailboxes[i] = shard.NewMailbox(MailboxSize, e.closing)
 		shards[i] = shard.New(p, cfg.Clock, e.budget, e.mailboxes[i], &e.hasher)
+		if e.events != nil {
+			shards[i].Sample(i, e.events, uint64(cfg.EventEvery))
+		}
 	}
+	e.shards = shards
 	return e, shards
 }
 
@@ -111,6 +123,26 @@ func (e *Engine) start(cfg Config, shards []*shard.Shard) {
 			defer e.wg.Done()
 			e.sweeper(cfg.SweepEvery)
 		}()
+	}
+	if e.events != nil {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.deliver(cfg.Events)
+		}()
+	}
+}
+
+// deliver hands sampled decisions to f, one at a time, until the engine
+// stops; what is still buffered then is dropped.
+func (e *Engine) deliver(f func(Event)) {
+	for {
+		select {
+		case ev := <-e.events:
+			f(Event{Key: ev.Key, Cost: ev.Cost, Decision: Decision(ev.Decision), Err: ev.Err, Shard: ev.Shard, Reading: ev.Reading})
+		case <-e.stop:
+			return
+		}
 	}
 }
 

@@ -83,6 +83,9 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 	var rep RestoreReport
 	if wall := clock.Wall(cfg.Clock).UnixNano(); wall > h.wall {
 		rep.Elapsed = time.Duration(wall - h.wall)
+		if rep.Elapsed < 0 { // the difference overflows: centuries
+			rep.Elapsed = math.MaxInt64
+		}
 	}
 	count := 0
 	for {

@@ -165,6 +165,9 @@ func (m *Mailbox) Snapshot(ctx context.Context, s *msg.Snapshot) (int64, error) 
 	}
 }
 
+// Depth returns how many single requests and batch parts are queued.
+func (m *Mailbox) Depth() int { return len(m.allow) + len(m.batch) }
+
 // Close marks the mailbox closed and waits until no sender is inside a send.
 // After it returns, nothing more can enter the data channels. It is safe to
 // call more than once.

@@ -2,6 +2,8 @@ package shard
 
 import (
 	"runtime"
+	"strings"
+	"sync/atomic"
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/msg"
@@ -24,6 +26,115 @@ type Shard struct {
 
 	lastSingle bool // the last data served was single requests: yield before parking
 	bare       bool // answer single requests without deciding them (see Bare)
+
+	id      int
+	c       msg.Counters // owned by the loop; published for Stats
+	pub     published
+	unsaved int // groups served since the counters were published
+
+	events   chan<- msg.Event // sampled decisions, or nil
+	evEvery  uint64
+	evToNext uint64
+}
+
+// published is the shard's counters as other goroutines may read them: the
+// loop stores its own counts here when it is about to park, and every
+// publishEvery groups while it is busy, so reading never slows the loop.
+type published struct {
+	allowed, denied, peeks, refunds atomic.Uint64
+	errs                            [msg.NumErrKinds]atomic.Uint64
+	keys, highWater                 atomic.Int64
+	cutovers, sweeps, evicted       atomic.Uint64
+	eventsDropped                   atomic.Uint64
+}
+
+// publishEvery bounds how stale published counters are while a shard never
+// goes idle.
+const publishEvery = 64
+
+// Sample makes the shard send one decision in every n (n >= 1) to events,
+// without blocking: when events is full the decision is dropped and
+// counted. Call it before Run.
+func (s *Shard) Sample(id int, events chan<- msg.Event, n uint64) {
+	s.id, s.events, s.evEvery, s.evToNext = id, events, n, n
+}
+
+// Counters returns the counters the loop last published. It is safe to call
+// from any goroutine, during and after Run.
+func (s *Shard) Counters() msg.Counters {
+	p := &s.pub
+	c := msg.Counters{
+		Allowed: p.allowed.Load(), Denied: p.denied.Load(), Peeks: p.peeks.Load(), Refunds: p.refunds.Load(),
+		Keys: p.keys.Load(), HighWater: p.highWater.Load(),
+		Cutovers: p.cutovers.Load(), Sweeps: p.sweeps.Load(), Evicted: p.evicted.Load(),
+		EventsDropped: p.eventsDropped.Load(),
+	}
+	for k := range c.Errors {
+		c.Errors[k] = p.errs[k].Load()
+	}
+	return c
+}
+
+// publish stores the loop's counters for Counters.
+func (s *Shard) publish() {
+	s.unsaved = 0
+	p, c := &s.pub, &s.c
+	c.Keys = int64(s.state.Len())
+	p.allowed.Store(c.Allowed)
+	p.denied.Store(c.Denied)
+	p.peeks.Store(c.Peeks)
+	p.refunds.Store(c.Refunds)
+	for k := range c.Errors {
+		p.errs[k].Store(c.Errors[k])
+	}
+	p.keys.Store(c.Keys)
+	p.highWater.Store(c.HighWater)
+	p.cutovers.Store(c.Cutovers)
+	p.sweeps.Store(c.Sweeps)
+	p.evicted.Store(c.Evicted)
+	p.eventsDropped.Store(c.EventsDropped)
+}
+
+// served counts one group or batch part, publishing now and then.
+func (s *Shard) served() {
+	if s.unsaved++; s.unsaved >= publishEvery {
+		s.publish()
+	}
+}
+
+// count tallies one answer to a single request, and samples it.
+func (s *Shard) count(now int64, a *msg.Allow) {
+	r := &a.Reply
+	switch {
+	case r.Err != nil:
+		s.c.Errors[msg.KindOf(r.Err)]++
+	case a.Op == msg.OpPeek:
+		s.c.Peeks++
+		return
+	case a.Op == msg.OpRefund:
+		s.c.Refunds++
+		return
+	case r.Decision.Allowed:
+		s.c.Allowed++
+	default:
+		s.c.Denied++
+	}
+	if s.events != nil {
+		s.sample(now, a.Key, a.Cost, r)
+	}
+}
+
+// sample sends one decision in every evEvery to events, never waiting.
+func (s *Shard) sample(now int64, key string, cost int64, r *msg.Reply) {
+	if s.evToNext--; s.evToNext > 0 {
+		return
+	}
+	s.evToNext = s.evEvery
+	select {
+	case s.events <- msg.Event{Key: strings.Clone(key), Cost: cost, Decision: r.Decision, Err: r.Err, Shard: s.id, Reading: now}:
+	default:
+		s.c.EventsDropped++
+	}
 }
 
 // Bare makes the shard answer every single request with a zero reply,
@@ -94,6 +205,9 @@ func (s *Shard) Run(stop <-chan struct{}) {
 				runtime.Gosched()
 				continue
 			}
+			if s.unsaved > 0 {
+				s.publish() // about to park: let Stats see everything so far
+			}
 			select {
 			case p := <-mb.prepare:
 				if !s.cutover(p, stop) {
@@ -130,7 +244,7 @@ func (s *Shard) beginSweep(w *msg.Sweep) {
 // and ErrClosed.
 func (s *Shard) sweepStep(stop <-chan struct{}) bool {
 	if done, err := s.state.SweepSlice(s.clk.Now(), SliceSize); done {
-		s.sweep.Done <- s.state.EndSweep(err)
+		s.sweep.Done <- s.endSweep(err)
 		s.sweep = nil
 		return true
 	}
@@ -140,7 +254,7 @@ func (s *Shard) sweepStep(stop <-chan struct{}) bool {
 	case b := <-s.mb.batch:
 		s.serveBatch(b)
 	case <-stop:
-		s.sweep.Done <- s.state.EndSweep(msg.ErrClosed)
+		s.sweep.Done <- s.endSweep(msg.ErrClosed)
 		s.sweep = nil
 		return false
 	default:
@@ -184,6 +298,15 @@ func (s *Shard) snapStep(stop <-chan struct{}) bool {
 		return false
 	}
 	return true
+}
+
+// endSweep ends the sweep in progress and counts it.
+func (s *Shard) endSweep(err error) msg.SweepReply {
+	r := s.state.EndSweep(err)
+	s.c.Sweeps++
+	s.c.Evicted += uint64(r.Evicted)
+	s.publish()
+	return r
 }
 
 // convertStep serves whatever is waiting, control first, or else yields,
@@ -242,8 +365,24 @@ func (s *Shard) serveWaiting() {
 }
 
 func (s *Shard) serveBatch(b *msg.Batch) {
-	s.state.Batch(s.clk.Now(), b)
+	now := s.clk.Now()
+	s.state.Batch(now, b)
+	for i := range b.Items {
+		r := &b.Out[i]
+		switch {
+		case r.Err != nil:
+			s.c.Errors[msg.KindOf(r.Err)]++
+		case r.Decision.Allowed:
+			s.c.Allowed++
+		default:
+			s.c.Denied++
+		}
+		if s.events != nil {
+			s.sample(now, b.Items[i].Key, b.Items[i].Cost, r)
+		}
+	}
 	b.Done <- b.Part
+	s.served()
 }
 
 // serveAllow takes first and whatever else is queued (up to maxGroup), reads
@@ -271,6 +410,9 @@ take:
 	if len(g) > 1 && s.state.tab.count >= warmFrom {
 		s.state.warmAllows(g)
 	}
+	if d := int64(len(g)) + int64(len(s.mb.allow)); d > s.c.HighWater {
+		s.c.HighWater = d
+	}
 	now := s.clk.Now()
 	for i, a := range g {
 		if a.Op == msg.OpAllow {
@@ -278,10 +420,12 @@ take:
 		} else {
 			a.Reply = s.state.inspect(now, a)
 		}
+		s.count(now, a)
 		a.Done <- struct{}{}
 		g[i] = nil // the message goes back to its pool; do not keep it alive
 	}
 	s.group = g[:0]
+	s.served()
 }
 
 // cutover runs one prepare and waits, serving nothing else, for publish or
@@ -296,6 +440,7 @@ func (s *Shard) cutover(p *msg.Prepare, stop <-chan struct{}) bool {
 	select {
 	case <-s.mb.publish:
 		s.state.Publish()
+		s.c.Cutovers++
 	case <-s.mb.abort:
 		s.state.Abort()
 	case <-stop:
@@ -308,15 +453,18 @@ func (s *Shard) cutover(p *msg.Prepare, stop <-chan struct{}) bool {
 
 // drain answers ErrClosed to every queued data request.
 func (s *Shard) drain() {
+	defer s.publish() // the final counts, for Stats after Close
 	for {
 		select {
 		case a := <-s.mb.allow:
 			a.Reply = msg.Reply{Err: msg.ErrClosed}
+			s.c.Errors[msg.KindClosed]++
 			a.Done <- struct{}{}
 		case b := <-s.mb.batch:
 			for i := range b.Out[:len(b.Items)] {
 				b.Out[i] = msg.Reply{Err: msg.ErrClosed}
 			}
+			s.c.Errors[msg.KindClosed] += uint64(len(b.Items))
 			b.Closed = true
 			b.Done <- b.Part
 		default:

@@ -1,0 +1,142 @@
+package engine
+
+import (
+	"expvar"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+
+	"github.com/tokenshard/tokenshard/msg"
+)
+
+// Stats is a reading of the engine's counters: per shard, for errors raised
+// before a request reached a shard, and in total.
+//
+// Each shard counts what it decides in plain fields of its own goroutine and
+// publishes them (atomic stores) whenever it is about to park and every 64
+// messages while it is busy, so counting costs the hot path almost nothing
+// and Stats never waits for a shard. A reading may therefore lag a busy
+// shard by up to 64 messages; once traffic stops it is exact, and every
+// request is counted exactly once: Allowed + Denied + Errors.Sum() equals
+// the requests sent (a batch counts each of its requests).
+type Stats struct {
+	Total  ShardStats   // the sum of Shards, with Caller's errors
+	Shards []ShardStats // by shard index
+	// Caller counts the errors raised on the caller's side, before a request
+	// reached a shard: a bad key or cost, the engine closed, the context
+	// done. They are in Total, not in any shard.
+	Caller Errors
+	// SweepFailures counts background sweeps (Config.SweepEvery) that ended
+	// with an error, such as a clock that stepped back.
+	SweepFailures uint64
+}
+
+// ShardStats is one shard's counters, or their total.
+type ShardStats struct {
+	Allowed, Denied uint64 // requests decided
+	Errors          Errors // requests that ended with an error
+	Peeks, Refunds  uint64
+	Keys            int64 // keys tracked
+	// MailboxDepth is how many single requests and batch parts wait for the
+	// shard now; MailboxHighWater the most single requests it has found
+	// waiting at once. In Total, the sum and the largest.
+	MailboxDepth, MailboxHighWater int64
+	Cutovers, Sweeps               uint64 // cutovers taken part in, sweeps run
+	Evicted                        uint64 // keys evicted by sweeps
+	EventsDropped                  uint64 // sampled decisions dropped on a full buffer
+}
+
+// Errors counts errors by kind.
+type Errors struct {
+	InvalidKey, InvalidCost, Closed uint64
+	Context                         uint64 // the caller's context ended first
+	ClockRegression, KeyCapacity    uint64
+	Other                           uint64
+}
+
+// Sum returns the count of every kind.
+func (e Errors) Sum() uint64 {
+	return e.InvalidKey + e.InvalidCost + e.Closed + e.Context + e.ClockRegression + e.KeyCapacity + e.Other
+}
+
+func (e *Errors) add(o Errors) {
+	e.InvalidKey += o.InvalidKey
+	e.InvalidCost += o.InvalidCost
+	e.Closed += o.Closed
+	e.Context += o.Context
+	e.ClockRegression += o.ClockRegression
+	e.KeyCapacity += o.KeyCapacity
+	e.Other += o.Other
+}
+
+func errorsOf(n *[msg.NumErrKinds]uint64) Errors {
+	return Errors{
+		InvalidKey: n[msg.KindInvalidKey], InvalidCost: n[msg.KindInvalidCost], Closed: n[msg.KindClosed],
+		Context: n[msg.KindContext], ClockRegression: n[msg.KindClockRegression], KeyCapacity: n[msg.KindKeyCapacity],
+		Other: n[msg.KindOther],
+	}
+}
+
+// callerErrors counts errors raised before a request reaches a shard, in
+// stripes so concurrent callers seldom share a cache line.
+type callerErrors [16]struct {
+	n [msg.NumErrKinds]atomic.Uint64
+	_ [64]byte
+}
+
+func (c *callerErrors) add(err error, n int) {
+	s := &c[rand.Uint32()%uint32(len(c))]
+	s.n[msg.KindOf(err)].Add(uint64(n))
+}
+
+func (c *callerErrors) read() Errors {
+	var n [msg.NumErrKinds]uint64
+	for i := range c {
+		for k := range n {
+			n[k] += c[i].n[k].Load()
+		}
+	}
+	return errorsOf(&n)
+}
+
+// Stats returns the engine's counters. It never blocks and keeps answering
+// after Close, with the final counts.
+func (e *Engine) Stats() Stats {
+	st := Stats{Shards: make([]ShardStats, len(e.shards)), Caller: e.callerErrs.read(), SweepFailures: e.sweepFailures.Load()}
+	st.Total.Errors = st.Caller
+	for i, s := range e.shards {
+		c := s.Counters()
+		ss := ShardStats{
+			Allowed: c.Allowed, Denied: c.Denied, Errors: errorsOf(&c.Errors),
+			Peeks: c.Peeks, Refunds: c.Refunds, Keys: c.Keys,
+			MailboxDepth: int64(e.mailboxes[i].Depth()), MailboxHighWater: c.HighWater,
+			Cutovers: c.Cutovers, Sweeps: c.Sweeps, Evicted: c.Evicted, EventsDropped: c.EventsDropped,
+		}
+		st.Shards[i] = ss
+		t := &st.Total
+		t.Allowed += ss.Allowed
+		t.Denied += ss.Denied
+		t.Errors.add(ss.Errors)
+		t.Peeks += ss.Peeks
+		t.Refunds += ss.Refunds
+		t.Keys += ss.Keys
+		t.MailboxDepth += ss.MailboxDepth
+		t.MailboxHighWater = max(t.MailboxHighWater, ss.MailboxHighWater)
+		t.Cutovers += ss.Cutovers
+		t.Sweeps += ss.Sweeps
+		t.Evicted += ss.Evicted
+		t.EventsDropped += ss.EventsDropped
+	}
+	return st
+}
+
+// PublishExpvar makes Stats readable through the standard expvar package
+// under name (served at /debug/vars by expvar's handler). A name already
+// published is an error, since expvar names are process-wide.
+func (e *Engine) PublishExpvar(name string) error {
+	if expvar.Get(name) != nil {
+		return fmt.Errorf("%w: expvar %q is already published", ErrInvalidConfig, name)
+	}
+	expvar.Publish(name, expvar.Func(func() any { return e.Stats() }))
+	return nil
+}

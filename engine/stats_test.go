@@ -1,0 +1,279 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"expvar"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+)
+
+// tally counts results the way Stats does, from the caller's side.
+type tally struct {
+	mu      sync.Mutex
+	allowed uint64
+	denied  uint64
+	errs    engine.Errors
+	sent    uint64
+}
+
+func (t *tally) add(d engine.Decision, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.sent++
+	switch {
+	case err == nil && d.Allowed:
+		t.allowed++
+	case err == nil:
+		t.denied++
+	case errors.Is(err, engine.ErrInvalidKey):
+		t.errs.InvalidKey++
+	case errors.Is(err, engine.ErrInvalidCost):
+		t.errs.InvalidCost++
+	case errors.Is(err, engine.ErrClosed):
+		t.errs.Closed++
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		t.errs.Context++
+	case errors.Is(err, engine.ErrClockRegression):
+		t.errs.ClockRegression++
+	case errors.Is(err, engine.ErrKeyCapacity):
+		t.errs.KeyCapacity++
+	default:
+		t.errs.Other++
+	}
+}
+
+// TestStatsAddUp: goroutines send single and batched requests of every
+// outcome — admitted, denied, bad key, bad cost (caller side and shard side),
+// key bound, canceled context — and once they are done and the shards idle,
+// Stats counts exactly what the callers saw, kind by kind.
+func TestStatsAddUp(t *testing.T) {
+	for _, shards := range []int{1, 3} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1), Shards: shards, MaxKeys: 40})
+				var got tally
+				canceled, cancel := context.WithCancel(context.Background())
+				cancel()
+				var wg sync.WaitGroup
+				for g := range 8 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						ctx := context.Background()
+						for i := range 200 {
+							key := fmt.Sprintf("k%d", (g*7+i)%60) // 60 keys, 40 fit
+							switch i % 10 {
+							case 0:
+								got.add(e.Allow(ctx, " ", 1))
+							case 1:
+								got.add(e.Allow(ctx, key, 0))
+							case 2:
+								got.add(e.Allow(ctx, key, 6)) // above capacity: the shard says so
+							case 3:
+								got.add(e.Allow(canceled, key, 1))
+							case 4:
+								reqs := []engine.Request{{Key: key, Cost: 1}, {Key: "", Cost: 1}, {Key: key, Cost: 9}, {Key: key + "x", Cost: 2}}
+								out := make([]engine.Result, len(reqs))
+								_ = e.AllowBatch(ctx, reqs, out)
+								for _, r := range out {
+									got.add(r.Decision, r.Err)
+								}
+							default:
+								got.add(e.Allow(ctx, key, 1))
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				synctest.Wait() // every shard has gone idle, and published
+				st := e.Stats()
+				assert.Equal(t, got.allowed, st.Total.Allowed)
+				assert.Equal(t, got.denied, st.Total.Denied)
+				assert.Equal(t, got.errs, st.Total.Errors)
+				assert.Equal(t, got.sent, st.Total.Allowed+st.Total.Denied+st.Total.Errors.Sum())
+				assert.NotZero(t, got.errs.KeyCapacity, "the key bound was reached")
+				assert.NotZero(t, got.denied)
+				assert.Equal(t, int64(e.KeyCount()), st.Total.Keys)
+				assert.Len(t, st.Shards, shards)
+				var sum uint64
+				for _, s := range st.Shards {
+					sum += s.Allowed + s.Denied + s.Errors.Sum()
+				}
+				assert.Equal(t, got.sent, sum+st.Caller.Sum(), "shards and caller add up to the total")
+				assert.Equal(t, got.errs.InvalidKey, st.Caller.InvalidKey, "bad keys never reach a shard")
+			})
+		})
+	}
+}
+
+// TestStatsAfterClose: requests refused after Close are counted, and Stats
+// keeps answering with the final counts.
+func TestStatsAfterClose(t *testing.T) {
+	e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Clock: clock.NewManual(0), Shards: 2})
+	require.NoError(t, err)
+	ctx := context.Background()
+	for i := range 10 {
+		_, err := e.Allow(ctx, fmt.Sprintf("k%d", i%3), 2)
+		require.NoError(t, err)
+	}
+	require.NoError(t, e.Close())
+	_, err = e.Allow(ctx, "k", 1)
+	require.ErrorIs(t, err, engine.ErrClosed)
+	st := e.Stats()
+	assert.Equal(t, uint64(10), st.Total.Allowed+st.Total.Denied)
+	assert.Equal(t, uint64(1), st.Total.Errors.Closed)
+	assert.Equal(t, int64(3), st.Total.Keys)
+	assert.Zero(t, st.Total.MailboxDepth)
+}
+
+// TestStatsAdmin: cutovers, sweeps, evictions, peeks and refunds are
+// counted, per shard and in total.
+func TestStatsAdmin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, clk := newEngine(t, engine.Config{Policy: pol(1, 5, 1), Shards: 3})
+		ctx := context.Background()
+		for i := range 30 {
+			_, err := e.Allow(ctx, fmt.Sprintf("k%d", i), 1)
+			require.NoError(t, err)
+		}
+		_, _ = e.Peek(ctx, "k1")
+		_, _ = e.Refund(ctx, "k2", 1)
+		require.NoError(t, e.ReplacePolicy(ctx, pol(2, 5, 1), 1))
+		clk.Set(int64(time.Second))
+		n, err := e.EvictFull(ctx)
+		require.NoError(t, err)
+		synctest.Wait()
+		st := e.Stats()
+		assert.Equal(t, uint64(n), st.Total.Evicted)
+		assert.Equal(t, uint64(30), st.Total.Evicted)
+		assert.Equal(t, uint64(3), st.Total.Cutovers, "each shard took part")
+		assert.Equal(t, uint64(3), st.Total.Sweeps)
+		assert.Equal(t, uint64(1), st.Total.Peeks)
+		assert.Equal(t, uint64(1), st.Total.Refunds)
+		assert.Equal(t, uint64(30), st.Total.Allowed, "peeks and refunds are not decisions")
+		assert.Zero(t, st.Total.Keys)
+		assert.GreaterOrEqual(t, st.Total.MailboxHighWater, int64(1))
+	})
+}
+
+// backwardClock steps back once, after a given number of readings.
+type backwardClock struct {
+	n     atomic.Int64
+	after int64
+}
+
+func (c *backwardClock) Now() int64 {
+	if c.n.Add(1) > c.after {
+		return 0
+	}
+	return int64(time.Hour)
+}
+
+// TestStatsSweepFailures: a background sweep that fails is counted.
+func TestStatsSweepFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := &backwardClock{after: 1}
+		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Clock: clk, Shards: 1, SweepEvery: time.Second})
+		require.NoError(t, err)
+		defer e.Close()
+		_, err = e.Allow(context.Background(), "k", 1) // reading 1: an hour in
+		require.NoError(t, err)
+		time.Sleep(3500 * time.Millisecond) // bubble time: three ticks, each reading 0
+		synctest.Wait()
+		assert.Equal(t, uint64(3), e.Stats().SweepFailures)
+	})
+}
+
+// TestEventsNeverBlockAdmission: with a consumer that never returns, every
+// request is still decided, and every sampled event that found the buffer
+// full is counted as dropped.
+func TestEventsNeverBlockAdmission(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var delivered atomic.Int64
+		e, _ := newEngine(t, engine.Config{
+			Policy: pol(1, 1000, 1), Shards: 2, EventEvery: 1, EventBuffer: 4,
+			Events: func(engine.Event) {
+				delivered.Add(1)
+				<-release // never reads on, until the test ends
+			},
+		})
+		defer close(release) // before the engine's Close (LIFO), so Close can return
+		ctx := context.Background()
+		for i := range 100 {
+			d, err := e.Allow(ctx, fmt.Sprintf("k%d", i%5), 1)
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+		}
+		synctest.Wait()
+		st := e.Stats()
+		assert.Equal(t, int64(1), delivered.Load(), "the consumer took one and sits on it")
+		assert.Equal(t, uint64(100-1-4), st.Total.EventsDropped, "one delivered, four buffered, the rest dropped")
+	})
+}
+
+// TestEventsSample: every EventEvery-th decision arrives with its key, cost,
+// answer, shard and reading.
+func TestEventsSample(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var got []engine.Event
+		e, clk := newEngine(t, engine.Config{
+			Policy: pol(7, 10, 1), Shards: 1, EventEvery: 3,
+			Events: func(ev engine.Event) {
+				mu.Lock()
+				defer mu.Unlock()
+				got = append(got, ev)
+			},
+		})
+		clk.Set(42)
+		ctx := context.Background()
+		costs := []int64{1, 2, 3, 4, 5, 6, 7, 8, 11} // the last is above capacity
+		for i, c := range costs {
+			_, _ = e.Allow(ctx, fmt.Sprintf("key%d", i), c)
+		}
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, got, 3)
+		for j, ev := range got {
+			i := 3*j + 2 // the third, sixth and ninth
+			assert.Equal(t, fmt.Sprintf("key%d", i), ev.Key)
+			assert.Equal(t, costs[i], ev.Cost)
+			assert.Equal(t, int64(42), ev.Reading)
+			assert.Equal(t, 0, ev.Shard)
+			if ev.Err == nil {
+				assert.Equal(t, int64(7), ev.Decision.Version)
+			}
+		}
+		assert.True(t, got[0].Decision.Allowed)
+		assert.ErrorIs(t, got[2].Err, engine.ErrInvalidCost, "errors are sampled too")
+	})
+}
+
+// TestPublishExpvar: Stats under a name in expvar; a name taken is an error.
+func TestPublishExpvar(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1), Shards: 1})
+	_, err := e.Allow(context.Background(), "k", 1)
+	require.NoError(t, err)
+	name := fmt.Sprintf("tokenshard_test_stats_%d", expvarRuns.Add(1)) // -count reruns in one process
+	require.NoError(t, e.PublishExpvar(name))
+	assert.ErrorIs(t, e.PublishExpvar(name), engine.ErrInvalidConfig)
+	var st engine.Stats
+	require.NoError(t, json.Unmarshal([]byte(expvar.Get(name).String()), &st))
+	assert.Len(t, st.Shards, 1)
+}
+
+var expvarRuns atomic.Int64
