@@ -42,11 +42,22 @@ func benchEngine(b *testing.B, keys []string) *engine.Engine {
 // BenchmarkAllow is one request per call from 8 goroutines per core, as a
 // server runs it. transport=bare is the same hand-off with no clock read and
 // no bucket work (NewBare): the floor the decision path stands on.
+// transport=full+events samples one decision in DefaultEventEvery to a
+// consumer that discards it.
 func BenchmarkAllow(b *testing.B) {
 	for _, n := range []int{1, 100_000} {
 		b.Run(fmt.Sprintf("keys=%d/transport=full", n), func(b *testing.B) {
 			keys := benchKeys(n)
 			benchAllow(b, keys, benchEngine(b, keys))
+		})
+		b.Run(fmt.Sprintf("keys=%d/transport=full+events", n), func(b *testing.B) {
+			keys := benchKeys(n)
+			e, err := engine.New(engine.Config{Policy: pol(1, 1<<40, 1<<40), MaxKeys: len(keys), Events: func(engine.Event) {}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = e.Close() })
+			benchAllow(b, keys, e)
 		})
 		b.Run(fmt.Sprintf("keys=%d/transport=bare", n), func(b *testing.B) {
 			e, err := engine.NewBare(engine.Config{Policy: pol(1, 1<<40, 1<<40)})
