@@ -37,6 +37,10 @@ type Engine struct {
 	stop      chan struct{} // closed once no sender can reach a mailbox
 	closeOnce sync.Once
 	wg        sync.WaitGroup // every goroutine the engine started
+	// shardsRunning counts the shard goroutines; shardsGone is closed once
+	// they have all exited, so the event deliverer knows none will follow.
+	shardsRunning sync.WaitGroup
+	shardsGone    chan struct{}
 
 	callerErrs    callerErrors
 	sweepFailures atomic.Uint64
@@ -82,6 +86,7 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 		admin:       make(chan struct{}, 1),
 		closing:     make(chan struct{}),
 		stop:        make(chan struct{}),
+		shardsGone:  make(chan struct{}),
 	}
 	// A random seed per engine: without it anyone who reads this code could
 	// pick keys that all land on one shard.
@@ -111,9 +116,11 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 // start starts the shards' goroutines and the sweeper.
 func (e *Engine) start(cfg Config, shards []*shard.Shard) {
 	e.wg.Add(len(shards))
+	e.shardsRunning.Add(len(shards))
 	for _, s := range shards {
 		go func() {
 			defer e.wg.Done()
+			defer e.shardsRunning.Done()
 			s.Run(e.stop)
 		}()
 	}
@@ -133,15 +140,25 @@ func (e *Engine) start(cfg Config, shards []*shard.Shard) {
 	}
 }
 
-// deliver hands sampled decisions to f, one at a time, until the engine
-// stops; what is still buffered then is dropped.
+// deliver hands sampled decisions to f, one at a time, until every shard has
+// exited, then what is still buffered: nothing sampled is lost to Close.
 func (e *Engine) deliver(f func(Event)) {
+	call := func(ev msg.Event) {
+		f(Event{Key: ev.Key, Cost: ev.Cost, Decision: Decision(ev.Decision), Err: ev.Err, Shard: ev.Shard, Reading: ev.Reading})
+	}
 	for {
 		select {
 		case ev := <-e.events:
-			f(Event{Key: ev.Key, Cost: ev.Cost, Decision: Decision(ev.Decision), Err: ev.Err, Shard: ev.Shard, Reading: ev.Reading})
-		case <-e.stop:
-			return
+			call(ev)
+		case <-e.shardsGone:
+			for {
+				select {
+				case ev := <-e.events:
+					call(ev)
+				default:
+					return
+				}
+			}
 		}
 	}
 }
@@ -167,6 +184,8 @@ func (e *Engine) Close() error {
 			mb.Close() // after this no request can enter a mailbox
 		}
 		close(e.stop) // shards answer ErrClosed to what is queued, then exit
+		e.shardsRunning.Wait()
+		close(e.shardsGone) // no more events: deliver what is buffered and exit
 		e.wg.Wait()
 	})
 	return nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -181,4 +182,71 @@ func Example_restart() {
 	// Output:
 	// 1 3s
 	// true 2
+}
+
+// Wait blocks until the request is admitted, like rate.Limiter.Wait, but
+// never past the context's deadline.
+func ExampleEngine_Wait() {
+	e, err := engine.New(engine.Config{Policy: policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 20}})
+	if err != nil {
+		panic(err)
+	}
+	defer e.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+
+	_, _ = e.Allow(ctx, "job", 1)    // the bucket is empty now
+	d, err := e.Wait(ctx, "job", 1) // about 50 ms
+	fmt.Println(d.Allowed, err)
+
+	_, err = e.Wait(ctx, "job", 1000) // more than the capacity
+	fmt.Println(errors.Is(err, engine.ErrInvalidCost))
+	// Output:
+	// true <nil>
+	// true
+}
+
+// Stats counts every request once: allowed, denied or an error of a kind.
+// After Close the counts are final.
+func ExampleEngine_Stats() {
+	e, err := engine.New(engine.Config{Policy: policy.Policy{Version: 1, Capacity: 2, TokensPerSecond: 1}, Clock: clock.NewManual(0)})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for range 3 {
+		_, _ = e.Allow(ctx, "user:1", 1)
+	}
+	_, _ = e.Allow(ctx, "", 1)
+	_ = e.Close()
+
+	st := e.Stats()
+	fmt.Println(st.Total.Allowed, st.Total.Denied, st.Total.Errors.InvalidKey, st.Total.Keys)
+	// Output: 2 1 1 1
+}
+
+// Config.Events samples decisions for an audit trail, off the hot path.
+func ExampleConfig_events() {
+	var trail []string
+	e, err := engine.New(engine.Config{
+		Policy:     policy.Policy{Version: 1, Capacity: 2, TokensPerSecond: 1},
+		Clock:      clock.NewManual(0),
+		EventEvery: 2, // one decision in two; the default is one in 1,000
+		Events: func(ev engine.Event) {
+			trail = append(trail, fmt.Sprintf("%s cost %d allowed %v", ev.Key, ev.Cost, ev.Decision.Allowed))
+		},
+		Shards: 1,
+	})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for range 4 {
+		_, _ = e.Allow(ctx, "user:1", 1)
+	}
+	_ = e.Close() // delivers what was sampled, then returns
+	fmt.Println(strings.Join(trail, "\n"))
+	// Output:
+	// user:1 cost 1 allowed true
+	// user:1 cost 1 allowed false
 }
