@@ -1,0 +1,134 @@
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/tokenshard/tokenshard/engine"
+)
+
+// Response bodies for failures. They say what failed and nothing about the
+// server's internals; the package logs nothing.
+const (
+	bodyKey      = "httplimit: the server could not derive a rate-limit key for this request"
+	bodyCost     = "httplimit: the server could not derive a rate-limit cost for this request"
+	bodyTooLarge = "httplimit: the request costs more than its rate limit can ever admit"
+	bodyOverload = "httplimit: the rate limiter is at capacity; retry later"
+	bodyFailed   = "httplimit: the rate limiter failed"
+	bodyDenied   = "httplimit: too many requests"
+)
+
+// Middleware admits HTTP requests through an engine.Engine. It is immutable
+// after New and safe for concurrent use; the zero value is not usable. Build
+// it with New and wrap handlers with Handler.
+type Middleware struct {
+	engine     *engine.Engine
+	key        KeyFunc
+	cost       CostFunc
+	denied     DeniedFunc
+	quotedName string // the policy name as a structured-field String
+	overload   string // the Retry-After of a 503, in seconds
+}
+
+// New returns a middleware that spends each request's cost from its key's
+// bucket in e. Without options the key is the client IP from RemoteAddr (no
+// forwarded header is trusted), the cost is 1, and a denial is a 429. It
+// returns an error wrapping ErrInvalidOption for a nil engine, a nil or
+// invalid option, or WithKey together with WithTrustedProxies.
+func New(e *engine.Engine, opts ...Option) (*Middleware, error) {
+	if e == nil {
+		return nil, fmt.Errorf("%w: nil engine", ErrInvalidOption)
+	}
+	c := config{policyName: DefaultPolicyName, overload: DefaultOverloadRetryAfter}
+	for i, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: option %d is nil", ErrInvalidOption, i)
+		}
+		if err := opt(&c); err != nil {
+			return nil, err
+		}
+	}
+	if c.key != nil && c.trusted != nil {
+		return nil, fmt.Errorf("%w: WithTrustedProxies configures the default key only; with WithKey, call ClientIP in the key function", ErrInvalidOption)
+	}
+	m := &Middleware{
+		engine:     e,
+		key:        c.key,
+		cost:       c.cost,
+		denied:     c.denied,
+		quotedName: sfString(c.policyName),
+		overload:   strconv.FormatInt(ceilSeconds(c.overload), 10),
+	}
+	if m.key == nil {
+		header, trusted := c.header, c.trusted
+		m.key = func(r *http.Request) (string, error) {
+			a, err := ClientIP(r, header, trusted)
+			if err != nil {
+				return "", err
+			}
+			return a.String(), nil
+		}
+	}
+	if m.cost == nil {
+		m.cost = func(*http.Request) int64 { return 1 }
+	}
+	if m.denied == nil {
+		m.denied = func(w http.ResponseWriter, _ *http.Request, _ engine.Decision) {
+			http.Error(w, bodyDenied, http.StatusTooManyRequests)
+		}
+	}
+	return m, nil
+}
+
+// Handler returns next behind the rate limit. Each request is decided with
+// its own context before next runs; an admitted request reaches next with
+// the RateLimit header fields already set on w, a denied one never does.
+// The status codes are listed in the package documentation.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, err := m.key(r)
+		if err != nil {
+			http.Error(w, bodyKey, http.StatusInternalServerError)
+			return
+		}
+		cost := m.cost(r)
+		if cost < 1 {
+			http.Error(w, bodyCost, http.StatusInternalServerError)
+			return
+		}
+		d, err := m.engine.Allow(r.Context(), key, cost)
+		if err != nil {
+			m.fail(w, err)
+			return
+		}
+		m.setRateLimit(w.Header(), key, d)
+		if !d.Allowed {
+			m.denied(w, r, d)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// fail answers a request the engine returned an error for.
+func (m *Middleware) fail(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, engine.ErrInvalidKey):
+		http.Error(w, bodyKey, http.StatusInternalServerError)
+	case errors.Is(err, engine.ErrInvalidCost):
+		// Only a cost above the key's capacity gets here: waiting never helps.
+		http.Error(w, bodyTooLarge, http.StatusRequestEntityTooLarge)
+	case errors.Is(err, engine.ErrKeyCapacity), errors.Is(err, engine.ErrClosed):
+		w.Header().Set(headerRetryAfter, m.overload)
+		http.Error(w, bodyOverload, http.StatusServiceUnavailable)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The client has gone or the server's deadline passed: nobody reads
+		// a body, but a status keeps outer handlers from logging a 200.
+		w.WriteHeader(http.StatusServiceUnavailable)
+	default:
+		http.Error(w, bodyFailed, http.StatusInternalServerError)
+	}
+}

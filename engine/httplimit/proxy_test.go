@@ -1,0 +1,133 @@
+package httplimit_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/httplimit"
+)
+
+var netipPrefixZero netip.Prefix
+
+func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+// remaining peeks at key's whole tokens without spending any; a key not
+// tracked reports a full bucket.
+func remaining(t *testing.T, e *engine.Engine, key string) int64 {
+	t.Helper()
+	d, err := e.Peek(context.Background(), key)
+	require.NoError(t, err)
+	return d.Remaining
+}
+
+func TestClientIP(t *testing.T) {
+	proxies := []netip.Prefix{mustPrefix("10.0.0.0/8"), mustPrefix("2001:db8:ffff::/48"), mustPrefix("::ffff:192.168.0.0/112")}
+	xff, fwd := httplimit.XForwardedFor, httplimit.Forwarded
+	cases := []struct {
+		name    string
+		remote  string
+		h       httplimit.ProxyHeader
+		trusted []netip.Prefix
+		header  []string // name, value pairs, in order
+		want    string
+	}{
+		{"peer only", "192.0.2.1:1234", xff, proxies, nil, "192.0.2.1"},
+		{"untrusted peer ignores XFF", "192.0.2.1:1234", xff, proxies, []string{"X-Forwarded-For", "203.0.113.7"}, "192.0.2.1"},
+		{"no trusted prefixes ignores XFF", "10.0.0.1:1234", xff, nil, []string{"X-Forwarded-For", "203.0.113.7"}, "10.0.0.1"},
+		{"zero header ignores XFF", "10.0.0.1:1234", 0, proxies, []string{"X-Forwarded-For", "203.0.113.7"}, "10.0.0.1"},
+		{"trusted peer, one hop", "10.0.0.1:1234", xff, proxies, []string{"X-Forwarded-For", "203.0.113.7"}, "203.0.113.7"},
+		{"spoofed entries left of the client", "10.0.0.1:1234", xff, proxies, []string{"X-Forwarded-For", "6.6.6.6, 10.9.9.9, 203.0.113.7"}, "203.0.113.7"},
+		{"two trusted hops", "10.0.0.1:1234", xff, proxies, []string{"X-Forwarded-For", "6.6.6.6, 203.0.113.7, 10.0.0.2"}, "203.0.113.7"},
+		{"several field lines", "10.0.0.1:1234", xff, proxies, []string{"X-Forwarded-For", "6.6.6.6", "X-Forwarded-For", "203.0.113.7,10.0.0.2"}, "203.0.113.7"},
+		{"all trusted: left-most", "10.0.0.1:1234", xff, proxies, []string{"X-Forwarded-For", "10.0.0.3, 10.0.0.2"}, "10.0.0.3"},
+		{"trusted peer, no header", "10.0.0.1:1234", xff, proxies, nil, "10.0.0.1"},
+		{"garbage stops at the proxy that wrote it", "10.0.0.1:1234", xff, proxies, []string{"X-Forwarded-For", "203.0.113.7, nonsense, 10.0.0.2"}, "10.0.0.2"},
+		{"empty entry stops", "10.0.0.1:1234", xff, proxies, []string{"X-Forwarded-For", "203.0.113.7,"}, "10.0.0.1"},
+		{"ports and brackets", "10.0.0.1:1234", xff, proxies, []string{"X-Forwarded-For", "[2001:db8::7]:443, 10.0.0.2:80"}, "2001:db8::7"},
+		{"bare IPv6 and a zone", "10.0.0.1:1234", xff, proxies, []string{"X-Forwarded-For", "fe80::1%eth0"}, "fe80::1"},
+		{"IPv4-mapped client", "10.0.0.1:1234", xff, proxies, []string{"X-Forwarded-For", "::ffff:203.0.113.7"}, "203.0.113.7"},
+		{"IPv6 trusted peer", "[2001:db8:ffff::1]:1234", xff, proxies, []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
+		{"IPv4-mapped prefix trusts IPv4", "192.168.0.9:1234", xff, proxies, []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
+		{"XFF mode ignores Forwarded", "10.0.0.1:1234", xff, proxies, []string{"Forwarded", "for=203.0.113.7"}, "10.0.0.1"},
+		{"Forwarded mode ignores XFF", "10.0.0.1:1234", fwd, proxies, []string{"X-Forwarded-For", "203.0.113.7"}, "10.0.0.1"},
+		{"Forwarded one hop", "10.0.0.1:1234", fwd, proxies, []string{"Forwarded", "for=203.0.113.7;proto=https;by=10.0.0.1"}, "203.0.113.7"},
+		{"Forwarded spoofed left", "10.0.0.1:1234", fwd, proxies, []string{"Forwarded", `for=6.6.6.6, For="203.0.113.7:4711", for=10.0.0.2`}, "203.0.113.7"},
+		{"Forwarded quoted IPv6", "10.0.0.1:1234", fwd, proxies, []string{"Forwarded", `for="[2001:db8:cafe::17]:4711"`}, "2001:db8:cafe::17"},
+		{"Forwarded quoted comma", "10.0.0.1:1234", fwd, proxies, []string{"Forwarded", `for=203.0.113.7;ext="a,b", for=10.0.0.2`}, "203.0.113.7"},
+		{"Forwarded unknown stops", "10.0.0.1:1234", fwd, proxies, []string{"Forwarded", "for=203.0.113.7, for=unknown, for=10.0.0.2"}, "10.0.0.2"},
+		{"Forwarded obfuscated stops", "10.0.0.1:1234", fwd, proxies, []string{"Forwarded", "for=_hidden"}, "10.0.0.1"},
+		{"Forwarded element without for stops", "10.0.0.1:1234", fwd, proxies, []string{"Forwarded", "for=203.0.113.7, proto=http"}, "10.0.0.1"},
+		{"RemoteAddr without port", "192.0.2.1", xff, nil, nil, "192.0.2.1"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			r.RemoteAddr = c.remote
+			for i := 0; i+1 < len(c.header); i += 2 {
+				r.Header.Add(c.header[i], c.header[i+1])
+			}
+			got, err := httplimit.ClientIP(r, c.h, c.trusted)
+			require.NoError(t, err)
+			assert.Equal(t, c.want, got.String())
+		})
+	}
+
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = "@"
+	_, err := httplimit.ClientIP(r, xff, proxies)
+	assert.ErrorIs(t, err, httplimit.ErrNoClientIP)
+}
+
+// By default no forwarded header is believed: two requests from one peer
+// with different X-Forwarded-For and Forwarded values share one bucket.
+func TestForwardedHeadersIgnoredByDefault(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(2, 1)})
+	srv := serve(t, e, ok)
+
+	assert.Equal(t, http.StatusOK, get(t, srv, "X-Forwarded-For", "203.0.113.7").status)
+	assert.Equal(t, http.StatusOK, get(t, srv, "Forwarded", "for=203.0.113.8").status)
+	res := get(t, srv, "X-Forwarded-For", "203.0.113.9", "Forwarded", "for=203.0.113.9")
+	assert.Equal(t, http.StatusTooManyRequests, res.status)
+	assert.Equal(t, 1, e.KeyCount())
+	assert.Equal(t, int64(0), remaining(t, e, loopback))
+}
+
+// Behind a trusted proxy the client is the right-most untrusted address of
+// the header the proxy writes; what the client wrote in front of it, and
+// any other header, is ignored.
+func TestTrustedProxies(t *testing.T) {
+	t.Run("X-Forwarded-For", func(t *testing.T) {
+		e, _ := newEngine(t, engine.Config{Policy: pol(1, 1)})
+		srv := serve(t, e, ok, httplimit.WithTrustedProxies(httplimit.XForwardedFor, mustPrefix("127.0.0.0/8"), mustPrefix("10.0.0.0/8")))
+
+		assert.Equal(t, http.StatusOK, get(t, srv, "X-Forwarded-For", "203.0.113.7").status)
+		assert.Equal(t, http.StatusOK, get(t, srv, "X-Forwarded-For", "203.0.113.8").status) // its own bucket
+		// A client claiming to be someone else in front of its real address.
+		res := get(t, srv, "X-Forwarded-For", "6.6.6.6, 203.0.113.7, 10.0.0.2")
+		assert.Equal(t, http.StatusTooManyRequests, res.status)
+		assert.Equal(t, int64(1), remaining(t, e, "6.6.6.6"))
+		// A header the proxies do not write is not read.
+		assert.Equal(t, http.StatusOK, get(t, srv, "Forwarded", "for=203.0.113.7").status)
+		assert.Equal(t, int64(0), remaining(t, e, loopback))
+		assert.Equal(t, 3, e.KeyCount())
+	})
+	t.Run("Forwarded", func(t *testing.T) {
+		e, _ := newEngine(t, engine.Config{Policy: pol(1, 1)})
+		srv := serve(t, e, ok, httplimit.WithTrustedProxies(httplimit.Forwarded, mustPrefix("127.0.0.1/32")))
+
+		assert.Equal(t, http.StatusOK, get(t, srv, "Forwarded", `for="[2001:db8::7]:4711";proto=https`).status)
+		res := get(t, srv, "Forwarded", "for=6.6.6.6, for=2001:db8::7")
+		assert.Equal(t, http.StatusTooManyRequests, res.status)
+		assert.Equal(t, int64(0), remaining(t, e, "2001:db8::7"))
+		assert.Equal(t, int64(1), remaining(t, e, "6.6.6.6"))
+		assert.Equal(t, http.StatusOK, get(t, srv, "X-Forwarded-For", "2001:db8::7").status) // keyed by the peer
+		assert.Equal(t, 2, e.KeyCount())
+	})
+}
