@@ -195,7 +195,7 @@ func ExampleEngine_Wait() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 
-	_, _ = e.Allow(ctx, "job", 1)    // the bucket is empty now
+	_, _ = e.Allow(ctx, "job", 1)   // the bucket is empty now
 	d, err := e.Wait(ctx, "job", 1) // about 50 ms
 	fmt.Println(d.Allowed, err)
 

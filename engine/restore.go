@@ -45,11 +45,12 @@ type RestoreReport struct {
 // starts it only once the whole snapshot has been read and checked: nothing
 // half-restored is ever served.
 //
-// Every bucket is brought forward by the time that passed: from its last
-// update to the snapshot's reading (on the old engine's clock), plus the
-// wall time from the snapshot to now (cfg.Clock's, if it is a
-// clock.WallClock, else time.Now), which counts as zero if the wall clock
-// went backwards. Then it goes through the cutover rule of DESIGN 3.8 into
+// Every bucket is brought forward by the time that passed since its last
+// update: the wall time from the snapshot to now (cfg.Clock's, if it is a
+// clock.WallClock, else time.Now; zero if the wall clock went backwards),
+// plus the bucket's age at the snapshot's reading on the old engine's clock,
+// or less the time by which it was updated after that reading, if it was
+// served while the snapshot ran (never below zero). Then it goes through the cutover rule of DESIGN 3.8 into
 // cfg.Policy: refilled under the limit it had, clamped to the capacity its
 // key resolves to now. So a restore never mints tokens: a depleted key is
 // exactly as depleted as the elapsed time says.
@@ -103,11 +104,15 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 		if err != nil {
 			return rep, err
 		}
-		// Time owed: from the bucket's last update to the snapshot's
-		// reading, then the wall time since. b is relative to 0 for that.
+		// Time owed: from the bucket's last update to now, which is its age
+		// at the snapshot's reading plus the wall time since. A bucket
+		// served while the snapshot ran was updated after that reading:
+		// the time between comes off, or it would be paid twice.
 		owed := int64(rep.Elapsed)
 		if b.Last < h.reading {
 			owed = satAdd(owed, h.reading-b.Last)
+		} else {
+			owed = max(0, owed-(b.Last-h.reading))
 		}
 		b.Last = 0
 		b.Refill(lim, owed)
