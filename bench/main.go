@@ -66,7 +66,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.cpus = append(cfg.cpus, n)
 	}
-	benchtime := "500ms" // 72 runs plus setup stay under 3 minutes
+	benchtime := "300ms" // 72 runs plus setup stay under 3 minutes
 	cfg.keys = 1_000_000
 	if cfg.quick {
 		benchtime = "100ms"

@@ -274,21 +274,38 @@ func (s *Shard) beginSnapshot(m *msg.Snapshot) {
 	m.Begin <- s.clk.Now()
 }
 
-// snapStep fills a free chunk with the next buckets, or serves a waiting
-// data message, whichever comes first; with neither it parks. A slow writer
+// snapStep fills a free chunk with the next buckets, then serves at most one
+// waiting data message or else yields, like a sweep slice: on one core the
+// writer and the shard would otherwise hand the core back and forth between
+// them while callers wait in the run queue (measured: 90 ms). With no chunk
+// free it parks until one comes back or a request arrives. A slow writer
 // only delays the copy. It returns false if stop came: the snapshot is then
 // abandoned, and the writer learns of it from the engine closing.
 func (s *Shard) snapStep(stop <-chan struct{}) bool {
 	m := s.snap
 	select {
 	case c := <-m.Free:
-		c.Last = s.state.SnapshotSlice(c, SliceSize)
-		m.Out <- c // never blocks: Out has room for every chunk
-		if c.Last {
-			s.snap = nil
-		}
+		s.copyChunk(c)
 	case <-m.Cancel:
 		s.snap = nil
+		return true
+	default:
+		select {
+		case c := <-m.Free:
+			s.copyChunk(c)
+		case <-m.Cancel:
+			s.snap = nil
+		case a := <-s.mb.allow:
+			s.serveAllow(a)
+		case b := <-s.mb.batch:
+			s.serveBatch(b)
+		case <-stop:
+			s.snap = nil
+			return false
+		}
+		return true
+	}
+	select {
 	case a := <-s.mb.allow:
 		s.serveAllow(a)
 	case b := <-s.mb.batch:
@@ -296,8 +313,20 @@ func (s *Shard) snapStep(stop <-chan struct{}) bool {
 	case <-stop:
 		s.snap = nil
 		return false
+	default:
+		runtime.Gosched()
 	}
 	return true
+}
+
+// copyChunk fills c with the next buckets and hands it to the writer; the
+// chunk that ends the walk ends the snapshot.
+func (s *Shard) copyChunk(c *msg.SnapChunk) {
+	c.Last = s.state.SnapshotSlice(c, SliceSize)
+	s.snap.Out <- c // never blocks: Out has room for every chunk
+	if c.Last {
+		s.snap = nil
+	}
 }
 
 // endSweep ends the sweep in progress and counts it.

@@ -25,6 +25,12 @@ type sweepPass struct {
 	evict   bool
 	cursor  uint64
 	evicted int
+	// A conversion pass may stop inside a segment: it resumes at slot in
+	// seg if the cursor still names that very segment, and otherwise scans
+	// the segment again from its start, which only costs a look at each
+	// bucket's epoch, since converting twice changes nothing.
+	seg  *segment
+	slot int
 }
 
 // BeginSweep starts a sweep pass, replacing any conversion pass (a sweep
@@ -52,19 +58,35 @@ func (s *State) beginConvert() {
 	s.pass = &sweepPass{}
 }
 
-// ConvertSlice brings the buckets of about n slots of the conversion pass to
-// the policy generation in force, and reports done when the pass is over
-// (the history is then dropped). It reads no clock and changes no answer:
-// converting is what the bucket's next touch would do first anyway.
+// ConvertSlice does about n units of the conversion pass, a unit being one
+// cutover replayed on one bucket (plus one per bucket touched), and reports
+// done when the pass is over (the history is then dropped). Work, not slots,
+// bounds a slice: a bucket many cutovers behind costs that many. It reads no
+// clock and changes no answer: converting is what the bucket's next touch
+// would do first anyway.
 func (s *State) ConvertSlice(n int) (done bool) {
-	for visited := 0; s.stale != 0; {
-		if visited >= n {
-			return false
+	p := s.pass
+	for work := 0; s.stale != 0; {
+		seg, next, last := s.tab.segmentAt(p.cursor)
+		i := 0
+		if seg == p.seg {
+			i = p.slot
 		}
-		seg, next, last := s.tab.segmentAt(s.pass.cursor)
-		seg.eachFull(func(i int) { s.bringUp(&seg.slots[i].b, seg.key(&seg.slots[i])) })
-		visited += len(seg.slots)
-		s.pass.cursor = next
+		for ; i < len(seg.slots); i++ {
+			if work >= n {
+				p.seg, p.slot = seg, i
+				return false
+			}
+			if !seg.full(i) {
+				continue
+			}
+			b := &seg.slots[i].b
+			if b.Epoch != s.epoch {
+				work += 1 + len(s.gens) - 1 - int(b.Epoch-s.base)
+				s.bringUp(b, seg.key(&seg.slots[i]))
+			}
+		}
+		p.seg, p.cursor = nil, next
 		if last {
 			break
 		}

@@ -247,6 +247,11 @@ func (s *segment) eachFull(f func(i int)) {
 	}
 }
 
+// full reports whether slot i holds a key.
+func (s *segment) full(i int) bool {
+	return uint8(s.ctrl[i/groupSize]>>(uint(i%groupSize)*8)) < ctrlEmpty
+}
+
 // remove deletes slot i.
 func (s *segment) remove(i int) {
 	g, j := i/groupSize, i%groupSize
