@@ -24,7 +24,13 @@ func benchKeys(n int) []string {
 // the benchmark measures the decision path rather than denials, with every
 // key already tracked.
 func benchEngine(b *testing.B, keys []string) *engine.Engine {
-	e, err := engine.New(engine.Config{Policy: pol(1, 1<<40, 1<<40), MaxKeys: len(keys)})
+	return benchEngineWith(b, keys, engine.Config{})
+}
+
+// benchEngineWith is benchEngine with cfg's other fields (Events, say).
+func benchEngineWith(b *testing.B, keys []string, cfg engine.Config) *engine.Engine {
+	cfg.Policy, cfg.MaxKeys = pol(1, 1<<40, 1<<40), len(keys)
+	e, err := engine.New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -52,12 +58,7 @@ func BenchmarkAllow(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("keys=%d/transport=full+events", n), func(b *testing.B) {
 			keys := benchKeys(n)
-			e, err := engine.New(engine.Config{Policy: pol(1, 1<<40, 1<<40), MaxKeys: len(keys), Events: func(engine.Event) {}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { _ = e.Close() })
-			benchAllow(b, keys, e)
+			benchAllow(b, keys, benchEngineWith(b, keys, engine.Config{Events: func(engine.Event) {}}))
 		})
 		b.Run(fmt.Sprintf("keys=%d/transport=bare", n), func(b *testing.B) {
 			e, err := engine.NewBare(engine.Config{Policy: pol(1, 1<<40, 1<<40)})
