@@ -69,8 +69,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	benchtime := "300ms" // 72 runs plus setup stay under 3 minutes
 	cfg.keys = 1_000_000
 	if cfg.quick {
-		benchtime = "100ms"
-		cfg.keys = 200_000
+		benchtime = "40ms"
+		cfg.keys = 100_000
 	}
 	if err := flag.Set("test.benchtime", benchtime); err != nil {
 		fmt.Fprintln(stderr, "bench:", err)
