@@ -31,6 +31,7 @@ type sweepPass struct {
 	// bucket's epoch, since converting twice changes nothing.
 	seg  *segment
 	slot int
+	done bool // a sweep that has visited everything, waiting for EndSweep
 }
 
 // BeginSweep starts a sweep pass, replacing any conversion pass (a sweep
@@ -44,7 +45,7 @@ func (s *State) BeginSweep() {
 }
 
 // Sweeping reports whether a sweep pass is in progress.
-func (s *State) Sweeping() bool { return s.pass != nil && s.pass.evict }
+func (s *State) Sweeping() bool { return s.pass != nil && s.pass.evict && !s.pass.done }
 
 // Converting reports whether a background conversion pass is in progress.
 func (s *State) Converting() bool { return s.pass != nil && !s.pass.evict }
@@ -59,7 +60,7 @@ func (s *State) beginConvert() {
 }
 
 // ConvertSlice does about n units of the conversion pass, a unit being one
-// cutover replayed on one bucket (plus one per bucket touched), and reports
+// slot looked at or one cutover replayed on a bucket, and reports
 // done when the pass is over (the history is then dropped). Work, not slots,
 // bounds a slice: a bucket many cutovers behind costs that many. It reads no
 // clock and changes no answer: converting is what the bucket's next touch
@@ -77,12 +78,13 @@ func (s *State) ConvertSlice(n int) (done bool) {
 				p.seg, p.slot = seg, i
 				return false
 			}
+			work++ // looking costs too: a slice over converted slots is still bounded
 			if !seg.full(i) {
 				continue
 			}
 			b := &seg.slots[i].b
 			if b.Epoch != s.epoch {
-				work += 1 + len(s.gens) - 1 - int(b.Epoch-s.base)
+				work += len(s.gens) - 1 - int(b.Epoch-s.base)
 				s.bringUp(b, seg.key(&seg.slots[i]))
 			}
 		}
@@ -130,6 +132,7 @@ func (s *State) SweepSlice(now int64, n int) (done bool, err error) {
 		s.tab.shrink(seg)
 		s.pass.cursor = next
 		if last {
+			s.pass.done = true // keys created from now on are not ahead of it
 			return true, nil
 		}
 	}
@@ -153,6 +156,11 @@ func (s *State) EndSweep(err error) msg.SweepReply {
 		s.unmarkBorn() // the walk did not reach them all
 	}
 	s.pass = nil
+	if s.stale != 0 && len(s.gens) > convertAfter {
+		// The sweep replaced a conversion pass and did not finish it:
+		// start another, or a full history would stay full.
+		s.beginConvert()
+	}
 	return msg.SweepReply{Evicted: p.evicted, Err: err}
 }
 

@@ -108,3 +108,86 @@ func sweepAll(s *State, now int64) msg.SweepReply {
 		}
 	}
 }
+
+// TestConvertSliceBoundedByLooking: a conversion slice is bounded by the
+// slots it looks at, not only by the buckets it converts, so a pass whose
+// stale buckets are few and far apart still yields often.
+func TestConvertSliceBoundedByLooking(t *testing.T) {
+	const sec = int64(time.Second)
+	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
+	s := NewState(p, NewBudget(10_000), &testHasher)
+	defer s.Abandon()
+	for i := range 5000 {
+		require.NoError(t, s.Allow(0, fmt.Sprintf("k%d", i), 1).Err)
+	}
+	for v := int64(2); v <= convertAfter+2; v++ {
+		require.NoError(t, s.Prepare(v*sec, policy.Policy{Version: v, Capacity: 100, TokensPerSecond: v}))
+		s.Publish()
+	}
+	require.True(t, s.Converting())
+	// Traffic converts all but one bucket.
+	for i := 1; i < 5000; i++ {
+		require.NoError(t, s.Allow(20*sec, fmt.Sprintf("k%d", i), 1).Err)
+	}
+	require.Equal(t, 1, s.stale)
+	slices := 1
+	for !s.ConvertSlice(100) {
+		slices++
+	}
+	assert.Greater(t, slices, 1, "a slice looks at about 100 slots, not the whole table")
+	assert.Len(t, s.gens, 1)
+}
+
+// TestFailedSweepRestartsConversion: a sweep replaces a conversion pass;
+// if it fails part-way, a conversion pass starts again, so a long history
+// does not stay long.
+func TestFailedSweepRestartsConversion(t *testing.T) {
+	const sec = int64(time.Second)
+	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
+	s := NewState(p, NewBudget(1000), &testHasher)
+	s.tab.maxGroups = 1
+	defer s.Abandon()
+	for i := range 100 {
+		require.NoError(t, s.Allow(0, fmt.Sprintf("k%d", i), 1).Err)
+	}
+	for v := int64(2); v <= convertAfter+2; v++ {
+		require.NoError(t, s.Prepare(v*sec, policy.Policy{Version: v, Capacity: 100, TokensPerSecond: 1}))
+		s.Publish()
+	}
+	require.True(t, s.Converting())
+	s.BeginSweep()
+	done, err := s.SweepSlice(20*sec, 3)
+	require.NoError(t, err)
+	require.False(t, done)
+	done, err = s.SweepSlice(19*sec, 3) // the clock stepped back
+	require.True(t, done)
+	s.EndSweep(err)
+	assert.True(t, s.Converting(), "conversion resumes after the failed sweep")
+	for !s.ConvertSlice(SliceSize) {
+	}
+	assert.Len(t, s.gens, 1)
+}
+
+// TestKeyCreatedAfterSweepWalkIsNotBorn: between the slice that ends a
+// sweep's walk and EndSweep, a new key is not marked born: the next sweep
+// judges it like any other.
+func TestKeyCreatedAfterSweepWalkIsNotBorn(t *testing.T) {
+	const sec = int64(time.Second)
+	s := NewState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(100), &testHasher)
+	require.NoError(t, s.Allow(0, "old", 1).Err)
+	s.BeginSweep()
+	for {
+		done, err := s.SweepSlice(sec, SliceSize)
+		require.NoError(t, err)
+		if done {
+			break
+		}
+	}
+	_, ok := s.bucket("old")
+	require.False(t, ok, "full at one second: the first sweep evicted it")
+	require.NoError(t, s.Allow(sec, "new", 1).Err)
+	s.EndSweep(nil)
+	assert.Equal(t, 1, sweepAll(s, 10*sec).Evicted, "full ten seconds on, and not spared as born")
+	_, ok = s.bucket("new")
+	assert.False(t, ok)
+}

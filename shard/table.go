@@ -3,6 +3,7 @@ package shard
 import (
 	"math"
 	"math/bits"
+	"strings"
 	"unsafe"
 
 	"github.com/tokenshard/tokenshard/policy"
@@ -65,14 +66,15 @@ type slot struct {
 }
 
 type segment struct {
-	depth uint8    // prefix bits its keys share
-	ctrl  []uint64 // a control byte per slot, eight per group
-	slots []slot
-	count int // live slots
-	dead  int // tombstones
-	arena []byte
-	live  int      // arena bytes held by live keys
-	long  []string // long keys; "" where one was deleted
+	depth    uint8    // prefix bits its keys share
+	ctrl     []uint64 // a control byte per slot, eight per group
+	slots    []slot
+	count    int // live slots
+	dead     int // tombstones
+	arena    []byte
+	live     int      // arena bytes held by live keys
+	long     []string // long keys; "" where one was deleted
+	longFree []uint32 // indices of long that are ""
 }
 
 type table struct {
@@ -206,9 +208,17 @@ func (s *segment) put(hm uint64) int {
 // storeKey copies key into the segment and records where in sl.
 func (s *segment) storeKey(sl *slot, key string, flags uint32) {
 	if len(key) > longKey || s.live+len(key) > math.MaxUint32/2 {
-		sl.off = uint32(len(s.long))
+		// A copy, as for arena keys: the caller's string may alias a
+		// request buffer. A slot freed by a removal is reused.
+		if n := len(s.longFree); n > 0 {
+			sl.off = s.longFree[n-1]
+			s.longFree = s.longFree[:n-1]
+			s.long[sl.off] = strings.Clone(key)
+		} else {
+			sl.off = uint32(len(s.long))
+			s.long = append(s.long, strings.Clone(key))
+		}
 		sl.n = longBit | flags
-		s.long = append(s.long, key)
 		return
 	}
 	if len(s.arena)+len(key) > cap(s.arena) {
@@ -258,6 +268,7 @@ func (s *segment) remove(i int) {
 	sl := &s.slots[i]
 	if sl.n&longBit != 0 {
 		s.long[sl.off] = ""
+		s.longFree = append(s.longFree, sl.off)
 	} else {
 		s.live -= int(sl.n & lenMask)
 	}

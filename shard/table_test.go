@@ -165,3 +165,25 @@ func TestSlotSize(t *testing.T) {
 	assert.Equal(t, uintptr(32), unsafe.Sizeof(slot{}))
 	assert.Equal(t, pageBytes, pageGroups*groupSize*int(unsafe.Sizeof(slot{})))
 }
+
+// TestLongKeyIsCopied: a key too long for the arena is copied too, and the
+// slots of removed long keys are reused rather than piling up.
+func TestLongKeyIsCopied(t *testing.T) {
+	s := NewState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(10), &testHasher)
+	buf := []byte(strings.Repeat("k", longKey+1))
+	key := unsafe.String(&buf[0], len(buf))
+	require.NoError(t, s.Allow(0, key, 5).Err)
+	want := strings.Repeat("k", longKey+1)
+	buf[0] = 'X'
+	_, ok := s.bucket(want)
+	assert.True(t, ok, "the key as it was when created")
+
+	// Create and evict a long key many times: the long-key store stays small.
+	for i := range 1000 {
+		require.NoError(t, s.Allow(int64(i)*10e9, want, 1).Err)
+		require.Equal(t, 1, sweepAll(s, int64(i)*10e9+5e9).Evicted)
+	}
+	for _, seg := range s.tab.dir {
+		assert.LessOrEqual(t, len(seg.long), 2)
+	}
+}
