@@ -34,6 +34,8 @@ func Wall(c Clock) time.Time {
 // Sleeper is what a Clock may also do: signal when its reading has moved on
 // by d, for Engine.Wait. Without it, Wait sleeps on real timers.
 type Sleeper interface {
-	// After returns a channel closed once the reading reaches Now()+d.
-	After(d time.Duration) <-chan struct{}
+	// After returns a channel closed once the reading reaches Now()+d, and
+	// a stop function that releases the wait early: after stop, the channel
+	// may never close, and the clock keeps nothing for it.
+	After(d time.Duration) (<-chan struct{}, func())
 }

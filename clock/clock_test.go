@@ -371,9 +371,13 @@ func TestManualAfter(t *testing.T) {
 			return false
 		}
 	}
-	assert.True(t, closed(m.After(0)))
-	assert.True(t, closed(m.After(-5)))
-	a, b := m.After(10), m.After(20)
+	after := func(d time.Duration) <-chan struct{} {
+		ch, _ := m.After(d)
+		return ch
+	}
+	assert.True(t, closed(after(0)))
+	assert.True(t, closed(after(-5)))
+	a, b := after(10), after(20)
 	m.Set(109)
 	assert.False(t, closed(a))
 	m.Advance(1) // 110
@@ -381,12 +385,34 @@ func TestManualAfter(t *testing.T) {
 	assert.False(t, closed(b))
 	m.Set(1000)
 	assert.True(t, closed(b))
-	assert.True(t, closed(m.After(math.MinInt64)))
-	c := m.After(math.MaxInt64) // saturates: closes only at the end of time
+	assert.True(t, closed(after(math.MinInt64)))
+	c := after(math.MaxInt64) // saturates: closes only at the end of time
 	m.Set(math.MaxInt64 - 1)
 	assert.False(t, closed(c))
 	m.Advance(1)
 	assert.True(t, closed(c))
+	assert.Zero(t, m.Waiting())
+}
+
+// TestManualAfterStop: a stopped wait is forgotten and never fires; stopping
+// one that fired, or twice, is harmless.
+func TestManualAfterStop(t *testing.T) {
+	m := clock.NewManual(0)
+	ch1, stop1 := m.After(10)
+	ch2, stop2 := m.After(10)
+	assert.Equal(t, 2, m.Waiting())
+	stop1()
+	stop1()
+	assert.Equal(t, 1, m.Waiting())
+	m.Advance(10)
+	select {
+	case <-ch1:
+		t.Fatal("a stopped wait fired")
+	default:
+	}
+	<-ch2
+	stop2()
+	assert.Zero(t, m.Waiting())
 }
 
 // TestManualAfterConcurrent: After and Set from many goroutines: every
@@ -401,7 +427,12 @@ func TestManualAfterConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 1000 {
-				chans[g] = append(chans[g], m.After(time.Duration(i%50)))
+				ch, stop := m.After(time.Duration(i % 50))
+				if i%7 == 0 {
+					stop()
+					continue
+				}
+				chans[g] = append(chans[g], ch)
 			}
 		}()
 	}
@@ -419,6 +450,7 @@ func TestManualAfterConcurrent(t *testing.T) {
 			<-ch
 		}
 	}
+	assert.Zero(t, m.Waiting())
 }
 
 // TestWall: Manual's wall time is the epoch plus its reading; Monotonic's

@@ -77,23 +77,47 @@ func (m *Manual) Advance(d time.Duration) {
 func (m *Manual) Wall() time.Time { return time.Unix(0, m.Now()) }
 
 // After returns a channel that is closed once the reading reaches Now()+d:
-// at once if d <= 0, else when Set or Advance moves the clock that far. It
-// makes Manual a Sleeper, so Engine.Wait runs in tests without real sleeps.
-func (m *Manual) After(d time.Duration) <-chan struct{} {
+// at once if d <= 0, else when Set or Advance moves the clock that far. The
+// stop function forgets the wait, so a caller that gives up early leaves
+// nothing behind. It makes Manual a Sleeper, so Engine.Wait runs in tests
+// without real sleeps.
+func (m *Manual) After(d time.Duration) (<-chan struct{}, func()) {
 	ch := make(chan struct{})
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now.Load()
 	if d <= 0 {
 		close(ch)
-		return ch
+		return ch, func() {}
 	}
 	at := now + int64(d)
 	if at < now { // overflow: saturate, as Advance does
 		at = 1<<63 - 1
 	}
 	m.waiters = append(m.waiters, waiter{at: at, ch: ch})
-	return ch
+	return ch, func() { m.forget(ch) }
+}
+
+// forget drops the waiter of ch, if it has not fired.
+func (m *Manual) forget(ch chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, w := range m.waiters {
+		if w.ch == ch {
+			last := len(m.waiters) - 1
+			m.waiters[i] = m.waiters[last]
+			m.waiters[last] = waiter{}
+			m.waiters = m.waiters[:last]
+			return
+		}
+	}
+}
+
+// Waiting returns how many After waits have neither fired nor been stopped.
+func (m *Manual) Waiting() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.waiters)
 }
 
 // fire closes the channels of every waiter the reading has reached.

@@ -53,8 +53,9 @@ type Config struct {
 	// sampled by the shards, as an audit trail: from one goroutine of the
 	// engine, one event at a time, through a buffer of EventBuffer events.
 	// Admission never waits for it: when the buffer is full the event is
-	// dropped and counted in Stats. Close waits for a call in progress to
-	// return, so f must not block for long; it must not call Close.
+	// dropped and counted in Stats. Close delivers what is still buffered
+	// (up to EventBuffer calls) before it returns, so f must not block for
+	// long; it must not call Close.
 	Events func(Event)
 	// EventEvery is the sampling period; 0 means DefaultEventEvery.
 	EventEvery int

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -140,8 +141,8 @@ func TestWaitDeadline(t *testing.T) {
 		defer cancel()
 		d, err := e.Wait(short, "k", 5) // needs 4.5 s
 		assert.True(t, errors.Is(err, engine.ErrWouldExceedDeadline), "%v", err)
-		assert.False(t, d.Allowed)
-		assert.Equal(t, 4500*time.Millisecond, d.RetryAfter)
+		assert.Contains(t, err.Error(), "retry after 4.5s")
+		assert.Equal(t, engine.Decision{}, d, "an error comes with the zero Decision")
 		after, err := e.Peek(ctx, "k")
 		require.NoError(t, err)
 		assert.Equal(t, before, after, "nothing spent")
@@ -163,7 +164,7 @@ func TestWaitDeadline(t *testing.T) {
 // spends nothing; no goroutine is left (TestMain checks).
 func TestWaitCancel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1)})
+		e, clk := newEngine(t, engine.Config{Policy: pol(1, 10, 1)})
 		ctx, cancel := context.WithCancel(context.Background())
 		_, err := e.Allow(ctx, "k", 10)
 		require.NoError(t, err)
@@ -176,9 +177,34 @@ func TestWaitCancel(t *testing.T) {
 		cancel()
 		r := <-got
 		assert.ErrorIs(t, r.err, context.Canceled)
+		assert.Zero(t, clk.Waiting(), "a canceled wait leaves nothing on the clock")
 		d, err := e.Peek(context.Background(), "k")
 		require.NoError(t, err)
 		assert.Zero(t, d.Remaining, "nothing spent, nothing earned")
+	})
+}
+
+// TestWaitClose: Close wakes a Wait that sleeps on the clock; it returns
+// ErrClosed, and the clock keeps no waiter for it.
+func TestWaitClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewManual(0)
+		e, err := engine.New(engine.Config{Policy: pol(1, 10, 1), Clock: clk})
+		require.NoError(t, err)
+		_, err = e.Allow(context.Background(), "k", 10)
+		require.NoError(t, err)
+		got := make(chan waitResult, 1)
+		go func() {
+			d, err := e.Wait(context.Background(), "k", 10) // ten seconds, never advanced
+			got <- waitResult{d, err}
+		}()
+		synctest.Wait()
+		require.Equal(t, 1, clk.Waiting())
+		require.NoError(t, e.Close())
+		r := <-got
+		assert.ErrorIs(t, r.err, engine.ErrClosed)
+		assert.Equal(t, engine.Decision{}, r.d)
+		assert.Zero(t, clk.Waiting(), "the wait was released")
 	})
 }
 

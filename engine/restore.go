@@ -9,7 +9,6 @@ import (
 	"math"
 	"math/bits"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -22,10 +21,13 @@ import (
 // RestoreOptions tunes Restore.
 type RestoreOptions struct {
 	// DropFullest lets Restore fit a snapshot of more than MaxKeys keys by
-	// dropping buckets, the fullest first. A full bucket is the same as an
-	// absent one, but a partly refilled one is not: its key starts over
-	// full. RestoreReport says how many such keys there were and how far
-	// from full. Without it, such a snapshot is ErrKeyCapacity.
+	// dropping buckets, those that lack the fewest tokens first. A full
+	// bucket is the same as an absent one, but a partly refilled one is
+	// not: its key starts over full. RestoreReport says how many such keys
+	// there were and how far from full. Without it, such a snapshot is
+	// ErrKeyCapacity, and Restore holds no more than MaxKeys keys while it
+	// reads on to check the stream. With it, every key is held until the
+	// end of the stream.
 	DropFullest bool
 }
 
@@ -34,8 +36,8 @@ type RestoreReport struct {
 	Restored int           // keys tracked by the new engine
 	Elapsed  time.Duration // wall time between snapshot and restore, counted as refill
 	// Dropped is how many keys DropFullest dropped; DroppedPartial how many
-	// of them were not full, and MaxDeficit the most tokens any of those was
-	// short of its capacity.
+	// of them were not full, and MaxDeficit the most tokens, rounded up, any
+	// of those was short of its capacity: what its key was handed.
 	Dropped        int
 	DroppedPartial int
 	MaxDeficit     int64
@@ -79,8 +81,8 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 	if err != nil {
 		return RestoreReport{}, err
 	}
-	// The restoring goroutine owns the states until the shards start.
-	now := cfg.Clock.Now()
+	// The wall time first, then the reading the buckets are brought to:
+	// the time between the two is then owed once, not twice.
 	var rep RestoreReport
 	if wall := clock.Wall(cfg.Clock).UnixNano(); wall > h.wall {
 		rep.Elapsed = time.Duration(wall - h.wall)
@@ -88,6 +90,8 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 			rep.Elapsed = math.MaxInt64
 		}
 	}
+	// The restoring goroutine owns the states until the shards start.
+	now := cfg.Clock.Now()
 	count := 0
 	for {
 		tag, err := d.byte("a bucket or the end")
@@ -117,11 +121,16 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 		b.Last = 0
 		b.Refill(lim, owed)
 		b.Last = now
+		count++
+		if count > cfg.MaxKeys && !opts.DropFullest {
+			// The answer will be ErrKeyCapacity: read on to check the
+			// stream, but hold no more than MaxKeys keys meanwhile.
+			continue
+		}
 		i, hash := e.shardOf(key)
 		if err := shards[i].State().Restore(now, key, hash, b, lim); err != nil {
-			return rep, d.fail("bucket %d: %v", count, err)
+			return rep, d.fail("bucket %d: %v", count-1, err)
 		}
-		count++
 	}
 	if err := d.end(count); err != nil {
 		return rep, err
@@ -136,65 +145,41 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 	return rep, nil
 }
 
-// dropFullest drops the n fullest buckets, by balance over capacity.
+// dropFullest drops the n buckets closest to full, by the units they lack:
+// the fewest tokens handed out by forgetting them.
 func dropFullest(e *Engine, shards []*shard.Shard, n int, rep *RestoreReport) {
 	type entry struct {
-		key       string
-		tokens    int64
-		frac      uint32
-		capacity  int64
-		shard     int
-		hash      uint64
-		full      bool
-		deficitTk int64
+		key        string // a view of the shard's table: nothing is inserted meanwhile
+		hash       uint64
+		shard      int
+		defHi      uint64 // capacity minus balance, in units (128 bits)
+		defLo      uint64
+		deficitTok int64 // the same in tokens, rounded up
 	}
 	var all []entry
 	for i, s := range shards {
 		s.State().Each(func(key string, b policy.Bucket, lim policy.Limit) {
 			_, h := e.shardOf(key)
-			all = append(all, entry{key: strings.Clone(key), tokens: b.Tokens, frac: b.Frac, capacity: lim.Capacity, shard: i, hash: h,
-				full: b.Full(lim), deficitTk: lim.Capacity - b.Tokens})
+			hi, lo := bits.Mul64(uint64(lim.Capacity-b.Tokens), policy.UnitsPerToken)
+			lo, borrow := bits.Sub64(lo, uint64(b.Frac), 0)
+			all = append(all, entry{key: key, hash: h, shard: i, defHi: hi - borrow, defLo: lo, deficitTok: lim.Capacity - b.Tokens})
 		})
 	}
-	// Fullest first: compare tokens/capacity exactly, as units times the
-	// other's capacity (192-bit products).
 	slices.SortFunc(all, func(a, b entry) int {
-		return -cmpFraction(a.tokens, a.frac, a.capacity, b.tokens, b.frac, b.capacity)
+		if c := cmpU(a.defHi, b.defHi); c != 0 {
+			return c
+		}
+		return cmpU(a.defLo, b.defLo)
 	})
 	for _, x := range all[:n] {
 		shards[x.shard].State().Drop(x.key, x.hash)
 		rep.Dropped++
-		if !x.full {
+		if x.defHi != 0 || x.defLo != 0 {
 			rep.DroppedPartial++
-			rep.MaxDeficit = max(rep.MaxDeficit, x.deficitTk)
+			rep.MaxDeficit = max(rep.MaxDeficit, x.deficitTok)
 		}
 	}
 	rep.Restored -= n
-}
-
-// cmpFraction compares (ta + fa/1e9)/ca with (tb + fb/1e9)/cb exactly.
-func cmpFraction(ta int64, fa uint32, ca int64, tb int64, fb uint32, cb int64) int {
-	a2, a1, a0 := mulUnits(ta, fa, cb)
-	b2, b1, b0 := mulUnits(tb, fb, ca)
-	switch {
-	case a2 != b2:
-		return cmpU(a2, b2)
-	case a1 != b1:
-		return cmpU(a1, b1)
-	default:
-		return cmpU(a0, b0)
-	}
-}
-
-// mulUnits returns (t*1e9 + f) * m as a 192-bit number.
-func mulUnits(t int64, f uint32, m int64) (r2, r1, r0 uint64) {
-	hi, lo := bits.Mul64(uint64(t), policy.UnitsPerToken)
-	lo, c := bits.Add64(lo, uint64(f), 0)
-	hi += c
-	p1, r0 := bits.Mul64(lo, uint64(m))
-	q1, q0 := bits.Mul64(hi, uint64(m))
-	r1, c = bits.Add64(p1, q0, 0)
-	return q1 + c, r1, r0
 }
 
 func cmpU(a, b uint64) int {

@@ -65,6 +65,10 @@ var ErrInvalidSnapshot = errors.New("engine: invalid snapshot")
 // key created while the snapshot runs may or may not be in it. Snapshot
 // holds the coordinator, so no cutover or sweep runs meanwhile.
 //
+// A snapshot taken while requests are served misses what they spend after
+// their keys are copied: for a restart, stop admitting (http.Server's
+// Shutdown, say) before the final Snapshot, then Close.
+//
 // Errors: ErrClosed (before or during), the context's error, or w's error;
 // on an error what was written is incomplete and Restore rejects it.
 func (e *Engine) Snapshot(ctx context.Context, w io.Writer) error {

@@ -479,8 +479,8 @@ func TestRestorePolicyChange(t *testing.T) {
 }
 
 // TestRestoreMaxKeys: a snapshot of more keys than MaxKeys is refused, or,
-// with DropFullest, fitted by dropping the fullest buckets (by balance over
-// capacity, judged after the refill the restore grants); the report says
+// with DropFullest, fitted by dropping the buckets that lack the fewest
+// tokens (judged after the refill the restore grants); the report says
 // how many were dropped, how many of those were not full, and how many
 // tokens the emptiest of those lacked.
 func TestRestoreMaxKeys(t *testing.T) {
@@ -497,8 +497,8 @@ func TestRestoreMaxKeys(t *testing.T) {
 	clk.Set(int64(500 * ms))
 	allow(t, old, "k5", 1)
 	clk.Set(int64(time.Second))
-	// At 1 s, by fullness: k4 10/10 (full), k5 9.5/10, big 91/100, k3 9/10,
-	// k2 6/10, k1 3/10, k0 1/10.
+	// At 1 s, by tokens lacking: k4 none (full), k5 0.5, k3 1, k2 4, k1 7,
+	// big 9 (91 of 100) and k0 9.
 	data := takeSnapshot(t, old)
 
 	for _, shards := range shardCounts {
@@ -519,12 +519,12 @@ func TestRestoreMaxKeys(t *testing.T) {
 				dropped  []string
 				decision map[string]engine.Decision // Allow(key, 1) on survivors
 			}{
-				{3, time.Second, engine.RestoreReport{Restored: 3, Dropped: 4, DroppedPartial: 3, MaxDeficit: 9},
-					[]string{"k0", "k1", "k2"}, []string{"k3", "k4", "k5", "big"},
+				{3, time.Second, engine.RestoreReport{Restored: 3, Dropped: 4, DroppedPartial: 3, MaxDeficit: 4},
+					[]string{"k0", "k1", "big"}, []string{"k2", "k3", "k4", "k5"},
 					map[string]engine.Decision{
-						"k0": {Allowed: true, Remaining: 0, Version: 1, Limit: 10, ResetAfter: 10 * time.Second},
-						"k1": {Allowed: true, Remaining: 2, Version: 1, Limit: 10, ResetAfter: 8 * time.Second},
-						"k2": {Allowed: true, Remaining: 5, Version: 1, Limit: 10, ResetAfter: 5 * time.Second},
+						"k0":  {Allowed: true, Remaining: 0, Version: 1, Limit: 10, ResetAfter: 10 * time.Second},
+						"k1":  {Allowed: true, Remaining: 2, Version: 1, Limit: 10, ResetAfter: 8 * time.Second},
+						"big": {Allowed: true, Remaining: 90, Version: 1, Limit: 100, ResetAfter: 10 * time.Second},
 					}},
 				{5, time.Second, engine.RestoreReport{Restored: 5, Dropped: 2, DroppedPartial: 1, MaxDeficit: 1},
 					[]string{"k0", "k1", "k2", "k3", "big"}, []string{"k4", "k5"},

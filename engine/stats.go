@@ -4,6 +4,7 @@ import (
 	"expvar"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 
 	"github.com/tokenshard/tokenshard/msg"
@@ -17,8 +18,9 @@ import (
 // messages while it is busy, so counting costs the hot path almost nothing
 // and Stats never waits for a shard. A reading may therefore lag a busy
 // shard by up to 64 messages; once traffic stops it is exact, and every
-// request is counted exactly once: Allowed + Denied + Errors.Sum() equals
-// the requests sent (a batch counts each of its requests).
+// call is counted exactly once: Allowed + Denied + Peeks + Refunds +
+// Errors.Sum() equals the Allow, Peek and Refund calls made plus the
+// requests of AllowBatch calls (Wait counts as the Allow calls it makes).
 type Stats struct {
 	Total  ShardStats   // the sum of Shards, with Caller's errors
 	Shards []ShardStats // by shard index
@@ -134,9 +136,13 @@ func (e *Engine) Stats() Stats {
 // under name (served at /debug/vars by expvar's handler). A name already
 // published is an error, since expvar names are process-wide.
 func (e *Engine) PublishExpvar(name string) error {
+	expvarMu.Lock() // expvar.Publish panics on a name taken between check and publish
+	defer expvarMu.Unlock()
 	if expvar.Get(name) != nil {
 		return fmt.Errorf("%w: expvar %q is already published", ErrInvalidConfig, name)
 	}
 	expvar.Publish(name, expvar.Func(func() any { return e.Stats() }))
 	return nil
 }
+
+var expvarMu sync.Mutex

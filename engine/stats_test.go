@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -277,3 +278,28 @@ func TestPublishExpvar(t *testing.T) {
 }
 
 var expvarRuns atomic.Int64
+
+// TestStatsIdle: what an idle shard did last is published before it parks:
+// a cutover, and the keys a restored engine starts with.
+func TestStatsIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1), Shards: 2})
+		ctx := context.Background()
+		for i := range 10 {
+			_, err := e.Allow(ctx, fmt.Sprintf("k%d", i), 1)
+			require.NoError(t, err)
+		}
+		synctest.Wait()
+		require.NoError(t, e.ReplacePolicy(ctx, pol(2, 5, 1), 1))
+		synctest.Wait()
+		assert.Equal(t, uint64(2), e.Stats().Total.Cutovers)
+
+		var buf bytes.Buffer
+		require.NoError(t, e.Snapshot(ctx, &buf))
+		r, _, err := engine.Restore(engine.Config{Policy: pol(2, 5, 1), Shards: 3, Clock: clock.NewManual(0)}, &buf, engine.RestoreOptions{})
+		require.NoError(t, err)
+		defer r.Close()
+		synctest.Wait()
+		assert.Equal(t, int64(10), r.Stats().Total.Keys)
+	})
+}

@@ -14,17 +14,19 @@ import (
 var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the context deadline")
 
 // Wait blocks until key may spend cost tokens, spends them and returns the
-// Decision, or until ctx ends. It decides with Allow, waits the RetryAfter
-// of a denial and decides again: an estimate is not a reservation, so
-// others may take the tokens meanwhile and Wait then waits again.
+// Decision, or until ctx ends or the engine closes. It decides with Allow,
+// waits the RetryAfter of a denial and decides again: an estimate is not a
+// reservation, so others may take the tokens meanwhile and Wait then waits
+// again.
 //
 // Wait never waits past ctx's deadline: if a denial's RetryAfter ends after
-// it, Wait returns at once with that Decision and ErrWouldExceedDeadline,
-// having spent nothing. If ctx ends while waiting it returns ctx's error.
-// Any other error of Allow is returned as it is.
+// it, Wait returns at once with ErrWouldExceedDeadline (wrapped, giving the
+// estimate), having spent nothing. If ctx ends while waiting it returns
+// ctx's error, and ErrClosed if the engine closes. Any other error of Allow
+// is returned as it is. Like every error, these come with the zero Decision.
 //
 // It waits on the engine's clock if that is a clock.Sleeper (clock.Manual
-// is), else on a real timer. It starts no goroutine.
+// is), else on a real timer. It starts no goroutine and leaves no timer.
 func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, error) {
 	for {
 		d, err := e.Allow(ctx, key, cost)
@@ -33,7 +35,7 @@ func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, er
 		}
 		if deadline, ok := ctx.Deadline(); ok {
 			if left := time.Until(deadline); d.RetryAfter > left {
-				return d, fmt.Errorf("%w: retry after %v, deadline in %v", ErrWouldExceedDeadline, d.RetryAfter, left)
+				return Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", ErrWouldExceedDeadline, d.RetryAfter, left)
 			}
 		}
 		if err := e.sleep(ctx, d.RetryAfter); err != nil {
@@ -42,22 +44,26 @@ func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, er
 	}
 }
 
-// sleep waits d on the engine's clock, or until ctx ends.
+// sleep waits d on the engine's clock, or until ctx ends or Close starts.
 func (e *Engine) sleep(ctx context.Context, d time.Duration) error {
 	if s, ok := e.clk.(clock.Sleeper); ok {
-		select {
-		case <-s.After(d):
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		ch, stop := s.After(d)
+		defer stop()
+		return until(e, ctx, ch)
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
+	return until(e, ctx, t.C)
+}
+
+// until waits for done, ctx or Close.
+func until[T any](e *Engine, ctx context.Context, done <-chan T) error {
 	select {
-	case <-t.C:
+	case <-done:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-e.closing:
+		return ErrClosed
 	}
 }

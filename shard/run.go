@@ -161,6 +161,7 @@ func (s *Shard) State() *State { return s.state }
 // every request still queued and returns. The engine closes stop only after
 // the mailbox is closed, so nothing can arrive after the final drain.
 func (s *Shard) Run(stop <-chan struct{}) {
+	s.publish() // a restored shard starts with keys
 	defer s.drain()
 	defer s.state.Abandon() // a background conversion pass has no one waiting
 	mb := s.mb
@@ -290,6 +291,9 @@ func (s *Shard) snapStep(stop <-chan struct{}) bool {
 		s.snap = nil
 		return true
 	default:
+		if s.unsaved > 0 {
+			s.publish() // about to park
+		}
 		select {
 		case c := <-m.Free:
 			s.copyChunk(c)
@@ -470,6 +474,7 @@ func (s *Shard) cutover(p *msg.Prepare, stop <-chan struct{}) bool {
 	case <-s.mb.publish:
 		s.state.Publish()
 		s.c.Cutovers++
+		s.unsaved++
 	case <-s.mb.abort:
 		s.state.Abort()
 	case <-stop:
