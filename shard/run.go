@@ -249,19 +249,27 @@ func (s *Shard) sweepStep(stop <-chan struct{}) bool {
 		s.sweep = nil
 		return true
 	}
+	if !s.serveOneOrYield(stop) {
+		s.sweep.Done <- s.endSweep(msg.ErrClosed)
+		s.sweep = nil
+		return false
+	}
+	return true
+}
+
+// serveOneOrYield serves one waiting data message, or else yields, between
+// two slices of background work; it reports false if stop came. Without the
+// yield, on one core the work would run slice after slice until preempted,
+// and callers would wait whole 10 ms scheduler time slices.
+func (s *Shard) serveOneOrYield(stop <-chan struct{}) bool {
 	select {
 	case a := <-s.mb.allow:
 		s.serveAllow(a)
 	case b := <-s.mb.batch:
 		s.serveBatch(b)
 	case <-stop:
-		s.sweep.Done <- s.endSweep(msg.ErrClosed)
-		s.sweep = nil
 		return false
 	default:
-		// Nothing waiting: yield, so callers get a core to send on. Without
-		// it, on one core a sweep runs slice after slice until preempted,
-		// and callers wait whole 10 ms scheduler time slices.
 		runtime.Gosched()
 	}
 	return true
@@ -309,16 +317,9 @@ func (s *Shard) snapStep(stop <-chan struct{}) bool {
 		}
 		return true
 	}
-	select {
-	case a := <-s.mb.allow:
-		s.serveAllow(a)
-	case b := <-s.mb.batch:
-		s.serveBatch(b)
-	case <-stop:
+	if !s.serveOneOrYield(stop) {
 		s.snap = nil
 		return false
-	default:
-		runtime.Gosched()
 	}
 	return true
 }
@@ -367,15 +368,8 @@ func (s *Shard) convertStep(stop <-chan struct{}) bool {
 		return true
 	default:
 	}
-	select {
-	case a := <-mb.allow:
-		s.serveAllow(a)
-	case b := <-mb.batch:
-		s.serveBatch(b)
-	case <-stop:
+	if !s.serveOneOrYield(stop) {
 		return false
-	default:
-		runtime.Gosched()
 	}
 	if s.state.Converting() {
 		s.state.ConvertSlice(SliceSize)
