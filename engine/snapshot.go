@@ -13,7 +13,6 @@ import (
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/shard"
 )
 
 // The snapshot format, version 1. Integers are varints (encoding/binary);
@@ -37,9 +36,8 @@ const (
 	snapMagic   = "tokenshard-snapshot\n"
 	snapVersion = 1
 
-	// snapChunk is how many buckets a shard copies per chunk, and
-	// snapChunks how many chunks each shard may have in flight.
-	snapChunk  = shard.SliceSize
+	// snapChunks is how many chunks (of about shard.SliceSize slots each)
+	// a shard may have in flight to the writer.
 	snapChunks = 2
 
 	// maxMatchBytes bounds an override's Match in a snapshot, so a corrupt
