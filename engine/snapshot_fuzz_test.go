@@ -111,14 +111,6 @@ func reseal(data []byte) []byte {
 	return seal(data[:len(data)-8])
 }
 
-// rawPolicy turns p into its snapshot fields.
-func rawPolicy(s *rawSnap, p policy.Policy) {
-	s.Version, s.Capacity, s.Rate = uint64(p.Version), uint64(p.Capacity), uint64(p.TokensPerSecond)
-	for _, o := range p.Overrides.Overrides() {
-		s.Overrides = append(s.Overrides, rawOverride{o.Match, uint64(o.Capacity), uint64(o.TokensPerSecond)})
-	}
-}
-
 // snapDecoder reads a snapshot with every check the format comment and the
 // issue ask for. It is deliberately plain: a byte slice and an offset.
 type snapDecoder struct {

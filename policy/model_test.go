@@ -76,11 +76,6 @@ func (m model) bucket(tag policy.Bucket) policy.Bucket {
 	return bucketOf(m.units, m.last, tag)
 }
 
-// clone returns a deep copy, so a test can keep a "before" snapshot.
-func (m model) clone() model {
-	return model{units: new(big.Int).Set(m.units), last: m.last}
-}
-
 // refill is DESIGN 3.1 verbatim:
 //
 //	units = min(capacity*1e9, units + (now-last)*rate); last = now
