@@ -348,7 +348,10 @@ func (s *Shard) endSweep(err error) msg.SweepReply {
 // uses time nobody else wants. While the policy history is full it answers
 // no readiness check (a nil channel is never ready), so the coordinator
 // waits for the pass, before preparing any shard, while requests keep being
-// served. It returns false if stop came.
+// served. A sweep or a snapshot waits for the pass too: its slices take
+// whole segments, and with a long history each bucket in them would replay
+// every cutover it missed, where the pass's slices are bounded by that work.
+// It returns false if stop came.
 func (s *Shard) convertStep(stop <-chan struct{}) bool {
 	mb := s.mb
 	ready, prepare := mb.ready, mb.prepare
@@ -360,12 +363,6 @@ func (s *Shard) convertStep(stop <-chan struct{}) bool {
 		return true
 	case p := <-prepare:
 		return s.cutover(p, stop)
-	case w := <-mb.sweep:
-		s.beginSweep(w) // the sweep converts what it visits
-		return true
-	case m := <-mb.snap:
-		s.beginSnapshot(m) // the snapshot converts what it copies
-		return true
 	default:
 	}
 	if !s.serveOneOrYield(stop) {
