@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 
@@ -72,19 +73,7 @@ func TestClientDisconnectsInHandler(t *testing.T) {
 		finished <- errors.Join(r.Context().Err(), err)
 	}))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
-	require.NoError(t, err)
-	go func() {
-		<-started
-		cancel()
-	}()
-	res, err := srv.Client().Do(req)
-	if err == nil {
-		_ = res.Body.Close()
-	}
-	require.ErrorIs(t, err, context.Canceled)
+	requestGoneAway(t, srv, started)
 	assert.ErrorIs(t, <-finished, context.Canceled)
 	assert.Equal(t, int64(4), remaining(t, e, loopback))
 }
@@ -125,6 +114,17 @@ func TestClientDisconnectsBeforeDecision(t *testing.T) {
 		finished <- fmt.Sprint(sw.status, " ", sw.body)
 	}), httplimit.WithKey(func(*http.Request) (string, error) { return "outer", nil }))
 
+	requestGoneAway(t, srv, started)
+	assert.Equal(t, "503 0", <-finished)
+	assert.Equal(t, int64(5), remaining(t, e, loopback))
+	assert.Equal(t, 1, e.KeyCount()) // only the outer middleware's key
+}
+
+// requestGoneAway sends a request to srv and cancels it once started is
+// closed (the handler is running), as a client that disconnects; the client
+// sees its own cancellation.
+func requestGoneAway(t *testing.T, srv *httptest.Server, started <-chan struct{}) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
@@ -138,7 +138,4 @@ func TestClientDisconnectsBeforeDecision(t *testing.T) {
 		_ = res.Body.Close()
 	}
 	require.ErrorIs(t, err, context.Canceled)
-	assert.Equal(t, "503 0", <-finished)
-	assert.Equal(t, int64(5), remaining(t, e, loopback))
-	assert.Equal(t, 1, e.KeyCount()) // only the outer middleware's key
 }
