@@ -1,0 +1,28 @@
+package engine_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/admissiontest"
+)
+
+// TestAdmission runs the behaviour suite every Admitter passes over the
+// engine with one shard, a pair, and more shards than keys in most tests,
+// so every routing shape (all keys together, split, scattered) is held to
+// the same answers.
+func TestAdmission(t *testing.T) {
+	for _, shards := range []int{1, 2, 16} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			admissiontest.Run(t, func(t *testing.T, s admissiontest.Setup) engine.Admitter {
+				e, err := engine.New(engine.Config{Policy: s.Policy, Clock: s.Clock, Shards: shards})
+				require.NoError(t, err, "engine.New with %+v", s.Policy)
+				t.Cleanup(func() { require.NoError(t, e.Close(), "Close in cleanup") })
+				return e
+			})
+		})
+	}
+}

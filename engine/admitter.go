@@ -1,0 +1,26 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// Admitter is what every tokenshard admission backend offers with the same
+// meaning: the in-process Engine, and the Redis store (package
+// engine/redisstore) that shares one quota per key across processes. Code
+// written against Admitter (middleware, a service's own handlers) runs on
+// either; engine/admissiontest is the behaviour suite both pass.
+//
+// KeyCount is not part of it: the Engine's is exact and never blocks, while a
+// store's needs a round trip and can only be approximate.
+type Admitter interface {
+	Allow(ctx context.Context, key string, cost int64) (Decision, error)
+	AllowBatch(ctx context.Context, reqs []Request, out []Result) error
+	EvictFull(ctx context.Context) (int, error)
+	ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error
+	Policy() policy.Policy
+	Close() error
+}
+
+var _ Admitter = (*Engine)(nil)
