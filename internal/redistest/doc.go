@@ -1,0 +1,30 @@
+// Package redistest gives integration tests a real Redis server: Addr for a
+// server shared by the whole test binary, Start for a private one a test owns
+// and may kill and restart (outage tests).
+//
+// Readiness is checked with a real PING over TCP (a raw RESP exchange, so the
+// package needs no client library). When no server can be had, tests skip
+// with a loud message saying the Redis integration tests did not run, or fail
+// instead when TOKENSHARD_REQUIRE_REDIS=1 (CI sets it).
+//
+// A test binary that calls Addr must call Stop after m.Run and before its
+// leak check, for example:
+//
+//	type stopRedis struct{ m *testing.M }
+//
+//	func (s stopRedis) Run() int { defer redistest.Stop(); return s.m.Run() }
+//
+//	func TestMain(m *testing.M) { goleak.VerifyTestMain(stopRedis{m}) }
+//
+// # Ownership
+//
+// Every redis-server this package starts has exactly one goroutine, started
+// with it, that calls cmd.Wait and then closes the process's done channel;
+// Kill and Stop send SIGKILL and wait on that channel, so no process is left
+// unreaped and no goroutine outlives them. The shared server is guarded by a
+// package mutex; a Server's process by the Server's own mutex.
+//
+// A test binary killed from outside (a -timeout panic, SIGKILL) leaves its
+// redis-server processes running: they are started with --daemonize no but
+// nothing ties their life to the parent's.
+package redistest

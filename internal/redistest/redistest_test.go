@@ -1,0 +1,215 @@
+package redistest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// stopAfterRun runs the tests, then stops the shared server before goleak
+// looks for goroutines, so its wait goroutine is gone by then.
+type stopAfterRun struct{ m *testing.M }
+
+func (s stopAfterRun) Run() int {
+	defer Stop()
+	return s.m.Run()
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(stopAfterRun{m}) }
+
+// mustPing fails the test unless addr answers PING.
+func mustPing(t *testing.T, addr string) {
+	t.Helper()
+	if err := ping(addr, 2*time.Second); err != nil {
+		t.Fatalf("PING %s: %v", addr, err)
+	}
+}
+
+// mustRefuse fails the test unless a TCP connection to addr is refused.
+func mustRefuse(t *testing.T, addr string) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err == nil {
+		c.Close()
+		t.Fatalf("dial %s: connected, want connection refused", addr)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial %s: %v, want connection refused", addr, err)
+	}
+}
+
+func TestStartAnswersPing(t *testing.T) {
+	s := Start(t)
+	if !strings.HasPrefix(s.Addr(), "127.0.0.1:") {
+		t.Errorf("Addr() = %q, want 127.0.0.1:port", s.Addr())
+	}
+	mustPing(t, s.Addr())
+}
+
+func TestKillRefusesConnections(t *testing.T) {
+	s := Start(t)
+	s.Kill()
+	mustRefuse(t, s.Addr())
+	s.Kill() // idempotent
+	mustRefuse(t, s.Addr())
+}
+
+func TestRestartSamePort(t *testing.T) {
+	s := Start(t)
+	addr := s.Addr()
+	for i := range 3 {
+		s.Kill()
+		mustRefuse(t, addr)
+		s.Restart(t)
+		if s.Addr() != addr {
+			t.Fatalf("restart %d: Addr() = %s, want %s", i, s.Addr(), addr)
+		}
+		mustPing(t, addr)
+	}
+	s.Restart(t) // while running: kills, then starts again
+	mustPing(t, addr)
+}
+
+func TestAddrAnswersPing(t *testing.T) {
+	addr := Addr(t)
+	mustPing(t, addr)
+	if again := Addr(t); again != addr {
+		t.Errorf("second Addr() = %s, want %s", again, addr)
+	}
+}
+
+// TestSharedStartStop covers the private shared server directly, since Addr
+// takes it only when nothing answers on 127.0.0.1:6379.
+func TestSharedStartStop(t *testing.T) {
+	bin, err := findBinary()
+	if err != nil {
+		skipOrFail(t, err.Error())
+	}
+	Stop() // whatever Addr may have started: this test starts its own
+	shared.mu.Lock()
+	err = startShared(bin)
+	addr := shared.addr
+	shared.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Getenv(envAddr) == "" {
+		if got := Addr(t); got != addr {
+			t.Errorf("Addr() = %s, want the shared %s", got, addr)
+		}
+	}
+	mustPing(t, addr)
+	Stop()
+	mustRefuse(t, addr)
+	Stop() // safe again
+}
+
+// TestStartProcessPortTaken checks that a server whose port is held exits
+// with errExited (which Start and Restart retry) and shows its log.
+func TestStartProcessPortTaken(t *testing.T) {
+	bin, err := findBinary()
+	if err != nil {
+		skipOrFail(t, err.Error())
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dir := t.TempDir()
+	p, err := startProcess(bin, l.Addr().(*net.TCPAddr).Port, dir, filepath.Join(dir, "redis.log"))
+	if err == nil {
+		p.kill()
+		t.Fatal("startProcess on a held port succeeded")
+	}
+	if !errors.Is(err, errExited) || !strings.Contains(err.Error(), "already in use") {
+		t.Errorf("startProcess = %v, want errExited with the log's bind error", err)
+	}
+}
+
+func TestPingRejectsNonRedis(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	served := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			served <- err
+			return
+		}
+		defer c.Close()
+		_, err = fmt.Fprint(c, "-NOAUTH Authentication required.\r\n")
+		served <- err
+	}()
+	err = ping(l.Addr().String(), 2*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "NOAUTH") {
+		t.Errorf("ping = %v, want an error quoting the NOAUTH reply", err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("fake server: %v", err)
+	}
+}
+
+// recorder is a testing.TB that records Skipf and Fatalf instead of ending
+// the test, so the skip-or-fail choice can be observed.
+type recorder struct {
+	testing.TB
+	skipped, failed string
+}
+
+func (r *recorder) Helper()                        {}
+func (r *recorder) Skipf(format string, a ...any)  { r.skipped = fmt.Sprintf(format, a...) }
+func (r *recorder) Fatalf(format string, a ...any) { r.failed = fmt.Sprintf(format, a...) }
+
+func TestSkipOrFail(t *testing.T) {
+	t.Setenv(envRequire, "")
+	r := &recorder{TB: t}
+	skipOrFail(r, "no server here.")
+	if r.failed != "" || !strings.Contains(r.skipped, "DID NOT RUN") ||
+		!strings.Contains(r.skipped, "no server here.") || !strings.Contains(r.skipped, "apt-get install redis-server") {
+		t.Errorf("without %s: skipped %q, failed %q; want a loud skip", envRequire, r.skipped, r.failed)
+	}
+
+	t.Setenv(envRequire, "1")
+	r = &recorder{TB: t}
+	skipOrFail(r, "no server here.")
+	if r.skipped != "" || !strings.Contains(r.failed, "DID NOT RUN") || !strings.Contains(r.failed, envRequire+"=1") {
+		t.Errorf("with %s=1: skipped %q, failed %q; want a failure", envRequire, r.skipped, r.failed)
+	}
+}
+
+func TestAddrEnvUnreachableFails(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	t.Setenv(envAddr, closed)
+	r := &recorder{TB: t}
+	if got := Addr(r); got != closed {
+		t.Errorf("Addr() = %q, want %q", got, closed)
+	}
+	if !strings.Contains(r.failed, envAddr) {
+		t.Errorf("failed %q, want a failure naming %s", r.failed, envAddr)
+	}
+}
+
+func TestAddrEnvUsed(t *testing.T) {
+	s := Start(t)
+	t.Setenv(envAddr, s.Addr())
+	if got := Addr(t); got != s.Addr() {
+		t.Errorf("Addr() = %s, want %s from %s", got, s.Addr(), envAddr)
+	}
+}
