@@ -1,0 +1,18 @@
+package redisstore_test
+
+import (
+	"testing"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/admissiontest"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+)
+
+// TestAdmission runs the behaviour suite every Admitter passes, the one the
+// engine passes, on the store through a real Redis, its time driven by the
+// suite's clock through the scripts (internal/scripttime).
+func TestAdmission(t *testing.T) {
+	admissiontest.Run(t, func(t *testing.T, s admissiontest.Setup) engine.Admitter {
+		return newStore(t, redisstore.Config{Policy: s.Policy}, s.Clock)
+	})
+}

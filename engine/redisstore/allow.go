@@ -1,0 +1,367 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// maxAttempts bounds the script calls one request may take: a newer policy,
+// a bucket's history or a missing script each cost one more.
+const maxAttempts = 8
+
+// item is one bucket a call sends to the decide script.
+type item struct {
+	out   *engine.Result // nil in mode "e"
+	key   string
+	cost  int64
+	chain string // the key's limits under retained versions with overrides
+
+	lim  policy.Limit // resolved under the state the chunk was sent with
+	done bool
+}
+
+// Allow decides one request, with the same meaning as engine.Engine.Allow,
+// against the bucket all stores on the prefix share. The instant is the
+// Redis server's TIME. If Redis cannot answer by the context's deadline (or
+// Config.Timeout, if sooner), the answer follows the fail-open or
+// fail-closed rule and the error is nil; the context's error is returned
+// only if it is done before the call starts, or canceled during it.
+func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	switch {
+	case strings.TrimSpace(key) == "" || len(key) > s.maxKeyBytes:
+		return engine.Decision{}, engine.ErrInvalidKey
+	case cost < 1:
+		return engine.Decision{}, engine.ErrInvalidCost
+	}
+	reqs := [1]engine.Request{{Key: key, Cost: cost}}
+	var out [1]engine.Result
+	if err := s.AllowBatch(ctx, reqs[:], out[:]); err != nil {
+		return engine.Decision{}, err
+	}
+	return out[0].Decision, out[0].Err
+}
+
+// AllowBatch decides reqs[i] into out[i], with the same meaning as
+// engine.Engine.AllowBatch: up to ChunkSize requests per script call, each
+// call deciding its requests in order at one instant, and all calls
+// pipelined in one round trip. Redis failures are answered per request as
+// Allow's are.
+func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
+	if len(out) < len(reqs) {
+		return engine.ErrInvalidConfig
+	}
+	fail := error(nil)
+	switch {
+	case s.closed.Load():
+		fail = engine.ErrClosed
+	case ctx.Err() != nil:
+		fail = ctx.Err()
+	}
+	items := make([]item, 0, len(reqs))
+	for i, r := range reqs {
+		out[i] = engine.Result{}
+		switch {
+		case strings.TrimSpace(r.Key) == "" || len(r.Key) > s.maxKeyBytes:
+			out[i].Err = engine.ErrInvalidKey
+		case r.Cost < 1:
+			out[i].Err = engine.ErrInvalidCost
+		case fail != nil:
+			out[i].Err = fail
+		default:
+			items = append(items, item{out: &out[i], key: r.Key, cost: r.Cost})
+		}
+	}
+	if fail != nil {
+		return fail
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	bctx, cancel := s.bound(ctx)
+	defer cancel()
+	_, err := s.exec(bctx, "a", "", items)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		err = ctx.Err()
+		for i := range items {
+			if !items[i].done {
+				*items[i].out = engine.Result{Err: err}
+			}
+		}
+		return err
+	}
+	s.answerFailure(items, err)
+	return nil
+}
+
+// answerFailure answers every undecided item by the fail-open or
+// fail-closed rule.
+func (s *Store) answerFailure(items []item, err error) {
+	st := s.cur.Load()
+	n := 0
+	for i := range items {
+		it := &items[i]
+		if it.done {
+			continue
+		}
+		n++
+		lim, _ := st.p.Resolve(it.key)
+		d := engine.Decision{Allowed: s.failOpen, Version: st.p.Version, Limit: lim.Capacity}
+		if !s.failOpen {
+			d.RetryAfter = s.failRetry
+		}
+		*it.out = engine.Result{Decision: d}
+	}
+	s.failures.Add(uint64(n))
+	if s.onError != nil {
+		s.onError(err)
+	}
+}
+
+// exec runs items through the decide script in mode "a" (decide), "e"
+// (bring up to date; delete if full) or "c" (bring up to date), at the
+// server's TIME or, for modes "e" and "c", at the instant at. It pipelines one call per ChunkSize items and
+// repeats, for the items not yet done, the calls that met a newer policy, a
+// history their bucket needs or a missing script. It returns how many
+// buckets mode "e" deleted, and the first error that stopped it: Redis's
+// (engine.ErrKeyCapacity for a Redis out of memory) or the context's.
+func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, error) {
+	deleted := 0
+	todo := make([]*item, 0, len(items))
+	for i := range items {
+		todo = append(todo, &items[i])
+	}
+	for attempt := 0; len(todo) > 0; attempt++ {
+		if attempt == maxAttempts {
+			return deleted, fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
+		}
+		if attempt > 0 {
+			s.retries.Add(1)
+		}
+		st := s.cur.Load()
+		nowArg, expiry := s.timeArgs()
+		if at != "" {
+			nowArg = at
+		}
+		var chunks [][]*item
+		for len(todo) > 0 {
+			n := min(len(todo), ChunkSize)
+			chunks, todo = append(chunks, todo[:n]), todo[n:]
+		}
+		cmds := make([]*redis.Cmd, len(chunks))
+		pipe := s.rdb.Pipeline()
+		for c, chunk := range chunks {
+			keys := make([]string, 3, 3+len(chunk))
+			keys[0], keys[1], keys[2] = s.kPolicy, s.kHistory, s.kPending
+			args := make([]any, 4, 4+4*len(chunk))
+			args[0], args[1], args[2], args[3] = mode, st.ver, nowArg, expiry
+			for _, it := range chunk {
+				it.lim, _ = st.p.Resolve(it.key)
+				keys = append(keys, s.kBucket+it.key)
+				args = append(args, it.cost, it.lim.Capacity, it.lim.TokensPerSecond, it.chain)
+			}
+			cmds[c] = decideScript.EvalSha(ctx, pipe, keys, args...)
+		}
+		_, _ = pipe.Exec(ctx) // each command keeps its own error
+		reload, noScript := false, false
+		for c, cmd := range cmds {
+			chunk := chunks[c]
+			reply, err := cmd.Slice()
+			switch {
+			case err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
+				noScript = true
+				todo = append(todo, chunk...)
+				continue
+			case err != nil && redis.HasErrorPrefix(err, "OOM"):
+				for _, it := range chunk {
+					if it.out != nil {
+						*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
+					}
+				}
+				continue
+			case err != nil:
+				if ctx.Err() != nil {
+					return deleted, ctx.Err()
+				}
+				return deleted, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
+			r, err := parseReply(reply)
+			if err != nil {
+				return deleted, err
+			}
+			deleted += r.deleted
+			for i, it := range chunk[:r.done] {
+				if it.out != nil {
+					s.decided(it, st, r.results[2*i], r.results[2*i+1])
+				}
+				it.done = true
+			}
+			rest := chunk[r.done:]
+			switch r.status {
+			case "ok":
+			case "stale", "nopolicy":
+				reload = true
+				todo = append(todo, rest...)
+			case "chain":
+				chain, err := s.chainFor(ctx, rest[0].key, r.behind, st)
+				if err != nil {
+					return deleted, err
+				}
+				rest[0].chain = chain
+				todo = append(todo, rest...)
+			case "lost":
+				return deleted, fmt.Errorf("%w: the bucket of %q was last written under policy version %s, which Redis no longer retains", ErrUnavailable, rest[0].key, r.behind)
+			default:
+				return deleted, fmt.Errorf("%w: unexpected script status %q", ErrUnavailable, r.status)
+			}
+		}
+		if noScript {
+			if err := decideScript.Load(ctx, s.rdb).Err(); err != nil {
+				if ctx.Err() != nil {
+					return deleted, ctx.Err()
+				}
+				return deleted, fmt.Errorf("%w: loading the script: %w", ErrUnavailable, err)
+			}
+		}
+		if reload {
+			if err := s.reload(ctx); err != nil {
+				return deleted, err
+			}
+		}
+	}
+	return deleted, nil
+}
+
+// decided turns a script result into it's Decision.
+func (s *Store) decided(it *item, st *state, code, units string) {
+	s.decisions.Add(1)
+	if code == "c" {
+		*it.out = engine.Result{Err: engine.ErrInvalidCost}
+		return
+	}
+	b, err := parseUnits(units)
+	if err != nil {
+		*it.out = engine.Result{Err: fmt.Errorf("%w: %w", ErrUnavailable, err)}
+		return
+	}
+	d := engine.Decision{
+		Allowed:    code == "1",
+		Remaining:  b.Tokens,
+		Version:    st.p.Version,
+		Limit:      it.lim.Capacity,
+		ResetAfter: durationOf(b.ResetAfter(it.lim)),
+	}
+	if !d.Allowed {
+		d.RetryAfter = durationOf(b.RetryAfter(it.lim, it.cost))
+	}
+	*it.out = engine.Result{Decision: d}
+}
+
+// chainFor lists key's own limits under the retained versions after behind
+// that carry overrides, but the one in force (the script has that one).
+func (s *Store) chainFor(ctx context.Context, key, behind string, st *state) (string, error) {
+	entries, err := s.rdb.LRange(ctx, s.kHistory, 0, -1).Result()
+	if err != nil {
+		return "", fmt.Errorf("%w: reading the policy history: %w", ErrUnavailable, err)
+	}
+	var b strings.Builder
+	after := false
+	for _, e := range entries {
+		f := strings.Fields(e)
+		if len(f) != 5 {
+			return "", fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
+		}
+		if !after {
+			after = f[0] == behind
+			continue
+		}
+		if f[4] != "1" || f[0] == st.ver {
+			continue
+		}
+		v, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return "", fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
+		}
+		p, err := s.policyAt(ctx, v)
+		if err != nil {
+			return "", err
+		}
+		lim, _ := p.Resolve(key)
+		if b.Len() > 0 {
+			b.WriteByte(';')
+		}
+		fmt.Fprintf(&b, "%d %d %d", v, lim.Capacity, lim.TokensPerSecond)
+	}
+	return b.String(), nil
+}
+
+// reply is a decide script's answer.
+type reply struct {
+	status  string
+	done    int
+	deleted int
+	behind  string   // "chain" and "lost": the bucket's version
+	results []string // mode "a": code and units per done bucket
+}
+
+func parseReply(raw []any) (reply, error) {
+	var r reply
+	strs := make([]string, len(raw))
+	for i, v := range raw {
+		s, ok := v.(string)
+		if !ok {
+			return r, fmt.Errorf("%w: unexpected script reply %v", ErrUnavailable, raw)
+		}
+		strs[i] = s
+	}
+	if len(strs) == 0 {
+		return r, fmt.Errorf("%w: empty script reply", ErrUnavailable)
+	}
+	r.status = strs[0]
+	if r.status == "stale" || r.status == "nopolicy" {
+		return r, nil
+	}
+	if len(strs) < 5 {
+		return r, fmt.Errorf("%w: short script reply %v", ErrUnavailable, strs)
+	}
+	var err1, err2 error
+	r.done, err1 = strconv.Atoi(strs[3])
+	r.deleted, err2 = strconv.Atoi(strs[4])
+	rest := strs[5:]
+	if r.status == "chain" || r.status == "lost" {
+		if len(rest) == 0 {
+			return r, fmt.Errorf("%w: short script reply %v", ErrUnavailable, strs)
+		}
+		r.behind, rest = rest[0], rest[1:]
+	}
+	r.results = rest
+	if err := errors.Join(err1, err2); err != nil || (len(rest) != 0 && len(rest) != 2*r.done) {
+		return r, fmt.Errorf("%w: malformed script reply %v", ErrUnavailable, strs)
+	}
+	return r, nil
+}
+
+// parseUnits reads a balance in units (a decimal string below 2^63 * 1e9)
+// as a Bucket's whole tokens and fraction.
+func parseUnits(units string) (policy.Bucket, error) {
+	whole, frac := "0", units
+	if n := len(units); n > 9 {
+		whole, frac = units[:n-9], units[n-9:]
+	}
+	t, err1 := strconv.ParseInt(whole, 10, 64)
+	f, err2 := strconv.ParseUint(frac, 10, 32)
+	if err := errors.Join(err1, err2); err != nil || units == "" {
+		return policy.Bucket{}, fmt.Errorf("malformed balance %q", units)
+	}
+	return policy.Bucket{Tokens: t, Frac: uint32(f)}, nil
+}

@@ -1,0 +1,132 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/big"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// setClock reads whatever it was last set to, earlier readings included:
+// the script must treat time that steps back as no time at all.
+type setClock struct{ now atomic.Int64 }
+
+func (c *setClock) Now() int64 { return c.now.Load() }
+
+// arithCase is one bucket state and one request, straight into the script.
+type arithCase struct {
+	capacity, rate int64
+	units          *big.Int // balance before, 0..capacity*1e9
+	last, now      int64
+	cost           int64
+}
+
+// TestScriptArithmeticMatchesPolicy writes a bucket's raw state into Redis,
+// has the script decide one request on it, and compares the Decision and the
+// state written back with the policy package's exact arithmetic (itself
+// checked against math/big), over random and extreme values of the whole
+// int64 range: the Lua limbs must agree with the Go 128-bit code everywhere.
+func TestScriptArithmeticMatchesPolicy(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	var cases []arithCase
+	extremes := []int64{1, 2, 3, 7, 999_999_999, 1_000_000_000, 1_000_000_001, 1 << 31, 1 << 53, 1<<53 + 1, math.MaxInt64 / 1_000_000_000, math.MaxInt64 - 1, math.MaxInt64}
+	pick := func() int64 {
+		switch r.IntN(3) {
+		case 0:
+			return extremes[r.IntN(len(extremes))]
+		case 1:
+			return 1 + r.Int64N(1000)
+		}
+		return 1 + r.Int64N(math.MaxInt64)>>r.IntN(63)
+	}
+	for range 600 {
+		c := arithCase{capacity: pick(), rate: pick()}
+		full := new(big.Int).Mul(big.NewInt(c.capacity), big.NewInt(policy.UnitsPerToken))
+		switch r.IntN(5) {
+		case 0:
+			c.units = new(big.Int)
+		case 1:
+			c.units = new(big.Int).Set(full)
+		case 2:
+			c.units = new(big.Int).Sub(full, big.NewInt(1+r.Int64N(2)))
+			if c.units.Sign() < 0 {
+				c.units.SetInt64(0)
+			}
+		default:
+			// full is below 2^93: two 64-bit draws, reduced
+			x := new(big.Int).Lsh(new(big.Int).SetUint64(r.Uint64()), 64)
+			x.Or(x, new(big.Int).SetUint64(r.Uint64()))
+			c.units = x.Mod(x, new(big.Int).Add(full, big.NewInt(1)))
+		}
+		c.last = pick()
+		switch r.IntN(4) {
+		case 0:
+			c.now = c.last // no time
+		case 1:
+			c.now = c.last - r.Int64N(c.last) // the clock stepped back
+		default:
+			c.now = c.last + min(pick(), math.MaxInt64-c.last)
+		}
+		c.cost = 1 + r.Int64N(c.capacity)
+		if r.IntN(4) == 0 {
+			c.cost = min(pick(), c.capacity)
+		}
+		cases = append(cases, c)
+	}
+	for i, c := range cases {
+		t.Run(fmt.Sprint(i), func(t *testing.T) { checkArith(t, c) })
+	}
+}
+
+func checkArith(t *testing.T, c arithCase) {
+	clk := &setClock{}
+	p := policy.Policy{Version: 1, Capacity: c.capacity, TokensPerSecond: c.rate}
+	cfg := redisstore.Config{Policy: p}
+	cfg.Client = client(t, redisAddr(t))
+	cfg.Prefix = prefix(t)
+	s := newStore(t, cfg, clk)
+	ctx := context.Background()
+	key := cfg.Prefix + "k:key"
+	require.NoError(t, cfg.Client.Set(ctx, key, fmt.Sprintf("%s %d 1 %d %d", c.units, c.last, c.capacity, c.rate), 0).Err())
+	clk.now.Store(c.now)
+
+	lim := p.Limit()
+	tokens, frac := new(big.Int).QuoRem(c.units, big.NewInt(policy.UnitsPerToken), new(big.Int))
+	b := policy.Bucket{Tokens: tokens.Int64(), Frac: uint32(frac.Int64()), Last: c.last}
+	o := b.Decide(lim, max(c.now, c.last), c.cost)
+	want := engine.Decision{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: time.Duration(o.RetryAfter),
+		Version: 1, Limit: c.capacity, ResetAfter: time.Duration(o.ResetAfter)}
+
+	got, err := s.Allow(ctx, "key", c.cost)
+	require.NoError(t, err, "case %+v", c)
+	require.Equal(t, want, got, "case %+v", c)
+	raw, err := cfg.Client.Get(ctx, key).Result()
+	require.NoError(t, err)
+	units := new(big.Int).Add(new(big.Int).Mul(big.NewInt(b.Tokens), big.NewInt(policy.UnitsPerToken)), big.NewInt(int64(b.Frac)))
+	require.Equal(t, fmt.Sprintf("%s %d 1 %d %d", units, b.Last, c.capacity, c.rate), raw, "state after, case %+v", c)
+}
+
+// TestScriptCostAboveCapacity: the script refuses a cost above the key's
+// capacity before anything else, and changes nothing.
+func TestScriptCostAboveCapacity(t *testing.T) {
+	for _, capacity := range []int64{1, 10, math.MaxInt64 - 1} {
+		clk := &setClock{}
+		s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: capacity, TokensPerSecond: 1}}, clk)
+		d, err := s.Allow(context.Background(), "k", capacity+1)
+		require.ErrorIs(t, err, engine.ErrInvalidCost)
+		require.Equal(t, engine.Decision{}, d)
+		d, err = s.Allow(context.Background(), "k", capacity)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "the refused request took nothing: %+v", d)
+	}
+}

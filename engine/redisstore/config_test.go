@@ -1,0 +1,118 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	good := policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}
+	noTimeout := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = noTimeout.Close() })
+	ok := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = ok.Close() })
+	for _, tc := range []struct {
+		name string
+		cfg  redisstore.Config
+		want error
+	}{
+		{"invalid policy", redisstore.Config{Client: ok}, engine.ErrInvalidPolicy},
+		{"no client", redisstore.Config{Policy: good}, engine.ErrInvalidConfig},
+		{"no context timeouts", redisstore.Config{Policy: good, Client: noTimeout}, engine.ErrInvalidConfig},
+		{"negative MaxKeyBytes", redisstore.Config{Policy: good, Client: ok, MaxKeyBytes: -1}, engine.ErrInvalidConfig},
+		{"negative Timeout", redisstore.Config{Policy: good, Client: ok, Timeout: -1}, engine.ErrInvalidConfig},
+		{"negative FailRetryAfter", redisstore.Config{Policy: good, Client: ok, FailRetryAfter: -1}, engine.ErrInvalidConfig},
+		{"unreachable", redisstore.Config{Policy: good, Client: ok, Timeout: 200 * time.Millisecond}, redisstore.ErrUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := redisstore.New(context.Background(), tc.cfg)
+			require.ErrorIs(t, err, tc.want)
+			require.Nil(t, s)
+		})
+	}
+}
+
+// TestNewAdoptsStoredPolicy: the first store on a prefix installs its
+// policy; a later one with another policy adopts the stored one, and sees
+// cutovers made through the first.
+func TestNewAdoptsStoredPolicy(t *testing.T) {
+	clk := clock.NewManual(0)
+	c := client(t, redisAddr(t))
+	p := prefix(t)
+	first := newStore(t, redisstore.Config{Client: c, Prefix: p, Policy: policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}}, clk)
+	second := newStore(t, redisstore.Config{Client: c, Prefix: p, Policy: policy.Policy{Version: 9, Capacity: 100, TokensPerSecond: 100}}, clk)
+	require.Equal(t, int64(2), second.Policy().Version)
+	d, err := second.Allow(context.Background(), "k", 5)
+	require.NoError(t, err)
+	require.Equal(t, engine.Decision{Allowed: true, Version: 2, Limit: 5, ResetAfter: 5 * time.Second}, d)
+
+	require.NoError(t, first.ReplacePolicy(context.Background(), policy.Policy{Version: 3, Capacity: 7, TokensPerSecond: 1}, 2))
+	require.Equal(t, int64(2), second.Policy().Version, "not seen before its next call")
+	d, err = second.Allow(context.Background(), "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, engine.Decision{Allowed: false, RetryAfter: time.Second, Version: 3, Limit: 7, ResetAfter: 7 * time.Second}, d)
+	require.Equal(t, int64(3), second.Policy().Version)
+	require.ErrorIs(t, second.ReplacePolicy(context.Background(), policy.Policy{Version: 4, Capacity: 7, TokensPerSecond: 1}, 2), engine.ErrStalePolicy)
+	require.Positive(t, second.Stats().Retries)
+}
+
+// TestScriptReloaded: a Redis that lost its script cache (SCRIPT FLUSH, a
+// restart) gets the script again on the next call.
+func TestScriptReloaded(t *testing.T) {
+	clk := clock.NewManual(0)
+	c := client(t, redisAddr(t))
+	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}}, clk)
+	ctx := context.Background()
+	_, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.NoError(t, c.ScriptFlush(ctx).Err())
+	d, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), d.Remaining)
+	require.Zero(t, s.Stats().Failures)
+}
+
+// TestContextBeforeCall: a context already done returns its error and
+// sends nothing; Close wins over it (DESIGN 3.2's order).
+func TestContextBeforeCall(t *testing.T) {
+	clk := clock.NewManual(0)
+	s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}}, clk)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := s.Allow(ctx, "k", 1)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Zero(t, s.Stats().Decisions)
+	require.NoError(t, s.Close())
+	_, err = s.Allow(ctx, "k", 1)
+	require.ErrorIs(t, err, engine.ErrClosed)
+}
+
+// TestOutOfMemoryIsKeyCapacity: a Redis at its maxmemory (noeviction)
+// refuses the script's writes; the store answers engine.ErrKeyCapacity, not
+// a fail-open admission.
+func TestOutOfMemoryIsKeyCapacity(t *testing.T) {
+	srv := startPrivate(t)
+	c := client(t, srv.Addr())
+	ctx := context.Background()
+	clk := clock.NewManual(0)
+	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, FailOpen: true}, clk)
+	_, err := s.Allow(ctx, "before", 1)
+	require.NoError(t, err)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
+	defer c.ConfigSet(ctx, "maxmemory", "0")
+	_, err = s.Allow(ctx, "after", 1)
+	require.ErrorIs(t, err, engine.ErrKeyCapacity)
+	require.Zero(t, s.Stats().Failures)
+	require.False(t, errors.Is(err, redisstore.ErrUnavailable))
+}

@@ -1,0 +1,295 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/bits"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// lockTTL is how long the cutover lock outlives a holder that stopped
+// renewing it (a process that died mid-cutover).
+const lockTTL = 10 * time.Second
+
+// ReplacePolicy replaces the policy every store on the prefix uses, with
+// the meaning of engine.Engine.ReplacePolicy: versioned, compare-and-set in
+// Redis, and DESIGN 3.8's cutover rule applied to each bucket when it is
+// next touched (refilled under the limit of the version it was last written
+// under up to the cutover instant, then clamped to its new capacity).
+//
+// Cutovers are serialised by a lock in Redis. The store retains the last
+// HistoryVersions policies, so a bucket several versions behind replays
+// every cutover it missed; the cutover that would retain more first brings
+// every bucket up to the version in force (a pass over the keyspace).
+//
+// A bucket expires at its time-to-full under its own limit. A cutover that
+// could lengthen some bucket's time-to-full (it raises a capacity, or lowers
+// a rate relative to its capacity) would let such a bucket expire before it
+// is full, so it first clears every bucket's expiry, publishes, then sets
+// each bucket's expiry under the new policy before it returns: two passes
+// over the keyspace. Other cutovers need none.
+func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error {
+	if err := next.Validate(); err != nil {
+		return err
+	}
+	if s.closed.Load() {
+		return engine.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	blob, err := encodePolicy(next)
+	if err != nil {
+		return err
+	}
+	token, err := s.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.unlock(ctx, token)
+
+	if err := s.round(ctx, s.reload); err != nil {
+		return err
+	}
+	cur := s.cur.Load().p
+	if expectedVersion != cur.Version || next.Version <= cur.Version {
+		return engine.ErrStalePolicy
+	}
+	var retained int64
+	if err := s.round(ctx, func(ctx context.Context) (err error) {
+		retained, err = s.rdb.LLen(ctx, s.kHistory).Result()
+		return err
+	}); err != nil {
+		return err
+	}
+	lengthens := !safeCutover(cur, next)
+	if lengthens {
+		if err := s.round(ctx, func(ctx context.Context) error {
+			return s.rdb.Set(ctx, s.kPending, token, lockTTL).Err()
+		}); err != nil {
+			return err
+		}
+		if err := s.persistPass(ctx, token); err != nil {
+			return err
+		}
+	}
+	trim := retained >= HistoryVersions
+	if trim {
+		if _, err := s.convertPass(ctx, "c", token); err != nil {
+			return err
+		}
+	}
+
+	l := next.Limit()
+	var res []any
+	if err := s.round(ctx, func(ctx context.Context) (err error) {
+		res, err = replaceScript.Run(ctx, s.rdb, []string{s.kPolicy, s.kHistory, s.kBlobs, s.kLock, s.kPending},
+			expectedVersion, next.Version, l.Capacity, l.TokensPerSecond, overridden(next), blob, s.nowArg(), token, flag(trim)).Slice()
+		return err
+	}); err != nil {
+		return err
+	}
+	status, _ := res[0].(string)
+	switch status {
+	case "ok":
+	case "stale":
+		return engine.ErrStalePolicy
+	case "lock":
+		return fmt.Errorf("%w: the cutover lock expired before the cutover was published; nothing changed", ErrUnavailable)
+	default:
+		return fmt.Errorf("%w: the policy vanished from Redis during the cutover (%v)", ErrUnavailable, res)
+	}
+	s.mu.Lock()
+	s.past[next.Version] = next
+	s.mu.Unlock()
+	s.adopt(next)
+
+	if lengthens {
+		// Published: DESIGN 3.8 says the call now completes, whatever its
+		// context. A bucket whose expiry this pass does not set keeps none
+		// until it is next touched, which costs memory, never correctness.
+		if _, err := s.convertPass(context.WithoutCancel(ctx), "c", token); err != nil && s.onError != nil {
+			s.onError(fmt.Errorf("redisstore: setting expiries after the cutover to version %d: %w", next.Version, err))
+		}
+	}
+	return nil
+}
+
+// EvictFull deletes the buckets that are full at the instant it starts (the
+// server's TIME), bringing the others up to date, and returns how many it
+// deleted: DESIGN 3.7's rule. Redis's expiry already deletes each bucket
+// once it is full, so a service need not call it; it is for tests and for
+// reclaiming memory at once. It costs a pass over the keyspace. If ctx ends
+// part-way, it returns the count so far with the context's error.
+func (s *Store) EvictFull(ctx context.Context) (int, error) {
+	if s.closed.Load() {
+		return 0, engine.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return s.convertPass(ctx, "e", "")
+}
+
+// convertPass brings every bucket up to the policy in force at one instant
+// and returns how many it deleted as full: mode "e" deletes them, mode "c"
+// leaves them to expire (or, in tests, to EvictFull). With a token, it
+// renews the cutover lock as it goes.
+func (s *Store) convertPass(ctx context.Context, mode, token string) (int, error) {
+	var at string
+	if s.now != nil {
+		at = strconv.FormatInt(s.now(), 10)
+	} else {
+		var t time.Time
+		if err := s.round(ctx, func(ctx context.Context) (err error) {
+			t, err = s.rdb.Time(ctx).Result()
+			return err
+		}); err != nil {
+			return 0, err
+		}
+		at = strconv.FormatInt(t.UnixNano(), 10)
+	}
+	deleted := 0
+	err := s.scan(ctx, func(keys []string) error {
+		items := make([]item, len(keys))
+		for i, k := range keys {
+			items[i] = item{key: strings.TrimPrefix(k, s.kBucket)}
+		}
+		return s.round(ctx, func(ctx context.Context) error {
+			n, err := s.exec(ctx, mode, at, items)
+			deleted += n
+			if err == nil && token != "" {
+				err = s.renew(ctx, token)
+			}
+			return err
+		})
+	})
+	return deleted, err
+}
+
+// persistPass clears the expiry of every bucket, renewing the lock.
+func (s *Store) persistPass(ctx context.Context, token string) error {
+	return s.scan(ctx, func(keys []string) error {
+		return s.round(ctx, func(ctx context.Context) error {
+			pipe := s.rdb.Pipeline()
+			for _, k := range keys {
+				pipe.Persist(ctx, k)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				return err
+			}
+			return s.renew(ctx, token)
+		})
+	})
+}
+
+// round runs one exchange with Redis under the store's Timeout, and tells
+// the context's end from Redis's failure.
+func (s *Store) round(ctx context.Context, f func(ctx context.Context) error) error {
+	bctx, cancel := s.bound(ctx)
+	defer cancel()
+	err := f(bctx)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, ErrUnavailable), errors.Is(err, errLostLock):
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+var errLostLock = fmt.Errorf("%w: lost the cutover lock", ErrUnavailable)
+
+// lock takes the prefix's cutover lock, waiting for another holder as long
+// as ctx allows, and returns the token that proves it.
+func (s *Store) lock(ctx context.Context) (string, error) {
+	var raw [16]byte
+	_, _ = rand.Read(raw[:])
+	token := hex.EncodeToString(raw[:])
+	wait := time.Millisecond
+	for {
+		var ok bool
+		if err := s.round(ctx, func(ctx context.Context) (err error) {
+			ok, err = s.rdb.SetNX(ctx, s.kLock, token, lockTTL).Result()
+			return err
+		}); err != nil {
+			return "", err
+		}
+		if ok {
+			return token, nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
+func (s *Store) renew(ctx context.Context, token string) error {
+	ok, err := refreshScript.Run(ctx, s.rdb, []string{s.kLock, s.kPending}, token, lockTTL.Milliseconds()).Int()
+	if err == nil && ok != 1 {
+		return errLostLock
+	}
+	return err
+}
+
+// unlock releases the lock and the pending flag, even if ctx has ended.
+func (s *Store) unlock(ctx context.Context, token string) {
+	err := s.round(context.WithoutCancel(ctx), func(ctx context.Context) error {
+		return releaseScript.Run(ctx, s.rdb, []string{s.kLock, s.kPending}, token).Err()
+	})
+	if err != nil && !errors.Is(err, redis.Nil) && s.onError != nil {
+		s.onError(fmt.Errorf("redisstore: releasing the cutover lock (it expires in %v): %w", lockTTL, err))
+	}
+}
+
+// safeCutover reports whether no bucket can take longer to fill under next
+// than under cur, whatever its balance at the cutover, so that expiries set
+// under cur stay at or after each bucket's time-to-full. For a bucket moving
+// from limit a to b that holds (after the clamp) u < b.Capacity units, the
+// time-to-full goes from (a.Cap-u)/a.Rate to (b.Cap-u)/b.Rate; over every u
+// that is at most the first for all u exactly when b.Cap <= a.Cap and
+// b.Cap/b.Rate <= a.Cap/a.Rate. Every pair of limits is checked, since a
+// key may move from any of cur's to any of next's.
+func safeCutover(cur, next policy.Policy) bool {
+	as, bs := cur.Limits(), next.Limits()
+	if len(as)*len(bs) > 1<<20 {
+		return false
+	}
+	for _, a := range as {
+		for _, b := range bs {
+			if b.Capacity > a.Capacity {
+				return false
+			}
+			h1, l1 := bits.Mul64(uint64(b.Capacity), uint64(a.TokensPerSecond))
+			h2, l2 := bits.Mul64(uint64(a.Capacity), uint64(b.TokensPerSecond))
+			if h1 > h2 || (h1 == h2 && l1 > l2) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}

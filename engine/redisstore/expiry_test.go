@@ -1,0 +1,173 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/big"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// bucketState is a bucket as the script stores it.
+type bucketState struct {
+	units          *big.Int
+	last           int64
+	version        int64
+	capacity, rate int64
+	expireAtMs     int64    // PEXPIRETIME: -1 for none
+	fullAtNs       *big.Int // the exact instant it is full, in ns
+}
+
+// readBucket reads key's state and expiry and judges the expiry against
+// the exact instant the bucket is full under its own limit: never before
+// it, and at most 3 ms after (the ms rounding, and the script's margin),
+// give or take a relative 1e-11 of the time-to-full.
+func readBucket(t *testing.T, c *redis.Client, key string) bucketState {
+	t.Helper()
+	ctx := context.Background()
+	raw, err := c.Get(ctx, key).Result()
+	require.NoError(t, err, key)
+	var b bucketState
+	var units string
+	_, err = fmt.Sscanf(raw, "%s %d %d %d %d", &units, &b.last, &b.version, &b.capacity, &b.rate)
+	require.NoError(t, err, raw)
+	b.units, _ = new(big.Int).SetString(units, 10)
+	b.expireAtMs = pexpireTime(t, c, key)
+	deficit := new(big.Int).Sub(new(big.Int).Mul(big.NewInt(b.capacity), big.NewInt(policy.UnitsPerToken)), b.units)
+	r := big.NewInt(b.rate)
+	ttf := new(big.Int).Div(new(big.Int).Add(deficit, new(big.Int).Sub(r, big.NewInt(1))), r)
+	b.fullAtNs = ttf.Add(ttf, big.NewInt(b.last))
+	return b
+}
+
+// pexpireTime is PEXPIRETIME as Redis answers it, in ms (go-redis's
+// Duration overflows past the year 2262).
+func pexpireTime(t *testing.T, c *redis.Client, key string) int64 {
+	t.Helper()
+	ms, err := c.Do(context.Background(), "PEXPIRETIME", key).Int64()
+	require.NoError(t, err, key)
+	return ms
+}
+
+func (b bucketState) checkExpiry(t *testing.T, what string) {
+	t.Helper()
+	if b.expireAtMs < 0 {
+		// none: only for a time-to-full beyond what the script bounds
+		require.Positive(t, b.fullAtNs.Cmp(new(big.Int).Mul(big.NewInt(1e15), big.NewInt(1e6))), "%s: no expiry, full at %v ns", what, b.fullAtNs)
+		return
+	}
+	at := new(big.Int).Mul(big.NewInt(b.expireAtMs), big.NewInt(1e6))
+	require.GreaterOrEqual(t, at.Cmp(b.fullAtNs), 0, "%s: expires at %v ns, before it is full at %v ns", what, at, b.fullAtNs)
+	// 3 ms, plus the script's relative margin of 1e-12 on the time-to-full
+	late := new(big.Int).Sub(at, b.fullAtNs)
+	slack := new(big.Int).Sub(b.fullAtNs, big.NewInt(b.last))
+	slack.Div(slack, big.NewInt(1e11)).Add(slack, big.NewInt(3e6))
+	require.LessOrEqual(t, late.Cmp(slack), 0, "%s: expires %v ns after it is full", what, late)
+}
+
+// TestExpiryAtTimeToFull: with the server's TIME, every bucket written
+// expires no earlier than the instant it is full under its own limit and at
+// most 3 ms later, over limits from a nanosecond's refill to none in
+// practice.
+func TestExpiryAtTimeToFull(t *testing.T) {
+	c := client(t, redisAddr(t))
+	ctx := context.Background()
+	for _, l := range []policy.Limit{
+		{Capacity: 10, TokensPerSecond: 2},
+		{Capacity: 1, TokensPerSecond: 3},
+		{Capacity: 1000, TokensPerSecond: 1_000_000_000},
+		{Capacity: 5, TokensPerSecond: math.MaxInt64},
+		{Capacity: 1 << 40, TokensPerSecond: 7},
+		{Capacity: math.MaxInt64, TokensPerSecond: 1},
+		{Capacity: math.MaxInt64, TokensPerSecond: math.MaxInt64},
+	} {
+		p := prefix(t)
+		stores := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
+			Policy: policy.Policy{Version: 1, Capacity: l.Capacity, TokensPerSecond: l.TokensPerSecond}})
+		for _, cost := range []int64{1, max(1, l.Capacity/2), l.Capacity} {
+			key := fmt.Sprint("k", cost)
+			_, err := stores[0].Allow(ctx, key, cost)
+			require.NoError(t, err)
+			_, err = stores[0].Allow(ctx, key, 1) // an existing bucket, maybe denied
+			require.NoError(t, err)
+			readBucket(t, c, p+"k:"+key).checkExpiry(t, fmt.Sprintf("%+v cost %d", l, cost))
+		}
+	}
+}
+
+// TestExpiryAcrossCutovers: a cutover that could lengthen a bucket's
+// time-to-full (a higher capacity) rewrites every bucket's expiry before it
+// returns; one that cannot (a higher rate) leaves the old expiries, which
+// are still no earlier than each bucket's time-to-full under the new limit.
+func TestExpiryAcrossCutovers(t *testing.T) {
+	c := client(t, redisAddr(t))
+	ctx := context.Background()
+	p := prefix(t)
+	s := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
+		Policy: policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 10}})[0]
+	keys := make([]string, 50)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k", i)
+		_, err := s.Allow(ctx, keys[i], int64(1+i))
+		require.NoError(t, err)
+	}
+
+	// higher capacity: buckets take longer to fill; expiries rewritten
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 300, TokensPerSecond: 10}, 1))
+	for _, k := range keys {
+		b := readBucket(t, c, p+"k:"+k)
+		require.Equal(t, int64(2), b.version, "%s brought up to the new version by the cutover", k)
+		require.Equal(t, int64(300), b.capacity)
+		b.checkExpiry(t, k+" after a lengthening cutover")
+	}
+	require.Zero(t, c.Exists(ctx, p+"pending").Val(), "the pending flag is cleared")
+	require.Zero(t, c.Exists(ctx, p+"lock").Val(), "the lock is released")
+
+	// higher rate: no pass; the old expiry stays, and is late enough
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 3, Capacity: 300, TokensPerSecond: 1000}, 2))
+	hist, err := c.LRange(ctx, p+"history", -1, -1).Result()
+	require.NoError(t, err)
+	var v, cut int64
+	_, err = fmt.Sscanf(hist[0], "%d %d", &v, &cut)
+	require.NoError(t, err)
+	for _, k := range keys {
+		b := readBucket(t, c, p+"k:"+k)
+		require.Equal(t, int64(2), b.version, "%s untouched by a cutover that needs no pass", k)
+		// the eager rule at the cutover, then full at the new rate
+		old := policy.Limit{Capacity: b.capacity, TokensPerSecond: b.rate}
+		next := policy.Limit{Capacity: 300, TokensPerSecond: 1000}
+		q, m := new(big.Int).QuoRem(b.units, big.NewInt(policy.UnitsPerToken), new(big.Int))
+		bk := policy.Bucket{Tokens: q.Int64(), Frac: uint32(m.Int64()), Last: b.last}
+		bk.Cutover(old, next, cut)
+		fullAt := new(big.Int).Add(big.NewInt(max(bk.Last, cut)), big.NewInt(bk.ResetAfter(next)))
+		at := new(big.Int).Mul(big.NewInt(b.expireAtMs), big.NewInt(1e6))
+		require.GreaterOrEqual(t, at.Cmp(fullAt), 0, "%s expires at %v, before it is full at %v", k, at, fullAt)
+	}
+}
+
+// TestPendingCutoverWritesNoExpiry: while a lengthening cutover is being
+// prepared (the pending flag set), buckets are written without expiry, so
+// none can expire before the new expiries are set.
+func TestPendingCutoverWritesNoExpiry(t *testing.T) {
+	c := client(t, redisAddr(t))
+	ctx := context.Background()
+	p := prefix(t)
+	s := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
+		Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}})[0]
+	require.NoError(t, c.Set(ctx, p+"pending", "someone", 0).Err())
+	_, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(-1), pexpireTime(t, c, p+"k:k"))
+	require.NoError(t, c.Del(ctx, p+"pending").Err())
+	_, err = s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	readBucket(t, c, p+"k:k").checkExpiry(t, "after the flag is gone")
+	require.True(t, strings.HasPrefix(c.Get(ctx, p+"k:k").Val(), "8"))
+}

@@ -1,0 +1,81 @@
+package redisstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/internal/redistest"
+	"github.com/tokenshard/tokenshard/internal/scripttime"
+)
+
+type stopRedis struct{ m *testing.M }
+
+func (s stopRedis) Run() int { defer redistest.Stop(); return s.m.Run() }
+
+// TestMain fails the package if a test leaves a goroutine behind: go-redis
+// clients are closed by each test's cleanup, and the store starts none.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(stopRedis{m}) }
+
+// client connects to the real server redistest provides (or skips loudly),
+// closed when the test ends.
+func client(t testing.TB, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// prefix is a fresh key prefix, so tests sharing one server never meet.
+func prefix(t testing.TB) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	p := "tstest:" + hex.EncodeToString(b[:]) + ":"
+	return p
+}
+
+// newStore builds a store on a fresh prefix of the shared server, its time
+// driven by clk.
+func newStore(t testing.TB, cfg redisstore.Config, clk clock.Clock) *redisstore.Store {
+	t.Helper()
+	if cfg.Client == nil {
+		cfg.Client = client(t, redisAddr(t))
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = prefix(t)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5e9 // the race detector slows everything; a failure is a test failure anyway
+	}
+	s, err := redisstore.New(scripttime.With(context.Background(), clk), cfg)
+	if err != nil {
+		t.Fatalf("redisstore.New: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = s.Close()
+		cleanPrefix(cfg.Client, cfg.Prefix)
+	})
+	return s
+}
+
+// cleanPrefix deletes what a test wrote.
+func cleanPrefix(c *redis.Client, p string) {
+	ctx := context.Background()
+	iter := c.Scan(ctx, 0, p+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		c.Del(ctx, iter.Val())
+	}
+}
+
+// redisAddr is the shared server's address (or a loud skip).
+func redisAddr(t testing.TB) string { return redistest.Addr(t) }
+
+// startPrivate starts a redis-server this test alone uses (and may
+// reconfigure or kill).
+func startPrivate(t *testing.T) *redistest.Server { return redistest.Start(t) }

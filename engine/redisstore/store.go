@@ -1,0 +1,341 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/scripttime"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// Defaults applied by New to zero Config fields, and fixed sizes.
+const (
+	// DefaultPrefix is the Redis key prefix when Config.Prefix is "".
+	DefaultPrefix = "tokenshard:"
+	// DefaultTimeout bounds a call whose context has no earlier deadline.
+	DefaultTimeout = 250 * time.Millisecond
+	// DefaultFailRetryAfter is the RetryAfter of a fail-closed denial.
+	DefaultFailRetryAfter = time.Second
+	// ChunkSize is the most requests one script call decides: AllowBatch
+	// sends a longer batch as several calls, pipelined in one round trip.
+	ChunkSize = 256
+	// HistoryVersions is how many policy versions the store retains for
+	// buckets not touched since an older one. A cutover that would retain
+	// more first brings every bucket up to the version in force.
+	HistoryVersions = 64
+)
+
+// ErrUnavailable wraps what Redis answered, or failed to, when a call that
+// is not a decision (New, ReplacePolicy, EvictFull, KeyCount) could not
+// complete. Decisions never return it: they get the fail-open or
+// fail-closed answer instead.
+var ErrUnavailable = errors.New("redisstore: redis unavailable")
+
+// Config configures New. Client and Policy are required.
+type Config struct {
+	// Client is the connection to Redis. It must be created with
+	// ContextTimeoutEnabled, so that every call ends by its deadline. The
+	// store does not close it.
+	Client *redis.Client
+	// Prefix starts every key the store writes; 0 means DefaultPrefix.
+	// Stores that share a prefix share their buckets and their policy.
+	Prefix string
+	// Policy is installed if the prefix has none yet. If it has one, set by
+	// another process or an earlier run, that one is in force and Policy is
+	// ignored: change it with ReplacePolicy.
+	Policy policy.Policy
+	// MaxKeyBytes bounds len(key) in bytes; 0 means
+	// engine.DefaultMaxKeyBytes (256).
+	MaxKeyBytes int
+	// FailOpen admits when Redis cannot answer within the call's deadline;
+	// the default, fail closed, denies.
+	FailOpen bool
+	// FailRetryAfter is the RetryAfter of a fail-closed denial; 0 means
+	// DefaultFailRetryAfter.
+	FailRetryAfter time.Duration
+	// Timeout bounds every call whose context has no earlier deadline; 0
+	// means DefaultTimeout.
+	Timeout time.Duration
+	// OnError, if set, is called with every Redis failure that was answered
+	// by the fail-open or fail-closed rule, from the calling goroutine. It
+	// must not block.
+	OnError func(error)
+}
+
+// Stats counts what a Store did since New.
+type Stats struct {
+	Decisions uint64 // requests decided by Redis
+	Failures  uint64 // requests answered by the fail-open or fail-closed rule
+	Retries   uint64 // script calls repeated for a newer policy or a bucket's history
+}
+
+// Store is an engine.Admitter whose buckets live in Redis, so that every
+// process using the same prefix shares one quota per key. It is safe for
+// concurrent use and starts no goroutines.
+type Store struct {
+	rdb         *redis.Client
+	prefix      string
+	maxKeyBytes int
+	failOpen    bool
+	failRetry   time.Duration
+	timeout     time.Duration
+	onError     func(error)
+	now         func() int64 // tests only: a clock instead of the server's TIME
+
+	kPolicy, kHistory, kBlobs, kLock, kPending, kBucket string
+
+	cur    atomic.Pointer[state] // the policy in force, as last seen
+	closed atomic.Bool
+
+	mu   sync.Mutex              // guards past
+	past map[int64]policy.Policy // decoded policies of retained versions
+
+	decisions, failures, retries atomic.Uint64
+}
+
+// state is one policy version as the store uses it.
+type state struct {
+	p   policy.Policy
+	ver string // p.Version in decimal, as the script compares it
+}
+
+var _ engine.Admitter = (*Store)(nil)
+
+// New connects a Store to the prefix's policy, installing cfg.Policy if the
+// prefix has none. Errors: engine.ErrInvalidPolicy, engine.ErrInvalidConfig
+// (no client, a client without ContextTimeoutEnabled, a negative duration or
+// bound), or ErrUnavailable when Redis cannot be reached.
+func New(ctx context.Context, cfg Config) (*Store, error) {
+	var now func() int64
+	if c := scripttime.From(ctx); c != nil {
+		now = c.Now // tokenshard's own tests only: see internal/scripttime
+	}
+	if err := cfg.Policy.Validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case cfg.Client == nil:
+		return nil, fmt.Errorf("%w: redisstore: Config.Client is nil", engine.ErrInvalidConfig)
+	case !cfg.Client.Options().ContextTimeoutEnabled:
+		return nil, fmt.Errorf("%w: redisstore: the client needs ContextTimeoutEnabled: true, or a call could outlive its deadline", engine.ErrInvalidConfig)
+	case cfg.MaxKeyBytes < 0, cfg.FailRetryAfter < 0, cfg.Timeout < 0:
+		return nil, fmt.Errorf("%w: redisstore: negative MaxKeyBytes, FailRetryAfter or Timeout", engine.ErrInvalidConfig)
+	}
+	s := &Store{
+		rdb:         cfg.Client,
+		prefix:      cfg.Prefix,
+		maxKeyBytes: cfg.MaxKeyBytes,
+		failOpen:    cfg.FailOpen,
+		failRetry:   cfg.FailRetryAfter,
+		timeout:     cfg.Timeout,
+		onError:     cfg.OnError,
+		now:         now,
+		past:        map[int64]policy.Policy{},
+	}
+	if s.prefix == "" {
+		s.prefix = DefaultPrefix
+	}
+	if s.maxKeyBytes == 0 {
+		s.maxKeyBytes = engine.DefaultMaxKeyBytes
+	}
+	if s.failRetry == 0 {
+		s.failRetry = DefaultFailRetryAfter
+	}
+	if s.timeout == 0 {
+		s.timeout = DefaultTimeout
+	}
+	s.kPolicy, s.kHistory, s.kBlobs = s.prefix+"policy", s.prefix+"history", s.prefix+"blobs"
+	s.kLock, s.kPending, s.kBucket = s.prefix+"lock", s.prefix+"pending", s.prefix+"k:"
+	s.cur.Store(&state{p: cfg.Policy, ver: strconv.FormatInt(cfg.Policy.Version, 10)})
+
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	if err := s.install(ctx, cfg.Policy); err != nil {
+		return nil, err
+	}
+	if err := s.reload(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// bound gives ctx the store's Timeout unless it already ends sooner.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.timeout {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// timeArgs are ARGV[3] and ARGV[4] of the decide script: the server's TIME
+// and expiries, or a test's clock and none.
+func (s *Store) timeArgs() (string, string) {
+	if s.now != nil {
+		return strconv.FormatInt(s.now(), 10), "0"
+	}
+	return "", "1"
+}
+
+func (s *Store) nowArg() string {
+	if s.now != nil {
+		return strconv.FormatInt(s.now(), 10)
+	}
+	return ""
+}
+
+// install stores p as the prefix's first policy unless it has one.
+func (s *Store) install(ctx context.Context, p policy.Policy) error {
+	blob, err := encodePolicy(p)
+	if err != nil {
+		return err
+	}
+	l := p.Limit()
+	err = installScript.Run(ctx, s.rdb, []string{s.kPolicy, s.kHistory, s.kBlobs},
+		p.Version, l.Capacity, l.TokensPerSecond, overridden(p), blob, s.nowArg()).Err()
+	if err != nil {
+		return fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// reload reads the policy in force from Redis; if the prefix has none (a
+// Redis that restarted empty), it installs the newest one this store knows.
+func (s *Store) reload(ctx context.Context) error {
+	for range 3 {
+		v, err := s.rdb.HGet(ctx, s.kPolicy, "v").Result()
+		if errors.Is(err, redis.Nil) {
+			if err := s.install(ctx, s.cur.Load().p); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
+		}
+		version, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%w: the stored policy version %q: %w", ErrUnavailable, v, err)
+		}
+		if version == s.cur.Load().p.Version {
+			return nil
+		}
+		p, err := s.policyAt(ctx, version)
+		if err != nil {
+			return err
+		}
+		s.adopt(p)
+		return nil
+	}
+	return fmt.Errorf("%w: the policy disappeared while it was read", ErrUnavailable)
+}
+
+// adopt makes p the policy this store sends requests under. Redis is the
+// authority: a version older than the cached one is adopted too (a Redis
+// that restarted empty and got an older policy reinstalled), and a reload
+// racing another can only cost a call one more round trip, since the script
+// refuses any version but the one in force.
+func (s *Store) adopt(p policy.Policy) {
+	s.cur.Store(&state{p: p, ver: strconv.FormatInt(p.Version, 10)})
+}
+
+// policyAt returns the retained policy of a version, decoded once.
+func (s *Store) policyAt(ctx context.Context, version int64) (policy.Policy, error) {
+	s.mu.Lock()
+	p, ok := s.past[version]
+	s.mu.Unlock()
+	if ok {
+		return p, nil
+	}
+	blob, err := s.rdb.HGet(ctx, s.kBlobs, strconv.FormatInt(version, 10)).Result()
+	if err != nil {
+		return policy.Policy{}, fmt.Errorf("%w: reading policy version %d: %w", ErrUnavailable, version, err)
+	}
+	p, err = decodePolicy(blob)
+	if err != nil {
+		return policy.Policy{}, fmt.Errorf("%w: stored policy version %d: %w", ErrUnavailable, version, err)
+	}
+	s.mu.Lock()
+	if len(s.past) >= 2*HistoryVersions {
+		clear(s.past) // versions come and go; a later miss only costs a read
+	}
+	s.past[version] = p
+	s.mu.Unlock()
+	return p, nil
+}
+
+// Policy returns the policy in force as this store last saw it: a cutover
+// made by another process shows from this store's next call on.
+func (s *Store) Policy() policy.Policy { return s.cur.Load().p }
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats {
+	return Stats{Decisions: s.decisions.Load(), Failures: s.failures.Load(), Retries: s.retries.Load()}
+}
+
+// Close makes every later call return engine.ErrClosed; calls already in
+// flight finish. It does not close the Redis client, and always returns nil.
+func (s *Store) Close() error {
+	s.closed.Store(true)
+	return nil
+}
+
+// KeyCount counts the buckets under the prefix with SCAN, so it costs a
+// pass over the keyspace and is approximate while buckets are created or
+// expire meanwhile. The store does not bound the number of keys: Redis's
+// maxmemory does, and a decision that Redis refuses for lack of memory
+// returns engine.ErrKeyCapacity.
+func (s *Store) KeyCount(ctx context.Context) (int, error) {
+	n := 0
+	err := s.scan(ctx, func(keys []string) error { n += len(keys); return nil })
+	return n, err
+}
+
+// scan calls f with every batch of bucket keys SCAN returns.
+func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
+	match := globEscape(s.kBucket) + "*"
+	var cursor uint64
+	for {
+		keys, next, err := s.rdb.Scan(ctx, cursor, match, 512).Result()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%w: scanning: %w", ErrUnavailable, err)
+		}
+		if len(keys) > 0 {
+			if err := f(keys); err != nil {
+				return err
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return nil
+		}
+	}
+}
+
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\^`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func overridden(p policy.Policy) string {
+	if p.Overrides.Len() > 0 {
+		return "1"
+	}
+	return "0"
+}
