@@ -21,11 +21,13 @@ const (
 	bodyDenied   = "httplimit: too many requests"
 )
 
-// Middleware admits HTTP requests through an engine.Engine. It is immutable
+// Middleware admits HTTP requests through an engine.Admitter: the
+// in-process engine.Engine, or a redisstore.Store for one quota shared by
+// every replica of a service. It is immutable
 // after New and safe for concurrent use; the zero value is not usable. Build
 // it with New and wrap handlers with Handler.
 type Middleware struct {
-	engine     *engine.Engine
+	engine     engine.Admitter
 	key        KeyFunc
 	cost       CostFunc
 	denied     DeniedFunc
@@ -38,8 +40,8 @@ type Middleware struct {
 // forwarded header is trusted), the cost is 1, and a denial is a 429. It
 // returns an error wrapping ErrInvalidOption for a nil engine, a nil or
 // invalid option, or WithKey together with WithTrustedProxies.
-func New(e *engine.Engine, opts ...Option) (*Middleware, error) {
-	if e == nil {
+func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
+	if en, ok := e.(*engine.Engine); e == nil || (ok && en == nil) {
 		return nil, fmt.Errorf("%w: nil engine", ErrInvalidOption)
 	}
 	c := config{policyName: DefaultPolicyName, overload: DefaultOverloadRetryAfter}
