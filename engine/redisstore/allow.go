@@ -174,6 +174,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		}
 		_, _ = pipe.Exec(ctx) // each command keeps its own error
 		reload, noScript := false, false
+		var failed error // the first chunk Redis failed; the others still count
 		for c, cmd := range cmds {
 			chunk := chunks[c]
 			reply, err := cmd.Slice()
@@ -182,18 +183,16 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				noScript = true
 				todo = append(todo, chunk...)
 				continue
-			case err != nil && redis.HasErrorPrefix(err, "OOM"):
+			case err != nil && redis.HasErrorPrefix(err, "OOM") && mode == "a":
 				for _, it := range chunk {
-					if it.out != nil {
-						*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
-					}
+					*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
 				}
 				continue
 			case err != nil:
-				if ctx.Err() != nil {
-					return deleted, ctx.Err()
+				if failed == nil {
+					failed = fmt.Errorf("%w: %w", ErrUnavailable, err)
 				}
-				return deleted, fmt.Errorf("%w: %w", ErrUnavailable, err)
+				continue
 			}
 			r, err := parseReply(reply)
 			if err != nil {
@@ -224,6 +223,12 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			default:
 				return deleted, fmt.Errorf("%w: unexpected script status %q", ErrUnavailable, r.status)
 			}
+		}
+		if failed != nil {
+			if ctx.Err() != nil {
+				return deleted, ctx.Err()
+			}
+			return deleted, failed
 		}
 		if noScript {
 			if err := decideScript.Load(ctx, s.rdb).Err(); err != nil {

@@ -304,7 +304,9 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 	match := globEscape(s.kBucket) + "*"
 	var cursor uint64
 	for {
-		keys, next, err := s.rdb.Scan(ctx, cursor, match, 512).Result()
+		bctx, cancel := s.bound(ctx)
+		keys, next, err := s.rdb.Scan(bctx, cursor, match, 512).Result()
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
