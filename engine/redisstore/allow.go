@@ -212,11 +212,17 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				reload = true
 				todo = append(todo, rest...)
 			case "chain":
-				chain, err := s.chainFor(ctx, rest[0].key, r.behind, st)
-				if err != nil {
-					return deleted, err
+				// Give every bucket left in the chunk its limits under every
+				// retained version with overrides (the script uses those after
+				// each bucket's own version): one more round trip, however many
+				// buckets are behind.
+				for _, it := range rest {
+					chain, err := s.chainFor(ctx, it.key, st)
+					if err != nil {
+						return deleted, err
+					}
+					it.chain = chain
 				}
-				rest[0].chain = chain
 				todo = append(todo, rest...)
 			case "lost":
 				return deleted, fmt.Errorf("%w: the bucket of %q was last written under policy version %s, which Redis no longer retains", ErrUnavailable, rest[0].key, r.behind)
@@ -272,32 +278,19 @@ func (s *Store) decided(it *item, st *state, code, units string) {
 	*it.out = engine.Result{Decision: d}
 }
 
-// chainFor lists key's own limits under the retained versions after behind
-// that carry overrides, but the one in force (the script has that one).
-func (s *Store) chainFor(ctx context.Context, key, behind string, st *state) (string, error) {
-	entries, err := s.rdb.LRange(ctx, s.kHistory, 0, -1).Result()
+// chainFor lists key's own limits under the retained versions that carry
+// overrides, but the one in force (the script has that one).
+func (s *Store) chainFor(ctx context.Context, key string, st *state) (string, error) {
+	entries, err := s.history(ctx)
 	if err != nil {
-		return "", fmt.Errorf("%w: reading the policy history: %w", ErrUnavailable, err)
+		return "", err
 	}
 	var b strings.Builder
-	after := false
 	for _, e := range entries {
-		f := strings.Fields(e)
-		if len(f) != 5 {
-			return "", fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
-		}
-		if !after {
-			after = f[0] == behind
+		if !e.overridden || e.version == st.p.Version {
 			continue
 		}
-		if f[4] != "1" || f[0] == st.ver {
-			continue
-		}
-		v, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return "", fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
-		}
-		p, err := s.policyAt(ctx, v)
+		p, err := s.policyAt(ctx, e.version)
 		if err != nil {
 			return "", err
 		}
@@ -305,9 +298,36 @@ func (s *Store) chainFor(ctx context.Context, key, behind string, st *state) (st
 		if b.Len() > 0 {
 			b.WriteByte(';')
 		}
-		fmt.Fprintf(&b, "%d %d %d", v, lim.Capacity, lim.TokensPerSecond)
+		fmt.Fprintf(&b, "%d %d %d", e.version, lim.Capacity, lim.TokensPerSecond)
 	}
 	return b.String(), nil
+}
+
+// historyEntry is one retained version, as the history list holds it.
+type historyEntry struct {
+	version    int64
+	overridden bool
+}
+
+// history reads the retained versions, oldest first.
+func (s *Store) history(ctx context.Context) ([]historyEntry, error) {
+	raw, err := s.rdb.LRange(ctx, s.kHistory, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading the policy history: %w", ErrUnavailable, err)
+	}
+	out := make([]historyEntry, len(raw))
+	for i, e := range raw {
+		f := strings.Fields(e)
+		if len(f) != 5 {
+			return nil, fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
+		}
+		v, perr := strconv.ParseInt(f[0], 10, 64)
+		if perr != nil {
+			return nil, fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
+		}
+		out[i] = historyEntry{version: v, overridden: f[4] == "1"}
+	}
+	return out, nil
 }
 
 // reply is a decide script's answer.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	mrand "math/rand"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -39,7 +40,11 @@ type arithCase struct {
 func TestScriptArithmeticMatchesPolicy(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
 	var cases []arithCase
-	extremes := []int64{1, 2, 3, 7, 999_999_999, 1_000_000_000, 1_000_000_001, 1 << 31, 1 << 53, 1<<53 + 1, math.MaxInt64 / 1_000_000_000, math.MaxInt64 - 1, math.MaxInt64}
+	// the script's fast path takes capacities up to 4,503,599 (units below
+	// 2^52) and elapsed times up to 9e6 s: both edges are here
+	extremes := []int64{1, 2, 3, 7, 999_999_999, 1_000_000_000, 1_000_000_001, 1 << 31,
+		4_503_598, 4_503_599, 4_503_600, 1<<52 - 1, 1 << 52, 1<<52 + 1, 8_999_999_999_999_999, 9_000_000_000_000_000, 9_000_000_999_999_999, 9_000_001_000_000_000,
+		1 << 53, 1<<53 + 1, math.MaxInt64 / 1_000_000_000, math.MaxInt64 - 1, math.MaxInt64}
 	pick := func() int64 {
 		switch r.IntN(3) {
 		case 0:
@@ -83,10 +88,30 @@ func TestScriptArithmeticMatchesPolicy(t *testing.T) {
 		}
 		cases = append(cases, c)
 	}
+	// Refills that land just short of, on and just past full, where a double
+	// that rounded would show.
+	for range 300 {
+		c := arithCase{capacity: 1 + r.Int64N(4_503_599), rate: pick()}
+		if r.IntN(2) == 0 {
+			c.capacity = extremes[r.IntN(11)]
+		}
+		full := new(big.Int).Mul(big.NewInt(c.capacity), big.NewInt(policy.UnitsPerToken))
+		c.units = new(big.Int).Rand(randBig(r), full)
+		deficit := new(big.Int).Sub(full, c.units)
+		toFull := new(big.Int).Div(deficit, big.NewInt(c.rate)) // ns to one unit short, or full
+		elapsed := toFull.Int64() + r.Int64N(3) - 1
+		c.last = r.Int64N(math.MaxInt64 / 2)
+		c.now = c.last + max(0, elapsed)
+		c.cost = 1 + r.Int64N(c.capacity)
+		cases = append(cases, c)
+	}
 	for i, c := range cases {
 		t.Run(fmt.Sprint(i), func(t *testing.T) { checkArith(t, c) })
 	}
 }
+
+// randBig adapts math/rand/v2 to big.Int.Rand.
+func randBig(r *rand.Rand) *mrand.Rand { return mrand.New(mrand.NewSource(r.Int64())) }
 
 func checkArith(t *testing.T, c arithCase) {
 	clk := &setClock{}

@@ -107,8 +107,17 @@ local function mul(a, b)
   return norm(r)
 end
 
-local ZERO = { 0 }
 local E9 = '000000000'
+local P52 = 4503599627370496 -- 2^52
+local FASTCAP = 4503599     -- the largest capacity whose units are below 2^52
+
+-- split reads an instant in ns as whole seconds and the ns within the
+-- second, each exact as a double.
+local function split(s)
+  local n = #s
+  if n <= 9 then return 0, tonumber(s) end
+  return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
+end
 
 -- refill brings units u, last updated at t, up to instant now under capacity
 -- cap (tokens, string) and rate (tokens per second, string); a now at or
@@ -147,6 +156,7 @@ end
 local now = big(nowS)
 local pending = expiry and redis.call('EXISTS', KEYS[3]) == 1
 
+local nowSec, nowNs = split(nowS)
 local history -- loaded on first need
 local out = {}
 local deleted = 0
@@ -154,64 +164,100 @@ local n = #KEYS - 3
 for i = 1, n do
   local key, a = KEYS[3 + i], 4 + 4 * (i - 1)
   local cost, cap, rate, chain = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-  local full = big(cap .. E9)
-  if mode == 'a' and cmp(big(cost), big(cap)) > 0 then
+  if mode == 'a' and (#cost > #cap or (#cost == #cap and cost > cap)) then
     out[#out + 1] = 'c'
     out[#out + 1] = ''
   else
-    local u, t
     local raw = redis.call('GET', key)
-    if raw then
-      local us, ts, v, c, r = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
-      u, t = big(us), big(ts)
-      if v ~= version then
-        history = history or redis.call('LRANGE', KEYS[2], 0, -1)
-        local at
-        for h = 1, #history do
-          if string.match(history[h], '^(%d+) ') == v then at = h break end
-        end
-        if not at then
-          return { 'lost', version, nowS, tostring(i - 1), tostring(deleted), v, unpack(out) }
-        end
-        local own = splitChain(chain)
-        for h = at + 1, #history do
-          local w, cut, wc, wr, ov = string.match(history[h], '^(%d+) (%d+) (%d+) (%d+) (%d)$')
-          if w == version then
-            wc, wr = cap, rate
-          elseif ov == '1' then
-            if not own[w] then
-              return { 'chain', version, nowS, tostring(i - 1), tostring(deleted), v, unpack(out) }
-            end
-            wc, wr = own[w][1], own[w][2]
-          end
-          -- DESIGN 3.8: refill under the old limit up to the cutover, then
-          -- clamp to the new capacity.
-          u, t = refill(u, t, big(cut), c, r)
-          local wfull = big(wc .. E9)
-          if cmp(u, wfull) > 0 then u = wfull end
-          c, r = wc, wr
+    local us, ts, v, c, r
+    if raw then us, ts, v, c, r = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%d+)$') end
+    -- the bucket after the decision: units and last update as strings, the
+    -- decision's code, and the units it lacks to be full (as a double: exact
+    -- on the fast path, and zero exactly when it is full)
+    local uS, tS, code, deficit
+    local capN = #cap <= 7 and tonumber(cap)
+    if capN and capN <= FASTCAP and (not raw or (v == version and c == cap and r == rate)) then
+      -- Fast path: a capacity below 2^52 units and no cutover to replay, so
+      -- every value below is an integer under 2^53, exact as a double.
+      local full = capN * 1e9
+      local u = full -- a new key starts full
+      tS = nowS
+      if raw then
+        u = tonumber(us)
+        local tSec, tNs = split(ts)
+        local ds = nowSec - tSec
+        if ds > 9000000 then
+          u = full -- over 9e15 ns at one unit per ns at least: full
+        elseif ds > 0 or (ds == 0 and nowNs > tNs) then
+          local add = (ds * 1e9 + nowNs - tNs) * tonumber(rate)
+          -- a product at or above 2^52 is over the capacity; below, exact
+          if add >= P52 then u = full else u = math.min(full, u + add) end
+        else
+          tS = ts -- no time, or a clock that stepped back
         end
       end
-      u, t = refill(u, t, now, cap, rate)
+      if mode == 'a' then
+        local cu = tonumber(cost) * 1e9
+        if u >= cu then u, code = u - cu, '1' else code = '0' end
+      end
+      uS, deficit = string.format('%.0f', u), full - u
     else
-      u, t = full, now -- a new key starts full
+      -- General path: limbs, and the cutovers the bucket missed.
+      local full = big(cap .. E9)
+      local u, t
+      if raw then
+        u, t = big(us), big(ts)
+        if v ~= version then
+          history = history or redis.call('LRANGE', KEYS[2], 0, -1)
+          local at
+          for h = 1, #history do
+            if string.match(history[h], '^(%d+) ') == v then at = h break end
+          end
+          if not at then
+            return { 'lost', version, nowS, tostring(i - 1), tostring(deleted), v, unpack(out) }
+          end
+          local own = splitChain(chain)
+          for h = at + 1, #history do
+            local w, cut, wc, wr, ov = string.match(history[h], '^(%d+) (%d+) (%d+) (%d+) (%d)$')
+            if w == version then
+              wc, wr = cap, rate
+            elseif ov == '1' then
+              if not own[w] then
+                return { 'chain', version, nowS, tostring(i - 1), tostring(deleted), v, unpack(out) }
+              end
+              wc, wr = own[w][1], own[w][2]
+            end
+            -- DESIGN 3.8: refill under the old limit up to the cutover, then
+            -- clamp to the new capacity.
+            u, t = refill(u, t, big(cut), c, r)
+            local wfull = big(wc .. E9)
+            if cmp(u, wfull) > 0 then u = wfull end
+            c, r = wc, wr
+          end
+        end
+        u, t = refill(u, t, now, cap, rate)
+      else
+        u, t = full, now -- a new key starts full
+      end
+      if mode == 'a' then
+        local cu = big(cost .. E9)
+        if cmp(u, cu) >= 0 then u, code = sub(u, cu), '1' else code = '0' end
+      end
+      uS, tS = str(u), str(t)
+      local d = sub(full, u)
+      deficit = 0
+      for k = #d, 1, -1 do deficit = deficit * B + d[k] end
     end
 
     local keep = true
     if mode == 'a' then
-      local c = big(cost .. E9)
-      if cmp(u, c) >= 0 then
-        u = sub(u, c)
-        out[#out + 1] = '1'
-      else
-        out[#out + 1] = '0'
-      end
-      out[#out + 1] = str(u)
+      out[#out + 1] = code
+      out[#out + 1] = uS
       -- a bucket can only be full here if it was never written: nothing to keep
-      keep = raw ~= nil or cmp(u, full) < 0
+      keep = raw ~= nil or deficit > 0
     elseif not raw then
       keep = false -- brought up to date, a bucket never written is full
-    elseif mode == 'e' and cmp(u, full) >= 0 then
+    elseif mode == 'e' and deficit == 0 then
       keep = false
       deleted = deleted + 1
     end
@@ -219,17 +265,14 @@ for i = 1, n do
     if not keep then
       if raw then redis.call('DEL', key) end
     else
-      local val = str(u) .. ' ' .. str(t) .. ' ' .. version .. ' ' .. cap .. ' ' .. rate
-      local deficit = sub(full, u)
+      local val = uS .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate
       if not expiry or pending then
         -- no expiry: tests, or a cutover in preparation
         redis.call('SET', key, val)
-      elseif cmp(deficit, ZERO) == 0 then
+      elseif deficit == 0 then
         redis.call('SET', key, val, 'PXAT', string.format('%.0f', nowMs + 1))
       else
-        local d = 0
-        for k = #deficit, 1, -1 do d = d * B + deficit[k] end
-        local ms = d / tonumber(rate) / 1e6 -- time-to-full in ms, approximately
+        local ms = deficit / tonumber(rate) / 1e6 -- time-to-full in ms, approximately
         if ms > 1e15 then
           redis.call('SET', key, val) -- over 30,000 years: never expires
         else
