@@ -17,8 +17,9 @@ import (
 )
 
 // The differential check replays random single-goroutine traces on a fresh
-// engine and on the sequential model (stress/model), compares every answer,
-// error, KeyCount and Policy after each operation, and on the first mismatch
+// engine (or, with -redis, a fresh Redis store: differential_redis.go) and
+// on the sequential model (stress/model), compares every answer, error,
+// KeyCount and Policy after each operation, and on the first mismatch
 // shrinks the trace to a short reproduction, printed as Go (policies with
 // overrides included, see diffPolicy). Times are absolute instants, so
 // deleting operations while shrinking never moves the others.
@@ -80,6 +81,7 @@ type diffConfig struct {
 	maxKeyBytes int // 0 = engine default
 	start       int64
 	regress     bool // the clock may step back: a diffClock, and always one shard
+	store       bool // replayed on the Redis store: maxKeys 0, regress false, one shard
 }
 
 type diffTrace struct {
@@ -100,7 +102,20 @@ type diffTarget interface {
 	keyCount() int
 	policy() policy.Policy
 	close() error
+	// failed returns the first failure so far that no answer shows (a
+	// Redis store's fail-closed denial, or a pass it failed after a
+	// cutover), or nil. A *diffUnreachable is the harness's failure, not
+	// the target's: it could not be reached or could not serve, so the
+	// answers given meanwhile prove nothing. Any other is a wrong answer.
+	failed() error
 }
+
+// diffUnreachable is a target that could not be reached or could not serve
+// (Redis down, slow, loading, out of memory): the harness's trouble.
+type diffUnreachable struct{ err error }
+
+func (e *diffUnreachable) Error() string { return "unreachable: " + e.err.Error() }
+func (e *diffUnreachable) Unwrap() error { return e.err }
 
 // diffMaker builds the target under test for a configuration; c may be nil.
 type diffMaker func(cfg diffConfig, c *counters) (diffTarget, error)
@@ -143,14 +158,19 @@ func (d *diffEngine) setTime(t int64) int64 {
 		d.back.now.Store(t)
 		return t
 	}
-	cur := d.manual.Now()
+	return diffAdvance(d.manual, t)
+}
+
+// diffAdvance moves m forward to t (never back) and returns its reading.
+func diffAdvance(m *clock.Manual, t int64) int64 {
+	cur := m.Now()
 	switch {
 	case t == math.MaxInt64 && cur > 0:
-		d.manual.Advance(math.MaxInt64) // through Manual's saturation, on purpose
+		m.Advance(math.MaxInt64) // through Manual's saturation, on purpose
 	case t > cur:
-		d.manual.Advance(time.Duration(t - cur))
+		m.Advance(time.Duration(t - cur))
 	}
-	return d.manual.Now()
+	return m.Now()
 }
 
 func (d *diffEngine) allow(key string, cost int64) (engine.Decision, error) {
@@ -172,12 +192,18 @@ func (d *diffEngine) allowBatch(reqs []engine.Request, out []engine.Result) erro
 // record counts one answer, and whether it was decided under an override
 // (one goroutine replays a trace: the policy read now is the one that decided).
 func (d *diffEngine) record(key string, dec engine.Decision, err error) {
-	if d.c == nil {
+	diffRecord(d.c, d.e.Policy, key, dec, err)
+}
+
+// diffRecord counts one answer into c (if not nil), and whether it was
+// decided under an override of the policy pol returns.
+func diffRecord(c *counters, pol func() policy.Policy, key string, dec engine.Decision, err error) {
+	if c == nil {
 		return
 	}
-	d.c.record(dec, err)
-	if p := d.e.Policy(); err == nil && p.Overrides != nil && model.LimitOf(p, key) != p.Limit() {
-		d.c.overridden.Add(1)
+	c.record(dec, err)
+	if p := pol(); err == nil && p.Overrides != nil && model.LimitOf(p, key) != p.Limit() {
+		c.overridden.Add(1)
 	}
 }
 
@@ -188,6 +214,7 @@ func (d *diffEngine) replacePolicy(next policy.Policy, expected int64) error {
 func (d *diffEngine) keyCount() int         { return d.e.KeyCount() }
 func (d *diffEngine) policy() policy.Policy { return d.e.Policy() }
 func (d *diffEngine) close() error          { return d.e.Close() }
+func (d *diffEngine) failed() error         { return nil }
 
 // diffModel is the specification behind diffTarget.
 type diffModel struct {
@@ -213,6 +240,7 @@ func (d *diffModel) replacePolicy(next policy.Policy, expected int64) error {
 func (d *diffModel) keyCount() int         { return d.m.KeyCount() }
 func (d *diffModel) policy() policy.Policy { return d.m.Policy() }
 func (d *diffModel) close() error          { return nil }
+func (d *diffModel) failed() error         { return nil }
 
 // diffSentinels name the errors an answer may carry; errors are compared by
 // which of these they match (wrapped or not), never by their text.
@@ -357,6 +385,10 @@ func (op diffOp) String() string {
 }
 
 func (cfg diffConfig) String() string {
+	if cfg.store {
+		return fmt.Sprintf("redisstore.New(scripttime.With(ctx, clock.NewManual(%d)), redisstore.Config{Client: c, Prefix: fresh, Policy: %s, MaxKeyBytes: %d})",
+			cfg.start, diffPolicy(cfg.policy), cfg.maxKeyBytes)
+	}
 	clk := fmt.Sprintf("clock.NewManual(%d)", cfg.start)
 	if cfg.regress {
 		clk = "a Clock that may step back, set to each t below"
@@ -431,7 +463,7 @@ type diffOutcome struct {
 
 // diffReplay runs tr on a fresh model and a fresh target from mk, comparing
 // after every op and stopping at the first mismatch. The error is the
-// harness's own (the target could not be built or closed).
+// harness's own (the target could not be built, answer or be closed).
 func diffReplay(tr diffTrace, mk diffMaker, c *counters, render bool) (out diffOutcome, err error) {
 	tg, err := mk(tr.cfg, c)
 	if err != nil {
@@ -457,6 +489,11 @@ func diffReplay(tr diffTrace, mk diffMaker, c *counters, render bool) (out diffO
 			break
 		}
 		want, got := diffApply(ref, op), diffApply(tg, op)
+		if err := tg.failed(); errors.As(err, new(*diffUnreachable)) {
+			return diffOutcome{lines: out.lines}, fmt.Errorf("differential: seed %d, op %d (t=%d %s): %w", tr.seed, i, op.t, op, err)
+		} else if err != nil {
+			got.result += ", but failed: " + err.Error()
+		}
 		if f := diffCompare(i, op, want, got); f != nil {
 			out.fail = f
 			if render {
@@ -503,6 +540,12 @@ func diffItem(items []string, j int) string {
 
 // diffCheck replays tr and, on a mismatch, shrinks it and explains it.
 func diffCheck(tr diffTrace, mk diffMaker, c *counters) error {
+	return diffCheckAs(tr, mk, c, "")
+}
+
+// diffCheckAs is diffCheck for a target the command selects with flags
+// (such as "-redis 127.0.0.1:6379"), which the reproduction line repeats.
+func diffCheckAs(tr diffTrace, mk diffMaker, c *counters, flags string) error {
 	out, err := diffReplay(tr, mk, c, false)
 	switch {
 	case err != nil:
@@ -530,7 +573,11 @@ func diffCheck(tr diffTrace, mk diffMaker, c *counters) error {
 	}
 	f := rep.fail
 	var b strings.Builder
-	fmt.Fprintf(&b, "reproduce: go run ./stress -check differential -seed %d (its first trace; same -shards)\n", tr.seed)
+	if flags == "" {
+		fmt.Fprintf(&b, "reproduce: go run ./stress -check differential -seed %d (its first trace; same -shards)\n", tr.seed)
+	} else {
+		fmt.Fprintf(&b, "reproduce: go run ./stress -check differential %s -seed %d (its first trace)\n", flags, tr.seed)
+	}
 	fmt.Fprintf(&b, "shrunk from %d ops (failing at op %d) to %d in %d replays%s:\n", len(tr.ops), out.fail.index, len(small.ops), replays, note)
 	fmt.Fprintf(&b, "  %s%s\n", small.cfg, small.overridesNote())
 	for _, l := range rep.lines {
@@ -548,11 +595,15 @@ func diffCheck(tr diffTrace, mk diffMaker, c *counters) error {
 }
 
 // runDifferential replays traces seeded o.seed, o.seed+1, ... on fresh
-// engines until ctx ends or one disagrees with the model. ctx is checked
-// between traces (each takes milliseconds); a failing trace is shrunk even
-// if ctx ends meanwhile, within diffShrinkTime, because a violation without
-// its reproduction is worth much less.
+// engines (or, with -redis, fresh Redis stores: runDifferentialRedis) until
+// ctx ends or one disagrees with the model. ctx is checked between traces
+// (each takes milliseconds); a failing trace is shrunk even if ctx ends
+// meanwhile, within diffShrinkTime, because a violation without its
+// reproduction is worth much less.
 func runDifferential(ctx context.Context, o options, c *counters) error {
+	if o.redis != "" {
+		return runDifferentialRedis(ctx, o, c)
+	}
 	shards := []int{1, 2, 16}
 	if o.shards > 0 && !slices.Contains(shards, o.shards) {
 		shards = append(shards, o.shards)

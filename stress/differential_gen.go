@@ -35,6 +35,22 @@ var (
 // diffGenerate returns the trace of seed: a configuration drawn from
 // shardCounts and the edge values, and about nops operations.
 func diffGenerate(seed uint64, shardCounts []int, nops int) diffTrace {
+	return diffGenerateFor(seed, shardCounts, nops, false)
+}
+
+// diffGenerateStore returns the Redis store's trace of seed: drawn as
+// diffGenerate draws, with everything the store shares with the engine
+// (overrides, edge capacities, rates, costs and instants, batches, cutover
+// chains past the store's history, blank and over-long keys), but in the
+// configuration whose meaning the store shares: no key bound (MaxKeys 0,
+// whose default the model never reaches in a trace), a clock that never
+// steps back, and one shard. The operations are drawn against the model in
+// that configuration, so none depends on what was dropped.
+func diffGenerateStore(seed uint64, nops int) diffTrace {
+	return diffGenerateFor(seed, []int{1, 2, 16}, nops, true)
+}
+
+func diffGenerateFor(seed uint64, shardCounts []int, nops int, store bool) diffTrace {
 	r := rand.New(rand.NewPCG(seed, 0x646966666572656e))
 	g := &diffGen{r: r}
 	cfg := &g.cfg
@@ -49,6 +65,11 @@ func diffGenerate(seed uint64, shardCounts []int, nops int) diffTrace {
 		cfg.maxKeys = 3 + r.IntN(6)
 	case 3:
 		cfg.maxKeys = 100
+	}
+	if store {
+		// Drawn above all the same, so the rest of the configuration is
+		// drawn as diffGenerate draws it for the same seed.
+		cfg.store, cfg.regress, cfg.maxKeys, cfg.shards = true, false, 0, 1
 	}
 	switch r.IntN(4) {
 	case 2:

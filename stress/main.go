@@ -14,7 +14,10 @@
 //     real time;
 //   - differential: random single-goroutine traces replayed on the engine and
 //     on the model, every answer and error compared; a failure prints a
-//     minimal reproduction;
+//     minimal reproduction. With -redis host:port the traces are replayed on
+//     the Redis store (engine/redisstore) at that server instead of the
+//     engine, in the configurations the two share (no key bound, a clock
+//     that never steps back);
 //   - conservation: many goroutines of Allow and AllowBatch over a skewed key
 //     set under the real monotonic clock, while a coordinator cuts over
 //     policies (stale attempts included) and sweeps; no key is ever admitted
@@ -49,6 +52,7 @@ type options struct {
 	sweepEvery   time.Duration
 	seed         uint64
 	checks       []string
+	redis        string // host:port: the differential check replays on a Redis store there
 }
 
 // check is one independent invariant check. run works until ctx ends (or its
@@ -94,6 +98,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.sweepEvery, "sweep-every", 100*time.Millisecond, "period of EvictFull calls")
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed (0 = from the time; printed either way)")
 	fs.StringVar(&names, "check", "all", "comma-separated checks: "+checkNames()+", or all")
+	fs.StringVar(&o.redis, "redis", "", "Redis `host:port`: the differential check replays its traces on a Redis store there\n"+
+		"instead of the engine (fresh key prefixes, deleted after each trace); other checks still use engines")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -122,6 +128,11 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 			return o, err
 		}
 		o.checks = append(o.checks, n)
+	}
+	if o.redis != "" && !slices.Contains(o.checks, "differential") {
+		err := fmt.Errorf("stress: -redis applies only to the differential check; add -check differential")
+		fmt.Fprintln(stderr, err)
+		return o, err
 	}
 	return o, nil
 }

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/internal/redistest"
+)
+
+// diffRedisSeeds is how many fixed seeds TestDifferentialRedis replays.
+const diffRedisSeeds = 30
+
+// diffRedisClient connects to the test binary's Redis (or skips loudly),
+// closed when the test ends.
+func diffRedisClient(t *testing.T) (*redis.Client, string) {
+	t.Helper()
+	addr := redistest.Addr(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb, addr
+}
+
+// TestDiffGenerateStore: the store's traces keep to the configuration the
+// store shares with the engine, and keep the generator's variety.
+func TestDiffGenerateStore(t *testing.T) {
+	for seed := uint64(1); seed <= 300; seed++ {
+		tr := diffGenerateStore(seed, diffOpsPerTrace)
+		require.True(t, tr.cfg.store)
+		require.Zero(t, tr.cfg.maxKeys, "seed %d", seed)
+		require.False(t, tr.cfg.regress, "seed %d", seed)
+		require.Equal(t, 1, tr.cfg.shards, "seed %d", seed)
+		require.True(t, tr.monotonic(), "seed %d: the clock steps back", seed)
+		eng := diffGenerate(seed, []int{1, 2, 16}, diffOpsPerTrace)
+		assert.Equal(t, eng.cfg.policy.Version, tr.cfg.policy.Version, "seed %d: the configuration is drawn as the engine's", seed)
+		assert.Equal(t, eng.cfg.maxKeyBytes, tr.cfg.maxKeyBytes, "seed %d", seed)
+		assert.Equal(t, eng.cfg.start, tr.cfg.start, "seed %d", seed)
+	}
+	assert.False(t, diffGenerate(1, []int{1}, diffOpsPerTrace).cfg.store, "the engine's traces are not the store's")
+	assert.Contains(t, diffGenerateStore(1, 10).cfg.String(), "redisstore.New(")
+}
+
+// TestDifferentialRedis replays fixed seeds on the Redis store and the
+// model, fails with the shrunk reproduction on the first mismatch, and
+// checks that the traces reach what they are meant to.
+func TestDifferentialRedis(t *testing.T) {
+	rdb, addr := diffRedisClient(t)
+	mk := diffRedisMaker(rdb)
+	want := []string{"ErrInvalidKey", "ErrInvalidCost", "ErrStalePolicy", "ErrInvalidConfig", "ErrInvalidPolicy",
+		"Allowed:false", "Allowed:true", "t=9223372036854775807 ", "AllowBatch(", "EvictFull() -> 0,", "Overrides: mustOverrides("}
+	seen := map[string]int{}
+	c := &counters{}
+	longest, evicted := 0, 0
+	start := time.Now()
+	for seed := uint64(1); seed <= diffRedisSeeds; seed++ {
+		tr := diffGenerateStore(seed, diffOpsPerTrace)
+		out, err := diffReplay(tr, mk, c, true)
+		require.NoError(t, err)
+		if out.fail != nil {
+			t.Fatal(diffCheckAs(tr, mk, nil, "-redis "+addr))
+		}
+		require.True(t, out.valid, "seed %d", seed)
+		cutovers := 0
+		for _, l := range out.lines {
+			for _, w := range want {
+				if strings.Contains(l, w) {
+					seen[w]++
+				}
+			}
+			if strings.Contains(l, "ReplacePolicy(") && strings.Contains(l, ") -> nil;") {
+				cutovers++
+			}
+			if strings.Contains(l, "EvictFull() -> ") && !strings.Contains(l, "EvictFull() -> 0,") {
+				evicted++
+			}
+		}
+		longest = max(longest, cutovers)
+		c.traces.Add(1)
+	}
+	took := time.Since(start)
+	for _, w := range want {
+		assert.Positive(t, seen[w], "no trace produced %s", w)
+	}
+	assert.Positive(t, evicted, "no EvictFull removed a key")
+	assert.Greater(t, longest, redisstore.HistoryVersions, "no trace cut over more often than the store keeps history")
+	assert.Positive(t, c.overridden.Load(), "no decision under an override")
+	t.Logf("%d traces in %v (%.0f/s), decisions %d, longest cutover chain %d, seen %v",
+		c.traces.Load(), took.Round(time.Millisecond), float64(c.traces.Load())/took.Seconds(), c.decisions.Load(), longest, seen)
+}
+
+// TestDiffRedisCleans: a target's keys are gone once it closes.
+func TestDiffRedisCleans(t *testing.T) {
+	rdb, _ := diffRedisClient(t)
+	tr := diffGenerateStore(3, diffOpsPerTrace)
+	tg, err := diffRedisMaker(rdb)(tr.cfg, nil)
+	require.NoError(t, err)
+	for _, op := range tr.ops[:20] {
+		tg.setTime(op.t)
+		diffApply(tg, op.resolve(tg.policy().Version))
+	}
+	prefix := tg.(*diffRedis).prefix
+	ctx := context.Background()
+	keys, _, err := rdb.Scan(ctx, 0, prefix+"*", 1000).Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, keys, "the trace wrote nothing")
+	require.NoError(t, tg.close())
+	var left []string
+	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		left = append(left, iter.Val())
+	}
+	require.NoError(t, iter.Err())
+	assert.Empty(t, left)
+}
+
+// TestDiffRedisRejectsEngineTraces: an engine trace (a key bound, a clock
+// that steps back) is refused, not replayed with another meaning.
+func TestDiffRedisRejectsEngineTraces(t *testing.T) {
+	_, err := diffNewRedis(nil, diffConfig{maxKeys: 3, shards: 1}, nil)
+	require.Error(t, err)
+	_, err = diffNewRedis(nil, diffConfig{store: true, regress: true, shards: 1}, nil)
+	require.Error(t, err)
+}
+
+// TestDiffRedisDown: a failure to reach Redis is the harness's; the store
+// giving up with Redis answering is a wrong answer.
+func TestDiffRedisDown(t *testing.T) {
+	assert.True(t, diffRedisDown(fmt.Errorf("%w: %w", redisstore.ErrUnavailable, context.DeadlineExceeded)))
+	assert.True(t, diffRedisDown(redis.ErrClosed))
+	assert.False(t, diffRedisDown(fmt.Errorf("%w: gave up after 8 attempts", redisstore.ErrUnavailable)))
+	assert.False(t, diffRedisDown(errors.New("ERR user_script:1: Script attempted to access nonexistent global variable")))
+
+	// A store whose Redis is gone: the replay stops with a harness error.
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1,
+		DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
+	defer rdb.Close()
+	_, err := diffReplay(diffGenerateStore(1, 5), diffRedisMaker(rdb), nil, false)
+	require.Error(t, err)
+}
+
+// TestDiffShrinkRedis plants a fault behind the Redis store and checks that
+// the shrinker reduces a failing trace to a short reproduction that names
+// -redis, fails with the fault and passes without it.
+func TestDiffShrinkRedis(t *testing.T) {
+	rdb, addr := diffRedisClient(t)
+	honest := diffRedisMaker(rdb)
+	mk := func(cfg diffConfig, c *counters) (diffTarget, error) {
+		tg, err := honest(cfg, c)
+		if err != nil {
+			return nil, err
+		}
+		return &diffFault{diffTarget: tg, retry: true}, nil
+	}
+	var tr diffTrace
+	for seed := uint64(1); ; seed++ {
+		require.Less(t, seed, uint64(100), "no trace tripped the planted fault")
+		tr = diffGenerateStore(seed, diffOpsPerTrace)
+		out, err := diffReplay(tr, mk, nil, false)
+		require.NoError(t, err)
+		if out.fail != nil {
+			break
+		}
+	}
+	small, replays := diffShrink(tr, mk)
+	t.Logf("seed %d: %d ops shrunk to %d in %d replays", tr.seed, len(tr.ops), len(small.ops), replays)
+	assert.LessOrEqual(t, len(small.ops), 3)
+	out, err := diffReplay(small, mk, nil, false)
+	require.NoError(t, err)
+	require.NotNil(t, out.fail, "the shrunk trace no longer fails")
+	assert.Equal(t, len(small.ops)-1, out.fail.index, "the failure is the last op")
+	clean, err := diffReplay(small, honest, nil, false)
+	require.NoError(t, err)
+	assert.Nil(t, clean.fail, "the shrunk trace fails without the fault")
+
+	err = diffCheckAs(tr, mk, nil, "-redis "+addr)
+	var v *Violation
+	require.ErrorAs(t, err, &v)
+	t.Log(v.Error())
+	assert.Equal(t, tr.seed, v.Seed)
+	assert.Contains(t, v.Detail, "reproduce: go run ./stress -check differential -redis "+addr+" -seed ")
+	assert.Contains(t, v.Detail, "redisstore.New(")
+}
+
+// TestDiffRedisCommand runs the check on the Redis store from the command
+// line for a second, and checks the flag's validation.
+func TestDiffRedisCommand(t *testing.T) {
+	_, addr := diffRedisClient(t)
+	var buf bytes.Buffer
+	// Seeds from 1 on pass for far more traces than a second replays (see
+	// TestDifferentialRedis).
+	code := run(context.Background(), []string{"-check", "differential", "-redis", addr, "-duration", "1s", "-seed", "1"}, &buf, &buf)
+	require.Equal(t, 0, code, buf.String())
+	m := regexp.MustCompile(`differential traces\s*\|\s*(\d+)`).FindStringSubmatch(buf.String())
+	require.NotNil(t, m, buf.String())
+	n, err := strconv.Atoi(m[1])
+	require.NoError(t, err)
+	assert.Positive(t, n, buf.String())
+
+	buf.Reset()
+	code = run(context.Background(), []string{"-check", "flood", "-redis", addr}, &buf, &buf)
+	assert.Equal(t, 2, code, "-redis without the differential check")
+	assert.Contains(t, buf.String(), "-redis applies only to the differential check")
+}
