@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/tokenshard/tokenshard/internal/redistest"
+)
+
+// BenchmarkRedisStore is redisstore's Allow and AllowBatch of 128 on a real
+// Redis, from 8 goroutines per core (16 at -cpu 2), under a fresh key prefix
+// deleted afterwards. The server is redistest.Addr's: $TOKENSHARD_REDIS_ADDR,
+// else one answering on 127.0.0.1:6379, else a private redis-server; with
+// none the benchmark is skipped with a message saying how to run it. Compare
+// with BenchmarkDecide's tokenshard rows, or run `go run ./bench -redis ADDR`
+// for both in one table.
+func BenchmarkRedisStore(b *testing.B) {
+	addr := redistest.Addr(b)
+	ctx := context.Background()
+	rdb, err := newRedisClient(ctx, addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prefix := freshPrefix()
+	b.Cleanup(func() {
+		_, _ = deletePrefix(ctx, rdb, prefix)
+		_ = rdb.Close()
+	})
+	calls := []struct {
+		name  string
+		batch int
+	}{{"Allow", 1}, {"AllowBatch128", 128}}
+	for _, s := range redisScenarios[:2] { // hot and uniform, admitting
+		ks := keysFor(s.scenario)
+		st, err := newRedisStore(ctx, rdb, prefix+s.name+":", s.policy)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = st.Close() })
+		if err := prespend(ctx, st, ks.names); err != nil {
+			b.Fatal(err)
+		}
+		for _, c := range calls {
+			b.Run("scenario="+s.name+"/call="+c.name, func(b *testing.B) {
+				var errs, offset atomic.Int64
+				failures := st.Stats().Failures
+				b.ReportAllocs()
+				b.SetParallelism(parallelism)
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					d := admitterDecider(st, &errs, c.batch)
+					pos := int(offset.Add(104_729)) % (drawLen - c.batch)
+					for pb.Next() {
+						if pos+c.batch > drawLen {
+							pos = 0
+						}
+						d.decide(ks.draws[pos : pos+c.batch])
+						pos += c.batch
+					}
+				})
+				b.StopTimer()
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*c.batch), "ns/decision")
+				if f := st.Stats().Failures - failures; f > 0 {
+					b.Errorf("%d requests were answered by the fail-closed rule, not by Redis: the figure is wrong", f)
+				}
+				if n := errs.Load(); n > 0 {
+					b.Errorf("%d requests got an error", n)
+				}
+			})
+		}
+	}
+}
+
+// TestRedisSection runs the Redis table end to end on the quick setting
+// (about 8 seconds): every row measured, no fail-closed answer, no error,
+// and every key it wrote deleted.
+func TestRedisSection(t *testing.T) {
+	addr := redistest.Addr(t)
+	var out bytes.Buffer
+	if code := run([]string{"-quick", "-parts", "redis", "-redis", addr}, &out, &out); code != 0 {
+		t.Fatalf("bench -parts redis exited %d:\n%s", code, out.String())
+	}
+	got := out.String()
+	for _, r := range redisRows {
+		if strings.Count(got, "| "+r.name+" ") != 7 {
+			t.Errorf("output lacks a row %q for each of the 7 scenario and goroutine cells:\n%s", r.name, got)
+		}
+	}
+	if strings.Contains(got, "WARNING") || !strings.Contains(got, "with 0 failures") {
+		t.Errorf("the run met failures or errors:\n%s", got)
+	}
+	// The prefix is printed in the last line; nothing may be left under it.
+	_, after, ok := strings.Cut(got, "keys under ")
+	prefix, _, _ := strings.Cut(after, ";")
+	if !ok || !strings.HasPrefix(prefix, "tsbench:") {
+		t.Fatalf("output does not name the deleted prefix:\n%s", got)
+	}
+	rdb, err := newRedisClient(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	if n, err := deletePrefix(context.Background(), rdb, prefix); err != nil || n != 0 {
+		t.Errorf("%d keys were left under %s (err %v)", n, prefix, err)
+	}
+}
+
+func TestGrouped(t *testing.T) {
+	for _, c := range []struct {
+		in   float64
+		want string
+	}{{0, "0"}, {999, "999"}, {1000, "1,000"}, {123456.4, "123,456"}, {1234567, "1,234,567"}, {-1234, "-1,234"}} {
+		if got := grouped(c.in); got != c.want {
+			t.Errorf("grouped(%v) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
