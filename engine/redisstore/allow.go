@@ -114,8 +114,13 @@ func (s *Store) answerFailure(items []item, err error) {
 		if it.done {
 			continue
 		}
-		n++
 		lim, _ := st.p.Resolve(it.key)
+		if it.cost > lim.Capacity {
+			// never admissible (DESIGN 3.2): an error, whatever Redis says
+			*it.out = engine.Result{Err: engine.ErrInvalidCost}
+			continue
+		}
+		n++
 		d := engine.Decision{Allowed: s.failOpen, Version: st.p.Version, Limit: lim.Capacity}
 		if !s.failOpen {
 			d.RetryAfter = s.failRetry
@@ -153,11 +158,8 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		if at != "" {
 			nowArg = at
 		}
-		var chunks [][]*item
-		for len(todo) > 0 {
-			n := min(len(todo), ChunkSize)
-			chunks, todo = append(chunks, todo[:n]), todo[n:]
-		}
+		chunks := chunked(todo)
+		todo = todo[:0:0]
 		cmds := make([]*redis.Cmd, len(chunks))
 		pipe := s.rdb.Pipeline()
 		for c, chunk := range chunks {
@@ -216,16 +218,10 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				// retained version with overrides (the script uses those after
 				// each bucket's own version): one more round trip, however many
 				// buckets are behind.
-				for _, it := range rest {
-					chain, err := s.chainFor(ctx, it.key, st)
-					if err != nil {
-						return deleted, err
-					}
-					it.chain = chain
+				if err := s.chains(ctx, rest, st); err != nil {
+					return deleted, err
 				}
 				todo = append(todo, rest...)
-			case "lost":
-				return deleted, fmt.Errorf("%w: the bucket of %q was last written under policy version %s, which Redis no longer retains", ErrUnavailable, rest[0].key, r.behind)
 			default:
 				return deleted, fmt.Errorf("%w: unexpected script status %q", ErrUnavailable, r.status)
 			}
@@ -278,29 +274,62 @@ func (s *Store) decided(it *item, st *state, code, units string) {
 	*it.out = engine.Result{Decision: d}
 }
 
-// chainFor lists key's own limits under the retained versions that carry
-// overrides, but the one in force (the script has that one).
-func (s *Store) chainFor(ctx context.Context, key string, st *state) (string, error) {
+// chains gives each item its own limits under the retained versions that
+// carry overrides, but the one in force (the script has that one).
+func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
 	entries, err := s.history(ctx)
 	if err != nil {
-		return "", err
+		return err
 	}
-	var b strings.Builder
+	var ps []policy.Policy
 	for _, e := range entries {
 		if !e.overridden || e.version == st.p.Version {
 			continue
 		}
 		p, err := s.policyAt(ctx, e.version)
 		if err != nil {
-			return "", err
+			return err
 		}
-		lim, _ := p.Resolve(key)
-		if b.Len() > 0 {
-			b.WriteByte(';')
-		}
-		fmt.Fprintf(&b, "%d %d %d", e.version, lim.Capacity, lim.TokensPerSecond)
+		ps = append(ps, p)
 	}
-	return b.String(), nil
+	for _, it := range items {
+		var b strings.Builder
+		for _, p := range ps {
+			lim, _ := p.Resolve(it.key)
+			if b.Len() > 0 {
+				b.WriteByte(';')
+			}
+			fmt.Fprintf(&b, "%d %d %d", p.Version, lim.Capacity, lim.TokensPerSecond)
+		}
+		it.chain = b.String()
+	}
+	return nil
+}
+
+// chunked splits items into script calls of about ChunkSize, in order, with
+// every item of a key in the chunk of its first: chunks are pipelined, and
+// one that stops part-way (a chain to fetch) is sent again after the
+// others, so a key must not have items in two of them (DESIGN 3.6: a batch
+// decides each key's requests in order). A key with more than ChunkSize
+// items makes its chunk longer.
+func chunked(items []*item) [][]*item {
+	if len(items) <= ChunkSize {
+		return [][]*item{items}
+	}
+	var chunks [][]*item
+	home := make(map[string]int, len(items))
+	for _, it := range items {
+		c, ok := home[it.key]
+		if !ok {
+			if len(chunks) == 0 || len(chunks[len(chunks)-1]) >= ChunkSize {
+				chunks = append(chunks, nil)
+			}
+			c = len(chunks) - 1
+			home[it.key] = c
+		}
+		chunks[c] = append(chunks[c], it)
+	}
+	return chunks
 }
 
 // historyEntry is one retained version, as the history list holds it.
@@ -335,7 +364,7 @@ type reply struct {
 	status  string
 	done    int
 	deleted int
-	behind  string   // "chain" and "lost": the bucket's version
+	behind  string   // "chain": the bucket's version
 	results []string // mode "a": code and units per done bucket
 }
 
@@ -363,7 +392,7 @@ func parseReply(raw []any) (reply, error) {
 	r.done, err1 = strconv.Atoi(strs[3])
 	r.deleted, err2 = strconv.Atoi(strs[4])
 	rest := strs[5:]
-	if r.status == "chain" || r.status == "lost" {
+	if r.status == "chain" {
 		if len(rest) == 0 {
 			return r, fmt.Errorf("%w: short script reply %v", ErrUnavailable, strs)
 		}

@@ -75,7 +75,11 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	lengthens := !safeCutover(cur, next)
 	if lengthens {
 		if err := s.round(ctx, func(ctx context.Context) error {
-			return s.rdb.Set(ctx, s.kPending, token, lockTTL).Err()
+			ok, err := pendingScript.Run(ctx, s.rdb, []string{s.kLock, s.kPending}, token, lockTTL.Milliseconds()).Int()
+			if err == nil && ok != 1 {
+				return errLostLock // another process may be preparing its own cutover
+			}
+			return err
 		}); err != nil {
 			return err
 		}
@@ -90,14 +94,29 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		}
 	}
 
+	// The last moment to abort (DESIGN 3.8): once the publish is sent, the
+	// call completes whatever its context, and if the answer is lost on the
+	// way, Redis is asked what happened.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	pctx := context.WithoutCancel(ctx)
 	l := next.Limit()
 	var res []any
-	if err := s.round(ctx, func(ctx context.Context) (err error) {
+	err = s.round(pctx, func(ctx context.Context) (err error) {
 		res, err = replaceScript.Run(ctx, s.rdb, []string{s.kPolicy, s.kHistory, s.kBlobs, s.kLock, s.kPending},
 			expectedVersion, next.Version, l.Capacity, l.TokensPerSecond, overridden(next), blob, s.nowArg(), token, flag(trim)).Slice()
 		return err
-	}); err != nil {
-		return err
+	})
+	if err != nil {
+		var v string
+		if s.round(pctx, func(ctx context.Context) (err error) {
+			v, err = s.rdb.HGet(ctx, s.kPolicy, "v").Result()
+			return err
+		}) != nil || v != strconv.FormatInt(next.Version, 10) {
+			return err // not published, or unknown: the caller may retry with the same expectedVersion
+		}
+		res = []any{"ok"}
 	}
 	status, _ := res[0].(string)
 	switch status {
@@ -118,7 +137,7 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		// Published: DESIGN 3.8 says the call now completes, whatever its
 		// context. A bucket whose expiry this pass does not set keeps none
 		// until it is next touched, which costs memory, never correctness.
-		if _, err := s.convertPass(context.WithoutCancel(ctx), "c", token); err != nil && s.onError != nil {
+		if _, err := s.convertPass(pctx, "c", token); err != nil && s.onError != nil {
 			s.onError(fmt.Errorf("redisstore: setting expiries after the cutover to version %d: %w", next.Version, err))
 		}
 	}

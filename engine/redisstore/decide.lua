@@ -33,9 +33,8 @@
 -- them deleted as full (mode "e"). status "ok": the results follow; "stale":
 -- ARGV[2] is not in force and nothing was done; "nopolicy"; "chain": bucket
 -- done+1 is behind a version with overrides that its chain lacks, and its
--- version follows, then the results of the buckets before it; "lost": the
--- same, but that version is no longer in the history. Results, mode "a"
--- only: for each done bucket "1" allowed, "0" denied or "c" cost above
+-- version follows, then the results of the buckets before it. Results,
+-- mode "a" only: for each done bucket "1" allowed, "0" denied or "c" cost above
 -- capacity, then the units after the decision.
 
 local B = 10000000
@@ -111,6 +110,12 @@ local E9 = '000000000'
 local P52 = 4503599627370496 -- 2^52
 local FASTCAP = 4503599     -- the largest capacity whose units are below 2^52
 
+-- msOf is an instant in ns (a decimal string) in whole ms.
+local function msOf(s)
+  if #s <= 6 then return 0 end
+  return tonumber(string.sub(s, 1, -7))
+end
+
 -- split reads an instant in ns as whole seconds and the ns within the
 -- second, each exact as a double.
 local function split(s)
@@ -160,6 +165,14 @@ local nowSec, nowNs = split(nowS)
 local history -- loaded on first need
 local out = {}
 local deleted = 0
+
+-- reply builds the answer without unpack, which a long chunk would overflow.
+local function reply(status, done, behind)
+  local r = { status, version, nowS, tostring(done), tostring(deleted) }
+  if behind then r[#r + 1] = behind end
+  for k = 1, #out do r[#r + 1] = out[k] end
+  return r
+end
 local n = #KEYS - 3
 for i = 1, n do
   local key, a = KEYS[3 + i], 4 + 4 * (i - 1)
@@ -213,17 +226,27 @@ for i = 1, n do
           for h = 1, #history do
             if string.match(history[h], '^(%d+) ') == v then at = h break end
           end
-          if not at then
-            return { 'lost', version, nowS, tostring(i - 1), tostring(deleted), v, unpack(out) }
+          local own, from = splitChain(chain), #history + 1
+          if at then
+            from = at + 1
+          else
+            -- The version is no longer retained: only a Redis that lost the
+            -- policy keys gets here. What the bucket earned since is
+            -- unknown, so it restarts empty at the current cutover: a
+            -- denial too many, never a free burst.
+            local last = history[#history]
+            local cut = last and string.match(last, '^%d+ (%d+) ') or nowS
+            u = { 0 }
+            if cmp(big(cut), t) > 0 then t = big(cut) end
+            c, r = cap, rate
           end
-          local own = splitChain(chain)
-          for h = at + 1, #history do
+          for h = from, #history do
             local w, cut, wc, wr, ov = string.match(history[h], '^(%d+) (%d+) (%d+) (%d+) (%d)$')
             if w == version then
               wc, wr = cap, rate
             elseif ov == '1' then
               if not own[w] then
-                return { 'chain', version, nowS, tostring(i - 1), tostring(deleted), v, unpack(out) }
+                return reply('chain', i - 1, v)
               end
               wc, wr = own[w][1], own[w][2]
             end
@@ -270,7 +293,7 @@ for i = 1, n do
         -- no expiry: tests, or a cutover in preparation
         redis.call('SET', key, val)
       elseif deficit == 0 then
-        redis.call('SET', key, val, 'PXAT', string.format('%.0f', nowMs + 1))
+        redis.call('SET', key, val, 'PXAT', string.format('%.0f', math.max(nowMs, msOf(tS)) + 1))
       else
         local ms = deficit / tonumber(rate) / 1e6 -- time-to-full in ms, approximately
         if ms > 1e15 then
@@ -278,11 +301,14 @@ for i = 1, n do
         else
           -- relative error of ms is far below 1e-12; +2 covers the ms
           -- rounding of the instant and of the expiry
-          local at = nowMs + math.floor(ms * (1 + 1e-12)) + 2
+          -- The deficit is counted from the bucket's last update, which a
+          -- pass judging at an earlier instant, a cutover replayed past it
+          -- or a server clock that stepped back leaves after nowMs.
+          local at = math.max(nowMs, msOf(tS)) + math.floor(ms * (1 + 1e-12)) + 2
           redis.call('SET', key, val, 'PXAT', string.format('%.0f', at))
         end
       end
     end
   end
 end
-return { 'ok', version, nowS, tostring(n), tostring(deleted), unpack(out) }
+return reply('ok', n)

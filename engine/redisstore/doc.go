@@ -47,9 +47,10 @@
 // The store does not enforce a MaxKeys bound: expiry removes full buckets
 // but cannot bound the number of partly filled ones. Bound memory with
 // Redis's maxmemory and maxmemory-policy noeviction; a decision whose write
-// Redis refuses for lack of memory returns engine.ErrKeyCapacity. Any other
-// maxmemory-policy lets Redis evict depleted buckets, which hands their
-// owners a fresh burst.
+// Redis refuses for lack of memory returns engine.ErrKeyCapacity. Unlike the
+// engine's key bound, that refuses existing keys too: Redis refuses every
+// write once it is full. Any other maxmemory-policy lets Redis evict
+// depleted buckets, which hands their owners a fresh burst.
 //
 // # Policies
 //
@@ -66,7 +67,14 @@
 //
 // If Redis loses everything (a restart without persistence), buckets start
 // full again and the first store to call reinstalls the newest policy it
-// knows. Run Redis with persistence (appendonly) where that matters.
+// knows. Run Redis with persistence (appendonly) where that matters. A
+// bucket whose version Redis no longer retains (only if the policy keys
+// alone were lost) restarts empty at the current cutover: a denial too
+// many, never a free burst.
+//
+// Keys are Prefix + "policy", "history", "blobs", "lock", "pending", and
+// Prefix + "k:" + key for each bucket. No store's prefix may begin with
+// another's ("a:" and "a:k:" would see each other's keys).
 //
 // # Failures
 //

@@ -21,7 +21,14 @@ func (s stopRedis) Run() int { defer redistest.Stop(); return s.m.Run() }
 
 // TestMain fails the package if a test leaves a goroutine behind: go-redis
 // clients are closed by each test's cleanup, and the store starts none.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(stopRedis{m}) }
+func TestMain(m *testing.M) {
+	redis.SetLogger(quiet{}) // the outage tests would fill the log with go-redis's dial retries
+	goleak.VerifyTestMain(stopRedis{m})
+}
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
 
 // client connects to the real server redistest provides (or skips loudly),
 // closed when the test ends.

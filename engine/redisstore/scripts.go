@@ -80,7 +80,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 `
 
+// pendingSrc sets the pending flag if the caller still holds the cutover
+// lock, so a holder whose lock expired cannot overwrite (and later delete)
+// the flag of the process that took the lock after it.
+// KEYS: lock, pending. ARGV: token, ttl ms. Reply 1 if it did.
+const pendingSrc = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return 1
+`
+
 var (
+	pendingScript = redis.NewScript(pendingSrc)
 	decideScript  = redis.NewScript(decideSrc)
 	installScript = redis.NewScript(installSrc)
 	replaceScript = redis.NewScript(replaceSrc)

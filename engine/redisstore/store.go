@@ -299,7 +299,8 @@ func (s *Store) KeyCount(ctx context.Context) (int, error) {
 	return n, err
 }
 
-// scan calls f with every batch of bucket keys SCAN returns.
+// scan calls f with every page of bucket keys SCAN returns, empty ones
+// included.
 func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 	match := globEscape(s.kBucket) + "*"
 	var cursor uint64
@@ -313,10 +314,8 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 			}
 			return fmt.Errorf("%w: scanning: %w", ErrUnavailable, err)
 		}
-		if len(keys) > 0 {
-			if err := f(keys); err != nil {
-				return err
-			}
+		if err := f(keys); err != nil { // also for an empty page: passes renew their lock per page
+			return err
 		}
 		if cursor = next; cursor == 0 {
 			return nil

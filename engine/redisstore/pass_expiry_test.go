@@ -1,0 +1,81 @@
+package redisstore_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// gateHook holds the first pipeline that carries an EVALSHA until release
+// is closed, after signalling reached.
+type gateHook struct {
+	once             sync.Once
+	reached, release chan struct{}
+}
+
+func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == "evalsha" {
+			h.once.Do(func() { close(h.reached); <-h.release })
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestPassExpiryAfterConcurrentAllow: EvictFull reads the server's TIME
+// (T0), then a request on another store depletes a bucket at T0+300ms, then
+// the pass reaches that bucket. The pass must not give it an expiry before
+// it is full; if it does, the bucket is dropped early and a burst is
+// admitted that the exact rule denies.
+func TestPassExpiryAfterConcurrentAllow(t *testing.T) {
+	addr := redisAddr(t)
+	p := prefix(t)
+	cfg := redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 100}, Timeout: 10 * time.Second}
+	stores := realStores(t, addr, 1, cfg)
+	user := stores[0]
+	c := client(t, addr)
+	h := &gateHook{reached: make(chan struct{}), release: make(chan struct{})}
+	ec := client(t, addr)
+	ec.AddHook(h)
+	cfg.Client = ec
+	evictor, err := redisstore.New(context.Background(), cfg)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	_, err = user.Allow(ctx, "k", 10) // the bucket exists, empty
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { _, err := evictor.EvictFull(ctx); done <- err }()
+	<-h.reached // TIME read, the pass about to run
+	t0 := serverTime(t, c)
+	for serverTime(t, c).Sub(t0) < 30*time.Millisecond {
+		// the server's clock is the one that matters: poll it, 30 ms on
+	}
+	d, err := user.Allow(ctx, "k", 1) // at least 3 tokens refilled
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	readBucket(t, c, p+"k:k").checkExpiry(t, "after the Allow")
+	close(h.release)
+	require.NoError(t, <-done)
+	b := readBucket(t, c, p+"k:k")
+	b.checkExpiry(t, "after the pass")
+}
+
+// serverTime is the Redis server's clock, the one the script reads.
+func serverTime(t *testing.T, c *redis.Client) time.Time {
+	t.Helper()
+	tm, err := c.Time(context.Background()).Result()
+	require.NoError(t, err)
+	return tm
+}
