@@ -28,8 +28,10 @@ import (
 // and at one token a second a bucket lives until it has refilled them (the
 // store expires full buckets, as the engine's sweep evicts them). So every
 // measured decision reads, refills and writes an existing bucket, as the
-// engine's rows do, rather than creating one.
-var redisAdmit = policy.Policy{Version: 1, Capacity: 1 << 40, TokensPerSecond: 1}
+// engine's rows do, rather than creating one. The capacity is one the
+// script computes on in doubles (up to 4,503,599 tokens), as most services'
+// are; larger ones take its limb arithmetic, several times slower.
+var redisAdmit = policy.Policy{Version: 1, Capacity: 1_000_000, TokensPerSecond: 1}
 
 // redisHeadroom is how many seconds a pre-spent bucket outlives the
 // prespend: longer than the Redis section, short enough that the keys of an
