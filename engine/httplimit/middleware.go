@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strconv"
 
 	"github.com/tokenshard/tokenshard/engine"
@@ -41,7 +42,7 @@ type Middleware struct {
 // returns an error wrapping ErrInvalidOption for a nil engine, a nil or
 // invalid option, or WithKey together with WithTrustedProxies.
 func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
-	if en, ok := e.(*engine.Engine); e == nil || (ok && en == nil) {
+	if v := reflect.ValueOf(e); e == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
 		return nil, fmt.Errorf("%w: nil engine", ErrInvalidOption)
 	}
 	c := config{policyName: DefaultPolicyName, overload: DefaultOverloadRetryAfter}

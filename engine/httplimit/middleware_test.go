@@ -301,6 +301,8 @@ func TestNewInvalid(t *testing.T) {
 	e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
 	_, err := httplimit.New(nil)
 	assert.ErrorIs(t, err, httplimit.ErrInvalidOption)
+	_, err = httplimit.New((*engine.Engine)(nil)) // a nil pointer in the interface, as a nil store would be
+	assert.ErrorIs(t, err, httplimit.ErrInvalidOption)
 
 	trusted := httplimit.WithTrustedProxies(httplimit.XForwardedFor, mustPrefix("10.0.0.0/8"))
 	for name, opts := range map[string][]httplimit.Option{

@@ -172,11 +172,12 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				keys = append(keys, s.kBucket+it.key)
 				args = append(args, it.cost, it.lim.Capacity, it.lim.TokensPerSecond, it.chain)
 			}
-			cmds[c] = decideScript.EvalSha(ctx, pipe, keys, args...)
+			cmds[c] = evalShaOnce(ctx, pipe, decideScript, keys, args...)
 		}
 		_, _ = pipe.Exec(ctx) // each command keeps its own error
 		reload, noScript := false, false
-		var failed error // the first chunk Redis failed; the others still count
+		var behind []*item // items of chunks that stopped for a chain
+		var failed error   // the first chunk Redis failed; the others still count
 		for c, cmd := range cmds {
 			chunk := chunks[c]
 			reply, err := cmd.Slice()
@@ -188,6 +189,9 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			case err != nil && redis.HasErrorPrefix(err, "OOM") && mode == "a":
 				for _, it := range chunk {
 					*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
+					if it.cost > it.lim.Capacity {
+						it.out.Err = engine.ErrInvalidCost // DESIGN 3.2: checked first
+					}
 				}
 				continue
 			case err != nil:
@@ -198,7 +202,10 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			}
 			r, err := parseReply(reply)
 			if err != nil {
-				return deleted, err
+				if failed == nil {
+					failed = err
+				}
+				continue
 			}
 			deleted += r.deleted
 			for i, it := range chunk[:r.done] {
@@ -218,13 +225,16 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				// retained version with overrides (the script uses those after
 				// each bucket's own version): one more round trip, however many
 				// buckets are behind.
-				if err := s.chains(ctx, rest, st); err != nil {
-					return deleted, err
-				}
+				behind = append(behind, rest...)
 				todo = append(todo, rest...)
 			default:
 				return deleted, fmt.Errorf("%w: unexpected script status %q", ErrUnavailable, r.status)
 			}
+		}
+		if failed == nil && len(behind) > 0 {
+			// after every chunk's answer is taken: a failure here must not
+			// discard the decisions Redis made for the chunks after it
+			failed = s.chains(ctx, behind, st)
 		}
 		if failed != nil {
 			if ctx.Err() != nil {
@@ -418,4 +428,24 @@ func parseUnits(units string) (policy.Bucket, error) {
 		return policy.Bucket{}, fmt.Errorf("malformed balance %q", units)
 	}
 	return policy.Bucket{Tokens: t, Frac: uint32(f)}, nil
+}
+
+// noRetryCmd is a script call go-redis must not send again after a lost
+// reply: the script may have run, and running it twice takes tokens twice
+// (or answers "stale" to the cutover that was just published).
+type noRetryCmd struct{ *redis.Cmd }
+
+func (noRetryCmd) NoRetry() bool { return true }
+
+// evalShaOnce queues EVALSHA of sc on p, never retried by go-redis.
+func evalShaOnce(ctx context.Context, p redis.Pipeliner, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, "evalsha", sc.Hash(), len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	a = append(a, args...)
+	cmd := redis.NewCmd(ctx, a...)
+	_ = p.Process(ctx, noRetryCmd{cmd})
+	return cmd
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/engine"
@@ -105,37 +106,60 @@ func TestScriptArithmeticMatchesPolicy(t *testing.T) {
 		c.cost = 1 + r.Int64N(c.capacity)
 		cases = append(cases, c)
 	}
+	rig := newArithRig(t)
 	for i, c := range cases {
-		t.Run(fmt.Sprint(i), func(t *testing.T) { checkArith(t, c) })
+		t.Run(fmt.Sprint(i), func(t *testing.T) { rig.check(t, c) })
 	}
 }
 
 // randBig adapts math/rand/v2 to big.Int.Rand.
 func randBig(r *rand.Rand) *mrand.Rand { return mrand.New(mrand.NewSource(r.Int64())) }
 
-func checkArith(t *testing.T, c arithCase) {
-	clk := &setClock{}
-	p := policy.Policy{Version: 1, Capacity: c.capacity, TokensPerSecond: c.rate}
-	cfg := redisstore.Config{Policy: p}
-	cfg.Client = client(t, redisAddr(t))
-	cfg.Prefix = prefix(t)
-	s := newStore(t, cfg, clk)
-	ctx := context.Background()
-	key := cfg.Prefix + "k:key"
-	require.NoError(t, cfg.Client.Set(ctx, key, fmt.Sprintf("%s %d 1 %d %d", c.units, c.last, c.capacity, c.rate), 0).Err())
-	clk.now.Store(c.now)
+// arithRig runs arithmetic cases through real stores, one per limit (a
+// store per case would cost more than the case), all reading one clock.
+type arithRig struct {
+	t      *testing.T // the parent test, which owns the stores
+	rdb    *redis.Client
+	clk    *setClock
+	stores map[policy.Limit]*redisstore.Store
+	pfx    map[policy.Limit]string
+	n      int // cases run: each gets its own key
+}
 
-	lim := p.Limit()
+func newArithRig(t *testing.T) *arithRig {
+	return &arithRig{t: t, rdb: client(t, redisAddr(t)), clk: &setClock{},
+		stores: map[policy.Limit]*redisstore.Store{}, pfx: map[policy.Limit]string{}}
+}
+
+// check writes c's bucket state raw, has the script decide c's request on
+// it, and compares the Decision and the state written back with the policy
+// package.
+func (rig *arithRig) check(t *testing.T, c arithCase) {
+	lim := policy.Limit{Capacity: c.capacity, TokensPerSecond: c.rate}
+	s, ok := rig.stores[lim]
+	if !ok {
+		cfg := redisstore.Config{Client: rig.rdb, Prefix: prefix(t),
+			Policy: policy.Policy{Version: 1, Capacity: c.capacity, TokensPerSecond: c.rate}}
+		s = newStore(rig.t, cfg, rig.clk)
+		rig.stores[lim], rig.pfx[lim] = s, cfg.Prefix
+	}
+	rig.n++
+	ctx := context.Background()
+	name := fmt.Sprint("key", rig.n)
+	key := rig.pfx[lim] + "k:" + name
+	require.NoError(t, rig.rdb.Set(ctx, key, fmt.Sprintf("%s %d 1 %d %d", c.units, c.last, c.capacity, c.rate), 0).Err())
+	rig.clk.now.Store(c.now)
+
 	tokens, frac := new(big.Int).QuoRem(c.units, big.NewInt(policy.UnitsPerToken), new(big.Int))
 	b := policy.Bucket{Tokens: tokens.Int64(), Frac: uint32(frac.Int64()), Last: c.last}
 	o := b.Decide(lim, max(c.now, c.last), c.cost)
 	want := engine.Decision{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: time.Duration(o.RetryAfter),
 		Version: 1, Limit: c.capacity, ResetAfter: time.Duration(o.ResetAfter)}
 
-	got, err := s.Allow(ctx, "key", c.cost)
+	got, err := s.Allow(ctx, name, c.cost)
 	require.NoError(t, err, "case %+v", c)
 	require.Equal(t, want, got, "case %+v", c)
-	raw, err := cfg.Client.Get(ctx, key).Result()
+	raw, err := rig.rdb.Get(ctx, key).Result()
 	require.NoError(t, err)
 	units := new(big.Int).Add(new(big.Int).Mul(big.NewInt(b.Tokens), big.NewInt(policy.UnitsPerToken)), big.NewInt(int64(b.Frac)))
 	require.Equal(t, fmt.Sprintf("%s %d 1 %d %d", units, b.Last, c.capacity, c.rate), raw, "state after, case %+v", c)

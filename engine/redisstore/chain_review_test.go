@@ -17,8 +17,8 @@ import (
 // TestChainManyKeysDenied: buckets last written under v1, then a cutover to
 // v2 with overrides (a safe one: no pass), then v3. Every bucket now needs a
 // chain for v2. One AllowBatch of 20 such keys must decide every one of them
-// (all depleted: all denied). With FailOpen, a request the store gives up on
-// is admitted.
+// (all depleted: all denied), even with FailOpen, where a request the store
+// gave up on used to be admitted (found in review).
 func TestChainManyKeysDenied(t *testing.T) {
 	clk := clock.NewManual(0)
 	var errs []error
@@ -72,8 +72,8 @@ func TestChainEvictFull(t *testing.T) {
 // TestBatchOrderAcrossChunks: DESIGN 3.6: a batch's results are those
 // of the same Allow calls made one by one in request order. Request 1 (key y,
 // cost 5) precedes request 256 (key y, cost 1), in the next chunk. When the
-// first chunk stops at request 0 for a chain, the second chunk is decided
-// first, and the order of the two requests on y is reversed.
+// first chunk stopped at request 0 for a chain, the second chunk used to be
+// decided first, reversing the two requests on y (found in review).
 func TestBatchOrderAcrossChunks(t *testing.T) {
 	clk := clock.NewManual(0)
 	s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}}, clk)
@@ -99,9 +99,9 @@ func TestBatchOrderAcrossChunks(t *testing.T) {
 }
 
 // TestTrimWithChains: once HistoryVersions versions are retained, the
-// next cutover brings every bucket up first. If more than a few buckets of a
-// SCAN batch need chains, that pass gives up, and so does every later
-// ReplacePolicy: the policy can no longer be changed.
+// next cutover brings every bucket up first, and must do so when many
+// buckets of a SCAN page need chains (it used to give up, and so did every
+// later ReplacePolicy: found in review).
 func TestTrimWithChains(t *testing.T) {
 	srv := startPrivate(t)
 	clk := clock.NewManual(0)

@@ -17,9 +17,11 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// lockTTL is how long the cutover lock outlives a holder that stopped
-// renewing it (a process that died mid-cutover).
-const lockTTL = 10 * time.Second
+// minLockTTL is how long, at least, the cutover lock outlives a holder that
+// stopped renewing it (a process that died mid-cutover). The lock is renewed
+// after every exchange of a pass, so a store's lock lives three of its
+// Timeouts if that is longer.
+const minLockTTL = 10 * time.Second
 
 // ReplacePolicy replaces the policy every store on the prefix uses, with
 // the meaning of engine.Engine.ReplacePolicy: versioned, compare-and-set in
@@ -37,7 +39,15 @@ const lockTTL = 10 * time.Second
 // a rate relative to its capacity) would let such a bucket expire before it
 // is full, so it first clears every bucket's expiry, publishes, then sets
 // each bucket's expiry under the new policy before it returns: two passes
-// over the keyspace. Other cutovers need none.
+// over the keyspace. Other cutovers need none. Once published, the call
+// finishes that pass whatever its context, however long the keyspace takes.
+// If such a cutover ends before it publishes (its context, or Redis), the
+// buckets it already cleared keep no expiry until they are next touched or
+// EvictFull runs: memory, never tokens.
+//
+// If the publish's answer is lost and Redis cannot then be asked which
+// version is in force, the outcome is unknown: the call returns an error
+// wrapping ErrUnavailable, and Policy (or any later call) tells.
 func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error {
 	if err := next.Validate(); err != nil {
 		return err
@@ -75,7 +85,7 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	lengthens := !safeCutover(cur, next)
 	if lengthens {
 		if err := s.round(ctx, func(ctx context.Context) error {
-			ok, err := pendingScript.Run(ctx, s.rdb, []string{s.kLock, s.kPending}, token, lockTTL.Milliseconds()).Int()
+			ok, err := pendingScript.Run(ctx, s.rdb, []string{s.kLock, s.kPending}, token, s.lockTTL.Milliseconds()).Int()
 			if err == nil && ok != 1 {
 				return errLostLock // another process may be preparing its own cutover
 			}
@@ -104,8 +114,19 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	l := next.Limit()
 	var res []any
 	err = s.round(pctx, func(ctx context.Context) (err error) {
-		res, err = replaceScript.Run(ctx, s.rdb, []string{s.kPolicy, s.kHistory, s.kBlobs, s.kLock, s.kPending},
-			expectedVersion, next.Version, l.Capacity, l.TokensPerSecond, overridden(next), blob, s.nowArg(), token, flag(trim)).Slice()
+		keys := []string{s.kPolicy, s.kHistory, s.kBlobs, s.kLock, s.kPending}
+		args := []any{expectedVersion, next.Version, l.Capacity, l.TokensPerSecond, overridden(next), blob, s.nowArg(), token, flag(trim)}
+		for range 2 { // once more after NOSCRIPT
+			pipe := s.rdb.Pipeline()
+			cmd := evalShaOnce(ctx, pipe, replaceScript, keys, args...)
+			_, _ = pipe.Exec(ctx)
+			if res, err = cmd.Slice(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+				return err
+			}
+			if err := replaceScript.Load(ctx, s.rdb).Err(); err != nil {
+				return err
+			}
+		}
 		return err
 	})
 	if err != nil {
@@ -241,7 +262,7 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 	for {
 		var ok bool
 		if err := s.round(ctx, func(ctx context.Context) (err error) {
-			ok, err = s.rdb.SetNX(ctx, s.kLock, token, lockTTL).Result()
+			ok, err = s.rdb.SetNX(ctx, s.kLock, token, s.lockTTL).Result()
 			return err
 		}); err != nil {
 			return "", err
@@ -261,7 +282,7 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 }
 
 func (s *Store) renew(ctx context.Context, token string) error {
-	ok, err := refreshScript.Run(ctx, s.rdb, []string{s.kLock, s.kPending}, token, lockTTL.Milliseconds()).Int()
+	ok, err := refreshScript.Run(ctx, s.rdb, []string{s.kLock, s.kPending}, token, s.lockTTL.Milliseconds()).Int()
 	if err == nil && ok != 1 {
 		return errLostLock
 	}
@@ -274,7 +295,7 @@ func (s *Store) unlock(ctx context.Context, token string) {
 		return releaseScript.Run(ctx, s.rdb, []string{s.kLock, s.kPending}, token).Err()
 	})
 	if err != nil && !errors.Is(err, redis.Nil) && s.onError != nil {
-		s.onError(fmt.Errorf("redisstore: releasing the cutover lock (it expires in %v): %w", lockTTL, err))
+		s.onError(fmt.Errorf("redisstore: releasing the cutover lock (it expires in %v): %w", s.lockTTL, err))
 	}
 }
 

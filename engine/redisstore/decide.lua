@@ -153,7 +153,7 @@ if ARGV[3] == '' or expiry then
   nowMs = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
   if ARGV[3] ~= '' and cmp(big(ARGV[3]), big(nowS)) < 0 then
     nowS = ARGV[3]
-    nowMs = tonumber(string.sub(nowS, 1, -7))
+    nowMs = msOf(nowS)
   end
 else
   nowS = ARGV[3]

@@ -18,8 +18,12 @@
 // # One script per decision
 //
 // A Lua script refills, decides and writes atomically (EVALSHA, loaded once
-// and again after NOSCRIPT). AllowBatch sends up to ChunkSize requests per
-// script call and pipelines the calls: one round trip per batch.
+// and again after NOSCRIPT). AllowBatch sends about ChunkSize requests per
+// script call and pipelines the calls: one round trip per batch. A script
+// call is never sent twice: go-redis retries commands whose reply was lost,
+// which for a script that may have run would take tokens twice, so the
+// store sends its scripts as commands go-redis does not retry, and answers
+// a lost reply by the failure rule below.
 //
 // The time authority is the Redis server's TIME, read inside the script, so
 // replicas with skewed clocks cannot mint tokens. A server clock that steps
@@ -67,7 +71,10 @@
 //
 // If Redis loses everything (a restart without persistence), buckets start
 // full again and the first store to call reinstalls the newest policy it
-// knows. Run Redis with persistence (appendonly) where that matters. A
+// knows, which may be older than the one in force before (a store that had
+// not yet seen the last cutover). A failover to a replica that missed the
+// last writes (replication is asynchronous) loses their decisions the same
+// way. Run Redis with persistence (appendonly) where that matters. A
 // bucket whose version Redis no longer retains (only if the policy keys
 // alone were lost) restarts empty at the current cutover: a denial too
 // many, never a free burst.
@@ -82,9 +89,10 @@
 // or Config.Timeout if sooner) is answered by the rule the Config chooses:
 // fail closed (the default: denied, RetryAfter Config.FailRetryAfter) or
 // fail open (allowed), with a nil error; Config.OnError and Stats see every
-// such answer. A call never waits past its deadline, and service resumes by
-// itself when Redis returns. Calls that are not decisions return an error
-// wrapping ErrUnavailable instead.
+// such answer. A decision never waits past its deadline, and service
+// resumes by itself when Redis returns. Calls that are not decisions return
+// an error wrapping ErrUnavailable instead; a pass over the keyspace bounds
+// each exchange, not the whole pass.
 //
 // The store needs one Redis, 6.2 or later (tested with 7.0), or a primary
 // behind Sentinel through redis.NewFailoverClient: one script touches the policy keys and every

@@ -14,9 +14,9 @@ import (
 
 // TestFailureCostAboveCapacity: a cost above the key's capacity can
 // never be admitted (DESIGN 3.2 step 4: ErrInvalidCost, never a finite
-// retry). The store knows the capacity without Redis, yet while Redis is
-// down it admits such a request (fail open) or gives it a finite RetryAfter
-// (fail closed).
+// retry). The store knows the capacity without Redis, so an outage does not
+// change that answer into a fail-open admission or a fail-closed
+// RetryAfter (found in review).
 func TestFailureCostAboveCapacity(t *testing.T) {
 	for _, failOpen := range []bool{true, false} {
 		srv := startPrivate(t)
@@ -32,8 +32,8 @@ func TestFailureCostAboveCapacity(t *testing.T) {
 	}
 }
 
-// TestHungRedis: a Redis that stops answering (DEBUG SLEEP) rather
-// than refusing connections: every call returns by its deadline.
+// TestHungRedis: a Redis that stops answering (CLIENT PAUSE) rather than
+// refusing connections: every call returns by its deadline.
 func TestHungRedis(t *testing.T) {
 	srv := startPrivate(t)
 	c := client(t, srv.Addr())

@@ -34,10 +34,11 @@ func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 // TestPassExpiryAfterConcurrentAllow: EvictFull reads the server's TIME
-// (T0), then a request on another store depletes a bucket at T0+300ms, then
-// the pass reaches that bucket. The pass must not give it an expiry before
-// it is full; if it does, the bucket is dropped early and a burst is
-// admitted that the exact rule denies.
+// (T0), then a request on another store spends from a bucket 30 ms later,
+// then the pass reaches that bucket. The pass must not give it an expiry
+// before it is full (it did, counting from T0: found in review), or the
+// bucket would be dropped early and a burst admitted that the exact rule
+// denies.
 func TestPassExpiryAfterConcurrentAllow(t *testing.T) {
 	addr := redisAddr(t)
 	p := prefix(t)

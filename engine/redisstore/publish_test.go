@@ -37,9 +37,9 @@ func (h *cancelAfterPublish) ProcessHook(next redis.ProcessHook) redis.ProcessHo
 
 // TestPublishThenContextEnds: DESIGN 3.8: once publish has begun,
 // ReplacePolicy completes and returns nil. Here the context ends while the
-// publish's reply is in flight: the new policy is in force in Redis, yet the
-// call returns the context's error, and a lengthening cutover skips the pass
-// that sets expiries again.
+// publish's reply is in flight: the call must still return nil and run the
+// pass that sets expiries again (it returned the context's error and
+// skipped the pass: found in review).
 func TestPublishThenContextEnds(t *testing.T) {
 	addr := redisAddr(t)
 	p := prefix(t)

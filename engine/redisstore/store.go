@@ -25,8 +25,10 @@ const (
 	DefaultTimeout = 250 * time.Millisecond
 	// DefaultFailRetryAfter is the RetryAfter of a fail-closed denial.
 	DefaultFailRetryAfter = time.Second
-	// ChunkSize is the most requests one script call decides: AllowBatch
-	// sends a longer batch as several calls, pipelined in one round trip.
+	// ChunkSize is about how many requests one script call decides:
+	// AllowBatch sends a longer batch as several calls, pipelined in one
+	// round trip. Every request of a key goes to the call of its first, so
+	// a key repeated many times makes its call longer.
 	ChunkSize = 256
 	// HistoryVersions is how many policy versions the store retains for
 	// buckets not touched since an older one. A cutover that would retain
@@ -46,8 +48,9 @@ type Config struct {
 	// ContextTimeoutEnabled, so that every call ends by its deadline. The
 	// store does not close it.
 	Client *redis.Client
-	// Prefix starts every key the store writes; 0 means DefaultPrefix.
-	// Stores that share a prefix share their buckets and their policy.
+	// Prefix starts every key the store writes; "" means DefaultPrefix.
+	// Stores that share a prefix share their buckets and their policy; no
+	// prefix may begin with another store's ("a:" and "a:k:" would meet).
 	Prefix string
 	// Policy is installed if the prefix has none yet. If it has one, set by
 	// another process or an earlier run, that one is in force and Policy is
@@ -62,12 +65,14 @@ type Config struct {
 	// FailRetryAfter is the RetryAfter of a fail-closed denial; 0 means
 	// DefaultFailRetryAfter.
 	FailRetryAfter time.Duration
-	// Timeout bounds every call whose context has no earlier deadline; 0
-	// means DefaultTimeout.
+	// Timeout bounds each exchange with Redis whose context has no earlier
+	// deadline; 0 means DefaultTimeout. A decision is one exchange. A pass
+	// over the keyspace (EvictFull, a cutover's) is many, each bounded.
 	Timeout time.Duration
-	// OnError, if set, is called with every Redis failure that was answered
-	// by the fail-open or fail-closed rule, from the calling goroutine. It
-	// must not block.
+	// OnError, if set, is called from the calling goroutine with every
+	// Redis failure that was answered by the fail-open or fail-closed rule,
+	// and with failures a call could not return: the expiry pass after a
+	// published cutover, and releasing the cutover lock. It must not block.
 	OnError func(error)
 }
 
@@ -88,6 +93,7 @@ type Store struct {
 	failOpen    bool
 	failRetry   time.Duration
 	timeout     time.Duration
+	lockTTL     time.Duration
 	onError     func(error)
 	now         func() int64 // tests only: a clock instead of the server's TIME
 
@@ -153,6 +159,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
+	s.lockTTL = max(minLockTTL, 3*s.timeout)
 	s.kPolicy, s.kHistory, s.kBlobs = s.prefix+"policy", s.prefix+"history", s.prefix+"blobs"
 	s.kLock, s.kPending, s.kBucket = s.prefix+"lock", s.prefix+"pending", s.prefix+"k:"
 	s.cur.Store(&state{p: cfg.Policy, ver: strconv.FormatInt(cfg.Policy.Version, 10)})

@@ -1,0 +1,172 @@
+package redisstore_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// dropProxy forwards TCP to Redis; when a client->server chunk matches
+// trigger (once), the server's reply to it is swallowed and the client's
+// connection closed: the command ran in Redis, the client sees io.EOF.
+type dropProxy struct {
+	ln      net.Listener
+	trigger *regexp.Regexp
+	armed   atomic.Bool // the next server->client bytes are dropped
+	fired   atomic.Bool
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   []net.Conn
+}
+
+func startDropProxy(t *testing.T, target string, trigger *regexp.Regexp) *dropProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &dropProxy{ln: ln, trigger: trigger}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			var mine atomic.Bool
+			p.wg.Add(2)
+			go func() { // client -> server
+				defer p.wg.Done()
+				buf := make([]byte, 1<<16)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						if !p.fired.Load() && p.trigger.Match(buf[:n]) {
+							p.fired.Store(true)
+							mine.Store(true)
+						}
+						if _, err := s.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						s.Close()
+						return
+					}
+				}
+			}()
+			go func() { // server -> client
+				defer p.wg.Done()
+				buf := make([]byte, 1<<16)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 && mine.Load() {
+						c.Close() // the reply is lost on the way
+						s.Close()
+						return
+					}
+					if n > 0 {
+						if _, err := c.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						c.Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+// TestPublishReplyLost: the replace script runs and its reply is lost
+// (connection reset). go-redis retries commands by default (MaxRetries 3):
+// a second run would answer "stale", and ReplacePolicy would report
+// ErrStalePolicy for the cutover it made itself (found in review). The
+// store's scripts are sent as commands go-redis never retries, and the
+// version is read back instead.
+func TestPublishReplyLost(t *testing.T) {
+	addr := redisAddr(t)
+	p := prefix(t)
+	c := client(t, addr)
+	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	realStores(t, addr, 1, redisstore.Config{Client: c, Prefix: p, Policy: v1})
+	px := startDropProxy(t, addr, regexp.MustCompile(`(?i)evalsha\r\n\$40\r\n[0-9a-f]{40}\r\n\$1\r\n5\r\n`))
+	admin, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, px.ln.Addr().String()), Prefix: p, Policy: v1})
+	require.NoError(t, err)
+	err = admin.ReplacePolicy(context.Background(), policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1)
+	require.True(t, px.fired.Load())
+	require.Equal(t, "2", c.HGet(context.Background(), p+"policy", "v").Val(), "published")
+	require.NoError(t, err, "this call published version 2")
+}
+
+// TestDecideReplyLost: the decide script runs (6 of 10 tokens taken) and
+// its reply is lost. A go-redis retry would run it again, deny, and answer
+// "denied, 4 left" as if Redis had decided that (found in review); the
+// store answers by its failure rule instead.
+func TestDecideReplyLost(t *testing.T) {
+	addr := redisAddr(t)
+	p := prefix(t)
+	c := client(t, addr)
+	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	realStores(t, addr, 1, redisstore.Config{Client: c, Prefix: p, Policy: v1})
+	px := startDropProxy(t, addr, regexp.MustCompile(`(?i)evalsha\r\n\$40\r\n[0-9a-f]{40}\r\n\$1\r\n4\r\n`))
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, px.ln.Addr().String()), Prefix: p, Policy: v1})
+	require.NoError(t, err)
+	d, err := s.Allow(context.Background(), "k", 6)
+	require.NoError(t, err)
+	require.True(t, px.fired.Load())
+	t.Logf("decision %+v; bucket %q", d, c.Get(context.Background(), p+"k:k").Val())
+	// The outcome is unknown to the client: the failure rule (reported to
+	// OnError and Stats) is the honest answer, not a second run's denial
+	// presented as Redis's decision.
+	require.Equal(t, uint64(1), s.Stats().Failures, "decision %+v", d)
+}
+
+var _ = io.EOF
+var _ = engine.ErrClosed
+
+// With MaxRetries -1 the same lost reply is settled by the read-back.
+func TestPublishReplyLostNoRetries(t *testing.T) {
+	addr := redisAddr(t)
+	p := prefix(t)
+	c := client(t, addr)
+	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	realStores(t, addr, 1, redisstore.Config{Client: c, Prefix: p, Policy: v1})
+	px := startDropProxy(t, addr, regexp.MustCompile(`(?i)evalsha\r\n\$40\r\n[0-9a-f]{40}\r\n\$1\r\n5\r\n`))
+	ac := redis.NewClient(&redis.Options{Addr: px.ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = ac.Close() })
+	admin, err := redisstore.New(context.Background(), redisstore.Config{Client: ac, Prefix: p, Policy: v1})
+	require.NoError(t, err)
+	err = admin.ReplacePolicy(context.Background(), policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1)
+	require.True(t, px.fired.Load())
+	require.NoError(t, err)
+}
