@@ -23,7 +23,6 @@ import (
 type dropProxy struct {
 	ln      net.Listener
 	trigger *regexp.Regexp
-	armed   atomic.Bool // the next server->client bytes are dropped
 	fired   atomic.Bool
 	wg      sync.WaitGroup
 	mu      sync.Mutex
