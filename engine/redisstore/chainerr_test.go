@@ -16,23 +16,6 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-type failLRange struct{ on atomic.Bool }
-
-func (h *failLRange) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *failLRange) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *failLRange) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.on.Load() && cmd.Name() == "lrange" {
-			err := errors.New("injected: connection reset")
-			cmd.SetErr(err)
-			return err
-		}
-		return next(ctx, cmd)
-	}
-}
-
 // TestChainErrorDropsLaterChunks: chunk 0 stops for a chain, chunk 1
 // (same pipeline) is decided by Redis; fetching the chain fails. Chunk 1's
 // decisions must still be answered (exec used to return before reading its
@@ -41,8 +24,15 @@ func (h *failLRange) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestChainErrorDropsLaterChunks(t *testing.T) {
 	clk := clock.NewManual(0)
 	c := client(t, redisAddr(t))
-	h := &failLRange{}
-	c.AddHook(h)
+	var failing atomic.Bool // LRANGE (the chain fetch) fails while set
+	c.AddHook(hook{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		if failing.Load() && cmd.Name() == "lrange" {
+			err := errors.New("injected: connection reset")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}})
 	p := prefix(t)
 	s := newStore(t, redisstore.Config{Client: c, Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}}, clk)
 	ctx := context.Background()
@@ -60,9 +50,9 @@ func TestChainErrorDropsLaterChunks(t *testing.T) {
 	}
 	reqs[redisstore.ChunkSize] = engine.Request{Key: "y", Cost: 3}
 	out := make([]engine.Result, len(reqs))
-	h.on.Store(true)
+	failing.Store(true)
 	require.NoError(t, s.AllowBatch(ctx, reqs, out))
-	h.on.Store(false)
+	failing.Store(false)
 	y := c.Get(ctx, p+"k:y").Val()
 	t.Logf("y answered %+v; y in Redis %q; old %+v; stats %+v", out[redisstore.ChunkSize], y, out[0], s.Stats())
 	require.Equal(t, "2000000000 0 3 5 1", y, "Redis decided y: 3 of 5 taken")

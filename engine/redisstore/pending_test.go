@@ -12,29 +12,6 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// pauseHook holds the first script call whose keys are the lock and the
-// pending flag (a lengthening cutover's first such call sets the flag)
-// until release is closed, after closing reached.
-type pauseHook struct {
-	lock, pending    string
-	once             sync.Once
-	reached, release chan struct{}
-}
-
-func (h *pauseHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *pauseHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *pauseHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		a := cmd.Args()
-		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(a) > 4 && a[3] == h.lock && a[4] == h.pending {
-			h.once.Do(func() { close(h.reached); <-h.release })
-		}
-		return next(ctx, cmd)
-	}
-}
-
 // TestPendingFlagNeedsTheLock: a process whose cutover lock expired (it
 // stalled) must not set the pending flag over the one of the process that
 // took the lock after it; it would later delete it, and buckets would get
@@ -46,9 +23,17 @@ func TestPendingFlagNeedsTheLock(t *testing.T) {
 	c := client(t, addr)
 	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 10}
 	realStores(t, addr, 1, redisstore.Config{Client: c, Prefix: p, Policy: v1})
-	h := &pauseHook{lock: p + "lock", pending: p + "pending", reached: make(chan struct{}), release: make(chan struct{})}
+	// A's first script on the lock and the pending flag (a lengthening
+	// cutover's first sets the flag) waits for release.
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	ca := client(t, addr)
-	ca.AddHook(h)
+	ca.AddHook(hook{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		if k := scriptKeys(cmd); len(k) == 2 && k[0] == p+"lock" && k[1] == p+"pending" {
+			once.Do(func() { close(reached); <-release })
+		}
+		return next(ctx, cmd)
+	}})
 	a, err := redisstore.New(context.Background(), redisstore.Config{Client: ca, Prefix: p, Policy: v1})
 	require.NoError(t, err)
 
@@ -56,12 +41,12 @@ func TestPendingFlagNeedsTheLock(t *testing.T) {
 	go func() {
 		done <- a.ReplacePolicy(context.Background(), policy.Policy{Version: 2, Capacity: 1000, TokensPerSecond: 10}, 1)
 	}()
-	<-h.reached
+	<-reached
 	// A's lock expires; B takes it and sets its own flag
 	ctx := context.Background()
 	require.NoError(t, c.Set(ctx, p+"lock", "B", 0).Err())
 	require.NoError(t, c.Set(ctx, p+"pending", "B", 0).Err())
-	close(h.release)
+	close(release)
 	require.ErrorIs(t, <-done, redisstore.ErrUnavailable, "A lost its lock: its cutover fails")
 	require.Equal(t, "B", c.Get(ctx, p+"pending").Val(), "B's flag untouched")
 	require.Equal(t, "B", c.Get(ctx, p+"lock").Val(), "B's lock untouched")

@@ -1,0 +1,49 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// hook is a go-redis hook made of functions, for tests that stop, fail or
+// watch what a store sends; a nil function passes commands through.
+type hook struct {
+	process  func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error
+	pipeline func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error
+}
+
+func (h hook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	if h.process == nil {
+		return next
+	}
+	return func(ctx context.Context, cmd redis.Cmder) error { return h.process(ctx, cmd, next) }
+}
+
+func (h hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	if h.pipeline == nil {
+		return next
+	}
+	return func(ctx context.Context, cmds []redis.Cmder) error { return h.pipeline(ctx, cmds, next) }
+}
+
+// scriptKeys returns the keys of an EVAL or EVALSHA command, or nil for
+// any other command.
+func scriptKeys(cmd redis.Cmder) []string {
+	a := cmd.Args()
+	if (cmd.Name() != "evalsha" && cmd.Name() != "eval") || len(a) < 3 {
+		return nil
+	}
+	var n int
+	if _, err := fmt.Sscan(fmt.Sprint(a[2]), &n); err != nil || len(a) < 3+n {
+		return nil
+	}
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprint(a[3+i])
+	}
+	return keys
+}
