@@ -135,11 +135,12 @@ func (s *Store) answerFailure(items []item, err error) {
 
 // exec runs items through the decide script in mode "a" (decide), "e"
 // (bring up to date; delete if full) or "c" (bring up to date), at the
-// server's TIME or, for modes "e" and "c", at the instant at. It pipelines one call per ChunkSize items and
-// repeats, for the items not yet done, the calls that met a newer policy, a
-// history their bucket needs or a missing script. It returns how many
-// buckets mode "e" deleted, and the first error that stopped it: Redis's
-// (engine.ErrKeyCapacity for a Redis out of memory) or the context's.
+// server's TIME or, for modes "e" and "c", at the instant at. It pipelines
+// one call per chunk (see chunked) and repeats, for the items not yet done,
+// the calls that met a newer policy, a history their bucket needs or a
+// missing script. It returns how many buckets mode "e" deleted, and the
+// first error that stopped it: Redis's or the context's. (A Redis out of
+// memory answers mode "a" with engine.ErrKeyCapacity per request.)
 func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, error) {
 	deleted := 0
 	todo := make([]*item, 0, len(items))
