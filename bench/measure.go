@@ -33,7 +33,6 @@ func benchDecide(b *testing.B, c contender, s scenario, ks *keySet) {
 	inst := c.setup(s.policy, max(s.keys, 1))
 	defer inst.close()
 	warm(inst.forWorker(), ks, max(c.batch, 1))
-	var offset atomic.Int64
 	b.ReportAllocs()
 	b.ResetTimer()
 	if c.sequential {
@@ -43,23 +42,46 @@ func benchDecide(b *testing.B, c contender, s scenario, ks *keySet) {
 			d.decide(ks.draws[start : start+c.batch])
 		}
 	} else {
-		b.SetParallelism(parallelism)
-		b.RunParallel(func(pb *testing.PB) {
-			d := inst.forWorker()
-			pos := int(offset.Add(104_729)) % (drawLen - c.batch)
-			for pb.Next() {
-				if pos+c.batch > drawLen {
-					pos = 0
-				}
-				d.decide(ks.draws[pos : pos+c.batch])
-				pos += c.batch
-			}
-		})
+		decideParallel(b, ks, c.batch, inst.forWorker)
 	}
 	b.StopTimer()
 	// For batch contenders one op is one batch; report per decision so every
 	// row compares.
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*c.batch), "ns/decision")
+}
+
+// decideParallel runs b's decisions from 8 goroutines per core, each
+// with its own decider from newDecider, batch draws of ks per call, every
+// goroutine starting at its own place in the draws.
+func decideParallel(b *testing.B, ks *keySet, batch int, newDecider func() decider) {
+	var offset atomic.Int64
+	b.SetParallelism(parallelism)
+	b.RunParallel(func(pb *testing.PB) {
+		d, cur := newDecider(), newDrawCursor(ks, int(offset.Add(104_729)), batch)
+		for pb.Next() {
+			d.decide(cur.next())
+		}
+	})
+}
+
+// drawCursor walks ks.draws in runs of batch keys from a start, wrapping
+// around at the end.
+type drawCursor struct {
+	ks         *keySet
+	pos, batch int
+}
+
+func newDrawCursor(ks *keySet, start, batch int) drawCursor {
+	return drawCursor{ks: ks, pos: start % (drawLen - batch), batch: batch}
+}
+
+func (c *drawCursor) next() []string {
+	if c.pos+c.batch > drawLen {
+		c.pos = 0
+	}
+	keys := c.ks.draws[c.pos : c.pos+c.batch]
+	c.pos += c.batch
+	return keys
 }
 
 // retainedPerKey measures the heap a contender keeps per tracked key once n

@@ -45,22 +45,11 @@ func BenchmarkRedisStore(b *testing.B) {
 		}
 		for _, c := range calls {
 			b.Run("scenario="+s.name+"/call="+c.name, func(b *testing.B) {
-				var errs, offset atomic.Int64
+				var errs atomic.Int64
 				failures := st.Stats().Failures
 				b.ReportAllocs()
-				b.SetParallelism(parallelism)
 				b.ResetTimer()
-				b.RunParallel(func(pb *testing.PB) {
-					d := admitterDecider(st, &errs, c.batch)
-					pos := int(offset.Add(104_729)) % (drawLen - c.batch)
-					for pb.Next() {
-						if pos+c.batch > drawLen {
-							pos = 0
-						}
-						d.decide(ks.draws[pos : pos+c.batch])
-						pos += c.batch
-					}
-				})
+				decideParallel(b, ks, c.batch, func() decider { return admitterDecider(st, &errs, c.batch) })
 				b.StopTimer()
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*c.batch), "ns/decision")
 				if f := st.Stats().Failures - failures; f > 0 {

@@ -207,16 +207,12 @@ func runFor(ks *keySet, workers, batch int, d time.Duration, newDecider func() d
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pos := (w * 104_729) % (drawLen - batch)
+			cur := newDrawCursor(ks, w*104_729, batch)
 			<-begin
 			var n, a int64
 			for !stop.Load() {
-				if pos+batch > drawLen {
-					pos = 0
-				}
-				a += int64(dec.decide(ks.draws[pos : pos+batch]))
+				a += int64(dec.decide(cur.next()))
 				n += int64(batch)
-				pos += batch
 			}
 			decisions.Add(n)
 			allowed.Add(a)

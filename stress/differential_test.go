@@ -36,18 +36,7 @@ func TestDiffSeeds(t *testing.T) {
 			t.Fatal(diffCheck(tr, diffNewEngine, nil))
 		}
 		require.True(t, out.valid, "seed %d: the generator made a trace outside the contract", seed)
-		cutovers := 0
-		for _, l := range out.lines {
-			for _, w := range want {
-				if strings.Contains(l, w) {
-					seen[w]++
-				}
-			}
-			if strings.Contains(l, "ReplacePolicy(") && strings.Contains(l, ") -> nil;") {
-				cutovers++
-			}
-		}
-		longest = max(longest, cutovers)
+		longest = max(longest, diffTally(out.lines, want, seen))
 	}
 	for _, w := range want {
 		assert.Positive(t, seen[w], "no trace produced %s", w)
@@ -210,4 +199,20 @@ func TestDiffCommand(t *testing.T) {
 	n, err := strconv.Atoi(m[1])
 	require.NoError(t, err)
 	assert.Positive(t, n, buf.String())
+}
+
+// diffTally counts, in a rendered replay, the lines containing each of want
+// into seen, and returns how many cutovers succeeded.
+func diffTally(lines, want []string, seen map[string]int) (cutovers int) {
+	for _, l := range lines {
+		for _, w := range want {
+			if strings.Contains(l, w) {
+				seen[w]++
+			}
+		}
+		if strings.Contains(l, "ReplacePolicy(") && strings.Contains(l, ") -> nil;") {
+			cutovers++
+		}
+	}
+	return cutovers
 }
