@@ -1,6 +1,10 @@
 package msg
 
-import "time"
+import (
+	"runtime"
+	"sync/atomic"
+	"time"
+)
 
 // Decision is a shard's answer to one admission, field for field the same as
 // engine.Decision so the engine converts it without copying field by field.
@@ -30,14 +34,58 @@ const (
 )
 
 // Allow asks a shard to act on one key: decide a request, by default (see
-// Op). The shard writes Reply and then sends on Done.
+// Op). The sender calls Arm before handing it over and Wait to await the
+// answer; the shard writes Reply and then calls Finish.
 type Allow struct {
 	Op    Op
 	Key   string
 	Hash  uint64 // the key's hash by the shard's Hasher, computed to route it
 	Cost  int64
 	Reply Reply
+	Next  *Allow        // link in the mailbox's queue, owned by the mailbox
 	Done  chan struct{} // one-slot buffer; made once per pooled message
+
+	stage atomic.Uint32 // stagePending, stageDone or stageParked
+}
+
+// The stages of an Allow's completion. The sender and the shard each move
+// it with one atomic step, so exactly one of them sees the other's: the
+// shard finishing a request whose sender has parked sends on Done, and a
+// sender that finds it finished never parks.
+const (
+	stagePending uint32 = iota
+	stageDone
+	stageParked
+)
+
+// waitYields is how many times Wait yields the processor, checking for the
+// answer after each, before it parks. A yield is several times cheaper than
+// a park and a wake-up (PERF-NOTES), and the shard usually answers within
+// one or two: it decides a whole queue of requests at a time.
+const waitYields = 2
+
+// Arm readies a for one more request: call it before each hand-over.
+func (a *Allow) Arm() { a.stage.Store(stagePending) }
+
+// Finish publishes Reply to the sender. The shard must not touch a after
+// it: the sender may already be reusing it.
+func (a *Allow) Finish() {
+	if a.stage.Swap(stageDone) == stageParked {
+		a.Done <- struct{}{}
+	}
+}
+
+// Wait returns once the shard has called Finish; Reply is then the answer.
+func (a *Allow) Wait() {
+	for range waitYields {
+		runtime.Gosched()
+		if a.stage.Load() == stageDone {
+			return
+		}
+	}
+	if a.stage.CompareAndSwap(stagePending, stageParked) {
+		<-a.Done
+	}
 }
 
 // Item is one request of a batch part.

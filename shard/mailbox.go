@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -12,17 +13,35 @@ import (
 // count the data senders inside a send.
 const closedBit = 1 << 62
 
-// Mailbox is how requests reach one shard: bounded channels for data (one per
-// request kind) and unbuffered channels for control, which the shard serves
-// first. It is the one piece a faster transport would replace; State does not
-// know it exists.
+// Mailbox is how requests reach one shard. Single requests go on a
+// lock-free take-all queue: a sender pushes with one compare-and-swap, and
+// the shard takes everything queued with one swap, so a busy shard serves
+// many requests per wake-up and a sender touches no lock. Batch parts go on
+// a bounded channel, and control on unbuffered channels, which the shard
+// serves first. It is the one piece a faster transport would replace; State
+// does not know it exists.
 //
-// Close must never strand a request in a buffer that nobody will drain, so
-// data senders register in senders while they send: Close sets the closed bit,
-// waits until no sender is inside, and only then lets the shard do its final
+// Close must never strand a request that nobody will drain, so data senders
+// register in senders while they send: Close sets the closed bit, waits
+// until no sender is inside, and only then lets the shard do its final
 // drain. Mailbox is safe for concurrent use and must not be copied.
 type Mailbox struct {
-	allow   chan *msg.Allow
+	// The queue of single requests, newest first, and how many it holds
+	// (counted before the push, so never fewer than it holds).
+	head   atomic.Pointer[msg.Allow]
+	queued atomic.Int64
+	// sleeping is set by the shard just before it parks; the sender that
+	// clears it sends the wake-up.
+	sleeping atomic.Bool
+	wake     chan struct{} // one-slot buffer
+
+	size int64 // how many single requests may wait; more block
+	// Senders that find the queue full wait for room on room, which the
+	// shard closes once it has taken requests; roomWanted says one waits.
+	roomMu     sync.Mutex
+	room       chan struct{}
+	roomWanted atomic.Bool
+
 	batch   chan *msg.Batch
 	ready   chan struct{} // taken only when the shard can prepare at once
 	prepare chan *msg.Prepare
@@ -38,12 +57,13 @@ type Mailbox struct {
 	drainOnce sync.Once
 }
 
-// NewMailbox returns a mailbox whose data channels hold size messages each.
-// closing must be closed when the engine starts closing: it releases senders
-// blocked on a full mailbox.
+// NewMailbox returns a mailbox where size single requests, and separately
+// size batch parts, may wait. closing must be closed when the engine starts
+// closing: it releases senders blocked on a full mailbox.
 func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 	return &Mailbox{
-		allow:   make(chan *msg.Allow, size),
+		wake:    make(chan struct{}, 1),
+		size:    int64(size),
 		batch:   make(chan *msg.Batch, size),
 		ready:   make(chan struct{}),
 		prepare: make(chan *msg.Prepare),
@@ -57,32 +77,127 @@ func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 }
 
 // SendAllow hands a to the shard. It returns ErrClosed if the mailbox is
-// closed, the context's error if ctx is done first (checked before the send,
-// since a select between a ready channel and a done context picks at random),
-// and nil once the shard holds a; then the shard will answer on a.Done.
+// closed, the context's error if ctx is done first (checked before the
+// hand-over, DESIGN 3.2), and nil once the shard holds a; then the shard
+// will answer, and a.Wait returns once it has. A full mailbox blocks until
+// there is room, ctx ends or the engine closes.
 func (m *Mailbox) SendAllow(ctx context.Context, a *msg.Allow) error {
-	return send(ctx, m, m.allow, a)
+	if !m.enter() {
+		return msg.ErrClosed
+	}
+	err := ctx.Err()
+	if err == nil && m.queued.Add(1) > m.size {
+		err = m.waitRoom(ctx)
+	}
+	if err == nil {
+		a.Arm()
+		for {
+			old := m.head.Load()
+			a.Next = old
+			if m.head.CompareAndSwap(old, a) {
+				break
+			}
+		}
+		if m.sleeping.Load() && m.sleeping.CompareAndSwap(true, false) {
+			select {
+			case m.wake <- struct{}{}:
+			default: // a wake-up is already pending
+			}
+		}
+	}
+	m.leave()
+	return err
 }
 
-// SendBatch is SendAllow for a batch part; the shard answers on b.Done.
+// waitRoom is SendAllow's slow path, entered having counted itself in a
+// full queue: it uncounts itself and waits until it can count itself in
+// with room to spare, ctx ends or the engine closes.
+func (m *Mailbox) waitRoom(ctx context.Context) error {
+	for {
+		m.queued.Add(-1)
+		m.roomMu.Lock()
+		if m.room == nil {
+			m.room = make(chan struct{})
+		}
+		room := m.room
+		m.roomWanted.Store(true)
+		m.roomMu.Unlock()
+		// The shard takes, then checks roomWanted; we set it, then check
+		// the count: one of us sees the other, so no wake-up is lost.
+		if m.queued.Load() >= m.size {
+			select {
+			case <-room:
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-m.closing:
+				return msg.ErrClosed
+			}
+		}
+		if m.queued.Add(1) <= m.size {
+			return nil
+		}
+	}
+}
+
+// takeAllows appends every queued single request to g in arrival order and
+// returns it. Only the shard's goroutine may call it.
+func (m *Mailbox) takeAllows(g []*msg.Allow) []*msg.Allow {
+	h := m.head.Swap(nil)
+	if h == nil {
+		return g
+	}
+	n := 0
+	for a := h; a != nil; a = a.Next {
+		n++
+	}
+	from := len(g)
+	g = slices.Grow(g, n)[:from+n]
+	for i, a := from+n-1, h; a != nil; i, a = i-1, a.Next {
+		g[i] = a
+	}
+	m.queued.Add(-int64(n))
+	if m.roomWanted.Load() {
+		m.roomMu.Lock()
+		if m.room != nil {
+			close(m.room)
+			m.room = nil
+		}
+		m.roomWanted.Store(false)
+		m.roomMu.Unlock()
+	}
+	return g
+}
+
+// sleep announces that the shard is about to park. It reports false, and
+// does not announce it, if single requests are already queued: a sender
+// pushes then checks sleeping, the shard sets sleeping then checks the
+// queue, so one of them sees the other. After parking, call awake.
+func (m *Mailbox) sleep() bool {
+	m.sleeping.Store(true)
+	if m.head.Load() != nil {
+		m.sleeping.Store(false)
+		return false
+	}
+	return true
+}
+
+// awake ends what sleep announced; a wake-up sent meanwhile stays in the
+// channel and at worst makes one later park return early.
+func (m *Mailbox) awake() { m.sleeping.Store(false) }
+
+// SendBatch hands a batch part to the shard, which answers on b.Done. It
+// checks like SendAllow, and blocks on a full mailbox the same way.
 func (m *Mailbox) SendBatch(ctx context.Context, b *msg.Batch) error {
-	return send(ctx, m, m.batch, b)
-}
-
-// send puts v on one of m's data channels, registered as a sender so Close
-// cannot strand it. A full channel blocks until there is room, ctx ends or
-// the engine closes.
-func send[T any](ctx context.Context, m *Mailbox, ch chan<- T, v T) error {
 	if !m.enter() {
 		return msg.ErrClosed
 	}
 	err := ctx.Err()
 	if err == nil {
 		select {
-		case ch <- v:
+		case m.batch <- b:
 		default: // full: wait for room, the context or Close
 			select {
-			case ch <- v:
+			case m.batch <- b:
 			case <-ctx.Done():
 				err = ctx.Err()
 			case <-m.closing:
@@ -166,7 +281,7 @@ func (m *Mailbox) Snapshot(ctx context.Context, s *msg.Snapshot) (int64, error) 
 }
 
 // Depth returns how many single requests and batch parts are queued.
-func (m *Mailbox) Depth() int { return len(m.allow) + len(m.batch) }
+func (m *Mailbox) Depth() int { return int(m.queued.Load()) + len(m.batch) }
 
 // Close marks the mailbox closed and waits until no sender is inside a send.
 // After it returns, nothing more can enter the data channels. It is safe to

@@ -10,10 +10,6 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// maxGroup bounds how many queued single requests the loop takes before it
-// reads the clock and decides them, so one burst cannot starve control.
-const maxGroup = 64
-
 // Shard is one goroutine's worth of state: a State, the clock it reads and
 // the Mailbox it serves. Run is meant for one goroutine, which then owns it.
 type Shard struct {
@@ -149,7 +145,7 @@ func New(p policy.Policy, clk clock.Clock, budget *Budget, mb *Mailbox, h *Hashe
 		state: NewState(p, budget, h),
 		clk:   clk,
 		mb:    mb,
-		group: make([]*msg.Allow, 0, maxGroup),
+		group: make([]*msg.Allow, 0, mb.size), // the most a mailbox queues
 	}
 }
 
@@ -197,37 +193,62 @@ func (s *Shard) Run(stop <-chan struct{}) {
 		case m := <-mb.snap:
 			s.beginSnapshot(m)
 		default:
-			// Nothing waiting. After single requests, yield once before
-			// parking, so callers about to send join the next group: parking
-			// and waking cost several times a yield (PERF-NOTES). Batch parts
-			// already amortise the wake-up, and measured slower with it.
-			if s.lastSingle {
-				s.lastSingle = false
-				runtime.Gosched()
-				continue
-			}
-			if s.unsaved > 0 {
-				s.publish() // about to park: let Stats see everything so far
-			}
-			select {
-			case p := <-mb.prepare:
-				if !s.cutover(p, stop) {
-					return
-				}
-			case <-mb.ready:
-			case w := <-mb.sweep:
-				s.beginSweep(w)
-			case m := <-mb.snap:
-				s.beginSnapshot(m)
-			case a := <-mb.allow:
-				s.serveAllow(a)
-			case b := <-mb.batch:
-				s.serveBatch(b)
-			case <-stop:
+			if !s.serveData() && !s.idle(stop) {
 				return
 			}
 		}
 	}
+}
+
+// serveData serves the single requests queued, if any, then one waiting
+// batch part, if any: one of each per turn, so neither kind starves the
+// other. It reports whether it served anything.
+func (s *Shard) serveData() bool {
+	served := s.serveAllows()
+	select {
+	case b := <-s.mb.batch:
+		s.serveBatch(b)
+		return true
+	default:
+		return served
+	}
+}
+
+// idle runs when nothing is waiting. After single requests it yields once,
+// so callers about to send join the next group: parking and waking cost
+// several times a yield (PERF-NOTES). Batch parts already amortise the
+// wake-up, and measured slower with it. Otherwise it parks until anything
+// arrives or stop closes, publishing the counters first. It returns false
+// if stop came.
+func (s *Shard) idle(stop <-chan struct{}) bool {
+	if s.lastSingle {
+		s.lastSingle = false
+		runtime.Gosched()
+		return true
+	}
+	if s.unsaved > 0 {
+		s.publish() // about to park: let Stats see everything so far
+	}
+	mb := s.mb
+	if !mb.sleep() {
+		return true
+	}
+	defer mb.awake()
+	select {
+	case p := <-mb.prepare:
+		return s.cutover(p, stop)
+	case <-mb.ready:
+	case w := <-mb.sweep:
+		s.beginSweep(w)
+	case m := <-mb.snap:
+		s.beginSnapshot(m)
+	case <-mb.wake:
+	case b := <-mb.batch:
+		s.serveBatch(b)
+	case <-stop:
+		return false
+	}
+	return true
 }
 
 // beginSweep starts a sliced sweep; the loop runs it a slice at a time.
@@ -257,19 +278,17 @@ func (s *Shard) sweepStep(stop <-chan struct{}) bool {
 	return true
 }
 
-// serveOneOrYield serves one waiting data message, or else yields, between
-// two slices of background work; it reports false if stop came. Without the
-// yield, on one core the work would run slice after slice until preempted,
-// and callers would wait whole 10 ms scheduler time slices.
+// serveOneOrYield serves what data is waiting (see serveData), or else
+// yields, between two slices of background work; it reports false if stop
+// came. Without the yield, on one core the work would run slice after slice
+// until preempted, and callers would wait whole 10 ms scheduler time slices.
 func (s *Shard) serveOneOrYield(stop <-chan struct{}) bool {
 	select {
-	case a := <-s.mb.allow:
-		s.serveAllow(a)
-	case b := <-s.mb.batch:
-		s.serveBatch(b)
 	case <-stop:
 		return false
 	default:
+	}
+	if !s.serveData() {
 		runtime.Gosched()
 	}
 	return true
@@ -302,13 +321,18 @@ func (s *Shard) snapStep(stop <-chan struct{}) bool {
 		if s.unsaved > 0 {
 			s.publish() // about to park
 		}
+		if !s.mb.sleep() {
+			s.serveAllows()
+			return true
+		}
+		defer s.mb.awake()
 		select {
 		case c := <-m.Free:
 			s.copyChunk(c)
 		case <-m.Cancel:
 			s.snap = nil
-		case a := <-s.mb.allow:
-			s.serveAllow(a)
+		case <-s.mb.wake:
+			s.serveAllows()
 		case b := <-s.mb.batch:
 			s.serveBatch(b)
 		case <-stop:
@@ -374,19 +398,11 @@ func (s *Shard) convertStep(stop <-chan struct{}) bool {
 	return true
 }
 
-// serveWaiting serves one waiting data message, if any. It follows every
+// serveWaiting serves what data is waiting (see serveData). It follows every
 // cutover: control goes first, but back-to-back cutovers would otherwise
 // starve data for as long as they keep coming (measured: 70 in a row held a
 // request up for half a second).
-func (s *Shard) serveWaiting() {
-	select {
-	case a := <-s.mb.allow:
-		s.serveAllow(a)
-	case b := <-s.mb.batch:
-		s.serveBatch(b)
-	default:
-	}
-}
+func (s *Shard) serveWaiting() { s.serveData() }
 
 func (s *Shard) serveBatch(b *msg.Batch) {
 	now := s.clk.Now()
@@ -409,32 +425,27 @@ func (s *Shard) serveBatch(b *msg.Batch) {
 	s.served()
 }
 
-// serveAllow takes first and whatever else is queued (up to maxGroup), reads
-// the clock once after the take, and decides them in arrival order.
-func (s *Shard) serveAllow(first *msg.Allow) {
-	s.lastSingle = true
-	g := append(s.group[:0], first)
-take:
-	for len(g) < maxGroup {
-		select {
-		case a := <-s.mb.allow:
-			g = append(g, a)
-		default:
-			break take
-		}
+// serveAllows takes every queued single request, reads the clock once
+// after the take, and decides them in arrival order. It reports whether
+// there were any.
+func (s *Shard) serveAllows() bool {
+	g := s.mb.takeAllows(s.group[:0])
+	if len(g) == 0 {
+		return false
 	}
+	s.lastSingle = true
 	if s.bare {
 		for i, a := range g {
-			a.Done <- struct{}{}
+			a.Finish()
 			g[i] = nil
 		}
 		s.group = g[:0]
-		return
+		return true
 	}
 	if len(g) > 1 && s.state.tab.count >= warmFrom {
 		s.state.warmAllows(g)
 	}
-	if d := int64(len(g)) + int64(len(s.mb.allow)); d > s.c.HighWater {
+	if d := int64(len(g)) + s.mb.queued.Load(); d > s.c.HighWater {
 		s.c.HighWater = d
 	}
 	now := s.clk.Now()
@@ -445,11 +456,12 @@ take:
 			a.Reply = s.state.inspect(now, a)
 		}
 		s.count(now, a)
-		a.Done <- struct{}{}
+		a.Finish() // after this, a belongs to its sender again
 		g[i] = nil // the message goes back to its pool; do not keep it alive
 	}
 	s.group = g[:0]
 	s.served()
+	return true
 }
 
 // cutover runs one prepare and waits, serving nothing else, for publish or
@@ -479,12 +491,13 @@ func (s *Shard) cutover(p *msg.Prepare, stop <-chan struct{}) bool {
 // drain answers ErrClosed to every queued data request.
 func (s *Shard) drain() {
 	defer s.publish() // the final counts, for Stats after Close
+	for _, a := range s.mb.takeAllows(s.group[:0]) {
+		a.Reply = msg.Reply{Err: msg.ErrClosed}
+		s.c.Errors[msg.KindClosed]++
+		a.Finish()
+	}
 	for {
 		select {
-		case a := <-s.mb.allow:
-			a.Reply = msg.Reply{Err: msg.ErrClosed}
-			s.c.Errors[msg.KindClosed]++
-			a.Done <- struct{}{}
 		case b := <-s.mb.batch:
 			for i := range b.Out[:len(b.Items)] {
 				b.Out[i] = msg.Reply{Err: msg.ErrClosed}

@@ -61,7 +61,7 @@ func allowAsync(t *testing.T, mb *Mailbox, key string, cost int64) <-chan msg.Re
 			got <- msg.Reply{Err: err}
 			return
 		}
-		<-a.Done
+		a.Wait()
 		got <- a.Reply
 	}()
 	return got
@@ -180,11 +180,11 @@ func TestMailboxFullBlocksUntilContext(t *testing.T) {
 		// Stall the shard in its clock read so nothing leaves the mailbox.
 		first := allowAsync(t, l.mb, "a", 1)
 		synctest.Wait()
-		for range cap(l.mb.allow) {
+		for range l.mb.size {
 			allowAsync(t, l.mb, "a", 1)
 		}
 		synctest.Wait()
-		require.Len(t, l.mb.allow, cap(l.mb.allow))
+		require.EqualValues(t, l.mb.size, l.mb.Depth())
 
 		ctx, cancel := context.WithCancel(context.Background())
 		blocked := make(chan error, 1)
@@ -262,7 +262,7 @@ func TestRunCutoversOutpaceConversion(t *testing.T) {
 		key := fmt.Sprintf("k%d", i)
 		a := &msg.Allow{Key: key, Hash: testHasher.Sum(key), Cost: 1, Done: make(chan struct{}, 1)}
 		require.NoError(t, mb.SendAllow(ctx, a))
-		<-a.Done
+		a.Wait()
 		require.Equal(t, m.allow(100*sec, key, 1), a.Reply, "key %s", key)
 	}
 	close(closing)
