@@ -15,7 +15,9 @@ import (
 //
 // Allow blocks while the shard's mailbox is full, until there is room, ctx
 // ends or the engine closes; once the shard has taken the request, Allow
-// returns its answer whatever ctx does. It does not allocate.
+// returns its answer whatever ctx does. It does not allocate, except while
+// it waits for room in a full mailbox; callers waiting for room are not
+// served in order.
 func (e *Engine) Allow(ctx context.Context, key string, cost int64) (Decision, error) {
 	return e.single(ctx, msg.OpAllow, key, cost)
 }

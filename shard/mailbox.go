@@ -61,6 +61,9 @@ type Mailbox struct {
 // size batch parts, may wait. closing must be closed when the engine starts
 // closing: it releases senders blocked on a full mailbox.
 func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
+	if size < 1 {
+		panic("shard: mailbox size must be at least 1")
+	}
 	return &Mailbox{
 		wake:    make(chan struct{}, 1),
 		size:    int64(size),
@@ -152,8 +155,10 @@ func (m *Mailbox) takeAllows(g []*msg.Allow) []*msg.Allow {
 	}
 	from := len(g)
 	g = slices.Grow(g, n)[:from+n]
-	for i, a := from+n-1, h; a != nil; i, a = i-1, a.Next {
-		g[i] = a
+	for i, a := from+n-1, h; a != nil; i-- {
+		next := a.Next
+		a.Next = nil // a pooled message must not keep others alive
+		g[i], a = a, next
 	}
 	m.queued.Add(-int64(n))
 	if m.roomWanted.Load() {
