@@ -42,7 +42,12 @@ type Mailbox struct {
 	room       chan struct{}
 	roomWanted atomic.Bool
 
-	batch   chan *msg.Batch
+	batch chan *msg.Batch
+
+	// control counts the senders of control messages (readiness, prepare,
+	// sweep, snapshot) not yet done, so the busy shard looks for them only
+	// when there are any.
+	control atomic.Int32
 	ready   chan struct{} // taken only when the shard can prepare at once
 	prepare chan *msg.Prepare
 	publish chan struct{}
@@ -220,6 +225,8 @@ func (m *Mailbox) SendBatch(ctx context.Context, b *msg.Batch) error {
 // barrier, during which prepared shards serve nothing, short. ctx and Close
 // end the wait.
 func (m *Mailbox) WaitReady(ctx context.Context) error {
+	m.control.Add(1)
+	defer m.control.Add(-1)
 	select {
 	case m.ready <- struct{}{}:
 		return nil
@@ -233,6 +240,8 @@ func (m *Mailbox) WaitReady(ctx context.Context) error {
 // Prepare sends a cutover prepare and returns the shard's answer. ctx and
 // Close end the wait for the shard to take it; once taken, it is answered.
 func (m *Mailbox) Prepare(ctx context.Context, p *msg.Prepare) error {
+	m.control.Add(1)
+	defer m.control.Add(-1)
 	select {
 	case m.prepare <- p:
 		return <-p.Done
@@ -262,6 +271,8 @@ func (m *Mailbox) signal(ch chan struct{}) bool {
 // Sweep sends a sweep and returns the shard's answer, or the context's error
 // or ErrClosed if the shard did not take it.
 func (m *Mailbox) Sweep(ctx context.Context, w *msg.Sweep) msg.SweepReply {
+	m.control.Add(1)
+	defer m.control.Add(-1)
 	select {
 	case m.sweep <- w:
 		return <-w.Done
@@ -275,6 +286,8 @@ func (m *Mailbox) Sweep(ctx context.Context, w *msg.Sweep) msg.SweepReply {
 // Snapshot hands m to the shard and returns its clock reading, or the
 // context's error or ErrClosed if the shard did not take it.
 func (m *Mailbox) Snapshot(ctx context.Context, s *msg.Snapshot) (int64, error) {
+	m.control.Add(1)
+	defer m.control.Add(-1)
 	select {
 	case m.snap <- s:
 		return <-s.Begin, nil

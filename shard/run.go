@@ -180,22 +180,30 @@ func (s *Shard) Run(stop <-chan struct{}) {
 			}
 			continue
 		}
-		// Control first: a cutover or sweep never waits behind data. The
-		// blocking select below lists them again so they also wake the loop.
-		select {
-		case p := <-mb.prepare:
-			if !s.cutover(p, stop) {
-				return
+		// Control first: a cutover or sweep never waits behind data.
+		// Control senders count themselves in mb.control, so the loop pays
+		// for this select only when one waits; idle's select lists the
+		// same channels, so they also wake a parked loop.
+		if mb.control.Load() != 0 {
+			select {
+			case p := <-mb.prepare:
+				if !s.cutover(p, stop) {
+					return
+				}
+				continue
+			case <-mb.ready:
+				continue
+			case w := <-mb.sweep:
+				s.beginSweep(w)
+				continue
+			case m := <-mb.snap:
+				s.beginSnapshot(m)
+				continue
+			default:
 			}
-		case <-mb.ready:
-		case w := <-mb.sweep:
-			s.beginSweep(w)
-		case m := <-mb.snap:
-			s.beginSnapshot(m)
-		default:
-			if !s.serveData() && !s.idle(stop) {
-				return
-			}
+		}
+		if !s.serveData() && !s.idle(stop) {
+			return
 		}
 	}
 }
