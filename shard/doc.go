@@ -13,6 +13,7 @@
 // sweep pass in progress are read and written only by the goroutine running
 // Shard.Run (or, in tests, the
 // one goroutine calling State's methods). The Budget is the only state shared
-// between shards, and it is a single atomic counter. The Mailbox's channels
-// and sender count are the only fields both callers and the owner touch.
+// between shards, and it is a single atomic counter. The Mailbox (its queue
+// of single requests, its channels and its counters) is the only thing both
+// callers and the owner touch.
 package shard

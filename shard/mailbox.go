@@ -10,8 +10,11 @@ import (
 )
 
 // closedBit marks a closed mailbox in Mailbox.senders; the bits below it
-// count the data senders inside a send.
+// count the batch senders inside a send.
 const closedBit = 1 << 62
+
+// closedQueue is the head of a closed mailbox's queue of single requests.
+var closedQueue = new(msg.Allow)
 
 // Mailbox is how requests reach one shard. Single requests go on a
 // lock-free take-all queue: a sender pushes with one compare-and-swap, and
@@ -21,15 +24,19 @@ const closedBit = 1 << 62
 // serves first. It is the one piece a faster transport would replace; State
 // does not know it exists.
 //
-// Close must never strand a request that nobody will drain, so data senders
-// register in senders while they send: Close sets the closed bit, waits
-// until no sender is inside, and only then lets the shard do its final
-// drain. Mailbox is safe for concurrent use and must not be copied.
+// Close must never strand a request that nobody will drain. A single
+// request is pushed with one compare-and-swap, and Close swaps the queue
+// for a closed marker in one step: a push lands before it, in what Close
+// hands the shard's final drain, or fails and reports ErrClosed. Batch
+// senders register in senders while they send: Close sets the closed bit
+// and waits until no sender is inside, and only then lets the shard do its
+// final drain. Mailbox is safe for concurrent use and must not be copied.
 type Mailbox struct {
 	// The queue of single requests, newest first, and how many it holds
 	// (counted before the push, so never fewer than it holds).
-	head   atomic.Pointer[msg.Allow]
+	head   atomic.Pointer[msg.Allow] // closedQueue once closed
 	queued atomic.Int64
+	left   *msg.Allow // what Close took from the queue, for the final drain
 	// sleeping is set by the shard just before it parks; the sender that
 	// clears it sends the wake-up.
 	sleeping atomic.Bool
@@ -90,31 +97,36 @@ func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 // will answer, and a.Wait returns once it has. A full mailbox blocks until
 // there is room, ctx ends or the engine closes.
 func (m *Mailbox) SendAllow(ctx context.Context, a *msg.Allow) error {
-	if !m.enter() {
+	if m.head.Load() == closedQueue {
 		return msg.ErrClosed
 	}
-	err := ctx.Err()
-	if err == nil && m.queued.Add(1) > m.size {
-		err = m.waitRoom(ctx)
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	if err == nil {
-		a.Arm()
-		for {
-			old := m.head.Load()
-			a.Next = old
-			if m.head.CompareAndSwap(old, a) {
-				break
-			}
-		}
-		if m.sleeping.Load() && m.sleeping.CompareAndSwap(true, false) {
-			select {
-			case m.wake <- struct{}{}:
-			default: // a wake-up is already pending
-			}
+	if m.queued.Add(1) > m.size {
+		if err := m.waitRoom(ctx); err != nil {
+			return err
 		}
 	}
-	m.leave()
-	return err
+	a.Arm()
+	for {
+		old := m.head.Load()
+		if old == closedQueue {
+			m.queued.Add(-1)
+			return msg.ErrClosed
+		}
+		a.Next = old
+		if m.head.CompareAndSwap(old, a) {
+			break
+		}
+	}
+	if m.sleeping.Load() && m.sleeping.CompareAndSwap(true, false) {
+		select {
+		case m.wake <- struct{}{}:
+		default: // a wake-up is already pending
+		}
+	}
+	return nil
 }
 
 // waitRoom is SendAllow's slow path, entered having counted itself in a
@@ -150,10 +162,22 @@ func (m *Mailbox) waitRoom(ctx context.Context) error {
 // takeAllows appends every queued single request to g in arrival order and
 // returns it. Only the shard's goroutine may call it.
 func (m *Mailbox) takeAllows(g []*msg.Allow) []*msg.Allow {
-	h := m.head.Swap(nil)
-	if h == nil {
-		return g
+	var h *msg.Allow
+	for {
+		h = m.head.Load()
+		if h == nil || h == closedQueue {
+			return g
+		}
+		if m.head.CompareAndSwap(h, nil) {
+			break
+		}
 	}
+	return m.order(g, h)
+}
+
+// order appends the queue whose newest request is h to g in arrival order,
+// and uncounts it.
+func (m *Mailbox) order(g []*msg.Allow, h *msg.Allow) []*msg.Allow {
 	n := 0
 	for a := h; a != nil; a = a.Next {
 		n++
@@ -184,7 +208,7 @@ func (m *Mailbox) takeAllows(g []*msg.Allow) []*msg.Allow {
 // queue, so one of them sees the other. After parking, call awake.
 func (m *Mailbox) sleep() bool {
 	m.sleeping.Store(true)
-	if m.head.Load() != nil {
+	if h := m.head.Load(); h != nil && h != closedQueue {
 		m.sleeping.Store(false)
 		return false
 	}
@@ -302,9 +326,12 @@ func (m *Mailbox) Snapshot(ctx context.Context, s *msg.Snapshot) (int64, error) 
 func (m *Mailbox) Depth() int { return int(m.queued.Load()) + len(m.batch) }
 
 // Close marks the mailbox closed and waits until no sender is inside a send.
-// After it returns, nothing more can enter the data channels. It is safe to
-// call more than once.
+// After it returns, nothing more can enter the mailbox. It is safe to call
+// more than once.
 func (m *Mailbox) Close() {
+	if h := m.head.Swap(closedQueue); h != closedQueue {
+		m.left = h // the shard reads it only after the engine closes stop
+	}
 	if m.senders.Or(closedBit) == 0 {
 		m.drainOnce.Do(m.closeDrained)
 	}
@@ -326,3 +353,14 @@ func (m *Mailbox) leave() {
 }
 
 func (m *Mailbox) closeDrained() { close(m.drained) }
+
+// takeLeft is takeAllows for the final drain, after Close: what Close took
+// from the queue. Only the shard's goroutine may call it, once stop closed.
+func (m *Mailbox) takeLeft(g []*msg.Allow) []*msg.Allow {
+	h := m.left
+	m.left = nil
+	if h == nil {
+		return g
+	}
+	return m.order(g, h)
+}
