@@ -148,7 +148,7 @@ func (m *Mailbox) waitRoom(ctx context.Context) error {
 			select {
 			case <-room:
 			case <-ctx.Done():
-				return ctx.Err()
+				return m.ended(ctx)
 			case <-m.closing:
 				return msg.ErrClosed
 			}
@@ -156,6 +156,18 @@ func (m *Mailbox) waitRoom(ctx context.Context) error {
 		if m.queued.Add(1) <= m.size {
 			return nil
 		}
+	}
+}
+
+// ended is the error for a wait that ctx ended: ErrClosed if the engine
+// is closing too, since a select between the two picks at random and
+// DESIGN 3.2 puts closed first.
+func (m *Mailbox) ended(ctx context.Context) error {
+	select {
+	case <-m.closing:
+		return msg.ErrClosed
+	default:
+		return ctx.Err()
 	}
 }
 
@@ -233,7 +245,7 @@ func (m *Mailbox) SendBatch(ctx context.Context, b *msg.Batch) error {
 			select {
 			case m.batch <- b:
 			case <-ctx.Done():
-				err = ctx.Err()
+				err = m.ended(ctx)
 			case <-m.closing:
 				err = msg.ErrClosed
 			}
@@ -325,15 +337,17 @@ func (m *Mailbox) Snapshot(ctx context.Context, s *msg.Snapshot) (int64, error) 
 // Depth returns how many single requests and batch parts are queued.
 func (m *Mailbox) Depth() int { return int(m.queued.Load()) + len(m.batch) }
 
-// Close marks the mailbox closed and waits until no sender is inside a send.
-// After it returns, nothing more can enter the mailbox. It is safe to call
-// more than once.
+// Close marks the mailbox closed and waits until no batch sender is inside
+// a send. After it returns, nothing more can enter the mailbox (a single
+// sender still inside SendAllow fails with ErrClosed). It is safe to call
+// more than once, and concurrently: every call returns only after the one
+// that took the queue has left it for the final drain.
 func (m *Mailbox) Close() {
 	if h := m.head.Swap(closedQueue); h != closedQueue {
-		m.left = h // the shard reads it only after the engine closes stop
-	}
-	if m.senders.Or(closedBit) == 0 {
-		m.drainOnce.Do(m.closeDrained)
+		m.left = h // read by the final drain, after stop, after a Close returns
+		if m.senders.Or(closedBit) == 0 {
+			m.drainOnce.Do(m.closeDrained)
+		}
 	}
 	<-m.drained
 }

@@ -501,7 +501,8 @@ func (s *Shard) cutover(p *msg.Prepare, stop <-chan struct{}) bool {
 // drain answers ErrClosed to every queued data request.
 func (s *Shard) drain() {
 	defer s.publish() // the final counts, for Stats after Close
-	g := s.mb.takeLeft(s.group[:0])
+	// What Close took, and anything queued if stop came without a Close.
+	g := s.mb.takeAllows(s.mb.takeLeft(s.group[:0]))
 	for i, a := range g {
 		a.Reply = msg.Reply{Err: msg.ErrClosed}
 		s.c.Errors[msg.KindClosed]++
