@@ -8,5 +8,8 @@
 // receiving shard until it replies, then to the sender again. The reply
 // channels have a one-slot buffer, so a shard never blocks on a reply, and the
 // receive on them is what orders the shard's writes into the message before
-// the sender's reads. Messages are pooled by the engine and reused.
+// the sender's reads. A single request (Allow) replies through an atomic
+// stage first and uses its channel only if its sender has parked (see
+// Allow.Finish and Allow.Wait); the atomic step orders the writes the same
+// way. Messages are pooled by the engine and reused.
 package msg
