@@ -18,8 +18,8 @@ var closedQueue = new(msg.Allow)
 
 // Mailbox is how requests reach one shard. Single requests go on a
 // lock-free take-all queue: a sender pushes with one compare-and-swap, and
-// the shard takes everything queued with one swap, so a busy shard serves
-// many requests per wake-up and a sender touches no lock. Batch parts go on
+// the shard takes everything queued in one atomic step, so a busy shard
+// serves many requests per wake-up and a sender touches no lock. Batch parts go on
 // a bounded channel, and control on unbuffered channels, which the shard
 // serves first. It is the one piece a faster transport would replace; State
 // does not know it exists.
