@@ -61,8 +61,9 @@ type State struct {
 	pass       *sweepPass // the sweep or conversion pass in progress, if any
 	snapCursor uint64     // the snapshot walk's place, in mixed-hash order
 
-	sink uint64  // keeps the loads that warm the cache from being optimized away
-	offs []int64 // scratch for Batch
+	sink  uint64     // keeps the loads that warm the cache from being optimized away
+	offs  []int64    // scratch for Batch
+	items []msg.Item // scratch for warmAllows
 }
 
 // NewState returns an empty shard state serving p, sharing budget with the
@@ -217,18 +218,13 @@ func (s *State) warmItems(items []msg.Item) {
 
 // warmAllows is warmItems for a group of single requests.
 func (s *State) warmAllows(g []*msg.Allow) {
-	var sink uint64
+	items := s.items[:0]
 	for _, a := range g {
-		sink += s.tab.warmCtrl(a.Hash)
+		items = append(items, msg.Item{Key: a.Key, Hash: a.Hash})
 	}
-	offs := s.offs[:0]
-	for _, a := range g {
-		offs = append(offs, s.tab.warmSlot(a.Hash))
-	}
-	for i, a := range g {
-		sink += s.tab.warmKey(a.Hash, offs[i]) + uint64(a.Key[len(a.Key)-1])
-	}
-	s.offs, s.sink = offs, sink
+	s.warmItems(items)
+	clear(items) // keep no caller's key alive
+	s.items = items[:0]
 }
 
 // Prepare takes now as the cutover reading for next and stops the shard from

@@ -153,28 +153,11 @@ func TestDiffShrinkRedis(t *testing.T) {
 		}
 		return &diffFault{diffTarget: tg, retry: true}, nil
 	}
-	var tr diffTrace
-	for seed := uint64(1); ; seed++ {
-		require.Less(t, seed, uint64(100), "no trace tripped the planted fault")
-		tr = diffGenerateStore(seed, diffOpsPerTrace)
-		out, err := diffReplay(tr, mk, nil, false)
-		require.NoError(t, err)
-		if out.fail != nil {
-			break
-		}
-	}
-	small, replays := diffShrink(tr, mk)
-	t.Logf("seed %d: %d ops shrunk to %d in %d replays", tr.seed, len(tr.ops), len(small.ops), replays)
-	assert.LessOrEqual(t, len(small.ops), 3)
-	out, err := diffReplay(small, mk, nil, false)
-	require.NoError(t, err)
-	require.NotNil(t, out.fail, "the shrunk trace no longer fails")
-	assert.Equal(t, len(small.ops)-1, out.fail.index, "the failure is the last op")
-	clean, err := diffReplay(small, honest, nil, false)
-	require.NoError(t, err)
-	assert.Nil(t, clean.fail, "the shrunk trace fails without the fault")
+	tr := diffTripAndShrink(t, func(seed uint64) diffTrace {
+		return diffGenerateStore(seed, diffOpsPerTrace)
+	}, mk, honest, 3)
 
-	err = diffCheckAs(tr, mk, nil, "-redis "+addr)
+	err := diffCheckAs(tr, mk, nil, "-redis "+addr)
 	var v *Violation
 	require.ErrorAs(t, err, &v)
 	t.Log(v.Error())

@@ -100,6 +100,35 @@ func (f *diffFault) allowBatch(reqs []engine.Request, out []engine.Result) error
 	return err
 }
 
+// diffTripAndShrink finds the first trace from gen that trips the fault
+// behind mk, and checks that it shrinks to at most maxOps ops that still
+// fail, at the last op, with the fault and pass on honest. It returns the
+// trace that tripped.
+func diffTripAndShrink(t *testing.T, gen func(seed uint64) diffTrace, mk, honest diffMaker, maxOps int) diffTrace {
+	t.Helper()
+	var tr diffTrace
+	for seed := uint64(1); ; seed++ {
+		require.Less(t, seed, uint64(100), "no trace tripped the planted fault")
+		tr = gen(seed)
+		out, err := diffReplay(tr, mk, nil, false)
+		require.NoError(t, err)
+		if out.fail != nil {
+			break
+		}
+	}
+	small, replays := diffShrink(tr, mk)
+	t.Logf("seed %d: %d ops shrunk to %d in %d replays", tr.seed, len(tr.ops), len(small.ops), replays)
+	assert.LessOrEqual(t, len(small.ops), maxOps)
+	out, err := diffReplay(small, mk, nil, false)
+	require.NoError(t, err)
+	require.NotNil(t, out.fail, "the shrunk trace no longer fails")
+	assert.Equal(t, len(small.ops)-1, out.fail.index, "the failure is the last op")
+	clean, err := diffReplay(small, honest, nil, false)
+	require.NoError(t, err)
+	assert.Nil(t, clean.fail, "the shrunk trace fails without the fault")
+	return tr
+}
+
 // TestDiffShrink plants faults behind the engine and checks that a failing
 // trace shrinks to a reproduction of a couple of ops that still fails with
 // the fault and passes without it.
@@ -124,28 +153,11 @@ func TestDiffShrink(t *testing.T) {
 				f.diffTarget = tg
 				return &f, nil
 			}
-			var tr diffTrace
-			for seed := uint64(1); ; seed++ {
-				require.Less(t, seed, uint64(100), "no trace tripped the planted fault")
-				tr = diffGenerate(seed, []int{1, 2, 16}, diffOpsPerTrace)
-				out, err := diffReplay(tr, mk, nil, false)
-				require.NoError(t, err)
-				if out.fail != nil {
-					break
-				}
-			}
-			small, replays := diffShrink(tr, mk)
-			t.Logf("seed %d: %d ops shrunk to %d in %d replays", tr.seed, len(tr.ops), len(small.ops), replays)
-			assert.LessOrEqual(t, len(small.ops), tc.maxOps)
-			out, err := diffReplay(small, mk, nil, false)
-			require.NoError(t, err)
-			require.NotNil(t, out.fail, "the shrunk trace no longer fails")
-			assert.Equal(t, len(small.ops)-1, out.fail.index, "the failure is the last op")
-			honest, err := diffReplay(small, diffNewEngine, nil, false)
-			require.NoError(t, err)
-			assert.Nil(t, honest.fail, "the shrunk trace fails without the fault")
+			tr := diffTripAndShrink(t, func(seed uint64) diffTrace {
+				return diffGenerate(seed, []int{1, 2, 16}, diffOpsPerTrace)
+			}, mk, diffNewEngine, tc.maxOps)
 
-			err = diffCheck(tr, mk, nil)
+			err := diffCheck(tr, mk, nil)
 			var v *Violation
 			require.ErrorAs(t, err, &v)
 			t.Log(v.Error())
