@@ -36,10 +36,9 @@ func benchDecide(b *testing.B, c contender, s scenario, ks *keySet) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	if c.sequential {
-		d := inst.forWorker()
+		d, cur := inst.forWorker(), newDrawCursor(ks, 0, c.batch)
 		for i := 0; i < b.N; i += c.batch {
-			start := (i * 7919) % (drawLen - c.batch)
-			d.decide(ks.draws[start : start+c.batch])
+			d.decide(cur.next())
 		}
 	} else {
 		decideParallel(b, ks, c.batch, inst.forWorker)
@@ -85,17 +84,27 @@ func (c *drawCursor) next() []string {
 }
 
 // retainedPerKey measures the heap a contender keeps per tracked key once n
-// keys are tracked: live heap after GC, before and after.
+// keys are tracked: live heap after GC, before and after. Each key is made
+// afresh just before it is first decided, as a request's key is, so a
+// contender that keeps the caller's string is charged for that string and
+// one that copies the key is charged for its copy.
 func retainedPerKey(c contender, n int) float64 {
-	ks := &keySet{names: newKeySet(scenario{keys: n}).names}
+	batch := max(c.batch, 1)
+	keys := make([]string, batch)
 	before := liveHeap()
 	inst := c.setup(admitAll, n)
 	d := inst.forWorker()
-	warm(d, ks, max(c.batch, 1))
+	for i := 0; i < n; i += batch {
+		run := keys[:min(batch, n-i)]
+		for j := range run {
+			run[j] = keyName(i + j)
+		}
+		d.decide(run)
+	}
+	clear(keys)
 	after := liveHeap()
 	runtime.KeepAlive(d) // the decider holds the state of in-process contenders
 	inst.close()
-	runtime.KeepAlive(ks)
 	return float64(int64(after)-int64(before)) / float64(n)
 }
 
