@@ -57,7 +57,7 @@ func (b *Bucket) Refill(l Limit, now int64) {
 		return
 	}
 	addHi, addLo := bits.Mul64(elapsed, uint64(l.TokensPerSecond))
-	defHi, defLo := b.deficit(l.Capacity)
+	defHi, defLo := deficit(b.Tokens, b.Frac, l.Capacity)
 	if addHi > defHi || (addHi == defHi && addLo >= defLo) {
 		b.Tokens, b.Frac = l.Capacity, 0
 		return
@@ -89,11 +89,14 @@ func (b *Bucket) Take(cost int64) bool {
 func (b *Bucket) Decide(l Limit, now, cost int64) Outcome {
 	b.Refill(l, now)
 	o := Outcome{Allowed: b.Take(cost)}
+	// The fields, not the methods on a copy: copying a bucket just written
+	// field by field reads it back in wider loads, which wait for the
+	// stores to retire instead of taking their values.
 	if !o.Allowed {
-		o.RetryAfter = b.RetryAfter(l, cost)
+		o.RetryAfter = retryAfter(b.Tokens, b.Frac, l, cost)
 	}
 	o.Remaining = b.Tokens
-	o.ResetAfter = b.ResetAfter(l)
+	o.ResetAfter = resetAfter(b.Tokens, b.Frac, l)
 	return o
 }
 
@@ -101,22 +104,29 @@ func (b *Bucket) Decide(l Limit, now, cost int64) Outcome {
 // rate l.TokensPerSecond: ceil((cost*1e9 - units) / rate), 0 if it already
 // does, saturated at math.MaxInt64. It is an estimate, not a reservation.
 func (b Bucket) RetryAfter(l Limit, cost int64) int64 {
-	if b.Tokens >= cost {
+	return retryAfter(b.Tokens, b.Frac, l, cost)
+}
+
+func retryAfter(tokens int64, frac uint32, l Limit, cost int64) int64 {
+	if tokens >= cost {
 		return 0
 	}
-	hi, lo := bits.Mul64(uint64(cost-b.Tokens), UnitsPerToken)
-	lo, borrow := bits.Sub64(lo, uint64(b.Frac), 0)
-	return ceilDiv(hi-borrow, lo, uint64(l.TokensPerSecond))
+	hi, lo := deficit(tokens, frac, cost)
+	return ceilDiv(hi, lo, uint64(l.TokensPerSecond))
 }
 
 // ResetAfter is the time, in ns, until b is full at rate l.TokensPerSecond:
 // ceil((capacity*1e9 - units) / rate), 0 when full, saturated at
 // math.MaxInt64.
 func (b Bucket) ResetAfter(l Limit) int64 {
-	if b.Tokens >= l.Capacity {
+	return resetAfter(b.Tokens, b.Frac, l)
+}
+
+func resetAfter(tokens int64, frac uint32, l Limit) int64 {
+	if tokens >= l.Capacity {
 		return 0
 	}
-	hi, lo := b.deficit(l.Capacity)
+	hi, lo := deficit(tokens, frac, l.Capacity)
 	return ceilDiv(hi, lo, uint64(l.TokensPerSecond))
 }
 
@@ -154,11 +164,12 @@ func (b *Bucket) Cutover(old, next Limit, at int64) {
 	b.Clamp(next.Capacity)
 }
 
-// deficit returns capacity*1e9 - units as a 128-bit value; it requires
-// Tokens <= capacity.
-func (b Bucket) deficit(capacity int64) (hi, lo uint64) {
-	hi, lo = bits.Mul64(uint64(capacity-b.Tokens), UnitsPerToken)
-	lo, borrow := bits.Sub64(lo, uint64(b.Frac), 0)
+// deficit returns target*1e9 minus the balance tokens*1e9 + frac as a
+// 128-bit value; it requires tokens < target, or tokens == target with
+// frac == 0.
+func deficit(tokens int64, frac uint32, target int64) (hi, lo uint64) {
+	hi, lo = bits.Mul64(uint64(target-tokens), UnitsPerToken)
+	lo, borrow := bits.Sub64(lo, uint64(frac), 0)
 	return hi - borrow, lo
 }
 
