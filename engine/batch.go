@@ -104,8 +104,11 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 		if p.m.Closed && err == nil {
 			err = ErrClosed // queued, but the shard stopped before taking it
 		}
-		for j, r := range p.m.Out {
-			out[p.idx[j]] = Result{Decision: Decision(r.Decision), Err: r.Err}
+		for j := range p.m.Out {
+			// Field by field, for the reason shard.State.decide gives.
+			r, o := &p.m.Out[j], &out[p.idx[j]]
+			o.Decision = Decision(r.Decision)
+			o.Err = r.Err
 		}
 	}
 	c.reset()

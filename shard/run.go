@@ -461,7 +461,7 @@ func (s *Shard) serveAllows() bool {
 	now := s.clk.Now()
 	for i, a := range g {
 		if a.Op == msg.OpAllow {
-			a.Reply = s.state.AllowHashed(now, a.Key, a.Hash, a.Cost)
+			s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		} else {
 			a.Reply = s.state.inspect(now, a)
 		}

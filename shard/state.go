@@ -93,6 +93,16 @@ func (s *State) Allow(now int64, key string, cost int64) msg.Reply {
 // AllowHashed is Allow for a key whose hash h the caller has computed with
 // the state's Hasher, as the engine does to route it.
 func (s *State) AllowHashed(now int64, key string, h uint64, cost int64) msg.Reply {
+	var r msg.Reply
+	s.decide(now, key, h, cost, &r)
+	return r
+}
+
+// decide is AllowHashed writing its reply into r, field by field: a reply
+// returned by value is stored to the stack in words and copied out in wider
+// loads, which wait for those stores to retire instead of taking their
+// values (a store-forwarding stall on every decision).
+func (s *State) decide(now int64, key string, h uint64, cost int64, r *msg.Reply) {
 	// The key's own limit: its bucket's, or what the policy resolves a new
 	// key to. The cost bound is that limit's capacity.
 	b := s.tab.find(h, key)
@@ -108,14 +118,17 @@ func (s *State) AllowHashed(now int64, key string, h uint64, cost int64) msg.Rep
 	}
 	lim := g.limits[idx]
 	if cost > lim.Capacity {
-		return msg.Reply{Err: msg.ErrInvalidCost}
+		*r = msg.Reply{Err: msg.ErrInvalidCost}
+		return
 	}
 	if now < s.last {
-		return msg.Reply{Err: msg.ErrClockRegression}
+		*r = msg.Reply{Err: msg.ErrClockRegression}
+		return
 	}
 	if b == nil {
 		if !s.budget.Reserve() {
-			return msg.Reply{Err: msg.ErrKeyCapacity}
+			*r = msg.Reply{Err: msg.ErrKeyCapacity}
+			return
 		}
 		// The table copies the key, so a key sliced from a request buffer
 		// does not pin it. A key created ahead of a sweep's cursor survives
@@ -126,14 +139,14 @@ func (s *State) AllowHashed(now int64, key string, h uint64, cost int64) msg.Rep
 	}
 	o := b.Decide(lim, now, cost)
 	s.last = now
-	return msg.Reply{Decision: msg.Decision{
-		Allowed:    o.Allowed,
-		Remaining:  o.Remaining,
-		RetryAfter: time.Duration(o.RetryAfter),
-		Version:    g.pol.Version,
-		Limit:      lim.Capacity,
-		ResetAfter: time.Duration(o.ResetAfter),
-	}}
+	d := &r.Decision
+	d.Allowed = o.Allowed
+	d.Remaining = o.Remaining
+	d.RetryAfter = time.Duration(o.RetryAfter)
+	d.Version = g.pol.Version
+	d.Limit = lim.Capacity
+	d.ResetAfter = time.Duration(o.ResetAfter)
+	r.Err = nil
 }
 
 // inspect serves a Peek or a Refund at now. Neither creates a bucket: an
@@ -187,7 +200,7 @@ func (s *State) Batch(now int64, b *msg.Batch) {
 		s.warmItems(b.Items)
 	}
 	for i, it := range b.Items {
-		b.Out[i] = s.AllowHashed(now, it.Key, it.Hash, it.Cost)
+		s.decide(now, it.Key, it.Hash, it.Cost, &b.Out[i])
 	}
 }
 
