@@ -463,7 +463,7 @@ func (s *Shard) serveAllows() bool {
 		if a.Op == msg.OpAllow {
 			s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		} else {
-			a.Reply = s.state.inspect(now, a)
+			s.state.inspect(now, a)
 		}
 		s.count(now, a)
 		a.Finish() // after this, a belongs to its sender again

@@ -149,14 +149,15 @@ func (s *State) decide(now int64, key string, h uint64, cost int64, r *msg.Reply
 	r.Err = nil
 }
 
-// inspect serves a Peek or a Refund at now. Neither creates a bucket: an
-// unknown key reports a full bucket of the limit it would resolve to. A Peek
-// changes nothing (it refills a copy); a Refund refills the bucket to now and
-// credits a.Cost tokens, capped at the key's capacity. Allowed and
+// inspect serves a Peek or a Refund at now, into a.Reply. Neither creates a
+// bucket: an unknown key reports a full bucket of the limit it would resolve
+// to. A Peek changes nothing (it refills a copy); a Refund refills the bucket
+// to now and credits a.Cost tokens, capped at the key's capacity. Allowed and
 // RetryAfter answer for a request of one token.
-func (s *State) inspect(now int64, a *msg.Allow) msg.Reply {
+func (s *State) inspect(now int64, a *msg.Allow) {
 	if now < s.last {
-		return msg.Reply{Err: msg.ErrClockRegression}
+		a.Reply = msg.Reply{Err: msg.ErrClockRegression}
+		return
 	}
 	b := s.tab.find(a.Hash, a.Key)
 	if b != nil {
@@ -174,23 +175,23 @@ func (s *State) inspect(now int64, a *msg.Allow) msg.Reply {
 		b.Refill(lim, now)
 		b.Credit(lim, a.Cost)
 		s.last = now
-		bk = *b
+		bk.Tokens, bk.Frac = b.Tokens, b.Frac // the fields the answer needs: see decide
 	default:
 		lim = g.limits[b.Limit]
 		bk = *b
 		bk.Refill(lim, now)
 	}
-	d := msg.Decision{
-		Allowed:    bk.Tokens >= 1,
-		Remaining:  bk.Tokens,
-		Version:    g.pol.Version,
-		Limit:      lim.Capacity,
-		ResetAfter: time.Duration(bk.ResetAfter(lim)),
-	}
+	d := &a.Reply.Decision // field by field, as in decide
+	d.Allowed = bk.Tokens >= 1
+	d.Remaining = bk.Tokens
+	d.RetryAfter = 0
 	if !d.Allowed {
 		d.RetryAfter = time.Duration(bk.RetryAfter(lim, 1))
 	}
-	return msg.Reply{Decision: d}
+	d.Version = g.pol.Version
+	d.Limit = lim.Capacity
+	d.ResetAfter = time.Duration(bk.ResetAfter(lim))
+	a.Reply.Err = nil
 }
 
 // Batch decides b.Items in order at one reading, into b.Out. The answers are
