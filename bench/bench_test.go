@@ -44,9 +44,9 @@ func keysFor(s scenario) *keySet {
 func BenchmarkDecide(b *testing.B) {
 	for _, s := range scenarios {
 		for _, c := range contenders {
-			b.Run("scenario="+s.name+"/contender="+strings.ReplaceAll(c.name, " ", "_"), func(b *testing.B) {
-				benchDecide(b, c, s, keysFor(s))
-			})
+			rg := newRig(c, s, func() *keySet { return keysFor(s) })
+			b.Run("scenario="+s.name+"/contender="+strings.ReplaceAll(c.name, " ", "_"), rg.bench)
+			rg.close()
 		}
 	}
 }

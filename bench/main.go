@@ -134,7 +134,9 @@ func decisions(out io.Writer, cfg config) {
 			col := fmt.Sprintf("%s cpu=%d", s.name, cpu)
 			columns = append(columns, col)
 			for _, c := range contenders {
-				r := testing.Benchmark(func(b *testing.B) { benchDecide(b, c, sc, ks) })
+				rg := newRig(c, sc, func() *keySet { return ks })
+				r := testing.Benchmark(rg.bench)
+				rg.close()
 				if results[c.name] == nil {
 					results[c.name] = map[string]cell{}
 				}

@@ -25,23 +25,50 @@ func warm(d decider, ks *keySet, batch int) {
 	}
 }
 
-// benchDecide is the benchmark body shared by `go test -bench` and
-// `go run ./bench`: b.N decisions, batch keys per call, from 8 goroutines
-// per core (one goroutine for a sequential contender). It reports
-// ns/decision.
-func benchDecide(b *testing.B, c contender, s scenario, ks *keySet) {
-	inst := c.setup(s.policy, max(s.keys, 1))
-	defer inst.close()
-	warm(inst.forWorker(), ks, max(c.batch, 1))
+// rig is one contender set up and warmed for one scenario, kept for all the
+// rounds testing.B makes of one benchmark: rounds measure deciding, and
+// building and warming the contender again for each of them was most of a
+// short run's time. Every key is tracked after warm-up, so a round starts
+// from the same steady state whichever round it is.
+type rig struct {
+	c    contender
+	s    scenario
+	keys func() *keySet // called once, by the first round
+	ks   *keySet
+	inst *instance
+}
+
+func newRig(c contender, s scenario, keys func() *keySet) *rig {
+	return &rig{c: c, s: s, keys: keys}
+}
+
+// close releases the contender, if a round set it up.
+func (r *rig) close() {
+	if r.inst != nil {
+		r.inst.close()
+	}
+}
+
+// bench is the benchmark body shared by `go test -bench` and `go run
+// ./bench`: b.N decisions, batch keys per call, from 8 goroutines per core
+// (one goroutine for a sequential contender). It reports ns/decision.
+func (r *rig) bench(b *testing.B) {
+	c := r.c
+	if r.inst == nil {
+		r.ks = r.keys()
+		inst := c.setup(r.s.policy, max(r.s.keys, 1))
+		warm(inst.forWorker(), r.ks, max(c.batch, 1))
+		r.inst = &inst
+	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	if c.sequential {
-		d, cur := inst.forWorker(), newDrawCursor(ks, 0, c.batch)
+		d, cur := r.inst.forWorker(), newDrawCursor(r.ks, 0, c.batch)
 		for i := 0; i < b.N; i += c.batch {
 			d.decide(cur.next())
 		}
 	} else {
-		decideParallel(b, ks, c.batch, inst.forWorker)
+		decideParallel(b, r.ks, c.batch, r.inst.forWorker)
 	}
 	b.StopTimer()
 	// For batch contenders one op is one batch; report per decision so every
@@ -171,7 +198,7 @@ func stall(n int, admin func(e *engine.Engine) error) (worst, baseline, took tim
 	p := policy.Policy{Version: 1, Capacity: 2, TokensPerSecond: 1}
 	e := newEngine(p, n)
 	defer e.Close()
-	ks := &keySet{names: newKeySet(scenario{keys: n}).names}
+	ks := &keySet{names: keyNames(n)}
 	warm(&batchDecider{e: e, reqs: make([]engine.Request, 0, 128), out: make([]engine.Result, 128)}, ks, 128)
 
 	base := time.Now()

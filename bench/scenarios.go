@@ -38,9 +38,12 @@ const drawLen = 1 << 20
 // The names are what warm-up creates every key with; the draws are what the
 // timed loops decide. A server's key comes from a request it has just parsed:
 // its bytes sit next to the rest of that request and it is never the very
-// string a map stored when it first met the key. So each draw is a copy, laid
-// out in draw order, and no contender gets the pointer-equality shortcut of
-// Go's string comparison, which only interned keys would give.
+// string a map stored when it first met the key. So each draw is a copy,
+// distinct from the string any contender stored, and no contender gets the
+// pointer-equality shortcut of Go's string comparison, which only interned
+// keys would give. The copies are laid out in draw order: a worker reads them
+// in sequence, so they stream in ahead of use, as a parsed request's bytes
+// are already in cache.
 type keySet struct {
 	names []string
 	draws []string
@@ -49,10 +52,7 @@ type keySet struct {
 // newKeySet builds the keys (about 17 bytes each, as tenant IDs are) and
 // the draws, seeded so every contender sees the same sequence.
 func newKeySet(s scenario) *keySet {
-	ks := &keySet{names: make([]string, s.keys), draws: make([]string, drawLen)}
-	for i := range ks.names {
-		ks.names[i] = keyName(i)
-	}
+	ks := &keySet{names: keyNames(s.keys), draws: make([]string, drawLen)}
 	r := rand.New(rand.NewSource(1))
 	var z *rand.Zipf
 	if s.zipf > 0 {
@@ -60,6 +60,7 @@ func newKeySet(s scenario) *keySet {
 	}
 	picks := make([]int, drawLen)
 	var all strings.Builder
+	all.Grow(drawLen * len(keyName(s.keys)))
 	for i := range picks {
 		switch {
 		case z != nil:
@@ -76,6 +77,15 @@ func newKeySet(s scenario) *keySet {
 		off += n
 	}
 	return ks
+}
+
+// keyNames returns the first n keys of every scenario.
+func keyNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = keyName(i)
+	}
+	return names
 }
 
 // keyName is the i-th key of every scenario: about 17 bytes, as a tenant ID
