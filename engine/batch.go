@@ -105,7 +105,9 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 			err = ErrClosed // queued, but the shard stopped before taking it
 		}
 		for j := range p.m.Out {
-			// Field by field, for the reason shard.State.decide gives.
+			// Field by field: a Result literal is built on the stack in
+			// words and copied out in wider loads that wait for those
+			// stores to retire.
 			r, o := &p.m.Out[j], &out[p.idx[j]]
 			o.Decision = Decision(r.Decision)
 			o.Err = r.Err

@@ -91,7 +91,8 @@ func (s *State) Allow(now int64, key string, cost int64) msg.Reply {
 }
 
 // AllowHashed is Allow for a key whose hash h the caller has computed with
-// the state's Hasher, as the engine does to route it.
+// the state's Hasher, as the engine does to route it. The shard's own loop
+// calls decide, which writes the reply in place.
 func (s *State) AllowHashed(now int64, key string, h uint64, cost int64) msg.Reply {
 	var r msg.Reply
 	s.decide(now, key, h, cost, &r)
