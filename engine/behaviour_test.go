@@ -3,7 +3,6 @@ package engine_test
 import (
 	"fmt"
 	"math"
-	"math/big"
 	"math/rand/v2"
 	"sort"
 	"sync"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/policy"
+	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // The behaviour suite: every worked example of DESIGN 3.5, run through the
@@ -389,81 +389,6 @@ func TestBehaviourReplacePolicyVersion(t *testing.T) {
 	})
 }
 
-// behavModel is the obviously-correct reference for DESIGN 3.1 to 3.4 and 3.8:
-// exact balances in math/big, cutovers applied eagerly to every bucket.
-type behavModel struct {
-	pol     policy.Policy
-	buckets map[string]*behavBigBucket
-}
-
-type behavBigBucket struct {
-	units *big.Int
-	last  int64
-}
-
-var behavUnitsPerToken = big.NewInt(policy.UnitsPerToken)
-
-func behavTokens(n int64) *big.Int { return new(big.Int).Mul(big.NewInt(n), behavUnitsPerToken) }
-
-// refill brings b to now under the model's policy:
-// units = min(capacity*1e9, units + (now-last)*rate).
-func (m *behavModel) refill(b *behavBigBucket, now int64) {
-	if now <= b.last {
-		return
-	}
-	b.units.Add(b.units, new(big.Int).Mul(big.NewInt(now-b.last), big.NewInt(m.pol.TokensPerSecond)))
-	if c := behavTokens(m.pol.Capacity); b.units.Cmp(c) > 0 {
-		b.units.Set(c)
-	}
-	b.last = now
-}
-
-// cutover refills every bucket under the old policy up to at and clamps it
-// to next's capacity.
-func (m *behavModel) cutover(next policy.Policy, at int64) {
-	c := behavTokens(next.Capacity)
-	for _, b := range m.buckets {
-		m.refill(b, at)
-		if b.units.Cmp(c) > 0 {
-			b.units.Set(c)
-		}
-	}
-	m.pol = next
-}
-
-// allow decides one valid request (1 <= cost <= capacity) at now.
-func (m *behavModel) allow(key string, cost, now int64) engine.Decision {
-	b, ok := m.buckets[key]
-	if !ok {
-		b = &behavBigBucket{units: behavTokens(m.pol.Capacity), last: now}
-		m.buckets[key] = b
-	}
-	m.refill(b, now)
-	d := engine.Decision{Version: m.pol.Version, Limit: m.pol.Capacity}
-	need := behavTokens(cost)
-	if b.units.Cmp(need) >= 0 {
-		d.Allowed = true
-		b.units.Sub(b.units, need)
-	} else {
-		d.RetryAfter = behavCeilSat(need.Sub(need, b.units), m.pol.TokensPerSecond)
-	}
-	d.Remaining = new(big.Int).Quo(b.units, behavUnitsPerToken).Int64()
-	d.ResetAfter = behavCeilSat(behavTokens(m.pol.Capacity).Sub(behavTokens(m.pol.Capacity), b.units), m.pol.TokensPerSecond)
-	return d
-}
-
-// behavCeilSat is ceil(num/rate) in nanoseconds, saturated at math.MaxInt64.
-func behavCeilSat(num *big.Int, rate int64) time.Duration {
-	q, r := new(big.Int).QuoRem(num, big.NewInt(rate), new(big.Int))
-	if r.Sign() > 0 {
-		q.Add(q, big.NewInt(1))
-	}
-	if !q.IsInt64() {
-		return math.MaxInt64
-	}
-	return time.Duration(q.Int64())
-}
-
 // behavMagnitude draws a capacity or rate: mostly small, sometimes huge, so
 // both the everyday path and the 128-bit corners are exercised.
 func behavMagnitude(r *rand.Rand) int64 {
@@ -508,9 +433,9 @@ func behavStepTime(r *rand.Rand) time.Duration {
 }
 
 // TestBehaviourCutoverChain replaces the policy many times and checks every
-// decision against behavModel. "idle" is touched once before the chain and
-// once after, so it goes through every cutover untouched; the other keys are
-// touched at random in between. 70 cutovers is past any bounded history an
+// decision against the math/big model of stress/model. "idle" is touched
+// once before the chain and once after, so it goes through every cutover
+// untouched; the other keys are touched at random in between. 70 cutovers is past any bounded history an
 // implementation might keep for lazy conversion.
 func TestBehaviourCutoverChain(t *testing.T) {
 	seeds := []uint64{1, 2, 3, 20260101}
@@ -529,7 +454,7 @@ func behavRunChain(t *testing.T, shards, chain int, seed uint64) {
 	r := rand.New(rand.NewPCG(seed, 0x5eed))
 	first := policy.Policy{Version: 1, Capacity: behavMagnitude(r), TokensPerSecond: behavMagnitude(r)}
 	e, clk := newEngine(t, engine.Config{Policy: first, Shards: shards})
-	m := &behavModel{pol: first, buckets: make(map[string]*behavBigBucket)}
+	m := model.New(first, 0, 0)
 	keys := []string{"idle", "k0", "k1", "k2", "k3"}
 	ctx := fmt.Sprintf("seed=%d shards=%d cutovers=%d", seed, shards, chain)
 
@@ -537,11 +462,12 @@ func behavRunChain(t *testing.T, shards, chain int, seed uint64) {
 		t.Helper()
 		clk.Advance(behavStepTime(r))
 		now := clk.Now()
-		cost := behavCost(r, m.pol.Capacity)
-		want := m.allow(key, cost, now)
+		cost := behavCost(r, m.Policy().Capacity)
+		want, err := m.Allow(now, key, cost)
+		require.NoError(t, err, "%s: %s model Allow(%q, %d) at %d", ctx, what, key, cost, now)
 		got, err := e.Allow(t.Context(), key, cost)
 		require.NoError(t, err, "%s: %s Allow(%q, %d) at %d", ctx, what, key, cost, now)
-		require.Equal(t, want, got, "%s: %s Allow(%q, %d) at %d under %+v", ctx, what, key, cost, now, m.pol)
+		require.Equal(t, want, got, "%s: %s Allow(%q, %d) at %d under %+v", ctx, what, key, cost, now, m.Policy())
 	}
 
 	for _, k := range keys {
@@ -549,14 +475,14 @@ func behavRunChain(t *testing.T, shards, chain int, seed uint64) {
 	}
 	for i := range chain {
 		clk.Advance(behavStepTime(r))
-		cur := m.pol
+		cur := m.Policy()
 		next := policy.Policy{
 			Version:         cur.Version + 1 + r.Int64N(3),
 			Capacity:        behavMagnitude(r),
 			TokensPerSecond: behavMagnitude(r),
 		}
 		require.NoError(t, e.ReplacePolicy(t.Context(), next, cur.Version), "%s: cutover %d to %+v", ctx, i, next)
-		m.cutover(next, clk.Now())
+		require.NoError(t, m.ReplacePolicy(clk.Now(), next, cur.Version), "%s: model cutover %d", ctx, i)
 		require.Equal(t, next, e.Policy(), "%s: cutover %d", ctx, i)
 		for _, k := range keys[1:] {
 			if r.IntN(3) == 0 {
