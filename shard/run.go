@@ -452,7 +452,7 @@ func (s *Shard) serveAllows() bool {
 		s.group = g[:0]
 		return true
 	}
-	if len(g) > 1 && s.state.tab.count >= warmFrom {
+	if s.state.worthWarming(len(g)) {
 		s.state.warmAllows(g)
 	}
 	if d := int64(len(g)) + s.mb.queued.Load(); d > s.c.HighWater {

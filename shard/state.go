@@ -61,8 +61,6 @@ type State struct {
 	pass       *sweepPass // the sweep or conversion pass in progress, if any
 	snapCursor uint64     // the snapshot walk's place, in mixed-hash order
 
-	sink  uint64     // keeps the loads that warm the cache from being optimized away
-	offs  []int64    // scratch for Batch
 	items []msg.Item // scratch for warmAllows
 }
 
@@ -198,8 +196,8 @@ func (s *State) inspect(now int64, a *msg.Allow) {
 // Batch decides b.Items in order at one reading, into b.Out. The answers are
 // those of the same Allow calls made one by one at now.
 func (s *State) Batch(now int64, b *msg.Batch) {
-	if s.tab.count >= warmFrom {
-		s.warmItems(b.Items)
+	if s.worthWarming(len(b.Items)) {
+		s.tab.warm(b.Items)
 	}
 	for i, it := range b.Items {
 		s.decide(now, it.Key, it.Hash, it.Cost, &b.Out[i])
@@ -207,37 +205,28 @@ func (s *State) Batch(now int64, b *msg.Batch) {
 }
 
 // warmFrom is the table size from which deciding a group of requests starts
-// by warming the cache (see warmItems): a smaller table stays in the caches
-// on its own, and warming it would be pure overhead.
+// by warming the cache (see worthWarming): a smaller table stays in the
+// caches on its own, and warming it would be pure overhead.
 const warmFrom = 1 << 14
 
-// warmItems readies the cache for the requests of a batch about to be
-// decided. Over many keys a lookup is mostly waiting for memory: touching
-// every request's control word, then its slot, then its key (ours and the
-// caller's) before deciding any lets the misses of one pass overlap, where
-// lookups one by one would wait for each in turn.
-func (s *State) warmItems(items []msg.Item) {
-	var sink uint64
-	for _, it := range items {
-		sink += s.tab.warmCtrl(it.Hash)
-	}
-	offs := s.offs[:0]
-	for _, it := range items {
-		offs = append(offs, s.tab.warmSlot(it.Hash))
-	}
-	for i, it := range items {
-		sink += s.tab.warmKey(it.Hash, offs[i]) + uint64(it.Key[len(it.Key)-1])
-	}
-	s.offs, s.sink = offs, sink
+// worthWarming reports whether deciding n requests together should start
+// by warming the cache for all of them. Over many keys a lookup is mostly
+// waiting for memory: prefetching every request's control word, then its
+// slot, then its key before deciding any (table.warm) puts the misses of a
+// whole group in flight at once, where lookups one by one would wait for
+// each in turn. It takes more than one request, a table too large for the
+// caches, and a build that can prefetch.
+func (s *State) worthWarming(n int) bool {
+	return canPrefetch && n > 1 && s.tab.count >= warmFrom
 }
 
-// warmAllows is warmItems for a group of single requests.
+// warmAllows warms the cache for a group of single requests.
 func (s *State) warmAllows(g []*msg.Allow) {
 	items := s.items[:0]
 	for _, a := range g {
 		items = append(items, msg.Item{Key: a.Key, Hash: a.Hash})
 	}
-	s.warmItems(items)
+	s.tab.warm(items)
 	clear(items) // keep no caller's key alive
 	s.items = items[:0]
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -431,38 +432,37 @@ func (t *table) each(f func(key string, b *policy.Bucket)) {
 	}
 }
 
-// warmCtrl loads the control word that h's probe starts at. Called for every
-// request of a batch before any is decided, these loads do not wait for each
-// other, so their cache misses overlap instead of coming one at a time.
-func (t *table) warmCtrl(h uint64) uint64 {
-	hm := h * mix
-	_, s := t.segmentOf(hm)
-	g, _ := s.start(hm)
-	return s.ctrl[g]
-}
-
-// warmSlot loads the slot of the first tag match in that control word, and
-// returns where its key is, for warmKey, or -1.
-func (t *table) warmSlot(h uint64) int64 {
-	hm := h * mix
-	_, s := t.segmentOf(hm)
-	g, tag := s.start(hm)
-	m := matchByte(s.ctrl[g], tag)
-	if m == 0 {
-		return -1
+// warm prefetches what deciding items will read (see State.warmItems): for
+// every item, the control word its probe starts at and the item's own key;
+// then the slot of the first tag match in that word; then that slot's key.
+// Each pass reads only what the one before prefetched, so by the time it
+// asks, most lines have arrived, and its own prefetches are all in flight
+// together.
+func (t *table) warm(items []msg.Item) {
+	dir, shift := t.dir, 64-uint(t.depth) // a shift of 64 gives 0: one segment
+	for i := range items {
+		hm := items[i].Hash * mix
+		s := dir[hm>>shift]
+		g, _ := bits.Mul32(uint32(hm>>7), uint32(len(s.ctrl)))
+		prefetch(unsafe.Pointer(&s.ctrl[g]))
+		prefetch(unsafe.Pointer(unsafe.StringData(items[i].Key)))
 	}
-	sl := &s.slots[g*groupSize+bits.TrailingZeros64(m)>>3]
-	if sl.n&longBit != 0 {
-		return -1
+	for pass := range 2 {
+		for i := range items {
+			hm := items[i].Hash * mix
+			s := dir[hm>>shift]
+			g, _ := bits.Mul32(uint32(hm>>7), uint32(len(s.ctrl)))
+			m := matchByte(s.ctrl[g], uint8(hm&0x7f))
+			if m == 0 {
+				continue // a new key: nothing more to fetch
+			}
+			sl := &s.slots[int(g)*groupSize+bits.TrailingZeros64(m)>>3]
+			switch {
+			case pass == 0:
+				prefetch(unsafe.Pointer(sl))
+			case sl.n&longBit == 0:
+				prefetch(unsafe.Pointer(&s.arena[sl.off]))
+			}
+		}
 	}
-	return int64(sl.off)
-}
-
-// warmKey loads the first byte of the key warmSlot found.
-func (t *table) warmKey(h uint64, off int64) uint64 {
-	if off < 0 {
-		return 0
-	}
-	_, s := t.segmentOf(h * mix)
-	return uint64(s.arena[off])
 }

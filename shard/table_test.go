@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -17,7 +18,9 @@ import (
 // inserts, lookups and removals, over segment sizes that split at every few
 // keys or never, with short, empty-prefix-sharing and long keys. After every
 // step the table must hold exactly the map's keys and buckets, and its
-// directory must be well formed.
+// directory must be well formed. Every lookup is warmed first, as a batch's
+// are, among other keys present and absent: warming reads the table in
+// every state it gets into and must leave it as it was.
 func TestTableMatchesMap(t *testing.T) {
 	for _, groups := range []int{1, 2, 3, 8, maxGroups} {
 		for seed := uint64(1); seed <= 6; seed++ {
@@ -41,6 +44,12 @@ func TestTableMatchesMap(t *testing.T) {
 				for step := range steps {
 					k := key()
 					h := testHasher.Sum(k)
+					warm := []msg.Item{{Key: k, Hash: h}}
+					for range 3 {
+						o := key()
+						warm = append(warm, msg.Item{Key: o, Hash: testHasher.Sum(o)})
+					}
+					tab.warm(warm)
 					b := tab.find(h, k)
 					want, ok := model[k]
 					require.Equal(t, ok, b != nil, "step %d: find %q", step, k[:min(len(k), 20)])
