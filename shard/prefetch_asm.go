@@ -12,7 +12,8 @@ const canPrefetch = true
 // PLDL1KEEP on arm64). A prefetch never faults. Go has no prefetch of its
 // own outside the runtime, and a plain load is no substitute: it holds the
 // reorder buffer until its line arrives, so only a few of a batch's misses
-// are in flight at once, where prefetches let all of them be.
+// are in flight at once, where prefetches put as many in flight as the
+// core's miss buffers hold.
 //
 //go:noescape
 func prefetch(p unsafe.Pointer)

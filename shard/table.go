@@ -432,31 +432,30 @@ func (t *table) each(f func(key string, b *policy.Bucket)) {
 	}
 }
 
-// warm prefetches what deciding items will read (see State.warmItems): for
-// every item, the control word its probe starts at and the item's own key;
-// then the slot of the first tag match in that word; then that slot's key.
-// Each pass reads only what the one before prefetched, so by the time it
-// asks, most lines have arrived, and its own prefetches are all in flight
-// together.
+// warm prefetches what deciding items will read (see State.worthWarming):
+// for every item, the control word its probe starts at and the item's own
+// key; then the slot of the first tag match in that word; then that slot's
+// key. Each pass reads only what the one before prefetched, so by the time
+// it asks most lines have arrived, and its own prefetches are in flight
+// together, as many as the core's miss buffers hold.
 func (t *table) warm(items []msg.Item) {
-	dir, shift := t.dir, 64-uint(t.depth) // a shift of 64 gives 0: one segment
 	for i := range items {
 		hm := items[i].Hash * mix
-		s := dir[hm>>shift]
-		g, _ := bits.Mul32(uint32(hm>>7), uint32(len(s.ctrl)))
+		_, s := t.segmentOf(hm)
+		g, _ := s.start(hm)
 		prefetch(unsafe.Pointer(&s.ctrl[g]))
 		prefetch(unsafe.Pointer(unsafe.StringData(items[i].Key)))
 	}
 	for pass := range 2 {
 		for i := range items {
 			hm := items[i].Hash * mix
-			s := dir[hm>>shift]
-			g, _ := bits.Mul32(uint32(hm>>7), uint32(len(s.ctrl)))
-			m := matchByte(s.ctrl[g], uint8(hm&0x7f))
+			_, s := t.segmentOf(hm)
+			g, tag := s.start(hm)
+			m := matchByte(s.ctrl[g], tag)
 			if m == 0 {
 				continue // a new key: nothing more to fetch
 			}
-			sl := &s.slots[int(g)*groupSize+bits.TrailingZeros64(m)>>3]
+			sl := &s.slots[g*groupSize+bits.TrailingZeros64(m)>>3]
 			switch {
 			case pass == 0:
 				prefetch(unsafe.Pointer(sl))
