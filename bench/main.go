@@ -32,9 +32,9 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/jedib0t/go-pretty/v6/table"
@@ -44,12 +44,13 @@ import (
 )
 
 func main() {
-	testing.Init() // testing.Benchmark reads the test.* flags
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 type config struct {
 	quick     bool
+	benchtime time.Duration // how long one measurement of a cell runs
+	rounds    int           // measurements of each cell; the table shows their median
 	cpus      []int
 	keys      int    // keys for the memory and stall measurements
 	procs     int    // GOMAXPROCS when the run began: the Redis section's
@@ -76,15 +77,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.cpus = append(cfg.cpus, n)
 	}
-	benchtime := "300ms" // 72 runs plus setup stay under 3 minutes
+	// 72 cells of 3 rounds, plus setup, stay under 3 minutes.
+	cfg.benchtime, cfg.rounds = 100*time.Millisecond, 3
 	cfg.keys = 1_000_000
 	if cfg.quick {
-		benchtime = "40ms"
+		cfg.benchtime = 15 * time.Millisecond
 		cfg.keys = 100_000
-	}
-	if err := flag.Set("test.benchtime", benchtime); err != nil {
-		fmt.Fprintln(stderr, "bench:", err)
-		return 2
 	}
 	cfg.procs = runtime.GOMAXPROCS(0)
 	defer runtime.GOMAXPROCS(cfg.procs)
@@ -107,6 +105,41 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+// calibrate returns how many decide calls of rg take about d, from runs of
+// ten times as many calls each until one takes a tenth of d. Those runs warm
+// the contender up, too.
+func calibrate(rg *rig, d time.Duration) int {
+	for calls := 1; ; calls *= 10 {
+		start := time.Now()
+		rg.run(calls)
+		if took := time.Since(start); took >= d/10 || calls >= 1<<30 {
+			return max(1, int(float64(calls)*float64(d)/float64(max(took, 1))))
+		}
+	}
+}
+
+// measure times calls decide calls of rg, and returns the nanoseconds and
+// the allocations (rounded down) per decision.
+func measure(rg *rig, calls int) (ns float64, allocs int64) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	rg.run(calls)
+	took := time.Since(start)
+	runtime.ReadMemStats(&after)
+	decisions := calls * rg.c.batch
+	return float64(took.Nanoseconds()) / float64(decisions), int64(after.Mallocs-before.Mallocs) / int64(decisions)
+}
+
+// median returns the median of v, which it sorts.
+func median(v []float64) float64 {
+	slices.Sort(v)
+	if n := len(v); n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[len(v)/2]
 }
 
 // infallible adapts a table that cannot fail to the tables' signature.
@@ -133,14 +166,37 @@ func decisions(out io.Writer, cfg config) {
 			runtime.GOMAXPROCS(cpu)
 			col := fmt.Sprintf("%s cpu=%d", s.name, cpu)
 			columns = append(columns, col)
-			for _, c := range contenders {
-				rg := newRig(c, sc, func() *keySet { return ks })
-				r := testing.Benchmark(rg.bench)
-				rg.close()
+			// Every contender is measured once per round, rounds
+			// interleaved, and a cell is the median of its rounds: a
+			// burst of noise on the shared machine then lands on every
+			// contender alike, or on one round of one, not on one cell.
+			rigs := make([]*rig, len(contenders))
+			for i, c := range contenders {
+				rigs[i] = newRig(c, sc, func() *keySet { return ks })
+				rigs[i].ready()
+			}
+			// Setting them all up left garbage; collect it now, so no
+			// collection of it lands in a round (none allocates much).
+			runtime.GC()
+			calls := make([]int, len(contenders))
+			for i := range contenders {
+				calls[i] = calibrate(rigs[i], cfg.benchtime)
+			}
+			ns := make([][]float64, len(contenders))
+			allocs := make([]int64, len(contenders))
+			for range cfg.rounds {
+				for i := range contenders {
+					t, a := measure(rigs[i], calls[i])
+					ns[i] = append(ns[i], t)
+					allocs[i] = max(allocs[i], a)
+				}
+			}
+			for i, c := range contenders {
+				rigs[i].close()
 				if results[c.name] == nil {
 					results[c.name] = map[string]cell{}
 				}
-				results[c.name][col] = cell{ns: r.Extra["ns/decision"], allocs: r.AllocsPerOp() / int64(c.batch)}
+				results[c.name][col] = cell{ns: median(ns[i]), allocs: allocs[i]}
 			}
 		}
 	}
@@ -157,7 +213,7 @@ func decisions(out io.Writer, cfg config) {
 	}
 	t := table.NewWriter()
 	t.SetOutputMirror(out)
-	t.SetTitle("ns per decision (x = ratio to the best peer in the column; < 1 is faster), allocs per decision")
+	t.SetTitle(fmt.Sprintf("ns per decision, median of %d interleaved rounds (x = ratio to the best peer in the column; < 1 is faster), allocs per decision", cfg.rounds))
 	header := table.Row{"contender"}
 	for _, col := range columns {
 		header = append(header, col)

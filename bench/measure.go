@@ -25,11 +25,12 @@ func warm(d decider, ks *keySet, batch int) {
 	}
 }
 
-// rig is one contender set up and warmed for one scenario, kept for all the
-// rounds testing.B makes of one benchmark: rounds measure deciding, and
-// building and warming the contender again for each of them was most of a
-// short run's time. Every key is tracked after warm-up, so a round starts
-// from the same steady state whichever round it is.
+// rig is one contender set up and warmed for one scenario, kept for every
+// measurement of it (the rounds testing.B makes of one benchmark, the
+// interleaved rounds of the command): they measure deciding, and building
+// and warming the contender again for each of them was most of a short
+// run's time. Every key is tracked after warm-up, so a round starts from the
+// same steady state whichever round it is.
 type rig struct {
 	c    contender
 	s    scenario
@@ -49,45 +50,69 @@ func (r *rig) close() {
 	}
 }
 
-// bench is the benchmark body shared by `go test -bench` and `go run
-// ./bench`: b.N decisions, batch keys per call, from 8 goroutines per core
-// (one goroutine for a sequential contender). It reports ns/decision.
-func (r *rig) bench(b *testing.B) {
-	c := r.c
+// ready sets the contender up and warms it, the first time it is called.
+func (r *rig) ready() {
 	if r.inst == nil {
 		r.ks = r.keys()
-		inst := c.setup(r.s.policy, max(r.s.keys, 1))
-		warm(inst.forWorker(), r.ks, max(c.batch, 1))
+		inst := r.c.setup(r.s.policy, max(r.s.keys, 1))
+		warm(inst.forWorker(), r.ks, max(r.c.batch, 1))
 		r.inst = &inst
 	}
+}
+
+// bench is the benchmark body for `go test -bench`: b.N decide calls of
+// the contender's batch size (see run). It reports ns/decision.
+func (r *rig) bench(b *testing.B) {
+	r.ready()
 	b.ReportAllocs()
 	b.ResetTimer()
-	if c.sequential {
-		d, cur := r.inst.forWorker(), newDrawCursor(r.ks, 0, c.batch)
-		for i := 0; i < b.N; i += c.batch {
-			d.decide(cur.next())
-		}
-	} else {
-		decideParallel(b, r.ks, c.batch, r.inst.forWorker)
-	}
+	r.run(b.N)
 	b.StopTimer()
 	// For batch contenders one op is one batch; report per decision so every
 	// row compares.
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*c.batch), "ns/decision")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*r.c.batch), "ns/decision")
 }
 
-// decideParallel runs b's decisions from 8 goroutines per core, each
-// with its own decider from newDecider, batch draws of ks per call, every
-// goroutine starting at its own place in the draws.
-func decideParallel(b *testing.B, ks *keySet, batch int, newDecider func() decider) {
-	var offset atomic.Int64
-	b.SetParallelism(parallelism)
-	b.RunParallel(func(pb *testing.PB) {
-		d, cur := newDecider(), newDrawCursor(ks, int(offset.Add(104_729)), batch)
-		for pb.Next() {
-			d.decide(cur.next())
-		}
-	})
+// run makes calls decide calls of r's batch size: from one goroutine for a
+// sequential contender, else as decideParallel does.
+func (r *rig) run(calls int) {
+	r.ready()
+	c := r.c
+	if !c.sequential {
+		decideParallel(calls, r.ks, c.batch, r.inst.forWorker)
+		return
+	}
+	d, cur := r.inst.forWorker(), newDrawCursor(r.ks, 0, c.batch)
+	for range calls {
+		d.decide(cur.next())
+	}
+}
+
+// decideParallel makes calls decide calls of batch draws of ks each from 8
+// goroutines per core, as a busy server runs, each with its own decider
+// from newDecider and its own place in the draws, taking calls from a
+// shared count a few at a time, as testing's RunParallel does.
+func decideParallel(calls int, ks *keySet, batch int, newDecider func() decider) {
+	workers := parallelism * runtime.GOMAXPROCS(0)
+	grain := int64(max(1, min(100, calls/(workers*10))))
+	var left atomic.Int64
+	left.Store(int64(calls))
+	var wg sync.WaitGroup
+	for w := range workers {
+		d, cur := newDecider(), newDrawCursor(ks, (w+1)*104_729, batch)
+		wg.Go(func() {
+			for {
+				n := min(grain, left.Add(-grain)+grain)
+				if n <= 0 {
+					return
+				}
+				for range n {
+					d.decide(cur.next())
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // drawCursor walks ks.draws in runs of batch keys from a start, wrapping

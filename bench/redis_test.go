@@ -49,7 +49,7 @@ func BenchmarkRedisStore(b *testing.B) {
 				failures := st.Stats().Failures
 				b.ReportAllocs()
 				b.ResetTimer()
-				decideParallel(b, ks, c.batch, func() decider { return admitterDecider(st, &errs, c.batch) })
+				decideParallel(b.N, ks, c.batch, func() decider { return admitterDecider(st, &errs, c.batch) })
 				b.StopTimer()
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*c.batch), "ns/decision")
 				if f := st.Stats().Failures - failures; f > 0 {
