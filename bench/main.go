@@ -111,11 +111,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 // ten times as many calls each until one takes a tenth of d. Those runs warm
 // the contender up, too.
 func calibrate(rg *rig, d time.Duration) int {
+	const most = 1 << 30
 	for calls := 1; ; calls *= 10 {
 		start := time.Now()
 		rg.run(calls)
-		if took := time.Since(start); took >= d/10 || calls >= 1<<30 {
-			return max(1, int(float64(calls)*float64(d)/float64(max(took, 1))))
+		if took := time.Since(start); took >= d/10 || calls*10 > most {
+			return int(min(most, max(1, float64(calls)*float64(d)/float64(max(took, 1)))))
 		}
 	}
 }
@@ -168,8 +169,8 @@ func decisions(out io.Writer, cfg config) {
 			columns = append(columns, col)
 			// Every contender is measured once per round, rounds
 			// interleaved, and a cell is the median of its rounds: a
-			// burst of noise on the shared machine then lands on every
-			// contender alike, or on one round of one, not on one cell.
+			// burst of noise on the shared machine that hits one round
+			// of a cell does not make the cell.
 			rigs := make([]*rig, len(contenders))
 			for i, c := range contenders {
 				rigs[i] = newRig(c, sc, func() *keySet { return ks })
@@ -213,7 +214,7 @@ func decisions(out io.Writer, cfg config) {
 	}
 	t := table.NewWriter()
 	t.SetOutputMirror(out)
-	t.SetTitle(fmt.Sprintf("ns per decision, median of %d interleaved rounds (x = ratio to the best peer in the column; < 1 is faster), allocs per decision", cfg.rounds))
+	t.SetTitle(fmt.Sprintf("ns per decision, median of %d interleaved rounds (x = ratio to the best peer in the column; < 1 is faster), most allocs per decision in a round", cfg.rounds))
 	header := table.Row{"contender"}
 	for _, col := range columns {
 		header = append(header, col)
