@@ -91,7 +91,7 @@ func (r *rig) run(calls int) {
 // decideParallel makes calls decide calls of batch draws of ks each from 8
 // goroutines per core, as a busy server runs, each with its own decider
 // from newDecider and its own place in the draws, taking calls from a
-// shared count a few at a time, as testing's RunParallel does.
+// shared count up to 100 at a time.
 func decideParallel(calls int, ks *keySet, batch int, newDecider func() decider) {
 	workers := parallelism * runtime.GOMAXPROCS(0)
 	grain := int64(max(1, min(100, calls/(workers*10))))

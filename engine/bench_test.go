@@ -13,7 +13,7 @@ import (
 	"github.com/tokenshard/tokenshard/engine"
 )
 
-// benchKeys builds n keys of about 16 bytes before any timer starts.
+// benchKeys builds n keys of 17 bytes before any timer starts.
 func benchKeys(n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
@@ -31,10 +31,12 @@ var (
 )
 
 // benchDraws returns drawLen uniform picks from keys, built once per key
-// count. Each pick is a copy of the key's bytes, and the copies lie in pick
-// order in one string, as keys parsed from requests arrive: fresh strings,
-// already in the cache. Picking from keys in the timed loop would instead
-// charge every call a cache miss on its own key, bare hand-off included.
+// count (benchKeys makes the same keys for the same count). Each pick is a
+// copy of the key's bytes, and the copies lie in pick order in one string:
+// fresh strings, as keys parsed from requests are, read in order, so the
+// hardware streams them in. Picking from keys in the timed loop would
+// instead charge every call cache misses on its own key, bare hand-off
+// included.
 func benchDraws(keys []string) []string {
 	drawsMu.Lock()
 	defer drawsMu.Unlock()
