@@ -3,8 +3,8 @@ package main
 import (
 	"math/rand"
 	"strconv"
-	"strings"
 
+	"github.com/tokenshard/tokenshard/internal/keycopy"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -52,15 +52,13 @@ type keySet struct {
 // newKeySet builds the keys (about 17 bytes each, as tenant IDs are) and
 // the draws, seeded so every contender sees the same sequence.
 func newKeySet(s scenario) *keySet {
-	ks := &keySet{names: keyNames(s.keys), draws: make([]string, drawLen)}
+	ks := &keySet{names: keyNames(s.keys)}
 	r := rand.New(rand.NewSource(1))
 	var z *rand.Zipf
 	if s.zipf > 0 {
 		z = rand.NewZipf(r, s.zipf, 1, uint64(s.keys-1))
 	}
 	picks := make([]int, drawLen)
-	var all strings.Builder
-	all.Grow(drawLen * len(keyName(s.keys)))
 	for i := range picks {
 		switch {
 		case z != nil:
@@ -68,14 +66,8 @@ func newKeySet(s scenario) *keySet {
 		default:
 			picks[i] = r.Intn(s.keys)
 		}
-		all.WriteString(ks.names[picks[i]])
 	}
-	buf, off := all.String(), 0
-	for i, p := range picks {
-		n := len(ks.names[p])
-		ks.draws[i] = buf[off : off+n]
-		off += n
-	}
+	ks.draws = keycopy.Copies(ks.names, picks)
 	return ks
 }
 

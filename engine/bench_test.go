@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/keycopy"
 )
 
 // benchKeys builds n keys of 17 bytes before any timer starts.
@@ -45,15 +45,10 @@ func benchDraws(keys []string) []string {
 	}
 	r := rand.New(rand.NewPCG(uint64(len(keys)), 0))
 	picks := make([]int, drawLen)
-	var all strings.Builder
 	for i := range picks {
 		picks[i] = r.IntN(len(keys))
-		all.WriteString(keys[picks[i]])
 	}
-	big, d := all.String(), make([]string, drawLen)
-	for i, p := range picks {
-		d[i], big = big[:len(keys[p])], big[len(keys[p]):]
-	}
+	d := keycopy.Copies(keys, picks)
 	draws[len(keys)] = d
 	return d
 }

@@ -3,9 +3,9 @@ package shard
 import (
 	"fmt"
 	"math/rand"
-	"strings"
 	"testing"
 
+	"github.com/tokenshard/tokenshard/internal/keycopy"
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -27,18 +27,18 @@ func BenchmarkBatchZipf(b *testing.B) {
 		}
 	}
 	z := rand.NewZipf(rand.New(rand.NewSource(1)), 1.1, 1, n-1)
-	var all strings.Builder
-	for range draws {
-		all.WriteString(names[z.Uint64()])
+	picks := make([]int, draws)
+	for i := range picks {
+		picks[i] = int(z.Uint64())
 	}
-	keys, kl := all.String(), len(names[0])
+	keys := keycopy.Copies(names, picks)
 	m := msg.Batch{Items: make([]msg.Item, 0, batch), Out: make([]msg.Reply, batch)}
 	pos, allowed := 0, 0
 	b.ResetTimer()
 	for i := 0; i < b.N; i += batch {
 		m.Items = m.Items[:0]
 		for range batch {
-			k := keys[pos*kl : (pos+1)*kl]
+			k := keys[pos]
 			m.Items = append(m.Items, msg.Item{Key: k, Hash: h.Sum(k), Cost: 1})
 			pos = (pos + 1) % draws
 		}
