@@ -48,3 +48,39 @@ func TestImportLayers(t *testing.T) {
 		t.Errorf("found %d of the %d layered packages in go list's output:\n%s", seen, len(allowed), out)
 	}
 }
+
+// TestPeersOnlyInBench holds issue 4's rule that the peers and measurement
+// libraries stay out of the library: no package outside bench/ and stress/
+// depends on them, directly or through another package.
+func TestPeersOnlyInBench(t *testing.T) {
+	const mod = "github.com/tokenshard/tokenshard/"
+	peers := []string{
+		"golang.org/x/time/", "github.com/sethvargo/go-limiter",
+		"github.com/anishathalye/porcupine", "github.com/HdrHistogram/",
+		"github.com/jedib0t/go-pretty/",
+	}
+	all, err := exec.Command("go", "list", mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var lib []string
+	for _, p := range strings.Fields(string(all)) {
+		if inner := strings.TrimPrefix(p, mod); !strings.HasPrefix(inner, "bench") && !strings.HasPrefix(inner, "stress") {
+			lib = append(lib, p)
+		}
+	}
+	if !slices.Contains(lib, mod+"engine") {
+		t.Fatalf("the library's packages were not found in go list's output:\n%s", all)
+	}
+	deps, err := exec.Command("go", append([]string{"list", "-deps"}, lib...)...).Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	for _, d := range strings.Fields(string(deps)) {
+		for _, p := range peers {
+			if strings.HasPrefix(d, p) {
+				t.Errorf("the library depends on %s (only bench/ and stress/ may)", d)
+			}
+		}
+	}
+}
