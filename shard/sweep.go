@@ -113,8 +113,8 @@ func (s *State) SweepSlice(now int64, n int) (done bool, err error) {
 		visited += len(seg.slots)
 		seg.eachFull(func(i int) {
 			sl := &seg.slots[i]
-			if sl.n&bornBit != 0 {
-				sl.n &^= bornBit // created after the sweep began: it survives it
+			if sl.meta&bornBit != 0 {
+				sl.meta &^= bornBit // created after the sweep began: it survives it
 				return
 			}
 			// Bringing a surviving bucket up to date changes no answer
@@ -172,7 +172,7 @@ func (s *State) unmarkBorn() {
 			continue
 		}
 		for j := range seg.slots {
-			seg.slots[j].n &^= bornBit
+			seg.slots[j].meta &^= bornBit
 		}
 	}
 }

@@ -168,11 +168,12 @@ func TestKeyIsCopied(t *testing.T) {
 	assert.False(t, ok)
 }
 
-// TestSlotSize holds the memory budget: 32 bytes per slot, the bucket's 24
-// and its key's place, with no pointer for the GC to scan.
+// TestSlotSize holds the memory budget: 48 bytes per slot, the bucket's 24,
+// a short key's bytes or a long one's place, and its length, with no pointer
+// for the GC to scan.
 func TestSlotSize(t *testing.T) {
-	assert.Equal(t, uintptr(32), unsafe.Sizeof(slot{}))
-	assert.Equal(t, pageBytes, pageGroups*groupSize*int(unsafe.Sizeof(slot{})))
+	assert.Equal(t, uintptr(slotBytes), unsafe.Sizeof(slot{}))
+	assert.Equal(t, uintptr(24), unsafe.Offsetof(slot{}.meta))
 }
 
 // TestLongKeyIsCopied: a key too long for the arena is copied too, and the
@@ -195,4 +196,34 @@ func TestLongKeyIsCopied(t *testing.T) {
 	for _, seg := range s.tab.dir {
 		assert.LessOrEqual(t, len(seg.long), 2)
 	}
+}
+
+// TestShortKeysStayInSlots: keys of up to inlineKey bytes live in their
+// slots, so a table of them keeps no arena at all, and a lookup reads one
+// slot; one byte more and the key moves to the arena.
+func TestShortKeysStayInSlots(t *testing.T) {
+	tab := newTable(&testHasher)
+	tab.maxGroups = 4 // many segments, split many times
+	for i := range 5000 {
+		k := fmt.Sprintf("%0*d", inlineKey, i)
+		*tab.insert(testHasher.Sum(k), k, false) = policy.Bucket{Tokens: int64(i)}
+	}
+	arena := func() (n int) {
+		for _, seg := range tab.dir {
+			n += cap(seg.arena)
+		}
+		return n
+	}
+	require.Zero(t, arena())
+	for i := range 5000 {
+		k := fmt.Sprintf("%0*d", inlineKey, i)
+		b := tab.find(testHasher.Sum(k), k)
+		require.NotNil(t, b)
+		require.Equal(t, int64(i), b.Tokens)
+	}
+	k := strings.Repeat("k", inlineKey+1)
+	tab.insert(testHasher.Sum(k), k, false)
+	assert.NotZero(t, arena())
+	assert.NotNil(t, tab.find(testHasher.Sum(k), k))
+	assert.Nil(t, tab.find(testHasher.Sum(k[1:]), k[1:]))
 }
