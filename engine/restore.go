@@ -149,7 +149,7 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 // the fewest tokens handed out by forgetting them.
 func dropFullest(e *Engine, shards []*shard.Shard, n int, rep *RestoreReport) {
 	type entry struct {
-		key        string // a view of the shard's table: nothing is inserted meanwhile
+		key        string // a view of the shard's table, good until its own Drop: Drop moves no other slot
 		hash       uint64
 		shard      int
 		defHi      uint64 // capacity minus balance, in units (128 bits)

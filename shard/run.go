@@ -452,7 +452,8 @@ func (s *Shard) serveAllows() bool {
 		s.group = g[:0]
 		return true
 	}
-	if s.state.worthWarming(len(g)) {
+	warmed := s.state.worthWarming(len(g))
+	if warmed {
 		s.state.warmAllows(g)
 	}
 	if d := int64(len(g)) + s.mb.queued.Load(); d > s.c.HighWater {
@@ -460,14 +461,20 @@ func (s *Shard) serveAllows() bool {
 	}
 	now := s.clk.Now()
 	for i, a := range g {
-		if a.Op == msg.OpAllow {
-			s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
-		} else {
+		switch {
+		case a.Op != msg.OpAllow:
 			s.state.inspect(now, a)
+		case warmed:
+			s.state.decideWarmed(i, now, a.Key, a.Hash, a.Cost, &a.Reply)
+		default:
+			s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		}
 		s.count(now, a)
 		a.Finish() // after this, a belongs to its sender again
 		g[i] = nil // the message goes back to its pool; do not keep it alive
+	}
+	if warmed {
+		s.state.unwarm()
 	}
 	s.group = g[:0]
 	s.served()

@@ -102,9 +102,19 @@ func (s *State) AllowHashed(now int64, key string, h uint64, cost int64) msg.Rep
 // loads, which wait for those stores to retire instead of taking their
 // values (a store-forwarding stall on every decision).
 func (s *State) decide(now int64, key string, h uint64, cost int64, r *msg.Reply) {
+	s.decideFound(now, key, h, cost, r, s.tab.find(h, key))
+}
+
+// decideWarmed is decide for the ith item of the last warm.
+func (s *State) decideWarmed(i int, now int64, key string, h uint64, cost int64, r *msg.Reply) {
+	s.decideFound(now, key, h, cost, r, s.tab.findWarmed(i, h, key))
+}
+
+// decideFound is decide for a key whose bucket the table returned as b
+// (nil for a key it does not track).
+func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.Reply, b *policy.Bucket) {
 	// The key's own limit: its bucket's, or what the policy resolves a new
 	// key to. The cost bound is that limit's capacity.
-	b := s.tab.find(h, key)
 	if b != nil {
 		s.bringUp(b, key) // may drop the history: read the generation after
 	}
@@ -196,12 +206,17 @@ func (s *State) inspect(now int64, a *msg.Allow) {
 // Batch decides b.Items in order at one reading, into b.Out. The answers are
 // those of the same Allow calls made one by one at now.
 func (s *State) Batch(now int64, b *msg.Batch) {
-	if s.worthWarming(len(b.Items)) {
-		s.tab.warm(b.Items)
+	if !s.worthWarming(len(b.Items)) {
+		for i, it := range b.Items {
+			s.decide(now, it.Key, it.Hash, it.Cost, &b.Out[i])
+		}
+		return
 	}
+	s.tab.warm(b.Items)
 	for i, it := range b.Items {
-		s.decide(now, it.Key, it.Hash, it.Cost, &b.Out[i])
+		s.decideWarmed(i, now, it.Key, it.Hash, it.Cost, &b.Out[i])
 	}
+	s.tab.unwarm()
 }
 
 // warmFrom is the table size from which deciding a group of requests starts
@@ -212,15 +227,16 @@ const warmFrom = 1 << 14
 // worthWarming reports whether deciding n requests together should start
 // by warming the cache for all of them. Over many keys a lookup is mostly
 // waiting for memory: prefetching every request's control word, then its
-// slot, then its key before deciding any (table.warm) puts the misses of a
-// whole group in flight at once, where lookups one by one would wait for
-// each in turn. It takes more than one request, a table too large for the
+// slot (and then a long key's bytes) before deciding any (table.warm) puts
+// the misses of a whole group in flight at once, where lookups one by one
+// would wait for each in turn. It takes more than one request, a table too large for the
 // caches, and a build that can prefetch.
 func (s *State) worthWarming(n int) bool {
 	return canPrefetch && n > 1 && s.tab.count >= warmFrom
 }
 
-// warmAllows warms the cache for a group of single requests.
+// warmAllows warms the cache for a group of single requests; decide g[i]
+// with decideWarmed(i, ...), then call unwarm.
 func (s *State) warmAllows(g []*msg.Allow) {
 	items := s.items[:0]
 	for _, a := range g {
@@ -230,6 +246,9 @@ func (s *State) warmAllows(g []*msg.Allow) {
 	clear(items) // keep no caller's key alive
 	s.items = items[:0]
 }
+
+// unwarm ends what warmAllows began.
+func (s *State) unwarm() { s.tab.unwarm() }
 
 // Prepare takes now as the cutover reading for next and stops the shard from
 // serving data until Publish or Abort. A reading older than the last one

@@ -277,3 +277,50 @@ func TestStateConversionPass(t *testing.T) {
 // testHasher hashes keys for states and messages built by tests, as an
 // engine's hasher does for its shards.
 var testHasher = NewHasher(0x5eed)
+
+// TestBatchMatchesSingles: a batch decided on a table large enough to warm
+// (hints, prefetches, keys created mid-batch that rehash the slots the hints
+// point at) answers exactly what the same requests made one by one give,
+// and leaves every bucket the same.
+func TestBatchMatchesSingles(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 2}
+	h := NewHasher(3)
+	batched, single := NewState(p, NewBudget(1<<20), &h), NewState(p, NewBudget(1<<20), &h)
+	key := func(i int) string {
+		if i%5 == 0 {
+			return fmt.Sprintf("a-key-long-enough-for-the-arena:%d", i) // past inlineKey
+		}
+		return fmt.Sprintf("k%d", i)
+	}
+	const known = 2 * warmFrom
+	for i := range known {
+		require.NoError(t, batched.Allow(0, key(i), 1).Err)
+		require.NoError(t, single.Allow(0, key(i), 1).Err)
+	}
+	require.True(t, batched.worthWarming(2))
+	r := rand.New(rand.NewPCG(1, 2))
+	next := known
+	for round := range 50 {
+		now := int64(round+1) * 3e8
+		m := msg.Batch{}
+		for range 1 + r.IntN(300) {
+			i := r.IntN(known)
+			if r.IntN(3) == 0 {
+				i, next = next, next+1 // a new key: enough of them rehash
+			}
+			m.Items = append(m.Items, msg.Item{Key: key(i), Hash: h.Sum(key(i)), Cost: 1 + r.Int64N(2)})
+		}
+		m.Out = make([]msg.Reply, len(m.Items))
+		batched.Batch(now, &m)
+		for i, it := range m.Items {
+			require.Equal(t, single.Allow(now, it.Key, it.Cost), m.Out[i], "round %d item %d", round, i)
+		}
+	}
+	require.Equal(t, single.Len(), batched.Len())
+	for i := range next {
+		want, ok := single.bucket(key(i))
+		got, _ := batched.bucket(key(i))
+		require.True(t, ok)
+		require.Equal(t, want, got, key(i))
+	}
+}

@@ -45,9 +45,10 @@ const (
 
 	// Large allocations are rounded up to 8 KiB pages: sizes that would be
 	// rounded are grown to the page instead, so the rounding holds keys.
-	pageBytes  = 8 << 10
-	slotBytes  = 48
-	groupBytes = groupSize * slotBytes
+	pageBytes     = 8 << 10
+	maxSmallAlloc = 32 << 10 // larger allocations are whole pages
+	slotBytes     = 48
+	groupBytes    = groupSize * slotBytes
 
 	// A slot holds keys of up to inlineKey bytes itself. Keys longer than
 	// longKey are kept as their own strings rather than in the arena, which
@@ -58,8 +59,8 @@ const (
 	// slot.meta: the length of an inline key, or one of arenaBit and longBit
 	// for a key kept elsewhere; and bornBit.
 	lenMask  = 0x1f
-	arenaBit = 0x20 // the key is in the arena, at the slot's off and n
-	longBit  = 0x40 // the key is segment.long[off]
+	arenaBit = 0x20 // the key is in the arena, where place says
+	longBit  = 0x40 // the key is in segment.long, where place says
 	bornBit  = 0x80 // created during the sweep in progress, ahead of its cursor
 
 	ctrlEmpty   = 0x80
@@ -109,6 +110,20 @@ type table struct {
 	count     int
 	maxGroups int      // maxGroups, or less in tests that want many segments
 	hashes    []uint64 // scratch for rehash
+
+	moves  uint64 // rehashes so far: slots stay where they are in between
+	hints  []hint // where the last warm found each of its items
+	hinted uint64 // moves when the hints were taken
+}
+
+// hint is where warm looked for an item's key: its segment, the group its
+// probe starts at, and the slot of the first tag match there, which is
+// almost always the key's slot when the key is present.
+type hint struct {
+	seg  *segment
+	g    int32
+	slot int32 // -1: no tag match in the first group
+	tag  uint8
 }
 
 func newTable(h *Hasher) table {
@@ -141,12 +156,12 @@ func arenaFor(n int) int {
 	return n
 }
 
-// groupsFor is the group count a rehash gives a segment of n keys. Past a
-// page of slots it takes as many groups as fill the whole pages the
-// allocator would round the slot array up to anyway.
+// groupsFor is the group count a rehash gives a segment of n keys. Past the
+// allocator's size classes it takes as many groups as fill the whole pages
+// it would round the slot array up to anyway.
 func groupsFor(n int) int {
 	g := max(1, (n*loadDen+groupSize*loadNum-1)/(groupSize*loadNum))
-	if g*groupBytes > pageBytes {
+	if g*groupBytes > maxSmallAlloc {
 		g = (g*groupBytes + pageBytes - 1) / pageBytes * pageBytes / groupBytes
 	}
 	return g
@@ -180,14 +195,14 @@ func (s *segment) start(hm uint64) (int, uint8) {
 // the segment, good only until the segment next stores or removes a key:
 // copy it to keep it.
 func (s *segment) key(sl *slot) string {
-	if n := sl.meta & lenMask; n != 0 {
-		return unsafe.String(&sl.kb[0], n)
+	if sl.meta&(arenaBit|longBit) == 0 {
+		return unsafe.String(&sl.kb[0], sl.meta&lenMask)
 	}
 	off, n := sl.place()
 	if sl.meta&longBit != 0 {
 		return s.long[off]
 	}
-	return unsafe.String(&s.arena[off], n) // keys are never empty
+	return unsafe.String(&s.arena[off], n)
 }
 
 // find returns the index of key's slot, or -1.
@@ -197,12 +212,7 @@ func (s *segment) find(hm uint64, key string) int {
 		w := s.ctrl[g]
 		for m := matchByte(w, tag); m != 0; m &= m - 1 {
 			i := g*groupSize + bits.TrailingZeros64(m)>>3
-			sl := &s.slots[i]
-			if int(sl.meta&lenMask) == len(key) { // an inline key: none is empty
-				if string(sl.kb[:len(key)]) == key {
-					return i
-				}
-			} else if len(key) > inlineKey && s.outKey(sl) == key {
+			if s.holds(&s.slots[i], key) {
 				return i
 			}
 		}
@@ -235,12 +245,12 @@ func (s *segment) put(hm uint64) int {
 	}
 }
 
-// outKey returns the key of a slot that does not hold it inline.
-func (s *segment) outKey(sl *slot) string {
-	if sl.meta&(arenaBit|longBit) == 0 {
-		return "" // an empty slot
+// holds reports whether sl, a full slot whose tag matched key's, holds key.
+func (s *segment) holds(sl *slot, key string) bool {
+	if len(key) <= inlineKey {
+		return sl.meta&^bornBit == uint8(len(key)) && string(sl.kb[:len(key)]) == key
 	}
-	return s.key(sl)
+	return sl.meta&(arenaBit|longBit) != 0 && s.key(sl) == key
 }
 
 // storeKey copies key into the segment and records where in sl, with flags
@@ -373,6 +383,7 @@ func (t *table) remove(s *segment, i int) {
 // rehash rebuilds s for n keys: in place at the right size, or split in two
 // once it would outgrow the largest segment size.
 func (t *table) rehash(s *segment, n int) {
+	t.moves++
 	// Hash each key once, into a buffer the table keeps.
 	t.hashes = t.hashes[:0]
 	s.eachFull(func(i int) { t.hashes = append(t.hashes, t.hashOf(s.key(&s.slots[i]))) })
@@ -481,43 +492,64 @@ func (t *table) each(f func(key string, b *policy.Bucket)) {
 // key if it is short; then, for a longer key, its bytes in the arena. Each
 // pass reads only what the one before prefetched, so by the time it asks
 // most lines have arrived, and its own prefetches are in flight together, as
-// many as the core's miss buffers hold.
+// many as the core's miss buffers hold. It keeps where it looked as hints
+// for findWarmed, until unwarm.
 func (t *table) warm(items []msg.Item) {
+	if cap(t.hints) < len(items) {
+		t.hints = make([]hint, len(items))
+	}
+	t.hints, t.hinted = t.hints[:len(items)], t.moves
 	long := false
 	for i := range items {
 		hm := items[i].Hash * mix
 		_, s := t.segmentOf(hm)
-		g, _ := s.start(hm)
+		g, tag := s.start(hm)
+		t.hints[i] = hint{seg: s, g: int32(g), slot: -1, tag: tag}
 		prefetch(unsafe.Pointer(&s.ctrl[g]))
 		prefetch(unsafe.Pointer(unsafe.StringData(items[i].Key)))
 		long = long || len(items[i].Key) > inlineKey
 	}
-	for pass := range 2 {
-		if pass == 1 && !long {
-			return // every key that matches is in its slot
+	for i := range t.hints {
+		hn := &t.hints[i]
+		m := matchByte(hn.seg.ctrl[hn.g], hn.tag)
+		if m == 0 {
+			continue // a new key, or one further along its probe
 		}
-		for i := range items {
-			hm := items[i].Hash * mix
-			_, s := t.segmentOf(hm)
-			g, tag := s.start(hm)
-			m := matchByte(s.ctrl[g], tag)
-			if m == 0 {
-				continue // a new key: nothing more to fetch
-			}
-			sl := &s.slots[g*groupSize+bits.TrailingZeros64(m)>>3]
-			switch {
-			case pass == 0:
-				// A slot spans two lines when it starts past the 16th
-				// byte of one.
-				p := unsafe.Pointer(sl)
-				prefetch(p)
-				if uintptr(p)%64 > 64-slotBytes {
-					prefetch(unsafe.Add(p, slotBytes-1))
-				}
-			case sl.meta&arenaBit != 0 && len(items[i].Key) > inlineKey:
-				off, _ := sl.place()
-				prefetch(unsafe.Pointer(&s.arena[off]))
-			}
+		hn.slot = hn.g*groupSize + int32(bits.TrailingZeros64(m)>>3)
+		// A slot spans two lines when it starts past the 16th byte of one.
+		p := unsafe.Pointer(&hn.seg.slots[hn.slot])
+		prefetch(p)
+		if uintptr(p)%64 > 64-slotBytes {
+			prefetch(unsafe.Add(p, slotBytes-1))
 		}
 	}
+	if !long {
+		return // every key that matches is in its slot
+	}
+	for i, hn := range t.hints {
+		if hn.slot < 0 || len(items[i].Key) <= inlineKey {
+			continue
+		}
+		if sl := &hn.seg.slots[hn.slot]; sl.meta&arenaBit != 0 {
+			off, _ := sl.place()
+			prefetch(unsafe.Pointer(&hn.seg.arena[off]))
+		}
+	}
+}
+
+// findWarmed is find for key, hashed h, the ith item of the last warm: it
+// tries the slot warm found first, unless a rehash has moved slots since.
+func (t *table) findWarmed(i int, h uint64, key string) *policy.Bucket {
+	if hn := &t.hints[i]; hn.slot >= 0 && t.hinted == t.moves {
+		if sl := &hn.seg.slots[hn.slot]; hn.seg.holds(sl, key) {
+			return &sl.b
+		}
+	}
+	return t.find(h, key)
+}
+
+// unwarm drops the hints of the last warm, which keep segments alive.
+func (t *table) unwarm() {
+	clear(t.hints)
+	t.hints = t.hints[:0]
 }

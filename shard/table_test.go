@@ -3,6 +3,7 @@ package shard
 import (
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 	"unsafe"
@@ -20,7 +21,8 @@ import (
 // step the table must hold exactly the map's keys and buckets, and its
 // directory must be well formed. Every lookup is warmed first, as a batch's
 // are, among other keys present and absent: warming reads the table in
-// every state it gets into and must leave it as it was.
+// every state it gets into and must leave it as it was, and the lookups its
+// hints lead to must find what find does.
 func TestTableMatchesMap(t *testing.T) {
 	for _, groups := range []int{1, 2, 3, 8, maxGroups} {
 		for seed := uint64(1); seed <= 6; seed++ {
@@ -50,7 +52,12 @@ func TestTableMatchesMap(t *testing.T) {
 						warm = append(warm, msg.Item{Key: o, Hash: testHasher.Sum(o)})
 					}
 					tab.warm(warm)
-					b := tab.find(h, k)
+					b := tab.findWarmed(0, h, k)
+					require.Same(t, tab.find(h, k), b, "step %d: the warmed lookup finds what find does", step)
+					for i, it := range warm[1:] {
+						require.Same(t, tab.find(it.Hash, it.Key), tab.findWarmed(i+1, it.Hash, it.Key))
+					}
+					tab.unwarm()
 					want, ok := model[k]
 					require.Equal(t, ok, b != nil, "step %d: find %q", step, k[:min(len(k), 20)])
 					switch {
@@ -125,6 +132,14 @@ func checkTable(t *testing.T, tab *table, model map[string]int64) {
 		}
 		require.Equal(t, s.count, used)
 		require.Equal(t, s.dead, tomb)
+		arenaBytes := 0
+		s.eachFull(func(j int) {
+			if sl := &s.slots[j]; sl.meta&arenaBit != 0 {
+				_, n := sl.place()
+				arenaBytes += int(n)
+			}
+		})
+		require.Equal(t, s.live, arenaBytes, "live counts the arena keys' bytes")
 		require.Less(t, s.count+s.dead, len(s.slots), "an empty slot ends every probe")
 		live += s.count
 		i += span
@@ -174,6 +189,22 @@ func TestKeyIsCopied(t *testing.T) {
 func TestSlotSize(t *testing.T) {
 	assert.Equal(t, uintptr(slotBytes), unsafe.Sizeof(slot{}))
 	assert.Equal(t, uintptr(24), unsafe.Offsetof(slot{}.meta))
+	assert.Equal(t, 23, inlineKey, "keys of up to 23 bytes fill the slot")
+	assert.Zero(t, maxGroups*groupBytes%pageBytes, "a full segment's slots fill whole pages")
+	var noPointers func(reflect.Type)
+	noPointers = func(ty reflect.Type) {
+		switch ty.Kind() {
+		case reflect.Struct:
+			for i := range ty.NumField() {
+				noPointers(ty.Field(i).Type)
+			}
+		case reflect.Array:
+			noPointers(ty.Elem())
+		default:
+			assert.LessOrEqual(t, ty.Kind(), reflect.Complex128, "%v holds a pointer", ty)
+		}
+	}
+	noPointers(reflect.TypeFor[slot]())
 }
 
 // TestLongKeyIsCopied: a key too long for the arena is copied too, and the
@@ -226,4 +257,69 @@ func TestShortKeysStayInSlots(t *testing.T) {
 	assert.NotZero(t, arena())
 	assert.NotNil(t, tab.find(testHasher.Sum(k), k))
 	assert.Nil(t, tab.find(testHasher.Sum(k[1:]), k[1:]))
+}
+
+// TestWarmHintsSurviveRehash: inserting between a warm and the lookups it
+// hints (a batch creating keys) may rehash and move every slot; a warmed
+// lookup must then find each key where it now is.
+func TestWarmHintsSurviveRehash(t *testing.T) {
+	tab := newTable(&testHasher)
+	tab.maxGroups = 2
+	var items []msg.Item
+	for i := range 64 {
+		k := fmt.Sprintf("k%d", i)
+		h := testHasher.Sum(k)
+		*tab.insert(h, k, false) = policy.Bucket{Tokens: int64(i)}
+		items = append(items, msg.Item{Key: k, Hash: h})
+	}
+	tab.warm(items)
+	moves := tab.moves
+	for i := range 1000 {
+		k := fmt.Sprintf("new%d", i)
+		tab.insert(testHasher.Sum(k), k, false)
+	}
+	require.Greater(t, tab.moves, moves, "the inserts rehashed")
+	for i, it := range items {
+		b := tab.findWarmed(i, it.Hash, it.Key)
+		require.NotNil(t, b, it.Key)
+		require.Equal(t, int64(i), b.Tokens)
+		require.Same(t, tab.find(it.Hash, it.Key), b, "the bucket in the table, not a copy left behind")
+	}
+	tab.unwarm()
+	for _, hn := range tab.hints[:cap(tab.hints)] {
+		require.Nil(t, hn.seg, "no segment kept alive")
+	}
+}
+
+// TestBornSurvivesRehash: a key created ahead of a sweep's cursor keeps its
+// mark through every split and compaction, wherever its bytes live, and
+// lookups tell apart keys that differ only past the inline length.
+func TestBornSurvivesRehash(t *testing.T) {
+	tab := newTable(&testHasher)
+	tab.maxGroups = 2
+	key := func(i int) string {
+		switch i % 3 {
+		case 0:
+			return fmt.Sprintf("%0*d", inlineKey, i) // fills the slot
+		case 1:
+			return fmt.Sprintf("%0*d", inlineKey+1, i) // one byte too many: the arena
+		}
+		return fmt.Sprintf("%0*d", longKey+1, i) // kept as its own string
+	}
+	const n = 600
+	for i := range n {
+		tab.insert(testHasher.Sum(key(i)), key(i), i%2 == 0)
+	}
+	require.Greater(t, tab.depth, uint8(3), "the table split")
+	for i := range n {
+		hm := tab.hashOf(key(i))
+		_, seg := tab.segmentOf(hm)
+		j := seg.find(hm, key(i))
+		require.GreaterOrEqual(t, j, 0)
+		assert.Equal(t, i%2 == 0, seg.slots[j].meta&bornBit != 0, "key %d", i)
+		// The same bytes one shorter or longer are other keys.
+		for _, other := range []string{key(i)[1:], "0" + key(i)} {
+			assert.Nil(t, tab.find(testHasher.Sum(other), other))
+		}
+	}
 }
