@@ -65,7 +65,14 @@ func (b *Bucket) Refill(l Limit, now int64) {
 	// Here add < deficit, so Frac+add < (capacity-Tokens)*1e9 and the
 	// quotient below fits in 64 bits (bits.Div64 needs hi < divisor).
 	lo, carry := bits.Add64(addLo, uint64(b.Frac), 0)
-	q, r := bits.Div64(addHi+carry, lo, UnitsPerToken)
+	var q, r uint64
+	if hi := addHi + carry; hi == 0 {
+		// The usual case, in 64 bits: a division by a constant, which the
+		// compiler turns into a multiplication, where bits.Div64 divides.
+		q, r = lo/UnitsPerToken, lo%UnitsPerToken
+	} else {
+		q, r = bits.Div64(hi, lo, UnitsPerToken)
+	}
 	b.Tokens += int64(q)
 	b.Frac = uint32(r)
 }
