@@ -297,7 +297,7 @@ func TestBatchMatchesSingles(t *testing.T) {
 		require.NoError(t, batched.Allow(0, key(i), 1).Err)
 		require.NoError(t, single.Allow(0, key(i), 1).Err)
 	}
-	require.True(t, batched.worthWarming(2))
+	require.Equal(t, canPrefetch, batched.worthWarming(2), "large enough to warm where a build can")
 	r := rand.New(rand.NewPCG(1, 2))
 	next := known
 	for round := range 50 {

@@ -73,7 +73,7 @@ func (s *State) ConvertSlice(n int) (done bool) {
 		if seg == p.seg {
 			i = p.slot
 		}
-		for ; i < len(seg.slots); i++ {
+		for ; i < seg.nslot; i++ {
 			if work >= n {
 				p.seg, p.slot = seg, i
 				return false
@@ -82,10 +82,10 @@ func (s *State) ConvertSlice(n int) (done bool) {
 			if !seg.full(i) {
 				continue
 			}
-			b := &seg.slots[i].b
-			if b.Epoch != s.epoch {
+			sl := seg.at(i)
+			if b := &sl.b; b.Epoch != s.epoch {
 				work += len(s.gens) - 1 - int(b.Epoch-s.base)
-				s.bringUp(b, seg.key(&seg.slots[i]))
+				s.bringUp(b, seg.key(sl))
 			}
 		}
 		p.seg, p.cursor = nil, next
@@ -110,9 +110,9 @@ func (s *State) SweepSlice(now int64, n int) (done bool, err error) {
 	limits := s.gens[len(s.gens)-1].limits
 	for visited := 0; visited < n; {
 		seg, next, last := s.tab.segmentAt(s.pass.cursor)
-		visited += len(seg.slots)
+		visited += seg.nslot
 		seg.eachFull(func(i int) {
-			sl := &seg.slots[i]
+			sl := seg.at(i)
 			if sl.meta&bornBit != 0 {
 				sl.meta &^= bornBit // created after the sweep began: it survives it
 				return
@@ -171,8 +171,8 @@ func (s *State) unmarkBorn() {
 		if i > 0 && s.tab.dir[i-1] == seg {
 			continue
 		}
-		for j := range seg.slots {
-			seg.slots[j].meta &^= bornBit
+		for j := range seg.nslot {
+			seg.at(j).meta &^= bornBit
 		}
 	}
 }
@@ -198,9 +198,9 @@ func (s *State) SnapshotSlice(c *msg.SnapChunk, n int) (done bool) {
 	limits := s.gens[len(s.gens)-1].limits
 	for visited := 0; visited < n; {
 		seg, next, last := s.tab.segmentAt(s.snapCursor)
-		visited += len(seg.slots)
+		visited += seg.nslot
 		seg.eachFull(func(i int) {
-			sl := &seg.slots[i]
+			sl := seg.at(i)
 			k := seg.key(sl)
 			s.bringUp(&sl.b, k)
 			c.Records = append(c.Records, msg.SnapRecord{KeyOff: len(c.Keys), KeyLen: len(k), Bucket: sl.b, Limit: limits[sl.b.Limit]})

@@ -18,11 +18,12 @@ import (
 // bucket and the key's own bytes when they fit (up to inlineKey), and one
 // control byte per slot, at a load between 0.7 and 0.875, so about 60 bytes
 // per key all told, with no pointers. A longer key lives in a per-segment
-// arena and its slot says where: 16 bytes more than if every slot pointed
-// into the arena, but a lookup of a short key then reads one slot, in one
-// page, instead of a slot and then its key somewhere else in memory. Over
-// a million keys that second miss, and its page walk, was a quarter of a
-// batched decision's time.
+// arena and its slot says where. A lookup of a short key then reads one
+// slot, in one page, instead of a slot and then its key somewhere else in
+// memory: over a million keys that second miss, and its page walk, was a
+// quarter of a batched decision's time. A segment whose keys are mostly
+// longer packs its slots 32 bytes apart instead, all its keys in the arena,
+// so long keys do not pay for room they cannot use.
 //
 // It is an extendible hash table: a directory indexed by the top bits of the
 // mixed hash points at segments, each an open-addressing table of groups of
@@ -47,14 +48,17 @@ const (
 	// rounded are grown to the page instead, so the rounding holds keys.
 	pageBytes     = 8 << 10
 	maxSmallAlloc = 32 << 10 // larger allocations are whole pages
-	slotBytes     = 48
-	groupBytes    = groupSize * slotBytes
+
+	// Slots are slotBytes apart in a segment that holds short keys inline,
+	// narrowBytes apart in one that keeps every key in its arena.
+	slotBytes   = 48
+	narrowBytes = 32
 
 	// A slot holds keys of up to inlineKey bytes itself. Keys longer than
 	// longKey are kept as their own strings rather than in the arena, which
 	// keeps a segment's arena well inside its 32-bit offsets.
 	inlineKey = 23
-	longKey   = 1 << 16
+	longKey   = 1<<16 - 1 // so an arena key's length fits place's 16 bits
 
 	// slot.meta: the length of an inline key, or one of arenaBit and longBit
 	// for a key kept elsewhere; and bornBit.
@@ -73,31 +77,41 @@ const (
 	mix = 0x9e3779b97f4a7c15
 )
 
+// slot is what every slot has: a narrow slot is exactly this, and a wide
+// one is this and then 16 more bytes, so that from kb on it has room for
+// inlineKey bytes of a key (see inlineBytes).
 type slot struct {
 	b    policy.Bucket
 	meta uint8
-	kb   [inlineKey]byte // the key's bytes; for a key kept elsewhere, its off and n
+	kb   [narrowBytes - 25]byte // an arena or long key's place, or an inline key's start
+}
+
+// inlineBytes returns the n bytes of a wide slot's key, from kb on.
+func (sl *slot) inlineBytes(n int) []byte {
+	return unsafe.Slice(&sl.kb[0], n)
 }
 
 // place returns where the key of a slot with arenaBit or longBit lives: its
 // offset in the arena and length, or its index in long.
 func (sl *slot) place() (off, n uint32) {
-	return binary.LittleEndian.Uint32(sl.kb[0:]), binary.LittleEndian.Uint32(sl.kb[4:])
+	return binary.LittleEndian.Uint32(sl.kb[0:]), uint32(binary.LittleEndian.Uint16(sl.kb[4:]))
 }
 
 func (sl *slot) setPlace(meta uint8, off, n uint32) {
 	sl.meta = meta
 	binary.LittleEndian.PutUint32(sl.kb[0:], off)
-	binary.LittleEndian.PutUint32(sl.kb[4:], n)
+	binary.LittleEndian.PutUint16(sl.kb[4:], uint16(n))
 }
 
 type segment struct {
 	depth    uint8    // prefix bits its keys share
 	ctrl     []uint64 // a control byte per slot, eight per group
-	slots    []slot
+	words    []uint64 // the slots, stride bytes apart (see at), with no pointers
+	nslot    int
+	stride   uintptr  // slotBytes, or narrowBytes when every key is in the arena
 	count    int      // live slots
 	dead     int      // tombstones
-	arena    []byte   // the keys longer than inlineKey, up to longKey
+	arena    []byte   // the keys up to longKey that the slots do not hold
 	live     int      // arena bytes held by live keys
 	long     []string // long keys; "" where one was deleted
 	longFree []uint32 // indices of long that are ""
@@ -127,14 +141,19 @@ type hint struct {
 }
 
 func newTable(h *Hasher) table {
-	return table{hasher: h, dir: []*segment{newSegment(0, 1, 0)}, maxGroups: maxGroups}
+	return table{hasher: h, dir: []*segment{newSegment(0, 1, 0, slotBytes)}, maxGroups: maxGroups}
 }
 
-func newSegment(depth uint8, groups, keyBytes int) *segment {
+// newSegment returns an empty segment of groups groups whose slots are
+// stride bytes apart, with an arena for keyBytes of keys.
+func newSegment(depth uint8, groups, keyBytes int, stride uintptr) *segment {
+	n := groups * groupSize
 	s := &segment{
-		depth: depth,
-		ctrl:  make([]uint64, groups),
-		slots: make([]slot, groups*groupSize),
+		depth:  depth,
+		ctrl:   make([]uint64, groups),
+		nslot:  n,
+		stride: stride,
+		words:  make([]uint64, uintptr(n)*stride/8),
 	}
 	for i := range s.ctrl {
 		s.ctrl[i] = lsbs * ctrlEmpty
@@ -156,16 +175,27 @@ func arenaFor(n int) int {
 	return n
 }
 
-// groupsFor is the group count a rehash gives a segment of n keys. Past the
-// allocator's size classes it takes as many groups as fill the whole pages
-// it would round the slot array up to anyway.
-func groupsFor(n int) int {
+// groupsFor is the group count a rehash gives a segment of n keys with
+// slots stride bytes apart. Past the allocator's size classes it takes as
+// many groups as fill the whole pages it would round the slots up to anyway.
+func groupsFor(n int, stride uintptr) int {
 	g := max(1, (n*loadDen+groupSize*loadNum-1)/(groupSize*loadNum))
-	if g*groupBytes > maxSmallAlloc {
-		g = (g*groupBytes + pageBytes - 1) / pageBytes * pageBytes / groupBytes
+	if gb := groupSize * int(stride); g*gb > maxSmallAlloc {
+		g = (g*gb + pageBytes - 1) / pageBytes * pageBytes / gb
 	}
 	return g
 }
+
+// at returns slot i.
+func (s *segment) at(i int) *slot {
+	if uint(i) >= uint(s.nslot) {
+		panic("shard: slot index out of range")
+	}
+	return (*slot)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(s.words)), uintptr(i)*s.stride))
+}
+
+// inline reports whether the segment keeps short keys in their slots.
+func (s *segment) inline() bool { return s.stride == slotBytes }
 
 // limit is how many slots may be used, live or tombstone, before a rehash.
 // It always leaves an empty slot, so every probe ends.
@@ -196,13 +226,14 @@ func (s *segment) start(hm uint64) (int, uint8) {
 // copy it to keep it.
 func (s *segment) key(sl *slot) string {
 	if sl.meta&(arenaBit|longBit) == 0 {
-		return unsafe.String(&sl.kb[0], sl.meta&lenMask)
+		return unsafe.String(&sl.kb[0], sl.meta&lenMask) // see inlineBytes
 	}
 	off, n := sl.place()
 	if sl.meta&longBit != 0 {
 		return s.long[off]
 	}
-	return unsafe.String(&s.arena[off], n)
+	b := s.arena[off : off+n]
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
 // find returns the index of key's slot, or -1.
@@ -212,7 +243,7 @@ func (s *segment) find(hm uint64, key string) int {
 		w := s.ctrl[g]
 		for m := matchByte(w, tag); m != 0; m &= m - 1 {
 			i := g*groupSize + bits.TrailingZeros64(m)>>3
-			if s.holds(&s.slots[i], key) {
+			if s.holds(s.at(i), key) {
 				return i
 			}
 		}
@@ -247,8 +278,8 @@ func (s *segment) put(hm uint64) int {
 
 // holds reports whether sl, a full slot whose tag matched key's, holds key.
 func (s *segment) holds(sl *slot, key string) bool {
-	if len(key) <= inlineKey {
-		return sl.meta&^bornBit == uint8(len(key)) && string(sl.kb[:len(key)]) == key
+	if len(key) <= inlineKey && sl.meta&^bornBit == uint8(len(key)) {
+		return string(sl.inlineBytes(len(key))) == key
 	}
 	return sl.meta&(arenaBit|longBit) != 0 && s.key(sl) == key
 }
@@ -257,9 +288,9 @@ func (s *segment) holds(sl *slot, key string) bool {
 // (bornBit or 0).
 func (s *segment) storeKey(sl *slot, key string, flags uint8) {
 	switch {
-	case len(key) <= inlineKey:
+	case len(key) <= inlineKey && s.inline():
 		sl.meta = uint8(len(key)) | flags
-		copy(sl.kb[:], key)
+		copy(sl.inlineBytes(len(key)), key)
 	case len(key) > longKey || s.live+len(key) > math.MaxUint32/2:
 		// A copy, as for arena keys: the caller's string may alias a
 		// request buffer. A slot freed by a removal is reused.
@@ -289,7 +320,7 @@ func (s *segment) compactArena(extra int) {
 	old := s.arena
 	s.arena = make([]byte, 0, arenaFor(s.live+extra))
 	s.eachFull(func(i int) {
-		sl := &s.slots[i]
+		sl := s.at(i)
 		if sl.meta&arenaBit == 0 {
 			return
 		}
@@ -317,7 +348,7 @@ func (s *segment) full(i int) bool {
 // remove deletes slot i.
 func (s *segment) remove(i int) {
 	g, j := i/groupSize, i%groupSize
-	sl := &s.slots[i]
+	sl := s.at(i)
 	switch off, n := sl.place(); {
 	case sl.meta&longBit != 0:
 		s.long[off] = ""
@@ -350,7 +381,7 @@ func (t *table) find(h uint64, key string) *policy.Bucket {
 	hm := h * mix
 	_, s := t.segmentOf(hm)
 	if i := s.find(hm, key); i >= 0 {
-		return &s.slots[i].b
+		return &s.at(i).b
 	}
 	return nil
 }
@@ -369,9 +400,10 @@ func (t *table) insert(h uint64, key string, born bool) *policy.Bucket {
 	if born {
 		flags = bornBit
 	}
-	s.storeKey(&s.slots[i], key, flags)
+	sl := s.at(i)
+	s.storeKey(sl, key, flags)
 	t.count++
-	return &s.slots[i].b
+	return &sl.b
 }
 
 // remove deletes slot i of s.
@@ -386,49 +418,60 @@ func (t *table) rehash(s *segment, n int) {
 	t.moves++
 	// Hash each key once, into a buffer the table keeps.
 	t.hashes = t.hashes[:0]
-	s.eachFull(func(i int) { t.hashes = append(t.hashes, t.hashOf(s.key(&s.slots[i]))) })
-	if groupsFor(n) <= t.maxGroups || s.depth >= maxDepth {
-		t.replace(s, s.depth, []*segment{t.copyOf(s, s.depth, n, s.live, func(uint64) bool { return true })})
+	s.eachFull(func(i int) { t.hashes = append(t.hashes, t.hashOf(s.key(s.at(i)))) })
+	if groupsFor(n, slotBytes) <= t.maxGroups || s.depth >= maxDepth {
+		t.replace(s, s.depth, []*segment{t.copyOf(s, s.depth, n-s.count, func(uint64) bool { return true })})
 		return
 	}
 	if s.depth == t.depth {
 		t.grow()
 	}
-	bit := uint64(1) << (63 - s.depth)
-	high, highBytes, k := 0, 0, 0
-	s.eachFull(func(i int) {
-		if t.hashes[k]&bit != 0 {
-			high++
-			if sl := &s.slots[i]; sl.meta&arenaBit != 0 {
-				_, n := sl.place()
-				highBytes += int(n)
-			}
-		}
-		k++
-	})
 	// The key that asked for room goes to one side or the other: room for
 	// it on both.
-	lo := t.copyOf(s, s.depth+1, s.count-high+1, s.live-highBytes, func(hm uint64) bool { return hm&bit == 0 })
-	hi := t.copyOf(s, s.depth+1, high+1, highBytes, func(hm uint64) bool { return hm&bit != 0 })
+	bit := uint64(1) << (63 - s.depth)
+	lo := t.copyOf(s, s.depth+1, 1, func(hm uint64) bool { return hm&bit == 0 })
+	hi := t.copyOf(s, s.depth+1, 1, func(hm uint64) bool { return hm&bit != 0 })
 	t.replace(s, s.depth, []*segment{lo, hi})
 }
 
-// copyOf returns a new segment of the given depth, sized for n keys of
-// keyBytes in all, holding the entries of s whose mixed hash (from t.hashes)
-// keep accepts.
-func (t *table) copyOf(s *segment, depth uint8, n, keyBytes int, keep func(uint64) bool) *segment {
-	c := newSegment(depth, groupsFor(n), keyBytes)
-	k := 0
+// copyOf returns a new segment of the given depth holding the entries of s
+// whose mixed hash (from t.hashes) keep accepts, with room for extra more
+// keys. It keeps short keys in their slots unless most of its keys are too
+// long to.
+func (t *table) copyOf(s *segment, depth uint8, extra int, keep func(uint64) bool) *segment {
+	n, long, shortBytes, longBytes, k := 0, 0, 0, 0, 0
 	s.eachFull(func(i int) {
 		hm := t.hashes[k]
 		k++
 		if !keep(hm) {
 			return
 		}
-		sl := &s.slots[i]
-		j := c.put(hm)
-		c.slots[j].b = sl.b
-		c.storeKey(&c.slots[j], s.key(sl), sl.meta&bornBit)
+		n++
+		switch kn := len(s.key(s.at(i))); {
+		case kn <= inlineKey:
+			shortBytes += kn
+		case kn <= longKey:
+			long++
+			longBytes += kn
+		default:
+			long++
+		}
+	})
+	stride, keyBytes := uintptr(slotBytes), longBytes
+	if 2*long > n {
+		stride, keyBytes = narrowBytes, longBytes+shortBytes
+	}
+	c := newSegment(depth, groupsFor(n+extra, stride), keyBytes, stride)
+	k = 0
+	s.eachFull(func(i int) {
+		hm := t.hashes[k]
+		k++
+		if !keep(hm) {
+			return
+		}
+		sl, to := s.at(i), c.at(c.put(hm))
+		to.b = sl.b
+		c.storeKey(to, s.key(sl), sl.meta&bornBit)
 	})
 	return c
 }
@@ -482,14 +525,17 @@ func (t *table) each(f func(key string, b *policy.Bucket)) {
 		if i > 0 && t.dir[i-1] == s {
 			continue
 		}
-		s.eachFull(func(j int) { f(s.key(&s.slots[j]), &s.slots[j].b) })
+		s.eachFull(func(j int) {
+			sl := s.at(j)
+			f(s.key(sl), &sl.b)
+		})
 	}
 }
 
 // warm prefetches what deciding items will read (see State.worthWarming):
 // for every item, the control word its probe starts at and the item's own
 // key; then the slot of the first tag match in that word, which holds the
-// key if it is short; then, for a longer key, its bytes in the arena. Each
+// key if it is short; then, for a key in the arena, its bytes there. Each
 // pass reads only what the one before prefetched, so by the time it asks
 // most lines have arrived, and its own prefetches are in flight together, as
 // many as the core's miss buffers hold. It keeps where it looked as hints
@@ -499,7 +545,7 @@ func (t *table) warm(items []msg.Item) {
 		t.hints = make([]hint, len(items))
 	}
 	t.hints, t.hinted = t.hints[:len(items)], t.moves
-	long := false
+	arena := false // whether any matching key may be in an arena
 	for i := range items {
 		hm := items[i].Hash * mix
 		_, s := t.segmentOf(hm)
@@ -507,7 +553,7 @@ func (t *table) warm(items []msg.Item) {
 		t.hints[i] = hint{seg: s, g: int32(g), slot: -1, tag: tag}
 		prefetch(unsafe.Pointer(&s.ctrl[g]))
 		prefetch(unsafe.Pointer(unsafe.StringData(items[i].Key)))
-		long = long || len(items[i].Key) > inlineKey
+		arena = arena || len(items[i].Key) > inlineKey || !s.inline()
 	}
 	for i := range t.hints {
 		hn := &t.hints[i]
@@ -516,23 +562,24 @@ func (t *table) warm(items []msg.Item) {
 			continue // a new key, or one further along its probe
 		}
 		hn.slot = hn.g*groupSize + int32(bits.TrailingZeros64(m)>>3)
-		// A slot spans two lines when it starts past the 16th byte of one.
-		p := unsafe.Pointer(&hn.seg.slots[hn.slot])
+		// A 48-byte slot spans two lines when it starts past the 16th
+		// byte of one.
+		p, n := unsafe.Pointer(hn.seg.at(int(hn.slot))), hn.seg.stride
 		prefetch(p)
-		if uintptr(p)%64 > 64-slotBytes {
-			prefetch(unsafe.Add(p, slotBytes-1))
+		if uintptr(p)%64 > 64-n {
+			prefetch(unsafe.Add(p, n-1))
 		}
 	}
-	if !long {
+	if !arena {
 		return // every key that matches is in its slot
 	}
-	for i, hn := range t.hints {
-		if hn.slot < 0 || len(items[i].Key) <= inlineKey {
+	for _, hn := range t.hints {
+		if hn.slot < 0 {
 			continue
 		}
-		if sl := &hn.seg.slots[hn.slot]; sl.meta&arenaBit != 0 {
+		if sl := hn.seg.at(int(hn.slot)); sl.meta&arenaBit != 0 {
 			off, _ := sl.place()
-			prefetch(unsafe.Pointer(&hn.seg.arena[off]))
+			prefetch(unsafe.Pointer(unsafe.SliceData(hn.seg.arena[off:])))
 		}
 	}
 }
@@ -541,7 +588,7 @@ func (t *table) warm(items []msg.Item) {
 // tries the slot warm found first, unless a rehash has moved slots since.
 func (t *table) findWarmed(i int, h uint64, key string) *policy.Bucket {
 	if hn := &t.hints[i]; hn.slot >= 0 && t.hinted == t.moves {
-		if sl := &hn.seg.slots[hn.slot]; hn.seg.holds(sl, key) {
+		if sl := hn.seg.at(int(hn.slot)); hn.seg.holds(sl, key) {
 			return &sl.b
 		}
 	}

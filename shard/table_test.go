@@ -24,62 +24,90 @@ import (
 // every state it gets into and must leave it as it was, and the lookups its
 // hints lead to must find what find does.
 func TestTableMatchesMap(t *testing.T) {
-	for _, groups := range []int{1, 2, 3, 8, maxGroups} {
-		for seed := uint64(1); seed <= 6; seed++ {
-			t.Run(fmt.Sprintf("maxGroups=%d/seed=%d", groups, seed), func(t *testing.T) {
-				r := rand.New(rand.NewPCG(seed, uint64(groups)))
-				tab := newTable(&testHasher)
-				tab.maxGroups = groups
-				model := map[string]int64{}
-				universe := 50 + r.IntN(3000)
-				key := func() string {
-					i := r.IntN(universe)
-					switch i % 97 {
-					case 0:
-						return strings.Repeat("L", longKey+1+i) // kept outside the arena
-					case 1:
-						return strings.Repeat("x", 1+i%300)
-					}
-					return fmt.Sprintf("tenant:%d:user", i)
-				}
-				steps := 4000
-				for step := range steps {
-					k := key()
-					h := testHasher.Sum(k)
-					warm := []msg.Item{{Key: k, Hash: h}}
-					for range 3 {
-						o := key()
-						warm = append(warm, msg.Item{Key: o, Hash: testHasher.Sum(o)})
-					}
-					tab.warm(warm)
-					b := tab.findWarmed(0, h, k)
-					require.Same(t, tab.find(h, k), b, "step %d: the warmed lookup finds what find does", step)
-					for i, it := range warm[1:] {
-						require.Same(t, tab.find(it.Hash, it.Key), tab.findWarmed(i+1, it.Hash, it.Key))
-					}
-					tab.unwarm()
-					want, ok := model[k]
-					require.Equal(t, ok, b != nil, "step %d: find %q", step, k[:min(len(k), 20)])
-					switch {
-					case ok && r.IntN(3) == 0:
-						removeKey(&tab, k)
-						delete(model, k)
-					case ok:
-						require.Equal(t, want, b.Tokens)
-						b.Tokens++
-						model[k]++
-					default:
-						b = tab.insert(h, k, false)
-						require.Equal(t, policy.Bucket{}, *b, "a new slot holds a zero bucket")
-						b.Tokens = int64(step)
-						model[k] = int64(step)
-					}
-					if step%500 == 0 || step == steps-1 {
-						checkTable(t, &tab, model)
-					}
-				}
-			})
+	// long of every 2 keys is too long to inline: with none, every segment
+	// keeps short keys in its slots; with both, every segment keeps all its
+	// keys in its arena; with one, segments change layout as keys come and go.
+	for _, long := range []int{0, 1, 2} {
+		for _, groups := range []int{1, 2, 3, 8, maxGroups} {
+			for seed := uint64(1); seed <= 4; seed++ {
+				t.Run(fmt.Sprintf("long=%d/maxGroups=%d/seed=%d", long, groups, seed), func(t *testing.T) {
+					tableMatchesMap(t, long, groups, seed)
+				})
+			}
 		}
+	}
+}
+
+// tableMatchesMap is one run of TestTableMatchesMap.
+func tableMatchesMap(t *testing.T, long, groups int, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, uint64(groups)))
+	tab := newTable(&testHasher)
+	tab.maxGroups = groups
+	model := map[string]int64{}
+	universe := 50 + r.IntN(3000)
+	key := func() string {
+		i := r.IntN(universe)
+		switch i % 97 {
+		case 0:
+			return strings.Repeat("L", longKey+1+i) // kept outside the arena
+		case 1:
+			return strings.Repeat("x", 1+i%300)
+		}
+		if i%2 < long {
+			return fmt.Sprintf("tenant:%d:user-too-long-to-inline", i)
+		}
+		return fmt.Sprintf("tenant:%d:user", i)
+	}
+	steps := 4000
+	for step := range steps {
+		k := key()
+		h := testHasher.Sum(k)
+		warm := []msg.Item{{Key: k, Hash: h}}
+		for range 3 {
+			o := key()
+			warm = append(warm, msg.Item{Key: o, Hash: testHasher.Sum(o)})
+		}
+		tab.warm(warm)
+		b := tab.findWarmed(0, h, k)
+		require.Same(t, tab.find(h, k), b, "step %d: the warmed lookup finds what find does", step)
+		for i, it := range warm[1:] {
+			require.Same(t, tab.find(it.Hash, it.Key), tab.findWarmed(i+1, it.Hash, it.Key))
+		}
+		tab.unwarm()
+		want, ok := model[k]
+		require.Equal(t, ok, b != nil, "step %d: find %q", step, k[:min(len(k), 20)])
+		switch {
+		case ok && r.IntN(3) == 0:
+			removeKey(&tab, k)
+			delete(model, k)
+		case ok:
+			require.Equal(t, want, b.Tokens)
+			b.Tokens++
+			model[k]++
+		default:
+			b = tab.insert(h, k, false)
+			require.Equal(t, policy.Bucket{}, *b, "a new slot holds a zero bucket")
+			b.Tokens = int64(step)
+			model[k] = int64(step)
+		}
+		if step%500 == 0 || step == steps-1 {
+			checkTable(t, &tab, model)
+		}
+	}
+	narrow, segs := 0, 0
+	for i, s := range tab.dir {
+		if i == 0 || tab.dir[i-1] != s {
+			segs++
+			if !s.inline() {
+				narrow++ // a tiny segment may hold mostly the rare long keys
+			}
+		}
+	}
+	switch long {
+	case 0:
+		require.Less(t, 4*narrow, segs, "short keys keep segments inline")
+	case 2:
+		require.NotZero(t, narrow, "long keys make segments narrow")
 	}
 }
 
@@ -116,7 +144,7 @@ func checkTable(t *testing.T, tab *table, model map[string]int64) {
 			require.Same(t, s, tab.dir[i+j], "segment entries contiguous")
 		}
 		s.eachFull(func(j int) {
-			idx := int(tab.hashOf(s.key(&s.slots[j])) >> (64 - uint(tab.depth)))
+			idx := int(tab.hashOf(s.key(s.at(j))) >> (64 - uint(tab.depth)))
 			require.True(t, idx >= i && idx < i+span, "key in its segment's hash range")
 		})
 		used, tomb := 0, 0
@@ -134,13 +162,13 @@ func checkTable(t *testing.T, tab *table, model map[string]int64) {
 		require.Equal(t, s.dead, tomb)
 		arenaBytes := 0
 		s.eachFull(func(j int) {
-			if sl := &s.slots[j]; sl.meta&arenaBit != 0 {
+			if sl := s.at(j); sl.meta&arenaBit != 0 {
 				_, n := sl.place()
 				arenaBytes += int(n)
 			}
 		})
 		require.Equal(t, s.live, arenaBytes, "live counts the arena keys' bytes")
-		require.Less(t, s.count+s.dead, len(s.slots), "an empty slot ends every probe")
+		require.Less(t, s.count+s.dead, s.nslot, "an empty slot ends every probe")
 		live += s.count
 		i += span
 	}
@@ -157,7 +185,7 @@ func TestTableShrinksAfterSweep(t *testing.T) {
 	slots := func() (n int) {
 		for i, seg := range s.tab.dir {
 			if i == 0 || s.tab.dir[i-1] != seg {
-				n += len(seg.slots)
+				n += seg.nslot
 			}
 		}
 		return n
@@ -183,14 +211,16 @@ func TestKeyIsCopied(t *testing.T) {
 	assert.False(t, ok)
 }
 
-// TestSlotSize holds the memory budget: 48 bytes per slot, the bucket's 24,
-// a short key's bytes or a long one's place, and its length, with no pointer
-// for the GC to scan.
+// TestSlotSize holds the memory budget: 32 bytes per slot, the bucket's 24
+// and a key's place in the arena, or 48 with a short key's bytes, with no
+// pointer for the GC to scan.
 func TestSlotSize(t *testing.T) {
-	assert.Equal(t, uintptr(slotBytes), unsafe.Sizeof(slot{}))
+	assert.Equal(t, uintptr(narrowBytes), unsafe.Sizeof(slot{}))
 	assert.Equal(t, uintptr(24), unsafe.Offsetof(slot{}.meta))
-	assert.Equal(t, 23, inlineKey, "keys of up to 23 bytes fill the slot")
-	assert.Zero(t, maxGroups*groupBytes%pageBytes, "a full segment's slots fill whole pages")
+	assert.Equal(t, uintptr(slotBytes), unsafe.Offsetof(slot{}.kb)+inlineKey, "keys of up to 23 bytes fill a wide slot")
+	for _, stride := range []int{slotBytes, narrowBytes} {
+		assert.Zero(t, maxGroups*groupSize*stride%pageBytes, "a full segment's slots fill whole pages")
+	}
 	var noPointers func(reflect.Type)
 	noPointers = func(ty reflect.Type) {
 		switch ty.Kind() {
@@ -316,10 +346,59 @@ func TestBornSurvivesRehash(t *testing.T) {
 		_, seg := tab.segmentOf(hm)
 		j := seg.find(hm, key(i))
 		require.GreaterOrEqual(t, j, 0)
-		assert.Equal(t, i%2 == 0, seg.slots[j].meta&bornBit != 0, "key %d", i)
+		assert.Equal(t, i%2 == 0, seg.at(j).meta&bornBit != 0, "key %d", i)
 		// The same bytes one shorter or longer are other keys.
 		for _, other := range []string{key(i)[1:], "0" + key(i)} {
 			assert.Nil(t, tab.find(testHasher.Sum(other), other))
 		}
+	}
+}
+
+// TestLongKeysPackNarrow: once most of a segment's keys are too long for its
+// slots, a rehash packs its slots 32 bytes apart, with every key, short ones
+// too, in the arena; and short keys taking over make it wide again at its
+// next rehash.
+func TestLongKeysPackNarrow(t *testing.T) {
+	tab := newTable(&testHasher)
+	tab.maxGroups = 4
+	keys := func(width, n int) (ks []string) {
+		for i := range n {
+			ks = append(ks, fmt.Sprintf("%0*d", width, i))
+		}
+		return ks
+	}
+	layouts := func() (wide, narrow int) {
+		for i, s := range tab.dir {
+			if i > 0 && tab.dir[i-1] == s {
+				continue
+			}
+			if s.inline() {
+				wide++
+			} else {
+				narrow++
+			}
+		}
+		return wide, narrow
+	}
+	long, short := keys(inlineKey+1, 3000), keys(5, 300)
+	for _, k := range append(short, long...) {
+		tab.insert(testHasher.Sum(k), k, false)
+	}
+	wide, narrow := layouts()
+	assert.Zero(t, wide, "a tenth of the keys short: every segment narrow")
+	assert.NotZero(t, narrow)
+	for _, k := range append(short, long...) {
+		require.NotNil(t, tab.find(testHasher.Sum(k), k), k)
+	}
+	for _, k := range long {
+		removeKey(&tab, k)
+	}
+	for _, k := range keys(6, 3000) {
+		tab.insert(testHasher.Sum(k), k, false)
+	}
+	wide, narrow = layouts()
+	assert.Greater(t, wide, 2*narrow, "short keys only: segments turn wide as they rehash")
+	for _, k := range short {
+		require.NotNil(t, tab.find(testHasher.Sum(k), k), k)
 	}
 }
