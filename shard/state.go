@@ -227,10 +227,10 @@ const warmFrom = 1 << 14
 // worthWarming reports whether deciding n requests together should start
 // by warming the cache for all of them. Over many keys a lookup is mostly
 // waiting for memory: prefetching every request's control word, then its
-// slot (and then a long key's bytes) before deciding any (table.warm) puts
-// the misses of a whole group in flight at once, where lookups one by one
-// would wait for each in turn. It takes more than one request, a table too large for the
-// caches, and a build that can prefetch.
+// slot (and then its key, if the slot does not hold it) before deciding any
+// (table.warm) puts the misses of a whole group in flight at once, where
+// lookups one by one would wait for each in turn. It takes more than one
+// request, a table too large for the caches, and a build that can prefetch.
 func (s *State) worthWarming(n int) bool {
 	return canPrefetch && n > 1 && s.tab.count >= warmFrom
 }

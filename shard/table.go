@@ -16,14 +16,15 @@ import (
 // own allocation, at the load a doubling map keeps) and scans a pointer per
 // key at every GC. This table keeps a 48-byte slot per key, the 24-byte
 // bucket and the key's own bytes when they fit (up to inlineKey), and one
-// control byte per slot, at a load between 0.7 and 0.875, so about 60 bytes
-// per key all told, with no pointers. A longer key lives in a per-segment
-// arena and its slot says where. A lookup of a short key then reads one
+// control byte per slot, at a load between 0.7 and 0.875, so about 62 bytes
+// per key all told for keys of 16 to 23 bytes, with no pointers. A longer
+// key lives in a per-segment arena and its slot says where. A lookup of a short key then reads one
 // slot, in one page, instead of a slot and then its key somewhere else in
 // memory: over a million keys that second miss, and its page walk, was a
 // quarter of a batched decision's time. A segment whose keys are mostly
-// longer packs its slots 32 bytes apart instead, all its keys in the arena,
-// so long keys do not pay for room they cannot use.
+// longer packs its slots 32 bytes apart instead, all its keys in the arena
+// (about 42 bytes per key and the key's length), so long keys do not pay
+// for room they cannot use.
 //
 // It is an extendible hash table: a directory indexed by the top bits of the
 // mixed hash points at segments, each an open-addressing table of groups of
@@ -107,7 +108,7 @@ type segment struct {
 	depth    uint8    // prefix bits its keys share
 	ctrl     []uint64 // a control byte per slot, eight per group
 	words    []uint64 // the slots, stride bytes apart (see at), with no pointers
-	nslot    int
+	nslot    int      // groups * groupSize
 	stride   uintptr  // slotBytes, or narrowBytes when every key is in the arena
 	count    int      // live slots
 	dead     int      // tombstones
@@ -562,8 +563,8 @@ func (t *table) warm(items []msg.Item) {
 			continue // a new key, or one further along its probe
 		}
 		hn.slot = hn.g*groupSize + int32(bits.TrailingZeros64(m)>>3)
-		// A 48-byte slot spans two lines when it starts past the 16th
-		// byte of one.
+		// A slot spans two lines when it starts less than its size
+		// before the end of one.
 		p, n := unsafe.Pointer(hn.seg.at(int(hn.slot))), hn.seg.stride
 		prefetch(p)
 		if uintptr(p)%64 > 64-n {
@@ -586,6 +587,8 @@ func (t *table) warm(items []msg.Item) {
 
 // findWarmed is find for key, hashed h, the ith item of the last warm: it
 // tries the slot warm found first, unless a rehash has moved slots since.
+// Inserts in between only fill free slots; nothing removes a key between a
+// warm and its lookups.
 func (t *table) findWarmed(i int, h uint64, key string) *policy.Bucket {
 	if hn := &t.hints[i]; hn.slot >= 0 && t.hinted == t.moves {
 		if sl := hn.seg.at(int(hn.slot)); hn.seg.holds(sl, key) {
