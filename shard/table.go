@@ -23,7 +23,7 @@ import (
 // memory: over a million keys that second miss, and its page walk, was a
 // quarter of a batched decision's time. A segment whose keys are mostly
 // longer packs its slots 32 bytes apart instead, all its keys in the arena
-// (about 42 bytes per key and the key's length), so long keys do not pay
+// (about 40 bytes per key, and the key itself), so long keys do not pay
 // for room they cannot use.
 //
 // It is an extendible hash table: a directory indexed by the top bits of the
