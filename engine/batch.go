@@ -29,13 +29,12 @@ func newBatchCall(shards int) *batchCall {
 	return c
 }
 
-// reset empties every part, dropping references to the caller's keys. The
-// replies hold none (their errors are the package's own values), and a
-// shard writes every field of each one, so they are left as they are.
+// reset empties every part, dropping references to the caller's keys.
 func (c *batchCall) reset() {
 	for i := range c.parts {
 		p := &c.parts[i]
 		clear(p.m.Items)
+		clear(p.m.Out)
 		p.m.Items, p.m.Out, p.idx = p.m.Items[:0], p.m.Out[:0], p.idx[:0]
 		p.m.Closed = false
 	}
