@@ -240,7 +240,9 @@ func decisions(out io.Writer, cfg config) {
 func memory(out io.Writer, cfg config) {
 	t := table.NewWriter()
 	t.SetOutputMirror(out)
-	t.SetTitle(fmt.Sprintf("retained heap per tracked key at %d keys (keys of 17 bytes included)", cfg.keys))
+	// Short titles: go-pretty wraps a title to the table's width, mid-word.
+	t.SetTitle("retained heap per tracked key")
+	t.SetCaption("at %d keys of 17 bytes, the keys included", cfg.keys)
 	t.AppendHeader(table.Row{"contender", "bytes/key"})
 	for _, c := range contenders {
 		if c.keepsState {
@@ -259,7 +261,8 @@ func latencies(out io.Writer, cfg config) {
 	}
 	t := table.NewWriter()
 	t.SetOutputMirror(out)
-	t.SetTitle("tokenshard Allow latency, 8 goroutines per core, uniform 100,000 keys")
+	t.SetTitle("tokenshard Allow latency")
+	t.SetCaption("8 goroutines per core, uniform 100,000 keys")
 	t.AppendHeader(table.Row{"GOMAXPROCS", "p50", "p99", "p99.9", "max"})
 	ks := newKeySet(scenario{keys: 100_000})
 	for _, cpu := range cfg.cpus {
