@@ -1,9 +1,10 @@
 package msg
 
 import (
-	"runtime"
 	"sync/atomic"
 	"time"
+
+	"github.com/tokenshard/tokenshard/internal/yield"
 )
 
 // Decision is a shard's answer to one admission, field for field the same as
@@ -61,7 +62,8 @@ const (
 // waitYields is how many times Wait yields the processor, checking for the
 // answer after each, before it parks. A yield is several times cheaper than
 // a park and a wake-up (PERF-NOTES), and the shard usually answers within
-// one or two: it decides a whole queue of requests at a time.
+// one or two: it decides a whole queue of requests at a time. It yields on
+// its own processor's run queue, not the global one (see package yield).
 const waitYields = 2
 
 // Arm readies a for one more request: call it before each hand-over.
@@ -78,7 +80,7 @@ func (a *Allow) Finish() {
 // Wait returns once the shard has called Finish; Reply is then the answer.
 func (a *Allow) Wait() {
 	for range waitYields {
-		runtime.Gosched()
+		yield.Local()
 		if a.stage.Load() == stageDone {
 			return
 		}

@@ -1,11 +1,11 @@
 package shard
 
 import (
-	"runtime"
 	"strings"
 	"sync/atomic"
 
 	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/internal/yield"
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -223,15 +223,16 @@ func (s *Shard) serveData() bool {
 }
 
 // idle runs when nothing is waiting. After single requests it yields once,
-// so callers about to send join the next group: parking and waking cost
-// several times a yield (PERF-NOTES). Batch parts already amortise the
+// on its own processor's run queue (see package yield), so callers about to
+// send join the next group: parking and waking cost several times a yield
+// (PERF-NOTES). Batch parts already amortise the
 // wake-up, and measured slower with it. Otherwise it parks until anything
 // arrives or stop closes, publishing the counters first. It returns false
 // if stop came.
 func (s *Shard) idle(stop <-chan struct{}) bool {
 	if s.lastSingle {
 		s.lastSingle = false
-		runtime.Gosched()
+		yield.Local()
 		return true
 	}
 	if s.unsaved > 0 {
@@ -297,7 +298,7 @@ func (s *Shard) serveOneOrYield(stop <-chan struct{}) bool {
 	default:
 	}
 	if !s.serveData() {
-		runtime.Gosched()
+		yield.Local()
 	}
 	return true
 }

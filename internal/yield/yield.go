@@ -1,0 +1,20 @@
+//go:build !purego
+
+// Package yield lets a goroutine give up its processor briefly without
+// taking the scheduler's global lock.
+//
+// runtime.Gosched puts the yielding goroutine on the global run queue,
+// under a lock every processor contends for: with callers and shards
+// yielding to each other on two cores, that lock was a fifth of all CPU
+// time. The runtime's goyield puts it at the back of its own processor's
+// queue instead, and the runtime keeps it for packages that link to it
+// (go.dev/issue/67401). Built with -tags purego, Local is runtime.Gosched.
+package yield
+
+import _ "unsafe" // for go:linkname
+
+// Local yields the processor to the goroutines queued on it and resumes
+// after them, like runtime.Gosched but on the processor's own run queue.
+//
+//go:linkname Local runtime.goyield
+func Local()

@@ -1,0 +1,2 @@
+// This file lets yield.go declare Local without a body: go:linkname gives
+// it runtime.goyield's.
