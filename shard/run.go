@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"runtime"
 	"strings"
 	"sync/atomic"
 
@@ -225,10 +226,9 @@ func (s *Shard) serveData() bool {
 // idle runs when nothing is waiting. After single requests it yields once,
 // on its own processor's run queue (see package yield), so callers about to
 // send join the next group: parking and waking cost several times a yield
-// (PERF-NOTES). Batch parts already amortise the
-// wake-up, and measured slower with it. Otherwise it parks until anything
-// arrives or stop closes, publishing the counters first. It returns false
-// if stop came.
+// (PERF-NOTES). Batch parts already amortise the wake-up, and measured
+// slower with it. Otherwise it parks until anything arrives or stop closes,
+// publishing the counters first. It returns false if stop came.
 func (s *Shard) idle(stop <-chan struct{}) bool {
 	if s.lastSingle {
 		s.lastSingle = false
@@ -298,7 +298,9 @@ func (s *Shard) serveOneOrYield(stop <-chan struct{}) bool {
 	default:
 	}
 	if !s.serveData() {
-		yield.Local()
+		// The global queue, where preempted callers wait: Local would
+		// serve this processor's own queue, often just the shard.
+		runtime.Gosched()
 	}
 	return true
 }
