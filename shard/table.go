@@ -18,13 +18,13 @@ import (
 // bucket and the key's own bytes when they fit (up to inlineKey), and one
 // control byte per slot, at a load between 0.7 and 0.875, so about 62 bytes
 // per key all told for keys of 16 to 23 bytes, with no pointers. A longer
-// key lives in a per-segment arena and its slot says where. A lookup of a short key then reads one
-// slot, in one page, instead of a slot and then its key somewhere else in
-// memory: over a million keys that second miss, and its page walk, was a
-// quarter of a batched decision's time. A segment whose keys are mostly
-// longer packs its slots 32 bytes apart instead, all its keys in the arena
-// (about 40 bytes per key, and the key itself), so long keys do not pay
-// for room they cannot use.
+// key lives in a per-segment arena and its slot says where. A lookup of a
+// short key then reads one slot, in one page, instead of a slot and then
+// its key somewhere else in memory: over a million keys that second miss,
+// and its page walk, was a quarter of a batched decision's time. A segment
+// whose keys are mostly longer packs its slots 32 bytes apart instead, all
+// its keys in the arena (about 40 bytes per key, and the key itself), so
+// long keys do not pay for room they cannot use.
 //
 // It is an extendible hash table: a directory indexed by the top bits of the
 // mixed hash points at segments, each an open-addressing table of groups of
