@@ -167,10 +167,7 @@ func (s *State) EndSweep(err error) msg.SweepReply {
 // unmarkBorn clears the born mark of every key, for a sweep that ends before
 // its walk reached them; the next sweep judges them like any other.
 func (s *State) unmarkBorn() {
-	for i, seg := range s.tab.dir {
-		if i > 0 && s.tab.dir[i-1] == seg {
-			continue
-		}
+	for seg := range s.tab.segments() {
 		for j := range seg.nslot {
 			seg.at(j).meta &^= bornBit
 		}

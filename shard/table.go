@@ -2,6 +2,7 @@ package shard
 
 import (
 	"encoding/binary"
+	"iter"
 	"math"
 	"math/bits"
 	"strings"
@@ -519,13 +520,22 @@ func (t *table) shrink(s *segment) {
 	}
 }
 
+// segments yields every segment once, in hash order: the directory holds
+// each as a run of entries.
+func (t *table) segments() iter.Seq[*segment] {
+	return func(visit func(*segment) bool) {
+		for i, s := range t.dir {
+			if (i == 0 || t.dir[i-1] != s) && !visit(s) {
+				return
+			}
+		}
+	}
+}
+
 // each calls f for every key and bucket, in hash order. The key is a view
 // that f must copy to keep, and f must not insert or remove.
 func (t *table) each(f func(key string, b *policy.Bucket)) {
-	for i, s := range t.dir {
-		if i > 0 && t.dir[i-1] == s {
-			continue
-		}
+	for s := range t.segments() {
 		s.eachFull(func(j int) {
 			sl := s.at(j)
 			f(s.key(sl), &sl.b)

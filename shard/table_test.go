@@ -94,21 +94,27 @@ func tableMatchesMap(t *testing.T, long, groups int, seed uint64) {
 			checkTable(t, &tab, model)
 		}
 	}
-	narrow, segs := 0, 0
-	for i, s := range tab.dir {
-		if i == 0 || tab.dir[i-1] != s {
-			segs++
-			if !s.inline() {
-				narrow++ // a tiny segment may hold mostly the rare long keys
-			}
-		}
-	}
+	wide, narrow := layouts(&tab)
 	switch long {
 	case 0:
-		require.Less(t, 4*narrow, segs, "short keys keep segments inline")
+		// A tiny segment may hold mostly the rare long keys.
+		require.Less(t, 4*narrow, wide+narrow, "short keys keep segments inline")
 	case 2:
 		require.NotZero(t, narrow, "long keys make segments narrow")
 	}
+}
+
+// layouts counts tab's segments that keep short keys inline and those that
+// keep every key in their arena.
+func layouts(tab *table) (wide, narrow int) {
+	for s := range tab.segments() {
+		if s.inline() {
+			wide++
+		} else {
+			narrow++
+		}
+	}
+	return wide, narrow
 }
 
 // removeKey deletes key from tab, as a sweep does.
@@ -183,10 +189,8 @@ func TestTableShrinksAfterSweep(t *testing.T) {
 		require.NoError(t, s.Allow(0, fmt.Sprintf("k%d", i), 1).Err)
 	}
 	slots := func() (n int) {
-		for i, seg := range s.tab.dir {
-			if i == 0 || s.tab.dir[i-1] != seg {
-				n += seg.nslot
-			}
+		for seg := range s.tab.segments() {
+			n += seg.nslot
 		}
 		return n
 	}
@@ -254,7 +258,7 @@ func TestLongKeyIsCopied(t *testing.T) {
 		require.NoError(t, s.Allow(int64(i)*10e9, want, 1).Err)
 		require.Equal(t, 1, sweepAll(s, int64(i)*10e9+5e9).Evicted)
 	}
-	for _, seg := range s.tab.dir {
+	for seg := range s.tab.segments() {
 		assert.LessOrEqual(t, len(seg.long), 2)
 	}
 }
@@ -270,7 +274,7 @@ func TestShortKeysStayInSlots(t *testing.T) {
 		*tab.insert(testHasher.Sum(k), k, false) = policy.Bucket{Tokens: int64(i)}
 	}
 	arena := func() (n int) {
-		for _, seg := range tab.dir {
+		for seg := range tab.segments() {
 			n += cap(seg.arena)
 		}
 		return n
@@ -367,24 +371,11 @@ func TestLongKeysPackNarrow(t *testing.T) {
 		}
 		return ks
 	}
-	layouts := func() (wide, narrow int) {
-		for i, s := range tab.dir {
-			if i > 0 && tab.dir[i-1] == s {
-				continue
-			}
-			if s.inline() {
-				wide++
-			} else {
-				narrow++
-			}
-		}
-		return wide, narrow
-	}
 	long, short := keys(inlineKey+1, 3000), keys(5, 300)
 	for _, k := range append(short, long...) {
 		tab.insert(testHasher.Sum(k), k, false)
 	}
-	wide, narrow := layouts()
+	wide, narrow := layouts(&tab)
 	assert.Zero(t, wide, "a tenth of the keys short: every segment narrow")
 	assert.NotZero(t, narrow)
 	for _, k := range append(short, long...) {
@@ -396,7 +387,7 @@ func TestLongKeysPackNarrow(t *testing.T) {
 	for _, k := range keys(6, 3000) {
 		tab.insert(testHasher.Sum(k), k, false)
 	}
-	wide, narrow = layouts()
+	wide, narrow = layouts(&tab)
 	assert.Greater(t, wide, 2*narrow, "short keys only: segments turn wide as they rehash")
 	for _, k := range short {
 		require.NotNil(t, tab.find(testHasher.Sum(k), k), k)
