@@ -3,51 +3,42 @@ package engine
 import (
 	"context"
 	"fmt"
-	"unsafe"
 
 	"github.com/tokenshard/tokenshard/msg"
 )
 
 // batchCall is the reusable working set of one AllowBatch call: one part per
-// shard and the channel the parts report on. Pooled, so a batch allocates
-// nothing in steady state.
+// shard, the request indices each part carries, and the channel the parts
+// report on. Pooled, so a batch allocates nothing in steady state.
 type batchCall struct {
-	parts []msg.Batch
+	parts []batchPart
 	done  chan int // one slot per shard: no shard ever blocks on it
 }
 
+type batchPart struct {
+	m   msg.Batch
+	idx []int // idx[j] is the index in reqs of m.Items[j]
+}
+
 func newBatchCall(shards int) *batchCall {
-	c := &batchCall{parts: make([]msg.Batch, shards), done: make(chan int, shards)}
+	c := &batchCall{parts: make([]batchPart, shards), done: make(chan int, shards)}
 	for i := range c.parts {
-		c.parts[i].Part = i
-		c.parts[i].Done = c.done
+		c.parts[i].m.Part = i
+		c.parts[i].m.Done = c.done
 	}
 	return c
 }
 
-// reset empties every part, dropping references to the caller's slices.
+// reset empties every part, dropping references to the caller's keys.
 func (c *batchCall) reset() {
 	for i := range c.parts {
 		p := &c.parts[i]
-		p.Reqs, p.Out, p.Items, p.Closed = nil, nil, p.Items[:0], false
+		clear(p.m.Items)
+		clear(p.m.Out)
+		p.m.Items, p.m.Out, p.idx = p.m.Items[:0], p.m.Out[:0], p.idx[:0]
+		p.m.Closed = false
 	}
 }
-
-// The parts of a batch read the caller's requests and write the caller's
-// results where they are, each part its own entries: no copy of either
-// crosses between the caller and a shard. That takes msg.Request and
-// msg.Reply to be laid out as Request and Result, which TestBatchLayout
-// checks field by field (Decision and msg.Decision convert, so they are).
-func requests(r []Request) []msg.Request {
-	return unsafe.Slice((*msg.Request)(unsafe.Pointer(unsafe.SliceData(r))), len(r))
-}
-
-func replies(r []Result) []msg.Reply {
-	return unsafe.Slice((*msg.Reply)(unsafe.Pointer(unsafe.SliceData(r))), len(r))
-}
-
-// A compile-time check that the two request types are the same struct.
-var _ = msg.Request(Request{})
 
 // AllowBatch decides reqs[i] into out[i] for every i. Requests are grouped by
 // shard and each shard gets one message with its part, which it decides in
@@ -64,13 +55,6 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 	if len(out) < len(reqs) {
 		return fmt.Errorf("%w: len(out) %d < len(reqs) %d", ErrInvalidConfig, len(out), len(reqs))
 	}
-	// The shards write the results into out where it is (see requests).
-	// Zeroing it here first is not for them: a hot key's batches on 2 cores
-	// took 40% longer without it. Most likely because a shard's stores into
-	// lines another core only read (the caller's last results) each wait
-	// for the reader's copy to be dropped, while lines the caller wrote
-	// come over as a stream.
-	clear(out[:len(reqs)])
 	c := e.batches.Get().(*batchCall)
 	for i, r := range reqs {
 		err := e.checkKey(r.Key)
@@ -84,7 +68,8 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 		}
 		j, h := e.shardOf(r.Key)
 		p := &c.parts[j]
-		p.Items = append(p.Items, msg.Item{Hash: h, At: i})
+		p.m.Items = append(p.m.Items, msg.Item{Key: r.Key, Hash: h, Cost: r.Cost})
+		p.idx = append(p.idx, i)
 	}
 
 	var err error
@@ -94,33 +79,49 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 		err = ctx.Err()
 	}
 	sent := 0
-	mreqs, mout := requests(reqs), replies(out)
 	for i := range c.parts {
 		p := &c.parts[i]
-		if len(p.Items) == 0 {
+		if len(p.m.Items) == 0 {
 			continue
 		}
 		if err == nil {
-			p.Reqs, p.Out = mreqs, mout
-			err = e.mailboxes[i].SendBatch(ctx, p)
+			p.m.Out = grow(p.m.Out, len(p.m.Items))
+			err = e.mailboxes[i].SendBatch(ctx, &p.m)
 			if err == nil {
 				sent++
 				continue
 			}
 		}
-		for _, it := range p.Items {
-			out[it.At] = Result{Err: err}
+		for _, j := range p.idx {
+			out[j] = Result{Err: err}
 		}
-		e.callerErrs.add(err, len(p.Items))
+		e.callerErrs.add(err, len(p.idx))
 	}
-	// Parts taken by a shard are always answered; wait for all of them: they
-	// write into out, and their messages go back to the pool.
+	// Parts taken by a shard are always answered; wait for all of them, since
+	// they write into buffers that go back to the pool.
 	for ; sent > 0; sent-- {
-		if p := &c.parts[<-c.done]; p.Closed && err == nil {
+		p := &c.parts[<-c.done]
+		if p.m.Closed && err == nil {
 			err = ErrClosed // queued, but the shard stopped before taking it
+		}
+		for j := range p.m.Out {
+			// Field by field: a Result literal is built on the stack in
+			// words and copied out in wider loads that wait for those
+			// stores to retire.
+			r, o := &p.m.Out[j], &out[p.idx[j]]
+			o.Decision = Decision(r.Decision)
+			o.Err = r.Err
 		}
 	}
 	c.reset()
 	e.batches.Put(c)
 	return err
+}
+
+// grow returns s resized to n, reusing its array when it is large enough.
+func grow(s []msg.Reply, n int) []msg.Reply {
+	if cap(s) < n {
+		return make([]msg.Reply, n)
+	}
+	return s[:n]
 }

@@ -90,31 +90,20 @@ func (a *Allow) Wait() {
 	}
 }
 
-// Request is one request of a batch: laid out as engine.Request, so the
-// engine hands its caller's slice to every part as it is.
-type Request struct {
+// Item is one request of a batch part.
+type Item struct {
 	Key  string
+	Hash uint64 // as in Allow
 	Cost int64
 }
 
-// Item is one request of a batch part: where it is in the call, and its
-// key's hash.
-type Item struct {
-	Hash uint64 // of Reqs[At].Key, as in Allow
-	At   int    // the request's index in Reqs, and its answer's in Out
-}
-
-// Batch asks a shard to decide its part of a call, Items, in order at one
-// clock reading, writing each answer to Out[At], then to send Part on Done.
-// Reqs and Out are the whole call's, shared by all its parts: a part reads
-// and writes only the entries its Items name, so the shards of one call
-// never touch the same entry. A shard that stops before taking the part
-// answers every item ErrClosed and sets Closed, so the sender knows the
-// part was not decided.
+// Batch asks a shard to decide Items in order at one clock reading, writing
+// Out[i] for Items[i], then to send Part on Done. A shard that stops before
+// taking the part answers every item ErrClosed and sets Closed, so the sender
+// knows the part was not decided.
 type Batch struct {
-	Reqs   []Request
-	Out    []Reply
 	Items  []Item
+	Out    []Reply
 	Part   int
 	Closed bool
 	Done   chan int // buffered for every part of one call, so no shard blocks

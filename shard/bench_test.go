@@ -32,15 +32,14 @@ func BenchmarkBatchZipf(b *testing.B) {
 		picks[i] = int(z.Uint64())
 	}
 	keys := keycopy.Copies(names, picks)
-	m := msg.Batch{Reqs: make([]msg.Request, batch), Items: make([]msg.Item, 0, batch), Out: make([]msg.Reply, batch)}
+	m := msg.Batch{Items: make([]msg.Item, 0, batch), Out: make([]msg.Reply, batch)}
 	pos, allowed := 0, 0
 	b.ResetTimer()
 	for i := 0; i < b.N; i += batch {
 		m.Items = m.Items[:0]
-		for at := range batch {
+		for range batch {
 			k := keys[pos]
-			m.Reqs[at] = msg.Request{Key: k, Cost: 1}
-			m.Items = append(m.Items, msg.Item{Hash: h.Sum(k), At: at})
+			m.Items = append(m.Items, msg.Item{Key: k, Hash: h.Sum(k), Cost: 1})
 			pos = (pos + 1) % draws
 		}
 		s.Batch(int64(2+i), &m)

@@ -75,7 +75,7 @@ func TestMailboxManySendersTinyQueue(t *testing.T) {
 		done := make(chan int, 1)
 		for i := range parts {
 			key := fmt.Sprintf("k%d", i%keys)
-			b := &msg.Batch{Reqs: []msg.Request{{Key: key, Cost: 1}}, Items: []msg.Item{{Hash: testHasher.Sum(key)}}, Out: make([]msg.Reply, 1), Done: done}
+			b := &msg.Batch{Items: []msg.Item{{Key: key, Hash: testHasher.Sum(key), Cost: 1}}, Out: make([]msg.Reply, 1), Done: done}
 			if !assert.NoError(t, mb.SendBatch(ctx, b)) {
 				return
 			}

@@ -418,8 +418,8 @@ func (s *Shard) serveWaiting() { s.serveData() }
 func (s *Shard) serveBatch(b *msg.Batch) {
 	now := s.clk.Now()
 	s.state.Batch(now, b)
-	for _, it := range b.Items {
-		r := &b.Out[it.At]
+	for i := range b.Items {
+		r := &b.Out[i]
 		switch {
 		case r.Err != nil:
 			s.c.Errors[msg.KindOf(r.Err)]++
@@ -429,7 +429,7 @@ func (s *Shard) serveBatch(b *msg.Batch) {
 			s.c.Denied++
 		}
 		if s.events != nil {
-			s.sample(now, b.Reqs[it.At].Key, b.Reqs[it.At].Cost, r)
+			s.sample(now, b.Items[i].Key, b.Items[i].Cost, r)
 		}
 	}
 	b.Done <- b.Part
@@ -522,8 +522,8 @@ func (s *Shard) drain() {
 	for {
 		select {
 		case b := <-s.mb.batch:
-			for _, it := range b.Items {
-				b.Out[it.At] = msg.Reply{Err: msg.ErrClosed}
+			for i := range b.Out[:len(b.Items)] {
+				b.Out[i] = msg.Reply{Err: msg.ErrClosed}
 			}
 			s.c.Errors[msg.KindClosed] += uint64(len(b.Items))
 			b.Closed = true

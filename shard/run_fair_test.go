@@ -42,7 +42,7 @@ func TestRunSnapshotServesBatches(t *testing.T) {
 		synctest.Wait()
 		// A batch part queues behind it.
 		done := make(chan int, 1)
-		b := &msg.Batch{Reqs: []msg.Request{{Key: "b", Cost: 1}}, Items: []msg.Item{{Hash: testHasher.Sum("b")}}, Out: make([]msg.Reply, 1), Done: done}
+		b := &msg.Batch{Items: []msg.Item{{Key: "b", Hash: testHasher.Sum("b"), Cost: 1}}, Out: make([]msg.Reply, 1), Done: done}
 		require.NoError(t, l.mb.SendBatch(context.Background(), b))
 
 		served := false

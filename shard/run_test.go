@@ -152,12 +152,7 @@ func TestRunStopDrains(t *testing.T) {
 		for range 5 {
 			replies = append(replies, allowAsync(t, l.mb, "a", 1))
 		}
-		batch := &msg.Batch{
-			Reqs:  []msg.Request{{Key: "b", Cost: 1}, {Key: "c", Cost: 1}},
-			Items: []msg.Item{{Hash: testHasher.Sum("b")}, {Hash: testHasher.Sum("c"), At: 1}},
-			Out:   make([]msg.Reply, 2),
-			Done:  make(chan int, 1),
-		}
+		batch := &msg.Batch{Items: []msg.Item{{Key: "b", Hash: testHasher.Sum("b"), Cost: 1}, {Key: "c", Hash: testHasher.Sum("c"), Cost: 1}}, Out: make([]msg.Reply, 2), Done: make(chan int, 1)}
 		require.NoError(t, l.mb.SendBatch(context.Background(), batch))
 		synctest.Wait()
 

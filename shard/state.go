@@ -61,8 +61,7 @@ type State struct {
 	pass       *sweepPass // the sweep or conversion pass in progress, if any
 	snapCursor uint64     // the snapshot walk's place, in mixed-hash order
 
-	reqs  []msg.Request // scratch for warmAllows
-	items []msg.Item    // scratch for warmAllows
+	items []msg.Item // scratch for warmAllows
 }
 
 // NewState returns an empty shard state serving p, sharing budget with the
@@ -204,21 +203,18 @@ func (s *State) inspect(now int64, a *msg.Allow) {
 	a.Reply.Err = nil
 }
 
-// Batch decides b.Items in order at one reading, each into b.Out at its
-// index. The answers are those of the same Allow calls made one by one at
-// now.
+// Batch decides b.Items in order at one reading, into b.Out. The answers are
+// those of the same Allow calls made one by one at now.
 func (s *State) Batch(now int64, b *msg.Batch) {
 	if !s.worthWarming(len(b.Items)) {
-		for _, it := range b.Items {
-			r := &b.Reqs[it.At]
-			s.decide(now, r.Key, it.Hash, r.Cost, &b.Out[it.At])
+		for i, it := range b.Items {
+			s.decide(now, it.Key, it.Hash, it.Cost, &b.Out[i])
 		}
 		return
 	}
-	s.tab.warm(b.Reqs, b.Items)
+	s.tab.warm(b.Items)
 	for i, it := range b.Items {
-		r := &b.Reqs[it.At]
-		s.decideWarmed(i, now, r.Key, it.Hash, r.Cost, &b.Out[it.At])
+		s.decideWarmed(i, now, it.Key, it.Hash, it.Cost, &b.Out[i])
 	}
 	s.tab.unwarm()
 }
@@ -242,14 +238,13 @@ func (s *State) worthWarming(n int) bool {
 // warmAllows warms the cache for a group of single requests; decide g[i]
 // with decideWarmed(i, ...), then call unwarm.
 func (s *State) warmAllows(g []*msg.Allow) {
-	reqs, items := s.reqs[:0], s.items[:0]
-	for i, a := range g {
-		reqs = append(reqs, msg.Request{Key: a.Key})
-		items = append(items, msg.Item{Hash: a.Hash, At: i})
+	items := s.items[:0]
+	for _, a := range g {
+		items = append(items, msg.Item{Key: a.Key, Hash: a.Hash})
 	}
-	s.tab.warm(reqs, items)
-	clear(reqs) // keep no caller's key alive
-	s.reqs, s.items = reqs[:0], items[:0]
+	s.tab.warm(items)
+	clear(items) // keep no caller's key alive
+	s.items = items[:0]
 }
 
 // unwarm ends what warmAllows began.

@@ -1,7 +1,6 @@
 package shard
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -303,31 +302,18 @@ func TestBatchMatchesSingles(t *testing.T) {
 	next := known
 	for round := range 50 {
 		now := int64(round+1) * 3e8
-		// The part is every other request of its call, as when a call
-		// spans two shards: it must answer only its own, at their indices.
-		var m msg.Batch
-		for at := range 2 * (1 + r.IntN(300)) {
+		m := msg.Batch{}
+		for range 1 + r.IntN(300) {
 			i := r.IntN(known)
-			if at%2 == 1 && r.IntN(3) == 0 {
+			if r.IntN(3) == 0 {
 				i, next = next, next+1 // a new key: enough of them rehash
 			}
-			m.Reqs = append(m.Reqs, msg.Request{Key: key(i), Cost: 1 + r.Int64N(2)})
-			if at%2 == 1 {
-				m.Items = append(m.Items, msg.Item{Hash: h.Sum(key(i)), At: at})
-			}
+			m.Items = append(m.Items, msg.Item{Key: key(i), Hash: h.Sum(key(i)), Cost: 1 + r.Int64N(2)})
 		}
-		other := msg.Reply{Err: errors.New("another part's")}
-		m.Out = make([]msg.Reply, len(m.Reqs))
-		for at := range m.Out {
-			m.Out[at] = other
-		}
+		m.Out = make([]msg.Reply, len(m.Items))
 		batched.Batch(now, &m)
-		for at, rq := range m.Reqs {
-			if at%2 == 0 {
-				require.Equal(t, other, m.Out[at], "round %d: request %d is not in the part", round, at)
-				continue
-			}
-			require.Equal(t, single.Allow(now, rq.Key, rq.Cost), m.Out[at], "round %d request %d", round, at)
+		for i, it := range m.Items {
+			require.Equal(t, single.Allow(now, it.Key, it.Cost), m.Out[i], "round %d item %d", round, i)
 		}
 	}
 	require.Equal(t, single.Len(), batched.Len())

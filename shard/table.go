@@ -543,28 +543,28 @@ func (t *table) each(f func(key string, b *policy.Bucket)) {
 	}
 }
 
-// warm prefetches what deciding items, requests of reqs, will read (see
-// State.worthWarming): for every item, the control word its probe starts at and the item's own
+// warm prefetches what deciding items will read (see State.worthWarming):
+// for every item, the control word its probe starts at and the item's own
 // key; then the slot of the first tag match in that word, which holds the
 // key if it is short; then, for a key in the arena, its bytes there. Each
 // pass reads only what the one before prefetched, so by the time it asks
 // most lines have arrived, and its own prefetches are in flight together, as
 // many as the core's miss buffers hold. It keeps where it looked as hints
 // for findWarmed, until unwarm.
-func (t *table) warm(reqs []msg.Request, items []msg.Item) {
+func (t *table) warm(items []msg.Item) {
 	if cap(t.hints) < len(items) {
 		t.hints = make([]hint, len(items))
 	}
 	t.hints, t.hinted = t.hints[:len(items)], t.moves
 	arena := false // whether any matching key may be in an arena
 	for i := range items {
-		hm, key := items[i].Hash*mix, reqs[items[i].At].Key
+		hm := items[i].Hash * mix
 		_, s := t.segmentOf(hm)
 		g, tag := s.start(hm)
 		t.hints[i] = hint{seg: s, g: int32(g), slot: -1, tag: tag}
 		prefetch(unsafe.Pointer(&s.ctrl[g]))
-		prefetch(unsafe.Pointer(unsafe.StringData(key)))
-		arena = arena || len(key) > inlineKey || !s.inline()
+		prefetch(unsafe.Pointer(unsafe.StringData(items[i].Key)))
+		arena = arena || len(items[i].Key) > inlineKey || !s.inline()
 	}
 	for i := range t.hints {
 		hn := &t.hints[i]
