@@ -42,7 +42,7 @@ func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) 
 		e.callerErrs.add(err, 1)
 		return Decision{}, err
 	}
-	a.Wait() // a shard that took the request always answers, even on Close
+	a.Wait(e.waitYields) // a shard that took the request always answers, even on Close
 	r := a.Reply
 	a.Key, a.Reply = "", msg.Reply{}
 	e.allows.Put(a)

@@ -4,6 +4,7 @@ import (
 	crand "crypto/rand"
 	"encoding/binary"
 	"math/bits"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 type Engine struct {
 	maxKeyBytes int
 	clk         clock.Clock  // for the wall time of snapshots only; shards read their own
+	waitYields  int          // msg.WaitYields at GOMAXPROCS when the engine was built
 	hasher      shard.Hasher // seeded at random per engine; routes keys and indexes shard tables
 	mailboxes   []*shard.Mailbox
 	shards      []*shard.Shard // for their published counters only
@@ -92,6 +94,7 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 	// pick keys that all land on one shard.
 	var seed [8]byte
 	_, _ = crand.Read(seed[:]) // never fails on supported platforms
+	e.waitYields = msg.WaitYields(runtime.GOMAXPROCS(0))
 	e.hasher = shard.NewHasher(binary.LittleEndian.Uint64(seed[:]))
 	p := cfg.Policy
 	e.pol.Store(&p)

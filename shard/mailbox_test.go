@@ -64,7 +64,7 @@ func TestMailboxManySendersTinyQueue(t *testing.T) {
 				if !assert.NoError(t, mb.SendAllow(ctx, a)) {
 					return
 				}
-				a.Wait()
+				a.Wait(i % 5) // from parking at once to more yields than a caller makes
 				if !assert.NoError(t, a.Reply.Err) || !assert.True(t, a.Reply.Decision.Allowed) {
 					return
 				}
@@ -92,7 +92,7 @@ func TestMailboxManySendersTinyQueue(t *testing.T) {
 		key := fmt.Sprintf("k%d", k)
 		a := &msg.Allow{Op: msg.OpAllow, Key: key, Hash: testHasher.Sum(key), Cost: 1, Done: make(chan struct{}, 1)}
 		require.NoError(t, mb.SendAllow(ctx, a))
-		a.Wait()
+		a.Wait(msg.WaitYields(1))
 		require.NoError(t, a.Reply.Err)
 		spent := int64(senders*each/keys + parts/keys + 1)
 		assert.Equal(t, p.Capacity-spent, a.Reply.Decision.Remaining, "key %s", key)
@@ -126,7 +126,7 @@ func TestMailboxCloseRacingSenders(t *testing.T) {
 						mu.Unlock()
 						return
 					}
-					a.Wait()
+					a.Wait(i % 5)
 					if err := a.Reply.Err; err != nil && !errors.Is(err, msg.ErrClosed) {
 						t.Errorf("answer %v", err)
 						return
@@ -166,12 +166,12 @@ func TestMailboxPingPong(t *testing.T) {
 		wg.Go(func() {
 			key := fmt.Sprintf("k%d", g)
 			a := &msg.Allow{Done: make(chan struct{}, 1)}
-			for range 50_000 {
+			for i := range 50_000 {
 				a.Op, a.Key, a.Hash, a.Cost = msg.OpAllow, key, testHasher.Sum(key), 1
 				if !assert.NoError(t, mb.SendAllow(context.Background(), a)) {
 					return
 				}
-				a.Wait()
+				a.Wait(i % 5)
 				if !assert.NoError(t, a.Reply.Err) {
 					return
 				}

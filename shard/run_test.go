@@ -61,7 +61,7 @@ func allowAsync(t *testing.T, mb *Mailbox, key string, cost int64) <-chan msg.Re
 			got <- msg.Reply{Err: err}
 			return
 		}
-		a.Wait()
+		a.Wait(msg.WaitYields(1))
 		got <- a.Reply
 	}()
 	return got
@@ -262,7 +262,7 @@ func TestRunCutoversOutpaceConversion(t *testing.T) {
 		key := fmt.Sprintf("k%d", i)
 		a := &msg.Allow{Key: key, Hash: testHasher.Sum(key), Cost: 1, Done: make(chan struct{}, 1)}
 		require.NoError(t, mb.SendAllow(ctx, a))
-		a.Wait()
+		a.Wait(msg.WaitYields(1))
 		require.Equal(t, m.allow(100*sec, key, 1), a.Reply, "key %s", key)
 	}
 	close(closing)
