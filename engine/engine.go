@@ -94,8 +94,8 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 	// pick keys that all land on one shard.
 	var seed [8]byte
 	_, _ = crand.Read(seed[:]) // never fails on supported platforms
-	e.waitYields = msg.WaitYields(runtime.GOMAXPROCS(0))
 	e.hasher = shard.NewHasher(binary.LittleEndian.Uint64(seed[:]))
+	e.waitYields = msg.WaitYields(runtime.GOMAXPROCS(0))
 	p := cfg.Policy
 	e.pol.Store(&p)
 	e.allows.New = func() any { return &msg.Allow{Done: make(chan struct{}, 1)} }

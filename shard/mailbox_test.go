@@ -64,7 +64,7 @@ func TestMailboxManySendersTinyQueue(t *testing.T) {
 				if !assert.NoError(t, mb.SendAllow(ctx, a)) {
 					return
 				}
-				a.Wait(i % 5) // from parking at once to more yields than a caller makes
+				a.Wait(i % 5) // from parking at once to as many yields as a caller makes
 				if !assert.NoError(t, a.Reply.Err) || !assert.True(t, a.Reply.Decision.Allowed) {
 					return
 				}
