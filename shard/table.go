@@ -130,6 +130,15 @@ type table struct {
 	moves  uint64 // rehashes so far: slots stay where they are in between
 	hints  []hint // where the last warm found each of its items
 	hinted uint64 // moves when the hints were taken
+
+	// The slot find or insert last returned, and its key's hash: a hot
+	// key's requests come in runs, and checking that slot first skips the
+	// probe. A removal may have emptied the slot and an insert refilled it
+	// since, so holds checks the key; only a rehash moves slots.
+	lastH     uint64
+	lastSeg   *segment
+	lastSlot  *slot // nil: none yet
+	lastMoves uint64
 }
 
 // hint is where warm looked for an item's key: its segment, the group its
@@ -380,12 +389,22 @@ func (t *table) segmentOf(hm uint64) (int, *segment) {
 
 // find returns key's bucket, or nil. h is the Hasher's sum of key.
 func (t *table) find(h uint64, key string) *policy.Bucket {
+	if h == t.lastH && t.lastSlot != nil && t.lastMoves == t.moves && t.lastSeg.holds(t.lastSlot, key) {
+		return &t.lastSlot.b
+	}
 	hm := h * mix
 	_, s := t.segmentOf(hm)
 	if i := s.find(hm, key); i >= 0 {
-		return &s.at(i).b
+		sl := s.at(i)
+		t.remember(h, s, sl)
+		return &sl.b
 	}
 	return nil
+}
+
+// remember makes sl, in s, the slot find tries first for hash h.
+func (t *table) remember(h uint64, s *segment, sl *slot) {
+	t.lastH, t.lastSeg, t.lastSlot, t.lastMoves = h, s, sl, t.moves
 }
 
 // insert adds key, known to be absent, with a zero bucket, and returns the
@@ -405,6 +424,7 @@ func (t *table) insert(h uint64, key string, born bool) *policy.Bucket {
 	sl := s.at(i)
 	s.storeKey(sl, key, flags)
 	t.count++
+	t.remember(h, s, sl)
 	return &sl.b
 }
 

@@ -393,3 +393,51 @@ func TestLongKeysPackNarrow(t *testing.T) {
 		require.NotNil(t, tab.find(testHasher.Sum(k), k), k)
 	}
 }
+
+// TestFindChecksTheLastKey: find tries the slot it last returned first, for
+// a hot key's runs of requests. That slot must answer only for its own key:
+// not for another key of the same hash, not once the key is removed, and not
+// once a rehash has moved the key elsewhere.
+func TestFindChecksTheLastKey(t *testing.T) {
+	tab := newTable(&testHasher)
+	h := uint64(12345) // one hash for two keys: find must compare keys
+	*tab.insert(h, "a", false) = policy.Bucket{Tokens: 1}
+	require.Equal(t, int64(1), tab.find(h, "a").Tokens)
+	require.Nil(t, tab.find(h, "b"), "another key of the same hash")
+	*tab.insert(h, "b", false) = policy.Bucket{Tokens: 2}
+	require.Equal(t, int64(2), tab.find(h, "b").Tokens)
+	require.Equal(t, int64(1), tab.find(h, "a").Tokens)
+	require.Equal(t, int64(2), tab.find(h, "b").Tokens)
+
+	_, s := tab.segmentOf(h * mix)
+	tab.remove(s, s.find(h*mix, "b"))
+	require.Nil(t, tab.find(h, "b"), "removed after it was found")
+	require.Equal(t, int64(1), tab.find(h, "a").Tokens)
+
+	// A sweep removes most keys and the table shrinks, moving "k0", which
+	// was the last key found.
+	tab = newTable(&testHasher)
+	for i := range 1000 {
+		k := fmt.Sprintf("k%d", i)
+		*tab.insert(testHasher.Sum(k), k, false) = policy.Bucket{Tokens: int64(i)}
+	}
+	before := tab.find(testHasher.Sum("k7"), "k7")
+	moves := tab.moves
+	for i := range 1000 {
+		if i != 7 {
+			removeKey(&tab, fmt.Sprintf("k%d", i))
+		}
+	}
+	require.Greater(t, tab.moves, moves, "the removals shrank the table")
+	b := tab.find(testHasher.Sum("k7"), "k7")
+	require.NotSame(t, before, b, "the key moved")
+	require.Equal(t, int64(7), b.Tokens)
+	b.Tokens = 8
+	var seen int64
+	tab.each(func(k string, b *policy.Bucket) {
+		if k == "k7" {
+			seen = b.Tokens
+		}
+	})
+	require.Equal(t, int64(8), seen, "find returned the bucket in the table")
+}
