@@ -134,11 +134,11 @@ type table struct {
 	// The slot find or insert last returned, and its key's hash: a hot
 	// key's requests come in runs, and checking that slot first skips the
 	// probe. A removal may have emptied the slot and an insert refilled it
-	// since, so holds checks the key; only a rehash moves slots.
-	lastH     uint64
-	lastSeg   *segment
-	lastSlot  *slot // nil: none yet
-	lastMoves uint64
+	// since, so holds checks the key. A rehash, which moves slots, forgets
+	// it (and so keeps no replaced segment alive).
+	lastH    uint64
+	lastSeg  *segment
+	lastSlot *slot // nil: none
 }
 
 // hint is where warm looked for an item's key: its segment, the group its
@@ -389,7 +389,7 @@ func (t *table) segmentOf(hm uint64) (int, *segment) {
 
 // find returns key's bucket, or nil. h is the Hasher's sum of key.
 func (t *table) find(h uint64, key string) *policy.Bucket {
-	if h == t.lastH && t.lastSlot != nil && t.lastMoves == t.moves && t.lastSeg.holds(t.lastSlot, key) {
+	if h == t.lastH && t.lastSlot != nil && t.lastSeg.holds(t.lastSlot, key) {
 		return &t.lastSlot.b
 	}
 	hm := h * mix
@@ -404,7 +404,7 @@ func (t *table) find(h uint64, key string) *policy.Bucket {
 
 // remember makes sl, in s, the slot find tries first for hash h.
 func (t *table) remember(h uint64, s *segment, sl *slot) {
-	t.lastH, t.lastSeg, t.lastSlot, t.lastMoves = h, s, sl, t.moves
+	t.lastH, t.lastSeg, t.lastSlot = h, s, sl
 }
 
 // insert adds key, known to be absent, with a zero bucket, and returns the
@@ -438,6 +438,7 @@ func (t *table) remove(s *segment, i int) {
 // once it would outgrow the largest segment size.
 func (t *table) rehash(s *segment, n int) {
 	t.moves++
+	t.lastSeg, t.lastSlot = nil, nil
 	// Hash each key once, into a buffer the table keeps.
 	t.hashes = t.hashes[:0]
 	s.eachFull(func(i int) { t.hashes = append(t.hashes, t.hashOf(s.key(s.at(i)))) })
