@@ -133,9 +133,9 @@ type table struct {
 
 	// The slot find or insert last returned, and its key's hash: a hot
 	// key's requests come in runs, and checking that slot first skips the
-	// probe. A removal may have emptied the slot and an insert refilled it
-	// since, so holds checks the key. A rehash, which moves slots, forgets
-	// it (and so keeps no replaced segment alive).
+	// probe; holds tells whether it holds the key asked for. It is always
+	// full, as holds requires: a removal forgets it, as does a rehash,
+	// which moves slots (and so no replaced segment is kept alive).
 	lastH    uint64
 	lastSeg  *segment
 	lastSlot *slot // nil: none
@@ -432,6 +432,8 @@ func (t *table) insert(h uint64, key string, born bool) *policy.Bucket {
 func (t *table) remove(s *segment, i int) {
 	s.remove(i)
 	t.count--
+	// An emptied slot holds the empty key, as far as holds can tell.
+	t.lastSeg, t.lastSlot = nil, nil
 }
 
 // rehash rebuilds s for n keys: in place at the right size, or split in two

@@ -414,8 +414,17 @@ func TestFindChecksTheLastKey(t *testing.T) {
 	require.Nil(t, tab.find(h, "b"), "removed after it was found")
 	require.Equal(t, int64(1), tab.find(h, "a").Tokens)
 
-	// A sweep removes most keys and the table shrinks, moving "k0", which
-	// was the last key found.
+	// A removed slot is zeroed, which reads as holding the empty key: the
+	// engine never stores it, but State takes any key it is given.
+	empty := testHasher.Sum("")
+	tab.insert(empty, "", false)
+	require.NotNil(t, tab.find(empty, ""))
+	_, s = tab.segmentOf(empty * mix)
+	tab.remove(s, s.find(empty*mix, ""))
+	require.Nil(t, tab.find(empty, ""), "the empty key, removed after it was found")
+
+	// Most keys are removed, as a sweep would, and the table shrinks,
+	// moving "k7", which was the last key found.
 	tab = newTable(&testHasher)
 	for i := range 1000 {
 		k := fmt.Sprintf("k%d", i)
