@@ -64,7 +64,7 @@ func TestMailboxManySendersTinyQueue(t *testing.T) {
 				if !assert.NoError(t, mb.SendAllow(ctx, a)) {
 					return
 				}
-				a.Wait(i % 5) // from parking at once to as many yields as a caller makes
+				a.Wait(i % 6) // from parking at once to as many yields as a caller makes
 				if !assert.NoError(t, a.Reply.Err) || !assert.True(t, a.Reply.Decision.Allowed) {
 					return
 				}
@@ -126,7 +126,7 @@ func TestMailboxCloseRacingSenders(t *testing.T) {
 						mu.Unlock()
 						return
 					}
-					a.Wait(i % 5)
+					a.Wait(i % 6)
 					if err := a.Reply.Err; err != nil && !errors.Is(err, msg.ErrClosed) {
 						t.Errorf("answer %v", err)
 						return
@@ -171,7 +171,7 @@ func TestMailboxPingPong(t *testing.T) {
 				if !assert.NoError(t, mb.SendAllow(context.Background(), a)) {
 					return
 				}
-				a.Wait(i % 5)
+				a.Wait(i % 6)
 				if !assert.NoError(t, a.Reply.Err) {
 					return
 				}
