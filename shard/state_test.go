@@ -216,6 +216,24 @@ func TestStateHistoryCompacts(t *testing.T) {
 	assert.Equal(t, int64(5), got.Decision.Remaining, "one more second across 192 cutovers, minus 1")
 }
 
+// TestStateDroppedKeyIsNew: a key dropped right after it was decided comes
+// back as a new key, with a full bucket counted against the budget, whatever
+// the key. The table's memo of the last slot found once answered the empty
+// key, which State accepts, from its dropped slot: a bucket tracked by
+// nothing.
+func TestStateDroppedKeyIsNew(t *testing.T) {
+	for _, key := range []string{"", "k"} {
+		s := NewState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10), &testHasher)
+		require.NoError(t, s.Allow(1, key, 4).Err)
+		require.True(t, s.Drop(key, testHasher.Sum(key)))
+		got := s.Allow(2, key, 1)
+		require.NoError(t, got.Err)
+		assert.Equal(t, int64(9), got.Decision.Remaining, "key %q: a full bucket, minus 1", key)
+		assert.Equal(t, 1, s.Len(), "key %q is tracked again", key)
+		s.Abandon()
+	}
+}
+
 // TestStatePrepareAbort checks a prepare that is aborted changes nothing, and
 // that a prepare with a regressed clock is refused with nothing staged.
 func TestStatePrepareAbort(t *testing.T) {
