@@ -66,10 +66,11 @@ const (
 // a whole queue of requests at a time. On one processor the shard runs
 // between a caller's yields. On more it may be busy on another processor,
 // and a caller that parks is woken onto the shard's. There, for one hot
-// key on 2 cores, four yields measured 6-9% faster than two, and five 4%
-// faster than four, with no difference for other keys; three, six and
-// eight were worse (eight: 16% slower for 100,000 keys). Waits yield on
-// their own processor's run queue, not the global one (see package yield).
+// key on 2 cores, four yields measured 6-9% faster than two and five 4%
+// faster than four, with no difference for 100,000 keys. Three were 13%
+// slower than four; six and eight no faster than five for one key, and
+// eight 16% slower for 100,000. Waits yield on their own processor's run
+// queue, not the global one (see package yield).
 func WaitYields(procs int) int {
 	if procs > 1 {
 		return 5
