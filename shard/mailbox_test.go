@@ -16,6 +16,9 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
+// maxYields is one more than the most yields a caller makes before parking.
+var maxYields = max(msg.WaitYields(1), msg.WaitYields(2)) + 1
+
 // manualLoop runs one shard on a manual clock with a mailbox of size, and
 // returns it with the function that stops it the way the engine's Close
 // does.
@@ -64,7 +67,7 @@ func TestMailboxManySendersTinyQueue(t *testing.T) {
 				if !assert.NoError(t, mb.SendAllow(ctx, a)) {
 					return
 				}
-				a.Wait(i % 6) // from parking at once to as many yields as a caller makes
+				a.Wait(i % maxYields) // from parking at once to as many yields as a caller makes
 				if !assert.NoError(t, a.Reply.Err) || !assert.True(t, a.Reply.Decision.Allowed) {
 					return
 				}
@@ -126,7 +129,7 @@ func TestMailboxCloseRacingSenders(t *testing.T) {
 						mu.Unlock()
 						return
 					}
-					a.Wait(i % 6)
+					a.Wait(i % maxYields)
 					if err := a.Reply.Err; err != nil && !errors.Is(err, msg.ErrClosed) {
 						t.Errorf("answer %v", err)
 						return
@@ -171,7 +174,7 @@ func TestMailboxPingPong(t *testing.T) {
 				if !assert.NoError(t, mb.SendAllow(context.Background(), a)) {
 					return
 				}
-				a.Wait(i % 6)
+				a.Wait(i % maxYields)
 				if !assert.NoError(t, a.Reply.Err) {
 					return
 				}

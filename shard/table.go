@@ -407,6 +407,9 @@ func (t *table) remember(h uint64, s *segment, sl *slot) {
 	t.lastH, t.lastSeg, t.lastSlot = h, s, sl
 }
 
+// forget drops the slot find tries first.
+func (t *table) forget() { t.lastSeg, t.lastSlot = nil, nil }
+
 // insert adds key, known to be absent, with a zero bucket, and returns the
 // bucket. The pointer is good until the next insert or sweep.
 func (t *table) insert(h uint64, key string, born bool) *policy.Bucket {
@@ -432,15 +435,14 @@ func (t *table) insert(h uint64, key string, born bool) *policy.Bucket {
 func (t *table) remove(s *segment, i int) {
 	s.remove(i)
 	t.count--
-	// An emptied slot holds the empty key, as far as holds can tell.
-	t.lastSeg, t.lastSlot = nil, nil
+	t.forget() // an emptied slot holds the empty key, as far as holds can tell
 }
 
 // rehash rebuilds s for n keys: in place at the right size, or split in two
 // once it would outgrow the largest segment size.
 func (t *table) rehash(s *segment, n int) {
 	t.moves++
-	t.lastSeg, t.lastSlot = nil, nil
+	t.forget()
 	// Hash each key once, into a buffer the table keeps.
 	t.hashes = t.hashes[:0]
 	s.eachFull(func(i int) { t.hashes = append(t.hashes, t.hashOf(s.key(s.at(i)))) })

@@ -423,21 +423,26 @@ func TestFindChecksTheLastKey(t *testing.T) {
 	tab.remove(s, s.find(empty*mix, ""))
 	require.Nil(t, tab.find(empty, ""), "the empty key, removed after it was found")
 
-	// Most keys are removed, as a sweep would, and the table shrinks,
-	// moving "k7", which was the last key found.
+	// Most keys are removed, then "k7" is found, then a sweep finds the
+	// segment sparse and shrinks it, moving "k7": removals forget the last
+	// slot, the rehash must too.
 	tab = newTable(&testHasher)
 	for i := range 1000 {
 		k := fmt.Sprintf("k%d", i)
 		*tab.insert(testHasher.Sum(k), k, false) = policy.Bucket{Tokens: int64(i)}
 	}
-	before := tab.find(testHasher.Sum("k7"), "k7")
-	moves := tab.moves
 	for i := range 1000 {
-		if i != 7 {
-			removeKey(&tab, fmt.Sprintf("k%d", i))
+		if k := fmt.Sprintf("k%d", i); i != 7 {
+			hm := tab.hashOf(k)
+			_, s := tab.segmentOf(hm)
+			tab.remove(s, s.find(hm, k))
 		}
 	}
-	require.Greater(t, tab.moves, moves, "the removals shrank the table")
+	before := tab.find(testHasher.Sum("k7"), "k7")
+	moves := tab.moves
+	_, s = tab.segmentOf(tab.hashOf("k7"))
+	tab.shrink(s)
+	require.Greater(t, tab.moves, moves, "the sweep shrank the table")
 	b := tab.find(testHasher.Sum("k7"), "k7")
 	require.NotSame(t, before, b, "the key moved")
 	require.Equal(t, int64(7), b.Tokens)
