@@ -253,7 +253,8 @@ func (c *ccGateClock) Now() int64 {
 // mailbox is released by its context and by Close, with the matching error
 // (DESIGN 3.9). Inside a synctest bubble, synctest.Wait tells exactly when
 // every goroutine is blocked, so the mailbox is filled deterministically: one
-// request held by the stalled shard, MailboxSize queued, the rest blocked.
+// request held by the stalled shard, which counts against the mailbox until
+// it is served, MailboxSize-1 queued, the rest blocked.
 func TestFullMailboxReleasedByCloseAndContext(t *testing.T) {
 	const (
 		blockedForClose = 16
@@ -292,8 +293,9 @@ func TestFullMailboxReleasedByCloseAndContext(t *testing.T) {
 		synctest.Wait()
 		require.Zero(t, len(results), "the held request cannot be answered yet")
 
-		// 2. MailboxSize requests fill the mailbox; blockedForClose more block.
-		for i := range engine.MailboxSize + blockedForClose {
+		// 2. MailboxSize-1 requests fill the mailbox; blockedForClose more
+		// block.
+		for i := range engine.MailboxSize - 1 + blockedForClose {
 			go call(liveCtx, "queued", i)
 		}
 		synctest.Wait()
@@ -338,9 +340,9 @@ func TestFullMailboxReleasedByCloseAndContext(t *testing.T) {
 		synctest.Wait()
 		require.Equal(t, 1, len(closeErr))
 		require.NoError(t, <-closeErr)
-		require.Equal(t, 1+engine.MailboxSize, len(results))
+		require.Equal(t, engine.MailboxSize, len(results))
 		decided := 0
-		for range 1 + engine.MailboxSize {
+		for range engine.MailboxSize {
 			r := <-results
 			switch {
 			case r.group == "held":
@@ -355,7 +357,7 @@ func TestFullMailboxReleasedByCloseAndContext(t *testing.T) {
 				require.Zero(t, r.d)
 			}
 		}
-		t.Logf("%d decided, %d ErrClosed after Close", decided, 1+engine.MailboxSize-decided)
+		t.Logf("%d decided, %d ErrClosed after Close", decided, engine.MailboxSize-decided)
 		require.Equal(t, decided, e.KeyCount(), "every decided request created its key")
 	})
 }

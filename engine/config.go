@@ -17,7 +17,8 @@ const (
 	DefaultMaxKeyBytes = 256
 	// MailboxSize is how many single requests, and separately how many batch
 	// parts, may wait for one shard; a caller that finds it full blocks until
-	// there is room, its context ends or the engine closes.
+	// there is room, its context ends or the engine closes. A single request
+	// counts until the shard has served the group it was taken with.
 	MailboxSize = 1024
 	// DefaultEventEvery is the sampling period of Config.Events when
 	// Config.EventEvery is 0.

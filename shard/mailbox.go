@@ -2,7 +2,6 @@ package shard
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -171,36 +170,24 @@ func (m *Mailbox) ended(ctx context.Context) error {
 	}
 }
 
-// takeAllows appends every queued single request to g in arrival order and
-// returns it. Only the shard's goroutine may call it.
-func (m *Mailbox) takeAllows(g []*msg.Allow) []*msg.Allow {
-	var h *msg.Allow
+// take removes every queued single request and returns the newest, whose
+// Next links lead to the older ones; the caller must call taken with how
+// many it served. Only the shard's goroutine may call it.
+func (m *Mailbox) take() *msg.Allow {
 	for {
-		h = m.head.Load()
+		h := m.head.Load()
 		if h == nil || h == closedQueue {
-			return g
+			return nil
 		}
 		if m.head.CompareAndSwap(h, nil) {
-			break
+			return h
 		}
 	}
-	return m.order(g, h)
 }
 
-// order appends the queue whose newest request is h to g in arrival order,
-// and uncounts it.
-func (m *Mailbox) order(g []*msg.Allow, h *msg.Allow) []*msg.Allow {
-	n := 0
-	for a := h; a != nil; a = a.Next {
-		n++
-	}
-	from := len(g)
-	g = slices.Grow(g, n)[:from+n]
-	for i, a := from+n-1, h; a != nil; i-- {
-		next := a.Next
-		a.Next = nil // a pooled message must not keep others alive
-		g[i], a = a, next
-	}
+// taken uncounts n requests that take returned and wakes senders waiting
+// for room.
+func (m *Mailbox) taken(n int) {
 	m.queued.Add(-int64(n))
 	if m.roomWanted.Load() {
 		m.roomMu.Lock()
@@ -211,7 +198,6 @@ func (m *Mailbox) order(g []*msg.Allow, h *msg.Allow) []*msg.Allow {
 		m.roomWanted.Store(false)
 		m.roomMu.Unlock()
 	}
-	return g
 }
 
 // sleep announces that the shard is about to park. It reports false, and
@@ -368,13 +354,10 @@ func (m *Mailbox) leave() {
 
 func (m *Mailbox) closeDrained() { close(m.drained) }
 
-// takeLeft is takeAllows for the final drain, after Close: what Close took
-// from the queue. Only the shard's goroutine may call it, once stop closed.
-func (m *Mailbox) takeLeft(g []*msg.Allow) []*msg.Allow {
+// takeLeft is take for the final drain, after Close: what Close took from
+// the queue. Only the shard's goroutine may call it, once stop closed.
+func (m *Mailbox) takeLeft() *msg.Allow {
 	h := m.left
 	m.left = nil
-	if h == nil {
-		return g
-	}
-	return m.order(g, h)
+	return h
 }

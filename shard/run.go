@@ -437,51 +437,95 @@ func (s *Shard) serveBatch(b *msg.Batch) {
 }
 
 // serveAllows takes every queued single request, reads the clock once
-// after the take, and decides them in arrival order. It reports whether
-// there were any. Control waits for at most one such group: no more than
-// the mailbox's size (MailboxSize in the engine, about a tenth of a
-// millisecond of decisions when it is full).
+// after the take, and decides them. It reports whether there were any.
+//
+// The queue links each request to the one pushed before it, so the shard
+// walks it newest first, and decides in that order: every request taken
+// together is concurrent with the others (none has been answered), so any
+// order is one the calls could have run in. Walking is a chain of loads,
+// each of a line the sender's core last wrote; deciding while walking
+// overlaps the next load with the work, where walking first (to put the
+// group in arrival order) paid for the whole chain before deciding
+// anything. Over a large table the walk warms the cache for every request
+// instead (see State.worthWarming), then decides.
+//
+// The group counts against the mailbox's size until it is served. Control
+// waits for at most one group: no more than the mailbox's size (MailboxSize
+// in the engine, about a tenth of a millisecond of decisions when it is
+// full).
 func (s *Shard) serveAllows() bool {
-	g := s.mb.takeAllows(s.group[:0])
-	if len(g) == 0 {
+	a := s.mb.take()
+	if a == nil {
 		return false
 	}
 	s.lastSingle = true
-	if s.bare {
-		for i, a := range g {
-			a.Finish()
-			g[i] = nil
-		}
-		s.group = g[:0]
-		return true
-	}
-	warmed := s.state.worthWarming(len(g))
-	if warmed {
-		s.state.warmAllows(g)
-	}
-	if d := int64(len(g)) + s.mb.queued.Load(); d > s.c.HighWater {
+	if d := s.mb.queued.Load(); d > s.c.HighWater {
 		s.c.HighWater = d
 	}
+	var n int
+	if a.Next != nil && !s.bare && s.state.worthWarming(2) {
+		n = s.serveWarmed(a)
+	} else {
+		n = s.serveWalking(a)
+	}
+	s.mb.taken(n)
+	s.served()
+	return true
+}
+
+// serveWalking decides the group whose newest request is a as it walks it,
+// and returns its size.
+func (s *Shard) serveWalking(a *msg.Allow) int {
 	now := s.clk.Now()
-	for i, a := range g {
+	n := 0
+	for a != nil {
+		next := a.Next
+		a.Next = nil // a pooled message must not keep others alive
+		n++
 		switch {
+		case s.bare:
+			a.Finish()
+			a = next
+			continue
 		case a.Op != msg.OpAllow:
 			s.state.inspect(now, a)
-		case warmed:
-			s.state.decideWarmed(i, now, a.Key, a.Hash, a.Cost, &a.Reply)
 		default:
 			s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		}
 		s.count(now, a)
 		a.Finish() // after this, a belongs to its sender again
+		a = next
+	}
+	return n
+}
+
+// serveWarmed walks the group whose newest request is a, warming the cache
+// for each, then decides them in the same order, and returns its size.
+func (s *Shard) serveWarmed(a *msg.Allow) int {
+	g := s.group[:0]
+	s.state.warmStart()
+	for a != nil {
+		next := a.Next
+		a.Next = nil
+		s.state.warmKey(a.Key, a.Hash)
+		g = append(g, a)
+		a = next
+	}
+	s.state.warmFinish()
+	now := s.clk.Now()
+	for i, a := range g {
+		if a.Op != msg.OpAllow {
+			s.state.inspect(now, a)
+		} else {
+			s.state.decideWarmed(i, now, a.Key, a.Hash, a.Cost, &a.Reply)
+		}
+		s.count(now, a)
+		a.Finish()
 		g[i] = nil // the message goes back to its pool; do not keep it alive
 	}
-	if warmed {
-		s.state.unwarm()
-	}
+	s.state.unwarm()
 	s.group = g[:0]
-	s.served()
-	return true
+	return len(g)
 }
 
 // cutover runs one prepare and waits, serving nothing else, for publish or
@@ -512,12 +556,17 @@ func (s *Shard) cutover(p *msg.Prepare, stop <-chan struct{}) bool {
 func (s *Shard) drain() {
 	defer s.publish() // the final counts, for Stats after Close
 	// What Close took, and anything queued if stop came without a Close.
-	g := s.mb.takeAllows(s.mb.takeLeft(s.group[:0]))
-	for i, a := range g {
-		a.Reply = msg.Reply{Err: msg.ErrClosed}
-		s.c.Errors[msg.KindClosed]++
-		a.Finish()
-		g[i] = nil
+	for _, a := range [2]*msg.Allow{s.mb.takeLeft(), s.mb.take()} {
+		n := 0
+		for a != nil {
+			next := a.Next
+			a.Next = nil
+			a.Reply = msg.Reply{Err: msg.ErrClosed}
+			s.c.Errors[msg.KindClosed]++
+			a.Finish()
+			a, n = next, n+1
+		}
+		s.mb.taken(n)
 	}
 	for {
 		select {

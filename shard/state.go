@@ -60,8 +60,6 @@ type State struct {
 
 	pass       *sweepPass // the sweep or conversion pass in progress, if any
 	snapCursor uint64     // the snapshot walk's place, in mixed-hash order
-
-	items []msg.Item // scratch for warmAllows
 }
 
 // NewState returns an empty shard state serving p, sharing budget with the
@@ -235,19 +233,14 @@ func (s *State) worthWarming(n int) bool {
 	return canPrefetch && n > 1 && s.tab.count >= warmFrom
 }
 
-// warmAllows warms the cache for a group of single requests; decide g[i]
-// with decideWarmed(i, ...), then call unwarm.
-func (s *State) warmAllows(g []*msg.Allow) {
-	items := s.items[:0]
-	for _, a := range g {
-		items = append(items, msg.Item{Key: a.Key, Hash: a.Hash})
-	}
-	s.tab.warm(items)
-	clear(items) // keep no caller's key alive
-	s.items = items[:0]
-}
+// warmStart, warmKey and warmFinish warm the cache for a group of single
+// requests named one by one; decide the ith with decideWarmed(i, ...), then
+// call unwarm.
+func (s *State) warmStart()                   { s.tab.warmStart() }
+func (s *State) warmKey(key string, h uint64) { s.tab.warmKey(key, h) }
+func (s *State) warmFinish()                  { s.tab.warmFinish() }
 
-// unwarm ends what warmAllows began.
+// unwarm ends a warm.
 func (s *State) unwarm() { s.tab.unwarm() }
 
 // Prepare takes now as the cutover reading for next and stops the shard from

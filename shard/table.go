@@ -130,6 +130,8 @@ type table struct {
 	moves  uint64 // rehashes so far: slots stay where they are in between
 	hints  []hint // where the last warm found each of its items
 	hinted uint64 // moves when the hints were taken
+	// warmArena: some key of the warm in progress may be in an arena.
+	warmArena bool
 
 	// The slot find or insert last returned, and its key's hash: a hot
 	// key's requests come in runs, and checking that slot first skips the
@@ -577,20 +579,32 @@ func (t *table) each(f func(key string, b *policy.Bucket)) {
 // many as the core's miss buffers hold. It keeps where it looked as hints
 // for findWarmed, until unwarm.
 func (t *table) warm(items []msg.Item) {
-	if cap(t.hints) < len(items) {
-		t.hints = make([]hint, len(items))
-	}
-	t.hints, t.hinted = t.hints[:len(items)], t.moves
-	arena := false // whether any matching key may be in an arena
+	t.warmStart()
 	for i := range items {
-		hm := items[i].Hash * mix
-		_, s := t.segmentOf(hm)
-		g, tag := s.start(hm)
-		t.hints[i] = hint{seg: s, g: int32(g), slot: -1, tag: tag}
-		prefetch(unsafe.Pointer(&s.ctrl[g]))
-		prefetch(unsafe.Pointer(unsafe.StringData(items[i].Key)))
-		arena = arena || len(items[i].Key) > inlineKey || !s.inline()
+		t.warmKey(items[i].Key, items[i].Hash)
 	}
+	t.warmFinish()
+}
+
+// warmStart begins a warm whose items warmKey then names one by one, in
+// the order findWarmed will number them, and warmFinish ends.
+func (t *table) warmStart() {
+	t.hints, t.hinted, t.warmArena = t.hints[:0], t.moves, false
+}
+
+// warmKey is warm's first pass for one key: its control word and its bytes.
+func (t *table) warmKey(key string, h uint64) {
+	hm := h * mix
+	_, s := t.segmentOf(hm)
+	g, tag := s.start(hm)
+	t.hints = append(t.hints, hint{seg: s, g: int32(g), slot: -1, tag: tag})
+	prefetch(unsafe.Pointer(&s.ctrl[g]))
+	prefetch(unsafe.Pointer(unsafe.StringData(key)))
+	t.warmArena = t.warmArena || len(key) > inlineKey || !s.inline()
+}
+
+// warmFinish is the rest of warm, for the keys warmKey named.
+func (t *table) warmFinish() {
 	for i := range t.hints {
 		hn := &t.hints[i]
 		m := matchByte(hn.seg.ctrl[hn.g], hn.tag)
@@ -606,7 +620,7 @@ func (t *table) warm(items []msg.Item) {
 			prefetch(unsafe.Add(p, n-1))
 		}
 	}
-	if !arena {
+	if !t.warmArena {
 		return // every key that matches is in its slot
 	}
 	for _, hn := range t.hints {
