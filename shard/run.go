@@ -21,7 +21,7 @@ type Shard struct {
 	sweep *msg.Sweep    // the sweep being served a slice at a time, if any
 	snap  *msg.Snapshot // the snapshot being copied a chunk at a time, if any
 
-	lastSingle bool // the last data served was single requests: yield before parking
+	yieldFirst bool // data was served since the last yield: yield before parking
 	bare       bool // answer single requests without deciding them (see Bare)
 
 	id      int
@@ -223,15 +223,17 @@ func (s *Shard) serveData() bool {
 	}
 }
 
-// idle runs when nothing is waiting. After single requests it yields once,
-// on its own processor's run queue (see package yield), so callers about to
-// send join the next group: parking and waking cost several times a yield
-// (PERF-NOTES). Batch parts already amortise the wake-up, and measured
-// slower with it. Otherwise it parks until anything arrives or stop closes,
-// publishing the counters first. It returns false if stop came.
+// idle runs when nothing is waiting. After serving data it yields once, on
+// its own processor's run queue (see package yield), so callers about to
+// send join the next group or the next turn's batch parts: parking and
+// waking cost several times a yield (PERF-NOTES), and a sender that wakes a
+// parked shard makes it the next goroutine its processor runs, where a
+// second wake-up (a batch's part for another shard) sends the first to the
+// back of the queue. Otherwise it parks until anything arrives or stop
+// closes, publishing the counters first. It returns false if stop came.
 func (s *Shard) idle(stop <-chan struct{}) bool {
-	if s.lastSingle {
-		s.lastSingle = false
+	if s.yieldFirst {
+		s.yieldFirst = false
 		yield.Local()
 		return true
 	}
@@ -434,6 +436,7 @@ func (s *Shard) serveBatch(b *msg.Batch) {
 	}
 	b.Done <- b.Part
 	s.served()
+	s.yieldFirst = true
 }
 
 // serveAllows takes every queued single request, reads the clock once
@@ -458,7 +461,7 @@ func (s *Shard) serveAllows() bool {
 	if a == nil {
 		return false
 	}
-	s.lastSingle = true
+	s.yieldFirst = true
 	if d := s.mb.queued.Load(); d > s.c.HighWater {
 		s.c.HighWater = d
 	}
