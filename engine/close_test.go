@@ -278,7 +278,7 @@ func TestFullMailboxReleasedByCloseAndContext(t *testing.T) {
 			d     engine.Decision
 			err   error
 		}
-		total := 1 + engine.MailboxSize + blockedForClose + blockedForCtx
+		total := engine.MailboxSize + blockedForClose + blockedForCtx
 		results := make(chan result, total)
 		call := func(ctx context.Context, group string, i int) {
 			d, err := e.Allow(ctx, fmt.Sprintf("%s-%d", group, i), 1)

@@ -40,8 +40,9 @@ type ShardStats struct {
 	Peeks, Refunds  uint64
 	Keys            int64 // keys tracked
 	// MailboxDepth is how many single requests and batch parts wait for the
-	// shard now; MailboxHighWater the most single requests it has found
-	// waiting at once. In Total, the sum and the largest.
+	// shard now (single requests count until the group the shard took them
+	// with is served); MailboxHighWater the most single requests it has
+	// found waiting at once. In Total, the sum and the largest.
 	MailboxDepth, MailboxHighWater int64
 	Cutovers, Sweeps               uint64 // cutovers taken part in, sweeps run
 	Evicted                        uint64 // keys evicted by sweeps

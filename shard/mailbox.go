@@ -31,8 +31,9 @@ var closedQueue = new(msg.Allow)
 // and waits until no sender is inside, and only then lets the shard do its
 // final drain. Mailbox is safe for concurrent use and must not be copied.
 type Mailbox struct {
-	// The queue of single requests, newest first, and how many it holds
-	// (counted before the push, so never fewer than it holds).
+	// The queue of single requests, newest first, and how many requests
+	// count against size: counted before the push, and uncounted once the
+	// shard has served the group it took them with.
 	head   atomic.Pointer[msg.Allow] // closedQueue once closed
 	queued atomic.Int64
 	left   *msg.Allow // what Close took from the queue, for the final drain
@@ -43,7 +44,7 @@ type Mailbox struct {
 
 	size int64 // how many single requests may wait; more block
 	// Senders that find the queue full wait for room on room, which the
-	// shard closes once it has taken requests; roomWanted says one waits.
+	// shard closes once it has served a group; roomWanted says one waits.
 	roomMu     sync.Mutex
 	room       chan struct{}
 	roomWanted atomic.Bool
@@ -141,8 +142,9 @@ func (m *Mailbox) waitRoom(ctx context.Context) error {
 		room := m.room
 		m.roomWanted.Store(true)
 		m.roomMu.Unlock()
-		// The shard takes, then checks roomWanted; we set it, then check
-		// the count: one of us sees the other, so no wake-up is lost.
+		// The shard uncounts a group, then checks roomWanted; we set it,
+		// then check the count: one of us sees the other, so no wake-up is
+		// lost.
 		if m.queued.Load() >= m.size {
 			select {
 			case <-room:
@@ -320,7 +322,8 @@ func (m *Mailbox) Snapshot(ctx context.Context, s *msg.Snapshot) (int64, error) 
 	}
 }
 
-// Depth returns how many single requests and batch parts are queued.
+// Depth returns how many single requests and batch parts are queued, the
+// group of single requests being served included.
 func (m *Mailbox) Depth() int { return int(m.queued.Load()) + len(m.batch) }
 
 // Close marks the mailbox closed and waits until no batch sender is inside

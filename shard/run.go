@@ -226,11 +226,11 @@ func (s *Shard) serveData() bool {
 // idle runs when nothing is waiting. After serving data it yields once, on
 // its own processor's run queue (see package yield), so callers about to
 // send join the next group or the next turn's batch parts: parking and
-// waking cost several times a yield (PERF-NOTES), and a sender that wakes a
-// parked shard makes it the next goroutine its processor runs, where a
-// second wake-up (a batch's part for another shard) sends the first to the
-// back of the queue. Otherwise it parks until anything arrives or stop
-// closes, publishing the counters first. It returns false if stop came.
+// waking cost several times a yield, and a sender that wakes a parked shard
+// makes it the next goroutine its processor runs, where a second wake-up (a
+// batch's part for another shard) sends the first to the back of the
+// queue. Otherwise it parks until anything arrives or stop closes,
+// publishing the counters first. It returns false if stop came.
 func (s *Shard) idle(stop <-chan struct{}) bool {
 	if s.yieldFirst {
 		s.yieldFirst = false

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -270,4 +271,75 @@ func TestRunCutoversOutpaceConversion(t *testing.T) {
 	close(stop)
 	<-exited
 	assert.LessOrEqual(t, len(sh.state.gens), maxGenerations, "history stayed bounded")
+}
+
+// TestGroupDecidedNewestFirst: a group of single requests taken together is
+// decided newest first, at one reading, exactly as the same calls made one
+// by one in that order: Allow on known keys, new keys (enough to rehash the
+// slots a warm points at) and keys long enough for the arena, Peek and
+// Refund. A table of 2*warmFrom keys takes the warmed path where the build
+// can prefetch, a small one the walking path.
+func TestGroupDecidedNewestFirst(t *testing.T) {
+	for _, known := range []int{100, 2 * warmFrom} {
+		t.Run(fmt.Sprintf("keys=%d", known), func(t *testing.T) {
+			p := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 2}
+			key := func(i int) string {
+				if i%5 == 0 {
+					return fmt.Sprintf("a-key-long-enough-for-the-arena:%d", i)
+				}
+				return fmt.Sprintf("k%d", i)
+			}
+			closing, stop, exited := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			const group = 1000
+			mb := NewMailbox(group, closing)
+			s := New(p, clock.NewManual(7e8), NewBudget(1<<20), mb, &testHasher)
+			model := NewState(p, NewBudget(1<<20), &testHasher)
+			for i := range known {
+				require.NoError(t, s.State().Allow(0, key(i), 1).Err)
+				require.NoError(t, model.Allow(0, key(i), 1).Err)
+			}
+			// Queued before the shard runs, so it takes them as one group.
+			r := rand.New(rand.NewPCG(3, 4))
+			reqs := make([]*msg.Allow, group)
+			next := known
+			for j := range reqs {
+				i := r.IntN(known)
+				if r.IntN(4) == 0 {
+					i, next = next, next+1
+				}
+				op := []msg.Op{msg.OpAllow, msg.OpAllow, msg.OpPeek, msg.OpRefund}[r.IntN(4)]
+				reqs[j] = &msg.Allow{Op: op, Key: key(i), Hash: testHasher.Sum(key(i)), Cost: 1 + r.Int64N(2), Done: make(chan struct{}, 1)}
+				require.NoError(t, mb.SendAllow(context.Background(), reqs[j]))
+			}
+			go func() {
+				defer close(exited)
+				s.Run(stop)
+			}()
+			for _, a := range reqs {
+				a.Wait(msg.WaitYields(1))
+			}
+			close(closing)
+			mb.Close()
+			close(stop)
+			<-exited
+			require.Equal(t, canPrefetch && known >= warmFrom, s.State().worthWarming(2))
+			for j := len(reqs) - 1; j >= 0; j-- {
+				a := reqs[j]
+				want := msg.Allow{Op: a.Op, Key: a.Key, Hash: a.Hash, Cost: a.Cost}
+				if a.Op == msg.OpAllow {
+					want.Reply = model.Allow(7e8, a.Key, a.Cost)
+				} else {
+					model.inspect(7e8, &want)
+				}
+				require.Equal(t, want.Reply, a.Reply, "request %d of %d (%v %s)", j, group, a.Op, a.Key)
+			}
+			require.Equal(t, model.Len(), s.State().Len())
+			for i := range next {
+				want, wok := model.bucket(key(i))
+				got, gok := s.State().bucket(key(i))
+				require.Equal(t, wok, gok, key(i))
+				require.Equal(t, want, got, key(i))
+			}
+		})
+	}
 }

@@ -372,12 +372,19 @@ func TestLongKeysPackNarrow(t *testing.T) {
 		return ks
 	}
 	long, short := keys(inlineKey+1, 3000), keys(5, 300)
-	for _, k := range append(short, long...) {
+	// A short key after every ten long ones, so that rehashes see mostly
+	// long keys. Not every one does: a small segment split off with, by
+	// chance, half its keys short stays wide until its next rehash, and
+	// the hash is seeded at random per process (one segment of about 160
+	// in 3% of runs). A rule that did not pack would leave most wide.
+	for i, k := range long {
 		tab.insert(testHasher.Sum(k), k, false)
+		if i%10 == 9 {
+			tab.insert(testHasher.Sum(short[i/10]), short[i/10], false)
+		}
 	}
 	wide, narrow := layouts(&tab)
-	assert.Zero(t, wide, "a tenth of the keys short: every segment narrow")
-	assert.NotZero(t, narrow)
+	assert.LessOrEqual(t, 20*wide, narrow, "a tenth of the keys short: segments narrow")
 	for _, k := range append(short, long...) {
 		require.NotNil(t, tab.find(testHasher.Sum(k), k), k)
 	}
