@@ -11,10 +11,13 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/engine"
@@ -359,4 +362,92 @@ func TestBatchQueuedAtClose(t *testing.T) {
 		})
 	}
 	t.Logf("queued part drained with ErrClosed in %d of %d repeats", drained, repeats)
+}
+
+// btStallClock stalls the first stalls readings until gate is closed, and
+// answers the rest at once.
+type btStallClock struct {
+	gate   chan struct{}
+	stalls atomic.Int32
+}
+
+func (c *btStallClock) Now() int64 {
+	if c.stalls.Add(-1) >= 0 {
+		<-c.gate
+	}
+	return 0
+}
+
+// TestBatchPartlySent: a batch whose first part reaches its shard and whose
+// second cannot (that shard's mailbox is full, and the context ends while
+// the caller waits for room) returns the context's error, written into the
+// second part's requests, and the first part's decisions, whether the first
+// part was answered before the caller gave up on the second (stalls=1) or
+// only after (stalls=2).
+func TestBatchPartlySent(t *testing.T) {
+	for _, stalls := range []int32{1, 2} {
+		t.Run(fmt.Sprintf("stalls=%d", stalls), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				clk := &btStallClock{gate: make(chan struct{})}
+				clk.stalls.Store(stalls)
+				e, err := engine.New(engine.Config{Policy: pol(1, 1<<40, 1), Shards: 2, Clock: clk})
+				require.NoError(t, err)
+				t.Cleanup(func() {
+					select {
+					case <-clk.gate:
+					default:
+						close(clk.gate)
+					}
+					_ = e.Close()
+				})
+				keyOn := func(shard int) string {
+					for i := 0; ; i++ {
+						if k := fmt.Sprintf("k%d", i); e.ShardOf(k) == shard {
+							return k
+						}
+					}
+				}
+				k0, k1 := keyOn(0), keyOn(1)
+				bg := context.Background()
+				var fill sync.WaitGroup
+				batch := func(k string) {
+					out := make([]engine.Result, 1)
+					assert.NoError(t, e.AllowBatch(bg, []engine.Request{{Key: k, Cost: 1}}, out))
+					assert.True(t, out[0].Decision.Allowed)
+				}
+				// Shard 1 takes a part and stalls reading the clock; its
+				// mailbox then fills.
+				fill.Go(func() { batch(k1) })
+				synctest.Wait()
+				for range engine.MailboxSize {
+					fill.Go(func() { batch(k1) })
+				}
+				synctest.Wait()
+
+				ctx, cancel := context.WithCancel(bg)
+				out := btGarbageOut(2)
+				done := make(chan error, 1)
+				go func() { done <- e.AllowBatch(ctx, []engine.Request{{Key: k0, Cost: 1}, {Key: k1, Cost: 1}}, out) }()
+				synctest.Wait()
+				require.Zero(t, len(done), "the second part waits for room")
+				cancel()
+				synctest.Wait()
+				if stalls == 2 {
+					require.Zero(t, len(done), "the first part's shard has not answered yet")
+					close(clk.gate)
+					synctest.Wait()
+				}
+				require.ErrorIs(t, <-done, context.Canceled)
+				require.NoError(t, out[0].Err)
+				require.True(t, out[0].Decision.Allowed)
+				require.ErrorIs(t, out[1].Err, context.Canceled)
+				require.Zero(t, out[1].Decision)
+
+				if stalls == 1 {
+					close(clk.gate)
+				}
+				fill.Wait()
+			})
+		})
+	}
 }

@@ -3,3 +3,9 @@ package engine
 // NewBare returns an engine whose shards answer every single request with a
 // zero Decision, deciding nothing: the transport alone, for benchmarks.
 func NewBare(cfg Config) (*Engine, error) { return newEngine(cfg, true) }
+
+// ShardOf returns the index of the shard that owns key.
+func (e *Engine) ShardOf(key string) int {
+	j, _ := e.shardOf(key)
+	return j
+}
