@@ -8,7 +8,9 @@ type Hasher struct {
 }
 
 // NewHasher returns a Hasher seeded with seed. An engine picks the seed at
-// random, so nobody can choose keys that land on one shard or one slot.
+// random, so nobody can choose keys that land on one shard or one slot. Sums
+// are fixed for a seed only within one process (see sum), so nothing may
+// keep them across a restart.
 func NewHasher(seed uint64) Hasher { return Hasher{seed: seed} }
 
 // Sum returns the hash of key (see sum for how it is computed).

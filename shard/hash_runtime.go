@@ -6,9 +6,11 @@ import "unsafe"
 
 // sum is the runtime's own seeded hash of key, the one maps and
 // hash/maphash use: AES rounds where the CPU has them, keyed at start-up
-// with random bytes as well as with seed. A 16-byte key takes about 5.5 ns,
-// against 9.5 for xxhash with the seed folded in by a finalizer, which
-// -tags purego uses. The runtime's hash is a uintptr: on a 32-bit platform
+// with random bytes as well as with seed, so one seed gives other sums in
+// another process. A 16-byte key takes about 3.7 ns here, against 6.6 to
+// 9.5 for xxhash with the seed folded in by a finalizer, which -tags purego
+// uses (a loop of Sum on one key). The runtime's hash is a uintptr: on a
+// 32-bit platform
 // two of them make the 64 bits, the second seeded with seed's high half and
 // the first, so that equal halves do not make the two equal.
 func sum(seed uint64, key string) uint64 {
