@@ -105,7 +105,7 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 	// Parts taken by a shard are always answered; wait for all of them, since
 	// they write into buffers that go back to the pool.
 	for ; sent > 0; sent-- {
-		p := &c.parts[<-c.done]
+		p := &c.parts[msg.AwaitPart(c.done, e.waitYields)]
 		if p.m.Closed && err == nil {
 			err = ErrClosed // queued, but the shard stopped before taking it
 		}
