@@ -94,7 +94,9 @@ func (b *Bucket) Take(cost int64) bool {
 // It requires 1 <= cost <= l.Capacity and now >= b.Last; the shard checks
 // both before calling.
 func (b *Bucket) Decide(l Limit, now, cost int64) Outcome {
-	b.Refill(l, now)
+	if now > b.Last { // Refill's own test, saving the call for a key decided again at one reading
+		b.Refill(l, now)
+	}
 	o := Outcome{Allowed: b.Take(cost)}
 	// The fields, not the methods on a copy: copying a bucket just written
 	// field by field reads it back in wider loads, which wait for the
@@ -103,7 +105,11 @@ func (b *Bucket) Decide(l Limit, now, cost int64) Outcome {
 		o.RetryAfter = retryAfter(b.Tokens, b.Frac, l, cost)
 	}
 	o.Remaining = b.Tokens
-	o.ResetAfter = resetAfter(b.Tokens, b.Frac, l)
+	// resetAfter, written out: too large for the compiler to inline.
+	if b.Tokens < l.Capacity {
+		hi, lo := deficit(b.Tokens, b.Frac, l.Capacity)
+		o.ResetAfter = ceilDiv(hi, lo, uint64(l.TokensPerSecond))
+	}
 	return o
 }
 

@@ -113,7 +113,7 @@ func (s *State) decideWarmed(i int, now int64, key string, h uint64, cost int64,
 func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.Reply, b *policy.Bucket) {
 	// The key's own limit: its bucket's, or what the policy resolves a new
 	// key to. The cost bound is that limit's capacity.
-	if b != nil {
+	if b != nil && b.Epoch != s.epoch { // bringUp's own test, saving the call
 		s.bringUp(b, key) // may drop the history: read the generation after
 	}
 	g := &s.gens[len(s.gens)-1]
