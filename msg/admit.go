@@ -126,11 +126,13 @@ type Batch struct {
 // yielding up to yields times (see WaitYields) before it blocks. A sender
 // that blocks at once parks, and the shard that answers must then wake it
 // where it would otherwise drop the number into done's buffer; meanwhile
-// the yields run the processor's other goroutines. Measured with go test
-// -bench BenchmarkDecide ./bench on 2 cores, against blocking at once:
-// AllowBatch of 16 and 128 took 6 to 21% less time per decision on one hot
-// key, 100,000 uniform keys or 1,000,000 Zipf keys, and 6 to 14% less on
-// one core for batches of 16.
+// the yields run the processor's other goroutines. Against blocking at
+// once, in gated pairs of go test -bench BenchmarkDecide ./bench: on 2
+// cores, AllowBatch of 16 took 9 to 21% less time per decision (one hot
+// key, 100,000 uniform keys, 1,000,000 Zipf keys) and of 128 16% less on
+// the hot key and 6% less on the Zipf keys, though a noisier set of pairs
+// showed no significant change at 2 cores; on 1 core, batches of 16 took 6
+// to 12% less, and of 128 no less.
 func AwaitPart(done <-chan int, yields int) int {
 	for range yields {
 		select {
