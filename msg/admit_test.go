@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -31,11 +32,23 @@ func TestAwaitPartReturnsEveryPart(t *testing.T) {
 						done <- p
 					})
 				}
+				// A lost number would block the last wait for good: a
+				// watchdog turns that into a failure.
+				got := make(chan int)
+				go func() {
+					for range parts {
+						got <- AwaitPart(done, yields)
+					}
+				}()
 				seen := make([]bool, parts)
 				for range parts {
-					p := AwaitPart(done, yields)
-					require.False(t, seen[p], "procs %d, yields %d: part %d returned twice", procs, yields, p)
-					seen[p] = true
+					select {
+					case p := <-got:
+						require.False(t, seen[p], "procs %d, yields %d: part %d returned twice", procs, yields, p)
+						seen[p] = true
+					case <-time.After(10 * time.Second):
+						t.Fatalf("procs %d, yields %d: a part was lost", procs, yields)
+					}
 				}
 				wg.Wait()
 				require.Empty(t, done, "procs %d, yields %d", procs, yields)

@@ -6,7 +6,8 @@
 //
 // A message belongs to its sender until the send succeeds, then to the
 // receiving shard until it replies, then to the sender again. The reply
-// channels have a one-slot buffer, so a shard never blocks on a reply, and the
+// channels have room for every reply they will carry (one slot, or one per
+// part of a batch call), so a shard never blocks on a reply, and the
 // receive on them is what orders the shard's writes into the message before
 // the sender's reads. A single request (Allow) replies through an atomic
 // stage first and uses its channel only if its sender has parked (see
