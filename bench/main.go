@@ -52,9 +52,10 @@ type config struct {
 	benchtime time.Duration // how long one measurement of a cell runs
 	rounds    int           // measurements of each cell; the table shows their median
 	cpus      []int
-	keys      int    // keys for the memory and stall measurements
-	procs     int    // GOMAXPROCS when the run began: the Redis section's
-	redisAddr string // the Redis server to measure redisstore on; "" skips it
+	keys      int       // keys for the memory and stall measurements
+	procs     int       // GOMAXPROCS when the run began: the Redis section's
+	redisAddr string    // the Redis server to measure redisstore on; "" skips it
+	prog      *progress // what is being measured, on stderr; nil reports nothing
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -86,6 +87,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cfg.procs = runtime.GOMAXPROCS(0)
 	defer runtime.GOMAXPROCS(cfg.procs)
+	cfg.prog = newProgress(stderr)
+	defer cfg.prog.clear()
+	stdout = cfg.prog.clearing(stdout)
 
 	fmt.Fprintf(stdout, "tokenshard bench: %s, %d cores, %s, 8 goroutines per core\n",
 		runtime.Version(), runtime.NumCPU(), map[bool]string{true: "quick", false: "full"}[cfg.quick])
@@ -100,6 +104,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	for _, p := range strings.Split(parts, ",") {
 		if err := tables[strings.TrimSpace(p)](stdout, cfg); err != nil {
+			cfg.prog.clear()
 			fmt.Fprintln(stderr, "bench:", err)
 			return 1
 		}
@@ -157,16 +162,21 @@ func decisions(out io.Writer, cfg config) {
 	}
 	results := map[string]map[string]cell{} // contender -> column -> cell
 	var columns []string
+	ncols := len(scenarios) * len(cfg.cpus)
+	cells, done := ncols*len(contenders), 0 // for the progress line
 	for _, s := range scenarios {
 		sc := s
 		if cfg.quick && sc.keys > 100_000 {
 			sc.keys = 100_000
 		}
+		cfg.prog.show("decisions: building the key set of %s", s.name)
 		ks := newKeySet(sc)
 		for _, cpu := range cfg.cpus {
 			runtime.GOMAXPROCS(cpu)
 			col := fmt.Sprintf("%s cpu=%d", s.name, cpu)
 			columns = append(columns, col)
+			cfg.prog.mark("decisions: column %d/%d, %s (%s): %d contenders, %d rounds",
+				len(columns), ncols, s.name, cores(cpu), len(contenders), cfg.rounds)
 			// Every contender is measured once per round, rounds
 			// interleaved, and a cell is the median of its rounds: a
 			// burst of noise on the shared machine that hits one round
@@ -176,6 +186,7 @@ func decisions(out io.Writer, cfg config) {
 			// but for the one being measured.
 			rigs := make([]*rig, len(contenders))
 			for i, c := range contenders {
+				cfg.prog.show("setting up %d/%d: %s / %s (%s)", i+1, len(contenders), s.name, c.name, cores(cpu))
 				rigs[i] = newRig(c, sc, func() *keySet { return ks })
 				rigs[i].ready()
 			}
@@ -183,13 +194,16 @@ func decisions(out io.Writer, cfg config) {
 			// collection of it lands in a round (none allocates much).
 			runtime.GC()
 			calls := make([]int, len(contenders))
-			for i := range contenders {
+			for i, c := range contenders {
+				cfg.prog.show("calibrating %d/%d: %s / %s (%s)", i+1, len(contenders), s.name, c.name, cores(cpu))
 				calls[i] = calibrate(rigs[i], cfg.benchtime)
 			}
 			ns := make([][]float64, len(contenders))
 			allocs := make([]int64, len(contenders))
-			for range cfg.rounds {
-				for i := range contenders {
+			for round := range cfg.rounds {
+				for i, c := range contenders {
+					cfg.prog.show("measuring %d/%d: %s / %s (%s), round %d/%d",
+						done+i+1, cells, s.name, c.name, cores(cpu), round+1, cfg.rounds)
 					t, a := measure(rigs[i], calls[i])
 					ns[i] = append(ns[i], t)
 					allocs[i] = max(allocs[i], a)
@@ -202,6 +216,7 @@ func decisions(out io.Writer, cfg config) {
 				}
 				results[c.name][col] = cell{ns: median(ns[i]), allocs: allocs[i]}
 			}
+			done += len(contenders)
 		}
 	}
 	best := map[string]float64{}
@@ -244,10 +259,16 @@ func memory(out io.Writer, cfg config) {
 	t.SetTitle("retained heap per tracked key")
 	t.SetCaption("at %d keys of 17 bytes, the keys included", cfg.keys)
 	t.AppendHeader(table.Row{"contender", "bytes/key"})
+	var kept []contender
 	for _, c := range contenders {
 		if c.keepsState {
-			t.AppendRow(table.Row{c.name, fmt.Sprintf("%.0f", retainedPerKey(c, cfg.keys))})
+			kept = append(kept, c)
 		}
+	}
+	cfg.prog.mark("memory: retained heap of %d contenders at %d keys", len(kept), cfg.keys)
+	for i, c := range kept {
+		cfg.prog.show("memory %d/%d: %s at %d keys", i+1, len(kept), c.name, cfg.keys)
+		t.AppendRow(table.Row{c.name, fmt.Sprintf("%.0f", retainedPerKey(c, cfg.keys))})
 	}
 	t.Render()
 }
@@ -264,9 +285,11 @@ func latencies(out io.Writer, cfg config) {
 	t.SetTitle("tokenshard Allow latency")
 	t.SetCaption("8 goroutines per core, uniform 100,000 keys")
 	t.AppendHeader(table.Row{"GOMAXPROCS", "p50", "p99", "p99.9", "max"})
+	cfg.prog.mark("latency: single Allow, %s per GOMAXPROCS", d)
 	ks := newKeySet(scenario{keys: 100_000})
 	for _, cpu := range cfg.cpus {
 		runtime.GOMAXPROCS(cpu)
+		cfg.prog.show("latency: single Allow (%s), %s", cores(cpu), d)
 		l := allowLatency(ks, d)
 		t.AppendRow(table.Row{cpu, l.p50, l.p99, l.p999, l.max})
 	}
@@ -304,9 +327,11 @@ func latencies(out io.Writer, cfg config) {
 			return nil
 		}},
 	}
-	for _, cpu := range cfg.cpus {
+	cfg.prog.mark("stalls: %d admin calls at %d keys", len(cfg.cpus)*len(admins), cfg.keys)
+	for ci, cpu := range cfg.cpus {
 		runtime.GOMAXPROCS(cpu)
-		for _, a := range admins {
+		for ai, a := range admins {
+			cfg.prog.show("stalls %d/%d: %s at %d keys (%s)", ci*len(admins)+ai+1, len(cfg.cpus)*len(admins), a.name, cfg.keys, cores(cpu))
 			worst, baseline, took, err := stall(cfg.keys, a.call)
 			s.AppendRow(table.Row{cpu, a.name, took.Round(time.Microsecond), errOr(worst, err), baseline.Round(time.Microsecond)})
 		}

@@ -97,7 +97,13 @@ func redisSection(out io.Writer, cfg config) error {
 	rep.t.SetTitle("decisions per second: redisstore beside the in-process engine, on the same keys")
 	rep.t.AppendHeader(table.Row{"scenario", "goroutines", "contender", "decisions/s", "ns/decision", "x engine", "allocs/decision", "admitted", "script ns/decision (Redis busy)"})
 	var total redisstore.Stats
+	ncells := 0
+	for _, s := range redisScenarios {
+		ncells += len(s.goroutines)
+	}
+	cell := 0
 	for si, s := range redisScenarios {
+		cfg.prog.mark("redis: scenario %d/%d, %s", si+1, len(redisScenarios), s.name)
 		ks := newKeySet(s.scenario)
 		st, err := newRedisStore(ctx, rdb, prefix+s.name+":", s.policy)
 		if err != nil {
@@ -123,6 +129,8 @@ func redisSection(out io.Writer, cfg config) error {
 			if si > 0 || gi > 0 {
 				rep.t.AppendSeparator()
 			}
+			cell++
+			cfg.prog.show("redis %d/%d: %s, %d goroutines, %d rows", cell, ncells, s.name, g, len(redisRows))
 			rep.measure(ctx, rdb, redisCell{s: s, ks: ks, goroutines: g, st: st, e: e, times: times})
 		}
 		ss := st.Stats()
