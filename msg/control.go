@@ -17,13 +17,20 @@ type Prepare struct {
 }
 
 // Sweep asks a shard to evict every bucket that is full at its clock reading.
+// With Soonest set the shard also finds when the first bucket it keeps will
+// be full: a sweep run because the key table is full needs it to say when a
+// slot can next be free, and other sweeps skip its cost.
 type Sweep struct {
-	Done chan SweepReply // one-slot buffer
+	Done    chan SweepReply // one-slot buffer
+	Soonest bool
 }
 
 // SweepReply counts what a sweep removed; Err is ErrClockRegression when the
-// shard's clock stepped back, in which case nothing was removed.
+// shard's clock stepped back, in which case nothing was removed. Soonest is
+// the clock reading at which the first bucket the sweep kept is full again
+// (math.MaxInt64 if it kept none; 0 if it was not asked).
 type SweepReply struct {
 	Evicted int
+	Soonest int64
 	Err     error
 }

@@ -8,22 +8,32 @@ import "sync/atomic"
 // the maximum, and it is exact for every call that has returned. Budget is
 // safe for concurrent use and must not be copied.
 type Budget struct {
-	_   [64]byte // keep the hot counter off the cache line of whatever precedes it
-	n   atomic.Int64
-	max int64
-	_   [48]byte
+	_    [64]byte // keep the hot counter off the cache line of whatever precedes it
+	n    atomic.Int64
+	max  int64
+	full chan struct{} // one slot: a reservation failed since it was last read
+	_    [40]byte
 }
 
 // NewBudget returns an empty budget of max keys.
-func NewBudget(max int64) *Budget { return &Budget{max: max} }
+func NewBudget(max int64) *Budget { return &Budget{max: max, full: make(chan struct{}, 1)} }
+
+// Full returns a channel that receives when a reservation has failed since
+// it last received: the signal the engine reclaims full buckets on. Failed
+// reservations in between are one signal.
+func (b *Budget) Full() <-chan struct{} { return b.full }
 
 // Reserve takes one slot and reports whether there was one. It never lets
 // the count pass the maximum, even for an instant, so a concurrent Count
-// never reads more than max.
+// never reads more than max. A failure signals Full, without waiting.
 func (b *Budget) Reserve() bool {
 	for {
 		c := b.n.Load()
 		if c >= b.max {
+			select {
+			case b.full <- struct{}{}:
+			default: // already signalled
+			}
 			return false
 		}
 		if b.n.CompareAndSwap(c, c+1) {

@@ -265,7 +265,7 @@ func (s *Shard) idle(stop <-chan struct{}) bool {
 // beginSweep starts a sliced sweep; the loop runs it a slice at a time.
 func (s *Shard) beginSweep(w *msg.Sweep) {
 	s.sweep = w
-	s.state.BeginSweep()
+	s.state.BeginSweep(w.Soonest)
 }
 
 // sweepStep judges one slice of the sweep at a fresh reading, then serves at

@@ -1,6 +1,8 @@
 package shard
 
 import (
+	"math"
+
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -25,6 +27,10 @@ type sweepPass struct {
 	evict   bool
 	cursor  uint64
 	evicted int
+	// soonest, when estimate is set, is the earliest reading at which a
+	// bucket the sweep kept is full again.
+	estimate bool
+	soonest  int64
 	// A conversion pass may stop inside a segment: it resumes at slot in
 	// seg if the cursor still names that very segment, and otherwise scans
 	// the segment again from its start, which only costs a look at each
@@ -36,12 +42,17 @@ type sweepPass struct {
 
 // BeginSweep starts a sweep pass, replacing any conversion pass (a sweep
 // converts every bucket it visits). Until it ends, SweepSlice judges the
-// buckets that existed when it began. It does nothing if a sweep is running.
-func (s *State) BeginSweep() {
+// buckets that existed when it began. With estimate set it also finds when
+// the first bucket it keeps is full again (EndSweep's Soonest), at the cost
+// of a division per bucket kept. It does nothing if a sweep is running.
+func (s *State) BeginSweep(estimate bool) {
 	if s.Sweeping() {
 		return
 	}
-	s.pass = &sweepPass{evict: true}
+	s.pass = &sweepPass{evict: true, estimate: estimate}
+	if estimate {
+		s.pass.soonest = math.MaxInt64
+	}
 }
 
 // Sweeping reports whether a sweep pass is in progress.
@@ -123,10 +134,17 @@ func (s *State) SweepSlice(now int64, n int) (done bool, err error) {
 			s.bringUp(&sl.b, seg.key(sl))
 			lim := limits[sl.b.Limit] // the key's own limit
 			sl.b.Refill(lim, now)
-			if sl.b.Full(lim) {
+			switch {
+			case sl.b.Full(lim):
 				s.tab.remove(seg, i)
 				s.budget.Release() // only after the delete: Count never undercounts
 				s.pass.evicted++
+			case s.pass.estimate:
+				at := now + sl.b.ResetAfter(lim)
+				if at < now { // saturated: full no sooner than the end of time
+					at = math.MaxInt64
+				}
+				s.pass.soonest = min(s.pass.soonest, at)
 			}
 		})
 		s.tab.shrink(seg)
@@ -161,7 +179,7 @@ func (s *State) EndSweep(err error) msg.SweepReply {
 		// start another, or a full history would stay full.
 		s.beginConvert()
 	}
-	return msg.SweepReply{Evicted: p.evicted, Err: err}
+	return msg.SweepReply{Evicted: p.evicted, Soonest: p.soonest, Err: err}
 }
 
 // unmarkBorn clears the born mark of every key, for a sweep that ends before

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -30,7 +31,7 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 		require.NoError(t, s.Allow(9*sec, fmt.Sprintf("deep%d", i), 10).Err) // empty at 9 s
 	}
 
-	s.BeginSweep()
+	s.BeginSweep(false)
 	require.True(t, s.Sweeping())
 	now, born, slices := 10*sec, 0, 0
 	for {
@@ -78,7 +79,7 @@ func TestSweepSliceRegression(t *testing.T) {
 	for i := range 30 {
 		require.NoError(t, s.Allow(0, fmt.Sprintf("k%d", i), 1).Err)
 	}
-	s.BeginSweep()
+	s.BeginSweep(false)
 	done, err := s.SweepSlice(int64(2*time.Second), 4)
 	require.NoError(t, err)
 	require.False(t, done)
@@ -101,7 +102,7 @@ func sweepAll(s *State, now int64) msg.SweepReply {
 	if now < s.last {
 		return msg.SweepReply{Err: msg.ErrClockRegression}
 	}
-	s.BeginSweep()
+	s.BeginSweep(false)
 	for {
 		if done, err := s.SweepSlice(now, SliceSize); done {
 			return s.EndSweep(err)
@@ -155,7 +156,7 @@ func TestFailedSweepRestartsConversion(t *testing.T) {
 		s.Publish()
 	}
 	require.True(t, s.Converting())
-	s.BeginSweep()
+	s.BeginSweep(false)
 	done, err := s.SweepSlice(20*sec, 3)
 	require.NoError(t, err)
 	require.False(t, done)
@@ -175,7 +176,7 @@ func TestKeyCreatedAfterSweepWalkIsNotBorn(t *testing.T) {
 	const sec = int64(time.Second)
 	s := NewState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(100), &testHasher)
 	require.NoError(t, s.Allow(0, "old", 1).Err)
-	s.BeginSweep()
+	s.BeginSweep(false)
 	for {
 		done, err := s.SweepSlice(sec, SliceSize)
 		require.NoError(t, err)
@@ -190,4 +191,64 @@ func TestKeyCreatedAfterSweepWalkIsNotBorn(t *testing.T) {
 	assert.Equal(t, 1, sweepAll(s, 10*sec).Evicted, "full ten seconds on, and not spared as born")
 	_, ok = s.bucket("new")
 	assert.False(t, ok)
+}
+
+// TestSweepSoonest: a sweep asked to estimate reports the reading at which
+// the first bucket it kept is full again, computed exactly; one not asked
+// reports none, and so does one that kept nothing.
+func TestSweepSoonest(t *testing.T) {
+	const sec = int64(time.Second)
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 3}
+	s := NewState(p, NewBudget(100), &testHasher)
+	defer s.Abandon()
+	require.NoError(t, s.Allow(0, "a", 10).Err)   // full at ceil(10e9/3) ns
+	require.NoError(t, s.Allow(0, "b", 1).Err)    // full at ceil(1e9/3) ns
+	require.NoError(t, s.Allow(sec, "c", 10).Err) // full at 1 s + ceil(10e9/3) ns
+
+	sweep := func(estimate bool, now int64) msg.SweepReply {
+		s.BeginSweep(estimate)
+		for {
+			done, err := s.SweepSlice(now, SliceSize)
+			require.NoError(t, err)
+			if done {
+				return s.EndSweep(nil)
+			}
+		}
+	}
+	r := sweep(true, sec) // b is full by now and goes; a is the soonest kept
+	assert.Equal(t, 1, r.Evicted)
+	assert.Equal(t, (10*sec+2)/3, r.Soonest, "ceil(10e9/3) ns: a refills from empty at 0")
+
+	r = sweep(false, sec)
+	assert.Zero(t, r.Evicted)
+	assert.Zero(t, r.Soonest, "not asked")
+
+	r = sweep(true, 100*sec)
+	assert.Equal(t, 2, r.Evicted)
+	assert.Equal(t, int64(math.MaxInt64), r.Soonest, "nothing kept")
+}
+
+// TestBudgetFullSignals: a failed reservation signals Full once, however
+// many fail before it is read, and a successful one does not.
+func TestBudgetFullSignals(t *testing.T) {
+	b := NewBudget(1)
+	require.True(t, b.Reserve())
+	select {
+	case <-b.Full():
+		t.Fatal("a reservation that succeeded signalled Full")
+	default:
+	}
+	for range 3 {
+		require.False(t, b.Reserve())
+	}
+	select {
+	case <-b.Full():
+	default:
+		t.Fatal("failed reservations did not signal Full")
+	}
+	select {
+	case <-b.Full():
+		t.Fatal("three failures signalled more than once")
+	default:
+	}
 }
