@@ -49,6 +49,8 @@ type Config struct {
 	// store does not close it.
 	Client *redis.Client
 	// Prefix starts every key the store writes; "" means DefaultPrefix.
+	// It may hold any bytes: it need not be UTF-8, and a NUL or a glob
+	// character is matched literally when the store scans its buckets.
 	// Stores that share a prefix share their buckets and their policy; no
 	// prefix may begin with another store's ("a:" and "a:k:" would meet).
 	Prefix string
@@ -330,13 +332,18 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 	}
 }
 
+// globEscape makes s match itself in a SCAN MATCH pattern: a backslash
+// before each of Redis's glob metacharacters, every other byte as it is. It
+// works on bytes, not runes: a prefix need not be UTF-8, and ranging over
+// runes would turn each invalid byte into U+FFFD and match nothing.
 func globEscape(s string) string {
 	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\^`, r) {
+	for i := range len(s) {
+		switch s[i] {
+		case '*', '?', '[', ']', '\\':
 			b.WriteByte('\\')
 		}
-		b.WriteRune(r)
+		b.WriteByte(s[i])
 	}
 	return b.String()
 }
