@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"math"
 	"strings"
 )
 
@@ -10,10 +11,17 @@ import (
 // run of bytes, the empty run and '/' included ("tenant:acme:*", "*:login").
 // There is no escape: a key that contains '*' cannot have an exact override,
 // though patterns may match it.
+//
+// Name, optional, names the override's quota to clients (the HTTP
+// middleware sends it in RateLimit-Policy). It is printable ASCII (0x20 to
+// 0x7E), at most MaxNameBytes long, and overrides with different limits may
+// not share one; overrides with the same limit may ("gold" for every tenant
+// on one plan).
 type Override struct {
 	Match           string
 	Capacity        int64
 	TokensPerSecond int64
+	Name            string `json:",omitempty"` // omitted from JSON when empty
 }
 
 // Bounds on an OverrideSet.
@@ -25,6 +33,8 @@ const (
 	// pairs) one set may hold, the default not counted: a bucket records its
 	// limit as a 16-bit index. Any number of overrides may share a limit.
 	MaxLimits = 1<<16 - 2
+	// MaxNameBytes is the longest Name an override may have.
+	MaxNameBytes = 64
 )
 
 // OverrideSet is an immutable set of overrides, built once by NewOverrideSet
@@ -34,10 +44,12 @@ const (
 // A key resolves to the override whose Match equals it; failing that, to
 // the first pattern, in declaration order, that matches it; failing that,
 // to the policy's default limit. Exact overrides are one map lookup;
-// patterns are compiled when the set is built.
+// patterns are compiled when the set is built. Resolve gives the limit a
+// key resolves to, Lookup the override itself.
 type OverrideSet struct {
 	overrides []Override
-	exact     map[string]LimitIndex
+	limitOf   []LimitIndex     // limitOf[i] is the index of overrides[i]'s limit
+	exact     map[string]int32 // an exact Match's position in overrides
 	patterns  []pattern
 	limits    []Limit // limits[i-1] is LimitIndex i; 0 is the policy's default
 }
@@ -49,23 +61,30 @@ type LimitIndex uint16
 
 type pattern struct {
 	parts []string // the literal runs between stars; len >= 2
-	limit LimitIndex
+	at    int32    // the override's position in overrides
 }
 
 // NewOverrideSet validates overrides and builds their set. It returns nil
 // for no overrides, and an error wrapping ErrInvalid that names the first
-// bad entry for a non-positive limit, a blank Match, a Match given twice,
-// more than MaxPatterns patterns or more than MaxLimits distinct limits.
+// bad entry for a non-positive limit, a blank Match, a Match given twice, a
+// Name that is not printable ASCII or is longer than MaxNameBytes, a Name
+// given to two different limits, more than MaxPatterns patterns or more than
+// MaxLimits distinct limits.
 func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
 	if len(overrides) == 0 {
 		return nil, nil
 	}
+	if len(overrides) > math.MaxInt32 { // positions are kept as int32
+		return nil, fmt.Errorf("%w: %d overrides, at most %d", ErrInvalid, len(overrides), math.MaxInt32)
+	}
 	s := &OverrideSet{
 		overrides: append([]Override(nil), overrides...),
-		exact:     make(map[string]LimitIndex),
+		limitOf:   make([]LimitIndex, len(overrides)),
+		exact:     make(map[string]int32),
 	}
 	index := map[Limit]LimitIndex{}
 	seen := map[string]bool{}
+	named := map[string]int{} // a Name's first override
 	for i, o := range s.overrides {
 		if err := o.validate(); err != nil {
 			return nil, fmt.Errorf("%w: override %d (%q): %s", ErrInvalid, i, o.Match, err)
@@ -75,6 +94,13 @@ func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
 		}
 		seen[o.Match] = true
 		lim := Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond}
+		if o.Name != "" {
+			if j, ok := named[o.Name]; !ok {
+				named[o.Name] = i
+			} else if f := s.overrides[j]; f.Capacity != o.Capacity || f.TokensPerSecond != o.TokensPerSecond {
+				return nil, fmt.Errorf("%w: override %d (%q): Name %q is override %d's, whose limit differs", ErrInvalid, i, o.Match, o.Name, j)
+			}
+		}
 		idx, ok := index[lim]
 		if !ok {
 			if len(s.limits) == MaxLimits {
@@ -84,14 +110,15 @@ func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
 			idx = LimitIndex(len(s.limits))
 			index[lim] = idx
 		}
+		s.limitOf[i] = idx
 		if !strings.Contains(o.Match, "*") {
-			s.exact[o.Match] = idx
+			s.exact[o.Match] = int32(i)
 			continue
 		}
 		if len(s.patterns) == MaxPatterns {
 			return nil, fmt.Errorf("%w: override %d (%q): more than %d patterns", ErrInvalid, i, o.Match, MaxPatterns)
 		}
-		s.patterns = append(s.patterns, pattern{parts: strings.Split(o.Match, "*"), limit: idx})
+		s.patterns = append(s.patterns, pattern{parts: strings.Split(o.Match, "*"), at: int32(i)})
 	}
 	return s, nil
 }
@@ -104,6 +131,13 @@ func (o Override) validate() error {
 		return fmt.Errorf("capacity %d, want >= 1", o.Capacity)
 	case o.TokensPerSecond < 1:
 		return fmt.Errorf("tokens per second %d, want >= 1", o.TokensPerSecond)
+	case len(o.Name) > MaxNameBytes:
+		return fmt.Errorf("Name is %d bytes, at most %d", len(o.Name), MaxNameBytes)
+	}
+	for i := range len(o.Name) {
+		if c := o.Name[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("Name %q has byte %#x at %d, want printable ASCII", o.Name, c, i)
+		}
 	}
 	return nil
 }
@@ -128,18 +162,38 @@ func (s *OverrideSet) Len() int {
 // is key, else that of the first pattern that matches key, else 0 for the
 // policy's default. A nil set resolves every key to 0.
 func (s *OverrideSet) Resolve(key string) LimitIndex {
-	if s == nil {
-		return 0
+	if i := s.find(key); i >= 0 {
+		return s.limitOf[i]
 	}
-	if idx, ok := s.exact[key]; ok {
-		return idx
+	return 0
+}
+
+// Lookup returns the override key resolves to, by Resolve's rule, and true;
+// or the zero Override and false when key gets the policy's default. Use it
+// for what the limit alone does not say, such as the override's Name:
+// overrides that share a limit share its LimitIndex. A nil set finds none.
+func (s *OverrideSet) Lookup(key string) (Override, bool) {
+	if i := s.find(key); i >= 0 {
+		return s.overrides[i], true
+	}
+	return Override{}, false
+}
+
+// find is the one matching routine of Resolve and Lookup: the position in
+// overrides of key's override, or -1 for none (and for a nil set).
+func (s *OverrideSet) find(key string) int {
+	if s == nil {
+		return -1
+	}
+	if i, ok := s.exact[key]; ok {
+		return int(i)
 	}
 	for i := range s.patterns {
 		if s.patterns[i].match(key) {
-			return s.patterns[i].limit
+			return int(s.patterns[i].at)
 		}
 	}
-	return 0
+	return -1
 }
 
 // match reports whether key matches the pattern: its first run as a prefix,
