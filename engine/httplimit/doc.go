@@ -2,26 +2,43 @@
 // tokenshard engine: each request spends its cost from the bucket of its
 // key, and a request the bucket cannot pay for is refused with 429.
 //
-//	mw, err := httplimit.New(e)          // key: client IP; cost: 1
+//	mw, err := httplimit.New(e)          // key: the client; cost: 1
 //	srv := &http.Server{Handler: mw.Handler(mux)}
+//
+// Handlers that must never be limited, such as expvar's /debug/vars or a
+// health check, go on a mux outside mw.Handler (ExampleMiddleware_Handler).
 //
 // # Keys and proxies
 //
-// The default key is the client IP, taken from RemoteAddr. Forwarded headers
-// are ignored unless WithTrustedProxies names the proxies in front of the
-// server and the header they write (X-Forwarded-For or RFC 7239 Forwarded);
-// then the key is the right-most address in that header that is not a
-// trusted proxy, and only when the direct peer is one. Trusting a header by
-// default would let each client pick its own key and never be limited.
-// WithKey replaces the key function (an API token, a tenant, a route) and
-// WithCost the cost of a request.
+// The default key is the client, grouped: ClientKey of the address ClientIP
+// finds. An IPv4 client is keyed by its address, "203.0.113.7"; an
+// IPv4-mapped IPv6 address (::ffff:203.0.113.7) is that IPv4 client. An
+// IPv6 client is keyed by its /64, written as netip.Prefix.String writes
+// the masked prefix: every address of 2001:db8:1:2::/64 has the key
+// "2001:db8:1:2::/64". A /64 is one subnet, and a host picks its addresses
+// from it at will, so keyed per address it would never be limited and would
+// fill the engine's key table. WithIPv6Prefix chooses another length, from
+// /32 to /128 ("2001:db8::7/128" keys each address alone).
+//
+// The client's address comes from RemoteAddr. Forwarded headers are ignored
+// unless WithTrustedProxies names the proxies in front of the server and the
+// header they write (X-Forwarded-For or RFC 7239 Forwarded); then the client
+// is the right-most address in that header that is not a trusted proxy, and
+// only when the direct peer is one. Trusting a header by default would let
+// each client pick its own key and never be limited.
+//
+// WithClientKey derives the key from the request and that grouped client,
+// after the proxies: a per-route limit is the route and the client
+// (ExampleWithClientKey). WithKey derives it from the request alone (an API
+// token, a tenant), and so does not see the proxies or the grouping; a
+// middleware takes one of the two. WithCost sets the cost of a request.
 //
 // # Header fields
 //
 // Every decided request, admitted or denied, carries the RateLimit header
 // fields of draft-ietf-httpapi-ratelimit-headers-11 (May 2026; the field syntax
-// is the same since -08), both structured-field Lists of one Item named by
-// WithPolicyName ("default" unless set):
+// is the same since -08), both structured-field Lists of one Item named for
+// the key's quota:
 //
 //	RateLimit-Policy: "default";q=10;w=5
 //	RateLimit: "default";r=9;t=1
@@ -35,6 +52,24 @@
 // maximum. The fields are set on an admitted response before the wrapped
 // handler runs, which may change or remove them.
 //
+// # Quota names
+//
+// The Item's name says which quota the numbers belong to, and two different
+// quotas (Capacity and TokensPerSecond) never share one under a policy. With
+// P the name WithPolicyName gives ("default" unless set):
+//
+//   - A key with no override is under P.
+//   - A key whose override (policy.OverrideSet.Lookup) has a Name is under
+//     that Name, unless it is another quota's: P while the override's limit
+//     differs from the default's, or "P-<c>-<r>" (below) for a limit other
+//     than its own. Such a Name is not used; the override is named as if it
+//     had none.
+//   - A key whose override has no Name is under P when the override's limit
+//     is the default's, and otherwise under "P-<capacity>-<tokens per
+//     second>": `"default-7-2";q=7;w=4` for 7 tokens refilled at 2 a second.
+//
+// policy.NewOverrideSet refuses one Name for two different limits.
+//
 // # Status codes
 //
 //   - Admitted: the wrapped handler's response, with the fields above.
@@ -43,16 +78,23 @@
 //     above with t equal to Retry-After: the draft says a Retry-After should
 //     not point earlier than the end of the effective window. WithDenied
 //     replaces the status and body, not the header fields.
-//   - Key bound reached (engine.ErrKeyCapacity) or engine closed: 503 Service
-//     Unavailable with Retry-After (WithOverloadRetryAfter, 1 s by default)
-//     and no RateLimit fields, as there is no decision. A full key table is
-//     the server's overload, not the client's fault.
+//   - Key bound reached (engine.ErrKeyCapacity): 503 Service Unavailable and
+//     no RateLimit fields, as there is no decision; a full key table is the
+//     server's overload, not the client's fault. Retry-After is
+//     WithOverloadRetryAfter if given; else, if the engine offers the
+//     optional method ReclaimAfter() (time.Duration, bool) and it answers
+//     true, the time until a key slot can next be free, in whole seconds
+//     rounded up and at least 1; else there is none, since only an
+//     EvictFull call can free a slot and no figure would be true.
+//   - Engine closed (engine.ErrClosed): 503 with no RateLimit fields, and
+//     Retry-After only if WithOverloadRetryAfter is given.
 //   - Cost above the key's capacity (engine.ErrInvalidCost): 413 Content Too
 //     Large, without Retry-After, since waiting can never admit it.
-//   - No key (the key function failed, or gave a key the engine rejects as
-//     blank or too long) or a cost below 1: 500 Internal Server Error, with
-//     a plain-text body saying the server could not derive a rate-limit key
-//     (or cost). These are the server's configuration failing.
+//   - No key (the key function failed, ClientIP found no address, or the
+//     key is one the engine rejects as blank or too long) or a cost below 1:
+//     500 Internal Server Error, with a plain-text body saying the server
+//     could not derive a rate-limit key (or cost). These are the server's
+//     configuration failing.
 //   - The request's context ended before the engine decided (the client went
 //     away, or a server deadline passed): 503 with no body, and nothing spent.
 //   - Any other engine error (engine.ErrClockRegression): 500.

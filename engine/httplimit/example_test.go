@@ -2,6 +2,8 @@ package httplimit_test
 
 import (
 	"context"
+	"encoding/json"
+	"expvar"
 	"fmt"
 	"io"
 	"net/http"
@@ -113,4 +115,101 @@ func ExampleWithCost() {
 	// /export 200 "api";q=10;w=5 "api";r=0;t=5
 	// /search 429 "api";q=10;w=5 "api";r=0;t=1
 	// /export 429 "api";q=10;w=5 "api";r=0;t=3
+}
+
+// A per-route limit: every client gets 2 requests on each route, refilled
+// at 1 a second. The key function is given the client already found
+// (through WithTrustedProxies, when given) and grouped: an IPv6 client is
+// its /64, however many addresses it uses.
+func ExampleWithClientKey() {
+	e, err := engine.New(engine.Config{
+		Policy: policy.Policy{Version: 1, Capacity: 2, TokensPerSecond: 1},
+		Clock:  clock.NewManual(0),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer e.Close()
+
+	mw, err := httplimit.New(e, httplimit.WithClientKey(func(r *http.Request, client string) (string, error) {
+		return r.Method + " " + r.URL.Path + " " + client, nil
+	}))
+	if err != nil {
+		panic(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+
+	for _, req := range []struct{ path, from string }{
+		{"/search", "192.0.2.1:1234"},
+		{"/search", "192.0.2.1:1234"},
+		{"/search", "192.0.2.1:1234"}, // this route's bucket is empty
+		{"/export", "192.0.2.1:1234"}, // another route, another bucket
+		{"/search", "[2001:db8:1:2::a]:443"},
+		{"/search", "[2001:db8:1:2::b]:443"},
+		{"/search", "[2001:db8:1:2:ffff::1]:443"}, // the same /64, the same client
+	} {
+		r := httptest.NewRequest(http.MethodGet, req.path, nil)
+		r.RemoteAddr = req.from
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		fmt.Println(req.path, req.from, rec.Code)
+	}
+	d, _ := e.Peek(context.Background(), "GET /search 2001:db8:1:2::/64")
+	fmt.Println(e.KeyCount(), "keys;", d.Remaining, "left on GET /search for 2001:db8:1:2::/64")
+	// Output:
+	// /search 192.0.2.1:1234 200
+	// /search 192.0.2.1:1234 200
+	// /search 192.0.2.1:1234 429
+	// /export 192.0.2.1:1234 200
+	// /search [2001:db8:1:2::a]:443 200
+	// /search [2001:db8:1:2::b]:443 200
+	// /search [2001:db8:1:2:ffff::1]:443 429
+	// 3 keys; 0 left on GET /search for 2001:db8:1:2::/64
+}
+
+// Only the API is limited: /debug/vars, where expvar serves the engine's
+// Stats, is on the outer mux, beside mw.Handler rather than behind it, so
+// monitoring is never refused and spends no client's tokens.
+func ExampleMiddleware_Handler() {
+	e, err := engine.New(engine.Config{
+		Policy: policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1},
+		Clock:  clock.NewManual(0),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer e.Close()
+	if err := e.PublishExpvar("ratelimit"); err != nil { // expvar names are process-wide
+		panic(err)
+	}
+	mw, err := httplimit.New(e)
+	if err != nil {
+		panic(err)
+	}
+
+	api := http.NewServeMux()
+	api.HandleFunc("GET /api/hello", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "hello\n")
+	})
+	root := http.NewServeMux()
+	root.Handle("GET /debug/vars", expvar.Handler()) // outside the limiter
+	root.Handle("/", mw.Handler(api))
+
+	for _, path := range []string{"/api/hello", "/api/hello", "/debug/vars", "/debug/vars"} {
+		rec := httptest.NewRecorder()
+		root.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		fmt.Printf("%s %d %q\n", path, rec.Code, rec.Header().Get("RateLimit"))
+		if path == "/debug/vars" {
+			var vars map[string]json.RawMessage
+			_ = json.Unmarshal(rec.Body.Bytes(), &vars)
+			fmt.Println("ratelimit published:", vars["ratelimit"] != nil)
+		}
+	}
+	// Output:
+	// /api/hello 200 "\"default\";r=0;t=1"
+	// /api/hello 429 "\"default\";r=0;t=1"
+	// /debug/vars 200 ""
+	// ratelimit published: true
+	// /debug/vars 200 ""
+	// ratelimit published: true
 }

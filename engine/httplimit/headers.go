@@ -3,10 +3,10 @@ package httplimit
 import (
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
 // Header field names. net/http canonicalises them on the wire
@@ -49,20 +49,19 @@ func ceilDiv(a, b int64) int64 {
 	return q
 }
 
-// sfString serialises name as a structured-field String (RFC 9651 section
-// 4.1.6): quoted, with '"' and '\' escaped. name must be printable ASCII,
-// which validPolicyName checks once in New.
-func sfString(name string) string {
-	var b strings.Builder
-	b.WriteByte('"')
+// appendSFString appends name as a structured-field String (RFC 9651
+// section 4.1.6): quoted, with '"' and '\' escaped. name must be printable
+// ASCII, which validPolicyName checks in New and policy.NewOverrideSet for
+// an override's Name.
+func appendSFString(buf []byte, name string) []byte {
+	buf = append(buf, '"')
 	for i := range len(name) {
 		if c := name[i]; c == '"' || c == '\\' {
-			b.WriteByte('\\')
+			buf = append(buf, '\\')
 		}
-		b.WriteByte(name[i])
+		buf = append(buf, name[i])
 	}
-	b.WriteByte('"')
-	return b.String()
+	return append(buf, '"')
 }
 
 // validPolicyName reports whether name can be a structured-field String: not
@@ -82,6 +81,7 @@ func validPolicyName(name string) bool {
 // setRateLimit writes RateLimit-Policy and RateLimit for a decision on key,
 // and Retry-After when it is a denial.
 //
+// The item's name is that of the quota key resolves to (appendQuotaName).
 // q is the key's capacity (d.Limit) and w the seconds an empty bucket takes
 // to fill: ceil(capacity / rate), with the key's own rate under the policy in
 // force. r is d.Remaining. t is ceil(d.ResetAfter) when admitted; when
@@ -89,23 +89,31 @@ func validPolicyName(name string) bool {
 // Retry-After SHOULD NOT point earlier than the end of the effective window,
 // and until then the client can indeed spend no more than r.
 func (m *Middleware) setRateLimit(h http.Header, key string, d engine.Decision) {
-	lim, _ := m.engine.Policy().Resolve(key)
-	w := ceilDiv(max(d.Limit, 0), lim.TokensPerSecond)
+	p := m.engine.Policy()
+	o, overridden := p.Overrides.Lookup(key) // once per request: the rate and the name
+	rate := p.TokensPerSecond
+	if overridden {
+		rate = o.TokensPerSecond
+	}
+	w := ceilDiv(max(d.Limit, 0), rate)
 	t := ceilSeconds(d.ResetAfter)
 	if !d.Allowed {
 		t = max(ceilSeconds(d.RetryAfter), 1) // a denial never says "retry now"
 		h.Set(headerRetryAfter, strconv.FormatInt(t, 10))
 	}
 
-	buf := make([]byte, 0, len(m.quotedName)+48)
-	buf = append(buf, m.quotedName...)
+	// One buffer for both fields, which share the name: room for the longest
+	// name (an escaped Name, or the policy name and two numbers) and items.
+	buf := make([]byte, 0, len(m.quotedName)+2*policy.MaxNameBytes+80)
+	buf = m.appendQuotaName(buf, p.Limit(), o, overridden)
+	name := len(buf)
 	buf = append(buf, ";q="...)
 	buf = strconv.AppendInt(buf, sfInteger(d.Limit), 10)
 	buf = append(buf, ";w="...)
 	buf = strconv.AppendInt(buf, sfInteger(w), 10)
 	h.Set(headerPolicy, string(buf))
 
-	buf = append(buf[:len(m.quotedName)], ";r="...)
+	buf = append(buf[:name], ";r="...)
 	buf = strconv.AppendInt(buf, sfInteger(d.Remaining), 10)
 	buf = append(buf, ";t="...)
 	buf = strconv.AppendInt(buf, sfInteger(t), 10)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"time"
 
 	"github.com/tokenshard/tokenshard/engine"
 )
@@ -18,6 +19,7 @@ const (
 	bodyCost     = "httplimit: the server could not derive a rate-limit cost for this request"
 	bodyTooLarge = "httplimit: the request costs more than its rate limit can ever admit"
 	bodyOverload = "httplimit: the rate limiter is at capacity; retry later"
+	bodyClosed   = "httplimit: the rate limiter is shut down"
 	bodyFailed   = "httplimit: the rate limiter failed"
 	bodyDenied   = "httplimit: too many requests"
 )
@@ -29,23 +31,33 @@ const (
 // it with New and wrap handlers with Handler.
 type Middleware struct {
 	engine     engine.Admitter
+	reclaim    reclaimer // e, if it estimates when a key slot frees up; else nil
 	key        KeyFunc
 	cost       CostFunc
 	denied     DeniedFunc
-	quotedName string // the policy name as a structured-field String
-	overload   string // the Retry-After of a 503, in seconds
+	policyName string // the default limit's quota name
+	quotedName string // policyName as a structured-field String
+	overload   string // WithOverloadRetryAfter in seconds; "" when not given
+}
+
+// reclaimer is the optional method of an Admitter that frees key slots in
+// the background, as the engine's sweeps do: how long until a slot can next
+// be free, and false when no background reclamation will run.
+type reclaimer interface {
+	ReclaimAfter() (time.Duration, bool)
 }
 
 // New returns a middleware that spends each request's cost from its key's
-// bucket in e. Without options the key is the client IP from RemoteAddr (no
-// forwarded header is trusted), the cost is 1, and a denial is a 429. It
-// returns an error wrapping ErrInvalidOption for a nil engine, a nil or
-// invalid option, or WithKey together with WithTrustedProxies.
+// bucket in e. Without options the key is the client address from
+// RemoteAddr (no forwarded header is trusted), IPv6 grouped per /64, as
+// ClientKey gives it; the cost is 1, and a denial is a 429. It returns an
+// error wrapping ErrInvalidOption for a nil engine, a nil or invalid option,
+// or WithKey together with WithClientKey.
 func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 	if v := reflect.ValueOf(e); e == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
 		return nil, fmt.Errorf("%w: nil engine", ErrInvalidOption)
 	}
-	c := config{policyName: DefaultPolicyName, overload: DefaultOverloadRetryAfter}
+	c := config{policyName: DefaultPolicyName, ipv6Bits: DefaultIPv6Prefix}
 	for i, opt := range opts {
 		if opt == nil {
 			return nil, fmt.Errorf("%w: option %d is nil", ErrInvalidOption, i)
@@ -54,25 +66,32 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 			return nil, err
 		}
 	}
-	if c.key != nil && c.trusted != nil {
-		return nil, fmt.Errorf("%w: WithTrustedProxies configures the default key only; with WithKey, call ClientIP in the key function", ErrInvalidOption)
+	if c.key != nil && c.clientKey != nil {
+		return nil, fmt.Errorf("%w: WithKey and WithClientKey both replace the key; give one", ErrInvalidOption)
 	}
 	m := &Middleware{
 		engine:     e,
 		key:        c.key,
 		cost:       c.cost,
 		denied:     c.denied,
-		quotedName: sfString(c.policyName),
-		overload:   strconv.FormatInt(ceilSeconds(c.overload), 10),
+		policyName: c.policyName,
+		quotedName: string(appendSFString(nil, c.policyName)),
+	}
+	m.reclaim, _ = e.(reclaimer)
+	if c.overload > 0 {
+		m.overload = strconv.FormatInt(ceilSeconds(c.overload), 10)
 	}
 	if m.key == nil {
-		header, trusted := c.header, c.trusted
+		header, trusted, bits, f := c.header, c.trusted, c.ipv6Bits, c.clientKey
 		m.key = func(r *http.Request) (string, error) {
 			a, err := ClientIP(r, header, trusted)
 			if err != nil {
 				return "", err
 			}
-			return a.String(), nil
+			if f == nil {
+				return ClientKey(a, bits), nil
+			}
+			return f(r, ClientKey(a, bits))
 		}
 	}
 	if m.cost == nil {
@@ -117,6 +136,11 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 }
 
 // fail answers a request the engine returned an error for.
+//
+// A 503 for a full key table carries Retry-After only when it is known:
+// WithOverloadRetryAfter, else the engine's ReclaimAfter when it reclaims
+// in the background. An engine that never frees a slot by itself gets none,
+// since any figure would be a guess the client would act on.
 func (m *Middleware) fail(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, engine.ErrInvalidKey):
@@ -124,9 +148,16 @@ func (m *Middleware) fail(w http.ResponseWriter, err error) {
 	case errors.Is(err, engine.ErrInvalidCost):
 		// Only a cost above the key's capacity gets here: waiting never helps.
 		http.Error(w, bodyTooLarge, http.StatusRequestEntityTooLarge)
-	case errors.Is(err, engine.ErrKeyCapacity), errors.Is(err, engine.ErrClosed):
-		w.Header().Set(headerRetryAfter, m.overload)
+	case errors.Is(err, engine.ErrKeyCapacity):
+		if ra := m.reclaimAfter(); ra != "" {
+			w.Header().Set(headerRetryAfter, ra)
+		}
 		http.Error(w, bodyOverload, http.StatusServiceUnavailable)
+	case errors.Is(err, engine.ErrClosed):
+		if m.overload != "" {
+			w.Header().Set(headerRetryAfter, m.overload)
+		}
+		http.Error(w, bodyClosed, http.StatusServiceUnavailable)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		// The client has gone or the server's deadline passed: nobody reads
 		// a body, but a status keeps outer handlers from logging a 200.
@@ -134,4 +165,20 @@ func (m *Middleware) fail(w http.ResponseWriter, err error) {
 	default:
 		http.Error(w, bodyFailed, http.StatusInternalServerError)
 	}
+}
+
+// reclaimAfter is the Retry-After of a 503 for a full key table, in whole
+// seconds, or "" for none.
+func (m *Middleware) reclaimAfter() string {
+	if m.overload != "" {
+		return m.overload
+	}
+	if m.reclaim == nil {
+		return ""
+	}
+	d, ok := m.reclaim.ReclaimAfter()
+	if !ok {
+		return ""
+	}
+	return strconv.FormatInt(max(ceilSeconds(d), 1), 10) // never "retry now"
 }

@@ -60,7 +60,8 @@ func TestAdmittedHeaders(t *testing.T) {
 	}
 }
 
-// A key with an override advertises its own capacity and its own window.
+// A key with an override advertises its own capacity and its own window,
+// under a name of its own: unnamed, it is derived from its quota.
 func TestOverrideHeaders(t *testing.T) {
 	set, err := policy.NewOverrideSet(policy.Override{Match: loopback, Capacity: 7, TokensPerSecond: 2})
 	require.NoError(t, err)
@@ -71,8 +72,8 @@ func TestOverrideHeaders(t *testing.T) {
 
 	res := get(t, srv)
 	require.Equal(t, http.StatusOK, res.status)
-	assert.Equal(t, `"default";q=7;w=4`, res.header.Get("RateLimit-Policy")) // ceil(7 / 2)
-	assert.Equal(t, `"default";r=6;t=1`, res.header.Get("RateLimit"))        // 0.5 s
+	assert.Equal(t, `"default-7-2";q=7;w=4`, res.header.Get("RateLimit-Policy")) // ceil(7 / 2)
+	assert.Equal(t, `"default-7-2";r=6;t=1`, res.header.Get("RateLimit"))        // 0.5 s
 }
 
 // A denial is a 429 whose Retry-After is the retry estimate rounded up to
@@ -177,16 +178,19 @@ func TestHugeValuesSaturate(t *testing.T) {
 	assert.Equal(t, `"default";r=999999999999999;t=1`, res.header.Get("RateLimit"))
 }
 
-// A full key table is the server's overload: 503 with Retry-After, and the
-// keys already tracked go on working.
+// A full key table is the server's overload: 503, and the keys already
+// tracked go on working. An engine that sweeps nothing in the background
+// (SweepEvery 0 on a Manual clock) frees no slot by itself, so there is no
+// Retry-After unless WithOverloadRetryAfter gives one; overload_test.go
+// covers an engine that estimates it.
 func TestKeyCapacity(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		opts  []httplimit.Option
-		retry string
+		retry []string
 	}{
-		{"default retry", nil, "1"},
-		{"configured retry", []httplimit.Option{httplimit.WithOverloadRetryAfter(1500 * time.Millisecond)}, "2"},
+		{"no sweep, no retry", nil, nil},
+		{"configured retry", []httplimit.Option{httplimit.WithOverloadRetryAfter(1500 * time.Millisecond)}, []string{"2"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e, _ := newEngine(t, engine.Config{Policy: pol(5, 1), MaxKeys: 1})
@@ -195,7 +199,7 @@ func TestKeyCapacity(t *testing.T) {
 			require.Equal(t, http.StatusOK, get(t, srv, "X-User", "alice").status)
 			res := get(t, srv, "X-User", "bob")
 			require.Equal(t, http.StatusServiceUnavailable, res.status)
-			assert.Equal(t, []string{c.retry}, res.header.Values("Retry-After"))
+			assert.Equal(t, c.retry, res.header.Values("Retry-After"))
 			assert.Equal(t, "httplimit: the rate limiter is at capacity; retry later\n", res.body)
 			assert.Empty(t, res.header.Values("RateLimit"))
 			assert.Empty(t, res.header.Values("RateLimit-Policy"))
@@ -261,14 +265,28 @@ func TestCostErrors(t *testing.T) {
 	}
 }
 
-// A closed engine answers 503 with Retry-After.
+// A closed engine answers 503, with Retry-After only when
+// WithOverloadRetryAfter gives one: nobody knows when it comes back.
 func TestClosedEngine(t *testing.T) {
-	e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
-	srv := serve(t, e, ok)
-	require.NoError(t, e.Close())
-	res := get(t, srv)
-	assert.Equal(t, http.StatusServiceUnavailable, res.status)
-	assert.Equal(t, "1", res.header.Get("Retry-After"))
+	for _, c := range []struct {
+		name  string
+		opts  []httplimit.Option
+		retry []string
+	}{
+		{"no retry", nil, nil},
+		{"configured retry", []httplimit.Option{httplimit.WithOverloadRetryAfter(3 * time.Second)}, []string{"3"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
+			srv := serve(t, e, ok, c.opts...)
+			require.NoError(t, e.Close())
+			res := get(t, srv)
+			assert.Equal(t, http.StatusServiceUnavailable, res.status)
+			assert.Equal(t, "httplimit: the rate limiter is shut down\n", res.body)
+			assert.Equal(t, c.retry, res.header.Values("Retry-After"))
+			assert.Empty(t, res.header.Values("RateLimit"))
+		})
+	}
 }
 
 // A request whose context has ended before the decision gets a bare 503,
@@ -306,24 +324,40 @@ func TestNewInvalid(t *testing.T) {
 
 	trusted := httplimit.WithTrustedProxies(httplimit.XForwardedFor, mustPrefix("10.0.0.0/8"))
 	for name, opts := range map[string][]httplimit.Option{
-		"nil option":                    {nil},
-		"nil key":                       {httplimit.WithKey(nil)},
-		"nil cost":                      {httplimit.WithCost(nil)},
-		"nil denied":                    {httplimit.WithDenied(nil)},
-		"empty policy name":             {httplimit.WithPolicyName("")},
-		"control char in name":          {httplimit.WithPolicyName("a\nb")},
-		"non-ASCII name":                {httplimit.WithPolicyName("café")},
-		"zero overload retry":           {httplimit.WithOverloadRetryAfter(0)},
-		"no header":                     {httplimit.WithTrustedProxies(0, mustPrefix("10.0.0.0/8"))},
-		"unknown header":                {httplimit.WithTrustedProxies(3, mustPrefix("10.0.0.0/8"))},
-		"no prefixes":                   {httplimit.WithTrustedProxies(httplimit.XForwardedFor)},
-		"invalid prefix":                {httplimit.WithTrustedProxies(httplimit.Forwarded, mustPrefix("10.0.0.0/8"), netipPrefixZero)},
-		"key with trusted proxies":      {httplimit.WithKey(userKey), trusted},
-		"trusted proxies, then the key": {trusted, httplimit.WithKey(userKey)},
+		"nil option":               {nil},
+		"nil key":                  {httplimit.WithKey(nil)},
+		"nil cost":                 {httplimit.WithCost(nil)},
+		"nil denied":               {httplimit.WithDenied(nil)},
+		"empty policy name":        {httplimit.WithPolicyName("")},
+		"control char in name":     {httplimit.WithPolicyName("a\nb")},
+		"non-ASCII name":           {httplimit.WithPolicyName("café")},
+		"zero overload retry":      {httplimit.WithOverloadRetryAfter(0)},
+		"nil client key":           {httplimit.WithClientKey(nil)},
+		"key and client key":       {httplimit.WithKey(userKey), httplimit.WithClientKey(routeKey)},
+		"client key, then the key": {httplimit.WithClientKey(routeKey), httplimit.WithKey(userKey)},
+		"IPv6 prefix 0":            {httplimit.WithIPv6Prefix(0)},
+		"IPv6 prefix 31":           {httplimit.WithIPv6Prefix(httplimit.MinIPv6Prefix - 1)},
+		"IPv6 prefix 129":          {httplimit.WithIPv6Prefix(129)},
+		"no header":                {httplimit.WithTrustedProxies(0, mustPrefix("10.0.0.0/8"))},
+		"unknown header":           {httplimit.WithTrustedProxies(3, mustPrefix("10.0.0.0/8"))},
+		"no prefixes":              {httplimit.WithTrustedProxies(httplimit.XForwardedFor)},
+		"invalid prefix":           {httplimit.WithTrustedProxies(httplimit.Forwarded, mustPrefix("10.0.0.0/8"), netipPrefixZero)},
 	} {
 		_, err := httplimit.New(e, opts...)
 		assert.ErrorIs(t, err, httplimit.ErrInvalidOption, name)
 	}
-	_, err = httplimit.New(e, trusted, httplimit.WithPolicyName("x"), httplimit.WithCost(costHeader))
-	assert.NoError(t, err)
+	// WithTrustedProxies used to be refused beside WithKey, when it
+	// configured only the default key. It now sets how the client is found
+	// for the default key and WithClientKey, so it combines with either key
+	// option (TestClientKeyBehindProxy shows it applied).
+	for name, opts := range map[string][]httplimit.Option{
+		"trusted, name, cost":               {trusted, httplimit.WithPolicyName("x"), httplimit.WithCost(costHeader)},
+		"key with trusted proxies":          {httplimit.WithKey(userKey), trusted},
+		"trusted proxies, then the key":     {trusted, httplimit.WithKey(userKey)},
+		"client key with trusted proxies":   {httplimit.WithClientKey(routeKey), trusted},
+		"IPv6 prefix bounds, last one wins": {httplimit.WithIPv6Prefix(httplimit.MinIPv6Prefix), httplimit.WithIPv6Prefix(128)},
+	} {
+		_, err := httplimit.New(e, opts...)
+		assert.NoError(t, err, name)
+	}
 }

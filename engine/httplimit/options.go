@@ -9,10 +9,17 @@ import (
 	"github.com/tokenshard/tokenshard/engine"
 )
 
-// KeyFunc derives a request's rate-limit key. An error, or a key the engine
-// rejects (blank, or longer than its MaxKeyBytes), is the server's failure,
-// answered with 500.
+// KeyFunc derives a request's rate-limit key from the request alone (see
+// WithKey). An error, or a key the engine rejects (blank, or longer than its
+// MaxKeyBytes), is the server's failure, answered with 500.
 type KeyFunc func(r *http.Request) (string, error)
+
+// ClientKeyFunc derives a request's rate-limit key from the request and its
+// client (see WithClientKey). client is the default key: ClientKey of the
+// address ClientIP finds, after WithTrustedProxies, grouped by
+// WithIPv6Prefix ("203.0.113.7", "2001:db8:1:2::/64"). Errors and rejected
+// keys are answered with 500, as for a KeyFunc.
+type ClientKeyFunc func(r *http.Request, client string) (string, error)
 
 // CostFunc returns the tokens a request spends. A cost below 1 is the
 // server's failure, answered with 500; a cost above the key's capacity can
@@ -30,35 +37,75 @@ type Option func(*config) error
 // config is what the options set; New validates it as a whole.
 type config struct {
 	key        KeyFunc
+	clientKey  ClientKeyFunc
+	ipv6Bits   int
 	cost       CostFunc
 	denied     DeniedFunc
 	policyName string
-	overload   time.Duration
+	overload   time.Duration // 0: not set
 	header     ProxyHeader
 	trusted    []netip.Prefix
 }
 
-// Defaults.
-const (
-	// DefaultPolicyName names the quota policy in the RateLimit header
-	// fields when WithPolicyName is not given.
-	DefaultPolicyName = "default"
-	// DefaultOverloadRetryAfter is the Retry-After sent with a 503 when the
-	// engine tracks as many keys as it may (engine.ErrKeyCapacity) or is
-	// closed, unless WithOverloadRetryAfter says otherwise.
-	DefaultOverloadRetryAfter = time.Second
-)
+// DefaultPolicyName names the default limit's quota policy in the RateLimit
+// header fields when WithPolicyName is not given.
+const DefaultPolicyName = "default"
 
-// WithKey replaces the default key, the client IP (see ClientIP), with f.
-// It cannot be combined with WithTrustedProxies, which configures only the
-// default key; a key function that wants the client IP behind proxies calls
-// ClientIP itself.
+// WithKey replaces the default key, the grouped client address (see
+// ClientKey), with f, which sees only the request: an API token, a tenant.
+// WithTrustedProxies and WithIPv6Prefix shape the client address, which f
+// is not given, so they do not affect its keys; a key that includes the
+// client is what WithClientKey is for. WithKey and WithClientKey exclude
+// each other.
 func WithKey(f KeyFunc) Option {
 	return func(c *config) error {
 		if f == nil {
 			return fmt.Errorf("%w: WithKey(nil)", ErrInvalidOption)
 		}
 		c.key = f
+		return nil
+	}
+}
+
+// WithClientKey replaces the default key with f, which is given the
+// request and its client as the default key would be: resolved through the
+// trusted proxies and grouped by prefix. A per-route limit is
+//
+//	httplimit.WithClientKey(func(r *http.Request, client string) (string, error) {
+//		return r.Method + " " + r.URL.Path + " " + client, nil
+//	})
+//
+// A path with identifiers in it (/users/42) makes a key per identifier;
+// r.Pattern, the ServeMux pattern ("GET /users/{id}"), does not, but it is
+// set only when the mux routes before the middleware runs, as with
+// mux.Handle(pattern, mw.Handler(h)), and empty around the whole mux. When
+// the client address cannot be found (ErrNoClientIP), f is not called and
+// the request is answered with 500. WithKey and WithClientKey exclude each
+// other.
+func WithClientKey(f ClientKeyFunc) Option {
+	return func(c *config) error {
+		if f == nil {
+			return fmt.Errorf("%w: WithClientKey(nil)", ErrInvalidOption)
+		}
+		c.clientKey = f
+		return nil
+	}
+}
+
+// WithIPv6Prefix groups IPv6 clients by a prefix of length bits, from
+// MinIPv6Prefix (32) to 128, instead of DefaultIPv6Prefix (64): every
+// address in one prefix shares one bucket, keyed as ClientKey describes
+// ("2001:db8:1::/48" for 48 bits, "2001:db8::7/128" for 128, which keys
+// each address alone). IPv4 clients are always keyed per address. A shorter
+// prefix limits a site that spreads across subnets as one client; 128
+// trusts every address, so a client that rotates through its /64 is never
+// limited.
+func WithIPv6Prefix(bits int) Option {
+	return func(c *config) error {
+		if bits < MinIPv6Prefix || bits > 128 {
+			return fmt.Errorf("%w: WithIPv6Prefix(%d): want %d to 128", ErrInvalidOption, bits, MinIPv6Prefix)
+		}
+		c.ipv6Bits = bits
 		return nil
 	}
 }
@@ -86,11 +133,13 @@ func WithDenied(f DeniedFunc) Option {
 	}
 }
 
-// WithTrustedProxies makes the default key the client IP that the reverse
-// proxies in prefixes report in header h, as ClientIP describes: only when
-// the direct peer is one of them, and never an entry written in front of
-// the right-most untrusted address. Without this option no header is read.
-// IPv4-mapped IPv6 prefixes are taken as the IPv4 prefixes they map.
+// WithTrustedProxies makes the client the address that the reverse proxies
+// in prefixes report in header h, as ClientIP describes: only when the
+// direct peer is one of them, and never an entry written in front of the
+// right-most untrusted address. Without this option no header is read.
+// IPv4-mapped IPv6 prefixes are taken as the IPv4 prefixes they map. The
+// client so found, grouped by WithIPv6Prefix, is the default key and what
+// a WithClientKey function is given; a WithKey function is given neither.
 func WithTrustedProxies(h ProxyHeader, prefixes ...netip.Prefix) Option {
 	return func(c *config) error {
 		if h != XForwardedFor && h != Forwarded {
@@ -111,9 +160,12 @@ func WithTrustedProxies(h ProxyHeader, prefixes ...netip.Prefix) Option {
 	}
 }
 
-// WithPolicyName names the quota policy in the RateLimit-Policy and
-// RateLimit fields; the default is DefaultPolicyName. The name must be
-// non-empty printable ASCII, as a structured-field String requires.
+// WithPolicyName names the default limit's quota policy in the
+// RateLimit-Policy and RateLimit fields; the default is DefaultPolicyName.
+// The name must be non-empty printable ASCII, as a structured-field String
+// requires. It is also the stem of the names derived for unnamed overrides,
+// and an override Name equal to it is used only for the default's quota:
+// the package documentation gives the naming rule.
 func WithPolicyName(name string) Option {
 	return func(c *config) error {
 		if !validPolicyName(name) {
@@ -124,10 +176,13 @@ func WithPolicyName(name string) Option {
 	}
 }
 
-// WithOverloadRetryAfter sets the Retry-After of a 503 sent because the
-// engine tracks as many keys as it may, or is closed; d is rounded up to
-// whole seconds and must be positive. Set it near the engine's sweep period:
-// that is when full buckets are evicted and key slots free up.
+// WithOverloadRetryAfter sets a fixed Retry-After for the 503 sent because
+// the engine tracks as many keys as it may (engine.ErrKeyCapacity) or is
+// closed; d is rounded up to whole seconds and must be positive. Without it
+// the first gets the engine's own estimate of when a key slot frees up, if
+// it offers one, and otherwise no Retry-After, and the second none: see the
+// package documentation. Give it when you know better, such as how long a
+// restart takes.
 func WithOverloadRetryAfter(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {

@@ -125,7 +125,7 @@ func TestTrustedProxies(t *testing.T) {
 		assert.Equal(t, http.StatusOK, get(t, srv, "Forwarded", `for="[2001:db8::7]:4711";proto=https`).status)
 		res := get(t, srv, "Forwarded", "for=6.6.6.6, for=2001:db8::7")
 		assert.Equal(t, http.StatusTooManyRequests, res.status)
-		assert.Equal(t, int64(0), remaining(t, e, "2001:db8::7"))
+		assert.Equal(t, int64(0), remaining(t, e, "2001:db8::/64")) // IPv6 clients are keyed per /64
 		assert.Equal(t, int64(1), remaining(t, e, "6.6.6.6"))
 		assert.Equal(t, http.StatusOK, get(t, srv, "X-Forwarded-For", "2001:db8::7").status) // keyed by the peer
 		assert.Equal(t, 2, e.KeyCount())
