@@ -31,6 +31,9 @@ func Wall(c Clock) time.Time {
 	return time.Now()
 }
 
+// Until is time.Until; it exists so that only package clock reads the time.
+func Until(t time.Time) time.Duration { return time.Until(t) }
+
 // Sleeper is what a Clock may also do: signal when its reading has moved on
 // by d, for Engine.Wait. Without it, Wait sleeps on real timers.
 type Sleeper interface {

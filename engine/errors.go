@@ -12,9 +12,14 @@ import (
 var (
 	// ErrInvalidKey: the key is blank or longer than Config.MaxKeyBytes.
 	ErrInvalidKey = msg.ErrInvalidKey
-	// ErrInvalidCost: the cost is below 1 or above the key's own capacity
-	// under the policy in force (its override's, or the default).
+	// ErrInvalidCost: the cost is below 1 (this very value), or above the
+	// key's own capacity (ErrCostExceedsCapacity, which wraps it).
 	ErrInvalidCost = msg.ErrInvalidCost
+	// ErrCostExceedsCapacity: the cost is above the key's own capacity under
+	// the policy in force (its override's, or the default), so no wait would
+	// ever admit it. It wraps ErrInvalidCost: errors.Is(err, ErrInvalidCost)
+	// holds for it, and Stats counts it as an invalid cost.
+	ErrCostExceedsCapacity = msg.ErrCostExceedsCapacity
 	// ErrKeyCapacity: the key is new and Config.MaxKeys keys are tracked.
 	ErrKeyCapacity = msg.ErrKeyCapacity
 	// ErrStalePolicy: ReplacePolicy's expectedVersion is not the version in
@@ -31,4 +36,10 @@ var (
 	ErrInvalidConfig = msg.ErrInvalidConfig
 	// ErrInvalidPolicy is policy.ErrInvalid: the policy fails Validate.
 	ErrInvalidPolicy = policy.ErrInvalid
+	// ErrNilContext: a method was given a nil context.Context. It comes
+	// where the context's own error would in each method's error order.
+	ErrNilContext = msg.ErrNilContext
+	// ErrNotInitialized: the Engine is the zero Engine or a nil *Engine,
+	// not one made by New or Restore. It comes before every other error.
+	ErrNotInitialized = msg.ErrNotInitialized
 )

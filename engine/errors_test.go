@@ -119,11 +119,11 @@ var errsAllowCases = []errsAllowCase{
 	{name: "canceled context with clock regression", key: "k", cost: 1, at: errsEarlier, ctx: errsCanceled, want: context.Canceled},
 	{name: "expired deadline at MaxKeys", key: "new", cost: 1, full: true, ctx: errsDeadline, want: context.DeadlineExceeded},
 	// 4. Cost above the capacity in force, decided by the shard.
-	{name: "cost capacity+1", key: "k", cost: 11, want: engine.ErrInvalidCost},
-	{name: "cost MaxInt64", key: "k", cost: math.MaxInt64, want: engine.ErrInvalidCost},
-	{name: "cost above capacity on a new key", key: "new", cost: 11, want: engine.ErrInvalidCost},
-	{name: "cost above capacity on a new key at MaxKeys", key: "new", cost: 11, full: true, want: engine.ErrInvalidCost},
-	{name: "cost above capacity with clock regression", key: "k", cost: 11, at: errsEarlier, want: engine.ErrInvalidCost},
+	{name: "cost capacity+1", key: "k", cost: 11, want: engine.ErrCostExceedsCapacity},
+	{name: "cost MaxInt64", key: "k", cost: math.MaxInt64, want: engine.ErrCostExceedsCapacity},
+	{name: "cost above capacity on a new key", key: "new", cost: 11, want: engine.ErrCostExceedsCapacity},
+	{name: "cost above capacity on a new key at MaxKeys", key: "new", cost: 11, full: true, want: engine.ErrCostExceedsCapacity},
+	{name: "cost above capacity with clock regression", key: "k", cost: 11, at: errsEarlier, want: engine.ErrCostExceedsCapacity},
 	// 5. Clock regression.
 	{name: "clock regression", key: "k", cost: 1, at: errsEarlier, want: engine.ErrClockRegression},
 	{name: "clock regression at MaxKeys", key: "k", cost: 1, at: errsEarlier, full: true, want: engine.ErrClockRegression},
@@ -278,7 +278,7 @@ func TestErrorsAllowOrderInOneShard(t *testing.T) {
 		cost int64
 		want error
 	}{
-		{"cost above capacity before regression, new key at MaxKeys", "new", 11, engine.ErrInvalidCost},
+		{"cost above capacity before regression, new key at MaxKeys", "new", 11, engine.ErrCostExceedsCapacity},
 		{"regression before key bound", "new", 1, engine.ErrClockRegression},
 		{"regression on a known key", "a", 1, engine.ErrClockRegression},
 	} {
@@ -378,8 +378,6 @@ func TestErrorsNew(t *testing.T) {
 		{"Shards -1", engine.Config{Policy: valid, Shards: -1}, engine.ErrInvalidConfig},
 		{"Shards MinInt", engine.Config{Policy: valid, Shards: math.MinInt}, engine.ErrInvalidConfig},
 		{"MaxKeyBytes -1", engine.Config{Policy: valid, MaxKeyBytes: -1}, engine.ErrInvalidConfig},
-		{"SweepEvery -1ns", engine.Config{Policy: valid, SweepEvery: -1}, engine.ErrInvalidConfig},
-		{"SweepEvery -1h", engine.Config{Policy: valid, SweepEvery: -time.Hour}, engine.ErrInvalidConfig},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.cfg.Clock == nil {
@@ -403,6 +401,7 @@ func TestErrorsValues(t *testing.T) {
 	all := []error{
 		engine.ErrInvalidKey, engine.ErrInvalidCost, engine.ErrKeyCapacity, engine.ErrStalePolicy,
 		engine.ErrClockRegression, engine.ErrClosed, engine.ErrInvalidConfig, engine.ErrInvalidPolicy,
+		engine.ErrNilContext, engine.ErrNotInitialized,
 	}
 	for i, a := range all {
 		require.Error(t, a)

@@ -1,6 +1,9 @@
 package msg
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // The errors a shard or the engine can answer with. They live here, at the
 // bottom of the import graph, so a shard can return the very values the
@@ -14,4 +17,10 @@ var (
 	ErrClockRegression = errors.New("engine: clock went backwards")
 	ErrClosed          = errors.New("engine: closed")
 	ErrInvalidConfig   = errors.New("engine: invalid config")
+	ErrNilContext      = errors.New("engine: nil context")
+	ErrNotInitialized  = errors.New("engine: Engine not created by New")
+
+	// ErrCostExceedsCapacity wraps ErrInvalidCost, so errors.Is matches it
+	// to both; made once here, so returning it allocates nothing either.
+	ErrCostExceedsCapacity = fmt.Errorf("%w: cost exceeds the key's capacity", ErrInvalidCost)
 )

@@ -15,7 +15,7 @@ const (
 	KindContext // the caller's context ended before a shard took the request
 	KindClockRegression
 	KindKeyCapacity
-	KindOther
+	KindOther // any other error, such as ErrNilContext
 	NumErrKinds
 )
 
@@ -24,7 +24,7 @@ func KindOf(err error) ErrKind {
 	switch {
 	case err == ErrInvalidKey:
 		return KindInvalidKey
-	case err == ErrInvalidCost:
+	case err == ErrInvalidCost, err == ErrCostExceedsCapacity:
 		return KindInvalidCost
 	case err == ErrClosed:
 		return KindClosed

@@ -125,7 +125,7 @@ func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.
 	}
 	lim := g.limits[idx]
 	if cost > lim.Capacity {
-		*r = msg.Reply{Err: msg.ErrInvalidCost}
+		*r = msg.Reply{Err: msg.ErrCostExceedsCapacity}
 		return
 	}
 	if now < s.last {

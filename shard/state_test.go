@@ -25,7 +25,7 @@ type eager struct {
 
 func (m *eager) allow(now int64, key string, cost int64) msg.Reply {
 	if cost > m.pol.Capacity {
-		return msg.Reply{Err: msg.ErrInvalidCost}
+		return msg.Reply{Err: msg.ErrCostExceedsCapacity}
 	}
 	if now < m.last {
 		return msg.Reply{Err: msg.ErrClockRegression}
@@ -123,7 +123,7 @@ func TestStateMatchesEagerCutover(t *testing.T) {
 						cost = c
 					case 1:
 						if c < math.MaxInt64 {
-							cost = c + 1 // above capacity: ErrInvalidCost
+							cost = c + 1 // above capacity: ErrCostExceedsCapacity
 						}
 					}
 					got, want := s.Allow(now, key, cost), m.allow(now, key, cost)

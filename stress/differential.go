@@ -249,6 +249,7 @@ var diffSentinels = []struct {
 	err  error
 }{
 	{"ErrInvalidKey", engine.ErrInvalidKey},
+	{"ErrCostExceedsCapacity", engine.ErrCostExceedsCapacity}, // before ErrInvalidCost, which it wraps
 	{"ErrInvalidCost", engine.ErrInvalidCost},
 	{"ErrKeyCapacity", engine.ErrKeyCapacity},
 	{"ErrStalePolicy", engine.ErrStalePolicy},

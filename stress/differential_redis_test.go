@@ -57,7 +57,7 @@ func TestDiffGenerateStore(t *testing.T) {
 func TestDifferentialRedis(t *testing.T) {
 	rdb, addr := diffRedisClient(t)
 	mk := diffRedisMaker(rdb)
-	want := []string{"ErrInvalidKey", "ErrInvalidCost", "ErrStalePolicy", "ErrInvalidConfig", "ErrInvalidPolicy",
+	want := []string{"ErrInvalidKey", "ErrInvalidCost", "ErrCostExceedsCapacity", "ErrStalePolicy", "ErrInvalidConfig", "ErrInvalidPolicy",
 		"Allowed:false", "Allowed:true", "t=9223372036854775807 ", "AllowBatch(", "EvictFull() -> 0,", "Overrides: mustOverrides("}
 	seen := map[string]int{}
 	c := &counters{}

@@ -22,7 +22,7 @@ import (
 // the saturated clock, and cutover chains longer than a shard's history.
 func TestDiffSeeds(t *testing.T) {
 	seen := map[string]int{}
-	want := []string{"ErrInvalidKey", "ErrInvalidCost", "ErrKeyCapacity", "ErrStalePolicy", "ErrClockRegression",
+	want := []string{"ErrInvalidKey", "ErrInvalidCost", "ErrCostExceedsCapacity", "ErrKeyCapacity", "ErrStalePolicy", "ErrClockRegression",
 		"ErrInvalidConfig", "ErrInvalidPolicy", "Allowed:false", "Allowed:true", "t=9223372036854775807 ", "AllowBatch("}
 	longest := 0
 	c := &counters{}

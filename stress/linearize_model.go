@@ -312,6 +312,7 @@ var linErrs = []struct {
 	name string
 }{
 	{engine.ErrInvalidKey, "ErrInvalidKey"},
+	{engine.ErrCostExceedsCapacity, "ErrCostExceedsCapacity"}, // before ErrInvalidCost, which it wraps
 	{engine.ErrInvalidCost, "ErrInvalidCost"},
 	{engine.ErrKeyCapacity, "ErrKeyCapacity"},
 	{engine.ErrStalePolicy, "ErrStalePolicy"},

@@ -202,7 +202,7 @@ func TestLinRejectsDefaultLimit(t *testing.T) {
 		decide(plain, func(m *model.Model) { dflt, _ = m.Allow(0, "k", 1) })
 		require.Equal(t, int64(3), own.Limit)
 		require.Equal(t, int64(10), j.Limit, "j matches no override")
-		good := []porcupine.Operation{allow(1, "k", 1, own, nil), allow(3, "j", 1, j, nil), allow(5, "k", 5, engine.Decision{}, engine.ErrInvalidCost)}
+		good := []porcupine.Operation{allow(1, "k", 1, own, nil), allow(3, "j", 1, j, nil), allow(5, "k", 5, engine.Decision{}, engine.ErrCostExceedsCapacity)}
 		v, _ := linCheck(spec, good, "")
 		require.Nil(t, v, "partitioned=%v", partitioned)
 

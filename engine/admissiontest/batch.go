@@ -79,7 +79,7 @@ func testBatchPerRequestErrors(t *testing.T, f Factory) {
 		{d: allowed(3, p, 5, 2*time.Second)},
 		{err: engine.ErrInvalidKey},
 		{err: engine.ErrInvalidCost},
-		{err: engine.ErrInvalidCost},
+		{err: engine.ErrCostExceedsCapacity},
 		{d: allowed(0, p, 5, 5*time.Second)},
 		{d: allowed(0, p, 5, 5*time.Second)},
 		{d: denied(0, time.Second, p, 5, 5*time.Second)},

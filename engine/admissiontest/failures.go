@@ -98,7 +98,7 @@ func testCostAboveCapacity(t *testing.T, f Factory) {
 	a := errSubject(t, f)
 	for _, key := range []string{"k", "new"} {
 		for _, cost := range []int64{11, 12, math.MaxInt64} {
-			expectAllowErr(t, t.Context(), a, key, cost, engine.ErrInvalidCost, "a cost above the capacity of 10")
+			expectAllowErr(t, t.Context(), a, key, cost, engine.ErrCostExceedsCapacity, "a cost above the capacity of 10")
 		}
 	}
 	probeUnchanged(t, a, "after costs above capacity")

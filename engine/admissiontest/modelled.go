@@ -72,9 +72,10 @@ func (w *modelled) set(at int64) {
 }
 
 // sentinels are the errors a subject may return; the model's answer is
-// matched to one of them, and the subject's must match the same one.
+// matched to the first of them it is, and the subject's must be that one
+// too. ErrCostExceedsCapacity comes before ErrInvalidCost, which it wraps.
 var sentinels = []error{
-	engine.ErrInvalidKey, engine.ErrInvalidCost, engine.ErrKeyCapacity, engine.ErrStalePolicy,
+	engine.ErrInvalidKey, engine.ErrCostExceedsCapacity, engine.ErrInvalidCost, engine.ErrKeyCapacity, engine.ErrStalePolicy,
 	engine.ErrClockRegression, engine.ErrClosed, engine.ErrInvalidConfig, policy.ErrInvalid,
 	context.Canceled, context.DeadlineExceeded,
 }

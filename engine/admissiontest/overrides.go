@@ -31,12 +31,12 @@ func testOverridesResolve(t *testing.T, f Factory) {
 	a, _ := newSubject(t, f, p)
 
 	expectAllow(t, a, "tenant:acme", 60, allowed(40, p, 100, 6*time.Second), "an exact override above the default capacity")
-	expectAllowErr(t, t.Context(), a, "bob:login", 4, engine.ErrInvalidCost, "a cost above the pattern override's capacity of 3")
+	expectAllowErr(t, t.Context(), a, "bob:login", 4, engine.ErrCostExceedsCapacity, "a cost above the pattern override's capacity of 3")
 	expectAllow(t, a, "bob:login", 3, allowed(0, p, 3, 3*time.Second), "a pattern override below the default capacity")
 	expectAllow(t, a, "alice:login", 7, allowed(0, p, 7, time.Second), "an exact override beats a pattern")
 	expectAllow(t, a, "vip:login", 3, allowed(0, p, 3, 3*time.Second), "the first matching pattern wins")
 	expectAllow(t, a, "vip:", 50, allowed(0, p, 50, 10*time.Second), "'*' matches the empty run")
-	expectAllowErr(t, t.Context(), a, "someone", 11, engine.ErrInvalidCost, "a cost above the default capacity")
+	expectAllowErr(t, t.Context(), a, "someone", 11, engine.ErrCostExceedsCapacity, "a cost above the default capacity")
 	expectAllow(t, a, "someone", 10, allowed(0, p, 10, 10*time.Second), "no override: the default")
 	expectAllow(t, a, "tenant:acme:*", 1, allowed(9, p, 10, time.Second), "a key with '*' is not a pattern")
 	requirePolicy(t, p, a.Policy(), "Policy() with overrides")
@@ -106,5 +106,5 @@ func testOverridesEvictAndReturn(t *testing.T, f Factory) {
 	v2 := pol(2, 10, 10)
 	mustReplace(t, a, v2, 1, "t=1s")
 	expectAllow(t, a, "big:a", 10, allowed(0, v2, 10, time.Second), "big:a returns under a policy without its override")
-	expectAllowErr(t, t.Context(), a, "big:a", 11, engine.ErrInvalidCost, "big:a's old capacity is gone")
+	expectAllowErr(t, t.Context(), a, "big:a", 11, engine.ErrCostExceedsCapacity, "big:a's old capacity is gone")
 }

@@ -62,6 +62,8 @@ func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []eng
 	switch {
 	case s.closed.Load():
 		fail = engine.ErrClosed
+	case ctx == nil:
+		fail = engine.ErrNilContext
 	case ctx.Err() != nil:
 		fail = ctx.Err()
 	}
@@ -116,8 +118,8 @@ func (s *Store) answerFailure(items []item, err error) {
 		}
 		lim, _ := st.p.Resolve(it.key)
 		if it.cost > lim.Capacity {
-			// never admissible (DESIGN 3.2): an error, whatever Redis says
-			*it.out = engine.Result{Err: engine.ErrInvalidCost}
+			// never admissible: an error, whatever Redis says
+			*it.out = engine.Result{Err: engine.ErrCostExceedsCapacity}
 			continue
 		}
 		n++
@@ -191,7 +193,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				for _, it := range chunk {
 					*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
 					if it.cost > it.lim.Capacity {
-						it.out.Err = engine.ErrInvalidCost // DESIGN 3.2: checked first
+						it.out.Err = engine.ErrCostExceedsCapacity // checked before the key bound
 					}
 				}
 				continue
@@ -264,7 +266,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 func (s *Store) decided(it *item, st *state, code, units string) {
 	s.decisions.Add(1)
 	if code == "c" {
-		*it.out = engine.Result{Err: engine.ErrInvalidCost}
+		*it.out = engine.Result{Err: engine.ErrCostExceedsCapacity}
 		return
 	}
 	b, err := parseUnits(units)

@@ -172,7 +172,7 @@ func TestScriptCostAboveCapacity(t *testing.T) {
 		clk := &setClock{}
 		s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: capacity, TokensPerSecond: 1}}, clk)
 		d, err := s.Allow(context.Background(), "k", capacity+1)
-		require.ErrorIs(t, err, engine.ErrInvalidCost)
+		require.ErrorIs(t, err, engine.ErrCostExceedsCapacity)
 		require.Equal(t, engine.Decision{}, d)
 		d, err = s.Allow(context.Background(), "k", capacity)
 		require.NoError(t, err)

@@ -55,6 +55,9 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	if s.closed.Load() {
 		return engine.ErrClosed
 	}
+	if ctx == nil {
+		return engine.ErrNilContext
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -174,6 +177,9 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 func (s *Store) EvictFull(ctx context.Context) (int, error) {
 	if s.closed.Load() {
 		return 0, engine.ErrClosed
+	}
+	if ctx == nil {
+		return 0, engine.ErrNilContext
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, err

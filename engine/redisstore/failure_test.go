@@ -24,11 +24,11 @@ func TestFailureCostAboveCapacity(t *testing.T) {
 			Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, FailOpen: failOpen, Timeout: 200 * time.Millisecond,
 		})[0]
 		_, err := s.Allow(context.Background(), "k", 11)
-		require.ErrorIs(t, err, engine.ErrInvalidCost)
+		require.ErrorIs(t, err, engine.ErrCostExceedsCapacity)
 		srv.Kill()
 		d, err := s.Allow(context.Background(), "k", 11)
 		t.Logf("failOpen=%t, Redis down, cost 11 > capacity 10: %+v, %v", failOpen, d, err)
-		require.ErrorIs(t, err, engine.ErrInvalidCost)
+		require.ErrorIs(t, err, engine.ErrCostExceedsCapacity)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/internal/scripttime"
 	"github.com/tokenshard/tokenshard/policy"
@@ -119,10 +120,14 @@ type state struct {
 var _ engine.Admitter = (*Store)(nil)
 
 // New connects a Store to the prefix's policy, installing cfg.Policy if the
-// prefix has none. Errors: engine.ErrInvalidPolicy, engine.ErrInvalidConfig
-// (no client, a client without ContextTimeoutEnabled, a negative duration or
-// bound), or ErrUnavailable when Redis cannot be reached.
+// prefix has none. Errors: engine.ErrNilContext for a nil ctx,
+// engine.ErrInvalidPolicy, engine.ErrInvalidConfig (no client, a client
+// without ContextTimeoutEnabled, a negative duration or bound), or
+// ErrUnavailable when Redis cannot be reached.
 func New(ctx context.Context, cfg Config) (*Store, error) {
+	if ctx == nil {
+		return nil, engine.ErrNilContext
+	}
 	var now func() int64
 	if c := scripttime.From(ctx); c != nil {
 		now = c.Now // tokenshard's own tests only: see internal/scripttime
@@ -179,7 +184,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 
 // bound gives ctx the store's Timeout unless it already ends sooner.
 func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.timeout {
+	if d, ok := ctx.Deadline(); ok && clock.Until(d) <= s.timeout {
 		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, s.timeout)
@@ -301,8 +306,11 @@ func (s *Store) Close() error {
 // pass over the keyspace and is approximate while buckets are created or
 // expire meanwhile. The store does not bound the number of keys: Redis's
 // maxmemory does, and a decision that Redis refuses for lack of memory
-// returns engine.ErrKeyCapacity.
+// returns engine.ErrKeyCapacity. A nil ctx is engine.ErrNilContext.
 func (s *Store) KeyCount(ctx context.Context) (int, error) {
+	if ctx == nil {
+		return 0, engine.ErrNilContext
+	}
 	n := 0
 	err := s.scan(ctx, func(keys []string) error { n += len(keys); return nil })
 	return n, err

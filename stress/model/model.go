@@ -100,8 +100,11 @@ func (m *Model) Allow(now int64, key string, cost int64) (engine.Decision, error
 		return engine.Decision{}, engine.ErrInvalidKey
 	}
 	lim := LimitOf(m.pol, key)
-	if cost < 1 || cost > lim.Capacity {
+	if cost < 1 {
 		return engine.Decision{}, engine.ErrInvalidCost
+	}
+	if cost > lim.Capacity {
+		return engine.Decision{}, engine.ErrCostExceedsCapacity
 	}
 	if now < m.last {
 		return engine.Decision{}, engine.ErrClockRegression

@@ -70,11 +70,13 @@ func TestErrorsAndBounds(t *testing.T) {
 		{"abcd", 1, engine.ErrInvalidKey},
 		{"", 0, engine.ErrInvalidKey},
 		{"abc", 0, engine.ErrInvalidCost},
-		{"abc", 6, engine.ErrInvalidCost},
+		{"abc", 6, engine.ErrCostExceedsCapacity},
 	} {
 		_, err := m.Allow(0, tc.key, tc.cost)
 		assert.ErrorIs(t, err, tc.want, "%q cost %d", tc.key, tc.cost)
 	}
+	_, below := m.Allow(0, "abc", 0)
+	assert.Equal(t, engine.ErrInvalidCost, below, "a cost below 1 is ErrInvalidCost itself")
 	_, err := m.Allow(10, "abc", 1)
 	require.NoError(t, err)
 	_, err = m.Allow(10, "xyz", 1)

@@ -1,0 +1,68 @@
+package redisstore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// nilCtx is the nil context these tests pass on purpose. A variable, not
+// the literal, so that staticcheck (SA1012) keeps flagging real code.
+var nilCtx context.Context
+
+// TestNilContext: every call that takes a context answers a nil one with
+// engine.ErrNilContext, after the checks that need no context and after
+// engine.ErrClosed, without reaching Redis and changing nothing.
+func TestNilContext(t *testing.T) {
+	_, err := redisstore.New(nilCtx, redisstore.Config{})
+	require.ErrorIs(t, err, engine.ErrNilContext, "New")
+
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	s := newStore(t, redisstore.Config{Policy: p}, &setClock{})
+
+	d, err := s.Allow(nilCtx, "k", 1)
+	require.ErrorIs(t, err, engine.ErrNilContext, "Allow")
+	require.Zero(t, d)
+	_, err = s.Allow(nilCtx, " ", 1)
+	require.ErrorIs(t, err, engine.ErrInvalidKey, "Allow: the key is checked first")
+	_, err = s.Allow(nilCtx, "k", 0)
+	require.ErrorIs(t, err, engine.ErrInvalidCost, "Allow: the cost is checked first")
+
+	reqs := []engine.Request{{Key: "k", Cost: 1}, {Key: "", Cost: 1}, {Key: "k", Cost: -1}}
+	out := make([]engine.Result, len(reqs))
+	require.ErrorIs(t, s.AllowBatch(nilCtx, reqs, out), engine.ErrNilContext, "AllowBatch")
+	for i, want := range []error{engine.ErrNilContext, engine.ErrInvalidKey, engine.ErrInvalidCost} {
+		require.ErrorIs(t, out[i].Err, want, "AllowBatch: out[%d]", i)
+		require.Zero(t, out[i].Decision, "AllowBatch: out[%d]", i)
+	}
+
+	n, err := s.EvictFull(nilCtx)
+	require.ErrorIs(t, err, engine.ErrNilContext, "EvictFull")
+	require.Zero(t, n)
+	require.ErrorIs(t, s.ReplacePolicy(nilCtx, policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1),
+		engine.ErrNilContext, "ReplacePolicy")
+	require.ErrorIs(t, s.ReplacePolicy(nilCtx, policy.Policy{}, 1), engine.ErrInvalidPolicy,
+		"ReplacePolicy: the policy is checked first")
+	n, err = s.KeyCount(nilCtx)
+	require.ErrorIs(t, err, engine.ErrNilContext, "KeyCount")
+	require.Zero(t, n)
+
+	n, err = s.KeyCount(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n, "no call with a nil context made a bucket")
+	require.Equal(t, p, s.Policy(), "no call with a nil context changed the policy")
+
+	require.NoError(t, s.Close())
+	_, err = s.Allow(nilCtx, "k", 1)
+	require.ErrorIs(t, err, engine.ErrClosed, "Allow after Close")
+	require.ErrorIs(t, s.AllowBatch(nilCtx, reqs, out), engine.ErrClosed, "AllowBatch after Close")
+	_, err = s.EvictFull(nilCtx)
+	require.ErrorIs(t, err, engine.ErrClosed, "EvictFull after Close")
+	require.ErrorIs(t, s.ReplacePolicy(nilCtx, policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1),
+		engine.ErrClosed, "ReplacePolicy after Close")
+}
