@@ -2,18 +2,21 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
+	"math"
 
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// acquire takes the coordinator, honouring ctx and Close.
+// acquire takes the coordinator, honouring ctx and Close. A nil ctx is
+// ErrNilContext, after ErrClosed.
 func (e *Engine) acquire(ctx context.Context) error {
 	if e.closed.Load() {
 		return ErrClosed
+	}
+	if ctx == nil {
+		return ErrNilContext
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -44,62 +47,57 @@ func (e *Engine) release() { <-e.admin }
 // slice whose clock reading stepped back ends that shard's pass (what earlier
 // slices removed stays removed and is counted), and EvictFull returns
 // ErrClockRegression once every other shard is done. After Close, or if
-// Close comes part-way, it returns ErrClosed with the count so far.
+// Close comes part-way, it returns ErrClosed with the count so far. Before
+// it sweeps: ErrNotInitialized for a zero Engine, then ErrClosed, then
+// ErrNilContext or the context's error.
 func (e *Engine) EvictFull(ctx context.Context) (int, error) {
+	if e.uninitialized() {
+		return 0, ErrNotInitialized
+	}
 	if err := e.acquire(ctx); err != nil {
 		return 0, err
 	}
 	defer e.release()
-	return e.sweep(ctx)
+	r, err := e.sweep(ctx, false)
+	return r.evicted, err
+}
+
+// sweepResult is what one pass over every shard found: the buckets it
+// evicted, and (if asked) the reading at which the first one it kept is full.
+type sweepResult struct {
+	evicted int
+	soonest int64
 }
 
 // sweep runs one pass over every shard; the caller holds the coordinator.
-func (e *Engine) sweep(ctx context.Context) (int, error) {
-	w := &msg.Sweep{Done: make(chan msg.SweepReply, 1)}
-	n := 0
+// With estimate set, each shard also finds when its first kept bucket is full.
+func (e *Engine) sweep(ctx context.Context, estimate bool) (sweepResult, error) {
+	w := &msg.Sweep{Done: make(chan msg.SweepReply, 1), Soonest: estimate}
+	res := sweepResult{soonest: math.MaxInt64}
 	var regression error
 	for _, mb := range e.mailboxes {
 		if err := ctx.Err(); err != nil {
-			return n, err
+			return res, err
 		}
 		r := mb.Sweep(ctx, w)
-		n += r.Evicted
+		res.evicted += r.Evicted
 		switch {
 		case r.Err == ErrClockRegression:
 			regression = r.Err
 		case r.Err != nil:
-			return n, r.Err
+			return res, r.Err
+		default:
+			res.soonest = min(res.soonest, r.Soonest)
 		}
 	}
-	return n, regression
-}
-
-// sweeper runs a sweep every period until Close.
-func (e *Engine) sweeper(every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-e.closing:
-			return
-		case <-t.C:
-			if e.acquire(context.Background()) != nil {
-				return // only Close makes acquire fail here
-			}
-			// The shards count what they evict; a failure is counted here,
-			// and the next tick simply tries again.
-			if _, err := e.sweep(context.Background()); err != nil && !errors.Is(err, ErrClosed) {
-				e.sweepFailures.Add(1)
-			}
-			e.release()
-		}
-	}
+	return res, regression
 }
 
 // ReplacePolicy installs next if the version in force is expectedVersion and
-// next.Version is above it. Errors, in order: ErrInvalidPolicy (wrapped,
-// naming the field; even when next is also stale), ErrClosed, the context's
-// error, ErrStalePolicy; a shard whose clock stepped back makes it fail with
+// next.Version is above it. Errors, in order: ErrNotInitialized (a zero
+// Engine), ErrInvalidPolicy (wrapped, naming the field; even when next is
+// also stale), ErrClosed, ErrNilContext or the context's error,
+// ErrStalePolicy; a shard whose clock stepped back makes it fail with
 // ErrClockRegression. On any error nothing changes anywhere.
 //
 // Each shard cuts over at its own clock reading: a bucket keeps what it
@@ -119,6 +117,9 @@ func (e *Engine) sweeper(every time.Duration) {
 // ReplacePolicy completes and returns nil. Concurrent calls with the same
 // expectedVersion: exactly one succeeds.
 func (e *Engine) ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error {
+	if e.uninitialized() {
+		return ErrNotInitialized
+	}
 	if err := next.Validate(); err != nil {
 		return err
 	}
@@ -170,5 +171,6 @@ func (e *Engine) ReplacePolicy(ctx context.Context, next policy.Policy, expected
 	for _, mb := range e.mailboxes {
 		mb.Publish()
 	}
+	e.reclaim.cutOver(e.clk.Now())
 	return nil
 }

@@ -6,12 +6,14 @@ import (
 	"github.com/tokenshard/tokenshard/msg"
 )
 
-// Allow decides whether key may spend cost tokens now. Errors come in the
-// order of DESIGN 3.2: ErrInvalidKey, ErrInvalidCost (cost < 1), ErrClosed,
-// the context's error, then from the key's shard ErrInvalidCost (cost above
-// the key's own capacity: its override's, or the default), ErrClockRegression
-// and ErrKeyCapacity. An error changes nothing. A denial is not an error: it
-// is a Decision with Allowed false and a RetryAfter estimate.
+// Allow decides whether key may spend cost tokens now. Errors come in this
+// order: ErrNotInitialized (a zero Engine), ErrInvalidKey, ErrInvalidCost
+// (cost < 1), ErrClosed, ErrNilContext or the context's error, then from the
+// key's shard ErrCostExceedsCapacity (cost above the key's own capacity: its
+// override's, or the default; errors.Is matches it to ErrInvalidCost too),
+// ErrClockRegression and ErrKeyCapacity. An error changes nothing. A denial
+// is not an error: it is a Decision with Allowed false and a RetryAfter
+// estimate.
 //
 // Allow blocks while the shard's mailbox is full, until there is room, ctx
 // ends or the engine closes; once the shard has taken the request, Allow
@@ -25,6 +27,9 @@ func (e *Engine) Allow(ctx context.Context, key string, cost int64) (Decision, e
 // single sends one request of kind op to key's shard and waits for the
 // answer.
 func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) (Decision, error) {
+	if e.uninitialized() {
+		return Decision{}, ErrNotInitialized
+	}
 	if err := e.checkKey(key); err != nil {
 		e.callerErrs.add(err, 1)
 		return Decision{}, err
@@ -32,6 +37,11 @@ func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) 
 	if cost < 1 {
 		e.callerErrs.add(ErrInvalidCost, 1)
 		return Decision{}, ErrInvalidCost
+	}
+	if ctx == nil {
+		err := e.nilContext()
+		e.callerErrs.add(err, 1)
+		return Decision{}, err
 	}
 	a := e.allows.Get().(*msg.Allow)
 	i, h := e.shardOf(key)
@@ -54,7 +64,8 @@ func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) 
 // whether such a request would pass and when it could). It creates no
 // bucket: a key not tracked reports a full bucket of the limit it would
 // get. It is decided in the key's shard like Allow, with the same errors
-// but ErrInvalidCost and ErrKeyCapacity, and does not allocate.
+// but ErrInvalidCost, ErrCostExceedsCapacity and ErrKeyCapacity, and does
+// not allocate.
 func (e *Engine) Peek(ctx context.Context, key string) (Decision, error) {
 	return e.single(ctx, msg.OpPeek, key, 1)
 }
@@ -66,4 +77,13 @@ func (e *Engine) Peek(ctx context.Context, key string) (Decision, error) {
 // with the balance after the refund.
 func (e *Engine) Refund(ctx context.Context, key string, tokens int64) (Decision, error) {
 	return e.single(ctx, msg.OpRefund, key, tokens)
+}
+
+// nilContext is the error for a call given a nil context, in the place of
+// the context's own error: ErrClosed still comes first.
+func (e *Engine) nilContext() error {
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	return ErrNilContext
 }

@@ -51,12 +51,20 @@ func (c *batchCall) reset() {
 // calls made one by one in that order would give at that instant.
 //
 // Per-request errors are only in out[i].Err, and AllowBatch returns nil, when
-// every part reached its shard. Otherwise it returns ErrClosed or the
-// context's error, which is also written into every result that was not
-// decided. len(out) < len(reqs) is ErrInvalidConfig, and nothing is decided.
+// every part reached its shard. Otherwise it returns ErrClosed, or
+// ErrNilContext for a nil ctx, or the context's error, which is also written
+// into every result that was not decided. len(out) < len(reqs) is
+// ErrInvalidConfig, and nothing is decided. A zero Engine returns
+// ErrNotInitialized, written into every result out has room for.
 // Parts on different shards may see different policy versions during a
 // cutover. It does not allocate in steady state.
 func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) error {
+	if e.uninitialized() {
+		for i := range min(len(reqs), len(out)) {
+			out[i] = Result{Err: ErrNotInitialized}
+		}
+		return ErrNotInitialized
+	}
 	if len(out) < len(reqs) {
 		return fmt.Errorf("%w: len(out) %d < len(reqs) %d", ErrInvalidConfig, len(out), len(reqs))
 	}
@@ -78,9 +86,12 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 	}
 
 	var err error
-	if e.closed.Load() {
+	switch {
+	case e.closed.Load():
 		err = ErrClosed
-	} else {
+	case ctx == nil:
+		err = ErrNilContext
+	default:
 		err = ctx.Err()
 	}
 	sent := 0

@@ -46,8 +46,20 @@ type Config struct {
 	// A key of exactly MaxKeyBytes is valid. Worst-case key memory is
 	// MaxKeys x MaxKeyBytes.
 	MaxKeyBytes int
-	// SweepEvery runs EvictFull in the background at this period; 0 means
-	// never. The period is measured in real time, not by Clock.
+	// SweepEvery is the period of the background sweep, which evicts full
+	// buckets as EvictFull does (and never any other). With a sweeper
+	// running, a new key that finds MaxKeys keys tracked also triggers a
+	// pressure sweep, at most one at a time and spaced as PressureSweepGap
+	// says, so a full key table recovers by itself once buckets refill;
+	// ReclaimAfter estimates when.
+	//
+	// 0 means the default: with the real clock (Clock nil, or a
+	// *clock.Monotonic) a sweep every DefaultSweepEvery plus pressure
+	// sweeps; with any other clock (clock.Manual, a clock of your own) no
+	// background sweep at all, so tests stay deterministic. A positive
+	// period runs both on any clock; a negative one turns background sweeps
+	// off. The period is measured in real time; the spacing of pressure
+	// sweeps on Clock.
 	SweepEvery time.Duration
 
 	// Events, if set, is called with one decision in every EventEvery,
@@ -89,8 +101,6 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: Shards %d is negative", ErrInvalidConfig, c.Shards)
 	case c.MaxKeyBytes < 0:
 		return c, fmt.Errorf("%w: MaxKeyBytes %d is negative", ErrInvalidConfig, c.MaxKeyBytes)
-	case c.SweepEvery < 0:
-		return c, fmt.Errorf("%w: SweepEvery %v is negative", ErrInvalidConfig, c.SweepEvery)
 	case c.EventEvery < 0:
 		return c, fmt.Errorf("%w: EventEvery %d is negative", ErrInvalidConfig, c.EventEvery)
 	case c.EventBuffer < 0:

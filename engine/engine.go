@@ -19,6 +19,11 @@ import (
 // shard goroutines by a hash seeded at random per engine; each shard alone
 // owns its buckets, so no lock guards them. Engine is safe for concurrent use
 // and must not be copied. Create it with New and release it with Close.
+//
+// The zero Engine, and a nil *Engine, serve nothing but never panic or
+// block: every method returns ErrNotInitialized at once, except KeyCount,
+// Policy, Stats and Close, which return 0, the zero Policy, the zero Stats
+// and nil.
 type Engine struct {
 	maxKeyBytes int
 	clk         clock.Clock  // for the wall time of snapshots only; shards read their own
@@ -44,16 +49,19 @@ type Engine struct {
 	shardsRunning sync.WaitGroup
 	shardsGone    chan struct{}
 
-	callerErrs    callerErrors
-	sweepFailures atomic.Uint64
-	events        chan msg.Event // sampled decisions on their way to Config.Events
+	callerErrs     callerErrors
+	sweepFailures  atomic.Uint64
+	pressureSweeps atomic.Uint64
+	reclaim        reclaimer      // background sweeps; set by build
+	events         chan msg.Event // sampled decisions on their way to Config.Events
 
 	allows  sync.Pool // *msg.Allow with its reply channel
 	batches sync.Pool // *batchCall
 }
 
 // New validates cfg, fills its defaults and starts the engine's goroutines:
-// one per shard, and a sweeper if cfg.SweepEvery is set. It returns
+// one per shard, and a sweeper unless cfg asks for none (see
+// Config.SweepEvery). It returns
 // ErrInvalidPolicy (wrapped, naming the field) for an invalid policy and
 // ErrInvalidConfig for a negative field. New allocates in proportion to the
 // shard count, not to MaxKeys.
@@ -96,6 +104,7 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 	_, _ = crand.Read(seed[:]) // never fails on supported platforms
 	e.hasher = shard.NewHasher(binary.LittleEndian.Uint64(seed[:]))
 	e.waitYields = msg.WaitYields(runtime.GOMAXPROCS(0))
+	e.reclaim.configure(cfg)
 	p := cfg.Policy
 	e.pol.Store(&p)
 	e.allows.New = func() any { return &msg.Allow{Done: make(chan struct{}, 1)} }
@@ -127,11 +136,11 @@ func (e *Engine) start(cfg Config, shards []*shard.Shard) {
 			s.Run(e.stop)
 		}()
 	}
-	if cfg.SweepEvery > 0 {
+	if e.reclaim.every > 0 {
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
-			e.sweeper(cfg.SweepEvery)
+			e.sweeper()
 		}()
 	}
 	if e.events != nil {
@@ -168,18 +177,32 @@ func (e *Engine) deliver(f func(Event)) {
 
 // KeyCount returns the number of tracked keys. It never blocks, never
 // exceeds MaxKeys, and counts every creation and eviction whose call has
-// returned. It keeps answering after Close.
-func (e *Engine) KeyCount() int { return int(e.budget.Count()) }
+// returned. It keeps answering after Close. A zero Engine's is 0.
+func (e *Engine) KeyCount() int {
+	if e.uninitialized() {
+		return 0
+	}
+	return int(e.budget.Count())
+}
 
 // Policy returns the policy in force: the one every call that starts now
-// will be decided under. It keeps answering after Close.
-func (e *Engine) Policy() policy.Policy { return *e.pol.Load() }
+// will be decided under. It keeps answering after Close. A zero Engine's
+// is the zero Policy.
+func (e *Engine) Policy() policy.Policy {
+	if e.uninitialized() {
+		return policy.Policy{}
+	}
+	return *e.pol.Load()
+}
 
 // Close stops the engine. Requests a shard has already taken get their
 // answers; all others, and every later call, get ErrClosed. Every Close,
 // concurrent or later, returns nil only after every goroutine the engine
-// started has exited.
+// started has exited. Closing a zero Engine does nothing and returns nil.
 func (e *Engine) Close() error {
+	if e.uninitialized() {
+		return nil
+	}
 	e.closeOnce.Do(func() {
 		e.closed.Store(true)
 		close(e.closing) // releases callers blocked on a full mailbox or the coordinator
@@ -202,6 +225,11 @@ func (e *Engine) shardOf(key string) (int, uint64) {
 	hi, _ := bits.Mul64(h, uint64(len(e.mailboxes)))
 	return int(hi), h
 }
+
+// uninitialized reports whether e is nil or the zero Engine (see Engine):
+// every engine New or Restore makes has at least one mailbox, and a
+// mailbox slice is never written after build, so one length test suffices.
+func (e *Engine) uninitialized() bool { return e == nil || len(e.mailboxes) == 0 }
 
 // checkKey reports ErrInvalidKey for a blank key or one over MaxKeyBytes.
 func (e *Engine) checkKey(key string) error {

@@ -192,6 +192,7 @@ func cmpU(a, b uint64) int {
 	return 0
 }
 
+// satAdd is a + b for b >= 0, saturated at math.MaxInt64.
 func satAdd(a, b int64) int64 {
 	if a > math.MaxInt64-b {
 		return math.MaxInt64

@@ -67,9 +67,13 @@ var ErrInvalidSnapshot = errors.New("engine: invalid snapshot")
 // their keys are copied: for a restart, stop admitting (http.Server's
 // Shutdown, say) before the final Snapshot, then Close.
 //
-// Errors: ErrClosed (before or during), the context's error, or w's error;
-// on an error what was written is incomplete and Restore rejects it.
+// Errors: ErrNotInitialized (a zero Engine, first), ErrClosed (before or
+// during), ErrNilContext or the context's error, or w's error; on an error
+// what was written is incomplete and Restore rejects it.
 func (e *Engine) Snapshot(ctx context.Context, w io.Writer) error {
+	if e.uninitialized() {
+		return ErrNotInitialized
+	}
 	if err := e.acquire(ctx); err != nil {
 		return err
 	}

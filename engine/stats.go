@@ -31,6 +31,9 @@ type Stats struct {
 	// SweepFailures counts background sweeps (Config.SweepEvery) that ended
 	// with an error, such as a clock that stepped back.
 	SweepFailures uint64
+	// PressureSweeps counts the background sweeps run because a new key
+	// found the key table full; each shard counts them in its Sweeps too.
+	PressureSweeps uint64
 }
 
 // ShardStats is one shard's counters, or their total.
@@ -54,7 +57,7 @@ type Errors struct {
 	InvalidKey, InvalidCost, Closed uint64
 	Context                         uint64 // the caller's context ended first
 	ClockRegression, KeyCapacity    uint64
-	Other                           uint64
+	Other                           uint64 // any other error, such as ErrNilContext
 }
 
 // Sum returns the count of every kind.
@@ -103,9 +106,13 @@ func (c *callerErrors) read() Errors {
 }
 
 // Stats returns the engine's counters. It never blocks and keeps answering
-// after Close, with the final counts.
+// after Close, with the final counts. A zero Engine's are the zero Stats.
 func (e *Engine) Stats() Stats {
-	st := Stats{Shards: make([]ShardStats, len(e.shards)), Caller: e.callerErrs.read(), SweepFailures: e.sweepFailures.Load()}
+	if e.uninitialized() {
+		return Stats{}
+	}
+	st := Stats{Shards: make([]ShardStats, len(e.shards)), Caller: e.callerErrs.read(),
+		SweepFailures: e.sweepFailures.Load(), PressureSweeps: e.pressureSweeps.Load()}
 	st.Total.Errors = st.Caller
 	for i, s := range e.shards {
 		c := s.Counters()
@@ -135,8 +142,12 @@ func (e *Engine) Stats() Stats {
 
 // PublishExpvar makes Stats readable through the standard expvar package
 // under name (served at /debug/vars by expvar's handler). A name already
-// published is an error, since expvar names are process-wide.
+// published is an error, since expvar names are process-wide. A zero Engine
+// publishes nothing and returns ErrNotInitialized.
 func (e *Engine) PublishExpvar(name string) error {
+	if e.uninitialized() {
+		return ErrNotInitialized
+	}
 	expvarMu.Lock() // expvar.Publish panics on a name taken between check and publish
 	defer expvarMu.Unlock()
 	if expvar.Get(name) != nil {

@@ -34,7 +34,7 @@ func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, er
 			return d, err
 		}
 		if deadline, ok := ctx.Deadline(); ok {
-			if left := time.Until(deadline); d.RetryAfter > left {
+			if left := clock.Until(deadline); d.RetryAfter > left {
 				return Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", ErrWouldExceedDeadline, d.RetryAfter, left)
 			}
 		}

@@ -1,0 +1,178 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/tokenshard/tokenshard/clock"
+)
+
+// Background reclamation: a sweep every period (Config.SweepEvery), and a
+// pressure sweep soon after a new key finds the key table full. Both evict
+// full buckets only, like EvictFull, and go through the coordinator, so they
+// never overlap a cutover, EvictFull or each other.
+const (
+	// DefaultSweepEvery is the background sweep period when Config.SweepEvery
+	// is 0 and the clock is the real one. It is long because pressure sweeps
+	// reclaim at once when the table is full: the periodic sweep only returns
+	// the memory of idle keys, and decisions in between do not pay for it.
+	DefaultSweepEvery = time.Minute
+	// PressureSweepGap is the least time between the starts of two pressure
+	// sweeps. A pressure sweep also waits until nine times the last one's
+	// duration has passed since it ended, so under a flood of new keys that
+	// never stops, sweeping takes at most a tenth of the time; and a sweep
+	// that evicted nothing waits until the first bucket it kept is full,
+	// since no earlier sweep could evict anything.
+	PressureSweepGap = 250 * time.Millisecond
+)
+
+// reclaimer is the engine's background sweeper: its period, whether new keys
+// meeting the bound trigger pressure sweeps, and the pressure schedule.
+type reclaimer struct {
+	every    time.Duration // 0: no background sweep at all
+	pressure bool
+
+	// next is the clock reading before which no pressure sweep starts, and
+	// took the duration of the last one: ReclaimAfter reads them. Written
+	// only under the coordinator.
+	next, took atomic.Int64
+	kick       chan struct{} // one slot: next moved earlier
+}
+
+// configure sets up the background sweeps cfg asks for (cfg has its
+// defaults): with SweepEvery 0, a DefaultSweepEvery period and pressure
+// sweeps on the real clock, and nothing on any other; with SweepEvery > 0,
+// both on any clock; with SweepEvery < 0, nothing.
+func (r *reclaimer) configure(cfg Config) {
+	r.kick = make(chan struct{}, 1)
+	switch _, isReal := cfg.Clock.(*clock.Monotonic); {
+	case cfg.SweepEvery > 0:
+		r.every, r.pressure = cfg.SweepEvery, true
+	case cfg.SweepEvery == 0 && isReal:
+		r.every, r.pressure = DefaultSweepEvery, true
+	}
+}
+
+// sweeper runs a sweep every period, and a pressure sweep when the key
+// budget signals that a creation failed, as the schedule allows, until
+// Close. While a pressure sweep waits for its time, further signals are the
+// same signal and are not read; a periodic sweep that frees a slot makes it
+// unnecessary, and a cutover (which may fill buckets sooner) brings it
+// forward.
+func (e *Engine) sweeper() {
+	t := time.NewTicker(e.reclaim.every)
+	defer t.Stop()
+	pending := false
+	for {
+		full, wait, stop := e.budget.Full(), (<-chan struct{})(nil), func() {}
+		if pending {
+			d := time.Duration(e.reclaim.next.Load() - e.clk.Now())
+			if d <= 0 {
+				pending = false
+				if _, ok := e.background(true); !ok {
+					return
+				}
+				continue
+			}
+			full = nil
+			wait, stop = e.after(d)
+		}
+		select {
+		case <-e.closing:
+			stop()
+			return
+		case <-t.C:
+			stop()
+			evicted, ok := e.background(false)
+			if !ok {
+				return
+			}
+			pending = pending && evicted == 0 // slots were freed: no need
+		case <-full:
+			pending = e.reclaim.pressure
+		case <-e.reclaim.kick:
+			stop()
+		case <-wait:
+			stop()
+		}
+	}
+}
+
+// background runs one background sweep and returns what it evicted; a
+// pressure sweep also schedules the next. It reports false once Close has
+// begun.
+func (e *Engine) background(pressure bool) (evicted int, ok bool) {
+	if e.acquire(context.Background()) != nil {
+		return 0, false // only Close makes acquire fail here
+	}
+	defer e.release()
+	start := e.clk.Now()
+	r, err := e.sweep(context.Background(), pressure)
+	if errors.Is(err, ErrClosed) {
+		return r.evicted, false
+	}
+	if err != nil {
+		// The shards count what they evicted; a failure is counted here,
+		// and the next tick or signal simply tries again.
+		e.sweepFailures.Add(1)
+	}
+	if pressure {
+		e.pressureSweeps.Add(1)
+		end := e.clk.Now()
+		took := max(end-start, 0)
+		next := max(satAdd(start, int64(PressureSweepGap)), satAdd(end, 9*took))
+		if r.evicted == 0 && err == nil {
+			// Nothing was freed, so nothing was created since: no bucket
+			// is full before the first one the sweep kept.
+			next = max(next, r.soonest)
+		}
+		e.reclaim.took.Store(took)
+		e.reclaim.next.Store(next)
+	}
+	return r.evicted, true
+}
+
+// cutOver brings the pressure schedule forward after a cutover, which may
+// make buckets full sooner than the last sweep found: the next pressure
+// sweep may start PressureSweepGap after the cutover at the latest. The
+// caller holds the coordinator.
+func (r *reclaimer) cutOver(now int64) {
+	if !r.pressure {
+		return
+	}
+	r.next.Store(min(r.next.Load(), satAdd(now, int64(PressureSweepGap))))
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// ReclaimAfter estimates how long from now until a key slot can next be
+// free when the key table is full (ErrKeyCapacity): until the next pressure
+// sweep can end, which is no sooner than the first tracked bucket the last
+// one kept is full again. ok is false when no background sweep runs
+// (Config.SweepEvery), so only EvictFull can free a slot. It is an estimate,
+// not a promise: other new keys may take a slot first, and refunds or a
+// cutover can fill buckets sooner. It never blocks, and answers after Close
+// with the last schedule.
+func (e *Engine) ReclaimAfter() (d time.Duration, ok bool) {
+	if e == nil || !e.reclaim.pressure {
+		return 0, false
+	}
+	wait := max(e.reclaim.next.Load()-e.clk.Now(), 0)
+	return time.Duration(satAdd(wait, e.reclaim.took.Load())), true
+}
+
+// after returns a channel closed once d has passed on the engine's clock if
+// it is a clock.Sleeper, else on a real timer, and a function that stops
+// the wait; the timer leaves nothing behind once stopped or fired.
+func (e *Engine) after(d time.Duration) (<-chan struct{}, func()) {
+	if s, ok := e.clk.(clock.Sleeper); ok {
+		return s.After(d)
+	}
+	ch := make(chan struct{})
+	t := time.AfterFunc(d, func() { close(ch) })
+	return ch, func() { t.Stop() }
+}
