@@ -132,11 +132,11 @@ func (o Override) validate() error {
 	case o.TokensPerSecond < 1:
 		return fmt.Errorf("tokens per second %d, want >= 1", o.TokensPerSecond)
 	case len(o.Name) > MaxNameBytes:
-		return fmt.Errorf("Name is %d bytes, at most %d", len(o.Name), MaxNameBytes)
+		return fmt.Errorf("name is %d bytes, at most %d", len(o.Name), MaxNameBytes)
 	}
 	for i := range len(o.Name) {
 		if c := o.Name[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("Name %q has byte %#x at %d, want printable ASCII", o.Name, c, i)
+			return fmt.Errorf("name %q has byte %#x at %d, want printable ASCII", o.Name, c, i)
 		}
 	}
 	return nil

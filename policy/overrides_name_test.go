@@ -39,11 +39,11 @@ func TestOverrideNameRejected(t *testing.T) {
 		in   []policy.Override
 		want string
 	}{
-		{"newline", []policy.Override{named("a", "go\nld", 1, 1)}, `override 0 ("a"): Name "go\nld" has byte 0xa at 2, want printable ASCII`},
+		{"newline", []policy.Override{named("a", "go\nld", 1, 1)}, `override 0 ("a"): name "go\nld" has byte 0xa at 2, want printable ASCII`},
 		{"tab", []policy.Override{named("a", "\tgold", 1, 1)}, `byte 0x9 at 0`},
 		{"DEL", []policy.Override{named("a", "gold\x7f", 1, 1)}, `byte 0x7f at 4`},
 		{"non-ASCII", []policy.Override{named("a", "café", 1, 1)}, `byte 0xc3 at 3`},
-		{"too long", []policy.Override{named("a", strings.Repeat("n", policy.MaxNameBytes+1), 1, 1)}, `override 0 ("a"): Name is 65 bytes, at most 64`},
+		{"too long", []policy.Override{named("a", strings.Repeat("n", policy.MaxNameBytes+1), 1, 1)}, `override 0 ("a"): name is 65 bytes, at most 64`},
 		{"shared, capacity differs", []policy.Override{named("a", "gold", 5, 1), named("b", "x", 1, 1), named("c*", "gold", 6, 1)},
 			`override 2 ("c*"): Name "gold" is override 0's, whose limit differs`},
 		{"shared, rate differs", []policy.Override{named("a", "gold", 5, 1), named("b", "gold", 5, 2)},
