@@ -44,20 +44,16 @@ func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, er
 	}
 }
 
-// sleep waits d on the engine's clock, or until ctx ends or Close starts.
+// sleep waits d on the engine's clock (see after), or until ctx ends or
+// Close starts.
 func (e *Engine) sleep(ctx context.Context, d time.Duration) error {
-	if s, ok := e.clk.(clock.Sleeper); ok {
-		ch, stop := s.After(d)
-		defer stop()
-		return until(e, ctx, ch)
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	return until(e, ctx, t.C)
+	ch, stop := e.after(d)
+	defer stop()
+	return until(e, ctx, ch)
 }
 
 // until waits for done, ctx or Close.
-func until[T any](e *Engine, ctx context.Context, done <-chan T) error {
+func until(e *Engine, ctx context.Context, done <-chan struct{}) error {
 	select {
 	case <-done:
 		return nil
