@@ -31,10 +31,9 @@ func newBatchCall(shards int) *batchCall {
 
 // reset empties every part, dropping references to the caller's keys. The
 // answers need no clearing (the shard writes every field of each), but
-// clearing them measured faster: without it, AllowBatch 128 on one hot key
-// on 2 cores took 58% longer and on Zipf keys 6% (go test -bench
-// BenchmarkDecide ./bench, 8 gated pairs), the shard's stores then going to
-// lines the caller has only read.
+// clearing them is faster: without it, the shard's stores go to lines the
+// caller has only read (the figures are in package bench's Performance
+// notes).
 func (c *batchCall) reset() {
 	for i := range c.parts {
 		p := &c.parts[i]

@@ -1,8 +1,8 @@
 package engine_test
 
-// AllowBatch against its definition (DESIGN 3.6): the same Allow calls made
-// one by one, in order, at the same instant, give the same results and leave
-// the same state.
+// AllowBatch against its definition (the package doc's Batches section):
+// the same Allow calls made one by one, in order, at the same instant, give
+// the same results and leave the same state.
 
 import (
 	"context"
@@ -91,7 +91,8 @@ func btRandomBatch(rng *rand.Rand, valid []string, capacity int64, maxLen int) [
 // at the same Manual instant: identical results, identical KeyCount after
 // every round, identical answers to a final probe of every key. With one
 // shard the key bound is small enough to be hit; with several shards which
-// new keys hit it is unspecified (DESIGN 3.6), so the bound is left large.
+// new keys hit it is not specified (the package doc's Batches section), so
+// the bound is left large.
 func TestBatchMatchesOneByOne(t *testing.T) {
 	const rounds, maxLen = 40, 48
 	seeds := []uint64{11, 22, 33, ccSeed(t)}
@@ -200,8 +201,9 @@ func TestBatchOutLength(t *testing.T) {
 
 // TestBatchDoneContext: a batch under a context that is already done returns
 // the context's error, writes it into every request that passed the
-// caller-side checks (DESIGN 3.2 step 1 comes before step 3; an over-capacity
-// cost is only known inside the shard, step 4), and decides nothing.
+// caller-side checks (a bad key comes before a done context; an
+// over-capacity cost is only known inside the shard, after it), and decides
+// nothing.
 func TestBatchDoneContext(t *testing.T) {
 	const repeats = 20
 	kinds := doneContexts
@@ -270,7 +272,7 @@ func TestBatchEmpty(t *testing.T) {
 
 // TestBatchAfterClose: after Close a batch returns ErrClosed, written into
 // every request that passed the caller-side checks; those that failed them
-// keep their own error (DESIGN 3.2: steps 1 before 2).
+// keep their own error (a bad key or cost comes before ErrClosed).
 func TestBatchAfterClose(t *testing.T) {
 	for _, shards := range shardCounts {
 		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
@@ -298,12 +300,12 @@ func (c *btGateClock) Now() int64 {
 
 // TestBatchQueuedAtClose: a batch part still queued when Close comes is
 // either decided or answered ErrClosed; in the second case it did not reach
-// its shard, so AllowBatch must return ErrClosed, not nil (DESIGN 3.6: nil
-// only when every part reached its shard, otherwise ErrClosed written into
-// every result not decided; 3.9: requests not taken by a shard get
-// ErrClosed). The shard is held on a stalled clock while the part queues;
-// after release it picks between its stop signal and the queue at random, so
-// the test repeats until both outcomes have had their chance.
+// its shard, so AllowBatch must return ErrClosed, not nil (nil only when
+// every part reached its shard, otherwise ErrClosed written into every result
+// not decided; requests no shard took get ErrClosed). The shard is held on a
+// stalled clock while the part queues; after release it picks between its
+// stop signal and the queue at random, so the test repeats until both
+// outcomes have had their chance.
 func TestBatchQueuedAtClose(t *testing.T) {
 	const repeats = 32
 	drained := 0

@@ -17,9 +17,10 @@ import (
 	"github.com/tokenshard/tokenshard/stress/model"
 )
 
-// The behaviour suite: every worked example of DESIGN 3.5, run through the
-// public engine with a clock.Manual over every shard count. Names here carry
-// a behav prefix because other files of this package are written alongside.
+// The behaviour suite: worked examples a reader can check by hand against the
+// package doc's formulas, run through the public engine with a clock.Manual
+// over every shard count. Names here carry a behav prefix because other files
+// of this package are written alongside.
 
 // behavStep is one request of a worked example: at clock reading at, spend
 // cost on the example's key, and get exactly want.
@@ -30,7 +31,7 @@ type behavStep struct {
 	want engine.Decision
 }
 
-// behavFirstExample is DESIGN 3.5's first example: capacity 10, 2 tokens/s.
+// behavFirstExample is the first worked example: capacity 10, 2 tokens/s.
 // At 2/s one token takes 500ms, so ResetAfter is 500ms per missing token.
 var behavFirstExample = []behavStep{
 	{

@@ -25,7 +25,8 @@ import (
 
 // TestDoneContextChangesNothing: a context that is already done (canceled,
 // or past its deadline), 200 times over, on every call that takes one: each
-// returns the context's error and changes nothing (DESIGN 3.2 step 3, 3.9).
+// returns the context's error and changes nothing (the package doc's
+// Errors section: the context is checked before the request is sent).
 func TestDoneContextChangesNothing(t *testing.T) {
 	const repeats = 200
 	kinds := doneContexts
@@ -94,7 +95,7 @@ func TestDoneContextChangesNothing(t *testing.T) {
 // TestCloseRacesCloseUnderLoad: two Close calls race each other while 32
 // goroutines call Allow and AllowBatch. Every call returns a decision or
 // ErrClosed, both Close calls return nil, and later calls are ErrClosed
-// (DESIGN 3.9). TestMain's goleak then finds nothing.
+// (the package doc's Close section). TestMain's goleak then finds nothing.
 func TestCloseRacesCloseUnderLoad(t *testing.T) {
 	const (
 		workers  = 32
@@ -164,8 +165,8 @@ func TestCloseRacesCloseUnderLoad(t *testing.T) {
 							}
 						}
 						if err == nil && len(undecided) > 0 {
-							// DESIGN 3.6: nil only when every part reached its shard;
-							// otherwise ErrClosed, written into every undecided result.
+							// Nil only when every part reached its shard; otherwise
+							// ErrClosed, written into every undecided result.
 							report("AllowBatch returned nil, but out%v are ErrClosed (not decided)", undecided)
 						}
 						if err != nil {
@@ -251,10 +252,11 @@ func (c *ccGateClock) Now() int64 {
 
 // TestFullMailboxReleasedByCloseAndContext: a caller blocked on a full
 // mailbox is released by its context and by Close, with the matching error
-// (DESIGN 3.9). Inside a synctest bubble, synctest.Wait tells exactly when
-// every goroutine is blocked, so the mailbox is filled deterministically: one
-// request held by the stalled shard, which counts against the mailbox until
-// it is served, MailboxSize-1 queued, the rest blocked.
+// (the package doc's Errors section). Inside a synctest bubble, synctest.Wait
+// tells exactly when every goroutine is blocked, so the mailbox is filled
+// deterministically: one request held by the stalled shard, which counts
+// against the mailbox until it is served, MailboxSize-1 queued, the rest
+// blocked.
 func TestFullMailboxReleasedByCloseAndContext(t *testing.T) {
 	const (
 		blockedForClose = 16

@@ -92,8 +92,9 @@ func ccCheckDecision(d engine.Decision) string {
 }
 
 // TestConcurrentCreationStopsAtMaxKeys: 1,000 goroutines create 1,000
-// distinct keys at once under MaxKeys 100 (DESIGN 3.7): exactly 100 are
-// created, 900 get ErrKeyCapacity, and the 100 keep working at the bound.
+// distinct keys at once under MaxKeys 100, a bound that holds at every
+// instant: exactly 100 are created, 900 get ErrKeyCapacity, and the 100 keep
+// working at the bound.
 func TestConcurrentCreationStopsAtMaxKeys(t *testing.T) {
 	const goroutines, maxKeys = 1000, 100
 	for _, shards := range shardCounts {
@@ -157,8 +158,9 @@ func TestConcurrentCreationStopsAtMaxKeys(t *testing.T) {
 }
 
 // TestConcurrentReplacePolicyOneWinner: 16 ReplacePolicy calls with the same
-// expectedVersion and different next versions race (DESIGN 3.8): exactly one
-// returns nil, the rest ErrStalePolicy, and the winner's policy is in force.
+// expectedVersion and different next versions race (a compare-and-set):
+// exactly one returns nil, the rest ErrStalePolicy, and the winner's policy
+// is in force.
 func TestConcurrentReplacePolicyOneWinner(t *testing.T) {
 	const racers, rounds = 16, 5
 	for _, shards := range shardCounts {
@@ -311,8 +313,8 @@ func TestAllowRacesCutoverSweepAndClose(t *testing.T) {
 								}
 							}
 							if err == nil && len(undecided) > 0 {
-								// DESIGN 3.6: nil only when every part reached its shard;
-								// otherwise ErrClosed, written into every undecided result.
+								// Nil only when every part reached its shard; otherwise
+								// ErrClosed, written into every undecided result.
 								report("AllowBatch returned nil, but out%v are ErrClosed (not decided)", undecided)
 							}
 							if err != nil {

@@ -12,6 +12,126 @@
 // throughput prefer AllowBatch: one message per shard carries many requests,
 // decided at one clock reading.
 //
+// The sections below are the engine's contract. engine/admissiontest checks
+// it against the Engine and against engine/redisstore's Store, whose package
+// doc says where a store differs.
+//
+// # Units and refill
+//
+// One token is policy.UnitsPerToken (1e9) units, so a rate of r tokens per
+// second adds exactly r units per nanosecond. A Policy is valid if and only
+// if its Version, Capacity and TokensPerSecond are all at least 1, and every
+// such int64 is legal, up to math.MaxInt64. A cost is legal from 1 to the
+// capacity of the key's own limit: its override's, or the policy's default.
+//
+// A key's bucket is created full, by the first request decided for it (Peek
+// and Refund create none). Before each decision the shard refills it to its
+// clock reading now:
+//
+//	units = min(capacity*1e9, units + (now-last)*rate)
+//
+// exactly, in 128-bit integers: no floating point, and no part of a token is
+// ever rounded away.
+//
+// # Decisions
+//
+// A request for cost tokens is allowed if and only if units >= cost*1e9, and
+// then takes cost*1e9 units. A denial takes nothing and keeps the refilled
+// balance, so fractional credit is never lost. The Decision describes the
+// bucket after the request:
+//
+//	Remaining  = floor(units / 1e9)
+//	RetryAfter = ceil((cost*1e9 - units) / rate) ns if denied, else 0
+//	ResetAfter = ceil((capacity*1e9 - units) / rate) ns, 0 when full
+//
+// with both durations saturated at math.MaxInt64. RetryAfter is an estimate,
+// not a reservation: other callers may spend the tokens first.
+//
+// # Errors
+//
+// One decision (an Allow, or one request of AllowBatch) fails with the first
+// of these that applies, checked in this order by the caller:
+//
+//  1. ErrNotInitialized: the Engine is the zero Engine or nil.
+//  2. ErrInvalidKey: the key is blank (strings.TrimSpace leaves nothing) or
+//     longer than Config.MaxKeyBytes.
+//  3. ErrInvalidCost: the cost is below 1.
+//  4. ErrClosed: the engine is closed.
+//  5. ErrNilContext for a nil context, else the context's error if it is
+//     done.
+//
+// and then by the key's shard, at its clock reading:
+//
+//  6. ErrCostExceedsCapacity: the cost is above the key's own capacity. It
+//     wraps ErrInvalidCost, so errors.Is matches either.
+//  7. ErrClockRegression: the reading is earlier than the latest one the
+//     shard has acted on.
+//  8. ErrKeyCapacity: the key is not tracked and Config.MaxKeys keys are.
+//
+// An error changes nothing and comes with the zero Decision; a denial is a
+// Decision, never an error. A call waiting for room in a full mailbox gets
+// ErrClosed if the engine closes and the context's error if its context
+// ends (ErrClosed if both); once a shard has taken the request, the call
+// returns its answer whatever the context does. Peek and Refund follow the
+// same order, less the steps that cannot apply to them; ReplacePolicy,
+// EvictFull and Snapshot state their own.
+//
+// # Batches
+//
+// AllowBatch sends each shard one message with its part of the requests.
+// Each shard decides its part in request order at one clock reading, so
+// every result is what the same Allow calls made one by one, in that order,
+// at that instant would give. Parts on different shards may be decided at
+// different readings, and during a cutover under different versions; which
+// of several new keys on different shards meet the key bound first is not
+// specified.
+//
+// AllowBatch returns nil when every part reached its shard; a request's own
+// error is then only in its result. Otherwise it returns ErrClosed,
+// ErrNilContext or the context's error, and writes that error into every
+// result that was not decided. An out slice shorter than reqs is
+// ErrInvalidConfig, and then nothing is decided.
+//
+// # Key bound and eviction
+//
+// At every instant at most Config.MaxKeys keys are tracked, by all shards
+// together. A new key that finds the bound reached gets ErrKeyCapacity;
+// tracked keys are still served. KeyCount never blocks, never exceeds
+// MaxKeys, and counts exactly every creation and eviction whose call has
+// returned.
+//
+// Eviction removes a bucket only if it is full at the clock reading that
+// judges it, and a pass that completes removes every such bucket its shard
+// held when the pass began; keys created meanwhile survive it. A depleted or
+// partly refilled bucket is never removed, however old: a full bucket is
+// what a new key would get, so dropping it changes no future answer.
+// Engine.EvictFull says how a pass is sliced and judged.
+// Background sweeps evict by the same rule: every Config.SweepEvery, and,
+// when a new key finds the bound reached, as pressure sweeps spaced as
+// PressureSweepGap says. Engine.ReclaimAfter estimates when a slot will next
+// be free.
+//
+// # Policy cutover
+//
+// Engine.ReplacePolicy is a compare-and-set on the version in force, in two
+// phases: every shard takes its cutover reading and stops serving (prepare),
+// then every shard switches (publish). Each bucket keeps what it earned
+// under its key's old limit up to its shard's cutover reading, is clamped to
+// the capacity its key resolves to under the new policy, and refills at the
+// new limit from then on; raising a capacity tops nobody up. No caller sees
+// the new version and then the old one, and every call that starts after
+// ReplacePolicy returns sees the new version. A context that ends before
+// publish aborts the cutover everywhere; once publish has begun, the
+// cutover completes. Restore applies the same rule to a snapshot taken
+// under another policy.
+//
+// # Close
+//
+// Engine.Close answers every request a shard has already taken; every other
+// request, and every later call, gets ErrClosed. Every Close, concurrent or
+// later, returns only after every goroutine the engine started has exited.
+// KeyCount, Policy, Stats and ReclaimAfter keep answering after Close.
+//
 // # Ownership
 //
 // Bucket state is read and written only by the shard goroutine that owns it

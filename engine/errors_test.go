@@ -18,10 +18,10 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// Every bad input of DESIGN 3.1, 3.2 and 3.8, each with its named error, the
-// zero Decision, and a following call that proves nothing changed. Names here
-// carry an errs prefix because other files of this package are written
-// alongside.
+// Every bad input of the package doc's Units and refill and Errors sections
+// and of ReplacePolicy, each with its named error, the zero Decision, and a
+// following call that proves nothing changed. Names here carry an errs
+// prefix because other files of this package are written alongside.
 
 // errsClock is a Clock that a test may move backwards, which clock.Manual
 // refuses to do: the engine must answer such a reading with
@@ -69,8 +69,9 @@ const (
 	errsLater   int64 = 2_000_000_000
 )
 
-// errsAllowCase is one bad Allow. Rows are in the order of DESIGN 3.2; rows
-// that combine two faults check that the earlier step wins.
+// errsAllowCase is one bad Allow. Rows are in the error order of the package
+// doc's Errors section; rows that combine two faults check that the earlier
+// step wins.
 type errsAllowCase struct {
 	name   string
 	key    string
@@ -132,7 +133,8 @@ var errsAllowCases = []errsAllowCase{
 	{name: "new key at MaxKeys", key: "new", cost: 1, full: true, want: engine.ErrKeyCapacity},
 }
 
-// errsKeyValid reports whether key passes step 1, as DESIGN 3.2 defines it.
+// errsKeyValid reports whether key passes the key check: not blank after
+// strings.TrimSpace, and at most DefaultMaxKeyBytes long.
 func errsKeyValid(key string) bool {
 	return strings.TrimSpace(key) != "" && len(key) <= engine.DefaultMaxKeyBytes
 }
@@ -412,7 +414,7 @@ func TestErrorsValues(t *testing.T) {
 }
 
 // errsReplaceCase is one bad ReplacePolicy against an engine whose policy in
-// force is version 3. Rows are in the order of DESIGN 3.8.
+// force is version 3. Rows are in the error order ReplacePolicy documents.
 type errsReplaceCase struct {
 	name     string
 	next     policy.Policy

@@ -26,8 +26,8 @@ import (
 // driver advances the clock and runs EvictFull, and a sampler polls KeyCount.
 // Cost-1 keys are full one second after creation; keys created with cost =
 // capacity stay depleted for the whole test because the rate is 1 token/s
-// against a capacity of 1e9 tokens (DESIGN 3.7). KeyCount never exceeds
-// MaxKeys, created - evicted == KeyCount, and no depleted key is ever dropped.
+// against a capacity of 1e9 tokens. KeyCount never exceeds MaxKeys,
+// created - evicted == KeyCount, and no depleted key is ever dropped.
 func TestKeyCountBoundedUnderCreationAndEviction(t *testing.T) {
 	const (
 		workers    = 8

@@ -52,8 +52,9 @@ type RestoreReport struct {
 // clock.WallClock, else time.Now; zero if the wall clock went backwards),
 // plus the bucket's age at the snapshot's reading on the old engine's clock,
 // or less the time by which it was updated after that reading, if it was
-// served while the snapshot ran (never below zero). Then it goes through the cutover rule of DESIGN 3.8 into
-// cfg.Policy: refilled under the limit it had, clamped to the capacity its
+// served while the snapshot ran (never below zero). Then it is cut over
+// into cfg.Policy by ReplacePolicy's rule (the package doc's Policy cutover
+// section): refilled under the limit it had, clamped to the capacity its
 // key resolves to now. So a restore never mints tokens: a depleted key is
 // exactly as depleted as the elapsed time says.
 //

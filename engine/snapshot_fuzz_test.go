@@ -352,7 +352,8 @@ func restoredUnits(s rawSnap, b rawBucket, next policy.Policy, now int64) *big.I
 }
 
 // decisionFor is the Decision for a request of cost on a bucket holding
-// units under lim, in force as version: DESIGN 3.2 step 8 and 3.3-3.4.
+// units under lim, in force as version, by the formulas of the package doc's
+// Decisions section.
 func decisionFor(units *big.Int, lim policy.Limit, version, cost int64) engine.Decision {
 	ceilDiv := func(x *big.Int) time.Duration {
 		q, r := new(big.Int).QuoRem(x, big.NewInt(lim.TokensPerSecond), new(big.Int))

@@ -421,8 +421,8 @@ func (w *blockingWriter) Write(p []byte) (int, error) {
 
 // TestRestorePolicyChange: restored under another policy, each bucket is
 // refilled under the limit it had for the time that passed, then clamped to
-// the capacity its key resolves to now (DESIGN 3.8); answers carry the new
-// version. These are the numbers of TestOverridesCutover, with the cutover
+// the capacity its key resolves to now, as at a cutover; answers carry the
+// new version. These are the numbers of TestOverridesCutover, with the cutover
 // happening across a restore 1.5 s after the snapshot, and the model agrees.
 func TestRestorePolicyChange(t *testing.T) {
 	const ms = time.Millisecond

@@ -29,8 +29,8 @@ type ccCall struct {
 }
 
 // TestVersionOrderIsRealTime: Allow calls on many keys over 16 shards run
-// while 50 cutovers happen (DESIGN 3.8). With a shared atomic counter as a
-// logical clock: if A responded before B was invoked, B.Version >=
+// while 50 cutovers happen. With a shared atomic counter as a logical
+// clock: if A responded before B was invoked, B.Version >=
 // A.Version; every call invoked after ReplacePolicy returned sees at least
 // its version, and no call that responded before ReplacePolicy was invoked
 // sees it.
