@@ -321,10 +321,10 @@ func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
 
 // chunked splits items into script calls of about ChunkSize, in order, with
 // every item of a key in the chunk of its first: chunks are pipelined, and
-// one that stops part-way (a chain to fetch) is sent again after the
-// others, so a key must not have items in two of them (DESIGN 3.6: a batch
-// decides each key's requests in order). A key with more than ChunkSize
-// items makes its chunk longer.
+// one that stops part-way (a chain to fetch) is sent again after the others,
+// so a key must not have items in two of them (a batch decides each key's
+// requests in request order). A key with more than ChunkSize items makes its
+// chunk longer.
 func chunked(items []*item) [][]*item {
 	if len(items) <= ChunkSize {
 		return [][]*item{items}

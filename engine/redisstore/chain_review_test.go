@@ -69,11 +69,11 @@ func TestChainEvictFull(t *testing.T) {
 	require.Zero(t, n)
 }
 
-// TestBatchOrderAcrossChunks: DESIGN 3.6: a batch's results are those
-// of the same Allow calls made one by one in request order. Request 1 (key y,
-// cost 5) precedes request 256 (key y, cost 1), in the next chunk. When the
-// first chunk stopped at request 0 for a chain, the second chunk used to be
-// decided first, reversing the two requests on y (found in review).
+// TestBatchOrderAcrossChunks: a batch's results are those of the same Allow
+// calls made one by one in request order. Request 1 (key y, cost 5) precedes
+// request 256 (key y, cost 1), in the next chunk. When the first chunk
+// stopped at request 0 for a chain, the second chunk used to be decided
+// first, reversing the two requests on y (found in review).
 func TestBatchOrderAcrossChunks(t *testing.T) {
 	clk := clock.NewManual(0)
 	s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}}, clk)

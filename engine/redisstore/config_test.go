@@ -82,8 +82,9 @@ func TestScriptReloaded(t *testing.T) {
 	require.Zero(t, s.Stats().Failures)
 }
 
-// TestContextBeforeCall: a context already done returns its error and
-// sends nothing; Close wins over it (DESIGN 3.2's order).
+// TestContextBeforeCall: a context already done returns its error and sends
+// nothing; Close wins over it (ErrClosed comes before the context's error, as
+// in the engine's package doc's Errors section).
 func TestContextBeforeCall(t *testing.T) {
 	clk := clock.NewManual(0)
 	s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}}, clk)

@@ -25,7 +25,7 @@ const minLockTTL = 10 * time.Second
 
 // ReplacePolicy replaces the policy every store on the prefix uses, with
 // the meaning of engine.Engine.ReplacePolicy: versioned, compare-and-set in
-// Redis, and DESIGN 3.8's cutover rule applied to each bucket when it is
+// Redis, and the engine's cutover rule applied to each bucket when it is
 // next touched (refilled under the limit of the version it was last written
 // under up to the cutover instant, then clamped to its new capacity).
 //
@@ -107,9 +107,9 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		}
 	}
 
-	// The last moment to abort (DESIGN 3.8): once the publish is sent, the
-	// call completes whatever its context, and if the answer is lost on the
-	// way, Redis is asked what happened.
+	// The last moment to abort: once the publish is sent, the call completes
+	// whatever its context, and if the answer is lost on the way, Redis is
+	// asked what happened.
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -158,9 +158,10 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	s.adopt(next)
 
 	if lengthens {
-		// Published: DESIGN 3.8 says the call now completes, whatever its
-		// context. A bucket whose expiry this pass does not set keeps none
-		// until it is next touched, which costs memory, never correctness.
+		// Published: from here the call completes, whatever its context
+		// (engine.Engine.ReplacePolicy's rule). A bucket whose expiry this
+		// pass does not set keeps none until it is next touched, which costs
+		// memory, never correctness.
 		if _, err := s.convertPass(pctx, "c", token); err != nil && s.onError != nil {
 			s.onError(fmt.Errorf("redisstore: setting expiries after the cutover to version %d: %w", next.Version, err))
 		}
@@ -170,10 +171,11 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 
 // EvictFull deletes the buckets that are full at the instant it starts (the
 // server's TIME), bringing the others up to date, and returns how many it
-// deleted: DESIGN 3.7's rule. Redis's expiry already deletes each bucket
-// once it is full, so a service need not call it; it is for tests and for
-// reclaiming memory at once. It costs a pass over the keyspace. If ctx ends
-// part-way, it returns the count so far with the context's error.
+// deleted; a bucket that is not full is never deleted, however old. Redis's
+// expiry already deletes each bucket once it is full, so a service need not
+// call it; it is for tests and for reclaiming memory at once. It costs a pass
+// over the keyspace. If ctx ends part-way, it returns the count so far with
+// the context's error.
 func (s *Store) EvictFull(ctx context.Context) (int, error) {
 	if s.closed.Load() {
 		return 0, engine.ErrClosed

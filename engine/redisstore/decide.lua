@@ -250,8 +250,8 @@ for i = 1, n do
               end
               wc, wr = own[w][1], own[w][2]
             end
-            -- DESIGN 3.8: refill under the old limit up to the cutover, then
-            -- clamp to the new capacity.
+            -- The cutover rule: refill under the old limit up to the
+            -- cutover, then clamp to the new capacity.
             u, t = refill(u, t, big(cut), c, r)
             local wfull = big(wc .. E9)
             if cmp(u, wfull) > 0 then u = wfull end

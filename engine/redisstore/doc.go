@@ -3,9 +3,10 @@
 // buckets, N replicas admit N times the limit.
 //
 // A Store answers Allow, AllowBatch, EvictFull and ReplacePolicy with the
-// engine's meaning (DESIGN section 3), and passes the same behaviour suite
-// (engine/admissiontest). Code written against engine.Admitter, such as the
-// engine/httplimit middleware, moves between the two unchanged:
+// engine's meaning (the contract in package engine's doc), and passes the
+// same behaviour suite (engine/admissiontest). Code written against
+// engine.Admitter, such as the engine/httplimit middleware, moves between the
+// two unchanged:
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "redis:6379", ContextTimeoutEnabled: true})
 //	store, err := redisstore.New(ctx, redisstore.Config{
@@ -38,15 +39,15 @@
 //
 // # Eviction is expiry
 //
-// Each bucket expires at its exact time-to-full under its own limit
-// (rounded up to the millisecond, plus 2 ms): a bucket is only ever dropped
-// when it is full, so DESIGN 3.7 holds by construction and EvictFull is
-// only needed to reclaim memory at once. A cutover that could lengthen some
-// bucket's time-to-full (a higher capacity, or a lower rate for its
-// capacity) would let such a bucket expire early, so it clears every
-// expiry before it publishes and sets each bucket's new one before it
-// returns; a cutover that cannot (a higher rate, a lower capacity) needs no
-// pass. See Store.ReplacePolicy.
+// Each bucket expires at its exact time-to-full under its own limit (rounded
+// up to the millisecond, plus 2 ms): a bucket is only ever dropped when it is
+// full, as the engine's eviction rule requires, so EvictFull is only needed
+// to reclaim memory at once. A cutover that could lengthen some bucket's
+// time-to-full (a higher capacity, or a lower rate for its capacity) would
+// let such a bucket expire early, so it clears every expiry before it
+// publishes and sets each bucket's new one before it returns; a cutover that
+// cannot (a higher rate, a lower capacity) needs no pass. See
+// Store.ReplacePolicy.
 //
 // The store does not enforce a MaxKeys bound: expiry removes full buckets
 // but cannot bound the number of partly filled ones. Bound memory with

@@ -12,10 +12,10 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// TestFailureCostAboveCapacity: a cost above the key's capacity can
-// never be admitted (DESIGN 3.2 step 4: ErrInvalidCost, never a finite
-// retry). The store knows the capacity without Redis, so an outage does not
-// change that answer into a fail-open admission or a fail-closed
+// TestFailureCostAboveCapacity: a cost above the key's capacity can never be
+// admitted (ErrCostExceedsCapacity, which matches ErrInvalidCost, never a
+// finite retry). The store knows the capacity without Redis, so an outage
+// does not change that answer into a fail-open admission or a fail-closed
 // RetryAfter (found in review).
 func TestFailureCostAboveCapacity(t *testing.T) {
 	for _, failOpen := range []bool{true, false} {

@@ -13,11 +13,11 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// TestPublishThenContextEnds: DESIGN 3.8: once publish has begun,
-// ReplacePolicy completes and returns nil. Here the context ends while the
-// publish's reply is in flight: the call must still return nil and run the
-// pass that sets expiries again (it returned the context's error and
-// skipped the pass: found in review).
+// TestPublishThenContextEnds: once publish has begun, ReplacePolicy completes
+// and returns nil. Here the context ends while the publish's reply is in
+// flight: the call must still return nil and run the pass that sets expiries
+// again (it returned the context's error and skipped the pass: found in
+// review).
 func TestPublishThenContextEnds(t *testing.T) {
 	addr := redisAddr(t)
 	p := prefix(t)

@@ -36,9 +36,9 @@ return {'ok'}
 `
 
 // replaceSrc publishes the next policy if the caller still holds the cutover
-// lock and expectedVersion is in force (DESIGN 3.8), recording the cutover
-// instant; with trim, it first drops every retained version but the one in
-// force (the caller has brought every bucket up to it).
+// lock and expectedVersion is in force (a compare-and-set), recording the
+// cutover instant; with trim, it first drops every retained version but the
+// one in force (the caller has brought every bucket up to it).
 // KEYS: policy hash, history list, blobs hash, lock, pending.
 // ARGV: expected, next version, cap, rate, overridden, blob, time override,
 // lock token, trim. Reply {"ok", instant}, {"stale", version}, {"lock"} or

@@ -39,9 +39,9 @@ func realStores(t *testing.T, addr string, n int, cfg redisstore.Config) []*redi
 	return stores
 }
 
-// TestTwoStoresOneQuota is DESIGN 3.5's third example across processes: 20
-// callers split over two stores, capacity 10, a rate too slow to refill
-// meanwhile: exactly 10 admitted.
+// TestTwoStoresOneQuota is admissiontest's Concurrent20CallersOneInstant
+// example across processes: 20 callers split over two stores, capacity 10, a
+// rate too slow to refill meanwhile: exactly 10 admitted.
 func TestTwoStoresOneQuota(t *testing.T) {
 	for round := range 5 {
 		stores := realStores(t, redisAddr(t), 2, redisstore.Config{
