@@ -61,19 +61,15 @@ const (
 
 // WaitYields is how many times Wait should yield the processor, checking
 // for the answer after each, before it parks, when procs processors run Go
-// code. A yield is several times cheaper than a park and a wake-up
-// (PERF-NOTES), and the shard usually answers within one or two: it decides
-// a whole queue of requests at a time. On one processor the shard runs
-// between a caller's yields. On more it may be busy on another processor,
-// and a caller that parks is woken onto the shard's. There, for one hot
-// key on 2 cores, four yields measured 6-9% faster than two and five 4%
-// faster than four, with no difference for 100,000 keys. Three were 13%
-// slower than four; six and eight no faster than five for one key, and
-// eight 16% slower for 100,000. Waits yield on their own processor's run
-// queue, not the global one (see package yield). AwaitPart, a batch
-// caller's wait, uses the same counts, tuned here for Wait: for batches on
-// 2 cores, 5 measured as fast as 10 on every row, and 5% faster than 2 on
-// one of four.
+// code. A yield is several times cheaper than a park and a wake-up, and the
+// shard usually answers within one or two: it decides a whole queue of
+// requests at a time. On one processor the shard runs between a caller's
+// yields. On more it may be busy on another processor, and a caller that
+// parks is woken onto the shard's; there five yields were the fastest count
+// for one hot key and no slower for many keys. Waits yield on their own
+// processor's run queue, not the global one (see package yield). AwaitPart,
+// a batch caller's wait, uses the same counts, tuned here for Wait and no
+// slower for batches. Package bench's Performance notes give the figures.
 func WaitYields(procs int) int {
 	if procs > 1 {
 		return 5
@@ -129,13 +125,9 @@ type Batch struct {
 // yielding up to yields times (see WaitYields) before it blocks. A caller
 // that blocks at once parks, and the shard that answers must then wake it
 // where it would otherwise drop the number into done's buffer; meanwhile
-// the yields run the processor's other goroutines. Against blocking at
-// once, in gated pairs of go test -bench BenchmarkDecide ./bench: on 2
-// cores, AllowBatch of 16 took 9 to 21% less time per decision (one hot
-// key, 100,000 uniform keys, 1,000,000 Zipf keys) and of 128 16% less on
-// the hot key and 6% less on the Zipf keys, though a noisier set of pairs
-// showed no significant change at 2 cores; on 1 core, batches of 16 took 6
-// to 12% less, and of 128 no less.
+// the yields run the processor's other goroutines. Yielding first makes
+// batches faster than blocking at once, most of all small ones (package
+// bench's Performance notes give the figures).
 func AwaitPart(done <-chan int, yields int) int {
 	for range yields {
 		select {
