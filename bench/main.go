@@ -1,28 +1,3 @@
-// Command bench measures tokenshard side by side with what a service would
-// use instead, in one run on one machine, and prints ratios to the best peer:
-//
-//	go run ./bench          # the full table, under 3 minutes
-//	go run ./bench -quick   # a shorter run, under 30 seconds
-//	go run ./bench -redis 127.0.0.1:6379 -parts redis   # only the Redis table
-//
-// Contenders: tokenshard Allow and AllowBatch (16 and 128 per call);
-// golang.org/x/time/rate in a map under one mutex and in 64 mutex shards;
-// github.com/sethvargo/go-limiter's memorystore; and the floor, the policy
-// arithmetic on a plain map from one goroutine with no synchronisation.
-// Scenarios: one hot key, 100,000 keys uniform, 1,000,000 keys Zipf (s=1.1),
-// and a mostly-denied policy, with 8 goroutines per core at GOMAXPROCS 1 and
-// 2. Then retained heap per key at 1,000,000 keys, the latency of a single
-// Allow, and the longest admission stall while EvictFull, Snapshot and
-// ReplacePolicy cover 1,000,000 keys.
-//
-// With -redis ADDR, a last table measures decisions per second through
-// engine/redisstore on that Redis server (Allow, AllowBatch 16 and 128) beside
-// the in-process engine on the same keys, at 1, 16 and 64 goroutines: about
-// 35 seconds, 8 with -quick. It writes only under a fresh key prefix, deleted
-// afterwards.
-//
-// The same benchmark bodies run under `go test -bench . ./bench`, for
-// benchstat.
 package main
 
 import (
