@@ -75,6 +75,18 @@ func (e *Errors) add(o Errors) {
 	e.Other += o.Other
 }
 
+// shardStats reports counters c and a mailbox depth.
+func shardStats(c *msg.Counters, depth int64) ShardStats {
+	errs := c.Errors()
+	return ShardStats{
+		Allowed: c[msg.Allowed], Denied: c[msg.Denied], Errors: errorsOf(&errs),
+		Peeks: c[msg.Peeks], Refunds: c[msg.Refunds], Keys: int64(c[msg.Keys]),
+		MailboxDepth: depth, MailboxHighWater: int64(c[msg.HighWater]),
+		Cutovers: c[msg.Cutovers], Sweeps: c[msg.Sweeps], Evicted: c[msg.Evicted],
+		EventsDropped: c[msg.EventsDropped],
+	}
+}
+
 func errorsOf(n *[msg.NumErrKinds]uint64) Errors {
 	return Errors{
 		InvalidKey: n[msg.KindInvalidKey], InvalidCost: n[msg.KindInvalidCost], Closed: n[msg.KindClosed],
@@ -113,30 +125,17 @@ func (e *Engine) Stats() Stats {
 	}
 	st := Stats{Shards: make([]ShardStats, len(e.shards)), Caller: e.callerErrs.read(),
 		SweepFailures: e.sweepFailures.Load(), PressureSweeps: e.pressureSweeps.Load()}
-	st.Total.Errors = st.Caller
+	var total msg.Counters
+	depth := int64(0)
 	for i, s := range e.shards {
 		c := s.Counters()
-		ss := ShardStats{
-			Allowed: c.Allowed, Denied: c.Denied, Errors: errorsOf(&c.Errors),
-			Peeks: c.Peeks, Refunds: c.Refunds, Keys: c.Keys,
-			MailboxDepth: int64(e.mailboxes[i].Depth()), MailboxHighWater: c.HighWater,
-			Cutovers: c.Cutovers, Sweeps: c.Sweeps, Evicted: c.Evicted, EventsDropped: c.EventsDropped,
-		}
-		st.Shards[i] = ss
-		t := &st.Total
-		t.Allowed += ss.Allowed
-		t.Denied += ss.Denied
-		t.Errors.add(ss.Errors)
-		t.Peeks += ss.Peeks
-		t.Refunds += ss.Refunds
-		t.Keys += ss.Keys
-		t.MailboxDepth += ss.MailboxDepth
-		t.MailboxHighWater = max(t.MailboxHighWater, ss.MailboxHighWater)
-		t.Cutovers += ss.Cutovers
-		t.Sweeps += ss.Sweeps
-		t.Evicted += ss.Evicted
-		t.EventsDropped += ss.EventsDropped
+		d := int64(e.mailboxes[i].Depth())
+		st.Shards[i] = shardStats(&c, d)
+		total.Add(&c)
+		depth += d
 	}
+	st.Total = shardStats(&total, depth)
+	st.Total.Errors.add(st.Caller)
 	return st
 }
 

@@ -38,16 +38,46 @@ func KindOf(err error) ErrKind {
 	return KindOther
 }
 
+// Counter indexes Counters: one count each, defined once here, so the shard
+// that keeps them, the loop that publishes them and the engine that reports
+// them never list them apart.
+type Counter int
+
+const (
+	Allowed       Counter = iota // requests decided and admitted
+	Denied                       // requests decided and refused
+	Peeks                        // Peek calls answered
+	Refunds                      // Refund calls answered
+	Cutovers                     // cutovers published
+	Sweeps                       // sweeps finished
+	Evicted                      // buckets evicted by sweeps
+	EventsDropped                // sampled decisions dropped on a full buffer
+	Keys                         // keys tracked (a level, not a sum)
+	HighWater                    // most single requests found queued at once (a maximum)
+	firstError                   // then one count per ErrKind
+	NumCounters   = firstError + Counter(NumErrKinds)
+)
+
+// ErrorCounter is the counter of errors of kind k.
+func ErrorCounter(k ErrKind) Counter { return firstError + Counter(k) }
+
 // Counters is what a shard counts, published for Stats.
-type Counters struct {
-	Allowed, Denied  uint64
-	Errors           [NumErrKinds]uint64
-	Peeks, Refunds   uint64
-	Keys             int64
-	HighWater        int64 // most single requests found queued at once
-	Cutovers, Sweeps uint64
-	Evicted          uint64
-	EventsDropped    uint64
+type Counters [NumCounters]uint64
+
+// Errors returns the error counts, indexed by ErrKind.
+func (c *Counters) Errors() [NumErrKinds]uint64 {
+	return [NumErrKinds]uint64(c[firstError:])
+}
+
+// Add adds o into c: sums, but the largest HighWater.
+func (c *Counters) Add(o *Counters) {
+	for i := range c {
+		if Counter(i) == HighWater {
+			c[i] = max(c[i], o[i])
+		} else {
+			c[i] += o[i]
+		}
+	}
 }
 
 // Event is one sampled decision, as the shard saw it.

@@ -326,10 +326,13 @@ func TestGroupDecidedNewestFirst(t *testing.T) {
 			for j := len(reqs) - 1; j >= 0; j-- {
 				a := reqs[j]
 				want := msg.Allow{Op: a.Op, Key: a.Key, Hash: a.Hash, Cost: a.Cost}
-				if a.Op == msg.OpAllow {
+				switch a.Op {
+				case msg.OpAllow:
 					want.Reply = model.Allow(7e8, a.Key, a.Cost)
-				} else {
-					model.inspect(7e8, &want)
+				case msg.OpPeek:
+					model.Peek(7e8, a.Key, a.Hash, &want.Reply)
+				default:
+					model.Refund(7e8, a.Key, a.Hash, a.Cost, &want.Reply)
 				}
 				require.Equal(t, want.Reply, a.Reply, "request %d of %d (%v %s)", j, group, a.Op, a.Key)
 			}

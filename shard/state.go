@@ -13,10 +13,10 @@ import (
 // ones in a background pass, sliced like a sweep and invisible in every
 // answer, so a service that cuts over often but never sweeps keeps a short
 // history. If cutovers outpace those passes and maxGenerations are kept, the
-// shard's loop takes no prepare until a pass has finished (DESIGN 3.8 allows
-// refusing the next cutover until the previous conversion is done), serving
-// requests all the while; Prepare itself converts everything at once only for
-// a caller that drives State directly.
+// shard's loop takes no prepare until a pass has finished (the coordinator
+// waits for it before preparing any shard: see engine's ReplacePolicy),
+// serving requests all the while; Prepare itself converts everything at once
+// only for a caller that drives State directly.
 const (
 	convertAfter   = 8
 	maxGenerations = 64
@@ -79,36 +79,26 @@ func (s *State) Len() int { return s.tab.count }
 // Policy returns the policy in force.
 func (s *State) Policy() policy.Policy { return s.gens[len(s.gens)-1].pol }
 
-// Allow decides one request at now, following DESIGN 3.2 steps 4 to 8: cost
-// above capacity, then clock regression, then the key bound; an error
-// changes nothing. The key and cost are already known to be well formed.
-func (s *State) Allow(now int64, key string, cost int64) msg.Reply {
-	return s.AllowHashed(now, key, s.hasher.Sum(key), cost)
-}
-
-// AllowHashed is Allow for a key whose hash h the caller has computed with
-// the state's Hasher, as the engine does to route it. The shard's own loop
-// calls decide, which writes the reply in place.
-func (s *State) AllowHashed(now int64, key string, h uint64, cost int64) msg.Reply {
-	var r msg.Reply
-	s.decide(now, key, h, cost, &r)
-	return r
-}
-
-// decide is AllowHashed writing its reply into r, field by field: a reply
-// returned by value is stored to the stack in words and copied out in wider
-// loads, which wait for those stores to retire instead of taking their
-// values (a store-forwarding stall on every decision).
-func (s *State) decide(now int64, key string, h uint64, cost int64, r *msg.Reply) {
+// Decide decides a request for cost tokens of key, hashed h by the state's
+// Hasher (as the engine does to route it), at now, into r. The key and cost
+// are already known to be well formed; then, in order: a cost above the
+// key's capacity is ErrCostExceedsCapacity, a reading older than the last
+// one observed ErrClockRegression, and an unknown key at the key bound
+// ErrKeyCapacity. An error changes nothing.
+//
+// It writes r field by field: a reply returned by value is stored to the
+// stack in words and copied out in wider loads, which wait for those stores
+// to retire instead of taking their values.
+func (s *State) Decide(now int64, key string, h uint64, cost int64, r *msg.Reply) {
 	s.decideFound(now, key, h, cost, r, s.tab.find(h, key))
 }
 
-// decideWarmed is decide for the ith item of the last warm.
-func (s *State) decideWarmed(i int, now int64, key string, h uint64, cost int64, r *msg.Reply) {
+// DecideWarmed is Decide for the ith key of the last warm (see WarmStart).
+func (s *State) DecideWarmed(i int, now int64, key string, h uint64, cost int64, r *msg.Reply) {
 	s.decideFound(now, key, h, cost, r, s.tab.findWarmed(i, h, key))
 }
 
-// decideFound is decide for a key whose bucket the table returned as b
+// decideFound is Decide for a key whose bucket the table returned as b
 // (nil for a key it does not track).
 func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.Reply, b *policy.Bucket) {
 	// The key's own limit: its bucket's, or what the policy resolves a new
@@ -156,49 +146,62 @@ func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.
 	r.Err = nil
 }
 
-// inspect serves a Peek or a Refund at now, into a.Reply. Neither creates a
-// bucket: an unknown key reports a full bucket of the limit it would resolve
-// to. A Peek changes nothing (it refills a copy); a Refund refills the bucket
-// to now and credits a.Cost tokens, capped at the key's capacity. Allowed and
-// RetryAfter answer for a request of one token.
-func (s *State) inspect(now int64, a *msg.Allow) {
+// Peek answers a request of one token for key, hashed h, at now, into r,
+// changing nothing: it refills a copy of the bucket. An unknown key reports
+// a full bucket of the limit it would resolve to, and is not created.
+// Allowed and RetryAfter say whether one token would pass, and when.
+func (s *State) Peek(now int64, key string, h uint64, r *msg.Reply) {
 	if now < s.last {
-		a.Reply = msg.Reply{Err: msg.ErrClockRegression}
+		*r = msg.Reply{Err: msg.ErrClockRegression}
 		return
 	}
-	b := s.tab.find(a.Hash, a.Key)
-	if b != nil {
-		s.bringUp(b, a.Key)
-	}
 	g := &s.gens[len(s.gens)-1]
-	var bk policy.Bucket
-	var lim policy.Limit
-	switch {
-	case b == nil:
-		lim = g.limits[g.pol.Overrides.Resolve(a.Key)]
-		bk = policy.NewBucket(lim, now)
-	case a.Op == msg.OpRefund:
-		lim = g.limits[b.Limit]
-		b.Refill(lim, now)
-		b.Credit(lim, a.Cost)
-		s.last = now
-		bk.Tokens, bk.Frac = b.Tokens, b.Frac // the fields the answer needs: see decide
-	default:
-		lim = g.limits[b.Limit]
-		bk = *b
-		bk.Refill(lim, now)
+	b := s.tab.find(h, key)
+	if b == nil {
+		lim := g.limits[g.pol.Overrides.Resolve(key)]
+		s.report(policy.NewBucket(lim, now), lim, r)
+		return
 	}
-	d := &a.Reply.Decision // field by field, as in decide
+	s.bringUp(b, key)
+	g = &s.gens[len(s.gens)-1] // bringUp may have dropped the history
+	lim := g.limits[b.Limit]
+	bk := *b
+	bk.Refill(lim, now)
+	s.report(bk, lim, r)
+}
+
+// Refund credits tokens back to key, hashed h, at now, capped at its
+// capacity, and answers as Peek does with the balance after it. It never
+// creates a bucket: refunding an unknown key changes nothing.
+func (s *State) Refund(now int64, key string, h uint64, tokens int64, r *msg.Reply) {
+	b := s.tab.find(h, key)
+	if b == nil || now < s.last {
+		s.Peek(now, key, h, r) // the answer for an unknown key, or the error
+		return
+	}
+	s.bringUp(b, key)
+	lim := s.gens[len(s.gens)-1].limits[b.Limit]
+	b.Refill(lim, now)
+	b.Credit(lim, tokens)
+	s.last = now
+	// Only the fields the answer needs (see Decide on copies).
+	s.report(policy.Bucket{Tokens: b.Tokens, Frac: b.Frac}, lim, r)
+}
+
+// report writes the answer of Peek and Refund for bucket bk of limit lim,
+// field by field, as Decide does.
+func (s *State) report(bk policy.Bucket, lim policy.Limit, r *msg.Reply) {
+	d := &r.Decision
 	d.Allowed = bk.Tokens >= 1
 	d.Remaining = bk.Tokens
 	d.RetryAfter = 0
 	if !d.Allowed {
 		d.RetryAfter = time.Duration(bk.RetryAfter(lim, 1))
 	}
-	d.Version = g.pol.Version
+	d.Version = s.gens[len(s.gens)-1].pol.Version
 	d.Limit = lim.Capacity
 	d.ResetAfter = time.Duration(bk.ResetAfter(lim))
-	a.Reply.Err = nil
+	r.Err = nil
 }
 
 // Batch decides b.Items in order at one reading, into b.Out. The answers are
@@ -206,13 +209,13 @@ func (s *State) inspect(now int64, a *msg.Allow) {
 func (s *State) Batch(now int64, b *msg.Batch) {
 	if !s.worthWarming(len(b.Items)) {
 		for i, it := range b.Items {
-			s.decide(now, it.Key, it.Hash, it.Cost, &b.Out[i])
+			s.Decide(now, it.Key, it.Hash, it.Cost, &b.Out[i])
 		}
 		return
 	}
 	s.tab.warm(b.Items)
 	for i, it := range b.Items {
-		s.decideWarmed(i, now, it.Key, it.Hash, it.Cost, &b.Out[i])
+		s.DecideWarmed(i, now, it.Key, it.Hash, it.Cost, &b.Out[i])
 	}
 	s.tab.unwarm()
 }
@@ -233,15 +236,15 @@ func (s *State) worthWarming(n int) bool {
 	return canPrefetch && n > 1 && s.tab.count >= warmFrom
 }
 
-// warmStart, warmKey and warmFinish warm the cache for a group of single
-// requests named one by one; decide the ith with decideWarmed(i, ...), then
-// call unwarm.
-func (s *State) warmStart()                   { s.tab.warmStart() }
-func (s *State) warmKey(key string, h uint64) { s.tab.warmKey(key, h) }
-func (s *State) warmFinish()                  { s.tab.warmFinish() }
+// WarmStart, WarmKey and WarmFinish warm the cache for a group of requests
+// named one by one (see worthWarming); decide the ith with DecideWarmed(i,
+// ...), in order, then call Unwarm.
+func (s *State) WarmStart()                   { s.tab.warmStart() }
+func (s *State) WarmKey(key string, h uint64) { s.tab.warmKey(key, h) }
+func (s *State) WarmFinish()                  { s.tab.warmFinish() }
 
-// unwarm ends a warm.
-func (s *State) unwarm() { s.tab.unwarm() }
+// Unwarm ends a warm.
+func (s *State) Unwarm() { s.tab.unwarm() }
 
 // Prepare takes now as the cutover reading for next and stops the shard from
 // serving data until Publish or Abort. A reading older than the last one
@@ -274,6 +277,10 @@ func (s *State) Publish() {
 	}
 	s.compact()
 }
+
+// Prepared reports whether a cutover is staged: until Publish or Abort, the
+// shard serves nothing else.
+func (s *State) Prepared() bool { return s.prepared }
 
 // HistoryFull reports whether the shard keeps as many policy generations as
 // it may: the next cutover waits until a conversion pass has finished.
