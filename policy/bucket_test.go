@@ -61,7 +61,9 @@ func runSteps(t *testing.T, l policy.Limit, b policy.Bucket, steps []step) polic
 	return b
 }
 
-// TestDecideWorkedExamples is DESIGN 3.5's arithmetic, at the bucket level.
+// TestDecideWorkedExamples checks, at the bucket level, worked examples
+// whose every figure a reader can recompute by hand from the formulas of
+// Refill, RetryAfter and ResetAfter.
 func TestDecideWorkedExamples(t *testing.T) {
 	t.Run("capacity=10/rate=2", func(t *testing.T) {
 		l := policy.Limit{Capacity: 10, TokensPerSecond: 2}

@@ -90,10 +90,10 @@ func FuzzDecide(f *testing.F) {
 	}
 	const noCut = 3
 	for _, s := range []seed{
-		// DESIGN 3.5: capacity 10 at 2/s, and capacity 1 at 3/s.
+		// TestDecideWorkedExamples: capacity 10 at 2/s, and capacity 1 at 3/s.
 		{10, 2, 10, 0, 0, 0, 10, 0, 1, 250_000_000, 1, 3, noCut, 0, 0, 0},
 		{1, 3, 0, 0, 0, 333_333_333, 1, 1, 1, 0, 1, 2, noCut, 0, 0, 0},
-		// DESIGN 3.5 cutover: empty at 2/s, 0.5 s later capacity 20 at 4/s.
+		// Its cutover: empty at 2/s, 0.5 s later capacity 20 at 4/s.
 		{10, 2, 0, 0, 0, 500_000_000, 1, 250_000_000, 2, 0, 1, 2, 0, 20, 4, 500_000_000},
 		// Everything at its maximum.
 		{fMax, fMax, fMax, 0, 0, fMax, fMax, fMax, fMax, fMax, fMax, 3, 1, fMax, fMax, fMax},
@@ -174,7 +174,7 @@ func FuzzCutover(f *testing.F) {
 		newCapacity, newRate   int64
 		dAt, dAfter, cost      int64
 	}{
-		{10, 2, 0, 0, 0, 20, 4, 500_000_000, 250_000_000, 1}, // DESIGN 3.5
+		{10, 2, 0, 0, 0, 20, 4, 500_000_000, 250_000_000, 1}, // TestDecideWorkedExamples's cutover
 		{10, 2, 10, 0, 0, 20, 4, 0, 0, 20},                   // raising never tops up
 		{10, 2, 10, 0, 0, 4, 4, 0, 0, 4},                     // lowering clamps
 		{fMax, fMax, 0, 999_999_999, 0, 1, 1, fMax, fMax, 1},

@@ -13,7 +13,8 @@ import (
 
 // This file holds the obviously-correct model of a bucket that the fast
 // 128-bit arithmetic in bucket.go is checked against. It is written straight
-// from DESIGN 3.1-3.4 in math/big, with no cleverness: if the model and the
+// from the formulas in the doc comments of Bucket.Refill, Take, RetryAfter
+// and ResetAfter, in math/big, with no cleverness: if the model and the
 // implementation disagree, the model is the one to believe.
 
 var (
@@ -21,8 +22,8 @@ var (
 	bigMaxInt64      = big.NewInt(math.MaxInt64)
 )
 
-// model is a bucket as DESIGN 3.1 describes it: a balance in units and the
-// clock reading it was last brought up to date at. It has no Tokens/Frac
+// model is a bucket as the package doc describes it: a balance in units and
+// the clock reading it was last brought up to date at. It has no Tokens/Frac
 // split, so it cannot share a representation bug with policy.Bucket.
 type model struct {
 	units *big.Int
@@ -76,7 +77,7 @@ func (m model) bucket(tag policy.Bucket) policy.Bucket {
 	return bucketOf(m.units, m.last, tag)
 }
 
-// refill is DESIGN 3.1 verbatim:
+// refill is Bucket.Refill's formula verbatim:
 //
 //	units = min(capacity*1e9, units + (now-last)*rate); last = now
 //
@@ -92,8 +93,9 @@ func (m *model) refill(l policy.Limit, now int64) {
 	m.last = now
 }
 
-// decide is DESIGN 3.2 steps 7-8 plus 3.3 and 3.4: refill, admit iff
-// units >= cost*1e9, then report.
+// decide is one decision: refill, admit iff units >= cost*1e9 (taking
+// them), then report Remaining, RetryAfter and ResetAfter as Outcome
+// defines them.
 func (m *model) decide(l policy.Limit, now, cost int64) policy.Outcome {
 	m.refill(l, now)
 	need := costUnits(cost)
@@ -142,8 +144,8 @@ func (m model) full(l policy.Limit) bool {
 	return m.units.Cmp(capUnits(l)) >= 0
 }
 
-// cutover is DESIGN 3.8's eager rule: refill under old up to at, then clamp
-// to next's capacity (never raise).
+// cutover is Bucket.Cutover's rule, applied eagerly: refill under old up to
+// at, then clamp to next's capacity (never raise).
 func (m *model) cutover(old, next policy.Limit, at int64) {
 	m.refill(old, at)
 	m.units = bigMin(capUnits(next), m.units)
