@@ -75,16 +75,17 @@
 //	go test -bench BenchmarkBatchZipf -count 10 ./shard
 //	go test -bench BenchmarkBatchZipf -count 10 -tags purego ./shard
 //
-// Serving one waiting message, or yielding, after each snapshot chunk (in
-// shard): without it, on one core the snapshot writer and the shard handed
-// the core to each other chunk after chunk while callers waited 90 ms (the
-// Snapshot row of the stall table):
+// Serving data, or yielding, between slices of background work such as
+// snapshot chunks (package shard, Shard.turn's steps 3 to 5): without it,
+// on one core the snapshot writer and the shard handed the core to each
+// other chunk after chunk while callers waited 90 ms (the Snapshot row of
+// the stall table):
 //
 //	go run ./bench -parts latency -cpu 1
 //
-// Serving waiting data after every cutover (in shard): without it, 70
-// cutovers in a row held a request up for half a second (the ReplacePolicy
-// x70 row of the same table):
+// Serving waiting data after every cutover (Shard.turn's step 2): without
+// it, 70 cutovers in a row held a request up for half a second (the
+// ReplacePolicy x70 row of the same table):
 //
 //	go run ./bench -parts latency
 package main
