@@ -93,9 +93,9 @@ func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 
 // SendAllow hands a to the shard. It returns ErrClosed if the mailbox is
 // closed, the context's error if ctx is done first (checked before the
-// hand-over, DESIGN 3.2), and nil once the shard holds a; then the shard
-// will answer, and a.Wait returns once it has. A full mailbox blocks until
-// there is room, ctx ends or the engine closes.
+// hand-over, so a done context never reaches the shard), and nil once the
+// shard holds a; then the shard will answer, and a.Wait returns once it has.
+// A full mailbox blocks until there is room, ctx ends or the engine closes.
 func (m *Mailbox) SendAllow(ctx context.Context, a *msg.Allow) error {
 	if m.head.Load() == closedQueue {
 		return msg.ErrClosed
@@ -162,7 +162,7 @@ func (m *Mailbox) waitRoom(ctx context.Context) error {
 
 // ended is the error for a wait that ctx ended: ErrClosed if the engine
 // is closing too, since a select between the two picks at random and
-// DESIGN 3.2 puts closed first.
+// ErrClosed comes before the context's error.
 func (m *Mailbox) ended(ctx context.Context) error {
 	select {
 	case <-m.closing:

@@ -14,9 +14,9 @@ import (
 const SliceSize = 1024
 
 // sweepPass is a walk over the table in progress, resumable slice by slice.
-// A sweep (evict) judges each bucket at the reading of its slice (DESIGN 3.7
-// allows the reading of the slice that judges a bucket); a conversion pass
-// only brings buckets to the policy generation in force.
+// A sweep (evict) judges each bucket at the reading of the slice that visits
+// it, not at one reading for the whole pass; a conversion pass only brings
+// buckets to the policy generation in force.
 //
 // The walk goes segment by segment in hash order: every key whose mixed hash
 // is below cursor has been visited. Segments grow, split and shrink between
