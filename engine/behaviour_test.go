@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/enginemodel"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // The behaviour suite: worked examples a reader can check by hand against the
@@ -434,7 +434,7 @@ func behavStepTime(r *rand.Rand) time.Duration {
 }
 
 // TestBehaviourCutoverChain replaces the policy many times and checks every
-// decision against the math/big model of stress/model. "idle" is touched
+// decision against the math/big model of internal/model. "idle" is touched
 // once before the chain and once after, so it goes through every cutover
 // untouched; the other keys are touched at random in between. 70 cutovers is past any bounded history an
 // implementation might keep for lazy conversion.
@@ -455,7 +455,7 @@ func behavRunChain(t *testing.T, shards, chain int, seed uint64) {
 	r := rand.New(rand.NewPCG(seed, 0x5eed))
 	first := policy.Policy{Version: 1, Capacity: behavMagnitude(r), TokensPerSecond: behavMagnitude(r)}
 	e, clk := newEngine(t, engine.Config{Policy: first, Shards: shards})
-	m := model.New(first, 0, 0)
+	m := enginemodel.New(first, 0, 0)
 	keys := []string{"idle", "k0", "k1", "k2", "k3"}
 	ctx := fmt.Sprintf("seed=%d shards=%d cutovers=%d", seed, shards, chain)
 

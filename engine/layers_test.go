@@ -18,6 +18,7 @@ func TestImportLayers(t *testing.T) {
 		"policy":         {},
 		"clock":          {},
 		"internal/yield": {},
+		"internal/model": {"policy", "clock"},
 		"msg":            {"policy", "internal/yield"},
 		"shard":          {"msg", "policy", "clock", "internal/yield"},
 		"engine":         {"msg", "policy", "clock", "shard"},
@@ -41,13 +42,51 @@ func TestImportLayers(t *testing.T) {
 				t.Errorf("%s imports %s: only engine may", pkg, inner)
 			case internal && layered && !slices.Contains(rules, inner):
 				t.Errorf("%s imports %s, outside its layer (allowed: %v)", pkg, inner, rules)
-			case !internal && (pkg == "policy" || pkg == "clock" || pkg == "internal/yield") && strings.Contains(strings.Split(imp, "/")[0], "."):
+			case !internal && (pkg == "policy" || pkg == "clock" || pkg == "internal/yield" || pkg == "internal/model") && strings.Contains(strings.Split(imp, "/")[0], "."):
 				t.Errorf("%s imports %s: it may use only the standard library", pkg, imp)
 			}
 		}
 	}
 	if seen != len(allowed) {
 		t.Errorf("found %d of the %d layered packages in go list's output:\n%s", seen, len(allowed), out)
+	}
+}
+
+// TestNoImportUpward: the library (engine, its sub-packages and internal/)
+// never imports the stress or bench commands, and the model
+// (internal/model) never the engine, its shards or their messages, tests
+// included: a package's tests may not lean on a layer above it either.
+func TestNoImportUpward(t *testing.T) {
+	const mod = "github.com/tokenshard/tokenshard/"
+	rules := []struct{ from, to []string }{
+		{[]string{"engine", "internal"}, []string{"stress", "bench"}},
+		{[]string{"internal/model"}, []string{"engine", "shard", "msg"}},
+	}
+	under := func(pkg string, roots []string) bool {
+		return slices.ContainsFunc(roots, func(r string) bool { return pkg == r || strings.HasPrefix(pkg, r+"/") })
+	}
+	out, err := exec.Command("go", "list", "-f",
+		"{{.ImportPath}}{{range .Imports}} {{.}}{{end}}{{range .TestImports}} {{.}}{{end}}{{range .XTestImports}} {{.}}{{end}}",
+		mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg := strings.TrimPrefix(fields[0], mod)
+		seen[pkg] = true
+		for _, imp := range fields[1:] {
+			inner, internal := strings.CutPrefix(imp, mod)
+			for _, r := range rules {
+				if internal && under(pkg, r.from) && under(inner, r.to) {
+					t.Errorf("%s imports %s: %v may not import %v", pkg, inner, r.from, r.to)
+				}
+			}
+		}
+	}
+	if !seen["engine"] || !seen["internal/model"] {
+		t.Errorf("engine and internal/model not both in go list's output:\n%s", out)
 	}
 }
 

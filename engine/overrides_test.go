@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/enginemodel"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 func overrides(t *testing.T, os ...policy.Override) *policy.OverrideSet {
@@ -27,14 +27,14 @@ func overrides(t *testing.T, os ...policy.Override) *policy.OverrideSet {
 type twin struct {
 	t   *testing.T
 	e   *engine.Engine
-	m   *model.Model
+	m   *enginemodel.Model
 	clk interface{ Set(int64) }
 	now int64
 }
 
 func newTwin(t *testing.T, shards int, p policy.Policy, maxKeys int) *twin {
 	e, clk := newEngine(t, engine.Config{Policy: p, Shards: shards, MaxKeys: maxKeys})
-	return &twin{t: t, e: e, m: model.New(p, maxKeys, 0), clk: clk}
+	return &twin{t: t, e: e, m: enginemodel.New(p, maxKeys, 0), clk: clk}
 }
 
 func (w *twin) at(now time.Duration) *twin {

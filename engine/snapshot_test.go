@@ -18,8 +18,9 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/enginemodel"
+	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // patience bounds every wait for something that must happen promptly: long
@@ -68,7 +69,7 @@ type fleet struct {
 	t    *testing.T
 	es   []*engine.Engine
 	clks []*clock.Manual
-	m    *model.Model
+	m    *enginemodel.Model
 	now  int64
 }
 
@@ -123,7 +124,7 @@ func unitsAt(b rawBucket, now int64) *big.Int {
 
 // requireSnapshotOf decodes data and requires it to hold exactly the
 // model's keys, each with the model's limit and balance at now.
-func requireSnapshotOf(t *testing.T, data []byte, m *model.Model, now int64) rawSnap {
+func requireSnapshotOf(t *testing.T, data []byte, m *enginemodel.Model, now int64) rawSnap {
 	t.Helper()
 	s, err := decodeSnap(data, engine.DefaultMaxKeyBytes)
 	require.NoError(t, err)
@@ -195,7 +196,7 @@ func roundTrip(t *testing.T, shards, into int, seed uint64) {
 	cost := func() int64 { return 1 + rng.Int64N(12) }
 
 	old, oldClk := newEngine(t, engine.Config{Policy: v1, Shards: shards, MaxKeys: maxKeys})
-	f := &fleet{t: t, es: []*engine.Engine{old}, clks: []*clock.Manual{oldClk}, m: model.New(v1, maxKeys, 0)}
+	f := &fleet{t: t, es: []*engine.Engine{old}, clks: []*clock.Manual{oldClk}, m: enginemodel.New(v1, maxKeys, 0)}
 	for i := range 5000 {
 		f.at(f.now + rng.Int64N(20*ms))
 		if i == 2500 {
@@ -437,7 +438,7 @@ func TestRestorePolicyChange(t *testing.T) {
 				policy.Override{Match: "metered", Capacity: 20, TokensPerSecond: 1},
 			)}
 			old, _ := newEngine(t, engine.Config{Policy: v1, Shards: shards})
-			m := model.New(v1, 0, 0)
+			m := enginemodel.New(v1, 0, 0)
 			for _, r := range []struct {
 				key  string
 				cost int64

@@ -14,11 +14,11 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
-// Conservation under the real monotonic clock (issue 3, check 3), and the
+// Conservation under the real monotonic clock, and the
 // command's main load: o.workers goroutines call Allow and AllowBatch over a
 // Zipf-skewed key set while a coordinator cuts over policies (stale attempts
 // included) and sweeps. Three invariants:

@@ -7,8 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // The conservation bound: how many tokens one key can have been admitted.
@@ -36,8 +36,9 @@ import (
 //
 // and each bracket is the net change of the capacity over disjoint intervals,
 // at most the sum of the capacity increases made by cutovers inside them. An
-// eviction and a recreation after a raise do hand out the raise (DESIGN 3.7
-// and 3.8: new keys start at the new capacity), which is why raises count and
+// eviction and a recreation after a raise do hand out the raise (only a full
+// bucket is evicted, and a key created after a cutover starts full at the new
+// capacity), which is why raises count and
 // decreases do not; a raise without an eviction grants nothing, so this
 // is generous, never short. The rate integral is exact outside cutover
 // windows; inside [b_k, a_k] the shard runs at the old rate then the new one,
@@ -70,7 +71,7 @@ import (
 // admissions than happened (a window start after an admission that spans it
 // is never credited with it) only weakens the check, never makes it unsound.
 
-// consUnits is units per token, DESIGN 3.1.
+// consUnits is units per token: a rate of r tokens/s adds r units per ns.
 const consUnits = policy.UnitsPerToken
 
 var consBigUnits = big.NewInt(consUnits)

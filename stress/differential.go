@@ -12,13 +12,14 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/enginemodel"
+	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // The differential check replays random single-goroutine traces on a fresh
 // engine (or, with -redis, a fresh Redis store: differential_redis.go) and
-// on the sequential model (stress/model), compares every answer, error,
+// on the sequential model (internal/model), compares every answer, error,
 // KeyCount and Policy after each operation, and on the first mismatch
 // shrinks the trace to a short reproduction, printed as Go (policies with
 // overrides included, see diffPolicy). Times are absolute instants, so
@@ -218,7 +219,7 @@ func (d *diffEngine) failed() error         { return nil }
 
 // diffModel is the specification behind diffTarget.
 type diffModel struct {
-	m   *model.Model
+	m   *enginemodel.Model
 	now int64
 }
 
@@ -228,7 +229,7 @@ func (d *diffModel) allow(key string, cost int64) (engine.Decision, error) {
 }
 func (d *diffModel) allowBatch(reqs []engine.Request, out []engine.Result) error {
 	if len(out) < len(reqs) {
-		return engine.ErrInvalidConfig // DESIGN 3.6: and nothing is decided
+		return engine.ErrInvalidConfig // an out shorter than reqs: nothing is decided
 	}
 	copy(out, d.m.AllowBatch(d.now, reqs))
 	return nil
@@ -412,9 +413,10 @@ func (tr diffTrace) overridesNote() string {
 }
 
 // diffAmbiguous reports whether a batch could hit the key bound on more than
-// one shard: DESIGN 3.6 leaves unspecified which new keys get the slots, so
-// such a batch has no single right answer to compare with.
-func diffAmbiguous(m *model.Model, cfg diffConfig, reqs []engine.Request) bool {
+// one shard: which of a batch's new keys on different shards meet the key
+// bound first is not specified, so such a batch has no single right answer
+// to compare with.
+func diffAmbiguous(m *enginemodel.Model, cfg diffConfig, reqs []engine.Request) bool {
 	if cfg.shards == 1 {
 		return false
 	}
@@ -475,7 +477,7 @@ func diffReplay(tr diffTrace, mk diffMaker, c *counters, render bool) (out diffO
 			err = cerr
 		}
 	}()
-	ref := &diffModel{m: model.New(tr.cfg.policy, tr.cfg.maxKeys, tr.cfg.maxKeyBytes), now: tr.cfg.start}
+	ref := &diffModel{m: enginemodel.New(tr.cfg.policy, tr.cfg.maxKeys, tr.cfg.maxKeyBytes), now: tr.cfg.start}
 	for i, op := range tr.ops {
 		if op.kind == diffBatch && diffAmbiguous(ref.m, tr.cfg, op.reqs) {
 			return diffOutcome{lines: out.lines}, nil
@@ -552,7 +554,7 @@ func diffCheckAs(tr diffTrace, mk diffMaker, c *counters, flags string) error {
 	case err != nil:
 		return err
 	case !out.valid:
-		return fmt.Errorf("differential: seed %d made a batch that may hit the key bound on several shards, which DESIGN 3.6 leaves unspecified", tr.seed)
+		return fmt.Errorf("differential: seed %d made a batch that may hit the key bound on several shards, where which new keys get the last slots is not specified", tr.seed)
 	case out.fail == nil:
 		return nil
 	}

@@ -9,8 +9,9 @@ import (
 	"time"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/enginemodel"
+	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // diffGen builds one trace, running the model alongside so it can aim at the
@@ -18,7 +19,7 @@ import (
 type diffGen struct {
 	r     *rand.Rand
 	cfg   diffConfig
-	m     *model.Model
+	m     *enginemodel.Model
 	t     int64
 	keys  []string // the trace's working set, so keys repeat
 	fresh int
@@ -98,7 +99,7 @@ func diffGenerateFor(seed uint64, shardCounts []int, nops int, store bool) diffT
 	}
 	cfg.policy = policy.Policy{Version: version, Capacity: g.capacity(0), TokensPerSecond: g.rate()}
 	cfg.policy.Overrides = g.overrides(nil, cfg.policy.Limit())
-	g.m = model.New(cfg.policy, cfg.maxKeys, cfg.maxKeyBytes)
+	g.m = enginemodel.New(cfg.policy, cfg.maxKeys, cfg.maxKeyBytes)
 
 	// Weights of allow, batch, short batch, evict, cutover, keys; the
 	// cutover-heavy profile runs past the shard's 64-generation history.

@@ -15,7 +15,7 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// The key flood (issue 3): millions of distinct keys against MaxKeys 10,000,
+// The key flood: millions of distinct keys against MaxKeys 10,000,
 // under a clock.Manual so the harness knows exactly which buckets are full.
 // Each round, at one instant:
 //
@@ -55,8 +55,10 @@ const (
 // The rates do not divide 1e9: an estimate rounded the wrong way shows.
 var floodShapes = [2]policy.Limit{{Capacity: 10, TokensPerSecond: 3}, {Capacity: 20, TokensPerSecond: 7}}
 
-// floodBucket is the exact expected state of one key under DESIGN 3.1-3.4,
-// small enough for int64 (at most 20e9 units, refilled at most a second).
+// floodBucket is the exact expected state of one key under the contract's
+// refill and decision rules (a balance in units refilled by rate units per
+// nanosecond up to capacity, a cost taken whole or denied), small enough for
+// int64 (at most 20e9 units, refilled at most a second).
 type floodBucket struct{ units, last int64 }
 
 // decide returns the exact answer to cost at now under p and applies it.

@@ -31,8 +31,9 @@ func TestFlood(t *testing.T) {
 	}
 }
 
-// TestFloodBucket checks the flood's exact model against DESIGN 3.5's first
-// and second examples.
+// TestFloodBucket checks the flood's exact model against the contract's
+// first two worked examples: capacity 10 at 2/s spent whole and refilled by
+// half a second, and capacity 1 at 3/s, whose token takes 333,333,334 ns.
 func TestFloodBucket(t *testing.T) {
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
 	b := floodBucket{units: 10 * consUnits}

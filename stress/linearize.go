@@ -1,9 +1,9 @@
 package main
 
-// The linearizability check (issue 3, check 1). Concurrent clients call an
+// The linearizability check. Concurrent clients call an
 // engine with several shards while every invocation and response is
 // recorded; porcupine then searches for an order of the operations,
-// consistent with real time, that the sequential specification (stress/model,
+// consistent with real time, that the sequential specification (internal/model,
 // through linearize_model.go) accepts.
 //
 // Time: the engine reads a clock.Manual that moves only between rounds. In a
@@ -59,8 +59,8 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // linTimeout bounds porcupine's search for one history. Histories are kept

@@ -1,7 +1,7 @@
 package main
 
 // The porcupine model of the linearizability check: the engine's sequential
-// specification (stress/model) seen through the operations a history
+// specification (internal/model) seen through the operations a history
 // records. See linearize.go for how histories are recorded and why each
 // recorded operation is atomic.
 
@@ -18,8 +18,8 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/enginemodel"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // linKind is what one recorded operation does. Engine calls that are not
@@ -70,18 +70,18 @@ type linOutput struct {
 type linTally struct{ passes, evicted int }
 
 // linState is the specification's state for porcupine. Each tracked key is
-// alone in a model.Model of its own, so one key can be swept without the
-// others (stress/model sweeps the whole engine at once, while the engine
+// alone in a model of its own, so one key can be swept without the
+// others (the model sweeps the whole engine at once, while the engine
 // sweeps shard by shard); the one coupling between keys, the key bound, is
 // applied here. States are immutable: Step copies what it changes.
 type linState struct {
 	pol     policy.Policy
-	buckets map[string]*model.Model
+	buckets map[string]*enginemodel.Model
 	tally   map[int]linTally
 	canon   string // canonical text, so Equal and Hash are cheap
 }
 
-func linNewState(pol policy.Policy, buckets map[string]*model.Model, tally map[int]linTally) *linState {
+func linNewState(pol policy.Policy, buckets map[string]*enginemodel.Model, tally map[int]linTally) *linState {
 	s := &linState{pol: pol, buckets: buckets, tally: tally}
 	b := make([]byte, 0, 64+48*len(buckets))
 	b = fmt.Appendf(b, "v%d c%d r%d", pol.Version, pol.Capacity, pol.TokensPerSecond)
@@ -123,7 +123,7 @@ type linSpec struct {
 // model returns the porcupine model of spec's histories.
 func (sp *linSpec) model() porcupine.Model {
 	m := porcupine.Model{
-		Init: func() any { return linNewState(sp.pol, map[string]*model.Model{}, map[int]linTally{}) },
+		Init: func() any { return linNewState(sp.pol, map[string]*enginemodel.Model{}, map[int]linTally{}) },
 		Step: func(state, input, output any) (bool, any) {
 			return sp.step(state.(*linState), input.(*linInput), output.(*linOutput))
 		},
@@ -198,14 +198,14 @@ func (sp *linSpec) step(s *linState, in *linInput, out *linOutput) (bool, *linSt
 	case linCutover:
 		// An empty model holding the policy decides the error: invalid,
 		// stale, or nil.
-		err := model.New(s.pol, 0, 0).ReplacePolicy(in.now, in.next, in.expected)
+		err := enginemodel.New(s.pol, 0, 0).ReplacePolicy(in.now, in.next, in.expected)
 		if linErrName(err) != linErrName(out.err) {
 			return false, nil
 		}
 		if err != nil {
 			return true, s
 		}
-		buckets := make(map[string]*model.Model, len(s.buckets))
+		buckets := make(map[string]*enginemodel.Model, len(s.buckets))
 		for k, m := range s.buckets {
 			m = m.Clone()
 			if m.ReplacePolicy(in.now, in.next, in.expected) != nil {
@@ -278,15 +278,15 @@ func (sp *linSpec) stepAllow(s *linState, in *linInput, out *linOutput) (bool, *
 	if ok {
 		m = m.Clone()
 	} else {
-		m = model.New(s.pol, 0, 0)
+		m = enginemodel.New(s.pol, 0, 0)
 	}
 	for i, cost := range in.costs {
 		var d engine.Decision
 		var err error
 		if m.KeyCount() == 0 && len(s.buckets) >= sp.maxKeys {
 			// At the bound a request that would create the key fails with
-			// ErrKeyCapacity; one that fails earlier (DESIGN 3.2 steps 1
-			// to 5) keeps its own error.
+			// ErrKeyCapacity; one that fails an earlier check (the key,
+			// the cost, the key's capacity, the clock) keeps its own error.
 			d, err = m.Clone().Allow(in.now, in.key, cost)
 			if err == nil {
 				d, err = engine.Decision{}, engine.ErrKeyCapacity

@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/enginemodel"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // TestLinHistories records and checks histories from fixed seeds, partitioned
@@ -63,7 +63,7 @@ func linAllowOp(client int, call, ret int64, key string, d engine.Decision) porc
 // linTwoDecisions returns the first two decisions of cost 1 on a fresh key
 // under p at time 0: Remaining capacity-1, then capacity-2.
 func linTwoDecisions(t *testing.T, p policy.Policy) (first, second engine.Decision) {
-	m := model.New(p, 0, 0)
+	m := enginemodel.New(p, 0, 0)
 	first, err := m.Allow(0, "k", 1)
 	require.NoError(t, err)
 	second, err = m.Allow(0, "k", 1)
@@ -191,15 +191,15 @@ func TestLinRejectsDefaultLimit(t *testing.T) {
 		return linOp(0, call, call+1, &linInput{kind: linAllow, key: key, costs: []int64{cost}},
 			&linOutput{res: []linResult{{d: d, err: err}}})
 	}
-	decide := func(p policy.Policy, steps func(m *model.Model)) {
-		steps(model.New(p, 0, 0))
+	decide := func(p policy.Policy, steps func(m *enginemodel.Model)) {
+		steps(enginemodel.New(p, 0, 0))
 	}
 	for _, partitioned := range []bool{true, false} {
 		spec := &linSpec{partitioned: partitioned, keys: []string{"k", "j"}, maxKeys: 3, pol: withK3}
 
 		var own, dflt, j engine.Decision
-		decide(withK3, func(m *model.Model) { own, _ = m.Allow(0, "k", 1); j, _ = m.Allow(0, "j", 1) })
-		decide(plain, func(m *model.Model) { dflt, _ = m.Allow(0, "k", 1) })
+		decide(withK3, func(m *enginemodel.Model) { own, _ = m.Allow(0, "k", 1); j, _ = m.Allow(0, "j", 1) })
+		decide(plain, func(m *enginemodel.Model) { dflt, _ = m.Allow(0, "k", 1) })
 		require.Equal(t, int64(3), own.Limit)
 		require.Equal(t, int64(10), j.Limit, "j matches no override")
 		good := []porcupine.Operation{allow(1, "k", 1, own, nil), allow(3, "j", 1, j, nil), allow(5, "k", 5, engine.Decision{}, engine.ErrCostExceedsCapacity)}
@@ -222,7 +222,7 @@ func TestLinRejectsDefaultLimit(t *testing.T) {
 		next := withK3
 		next.Version = 2
 		var first, moved, stayed engine.Decision
-		decide(plain, func(m *model.Model) {
+		decide(plain, func(m *enginemodel.Model) {
 			first, _ = m.Allow(0, "k", 1)
 			clone := m.Clone()
 			require.NoError(t, m.ReplacePolicy(0, next, 1))

@@ -9,7 +9,7 @@
 // as plain ones, and cut over between them, so keys move between limits:
 //
 //   - linearizability: concurrent histories under a Manual clock advanced in
-//     epochs, checked with porcupine against stress/model, the sequential
+//     epochs, checked with porcupine against internal/model, the sequential
 //     specification; plus a cross-key check that versions never go back in
 //     real time;
 //   - differential: random single-goroutine traces replayed on the engine and

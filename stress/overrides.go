@@ -7,7 +7,7 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// Per-key overrides (issue 5) as the harness builds and prints them.
+// Per-key overrides as the harness builds and prints them.
 
 // mustOverrides is policy.NewOverrideSet for overrides the harness knows to
 // be valid; it panics on an error. The differential check prints policies

@@ -11,8 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/enginemodel"
+	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // overrideOf returns the override that gives key its limit under p, and
@@ -82,7 +83,7 @@ func TestStarMatch(t *testing.T) {
 // overrides: decisions under each kind of override, per-key cost bounds,
 // keys moving between limits at cutovers, sweeps of overridden keys.
 func diffOverrideEvents(tr diffTrace, ev map[string]int) {
-	m := model.New(tr.cfg.policy, tr.cfg.maxKeys, tr.cfg.maxKeyBytes)
+	m := enginemodel.New(tr.cfg.policy, tr.cfg.maxKeys, tr.cfg.maxKeyBytes)
 	decided := func(p policy.Policy, key string, cost int64, err error) {
 		_, how, ok := overrideOf(p, key)
 		if err == nil {

@@ -12,8 +12,8 @@ import (
 	"github.com/tokenshard/tokenshard/engine"
 )
 
-// AllowBatch against its definition (DESIGN 3.6): the same Allow calls made
-// one by one, in order, at the same instant.
+// AllowBatch against its definition: every result is what the same Allow
+// calls made one by one, in order, at the same instant would give.
 
 var batchBehaviours = []behaviour{
 	{"ShortOut", testBatchShortOut},

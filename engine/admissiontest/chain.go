@@ -7,13 +7,13 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // Chains of cutovers against the math/big model. A backend may convert
 // buckets lazily, keep a bounded history of policies, or refuse to prepare a
-// cutover until the previous conversion is done (DESIGN 3.8); whatever it
+// cutover until the previous conversion is done; whatever it
 // does, a key last touched any number of versions ago must get exactly what
 // the eager rule gives, which the model applies to every key at every
 // cutover.

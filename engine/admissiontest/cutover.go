@@ -13,8 +13,8 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// ReplacePolicy's errors and guarantees (DESIGN 3.8), apart from the
-// worked example, which is in examples.go.
+// ReplacePolicy's errors and guarantees (package engine's doc, section
+// Policy cutover), apart from the worked example, which is in examples.go.
 
 var cutoverBehaviours = []behaviour{
 	{"InvalidNext", testInvalidNext},

@@ -12,7 +12,7 @@ import (
 	"github.com/tokenshard/tokenshard/engine"
 )
 
-// The worked examples of DESIGN 3.5, each checked to every Decision field:
+// The contract's worked examples, each checked to every Decision field:
 // they are the numbers a reader of the contract can verify by hand.
 
 var exampleBehaviours = []behaviour{
@@ -217,7 +217,8 @@ func testEvictFullKeepsPartlyRefilled(t *testing.T, f Factory) {
 }
 
 // cutoverExample empties "user" at t=0 under capacity 10, 2/s and cuts over
-// at 0.5s to capacity 20, 4/s, as DESIGN 3.5's last example does.
+// at 0.5s to capacity 20, 4/s: the bucket carries exactly the 1 token it
+// earned, and nobody is topped up to the new capacity.
 func cutoverExample(t *testing.T, f Factory) (engine.Admitter, func(int64)) {
 	t.Helper()
 	a, clk := newSubject(t, f, pol(1, 10, 2))

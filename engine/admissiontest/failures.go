@@ -13,8 +13,9 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// The errors of DESIGN 3.2, each with the zero Decision and a probe that
-// proves the failed call changed nothing.
+// The errors of one decision (package engine's doc, section Errors), each
+// with the zero Decision and a probe that proves the failed call changed
+// nothing.
 
 var errorBehaviours = []behaviour{
 	{"InvalidKey", testInvalidKey},
@@ -171,8 +172,9 @@ func testClosed(t *testing.T, f Factory) {
 	require.NoError(t, a.Close(), "a third Close")
 }
 
-// errOrderCase is a call with two faults: the one DESIGN 3.2 checks first
-// must win.
+// errOrderCase is a call with two faults: the one checked first must win.
+// The order is the key, the cost below 1, closed, the context, and only then
+// (in the key's shard) the cost above the key's capacity.
 type errOrderCase struct {
 	name   string
 	key    string
@@ -210,8 +212,8 @@ func testErrorOrder(t *testing.T, f Factory) {
 		}
 		expectAllowErr(t, ctx, a, tc.key, tc.cost, tc.want, tc.name)
 	}
-	// The same order holds for ReplacePolicy (DESIGN 3.8): an invalid next
-	// wins over everything, then closed, then the context, then staleness.
+	// ReplacePolicy has its own order: an invalid next wins over
+	// everything, then closed, then the context, then staleness.
 	for _, tc := range []struct {
 		name     string
 		a        engine.Admitter

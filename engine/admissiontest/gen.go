@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // Random inputs for the model comparisons. Every draw comes from a seeded

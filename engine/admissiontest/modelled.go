@@ -12,15 +12,16 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/enginemodel"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 // modelled drives a subject and the math/big sequential model
-// (stress/model, DESIGN section 3 written to be checked by eye) with the
-// same calls at the same clock readings, and requires identical answers:
-// every unit of every balance shows in Remaining, RetryAfter and ResetAfter,
-// so a difference anywhere surfaces at the next call that touches it.
+// (internal/model, the contract written to be checked by eye, answering in
+// the engine's types through internal/enginemodel) with the same calls at
+// the same clock readings, and requires identical answers: every unit of
+// every balance shows in Remaining, RetryAfter and ResetAfter, so a
+// difference anywhere surfaces at the next call that touches it.
 //
 // Every call is written to a log, which is printed if the test fails, so a
 // failure can be replayed by hand from the log alone.
@@ -28,7 +29,7 @@ type modelled struct {
 	t   *testing.T
 	a   engine.Admitter
 	clk *clock.Manual
-	m   *model.Model
+	m   *enginemodel.Model
 	log []string
 }
 
@@ -37,7 +38,7 @@ type modelled struct {
 func newModelled(t *testing.T, f Factory, p policy.Policy, what string) *modelled {
 	t.Helper()
 	a, clk := newSubject(t, f, p)
-	w := &modelled{t: t, a: a, clk: clk, m: model.New(p, 0, 0)}
+	w := &modelled{t: t, a: a, clk: clk, m: enginemodel.New(p, 0, 0)}
 	w.logf("start %s under %s", what, fmtPolicy(p))
 	t.Cleanup(func() {
 		if t.Failed() {

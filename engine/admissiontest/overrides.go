@@ -10,7 +10,8 @@ import (
 
 // Per-key overrides (policy.NewOverrideSet): each key's own limit decides
 // its requests, bounds its cost and shows as Decision.Limit, and a cutover
-// applies DESIGN 3.8's rule per key, each with its old and new limit.
+// applies its rule per key: a bucket keeps what it earned under the key's
+// old limit and is clamped to the key's new capacity.
 
 var overrideBehaviours = []behaviour{
 	{"Resolve", testOverridesResolve},

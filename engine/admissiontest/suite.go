@@ -18,8 +18,8 @@
 //		})
 //	}
 //
-// What the suite assumes of a subject, beyond the Admitter contract of
-// DESIGN section 3:
+// What the suite assumes of a subject, beyond the Admitter contract (the
+// sections of package engine's doc):
 //   - it reads time only from Setup.Clock, which starts at 0 and only moves
 //     forward (the suite never steps a clock back, so ErrClockRegression is
 //     not exercised here);
@@ -31,7 +31,7 @@
 //     tolerate a second Close (which the contract says returns nil).
 //
 // Random and long tests compare every answer with the math/big sequential
-// model of package stress/model, and print a replayable op log on failure.
+// model of package internal/model, and print a replayable op log on failure.
 //
 // The suite uses a subject from one goroutine at a time, except in subtests
 // whose name starts with Concurrent. Every goroutine it starts is joined

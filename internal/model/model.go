@@ -1,16 +1,3 @@
-// Package model is the sequential specification of tokenshard: DESIGN
-// section 3 written in the simplest way that can be checked by eye, in
-// math/big, with no sharding, no lazy conversion and no concurrency. The
-// stress harness compares the engine with it (differential replay) and
-// checks concurrent histories against it (linearizability); later work
-// (per-key overrides, snapshots, a Redis store) reuses it.
-//
-// The model has one observed time for the whole engine. That equals the
-// engine's per-shard observed times whenever the clock never steps back,
-// which is how the harness drives it (clock.Manual); clock regressions are
-// compared against an engine with one shard.
-//
-// Model is not safe for concurrent use. Clone returns an independent copy.
 package model
 
 import (
@@ -20,8 +7,17 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/policy"
+)
+
+// The bounds New uses for a zero maxKeys or maxKeyBytes. They are the
+// engine's defaults, written again so the model imports nothing above
+// policy; internal/enginemodel's tests hold the two equal.
+const (
+	// DefaultMaxKeys is the key bound when New's maxKeys is 0.
+	DefaultMaxKeys = 1 << 20
+	// DefaultMaxKeyBytes is the key length bound when New's maxKeyBytes is 0.
+	DefaultMaxKeyBytes = 256
 )
 
 var (
@@ -36,7 +32,9 @@ type Bucket struct {
 	Last  int64
 }
 
-// Model is the whole engine as one sequential state machine.
+// Model is the whole engine as one sequential state machine. It is not safe
+// for concurrent use and must not be copied (Clone makes an independent
+// one); the zero Model is not usable, New makes one.
 type Model struct {
 	pol         policy.Policy
 	maxKeys     int
@@ -46,14 +44,14 @@ type Model struct {
 }
 
 // New returns an empty model serving p, tracking at most maxKeys keys of at
-// most maxKeyBytes bytes. Zero maxKeys and maxKeyBytes take the engine's
-// defaults.
+// most maxKeyBytes bytes. Zero maxKeys and maxKeyBytes take DefaultMaxKeys
+// and DefaultMaxKeyBytes.
 func New(p policy.Policy, maxKeys, maxKeyBytes int) *Model {
 	if maxKeys == 0 {
-		maxKeys = engine.DefaultMaxKeys
+		maxKeys = DefaultMaxKeys
 	}
 	if maxKeyBytes == 0 {
-		maxKeyBytes = engine.DefaultMaxKeyBytes
+		maxKeyBytes = DefaultMaxKeyBytes
 	}
 	return &Model{pol: p, maxKeys: maxKeys, maxKeyBytes: maxKeyBytes, buckets: map[string]Bucket{}}
 }
@@ -93,33 +91,41 @@ func (m *Model) Bucket(key string) (Bucket, bool) {
 	return Bucket{Units: new(big.Int).Set(b.Units), Last: b.Last}, true
 }
 
-// Allow decides one request at now: DESIGN 3.2 steps 1, 4 to 8 (the model
-// is never closed and has no context).
-func (m *Model) Allow(now int64, key string, cost int64) (engine.Decision, error) {
+// Allow decides one request at now. It checks, in this order, that the key
+// is neither blank nor longer than the bound (ErrInvalidKey), that the cost
+// is at least 1 (ErrInvalidCost) and at most the key's capacity
+// (ErrCostExceedsCapacity), that now is not before the latest reading an
+// operation succeeded at (ErrClockRegression), and that a new key finds room
+// under the key bound (ErrKeyCapacity); an error changes nothing. A new key
+// starts full at now. The bucket is refilled up to now, and the cost taken
+// if the balance holds it; else the request is denied, with RetryAfter the
+// time the missing units take to earn. The model is never closed and takes
+// no context, so it has none of the engine's errors for those.
+func (m *Model) Allow(now int64, key string, cost int64) (Decision, error) {
 	if strings.TrimSpace(key) == "" || len(key) > m.maxKeyBytes {
-		return engine.Decision{}, engine.ErrInvalidKey
+		return Decision{}, ErrInvalidKey
 	}
 	lim := LimitOf(m.pol, key)
 	if cost < 1 {
-		return engine.Decision{}, engine.ErrInvalidCost
+		return Decision{}, ErrInvalidCost
 	}
 	if cost > lim.Capacity {
-		return engine.Decision{}, engine.ErrCostExceedsCapacity
+		return Decision{}, ErrCostExceedsCapacity
 	}
 	if now < m.last {
-		return engine.Decision{}, engine.ErrClockRegression
+		return Decision{}, ErrClockRegression
 	}
 	capacity := capUnits(lim)
 	b, ok := m.buckets[key]
 	if !ok {
 		if len(m.buckets) >= m.maxKeys {
-			return engine.Decision{}, engine.ErrKeyCapacity
+			return Decision{}, ErrKeyCapacity
 		}
 		b = Bucket{Units: new(big.Int).Set(capacity), Last: now}
 	}
 	b = refill(b, lim, now)
 	need := tokens(cost)
-	d := engine.Decision{Version: m.pol.Version, Limit: lim.Capacity}
+	d := Decision{Version: m.pol.Version, Limit: lim.Capacity}
 	if b.Units.Cmp(need) >= 0 {
 		d.Allowed = true
 		b.Units.Sub(b.Units, need)
@@ -133,20 +139,25 @@ func (m *Model) Allow(now int64, key string, cost int64) (engine.Decision, error
 	return d, nil
 }
 
-// AllowBatch decides reqs one by one at now, as DESIGN 3.6 defines a batch.
-func (m *Model) AllowBatch(now int64, reqs []engine.Request) []engine.Result {
-	out := make([]engine.Result, len(reqs))
+// AllowBatch decides reqs at now, one by one in order, each exactly as Allow
+// would: that is what a batch means. A request's error is in its Result and
+// touches no other request.
+func (m *Model) AllowBatch(now int64, reqs []Request) []Result {
+	out := make([]Result, len(reqs))
 	for i, r := range reqs {
 		d, err := m.Allow(now, r.Key, r.Cost)
-		out[i] = engine.Result{Decision: d, Err: err}
+		out[i] = Result{Decision: d, Err: err}
 	}
 	return out
 }
 
-// EvictFull removes every bucket that is full at now (DESIGN 3.7).
+// EvictFull removes every bucket that is full once refilled up to now, and
+// only those, and returns how many it removed. A now before the latest
+// reading an operation succeeded at is ErrClockRegression, and evicts
+// nothing.
 func (m *Model) EvictFull(now int64) (int, error) {
 	if now < m.last {
-		return 0, engine.ErrClockRegression
+		return 0, ErrClockRegression
 	}
 	n := 0
 	for k, b := range m.buckets {
@@ -160,18 +171,22 @@ func (m *Model) EvictFull(now int64) (int, error) {
 	return n, nil
 }
 
-// ReplacePolicy cuts over to next at now (DESIGN 3.8): every bucket is
-// refilled under its key's old limit up to now, then clamped to the capacity
-// the key resolves to under next.
+// ReplacePolicy cuts over to next at now: every bucket is refilled under its
+// key's old limit up to now, then clamped to the capacity the key resolves
+// to under next, so a cutover never hands out tokens. The errors come in this
+// order: next's own Validate error (which wraps policy.ErrInvalid), then
+// ErrStalePolicy when expectedVersion is not the version in force or next's
+// version is not above it, then ErrClockRegression; an error changes
+// nothing.
 func (m *Model) ReplacePolicy(now int64, next policy.Policy, expectedVersion int64) error {
 	if err := next.Validate(); err != nil {
 		return err
 	}
 	if expectedVersion != m.pol.Version || next.Version <= m.pol.Version {
-		return engine.ErrStalePolicy
+		return ErrStalePolicy
 	}
 	if now < m.last {
-		return engine.ErrClockRegression
+		return ErrClockRegression
 	}
 	for k, b := range m.buckets {
 		b = refill(b, LimitOf(m.pol, k), now)
@@ -185,7 +200,10 @@ func (m *Model) ReplacePolicy(now int64, next policy.Policy, expectedVersion int
 	return nil
 }
 
-// refill returns b brought up to now under l (DESIGN 3.1), in a new Bucket.
+// refill returns b brought up to now under l, in a new Bucket: a rate of r
+// tokens per second earns r units per nanosecond (a token is
+// policy.UnitsPerToken units), the balance never exceeds the capacity, and a
+// reading at or before b.Last earns nothing.
 func refill(b Bucket, l policy.Limit, now int64) Bucket {
 	units := new(big.Int).Set(b.Units)
 	if now > b.Last {
@@ -201,8 +219,8 @@ func refill(b Bucket, l policy.Limit, now int64) Bucket {
 
 func capUnits(l policy.Limit) *big.Int { return tokens(l.Capacity) }
 
-// LimitOf is the limit p gives key, by the rule of the override issue,
-// written independently of policy's resolver: an override whose Match is
+// LimitOf is the limit p gives key, by policy's override rule written
+// independently of policy's resolver: an override whose Match is
 // key; else the first override, in declaration order, whose Match contains
 // '*' and matches key, each '*' standing for any run of bytes; else p's
 // default.

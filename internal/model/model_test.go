@@ -8,20 +8,23 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
-	"github.com/tokenshard/tokenshard/stress/model"
 )
 
 const ms = int64(time.Millisecond)
 
-// The worked examples of DESIGN 3.5 hold for the model on its own: it is the
-// reference, so it is checked against the contract's numbers, not the engine.
+// The contract's worked examples hold for the model on its own: it is the
+// reference, so it is checked against hand-computed numbers, not the model.
+// Capacity 10 at 2/s: a full bucket spent whole, a half token kept across a
+// denial; a rate of 3/s earning its token at 333,333,334 ns, not before; a
+// cutover at 0.5 s to capacity 20 at 4/s carrying exactly the 1 token earned
+// so far; EvictFull removing only buckets that have refilled.
 func TestWorkedExamples(t *testing.T) {
 	m := model.New(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}, 0, 0)
 	d, err := m.Allow(0, "k", 10)
 	require.NoError(t, err)
-	assert.Equal(t, engine.Decision{Allowed: true, Remaining: 0, Version: 1, Limit: 10, ResetAfter: 5 * time.Second}, d)
+	assert.Equal(t, model.Decision{Allowed: true, Remaining: 0, Version: 1, Limit: 10, ResetAfter: 5 * time.Second}, d)
 	d, _ = m.Allow(0, "k", 1)
 	assert.Equal(t, 500*time.Millisecond, d.RetryAfter)
 	assert.False(t, d.Allowed)
@@ -65,27 +68,27 @@ func TestErrorsAndBounds(t *testing.T) {
 		cost int64
 		want error
 	}{
-		{"", 1, engine.ErrInvalidKey},
-		{" \t", 1, engine.ErrInvalidKey},
-		{"abcd", 1, engine.ErrInvalidKey},
-		{"", 0, engine.ErrInvalidKey},
-		{"abc", 0, engine.ErrInvalidCost},
-		{"abc", 6, engine.ErrCostExceedsCapacity},
+		{"", 1, model.ErrInvalidKey},
+		{" \t", 1, model.ErrInvalidKey},
+		{"abcd", 1, model.ErrInvalidKey},
+		{"", 0, model.ErrInvalidKey},
+		{"abc", 0, model.ErrInvalidCost},
+		{"abc", 6, model.ErrCostExceedsCapacity},
 	} {
 		_, err := m.Allow(0, tc.key, tc.cost)
 		assert.ErrorIs(t, err, tc.want, "%q cost %d", tc.key, tc.cost)
 	}
 	_, below := m.Allow(0, "abc", 0)
-	assert.Equal(t, engine.ErrInvalidCost, below, "a cost below 1 is ErrInvalidCost itself")
+	assert.Equal(t, model.ErrInvalidCost, below, "a cost below 1 is ErrInvalidCost itself")
 	_, err := m.Allow(10, "abc", 1)
 	require.NoError(t, err)
 	_, err = m.Allow(10, "xyz", 1)
-	assert.ErrorIs(t, err, engine.ErrKeyCapacity)
+	assert.ErrorIs(t, err, model.ErrKeyCapacity)
 	_, err = m.Allow(9, "abc", 1)
-	assert.ErrorIs(t, err, engine.ErrClockRegression)
+	assert.ErrorIs(t, err, model.ErrClockRegression)
 	assert.ErrorIs(t, m.ReplacePolicy(10, policy.Policy{}, 1), policy.ErrInvalid)
-	assert.ErrorIs(t, m.ReplacePolicy(10, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}, 2), engine.ErrStalePolicy)
-	assert.ErrorIs(t, m.ReplacePolicy(9, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}, 1), engine.ErrClockRegression)
+	assert.ErrorIs(t, m.ReplacePolicy(10, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}, 2), model.ErrStalePolicy)
+	assert.ErrorIs(t, m.ReplacePolicy(9, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}, 1), model.ErrClockRegression)
 	assert.Equal(t, int64(1), m.Policy().Version, "failed cutovers change nothing")
 
 	// Saturation: MaxInt64 everywhere stays exact.

@@ -1,0 +1,69 @@
+package enginemodel
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/model"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestDefaults: the model's own default bounds are the engine's.
+func TestDefaults(t *testing.T) {
+	assert.Equal(t, engine.DefaultMaxKeys, model.DefaultMaxKeys)
+	assert.Equal(t, engine.DefaultMaxKeyBytes, model.DefaultMaxKeyBytes)
+}
+
+// TestErrors: each model error becomes the very engine value of its name,
+// ErrCostExceedsCapacity still matching ErrInvalidCost; anything else passes
+// through unchanged.
+func TestErrors(t *testing.T) {
+	for _, p := range errPairs {
+		assert.Equal(t, p.engine, engineErr(p.model), "%v", p.model)
+	}
+	assert.ErrorIs(t, engineErr(model.ErrCostExceedsCapacity), engine.ErrInvalidCost)
+	assert.NoError(t, engineErr(nil))
+	other := errors.New("other")
+	assert.Equal(t, other, engineErr(other))
+
+	m := New(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, 1, 3)
+	_, err := m.Allow(0, "abcd", 1)
+	assert.Equal(t, engine.ErrInvalidKey, err)
+	_, err = m.Allow(0, "abc", 6)
+	assert.Equal(t, engine.ErrCostExceedsCapacity, err)
+	assert.ErrorIs(t, m.ReplacePolicy(0, policy.Policy{}, 1), policy.ErrInvalid)
+	assert.Equal(t, engine.ErrStalePolicy, m.ReplacePolicy(0, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}, 2))
+}
+
+// TestAnswers: Allow and AllowBatch carry the model's Decision field for
+// field, and a batch answers as the same Allow calls in order do.
+func TestAnswers(t *testing.T) {
+	p := policy.Policy{Version: 3, Capacity: 10, TokensPerSecond: 2}
+	single, batch := New(p, 0, 0), New(p, 0, 0)
+	raw := model.New(p, 0, 0)
+	reqs := []engine.Request{{Key: "k", Cost: 4}, {Key: "", Cost: 1}, {Key: "k", Cost: 7}, {Key: "j", Cost: 0}}
+	got := batch.AllowBatch(0, reqs)
+	require.Len(t, got, len(reqs))
+	for i, r := range reqs {
+		d, err := single.Allow(0, r.Key, r.Cost)
+		assert.Equal(t, engine.Result{Decision: d, Err: err}, got[i], "request %d", i)
+		md, merr := raw.Allow(0, r.Key, r.Cost)
+		assert.Equal(t, engine.Decision(md), d, "request %d", i)
+		assert.Equal(t, merr == nil, err == nil, "request %d", i)
+	}
+	n, err := single.EvictFull(10e9)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	c := batch.Clone()
+	_, err = c.EvictFull(10e9)
+	require.NoError(t, err)
+	assert.Equal(t, 1, batch.KeyCount(), "Clone is deep")
+	assert.Zero(t, c.KeyCount())
+}
