@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// TestImportLayers holds DESIGN section 1's import rules: policy and clock use
+// TestImportLayers holds the import layers: policy and clock use
 // only the standard library, msg may use policy, shard may use msg, policy
 // and clock, and nothing but engine imports shard or msg. A wrong import
 // fails here rather than in review. internal/yield sits at the bottom with
@@ -90,7 +90,7 @@ func TestNoImportUpward(t *testing.T) {
 	}
 }
 
-// TestPeersOnlyInBench holds issue 4's rule that the peers and measurement
+// TestPeersOnlyInBench holds the rule that the peers and measurement
 // libraries stay out of the library: no package outside bench/ and stress/
 // depends on them, directly or through another package.
 func TestPeersOnlyInBench(t *testing.T) {
