@@ -43,10 +43,10 @@ func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) 
 		e.callerErrs.add(err, 1)
 		return Decision{}, err
 	}
-	a := e.allows.Get().(*msg.Allow)
+	a := e.allows.Get().(*msg.Single)
 	i, h := e.shardOf(key)
 	a.Op, a.Key, a.Hash, a.Cost = op, key, h, cost
-	if err := e.mailboxes[i].SendAllow(ctx, a); err != nil {
+	if err := e.mailboxes[i].SendSingle(ctx, a); err != nil {
 		a.Key = ""
 		e.allows.Put(a)
 		e.callerErrs.add(err, 1)

@@ -55,7 +55,7 @@ type Engine struct {
 	reclaim        reclaimer      // background sweeps; set by build
 	events         chan msg.Event // sampled decisions on their way to Config.Events
 
-	allows  sync.Pool // *msg.Allow with its reply channel
+	allows  sync.Pool // *msg.Single with its reply channel
 	batches sync.Pool // *batchCall
 }
 
@@ -107,7 +107,7 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 	e.reclaim.configure(cfg)
 	p := cfg.Policy
 	e.pol.Store(&p)
-	e.allows.New = func() any { return &msg.Allow{Done: make(chan struct{}, 1)} }
+	e.allows.New = func() any { return &msg.Single{Done: make(chan struct{}, 1)} }
 	e.batches.New = func() any { return newBatchCall(len(e.mailboxes)) }
 
 	if cfg.Events != nil {

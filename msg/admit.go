@@ -34,22 +34,23 @@ const (
 	OpRefund           // credit Cost tokens back, capped: create nothing
 )
 
-// Allow asks a shard to act on one key: decide a request, by default (see
-// Op). The sender calls Arm before handing it over and Wait to await the
-// answer; the shard writes Reply and then calls Finish.
-type Allow struct {
+// Single asks a shard to act on one key, as Op says: decide a request
+// (Allow), report the balance (Peek) or credit tokens back (Refund). The
+// sender calls Arm before handing it over and Wait to await the answer; the
+// shard writes Reply and then calls Finish.
+type Single struct {
 	Op    Op
 	Key   string
 	Hash  uint64 // the key's hash by the shard's Hasher, computed to route it
 	Cost  int64
 	Reply Reply
-	Next  *Allow        // link in the mailbox's queue, owned by the mailbox
+	Next  *Single       // link in the mailbox's queue, owned by the mailbox
 	Done  chan struct{} // one-slot buffer; made once per pooled message
 
 	stage atomic.Uint32 // stagePending, stageDone or stageParked
 }
 
-// The stages of an Allow's completion. The sender and the shard each move
+// The stages of a Single's completion. The sender and the shard each move
 // it with one atomic step, so exactly one of them sees the other's: the
 // shard finishing a request whose sender has parked sends on Done, and a
 // sender that finds it finished never parks.
@@ -78,11 +79,11 @@ func WaitYields(procs int) int {
 }
 
 // Arm readies a for one more request: call it before each hand-over.
-func (a *Allow) Arm() { a.stage.Store(stagePending) }
+func (a *Single) Arm() { a.stage.Store(stagePending) }
 
 // Finish publishes Reply to the sender. The shard must not touch a after
 // it: the sender may already be reusing it.
-func (a *Allow) Finish() {
+func (a *Single) Finish() {
 	if a.stage.Swap(stageDone) == stageParked {
 		a.Done <- struct{}{}
 	}
@@ -90,7 +91,7 @@ func (a *Allow) Finish() {
 
 // Wait returns once the shard has called Finish; Reply is then the answer.
 // It yields up to yields times before it parks (see WaitYields).
-func (a *Allow) Wait(yields int) {
+func (a *Single) Wait(yields int) {
 	for range yields {
 		yield.Local()
 		if a.stage.Load() == stageDone {
@@ -105,7 +106,7 @@ func (a *Allow) Wait(yields int) {
 // Item is one request of a batch part.
 type Item struct {
 	Key  string
-	Hash uint64 // as in Allow
+	Hash uint64 // as in Single
 	Cost int64
 }
 

@@ -9,8 +9,8 @@
 // channels have room for every reply they will carry (one slot, or one per
 // part of a batch call), so a shard never blocks on a reply, and the
 // receive on them is what orders the shard's writes into the message before
-// the sender's reads. A single request (Allow) replies through an atomic
+// the sender's reads. A single request (Single) replies through an atomic
 // stage first and uses its channel only if its sender has parked (see
-// Allow.Finish and Allow.Wait); the atomic step orders the writes the same
+// Single.Finish and Single.Wait); the atomic step orders the writes the same
 // way. Messages are pooled by the engine and reused.
 package msg

@@ -28,10 +28,10 @@ func TestMailboxConcurrentClose(t *testing.T) {
 		mb := NewMailbox(queued, closing)
 		s := New(p, clock.NewManual(0), NewBudget(queued), mb, &testHasher)
 		// Queue requests while no shard runs, so Close is what takes them.
-		reqs := make([]*msg.Allow, queued)
+		reqs := make([]*msg.Single, queued)
 		for i := range reqs {
-			reqs[i] = &msg.Allow{Op: msg.OpAllow, Key: "k", Hash: testHasher.Sum("k"), Cost: 1, Done: make(chan struct{}, 1)}
-			if err := mb.SendAllow(context.Background(), reqs[i]); err != nil {
+			reqs[i] = &msg.Single{Op: msg.OpAllow, Key: "k", Hash: testHasher.Sum("k"), Cost: 1, Done: make(chan struct{}, 1)}
+			if err := mb.SendSingle(context.Background(), reqs[i]); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -73,7 +73,7 @@ func (s *Shard) served() {
 }
 
 // count tallies one answer to a single request, and samples it.
-func (s *Shard) count(now int64, a *msg.Allow) {
+func (s *Shard) count(now int64, a *msg.Single) {
 	r := &a.Reply
 	c := &s.stats.c
 	switch {

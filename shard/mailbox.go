@@ -13,7 +13,7 @@ import (
 const closedBit = 1 << 62
 
 // closedQueue is the head of a closed mailbox's queue of single requests.
-var closedQueue = new(msg.Allow)
+var closedQueue = new(msg.Single)
 
 // Mailbox is how requests reach one shard. Single requests go on a
 // lock-free take-all queue: a sender pushes with one compare-and-swap, and
@@ -34,9 +34,9 @@ type Mailbox struct {
 	// The queue of single requests, newest first, and how many requests
 	// count against size: counted before the push, and uncounted once the
 	// shard has served the group it took them with.
-	head   atomic.Pointer[msg.Allow] // closedQueue once closed
+	head   atomic.Pointer[msg.Single] // closedQueue once closed
 	queued atomic.Int64
-	left   *msg.Allow // what Close took from the queue, for the final drain
+	left   *msg.Single // what Close took from the queue, for the final drain
 	// sleeping is set by the shard just before it parks; the sender that
 	// clears it sends the wake-up.
 	sleeping atomic.Bool
@@ -91,12 +91,12 @@ func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 	}
 }
 
-// SendAllow hands a to the shard. It returns ErrClosed if the mailbox is
+// SendSingle hands a to the shard. It returns ErrClosed if the mailbox is
 // closed, the context's error if ctx is done first (checked before the
 // hand-over, so a done context never reaches the shard), and nil once the
 // shard holds a; then the shard will answer, and a.Wait returns once it has.
 // A full mailbox blocks until there is room, ctx ends or the engine closes.
-func (m *Mailbox) SendAllow(ctx context.Context, a *msg.Allow) error {
+func (m *Mailbox) SendSingle(ctx context.Context, a *msg.Single) error {
 	if m.head.Load() == closedQueue {
 		return msg.ErrClosed
 	}
@@ -129,7 +129,7 @@ func (m *Mailbox) SendAllow(ctx context.Context, a *msg.Allow) error {
 	return nil
 }
 
-// waitRoom is SendAllow's slow path, entered having counted itself in a
+// waitRoom is SendSingle's slow path, entered having counted itself in a
 // full queue: it uncounts itself and waits until it can count itself in
 // with room to spare, ctx ends or the engine closes.
 func (m *Mailbox) waitRoom(ctx context.Context) error {
@@ -175,7 +175,7 @@ func (m *Mailbox) ended(ctx context.Context) error {
 // take removes every queued single request and returns the newest, whose
 // Next links lead to the older ones; the caller must call taken with how
 // many it served. Only the shard's goroutine may call it.
-func (m *Mailbox) take() *msg.Allow {
+func (m *Mailbox) take() *msg.Single {
 	for {
 		h := m.head.Load()
 		if h == nil || h == closedQueue {
@@ -220,7 +220,7 @@ func (m *Mailbox) sleep() bool {
 func (m *Mailbox) awake() { m.sleeping.Store(false) }
 
 // SendBatch hands a batch part to the shard, which answers on b.Done. It
-// checks like SendAllow, and blocks on a full mailbox the same way.
+// checks like SendSingle, and blocks on a full mailbox the same way.
 func (m *Mailbox) SendBatch(ctx context.Context, b *msg.Batch) error {
 	if !m.enter() {
 		return msg.ErrClosed
@@ -328,7 +328,7 @@ func (m *Mailbox) Depth() int { return int(m.queued.Load()) + len(m.batch) }
 
 // Close marks the mailbox closed and waits until no batch sender is inside
 // a send. After it returns, nothing more can enter the mailbox (a single
-// sender still inside SendAllow fails with ErrClosed). It is safe to call
+// sender still inside SendSingle fails with ErrClosed). It is safe to call
 // more than once, and concurrently: every call returns only after the one
 // that took the queue has left it for the final drain.
 func (m *Mailbox) Close() {
@@ -359,7 +359,7 @@ func (m *Mailbox) closeDrained() { close(m.drained) }
 
 // takeLeft is take for the final drain, after Close: what Close took from
 // the queue. Only the shard's goroutine may call it, once stop closed.
-func (m *Mailbox) takeLeft() *msg.Allow {
+func (m *Mailbox) takeLeft() *msg.Single {
 	h := m.left
 	m.left = nil
 	return h

@@ -60,11 +60,11 @@ func TestMailboxManySendersTinyQueue(t *testing.T) {
 	var wg sync.WaitGroup
 	for g := range senders {
 		wg.Go(func() {
-			a := &msg.Allow{Done: make(chan struct{}, 1)}
+			a := &msg.Single{Done: make(chan struct{}, 1)}
 			for i := range each {
 				key := fmt.Sprintf("k%d", (g+i)%keys)
 				a.Op, a.Key, a.Hash, a.Cost = msg.OpAllow, key, testHasher.Sum(key), 1
-				if !assert.NoError(t, mb.SendAllow(ctx, a)) {
+				if !assert.NoError(t, mb.SendSingle(ctx, a)) {
 					return
 				}
 				a.Wait(i % maxYields) // from parking at once to as many yields as a caller makes
@@ -93,8 +93,8 @@ func TestMailboxManySendersTinyQueue(t *testing.T) {
 	// items; one more token now shows the balance.
 	for k := range keys {
 		key := fmt.Sprintf("k%d", k)
-		a := &msg.Allow{Op: msg.OpAllow, Key: key, Hash: testHasher.Sum(key), Cost: 1, Done: make(chan struct{}, 1)}
-		require.NoError(t, mb.SendAllow(ctx, a))
+		a := &msg.Single{Op: msg.OpAllow, Key: key, Hash: testHasher.Sum(key), Cost: 1, Done: make(chan struct{}, 1)}
+		require.NoError(t, mb.SendSingle(ctx, a))
 		a.Wait(msg.WaitYields(1))
 		require.NoError(t, a.Reply.Err)
 		spent := int64(senders*each/keys + parts/keys + 1)
@@ -118,11 +118,11 @@ func TestMailboxCloseRacingSenders(t *testing.T) {
 		refused, answered := 0, 0
 		for g := range 12 {
 			wg.Go(func() {
-				a := &msg.Allow{Done: make(chan struct{}, 1)}
+				a := &msg.Single{Done: make(chan struct{}, 1)}
 				for i := 0; ; i++ {
 					key := fmt.Sprintf("r%d-k%d", round, (g+i)%7)
 					a.Op, a.Key, a.Hash, a.Cost = msg.OpAllow, key, testHasher.Sum(key), 1
-					if err := mb.SendAllow(ctx, a); err != nil {
+					if err := mb.SendSingle(ctx, a); err != nil {
 						assert.ErrorIs(t, err, msg.ErrClosed)
 						mu.Lock()
 						refused++
@@ -168,10 +168,10 @@ func TestMailboxPingPong(t *testing.T) {
 	for g := range 2 {
 		wg.Go(func() {
 			key := fmt.Sprintf("k%d", g)
-			a := &msg.Allow{Done: make(chan struct{}, 1)}
+			a := &msg.Single{Done: make(chan struct{}, 1)}
 			for i := range 50_000 {
 				a.Op, a.Key, a.Hash, a.Cost = msg.OpAllow, key, testHasher.Sum(key), 1
-				if !assert.NoError(t, mb.SendAllow(context.Background(), a)) {
+				if !assert.NoError(t, mb.SendSingle(context.Background(), a)) {
 					return
 				}
 				a.Wait(i % maxYields)

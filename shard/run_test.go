@@ -55,10 +55,10 @@ func (l *loop) close() {
 // allowAsync sends one request and returns where its answer will arrive.
 func allowAsync(t *testing.T, mb *Mailbox, key string, cost int64) <-chan msg.Reply {
 	t.Helper()
-	a := &msg.Allow{Key: key, Hash: testHasher.Sum(key), Cost: cost, Done: make(chan struct{}, 1)}
+	a := &msg.Single{Key: key, Hash: testHasher.Sum(key), Cost: cost, Done: make(chan struct{}, 1)}
 	got := make(chan msg.Reply, 1)
 	go func() {
-		if err := mb.SendAllow(context.Background(), a); err != nil {
+		if err := mb.SendSingle(context.Background(), a); err != nil {
 			got <- msg.Reply{Err: err}
 			return
 		}
@@ -166,7 +166,7 @@ func TestRunStopDrains(t *testing.T) {
 		for _, r := range batch.Out {
 			assert.ErrorIs(t, r.Err, msg.ErrClosed)
 		}
-		assert.ErrorIs(t, l.mb.SendAllow(context.Background(), &msg.Allow{Key: "a", Hash: testHasher.Sum("a"), Cost: 1, Done: make(chan struct{}, 1)}), msg.ErrClosed)
+		assert.ErrorIs(t, l.mb.SendSingle(context.Background(), &msg.Single{Key: "a", Hash: testHasher.Sum("a"), Cost: 1, Done: make(chan struct{}, 1)}), msg.ErrClosed)
 		assert.False(t, l.mb.Publish(), "nobody left to publish to")
 		l.mb.Close() // idempotent
 	})
@@ -190,7 +190,7 @@ func TestMailboxFullBlocksUntilContext(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		blocked := make(chan error, 1)
 		go func() {
-			blocked <- l.mb.SendAllow(ctx, &msg.Allow{Key: "a", Hash: testHasher.Sum("a"), Cost: 1, Done: make(chan struct{}, 1)})
+			blocked <- l.mb.SendSingle(ctx, &msg.Single{Key: "a", Hash: testHasher.Sum("a"), Cost: 1, Done: make(chan struct{}, 1)})
 		}()
 		synctest.Wait()
 		select {
@@ -203,7 +203,7 @@ func TestMailboxFullBlocksUntilContext(t *testing.T) {
 
 		closed := make(chan error, 1)
 		go func() {
-			closed <- l.mb.SendAllow(context.Background(), &msg.Allow{Key: "a", Hash: testHasher.Sum("a"), Cost: 1, Done: make(chan struct{}, 1)})
+			closed <- l.mb.SendSingle(context.Background(), &msg.Single{Key: "a", Hash: testHasher.Sum("a"), Cost: 1, Done: make(chan struct{}, 1)})
 		}()
 		synctest.Wait()
 		close(l.closing)
@@ -261,8 +261,8 @@ func TestRunCutoversOutpaceConversion(t *testing.T) {
 	clk.Set(100 * sec)
 	for i := range keys {
 		key := fmt.Sprintf("k%d", i)
-		a := &msg.Allow{Key: key, Hash: testHasher.Sum(key), Cost: 1, Done: make(chan struct{}, 1)}
-		require.NoError(t, mb.SendAllow(ctx, a))
+		a := &msg.Single{Key: key, Hash: testHasher.Sum(key), Cost: 1, Done: make(chan struct{}, 1)}
+		require.NoError(t, mb.SendSingle(ctx, a))
 		a.Wait(msg.WaitYields(1))
 		require.Equal(t, m.allow(100*sec, key, 1), a.Reply, "key %s", key)
 	}
@@ -300,7 +300,7 @@ func TestGroupDecidedNewestFirst(t *testing.T) {
 			}
 			// Queued before the shard runs, so it takes them as one group.
 			r := rand.New(rand.NewPCG(3, 4))
-			reqs := make([]*msg.Allow, group)
+			reqs := make([]*msg.Single, group)
 			next := known
 			for j := range reqs {
 				i := r.IntN(known)
@@ -308,8 +308,8 @@ func TestGroupDecidedNewestFirst(t *testing.T) {
 					i, next = next, next+1
 				}
 				op := []msg.Op{msg.OpAllow, msg.OpAllow, msg.OpPeek, msg.OpRefund}[r.IntN(4)]
-				reqs[j] = &msg.Allow{Op: op, Key: key(i), Hash: testHasher.Sum(key(i)), Cost: 1 + r.Int64N(2), Done: make(chan struct{}, 1)}
-				require.NoError(t, mb.SendAllow(context.Background(), reqs[j]))
+				reqs[j] = &msg.Single{Op: op, Key: key(i), Hash: testHasher.Sum(key(i)), Cost: 1 + r.Int64N(2), Done: make(chan struct{}, 1)}
+				require.NoError(t, mb.SendSingle(context.Background(), reqs[j]))
 			}
 			go func() {
 				defer close(exited)
@@ -325,7 +325,7 @@ func TestGroupDecidedNewestFirst(t *testing.T) {
 			require.Equal(t, canPrefetch && known >= warmFrom, s.State().worthWarming(2))
 			for j := len(reqs) - 1; j >= 0; j-- {
 				a := reqs[j]
-				want := msg.Allow{Op: a.Op, Key: a.Key, Hash: a.Hash, Cost: a.Cost}
+				want := msg.Single{Op: a.Op, Key: a.Key, Hash: a.Hash, Cost: a.Cost}
 				switch a.Op {
 				case msg.OpAllow:
 					want.Reply = model.Allow(7e8, a.Key, a.Cost)

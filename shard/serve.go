@@ -62,7 +62,7 @@ func (s *Shard) serveAllows() bool {
 
 // serveWalking decides the group whose newest request is a as it walks it,
 // and returns its size.
-func (s *Shard) serveWalking(a *msg.Allow) int {
+func (s *Shard) serveWalking(a *msg.Single) int {
 	now := s.clk.Now()
 	n := 0
 	for a != nil {
@@ -92,7 +92,7 @@ func (s *Shard) serveWalking(a *msg.Allow) int {
 // serveWarmed walks the group whose newest request is a, warming the cache
 // for each, then decides them in the same order, and returns its size.
 // Peeks and refunds are rare, and find their buckets without the warm.
-func (s *Shard) serveWarmed(a *msg.Allow) int {
+func (s *Shard) serveWarmed(a *msg.Single) int {
 	g := s.group[:0]
 	s.state.WarmStart()
 	for a != nil {

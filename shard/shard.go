@@ -15,7 +15,7 @@ type Shard struct {
 	state *State
 	clk   clock.Clock
 	mb    *Mailbox
-	group []*msg.Allow // reused buffer of one group of single requests
+	group []*msg.Single // reused buffer of one group of single requests
 	task  task         // the background work in progress, if any
 
 	yieldFirst bool // data was served since the last yield: yield before parking
@@ -32,7 +32,7 @@ func New(p policy.Policy, clk clock.Clock, budget *Budget, mb *Mailbox, h *Hashe
 		state: NewState(p, budget, h),
 		clk:   clk,
 		mb:    mb,
-		group: make([]*msg.Allow, 0, mb.size), // the most a mailbox queues
+		group: make([]*msg.Single, 0, mb.size), // the most a mailbox queues
 	}
 }
 
@@ -259,7 +259,7 @@ func (s *Shard) endTask() {
 func (s *Shard) drain() {
 	defer s.publish() // the final counts, for Stats after Close
 	// What Close took, and anything queued if stop came without a Close.
-	for _, a := range [2]*msg.Allow{s.mb.takeLeft(), s.mb.take()} {
+	for _, a := range [2]*msg.Single{s.mb.takeLeft(), s.mb.take()} {
 		n := 0
 		for a != nil {
 			next := a.Next
