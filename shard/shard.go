@@ -16,7 +16,7 @@ type Shard struct {
 	clk   clock.Clock
 	mb    *Mailbox
 	group []*msg.Single // reused buffer of one group of single requests
-	task  task         // the background work in progress, if any
+	task  task          // the background work in progress, if any
 
 	yieldFirst bool // data was served since the last yield: yield before parking
 	dataFirst  bool // a cutover just ended: serve data before control once
