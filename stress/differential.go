@@ -388,8 +388,8 @@ func (op diffOp) String() string {
 
 func (cfg diffConfig) String() string {
 	if cfg.store {
-		return fmt.Sprintf("redisstore.New(scripttime.With(ctx, clock.NewManual(%d)), redisstore.Config{Client: c, Prefix: fresh, Policy: %s, MaxKeyBytes: %d})",
-			cfg.start, diffPolicy(cfg.policy), cfg.maxKeyBytes)
+		return fmt.Sprintf("redisstore.New(ctx, redisstore.Config{Client: c, Prefix: fresh, Policy: %s, MaxKeyBytes: %d, Clock: clock.NewManual(%d)})",
+			diffPolicy(cfg.policy), cfg.maxKeyBytes, cfg.start)
 	}
 	clk := fmt.Sprintf("clock.NewManual(%d)", cfg.start)
 	if cfg.regress {

@@ -15,13 +15,12 @@ import (
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
-	"github.com/tokenshard/tokenshard/internal/scripttime"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
 // The differential check on the Redis store (-redis): the traces of
 // diffGenerateStore replayed on a redisstore.Store whose time is a Manual
-// clock the replay sets (internal/scripttime), compared with the model as
+// clock the replay sets (Config.Clock), compared with the model as
 // the engine is. Each target has a key prefix of its own, deleted when it
 // closes, so traces never meet and the server does not fill up; one client
 // serves them all.
@@ -59,13 +58,14 @@ func diffNewRedis(rdb *redis.Client, cfg diffConfig, c *counters) (diffTarget, e
 	var raw [8]byte
 	_, _ = rand.Read(raw[:])
 	d := &diffRedis{rdb: rdb, prefix: diffRedisPrefix + hex.EncodeToString(raw[:]) + ":", manual: clock.NewManual(cfg.start), c: c}
-	s, err := redisstore.New(scripttime.With(context.Background(), d.manual), redisstore.Config{
+	s, err := redisstore.New(context.Background(), redisstore.Config{
 		Client:      rdb,
 		Prefix:      d.prefix,
 		Policy:      cfg.policy,
 		MaxKeyBytes: cfg.maxKeyBytes,
 		Timeout:     diffRedisTimeout,
 		OnError:     d.onError,
+		Clock:       d.manual,
 	})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("differential: redisstore.New: %w", err), d.clean())

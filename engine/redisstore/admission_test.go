@@ -10,7 +10,7 @@ import (
 
 // TestAdmission runs the behaviour suite every Admitter passes, the one the
 // engine passes, on the store through a real Redis, its time driven by the
-// suite's clock through the scripts (internal/scripttime).
+// suite's clock through the scripts (Config.Clock).
 func TestAdmission(t *testing.T) {
 	admissiontest.Run(t, func(t *testing.T, s admissiontest.Setup) engine.Admitter {
 		return newStore(t, redisstore.Config{Policy: s.Policy}, s.Clock)

@@ -32,6 +32,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"negative MaxKeyBytes", redisstore.Config{Policy: good, Client: ok, MaxKeyBytes: -1}, engine.ErrInvalidConfig},
 		{"negative Timeout", redisstore.Config{Policy: good, Client: ok, Timeout: -1}, engine.ErrInvalidConfig},
 		{"negative FailRetryAfter", redisstore.Config{Policy: good, Client: ok, FailRetryAfter: -1}, engine.ErrInvalidConfig},
+		{"Monotonic clock", redisstore.Config{Policy: good, Client: ok, Clock: clock.NewMonotonic()}, engine.ErrInvalidConfig},
 		{"unreachable", redisstore.Config{Policy: good, Client: ok, Timeout: 200 * time.Millisecond}, redisstore.ErrUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

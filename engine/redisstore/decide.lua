@@ -21,8 +21,10 @@
 -- ARGV[2] the version the client resolved the limits under.
 -- ARGV[3] the instant in ns: "" reads the server's TIME; otherwise, with
 --         expiry on, the earlier of it and TIME (an eviction judges every key
---         at the instant it began); with expiry off, exactly it (tests).
--- ARGV[4] "1" sets expiries at the time-to-full, "0" sets none (tests).
+--         at the instant it began); with expiry off, exactly it
+--         (Config.Clock's reading).
+-- ARGV[4] "1" sets expiries at the time-to-full, "0" sets none (a store
+--         with a Config.Clock).
 -- ARGV[5..] four per bucket: cost (tokens), cap and rate of the key under
 --         ARGV[2], and the chain: "version cap rate" triples joined by ";"
 --         giving the key's own limit under retained versions that had

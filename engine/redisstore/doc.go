@@ -29,7 +29,8 @@
 // The time authority is the Redis server's TIME, read inside the script, so
 // replicas with skewed clocks cannot mint tokens. A server clock that steps
 // back counts as no time at all: a bucket never moves its last update back,
-// and there is no ErrClockRegression.
+// and there is no ErrClockRegression. Tests that need deterministic time set
+// Config.Clock instead, which also turns expiries off.
 //
 // Lua numbers are doubles, exact only below 2^53, while units (tokens times
 // 10^9) and their products reach 2^126. The script therefore computes on

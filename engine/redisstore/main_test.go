@@ -12,7 +12,6 @@ import (
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/internal/redistest"
-	"github.com/tokenshard/tokenshard/internal/scripttime"
 )
 
 type stopRedis struct{ m *testing.M }
@@ -48,7 +47,7 @@ func prefix(t testing.TB) string {
 }
 
 // newStore builds a store on a fresh prefix of the shared server, its time
-// driven by clk.
+// driven by clk (Config.Clock).
 func newStore(t testing.TB, cfg redisstore.Config, clk clock.Clock) *redisstore.Store {
 	t.Helper()
 	if cfg.Client == nil {
@@ -60,7 +59,8 @@ func newStore(t testing.TB, cfg redisstore.Config, clk clock.Clock) *redisstore.
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5e9 // the race detector slows everything; a failure is a test failure anyway
 	}
-	s, err := redisstore.New(scripttime.With(context.Background(), clk), cfg)
+	cfg.Clock = clk
+	s, err := redisstore.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("redisstore.New: %v", err)
 	}

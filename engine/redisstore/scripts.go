@@ -13,7 +13,7 @@ import (
 var decideSrc string
 
 // timeLua is shared by the administrative scripts: the server's TIME in ns,
-// as a decimal string, or ARGV's override when a test drives the time.
+// as a decimal string, or ARGV's override: Config.Clock's reading.
 const timeLua = `
 local function nowNs(override)
   if override ~= '' then return override end

@@ -14,7 +14,6 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
-	"github.com/tokenshard/tokenshard/internal/scripttime"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -77,6 +76,18 @@ type Config struct {
 	// and with failures a call could not return: the expiry pass after a
 	// published cutover, and releasing the cutover lock. It must not block.
 	OnError func(error)
+	// Clock is the time the store decides at. nil (the default, and the
+	// only safe production setting) decides at the Redis server's TIME,
+	// read inside each script, so replicas with skewed clocks cannot mint
+	// tokens. A non-nil Clock makes the store send its readings to the
+	// scripts instead: for tests and harnesses that need deterministic time
+	// (a clock.Manual), with one process only on the prefix, since stores
+	// whose clocks disagree mint tokens. Such a store sets no expiries (they
+	// would run on the server's clock), so its buckets stay until EvictFull
+	// deletes them. A *clock.Monotonic is refused: its readings count from
+	// its construction, so they are neither the server's time nor
+	// deterministic.
+	Clock clock.Clock
 }
 
 // Stats counts what a Store did since New.
@@ -98,7 +109,7 @@ type Store struct {
 	timeout     time.Duration
 	lockTTL     time.Duration
 	onError     func(error)
-	now         func() int64 // tests only: a clock instead of the server's TIME
+	now         func() int64 // Config.Clock's Now, or nil for the server's TIME
 
 	kPolicy, kHistory, kBlobs, kLock, kPending, kBucket string
 
@@ -122,15 +133,11 @@ var _ engine.Admitter = (*Store)(nil)
 // New connects a Store to the prefix's policy, installing cfg.Policy if the
 // prefix has none. Errors: engine.ErrNilContext for a nil ctx,
 // engine.ErrInvalidPolicy, engine.ErrInvalidConfig (no client, a client
-// without ContextTimeoutEnabled, a negative duration or bound), or
-// ErrUnavailable when Redis cannot be reached.
+// without ContextTimeoutEnabled, a negative duration or bound, a
+// *clock.Monotonic Clock), or ErrUnavailable when Redis cannot be reached.
 func New(ctx context.Context, cfg Config) (*Store, error) {
 	if ctx == nil {
 		return nil, engine.ErrNilContext
-	}
-	var now func() int64
-	if c := scripttime.From(ctx); c != nil {
-		now = c.Now // tokenshard's own tests only: see internal/scripttime
 	}
 	if err := cfg.Policy.Validate(); err != nil {
 		return nil, err
@@ -142,6 +149,14 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: the client needs ContextTimeoutEnabled: true, or a call could outlive its deadline", engine.ErrInvalidConfig)
 	case cfg.MaxKeyBytes < 0, cfg.FailRetryAfter < 0, cfg.Timeout < 0:
 		return nil, fmt.Errorf("%w: redisstore: negative MaxKeyBytes, FailRetryAfter or Timeout", engine.ErrInvalidConfig)
+	}
+	var now func() int64
+	switch c := cfg.Clock.(type) {
+	case nil: // the server's TIME
+	case *clock.Monotonic:
+		return nil, fmt.Errorf("%w: redisstore: Config.Clock is a clock.Monotonic, whose readings count from its construction; leave it nil for the server's TIME", engine.ErrInvalidConfig)
+	default:
+		now = c.Now
 	}
 	s := &Store{
 		rdb:         cfg.Client,
@@ -191,7 +206,7 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 }
 
 // timeArgs are ARGV[3] and ARGV[4] of the decide script: the server's TIME
-// and expiries, or a test's clock and none.
+// and expiries, or Config.Clock's reading and none.
 func (s *Store) timeArgs() (string, string) {
 	if s.now != nil {
 		return strconv.FormatInt(s.now(), 10), "0"
