@@ -16,9 +16,8 @@ import (
 // TestPassExpiryAfterConcurrentAllow: EvictFull reads the server's TIME
 // (T0), then a request on another store spends from a bucket 30 ms later,
 // then the pass reaches that bucket. The pass must not give it an expiry
-// before it is full (it did, counting from T0: found in review), or the
-// bucket would be dropped early and a burst admitted that the exact rule
-// denies.
+// before it is full (as counting from T0 would), or the bucket would be
+// dropped early and a burst admitted that the exact rule denies.
 func TestPassExpiryAfterConcurrentAllow(t *testing.T) {
 	addr := redisAddr(t)
 	p := prefix(t)

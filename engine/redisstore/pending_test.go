@@ -16,7 +16,7 @@ import (
 // stalled) must not set the pending flag over the one of the process that
 // took the lock after it; it would later delete it, and buckets would get
 // expiries under the old limit while the other prepares a lengthening
-// cutover (found in review).
+// cutover.
 func TestPendingFlagNeedsTheLock(t *testing.T) {
 	addr := redisAddr(t)
 	p := prefix(t)

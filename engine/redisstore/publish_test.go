@@ -16,8 +16,7 @@ import (
 // TestPublishThenContextEnds: once publish has begun, ReplacePolicy completes
 // and returns nil. Here the context ends while the publish's reply is in
 // flight: the call must still return nil and run the pass that sets expiries
-// again (it returned the context's error and skipped the pass: found in
-// review).
+// again, not return the context's error and leave buckets without expiries.
 func TestPublishThenContextEnds(t *testing.T) {
 	addr := redisAddr(t)
 	p := prefix(t)

@@ -109,9 +109,9 @@ func startDropProxy(t *testing.T, target string, trigger *regexp.Regexp) *dropPr
 // TestPublishReplyLost: the replace script runs and its reply is lost
 // (connection reset). go-redis retries commands by default (MaxRetries 3):
 // a second run would answer "stale", and ReplacePolicy would report
-// ErrStalePolicy for the cutover it made itself (found in review). The
-// store's scripts are sent as commands go-redis never retries, and the
-// version is read back instead.
+// ErrStalePolicy for the cutover it made itself. The store's scripts are
+// sent as commands go-redis never retries, and the version is read back
+// instead.
 func TestPublishReplyLost(t *testing.T) {
 	addr := redisAddr(t)
 	p := prefix(t)
@@ -129,8 +129,8 @@ func TestPublishReplyLost(t *testing.T) {
 
 // TestDecideReplyLost: the decide script runs (6 of 10 tokens taken) and
 // its reply is lost. A go-redis retry would run it again, deny, and answer
-// "denied, 4 left" as if Redis had decided that (found in review); the
-// store answers by its failure rule instead.
+// "denied, 4 left" as if Redis had decided that; the store answers by its
+// failure rule instead.
 func TestDecideReplyLost(t *testing.T) {
 	addr := redisAddr(t)
 	p := prefix(t)

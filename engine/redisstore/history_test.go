@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 // TestLostHistoryRestartsEmpty: a bucket written under a version Redis no
 // longer retains (its policy keys were lost, not its buckets) cannot replay
 // what it earned since; it restarts empty at the current cutover, a denial
-// too many rather than a free burst (it used to fail on every call).
+// too many rather than a free burst or a failure on every later call.
 func TestLostHistoryRestartsEmpty(t *testing.T) {
 	clk := clock.NewManual(0)
 	c := client(t, redisAddr(t))
@@ -34,4 +35,27 @@ func TestLostHistoryRestartsEmpty(t *testing.T) {
 	// empty at the cutover (t=1 s), one token refilled since: taken
 	require.Equal(t, engine.Decision{Allowed: true, Remaining: 0, Version: 2, Limit: 10, ResetAfter: 10 * time.Second}, d)
 	require.Zero(t, s.Stats().Failures)
+}
+
+// TestTrimWithChains: once HistoryVersions versions are retained, the
+// next cutover brings every bucket up first, and must do so when many
+// buckets of a SCAN page need chains: a trim that gave up would make every
+// later ReplacePolicy give up too.
+func TestTrimWithChains(t *testing.T) {
+	srv := startPrivate(t)
+	clk := clock.NewManual(0)
+	c := client(t, srv.Addr())
+	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}}, clk)
+	ctx := context.Background()
+	for i := range 20 {
+		_, err := s.Allow(ctx, fmt.Sprint("key", i), 10)
+		require.NoError(t, err)
+	}
+	ov, err := policy.NewOverrideSet(policy.Override{Match: "vip", Capacity: 5, TokensPerSecond: 1})
+	require.NoError(t, err)
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 10, TokensPerSecond: 1, Overrides: ov}, 1))
+	for v := int64(3); v <= redisstore.HistoryVersions; v++ {
+		require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: v, Capacity: 5, TokensPerSecond: v}, v-1))
+	}
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: redisstore.HistoryVersions + 1, Capacity: 5, TokensPerSecond: 100}, redisstore.HistoryVersions))
 }
