@@ -11,11 +11,11 @@ import (
 )
 
 // TestAdmission runs the behaviour suite every Admitter passes over the
-// engine with one shard, a pair, and more shards than keys in most tests,
-// so every routing shape (all keys together, split, scattered) is held to
-// the same answers.
+// engine with one shard, a pair, and more shards than keys in most tests
+// (16, and 64 as the engine's other tests use), so every routing shape (all
+// keys together, split, scattered) is held to the same answers.
 func TestAdmission(t *testing.T) {
-	for _, shards := range []int{1, 2, 16} {
+	for _, shards := range []int{1, 2, 16, 64} {
 		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
 			admissiontest.Run(t, func(t *testing.T, s admissiontest.Setup) engine.Admitter {
 				e, err := engine.New(engine.Config{Policy: s.Policy, Clock: s.Clock, Shards: shards})

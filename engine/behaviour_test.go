@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"sort"
 	"sync"
@@ -13,8 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/engine"
-	"github.com/tokenshard/tokenshard/internal/enginemodel"
-	"github.com/tokenshard/tokenshard/policy"
 )
 
 // The behaviour suite: worked examples a reader can check by hand against the
@@ -388,113 +385,6 @@ func TestBehaviourReplacePolicyVersion(t *testing.T) {
 			assert.Equal(t, int64(2), r.Decision.Version, keys[i])
 		}
 	})
-}
-
-// behavMagnitude draws a capacity or rate: mostly small, sometimes huge, so
-// both the everyday path and the 128-bit corners are exercised.
-func behavMagnitude(r *rand.Rand) int64 {
-	switch r.IntN(6) {
-	case 0, 1:
-		return 1 + r.Int64N(10)
-	case 2, 3:
-		return 1 + r.Int64N(1000)
-	case 4:
-		return 1 + r.Int64N(math.MaxInt64)
-	default:
-		return math.MaxInt64 - r.Int64N(3)
-	}
-}
-
-func behavCost(r *rand.Rand, capacity int64) int64 {
-	switch r.IntN(3) {
-	case 0:
-		return 1
-	case 1:
-		return capacity
-	default:
-		return 1 + r.Int64N(capacity)
-	}
-}
-
-// behavStepTime draws how far the clock moves; the total over a run stays far
-// below math.MaxInt64.
-func behavStepTime(r *rand.Rand) time.Duration {
-	switch r.IntN(6) {
-	case 0:
-		return 0
-	case 1:
-		return time.Duration(1 + r.Int64N(10))
-	case 2, 3:
-		return time.Duration(r.Int64N(2e9))
-	case 4:
-		return time.Duration(r.Int64N(1e12))
-	default:
-		return time.Duration(r.Int64N(1e15))
-	}
-}
-
-// TestBehaviourCutoverChain replaces the policy many times and checks every
-// decision against the math/big model of internal/model. "idle" is touched
-// once before the chain and once after, so it goes through every cutover
-// untouched; the other keys are touched at random in between. 70 cutovers is past any bounded history an
-// implementation might keep for lazy conversion.
-func TestBehaviourCutoverChain(t *testing.T) {
-	seeds := []uint64{1, 2, 3, 20260101}
-	for _, chain := range []int{1, 3, 12, 70} {
-		for _, seed := range seeds {
-			t.Run(fmt.Sprintf("cutovers=%d/seed=%d", chain, seed), func(t *testing.T) {
-				behavEachShards(t, func(t *testing.T, shards int) {
-					behavRunChain(t, shards, chain, seed)
-				})
-			})
-		}
-	}
-}
-
-func behavRunChain(t *testing.T, shards, chain int, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, 0x5eed))
-	first := policy.Policy{Version: 1, Capacity: behavMagnitude(r), TokensPerSecond: behavMagnitude(r)}
-	e, clk := newEngine(t, engine.Config{Policy: first, Shards: shards})
-	m := enginemodel.New(first, 0, 0)
-	keys := []string{"idle", "k0", "k1", "k2", "k3"}
-	ctx := fmt.Sprintf("seed=%d shards=%d cutovers=%d", seed, shards, chain)
-
-	check := func(key string, what string) {
-		t.Helper()
-		clk.Advance(behavStepTime(r))
-		now := clk.Now()
-		cost := behavCost(r, m.Policy().Capacity)
-		want, err := m.Allow(now, key, cost)
-		require.NoError(t, err, "%s: %s model Allow(%q, %d) at %d", ctx, what, key, cost, now)
-		got, err := e.Allow(t.Context(), key, cost)
-		require.NoError(t, err, "%s: %s Allow(%q, %d) at %d", ctx, what, key, cost, now)
-		require.Equal(t, want, got, "%s: %s Allow(%q, %d) at %d under %+v", ctx, what, key, cost, now, m.Policy())
-	}
-
-	for _, k := range keys {
-		check(k, "before the chain")
-	}
-	for i := range chain {
-		clk.Advance(behavStepTime(r))
-		cur := m.Policy()
-		next := policy.Policy{
-			Version:         cur.Version + 1 + r.Int64N(3),
-			Capacity:        behavMagnitude(r),
-			TokensPerSecond: behavMagnitude(r),
-		}
-		require.NoError(t, e.ReplacePolicy(t.Context(), next, cur.Version), "%s: cutover %d to %+v", ctx, i, next)
-		require.NoError(t, m.ReplacePolicy(clk.Now(), next, cur.Version), "%s: model cutover %d", ctx, i)
-		require.Equal(t, next, e.Policy(), "%s: cutover %d", ctx, i)
-		for _, k := range keys[1:] {
-			if r.IntN(3) == 0 {
-				check(k, fmt.Sprintf("after cutover %d", i))
-			}
-		}
-	}
-	for _, k := range keys {
-		check(k, "after the chain")
-	}
-	require.Equal(t, len(keys), e.KeyCount(), ctx)
 }
 
 // TestBehaviourBatchEqualsAllow plays random batches, valid and invalid
