@@ -34,9 +34,7 @@ type table struct {
 	maxGroups int      // maxGroups, or less in tests that want many segments
 	hashes    []uint64 // scratch for rehash
 
-	moves  uint64 // rehashes so far: slots stay where they are in between
-	hints  []hint // where the last warm found each of its items
-	hinted uint64 // moves when the hints were taken
+	hints []hint // where the last warm found each of its items
 	// warmArena: some key of the warm in progress may be in an arena.
 	warmArena bool
 

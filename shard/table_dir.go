@@ -36,7 +36,6 @@ func (t *table) segmentOf(hm uint64) (int, *segment) {
 // rehash rebuilds s for n keys: in place at the right size, or split in two
 // once it would outgrow the largest segment size.
 func (t *table) rehash(s *segment, n int) {
-	t.moves++
 	t.forget()
 	// Hash each key once, into a buffer the table keeps.
 	t.hashes = t.hashes[:0]

@@ -307,12 +307,14 @@ func TestWarmHintsSurviveRehash(t *testing.T) {
 		items = append(items, msg.Item{Key: k, Hash: h})
 	}
 	tab.warm(items)
-	moves := tab.moves
 	for i := range 1000 {
 		k := fmt.Sprintf("new%d", i)
 		tab.insert(testHasher.Sum(k), k, false)
 	}
-	require.Greater(t, tab.moves, moves, "the inserts rehashed")
+	for i, it := range items {
+		_, s := tab.segmentOf(it.Hash * mix)
+		require.NotSame(t, tab.hints[i].seg, s, "the inserts rehashed %s's segment", it.Key)
+	}
 	for i, it := range items {
 		b := tab.findWarmed(i, it.Hash, it.Key)
 		require.NotNil(t, b, it.Key)
@@ -322,6 +324,86 @@ func TestWarmHintsSurviveRehash(t *testing.T) {
 	tab.unwarm()
 	for _, hn := range tab.hints[:cap(tab.hints)] {
 		require.Nil(t, hn.seg, "no segment kept alive")
+	}
+}
+
+// TestFindWarmedAfterChanges: a warm's hints are only hints. Whatever the
+// table does between a warm and its lookups (removes keys, the empty key
+// among them, whose emptied slot reads as holding it; removes keys and
+// creates them again; creates enough to split segments; shrinks a swept
+// segment), and whichever item's hint a lookup is handed, findWarmed finds
+// what find does.
+func TestFindWarmedAfterChanges(t *testing.T) {
+	e := testHasher.Sum("")
+	tab := newTable(&testHasher)
+	tab.insert(e, "", false)
+	tab.warm([]msg.Item{{Key: "", Hash: e}})
+	_, s := tab.segmentOf(e * mix)
+	tab.remove(s, s.find(e*mix, ""))
+	require.Nil(t, tab.findWarmed(0, e, ""), "the empty key, removed after it was warmed")
+	tab.unwarm()
+
+	key := func(i int) string {
+		switch {
+		case i == 0:
+			return ""
+		case i%11 == 0:
+			return fmt.Sprintf("tenant:%d:user-too-long-to-inline", i) // in the arena
+		case i%37 == 0:
+			return strings.Repeat("L", longKey+i) // kept as its own string
+		}
+		return fmt.Sprintf("k%d", i)
+	}
+	const universe = 300
+	for seed := uint64(1); seed <= 30; seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 7))
+			tab := newTable(&testHasher)
+			tab.maxGroups = 1 + r.IntN(4)
+			present := map[int]bool{}
+			for i := range universe {
+				if r.IntN(2) == 0 {
+					tab.insert(testHasher.Sum(key(i)), key(i), false)
+					present[i] = true
+				}
+			}
+			for round := range 20 {
+				items := []msg.Item{{Key: "", Hash: e}}
+				for range 1 + r.IntN(40) {
+					k := key(r.IntN(universe))
+					items = append(items, msg.Item{Key: k, Hash: testHasher.Sum(k)})
+				}
+				tab.warm(items)
+				for range r.IntN(60) {
+					i := r.IntN(universe)
+					k, h := key(i), testHasher.Sum(key(i))
+					if !present[i] {
+						tab.insert(h, k, false)
+						present[i] = true
+						continue
+					}
+					_, s := tab.segmentOf(h * mix)
+					tab.remove(s, s.find(h*mix, k))
+					delete(present, i)
+					if r.IntN(2) == 0 {
+						tab.shrink(s)
+					}
+					if r.IntN(3) == 0 {
+						tab.insert(h, k, false) // created again, maybe elsewhere
+						present[i] = true
+					}
+				}
+				for i, it := range items {
+					j := i
+					if r.IntN(4) == 0 {
+						j = r.IntN(len(items) + 1) // another item's hint, or none
+					}
+					require.Same(t, tab.find(it.Hash, it.Key), tab.findWarmed(j, it.Hash, it.Key),
+						"round %d item %d (hint %d) %q", round, i, j, it.Key[:min(len(it.Key), 20)])
+				}
+				tab.unwarm()
+			}
+		})
 	}
 }
 
@@ -446,10 +528,10 @@ func TestFindChecksTheLastKey(t *testing.T) {
 		}
 	}
 	before := tab.find(testHasher.Sum("k7"), "k7")
-	moves := tab.moves
 	_, s = tab.segmentOf(tab.hashOf("k7"))
 	tab.shrink(s)
-	require.Greater(t, tab.moves, moves, "the sweep shrank the table")
+	_, shrunk := tab.segmentOf(tab.hashOf("k7"))
+	require.NotSame(t, s, shrunk, "the sweep shrank the segment")
 	b := tab.find(testHasher.Sum("k7"), "k7")
 	require.NotSame(t, before, b, "the key moved")
 	require.Equal(t, int64(7), b.Tokens)
