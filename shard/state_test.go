@@ -131,6 +131,7 @@ func TestStateMatchesEagerCutover(t *testing.T) {
 				}
 				require.Equal(t, int64(len(m.buckets)), budget.Count(), "seed %d step %d: key count", seed, step)
 				require.LessOrEqual(t, len(s.gens), maxGenerations+1, "seed %d: history unbounded", seed)
+				s.checkInvariants(t, "seed %d step %d", seed, step)
 			}
 			// Same balances when both are brought to the final instant.
 			lim := m.pol.Limit()
@@ -202,14 +203,17 @@ func TestStateHistoryCompacts(t *testing.T) {
 	require.NoError(t, got.Err)
 	assert.Equal(t, int64(5), got.Decision.Remaining, "6 s at 1/s across four cutovers, minus 1")
 	assert.Len(t, s.gens, 5, "b still needs the history")
+	s.checkInvariants(t, "a converted")
 	s.Allow(6*sec, "b", 1)
 	assert.Len(t, s.gens, 1, "every bucket converted: history dropped")
+	s.checkInvariants(t, "b converted")
 
 	// Cutovers with nothing touched in between stay bounded.
 	for v := int64(6); v < 6+3*maxGenerations; v++ {
 		require.NoError(t, s.Prepare(6*sec+v, policy.Policy{Version: v, Capacity: 10, TokensPerSecond: 1}))
 		s.Publish()
 		require.LessOrEqual(t, len(s.gens), maxGenerations)
+		s.checkInvariants(t, "version %d", v)
 	}
 	got = s.Allow(7*sec, "a", 1)
 	require.NoError(t, got.Err)
@@ -226,6 +230,7 @@ func TestStateDroppedKeyIsNew(t *testing.T) {
 		s := NewState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10), &testHasher)
 		require.NoError(t, s.Allow(1, key, 4).Err)
 		require.True(t, s.Drop(key, testHasher.Sum(key)))
+		s.checkInvariants(t, "key %q dropped", key)
 		got := s.Allow(2, key, 1)
 		require.NoError(t, got.Err)
 		assert.Equal(t, int64(9), got.Decision.Remaining, "key %q: a full bucket, minus 1", key)
@@ -281,7 +286,9 @@ func TestStateConversionPass(t *testing.T) {
 	slices := 0
 	for !s.ConvertSlice(7) {
 		slices++
+		s.checkInvariants(t, "slice %d", slices)
 	}
+	s.checkInvariants(t, "after the pass")
 	assert.Greater(t, slices, 3, "the pass really was sliced")
 	assert.False(t, s.Converting())
 	assert.Len(t, s.gens, 1, "every bucket converted: history dropped")
@@ -333,6 +340,7 @@ func TestBatchMatchesSingles(t *testing.T) {
 		for i, it := range m.Items {
 			require.Equal(t, single.Allow(now, it.Key, it.Cost), m.Out[i], "round %d item %d", round, i)
 		}
+		batched.checkInvariants(t, "round %d", round)
 	}
 	require.Equal(t, single.Len(), batched.Len())
 	for i := range next {

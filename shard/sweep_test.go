@@ -38,6 +38,7 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 		done, err := s.SweepSlice(now, 3)
 		require.NoError(t, err)
 		slices++
+		s.checkInvariants(t, "slice %d", slices)
 		if done {
 			break
 		}
@@ -48,8 +49,10 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 		require.NoError(t, r.Err)
 		born++
 		now += sec / 10
+		s.checkInvariants(t, "born%d created", born-1)
 	}
 	got := s.EndSweep(nil)
+	s.checkInvariants(t, "the pass ended")
 	require.False(t, s.Sweeping())
 	assert.Greater(t, slices, 10, "the pass really was sliced")
 	assert.Equal(t, keys, got.Evicted, "every full key, and nothing else")
@@ -67,6 +70,7 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 	// and the deep keys are all full.
 	r := sweepAll(s, now+10*sec)
 	require.NoError(t, r.Err)
+	s.checkInvariants(t, "the next pass ended")
 	assert.Equal(t, born+keys, r.Evicted)
 	assert.Zero(t, budget.Count())
 }
@@ -85,9 +89,11 @@ func TestSweepSliceRegression(t *testing.T) {
 	require.False(t, done)
 	first := 30 - int(s.budget.Count())
 	require.Positive(t, first, "the first slice evicted its segment's keys")
+	s.checkInvariants(t, "the first slice")
 	done, err = s.SweepSlice(int64(time.Second), 4)
 	require.True(t, done)
 	got := s.EndSweep(err)
+	s.checkInvariants(t, "the failed pass ended")
 	assert.ErrorIs(t, got.Err, msg.ErrClockRegression)
 	assert.Equal(t, first, got.Evicted, "the failed slice evicted nothing")
 	assert.Equal(t, int64(30-first), s.budget.Count())
@@ -131,10 +137,13 @@ func TestConvertSliceBoundedByLooking(t *testing.T) {
 		require.NoError(t, s.Allow(20*sec, fmt.Sprintf("k%d", i), 1).Err)
 	}
 	require.Equal(t, 1, s.stale)
+	s.checkInvariants(t, "before the pass")
 	slices := 1
 	for !s.ConvertSlice(100) {
 		slices++
+		s.checkInvariants(t, "slice %d", slices)
 	}
+	s.checkInvariants(t, "after the pass")
 	assert.Greater(t, slices, 1, "a slice looks at about 100 slots, not the whole table")
 	assert.Len(t, s.gens, 1)
 }
@@ -160,12 +169,15 @@ func TestFailedSweepRestartsConversion(t *testing.T) {
 	done, err := s.SweepSlice(20*sec, 3)
 	require.NoError(t, err)
 	require.False(t, done)
+	s.checkInvariants(t, "a slice of the sweep")
 	done, err = s.SweepSlice(19*sec, 3) // the clock stepped back
 	require.True(t, done)
 	s.EndSweep(err)
+	s.checkInvariants(t, "the failed sweep ended")
 	assert.True(t, s.Converting(), "conversion resumes after the failed sweep")
 	for !s.ConvertSlice(SliceSize) {
 	}
+	s.checkInvariants(t, "the conversion ended")
 	assert.Len(t, s.gens, 1)
 }
 
@@ -187,7 +199,9 @@ func TestKeyCreatedAfterSweepWalkIsNotBorn(t *testing.T) {
 	_, ok := s.bucket("old")
 	require.False(t, ok, "full at one second: the first sweep evicted it")
 	require.NoError(t, s.Allow(sec, "new", 1).Err)
+	s.checkInvariants(t, "new created after the walk")
 	s.EndSweep(nil)
+	s.checkInvariants(t, "the sweep ended")
 	assert.Equal(t, 1, sweepAll(s, 10*sec).Evicted, "full ten seconds on, and not spared as born")
 	_, ok = s.bucket("new")
 	assert.False(t, ok)
@@ -210,6 +224,7 @@ func TestSweepSoonest(t *testing.T) {
 		for {
 			done, err := s.SweepSlice(now, SliceSize)
 			require.NoError(t, err)
+			s.checkInvariants(t, "a slice at %d", now)
 			if done {
 				return s.EndSweep(nil)
 			}
