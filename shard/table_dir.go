@@ -45,7 +45,7 @@ func (t *table) rehash(s *segment, n int) {
 		return
 	}
 	if s.depth == t.depth {
-		t.grow()
+		t.doubleDir()
 	}
 	// The key that asked for room goes to one side or the other: room for
 	// it on both.
@@ -97,8 +97,9 @@ func (t *table) copyOf(s *segment, depth uint8, extra int, keep func(uint64) boo
 	return c
 }
 
-// grow doubles the directory.
-func (t *table) grow() {
+// doubleDir doubles the directory, each entry repeated: no segment changes
+// and no key moves (rehash grows and splits segments).
+func (t *table) doubleDir() {
 	dir := make([]*segment, 2*len(t.dir))
 	for i, s := range t.dir {
 		dir[2*i], dir[2*i+1] = s, s
