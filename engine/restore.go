@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -167,10 +168,10 @@ func dropFullest(e *Engine, shards []*shard.Shard, n int, rep *RestoreReport) {
 		})
 	}
 	slices.SortFunc(all, func(a, b entry) int {
-		if c := cmpU(a.defHi, b.defHi); c != 0 {
+		if c := cmp.Compare(a.defHi, b.defHi); c != 0 {
 			return c
 		}
-		return cmpU(a.defLo, b.defLo)
+		return cmp.Compare(a.defLo, b.defLo)
 	})
 	for _, x := range all[:n] {
 		shards[x.shard].State().Drop(x.key, x.hash)
@@ -181,16 +182,6 @@ func dropFullest(e *Engine, shards []*shard.Shard, n int, rep *RestoreReport) {
 		}
 	}
 	rep.Restored -= n
-}
-
-func cmpU(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // satAdd is a + b for b >= 0, saturated at math.MaxInt64.
