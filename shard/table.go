@@ -34,7 +34,11 @@ type table struct {
 	maxGroups int      // maxGroups, or less in tests that want many segments
 	hashes    []uint64 // scratch for rehash
 
-	hints []hint // where the last warm found each of its items
+	// slotGen counts forget's calls: until the next, every full slot holds
+	// the key it held, where it was.
+	slotGen uint64
+	hints   []hint // where the last warm found each of its items
+	hintGen uint64 // slotGen when the hints were taken
 	// warmArena: some key of the warm in progress may be in an arena.
 	warmArena bool
 
@@ -79,8 +83,13 @@ func (t *table) remember(h uint64, s *segment, sl *slot) {
 	t.lastH, t.lastSeg, t.lastSlot = h, s, sl
 }
 
-// forget drops the slot find tries first.
-func (t *table) forget() { t.lastSeg, t.lastSlot = nil, nil }
+// forget drops every slot the table keeps for later: the one find tries
+// first, and (by moving slotGen on) the hints of a warm in progress. Every
+// removal and rehash calls it, as they empty or move slots.
+func (t *table) forget() {
+	t.lastSeg, t.lastSlot = nil, nil
+	t.slotGen++
+}
 
 // insert adds key, known to be absent, with a zero bucket, and returns the
 // bucket. The pointer is good until the next insert or sweep.

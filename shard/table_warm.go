@@ -37,7 +37,7 @@ func (t *table) warm(items []msg.Item) {
 // warmStart begins a warm whose items warmKey then names one by one, in
 // the order findWarmed will number them, and warmFinish ends.
 func (t *table) warmStart() {
-	t.hints, t.warmArena = t.hints[:0], false
+	t.hints, t.hintGen, t.warmArena = t.hints[:0], t.slotGen, false
 }
 
 // warmKey is warm's first pass for one key: its control word and its bytes.
@@ -83,19 +83,17 @@ func (t *table) warmFinish() {
 }
 
 // findWarmed is find for key, hashed h, trying first the slot warm found
-// for its ith item. It takes that slot only if its segment is still the one
-// the directory gives for h and the slot is still full and holds key, so it
-// answers what find does whatever the table did since the warm (a rehash
-// leaves the old segment behind, a removal an emptied slot); it saves the
-// probe only when item i of the warm in progress was this key.
+// for its ith item unless forget has run since. Inserts only fill free
+// slots, so until a removal or a rehash (which leaves the old segment
+// behind) a hinted slot that holds key is key's own, whichever item it was
+// found for. It is exactly find provided every path that empties or moves a
+// slot calls forget, and it saves the probe when item i of the warm in
+// progress was this key.
 func (t *table) findWarmed(i int, h uint64, key string) *policy.Bucket {
 	if uint(i) < uint(len(t.hints)) {
-		if hn := &t.hints[i]; hn.slot >= 0 {
-			j := int(hn.slot)
-			if _, s := t.segmentOf(h * mix); s == hn.seg && s.full(j) {
-				if sl := s.at(j); s.holds(sl, key) {
-					return &sl.b
-				}
+		if hn := &t.hints[i]; hn.slot >= 0 && t.hintGen == t.slotGen {
+			if sl := hn.seg.at(int(hn.slot)); hn.seg.holds(sl, key) {
+				return &sl.b
 			}
 		}
 	}
