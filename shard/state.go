@@ -368,7 +368,12 @@ func (s *State) Drop(key string, h uint64) bool {
 	if i < 0 {
 		return false
 	}
+	stale := seg.at(i).b.Epoch != s.epoch
 	s.tab.remove(seg, i)
 	s.budget.Release()
+	if stale {
+		s.stale-- // one bucket fewer behind the policy in force
+		s.compact()
+	}
 	return true
 }

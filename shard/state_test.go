@@ -350,3 +350,20 @@ func TestBatchMatchesSingles(t *testing.T) {
 		require.Equal(t, want, got, key(i))
 	}
 }
+
+// TestDropStaleKeepsCount: dropping a bucket that is behind the policy in
+// force leaves the count of such buckets right, so the history is dropped
+// once the others convert (a wrong count would keep it, and with it every
+// later cutover's generation, forever).
+func TestDropStaleKeepsCount(t *testing.T) {
+	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
+	s := NewState(v1, NewBudget(10), &testHasher)
+	require.NoError(t, s.Allow(1, "a", 1).Err)
+	require.NoError(t, s.Allow(1, "b", 1).Err)
+	require.NoError(t, s.Prepare(2, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 4}))
+	s.Publish()
+	require.True(t, s.Drop("a", testHasher.Sum("a")))
+	require.NoError(t, s.Allow(3, "b", 1).Err) // converts the last stale bucket
+	s.checkInvariants(t, "after dropping a stale bucket")
+	assert.Len(t, s.gens, 1, "the history is dropped once no bucket needs it")
+}
