@@ -7,11 +7,15 @@ import "unsafe"
 // sum is the runtime's own seeded hash of key, the one maps and hash/maphash
 // use: AES rounds where the CPU has them, keyed at start-up with random bytes
 // as well as with seed, so one seed gives other sums in another process. It
-// is about twice as fast as xxhash with the seed folded in by a finalizer,
-// which -tags purego uses (package bench's Performance notes give the
-// figures). The runtime's hash is a uintptr: on a 32-bit platform two of them
-// make the 64 bits, the second seeded with seed's high half and the first, so
-// that equal halves do not make the two equal.
+// links to the runtime because maphash.String, which reaches the same hash
+// through two more calls and a seed check, costs about a nanosecond a key
+// (BenchmarkHash's impl=maphash) and so a few percent of each decision in a
+// hot key's batches (BenchmarkDecide in package bench, whose Performance
+// notes give the figures). -tags purego builds the portable path instead,
+// xxhash with the seed folded in (hash_purego.go). The runtime's hash is a
+// uintptr: on a 32-bit platform two of them make the 64 bits, the second
+// seeded with seed's high half and the first, so that equal halves do not
+// make the two equal.
 func sum(seed uint64, key string) uint64 {
 	p, n := unsafe.Pointer(unsafe.StringData(key)), uintptr(len(key))
 	if unsafe.Sizeof(uintptr(0)) == 8 {
