@@ -59,21 +59,21 @@
 //	go test -bench 'BenchmarkDecide/scenario=(hot|zipf)/contender=tokenshard_AllowBatch_128$' -cpu 2 -count 8 ./bench
 //
 // Yielding on the processor's own run queue (package internal/yield): with
-// runtime.Gosched, which -tags purego uses, the scheduler's global
-// run-queue lock was a fifth of all CPU time in a profile of Allow on 2
-// cores, callers and shards yielding to each other:
+// runtime.Gosched in Local's place and nothing else changed, a single Allow
+// took 21-24% longer on 1 core and about twice as long on 2 (hot and Zipf
+// keys), in interleaved runs; -tags purego shows the same on the Allow rows:
 //
-//	go test -bench 'BenchmarkAllow$' -cpu 2 -tags purego -cpuprofile cpu.out ./engine
-//	go tool pprof -top cpu.out
+//	go test -run '^$' -bench 'BenchmarkDecide/scenario=(hot|zipf)/contender=tokenshard_Allow$' -cpu 1,2 -count 10 ./bench
 //
-// The runtime's seeded hash for keys (shard's Hasher): a 16-byte key takes
-// about 3.7 ns, against 6.6 to 9.5 ns for xxhash with the seed folded in by
-// a finalizer, which -tags purego uses, measured as a loop of Hasher.Sum on
-// one key. The table benchmark hashes every request, so it shows the
-// difference per decision:
+// The runtime's seeded hash for keys, linked to (shard's Hasher):
+// hash/maphash.String reaches the same hash about 1.1 ns later per key, and
+// with Sum swapped for it, hot-key AllowBatch of 16 and 128 on 1 core took
+// 5-8% longer per decision (3-5% in a third set, 4% on Zipf keys at 128),
+// with no difference on Allow; xxhash with the seed folded in (-tags
+// purego) takes about twice as long per key:
 //
-//	go test -bench BenchmarkBatchZipf -count 10 ./shard
-//	go test -bench BenchmarkBatchZipf -count 10 -tags purego ./shard
+//	go test -run '^$' -bench BenchmarkHash -cpu 1 -count 10 ./shard
+//	go test -run '^$' -bench 'BenchmarkDecide/scenario=(hot|zipf)/contender=tokenshard_AllowBatch_(16|128)$' -cpu 1 -count 10 ./bench
 //
 // Serving data, or yielding, between slices of background work such as
 // snapshot chunks (package shard, Shard.turn's steps 3 to 5): without it,
