@@ -58,8 +58,9 @@ type Config struct {
 	// sweeps; with any other clock (clock.Manual, a clock of your own) no
 	// background sweep at all, so tests stay deterministic. A positive
 	// period runs both on any clock; a negative one turns background sweeps
-	// off. The period is measured in real time; the spacing of pressure
-	// sweeps on Clock.
+	// off. A period you set is measured in real time; the default one on
+	// Clock, noticed as requests are decided (see DefaultSweepEvery); the
+	// spacing of pressure sweeps on Clock.
 	SweepEvery time.Duration
 
 	// Events, if set, is called with one decision in every EventEvery,

@@ -120,6 +120,9 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 		if e.events != nil {
 			shards[i].Sample(i, e.events, uint64(cfg.EventEvery))
 		}
+		if e.reclaim.alarm != nil {
+			shards[i].Alarm(e.reclaim.alarm)
+		}
 	}
 	e.shards = shards
 	return e, shards

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/shard"
 )
 
 // Background reclamation: a sweep every period (Config.SweepEvery), and a
@@ -17,7 +18,9 @@ const (
 	// DefaultSweepEvery is the background sweep period when Config.SweepEvery
 	// is 0 and the clock is the real one. It is long because pressure sweeps
 	// reclaim at once when the table is full: the periodic sweep only returns
-	// the memory of idle keys, and decisions in between do not pay for it.
+	// the memory of idle keys. It is measured on the clock and noticed by the
+	// shards as they decide requests, with no timer: a runtime timer makes
+	// every goroutine switch read the clock, and a single Allow is one.
 	DefaultSweepEvery = time.Minute
 	// PressureSweepGap is the least time between the starts of two pressure
 	// sweeps. A pressure sweep also waits until nine times the last one's
@@ -33,6 +36,10 @@ const (
 type reclaimer struct {
 	every    time.Duration // 0: no background sweep at all
 	pressure bool
+	// alarm, for the default period, rings when a shard's reading passes
+	// the next sweep's time; with an explicit SweepEvery (nil alarm) a real
+	// ticker keeps the period, as documented.
+	alarm *shard.Alarm
 
 	// next is the clock reading before which no pressure sweep starts, and
 	// took the duration of the last one: ReclaimAfter reads them. Written
@@ -52,6 +59,7 @@ func (r *reclaimer) configure(cfg Config) {
 		r.every, r.pressure = cfg.SweepEvery, true
 	case cfg.SweepEvery == 0 && isReal:
 		r.every, r.pressure = DefaultSweepEvery, true
+		r.alarm = shard.NewAlarm()
 	}
 }
 
@@ -62,13 +70,31 @@ func (r *reclaimer) configure(cfg Config) {
 // unnecessary, and a cutover (which may fill buckets sooner) brings it
 // forward.
 func (e *Engine) sweeper() {
-	t := time.NewTicker(e.reclaim.every)
-	defer t.Stop()
-	pending := false
+	// The periodic sweep waits on the alarm or on a real ticker.
+	r := &e.reclaim
+	var tick <-chan time.Time
+	var alarm <-chan struct{}
+	rearm := func() {}
+	if r.alarm != nil {
+		alarm = r.alarm.C()
+		rearm = func() { r.alarm.Set(satAdd(e.clk.Now(), int64(r.every))) }
+		rearm()
+	} else {
+		t := time.NewTicker(r.every)
+		defer t.Stop()
+		tick = t.C
+	}
+	pending := false // a pressure sweep waits for its time
+	periodic := func() bool {
+		evicted, ok := e.background(false)
+		rearm()
+		pending = pending && evicted == 0 // slots were freed: no need
+		return ok
+	}
 	for {
 		full, wait, stop := e.budget.Full(), (<-chan struct{})(nil), func() {}
 		if pending {
-			d := time.Duration(e.reclaim.next.Load() - e.clk.Now())
+			d := time.Duration(r.next.Load() - e.clk.Now())
 			if d <= 0 {
 				pending = false
 				if _, ok := e.background(true); !ok {
@@ -83,16 +109,19 @@ func (e *Engine) sweeper() {
 		case <-e.closing:
 			stop()
 			return
-		case <-t.C:
+		case <-tick:
 			stop()
-			evicted, ok := e.background(false)
-			if !ok {
+			if !periodic() {
 				return
 			}
-			pending = pending && evicted == 0 // slots were freed: no need
+		case <-alarm:
+			stop()
+			if !periodic() {
+				return
+			}
 		case <-full:
-			pending = e.reclaim.pressure
-		case <-e.reclaim.kick:
+			pending = r.pressure
+		case <-r.kick:
 			stop()
 		case <-wait:
 			stop()

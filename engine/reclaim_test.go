@@ -174,20 +174,31 @@ func TestNoReclaimWhenSweepEveryNegative(t *testing.T) {
 }
 
 // TestDefaultSweepPeriod: with the real clock and no SweepEvery, idle full
-// buckets are evicted every DefaultSweepEvery, with the table far from full.
+// buckets are evicted by the first request decided DefaultSweepEvery or more
+// after the engine started, with the table far from full; before that, and
+// with no request, nothing runs (the period has no timer).
 func TestDefaultSweepPeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e, err := engine.New(engine.Config{Policy: pol(1, 2, 4)})
 		require.NoError(t, err)
 		defer e.Close()
-		_, err = e.Allow(context.Background(), "idle", 1)
+		ctx := context.Background()
+		_, err = e.Allow(ctx, "idle", 1)
 		require.NoError(t, err)
 		<-time.After(engine.DefaultSweepEvery - time.Second)
+		_, err = e.Allow(ctx, "busy", 1)
+		require.NoError(t, err)
 		synctest.Wait()
-		require.Equal(t, 1, e.KeyCount(), "no sweep before the period")
-		<-time.After(time.Second)
+		require.Equal(t, 2, e.KeyCount(), "no sweep before the period")
+
+		<-time.After(time.Hour)
 		synctest.Wait()
-		assert.Zero(t, e.KeyCount())
+		require.Equal(t, 2, e.KeyCount(), "no request, no sweep")
+		_, err = e.Allow(ctx, "busy", 1) // the first request past the period
+		require.NoError(t, err)
+		synctest.Wait()
+		assert.Equal(t, 1, e.KeyCount(), "idle was full and is gone; busy is not full")
+		assert.Equal(t, uint64(1), e.Stats().Total.Evicted)
 		assert.Zero(t, e.Stats().PressureSweeps)
 	})
 }

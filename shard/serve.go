@@ -19,6 +19,7 @@ func (s *Shard) serveData() bool {
 // serveBatch decides a batch part at one clock reading and answers it.
 func (s *Shard) serveBatch(b *msg.Batch) {
 	now := s.clk.Now()
+	s.ring(now)
 	s.state.Batch(now, b)
 	s.countBatch(now, b)
 	b.Done <- b.Part
@@ -64,6 +65,7 @@ func (s *Shard) serveAllows() bool {
 // and returns its size.
 func (s *Shard) serveWalking(a *msg.Single) int {
 	now := s.clk.Now()
+	s.ring(now)
 	n := 0
 	for a != nil {
 		next := a.Next
@@ -104,6 +106,7 @@ func (s *Shard) serveWarmed(a *msg.Single) int {
 	}
 	s.state.WarmFinish()
 	now := s.clk.Now()
+	s.ring(now)
 	for i, a := range g {
 		switch a.Op {
 		case msg.OpAllow:
@@ -120,4 +123,11 @@ func (s *Shard) serveWarmed(a *msg.Single) int {
 	s.state.Unwarm()
 	s.group = g[:0]
 	return len(g)
+}
+
+// ring checks the alarm, if any, at the reading now.
+func (s *Shard) ring(now int64) {
+	if s.alarm != nil {
+		s.alarm.check(now)
+	}
 }

@@ -17,6 +17,7 @@ type Shard struct {
 	mb    *Mailbox
 	group []*msg.Single // reused buffer of one group of single requests
 	task  task          // the background work in progress, if any
+	alarm *Alarm        // checked at each reading requests are decided at, if set
 
 	yieldFirst bool // data was served since the last yield: yield before parking
 	dataFirst  bool // a cutover just ended: serve data before control once
