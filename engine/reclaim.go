@@ -74,10 +74,14 @@ func (e *Engine) sweeper() {
 	r := &e.reclaim
 	var tick <-chan time.Time
 	var alarm <-chan struct{}
+	due := int64(0) // with the alarm, the reading the next periodic sweep is due at
 	rearm := func() {}
 	if r.alarm != nil {
 		alarm = r.alarm.C()
-		rearm = func() { r.alarm.Set(satAdd(e.clk.Now(), int64(r.every))) }
+		rearm = func() {
+			due = satAdd(e.clk.Now(), int64(r.every))
+			r.alarm.Set(due)
+		}
 		rearm()
 	} else {
 		t := time.NewTicker(r.every)
@@ -116,6 +120,9 @@ func (e *Engine) sweeper() {
 			}
 		case <-alarm:
 			stop()
+			if e.clk.Now() < due {
+				continue // rung during the last sweep, before it was rearmed
+			}
 			if !periodic() {
 				return
 			}

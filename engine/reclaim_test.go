@@ -179,7 +179,7 @@ func TestNoReclaimWhenSweepEveryNegative(t *testing.T) {
 // with no request, nothing runs (the period has no timer).
 func TestDefaultSweepPeriod(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e, err := engine.New(engine.Config{Policy: pol(1, 2, 4)})
+		e, err := engine.New(engine.Config{Policy: pol(1, 2, 4), Shards: 1})
 		require.NoError(t, err)
 		defer e.Close()
 		ctx := context.Background()
@@ -200,6 +200,14 @@ func TestDefaultSweepPeriod(t *testing.T) {
 		assert.Equal(t, 1, e.KeyCount(), "idle was full and is gone; busy is not full")
 		assert.Equal(t, uint64(1), e.Stats().Total.Evicted)
 		assert.Zero(t, e.Stats().PressureSweeps)
+
+		// Requests that rang while it swept start no second sweep.
+		for range 10 {
+			_, err = e.Allow(ctx, "busy", 1)
+			require.NoError(t, err)
+		}
+		synctest.Wait()
+		assert.Equal(t, uint64(1), e.Stats().Total.Sweeps, "one sweep a period")
 	})
 }
 
