@@ -21,10 +21,11 @@ import (
 // and must not be copied. Create it with New and release it with Close.
 //
 // The zero Engine, and a nil *Engine, serve nothing but never panic or
-// block: every method returns ErrNotInitialized at once, except KeyCount,
-// Policy, Stats and Close, which return 0, the zero Policy, the zero Stats
-// and nil.
+// block: every method returns ErrNotInitialized at once, except KeyCount
+// and MaxKeys, Policy, Stats and Close, which return 0, the zero Policy,
+// the zero Stats and nil.
 type Engine struct {
+	maxKeys     int // Config.MaxKeys with its default
 	maxKeyBytes int
 	clk         clock.Clock  // for the wall time of snapshots only; shards read their own
 	waitYields  int          // msg.WaitYields at GOMAXPROCS when the engine was built
@@ -89,6 +90,7 @@ func newEngine(cfg Config, bare bool) (*Engine, error) {
 // caller may fill the shards' states. cfg has its defaults.
 func build(cfg Config) (*Engine, []*shard.Shard) {
 	e := &Engine{
+		maxKeys:     cfg.MaxKeys,
 		maxKeyBytes: cfg.MaxKeyBytes,
 		clk:         cfg.Clock,
 		mailboxes:   make([]*shard.Mailbox, cfg.Shards),
@@ -186,6 +188,16 @@ func (e *Engine) KeyCount() int {
 		return 0
 	}
 	return int(e.budget.Count())
+}
+
+// MaxKeys returns the bound on tracked keys: Config.MaxKeys, or
+// DefaultMaxKeys if it was 0. KeyCount never exceeds it. A zero Engine's
+// is 0.
+func (e *Engine) MaxKeys() int {
+	if e.uninitialized() {
+		return 0
+	}
+	return e.maxKeys
 }
 
 // Policy returns the policy in force: the one every call that starts now

@@ -173,3 +173,11 @@ func TestKeyCountBoundedUnderCreationAndEviction(t *testing.T) {
 		})
 	}
 }
+
+// TestMaxKeys: MaxKeys is the configured bound, or DefaultMaxKeys for 0.
+func TestMaxKeys(t *testing.T) {
+	for _, tc := range []struct{ cfg, want int }{{0, engine.DefaultMaxKeys}, {1, 1}, {3, 3}} {
+		e, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1), MaxKeys: tc.cfg})
+		require.Equal(t, tc.want, e.MaxKeys(), "Config.MaxKeys %d", tc.cfg)
+	}
+}

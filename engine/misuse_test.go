@@ -154,6 +154,8 @@ func zeroEngineCases() []misuseCase {
 		}, engine.ErrNotInitialized, true},
 		{"KeyCount", "zero", func(e *engine.Engine) (any, error) { return e.KeyCount(), nil },
 			nil, 0},
+		{"MaxKeys", "zero", func(e *engine.Engine) (any, error) { return e.MaxKeys(), nil },
+			nil, 0},
 		{"Policy", "the zero Policy", func(e *engine.Engine) (any, error) { return e.Policy(), nil },
 			nil, policy.Policy{}},
 		{"ReclaimAfter", "no estimate", func(e *engine.Engine) (any, error) {

@@ -1,0 +1,359 @@
+package promstats_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/promstats"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// pol builds a policy without field names cluttering every call.
+func pol(version, capacity, rate int64) policy.Policy {
+	return policy.Policy{Version: version, Capacity: capacity, TokensPerSecond: rate}
+}
+
+// newEngine starts an engine on a Manual clock at 0 and closes it when the
+// test ends (closing again is harmless).
+func newEngine(t *testing.T, cfg engine.Config) (*engine.Engine, *clock.Manual) {
+	t.Helper()
+	clk := clock.NewManual(0)
+	cfg.Clock = clk
+	e, err := engine.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	return e, clk
+}
+
+// newCollector makes a Collector of e with opts.
+func newCollector(t *testing.T, e *engine.Engine, opts ...promstats.Option) *promstats.Collector {
+	t.Helper()
+	c, err := promstats.New(e, opts...)
+	require.NoError(t, err)
+	return c
+}
+
+// scrape serves c through promhttp from a fresh pedantic registry, which
+// checks every metric against the descriptors Describe sent, and parses the
+// text exposition it answers with.
+func scrape(t *testing.T, c prometheus.Collector) map[string]*dto.MetricFamily {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.Equal(t, expfmt.TypeTextPlain, expfmt.ResponseFormat(rec.Result().Header).FormatType())
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(rec.Body)
+	require.NoError(t, err)
+	return mfs
+}
+
+// sample is one series: its labels and value.
+type sample struct {
+	labels string // name=value pairs, comma-separated, in label order
+	value  float64
+}
+
+// series returns the type and samples of the family called name.
+func series(t *testing.T, mfs map[string]*dto.MetricFamily, name string) (dto.MetricType, []sample) {
+	t.Helper()
+	mf, ok := mfs[name]
+	require.True(t, ok, "no metric %s", name)
+	var out []sample
+	for _, m := range mf.GetMetric() {
+		var s sample
+		for i, l := range m.GetLabel() {
+			if i > 0 {
+				s.labels += ","
+			}
+			s.labels += l.GetName() + "=" + l.GetValue()
+		}
+		switch mf.GetType() {
+		case dto.MetricType_COUNTER:
+			s.value = m.GetCounter().GetValue()
+		case dto.MetricType_GAUGE:
+			s.value = m.GetGauge().GetValue()
+		default:
+			t.Fatalf("%s is a %v", name, mf.GetType())
+		}
+		out = append(out, s)
+	}
+	return mf.GetType(), out
+}
+
+// want is what one metric family should hold.
+type want struct {
+	typ     dto.MetricType
+	samples []sample
+}
+
+func counter(samples ...sample) want { return want{dto.MetricType_COUNTER, samples} }
+func gauge(samples ...sample) want   { return want{dto.MetricType_GAUGE, samples} }
+func one[T uint64 | int64 | int](v T) sample {
+	return sample{"", float64(v)}
+}
+
+// fromStats spells out, from a reading of Stats, what an unlabelled
+// Collector exports.
+func fromStats(st engine.Stats, maxKeys int) map[string]want {
+	t := st.Total
+	er := t.Errors
+	return map[string]want{
+		"tokenshard_decisions_total": counter(sample{"outcome=allowed", float64(t.Allowed)}, sample{"outcome=denied", float64(t.Denied)}),
+		"tokenshard_peeks_total":     counter(one(t.Peeks)),
+		"tokenshard_refunds_total":   counter(one(t.Refunds)),
+		"tokenshard_errors_total": counter(
+			sample{"kind=clock_regression", float64(er.ClockRegression)},
+			sample{"kind=closed", float64(er.Closed)},
+			sample{"kind=context", float64(er.Context)},
+			sample{"kind=invalid_cost", float64(er.InvalidCost)},
+			sample{"kind=invalid_key", float64(er.InvalidKey)},
+			sample{"kind=key_capacity", float64(er.KeyCapacity)},
+			sample{"kind=other", float64(er.Other)},
+		),
+		"tokenshard_keys":                  gauge(one(t.Keys)),
+		"tokenshard_keys_max":              gauge(one(maxKeys)),
+		"tokenshard_mailbox_depth":         gauge(one(t.MailboxDepth)),
+		"tokenshard_mailbox_high_water":    gauge(one(t.MailboxHighWater)),
+		"tokenshard_shard_cutovers_total":  counter(one(t.Cutovers)),
+		"tokenshard_shard_sweeps_total":    counter(one(t.Sweeps)),
+		"tokenshard_pressure_sweeps_total": counter(one(st.PressureSweeps)),
+		"tokenshard_sweep_failures_total":  counter(one(st.SweepFailures)),
+		"tokenshard_evictions_total":       counter(one(t.Evicted)),
+		"tokenshard_events_dropped_total":  counter(one(t.EventsDropped)),
+	}
+}
+
+// check compares the scraped families with wants, family by family, and
+// finds no family it did not expect.
+func check(t *testing.T, mfs map[string]*dto.MetricFamily, wants map[string]want) {
+	t.Helper()
+	for name, w := range wants {
+		typ, got := series(t, mfs, name)
+		assert.Equal(t, w.typ, typ, name)
+		assert.Equal(t, w.samples, got, name)
+	}
+	for name := range mfs {
+		_, ok := wants[name]
+		assert.True(t, ok, "unexpected metric %s", name)
+	}
+}
+
+// TestCollectKnownSequence: after a known sequence of calls, each metric
+// is what the sequence made it and what Stats says. The engine is closed
+// before the scrape, so its counts are final and exact.
+func TestCollectKnownSequence(t *testing.T) {
+	const maxKeys = 2
+	e, clk := newEngine(t, engine.Config{Policy: pol(1, 2, 1), Shards: 2, MaxKeys: maxKeys})
+	c := newCollector(t, e)
+	ctx := context.Background()
+	allow := func(ctx context.Context, key string, cost int64, allowed bool, wantErr error) {
+		t.Helper()
+		d, err := e.Allow(ctx, key, cost)
+		require.ErrorIs(t, err, wantErr, "%s cost %d", key, cost)
+		require.Equal(t, allowed, d.Allowed, "%s cost %d", key, cost)
+	}
+	allow(ctx, "a", 1, true, nil)
+	allow(ctx, "a", 1, true, nil)
+	allow(ctx, "a", 1, false, nil) // empty: denied
+	allow(ctx, "b", 2, true, nil)  // the second key of MaxKeys 2
+	allow(ctx, "c", 1, false, engine.ErrKeyCapacity)
+	allow(ctx, "a", 0, false, engine.ErrInvalidCost) // refused by the caller
+	allow(ctx, " ", 1, false, engine.ErrInvalidKey)  // refused by the caller
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	allow(canceled, "a", 1, false, context.Canceled)
+	_, err := e.Peek(ctx, "a")
+	require.NoError(t, err)
+	_, err = e.Refund(ctx, "b", 1)
+	require.NoError(t, err)
+	require.NoError(t, e.ReplacePolicy(ctx, pol(2, 2, 1), 1)) // one cutover, two shards took part
+	clk.Advance(2 * time.Second)                              // a and b refill
+	n, err := e.EvictFull(ctx)                                // one sweep per shard
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	allow(ctx, "c", 1, true, nil) // a slot is free again
+	require.NoError(t, e.Close())
+	allow(ctx, "c", 1, false, engine.ErrClosed)
+
+	st := e.Stats()
+	mfs := scrape(t, c)
+	check(t, mfs, fromStats(st, maxKeys))
+
+	// The same reading, spelled from the sequence rather than from Stats.
+	_, highWater := series(t, mfs, "tokenshard_mailbox_high_water")
+	require.Len(t, highWater, 1)
+	assert.GreaterOrEqual(t, highWater[0].value, 1.0, "a shard found a request waiting")
+	check(t, mfs, map[string]want{
+		"tokenshard_decisions_total": counter(sample{"outcome=allowed", 4}, sample{"outcome=denied", 1}),
+		"tokenshard_peeks_total":     counter(one(1)),
+		"tokenshard_refunds_total":   counter(one(1)),
+		"tokenshard_errors_total": counter(
+			sample{"kind=clock_regression", 0}, sample{"kind=closed", 1}, sample{"kind=context", 1},
+			sample{"kind=invalid_cost", 1}, sample{"kind=invalid_key", 1}, sample{"kind=key_capacity", 1},
+			sample{"kind=other", 0},
+		),
+		"tokenshard_keys":                  gauge(one(1)),
+		"tokenshard_keys_max":              gauge(one(maxKeys)),
+		"tokenshard_mailbox_depth":         gauge(one(0)),
+		"tokenshard_mailbox_high_water":    gauge(highWater...),
+		"tokenshard_shard_cutovers_total":  counter(one(2)),
+		"tokenshard_shard_sweeps_total":    counter(one(2)),
+		"tokenshard_pressure_sweeps_total": counter(one(0)),
+		"tokenshard_sweep_failures_total":  counter(one(0)),
+		"tokenshard_evictions_total":       counter(one(2)),
+		"tokenshard_events_dropped_total":  counter(one(0)),
+	})
+	// Every call was counted once: 5 decided, 1 peek, 1 refund, 5 errors.
+	assert.Equal(t, uint64(12), st.Total.Allowed+st.Total.Denied+st.Total.Peeks+st.Total.Refunds+st.Total.Errors.Sum())
+}
+
+// TestCollectShardLabels: with WithShardLabels, keys, depth and high water
+// come once per shard, each as Stats says, and sum to the engine's; the
+// other metrics are unchanged.
+func TestCollectShardLabels(t *testing.T) {
+	const shards = 4
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1), Shards: shards})
+	ctx := context.Background()
+	for i := range 40 {
+		_, err := e.Allow(ctx, fmt.Sprintf("k%d", i%20), 1)
+		require.NoError(t, err)
+	}
+	require.NoError(t, e.Close())
+	st := e.Stats()
+	mfs := scrape(t, newCollector(t, e, promstats.WithShardLabels()))
+
+	wants := fromStats(st, engine.DefaultMaxKeys)
+	perShard := func(v func(engine.ShardStats) int64) []sample {
+		var out []sample
+		for i, s := range st.Shards {
+			out = append(out, sample{"shard=" + strconv.Itoa(i), float64(v(s))})
+		}
+		return out
+	}
+	wants["tokenshard_keys"] = gauge(perShard(func(s engine.ShardStats) int64 { return s.Keys })...)
+	wants["tokenshard_mailbox_depth"] = gauge(perShard(func(s engine.ShardStats) int64 { return s.MailboxDepth })...)
+	wants["tokenshard_mailbox_high_water"] = gauge(perShard(func(s engine.ShardStats) int64 { return s.MailboxHighWater })...)
+	check(t, mfs, wants)
+
+	_, keys := series(t, mfs, "tokenshard_keys")
+	require.Len(t, keys, shards)
+	sum := 0.0
+	for _, s := range keys {
+		sum += s.value
+	}
+	assert.Equal(t, 20.0, sum)
+}
+
+// TestLint: promlint finds nothing to report, with and without shard labels.
+func TestLint(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1), Shards: 2})
+	for _, opts := range [][]promstats.Option{nil, {promstats.WithShardLabels()}} {
+		problems, err := testutil.CollectAndLint(newCollector(t, e, opts...))
+		require.NoError(t, err)
+		assert.Empty(t, problems)
+	}
+}
+
+// TestDescribe: Describe sends one descriptor per exported family, and
+// Collect sends 21 series without shard labels (two outcomes, seven error
+// kinds, twelve single values), and 3 per shard in place of 3 with them.
+func TestDescribe(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1), Shards: 3})
+	for _, tc := range []struct {
+		opts   []promstats.Option
+		series int
+	}{{nil, 21}, {[]promstats.Option{promstats.WithShardLabels()}, 21 - 3 + 3*3}} {
+		c := newCollector(t, e, tc.opts...)
+		ch := make(chan *prometheus.Desc, 64)
+		c.Describe(ch)
+		close(ch)
+		assert.Len(t, ch, 14)
+		assert.Equal(t, tc.series, testutil.CollectAndCount(c))
+	}
+}
+
+// TestNewInvalid: a nil engine or a nil option is ErrInvalidOption; a zero
+// Engine is collected as all zeros.
+func TestNewInvalid(t *testing.T) {
+	_, err := promstats.New(nil)
+	require.ErrorIs(t, err, promstats.ErrInvalidOption)
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1)})
+	_, err = promstats.New(e, promstats.WithShardLabels(), nil)
+	require.ErrorIs(t, err, promstats.ErrInvalidOption)
+
+	mfs := scrape(t, newCollector(t, new(engine.Engine)))
+	check(t, mfs, fromStats(engine.Stats{}, 0))
+}
+
+// TestCollectDuringTraffic: scrapes run while callers are admitted, on two
+// registries at once, and the final scrape counts every decision; -race
+// finds no unsynchronised access.
+func TestCollectDuringTraffic(t *testing.T) {
+	const workers, calls = 4, 200
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 1<<40, 1), Shards: 4})
+	c := newCollector(t, e, promstats.WithShardLabels())
+	regs := [2]*prometheus.Registry{prometheus.NewPedanticRegistry(), prometheus.NewPedanticRegistry()}
+	for _, r := range regs {
+		require.NoError(t, r.Register(c))
+	}
+	errs := make(chan error, workers+len(regs))
+	stop := make(chan struct{})
+	var admit, gather sync.WaitGroup
+	for w := range workers {
+		admit.Go(func() {
+			for i := range calls {
+				if _, err := e.Allow(context.Background(), fmt.Sprintf("w%d-%d", w, i%10), 1); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	for _, r := range regs {
+		gather.Go(func() {
+			for {
+				if _, err := r.Gather(); err != nil {
+					errs <- err
+					return
+				}
+				select {
+				case <-stop:
+					return
+				default:
+				}
+			}
+		})
+	}
+	admit.Wait()
+	close(stop)
+	gather.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	require.NoError(t, e.Close())
+	mfs := scrape(t, c)
+	_, got := series(t, mfs, "tokenshard_decisions_total")
+	assert.Equal(t, []sample{{"outcome=allowed", workers * calls}, {"outcome=denied", 0}}, got)
+}
