@@ -1,0 +1,87 @@
+// Package grpclimit is gRPC server interceptors that admit calls through a
+// tokenshard engine: each call spends its cost from the bucket of its key,
+// and a call the bucket cannot pay for is refused with
+// codes.ResourceExhausted and the time to wait, which grpc-go clients with
+// a retry policy honour by themselves.
+//
+//	l, err := grpclimit.New(e, grpclimit.WithExempt("/grpc.health.v1.Health/Check"))
+//	srv := grpc.NewServer(grpc.UnaryInterceptor(l.Unary), grpc.StreamInterceptor(l.Stream))
+//
+// # Keys
+//
+// The default key is the peer's IP address (peer.FromContext), grouped
+// exactly as package httplimit groups HTTP clients, by httplimit.ClientKey:
+// an IPv4 peer is keyed by its address, "203.0.113.7"; an IPv4-mapped IPv6
+// address is that IPv4 peer; an IPv6 peer is keyed by its /64, as
+// netip.Prefix.String writes the masked prefix, "2001:db8:1:2::/64". One
+// client so has the same key over HTTP and gRPC, and a host cannot escape
+// its limit by rotating through the addresses of its subnet.
+// WithIPv6Prefix chooses another length, from /32 to /128. A peer without
+// an IP address (a Unix socket) has no default key.
+//
+// No metadata is trusted by default: behind a proxy the peer is the proxy.
+// WithKey derives the key from the method, the grouped peer and the call's
+// metadata (in its context): a per-method limit, a tenant, an API token.
+// WithCost sets what a call spends.
+//
+// # Streams
+//
+// A stream is decided once, when it starts, before its handler runs, at
+// the cost of one call. With WithPerMessage it spends that cost for each
+// message it receives instead: a message the bucket cannot pay for makes
+// RecvMsg return the refusal below, which the handler returns. Messages
+// the server sends are not charged.
+//
+// # Exempt methods
+//
+// WithExempt names methods that are never decided nor charged, such as the
+// health service ("/grpc.health.v1.Health/Check", ".../Watch") and server
+// reflection ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"):
+// a load balancer's probes must not spend a client's quota, nor be refused
+// when the limiter is at capacity.
+//
+// # Status codes
+//
+//   - Admitted: the handler runs and its status is the call's.
+//   - Denied: codes.ResourceExhausted, with a google.rpc.RetryInfo detail
+//     (errdetails.RetryInfo, read with status.FromError and Details) and the
+//     grpc-retry-pushback-ms trailer of gRFC A6 (PushbackTrailer). Both carry
+//     the engine's retry estimate, Decision.RetryAfter, rounded up to the
+//     millisecond and at least 1 ms: retry_delay is that many whole
+//     milliseconds, and the trailer the same number in decimal. A grpc-go
+//     client whose retry policy lists RESOURCE_EXHAUSTED waits that long
+//     before its next attempt instead of its own backoff; the trailer is
+//     honoured only when the refusal is the whole response, as it is here,
+//     since nothing is sent before it.
+//   - Key bound reached (engine.ErrKeyCapacity): codes.Unavailable, as a
+//     full key table is the server's overload, not the client's fault. If
+//     the engine offers the optional method ReclaimAfter() (time.Duration,
+//     bool) and it answers true, the refusal carries the time until a key
+//     slot can next be free as RetryInfo and pushback, rounded as above;
+//     otherwise neither, since only an EvictFull call can free a slot and
+//     no figure would be true.
+//   - Engine closed (engine.ErrClosed): codes.Unavailable, without a delay.
+//   - Cost above the key's capacity (engine.ErrInvalidCost):
+//     codes.InvalidArgument, without a delay: no wait can ever admit the
+//     call, so it is not a code a retry policy should retry, as
+//     ResourceExhausted is.
+//   - No key (the key function failed, the peer has no IP address, or the
+//     engine rejects the key as blank or too long) or a cost below 1:
+//     codes.Internal, with a message saying the server could not derive a
+//     rate-limit key (or cost). These are the server's configuration
+//     failing.
+//   - The call's context ended before the engine decided: codes.Canceled or
+//     codes.DeadlineExceeded, as status.FromContextError gives them, and
+//     nothing spent.
+//   - Any other engine error (engine.ErrClockRegression, a store's network
+//     failure): codes.Internal.
+//
+// Messages say what failed and nothing of the server's internals; the
+// package logs nothing.
+//
+// # Ownership
+//
+// A Limiter is immutable after New. The stream wrapper of WithPerMessage
+// is used only by the goroutine of its handler, which alone may call
+// RecvMsg.
+package grpclimit
