@@ -47,8 +47,10 @@
 // 2^53.
 //
 // The Collector covers an engine.Engine only. engine/redisstore's Store
-// keeps different counters (redisstore.Stats), and a collector for them
-// belongs beside that package, so this one does not import Redis's client.
+// keeps different counters (redisstore.Stats); package
+// engine/promstats/storestats exports them, as tokenshard_store_*_total,
+// so that this package does not import Redis's client and redisstore does
+// not import Prometheus.
 //
 // # Ownership
 //
