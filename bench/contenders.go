@@ -42,6 +42,7 @@ type contender struct {
 var contenders = []contender{
 	{name: "tokenshard Allow", batch: 1, keepsState: true, setup: tokenshardAllow},
 	{name: "tokenshard AllowBatch 16", batch: 16, setup: tokenshardBatch},
+	{name: "tokenshard AllowBatch 64", batch: 64, setup: tokenshardBatch},
 	{name: "tokenshard AllowBatch 128", batch: 128, setup: tokenshardBatch},
 	{name: "tokenshard Allow +overrides", batch: 1, keepsState: true, setup: withOverrides(tokenshardAllow)},
 	{name: "tokenshard AllowBatch 128 +overrides", batch: 128, setup: withOverrides(tokenshardBatch)},

@@ -5,7 +5,7 @@
 //	go run ./bench -quick   # a shorter run, under 30 seconds
 //	go run ./bench -redis 127.0.0.1:6379 -parts redis   # only the Redis table
 //
-// Contenders: tokenshard Allow and AllowBatch (16 and 128 per call);
+// Contenders: tokenshard Allow and AllowBatch (16, 64 and 128 per call);
 // golang.org/x/time/rate in a map under one mutex and in 64 mutex shards;
 // github.com/sethvargo/go-limiter's memorystore; and the floor, the policy
 // arithmetic on a plain map from one goroutine with no synchronisation.
