@@ -47,6 +47,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // never talks to Redis (see the package doc).
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	st := c.s.Stats()
+	// Prometheus samples are float64: exact up to 2^53 (see promstats).
 	ch <- prometheus.MustNewConstMetric(c.decisions, prometheus.CounterValue, float64(st.Decisions))
 	ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(st.Failures))
 	ch <- prometheus.MustNewConstMetric(c.retry, prometheus.CounterValue, float64(st.Retries))
