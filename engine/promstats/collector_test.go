@@ -3,25 +3,21 @@ package promstats_test
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/promstats"
+	"github.com/tokenshard/tokenshard/internal/promtest"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -50,22 +46,9 @@ func newCollector(t *testing.T, e *engine.Engine, opts ...promstats.Option) *pro
 	return c
 }
 
-// scrape serves c through promhttp from a fresh pedantic registry, which
-// checks every metric against the descriptors Describe sent, and parses the
-// text exposition it answers with.
+// scrape is promtest.Scrape.
 func scrape(t *testing.T, c prometheus.Collector) map[string]*dto.MetricFamily {
-	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	require.NoError(t, reg.Register(c))
-	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError})
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-	require.Equal(t, expfmt.TypeTextPlain, expfmt.ResponseFormat(rec.Result().Header).FormatType())
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(rec.Body)
-	require.NoError(t, err)
-	return mfs
+	return promtest.Scrape(t, c)
 }
 
 // sample is one series: its labels and value.

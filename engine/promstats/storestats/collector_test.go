@@ -4,17 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,6 +19,7 @@ import (
 	"github.com/tokenshard/tokenshard/engine/promstats"
 	"github.com/tokenshard/tokenshard/engine/promstats/storestats"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/internal/promtest"
 	"github.com/tokenshard/tokenshard/internal/redistest"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -57,22 +53,9 @@ func freshPrefix(t *testing.T) string {
 	return "tstest:storestats:" + hex.EncodeToString(b[:]) + ":"
 }
 
-// scrape serves c through promhttp from a fresh pedantic registry, which
-// checks every metric against the descriptors Describe sent, and parses the
-// text exposition it answers with.
+// scrape is promtest.Scrape.
 func scrape(t *testing.T, c prometheus.Collector) map[string]*dto.MetricFamily {
-	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	require.NoError(t, reg.Register(c))
-	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError})
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-	require.Equal(t, expfmt.TypeTextPlain, expfmt.ResponseFormat(rec.Result().Header).FormatType())
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(rec.Body)
-	require.NoError(t, err)
-	return mfs
+	return promtest.Scrape(t, c)
 }
 
 // fromStats is what a Collector exports for a reading of Stats: each
