@@ -16,12 +16,21 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Version is the version of the policy that decided.
 	Version int64
-	// Limit is the capacity of the limit that decided: the key's own, from
-	// its override, or the policy's default.
+	// Limit is the capacity of the band that decided (see Band): the key's
+	// own, from its override, or the policy's default.
 	Limit int64
 	// ResetAfter is the time until the bucket is full again, rounded up; 0
 	// when full.
 	ResetAfter time.Duration
+	// Band names the band that bound the decision, for a key whose limit
+	// has several (see policy.BandSet): when denied, the band with the
+	// longest wait; when allowed, the one with the fewest whole tokens
+	// left; ties go to the primary band, then to the bands in order.
+	// Remaining, Limit and ResetAfter describe that band. The primary band
+	// is named by the key's override (its Name), "" for the policy's own
+	// limit: a key with one band always has Band == "" or its override's
+	// Name.
+	Band string
 }
 
 // Request is one admission request of a batch.

@@ -16,6 +16,7 @@ type Decision struct {
 	Version    int64
 	Limit      int64
 	ResetAfter time.Duration
+	Band       string
 }
 
 // Reply is a Decision or an error; an error always comes with the zero

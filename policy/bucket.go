@@ -5,13 +5,17 @@ import (
 	"math/bits"
 )
 
-// Bucket is one key's balance: Tokens whole tokens plus Frac units
-// (0 <= Frac < UnitsPerToken), brought up to date at clock reading Last.
+// Bucket is one key's balance in its compact form: Tokens whole tokens plus
+// Frac units (0 <= Frac < P, one token being P units for a rate of N per P
+// ns), brought up to date at clock reading Last. It serves a Limit whose
+// period fits Frac's 32 bits (Limit.Compact): every rate given as
+// TokensPerSecond, and any period up to about 4.29 s. A Level holds the
+// balance of any band.
 //
-// The balance in units is Tokens*UnitsPerToken + Frac; it never exceeds the
-// capacity of the Limit it is used with, so Tokens == Capacity implies
-// Frac == 0. Splitting whole tokens from the fraction keeps the record at 24
-// bytes while the balance itself needs up to 93 bits.
+// The balance in units is Tokens*P + Frac; it never exceeds the capacity of
+// the Limit it is used with, so Tokens == Capacity implies Frac == 0.
+// Splitting whole tokens from the fraction keeps the record at 24 bytes
+// while the balance itself needs up to 95 bits.
 //
 // Epoch and Limit are not interpreted here: the shard that owns the bucket
 // records which policy generation the balance is expressed in, so a cutover
@@ -39,13 +43,15 @@ func NewBucket(l Limit, now int64) Bucket {
 	return Bucket{Tokens: l.Capacity, Last: now}
 }
 
-// Refill brings b up to date at now under l:
+// Refill brings b up to date at now under l, whose rate is N tokens per P
+// ns (one token is P units):
 //
-//	units = min(capacity*1e9, units + (now-Last)*rate); Last = now
+//	units = min(capacity*P, units + (now-Last)*N); Last = now
 //
 // computed exactly in 128 bits. A now at or before Last changes nothing (time
 // never runs backwards inside a bucket; the shard rejects such readings before
-// they get here).
+// they get here). l's period must fit the compact fraction (see
+// Limit.Compact).
 func (b *Bucket) Refill(l Limit, now int64) {
 	if now <= b.Last {
 		return
@@ -56,22 +62,24 @@ func (b *Bucket) Refill(l Limit, now int64) {
 		b.Tokens, b.Frac = l.Capacity, 0
 		return
 	}
-	addHi, addLo := bits.Mul64(elapsed, uint64(l.TokensPerSecond))
-	defHi, defLo := deficit(b.Tokens, b.Frac, l.Capacity)
+	n, per := l.rate()
+	addHi, addLo := bits.Mul64(elapsed, n)
+	defHi, defLo := deficit(b.Tokens, uint64(b.Frac), l.Capacity, per)
 	if addHi > defHi || (addHi == defHi && addLo >= defLo) {
 		b.Tokens, b.Frac = l.Capacity, 0
 		return
 	}
-	// Here add < deficit, so Frac+add < (capacity-Tokens)*1e9 and the
+	// Here add < deficit, so Frac+add < (capacity-Tokens)*P and the
 	// quotient below fits in 64 bits (bits.Div64 needs hi < divisor).
 	lo, carry := bits.Add64(addLo, uint64(b.Frac), 0)
 	var q, r uint64
-	if hi := addHi + carry; hi == 0 {
+	switch hi := addHi + carry; {
+	case hi == 0 && l.TokensPerSecond != 0:
 		// The usual case, in 64 bits: a division by a constant, which the
 		// compiler turns into a multiplication, where bits.Div64 divides.
 		q, r = lo/UnitsPerToken, lo%UnitsPerToken
-	} else {
-		q, r = bits.Div64(hi, lo, UnitsPerToken)
+	default:
+		q, r = bits.Div64(hi, lo, per)
 	}
 	b.Tokens += int64(q)
 	b.Frac = uint32(r)
@@ -81,8 +89,8 @@ func (b *Bucket) Refill(l Limit, now int64) {
 // did. cost must be >= 1. The balance is untouched on denial, so fractional
 // credit is never lost.
 func (b *Bucket) Take(cost int64) bool {
-	// units >= cost*1e9 exactly when the whole tokens alone cover cost,
-	// because Frac < 1e9 and cost*1e9 is a whole number of tokens.
+	// units >= cost*P exactly when the whole tokens alone cover cost,
+	// because Frac < P and cost*P is a whole number of tokens.
 	if b.Tokens < cost {
 		return false
 	}
@@ -102,45 +110,47 @@ func (b *Bucket) Decide(l Limit, now, cost int64) Outcome {
 	// field by field reads it back in wider loads, which wait for the
 	// stores to retire instead of taking their values.
 	if !o.Allowed {
-		o.RetryAfter = retryAfter(b.Tokens, b.Frac, l, cost)
+		o.RetryAfter = retryAfter(b.Tokens, uint64(b.Frac), l, cost)
 	}
 	o.Remaining = b.Tokens
 	// resetAfter, written out: too large for the compiler to inline.
 	if b.Tokens < l.Capacity {
-		hi, lo := deficit(b.Tokens, b.Frac, l.Capacity)
-		o.ResetAfter = ceilDiv(hi, lo, uint64(l.TokensPerSecond))
+		n, per := l.rate()
+		hi, lo := deficit(b.Tokens, uint64(b.Frac), l.Capacity, per)
+		o.ResetAfter = ceilDiv(hi, lo, n)
 	}
 	return o
 }
 
 // RetryAfter is the time, in ns, until b (as it stands) holds cost tokens at
-// rate l.TokensPerSecond: ceil((cost*1e9 - units) / rate), 0 if it already
-// does, saturated at math.MaxInt64. It is an estimate, not a reservation.
+// l's rate of N per P: ceil((cost*P - units) / N), 0 if it already does,
+// saturated at math.MaxInt64. It is an estimate, not a reservation.
 func (b Bucket) RetryAfter(l Limit, cost int64) int64 {
-	return retryAfter(b.Tokens, b.Frac, l, cost)
+	return retryAfter(b.Tokens, uint64(b.Frac), l, cost)
 }
 
-func retryAfter(tokens int64, frac uint32, l Limit, cost int64) int64 {
+func retryAfter(tokens int64, frac uint64, l Limit, cost int64) int64 {
 	if tokens >= cost {
 		return 0
 	}
-	hi, lo := deficit(tokens, frac, cost)
-	return ceilDiv(hi, lo, uint64(l.TokensPerSecond))
+	n, per := l.rate()
+	hi, lo := deficit(tokens, frac, cost, per)
+	return ceilDiv(hi, lo, n)
 }
 
-// ResetAfter is the time, in ns, until b is full at rate l.TokensPerSecond:
-// ceil((capacity*1e9 - units) / rate), 0 when full, saturated at
-// math.MaxInt64.
+// ResetAfter is the time, in ns, until b is full at l's rate of N per P:
+// ceil((capacity*P - units) / N), 0 when full, saturated at math.MaxInt64.
 func (b Bucket) ResetAfter(l Limit) int64 {
-	return resetAfter(b.Tokens, b.Frac, l)
+	return resetAfter(b.Tokens, uint64(b.Frac), l)
 }
 
-func resetAfter(tokens int64, frac uint32, l Limit) int64 {
+func resetAfter(tokens int64, frac uint64, l Limit) int64 {
 	if tokens >= l.Capacity {
 		return 0
 	}
-	hi, lo := deficit(tokens, frac, l.Capacity)
-	return ceilDiv(hi, lo, uint64(l.TokensPerSecond))
+	n, per := l.rate()
+	hi, lo := deficit(tokens, frac, l.Capacity, per)
+	return ceilDiv(hi, lo, n)
 }
 
 // Full reports whether b holds exactly l's capacity (call Refill first to
@@ -170,20 +180,33 @@ func (b *Bucket) Credit(l Limit, tokens int64) {
 }
 
 // Cutover converts b from old to next at the cutover instant at: refill under
-// old up to at, then clamp to next's capacity. From then on b refills under
-// next. It requires at >= b.Last.
+// old up to at, move the fraction to next's unit if the period changes
+// (rounding down: see Level.Convert), then clamp to next's capacity. From
+// then on b refills under next. It requires at >= b.Last, and both periods
+// compact.
 func (b *Bucket) Cutover(old, next Limit, at int64) {
 	b.Refill(old, at)
+	if po, pn := old.period(), next.period(); po != pn {
+		b.Frac = uint32(convertFrac(uint64(b.Frac), po, pn))
+	}
 	b.Clamp(next.Capacity)
 }
 
-// deficit returns target*1e9 minus the balance tokens*1e9 + frac as a
+// deficit returns target*per minus the balance tokens*per + frac as a
 // 128-bit value; it requires tokens < target, or tokens == target with
 // frac == 0.
-func deficit(tokens int64, frac uint32, target int64) (hi, lo uint64) {
-	hi, lo = bits.Mul64(uint64(target-tokens), UnitsPerToken)
-	lo, borrow := bits.Sub64(lo, uint64(frac), 0)
+func deficit(tokens int64, frac uint64, target int64, per uint64) (hi, lo uint64) {
+	hi, lo = bits.Mul64(uint64(target-tokens), per)
+	lo, borrow := bits.Sub64(lo, frac, 0)
 	return hi - borrow, lo
+}
+
+// convertFrac moves a fraction of frac/from of a token to the unit 1/to,
+// rounding down: floor(frac*to/from), < to when frac < from.
+func convertFrac(frac, from, to uint64) uint64 {
+	hi, lo := bits.Mul64(frac, to)
+	q, _ := bits.Div64(hi, lo, from) // hi < from, as frac < from
+	return q
 }
 
 // ceilDiv returns ceil((hi<<64 | lo) / d) for d >= 1, saturated at

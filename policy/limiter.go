@@ -54,35 +54,35 @@ var (
 )
 
 // TokenBucket is a Limiter that holds up to Capacity tokens, refilled
-// continuously at TokensPerSecond: exactly the Bucket arithmetic the engine
-// uses for every key (Bucket.Decide), behind the Limiter contract. A burst
-// of Capacity passes at once, and then TokensPerSecond on average, at any
-// alignment. It answers with Decide's Outcome: Remaining is the whole
-// tokens left, RetryAfter the time until the balance holds cost, ResetAfter
-// the time until it is full again, both rounded up and saturated at
-// math.MaxInt64.
+// continuously at the Limit's rate: exactly the arithmetic the engine uses
+// for every key (Bucket.Decide, or Level for a period too long for a
+// Bucket), behind the Limiter contract. A burst of Capacity passes at once,
+// and then the rate on average, at any alignment. It answers with Decide's
+// Outcome: Remaining is the whole tokens left, RetryAfter the time until the
+// balance holds cost, ResetAfter the time until it is full again, both
+// rounded up and saturated at math.MaxInt64.
 //
 // Make one with NewTokenBucket. It is not safe for concurrent use (see
 // Limiter). The zero value admits nothing: its capacity is 0, so every cost
 // is above it. A copy is a separate limiter with the same balance.
 type TokenBucket struct {
-	limit  Limit
-	bucket Bucket // bucket.Last is the latest reading seen
+	limit Limit
+	level Level
+	last  int64 // the latest reading seen
 }
 
 // NewTokenBucket returns a full TokenBucket for l at the reading now. It
 // returns an error wrapping ErrInvalid that names the bad field for a
-// Capacity or TokensPerSecond below 1 or a now below 0.
+// Capacity below 1, a rate that is missing, doubly set or below 1 (as
+// Policy.Validate judges one), or a now below 0.
 func NewTokenBucket(l Limit, now int64) (*TokenBucket, error) {
-	switch {
-	case l.Capacity < 1:
-		return nil, fmt.Errorf("%w: capacity %d, want >= 1", ErrInvalid, l.Capacity)
-	case l.TokensPerSecond < 1:
-		return nil, fmt.Errorf("%w: tokens per second %d, want >= 1", ErrInvalid, l.TokensPerSecond)
-	case now < 0:
+	if err := l.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, err)
+	}
+	if now < 0 {
 		return nil, fmt.Errorf("%w: now %d, want >= 0", ErrInvalid, now)
 	}
-	return &TokenBucket{limit: l, bucket: NewBucket(l, now)}, nil
+	return &TokenBucket{limit: l, level: FullLevel(l), last: now}, nil
 }
 
 // TryAcquire brings the bucket up to now and takes cost tokens if it holds
@@ -90,12 +90,21 @@ func NewTokenBucket(l Limit, now int64) (*TokenBucket, error) {
 // that reading; a cost outside [1, Capacity] is denied with RetryAfter
 // math.MaxInt64 (see Limiter). It does not allocate.
 func (tb *TokenBucket) TryAcquire(now, cost int64) Outcome {
-	now = max(now, tb.bucket.Last) // Decide requires now >= Last
+	now = max(now, tb.last)
+	tb.level.Refill(tb.limit, now-tb.last)
+	tb.last = now
 	if cost < 1 || cost > tb.limit.Capacity {
-		tb.bucket.Refill(tb.limit, now)
-		return Outcome{Remaining: tb.bucket.Tokens, RetryAfter: never, ResetAfter: tb.bucket.ResetAfter(tb.limit)}
+		return Outcome{Remaining: tb.level.Tokens, RetryAfter: never, ResetAfter: tb.level.ResetAfter(tb.limit)}
 	}
-	return tb.bucket.Decide(tb.limit, now, cost)
+	o := Outcome{Allowed: tb.level.Tokens >= cost}
+	if o.Allowed {
+		tb.level.Tokens -= cost
+	} else {
+		o.RetryAfter = tb.level.RetryAfter(tb.limit, cost)
+	}
+	o.Remaining = tb.level.Tokens
+	o.ResetAfter = tb.level.ResetAfter(tb.limit)
+	return o
 }
 
 // FixedWindow is a Limiter that counts the cost admitted in each window,

@@ -12,26 +12,43 @@ import (
 // There is no escape: a key that contains '*' cannot have an exact override,
 // though patterns may match it.
 //
+// The limit is Capacity refilled at TokensPerSecond, or at Refill when
+// TokensPerSecond is 0 (exactly one of the two is set, as in Policy), plus
+// the bands of Bands if set. An override's limit is its own: the policy's
+// Bands do not apply to it (give it the same BandSet to keep them).
+//
 // Name, optional, names the override's quota to clients (the HTTP
-// middleware sends it in RateLimit-Policy). It is printable ASCII (0x20 to
-// 0x7E), at most MaxNameBytes long, and overrides with different limits may
-// not share one; overrides with the same limit may ("gold" for every tenant
-// on one plan).
+// middleware sends it in RateLimit-Policy) and is the name of its primary
+// band (Decision.Band). It is printable ASCII (0x20 to 0x7E), at most
+// MaxNameBytes long, no band of Bands may have it, and overrides with
+// different limits may not share one; overrides with the same limit may
+// ("gold" for every tenant on one plan).
 type Override struct {
 	Match           string
 	Capacity        int64
 	TokensPerSecond int64
-	Name            string `json:",omitempty"` // omitted from JSON when empty
+	Refill          Rate     `json:",omitzero"`  // omitted from JSON when not set
+	Bands           *BandSet `json:"-"`          // not in JSON: a BandSet is built by NewBands
+	Name            string   `json:",omitempty"` // omitted from JSON when empty
 }
+
+// limit returns o's primary band.
+func (o Override) limit() Limit {
+	return Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond, Refill: o.Refill}
+}
+
+// shape returns o's whole limit.
+func (o Override) shape() Shape { return Shape{Name: o.Name, Primary: o.limit(), Bands: o.Bands} }
 
 // Bounds on an OverrideSet.
 const (
 	// MaxPatterns is the most pattern overrides one set may hold: each new
 	// key is tried against them in order.
 	MaxPatterns = 128
-	// MaxLimits is the most distinct limits (Capacity and TokensPerSecond
-	// pairs) one set may hold, the default not counted: a bucket records its
-	// limit as a 16-bit index. Any number of overrides may share a limit.
+	// MaxLimits is the most distinct limits (a Name with its Capacity,
+	// rate and Bands) one set may hold, the default not counted: a bucket
+	// records its limit as a 16-bit index. Any number of overrides may
+	// share a limit.
 	MaxLimits = 1<<16 - 2
 	// MaxNameBytes is the longest Name an override may have.
 	MaxNameBytes = 64
@@ -51,7 +68,7 @@ type OverrideSet struct {
 	limitOf   []LimitIndex     // limitOf[i] is the index of overrides[i]'s limit
 	exact     map[string]int32 // an exact Match's position in overrides
 	patterns  []pattern
-	limits    []Limit // limits[i-1] is LimitIndex i; 0 is the policy's default
+	limits    []Shape // limits[i-1] is LimitIndex i; 0 is the policy's default
 }
 
 // LimitIndex names a limit of a Policy: 0 is its default, and 1 and up are
@@ -66,9 +83,10 @@ type pattern struct {
 
 // NewOverrideSet validates overrides and builds their set. It returns nil
 // for no overrides, and an error wrapping ErrInvalid that names the first
-// bad entry for a non-positive limit, a blank Match, a Match given twice, a
-// Name that is not printable ASCII or is longer than MaxNameBytes, a Name
-// given to two different limits, more than MaxPatterns patterns or more than
+// bad entry for an invalid limit (as Policy.Validate judges one), a blank
+// Match, a Match given twice, a Name that is not printable ASCII or is
+// longer than MaxNameBytes, a Name given to two different limits or to one
+// of the override's own bands, more than MaxPatterns patterns or more than
 // MaxLimits distinct limits.
 func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
 	if len(overrides) == 0 {
@@ -82,7 +100,7 @@ func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
 		limitOf:   make([]LimitIndex, len(overrides)),
 		exact:     make(map[string]int32),
 	}
-	index := map[Limit]LimitIndex{}
+	index := map[Shape]LimitIndex{}
 	seen := map[string]bool{}
 	named := map[string]int{} // a Name's first override
 	for i, o := range s.overrides {
@@ -93,11 +111,11 @@ func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
 			return nil, fmt.Errorf("%w: override %d (%q): Match given twice", ErrInvalid, i, o.Match)
 		}
 		seen[o.Match] = true
-		lim := Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond}
+		lim := o.shape()
 		if o.Name != "" {
 			if j, ok := named[o.Name]; !ok {
 				named[o.Name] = i
-			} else if f := s.overrides[j]; f.Capacity != o.Capacity || f.TokensPerSecond != o.TokensPerSecond {
+			} else if f := s.overrides[j]; f.limit() != o.limit() || f.Bands != o.Bands {
 				return nil, fmt.Errorf("%w: override %d (%q): Name %q is override %d's, whose limit differs", ErrInvalid, i, o.Match, o.Name, j)
 			}
 		}
@@ -124,20 +142,17 @@ func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
 }
 
 func (o Override) validate() error {
-	switch {
-	case strings.TrimSpace(o.Match) == "":
+	if strings.TrimSpace(o.Match) == "" {
 		return fmt.Errorf("blank Match")
-	case o.Capacity < 1:
-		return fmt.Errorf("capacity %d, want >= 1", o.Capacity)
-	case o.TokensPerSecond < 1:
-		return fmt.Errorf("tokens per second %d, want >= 1", o.TokensPerSecond)
-	case len(o.Name) > MaxNameBytes:
-		return fmt.Errorf("name is %d bytes, at most %d", len(o.Name), MaxNameBytes)
 	}
-	for i := range len(o.Name) {
-		if c := o.Name[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("name %q has byte %#x at %d, want printable ASCII", o.Name, c, i)
-		}
+	if err := o.limit().validate(); err != nil {
+		return err
+	}
+	if err := validateName(o.Name); err != nil {
+		return err
+	}
+	if o.Bands.Index(o.Name) >= 0 {
+		return fmt.Errorf("name %q is also one of its bands'", o.Name)
 	}
 	return nil
 }
@@ -170,8 +185,9 @@ func (s *OverrideSet) Resolve(key string) LimitIndex {
 
 // Lookup returns the override key resolves to, by Resolve's rule, and true;
 // or the zero Override and false when key gets the policy's default. Use it
-// for what the limit alone does not say, such as the override's Name:
-// overrides that share a limit share its LimitIndex. A nil set finds none.
+// for what the limit alone does not say, such as the override's Match:
+// overrides that share a limit and a name share its LimitIndex. A nil set
+// finds none.
 func (s *OverrideSet) Lookup(key string) (Override, bool) {
 	if i := s.find(key); i >= 0 {
 		return s.overrides[i], true
@@ -223,19 +239,37 @@ func (p Policy) Resolve(key string) (Limit, LimitIndex) {
 	return p.LimitAt(idx), idx
 }
 
-// LimitAt returns the limit at idx, which must come from p's Resolve or
-// Limits.
-func (p Policy) LimitAt(idx LimitIndex) Limit {
+// LimitAt returns the primary band of the limit at idx, which must come
+// from p's Resolve or Limits.
+func (p Policy) LimitAt(idx LimitIndex) Limit { return p.ShapeAt(idx).Primary }
+
+// ShapeAt returns the whole limit at idx, which must come from p's Resolve
+// or Limits: at 0 the policy's own (named ""), else an override's.
+func (p Policy) ShapeAt(idx LimitIndex) Shape {
 	if idx == 0 {
-		return p.Limit()
+		return p.Shape()
 	}
 	return p.Overrides.limits[idx-1]
 }
 
-// Limits returns p's limit table: the default at index 0, then the distinct
-// limits of its overrides, so limits[idx] is LimitAt(idx).
+// Shape returns the policy's own limit: its primary band, named "", and its
+// Bands.
+func (p Policy) Shape() Shape { return Shape{Primary: p.Limit(), Bands: p.Bands} }
+
+// Limits returns the primary bands of p's limit table: the default at index
+// 0, then the distinct limits of its overrides, so limits[idx] is
+// LimitAt(idx).
 func (p Policy) Limits() []Limit {
 	out := []Limit{p.Limit()}
+	for _, sh := range p.Shapes()[1:] {
+		out = append(out, sh.Primary)
+	}
+	return out
+}
+
+// Shapes returns p's limit table, whole: shapes[idx] is ShapeAt(idx).
+func (p Policy) Shapes() []Shape {
+	out := []Shape{p.Shape()}
 	if p.Overrides != nil {
 		out = append(out, p.Overrides.limits...)
 	}

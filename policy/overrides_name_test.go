@@ -60,8 +60,9 @@ func TestOverrideNameRejected(t *testing.T) {
 }
 
 // TestLookup: Lookup finds the override by Resolve's rule (exact, then the
-// first matching pattern), and tells apart overrides that share a limit and
-// so a LimitIndex.
+// first matching pattern). Overrides with one limit and different names
+// have different LimitIndexes (a key's primary band is named by its
+// override), so a decision can say which one it was.
 func TestLookup(t *testing.T) {
 	in := []policy.Override{
 		named("tenant:acme:*", "acme", 100, 10),
@@ -99,7 +100,11 @@ func TestLookup(t *testing.T) {
 	}
 	_, login := p.Resolve("x:login")
 	_, acmeLogin := p.Resolve("tenant:acme:login")
-	assert.Equal(t, login, acmeLogin, "one limit, one index, two names")
+	assert.NotEqual(t, login, acmeLogin, "one limit, two names, two indexes")
+	assert.Equal(t, p.LimitAt(login), p.LimitAt(acmeLogin), "one limit")
+	assert.Equal(t, "acme-login", p.ShapeAt(acmeLogin).Name)
+	_, vip := p.Resolve("vip")
+	assert.Equal(t, "", p.ShapeAt(vip).Name)
 
 	var none *policy.OverrideSet
 	o, ok := none.Lookup("vip")

@@ -112,7 +112,7 @@ func TestOverrideSetLimits(t *testing.T) {
 	set, err := policy.NewOverrideSet(ov("a", 5, 1), ov("b*", 7, 2), ov("c", 5, 1), ov("d", 5, 2))
 	require.NoError(t, err)
 	p := policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1, Overrides: set}
-	assert.Equal(t, []policy.Limit{{5, 1}, {5, 1}, {7, 2}, {5, 2}}, p.Limits())
+	assert.Equal(t, []policy.Limit{{Capacity: 5, TokensPerSecond: 1}, {Capacity: 5, TokensPerSecond: 1}, {Capacity: 7, TokensPerSecond: 2}, {Capacity: 5, TokensPerSecond: 2}}, p.Limits())
 	_, a := p.Resolve("a")
 	_, c := p.Resolve("c")
 	assert.Equal(t, a, c)

@@ -25,6 +25,8 @@ type Decision struct {
 	// ResetAfter is the time until the bucket is full again, rounded up and
 	// saturated; 0 when full.
 	ResetAfter time.Duration
+	// Band names the binding band, as the engine's does.
+	Band string
 }
 
 // Request is one request of a batch.
