@@ -106,7 +106,8 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 		if tag != 1 {
 			return rep, d.fail("bucket %d: unexpected byte %#x", count, tag)
 		}
-		key, b, lim, err := d.bucket(count, e.maxKeyBytes)
+		var lv [1 + policy.MaxBands]policy.Level
+		key, last, sh, n, err := d.bucket(count, e.maxKeyBytes, &h, &lv)
 		if err != nil {
 			return rep, err
 		}
@@ -115,14 +116,12 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 		// served while the snapshot ran was updated after that reading:
 		// the time between comes off, or it would be paid twice.
 		owed := int64(rep.Elapsed)
-		if b.Last < h.reading {
-			owed = satAdd(owed, h.reading-b.Last)
+		if last < h.reading {
+			owed = satAdd(owed, h.reading-last)
 		} else {
-			owed = max(0, owed-(b.Last-h.reading))
+			owed = max(0, owed-(last-h.reading))
 		}
-		b.Last = 0
-		b.Refill(lim, owed)
-		b.Last = now
+		policy.RefillLevels(sh, lv[:n], owed)
 		count++
 		if count > cfg.MaxKeys && !opts.DropFullest {
 			// The answer will be ErrKeyCapacity: read on to check the
@@ -130,7 +129,7 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 			continue
 		}
 		i, hash := e.shardOf(key)
-		if err := shards[i].State().Restore(now, key, hash, b, lim); err != nil {
+		if err := shards[i].State().Restore(now, key, hash, now, sh, lv[:n]); err != nil {
 			return rep, d.fail("bucket %d: %v", count-1, err)
 		}
 	}
@@ -147,41 +146,65 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 	return rep, nil
 }
 
-// dropFullest drops the n buckets closest to full, by the units they lack:
-// the fewest tokens handed out by forgetting them.
+// dropFullest drops the n buckets closest to full, by what they lack: the
+// fewest tokens handed out by forgetting them. A key of several bands lacks
+// what its emptiest band (in tokens) lacks.
 func dropFullest(e *Engine, shards []*shard.Shard, n int, rep *RestoreReport) {
 	type entry struct {
-		key        string // a view of the shard's table, good until its own Drop: Drop moves no other slot
-		hash       uint64
-		shard      int
-		defHi      uint64 // capacity minus balance, in units (128 bits)
-		defLo      uint64
-		deficitTok int64 // the same in tokens, rounded up
+		key   string // a view of the shard's table, good until its own Drop: Drop moves no other slot
+		hash  uint64
+		shard int
+		// The deficit in tokens: whole, and the fraction in 64 bits,
+		// rounded down (exact for the order of deficits of one period).
+		whole, frac uint64
+		deficitTok  int64 // the same in tokens, rounded up
 	}
 	var all []entry
 	for i, s := range shards {
-		s.State().Each(func(key string, b policy.Bucket, lim policy.Limit) {
+		s.State().Each(func(key string, _ int64, sh policy.Shape, lv []policy.Level) {
 			_, h := e.shardOf(key)
-			hi, lo := bits.Mul64(uint64(lim.Capacity-b.Tokens), policy.UnitsPerToken)
-			lo, borrow := bits.Sub64(lo, uint64(b.Frac), 0)
-			all = append(all, entry{key: key, hash: h, shard: i, defHi: hi - borrow, defLo: lo, deficitTok: lim.Capacity - b.Tokens})
+			x := entry{key: key, hash: h, shard: i}
+			for j, v := range lv {
+				whole, frac := deficitTokens(sh.Band(j), v)
+				if whole > x.whole || (whole == x.whole && frac > x.frac) {
+					x.whole, x.frac = whole, frac
+				}
+				x.deficitTok = max(x.deficitTok, sh.Band(j).Capacity-v.Tokens)
+			}
+			all = append(all, x)
 		})
 	}
 	slices.SortFunc(all, func(a, b entry) int {
-		if c := cmp.Compare(a.defHi, b.defHi); c != 0 {
+		if c := cmp.Compare(a.whole, b.whole); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.defLo, b.defLo)
+		return cmp.Compare(a.frac, b.frac)
 	})
 	for _, x := range all[:n] {
 		shards[x.shard].State().Drop(x.key, x.hash)
 		rep.Dropped++
-		if x.defHi != 0 || x.defLo != 0 {
+		if x.whole != 0 || x.frac != 0 {
 			rep.DroppedPartial++
 			rep.MaxDeficit = max(rep.MaxDeficit, x.deficitTok)
 		}
 	}
 	rep.Restored -= n
+}
+
+// deficitTokens returns what v lacks of l's capacity in tokens: the whole
+// tokens, and the fraction of one as a 64-bit binary fraction, rounded down.
+func deficitTokens(l policy.Limit, v policy.Level) (whole, frac uint64) {
+	per := uint64(l.Rate().Per)
+	if v.Tokens >= l.Capacity {
+		return 0, 0
+	}
+	whole = uint64(l.Capacity - v.Tokens)
+	if v.Frac == 0 {
+		return whole, 0
+	}
+	// capacity - tokens - frac/per = (whole-1) + (per-frac)/per
+	f, _ := bits.Div64(per-v.Frac, 0, per) // (per-frac) < per
+	return whole - 1, f
 }
 
 // satAdd is a + b for b >= 0, saturated at math.MaxInt64.
@@ -202,7 +225,9 @@ type snapReader struct {
 }
 
 type snapHeader struct {
+	format  uint64
 	pol     policy.Policy
+	shapes  []policy.Shape // pol.Shapes(): a version 2 bucket names its limit by index
 	wall    int64
 	reading int64
 }
@@ -307,9 +332,10 @@ func (d *snapReader) header() (snapHeader, error) {
 	if err != nil {
 		return h, err
 	}
-	if v != snapVersion {
-		return h, d.fail("format version %d, this build reads %d", v, snapVersion)
+	if v != 1 && v != snapVersion {
+		return h, d.fail("format version %d, this build reads 1 and %d", v, snapVersion)
 	}
+	h.format = v
 	p := &h.pol
 	if p.Version, err = d.int(0, "policy version"); err != nil {
 		return h, err
@@ -317,8 +343,13 @@ func (d *snapReader) header() (snapHeader, error) {
 	if p.Capacity, err = d.int(0, "policy capacity"); err != nil {
 		return h, err
 	}
-	if p.TokensPerSecond, err = d.int(0, "policy tokens per second"); err != nil {
+	if p.TokensPerSecond, p.Refill, err = d.rate(v, "policy"); err != nil {
 		return h, err
+	}
+	if v >= 2 {
+		if p.Bands, err = d.bands("policy"); err != nil {
+			return h, err
+		}
 	}
 	n, err := d.uvarint("the override count")
 	if err != nil {
@@ -326,23 +357,27 @@ func (d *snapReader) header() (snapHeader, error) {
 	}
 	var os []policy.Override
 	for i := range n {
-		size, err := d.int(0, fmt.Sprintf("override %d's Match length", i))
+		what := fmt.Sprintf("override %d's", i)
+		match, err := d.string(what+" Match", maxMatchBytes)
 		if err != nil {
 			return h, err
 		}
-		if size > maxMatchBytes {
-			return h, d.fail("override %d's Match is %d bytes, at most %d", i, size, maxMatchBytes)
+		o := policy.Override{Match: match}
+		if v >= 2 {
+			if o.Name, err = d.string(what+" Name", policy.MaxNameBytes); err != nil {
+				return h, err
+			}
 		}
-		match, err := d.bytes(int(size), fmt.Sprintf("override %d's Match", i))
-		if err != nil {
+		if o.Capacity, err = d.int(0, what+" capacity"); err != nil {
 			return h, err
 		}
-		o := policy.Override{Match: string(match)}
-		if o.Capacity, err = d.int(0, fmt.Sprintf("override %d's capacity", i)); err != nil {
+		if o.TokensPerSecond, o.Refill, err = d.rate(v, what); err != nil {
 			return h, err
 		}
-		if o.TokensPerSecond, err = d.int(0, fmt.Sprintf("override %d's tokens per second", i)); err != nil {
-			return h, err
+		if v >= 2 {
+			if o.Bands, err = d.bands(what); err != nil {
+				return h, err
+			}
 		}
 		os = append(os, o)
 	}
@@ -352,6 +387,7 @@ func (d *snapReader) header() (snapHeader, error) {
 	if err := p.Validate(); err != nil {
 		return h, d.fail("policy: %w", err)
 	}
+	h.shapes = p.Shapes()
 	if h.wall, err = d.varint("the wall time"); err != nil {
 		return h, err
 	}
@@ -364,52 +400,166 @@ func (d *snapReader) header() (snapHeader, error) {
 	return h, nil
 }
 
-// bucket reads bucket i after its tag byte and checks it.
-func (d *snapReader) bucket(i, maxKeyBytes int) (string, policy.Bucket, policy.Limit, error) {
-	var b policy.Bucket
-	var lim policy.Limit
+// string reads a string of at most max bytes.
+func (d *snapReader) string(what string, max int64) (string, error) {
+	size, err := d.int(0, what+" length")
+	if err != nil {
+		return "", err
+	}
+	if size > max {
+		return "", d.fail("%s is %d bytes, at most %d", what, size, max)
+	}
+	b, err := d.bytes(int(size), what)
+	if err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
+// rate reads a rate of the given format: TokensPerSecond, and in version 2
+// a Refill when that is 0. Validation is the policy's.
+func (d *snapReader) rate(format uint64, what string) (int64, policy.Rate, error) {
+	var r policy.Rate
+	perSecond, err := d.int(0, what+" tokens per second")
+	if err != nil || format < 2 || perSecond != 0 {
+		return perSecond, r, err
+	}
+	if r.Tokens, err = d.int(0, what+" refill tokens"); err != nil {
+		return 0, r, err
+	}
+	per, err := d.int(0, what+" refill period")
+	r.Per = time.Duration(per)
+	return 0, r, err
+}
+
+// bands reads a band set.
+func (d *snapReader) bands(what string) (*policy.BandSet, error) {
+	n, err := d.int(0, what+" band count")
+	if err != nil {
+		return nil, err
+	}
+	if n > policy.MaxBands {
+		return nil, d.fail("%s %d bands, at most %d", what, n, policy.MaxBands)
+	}
+	bands := make([]policy.Band, n)
+	for i := range bands {
+		b := &bands[i]
+		w := fmt.Sprintf("%s band %d", what, i)
+		if b.Name, err = d.string(w+" name", policy.MaxNameBytes); err != nil {
+			return nil, err
+		}
+		if b.Capacity, err = d.int(0, w+" capacity"); err != nil {
+			return nil, err
+		}
+		if b.Refill.Tokens, err = d.int(0, w+" refill tokens"); err != nil {
+			return nil, err
+		}
+		per, err := d.int(0, w+" refill period")
+		if err != nil {
+			return nil, err
+		}
+		b.Refill.Per = time.Duration(per)
+	}
+	set, err := policy.NewBands(bands...)
+	if err != nil {
+		return nil, d.fail("policy: %w", err)
+	}
+	return set, nil
+}
+
+// bucket reads bucket i after its tag byte and checks it: its key, the
+// reading it was last brought up to date at, its limit, and its levels
+// into lv, n of them.
+func (d *snapReader) bucket(i, maxKeyBytes int, h *snapHeader, lv *[1 + policy.MaxBands]policy.Level) (key string, last int64, sh policy.Shape, n int, err error) {
 	size, err := d.int(0, fmt.Sprintf("bucket %d's key length", i))
 	if err != nil {
-		return "", b, lim, err
+		return
 	}
 	if size == 0 || size > int64(maxKeyBytes) {
-		return "", b, lim, d.fail("bucket %d: a key of %d bytes (MaxKeyBytes is %d)", i, size, maxKeyBytes)
+		err = d.fail("bucket %d: a key of %d bytes (MaxKeyBytes is %d)", i, size, maxKeyBytes)
+		return
 	}
 	raw, err := d.bytes(int(size), fmt.Sprintf("bucket %d's key", i))
 	if err != nil {
-		return "", b, lim, err
+		return
 	}
-	key := string(raw)
+	key = string(raw)
 	if isBlank(key) {
-		return "", b, lim, d.fail("bucket %d: blank key %q", i, key)
+		err = d.fail("bucket %d: blank key %q", i, key)
+		return
 	}
-	if b.Tokens, err = d.int(0, fmt.Sprintf("bucket %d's tokens", i)); err != nil {
-		return "", b, lim, err
+	if h.format == 1 {
+		last, sh, err = d.bucketV1(i, key, &lv[0])
+		return key, last, sh, 1, err
 	}
-	frac, err := d.int(0, fmt.Sprintf("bucket %d's units", i))
+	if last, err = d.varint(fmt.Sprintf("bucket %d's last update", i)); err != nil {
+		return
+	}
+	if last < 0 {
+		err = d.fail("bucket %d (%q): last update %d is negative", i, key, last)
+		return
+	}
+	idx, err := d.uvarint(fmt.Sprintf("bucket %d's limit", i))
 	if err != nil {
-		return "", b, lim, err
+		return
 	}
-	if frac >= policy.UnitsPerToken {
-		return "", b, lim, d.fail("bucket %d (%q): %d units, want fewer than a token", i, key, frac)
+	if idx >= uint64(len(h.shapes)) {
+		err = d.fail("bucket %d (%q): limit %d, the policy has %d", i, key, idx, len(h.shapes))
+		return
 	}
-	b.Frac = uint32(frac)
-	if b.Last, err = d.varint(fmt.Sprintf("bucket %d's last update", i)); err != nil {
-		return "", b, lim, err
+	sh = h.shapes[idx]
+	n = sh.Len()
+	for j := range n {
+		v := &lv[j]
+		if v.Tokens, err = d.int(0, fmt.Sprintf("bucket %d's band %d tokens", i, j)); err != nil {
+			return
+		}
+		if v.Frac, err = d.uvarint(fmt.Sprintf("bucket %d's band %d units", i, j)); err != nil {
+			return
+		}
+		if err = d.checkLevel(i, key, sh.Band(j), *v); err != nil {
+			return
+		}
 	}
-	if b.Last < 0 {
-		return "", b, lim, d.fail("bucket %d (%q): last update %d is negative", i, key, b.Last)
+	return key, last, sh, n, nil
+}
+
+// bucketV1 reads the rest of a version 1 bucket: one band per second.
+func (d *snapReader) bucketV1(i int, key string, v *policy.Level) (int64, policy.Shape, error) {
+	var sh policy.Shape
+	var err error
+	if v.Tokens, err = d.int(0, fmt.Sprintf("bucket %d's tokens", i)); err != nil {
+		return 0, sh, err
 	}
+	if v.Frac, err = d.uvarint(fmt.Sprintf("bucket %d's units", i)); err != nil {
+		return 0, sh, err
+	}
+	last, err := d.varint(fmt.Sprintf("bucket %d's last update", i))
+	if err != nil {
+		return 0, sh, err
+	}
+	if last < 0 {
+		return 0, sh, d.fail("bucket %d (%q): last update %d is negative", i, key, last)
+	}
+	lim := &sh.Primary
 	if lim.Capacity, err = d.int(1, fmt.Sprintf("bucket %d's capacity", i)); err != nil {
-		return "", b, lim, err
+		return 0, sh, err
 	}
 	if lim.TokensPerSecond, err = d.int(1, fmt.Sprintf("bucket %d's tokens per second", i)); err != nil {
-		return "", b, lim, err
+		return 0, sh, err
 	}
-	if b.Tokens > lim.Capacity || (b.Tokens == lim.Capacity && b.Frac != 0) {
-		return "", b, lim, d.fail("bucket %d (%q): balance %d tokens and %d units is above its capacity %d", i, key, b.Tokens, b.Frac, lim.Capacity)
+	return last, sh, d.checkLevel(i, key, *lim, *v)
+}
+
+// checkLevel checks that v is a balance l can hold.
+func (d *snapReader) checkLevel(i int, key string, l policy.Limit, v policy.Level) error {
+	if v.Frac >= uint64(l.Rate().Per) {
+		return d.fail("bucket %d (%q): %d units, want fewer than a token", i, key, v.Frac)
 	}
-	return key, b, lim, nil
+	if v.Tokens > l.Capacity || (v.Tokens == l.Capacity && v.Frac != 0) {
+		return d.fail("bucket %d (%q): balance %d tokens and %d units is above its capacity %d", i, key, v.Tokens, v.Frac, l.Capacity)
+	}
+	return nil
 }
 
 // end reads the bucket count and the checksum after the end byte, and

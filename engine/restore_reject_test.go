@@ -93,7 +93,7 @@ func TestRestoreRejects(t *testing.T) {
 		{"empty", nil, engine.Config{}, "truncated", nil},
 		{"wrong magic", wrongMagic, engine.Config{}, "bad magic", nil},
 		{"not a snapshot", []byte("GET / HTTP/1.1\r\nHost: example.com\r\n\r\n"), engine.Config{}, "bad magic", nil},
-		{"unknown format version", with(func(s *rawSnap) { s.Format = 2 }), engine.Config{}, "format version 2", nil},
+		{"unknown format version", with(func(s *rawSnap) { s.Format = 3 }), engine.Config{}, "format version 3", nil},
 		{"policy capacity 0", with(func(s *rawSnap) { s.Capacity = 0 }), engine.Config{}, "policy", policy.ErrInvalid},
 		{"policy version 0", with(func(s *rawSnap) { s.Version = 0 }), engine.Config{}, "policy", policy.ErrInvalid},
 		{"policy rate above int64", with(func(s *rawSnap) { s.Rate = math.MaxInt64 + 1 }), engine.Config{}, "policy tokens per second", nil},

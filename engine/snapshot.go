@@ -15,26 +15,39 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// The snapshot format, version 1. Integers are varints (encoding/binary);
+// The snapshot format, version 2. Integers are varints (encoding/binary);
 // every field is checked on the way in.
 //
 //	magic     "tokenshard-snapshot" and a newline (20 bytes)
-//	version   uvarint, 1
-//	policy    uvarint Version, Capacity, TokensPerSecond; uvarint override
-//	          count; per override: uvarint length, Match bytes, uvarint
-//	          Capacity, TokensPerSecond
+//	version   uvarint, 2
+//	policy    uvarint Version, Capacity; rate; bands; uvarint override
+//	          count; per override: string Match, string Name, uvarint
+//	          Capacity; rate; bands
 //	wall      varint Unix nanoseconds when the snapshot began
 //	reading   varint clock reading when it began
-//	buckets   per bucket: byte 1; uvarint key length, key bytes; uvarint
-//	          whole tokens, uvarint units (< 1e9); varint last update
-//	          reading; uvarint Capacity, TokensPerSecond of the key's limit
+//	buckets   per bucket: byte 1; string key; varint last update reading;
+//	          uvarint the index of the key's limit in the policy's limit
+//	          table (policy.Policy.Shapes: 0 the policy's own, then its
+//	          overrides' distinct limits in order); per band of that
+//	          limit, the primary first: uvarint whole tokens, uvarint
+//	          units (< the band's period in ns)
 //	end       byte 0; uvarint bucket count
 //	checksum  8 bytes, little endian: xxhash64 of every byte before it
 //
-// and nothing after it.
+// and nothing after it. A string is a uvarint length and its bytes; a rate
+// is uvarint TokensPerSecond, and if that is 0, uvarint Refill.Tokens and
+// Refill.Per in ns; bands are a uvarint count and per band: string Name,
+// uvarint Capacity, Refill.Tokens, Refill.Per.
+//
+// Version 1, which Restore still reads, had no bands and rates per second
+// only: its policy was uvarint Version, Capacity, TokensPerSecond and
+// overrides of string Match, uvarint Capacity, TokensPerSecond; its buckets
+// were byte 1, string key, uvarint whole tokens, uvarint units (< 1e9),
+// varint last update reading, uvarint Capacity, TokensPerSecond of the
+// key's limit.
 const (
 	snapMagic   = "tokenshard-snapshot\n"
-	snapVersion = 1
+	snapVersion = 2
 
 	// snapChunks is how many chunks (of about shard.SliceSize slots each)
 	// a shard may have in flight to the writer.
@@ -103,7 +116,7 @@ func (e *Engine) Snapshot(ctx context.Context, w io.Writer) error {
 		select {
 		case c := <-out:
 			for _, r := range c.Records {
-				sw.bucket(c.Keys[r.KeyOff:r.KeyOff+r.KeyLen], r.Bucket, r.Limit)
+				sw.bucket(c.Keys[r.KeyOff:r.KeyOff+r.KeyLen], r.Last, r.Limit, c.Levels[r.LevelOff:r.LevelOff+r.Shape.Len()])
 			}
 			count += uint64(len(c.Records))
 			if c.Last {
@@ -157,30 +170,55 @@ func (sw *snapWriter) header(p policy.Policy, wall, reading int64) {
 	sw.uvarint(snapVersion)
 	sw.uvarint(uint64(p.Version))
 	sw.uvarint(uint64(p.Capacity))
-	sw.uvarint(uint64(p.TokensPerSecond))
+	sw.rate(p.TokensPerSecond, p.Refill)
+	sw.bands(p.Bands)
 	os := p.Overrides.Overrides()
 	sw.uvarint(uint64(len(os)))
-	sw.flush(nil)
 	for _, o := range os {
-		sw.uvarint(uint64(len(o.Match)))
-		sw.flush([]byte(o.Match))
+		sw.string(o.Match)
+		sw.string(o.Name)
 		sw.uvarint(uint64(o.Capacity))
-		sw.uvarint(uint64(o.TokensPerSecond))
+		sw.rate(o.TokensPerSecond, o.Refill)
+		sw.bands(o.Bands)
 	}
 	sw.varint(wall)
 	sw.varint(reading)
 	sw.flush(nil)
 }
 
-func (sw *snapWriter) bucket(key []byte, b policy.Bucket, l policy.Limit) {
+func (sw *snapWriter) string(s string) {
+	sw.uvarint(uint64(len(s)))
+	sw.flush([]byte(s))
+}
+
+func (sw *snapWriter) rate(perSecond int64, r policy.Rate) {
+	sw.uvarint(uint64(perSecond))
+	if perSecond == 0 {
+		sw.uvarint(uint64(r.Tokens))
+		sw.uvarint(uint64(r.Per))
+	}
+}
+
+func (sw *snapWriter) bands(s *policy.BandSet) {
+	sw.uvarint(uint64(s.Len()))
+	for _, b := range s.Bands() {
+		sw.string(b.Name)
+		sw.uvarint(uint64(b.Capacity))
+		sw.uvarint(uint64(b.Refill.Tokens))
+		sw.uvarint(uint64(b.Refill.Per))
+	}
+}
+
+func (sw *snapWriter) bucket(key []byte, last int64, limit policy.LimitIndex, lv []policy.Level) {
 	sw.buf = append(sw.buf, 1)
 	sw.uvarint(uint64(len(key)))
 	sw.flush(key)
-	sw.uvarint(uint64(b.Tokens))
-	sw.uvarint(uint64(b.Frac))
-	sw.varint(b.Last)
-	sw.uvarint(uint64(l.Capacity))
-	sw.uvarint(uint64(l.TokensPerSecond))
+	sw.varint(last)
+	sw.uvarint(uint64(limit))
+	for _, v := range lv {
+		sw.uvarint(uint64(v.Tokens))
+		sw.uvarint(v.Frac)
+	}
 	sw.flush(nil)
 }
 

@@ -17,18 +17,24 @@ type Snapshot struct {
 }
 
 // SnapChunk is one slice of a shard's buckets: Records, whose keys are
-// Keys[r.KeyOff : r.KeyOff+r.KeyLen]. Free is where the writer returns it.
+// Keys[r.KeyOff : r.KeyOff+r.KeyLen] and whose levels are
+// Levels[r.LevelOff : r.LevelOff+r.Shape.Len()]. Free is where the writer
+// returns it.
 type SnapChunk struct {
 	Records []SnapRecord
 	Keys    []byte
+	Levels  []policy.Level
 	Last    bool
 	Free    chan *SnapChunk
 }
 
-// SnapRecord is one bucket, brought to the policy in force, and its key's
-// limit under that policy.
+// SnapRecord is one bucket, brought to the policy in force: the reading it
+// was last brought up to date at, its key's limit under that policy and its
+// levels, one per band.
 type SnapRecord struct {
 	KeyOff, KeyLen int
-	Bucket         policy.Bucket
-	Limit          policy.Limit
+	Last           int64
+	Limit          policy.LimitIndex // Shape's index in the policy's limit table
+	Shape          policy.Shape
+	LevelOff       int
 }

@@ -25,12 +25,12 @@ const (
 // generation is one policy a shard has served, from its cutover reading on.
 type generation struct {
 	pol    policy.Policy
-	limits []policy.Limit // pol.Limits(): a bucket's Limit indexes it
+	limits []limitInfo // pol.Shapes(): a bucket's Limit indexes it
 	start  int64
 }
 
 func newGeneration(p policy.Policy, start int64) generation {
-	return generation{pol: p, limits: p.Limits(), start: start}
+	return generation{pol: p, limits: limitInfos(p), start: start}
 }
 
 // State is the pure state machine of one shard: a bucket table and the
@@ -44,6 +44,7 @@ func newGeneration(p policy.Policy, start int64) generation {
 type State struct {
 	hasher *Hasher
 	tab    table
+	levels levelStore // the balances of keys a Bucket alone cannot hold
 	budget *Budget
 
 	// gens[i] is generation base+i; the last one is in force. A bucket's
@@ -113,8 +114,8 @@ func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.
 	} else {
 		idx = g.pol.Overrides.Resolve(key)
 	}
-	lim := g.limits[idx]
-	if cost > lim.Capacity {
+	in := &g.limits[idx]
+	if cost > in.maxCost {
 		*r = msg.Reply{Err: msg.ErrCostExceedsCapacity}
 		return
 	}
@@ -131,19 +132,28 @@ func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.
 		// does not pin it. A key created ahead of a sweep's cursor survives
 		// that sweep.
 		b = s.tab.insert(h, key, s.Sweeping() && h*mix >= s.pass.cursor)
-		*b = policy.NewBucket(lim, now)
+		if in.n == 0 {
+			*b = policy.NewBucket(in.lim, now)
+		} else {
+			s.newExt(b, in, now)
+		}
 		b.Epoch, b.Limit = s.epoch, idx
 	}
-	o := b.Decide(lim, now, cost)
 	s.last = now
 	d := &r.Decision
+	d.Version = g.pol.Version
+	r.Err = nil
+	if in.n != 0 {
+		s.decideExt(b, in, now, cost, d)
+		return
+	}
+	o := b.Decide(in.lim, now, cost)
 	d.Allowed = o.Allowed
 	d.Remaining = o.Remaining
 	d.RetryAfter = time.Duration(o.RetryAfter)
-	d.Version = g.pol.Version
-	d.Limit = lim.Capacity
+	d.Limit = in.lim.Capacity
 	d.ResetAfter = time.Duration(o.ResetAfter)
-	r.Err = nil
+	d.Band = in.shape.Name
 }
 
 // Peek answers a request of one token for key, hashed h, at now, into r,
@@ -157,22 +167,29 @@ func (s *State) Peek(now int64, key string, h uint64, r *msg.Reply) {
 	}
 	g := &s.gens[len(s.gens)-1]
 	b := s.tab.find(h, key)
+	var buf [maxLevels]policy.Level
 	if b == nil {
-		lim := g.limits[g.pol.Overrides.Resolve(key)]
-		s.report(policy.NewBucket(lim, now), lim, r)
+		in := &g.limits[g.pol.Overrides.Resolve(key)]
+		lv := buf[:in.shape.Len()]
+		for i := range lv {
+			lv[i] = policy.FullLevel(in.shape.Band(i))
+		}
+		s.reportLevels(lv, in, r)
 		return
 	}
 	s.bringUp(b, key)
 	g = &s.gens[len(s.gens)-1] // bringUp may have dropped the history
-	lim := g.limits[b.Limit]
-	bk := *b
-	bk.Refill(lim, now)
-	s.report(bk, lim, r)
+	in := &g.limits[b.Limit]
+	lv := s.load(b, in, &buf)
+	if now > b.Last {
+		policy.RefillLevels(in.shape, lv, now-b.Last)
+	}
+	s.reportLevels(lv, in, r)
 }
 
 // Refund credits tokens back to key, hashed h, at now, capped at its
-// capacity, and answers as Peek does with the balance after it. It never
-// creates a bucket: refunding an unknown key changes nothing.
+// capacity in every band, and answers as Peek does with the balance after
+// it. It never creates a bucket: refunding an unknown key changes nothing.
 func (s *State) Refund(now int64, key string, h uint64, tokens int64, r *msg.Reply) {
 	b := s.tab.find(h, key)
 	if b == nil || now < s.last {
@@ -180,28 +197,24 @@ func (s *State) Refund(now int64, key string, h uint64, tokens int64, r *msg.Rep
 		return
 	}
 	s.bringUp(b, key)
-	lim := s.gens[len(s.gens)-1].limits[b.Limit]
-	b.Refill(lim, now)
-	b.Credit(lim, tokens)
+	in := &s.gens[len(s.gens)-1].limits[b.Limit]
 	s.last = now
-	// Only the fields the answer needs (see Decide on copies).
-	s.report(policy.Bucket{Tokens: b.Tokens, Frac: b.Frac}, lim, r)
-}
-
-// report writes the answer of Peek and Refund for bucket bk of limit lim,
-// field by field, as Decide does.
-func (s *State) report(bk policy.Bucket, lim policy.Limit, r *msg.Reply) {
-	d := &r.Decision
-	d.Allowed = bk.Tokens >= 1
-	d.Remaining = bk.Tokens
-	d.RetryAfter = 0
-	if !d.Allowed {
-		d.RetryAfter = time.Duration(bk.RetryAfter(lim, 1))
+	if in.n == 0 {
+		b.Refill(in.lim, now)
+		b.Credit(in.lim, tokens)
+		lv := [1]policy.Level{policy.LevelOf(*b)}
+		s.reportLevels(lv[:], in, r)
+		return
 	}
-	d.Version = s.gens[len(s.gens)-1].pol.Version
-	d.Limit = lim.Capacity
-	d.ResetAfter = time.Duration(bk.ResetAfter(lim))
-	r.Err = nil
+	lv := s.levels.levels(b.Frac, in.n)
+	if now > b.Last {
+		policy.RefillLevels(in.shape, lv, now-b.Last)
+		b.Last = now
+	}
+	for i := range lv {
+		lv[i].Credit(in.shape.Band(i), tokens)
+	}
+	s.reportLevels(lv, in, r)
 }
 
 // Batch decides b.Items in order at one reading, into b.Out. The answers are
@@ -303,7 +316,7 @@ func (s *State) bringUp(b *policy.Bucket, key string) {
 	for i := int(b.Epoch - s.base); i < len(s.gens)-1; i++ {
 		old, next := &s.gens[i], &s.gens[i+1]
 		idx := next.pol.Overrides.Resolve(key)
-		b.Cutover(old.limits[b.Limit], next.limits[idx], next.start)
+		s.cutover(b, &old.limits[b.Limit], &next.limits[idx], next.start)
 		b.Limit = idx
 	}
 	b.Epoch = s.epoch
@@ -328,34 +341,51 @@ func (s *State) compact() {
 	s.base = s.epoch
 }
 
-// Restore adds key with bucket b, last brought up to date at b.Last <= now
-// under the limit old, for a state being rebuilt from a snapshot before it
-// serves. The key is resolved under the policy in force and the bucket
-// carried through the cutover rule: refilled under old up to now, clamped to
-// the key's new capacity. The key takes a slot in the budget even past its
-// bound: the caller decides what to drop before serving. A key already
-// present is an error.
-func (s *State) Restore(now int64, key string, h uint64, b policy.Bucket, old policy.Limit) error {
+// Restore adds key with the levels lv of limit old (one per band of old,
+// band 0 the primary), last brought up to date at last <= now, for a state
+// being rebuilt from a snapshot before it serves. The key is resolved under
+// the policy in force and its bands carried through the cutover rule:
+// refilled under old up to now, then each band carried over by name
+// (policy.CutoverLevels). lv is changed. The key takes a slot in the budget
+// even past its bound: the caller decides what to drop before serving. A
+// key already present is an error.
+func (s *State) Restore(now int64, key string, h uint64, last int64, old policy.Shape, lv []policy.Level) error {
 	if s.tab.find(h, key) != nil {
 		return fmt.Errorf("duplicate key %q", key)
 	}
 	g := &s.gens[len(s.gens)-1]
 	idx := g.pol.Overrides.Resolve(key)
-	b.Cutover(old, g.limits[idx], now)
-	b.Epoch, b.Limit = s.epoch, idx
-	*s.tab.insert(h, key, false) = b
+	in := &g.limits[idx]
+	if now > last {
+		policy.RefillLevels(old, lv, now-last)
+	}
+	var dst [maxLevels]policy.Level
+	out := dst[:in.shape.Len()]
+	policy.CutoverLevels(old, lv, in.shape, out)
+	b := s.tab.insert(h, key, false)
+	*b = policy.Bucket{Last: max(last, now), Epoch: s.epoch, Limit: idx}
+	if in.n == 0 {
+		b.Tokens, b.Frac = out[0].Tokens, uint32(out[0].Frac)
+	} else {
+		b.Frac = s.levels.alloc(in.n)
+		copy(s.levels.levels(b.Frac, in.n), out)
+	}
 	s.budget.n.Add(1)
 	s.last = max(s.last, now)
 	return nil
 }
 
-// Each calls f with every key, its bucket and its limit, in no particular
-// order. The key is only valid during the call. Buckets already converted
-// to the policy in force are what f sees; f must not change the state.
-func (s *State) Each(f func(key string, b policy.Bucket, lim policy.Limit)) {
+// Each calls f with every key, the reading its bucket was last brought up
+// to date at, its limit and its levels (one per band of the limit), in no
+// particular order. The key and levels are only valid during the call.
+// Buckets already converted to the policy in force are what f sees; f must
+// not change the state.
+func (s *State) Each(f func(key string, last int64, sh policy.Shape, lv []policy.Level)) {
+	var buf [maxLevels]policy.Level
 	s.tab.each(func(k string, b *policy.Bucket) {
 		s.bringUp(b, k)
-		f(k, *b, s.gens[len(s.gens)-1].limits[b.Limit])
+		in := &s.gens[len(s.gens)-1].limits[b.Limit]
+		f(k, b.Last, in.shape, s.load(b, in, &buf))
 	})
 }
 
@@ -368,7 +398,9 @@ func (s *State) Drop(key string, h uint64) bool {
 	if i < 0 {
 		return false
 	}
-	stale := seg.at(i).b.Epoch != s.epoch
+	b := &seg.at(i).b
+	stale := b.Epoch != s.epoch
+	s.forgetLevels(b, s.infoOf(b))
 	s.tab.remove(seg, i)
 	s.budget.Release()
 	if stale {

@@ -132,15 +132,15 @@ func (s *State) SweepSlice(now int64, n int) (done bool, err error) {
 			// (refilling a to b then b to c equals refilling a to c), and it
 			// finishes any pending cutover conversion.
 			s.bringUp(&sl.b, seg.key(sl))
-			lim := limits[sl.b.Limit] // the key's own limit
-			sl.b.Refill(lim, now)
+			in := &limits[sl.b.Limit] // the key's own limit
 			switch {
-			case sl.b.Full(lim):
+			case s.refillFull(&sl.b, in, now):
+				s.forgetLevels(&sl.b, in)
 				s.tab.remove(seg, i)
 				s.budget.Release() // only after the delete: Count never undercounts
 				s.pass.evicted++
 			case s.pass.estimate:
-				at := now + sl.b.ResetAfter(lim)
+				at := now + s.resetAfter(&sl.b, in)
 				if at < now { // saturated: full no sooner than the end of time
 					at = math.MaxInt64
 				}
@@ -209,7 +209,7 @@ func (s *State) BeginSnapshot() { s.snapCursor = 0 }
 // each brought to the policy in force and paired with its key's limit, and
 // reports whether the walk is over. It reads no clock and changes no answer.
 func (s *State) SnapshotSlice(c *msg.SnapChunk, n int) (done bool) {
-	c.Records, c.Keys = c.Records[:0], c.Keys[:0]
+	c.Records, c.Keys, c.Levels = c.Records[:0], c.Keys[:0], c.Levels[:0]
 	limits := s.gens[len(s.gens)-1].limits
 	for visited := 0; visited < n; {
 		seg, next, last := s.tab.segmentAt(s.snapCursor)
@@ -218,8 +218,12 @@ func (s *State) SnapshotSlice(c *msg.SnapChunk, n int) (done bool) {
 			sl := seg.at(i)
 			k := seg.key(sl)
 			s.bringUp(&sl.b, k)
-			c.Records = append(c.Records, msg.SnapRecord{KeyOff: len(c.Keys), KeyLen: len(k), Bucket: sl.b, Limit: limits[sl.b.Limit]})
+			in := &limits[sl.b.Limit]
+			var buf [maxLevels]policy.Level
+			lv := s.load(&sl.b, in, &buf)
+			c.Records = append(c.Records, msg.SnapRecord{KeyOff: len(c.Keys), KeyLen: len(k), Last: sl.b.Last, Limit: sl.b.Limit, Shape: in.shape, LevelOff: len(c.Levels)})
 			c.Keys = append(c.Keys, k...)
+			c.Levels = append(c.Levels, lv...)
 		})
 		s.snapCursor = next
 		if last {
