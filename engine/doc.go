@@ -18,34 +18,57 @@
 //
 // # Units and refill
 //
-// One token is policy.UnitsPerToken (1e9) units, so a rate of r tokens per
-// second adds exactly r units per nanosecond. A Policy is valid if and only
-// if its Version, Capacity and TokensPerSecond are all at least 1, and every
-// such int64 is legal, up to math.MaxInt64. A cost is legal from 1 to the
-// capacity of the key's own limit: its override's, or the policy's default.
+// A limit's rate is N tokens every P nanoseconds: TokensPerSecond n is N = n
+// and P = 1s, exactly; Refill is any policy.Rate (policy.PerMinute(100) is
+// 100 every minute). One token of that limit is P units, so the refill adds
+// exactly N units per nanosecond; for a rate per second a token is
+// policy.UnitsPerToken (1e9) units. A Policy is valid if and only if its
+// Version and Capacity are at least 1 and it has exactly one rate:
+// TokensPerSecond at least 1, or TokensPerSecond 0 and a Refill whose Tokens
+// and Per are at least 1. Every such int64 is legal, up to math.MaxInt64. A
+// cost is legal from 1 to the least capacity of the key's bands (below).
 //
 // A key's bucket is created full, by the first request decided for it (Peek
 // and Refund create none). Before each decision the shard refills it to its
 // clock reading now:
 //
-//	units = min(capacity*1e9, units + (now-last)*rate)
+//	units = min(capacity*P, units + (now-last)*N)
 //
 // exactly, in 128-bit integers: no floating point, and no part of a token is
 // ever rounded away.
 //
 // # Decisions
 //
-// A request for cost tokens is allowed if and only if units >= cost*1e9, and
-// then takes cost*1e9 units. A denial takes nothing and keeps the refilled
+// A request for cost tokens is allowed if and only if units >= cost*P, and
+// then takes cost*P units. A denial takes nothing and keeps the refilled
 // balance, so fractional credit is never lost. The Decision describes the
 // bucket after the request:
 //
-//	Remaining  = floor(units / 1e9)
-//	RetryAfter = ceil((cost*1e9 - units) / rate) ns if denied, else 0
-//	ResetAfter = ceil((capacity*1e9 - units) / rate) ns, 0 when full
+//	Remaining  = floor(units / P)
+//	RetryAfter = ceil((cost*P - units) / N) ns if denied, else 0
+//	ResetAfter = ceil((capacity*P - units) / N) ns, 0 when full
 //
 // with both durations saturated at math.MaxInt64. RetryAfter is an estimate,
 // not a reservation: other callers may spend the tokens first.
+//
+// # Bands
+//
+// A key's limit may have more bands than its primary one (the Capacity and
+// rate of its policy or override): the bands of policy.Policy.Bands, or of
+// its override's Bands, up to policy.MaxBands of them. Each band is a bucket
+// of its own capacity and rate, refilled as above, and all of them are
+// decided at once: a request is allowed only if every band holds its cost,
+// and then the cost is taken from every band; a denial takes nothing from
+// any (each still refills to now). A cost above any band's capacity is
+// ErrCostExceedsCapacity. RetryAfter is the time until every band holds the
+// cost: the longest of the bands' waits. Decision.Band names the band that
+// bound the decision, and Remaining, Limit and ResetAfter are that band's:
+// on a denial the band with the longest wait, when allowed the band with the
+// fewest whole tokens left, ties going to the primary band and then to the
+// bands in order. The primary band is named by its override's Name, or ""
+// for the policy's own limit, so a key of one band always decides with Band
+// "" or its override's Name. A key is full, for eviction, only when every
+// band is full.
 //
 // # Errors
 //
@@ -118,7 +141,13 @@
 // then every shard switches (publish). Each bucket keeps what it earned
 // under its key's old limit up to its shard's cutover reading, is clamped to
 // the capacity its key resolves to under the new policy, and refills at the
-// new limit from then on; raising a capacity tops nobody up. No caller sees
+// new limit from then on; raising a capacity tops nobody up. Bands are
+// matched by name, the primary with the primary: a band keeps its balance
+// the same way; where its period changes, the balance moves to the new unit
+// rounding down (floor(units*Pnew/Pold): a cutover may lose part of a unit,
+// never mint one), the only rounding anywhere; a band new in the policy
+// starts full, so it only ever restricts; a band the policy no longer has is
+// dropped. No caller sees
 // the new version and then the old one, and every call that starts after
 // ReplacePolicy returns sees the new version. A context that ends before
 // publish aborts the cutover everywhere; once publish has begun, the

@@ -1,10 +1,20 @@
 // Package policy defines what a limit means: the Policy a service configures
 // and the exact fixed-point token-bucket arithmetic behind every decision.
 //
-// One token is UnitsPerToken (1e9) units. A bucket's balance is held as whole
-// tokens plus a fraction in units, so a Bucket is 24 bytes, and every
-// intermediate that can exceed 64 bits (capacity x 1e9, elapsed x rate) is
-// computed in 128 bits with math/bits. There is no floating point and no
+// A limit refills N tokens every P nanoseconds (a Rate; TokensPerSecond n is
+// N = n, P = 1s), and one of its tokens is P units, so a refill over elapsed
+// ns adds exactly elapsed x N units and no rate is ever rounded. For a rate
+// per second a token is UnitsPerToken (1e9) units. A balance is held as
+// whole tokens plus a fraction in units: a Bucket (24 bytes, the compact
+// form, for periods up to 2^32 ns) or a Level (any period). Every
+// intermediate that can exceed 64 bits (capacity x P, elapsed x N) is
+// computed in 128 bits with math/bits: both factors are below 2^63, so every
+// product is below 2^126.
+//
+// A key's limit is a Shape: its primary band and the bands of a BandSet,
+// decided at once by DecideLevels. A cutover carries each band over by name
+// (CutoverLevels); where a band's period changes its fraction moves to the
+// new unit rounding down (Level.Convert), the only rounding there is. There is no floating point and no
 // allocation here; every int64 capacity, rate, cost and time is legal up to
 // math.MaxInt64. Results that do not fit in int64 nanoseconds saturate at
 // math.MaxInt64, as documented on each function.

@@ -12,7 +12,8 @@ import (
 // and the budget's count against the keys. It also checks that the history
 // reaches back to every bucket's generation and is dropped once no bucket
 // needs it, and that only keys created ahead of a sweep in progress carry
-// the born mark. It takes the budget to be the state's alone, as every test
+// the born mark, and that the level store's records in use are exactly
+// those of the keys that need one, each its own. It takes the budget to be the state's alone, as every test
 // here makes it.
 func (s *State) checkInvariants(t testing.TB, format string, args ...any) {
 	t.Helper()
@@ -20,7 +21,8 @@ func (s *State) checkInvariants(t testing.TB, format string, args ...any) {
 		t.Helper()
 		t.Fatalf("%s: %s", fmt.Sprintf(format, args...), fmt.Sprintf(what, a...))
 	}
-	stale, live := 0, 0
+	stale, live, levels := 0, 0, 0
+	records := map[uint32]bool{}
 	for seg := range s.tab.segments() {
 		full, dead := 0, 0
 		for g, w := range seg.ctrl {
@@ -40,6 +42,13 @@ func (s *State) checkInvariants(t testing.TB, format string, args ...any) {
 				if int(sl.b.Epoch-s.base) >= len(s.gens) {
 					fail("a bucket of epoch %d, but the history starts at %d and holds %d", sl.b.Epoch, s.base, len(s.gens))
 				}
+				if in := s.infoOf(&sl.b); in.n != 0 {
+					levels += in.n
+					if records[sl.b.Frac] {
+						fail("two keys share the level record %d", sl.b.Frac)
+					}
+					records[sl.b.Frac] = true
+				}
 				if sl.meta&bornBit != 0 && (!s.Sweeping() || s.tab.hashOf(seg.key(sl)) < s.pass.cursor) {
 					fail("a key marked born, not ahead of a sweep in progress")
 				}
@@ -49,6 +58,9 @@ func (s *State) checkInvariants(t testing.TB, format string, args ...any) {
 			fail("a segment counts %d live and %d dead slots, and has %d and %d", seg.count, seg.dead, full, dead)
 		}
 		live += full
+	}
+	if levels != s.levels.live {
+		fail("the level store counts %d levels in use, and the keys hold %d", s.levels.live, levels)
 	}
 	if live != s.tab.count {
 		fail("the table counts %d keys, and has %d", s.tab.count, live)
