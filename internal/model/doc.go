@@ -16,6 +16,20 @@
 // which is how the harness drives it (clock.Manual); clock regressions are
 // compared against an engine with one shard.
 //
+// # Bands and rates
+//
+// A key's limit is one or more bands: the primary (the Capacity and rate of
+// its Policy or Override) and the bands of its BandSet. The model keeps each
+// band's balance as an exact rational number of tokens (math/big.Rat): a
+// band of N tokens per P ns earns elapsed x N/P tokens, up to its capacity,
+// with no unit and no rounding, so its answers are the contract's by
+// construction rather than by the engine's fixed-point arithmetic, which it
+// never calls (it reads policy's types for configuration only). A decision
+// is atomic over the bands; Remaining is floored and the waits are ceilings,
+// in nanoseconds. The one rounding is at a cutover that changes a band's
+// period: the balance is rounded down to a whole unit of the new period,
+// 1/P tokens, as the contract requires of the engine.
+//
 // # Ownership
 //
 // A Model belongs to its caller: it is not safe for concurrent use, and

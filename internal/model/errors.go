@@ -14,10 +14,12 @@ var (
 	// length bound.
 	ErrInvalidKey = errors.New("model: invalid key")
 	// ErrInvalidCost: the cost is below 1 (this very value), or above the
-	// key's own capacity (ErrCostExceedsCapacity, which wraps it).
+	// capacity of a band of the key's own limit (ErrCostExceedsCapacity,
+	// which wraps it).
 	ErrInvalidCost = errors.New("model: invalid cost")
-	// ErrCostExceedsCapacity: the cost is above the key's own capacity
-	// under the policy in force. It wraps ErrInvalidCost.
+	// ErrCostExceedsCapacity: the cost is above the capacity of some band
+	// of the key's own limit under the policy in force (no wait could ever
+	// admit it). It wraps ErrInvalidCost.
 	ErrCostExceedsCapacity = fmt.Errorf("%w: cost exceeds the key's capacity", ErrInvalidCost)
 	// ErrKeyCapacity: the key is new and the model tracks its bound of keys.
 	ErrKeyCapacity = errors.New("model: key capacity reached")

@@ -1,11 +1,10 @@
 package model
 
 import (
+	"fmt"
 	"maps"
-	"math"
 	"math/big"
 	"strings"
-	"time"
 
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -20,16 +19,42 @@ const (
 	DefaultMaxKeyBytes = 256
 )
 
-var (
-	unitsPerToken = big.NewInt(policy.UnitsPerToken)
-	maxInt64      = big.NewInt(math.MaxInt64)
-)
-
-// Bucket is one key's balance in units and the reading it was brought up to
-// date at. Units is never shared between two Buckets.
+// Bucket is one key's balance, as last stored, and the reading it was
+// brought up to date at. Nothing in it is shared with the model or with
+// another Bucket.
 type Bucket struct {
+	// Units is the primary band's balance in units of its rate's period:
+	// tokens x Per in ns, so for a rate per second a token is 1e9 units
+	// (policy.UnitsPerToken). It is always a whole number (see Tokens).
 	Units *big.Int
-	Last  int64
+	// Last is the reading the bucket was brought up to date at.
+	Last int64
+	// Tokens is every band's balance in tokens, exactly: Tokens[i] is band
+	// i of the key's shape under the policy in force (ShapeOf), the
+	// primary first, so Tokens[0] is Units / Per.
+	//
+	// A band of rate N per P ns only ever holds a multiple of 1/P tokens:
+	// it starts at its whole capacity, a refill adds elapsed x N/P, a
+	// decision takes whole tokens, the cap is whole, and a cutover that
+	// changes the period rounds the balance down to a multiple of the new
+	// 1/P.
+	Tokens []*big.Rat
+}
+
+// bucket is the model's record of one key: the balance of each band of the
+// key's shape, in tokens, the primary first, and the reading they were all
+// brought up to date at.
+type bucket struct {
+	bands []*big.Rat
+	last  int64
+}
+
+func (b bucket) clone() bucket {
+	c := bucket{bands: make([]*big.Rat, len(b.bands)), last: b.last}
+	for i, t := range b.bands {
+		c.bands[i] = new(big.Rat).Set(t)
+	}
+	return c
 }
 
 // Model is the whole engine as one sequential state machine. It is not safe
@@ -39,7 +64,7 @@ type Model struct {
 	pol         policy.Policy
 	maxKeys     int
 	maxKeyBytes int
-	buckets     map[string]Bucket
+	buckets     map[string]bucket
 	last        int64 // latest reading a successful operation observed
 }
 
@@ -53,15 +78,15 @@ func New(p policy.Policy, maxKeys, maxKeyBytes int) *Model {
 	if maxKeyBytes == 0 {
 		maxKeyBytes = DefaultMaxKeyBytes
 	}
-	return &Model{pol: p, maxKeys: maxKeys, maxKeyBytes: maxKeyBytes, buckets: map[string]Bucket{}}
+	return &Model{pol: p, maxKeys: maxKeys, maxKeyBytes: maxKeyBytes, buckets: map[string]bucket{}}
 }
 
 // Clone returns a deep copy.
 func (m *Model) Clone() *Model {
 	c := *m
-	c.buckets = make(map[string]Bucket, len(m.buckets))
+	c.buckets = make(map[string]bucket, len(m.buckets))
 	for k, b := range m.buckets {
-		c.buckets[k] = Bucket{Units: new(big.Int).Set(b.Units), Last: b.Last}
+		c.buckets[k] = b.clone()
 	}
 	return &c
 }
@@ -82,61 +107,116 @@ func (m *Model) Keys() []string {
 }
 
 // Bucket returns key's bucket as last stored (not refilled), and whether the
-// key is tracked. The Units are a copy.
+// key is tracked. It is a copy.
 func (m *Model) Bucket(key string) (Bucket, bool) {
 	b, ok := m.buckets[key]
 	if !ok {
 		return Bucket{}, false
 	}
-	return Bucket{Units: new(big.Int).Set(b.Units), Last: b.Last}, true
+	primary := bandsOf(m.pol, key)[0]
+	units := new(big.Rat).Mul(b.bands[0], new(big.Rat).SetInt64(primary.per))
+	if !units.IsInt() {
+		panic(fmt.Sprintf("model: key %q: primary balance %v is not a whole unit of 1/%d", key, b.bands[0], primary.per))
+	}
+	out := Bucket{Units: new(big.Int).Set(units.Num()), Last: b.last, Tokens: make([]*big.Rat, len(b.bands))}
+	for i, t := range b.bands {
+		out.Tokens[i] = new(big.Rat).Set(t)
+	}
+	return out, true
 }
 
 // Allow decides one request at now. It checks, in this order, that the key
 // is neither blank nor longer than the bound (ErrInvalidKey), that the cost
-// is at least 1 (ErrInvalidCost) and at most the key's capacity
-// (ErrCostExceedsCapacity), that now is not before the latest reading an
-// operation succeeded at (ErrClockRegression), and that a new key finds room
-// under the key bound (ErrKeyCapacity); an error changes nothing. A new key
-// starts full at now. The bucket is refilled up to now, and the cost taken
-// if the balance holds it; else the request is denied, with RetryAfter the
-// time the missing units take to earn. The model is never closed and takes
-// no context, so it has none of the engine's errors for those.
+// is at least 1 (ErrInvalidCost) and at most the capacity of every band of
+// the key's limit (ErrCostExceedsCapacity), that now is not before the
+// latest reading an operation succeeded at (ErrClockRegression), and that a
+// new key finds room under the key bound (ErrKeyCapacity); an error changes
+// nothing. A new key starts with every band full at now.
+//
+// Every band is refilled up to now. The request is allowed only if every
+// band holds the cost, and then the cost is taken from every band; else it
+// is denied and nothing is taken. The Decision describes the binding band
+// (see binding). The model is never closed and takes no context, so it has
+// none of the engine's errors for those.
 func (m *Model) Allow(now int64, key string, cost int64) (Decision, error) {
 	if strings.TrimSpace(key) == "" || len(key) > m.maxKeyBytes {
 		return Decision{}, ErrInvalidKey
 	}
-	lim := LimitOf(m.pol, key)
+	bands := bandsOf(m.pol, key)
 	if cost < 1 {
 		return Decision{}, ErrInvalidCost
 	}
-	if cost > lim.Capacity {
-		return Decision{}, ErrCostExceedsCapacity
+	for _, bd := range bands {
+		if cost > bd.capacity {
+			return Decision{}, ErrCostExceedsCapacity
+		}
 	}
 	if now < m.last {
 		return Decision{}, ErrClockRegression
 	}
-	capacity := capUnits(lim)
 	b, ok := m.buckets[key]
-	if !ok {
+	if ok {
+		b = b.clone()
+	} else {
 		if len(m.buckets) >= m.maxKeys {
 			return Decision{}, ErrKeyCapacity
 		}
-		b = Bucket{Units: new(big.Int).Set(capacity), Last: now}
+		b = full(bands, now)
 	}
-	b = refill(b, lim, now)
-	need := tokens(cost)
-	d := Decision{Version: m.pol.Version, Limit: lim.Capacity}
-	if b.Units.Cmp(need) >= 0 {
-		d.Allowed = true
-		b.Units.Sub(b.Units, need)
-	} else {
-		d.RetryAfter = ceilDiv(new(big.Int).Sub(need, b.Units), lim.TokensPerSecond)
+	refill(bands, &b, now)
+	need := new(big.Rat).SetInt64(cost)
+	allowed := true
+	for _, t := range b.bands {
+		if t.Cmp(need) < 0 {
+			allowed = false
+		}
 	}
-	d.Remaining = new(big.Int).Quo(b.Units, unitsPerToken).Int64()
-	d.ResetAfter = ceilDiv(new(big.Int).Sub(capacity, b.Units), lim.TokensPerSecond)
+	if allowed {
+		for _, t := range b.bands {
+			t.Sub(t, need)
+		}
+	}
+	at := binding(bands, b, cost, allowed)
+	bd, t := bands[at], b.bands[at]
+	d := Decision{
+		Allowed:    allowed,
+		Remaining:  floor(t).Int64(),
+		Version:    m.pol.Version,
+		Limit:      bd.capacity,
+		ResetAfter: bd.wait(t, bd.capacity),
+		Band:       bd.name,
+	}
+	if !allowed {
+		d.RetryAfter = bd.wait(t, cost)
+	}
 	m.buckets[key] = b
 	m.last = now
 	return d, nil
+}
+
+// binding returns the index of the band a decision describes, b being
+// already decided. On a denial it is the band with the longest wait until it
+// holds cost (the wait as reported: rounded up to the nanosecond and
+// saturated); when allowed, the band with the fewest whole tokens left. Ties
+// go to the lowest index: the primary first, then the bands in order.
+func binding(bands []band, b bucket, cost int64, allowed bool) int {
+	at := 0
+	if allowed {
+		least := floor(b.bands[0])
+		for i := 1; i < len(bands); i++ {
+			if f := floor(b.bands[i]); f.Cmp(least) < 0 {
+				at, least = i, f
+			}
+		}
+		return at
+	}
+	longest := bands[0].wait(b.bands[0], cost)
+	for i := 1; i < len(bands); i++ {
+		if w := bands[i].wait(b.bands[i], cost); w > longest {
+			at, longest = i, w
+		}
+	}
+	return at
 }
 
 // AllowBatch decides reqs at now, one by one in order, each exactly as Allow
@@ -151,9 +231,9 @@ func (m *Model) AllowBatch(now int64, reqs []Request) []Result {
 	return out
 }
 
-// EvictFull removes every bucket that is full once refilled up to now, and
-// only those, and returns how many it removed. A now before the latest
-// reading an operation succeeded at is ErrClockRegression, and evicts
+// EvictFull removes every bucket whose bands are all full once refilled up
+// to now, and only those, and returns how many it removed. A now before the
+// latest reading an operation succeeded at is ErrClockRegression, and evicts
 // nothing.
 func (m *Model) EvictFull(now int64) (int, error) {
 	if now < m.last {
@@ -161,8 +241,16 @@ func (m *Model) EvictFull(now int64) (int, error) {
 	}
 	n := 0
 	for k, b := range m.buckets {
-		lim := LimitOf(m.pol, k)
-		if refill(b, lim, now).Units.Cmp(capUnits(lim)) == 0 {
+		bands := bandsOf(m.pol, k)
+		b = b.clone()
+		refill(bands, &b, now)
+		isFull := true
+		for i, bd := range bands {
+			if b.bands[i].Cmp(new(big.Rat).SetInt64(bd.capacity)) != 0 {
+				isFull = false
+			}
+		}
+		if isFull {
 			delete(m.buckets, k)
 			n++
 		}
@@ -171,13 +259,21 @@ func (m *Model) EvictFull(now int64) (int, error) {
 	return n, nil
 }
 
-// ReplacePolicy cuts over to next at now: every bucket is refilled under its
-// key's old limit up to now, then clamped to the capacity the key resolves
-// to under next, so a cutover never hands out tokens. The errors come in this
-// order: next's own Validate error (which wraps policy.ErrInvalid), then
-// ErrStalePolicy when expectedVersion is not the version in force or next's
-// version is not above it, then ErrClockRegression; an error changes
-// nothing.
+// ReplacePolicy cuts over to next at now. Every bucket is refilled under its
+// key's old limit up to now, then carried band by band to the limit the key
+// resolves to under next: the primary band takes over the primary's
+// balance, and each other band the balance of the old limit's band of the
+// same name (the old primary is not a candidate). A carried balance whose
+// band's period changes is rounded down to a whole unit of the new period
+// (a multiple of 1/Per tokens), the one rounding the contract allows, and is
+// then clamped to the new capacity, never raised; a band new in next starts
+// full, and a band next does not have is dropped. So a cutover never hands
+// out tokens, except through a new band, which only ever restricts.
+//
+// The errors come in this order: next's own Validate error (which wraps
+// policy.ErrInvalid), then ErrStalePolicy when expectedVersion is not the
+// version in force or next's version is not above it, then
+// ErrClockRegression; an error changes nothing.
 func (m *Model) ReplacePolicy(now int64, next policy.Policy, expectedVersion int64) error {
 	if err := next.Validate(); err != nil {
 		return err
@@ -189,83 +285,58 @@ func (m *Model) ReplacePolicy(now int64, next policy.Policy, expectedVersion int
 		return ErrClockRegression
 	}
 	for k, b := range m.buckets {
-		b = refill(b, LimitOf(m.pol, k), now)
-		if newCap := capUnits(LimitOf(next, k)); b.Units.Cmp(newCap) > 0 {
-			b.Units.Set(newCap)
+		old, nw := bandsOf(m.pol, k), bandsOf(next, k)
+		refill(old, &b, now)
+		carried := bucket{bands: make([]*big.Rat, len(nw)), last: b.last}
+		for i, bd := range nw {
+			j := 0
+			if i > 0 {
+				j = indexOf(old, bd.name)
+			}
+			if j < 0 {
+				carried.bands[i] = new(big.Rat).SetInt64(bd.capacity)
+				continue
+			}
+			t := new(big.Rat).Set(b.bands[j])
+			if old[j].per != bd.per {
+				units := floor(new(big.Rat).Mul(t, new(big.Rat).SetInt64(bd.per)))
+				t.SetFrac(units, big.NewInt(bd.per))
+			}
+			if c := new(big.Rat).SetInt64(bd.capacity); t.Cmp(c) > 0 {
+				t.Set(c)
+			}
+			carried.bands[i] = t
 		}
-		m.buckets[k] = b
+		m.buckets[k] = carried
 	}
 	m.pol = next
 	m.last = now
 	return nil
 }
 
-// refill returns b brought up to now under l, in a new Bucket: a rate of r
-// tokens per second earns r units per nanosecond (a token is
-// policy.UnitsPerToken units), the balance never exceeds the capacity, and a
-// reading at or before b.Last earns nothing.
-func refill(b Bucket, l policy.Limit, now int64) Bucket {
-	units := new(big.Int).Set(b.Units)
-	if now > b.Last {
-		earned := new(big.Int).Mul(big.NewInt(now-b.Last), big.NewInt(l.TokensPerSecond))
-		units.Add(units, earned)
-		if c := capUnits(l); units.Cmp(c) > 0 {
-			units.Set(c)
-		}
-		return Bucket{Units: units, Last: now}
+// full returns a bucket with every band at its capacity, at now.
+func full(bands []band, now int64) bucket {
+	b := bucket{bands: make([]*big.Rat, len(bands)), last: now}
+	for i, bd := range bands {
+		b.bands[i] = new(big.Rat).SetInt64(bd.capacity)
 	}
-	return Bucket{Units: units, Last: b.Last}
+	return b
 }
 
-func capUnits(l policy.Limit) *big.Int { return tokens(l.Capacity) }
-
-// LimitOf is the limit p gives key, by policy's override rule written
-// independently of policy's resolver: an override whose Match is
-// key; else the first override, in declaration order, whose Match contains
-// '*' and matches key, each '*' standing for any run of bytes; else p's
-// default.
-func LimitOf(p policy.Policy, key string) policy.Limit {
-	overrides := p.Overrides.Overrides()
-	for _, o := range overrides {
-		if o.Match == key && !strings.Contains(o.Match, "*") {
-			return policy.Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond}
+// refill brings b up to now, in place: each band earns elapsed x Tokens/Per
+// tokens, up to its capacity. A reading at or before b.last earns nothing.
+func refill(bands []band, b *bucket, now int64) {
+	if now <= b.last {
+		return
+	}
+	elapsed := big.NewInt(now - b.last)
+	for i, bd := range bands {
+		earned := new(big.Int).Mul(elapsed, big.NewInt(bd.tokens))
+		t := b.bands[i]
+		t.Add(t, new(big.Rat).SetFrac(earned, big.NewInt(bd.per)))
+		if c := new(big.Rat).SetInt64(bd.capacity); t.Cmp(c) > 0 {
+			t.Set(c)
 		}
 	}
-	for _, o := range overrides {
-		if strings.Contains(o.Match, "*") && globMatch(o.Match, key) {
-			return policy.Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond}
-		}
-	}
-	return p.Limit()
-}
-
-// globMatch matches key against pattern by plain backtracking, byte by
-// byte: a '*' tries every run of key, everything else must equal.
-func globMatch(pattern, key string) bool {
-	if pattern == "" {
-		return key == ""
-	}
-	if pattern[0] == '*' {
-		for i := 0; i <= len(key); i++ {
-			if globMatch(pattern[1:], key[i:]) {
-				return true
-			}
-		}
-		return false
-	}
-	return key != "" && pattern[0] == key[0] && globMatch(pattern[1:], key[1:])
-}
-
-func tokens(n int64) *big.Int { return new(big.Int).Mul(big.NewInt(n), unitsPerToken) }
-
-// ceilDiv returns ceil(x / d) nanoseconds, saturated at math.MaxInt64.
-func ceilDiv(x *big.Int, d int64) time.Duration {
-	q, r := new(big.Int).QuoRem(x, big.NewInt(d), new(big.Int))
-	if r.Sign() > 0 {
-		q.Add(q, big.NewInt(1))
-	}
-	if q.Cmp(maxInt64) > 0 {
-		return math.MaxInt64
-	}
-	return time.Duration(q.Int64())
+	b.last = now
 }
