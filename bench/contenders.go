@@ -46,6 +46,10 @@ var contenders = []contender{
 	{name: "tokenshard AllowBatch 128", batch: 128, setup: tokenshardBatch},
 	{name: "tokenshard Allow +overrides", batch: 1, keepsState: true, setup: withOverrides(tokenshardAllow)},
 	{name: "tokenshard AllowBatch 128 +overrides", batch: 128, setup: withOverrides(tokenshardBatch)},
+	{name: "tokenshard Allow per minute", batch: 1, keepsState: true, setup: perMinute(tokenshardAllow)},
+	{name: "tokenshard AllowBatch 64 per minute", batch: 64, setup: perMinute(tokenshardBatch)},
+	{name: "tokenshard Allow +3 bands", batch: 1, keepsState: true, setup: withBands(tokenshardAllow)},
+	{name: "tokenshard AllowBatch 64 +3 bands", batch: 64, setup: withBands(tokenshardBatch)},
 	{name: "x/time/rate map+mutex", batch: 1, peer: true, keepsState: true, setup: rateMutex},
 	{name: "x/time/rate 64 shards", batch: 1, peer: true, keepsState: true, setup: rateSharded},
 	{name: "go-limiter memorystore", batch: 1, peer: true, keepsState: true, setup: goLimiter},
@@ -154,6 +158,35 @@ func withOverrides(setup func(policy.Policy, int) instance) func(policy.Policy, 
 			panic(err) // the bench's own configuration is wrong
 		}
 		p.Overrides = set
+		return setup(p, maxKeys)
+	}
+}
+
+// perMinute gives setup the scenario's rate written per minute, Refill
+// PerMinute(60 x rate): the same decisions, but a period too long for the
+// compact bucket, so every key keeps a level in the shard's level store.
+func perMinute(setup func(policy.Policy, int) instance) func(policy.Policy, int) instance {
+	return func(p policy.Policy, maxKeys int) instance {
+		p.Refill, p.TokensPerSecond = policy.PerMinute(60*p.TokensPerSecond), 0
+		return setup(p, maxKeys)
+	}
+}
+
+// withBands adds three bands to the scenario's policy, per minute, hour
+// and day, each too large ever to bind, so the decisions (and "allowed"
+// counts) are the plain policy's: the difference is the cost of deciding
+// four bands at once.
+func withBands(setup func(policy.Policy, int) instance) func(policy.Policy, int) instance {
+	return func(p policy.Policy, maxKeys int) instance {
+		const big = 1 << 40
+		set, err := policy.NewBands(
+			policy.Band{Name: "minute", Capacity: big, Refill: policy.PerMinute(big)},
+			policy.Band{Name: "hour", Capacity: big, Refill: policy.PerHour(big)},
+			policy.Band{Name: "day", Capacity: big, Refill: policy.PerDay(big)})
+		if err != nil {
+			panic(err) // the bench's own configuration is wrong
+		}
+		p.Bands = set
 		return setup(p, maxKeys)
 	}
 }

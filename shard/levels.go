@@ -2,6 +2,7 @@ package shard
 
 import (
 	"time"
+	"unsafe"
 
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
@@ -203,6 +204,33 @@ func (s *State) cutover(b *policy.Bucket, old, next *limitInfo, at int64) {
 		}
 		b.Tokens, b.Frac = 0, s.levels.alloc(next.n)
 		copy(s.levels.levels(b.Frac, next.n), out)
+	}
+}
+
+// warmLevels is the last pass of a warm (see worthWarming) under a policy
+// some of whose keys keep their levels in the store: for every item whose
+// slot warm found, and whose limit in force keeps levels, it prefetches
+// the record, which is elsewhere in memory than the slot. It reads the
+// slots the warm prefetched, by now mostly arrived.
+func (s *State) warmLevels() {
+	g := &s.gens[len(s.gens)-1]
+	if !g.stored {
+		return
+	}
+	for _, hn := range s.tab.hints {
+		if hn.slot < 0 {
+			continue
+		}
+		b := &hn.seg.at(int(hn.slot)).b
+		if b.Epoch != s.epoch || int(b.Limit) >= len(g.limits) {
+			continue // an empty slot's, or a stale bucket's: not worth it
+		}
+		if in := &g.limits[b.Limit]; in.n != 0 {
+			i := b.Frac
+			if c := int(i >> levelsChunkShift); c < len(s.levels.chunks) {
+				prefetch(unsafe.Pointer(&s.levels.chunks[c][i&(levelsPerChunk-1)]))
+			}
+		}
 	}
 }
 

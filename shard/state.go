@@ -27,10 +27,15 @@ type generation struct {
 	pol    policy.Policy
 	limits []limitInfo // pol.Shapes(): a bucket's Limit indexes it
 	start  int64
+	stored bool // some limit keeps its keys' levels in the level store
 }
 
 func newGeneration(p policy.Policy, start int64) generation {
-	return generation{pol: p, limits: limitInfos(p), start: start}
+	g := generation{pol: p, limits: limitInfos(p), start: start}
+	for _, in := range g.limits {
+		g.stored = g.stored || in.n != 0
+	}
+	return g
 }
 
 // State is the pure state machine of one shard: a bucket table and the
@@ -227,6 +232,7 @@ func (s *State) Batch(now int64, b *msg.Batch) {
 		return
 	}
 	s.tab.warm(b.Items)
+	s.warmLevels()
 	for i, it := range b.Items {
 		s.DecideWarmed(i, now, it.Key, it.Hash, it.Cost, &b.Out[i])
 	}
@@ -254,7 +260,7 @@ func (s *State) worthWarming(n int) bool {
 // ...), in order, then call Unwarm.
 func (s *State) WarmStart()                   { s.tab.warmStart() }
 func (s *State) WarmKey(key string, h uint64) { s.tab.warmKey(key, h) }
-func (s *State) WarmFinish()                  { s.tab.warmFinish() }
+func (s *State) WarmFinish()                  { s.tab.warmFinish(); s.warmLevels() }
 
 // Unwarm ends a warm.
 func (s *State) Unwarm() { s.tab.unwarm() }
