@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,62 +25,146 @@ import (
 // from the format comment in snapshot.go rather than from the engine's code:
 // tests craft well-sealed snapshots that are wrong in one way only, read
 // what Snapshot wrote, and the fuzz target compares the engine's decoder
-// with this one on every input.
+// with this one on every input. It writes and reads both versions: version
+// 2, which Snapshot writes, and version 1, which Restore still reads.
 
 const snapMagic = "tokenshard-snapshot\n"
 
+// rawRate is a Refill rate as version 2 writes it, after a TokensPerSecond
+// of 0: Tokens every Per ns.
+type rawRate struct{ Tokens, Per uint64 }
+
+func (r rawRate) rate() policy.Rate {
+	return policy.Rate{Tokens: int64(r.Tokens), Per: time.Duration(r.Per)}
+}
+
+// rawBand is one band of a band set (version 2).
+type rawBand struct {
+	Name     string
+	Capacity uint64
+	Refill   rawRate
+}
+
+// rawOverride is one override. Name, Refill (written only when Rate, the
+// TokensPerSecond, is 0) and Bands are version 2's.
 type rawOverride struct {
 	Match          string
 	Capacity, Rate uint64
+	Name           string
+	Refill         rawRate
+	Bands          []rawBand
 }
 
+// rawLevel is one band's balance in a version 2 bucket: whole tokens, and
+// units below the band's period in ns.
+type rawLevel struct{ Tokens, Units uint64 }
+
+// rawBucket is one bucket. A version 1 bucket is Key, Tokens, Units (of
+// 1e9), Last and its limit written out, Capacity and Rate (per second). A
+// version 2 bucket is Key, Last, Limit (the index of its limit in the
+// policy's limit table) and Levels, one per band of that limit, the
+// primary first.
 type rawBucket struct {
 	Key            string
 	Tokens, Units  uint64
 	Last           int64
 	Capacity, Rate uint64
+	Limit          uint64
+	Levels         []rawLevel
 }
 
 // rawSnap is a snapshot field by field, in the order they are written.
 // Fields are raw (unsigned where the format is), so a test can write values
-// the engine must refuse.
+// the engine must refuse. Refill, Bands and the overrides' version 2 fields
+// are written only with a Format of 2 or more.
 type rawSnap struct {
 	Magic                   string // "" writes the real magic
 	Format                  uint64 // 0 writes 1
 	Version, Capacity, Rate uint64
+	Refill                  rawRate   // version 2, written when Rate is 0
+	Bands                   []rawBand // version 2
 	Overrides               []rawOverride
 	Wall, Reading           int64
 	Buckets                 []rawBucket
 	Count                   *uint64 // nil writes len(Buckets)
+
+	shapes []policy.Shape // the decoder's limit table, for a version 2 snapshot
+}
+
+func (s rawSnap) format() uint64 {
+	if s.Format == 0 {
+		return 1
+	}
+	return s.Format
+}
+
+func appendString(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
+
+// appendRate writes a rate: TokensPerSecond, then in version 2, when that
+// is 0, the Refill.
+func appendRate(b []byte, v2 bool, perSecond uint64, r rawRate) []byte {
+	b = binary.AppendUvarint(b, perSecond)
+	if v2 && perSecond == 0 {
+		b = binary.AppendUvarint(b, r.Tokens)
+		b = binary.AppendUvarint(b, r.Per)
+	}
+	return b
+}
+
+func appendBands(b []byte, bands []rawBand) []byte {
+	b = binary.AppendUvarint(b, uint64(len(bands)))
+	for _, x := range bands {
+		b = appendString(b, x.Name)
+		b = binary.AppendUvarint(b, x.Capacity)
+		b = binary.AppendUvarint(b, x.Refill.Tokens)
+		b = binary.AppendUvarint(b, x.Refill.Per)
+	}
+	return b
 }
 
 // body returns every byte before the checksum.
 func (s rawSnap) body() []byte {
-	magic, format := s.Magic, s.Format
+	magic := s.Magic
 	if magic == "" {
 		magic = snapMagic
 	}
-	if format == 0 {
-		format = 1
-	}
+	v2 := s.format() >= 2
 	b := []byte(magic)
-	b = binary.AppendUvarint(b, format)
+	b = binary.AppendUvarint(b, s.format())
 	b = binary.AppendUvarint(b, s.Version)
 	b = binary.AppendUvarint(b, s.Capacity)
-	b = binary.AppendUvarint(b, s.Rate)
+	b = appendRate(b, v2, s.Rate, s.Refill)
+	if v2 {
+		b = appendBands(b, s.Bands)
+	}
 	b = binary.AppendUvarint(b, uint64(len(s.Overrides)))
 	for _, o := range s.Overrides {
-		b = binary.AppendUvarint(b, uint64(len(o.Match)))
-		b = append(b, o.Match...)
+		b = appendString(b, o.Match)
+		if v2 {
+			b = appendString(b, o.Name)
+		}
 		b = binary.AppendUvarint(b, o.Capacity)
-		b = binary.AppendUvarint(b, o.Rate)
+		b = appendRate(b, v2, o.Rate, o.Refill)
+		if v2 {
+			b = appendBands(b, o.Bands)
+		}
 	}
 	b = binary.AppendVarint(b, s.Wall)
 	b = binary.AppendVarint(b, s.Reading)
 	for _, k := range s.Buckets {
 		b = append(b, 1)
-		b = binary.AppendUvarint(b, uint64(len(k.Key)))
-		b = append(b, k.Key...)
+		b = appendString(b, k.Key)
+		if v2 {
+			b = binary.AppendVarint(b, k.Last)
+			b = binary.AppendUvarint(b, k.Limit)
+			for _, v := range k.Levels {
+				b = binary.AppendUvarint(b, v.Tokens)
+				b = binary.AppendUvarint(b, v.Units)
+			}
+			continue
+		}
 		b = binary.AppendUvarint(b, k.Tokens)
 		b = binary.AppendUvarint(b, k.Units)
 		b = binary.AppendVarint(b, k.Last)
@@ -161,6 +246,61 @@ func (d *snapDecoder) bytes(n uint64, what string) (string, error) {
 	return s, nil
 }
 
+// string reads a uvarint length and that many bytes.
+func (d *snapDecoder) string(what string) (string, error) {
+	size, err := d.int(0, what+" length")
+	if err != nil {
+		return "", err
+	}
+	return d.bytes(size, what)
+}
+
+// rate reads a rate: TokensPerSecond, and in version 2, if that is 0, the
+// Refill's Tokens and Per. Whether they make a valid rate is the policy's
+// to say.
+func (d *snapDecoder) rate(v2 bool, what string) (uint64, rawRate, error) {
+	var r rawRate
+	perSecond, err := d.int(0, what+" rate")
+	if err != nil || !v2 || perSecond != 0 {
+		return perSecond, r, err
+	}
+	if r.Tokens, err = d.int(0, what+" refill tokens"); err != nil {
+		return 0, r, err
+	}
+	r.Per, err = d.int(0, what+" refill period")
+	return 0, r, err
+}
+
+// bands reads a band set (version 2): a count, at most policy.MaxBands, and
+// each band's Name, Capacity, Refill.Tokens and Refill.Per.
+func (d *snapDecoder) bands(what string) ([]rawBand, error) {
+	n, err := d.uvarint(what + " band count")
+	if err != nil {
+		return nil, err
+	}
+	if n > policy.MaxBands {
+		return nil, d.failf("%s: %d bands, at most %d", what, n, policy.MaxBands)
+	}
+	var bands []rawBand
+	for range n {
+		var b rawBand
+		if b.Name, err = d.string(what + " band name"); err != nil {
+			return nil, err
+		}
+		if b.Capacity, err = d.int(0, what+" band capacity"); err != nil {
+			return nil, err
+		}
+		if b.Refill.Tokens, err = d.int(0, what+" band refill tokens"); err != nil {
+			return nil, err
+		}
+		if b.Refill.Per, err = d.int(0, what+" band refill period"); err != nil {
+			return nil, err
+		}
+		bands = append(bands, b)
+	}
+	return bands, nil
+}
+
 // decodeSnap decodes and checks data. maxKeyBytes is the key bound of the
 // engine that would restore it.
 func decodeSnap(data []byte, maxKeyBytes int) (rawSnap, error) {
@@ -175,17 +315,23 @@ func (d *snapDecoder) decode() (s rawSnap, err error) {
 	if s.Magic, _ = d.bytes(uint64(len(snapMagic)), "magic"); s.Magic != snapMagic {
 		return s, d.failf("bad magic")
 	}
-	if s.Format, err = d.uvarint("format"); err != nil || s.Format != 1 {
+	if s.Format, err = d.uvarint("format"); err != nil || (s.Format != 1 && s.Format != 2) {
 		return s, errors.Join(err, d.failf("format %d", s.Format))
 	}
+	v2 := s.Format == 2
 	if s.Version, err = d.int(0, "version"); err != nil {
 		return s, err
 	}
 	if s.Capacity, err = d.int(0, "capacity"); err != nil {
 		return s, err
 	}
-	if s.Rate, err = d.int(0, "rate"); err != nil {
+	if s.Rate, s.Refill, err = d.rate(v2, "policy"); err != nil {
 		return s, err
+	}
+	if v2 {
+		if s.Bands, err = d.bands("policy"); err != nil {
+			return s, err
+		}
 	}
 	n, err := d.uvarint("override count")
 	if err != nil {
@@ -193,24 +339,32 @@ func (d *snapDecoder) decode() (s rawSnap, err error) {
 	}
 	for range n {
 		var o rawOverride
-		size, err := d.int(0, "match length")
-		if err != nil {
+		if o.Match, err = d.string("match"); err != nil {
 			return s, err
 		}
-		if o.Match, err = d.bytes(size, "match"); err != nil {
-			return s, err
+		if v2 {
+			if o.Name, err = d.string("override name"); err != nil {
+				return s, err
+			}
 		}
 		if o.Capacity, err = d.int(0, "override capacity"); err != nil {
 			return s, err
 		}
-		if o.Rate, err = d.int(0, "override rate"); err != nil {
+		if o.Rate, o.Refill, err = d.rate(v2, "override"); err != nil {
 			return s, err
+		}
+		if v2 {
+			if o.Bands, err = d.bands("override"); err != nil {
+				return s, err
+			}
 		}
 		s.Overrides = append(s.Overrides, o)
 	}
-	if _, err := s.policy(); err != nil {
+	p, err := s.policy()
+	if err != nil {
 		return s, d.failf("policy: %v", err)
 	}
+	s.shapes = p.Shapes()
 	if s.Wall, err = d.varint("wall"); err != nil {
 		return s, err
 	}
@@ -251,29 +405,13 @@ func (d *snapDecoder) decode() (s rawSnap, err error) {
 			return s, d.failf("duplicate key %q", b.Key)
 		}
 		seen[b.Key] = true
-		if b.Tokens, err = d.int(0, "tokens"); err != nil {
+		if v2 {
+			err = d.bucketV2(&s, &b)
+		} else {
+			err = d.bucketV1(&b)
+		}
+		if err != nil {
 			return s, err
-		}
-		if b.Units, err = d.int(0, "units"); err != nil {
-			return s, err
-		}
-		if b.Units >= policy.UnitsPerToken {
-			return s, d.failf("units %d", b.Units)
-		}
-		if b.Last, err = d.varint("last"); err != nil {
-			return s, err
-		}
-		if b.Last < 0 {
-			return s, d.failf("negative last")
-		}
-		if b.Capacity, err = d.int(1, "bucket capacity"); err != nil {
-			return s, err
-		}
-		if b.Rate, err = d.int(1, "bucket rate"); err != nil {
-			return s, err
-		}
-		if b.Tokens > b.Capacity || (b.Tokens == b.Capacity && b.Units != 0) {
-			return s, d.failf("balance above capacity")
 		}
 		s.Buckets = append(s.Buckets, b)
 	}
@@ -296,34 +434,217 @@ func (d *snapDecoder) decode() (s rawSnap, err error) {
 	return s, nil
 }
 
-// policy builds the snapshot's policy, with its overrides.
+// bucketV1 reads the rest of a version 1 bucket: tokens, units (< 1e9),
+// last update, and its limit, capacity and tokens per second, both >= 1.
+func (d *snapDecoder) bucketV1(b *rawBucket) (err error) {
+	if b.Tokens, err = d.int(0, "tokens"); err != nil {
+		return err
+	}
+	if b.Units, err = d.int(0, "units"); err != nil {
+		return err
+	}
+	if b.Units >= policy.UnitsPerToken {
+		return d.failf("units %d", b.Units)
+	}
+	if b.Last, err = d.varint("last"); err != nil {
+		return err
+	}
+	if b.Last < 0 {
+		return d.failf("negative last")
+	}
+	if b.Capacity, err = d.int(1, "bucket capacity"); err != nil {
+		return err
+	}
+	if b.Rate, err = d.int(1, "bucket rate"); err != nil {
+		return err
+	}
+	if b.Tokens > b.Capacity || (b.Tokens == b.Capacity && b.Units != 0) {
+		return d.failf("balance above capacity")
+	}
+	return nil
+}
+
+// bucketV2 reads the rest of a version 2 bucket: last update, the index of
+// its limit in the policy's limit table, and per band of that limit, the
+// primary first, whole tokens (at most the band's capacity) and units (below
+// the band's period in ns; none at capacity).
+func (d *snapDecoder) bucketV2(s *rawSnap, b *rawBucket) (err error) {
+	if b.Last, err = d.varint("last"); err != nil {
+		return err
+	}
+	if b.Last < 0 {
+		return d.failf("negative last")
+	}
+	if b.Limit, err = d.uvarint("limit"); err != nil {
+		return err
+	}
+	if b.Limit >= uint64(len(s.shapes)) {
+		return d.failf("limit %d of %d", b.Limit, len(s.shapes))
+	}
+	sh := s.shapes[b.Limit]
+	for i := range sh.Len() {
+		var v rawLevel
+		if v.Tokens, err = d.int(0, "band tokens"); err != nil {
+			return err
+		}
+		if v.Units, err = d.uvarint("band units"); err != nil {
+			return err
+		}
+		l := sh.Band(i)
+		if v.Units >= uint64(l.Rate().Per) {
+			return d.failf("band %d: units %d, period %d", i, v.Units, l.Rate().Per)
+		}
+		if v.Tokens > uint64(l.Capacity) || (v.Tokens == uint64(l.Capacity) && v.Units != 0) {
+			return d.failf("band %d: balance above capacity", i)
+		}
+		b.Levels = append(b.Levels, v)
+	}
+	return nil
+}
+
+// newBands builds a band set from raw bands.
+func newBands(raw []rawBand) (*policy.BandSet, error) {
+	var bands []policy.Band
+	for _, b := range raw {
+		bands = append(bands, policy.Band{Name: b.Name, Capacity: int64(b.Capacity), Refill: b.Refill.rate()})
+	}
+	return policy.NewBands(bands...)
+}
+
+// policy builds the snapshot's policy, with its overrides, and in version 2
+// their names, Refill rates and bands.
 func (s rawSnap) policy() (policy.Policy, error) {
+	v2 := s.format() >= 2
 	var os []policy.Override
-	for _, o := range s.Overrides {
-		os = append(os, policy.Override{Match: o.Match, Capacity: int64(o.Capacity), TokensPerSecond: int64(o.Rate)})
+	for i, o := range s.Overrides {
+		po := policy.Override{Match: o.Match, Capacity: int64(o.Capacity), TokensPerSecond: int64(o.Rate)}
+		if v2 {
+			bands, err := newBands(o.Bands)
+			if err != nil {
+				return policy.Policy{}, fmt.Errorf("override %d: %w", i, err)
+			}
+			po.Name, po.Refill, po.Bands = o.Name, o.Refill.rate(), bands
+		}
+		os = append(os, po)
 	}
 	set, err := policy.NewOverrideSet(os...)
 	if err != nil {
 		return policy.Policy{}, err
 	}
 	p := policy.Policy{Version: int64(s.Version), Capacity: int64(s.Capacity), TokensPerSecond: int64(s.Rate), Overrides: set}
+	if v2 {
+		if p.Bands, err = newBands(s.Bands); err != nil {
+			return policy.Policy{}, err
+		}
+		p.Refill = s.Refill.rate()
+	}
 	return p, p.Validate()
 }
 
-var bigUnit = big.NewInt(policy.UnitsPerToken)
+// shape is the limit b had in the snapshot: the one written out in a
+// version 1 bucket, one band per second; the entry of the policy's limit
+// table at b.Limit in version 2.
+func (s rawSnap) shape(b rawBucket) policy.Shape {
+	if s.format() < 2 {
+		return policy.Shape{Primary: policy.Limit{Capacity: int64(b.Capacity), TokensPerSecond: int64(b.Rate)}}
+	}
+	shapes := s.shapes
+	if shapes == nil { // crafted, not decoded
+		p, err := s.policy()
+		if err != nil {
+			panic(err)
+		}
+		shapes = p.Shapes()
+	}
+	return shapes[b.Limit]
+}
 
-// restoredUnits is what a restore at reading now of a Manual clock (whose
-// wall is the reading) under next owes b: its balance brought forward, under
-// its old limit, by the time from its last update to the restore, then
-// clamped to the capacity its key resolves to under next. That time is the
-// wall time from the snapshot to the restore (zero if the wall went back,
-// at most MaxInt64 ns, as RestoreReport.Elapsed), plus the snapshot's
-// reading less the bucket's last update. The last term is negative for a
-// bucket its shard served after the snapshot began and copied later: that
-// much of the wall time since the snapshot had already passed when it was
-// copied, and counting it again would mint tokens. The sum is clamped to
-// [0, MaxInt64] ns; the rest is exact.
-func restoredUnits(s rawSnap, b rawBucket, next policy.Policy, now int64) *big.Int {
+// levels is b's balance, band by band.
+func (s rawSnap) levels(b rawBucket) []rawLevel {
+	if s.format() < 2 {
+		return []rawLevel{{b.Tokens, b.Units}}
+	}
+	return b.Levels
+}
+
+// sameShape reports whether a and b are the same limit, band for band (the
+// band sets by content: a decoded policy has band sets of its own).
+func sameShape(a, b policy.Shape) bool {
+	return a.Name == b.Name && a.Primary == b.Primary && slices.Equal(a.Bands.Bands(), b.Bands.Bands())
+}
+
+// The balances below are exact rationals of tokens (math/big.Rat): a band
+// of N tokens per P ns holds whole tokens plus units of 1/P token, and
+// earns elapsed*N/P tokens, up to its capacity.
+
+// tokensOf is v's balance in tokens under l.
+func tokensOf(v rawLevel, l policy.Limit) *big.Rat {
+	t := new(big.Rat).SetFrac(new(big.Int).SetUint64(v.Units), big.NewInt(int64(l.Rate().Per)))
+	return t.Add(t, new(big.Rat).SetInt(new(big.Int).SetUint64(v.Tokens)))
+}
+
+// refilled is t after elapsed ns (>= 0) of refill under l, at most l's
+// capacity.
+func refilled(t *big.Rat, l policy.Limit, elapsed *big.Int) *big.Rat {
+	r := l.Rate()
+	u := new(big.Rat).SetFrac(new(big.Int).Mul(elapsed, big.NewInt(r.Tokens)), big.NewInt(int64(r.Per)))
+	u.Add(u, t)
+	return capped(u, l.Capacity)
+}
+
+func capped(t *big.Rat, capacity int64) *big.Rat {
+	if c := new(big.Rat).SetInt64(capacity); t.Cmp(c) > 0 {
+		return c
+	}
+	return t
+}
+
+// cutoverTokens carries a key's balances t under old (refilled up to the
+// cutover) to next, by the cutover rule: the primary takes the primary's
+// balance and a band the balance of old's band of the same name; a balance
+// whose period changes is rounded down to a whole unit of the new period
+// (a multiple of 1/P tokens), then clamped to the new capacity; a band new
+// in next starts full; old's other bands are dropped.
+func cutoverTokens(old policy.Shape, t []*big.Rat, next policy.Shape) []*big.Rat {
+	out := make([]*big.Rat, next.Len())
+	for j := range out {
+		l := next.Band(j)
+		src := 0
+		if j > 0 {
+			src = -1
+			for i := 1; i < old.Len(); i++ {
+				if old.BandName(i) == next.BandName(j) {
+					src = i
+				}
+			}
+		}
+		if src < 0 {
+			out[j] = new(big.Rat).SetInt64(l.Capacity)
+			continue
+		}
+		v := new(big.Rat).Set(t[src])
+		if per := int64(l.Rate().Per); per != int64(old.Band(src).Rate().Per) {
+			scaled := new(big.Rat).Mul(v, new(big.Rat).SetInt64(per))
+			v.SetFrac(new(big.Int).Quo(scaled.Num(), scaled.Denom()), big.NewInt(per))
+		}
+		out[j] = capped(v, l.Capacity)
+	}
+	return out
+}
+
+// restoredTokens is what a restore at reading now of a Manual clock (whose
+// wall is the reading) under next owes b, band by band of the limit its key
+// resolves to under next: its balance brought forward, under the limit it
+// had, by the time from its last update to the restore, then cut over to
+// next (cutoverTokens). That time is the wall time from the snapshot to the
+// restore (zero if the wall went back, at most MaxInt64 ns, as
+// RestoreReport.Elapsed), plus the snapshot's reading less the bucket's
+// last update. The last term is negative for a bucket its shard served after
+// the snapshot began and copied later: that much of the wall time since the
+// snapshot had already passed when it was copied, and counting it again
+// would mint tokens. The sum is clamped to [0, MaxInt64] ns; the rest is
+// exact but for the cutover's one rounding.
+func restoredTokens(s rawSnap, b rawBucket, next policy.Policy, now int64) []*big.Rat {
 	maxOwed := big.NewInt(math.MaxInt64)
 	owed := new(big.Int).Sub(big.NewInt(now), big.NewInt(s.Wall))
 	if owed.Sign() < 0 {
@@ -340,42 +661,69 @@ func restoredUnits(s rawSnap, b rawBucket, next policy.Policy, now int64) *big.I
 	if owed.Cmp(maxOwed) > 0 {
 		owed.Set(maxOwed)
 	}
-	units := new(big.Int).Mul(new(big.Int).SetUint64(b.Tokens), bigUnit)
-	units.Add(units, new(big.Int).SetUint64(b.Units))
-	units.Add(units, owed.Mul(owed, new(big.Int).SetUint64(b.Rate)))
-	for _, c := range []int64{int64(b.Capacity), model.LimitOf(next, b.Key).Capacity} {
-		if capUnits := new(big.Int).Mul(big.NewInt(c), bigUnit); units.Cmp(capUnits) > 0 {
-			units = capUnits
-		}
+	old := s.shape(b)
+	var t []*big.Rat
+	for i, v := range s.levels(b) {
+		t = append(t, refilled(tokensOf(v, old.Band(i)), old.Band(i), owed))
 	}
-	return units
+	return cutoverTokens(old, t, model.ShapeOf(next, b.Key))
 }
 
-// decisionFor is the Decision for a request of cost on a bucket holding
-// units under lim, in force as version, by the formulas of the package doc's
-// Decisions section.
-func decisionFor(units *big.Int, lim policy.Limit, version, cost int64) engine.Decision {
-	ceilDiv := func(x *big.Int) time.Duration {
-		q, r := new(big.Int).QuoRem(x, big.NewInt(lim.TokensPerSecond), new(big.Int))
-		if r.Sign() > 0 {
-			q.Add(q, big.NewInt(1))
-		}
-		if !q.IsInt64() {
-			return math.MaxInt64
-		}
-		return time.Duration(q.Int64())
+// ceilNs is ceil(t * P / N) ns for a positive t tokens under l, saturated.
+func ceilNs(t *big.Rat, l policy.Limit) time.Duration {
+	if t.Sign() <= 0 {
+		return 0
 	}
-	u := new(big.Int).Set(units)
-	need := new(big.Int).Mul(big.NewInt(cost), bigUnit)
-	d := engine.Decision{Version: version, Limit: lim.Capacity}
-	if u.Cmp(need) >= 0 {
-		d.Allowed = true
-		u.Sub(u, need)
+	r := l.Rate()
+	x := new(big.Rat).Mul(t, big.NewRat(int64(r.Per), r.Tokens))
+	q, rem := new(big.Int).QuoRem(x.Num(), x.Denom(), new(big.Int))
+	if rem.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if !q.IsInt64() {
+		return math.MaxInt64
+	}
+	return time.Duration(q.Int64())
+}
+
+func floorTokens(t *big.Rat) int64 { return new(big.Int).Quo(t.Num(), t.Denom()).Int64() }
+
+// decisionFor is the Decision for a request of cost on a key of shape sh
+// whose bands hold t tokens, in force as version, by the package doc's
+// rules: allowed only if every band holds the cost, and then it is taken
+// from every band; the binding band is, on a denial, the one with the
+// longest wait (RetryAfter), when allowed the one with the fewest whole
+// tokens left, ties to the lowest index; Remaining (floored), Limit and
+// ResetAfter (a ceiling) are that band's. t is not changed.
+func decisionFor(t []*big.Rat, sh policy.Shape, version, cost int64) engine.Decision {
+	c := new(big.Rat).SetInt64(cost)
+	after := make([]*big.Rat, len(t))
+	allowed := true
+	for i, v := range t {
+		after[i] = new(big.Rat).Sub(v, c)
+		allowed = allowed && after[i].Sign() >= 0
+	}
+	d := engine.Decision{Allowed: allowed, Version: version}
+	at := 0
+	if allowed {
+		for i := range after {
+			if floorTokens(after[i]) < floorTokens(after[at]) {
+				at = i
+			}
+		}
 	} else {
-		d.RetryAfter = ceilDiv(new(big.Int).Sub(need, u))
+		after = t
+		for i, v := range t {
+			if w := ceilNs(new(big.Rat).Sub(c, v), sh.Band(i)); w > d.RetryAfter {
+				d.RetryAfter, at = w, i
+			}
+		}
 	}
-	d.Remaining = new(big.Int).Quo(u, bigUnit).Int64()
-	d.ResetAfter = ceilDiv(new(big.Int).Sub(new(big.Int).Mul(big.NewInt(lim.Capacity), bigUnit), u))
+	l := sh.Band(at)
+	d.Remaining = floorTokens(after[at])
+	d.Limit = l.Capacity
+	d.ResetAfter = ceilNs(new(big.Rat).Sub(new(big.Rat).SetInt64(l.Capacity), after[at]), l)
+	d.Band = sh.BandName(at)
 	return d
 }
 
@@ -386,18 +734,31 @@ const (
 	fuzzNow         = int64(5 * time.Second)
 )
 
-var fuzzPolicy = policy.Policy{Version: 3, Capacity: 10, TokensPerSecond: 2}
+// fuzzPolicy is what the fuzz target restores into: a primary per second
+// and a band "m" per minute, so a restore cuts every snapshot over band by
+// band: the seeds' primaries and their own bands "m" change period, their
+// other bands are dropped, and a snapshot without an "m" gets it full.
+var fuzzPolicy = policy.Policy{Version: 3, Capacity: 10, TokensPerSecond: 2,
+	Bands: mustBands(policy.Band{Name: "m", Capacity: 12, Refill: policy.PerMinute(100)})}
+
+// mustBands is policy.NewBands for bands known to be valid.
+func mustBands(bands ...policy.Band) *policy.BandSet {
+	set, err := policy.NewBands(bands...)
+	if err != nil {
+		panic(err)
+	}
+	return set
+}
 
 // fuzzSeeds returns real snapshots, small enough for the fuzzer to mutate:
 // an empty engine, a few keys at various balances after a cutover with
-// overrides, and one over fuzzMaxKeys keys.
+// overrides, one over fuzzMaxKeys keys, the same with rates per any period
+// and bands, and crafted ones of both versions.
 func fuzzSeeds(tb testing.TB) map[string][]byte {
 	seeds := map[string][]byte{}
-	snap := func(name string, keys int, cutover bool) {
-		set, err := policy.NewOverrideSet(policy.Override{Match: "a*", Capacity: 4, TokensPerSecond: 1}, policy.Override{Match: "k1", Capacity: 30, TokensPerSecond: 5})
-		require.NoError(tb, err)
+	snap := func(name string, keys int, from, to policy.Policy) {
 		clk := clock.NewManual(int64(time.Second))
-		e, err := engine.New(engine.Config{Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2, Overrides: set}, Shards: 2, Clock: clk})
+		e, err := engine.New(engine.Config{Policy: from, Shards: 2, Clock: clk})
 		require.NoError(tb, err)
 		defer func() { _ = e.Close() }()
 		for i := range keys {
@@ -405,8 +766,8 @@ func fuzzSeeds(tb testing.TB) map[string][]byte {
 			_, _ = e.Allow(tb.Context(), fmt.Sprintf("a%d", i), 3)
 		}
 		clk.Advance(1500 * time.Millisecond)
-		if cutover {
-			require.NoError(tb, e.ReplacePolicy(tb.Context(), policy.Policy{Version: 2, Capacity: 6, TokensPerSecond: 3, Overrides: set}, 1))
+		if to.Version != 0 {
+			require.NoError(tb, e.ReplacePolicy(tb.Context(), to, from.Version))
 		}
 		clk.Advance(250 * time.Millisecond)
 		_, _ = e.Allow(tb.Context(), "k0", 1)
@@ -414,13 +775,55 @@ func fuzzSeeds(tb testing.TB) map[string][]byte {
 		require.NoError(tb, e.Snapshot(tb.Context(), &buf))
 		seeds[name] = buf.Bytes()
 	}
-	snap("empty", 0, false)
-	snap("two", 1, false)
-	snap("cutover", 2, true)
-	snap("over-max-keys", 3, true)
+	set, err := policy.NewOverrideSet(policy.Override{Match: "a*", Capacity: 4, TokensPerSecond: 1}, policy.Override{Match: "k1", Capacity: 30, TokensPerSecond: 5})
+	require.NoError(tb, err)
+	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2, Overrides: set}
+	v2 := policy.Policy{Version: 2, Capacity: 6, TokensPerSecond: 3, Overrides: set}
+	snap("empty", 0, v1, policy.Policy{})
+	snap("two", 1, v1, policy.Policy{})
+	snap("cutover", 2, v1, v2)
+	snap("over-max-keys", 3, v1, v2)
+
+	banded, err := policy.NewOverrideSet(
+		policy.Override{Match: "a*", Name: "gold", Capacity: 4, Refill: policy.Rate{Tokens: 7, Per: 3 * time.Second},
+			Bands: mustBands(policy.Band{Name: "m", Capacity: 5, Refill: policy.Rate{Tokens: 7, Per: 3 * time.Second}})},
+		policy.Override{Match: "k1", Capacity: 30, Refill: policy.PerDay(1)},
+	)
+	require.NoError(tb, err)
+	b1 := policy.Policy{Version: 1, Capacity: 10, Refill: policy.PerMinute(100), Overrides: banded, Bands: mustBands(
+		policy.Band{Name: "m", Capacity: 8, Refill: policy.PerSecond(1)},
+		policy.Band{Name: "d", Capacity: 20, Refill: policy.PerDay(1)},
+	)}
+	b2 := policy.Policy{Version: 2, Capacity: 6, TokensPerSecond: 3, Overrides: banded, Bands: mustBands(
+		policy.Band{Name: "d", Capacity: 15, Refill: policy.PerHour(1)},
+		policy.Band{Name: "x", Capacity: 9, Refill: policy.PerMinute(1)},
+		policy.Band{Name: "m", Capacity: 7, Refill: policy.PerSecond(2)},
+	)}
+	snap("bands", 2, b1, policy.Policy{})
+	snap("bands-cutover", 2, b1, b2)
+	snap("bands-over-max-keys", 3, b1, b2)
+
 	seeds["wall-far-back"] = rawSnap{Version: 1, Capacity: 10, Rate: 2, Wall: math.MinInt64, Reading: 7,
 		Buckets: []rawBucket{{Key: "k", Tokens: 1, Units: 5, Last: 3, Capacity: 10, Rate: 2}}}.encode()
+	seeds["crafted-v2"] = okSnapV2().encode()
 	return seeds
+}
+
+// okSnapV2 is a crafted, valid version 2 snapshot for tests to break in one
+// place: a policy of 100 per minute with bands "burst" (1 per second) and
+// "daily" (20 per day), and an override "gold" of 7 per 3 s with its own
+// "daily" (1 per day); a bucket of each.
+func okSnapV2() rawSnap {
+	const day = uint64(24 * time.Hour)
+	return rawSnap{Format: 2, Version: 3, Capacity: 10, Refill: rawRate{100, uint64(time.Minute)},
+		Bands: []rawBand{{"burst", 5, rawRate{1, uint64(time.Second)}}, {"daily", 20, rawRate{20, day}}},
+		Overrides: []rawOverride{{Match: "vip:*", Name: "gold", Capacity: 30, Refill: rawRate{7, uint64(3 * time.Second)},
+			Bands: []rawBand{{"daily", 100, rawRate{1, day}}}}},
+		Wall: int64(5 * time.Second), Reading: int64(5 * time.Second),
+		Buckets: []rawBucket{
+			{Key: "a", Last: int64(4 * time.Second), Limit: 0, Levels: []rawLevel{{3, 7}, {5, 0}, {19, 123}}},
+			{Key: "vip:b", Last: int64(5 * time.Second), Limit: 1, Levels: []rawLevel{{0, uint64(3*time.Second) - 1}, {100, 0}}},
+		}}
 }
 
 // FuzzRestore feeds Restore arbitrary bytes, as they are and with their last
@@ -431,7 +834,9 @@ func fuzzSeeds(tb testing.TB) map[string][]byte {
 //     input (ErrInvalidSnapshot, with a message past the sentinel's) or the
 //     input holds more than MaxKeys keys (ErrKeyCapacity);
 //   - when it succeeds, the engine tracks exactly the snapshot's keys, each
-//     with the balance Restore's doc comment promises, to the unit.
+//     with the balance Restore's doc comment promises in every band, to the
+//     unit (read back from the restored engine's own snapshot), and answers
+//     a request accordingly.
 func FuzzRestore(f *testing.F) {
 	for _, data := range fuzzSeeds(f) {
 		f.Add(data)
@@ -477,11 +882,35 @@ func checkRestore(t *testing.T, data []byte) {
 	require.Equal(t, fuzzPolicy, e.Policy())
 	require.GreaterOrEqual(t, rep.Elapsed, time.Duration(0), "elapsed wall time is never negative (wall %d, now %d)", want.Wall, fuzzNow)
 	require.Zero(t, rep.Dropped)
+
+	// The restored state, every band, read back through the test decoder.
+	var buf bytes.Buffer
+	require.NoError(t, e.Snapshot(t.Context(), &buf))
+	got, err := decodeSnap(buf.Bytes(), fuzzMaxKeyBytes)
+	require.NoError(t, err, "the restored engine's snapshot")
+	held := map[string][]*big.Rat{}
+	for _, b := range got.Buckets {
+		sh := got.shape(b)
+		require.True(t, sameShape(model.ShapeOf(fuzzPolicy, b.Key), sh), "key %q: restored under its limit", b.Key)
+		for i, v := range got.levels(b) {
+			held[b.Key] = append(held[b.Key], refilled(tokensOf(v, sh.Band(i)), sh.Band(i), big.NewInt(fuzzNow-b.Last)))
+		}
+	}
+	require.Len(t, held, len(want.Buckets))
 	for _, b := range want.Buckets {
-		lim := model.LimitOf(fuzzPolicy, b.Key)
-		units := restoredUnits(want, b, fuzzPolicy, fuzzNow)
+		tokens := restoredTokens(want, b, fuzzPolicy, fuzzNow)
+		require.Equal(t, ratStrings(tokens), ratStrings(held[b.Key]), "key %q: bucket %+v, snapshot wall %d reading %d", b.Key, b, want.Wall, want.Reading)
 		d, err := e.Allow(t.Context(), b.Key, 1)
 		require.NoError(t, err)
-		require.Equal(t, decisionFor(units, lim, fuzzPolicy.Version, 1), d, "key %q: bucket %+v, snapshot wall %d reading %d", b.Key, b, want.Wall, want.Reading)
+		require.Equal(t, decisionFor(tokens, model.ShapeOf(fuzzPolicy, b.Key), fuzzPolicy.Version, 1), d, "key %q: bucket %+v, snapshot wall %d reading %d", b.Key, b, want.Wall, want.Reading)
 	}
+}
+
+// ratStrings formats balances for comparison and failure messages.
+func ratStrings(t []*big.Rat) []string {
+	out := make([]string, len(t))
+	for i, v := range t {
+		out[i] = v.RatString()
+	}
+	return out
 }

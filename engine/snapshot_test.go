@@ -109,38 +109,38 @@ func (f *fleet) replace(next policy.Policy) {
 	}
 }
 
-// unitsAt is b's balance in units brought forward to now under its limit.
-func unitsAt(b rawBucket, now int64) *big.Int {
-	u := new(big.Int).Mul(new(big.Int).SetUint64(b.Tokens), bigUnit)
-	u.Add(u, new(big.Int).SetUint64(b.Units))
-	if now > b.Last {
-		u.Add(u, new(big.Int).Mul(big.NewInt(now-b.Last), new(big.Int).SetUint64(b.Rate)))
+// tokensAt is b's balance, band by band, brought forward to now under the
+// limit it has in s.
+func tokensAt(s rawSnap, b rawBucket, now int64) []*big.Rat {
+	sh := s.shape(b)
+	var out []*big.Rat
+	for i, v := range s.levels(b) {
+		out = append(out, refilled(tokensOf(v, sh.Band(i)), sh.Band(i), big.NewInt(max(0, now-b.Last))))
 	}
-	if c := new(big.Int).Mul(new(big.Int).SetUint64(b.Capacity), bigUnit); u.Cmp(c) > 0 {
-		u = c
-	}
-	return u
+	return out
 }
 
 // requireSnapshotOf decodes data and requires it to hold exactly the
-// model's keys, each with the model's limit and balance at now.
+// model's keys, each with the model's limit and, in every band, the model's
+// balance at now.
 func requireSnapshotOf(t *testing.T, data []byte, m *enginemodel.Model, now int64) rawSnap {
 	t.Helper()
 	s, err := decodeSnap(data, engine.DefaultMaxKeyBytes)
 	require.NoError(t, err)
 	require.Len(t, s.Buckets, m.KeyCount())
 	for _, b := range s.Buckets {
-		lim := model.LimitOf(m.Policy(), b.Key)
-		require.Equal(t, [2]uint64{uint64(lim.Capacity), uint64(lim.TokensPerSecond)}, [2]uint64{b.Capacity, b.Rate}, "key %q: its limit", b.Key)
+		sh, lim := s.shape(b), model.ShapeOf(m.Policy(), b.Key)
+		require.True(t, sameShape(lim, sh), "key %q: its limit is %+v, the model's %+v", b.Key, sh, lim)
 		require.LessOrEqual(t, b.Last, now, "key %q: last update after the snapshot", b.Key)
 		mb, ok := m.Bucket(b.Key)
 		require.True(t, ok, "the snapshot holds %q, the model does not", b.Key)
-		want := new(big.Int).Mul(big.NewInt(now-mb.Last), big.NewInt(lim.TokensPerSecond))
-		want.Add(want, mb.Units)
-		if c := new(big.Int).Mul(big.NewInt(lim.Capacity), bigUnit); want.Cmp(c) > 0 {
-			want = c
+		require.Len(t, mb.Tokens, lim.Len())
+		var want []*big.Rat
+		for i, v := range mb.Tokens {
+			want = append(want, refilled(v, lim.Band(i), big.NewInt(now-mb.Last)))
 		}
-		require.Zero(t, want.Cmp(unitsAt(b, now)), "key %q: balance at %v: snapshot %v, model %v", b.Key, time.Duration(now), unitsAt(b, now), want)
+		got := tokensAt(s, b, now)
+		require.Equal(t, ratStrings(want), ratStrings(got), "key %q: balance at %v: snapshot %v, model %v", b.Key, time.Duration(now), got, want)
 	}
 	return s
 }
@@ -348,13 +348,13 @@ func TestRestoreNoFreeTokensForKeysServedDuringSnapshot(t *testing.T) {
 	for _, b := range s.Buckets {
 		d := allow(t, e, b.Key, 1)
 		if b.Last == 0 { // copied before the drain: 9 tokens at 0, full by 10 s
-			require.Equal(t, uint64(9), b.Tokens)
+			require.Equal(t, uint64(9), s.levels(b)[0].Tokens)
 			require.Equal(t, engine.Decision{Allowed: true, Remaining: 9, Version: 1, Limit: 10, ResetAfter: 500 * time.Millisecond}, d)
 			continue
 		}
 		late++
 		require.Equal(t, int64(drainAt), b.Last, "key %s", b.Key[:8])
-		require.Equal(t, uint64(0), b.Tokens, "key %s", b.Key[:8])
+		require.Equal(t, uint64(0), s.levels(b)[0].Tokens, "key %s", b.Key[:8])
 		require.Equal(t, engine.Decision{RetryAfter: 500 * time.Millisecond, Version: 1, Limit: 10, ResetAfter: 5 * time.Second}, d,
 			"key %s was drained at %v and restored at %v: no time passed, no token is owed", b.Key[:8], drainAt, drainAt)
 	}
