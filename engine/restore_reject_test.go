@@ -98,7 +98,9 @@ func TestRestoreRejects(t *testing.T) {
 		{"policy version 0", with(func(s *rawSnap) { s.Version = 0 }), engine.Config{}, "policy", policy.ErrInvalid},
 		{"policy rate above int64", with(func(s *rawSnap) { s.Rate = math.MaxInt64 + 1 }), engine.Config{}, "policy tokens per second", nil},
 		{"blank override", with(func(s *rawSnap) { s.Overrides = []rawOverride{{Match: " ", Capacity: 5, Rate: 1}} }), engine.Config{}, "blank Match", policy.ErrInvalid},
-		{"override given twice", with(func(s *rawSnap) { s.Overrides = []rawOverride{{Match: "x", Capacity: 5, Rate: 1}, {Match: "x", Capacity: 6, Rate: 1}} }), engine.Config{}, "twice", policy.ErrInvalid},
+		{"override given twice", with(func(s *rawSnap) {
+			s.Overrides = []rawOverride{{Match: "x", Capacity: 5, Rate: 1}, {Match: "x", Capacity: 6, Rate: 1}}
+		}), engine.Config{}, "twice", policy.ErrInvalid},
 		{"override rate 0", with(func(s *rawSnap) { s.Overrides = []rawOverride{{Match: "x", Capacity: 5, Rate: 0}} }), engine.Config{}, "policy", policy.ErrInvalid},
 		{"negative reading", with(func(s *rawSnap) { s.Reading = -1 }), engine.Config{}, "negative", nil},
 		{"empty key", bucket(func(b *rawBucket) { b.Key = "" }), engine.Config{}, "a key of 0 bytes", nil},
