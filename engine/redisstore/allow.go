@@ -24,7 +24,7 @@ type item struct {
 	cost  int64
 	chain string // the key's limits under retained versions with overrides
 
-	lim  policy.Limit // resolved under the state the chunk was sent with
+	sh   policy.Shape // resolved under the state the chunk was sent with
 	done bool
 }
 
@@ -47,6 +47,55 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 		return engine.Decision{}, err
 	}
 	return out[0].Decision, out[0].Err
+}
+
+// Peek reports key's balance now without changing it, with the meaning of
+// engine.Engine.Peek: a Decision for a request of one token that spends
+// nothing, over every band of the key's limit. It creates no bucket: a key
+// not in Redis reports a full bucket of the limit it would get. Its errors
+// are Allow's but ErrInvalidCost and ErrCostExceedsCapacity; it is not a
+// decision, so when Redis cannot answer it returns an error wrapping
+// ErrUnavailable rather than the fail-open or fail-closed answer.
+func (s *Store) Peek(ctx context.Context, key string) (engine.Decision, error) {
+	return s.inspect(ctx, "p", key, 1)
+}
+
+// Refund credits tokens (>= 1, else engine.ErrInvalidCost) back to key,
+// with the meaning of engine.Engine.Refund: exactly, to every band of the
+// key's limit, each capped at its capacity. It never creates a bucket:
+// refunding a key not in Redis (never seen, or expired because it was
+// full) changes nothing. It answers like Peek, with the balance after the
+// refund, and fails like Peek. A refund whose answer is lost may or may not
+// have been credited; it is never credited twice.
+func (s *Store) Refund(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
+	return s.inspect(ctx, "r", key, tokens)
+}
+
+// inspect runs one Peek (mode "p") or Refund (mode "r").
+func (s *Store) inspect(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
+	switch {
+	case strings.TrimSpace(key) == "" || len(key) > s.maxKeyBytes:
+		return engine.Decision{}, engine.ErrInvalidKey
+	case tokens < 1:
+		return engine.Decision{}, engine.ErrInvalidCost
+	case s.closed.Load():
+		return engine.Decision{}, engine.ErrClosed
+	case ctx == nil:
+		return engine.Decision{}, engine.ErrNilContext
+	case ctx.Err() != nil:
+		return engine.Decision{}, ctx.Err()
+	}
+	var out engine.Result
+	items := []item{{out: &out, key: key, cost: tokens}}
+	bctx, cancel := s.bound(ctx)
+	defer cancel()
+	if _, err := s.exec(bctx, mode, "", items); err != nil {
+		if ctx.Err() != nil {
+			return engine.Decision{}, ctx.Err()
+		}
+		return engine.Decision{}, err
+	}
+	return out.Decision, out.Err
 }
 
 // AllowBatch decides reqs[i] into out[i], with the same meaning as
@@ -116,14 +165,14 @@ func (s *Store) answerFailure(items []item, err error) {
 		if it.done {
 			continue
 		}
-		lim, _ := st.p.Resolve(it.key)
-		if it.cost > lim.Capacity {
+		sh, _, _, _ := st.resolve(it.key)
+		if it.cost > minCapacity(sh) {
 			// never admissible: an error, whatever Redis says
 			*it.out = engine.Result{Err: engine.ErrCostExceedsCapacity}
 			continue
 		}
 		n++
-		d := engine.Decision{Allowed: s.failOpen, Version: st.p.Version, Limit: lim.Capacity}
+		d := engine.Decision{Allowed: s.failOpen, Version: st.p.Version, Limit: sh.Primary.Capacity, Band: sh.Name}
 		if !s.failOpen {
 			d.RetryAfter = s.failRetry
 		}
@@ -135,9 +184,10 @@ func (s *Store) answerFailure(items []item, err error) {
 	}
 }
 
-// exec runs items through the decide script in mode "a" (decide), "e"
-// (bring up to date; delete if full) or "c" (bring up to date), at the
-// server's TIME or, for modes "e" and "c", at the instant at. It pipelines
+// exec runs items through the decide script in mode "a" (decide), "p"
+// (peek), "r" (refund), "e" (bring up to date; delete if full) or "c" (bring
+// up to date), at the server's TIME or, for modes "e" and "c", at the
+// instant at. It pipelines
 // one call per chunk (see chunked) and repeats, for the items not yet done,
 // the calls that met a newer policy, a history their bucket needs or a
 // missing script. It returns how many buckets mode "e" deleted, and the
@@ -168,12 +218,15 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		for c, chunk := range chunks {
 			keys := make([]string, 3, 3+len(chunk))
 			keys[0], keys[1], keys[2] = s.kPolicy, s.kHistory, s.kPending
-			args := make([]any, 4, 4+4*len(chunk))
+			args := make([]any, 4, 4+5*len(chunk))
 			args[0], args[1], args[2], args[3] = mode, st.ver, nowArg, expiry
 			for _, it := range chunk {
-				it.lim, _ = st.p.Resolve(it.key)
+				var capArg int64
+				var rate any
+				var bands string
+				it.sh, capArg, rate, bands = st.resolve(it.key)
 				keys = append(keys, s.kBucket+it.key)
-				args = append(args, it.cost, it.lim.Capacity, it.lim.TokensPerSecond, it.chain)
+				args = append(args, it.cost, capArg, rate, bands, it.chain)
 			}
 			cmds[c] = evalShaOnce(ctx, pipe, decideScript, keys, args...)
 		}
@@ -192,7 +245,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			case err != nil && redis.HasErrorPrefix(err, "OOM") && mode == "a":
 				for _, it := range chunk {
 					*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
-					if it.cost > it.lim.Capacity {
+					if it.cost > minCapacity(it.sh) {
 						it.out.Err = engine.ErrCostExceedsCapacity // checked before the key bound
 					}
 				}
@@ -213,7 +266,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			deleted += r.deleted
 			for i, it := range chunk[:r.done] {
 				if it.out != nil {
-					s.decided(it, st, r.results[2*i], r.results[2*i+1])
+					s.decided(it, st, mode, r.results[2*i], r.results[2*i+1])
 				}
 				it.done = true
 			}
@@ -262,32 +315,90 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 	return deleted, nil
 }
 
-// decided turns a script result into it's Decision.
-func (s *Store) decided(it *item, st *state, code, units string) {
-	s.decisions.Add(1)
+// decided turns a script result of mode "a", "p" or "r" into it's
+// Decision.
+func (s *Store) decided(it *item, st *state, mode, code, units string) {
+	if mode == "a" {
+		s.decisions.Add(1)
+	}
 	if code == "c" {
 		*it.out = engine.Result{Err: engine.ErrCostExceedsCapacity}
 		return
 	}
-	b, err := parseUnits(units)
+	d, err := decision(it.sh, mode, code, units, it.cost)
 	if err != nil {
 		*it.out = engine.Result{Err: fmt.Errorf("%w: %w", ErrUnavailable, err)}
 		return
 	}
-	d := engine.Decision{
-		Allowed:    code == "1",
-		Remaining:  b.Tokens,
-		Version:    st.p.Version,
-		Limit:      it.lim.Capacity,
-		ResetAfter: durationOf(b.ResetAfter(it.lim)),
-	}
-	if !d.Allowed {
-		d.RetryAfter = durationOf(b.RetryAfter(it.lim, it.cost))
-	}
+	d.Version = st.p.Version
 	*it.out = engine.Result{Decision: d}
 }
 
-// chains gives each item its own limits under the retained versions that
+// decision is the Decision of a script result for a key of shape sh: for
+// mode "a", of the request of cost the script decided (code "1" allowed, "0"
+// denied); for modes "p" and "r", of a request of one token taking nothing,
+// as the bands stand after the operation. units are the balances the script
+// returned, one per band. The binding band is chosen by the policy
+// package's rule (policy.DecideLevels), from the balances the decision saw.
+func decision(sh policy.Shape, mode, code, units string, cost int64) (engine.Decision, error) {
+	if mode == "a" && plain(sh) {
+		// The one band of a rate per second, as the store always decided it.
+		b, err := parseUnits(units)
+		if err != nil {
+			return engine.Decision{}, err
+		}
+		lim := sh.Primary
+		d := engine.Decision{
+			Allowed:    code == "1",
+			Remaining:  b.Tokens,
+			Limit:      lim.Capacity,
+			ResetAfter: durationOf(b.ResetAfter(lim)),
+			Band:       sh.Name,
+		}
+		if !d.Allowed {
+			d.RetryAfter = durationOf(b.RetryAfter(lim, cost))
+		}
+		return d, nil
+	}
+	var buf [1 + policy.MaxBands]policy.Level
+	lv := buf[:sh.Len()]
+	rest := units
+	for i := range lv {
+		u, tail, _ := strings.Cut(rest, " ")
+		l, err := parseLevel(u, period(sh.Band(i)))
+		if err != nil {
+			return engine.Decision{}, err
+		}
+		lv[i], rest = l, tail
+	}
+	if rest != "" {
+		return engine.Decision{}, fmt.Errorf("balances %q for %d bands", units, sh.Len())
+	}
+	var o policy.Outcome
+	var at int
+	if mode == "a" {
+		if code == "1" {
+			for i := range lv {
+				lv[i].Tokens += cost // the balances the decision saw
+			}
+		}
+		if o, at = policy.DecideLevels(sh, lv, cost); o.Allowed != (code == "1") {
+			return engine.Decision{}, fmt.Errorf("the script decided %q on balances %q that decide %v", code, units, o.Allowed)
+		}
+	} else {
+		o, at = policy.PeekLevels(sh, lv)
+	}
+	return engine.Decision{
+		Allowed:    o.Allowed,
+		Remaining:  o.Remaining,
+		RetryAfter: durationOf(o.RetryAfter),
+		Limit:      sh.Band(at).Capacity,
+		ResetAfter: durationOf(o.ResetAfter),
+		Band:       sh.BandName(at),
+	}, nil
+}
+
+// chains gives each item its own shapes under the retained versions that
 // carry overrides, but the one in force (the script has that one).
 func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
 	entries, err := s.history(ctx)
@@ -308,11 +419,17 @@ func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
 	for _, it := range items {
 		var b strings.Builder
 		for _, p := range ps {
-			lim, _ := p.Resolve(it.key)
+			_, idx := p.Resolve(it.key)
+			sh := p.ShapeAt(idx)
 			if b.Len() > 0 {
 				b.WriteByte(';')
 			}
-			fmt.Fprintf(&b, "%d %d %d", p.Version, lim.Capacity, lim.TokensPerSecond)
+			a := encodeShape(sh)
+			fmt.Fprintf(&b, "%d %d %s", p.Version, sh.Primary.Capacity, a.rate)
+			if a.bands != "" {
+				b.WriteByte(' ')
+				b.WriteString(a.bands)
+			}
 		}
 		it.chain = b.String()
 	}
@@ -360,7 +477,7 @@ func (s *Store) history(ctx context.Context) ([]historyEntry, error) {
 	out := make([]historyEntry, len(raw))
 	for i, e := range raw {
 		f := strings.Fields(e)
-		if len(f) != 5 {
+		if len(f) != 5 && len(f) != 6 { // 6: a default shape with bands
 			return nil, fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
 		}
 		v, perr := strconv.ParseInt(f[0], 10, 64)

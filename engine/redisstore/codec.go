@@ -1,23 +1,43 @@
 package redisstore
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math/bits"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// wirePolicy is a policy as Redis stores it, readable with redis-cli.
+// wirePolicy is a policy as Redis stores it, readable with redis-cli. A
+// policy written before rates and bands existed decodes unchanged: the new
+// fields are omitted when unset.
 type wirePolicy struct {
 	Version         int64
 	Capacity        int64
 	TokensPerSecond int64
-	Overrides       []policy.Override `json:",omitempty"`
+	Refill          policy.Rate    `json:",omitzero"`
+	Bands           []policy.Band  `json:",omitempty"`
+	Overrides       []wireOverride `json:",omitempty"`
+}
+
+// wireOverride is an Override with its bands, which policy.Override leaves
+// out of its JSON (a BandSet is built by NewBands).
+type wireOverride struct {
+	policy.Override
+	Bands []policy.Band `json:",omitempty"`
 }
 
 func encodePolicy(p policy.Policy) (string, error) {
-	b, err := json.Marshal(wirePolicy{p.Version, p.Capacity, p.TokensPerSecond, p.Overrides.Overrides()})
+	w := wirePolicy{Version: p.Version, Capacity: p.Capacity, TokensPerSecond: p.TokensPerSecond,
+		Refill: p.Refill, Bands: p.Bands.Bands()}
+	for _, o := range p.Overrides.Overrides() {
+		w.Overrides = append(w.Overrides, wireOverride{Override: o, Bands: o.Bands.Bands()})
+	}
+	b, err := json.Marshal(w)
 	return string(b), err
 }
 
@@ -26,11 +46,23 @@ func decodePolicy(blob string) (policy.Policy, error) {
 	if err := json.Unmarshal([]byte(blob), &w); err != nil {
 		return policy.Policy{}, err
 	}
-	set, err := policy.NewOverrideSet(w.Overrides...)
+	bands, err := policy.NewBands(w.Bands...)
+	if err != nil {
+		return policy.Policy{}, fmt.Errorf("decoding %q: %w", blob, err)
+	}
+	os := make([]policy.Override, len(w.Overrides))
+	for i, o := range w.Overrides {
+		os[i] = o.Override
+		if os[i].Bands, err = policy.NewBands(o.Bands...); err != nil {
+			return policy.Policy{}, fmt.Errorf("decoding %q: override %d: %w", blob, i, err)
+		}
+	}
+	set, err := policy.NewOverrideSet(os...)
 	if err != nil {
 		return policy.Policy{}, err
 	}
-	p := policy.Policy{Version: w.Version, Capacity: w.Capacity, TokensPerSecond: w.TokensPerSecond, Overrides: set}
+	p := policy.Policy{Version: w.Version, Capacity: w.Capacity, TokensPerSecond: w.TokensPerSecond,
+		Refill: w.Refill, Bands: bands, Overrides: set}
 	if err := p.Validate(); err != nil {
 		return policy.Policy{}, fmt.Errorf("decoding %q: %w", blob, err)
 	}
@@ -39,3 +71,102 @@ func decodePolicy(blob string) (policy.Policy, error) {
 
 // durationOf converts the policy package's saturated nanoseconds.
 func durationOf(ns int64) time.Duration { return time.Duration(ns) }
+
+// A shape (a key's whole limit, policy.Shape) travels to the decide script
+// as three strings, in the script's terms (see decide.lua's header):
+//
+//   - cap: the primary band's capacity, in decimal;
+//   - rate: the primary band's rate, "N" for N tokens per second (the only
+//     form before rates of any period existed, so a plain key's bucket and
+//     history entries keep their old bytes), else "N/P" for N tokens per P
+//     ns;
+//   - bands: "" for none, else one "name:cap:rate" per band of the shape's
+//     BandSet, in order, joined by ",", the name in hex (band names may hold
+//     any printable ASCII, separators included).
+//
+// Band names matter to the script only at a cutover, where a band takes
+// over the balance of the old shape's band of the same name; it compares
+// their hex forms.
+type shapeArgs struct {
+	rate  string
+	bands string
+}
+
+// plain reports whether sh is one band refilled per second: the shape
+// every TokensPerSecond policy has, which the script decides on its fast
+// path with the bucket layout it has always had.
+func plain(sh policy.Shape) bool {
+	return sh.Bands == nil && sh.Primary.Rate().Per == time.Second
+}
+
+// encodeShape returns sh's script arguments.
+func encodeShape(sh policy.Shape) shapeArgs {
+	a := shapeArgs{rate: rateArg(sh.Primary.Rate())}
+	if sh.Bands == nil {
+		return a
+	}
+	var b strings.Builder
+	for i := range sh.Bands.Len() {
+		band := sh.Bands.At(i)
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(hex.EncodeToString([]byte(band.Name)))
+		b.WriteByte(':')
+		b.WriteString(strconv.FormatInt(band.Capacity, 10))
+		b.WriteByte(':')
+		b.WriteString(rateArg(band.Refill))
+	}
+	a.bands = b.String()
+	return a
+}
+
+// rateArg is a rate as the script reads it: "N" per second, else "N/P".
+func rateArg(r policy.Rate) string {
+	if r.Per == time.Second {
+		return strconv.FormatInt(r.Tokens, 10)
+	}
+	return strconv.FormatInt(r.Tokens, 10) + "/" + strconv.FormatInt(int64(r.Per), 10)
+}
+
+// minCapacity is the smallest capacity of sh's bands: a cost above it can
+// never be admitted.
+func minCapacity(sh policy.Shape) int64 {
+	c := sh.Primary.Capacity
+	for i := range sh.Bands.Len() {
+		c = min(c, sh.Bands.At(i).Capacity)
+	}
+	return c
+}
+
+// period returns band l's units per token, P ns.
+func period(l policy.Limit) uint64 { return uint64(l.Rate().Per) }
+
+// parseLevel reads one band's balance in units (a decimal string below
+// capacity*P <= 2^126) as whole tokens and the fraction, one token being
+// per units.
+func parseLevel(units string, per uint64) (policy.Level, error) {
+	var hi, lo uint64
+	for i := range len(units) {
+		d := units[i] - '0'
+		if d > 9 {
+			return policy.Level{}, fmt.Errorf("malformed balance %q", units)
+		}
+		h1, l1 := bits.Mul64(lo, 10)
+		h2, l2 := bits.Mul64(hi, 10)
+		var c uint64
+		lo, c = bits.Add64(l1, uint64(d), 0)
+		hi, c = bits.Add64(h1, l2, c)
+		if h2 != 0 || c != 0 {
+			return policy.Level{}, fmt.Errorf("balance %q overflows", units)
+		}
+	}
+	if units == "" || hi >= per {
+		return policy.Level{}, fmt.Errorf("malformed balance %q", units)
+	}
+	q, r := bits.Div64(hi, lo, per)
+	if q > 1<<63-1 {
+		return policy.Level{}, fmt.Errorf("balance %q overflows", units)
+	}
+	return policy.Level{Tokens: int64(q), Frac: r}, nil
+}

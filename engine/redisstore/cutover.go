@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/bits"
+	"math/big"
 	"strconv"
 	"strings"
 	"time"
@@ -114,11 +114,11 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		return err
 	}
 	pctx := context.WithoutCancel(ctx)
-	l := next.Limit()
+	a := encodeShape(next.Shape())
 	var res []any
 	err = s.round(pctx, func(ctx context.Context) (err error) {
 		keys := []string{s.kPolicy, s.kHistory, s.kBlobs, s.kLock, s.kPending}
-		args := []any{expectedVersion, next.Version, l.Capacity, l.TokensPerSecond, overridden(next), blob, s.nowArg(), token, flag(trim)}
+		args := []any{expectedVersion, next.Version, next.Capacity, a.rate, overridden(next), blob, s.nowArg(), token, flag(trim), a.bands}
 		for range 2 { // once more after NOSCRIPT
 			pipe := s.rdb.Pipeline()
 			cmd := evalShaOnce(ctx, pipe, replaceScript, keys, args...)
@@ -309,30 +309,53 @@ func (s *Store) unlock(ctx context.Context, token string) {
 
 // safeCutover reports whether no bucket can take longer to fill under next
 // than under cur, whatever its balance at the cutover, so that expiries set
-// under cur stay at or after each bucket's time-to-full. For a bucket moving
-// from limit a to b that holds (after the clamp) u < b.Capacity units, the
-// time-to-full goes from (a.Cap-u)/a.Rate to (b.Cap-u)/b.Rate; over every u
-// that is at most the first for all u exactly when b.Cap <= a.Cap and
-// b.Cap/b.Rate <= a.Cap/a.Rate. Every pair of limits is checked, since a
-// key may move from any of cur's to any of next's.
+// under cur stay at or after each bucket's time-to-full. A bucket is full
+// when every band is, so its time-to-full is its bands' longest. A band new
+// in next starts full and one next drops no longer counts, so only the
+// bands next carries over can lengthen it. For a band moving from a to b (a
+// rate of N per P ns, so a capacity of C takes C*P/N ns to fill from empty)
+// that holds x tokens after the clamp (0 <= x <= b's C), the time-to-full
+// goes from (Ca-x)*Pa/Na to (Cb-x)*Pb/Nb; both are linear in x, so the
+// second is at most the first for every x exactly when it is at both ends:
+// Cb <= Ca and Cb*Pb*Na <= Ca*Pa*Nb. A change of period also rounds the
+// balance down by less than one unit, less than 1 ns of refill, which the
+// expiry's margin of a millisecond covers. Every pair of shapes is
+// checked, since a key may move from any of cur's to any of next's.
 func safeCutover(cur, next policy.Policy) bool {
-	as, bs := cur.Limits(), next.Limits()
+	as, bs := cur.Shapes(), next.Shapes()
 	if len(as)*len(bs) > 1<<20 {
 		return false
 	}
 	for _, a := range as {
 		for _, b := range bs {
-			if b.Capacity > a.Capacity {
-				return false
-			}
-			h1, l1 := bits.Mul64(uint64(b.Capacity), uint64(a.TokensPerSecond))
-			h2, l2 := bits.Mul64(uint64(a.Capacity), uint64(b.TokensPerSecond))
-			if h1 > h2 || (h1 == h2 && l1 > l2) {
-				return false
+			for i := range b.Len() {
+				j := 0
+				if i > 0 {
+					if j = a.Bands.Index(b.BandName(i)) + 1; j == 0 {
+						continue // new: starts full
+					}
+				}
+				if !fillsNoSlower(a.Band(j), b.Band(i)) {
+					return false
+				}
 			}
 		}
 	}
 	return true
+}
+
+// fillsNoSlower reports whether band b takes at most as long to fill as
+// band a from every balance b can hold: Cb <= Ca and Cb*Pb*Na <= Ca*Pa*Nb.
+func fillsNoSlower(a, b policy.Limit) bool {
+	if b.Capacity > a.Capacity {
+		return false
+	}
+	ra, rb := a.Rate(), b.Rate()
+	lhs := new(big.Int).Mul(big.NewInt(b.Capacity), big.NewInt(int64(rb.Per)))
+	lhs.Mul(lhs, big.NewInt(ra.Tokens))
+	rhs := new(big.Int).Mul(big.NewInt(a.Capacity), big.NewInt(int64(ra.Per)))
+	rhs.Mul(rhs, big.NewInt(rb.Tokens))
+	return lhs.Cmp(rhs) <= 0
 }
 
 func flag(b bool) string {

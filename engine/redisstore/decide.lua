@@ -1,23 +1,44 @@
 -- tokenshard: refill, decide and write one chunk of requests atomically.
 --
 -- Redis runs Lua 5.1, whose only numbers are doubles: exact below 2^53, while
--- units (tokens * 1e9), clock readings in ns and their products reach 2^126.
--- So every quantity travels as a decimal string and is computed on as base
--- 10^7 limbs (least significant first): a limb product stays below 10^14 and
--- a column sum below 2^53, so each step is exact. Floating point appears only
--- in the expiry, which is rounded up with a margin (a key may outlive its
--- time-to-full, never the reverse).
+-- units and clock readings reach 2^126 and their products more. So every
+-- quantity travels as a decimal string and is computed on as base 10^7 limbs
+-- (least significant first): a limb product stays below 10^14 and a column
+-- sum below 2^53, so each step is exact. Floating point appears only in the
+-- fast path, where every value is an integer below 2^53 (exact), in
+-- estimates that are corrected exactly (div), and in the expiry, which is
+-- rounded up with a margin (a key may outlive its time-to-full, never the
+-- reverse).
+--
+-- Units: a band refilled at N tokens per P ns counts one token as P units,
+-- so refill over e ns adds exactly e*N units, and a full band holds
+-- capacity*P. For P = 1e9 (a rate per second) this is the 1e9-unit scheme.
+-- The only rounding anywhere is at a cutover that changes a band's period:
+-- its units u become floor(u*Pnew/Pold) (whole tokens kept, the fraction
+-- rounded down: a unit may be lost, never minted).
+--
+-- A key's limit is a shape: its primary band and zero or more named bands,
+-- every one of which must hold a request's cost for it to be admitted. A
+-- shape travels as three strings: cap and rate of the primary band (rate
+-- "N", N per second, or "N/P"), and bands: "" or "name:cap:rate" per band
+-- joined by ",", names in hex.
 --
 -- KEYS[1] policy hash (v = version in force), KEYS[2] history list (one entry
--- per retained version, oldest first: "version cutover cap rate overridden"),
--- KEYS[3] the pending flag (set while a cutover that may lengthen
--- times-to-full is prepared: buckets are then written without expiry),
--- KEYS[4..] the buckets, each a string "units last version cap rate".
+-- per retained version, oldest first: "version cutover cap rate overridden"
+-- for the default shape, then " bands" if it has bands), KEYS[3] the pending
+-- flag (set while a cutover that may lengthen times-to-full is prepared:
+-- buckets are then written without expiry), KEYS[4..] the buckets, each a
+-- string "units last version cap rate" (the primary band's units and its cap
+-- and rate under version), then " units" for each band of the shape, in
+-- order: a plain key (one band per second) keeps the bytes it always had.
 --
 -- ARGV[1] mode: "a" decide; "e" bring up to date and delete if full (an
 --         eviction); "c" bring up to date (a cutover's pass; a full bucket
 --         is then left to expire at once rather than deleted, so that only
---         EvictFull counts deletions, as in the engine).
+--         EvictFull counts deletions, as in the engine); "p" bring up to date
+--         and write nothing (a peek); "r" bring up to date and credit cost
+--         tokens to every band, capped (a refund; a missing bucket is full
+--         and stays missing).
 -- ARGV[2] the version the client resolved the limits under.
 -- ARGV[3] the instant in ns: "" reads the server's TIME; otherwise, with
 --         expiry on, the earlier of it and TIME (an eviction judges every key
@@ -25,10 +46,10 @@
 --         (Config.Clock's reading).
 -- ARGV[4] "1" sets expiries at the time-to-full, "0" sets none (a store
 --         with a Config.Clock).
--- ARGV[5..] four per bucket: cost (tokens), cap and rate of the key under
---         ARGV[2], and the chain: "version cap rate" triples joined by ";"
---         giving the key's own limit under retained versions that had
---         overrides.
+-- ARGV[5..] five per bucket: cost (tokens), the key's shape under ARGV[2]
+--         (cap, rate, bands), and the chain: "version cap rate[ bands]"
+--         entries joined by ";" giving the key's own shape under retained
+--         versions that had overrides.
 --
 -- Reply: {status, version in force, instant, done, deleted, ...}, where
 -- done counts the buckets decided or brought up to date and deleted those of
@@ -36,8 +57,10 @@
 -- ARGV[2] is not in force and nothing was done; "nopolicy"; "chain": bucket
 -- done+1 is behind a version with overrides that its chain lacks, and its
 -- version follows, then the results of the buckets before it. Results,
--- mode "a" only: for each done bucket "1" allowed, "0" denied or "c" cost above
--- capacity, then the units after the decision.
+-- modes "a", "p" and "r": two for each done bucket. Mode "a": "1" allowed,
+-- "0" denied or "c" cost above a band's capacity; modes "p" and "r": "1" if
+-- the bucket exists, else "0". Then the units after the operation, one
+-- decimal per band of the shape joined by " " ("" for "c").
 
 local B = 10000000
 
@@ -108,9 +131,39 @@ local function mul(a, b)
   return norm(r)
 end
 
-local E9 = '000000000'
+-- tod is n as a double, rounded (a relative error of a few 2^-53): for
+-- estimates and expiries only.
+local function tod(n)
+  local d = 0
+  for k = #n, 1, -1 do d = d * B + n[k] end
+  return d
+end
+
+-- div returns floor(a / b) for b >= 1: schoolbook division in base B, each
+-- quotient limb estimated in floating point and then corrected exactly, so
+-- an estimate that is off costs a step, never exactness. Only a cutover that
+-- changes a band's period divides.
+local function div(a, b)
+  local q, r = {}, { 0 }
+  for i = 1, #a do q[i] = 0 end
+  for i = #a, 1, -1 do
+    table.insert(r, 1, a[i]) -- r = r*B + a[i]
+    r = norm(r)
+    if cmp(r, b) >= 0 then -- r < b*B, so the limb is in [1, B)
+      local d = math.floor(tod(r) / tod(b))
+      if d >= B then d = B - 1 elseif d < 1 then d = 1 end
+      local m = mul(b, { d })
+      while cmp(m, r) > 0 do d, m = d - 1, sub(m, b) end
+      local m2 = add(m, b)
+      while cmp(m2, r) <= 0 do d, m, m2 = d + 1, m2, add(m2, b) end
+      r = sub(r, m)
+      q[i] = d
+    end
+  end
+  return norm(q)
+end
+
 local P52 = 4503599627370496 -- 2^52
-local FASTCAP = 4503599     -- the largest capacity whose units are below 2^52
 
 -- msOf is an instant in ns (a decimal string) in whole ms.
 local function msOf(s)
@@ -126,21 +179,102 @@ local function split(s)
   return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
 end
 
--- refill brings units u, last updated at t, up to instant now under capacity
--- cap (tokens, string) and rate (tokens per second, string); a now at or
--- before t adds nothing. Returns the units and the new last.
-local function refill(u, t, now, cap, rate)
-  if cmp(now, t) <= 0 then return u, t end
-  local full = big(cap .. E9)
-  u = add(u, mul(sub(now, t), big(rate)))
-  if cmp(u, full) > 0 then u = full end
-  return u, now
+-- gtS reports whether decimal a (no leading zeros) is above decimal b.
+local function gtS(a, b) return #a > #b or (#a == #b and a > b) end
+
+-- A shape is an array of bands, the primary first; a band is {name (hex,
+-- "" for the primary), cap (decimal), p (decimal), pb (P as limbs), n (N as
+-- limbs), nD (N as a double), full (cap*P as limbs)}. A shape also has
+-- min, the smallest cap (decimal). Shapes are parsed once per call.
+local shapes = {}
+
+local function band(name, cap, rate)
+  local n, p = string.match(rate, '^(%d+)/(%d+)$')
+  if not n then n, p = rate, '1000000000' end
+  local pb = big(p)
+  return { name = name, cap = cap, p = p, pb = pb, n = big(n), nD = tonumber(n), full = mul(big(cap), pb) }
+end
+
+local function shapeOf(cap, rate, bands)
+  local k = cap .. ' ' .. rate .. ' ' .. bands
+  local sh = shapes[k]
+  if sh then return sh end
+  sh = { band('', cap, rate) }
+  sh.min = cap
+  for name, c, r in string.gmatch(bands, '(%x+):(%d+):([%d/]+)') do
+    sh[#sh + 1] = band(name, c, r)
+    if gtS(sh.min, c) then sh.min = c end
+  end
+  shapes[k] = sh
+  return sh
+end
+
+-- fullOf is every band of sh full.
+local function fullOf(sh)
+  local lv = {}
+  for k = 1, #sh do lv[k] = sh[k].full end
+  return lv
+end
+
+-- refill brings the bands lv of shape sh, last updated at t, up to instant
+-- now: each gains elapsed*N units, up to its capacity; a now at or before t
+-- adds nothing. It returns the new last.
+local function refill(lv, t, now, sh)
+  if cmp(now, t) <= 0 then return t end
+  local e = sub(now, t)
+  for k = 1, #sh do
+    local b = sh[k]
+    if cmp(lv[k], b.full) < 0 then
+      local u = add(lv[k], mul(e, b.n))
+      if cmp(u, b.full) > 0 then u = b.full end
+      lv[k] = u
+    end
+  end
+  return now
+end
+
+-- carry moves the bands lv of shape old, brought up to a cutover, to shape
+-- nxt: the primary takes over the primary, a band the band of old of the
+-- same name, each moved to the new unit if the period changes (rounding
+-- down) and clamped to the new capacity; a band new in nxt starts full; a
+-- band of old that nxt lacks is dropped.
+local function carry(old, lv, nxt)
+  local out = {}
+  for k = 1, #nxt do
+    local b, j = nxt[k], nil
+    if k == 1 then
+      j = 1
+    else
+      for m = 2, #old do
+        if old[m].name == b.name then j = m break end
+      end
+    end
+    if not j then
+      out[k] = b.full
+    else
+      local u = lv[j]
+      if old[j].p ~= b.p then u = div(mul(u, b.pb), old[j].pb) end
+      if cmp(u, b.full) > 0 then u = b.full end
+      out[k] = u
+    end
+  end
+  return out
 end
 
 local function splitChain(s)
   local m = {}
-  for v, c, r in string.gmatch(s, '(%d+) (%d+) (%d+)') do m[v] = { c, r } end
+  for e in string.gmatch(s, '[^;]+') do
+    local v, c, r, bs = string.match(e, '^(%d+) (%d+) (%S+) ?(%S*)$')
+    if v then m[v] = { c, r, bs } end
+  end
   return m
+end
+
+-- entry parses a history entry: version, cutover, the default shape's cap,
+-- rate and bands, and the overridden flag.
+local function entry(e)
+  local w, cut, c, r, ov, rest = string.match(e, '^(%d+) (%d+) (%d+) (%S+) (%d)(.*)$')
+  return w, cut, c, r, string.match(rest, '^ (%S+)$') or '', ov
 end
 
 local mode, want, expiry = ARGV[1], ARGV[2], ARGV[4] == '1'
@@ -175,26 +309,106 @@ local function reply(status, done, behind)
   for k = 1, #out do r[#r + 1] = out[k] end
   return r
 end
+
+-- bring brings a written bucket of shape sh (under the version in force) up
+-- to now through every cutover it missed: the bucket's fields, then its
+-- chain. It returns the bands and the last update, or nil and the bucket's
+-- version when the chain lacks a version the bucket needs.
+local function bring(us, ts, v, c, r, rest, sh, chain)
+  local lv, t = { big(us) }, big(ts)
+  for u in string.gmatch(rest, '%d+') do lv[#lv + 1] = big(u) end
+  local cur, from = sh, nil
+  if v ~= version then
+    history = history or redis.call('LRANGE', KEYS[2], 0, -1)
+    local at
+    for h = 1, #history do
+      if string.match(history[h], '^(%d+) ') == v then at = h break end
+    end
+    local own = splitChain(chain)
+    if at then
+      from = at + 1
+      if #lv == 1 then
+        cur = shapeOf(c, r, '') -- one band: the bucket says it all
+      else
+        local _, _, hc, hr, hb, ov = entry(history[at])
+        if ov == '1' then
+          if not own[v] then return nil, v end
+          cur = shapeOf(own[v][1], own[v][2], own[v][3])
+        else
+          cur = shapeOf(hc, hr, hb)
+        end
+      end
+    end
+    if at and #cur == #lv then
+      for h = from, #history do
+        local w, cut, wc, wr, wb, ov = entry(history[h])
+        local nxt
+        if w == version then
+          nxt = sh
+        elseif ov == '1' then
+          if not own[w] then return nil, v end
+          nxt = shapeOf(own[w][1], own[w][2], own[w][3])
+        else
+          nxt = shapeOf(wc, wr, wb)
+        end
+        -- The cutover rule: refill under the old shape up to the cutover,
+        -- then carry the bands over to the new one.
+        t = refill(lv, t, big(cut), cur)
+        lv = carry(cur, lv, nxt)
+        cur = nxt
+      end
+    else
+      -- The version is no longer retained: only a Redis that lost the
+      -- policy keys gets here. What the bucket earned since is unknown, so
+      -- it restarts empty at the current cutover: a denial too many, never
+      -- a free burst.
+      local last = history[#history]
+      local cut = last and string.match(last, '^%d+ (%d+) ') or nowS
+      lv = {}
+      for k = 1, #sh do lv[k] = { 0 } end
+      if cmp(big(cut), t) > 0 then t = big(cut) end
+    end
+  elseif #lv ~= #sh then
+    -- Bands that are not the shape's (the same): restart empty, as above.
+    lv = {}
+    for k = 1, #sh do lv[k] = { 0 } end
+  end
+  t = refill(lv, t, now, sh)
+  return lv, t
+end
+
 local n = #KEYS - 3
 for i = 1, n do
-  local key, a = KEYS[3 + i], 4 + 4 * (i - 1)
-  local cost, cap, rate, chain = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-  if mode == 'a' and (#cost > #cap or (#cost == #cap and cost > cap)) then
+  local key, a = KEYS[3 + i], 4 + 5 * (i - 1)
+  local cost, cap, rate, bands, chain = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
+  if mode == 'a' and bands == '' and gtS(cost, cap) then
+    out[#out + 1] = 'c'
+    out[#out + 1] = ''
+  elseif mode == 'a' and bands ~= '' and gtS(cost, shapeOf(cap, rate, bands).min) then
     out[#out + 1] = 'c'
     out[#out + 1] = ''
   else
     local raw = redis.call('GET', key)
-    local us, ts, v, c, r
-    if raw then us, ts, v, c, r = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%d+)$') end
-    -- the bucket after the decision: units and last update as strings, the
-    -- decision's code, and the units it lacks to be full (as a double: exact
-    -- on the fast path, and zero exactly when it is full)
-    local uS, tS, code, deficit
-    local capN = #cap <= 7 and tonumber(cap)
-    if capN and capN <= FASTCAP and (not raw or (v == version and c == cap and r == rate)) then
-      -- Fast path: a capacity below 2^52 units and no cutover to replay, so
-      -- every value below is an integer under 2^53, exact as a double.
-      local full = capN * 1e9
+    local us, ts, v, c, r, rest
+    if raw then us, ts, v, c, r, rest = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)(.*)$') end
+    -- the bucket after the operation: units (per band, joined) and last
+    -- update as strings, the result code, and the ns it takes to be full
+    -- (as a double: exact on the fast path, and zero exactly when it is
+    -- full)
+    local uS, tS, code, ttf
+    local u1, xs = nil, '' -- the primary's units; the other bands', each after a space
+    -- One band of N per P, P <= 2^52: the double fast path may apply.
+    local nN, pN = tonumber(rate), 1e9
+    if not nN and bands == '' then
+      local ns, ps = string.match(rate, '^(%d+)/(%d+)$')
+      if ps and #ps <= 15 then nN, pN = tonumber(ns), tonumber(ps) end
+    end
+    local capN = bands == '' and nN and #cap <= 15 and tonumber(cap)
+    if capN and capN * pN < P52 and (not raw or (v == version and c == cap and r == rate and rest == '')) then
+      -- Fast path: one band, full below 2^52 units and no cutover to
+      -- replay, so every value below is an integer under 2^53, exact as a
+      -- double.
+      local full = capN * pN
       local u = full -- a new key starts full
       tS = nowS
       if raw then
@@ -204,7 +418,7 @@ for i = 1, n do
         if ds > 9000000 then
           u = full -- over 9e15 ns at one unit per ns at least: full
         elseif ds > 0 or (ds == 0 and nowNs > tNs) then
-          local add = (ds * 1e9 + nowNs - tNs) * tonumber(rate)
+          local add = (ds * 1e9 + nowNs - tNs) * nN
           -- a product at or above 2^52 is over the capacity; below, exact
           if add >= P52 then u = full else u = math.min(full, u + add) end
         else
@@ -212,66 +426,52 @@ for i = 1, n do
         end
       end
       if mode == 'a' then
-        local cu = tonumber(cost) * 1e9
+        local cu = tonumber(cost) * pN
         if u >= cu then u, code = u - cu, '1' else code = '0' end
+      elseif mode == 'r' and raw then
+        local cu = tonumber(cost) * pN -- at or above 2^52 only if over the capacity
+        if cu >= P52 then u = full else u = math.min(full, u + cu) end
       end
-      uS, deficit = string.format('%.0f', u), full - u
+      uS, ttf = string.format('%.0f', u), (full - u) / nN
+      u1 = uS
     else
-      -- General path: limbs, and the cutovers the bucket missed.
-      local full = big(cap .. E9)
-      local u, t
+      -- General path: limbs, bands, and the cutovers the bucket missed.
+      local sh = shapeOf(cap, rate, bands)
+      local lv, t
       if raw then
-        u, t = big(us), big(ts)
-        if v ~= version then
-          history = history or redis.call('LRANGE', KEYS[2], 0, -1)
-          local at
-          for h = 1, #history do
-            if string.match(history[h], '^(%d+) ') == v then at = h break end
-          end
-          local own, from = splitChain(chain), #history + 1
-          if at then
-            from = at + 1
-          else
-            -- The version is no longer retained: only a Redis that lost the
-            -- policy keys gets here. What the bucket earned since is
-            -- unknown, so it restarts empty at the current cutover: a
-            -- denial too many, never a free burst.
-            local last = history[#history]
-            local cut = last and string.match(last, '^%d+ (%d+) ') or nowS
-            u = { 0 }
-            if cmp(big(cut), t) > 0 then t = big(cut) end
-            c, r = cap, rate
-          end
-          for h = from, #history do
-            local w, cut, wc, wr, ov = string.match(history[h], '^(%d+) (%d+) (%d+) (%d+) (%d)$')
-            if w == version then
-              wc, wr = cap, rate
-            elseif ov == '1' then
-              if not own[w] then
-                return reply('chain', i - 1, v)
-              end
-              wc, wr = own[w][1], own[w][2]
-            end
-            -- The cutover rule: refill under the old limit up to the
-            -- cutover, then clamp to the new capacity.
-            u, t = refill(u, t, big(cut), c, r)
-            local wfull = big(wc .. E9)
-            if cmp(u, wfull) > 0 then u = wfull end
-            c, r = wc, wr
-          end
-        end
-        u, t = refill(u, t, now, cap, rate)
+        lv, t = bring(us, ts, v, c, r, rest, sh, chain)
+        if not lv then return reply('chain', i - 1, t) end
       else
-        u, t = full, now -- a new key starts full
+        lv, t = fullOf(sh), now -- a new key starts full
       end
       if mode == 'a' then
-        local cu = big(cost .. E9)
-        if cmp(u, cu) >= 0 then u, code = sub(u, cu), '1' else code = '0' end
+        local cb, cu = big(cost), {}
+        code = '1'
+        for k = 1, #sh do
+          cu[k] = mul(cb, sh[k].pb)
+          if cmp(lv[k], cu[k]) < 0 then code = '0' end
+        end
+        if code == '1' then
+          for k = 1, #sh do lv[k] = sub(lv[k], cu[k]) end
+        end
+      elseif mode == 'r' and raw then
+        local cb = big(cost)
+        for k = 1, #sh do
+          local u = add(lv[k], mul(cb, sh[k].pb))
+          if cmp(u, sh[k].full) > 0 then u = sh[k].full end
+          lv[k] = u
+        end
       end
-      uS, tS = str(u), str(t)
-      local d = sub(full, u)
-      deficit = 0
-      for k = #d, 1, -1 do deficit = deficit * B + d[k] end
+      local p = {}
+      ttf = 0
+      for k = 1, #sh do
+        p[k] = str(lv[k])
+        local d = tod(sub(sh[k].full, lv[k])) / sh[k].nD
+        if d > ttf then ttf = d end
+      end
+      uS, tS = table.concat(p, ' '), str(t)
+      u1 = p[1]
+      if #p > 1 then xs = ' ' .. table.concat(p, ' ', 2) end
     end
 
     local keep = true
@@ -279,32 +479,36 @@ for i = 1, n do
       out[#out + 1] = code
       out[#out + 1] = uS
       -- a bucket can only be full here if it was never written: nothing to keep
-      keep = raw ~= nil or deficit > 0
+      keep = raw ~= nil or ttf > 0
+    elseif mode == 'p' or mode == 'r' then
+      out[#out + 1] = raw and '1' or '0'
+      out[#out + 1] = uS
+      keep = raw ~= nil and mode == 'r' -- a peek writes nothing; a refund creates nothing
     elseif not raw then
       keep = false -- brought up to date, a bucket never written is full
-    elseif mode == 'e' and deficit == 0 then
+    elseif mode == 'e' and ttf == 0 then
       keep = false
       deleted = deleted + 1
     end
 
     if not keep then
-      if raw then redis.call('DEL', key) end
+      if raw and mode ~= 'p' and mode ~= 'r' then redis.call('DEL', key) end
     else
-      local val = uS .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate
+      local val = u1 .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs
       if not expiry or pending then
         -- no expiry: tests, or a cutover in preparation
         redis.call('SET', key, val)
-      elseif deficit == 0 then
+      elseif ttf == 0 then
         redis.call('SET', key, val, 'PXAT', string.format('%.0f', math.max(nowMs, msOf(tS)) + 1))
       else
-        local ms = deficit / tonumber(rate) / 1e6 -- time-to-full in ms, approximately
+        local ms = ttf / 1e6 -- time-to-full in ms, approximately
         if ms > 1e15 then
           redis.call('SET', key, val) -- over 30,000 years: never expires
         else
           -- relative error of ms is far below 1e-12; +2 covers the ms
           -- rounding of the instant and of the expiry
-          -- The deficit is counted from the bucket's last update, which a
-          -- pass judging at an earlier instant, a cutover replayed past it
+          -- The time-to-full is counted from the bucket's last update, which
+          -- a pass judging at an earlier instant, a cutover replayed past it
           -- or a server clock that stepped back leaves after nowMs.
           local at = math.max(nowMs, msOf(tS)) + math.floor(ms * (1 + 1e-12)) + 2
           redis.call('SET', key, val, 'PXAT', string.format('%.0f', at))

@@ -22,14 +22,25 @@ local function nowNs(override)
 end
 `
 
+// bandsLua is the tail of a history entry: nothing for a default shape
+// without bands (the entry a plain policy always had), else its bands
+// after a space.
+const bandsLua = `
+local function bands(b)
+  if b == nil or b == '' then return '' end
+  return ' ' .. b
+end
+`
+
 // installSrc stores the first policy of a prefix, if it has none.
-// KEYS: policy hash, history list, blobs hash. ARGV: version, cap, rate,
-// overridden ("1"/"0"), blob, time override. Reply {"ok"} or {"exists"}.
-const installSrc = timeLua + `
+// KEYS: policy hash, history list, blobs hash. ARGV: version, and the
+// default shape's cap and rate, overridden ("1"/"0"), blob, time override,
+// the default shape's bands (see decide.lua). Reply {"ok"} or {"exists"}.
+const installSrc = timeLua + bandsLua + `
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
 local now = nowNs(ARGV[6])
 redis.call('DEL', KEYS[2], KEYS[3])
-redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. now .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
+redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. now .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4] .. bands(ARGV[7]))
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
 redis.call('HSET', KEYS[1], 'v', ARGV[1])
 return {'ok'}
@@ -41,9 +52,9 @@ return {'ok'}
 // one in force (the caller has brought every bucket up to it).
 // KEYS: policy hash, history list, blobs hash, lock, pending.
 // ARGV: expected, next version, cap, rate, overridden, blob, time override,
-// lock token, trim. Reply {"ok", instant}, {"stale", version}, {"lock"} or
-// {"nopolicy"}.
-const replaceSrc = timeLua + `
+// lock token, trim, bands. Reply {"ok", instant}, {"stale", version},
+// {"lock"} or {"nopolicy"}.
+const replaceSrc = timeLua + bandsLua + `
 local cur = redis.call('HGET', KEYS[1], 'v')
 if not cur then return {'nopolicy'} end
 if redis.call('GET', KEYS[4]) ~= ARGV[8] then return {'lock'} end
@@ -55,7 +66,7 @@ if ARGV[9] == '1' then
   for _, e in ipairs(old) do redis.call('HDEL', KEYS[3], string.match(e, '^(%d+)')) end
   redis.call('LTRIM', KEYS[2], -1, -1)
 end
-redis.call('RPUSH', KEYS[2], nv .. ' ' .. now .. ' ' .. ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])
+redis.call('RPUSH', KEYS[2], nv .. ' ' .. now .. ' ' .. ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. ARGV[5] .. bands(ARGV[10]))
 redis.call('HSET', KEYS[3], nv, ARGV[6])
 redis.call('HSET', KEYS[1], 'v', nv)
 redis.call('DEL', KEYS[5])

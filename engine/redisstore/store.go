@@ -126,6 +126,33 @@ type Store struct {
 type state struct {
 	p   policy.Policy
 	ver string // p.Version in decimal, as the script compares it
+	// enc holds the script arguments of every shape in p's limit table that
+	// is not plain (see encodeShape); a plain one is sent as two integers.
+	enc map[policy.LimitIndex]shapeArgs
+}
+
+func newState(p policy.Policy) *state {
+	st := &state{p: p, ver: strconv.FormatInt(p.Version, 10)}
+	for i, sh := range p.Shapes() {
+		if !plain(sh) {
+			if st.enc == nil {
+				st.enc = map[policy.LimitIndex]shapeArgs{}
+			}
+			st.enc[policy.LimitIndex(i)] = encodeShape(sh)
+		}
+	}
+	return st
+}
+
+// resolve returns key's shape under st and its script arguments: cap,
+// rate and bands.
+func (st *state) resolve(key string) (policy.Shape, int64, any, string) {
+	_, idx := st.p.Resolve(key)
+	sh := st.p.ShapeAt(idx)
+	if a, ok := st.enc[idx]; ok {
+		return sh, sh.Primary.Capacity, a.rate, a.bands
+	}
+	return sh, sh.Primary.Capacity, sh.Primary.Rate().Tokens, ""
 }
 
 var _ engine.Admitter = (*Store)(nil)
@@ -184,7 +211,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	s.lockTTL = max(minLockTTL, 3*s.timeout)
 	s.kPolicy, s.kHistory, s.kBlobs = s.prefix+"policy", s.prefix+"history", s.prefix+"blobs"
 	s.kLock, s.kPending, s.kBucket = s.prefix+"lock", s.prefix+"pending", s.prefix+"k:"
-	s.cur.Store(&state{p: cfg.Policy, ver: strconv.FormatInt(cfg.Policy.Version, 10)})
+	s.cur.Store(newState(cfg.Policy))
 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -227,9 +254,9 @@ func (s *Store) install(ctx context.Context, p policy.Policy) error {
 	if err != nil {
 		return err
 	}
-	l := p.Limit()
+	a := encodeShape(p.Shape())
 	err = installScript.Run(ctx, s.rdb, []string{s.kPolicy, s.kHistory, s.kBlobs},
-		p.Version, l.Capacity, l.TokensPerSecond, overridden(p), blob, s.nowArg()).Err()
+		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands).Err()
 	if err != nil {
 		return fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
 	}
@@ -273,7 +300,7 @@ func (s *Store) reload(ctx context.Context) error {
 // racing another can only cost a call one more round trip, since the script
 // refuses any version but the one in force.
 func (s *Store) adopt(p policy.Policy) {
-	s.cur.Store(&state{p: p, ver: strconv.FormatInt(p.Version, 10)})
+	s.cur.Store(newState(p))
 }
 
 // policyAt returns the retained policy of a version, decoded once.
