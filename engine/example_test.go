@@ -250,3 +250,46 @@ func ExampleConfig_events() {
 	// user:1 cost 1 allowed true
 	// user:1 cost 1 allowed false
 }
+
+// Rates per any period, and several bands per key: 5 per second in bursts
+// of 5, and at most 20 a day. Every band must hold the cost, and pays it;
+// Decision.Band names the band that bound the answer.
+func Example_bands() {
+	daily, err := policy.NewBands(policy.Band{Name: "daily", Capacity: 20, Refill: policy.PerDay(20)})
+	if err != nil {
+		panic(err)
+	}
+	clk := clock.NewManual(0)
+	e, err := engine.New(engine.Config{
+		Policy: policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 5, Bands: daily},
+		Clock:  clk,
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer e.Close()
+
+	ctx := context.Background()
+	for range 4 { // 5 a second for 4 seconds: the day's 20
+		for range 5 {
+			_, _ = e.Allow(ctx, "user:42", 1)
+		}
+		clk.Advance(time.Second)
+	}
+	d, _ := e.Allow(ctx, "user:42", 1)
+	fmt.Println(d.Allowed, d.Band, d.RetryAfter)
+
+	// 100 a minute, exactly: one token every 600ms.
+	perMinute := policy.Policy{Version: 2, Capacity: 10, Refill: policy.PerMinute(100)}
+	if err := e.ReplacePolicy(ctx, perMinute, 1); err != nil {
+		panic(err)
+	}
+	for range 10 {
+		_, _ = e.Allow(ctx, "user:7", 1)
+	}
+	d, _ = e.Allow(ctx, "user:7", 1)
+	fmt.Println(d.Allowed, d.Band == "", d.RetryAfter)
+	// Output:
+	// false daily 1h11m56s
+	// false true 600ms
+}
