@@ -67,9 +67,6 @@ func (x *levelStore) release(i uint32, n int) {
 	x.free[n-1] = append(x.free[n-1], i)
 }
 
-// bytes is the memory the store holds.
-func (x *levelStore) bytes() int { return len(x.chunks) * levelsPerChunk * 16 }
-
 // limitInfo is what the shard needs of one limit of a generation.
 type limitInfo struct {
 	lim     policy.Limit // the primary band
