@@ -13,7 +13,6 @@ import (
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/internal/enginemodel"
-	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -196,16 +195,21 @@ func (d *diffEngine) record(key string, dec engine.Decision, err error) {
 	diffRecord(d.c, d.e.Policy, key, dec, err)
 }
 
-// diffRecord counts one answer into c (if not nil), and whether it was
-// decided under an override of the policy pol returns.
+// diffRecord counts one answer into c (if not nil), whether it was decided
+// under an override of the policy pol returns, and its limit's shape.
 func diffRecord(c *counters, pol func() policy.Policy, key string, dec engine.Decision, err error) {
 	if c == nil {
 		return
 	}
 	c.record(dec, err)
-	if p := pol(); err == nil && p.Overrides != nil && model.LimitOf(p, key) != p.Limit() {
+	if err != nil {
+		return
+	}
+	p := pol()
+	if overridden(p, key) {
 		c.overridden.Add(1)
 	}
+	recordShape(c, shapeOf(p, key), dec.Band)
 }
 
 func (d *diffEngine) evictFull() (int, error) { return d.e.EvictFull(context.Background()) }
@@ -274,10 +278,15 @@ func diffErr(err error) string {
 	return fmt.Sprintf("unexpected error %q", err.Error())
 }
 
-// diffDecision renders one answer; an error must come with the zero Decision.
+// diffDecision renders one answer; an error must come with the zero
+// Decision. Band is shown when it is not "", the policy's own primary band.
 func diffDecision(d engine.Decision, err error) string {
-	s := fmt.Sprintf("{Allowed:%t Remaining:%d RetryAfter:%d Version:%d Limit:%d ResetAfter:%d}",
-		d.Allowed, d.Remaining, int64(d.RetryAfter), d.Version, d.Limit, int64(d.ResetAfter))
+	band := ""
+	if d.Band != "" {
+		band = fmt.Sprintf(" Band:%q", d.Band)
+	}
+	s := fmt.Sprintf("{Allowed:%t Remaining:%d RetryAfter:%d Version:%d Limit:%d ResetAfter:%d%s}",
+		d.Allowed, d.Remaining, int64(d.RetryAfter), d.Version, d.Limit, int64(d.ResetAfter), band)
 	switch {
 	case err == nil:
 		return s
@@ -334,11 +343,9 @@ func diffApply(tg diffTarget, op diffOp) diffAnswer {
 	case diffKeys:
 		a.result = "ok"
 	}
-	p := tg.policy()
-	a.state = fmt.Sprintf("keys=%d policy={%d %d %d}", tg.keyCount(), p.Version, p.Capacity, p.TokensPerSecond)
-	if o := overridesText(p.Overrides); o != "" {
-		a.state = strings.TrimSuffix(a.state, "}") + " " + o + "}"
-	}
+	// Policy as it was given: a TokensPerSecond policy never comes back
+	// as its Refill, nor the other way round.
+	a.state = fmt.Sprintf("keys=%d policy={%s}", tg.keyCount(), policyText(tg.policy()))
 	return a
 }
 
@@ -350,14 +357,26 @@ func diffQuote(k string) string {
 }
 
 // diffPolicy prints p as the Go expression that builds it; overrides are
-// built with mustOverrides, policy.NewOverrideSet with its error checked.
+// built with mustOverrides, policy.NewOverrideSet with its error checked,
+// and bands with mustBands, policy.NewBands likewise. A rate is printed as
+// it was given, TokensPerSecond or Refill.
 func diffPolicy(p policy.Policy) string {
-	s := fmt.Sprintf("policy.Policy{Version: %d, Capacity: %d, TokensPerSecond: %d", p.Version, p.Capacity, p.TokensPerSecond)
+	s := fmt.Sprintf("policy.Policy{Version: %d, Capacity: %d, %s", p.Version, p.Capacity, goLimitRate(p.TokensPerSecond, p.Refill))
+	if p.Bands.Len() > 0 {
+		s += ", Bands: " + goBands(p.Bands)
+	}
 	if p.Overrides.Len() > 0 {
 		os := p.Overrides.Overrides()
 		parts := make([]string, len(os))
 		for i, o := range os {
-			parts[i] = fmt.Sprintf("policy.Override{Match: %s, Capacity: %d, TokensPerSecond: %d}", diffQuote(o.Match), o.Capacity, o.TokensPerSecond)
+			parts[i] = fmt.Sprintf("policy.Override{Match: %s, Capacity: %d, %s", diffQuote(o.Match), o.Capacity, goLimitRate(o.TokensPerSecond, o.Refill))
+			if o.Bands.Len() > 0 {
+				parts[i] += ", Bands: " + goBands(o.Bands)
+			}
+			if o.Name != "" {
+				parts[i] += fmt.Sprintf(", Name: %q", o.Name)
+			}
+			parts[i] += "}"
 		}
 		s += ", Overrides: mustOverrides(" + strings.Join(parts, ", ") + ")"
 	}
@@ -400,16 +419,39 @@ func (cfg diffConfig) String() string {
 }
 
 // overridesNote is a comment for the configuration line of a trace whose
-// policies carry overrides: where mustOverrides comes from.
+// policies carry overrides or bands: where mustOverrides and mustBands come
+// from.
 func (tr diffTrace) overridesNote() string {
-	uses := tr.cfg.policy.Overrides.Len() > 0
-	for _, op := range tr.ops {
-		uses = uses || (op.kind == diffCutover && op.next.Overrides.Len() > 0)
+	overrides, bands := false, false
+	for _, p := range tr.policies() {
+		overrides = overrides || p.Overrides.Len() > 0
+		bands = bands || p.Bands.Len() > 0
+		for _, o := range p.Overrides.Overrides() {
+			bands = bands || o.Bands.Len() > 0
+		}
 	}
-	if !uses {
+	var notes []string
+	if overrides {
+		notes = append(notes, "mustOverrides: policy.NewOverrideSet, its error checked (stress/overrides.go)")
+	}
+	if bands {
+		notes = append(notes, "mustBands: policy.NewBands, its error checked (stress/bands.go)")
+	}
+	if len(notes) == 0 {
 		return ""
 	}
-	return " // mustOverrides: policy.NewOverrideSet, its error checked (stress/overrides.go)"
+	return " // " + strings.Join(notes, "; ")
+}
+
+// policies returns the trace's first policy and every cutover's next.
+func (tr diffTrace) policies() []policy.Policy {
+	ps := []policy.Policy{tr.cfg.policy}
+	for _, op := range tr.ops {
+		if op.kind == diffCutover {
+			ps = append(ps, op.next)
+		}
+	}
+	return ps
 }
 
 // diffAmbiguous reports whether a batch could hit the key bound on more than

@@ -10,21 +10,32 @@ import (
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/internal/enginemodel"
-	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
 // diffGen builds one trace, running the model alongside so it can aim at the
 // instants that matter (exactly when a retry estimate or a reset falls due).
 type diffGen struct {
-	r     *rand.Rand
-	cfg   diffConfig
-	m     *enginemodel.Model
-	t     int64
-	keys  []string // the trace's working set, so keys repeat
-	fresh int
-	marks []int64 // instants named by recent answers
+	r      *rand.Rand
+	cfg    diffConfig
+	m      *enginemodel.Model
+	t      int64
+	keys   []string // the trace's working set, so keys repeat
+	fresh  int
+	marks  []int64    // instants named by recent answers
+	shapes diffShapes // which limits the trace's policies may have
 }
+
+// diffShapes is what a trace's limits may be: rates per second only, as
+// before rates of any period; Refill rates too, of awkward periods; or
+// those and bands.
+type diffShapes uint8
+
+const (
+	diffPerSecond diffShapes = iota
+	diffRates
+	diffBands
+)
 
 var (
 	// The keys with a '*' cannot have an exact override (a Match with a star
@@ -97,7 +108,12 @@ func diffGenerateFor(seed uint64, shardCounts []int, nops int, store bool) diffT
 	for _, i := range r.Perm(len(diffGoodKeys))[:1+r.IntN(5)] {
 		g.keys = append(g.keys, diffGoodKeys[i])
 	}
-	cfg.policy = policy.Policy{Version: version, Capacity: g.capacity(0), TokensPerSecond: g.rate()}
+	// Half the traces keep to rates per second; a quarter draw Refill
+	// rates of awkward periods as well, and a quarter bands too.
+	g.shapes = []diffShapes{diffPerSecond, diffPerSecond, diffRates, diffBands}[r.IntN(4)]
+	cfg.policy = policy.Policy{Version: version, Capacity: g.capacity(0)}
+	cfg.policy.TokensPerSecond, cfg.policy.Refill = g.limitRate()
+	cfg.policy.Bands = g.bandSet(nil, cfg.policy.Capacity)
 	cfg.policy.Overrides = g.overrides(nil, cfg.policy.Limit())
 	g.m = enginemodel.New(cfg.policy, cfg.maxKeys, cfg.maxKeyBytes)
 
@@ -191,8 +207,14 @@ func (g *diffGen) step() {
 			}
 		}
 	case 10:
-		rate := model.LimitOf(g.m.Policy(), g.keys[r.IntN(len(g.keys))]).TokensPerSecond
-		d = max((policy.UnitsPerToken+rate-1)/rate-int64(r.IntN(2)), 0) // ceil(1e9/rate), or 1 ns less
+		// The time one token of a band of a key takes: ceil(Per/Tokens),
+		// or 1 ns less; rarely when that is far, or the trace ends frozen.
+		sh := shapeOf(g.m.Policy(), g.keys[r.IntN(len(g.keys))])
+		rate := sh.Band(r.IntN(sh.Len())).Rate()
+		d = max((int64(rate.Per)-1)/rate.Tokens+1-int64(r.IntN(2)), 0)
+		if d > 1<<50 && r.IntN(8) != 0 {
+			d = 0
+		}
 	case 11:
 		d = r.Int64N(2e9)
 	case 12:
@@ -251,16 +273,25 @@ func (g *diffGen) key() string {
 	return diffBlankKeys[g.r.IntN(len(diffBlankKeys))]
 }
 
-// cost draws a cost for key, around the capacity of key's own limit, and
-// now and then around that of another limit of the policy, so a cost may be
-// above key's capacity while within the default's, or the other way round.
+// cost draws a cost for key, around the largest its own limit admits (its
+// smallest band's capacity), and now and then around the capacity of
+// another limit or band of the policy, so a cost may be above key's
+// capacity while within the default's, or within one band and above
+// another.
 func (g *diffGen) cost(key string) int64 {
 	p := g.m.Policy()
-	c := model.LimitOf(p, key).Capacity
-	if p.Overrides.Len() > 0 && g.r.IntN(4) == 0 {
+	sh := shapeOf(p, key)
+	c := minCapacity(sh)
+	if (p.Overrides.Len() > 0 || sh.Len() > 1 || p.Bands.Len() > 0) && g.r.IntN(4) == 0 {
 		caps := []int64{p.Capacity}
 		for _, o := range p.Overrides.Overrides() {
 			caps = append(caps, o.Capacity)
+		}
+		for i := range sh.Len() {
+			caps = append(caps, sh.Band(i).Capacity)
+		}
+		for _, b := range p.Bands.Bands() {
+			caps = append(caps, b.Capacity)
 		}
 		return diffAdd(caps[g.r.IntN(len(caps))], int64(g.r.IntN(3)-1))
 	}
@@ -322,12 +353,103 @@ func (g *diffGen) rate() int64 {
 	return rates[g.r.IntN(len(rates))]
 }
 
+// limitRate draws a limit's rate fields: TokensPerSecond alone, or, in a
+// trace of rates of any period, two times in three a Refill alone.
+func (g *diffGen) limitRate() (tokensPerSecond int64, refill policy.Rate) {
+	if g.shapes == diffPerSecond || g.r.IntN(3) == 0 {
+		return g.rate(), policy.Rate{}
+	}
+	return 0, g.refill()
+}
+
+// refill draws a Refill rate: the awkward ones (7 per 3 s, 1 per
+// day, 1 per MaxInt64 ns, MaxInt64 per 1 ns, 100 per minute), the units a
+// 32-bit fraction holds and just past it (a period of 2^32 ns), a rate per
+// second in the other form, and random ones of any period.
+func (g *diffGen) refill() policy.Rate {
+	r := g.r
+	rates := []policy.Rate{
+		{Tokens: 7, Per: 3 * time.Second}, policy.PerDay(1), {Tokens: 1, Per: math.MaxInt64}, {Tokens: math.MaxInt64, Per: 1},
+		policy.PerMinute(100), policy.PerHour(1000), policy.PerDay(10_000), {Tokens: 1, Per: 1}, {Tokens: 3, Per: 7},
+		{Tokens: 1, Per: 1 << 32}, {Tokens: 1, Per: 1<<32 + 1}, {Tokens: 1<<32 + 3, Per: 1<<32 + 1},
+		policy.PerSecond(g.rate()),
+		{Tokens: 1 + r.Int64N(1000), Per: time.Duration(1 + r.Int64N(int64(time.Hour)))},
+		{Tokens: 1 + r.Int64N(math.MaxInt64), Per: time.Duration(1 + r.Int64N(math.MaxInt64))},
+	}
+	return rates[r.IntN(len(rates))]
+}
+
+// diffBandNames are the names bands draw from: short, shared across
+// policies so cutovers match bands by name, a blank-looking one, one of
+// the longest; "daily" is also an override name (diffOverrideNames), so a
+// key may move from a band "daily" to a primary band "daily", which a
+// cutover does not match.
+var diffBandNames = []string{"daily", "burst", "b", "hourly", " ", "x~y", strings.Repeat("n", policy.MaxNameBytes)}
+
+// diffOverrideNames are the names overrides draw from.
+var diffOverrideNames = []string{"gold", "daily", "o1", "o2"}
+
+// bandSet draws the bands of a limit whose primary capacity is capacity,
+// in a trace with bands (else nil): usually one to three, rarely the
+// MaxBands a set may hold, sometimes none. Half the time it starts from
+// prev's: some dropped, some reshaped (capacity moved, rate changed within
+// its period or to another period), the order shuffled; then new bands may
+// join.
+func (g *diffGen) bandSet(prev *policy.BandSet, capacity int64) *policy.BandSet {
+	r := g.r
+	if g.shapes != diffBands || r.IntN(6) == 0 {
+		return nil
+	}
+	most := 3
+	if r.IntN(40) == 0 {
+		most = policy.MaxBands
+	}
+	var out []policy.Band
+	used := map[string]bool{}
+	if prev.Len() > 0 && r.IntN(2) == 0 {
+		for _, b := range prev.Bands() {
+			switch r.IntN(6) {
+			case 0:
+				continue
+			case 1:
+				b.Capacity = g.capacity(b.Capacity)
+			case 2:
+				b.Refill = g.refill()
+			case 3:
+				b.Refill.Tokens = max(diffAdd(b.Refill.Tokens, int64(r.IntN(5)-2)), 1) // the period kept
+			}
+			out, used[b.Name] = append(out, b), true
+		}
+		if r.IntN(2) == 0 {
+			r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+		}
+	}
+	for n, i := 1+r.IntN(most), 0; len(out) < n; i++ {
+		name := diffBandNames[r.IntN(len(diffBandNames))]
+		if most > 3 {
+			name = fmt.Sprint("m", i)
+		}
+		if used[name] {
+			continue
+		}
+		used[name] = true
+		out = append(out, policy.Band{Name: name, Capacity: g.capacity(capacity), Refill: g.refill()})
+	}
+	return mustBands(out...)
+}
+
 // cutover draws ReplacePolicy's arguments into op: mostly a valid next
 // policy, else a stale expected version, a version that does not increase,
 // an invalid policy, or one both invalid and stale.
 func (g *diffGen) cutover(op *diffOp) {
 	cur := g.m.Policy()
-	op.next = policy.Policy{Capacity: g.capacity(cur.Capacity), TokensPerSecond: g.rate()}
+	op.next = policy.Policy{Capacity: g.capacity(cur.Capacity)}
+	op.next.TokensPerSecond, op.next.Refill = g.limitRate()
+	if g.r.IntN(4) == 0 {
+		op.next.Bands = cur.Bands // the same set, by reference
+	} else {
+		op.next.Bands = g.bandSet(cur.Bands, op.next.Capacity)
+	}
 	op.vDelta = 1
 	switch x := g.r.IntN(20); {
 	case x < 9:
@@ -335,10 +457,10 @@ func (g *diffGen) cutover(op *diffOp) {
 			op.vDelta = 1 + g.r.Int64N(1000)
 		}
 		if g.r.IntN(3) == 0 {
-			op.next.TokensPerSecond = cur.TokensPerSecond // capacity moves alone
+			op.next.TokensPerSecond, op.next.Refill = cur.TokensPerSecond, cur.Refill // capacity moves alone
 		}
 	case x == 9:
-		op.next = policy.Policy{Capacity: cur.Capacity, TokensPerSecond: cur.TokensPerSecond}
+		op.next = policy.Policy{Capacity: cur.Capacity, TokensPerSecond: cur.TokensPerSecond, Refill: cur.Refill, Bands: cur.Bands}
 	case x == 10 && g.r.IntN(16) == 0:
 		op.vAbs, op.next.Version = true, math.MaxInt64-g.r.Int64N(2) // no valid cutover is left after this
 	case x < 13:
@@ -346,15 +468,21 @@ func (g *diffGen) cutover(op *diffOp) {
 	case x < 15:
 		op.vDelta = -g.r.Int64N(2) // not above the version in force
 	case x < 18:
-		switch g.r.IntN(5) {
+		switch g.r.IntN(8) {
 		case 0:
 			op.vAbs, op.next.Version = true, 0
 		case 1:
 			op.next.Capacity = 0
 		case 2:
-			op.next.TokensPerSecond = 0
+			op.next.TokensPerSecond, op.next.Refill = 0, policy.Rate{} // no rate
 		case 3:
 			op.next.Capacity = -1
+		case 4:
+			op.next.TokensPerSecond, op.next.Refill = 1+g.r.Int64N(10), policy.PerMinute(1) // both rates
+		case 5:
+			op.next.TokensPerSecond, op.next.Refill = 0, policy.Rate{Tokens: 0, Per: time.Second}
+		case 6:
+			op.next.TokensPerSecond, op.next.Refill = 0, policy.Rate{Tokens: 1, Per: -1}
 		default:
 			op.next.TokensPerSecond = math.MinInt64
 		}
@@ -389,13 +517,15 @@ func (g *diffGen) overrides(prev *policy.OverrideSet, def policy.Limit) *policy.
 	}
 	if prev.Len() > 0 && r.IntN(2) == 0 {
 		for _, o := range prev.Overrides() {
-			switch r.IntN(5) {
+			switch r.IntN(6) {
 			case 0:
 				continue
 			case 1:
 				o.Capacity = g.capacity(o.Capacity)
 			case 2:
-				o.TokensPerSecond = g.rate()
+				o.TokensPerSecond, o.Refill = g.limitRate()
+			case 3:
+				o.Bands = g.bandSet(o.Bands, o.Capacity)
 			}
 			add(o)
 		}
@@ -404,13 +534,35 @@ func (g *diffGen) overrides(prev *policy.OverrideSet, def policy.Limit) *policy.
 		}
 	}
 	for n := r.IntN(4); n > 0 || len(out) == 0; n-- {
-		o := policy.Override{Match: g.match(), Capacity: g.capacity(def.Capacity), TokensPerSecond: g.rate()}
-		if def.TokensPerSecond > 0 && r.IntN(3) == 0 {
-			o.TokensPerSecond = def.TokensPerSecond // the capacity differs alone
+		o := policy.Override{Match: g.match(), Capacity: g.capacity(def.Capacity)}
+		o.TokensPerSecond, o.Refill = g.limitRate()
+		if validRate(def) && r.IntN(3) == 0 {
+			o.TokensPerSecond, o.Refill = def.TokensPerSecond, def.Refill // the capacity differs alone
+		}
+		if r.IntN(2) == 0 {
+			o.Bands = g.bandSet(nil, o.Capacity)
+		}
+		if g.shapes != diffPerSecond && r.IntN(2) == 0 {
+			o.Name = diffOverrideNames[r.IntN(len(diffOverrideNames))]
 		}
 		add(o)
 	}
+	// A Name belongs to one override here (overrides with different limits
+	// may not share one), and never to one of its own bands.
+	names := map[string]bool{}
+	for i := range out {
+		if n := out[i].Name; n != "" && (names[n] || out[i].Bands.Index(n) >= 0) {
+			out[i].Name = ""
+		}
+		names[out[i].Name] = true
+	}
 	return mustOverrides(out...)
+}
+
+// validRate reports whether l's rate fields are valid: the default of an
+// invalid cutover's policy may not be.
+func validRate(l policy.Limit) bool {
+	return policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: l.TokensPerSecond, Refill: l.Refill}.Validate() == nil
 }
 
 // match draws an override's Match: mostly a key of the trace, exactly or as

@@ -10,8 +10,9 @@ import (
 
 // diffShrink reduces a failing trace to a short one that still fails: first
 // one shard if that still fails, then the ops after the failure go, then
-// delta debugging over the ops, over each batch's requests and over each
-// policy's overrides, and last readability: times shifted to start at 0,
+// delta debugging over the ops, over each batch's requests, over each
+// policy's overrides and over its bands and its overrides' bands, and last
+// readability: times shifted to start at 0,
 // and a Manual clock instead of the regressing one when the times left
 // never step back. Every candidate is replayed from scratch on a fresh
 // engine and model, and kept only if it still fails. It returns the shrunk
@@ -80,7 +81,39 @@ func diffShrink(tr diffTrace, mk diffMaker) (diffTrace, int) {
 			p.Overrides = mustOverrides(os...)
 		}
 	}
-	shrinkOverrides(&cur.cfg.policy, func(p policy.Policy) diffTrace {
+	// So do bands: a policy's all at once if it can, else one by one; an
+	// override's all at once.
+	shrinkBands := func(p *policy.Policy, with func(policy.Policy) diffTrace) {
+		if p.Bands.Len() > 0 {
+			try := func(bs []policy.Band) bool {
+				q := *p
+				q.Bands = mustBands(bs...)
+				return fails(with(q))
+			}
+			if try(nil) {
+				p.Bands = nil
+			} else if bs := diffDDMin(p.Bands.Bands(), try); len(bs) < p.Bands.Len() {
+				p.Bands = mustBands(bs...)
+			}
+		}
+		for i := range p.Overrides.Len() {
+			os := p.Overrides.Overrides()
+			if os[i].Bands.Len() == 0 {
+				continue
+			}
+			os[i].Bands = nil
+			q := *p
+			q.Overrides = mustOverrides(os...)
+			if fails(with(q)) {
+				p.Overrides = q.Overrides
+			}
+		}
+	}
+	shrink := func(p *policy.Policy, with func(policy.Policy) diffTrace) {
+		shrinkOverrides(p, with)
+		shrinkBands(p, with)
+	}
+	shrink(&cur.cfg.policy, func(p policy.Policy) diffTrace {
 		t := cur
 		t.cfg.policy = p
 		return t
@@ -89,7 +122,7 @@ func diffShrink(tr diffTrace, mk diffMaker) (diffTrace, int) {
 		if cur.ops[i].kind != diffCutover {
 			continue
 		}
-		shrinkOverrides(&cur.ops[i].next, func(p policy.Policy) diffTrace {
+		shrink(&cur.ops[i].next, func(p policy.Policy) diffTrace {
 			t := cur
 			t.ops = slices.Clone(cur.ops)
 			t.ops[i].next = p

@@ -65,6 +65,19 @@ type diffFault struct {
 	remaining bool // after a cutover, report one token too many when allowed
 	retry     bool // round every retry estimate down by 1 ns
 	limit     bool // report the default capacity as every decision's Limit
+	band      bool // name the primary as every decision's binding band
+	bandAdmit bool // report a denial a band beside the primary bound as allowed
+}
+
+// fake applies the band faults to one decision for key.
+func (f *diffFault) fake(key string, d *engine.Decision) {
+	sh := shapeOf(f.policy(), key)
+	if f.band {
+		d.Band = sh.Name
+	}
+	if f.bandAdmit && !d.Allowed && d.Band != sh.Name {
+		d.Allowed, d.RetryAfter = true, 0
+	}
 }
 
 func (f *diffFault) replacePolicy(next policy.Policy, expected int64) error {
@@ -84,6 +97,9 @@ func (f *diffFault) allow(key string, cost int64) (engine.Decision, error) {
 	if f.limit && err == nil {
 		d.Limit = f.policy().Capacity
 	}
+	if err == nil {
+		f.fake(key, &d)
+	}
 	return d, err
 }
 
@@ -95,6 +111,9 @@ func (f *diffFault) allowBatch(reqs []engine.Request, out []engine.Result) error
 		}
 		if f.limit && out[i].Err == nil {
 			out[i].Decision.Limit = f.policy().Capacity
+		}
+		if err == nil && out[i].Err == nil && i < len(reqs) { // not the untouched results of a refused batch
+			f.fake(reqs[i].Key, &out[i].Decision)
 		}
 	}
 	return err

@@ -94,6 +94,10 @@ type counters struct {
 	floodKeys   atomic.Int64 // distinct keys offered by the flood
 	overridden  atomic.Int64 // decisions under a key's own limit (an override), where a check knows it
 	limitMoves  atomic.Int64 // keys a successful cutover gave another limit, where a check knows it
+	multiBand   atomic.Int64 // decisions under a limit of several bands, where a check knows it
+	bandBound   atomic.Int64 // of those, decisions a band other than the primary bound
+	otherPeriod atomic.Int64 // decisions under a limit with a rate not per second, where a check knows it
+	bandMoves   atomic.Int64 // bands a successful cutover added, dropped or reshaped for a key, where a check knows it
 	peakHeap    atomic.Uint64
 }
 
@@ -291,6 +295,9 @@ func summarize(out io.Writer, o options, c *counters, done []outcome, took time.
 		{"differential traces", c.traces.Load()},
 		{"decisions under an override", c.overridden.Load()},
 		{"keys given another limit by a cutover", c.limitMoves.Load()},
+		{"decisions under several bands (bound by a band beside the primary)", fmt.Sprintf("%d (%d)", c.multiBand.Load(), c.bandBound.Load())},
+		{"decisions under a rate not per second", c.otherPeriod.Load()},
+		{"bands added, dropped or reshaped by a cutover", c.bandMoves.Load()},
 		{"flood keys offered", c.floodKeys.Load()},
 		{"peak heap", fmt.Sprintf("%.1f MiB", float64(c.peakHeap.Load())/(1<<20))},
 	})
