@@ -483,7 +483,7 @@ for i = 1, n do
     elseif mode == 'p' or mode == 'r' then
       out[#out + 1] = raw and '1' or '0'
       out[#out + 1] = uS
-      keep = raw ~= nil and mode == 'r' -- a peek writes nothing; a refund creates nothing
+      keep = raw and mode == 'r' -- a peek writes nothing; a refund creates nothing (GET gives false)
     elseif not raw then
       keep = false -- brought up to date, a bucket never written is full
     elseif mode == 'e' and ttf == 0 then
