@@ -86,15 +86,18 @@ func mustReplace(t *testing.T, a engine.Admitter, next policy.Policy, expected i
 	requirePolicy(t, next, a.Policy(), "%s: Policy() after a successful ReplacePolicy", what)
 }
 
-// requirePolicy requires got to be want. Overrides are compared by content,
-// not by pointer: a store that keeps its policy elsewhere may rebuild an
-// equal set when it reads the policy back, and that is still the policy.
+// requirePolicy requires got to be want, as it was given: a rate given as
+// Refill stays a Refill. Bands and Overrides are compared by content, not
+// by pointer: a store that keeps its policy elsewhere may rebuild an equal
+// set when it reads the policy back, and that is still the policy.
 func requirePolicy(t *testing.T, want, got policy.Policy, msg string, args ...any) {
 	t.Helper()
 	require.Equal(t,
 		[]int64{want.Version, want.Capacity, want.TokensPerSecond},
 		[]int64{got.Version, got.Capacity, got.TokensPerSecond},
 		append([]any{msg + ": Version, Capacity, TokensPerSecond"}, args...)...)
+	require.Equal(t, want.Refill, got.Refill, append([]any{msg + ": Refill"}, args...)...)
+	require.Equal(t, want.Bands.Bands(), got.Bands.Bands(), append([]any{msg + ": Bands"}, args...)...)
 	require.Equal(t, want.Overrides.Overrides(), got.Overrides.Overrides(),
 		append([]any{msg + ": Overrides"}, args...)...)
 }

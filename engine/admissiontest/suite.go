@@ -83,6 +83,7 @@ var suite = []group{
 	{"Overrides", overrideBehaviours},
 	{"CutoverChain", chainBehaviours},
 	{"Differential", differentialBehaviours},
+	{"Bands", bandBehaviours},
 }
 
 // Run runs every behaviour test as a subtest of t.
