@@ -148,3 +148,50 @@ func recordShape(c *counters, sh policy.Shape, d string) {
 		c.otherPeriod.Add(1)
 	}
 }
+
+// bandMoves returns how many changes a cutover from old to next makes to
+// one key's bands, counting each kind into ev if it is not nil.
+func bandMoves(old, next policy.Shape, ev map[string]int) int {
+	n := 0
+	count := func(e string) {
+		if ev != nil {
+			ev[e]++
+		}
+		n++
+	}
+	if old.Primary.Rate().Per != next.Primary.Rate().Per {
+		count("cutover: the primary's period changes")
+	}
+	for i := 1; i < next.Len(); i++ {
+		j := old.Bands.Index(next.BandName(i))
+		if j < 0 {
+			count("cutover: a band added")
+			if next.BandName(i) == old.Name && old.Name != "" {
+				count("cutover: a band added under the old primary's name")
+			}
+			continue
+		}
+		o, nb := old.Bands.Limit(j), next.Band(i)
+		switch {
+		case nb.Capacity > o.Capacity:
+			count("cutover: a band's capacity goes up")
+		case nb.Capacity < o.Capacity:
+			count("cutover: a band's capacity goes down")
+		}
+		switch {
+		case nb.Refill.Per != o.Refill.Per:
+			count("cutover: a band's period changes")
+		case nb.Refill.Tokens != o.Refill.Tokens:
+			count("cutover: a band's rate changes within its period")
+		}
+		if j != i-1 {
+			count("cutover: a band moves in the order")
+		}
+	}
+	for i := range old.Bands.Len() {
+		if next.Bands.Index(old.Bands.At(i).Name) < 0 {
+			count("cutover: a band dropped")
+		}
+	}
+	return n
+}

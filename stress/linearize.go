@@ -12,8 +12,10 @@ package main
 // the same reading, recorded in its input: the specification needs no
 // guess about when an operation read the clock. Cutovers and sweeps run
 // inside rounds, concurrently with everything else. Policies carry per-key
-// overrides about half the time, and cutovers change them, so the model's
-// per-key limits (model.LimitOf) are checked under concurrency too.
+// overrides about half the time, Refill rates of other periods and bands a
+// third of the time each, and cutovers change them all (bands added,
+// dropped, reshaped, matched by name), so the model's per-key limits
+// (model.ShapeOf) are checked under concurrency too.
 //
 // Real time: Call and Return come from one atomic counter, taken just
 // before the call and just after it returns, so A.Return < B.Call means A
@@ -59,7 +61,6 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
-	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -160,7 +161,9 @@ func (sp *linSpec) String() string {
 }
 
 // linRandPolicy draws a policy: small capacities and rates, so buckets run
-// dry and refill within a history, and now and then math.MaxInt64.
+// dry and refill within a history, and now and then math.MaxInt64; a third
+// of the time a Refill rate of another period, and a third of the time
+// bands.
 func linRandPolicy(rng *rand.Rand, version int64) policy.Policy {
 	caps := []int64{1, 2, 3, 4, 5, 8, 10, 16}
 	rates := []int64{1, 2, 3, 4, 7, 10}
@@ -173,7 +176,39 @@ func linRandPolicy(rng *rand.Rand, version int64) policy.Policy {
 	case 2:
 		p.TokensPerSecond = policy.UnitsPerToken // a token a nanosecond
 	}
+	if rng.IntN(3) == 0 {
+		p.TokensPerSecond, p.Refill = 0, linRefills[rng.IntN(len(linRefills))]
+	}
+	if rng.IntN(3) == 0 {
+		p.Bands = linRandBands(rng)
+	}
 	return p
+}
+
+// linRefills are the Refill rates policies draw: periods the clock steps
+// (linSteps) split unevenly, slow ones a history never refills, and the
+// extremes.
+var linRefills = []policy.Rate{
+	{Tokens: 7, Per: 3 * time.Second}, policy.PerMinute(100), {Tokens: 1, Per: 250 * time.Millisecond},
+	{Tokens: 2, Per: 3}, policy.PerHour(3), policy.PerDay(1), {Tokens: 1, Per: math.MaxInt64}, {Tokens: math.MaxInt64, Per: 1},
+}
+
+// linBandNames are the names bands draw from, few so that cutovers match
+// bands by name; "daily" is an override name too (linRandOverrides).
+var linBandNames = []string{"daily", "burst", "b"}
+
+// linRandBands draws one to three bands of small shapes.
+func linRandBands(rng *rand.Rand) *policy.BandSet {
+	caps := []int64{1, 2, 3, 5, 10}
+	var bs []policy.Band
+	for _, i := range rng.Perm(len(linBandNames))[:1+rng.IntN(len(linBandNames))] {
+		r := linRefills[rng.IntN(len(linRefills))]
+		if rng.IntN(3) == 0 {
+			r = policy.PerSecond(1 + rng.Int64N(10))
+		}
+		bs = append(bs, policy.Band{Name: linBandNames[i], Capacity: caps[rng.IntN(len(caps))], Refill: r})
+	}
+	return mustBands(bs...)
 }
 
 // linMatches are the Matches overrides draw from, over the keys k0 to k8:
@@ -196,26 +231,47 @@ func linRandOverrides(rng *rand.Rand, prev *policy.OverrideSet) *policy.Override
 		for i := range os {
 			if rng.IntN(2) == 0 {
 				l := linRandPolicy(rng, 1)
-				os[i].Capacity, os[i].TokensPerSecond = l.Capacity, l.TokensPerSecond
+				os[i].Capacity, os[i].TokensPerSecond, os[i].Refill, os[i].Bands = l.Capacity, l.TokensPerSecond, l.Refill, l.Bands
 			}
 		}
-		return mustOverrides(os...)
+		return linNamed(os)
 	}
 	for _, i := range rng.Perm(len(linMatches))[:1+rng.IntN(3)] {
 		l := linRandPolicy(rng, 1)
-		os = append(os, policy.Override{Match: linMatches[i], Capacity: l.Capacity, TokensPerSecond: l.TokensPerSecond})
+		o := policy.Override{Match: linMatches[i], Capacity: l.Capacity, TokensPerSecond: l.TokensPerSecond, Refill: l.Refill, Bands: l.Bands}
+		if rng.IntN(3) == 0 {
+			o.Name = []string{"gold", "daily"}[rng.IntN(2)]
+		}
+		os = append(os, o)
+	}
+	return linNamed(os)
+}
+
+// linNamed builds the set, first clearing each Name another override has
+// or one of its own bands has.
+func linNamed(os []policy.Override) *policy.OverrideSet {
+	names := map[string]bool{}
+	for i := range os {
+		if n := os[i].Name; n != "" && (names[n] || os[i].Bands.Index(n) >= 0) {
+			os[i].Name = ""
+		}
+		names[os[i].Name] = true
 	}
 	return mustOverrides(os...)
 }
 
 // linCapacity is the capacity a request on key is drawn around: mostly the
-// key's own under cur, sometimes the default's, so a cost may be within one
-// and above the other.
+// largest cost the key's own limit under cur admits (its smallest band's
+// capacity), sometimes its primary's or the default's, so a cost may be
+// within one and above the other.
 func linCapacity(rng *rand.Rand, cur policy.Policy, key string) int64 {
-	if rng.IntN(4) == 0 {
+	switch rng.IntN(8) {
+	case 0, 1:
 		return cur.Capacity
+	case 2:
+		return shapeOf(cur, key).Primary.Capacity
 	}
-	return model.LimitOf(cur, key).Capacity
+	return minCapacity(shapeOf(cur, key))
 }
 
 // linCall is one planned engine call. kind uses the operation kinds:
@@ -291,16 +347,22 @@ func linCountOverrides(spec *linSpec, h []porcupine.Operation, c *counters) {
 		switch in.kind {
 		case linAllow:
 			for _, r := range out.res {
-				if p, ok := pols[r.d.Version]; ok && r.err == nil && model.LimitOf(p, in.key) != p.Limit() {
+				p, ok := pols[r.d.Version]
+				if !ok || r.err != nil {
+					continue
+				}
+				if overridden(p, in.key) {
 					c.overridden.Add(1)
 				}
+				recordShape(c, shapeOf(p, in.key), r.d.Band)
 			}
 		case linCutover:
 			if prev, ok := pols[in.expected]; ok && out.err == nil {
 				for _, k := range spec.keys {
-					if model.LimitOf(prev, k) != model.LimitOf(in.next, k) {
+					if shapeOf(prev, k) != shapeOf(in.next, k) {
 						c.limitMoves.Add(1)
 					}
+					c.bandMoves.Add(int64(bandMoves(shapeOf(prev, k), shapeOf(in.next, k), nil)))
 				}
 			}
 		}
@@ -398,6 +460,9 @@ func linCutoverCall(rng *rand.Rand, cur policy.Policy) linCall {
 	call.next.Overrides = linRandOverrides(rng, cur.Overrides)
 	if rng.IntN(5) == 0 {
 		call.next.Overrides = cur.Overrides
+	}
+	if rng.IntN(5) == 0 {
+		call.next.Bands = cur.Bands // the same set, by reference
 	}
 	switch rng.IntN(10) {
 	case 6:

@@ -84,7 +84,11 @@ type linState struct {
 func linNewState(pol policy.Policy, buckets map[string]*enginemodel.Model, tally map[int]linTally) *linState {
 	s := &linState{pol: pol, buckets: buckets, tally: tally}
 	b := make([]byte, 0, 64+48*len(buckets))
-	b = fmt.Appendf(b, "v%d c%d r%d", pol.Version, pol.Capacity, pol.TokensPerSecond)
+	b = fmt.Appendf(b, "v%d c%d %s", pol.Version, pol.Capacity, limitRateText(pol.TokensPerSecond, pol.Refill))
+	if pol.Bands != nil {
+		// By content, to read, and by reference, as overrides below.
+		b = fmt.Appendf(b, " b%s@%p", bandsText(pol.Bands), pol.Bands)
+	}
 	if pol.Overrides != nil {
 		// By content, to read, and by reference: racing cutovers may offer
 		// equal sets, and Policy must return the very one installed.
@@ -94,8 +98,15 @@ func linNewState(pol policy.Policy, buckets map[string]*enginemodel.Model, tally
 		bk, _ := buckets[k].Bucket(k)
 		b = append(b, ' ')
 		b = append(b, k...)
-		b = append(b, '=')
-		b = bk.Units.Append(b, 10)
+		// Every band's balance, exactly: equal states hold equal bands.
+		for i, t := range bk.Tokens {
+			if i == 0 {
+				b = append(b, '=')
+			} else {
+				b = append(b, ',')
+			}
+			b = append(b, t.RatString()...)
+		}
 		b = append(b, '@')
 		b = strconv.AppendInt(b, bk.Last, 10)
 	}
@@ -379,6 +390,9 @@ func linResultString(r linResult) string {
 	s := fmt.Sprintf("%s rem %d v%d lim %d reset %d", verdict, r.d.Remaining, r.d.Version, r.d.Limit, r.d.ResetAfter)
 	if !r.d.Allowed {
 		s += fmt.Sprintf(" retry %d", r.d.RetryAfter)
+	}
+	if r.d.Band != "" {
+		s += fmt.Sprintf(" band %q", r.d.Band)
 	}
 	return s
 }

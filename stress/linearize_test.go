@@ -19,7 +19,8 @@ import (
 )
 
 // TestLinHistories records and checks histories from fixed seeds, partitioned
-// and whole, over 1, 2 and 16 shards.
+// and whole, over 1, 2 and 16 shards, and checks that they reach overrides,
+// bands and rates of other periods, and cutovers that move them.
 func TestLinHistories(t *testing.T) {
 	const perCase = 40
 	for _, partitioned := range []bool{true, false} {
@@ -43,8 +44,12 @@ func TestLinHistories(t *testing.T) {
 				assert.Positive(t, c.decisions.Load())
 				assert.Positive(t, c.overridden.Load(), "decisions under an override")
 				assert.Positive(t, c.limitMoves.Load(), "keys given another limit by a cutover")
-				t.Logf("%d decisions, %d under an override, %d keys given another limit by a cutover",
-					c.decisions.Load(), c.overridden.Load(), c.limitMoves.Load())
+				assert.Positive(t, c.multiBand.Load(), "decisions under several bands")
+				assert.Positive(t, c.bandBound.Load(), "decisions a band beside the primary bound")
+				assert.Positive(t, c.otherPeriod.Load(), "decisions under a rate not per second")
+				assert.Positive(t, c.bandMoves.Load(), "bands a cutover added, dropped or reshaped")
+				t.Logf("%d decisions, %d under an override, %d keys given another limit by a cutover; %d under several bands (%d bound by a band beside the primary), %d under a rate not per second, %d band changes by cutovers",
+					c.decisions.Load(), c.overridden.Load(), c.limitMoves.Load(), c.multiBand.Load(), c.bandBound.Load(), c.otherPeriod.Load(), c.bandMoves.Load())
 			})
 		}
 	}
