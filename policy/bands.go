@@ -33,6 +33,7 @@ const MaxBands = 7
 type BandSet struct {
 	bands  []Band
 	limits []Limit // limits[i] is bands[i]'s shape
+	key    string  // the bands, written out: equal for sets built alike
 }
 
 // NewBands validates bands and builds their set. It returns nil for no
@@ -66,9 +67,26 @@ func NewBands(bands ...Band) (*BandSet, error) {
 		if err := s.limits[i].validate(); err != nil {
 			return nil, fmt.Errorf("%w: band %d (%q): %s", ErrInvalid, i, b.Name, err)
 		}
+		// Names are printable ASCII, so a quoted name cannot contain the
+		// separators.
+		s.key += fmt.Sprintf("%q %d %d %d;", b.Name, b.Capacity, b.Refill.Tokens, b.Refill.Per)
 	}
 	return s, nil
 }
+
+// id is what tells band sets apart: equal for sets of equal bands in equal
+// order, "" for none.
+func (s *BandSet) id() string {
+	if s == nil {
+		return ""
+	}
+	return s.key
+}
+
+// Equal reports whether s and t hold the same bands in the same order (two
+// nil or empty sets are equal). A Policy compares its BandSet by pointer;
+// the limits of an OverrideSet are told apart by Equal's rule.
+func (s *BandSet) Equal(t *BandSet) bool { return s.id() == t.id() }
 
 // Len returns the number of bands; 0 for a nil set.
 func (s *BandSet) Len() int {

@@ -32,7 +32,7 @@ func (sh Shape) BandName(i int) string {
 
 // Compact reports whether a Bucket alone can hold a key of this shape: one
 // band, of a compact period (Limit.Compact).
-func (sh Shape) Compact() bool { return sh.Bands == nil && sh.Primary.Compact() }
+func (sh Shape) Compact() bool { return sh.Bands.Len() == 0 && sh.Primary.Compact() }
 
 // Level is the balance of one band of any period: Tokens whole tokens plus
 // Frac units, one token being P units for a rate of N per P ns, so 0 <= Frac

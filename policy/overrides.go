@@ -100,7 +100,14 @@ func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
 		limitOf:   make([]LimitIndex, len(overrides)),
 		exact:     make(map[string]int32),
 	}
-	index := map[Shape]LimitIndex{}
+	// Limits are told apart by what they are, bands by their contents: two
+	// BandSets built alike are one limit, whichever the override holds.
+	type limitKey struct {
+		name    string
+		primary Limit
+		bands   string
+	}
+	index := map[limitKey]LimitIndex{}
 	seen := map[string]bool{}
 	named := map[string]int{} // a Name's first override
 	for i, o := range s.overrides {
@@ -115,18 +122,19 @@ func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
 		if o.Name != "" {
 			if j, ok := named[o.Name]; !ok {
 				named[o.Name] = i
-			} else if f := s.overrides[j]; f.limit() != o.limit() || f.Bands != o.Bands {
+			} else if f := s.overrides[j]; f.limit() != o.limit() || f.Bands.id() != o.Bands.id() {
 				return nil, fmt.Errorf("%w: override %d (%q): Name %q is override %d's, whose limit differs", ErrInvalid, i, o.Match, o.Name, j)
 			}
 		}
-		idx, ok := index[lim]
+		key := limitKey{o.Name, lim.Primary, o.Bands.id()}
+		idx, ok := index[key]
 		if !ok {
 			if len(s.limits) == MaxLimits {
 				return nil, fmt.Errorf("%w: override %d (%q): more than %d distinct limits", ErrInvalid, i, o.Match, MaxLimits)
 			}
 			s.limits = append(s.limits, lim)
 			idx = LimitIndex(len(s.limits))
-			index[lim] = idx
+			index[key] = idx
 		}
 		s.limitOf[i] = idx
 		if !strings.Contains(o.Match, "*") {

@@ -240,3 +240,34 @@ func globDP(pattern, key string) bool {
 	}
 	return m[0][0]
 }
+
+// TestOverrideSetBandsByContent: overrides whose BandSets hold the same
+// bands share a limit, whether they share the pointer or not, and a Name may
+// be given to both; different bands are different limits.
+func TestOverrideSetBandsByContent(t *testing.T) {
+	mk := func(cap int64) *policy.BandSet {
+		s, err := policy.NewBands(policy.Band{Name: "daily", Capacity: cap, Refill: policy.PerDay(cap)})
+		require.NoError(t, err)
+		return s
+	}
+	a, b, c := mk(100), mk(100), mk(200)
+	require.True(t, a.Equal(b))
+	require.False(t, a.Equal(c))
+	require.False(t, a.Equal(nil))
+	require.True(t, (*policy.BandSet)(nil).Equal(&policy.BandSet{}))
+	set, err := policy.NewOverrideSet(
+		policy.Override{Match: "x", Name: "gold", Capacity: 5, TokensPerSecond: 1, Bands: a},
+		policy.Override{Match: "y", Name: "gold", Capacity: 5, TokensPerSecond: 1, Bands: b},
+		policy.Override{Match: "z", Capacity: 5, TokensPerSecond: 1, Bands: c})
+	require.NoError(t, err)
+	p := policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1, Overrides: set}
+	_, x := p.Resolve("x")
+	_, y := p.Resolve("y")
+	_, z := p.Resolve("z")
+	assert.Equal(t, x, y)
+	assert.NotEqual(t, x, z)
+	_, err = policy.NewOverrideSet(
+		policy.Override{Match: "x", Name: "gold", Capacity: 5, TokensPerSecond: 1, Bands: a},
+		policy.Override{Match: "z", Name: "gold", Capacity: 5, TokensPerSecond: 1, Bands: c})
+	require.ErrorIs(t, err, policy.ErrInvalid, "one name, two limits")
+}
