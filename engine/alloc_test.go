@@ -16,7 +16,8 @@ import (
 
 // TestAllowDoesNotAllocate holds the hot-path promise: deciding a request on
 // an existing key allocates nothing, allowed or denied, single or batched,
-// with or without overrides.
+// with or without overrides, whatever the rate's period and however many
+// bands.
 func TestAllowDoesNotAllocate(t *testing.T) {
 	set, err := policy.NewOverrideSet(
 		policy.Override{Match: "alpha", Capacity: 1000, TokensPerSecond: 5},
@@ -31,6 +32,11 @@ func TestAllowDoesNotAllocate(t *testing.T) {
 	}{
 		{"plain", pol(1, 1000, 1)},
 		{"overrides", policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1, Overrides: set}},
+		{"per minute", policy.Policy{Version: 1, Capacity: 1000, Refill: policy.PerMinute(60)}},
+		{"bands", policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1, Bands: bands(t,
+			policy.Band{Name: "hourly", Capacity: 2000, Refill: policy.PerHour(2000)},
+			policy.Band{Name: "daily", Capacity: 5000, Refill: policy.PerDay(5000)},
+			policy.Band{Name: "odd", Capacity: 900, Refill: policy.Rate{Tokens: 7, Per: 3e9}})}},
 	} {
 		for _, shards := range shardCounts {
 			t.Run(fmt.Sprintf("%s/shards=%d", tc.name, shards), func(t *testing.T) {
