@@ -195,3 +195,17 @@ func bandMoves(old, next policy.Shape, ev map[string]int) int {
 	}
 	return n
 }
+
+// namedOverrides builds the set of os, first clearing each Name an earlier
+// override has or one of its own bands has (overrides with different limits
+// may not share a Name, and a band may not have its override's).
+func namedOverrides(os []policy.Override) *policy.OverrideSet {
+	names := map[string]bool{}
+	for i := range os {
+		if n := os[i].Name; n != "" && (names[n] || os[i].Bands.Index(n) >= 0) {
+			os[i].Name = ""
+		}
+		names[os[i].Name] = true
+	}
+	return mustOverrides(os...)
+}

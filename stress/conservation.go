@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	mrand "math/rand" // for rand.Zipf, which math/rand/v2 does not have
 	"math/rand/v2"
 	"strconv"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
-	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -23,22 +23,29 @@ import (
 // Zipf-skewed key set while a coordinator cuts over policies (stale attempts
 // included) and sweeps. Three invariants:
 //
-//	(a) no key is admitted more than its policy history could have granted
-//	    (the bound and why it is sound: conservation_bound.go);
-//	(b) Remaining never exceeds Limit, and Limit is the capacity of the
-//	    key's own limit under the policy version the decision names; the
-//	    retry and reset estimates are consistent with Remaining and that
-//	    limit's rate; a cost is refused as invalid only above that capacity;
+//	(a) no key is admitted more than any band of its policy history could
+//	    have granted (the bound, band by band across cutovers, and why it
+//	    is sound: conservation_bound.go);
+//	(b) Band names a band of the key's own limit under the policy version
+//	    the decision names, Limit is that band's capacity, and Remaining
+//	    never exceeds it; the retry and reset estimates are consistent with
+//	    Remaining and that band's rate; a cost is refused as invalid only
+//	    above the smallest capacity of the limit's bands;
 //	(c) a decision's version was attempted by the coordinator and did not
 //	    fail, and is at least the version whose ReplacePolicy returned
 //	    before the call started.
 
-// Policy parameters stay at or below these, so every per-decision check fits
-// in int64: (cost - remaining) * 1e9 + rate <= 1e18 + 1e9.
+// Policy parameters stay at or below these: large enough to be generous for
+// a while, small enough that the load runs dry and refills. (The checks are
+// exact for any int64.)
 const (
 	consMaxCapacity = 1_000_000_000
 	consMaxRate     = 1_000_000_000
 )
+
+// consUnits is units per token of a rate per second: a rate of r tokens/s
+// adds r units per ns.
+const consUnits = policy.UnitsPerToken
 
 // consInitial is the policy the engine starts with: the hottest key and one
 // class of keys have limits of their own.
@@ -89,7 +96,7 @@ const (
 // consVersion is one policy version the coordinator attempted to install.
 type consVersion struct {
 	pol    policy.Policy
-	limits []policy.Limit // by key class: the limit pol gives its keys
+	shapes []policy.Shape // by key class: the limit pol gives its keys
 	state  atomic.Int32
 	seen   atomic.Bool // some decision named this version
 }
@@ -109,7 +116,7 @@ type consRegistry struct {
 func (r *consRegistry) register(p policy.Policy) *consVersion {
 	v := &consVersion{pol: p}
 	for _, k := range r.reps {
-		v.limits = append(v.limits, model.LimitOf(p, k))
+		v.shapes = append(v.shapes, shapeOf(p, k))
 	}
 	for int64(len(r.backing)) <= p.Version {
 		r.backing = append(r.backing, nil)
@@ -345,9 +352,9 @@ func (r *consRun) checkResult(w *consWorker, k int32, cost int64, d engine.Decis
 		case errors.Is(err, engine.ErrKeyCapacity) && r.o.keys > r.o.maxKeys:
 			return nil
 		case errors.Is(err, engine.ErrInvalidCost):
-			if v := r.reg.lookup(floor); certain && cost <= v.limits[r.class[k]].Capacity {
+			if v := r.reg.lookup(floor); certain && cost <= minCapacity(v.shapes[r.class[k]]) {
 				return &Violation{Key: key, Op: fmt.Sprintf(" under version %d alone", floor),
-					Want: fmt.Sprintf("a decision: cost %d <= the key's capacity %d under %s", cost, v.limits[r.class[k]].Capacity, policyText(v.pol)), Got: err.Error()}
+					Want: fmt.Sprintf("a decision: cost %d <= the key's smallest band capacity %d under %s", cost, minCapacity(v.shapes[r.class[k]]), policyText(v.pol)), Got: err.Error()}
 			}
 			return nil
 		}
@@ -366,13 +373,14 @@ func (r *consRun) checkResult(w *consWorker, k int32, cost int64, d engine.Decis
 	case certain && d.Version != floor:
 		return &Violation{Key: key, Want: fmt.Sprintf("version %d, the only one in force during the call", floor), Got: fmt.Sprintf("%+v", d)}
 	}
-	lim := v.limits[r.class[k]]
-	if s := consCheckDecision(d, cost, lim, d.Version); s != "" {
+	sh := v.shapes[r.class[k]]
+	if s := consCheckDecision(d, cost, sh, d.Version); s != "" {
 		return &Violation{Key: key, Want: s, Got: fmt.Sprintf("%+v under %s", d, policyText(v.pol))}
 	}
-	if lim != v.pol.Limit() {
+	if sh != v.pol.Shape() {
 		r.c.overridden.Add(1)
 	}
+	recordShape(r.c, sh, d.Band)
 	if d.Allowed {
 		if w.acc[k] == 0 {
 			w.touched = append(w.touched, k)
@@ -383,19 +391,31 @@ func (r *consRun) checkResult(w *consWorker, k int32, cost int64, d engine.Decis
 }
 
 // consCheckDecision checks d, the answer to a request of cost decided under
-// lim, the key's own limit in policy version, for what can be known without
-// the bucket's exact balance: the balance lies in [Remaining, Remaining+1)
-// tokens, so each estimate lies between the two ceilings it gives. It
+// sh, the key's own limit in policy version, for what can be known without
+// the bucket's exact balance: d.Band names the binding band, whose balance
+// lies in [Remaining, Remaining+1) tokens, a whole number of its units (1/Per
+// tokens), so each estimate lies between the two ceilings it gives. It
 // returns what was wanted, or "".
-func consCheckDecision(d engine.Decision, cost int64, lim policy.Limit, version int64) string {
-	rem, capacity, rate := d.Remaining, lim.Capacity, lim.TokensPerSecond
+func consCheckDecision(d engine.Decision, cost int64, sh policy.Shape, version int64) string {
+	at := -1
+	for i := range sh.Len() {
+		if sh.BandName(i) == d.Band {
+			at = i
+			break
+		}
+	}
+	if at < 0 {
+		return fmt.Sprintf("Band one of %q, the key's bands in version %d", consShapeNames(sh), version)
+	}
+	lim := sh.Band(at)
+	rem, capacity := d.Remaining, lim.Capacity
 	switch {
 	case d.Limit != capacity:
-		return fmt.Sprintf("Limit %d, the key's capacity in version %d", capacity, version)
+		return fmt.Sprintf("Limit %d, the capacity of band %q of the key in version %d", capacity, d.Band, version)
 	case rem < 0 || rem > d.Limit:
 		return fmt.Sprintf("0 <= Remaining <= Limit %d", d.Limit)
-	case cost > capacity:
-		return fmt.Sprintf("ErrInvalidCost: cost %d is above capacity %d", cost, capacity)
+	case cost > minCapacity(sh):
+		return fmt.Sprintf("ErrInvalidCost: cost %d is above the smallest band capacity %d", cost, minCapacity(sh))
 	case d.Allowed && d.RetryAfter != 0:
 		return "RetryAfter 0 when allowed"
 	case d.Allowed && rem > capacity-cost:
@@ -403,11 +423,10 @@ func consCheckDecision(d engine.Decision, cost int64, lim policy.Limit, version 
 	case !d.Allowed && rem >= cost:
 		return fmt.Sprintf("Remaining < cost %d when denied", cost)
 	}
+	rate := lim.Rate()
 	if !d.Allowed {
-		lo := consCeil((cost-rem-1)*consUnits+1, rate)
-		hi := consCeil((cost-rem)*consUnits, rate)
-		if int64(d.RetryAfter) < lo || int64(d.RetryAfter) > hi {
-			return fmt.Sprintf("RetryAfter in [%d, %d] ns for %d missing tokens at %d/s", lo, hi, cost-rem, rate)
+		if lo, hi := consWait(cost-rem, rate); int64(d.RetryAfter) < lo || int64(d.RetryAfter) > hi {
+			return fmt.Sprintf("RetryAfter in [%d, %d] ns for %d missing tokens at %s", lo, hi, cost-rem, rateText(rate))
 		}
 	}
 	if rem == capacity {
@@ -416,12 +435,40 @@ func consCheckDecision(d engine.Decision, cost int64, lim policy.Limit, version 
 		}
 		return ""
 	}
-	lo := consCeil((capacity-rem-1)*consUnits+1, rate)
-	hi := consCeil((capacity-rem)*consUnits, rate)
-	if int64(d.ResetAfter) < lo || int64(d.ResetAfter) > hi {
+	if lo, hi := consWait(capacity-rem, rate); int64(d.ResetAfter) < lo || int64(d.ResetAfter) > hi {
 		return fmt.Sprintf("ResetAfter in [%d, %d] ns", lo, hi)
 	}
 	return ""
+}
+
+// consWait is the range of the wait, in ns, until a balance of floor b
+// reaches b+missing whole tokens at r: the balance is short by more than
+// missing-1 and at most missing tokens, that is between (missing-1) x Per + 1
+// and missing x Per units, each earned at Tokens units a nanosecond; rounded
+// up and saturated at math.MaxInt64, as the engine's waits are.
+func consWait(missing int64, r policy.Rate) (lo, hi int64) {
+	per, n := big.NewInt(int64(r.Per)), big.NewInt(r.Tokens)
+	wait := func(units *big.Int) int64 {
+		q, m := new(big.Int).QuoRem(units, n, new(big.Int))
+		if m.Sign() > 0 {
+			q.Add(q, big.NewInt(1))
+		}
+		if !q.IsInt64() {
+			return math.MaxInt64
+		}
+		return q.Int64()
+	}
+	short := new(big.Int).Mul(big.NewInt(missing-1), per)
+	return wait(short.Add(short, big.NewInt(1))), wait(new(big.Int).Mul(big.NewInt(missing), per))
+}
+
+// consShapeNames lists sh's band names, the primary first.
+func consShapeNames(sh policy.Shape) []string {
+	names := make([]string, sh.Len())
+	for i := range names {
+		names[i] = sh.BandName(i)
+	}
+	return names
 }
 
 // consCeil is ceil(n/d) for n >= 0, d >= 1 and n+d within int64.
@@ -570,8 +617,10 @@ func (r *consRun) cutover(ctx context.Context) *Violation {
 }
 
 // consRandomPolicy draws a policy: mostly modest, sometimes large, within
-// consMaxCapacity and consMaxRate, and with overrides from consMatches two
-// times in three.
+// consMaxCapacity and consMaxRate; a third of the limits with a Refill rate
+// of another period, half the policies with one to three bands; and with
+// overrides from consMatches two times in three, each with a limit drawn
+// the same way and now and then a Name.
 func consRandomPolicy(r *rand.Rand, version int64) policy.Policy {
 	draw := func(max int64) int64 {
 		switch x := r.IntN(100); {
@@ -585,14 +634,49 @@ func consRandomPolicy(r *rand.Rand, version int64) policy.Policy {
 			return max - r.Int64N(1000)
 		}
 	}
-	p := policy.Policy{Version: version, Capacity: draw(consMaxCapacity), TokensPerSecond: draw(consMaxRate)}
+	refill := func() policy.Rate {
+		return policy.Rate{Tokens: draw(consMaxRate), Per: consPeriods[r.IntN(len(consPeriods))]}
+	}
+	rate := func() (int64, policy.Rate) {
+		if r.IntN(3) != 0 {
+			return draw(consMaxRate), policy.Rate{}
+		}
+		return 0, refill()
+	}
+	bands := func() *policy.BandSet {
+		if r.IntN(2) == 0 {
+			return nil
+		}
+		var bs []policy.Band
+		for _, i := range r.Perm(len(consBandNames))[:1+r.IntN(len(consBandNames))] {
+			// Mostly small, so bands bind: a burst or a daily quota below
+			// the primary's.
+			bs = append(bs, policy.Band{Name: consBandNames[i], Capacity: 1 + r.Int64N(min(draw(consMaxCapacity), 200)), Refill: refill()})
+		}
+		return mustBands(bs...)
+	}
+	p := policy.Policy{Version: version, Capacity: draw(consMaxCapacity), Bands: bands()}
+	p.TokensPerSecond, p.Refill = rate()
 	if r.IntN(3) == 0 {
 		return p
 	}
 	var os []policy.Override
 	for _, i := range r.Perm(len(consMatches))[:1+r.IntN(4)] {
-		os = append(os, policy.Override{Match: consMatches[i], Capacity: draw(consMaxCapacity), TokensPerSecond: draw(consMaxRate)})
+		o := policy.Override{Match: consMatches[i], Capacity: draw(consMaxCapacity), Bands: bands()}
+		o.TokensPerSecond, o.Refill = rate()
+		if r.IntN(3) == 0 {
+			o.Name = []string{"gold", "daily"}[r.IntN(2)]
+		}
+		os = append(os, o)
 	}
-	p.Overrides = mustOverrides(os...)
+	p.Overrides = namedOverrides(os)
 	return p
 }
+
+// consPeriods are the periods Refill rates draw: uneven against the
+// millisecond, slow and fast, and just past the 32-bit fraction.
+var consPeriods = []time.Duration{3 * time.Second, time.Minute, time.Hour, 24 * time.Hour, 7, 250 * time.Millisecond, 1<<32 + 1}
+
+// consBandNames are the names bands draw from: few, so cutovers keep,
+// reshape, drop and add bands by name; "daily" is an override name too.
+var consBandNames = []string{"daily", "burst", "b"}

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/engine"
-	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -42,6 +41,9 @@ func TestConservation(t *testing.T) {
 				assert.Positive(t, c.errs[kindKeyCapacity].Load(), "ErrKeyCapacity")
 			}
 			assert.Positive(t, c.overridden.Load(), "decisions under an override")
+			assert.Positive(t, c.multiBand.Load(), "decisions under several bands")
+			assert.Positive(t, c.bandBound.Load(), "decisions a band beside the primary bound")
+			assert.Positive(t, c.otherPeriod.Load(), "decisions under a rate not per second")
 		})
 	}
 }
@@ -144,7 +146,7 @@ func TestConsCheckDecision(t *testing.T) {
 		{engine.Decision{Remaining: 0, RetryAfter: 333_333_334, Version: 4, Limit: 10, ResetAfter: 3_333_333_334}, 1},
 		{engine.Decision{Remaining: 0, RetryAfter: 1, Version: 4, Limit: 10, ResetAfter: 3_000_000_001}, 1},
 	} {
-		assert.Empty(t, consCheckDecision(c.d, c.cost, p.Limit(), p.Version), "case %d", i)
+		assert.Empty(t, consCheckDecision(c.d, c.cost, p.Shape(), p.Version), "case %d", i)
 	}
 	for i, c := range []struct {
 		d    engine.Decision
@@ -162,7 +164,7 @@ func TestConsCheckDecision(t *testing.T) {
 		{engine.Decision{Remaining: 10, Version: 4, Limit: 10, RetryAfter: 1}, 1},                           // denied while full
 		{engine.Decision{Allowed: true, Version: 4, Limit: 10, ResetAfter: 3_333_333_334}, 11},              // cost above capacity
 	} {
-		assert.NotEmpty(t, consCheckDecision(c.d, c.cost, p.Limit(), p.Version), "case %d: %+v", i, c.d)
+		assert.NotEmpty(t, consCheckDecision(c.d, c.cost, p.Shape(), p.Version), "case %d: %+v", i, c.d)
 	}
 }
 
@@ -229,15 +231,15 @@ func TestConsClasses(t *testing.T) {
 		if i > 0 {
 			p = consRandomPolicy(r, int64(i+1))
 		}
-		class := map[string]policy.Limit{}
+		class := map[string]policy.Shape{}
 		for _, k := range names {
-			lim := model.LimitOf(p, k)
+			sh := shapeOf(p, k)
 			c := consClassOf(k)
 			if want, ok := class[c]; ok {
-				require.Equal(t, want, lim, "policy %s: %s and the rest of class %s", policyText(p), k, c)
+				require.Equal(t, want, sh, "policy %s: %s and the rest of class %s", policyText(p), k, c)
 			}
-			class[c] = lim
-			if lim != p.Limit() {
+			class[c] = sh
+			if sh != p.Shape() {
 				overridden[c]++
 			}
 		}

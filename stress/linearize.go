@@ -234,7 +234,7 @@ func linRandOverrides(rng *rand.Rand, prev *policy.OverrideSet) *policy.Override
 				os[i].Capacity, os[i].TokensPerSecond, os[i].Refill, os[i].Bands = l.Capacity, l.TokensPerSecond, l.Refill, l.Bands
 			}
 		}
-		return linNamed(os)
+		return namedOverrides(os)
 	}
 	for _, i := range rng.Perm(len(linMatches))[:1+rng.IntN(3)] {
 		l := linRandPolicy(rng, 1)
@@ -244,20 +244,7 @@ func linRandOverrides(rng *rand.Rand, prev *policy.OverrideSet) *policy.Override
 		}
 		os = append(os, o)
 	}
-	return linNamed(os)
-}
-
-// linNamed builds the set, first clearing each Name another override has
-// or one of its own bands has.
-func linNamed(os []policy.Override) *policy.OverrideSet {
-	names := map[string]bool{}
-	for i := range os {
-		if n := os[i].Name; n != "" && (names[n] || os[i].Bands.Index(n) >= 0) {
-			os[i].Name = ""
-		}
-		names[os[i].Name] = true
-	}
-	return mustOverrides(os...)
+	return namedOverrides(os)
 }
 
 // linCapacity is the capacity a request on key is drawn around: mostly the
