@@ -6,7 +6,11 @@
 //
 // Four checks run side by side, each on its own engine. The first three
 // draw policies with per-key overrides (exact keys and '*' patterns) as well
-// as plain ones, and cut over between them, so keys move between limits:
+// as plain ones, with rates per second and Refill rates of awkward periods
+// (7 per 3 s, 1 per day, 1 per math.MaxInt64 ns, math.MaxInt64 per 1 ns, 100
+// per minute), and with one to three bands beside the primary; and they cut
+// over between them, so keys move between limits and bands are added,
+// dropped and reshaped:
 //
 //   - linearizability: concurrent histories under a Manual clock advanced in
 //     epochs, checked with porcupine against internal/model, the sequential
@@ -21,7 +25,8 @@
 //   - conservation: many goroutines of Allow and AllowBatch over a skewed key
 //     set under the real monotonic clock, while a coordinator cuts over
 //     policies (stale attempts included) and sweeps; no key is ever admitted
-//     more than the credit its policy history could have granted;
+//     more than the credit its policy history could have granted, band by
+//     band: capacity + refill over any window, across cutovers;
 //   - flood: millions of distinct keys against a small MaxKeys: memory stays
 //     bounded, existing keys keep their budgets, sweeps free only full buckets.
 //
