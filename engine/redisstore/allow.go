@@ -87,12 +87,10 @@ func (s *Store) inspect(ctx context.Context, mode, key string, tokens int64) (en
 	}
 	var out engine.Result
 	items := []item{{out: &out, key: key, cost: tokens}}
-	bctx, cancel := s.bound(ctx)
-	defer cancel()
-	if _, err := s.exec(bctx, mode, "", items); err != nil {
-		if ctx.Err() != nil {
-			return engine.Decision{}, ctx.Err()
-		}
+	if err := s.round(ctx, func(ctx context.Context) error {
+		_, err := s.exec(ctx, mode, "", items)
+		return err
+	}); err != nil {
 		return engine.Decision{}, err
 	}
 	return out.Decision, out.Err
