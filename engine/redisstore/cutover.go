@@ -26,8 +26,11 @@ const minLockTTL = 10 * time.Second
 // ReplacePolicy replaces the policy every store on the prefix uses, with
 // the meaning of engine.Engine.ReplacePolicy: versioned, compare-and-set in
 // Redis, and the engine's cutover rule applied to each bucket when it is
-// next touched (refilled under the limit of the version it was last written
-// under up to the cutover instant, then clamped to its new capacity).
+// next touched: refilled under the limit of the version it was last written
+// under up to the cutover instant, then each band carried over to the band
+// of the same name (the primary to the primary), moved to the new unit
+// rounding down if its period changes, and clamped to its new capacity; a
+// band new in next starts full, and one next lacks is dropped.
 //
 // Cutovers are serialised by a lock in Redis. The store retains the last
 // HistoryVersions policies, so a bucket several versions behind replays
@@ -35,11 +38,12 @@ const minLockTTL = 10 * time.Second
 // every bucket up to the version in force (a pass over the keyspace).
 //
 // A bucket expires at its time-to-full under its own limit. A cutover that
-// could lengthen some bucket's time-to-full (it raises a capacity, or lowers
-// a rate relative to its capacity) would let such a bucket expire before it
-// is full, so it first clears every bucket's expiry, publishes, then sets
-// each bucket's expiry under the new policy before it returns: two passes
-// over the keyspace. Other cutovers need none. Once published, the call
+// could lengthen some bucket's time-to-full (it raises the capacity of a
+// band it keeps, or lowers its rate relative to its capacity) would let
+// such a bucket expire before it is full, so it first clears every bucket's
+// expiry, publishes, then sets each bucket's expiry under the new policy
+// before it returns: two passes over the keyspace. Other cutovers need
+// none. Once published, the call
 // finishes that pass whatever its context, however long the keyspace takes.
 // If such a cutover ends before it publishes (its context, or Redis), the
 // buckets it already cleared keep no expiry until they are next touched or

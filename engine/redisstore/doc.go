@@ -2,9 +2,10 @@
 // a service whose replicas must share one quota per key: with per-process
 // buckets, N replicas admit N times the limit.
 //
-// A Store answers Allow, AllowBatch, EvictFull and ReplacePolicy with the
-// engine's meaning (the contract in package engine's doc), and passes the
-// same behaviour suite (engine/admissiontest). Code written against
+// A Store answers Allow, AllowBatch, Peek, Refund, EvictFull and
+// ReplacePolicy with the engine's meaning (the contract in package engine's
+// doc), rates of any period and bands included, and passes the same
+// behaviour suite (engine/admissiontest). Code written against
 // engine.Admitter, such as the engine/httplimit middleware, moves between the
 // two unchanged:
 //
@@ -32,23 +33,32 @@
 // and there is no ErrClockRegression. Tests that need deterministic time set
 // Config.Clock instead, which also turns expiries off.
 //
-// Lua numbers are doubles, exact only below 2^53, while units (tokens times
-// 10^9) and their products reach 2^126. The script therefore computes on
-// decimal strings split into base-10^7 limbs, exactly, over the engine's
-// whole range: every valid Policy and cost. The tests compare it with the
-// policy package on random and extreme values through a real server.
+// A band refilled at N tokens per P ns counts one token as P units, so a
+// refill over e ns adds exactly e*N units (for a rate per second, one token
+// is 10^9 units). Lua numbers are doubles, exact only below 2^53, while
+// units and their products reach 2^126 and more. The script therefore
+// computes on decimal strings split into base-10^7 limbs, exactly, over the
+// engine's whole range: every valid Policy and cost. A key of one band
+// whose capacity is below 2^52 units takes a fast path in doubles, exact
+// there. The one rounding is the policy's own: a cutover that changes a
+// band's period moves its balance to the new unit rounding down. A request
+// is decided over every band of its key in the same script call, so it is
+// atomic across bands as it is across keys of a batch. The tests compare
+// the script with math/big on random and extreme values through a real
+// server.
 //
 // # Eviction is expiry
 //
-// Each bucket expires at its exact time-to-full under its own limit (rounded
-// up to the millisecond, plus 2 ms): a bucket is only ever dropped when it is
-// full, as the engine's eviction rule requires, so EvictFull is only needed
-// to reclaim memory at once. A cutover that could lengthen some bucket's
-// time-to-full (a higher capacity, or a lower rate for its capacity) would
-// let such a bucket expire early, so it clears every expiry before it
-// publishes and sets each bucket's new one before it returns; a cutover that
-// cannot (a higher rate, a lower capacity) needs no pass. See
-// Store.ReplacePolicy.
+// Each bucket expires at its exact time-to-full under its own limit, that of
+// its slowest band (rounded up to the millisecond, plus 2 ms): a bucket is
+// only ever dropped when every band is full, as the engine's eviction rule
+// requires, so EvictFull is only needed to reclaim memory at once. A cutover
+// that could lengthen some bucket's time-to-full (a higher capacity of a
+// band it keeps, or a lower rate for its capacity) would let such a bucket
+// expire early, so it clears every expiry before it publishes and sets each
+// bucket's new one before it returns; a cutover that cannot (a higher rate,
+// a lower capacity, a band added, which starts full, or dropped) needs no
+// pass. See Store.ReplacePolicy.
 //
 // The store does not enforce a MaxKeys bound: expiry removes full buckets
 // but cannot bound the number of partly filled ones. Bound memory with
@@ -83,7 +93,12 @@
 //
 // Keys are Prefix + "policy", "history", "blobs", "lock", "pending", and
 // Prefix + "k:" + key for each bucket. No store's prefix may begin with
-// another's ("a:" and "a:k:" would see each other's keys).
+// another's ("a:" and "a:k:" would see each other's keys). A bucket is a
+// string of decimals: "units last version capacity rate" for its primary
+// band, the rate "N" for N per second or "N/P" for N per P ns, then the
+// units of each further band. A key of one band per second (every policy
+// written with TokensPerSecond) has the layout it always had, about 40
+// bytes; each band adds its units, up to 39 digits.
 //
 // # Failures
 //
