@@ -97,8 +97,8 @@
 // string of decimals: "units last version capacity rate" for its primary
 // band, the rate "N" for N per second or "N/P" for N per P ns, then the
 // units of each further band. A key of one band per second (every policy
-// written with TokensPerSecond) has the layout it always had, about 40
-// bytes; each band adds its units, up to 39 digits.
+// written with TokensPerSecond) has the layout it always had, byte for
+// byte; each band adds a space and its units, up to 39 digits.
 //
 // # Failures
 //
