@@ -37,38 +37,59 @@
 //
 // Every decided request, admitted or denied, carries the RateLimit header
 // fields of draft-ietf-httpapi-ratelimit-headers-11 (May 2026; the field syntax
-// is the same since -08), both structured-field Lists of one Item named for
-// the key's quota:
+// is the same since -08). Both are structured-field Lists. RateLimit-Policy
+// has an Item for every band of the key's limit: its primary band (its
+// Capacity and rate, from its override or the policy), named for the key's
+// quota (below), then each band of its policy.BandSet, under the band's
+// Name. RateLimit has one Item, for the band that bound the decision
+// (engine.Decision.Band), under the name RateLimit-Policy gives it:
 //
 //	RateLimit-Policy: "default";q=10;w=5
 //	RateLimit: "default";r=9;t=1
 //
-// q is the key's capacity in tokens (its override's, or the policy's) and w
-// the whole seconds an empty bucket takes to refill: ceil(capacity / rate)
-// at the key's own rate under the policy in force. r is the whole tokens
-// left after the decision and t the whole seconds, rounded up, until the
-// bucket is full again. A token is a request when the cost is 1. Integers
-// above 999,999,999,999,999 (the structured-field maximum) are sent as that
-// maximum. The fields are set on an admitted response before the wrapped
-// handler runs, which may change or remove them.
+//	RateLimit-Policy: "default";q=5;w=1, "daily";q=20;w=86400
+//	RateLimit: "daily";r=0;t=4316
+//
+// q is a band's capacity in tokens and w the whole seconds it takes to
+// refill from empty at its rate under the policy in force, rounded up:
+// ceil(capacity x Per / Tokens) (policy.Rate.WindowSeconds), 6 for 10
+// tokens at 100 a minute. r is the whole tokens left in the binding band after the
+// decision and t the whole seconds, rounded up, until it is full again. A
+// token is a request when the cost is 1. Integers above 999,999,999,999,999
+// (the structured-field maximum) are sent as that maximum. The fields are
+// set on an admitted response before the wrapped handler runs, which may
+// change or remove them.
 //
 // # Quota names
 //
-// The Item's name says which quota the numbers belong to, and two different
-// quotas (Capacity and TokensPerSecond) never share one under a policy. With
-// P the name WithPolicyName gives ("default" unless set):
+// The primary band's name says which quota the numbers belong to, and two
+// different quotas (a capacity and a rate; a rate given as TokensPerSecond
+// n is the quota of n per second) never share one under a policy. With P
+// the name WithPolicyName gives ("default" unless set):
 //
 //   - A key with no override is under P.
 //   - A key whose override (policy.OverrideSet.Lookup) has a Name is under
-//     that Name, unless it is another quota's: P while the override's limit
-//     differs from the default's, or "P-<c>-<r>" (below) for a limit other
+//     that Name, unless it is another quota's: P while the override's quota
+//     differs from the default's, or a derived name (below) of a quota other
 //     than its own. Such a Name is not used; the override is named as if it
 //     had none.
-//   - A key whose override has no Name is under P when the override's limit
-//     is the default's, and otherwise under "P-<capacity>-<tokens per
-//     second>": `"default-7-2";q=7;w=4` for 7 tokens refilled at 2 a second.
+//   - A key whose override has no Name is under P when the override's quota
+//     is the default's, and otherwise under its derived name.
+//   - The derived name of a rate per second is "P-<capacity>-<tokens>":
+//     `"default-7-2";q=7;w=4` for 7 tokens refilled at 2 a second. For any
+//     other period it is "P-<capacity>-<tokens>/<period>", the period as a
+//     whole number of the largest of the units h, m, s, ms, us and ns that
+//     it is a whole number of: "default-10-100/1m" for 10 tokens at 100 a
+//     minute, "default-20-20/24h" at 20 a day, "default-5-3/1500ms".
+//   - The other bands are under their own names, which are unique within a
+//     limit (the bands of different overrides may share a name). The
+//     primary never takes a name that one of the key's bands has: if the
+//     rule above gives it one (a band named P, or like a derived name), it
+//     is under its derived name instead, and if a band has that too, under
+//     the derived name and "-1", "-2", ..., the first that no band has.
 //
-// policy.NewOverrideSet refuses one Name for two different limits.
+// policy.NewOverrideSet refuses one Name for two different limits, and a
+// band with its override's Name.
 //
 // # Status codes
 //

@@ -9,12 +9,14 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// Header field names. net/http canonicalises them on the wire
-// ("Ratelimit-Policy"); field names are case-insensitive, so clients match
+// Header field names, as net/http.Header keys them (CanonicalHeaderKey of
+// the draft's "RateLimit-Policy" and "RateLimit"), so they can be stored
+// without Header.Set canonicalising them again, which allocates. They go on
+// the wire so spelled; field names are case-insensitive, so clients match
 // either spelling.
 const (
-	headerPolicy     = "RateLimit-Policy"
-	headerRateLimit  = "RateLimit"
+	headerPolicy     = "Ratelimit-Policy"
+	headerRateLimit  = "Ratelimit"
 	headerRetryAfter = "Retry-After"
 )
 
@@ -39,21 +41,11 @@ func ceilSeconds(d time.Duration) int64 {
 	return s
 }
 
-// ceilDiv is ceil(a / b) for a >= 0 and b >= 1, without the overflow of
-// (a + b - 1) / b near math.MaxInt64.
-func ceilDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 {
-		q++
-	}
-	return q
-}
-
 // appendSFString appends name as a structured-field String (RFC 9651
 // section 4.1.6): quoted, with '"' and '\' escaped. name must be printable
 // ASCII, which validPolicyName checks in New and policy.NewOverrideSet for
 // an override's Name.
-func appendSFString(buf []byte, name string) []byte {
+func appendSFString[S ~string | ~[]byte](buf []byte, name S) []byte {
 	buf = append(buf, '"')
 	for i := range len(name) {
 		if c := name[i]; c == '"' || c == '\\' {
@@ -81,41 +73,89 @@ func validPolicyName(name string) bool {
 // setRateLimit writes RateLimit-Policy and RateLimit for a decision on key,
 // and Retry-After when it is a denial.
 //
-// The item's name is that of the quota key resolves to (appendQuotaName).
-// q is the key's capacity (d.Limit) and w the seconds an empty bucket takes
-// to fill: ceil(capacity / rate), with the key's own rate under the policy in
-// force. r is d.Remaining. t is ceil(d.ResetAfter) when admitted; when
+// RateLimit-Policy lists every band of the limit key resolves to under the
+// policy in force: first its primary band, named by primaryName, then each
+// band of its BandSet under the band's Name. An item's q is the band's
+// capacity and w the seconds an empty band takes to fill at its rate,
+// rounded up (policy.Rate.WindowSeconds).
+//
+// RateLimit is one item, for the band that bound the decision (d.Band, ""
+// or the override's Name for the primary), under the name it has in
+// RateLimit-Policy. r is d.Remaining, that band's whole tokens left. t is
+// ceil(d.ResetAfter), the time until that band is full, when admitted; when
 // denied it is the Retry-After value, because the draft (section 6) says a
 // Retry-After SHOULD NOT point earlier than the end of the effective window,
 // and until then the client can indeed spend no more than r.
+//
+// The fields are built in one stack buffer and stored as one string and one
+// slice of values, set under their canonical keys (which net/http.Header.Set
+// would compute, allocating): two allocations per request, at any number of
+// bands.
 func (m *Middleware) setRateLimit(h http.Header, key string, d engine.Decision) {
 	p := m.engine.Policy()
-	o, overridden := p.Overrides.Lookup(key) // once per request: the rate and the name
-	rate := p.TokensPerSecond
+	o, overridden := p.Overrides.Lookup(key) // once per request: the limit and the name
+	primary, bands, shapeName := p.Limit(), p.Bands, ""
 	if overridden {
-		rate = o.TokensPerSecond
+		primary = policy.Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond, Refill: o.Refill}
+		bands, shapeName = o.Bands, o.Name
 	}
-	w := ceilDiv(max(d.Limit, 0), rate)
 	t := ceilSeconds(d.ResetAfter)
 	if !d.Allowed {
 		t = max(ceilSeconds(d.RetryAfter), 1) // a denial never says "retry now"
-		h.Set(headerRetryAfter, strconv.FormatInt(t, 10))
 	}
 
-	// One buffer for both fields, which share the name: room for the longest
-	// name (an escaped Name, or the policy name and two numbers) and items.
-	buf := make([]byte, 0, len(m.quotedName)+2*policy.MaxNameBytes+80)
-	buf = m.appendQuotaName(buf, p.Limit(), o, overridden)
-	name := len(buf)
-	buf = append(buf, ";q="...)
-	buf = strconv.AppendInt(buf, sfInteger(d.Limit), 10)
-	buf = append(buf, ";w="...)
-	buf = strconv.AppendInt(buf, sfInteger(w), 10)
-	h.Set(headerPolicy, string(buf))
+	// Room for a primary name and every band's item, each name up to
+	// MaxNameBytes escaped; a longer policy name grows buf on the heap.
+	var stack [2048]byte
+	buf := stack[:0]
+	buf = m.appendPrimaryName(buf, quotaOf(p.Limit()), o, overridden, bands)
+	nameEnd := len(buf)
+	buf = appendBand(buf, primary.Capacity, primary.Rate())
+	for i := range bands.Len() {
+		b := bands.At(i)
+		buf = append(buf, ", "...)
+		buf = appendSFString(buf, b.Name)
+		buf = appendBand(buf, b.Capacity, b.Refill)
+	}
+	policyEnd := len(buf)
 
-	buf = append(buf[:name], ";r="...)
+	switch {
+	case d.Band == "" || d.Band == shapeName:
+		buf = append(buf, buf[:nameEnd]...)
+	default:
+		// A band of the key's limit; or, when a cutover came between the
+		// decision and Policy, the band that decided, by its name.
+		buf = appendSFString(buf, d.Band)
+	}
+	buf = append(buf, ";r="...)
 	buf = strconv.AppendInt(buf, sfInteger(d.Remaining), 10)
 	buf = append(buf, ";t="...)
 	buf = strconv.AppendInt(buf, sfInteger(t), 10)
-	h.Set(headerRateLimit, string(buf))
+	limitEnd := len(buf)
+	if !d.Allowed {
+		buf = strconv.AppendInt(buf, t, 10)
+	}
+
+	fields := string(buf)
+	n := 2
+	if !d.Allowed {
+		n = 3
+	}
+	vals := make([]string, n)
+	vals[0], vals[1] = fields[:policyEnd], fields[policyEnd:limitEnd]
+	h[headerPolicy] = vals[0:1:1]
+	h[headerRateLimit] = vals[1:2:2]
+	if !d.Allowed {
+		vals[2] = fields[limitEnd:]
+		h[headerRetryAfter] = vals[2:3:3]
+	}
+}
+
+// appendBand appends the parameters of one RateLimit-Policy item: q the
+// band's capacity, w the seconds it takes to fill at rate.
+func appendBand(buf []byte, capacity int64, rate policy.Rate) []byte {
+	buf = append(buf, ";q="...)
+	buf = strconv.AppendInt(buf, sfInteger(capacity), 10)
+	buf = append(buf, ";w="...)
+	return strconv.AppendInt(buf, sfInteger(rate.WindowSeconds(max(capacity, 1))), 10)
 }
