@@ -24,7 +24,7 @@ type item struct {
 	cost  int64
 	chain string // the key's limits under retained versions with overrides
 
-	sh   policy.Shape // resolved under the state the chunk was sent with
+	idx  policy.LimitIndex // the shape, resolved under the state the chunk was sent with
 	done bool
 }
 
@@ -163,7 +163,8 @@ func (s *Store) answerFailure(items []item, err error) {
 		if it.done {
 			continue
 		}
-		sh, _, _, _ := st.resolve(it.key)
+		_, idx := st.p.Resolve(it.key)
+		sh := st.p.ShapeAt(idx)
 		if it.cost > minCapacity(sh) {
 			// never admissible: an error, whatever Redis says
 			*it.out = engine.Result{Err: engine.ErrCostExceedsCapacity}
@@ -185,12 +186,12 @@ func (s *Store) answerFailure(items []item, err error) {
 // exec runs items through the decide script in mode "a" (decide), "p"
 // (peek), "r" (refund), "e" (bring up to date; delete if full) or "c" (bring
 // up to date), at the server's TIME or, for modes "e" and "c", at the
-// instant at. It pipelines
-// one call per chunk (see chunked) and repeats, for the items not yet done,
-// the calls that met a newer policy, a history their bucket needs or a
-// missing script. It returns how many buckets mode "e" deleted, and the
-// first error that stopped it: Redis's or the context's. (A Redis out of
-// memory answers mode "a" with engine.ErrKeyCapacity per request.)
+// instant at. It pipelines one call per chunk (see chunked) and repeats,
+// for the items not yet done, the calls that met a newer policy, a history
+// their bucket needs or a missing script. It returns how many buckets mode
+// "e" deleted, and the first error that stopped it: Redis's or the
+// context's. (A Redis out of memory answers mode "a" with
+// engine.ErrKeyCapacity per request.)
 func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, error) {
 	deleted := 0
 	todo := make([]*item, 0, len(items))
@@ -216,15 +217,14 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		for c, chunk := range chunks {
 			keys := make([]string, 3, 3+len(chunk))
 			keys[0], keys[1], keys[2] = s.kPolicy, s.kHistory, s.kPending
-			args := make([]any, 4, 4+5*len(chunk))
+			args := make([]any, 4, 4+4*len(chunk))
 			args[0], args[1], args[2], args[3] = mode, st.ver, nowArg, expiry
 			for _, it := range chunk {
 				var capArg int64
 				var rate any
-				var bands string
-				it.sh, capArg, rate, bands = st.resolve(it.key)
+				it.idx, capArg, rate = st.resolve(it.key)
 				keys = append(keys, s.kBucket+it.key)
-				args = append(args, it.cost, capArg, rate, bands, it.chain)
+				args = append(args, it.cost, capArg, rate, it.chain)
 			}
 			cmds[c] = evalShaOnce(ctx, pipe, decideScript, keys, args...)
 		}
@@ -243,7 +243,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			case err != nil && redis.HasErrorPrefix(err, "OOM") && mode == "a":
 				for _, it := range chunk {
 					*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
-					if it.cost > minCapacity(it.sh) {
+					if it.cost > minCapacity(st.p.ShapeAt(it.idx)) {
 						it.out.Err = engine.ErrCostExceedsCapacity // checked before the key bound
 					}
 				}
@@ -323,7 +323,7 @@ func (s *Store) decided(it *item, st *state, mode, code, units string) {
 		*it.out = engine.Result{Err: engine.ErrCostExceedsCapacity}
 		return
 	}
-	d, err := decision(it.sh, mode, code, units, it.cost)
+	d, err := decision(st.p.ShapeAt(it.idx), mode, code, units, it.cost)
 	if err != nil {
 		*it.out = engine.Result{Err: fmt.Errorf("%w: %w", ErrUnavailable, err)}
 		return
@@ -422,12 +422,7 @@ func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
 			if b.Len() > 0 {
 				b.WriteByte(';')
 			}
-			a := encodeShape(sh)
-			fmt.Fprintf(&b, "%d %d %s", p.Version, sh.Primary.Capacity, a.rate)
-			if a.bands != "" {
-				b.WriteByte(' ')
-				b.WriteString(a.bands)
-			}
+			fmt.Fprintf(&b, "%d %d %s", p.Version, sh.Primary.Capacity, encodeShape(sh).arg())
 		}
 		it.chain = b.String()
 	}

@@ -73,7 +73,8 @@ func decodePolicy(blob string) (policy.Policy, error) {
 func durationOf(ns int64) time.Duration { return time.Duration(ns) }
 
 // A shape (a key's whole limit, policy.Shape) travels to the decide script
-// as three strings, in the script's terms (see decide.lua's header):
+// as three strings, in the script's terms (see decide.lua's header), the
+// last two joined by a space when there are bands:
 //
 //   - cap: the primary band's capacity, in decimal;
 //   - rate: the primary band's rate, "N" for N tokens per second (the only
@@ -119,6 +120,15 @@ func encodeShape(sh policy.Shape) shapeArgs {
 	}
 	a.bands = b.String()
 	return a
+}
+
+// arg is the rate and bands as one argument of the decide script: the rate
+// alone, or the rate, a space and the bands.
+func (a shapeArgs) arg() string {
+	if a.bands == "" {
+		return a.rate
+	}
+	return a.rate + " " + a.bands
 }
 
 // rateArg is a rate as the script reads it: "N" per second, else "N/P".

@@ -46,8 +46,9 @@
 --         (Config.Clock's reading).
 -- ARGV[4] "1" sets expiries at the time-to-full, "0" sets none (a store
 --         with a Config.Clock).
--- ARGV[5..] five per bucket: cost (tokens), the key's shape under ARGV[2]
---         (cap, rate, bands), and the chain: "version cap rate[ bands]"
+-- ARGV[5..] four per bucket: cost (tokens), the key's shape under ARGV[2]
+--         as cap and "rate[ bands]" (a plain key's two arguments are the
+--         ones it always had), and the chain: "version cap rate[ bands]"
 --         entries joined by ";" giving the key's own shape under retained
 --         versions that had overrides.
 --
@@ -379,12 +380,20 @@ end
 
 local n = #KEYS - 3
 for i = 1, n do
-  local key, a = KEYS[3 + i], 4 + 5 * (i - 1)
-  local cost, cap, rate, bands, chain = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
-  if mode == 'a' and bands == '' and gtS(cost, cap) then
-    out[#out + 1] = 'c'
-    out[#out + 1] = ''
-  elseif mode == 'a' and bands ~= '' and gtS(cost, shapeOf(cap, rate, bands).min) then
+  local key, a = KEYS[3 + i], 4 + 4 * (i - 1)
+  local cost, cap, rate, chain = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  -- One band of N per P, P <= 2^52: the double fast path may apply.
+  local bands, nN, pN = '', tonumber(rate), 1e9
+  if not nN then
+    local r, bs = string.match(rate, '^(%S+) (%S+)$')
+    if r then
+      rate, bands = r, bs
+    else
+      local ns, ps = string.match(rate, '^(%d+)/(%d+)$')
+      if ps and #ps <= 15 then nN, pN = tonumber(ns), tonumber(ps) end
+    end
+  end
+  if mode == 'a' and gtS(cost, bands == '' and cap or shapeOf(cap, rate, bands).min) then
     out[#out + 1] = 'c'
     out[#out + 1] = ''
   else
@@ -397,12 +406,6 @@ for i = 1, n do
     -- full)
     local uS, tS, code, ttf
     local u1, xs = nil, '' -- the primary's units; the other bands', each after a space
-    -- One band of N per P, P <= 2^52: the double fast path may apply.
-    local nN, pN = tonumber(rate), 1e9
-    if not nN and bands == '' then
-      local ns, ps = string.match(rate, '^(%d+)/(%d+)$')
-      if ps and #ps <= 15 then nN, pN = tonumber(ns), tonumber(ps) end
-    end
     local capN = bands == '' and nN and #cap <= 15 and tonumber(cap)
     if capN and capN * pN < P52 and (not raw or (v == version and c == cap and r == rate and rest == '')) then
       -- Fast path: one band, full below 2^52 units and no cutover to

@@ -126,9 +126,10 @@ type Store struct {
 type state struct {
 	p   policy.Policy
 	ver string // p.Version in decimal, as the script compares it
-	// enc holds the script arguments of every shape in p's limit table that
-	// is not plain (see encodeShape); a plain one is sent as two integers.
-	enc map[policy.LimitIndex]shapeArgs
+	// enc holds the decide script's rate argument (shapeArgs.arg) of every
+	// shape in p's limit table that is not plain; a plain one is sent as its
+	// two integers, capacity and tokens per second, as it always was.
+	enc map[policy.LimitIndex]string
 }
 
 func newState(p policy.Policy) *state {
@@ -136,23 +137,23 @@ func newState(p policy.Policy) *state {
 	for i, sh := range p.Shapes() {
 		if !plain(sh) {
 			if st.enc == nil {
-				st.enc = map[policy.LimitIndex]shapeArgs{}
+				st.enc = map[policy.LimitIndex]string{}
 			}
-			st.enc[policy.LimitIndex(i)] = encodeShape(sh)
+			st.enc[policy.LimitIndex(i)] = encodeShape(sh).arg()
 		}
 	}
 	return st
 }
 
-// resolve returns key's shape under st and its script arguments: cap,
-// rate and bands.
-func (st *state) resolve(key string) (policy.Shape, int64, any, string) {
-	_, idx := st.p.Resolve(key)
-	sh := st.p.ShapeAt(idx)
+// resolve returns the index of key's shape under st and its decide script
+// arguments: the primary band's capacity, and the rate argument (an int64
+// for a plain shape, else a string).
+func (st *state) resolve(key string) (policy.LimitIndex, int64, any) {
+	l, idx := st.p.Resolve(key)
 	if a, ok := st.enc[idx]; ok {
-		return sh, sh.Primary.Capacity, a.rate, a.bands
+		return idx, l.Capacity, a
 	}
-	return sh, sh.Primary.Capacity, sh.Primary.Rate().Tokens, ""
+	return idx, l.Capacity, l.Rate().Tokens
 }
 
 var _ engine.Admitter = (*Store)(nil)

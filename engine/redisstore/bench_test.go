@@ -1,0 +1,111 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// BenchmarkScript is Allow and AllowBatch of 128 from one goroutine on a
+// real Redis, on the server's TIME, for a plain policy (the layout and fast
+// path every TokensPerSecond policy has), a rate per minute on the fast
+// path and on the limbs, and three bands. Besides ns/op, which includes the
+// round trip, it reports script-ns/decision: the time Redis itself spent in
+// EVALSHA per decision (INFO commandstats), the figure the script's changes
+// move. The capacities are large enough that the keys do not run dry.
+func BenchmarkScript(b *testing.B) {
+	bands, err := policy.NewBands(
+		policy.Band{Name: "minute", Capacity: 1 << 30, Refill: policy.PerMinute(1 << 30)},
+		policy.Band{Name: "hour", Capacity: 1 << 31, Refill: policy.PerHour(1 << 30)},
+		policy.Band{Name: "day", Capacity: 1 << 32, Refill: policy.PerDay(1 << 30)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, sc := range []struct {
+		name string
+		p    policy.Policy
+	}{
+		{"plain", policy.Policy{Version: 1, Capacity: 1_000_000, TokensPerSecond: 1}},
+		{"perMinute-fast", policy.Policy{Version: 1, Capacity: 50_000, Refill: policy.PerMinute(1)}},
+		{"perMinute-limbs", policy.Policy{Version: 1, Capacity: 1_000_000, Refill: policy.PerMinute(1)}},
+		{"bands3", policy.Policy{Version: 1, Capacity: 1_000_000, TokensPerSecond: 1, Bands: bands}},
+	} {
+		for _, batch := range []int{1, 128} {
+			b.Run(fmt.Sprintf("policy=%s/batch=%d", sc.name, batch), func(b *testing.B) {
+				ctx := context.Background()
+				c := client(b, redisAddr(b))
+				pfx := prefix(b)
+				s, err := redisstore.New(ctx, redisstore.Config{Client: c, Prefix: pfx, Policy: sc.p, Timeout: 5 * time.Second})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() {
+					_ = s.Close()
+					cleanPrefix(c, pfx)
+				})
+				reqs := make([]engine.Request, batch)
+				for i := range reqs {
+					reqs[i] = engine.Request{Key: fmt.Sprint("key", i), Cost: 1}
+				}
+				out := make([]engine.Result, batch)
+				if err := s.AllowBatch(ctx, reqs, out); err != nil { // create the buckets
+					b.Fatal(err)
+				}
+				if err := c.ConfigResetStat(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					if err := s.AllowBatch(ctx, reqs, out); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				for i := range out {
+					if out[i].Err != nil || !out[i].Decision.Allowed {
+						b.Fatalf("request %d: %+v", i, out[i])
+					}
+				}
+				if f := s.Stats().Failures; f > 0 {
+					b.Fatalf("%d failures", f)
+				}
+				b.ReportMetric(scriptNs(b, c)/float64(batch), "script-ns/decision")
+			})
+		}
+	}
+}
+
+// scriptNs is the mean time Redis spent in one EVALSHA since the last
+// CONFIG RESETSTAT, in ns.
+func scriptNs(b *testing.B, c *redis.Client) float64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "cmdstat_evalsha:") {
+			continue
+		}
+		for _, f := range strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "cmdstat_evalsha:")), ",") {
+			if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
+				us, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return us * 1000
+			}
+		}
+	}
+	b.Fatal("no evalsha in INFO commandstats")
+	return 0
+}
