@@ -102,8 +102,35 @@ func (b *Bucket) Take(cost int64) bool {
 // It requires 1 <= cost <= l.Capacity and now >= b.Last; the shard checks
 // both before calling.
 func (b *Bucket) Decide(l Limit, now, cost int64) Outcome {
-	if now > b.Last { // Refill's own test, saving the call for a key decided again at one reading
-		b.Refill(l, now)
+	n, per := l.rate()
+	if now > b.Last {
+		// Refill, written out. A call would keep all four words of l, the
+		// bucket and cost live across it, spilled to the stack and loaded
+		// back, which made this hot path slower than when a Limit was two
+		// words; inline, they stay in registers. Refill's own test also
+		// saves the work for a key decided again at one reading.
+		elapsed := uint64(now - b.Last)
+		b.Last = now
+		if b.Tokens < l.Capacity {
+			addHi, addLo := bits.Mul64(elapsed, n)
+			defHi, defLo := deficit(b.Tokens, uint64(b.Frac), l.Capacity, per)
+			if addHi > defHi || (addHi == defHi && addLo >= defLo) {
+				b.Tokens, b.Frac = l.Capacity, 0
+			} else {
+				lo, carry := bits.Add64(addLo, uint64(b.Frac), 0)
+				var q, r uint64
+				switch hi := addHi + carry; {
+				case hi == 0 && l.TokensPerSecond != 0:
+					q, r = lo/UnitsPerToken, lo%UnitsPerToken // see Refill
+				default:
+					q, r = bits.Div64(hi, lo, per)
+				}
+				b.Tokens += int64(q)
+				b.Frac = uint32(r)
+			}
+		} else {
+			b.Tokens, b.Frac = l.Capacity, 0
+		}
 	}
 	o := Outcome{Allowed: b.Take(cost)}
 	// The fields, not the methods on a copy: copying a bucket just written
@@ -115,7 +142,6 @@ func (b *Bucket) Decide(l Limit, now, cost int64) Outcome {
 	o.Remaining = b.Tokens
 	// resetAfter, written out: too large for the compiler to inline.
 	if b.Tokens < l.Capacity {
-		n, per := l.rate()
 		hi, lo := deficit(b.Tokens, uint64(b.Frac), l.Capacity, per)
 		o.ResetAfter = ceilDiv(hi, lo, n)
 	}
