@@ -132,38 +132,6 @@ local function mul(a, b)
   return norm(r)
 end
 
--- tod is n as a double, rounded (a relative error of a few 2^-53): for
--- estimates and expiries only.
-local function tod(n)
-  local d = 0
-  for k = #n, 1, -1 do d = d * B + n[k] end
-  return d
-end
-
--- div returns floor(a / b) for b >= 1: schoolbook division in base B, each
--- quotient limb estimated in floating point and then corrected exactly, so
--- an estimate that is off costs a step, never exactness. Only a cutover that
--- changes a band's period divides.
-local function div(a, b)
-  local q, r = {}, { 0 }
-  for i = 1, #a do q[i] = 0 end
-  for i = #a, 1, -1 do
-    table.insert(r, 1, a[i]) -- r = r*B + a[i]
-    r = norm(r)
-    if cmp(r, b) >= 0 then -- r < b*B, so the limb is in [1, B)
-      local d = math.floor(tod(r) / tod(b))
-      if d >= B then d = B - 1 elseif d < 1 then d = 1 end
-      local m = mul(b, { d })
-      while cmp(m, r) > 0 do d, m = d - 1, sub(m, b) end
-      local m2 = add(m, b)
-      while cmp(m2, r) <= 0 do d, m, m2 = d + 1, m2, add(m2, b) end
-      r = sub(r, m)
-      q[i] = d
-    end
-  end
-  return norm(q)
-end
-
 local P52 = 4503599627370496 -- 2^52
 
 -- msOf is an instant in ns (a decimal string) in whole ms.
@@ -178,104 +146,6 @@ local function split(s)
   local n = #s
   if n <= 9 then return 0, tonumber(s) end
   return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
-end
-
--- gtS reports whether decimal a (no leading zeros) is above decimal b.
-local function gtS(a, b) return #a > #b or (#a == #b and a > b) end
-
--- A shape is an array of bands, the primary first; a band is {name (hex,
--- "" for the primary), cap (decimal), p (decimal), pb (P as limbs), n (N as
--- limbs), nD (N as a double), full (cap*P as limbs)}. A shape also has
--- min, the smallest cap (decimal). Shapes are parsed once per call.
-local shapes = {}
-
-local function band(name, cap, rate)
-  local n, p = string.match(rate, '^(%d+)/(%d+)$')
-  if not n then n, p = rate, '1000000000' end
-  local pb = big(p)
-  return { name = name, cap = cap, p = p, pb = pb, n = big(n), nD = tonumber(n), full = mul(big(cap), pb) }
-end
-
-local function shapeOf(cap, rate, bands)
-  local k = cap .. ' ' .. rate .. ' ' .. bands
-  local sh = shapes[k]
-  if sh then return sh end
-  sh = { band('', cap, rate) }
-  sh.min = cap
-  for name, c, r in string.gmatch(bands, '(%x+):(%d+):([%d/]+)') do
-    sh[#sh + 1] = band(name, c, r)
-    if gtS(sh.min, c) then sh.min = c end
-  end
-  shapes[k] = sh
-  return sh
-end
-
--- fullOf is every band of sh full.
-local function fullOf(sh)
-  local lv = {}
-  for k = 1, #sh do lv[k] = sh[k].full end
-  return lv
-end
-
--- refill brings the bands lv of shape sh, last updated at t, up to instant
--- now: each gains elapsed*N units, up to its capacity; a now at or before t
--- adds nothing. It returns the new last.
-local function refill(lv, t, now, sh)
-  if cmp(now, t) <= 0 then return t end
-  local e = sub(now, t)
-  for k = 1, #sh do
-    local b = sh[k]
-    if cmp(lv[k], b.full) < 0 then
-      local u = add(lv[k], mul(e, b.n))
-      if cmp(u, b.full) > 0 then u = b.full end
-      lv[k] = u
-    end
-  end
-  return now
-end
-
--- carry moves the bands lv of shape old, brought up to a cutover, to shape
--- nxt: the primary takes over the primary, a band the band of old of the
--- same name, each moved to the new unit if the period changes (rounding
--- down) and clamped to the new capacity; a band new in nxt starts full; a
--- band of old that nxt lacks is dropped.
-local function carry(old, lv, nxt)
-  local out = {}
-  for k = 1, #nxt do
-    local b, j = nxt[k], nil
-    if k == 1 then
-      j = 1
-    else
-      for m = 2, #old do
-        if old[m].name == b.name then j = m break end
-      end
-    end
-    if not j then
-      out[k] = b.full
-    else
-      local u = lv[j]
-      if old[j].p ~= b.p then u = div(mul(u, b.pb), old[j].pb) end
-      if cmp(u, b.full) > 0 then u = b.full end
-      out[k] = u
-    end
-  end
-  return out
-end
-
-local function splitChain(s)
-  local m = {}
-  for e in string.gmatch(s, '[^;]+') do
-    local v, c, r, bs = string.match(e, '^(%d+) (%d+) (%S+) ?(%S*)$')
-    if v then m[v] = { c, r, bs } end
-  end
-  return m
-end
-
--- entry parses a history entry: version, cutover, the default shape's cap,
--- rate and bands, and the overridden flag.
-local function entry(e)
-  local w, cut, c, r, ov, rest = string.match(e, '^(%d+) (%d+) (%d+) (%S+) (%d)(.*)$')
-  return w, cut, c, r, string.match(rest, '^ (%S+)$') or '', ov
 end
 
 local mode, want, expiry = ARGV[1], ARGV[2], ARGV[4] == '1'
@@ -311,71 +181,208 @@ local function reply(status, done, behind)
   return r
 end
 
--- bring brings a written bucket of shape sh (under the version in force) up
--- to now through every cutover it missed: the bucket's fields, then its
--- chain. It returns the bands and the last update, or nil and the bucket's
--- version when the chain lacks a version the bucket needs.
-local function bring(us, ts, v, c, r, rest, sh, chain)
-  local lv, t = { big(us) }, big(ts)
-  for u in string.gmatch(rest, '%d+') do lv[#lv + 1] = big(u) end
-  local cur, from = sh, nil
-  if v ~= version then
-    history = history or redis.call('LRANGE', KEYS[2], 0, -1)
-    local at
-    for h = 1, #history do
-      if string.match(history[h], '^(%d+) ') == v then at = h break end
+-- The general path's helpers: limbs over bands, and the cutovers a bucket
+-- missed. They are made on the path's first use in a call (general), so a
+-- call that only takes the fast path does not pay for making them.
+local tod, div, shapeOf, fullOf, refill, carry, splitChain, entry, bring
+local function general()
+  if bring then return end
+  -- tod is n as a double, rounded (a relative error of a few 2^-53): for
+  -- estimates and expiries only.
+  function tod(n)
+    local d = 0
+    for k = #n, 1, -1 do d = d * B + n[k] end
+    return d
+  end
+
+  -- div returns floor(a / b) for b >= 1: schoolbook division in base B, each
+  -- quotient limb estimated in floating point and then corrected exactly, so
+  -- an estimate that is off costs a step, never exactness. Only a cutover that
+  -- changes a band's period divides.
+  function div(a, b)
+    local q, r = {}, { 0 }
+    for i = 1, #a do q[i] = 0 end
+    for i = #a, 1, -1 do
+      table.insert(r, 1, a[i]) -- r = r*B + a[i]
+      r = norm(r)
+      if cmp(r, b) >= 0 then -- r < b*B, so the limb is in [1, B)
+        local d = math.floor(tod(r) / tod(b))
+        if d >= B then d = B - 1 elseif d < 1 then d = 1 end
+        local m = mul(b, { d })
+        while cmp(m, r) > 0 do d, m = d - 1, sub(m, b) end
+        local m2 = add(m, b)
+        while cmp(m2, r) <= 0 do d, m, m2 = d + 1, m2, add(m2, b) end
+        r = sub(r, m)
+        q[i] = d
+      end
     end
-    local own = splitChain(chain)
-    if at then
-      from = at + 1
-      if #lv == 1 then
-        cur = shapeOf(c, r, '') -- one band: the bucket says it all
+    return norm(q)
+  end
+
+  -- A shape is an array of bands, the primary first; a band is {name (hex,
+  -- "" for the primary), cap (decimal), p (decimal), pb (P as limbs), n (N as
+  -- limbs), nD (N as a double), full (cap*P as limbs)}. A shape also has
+  -- min, the smallest cap (decimal). Shapes are parsed once per call.
+  local shapes = {}
+
+  -- gtS reports whether decimal a (no leading zeros) is above decimal b.
+  local function gtS(a, b) return #a > #b or (#a == #b and a > b) end
+
+  local function band(name, cap, rate)
+    local n, p = string.match(rate, '^(%d+)/(%d+)$')
+    if not n then n, p = rate, '1000000000' end
+    local pb = big(p)
+    return { name = name, cap = cap, p = p, pb = pb, n = big(n), nD = tonumber(n), full = mul(big(cap), pb) }
+  end
+
+  function shapeOf(cap, rate, bands)
+    local k = cap .. ' ' .. rate .. ' ' .. bands
+    local sh = shapes[k]
+    if sh then return sh end
+    sh = { band('', cap, rate) }
+    sh.min = cap
+    for name, c, r in string.gmatch(bands, '(%x+):(%d+):([%d/]+)') do
+      sh[#sh + 1] = band(name, c, r)
+      if gtS(sh.min, c) then sh.min = c end
+    end
+    shapes[k] = sh
+    return sh
+  end
+
+  -- fullOf is every band of sh full.
+  function fullOf(sh)
+    local lv = {}
+    for k = 1, #sh do lv[k] = sh[k].full end
+    return lv
+  end
+
+  -- refill brings the bands lv of shape sh, last updated at t, up to instant
+  -- now: each gains elapsed*N units, up to its capacity; a now at or before t
+  -- adds nothing. It returns the new last.
+  function refill(lv, t, now, sh)
+    if cmp(now, t) <= 0 then return t end
+    local e = sub(now, t)
+    for k = 1, #sh do
+      local b = sh[k]
+      if cmp(lv[k], b.full) < 0 then
+        local u = add(lv[k], mul(e, b.n))
+        if cmp(u, b.full) > 0 then u = b.full end
+        lv[k] = u
+      end
+    end
+    return now
+  end
+
+  -- carry moves the bands lv of shape old, brought up to a cutover, to shape
+  -- nxt: the primary takes over the primary, a band the band of old of the
+  -- same name, each moved to the new unit if the period changes (rounding
+  -- down) and clamped to the new capacity; a band new in nxt starts full; a
+  -- band of old that nxt lacks is dropped.
+  function carry(old, lv, nxt)
+    local out = {}
+    for k = 1, #nxt do
+      local b, j = nxt[k], nil
+      if k == 1 then
+        j = 1
       else
-        local _, _, hc, hr, hb, ov = entry(history[at])
-        if ov == '1' then
-          if not own[v] then return nil, v end
-          cur = shapeOf(own[v][1], own[v][2], own[v][3])
-        else
-          cur = shapeOf(hc, hr, hb)
+        for m = 2, #old do
+          if old[m].name == b.name then j = m break end
         end
+      end
+      if not j then
+        out[k] = b.full
+      else
+        local u = lv[j]
+        if old[j].p ~= b.p then u = div(mul(u, b.pb), old[j].pb) end
+        if cmp(u, b.full) > 0 then u = b.full end
+        out[k] = u
       end
     end
-    if at and #cur == #lv then
-      for h = from, #history do
-        local w, cut, wc, wr, wb, ov = entry(history[h])
-        local nxt
-        if w == version then
-          nxt = sh
-        elseif ov == '1' then
-          if not own[w] then return nil, v end
-          nxt = shapeOf(own[w][1], own[w][2], own[w][3])
-        else
-          nxt = shapeOf(wc, wr, wb)
-        end
-        -- The cutover rule: refill under the old shape up to the cutover,
-        -- then carry the bands over to the new one.
-        t = refill(lv, t, big(cut), cur)
-        lv = carry(cur, lv, nxt)
-        cur = nxt
+    return out
+  end
+
+  function splitChain(s)
+    local m = {}
+    for e in string.gmatch(s, '[^;]+') do
+      local v, c, r, bs = string.match(e, '^(%d+) (%d+) (%S+) ?(%S*)$')
+      if v then m[v] = { c, r, bs } end
+    end
+    return m
+  end
+
+  -- entry parses a history entry: version, cutover, the default shape's cap,
+  -- rate and bands, and the overridden flag.
+  function entry(e)
+    local w, cut, c, r, ov, rest = string.match(e, '^(%d+) (%d+) (%d+) (%S+) (%d)(.*)$')
+    return w, cut, c, r, string.match(rest, '^ (%S+)$') or '', ov
+  end
+
+  -- bring brings a written bucket of shape sh (under the version in force) up
+  -- to now through every cutover it missed: the bucket's fields, then its
+  -- chain. It returns the bands and the last update, or nil and the bucket's
+  -- version when the chain lacks a version the bucket needs.
+  function bring(us, ts, v, c, r, rest, sh, chain)
+    local lv, t = { big(us) }, big(ts)
+    for u in string.gmatch(rest, '%d+') do lv[#lv + 1] = big(u) end
+    local cur, from = sh, nil
+    if v ~= version then
+      history = history or redis.call('LRANGE', KEYS[2], 0, -1)
+      local at
+      for h = 1, #history do
+        if string.match(history[h], '^(%d+) ') == v then at = h break end
       end
-    else
-      -- The version is no longer retained: only a Redis that lost the
-      -- policy keys gets here. What the bucket earned since is unknown, so
-      -- it restarts empty at the current cutover: a denial too many, never
-      -- a free burst.
-      local last = history[#history]
-      local cut = last and string.match(last, '^%d+ (%d+) ') or nowS
+      local own = splitChain(chain)
+      if at then
+        from = at + 1
+        if #lv == 1 then
+          cur = shapeOf(c, r, '') -- one band: the bucket says it all
+        else
+          local _, _, hc, hr, hb, ov = entry(history[at])
+          if ov == '1' then
+            if not own[v] then return nil, v end
+            cur = shapeOf(own[v][1], own[v][2], own[v][3])
+          else
+            cur = shapeOf(hc, hr, hb)
+          end
+        end
+      end
+      if at and #cur == #lv then
+        for h = from, #history do
+          local w, cut, wc, wr, wb, ov = entry(history[h])
+          local nxt
+          if w == version then
+            nxt = sh
+          elseif ov == '1' then
+            if not own[w] then return nil, v end
+            nxt = shapeOf(own[w][1], own[w][2], own[w][3])
+          else
+            nxt = shapeOf(wc, wr, wb)
+          end
+          -- The cutover rule: refill under the old shape up to the cutover,
+          -- then carry the bands over to the new one.
+          t = refill(lv, t, big(cut), cur)
+          lv = carry(cur, lv, nxt)
+          cur = nxt
+        end
+      else
+        -- The version is no longer retained: only a Redis that lost the
+        -- policy keys gets here. What the bucket earned since is unknown, so
+        -- it restarts empty at the current cutover: a denial too many, never
+        -- a free burst.
+        local last = history[#history]
+        local cut = last and string.match(last, '^%d+ (%d+) ') or nowS
+        lv = {}
+        for k = 1, #sh do lv[k] = { 0 } end
+        if cmp(big(cut), t) > 0 then t = big(cut) end
+      end
+    elseif #lv ~= #sh then
+      -- Bands that are not the shape's (the same): restart empty, as above.
       lv = {}
       for k = 1, #sh do lv[k] = { 0 } end
-      if cmp(big(cut), t) > 0 then t = big(cut) end
     end
-  elseif #lv ~= #sh then
-    -- Bands that are not the shape's (the same): restart empty, as above.
-    lv = {}
-    for k = 1, #sh do lv[k] = { 0 } end
+    t = refill(lv, t, now, sh)
+    return lv, t
   end
-  t = refill(lv, t, now, sh)
-  return lv, t
 end
 
 local n = #KEYS - 3
@@ -393,13 +400,22 @@ for i = 1, n do
       if ps and #ps <= 15 then nN, pN = tonumber(ns), tonumber(ps) end
     end
   end
-  if mode == 'a' and gtS(cost, bands == '' and cap or shapeOf(cap, rate, bands).min) then
+  local least = cap -- the smallest capacity of the shape's bands
+  if bands ~= '' then
+    general()
+    least = shapeOf(cap, rate, bands).min
+  end
+  if mode == 'a' and (#cost > #least or (#cost == #least and cost > least)) then -- cost > least
     out[#out + 1] = 'c'
     out[#out + 1] = ''
   else
     local raw = redis.call('GET', key)
     local us, ts, v, c, r, rest
-    if raw then us, ts, v, c, r, rest = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)(.*)$') end
+    if raw then
+      us, ts, v, c, r = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%d+)$') -- a plain bucket
+      rest = ''
+      if not us then us, ts, v, c, r, rest = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)(.*)$') end
+    end
     -- the bucket after the operation: units (per band, joined) and last
     -- update as strings, the result code, and the ns it takes to be full
     -- (as a double: exact on the fast path, and zero exactly when it is
@@ -439,6 +455,7 @@ for i = 1, n do
       u1 = uS
     else
       -- General path: limbs, bands, and the cutovers the bucket missed.
+      general()
       local sh = shapeOf(cap, rate, bands)
       local lv, t
       if raw then
