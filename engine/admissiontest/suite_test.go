@@ -40,12 +40,14 @@ var mutants = map[string][]string{
 	"forgets-on-cutover": {
 		"WorkedExamples/CutoverOneTokenAtTheCutover", "Cutover/RaisingCapacityTopsNobodyUp",
 		"Overrides/Cutover", "CutoverChain/Random", "Differential/Random",
+		"Bands/CutoverRaisingBandTopsNobodyUp", "Bands/CutoverPeriodChangeRoundsDown", "Bands/Random",
 	},
 	"ignores-context":           {"Errors/DoneContext", "Errors/Order"},
 	"batch-returns-first-error": {"Batch/PerRequestErrors", "Differential/Random"},
 	"close-twice-fails":         {"Errors/Closed"},
-	"policy-never-changes":      {"Cutover/NewPolicyEverywhere", "Cutover/InvalidNext", "CutoverChain/Random", "Differential/Random"},
-	"evict-nothing":             {"WorkedExamples/EvictFull", "Overrides/EvictAndReturn", "Differential/Random"},
+	"policy-never-changes": {"Cutover/NewPolicyEverywhere", "Cutover/InvalidNext", "CutoverChain/Random", "Differential/Random",
+		"Bands/CutoverRaisingBandTopsNobodyUp", "Bands/Random"},
+	"evict-nothing": {"WorkedExamples/EvictFull", "Overrides/EvictAndReturn", "Differential/Random", "Bands/EvictFullNeedsEveryBandFull"},
 }
 
 // failLine matches a failed subtest of the child's verbose output.
