@@ -37,12 +37,6 @@ var bandBehaviours = []behaviour{
 	{"Random", testBandsDifferential},
 }
 
-// Periods of the worked examples, in ns.
-const (
-	minute = int64(time.Minute)
-	hour   = int64(time.Hour)
-	day    = 24 * hour
-)
 
 // bandSet builds a BandSet, failing t if it is invalid (a bug in the suite).
 func bandSet(t *testing.T, bs ...policy.Band) *policy.BandSet {
