@@ -127,9 +127,10 @@ type state struct {
 	p   policy.Policy
 	ver string // p.Version in decimal, as the script compares it
 	// enc holds the decide script's rate argument (shapeArgs.arg) of every
-	// shape in p's limit table that is not plain; a plain one is sent as its
-	// two integers, capacity and tokens per second, as it always was.
-	enc map[policy.LimitIndex]string
+	// shape in p's limit table that is not plain, boxed once so that a
+	// request does not allocate it; a plain one is sent as its two integers,
+	// capacity and tokens per second, as it always was.
+	enc map[policy.LimitIndex]any
 }
 
 func newState(p policy.Policy) *state {
@@ -137,7 +138,7 @@ func newState(p policy.Policy) *state {
 	for i, sh := range p.Shapes() {
 		if !plain(sh) {
 			if st.enc == nil {
-				st.enc = map[policy.LimitIndex]string{}
+				st.enc = map[policy.LimitIndex]any{}
 			}
 			st.enc[policy.LimitIndex(i)] = encodeShape(sh).arg()
 		}
