@@ -37,7 +37,6 @@ var bandBehaviours = []behaviour{
 	{"Random", testBandsDifferential},
 }
 
-
 // bandSet builds a BandSet, failing t if it is invalid (a bug in the suite).
 func bandSet(t *testing.T, bs ...policy.Band) *policy.BandSet {
 	t.Helper()
