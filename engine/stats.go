@@ -50,6 +50,10 @@ type ShardStats struct {
 	Cutovers, Sweeps               uint64 // cutovers taken part in, sweeps run
 	Evicted                        uint64 // keys evicted by sweeps
 	EventsDropped                  uint64 // sampled decisions dropped on a full buffer
+	// Holds is how many AllowAll parts the shard held for; HoldsAborted
+	// how many of those it gave up for a cutover, sweep, snapshot or Close
+	// (the call then tried again).
+	Holds, HoldsAborted uint64
 }
 
 // Errors counts errors by kind.
@@ -84,6 +88,7 @@ func shardStats(c *msg.Counters, depth int64) ShardStats {
 		MailboxDepth: depth, MailboxHighWater: int64(c[msg.HighWater]),
 		Cutovers: c[msg.Cutovers], Sweeps: c[msg.Sweeps], Evicted: c[msg.Evicted],
 		EventsDropped: c[msg.EventsDropped],
+		Holds:         c[msg.Holds], HoldsAborted: c[msg.HoldsAborted],
 	}
 }
 

@@ -121,6 +121,7 @@ type Batch struct {
 	Part   int
 	Closed bool
 	Done   chan int // buffered for every part of one call, so no shard blocks
+	Hold   *Hold    // set: the part of an all-or-nothing decision (see Hold)
 }
 
 // AwaitPart receives the next part number on done, a batch call's Done,

@@ -54,6 +54,8 @@ const (
 	EventsDropped                // sampled decisions dropped on a full buffer
 	Keys                         // keys tracked (a level, not a sum)
 	HighWater                    // most single requests found queued at once (a maximum)
+	Holds                        // holds of AllowAll parts taken
+	HoldsAborted                 // of those, given up for a control message or stop
 	firstError                   // then one count per ErrKind
 	NumCounters   = firstError + Counter(NumErrKinds)
 )

@@ -18,6 +18,10 @@ func (s *Shard) serveData() bool {
 
 // serveBatch decides a batch part at one clock reading and answers it.
 func (s *Shard) serveBatch(b *msg.Batch) {
+	if b.Hold != nil {
+		s.serveHold(b)
+		return
+	}
 	now := s.clk.Now()
 	s.ring(now)
 	s.state.Batch(now, b)

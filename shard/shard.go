@@ -15,9 +15,10 @@ type Shard struct {
 	state *State
 	clk   clock.Clock
 	mb    *Mailbox
-	group []*msg.Single // reused buffer of one group of single requests
-	task  task          // the background work in progress, if any
-	alarm *Alarm        // checked at each reading requests are decided at, if set
+	group []*msg.Single   // reused buffer of one group of single requests
+	task  task            // the background work in progress, if any
+	alarm *Alarm          // checked at each reading requests are decided at, if set
+	stop  <-chan struct{} // Run's: a hold gives up when it closes
 
 	yieldFirst bool // data was served since the last yield: yield before parking
 	dataFirst  bool // a cutover just ended: serve data before control once
@@ -50,6 +51,7 @@ func (s *Shard) Bare() { s.bare = true }
 // every request still queued and returns. The engine closes stop only after
 // the mailbox is closed, so nothing can arrive after the final drain.
 func (s *Shard) Run(stop <-chan struct{}) {
+	s.stop = stop
 	s.publish() // a restored shard starts with keys
 	defer s.drain()
 	defer s.endTask()

@@ -96,17 +96,18 @@ func (s *State) Policy() policy.Policy { return s.gens[len(s.gens)-1].pol }
 // stack in words and copied out in wider loads, which wait for those stores
 // to retire instead of taking their values.
 func (s *State) Decide(now int64, key string, h uint64, cost int64, r *msg.Reply) {
-	s.decideFound(now, key, h, cost, r, s.tab.find(h, key))
+	s.decideFound(now, key, h, cost, r, s.tab.find(h, key), false)
 }
 
 // DecideWarmed is Decide for the ith key of the last warm (see WarmStart).
 func (s *State) DecideWarmed(i int, now int64, key string, h uint64, cost int64, r *msg.Reply) {
-	s.decideFound(now, key, h, cost, r, s.tab.findWarmed(i, h, key))
+	s.decideFound(now, key, h, cost, r, s.tab.findWarmed(i, h, key), false)
 }
 
 // decideFound is Decide for a key whose bucket the table returned as b
-// (nil for a key it does not track).
-func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.Reply, b *policy.Bucket) {
+// (nil for a key it does not track). reserved says a new key's slot in the
+// budget is already taken (a hold's commit).
+func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.Reply, b *policy.Bucket, reserved bool) {
 	// The key's own limit: its bucket's, or what the policy resolves a new
 	// key to. The cost bound is that limit's capacity.
 	if b != nil && b.Epoch != s.epoch { // bringUp's own test, saving the call
@@ -129,7 +130,7 @@ func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.
 		return
 	}
 	if b == nil {
-		if !s.budget.Reserve() {
+		if !reserved && !s.budget.Reserve() {
 			*r = msg.Reply{Err: msg.ErrKeyCapacity}
 			return
 		}

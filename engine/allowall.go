@@ -1,0 +1,265 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"slices"
+
+	"github.com/tokenshard/tokenshard/msg"
+)
+
+// MaxAllowAll is the most requests one AllowAll may carry.
+const MaxAllowAll = 64
+
+// ErrAllowAllSize: AllowAll was given no requests, or more than
+// MaxAllowAll.
+var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll requests")
+
+// AllowAll decides reqs as one: it admits them only if every request's key
+// holds its cost, and then takes every cost; otherwise it takes nothing from
+// any key. Requests for one key add up: their costs are summed, and a sum
+// above the key's capacity is ErrCostExceedsCapacity. It is linearizable:
+// the call takes effect for all its keys at one instant, and no other call
+// sees part of it or is denied for tokens it did not keep.
+//
+// The Decision is that of the binding request, whose index in reqs the int
+// gives: when denied, the request whose key waits longest (RetryAfter is
+// then the time until every key holds its cost); when admitted, the request
+// whose key has the fewest whole tokens left; ties go to the first such
+// request. A key's answer is the one Allow would give for its summed cost
+// at that instant, Band and all.
+//
+// Errors, with the zero Decision, the index of the request at fault (-1
+// for none) and nothing changed: ErrNotInitialized; ErrAllowAllSize for no
+// requests or more than MaxAllowAll; then, over all requests, ErrInvalidKey
+// for the first bad key, ErrInvalidCost for the first cost below 1;
+// ErrClosed; ErrNilContext or the context's error; then from the keys'
+// shards, over all requests, ErrCostExceedsCapacity, ErrClockRegression,
+// ErrKeyCapacity (room for every new key is needed at once).
+//
+// How: the call's shards are held one at a time, in the order of their
+// numbers, each serving nothing else while held; so concurrent calls cannot
+// deadlock, whichever keys they share. With every shard held, each decides
+// its keys at the latest of their readings, and the call admits or refuses
+// them all. A cutover, sweep, snapshot or Close that reaches a held shard
+// before that instant makes it give the hold up, so they never wait on a
+// hold; after it, they wait only for the call's own next step. The call then
+// starts over once, holding the coordinator those need, so nothing but
+// Close can interrupt it again. A hold keeps other requests to the held shards
+// waiting for a few hand-offs: prefer AllowBatch where each request may be
+// decided alone. AllowAll allocates a little per shard it holds.
+func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (Decision, int, error) {
+	if e.uninitialized() {
+		return Decision{}, -1, ErrNotInitialized
+	}
+	if len(reqs) == 0 || len(reqs) > MaxAllowAll {
+		return Decision{}, -1, ErrAllowAllSize
+	}
+	for i, r := range reqs {
+		if err := e.checkKey(r.Key); err != nil {
+			e.callerErrs.add(err, 1)
+			return Decision{}, i, err
+		}
+	}
+	for i, r := range reqs {
+		if r.Cost < 1 {
+			e.callerErrs.add(ErrInvalidCost, 1)
+			return Decision{}, i, ErrInvalidCost
+		}
+	}
+	switch {
+	case e.closed.Load():
+		return Decision{}, -1, ErrClosed
+	case ctx == nil:
+		return Decision{}, -1, e.nilContext()
+	}
+	if err := ctx.Err(); err != nil {
+		return Decision{}, -1, err
+	}
+	c := e.newAllCall(reqs)
+	if d, i, err, again := e.allowAll(ctx, c, reqs); !again {
+		return d, i, err
+	}
+	// A cutover, sweep or snapshot made a shard give its hold up. Try again
+	// holding the coordinator, which every one of them needs: then only
+	// Close can interrupt.
+	for {
+		if err := e.acquire(ctx); err != nil {
+			return Decision{}, -1, err
+		}
+		d, i, err, again := e.allowAll(ctx, c, reqs)
+		e.release()
+		if !again {
+			return d, i, err
+		}
+	}
+}
+
+// allCall is one AllowAll's parts: per shard its distinct keys with summed
+// costs, in shard order, and for every request its part and item.
+type allCall struct {
+	parts []allPart
+	at    [][2]int // at[i]: the part and the item of reqs[i]
+	done  chan int
+}
+
+type allPart struct {
+	shard int
+	m     msg.Batch
+	first []int // first[j]: the first request of item j
+}
+
+func (e *Engine) newAllCall(reqs []Request) *allCall {
+	c := &allCall{at: make([][2]int, len(reqs))}
+	byShard := map[int]int{} // shard -> part
+	for i, r := range reqs {
+		s, h := e.shardOf(r.Key)
+		p, ok := byShard[s]
+		if !ok {
+			p = len(c.parts)
+			byShard[s] = p
+			c.parts = append(c.parts, allPart{shard: s})
+		}
+		part := &c.parts[p]
+		j := slices.IndexFunc(part.m.Items, func(it msg.Item) bool { return it.Key == r.Key })
+		if j < 0 {
+			j = len(part.m.Items)
+			part.m.Items = append(part.m.Items, msg.Item{Key: r.Key, Hash: h})
+			part.first = append(part.first, i)
+		}
+		it := &part.m.Items[j]
+		it.Cost = satAdd(it.Cost, r.Cost) // above MaxInt64: above every capacity
+		c.at[i] = [2]int{p, j}
+	}
+	// The global order of holds: by shard.
+	order := make([]int, len(c.parts))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return c.parts[a].shard - c.parts[b].shard })
+	sorted := make([]allPart, len(c.parts))
+	where := make([]int, len(c.parts))
+	for k, p := range order {
+		sorted[k] = c.parts[p]
+		where[p] = k
+	}
+	c.parts = sorted
+	for i := range c.at {
+		c.at[i][0] = where[c.at[i][0]]
+	}
+	c.done = make(chan int, len(c.parts))
+	for k := range c.parts {
+		p := &c.parts[k]
+		p.m.Part, p.m.Done = k, c.done
+		p.m.Out = make([]msg.Reply, len(p.m.Items))
+	}
+	return c
+}
+
+// holdErrRank orders the errors a shard answers a hold with, as the
+// error rules order them.
+func holdErrRank(err error) int {
+	switch err {
+	case ErrCostExceedsCapacity:
+		return 0
+	case ErrClockRegression:
+		return 1
+	}
+	return 2 // ErrKeyCapacity
+}
+
+// allowAll is one attempt. again reports that a shard gave its hold up and
+// nothing was decided.
+func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d Decision, at int, err error, again bool) {
+	held := make([]bool, len(c.parts))
+	// end sends Commit or Abort to every shard still held and waits for
+	// each to say it is done (or that it gave the hold up meanwhile).
+	end := func(op msg.HoldOp, T int64, admit bool) {
+		for k, ok := range held {
+			if ok {
+				c.parts[k].m.Hold.In <- msg.HoldCmd{Op: op, T: T, Admit: admit}
+			}
+		}
+		for k, ok := range held {
+			if ok {
+				<-c.parts[k].m.Hold.Out
+			}
+		}
+	}
+	// Phase 1: hold each shard in turn, in shard order, so that no two
+	// calls ever wait on each other's holds in a cycle. A shard that
+	// refuses its part holds nothing; the others are held on, so the error
+	// the rules put first is the one returned.
+	var T int64
+	errAt, errRank := -1, 3
+	for k := range c.parts {
+		p := &c.parts[k]
+		p.m.Hold, p.m.Closed = msg.NewHold(), false
+		if err := e.mailboxes[p.shard].SendBatch(ctx, &p.m); err != nil {
+			end(msg.HoldAbort, 0, false)
+			return Decision{}, -1, err, false
+		}
+		<-c.done // a shard always answers a part it took
+		if p.m.Closed {
+			end(msg.HoldAbort, 0, false)
+			return Decision{}, -1, ErrClosed, false
+		}
+		if j := slices.IndexFunc(p.m.Out, func(r msg.Reply) bool { return r.Err != nil }); j >= 0 {
+			i := p.first[j]
+			if r := holdErrRank(p.m.Out[j].Err); r < errRank || (r == errRank && i < errAt) {
+				errAt, errRank, err = i, r, p.m.Out[j].Err
+			}
+			continue
+		}
+		held[k] = true
+		T = max(T, p.m.Hold.Now)
+	}
+	if errAt >= 0 {
+		end(msg.HoldAbort, 0, false)
+		e.callerErrs.add(err, 1)
+		return Decision{}, errAt, err, false
+	}
+	// Phase 2: every part decided at T, taken by nothing yet. A shard that
+	// gave its hold up answers so; then nothing is taken anywhere and the
+	// call starts over.
+	for k, ok := range held {
+		if ok {
+			c.parts[k].m.Hold.In <- msg.HoldCmd{Op: msg.HoldEval, T: T}
+		}
+	}
+	aborted := false
+	for k := range c.parts {
+		if r := <-c.parts[k].m.Hold.Out; r.Aborted {
+			held[k], aborted = false, true
+		}
+	}
+	version := c.parts[0].m.Out[0].Decision.Version
+	for k := range c.parts {
+		if c.parts[k].m.Out[0].Decision.Version != version {
+			aborted = true // not seen: a cutover aborts every hold it meets
+		}
+	}
+	if aborted {
+		end(msg.HoldAbort, 0, false)
+		return Decision{}, -1, nil, true
+	}
+	// Phase 3: all or nothing, and the binding request.
+	admit := true
+	for k := range c.parts {
+		for _, r := range c.parts[k].m.Out {
+			admit = admit && r.Decision.Allowed
+		}
+	}
+	end(msg.HoldCommit, T, admit)
+	at = 0
+	best := &c.parts[c.at[0][0]].m.Out[c.at[0][1]].Decision
+	for i := 1; i < len(reqs); i++ {
+		r := &c.parts[c.at[i][0]].m.Out[c.at[i][1]].Decision
+		if (admit && r.Remaining < best.Remaining) || (!admit && r.RetryAfter > best.RetryAfter) {
+			at, best = i, r
+		}
+	}
+	d = Decision(*best)
+	d.Allowed = admit
+	return d, at, nil, false
+}

@@ -1,0 +1,337 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+)
+
+// keysOnShards returns n keys owned by n different shards of e.
+func keysOnShards(t *testing.T, e *engine.Engine, n int) []string {
+	t.Helper()
+	seen := map[int]bool{}
+	var keys []string
+	for i := 0; len(keys) < n; i++ {
+		require.Less(t, i, 100000, "not enough shards for %d keys", n)
+		k := fmt.Sprintf("key-%d", i)
+		if s := e.ShardOf(k); !seen[s] {
+			seen[s] = true
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+func peekKeys(t *testing.T, e *engine.Engine, keys []string) []engine.Decision {
+	t.Helper()
+	var out []engine.Decision
+	for _, k := range keys {
+		d, err := e.Peek(context.Background(), k)
+		require.NoError(t, err)
+		out = append(out, d)
+	}
+	return out
+}
+
+// TestAllowAllAllOrNothing: admitted, every key pays; refused, no key does,
+// and every balance is exactly as before.
+func TestAllowAllAllOrNothing(t *testing.T) {
+	ctx := context.Background()
+	for _, shards := range []int{1, 2, 16} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			e, clk := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: shards})
+			keys := keysOnShards(t, e, min(3, shards))
+			for len(keys) < 3 {
+				keys = append(keys, fmt.Sprintf("extra-%d", len(keys)))
+			}
+			reqs := []engine.Request{{Key: keys[0], Cost: 2}, {Key: keys[1], Cost: 5}, {Key: keys[2], Cost: 1}}
+			d, at, err := e.AllowAll(ctx, reqs)
+			require.NoError(t, err)
+			assert.True(t, d.Allowed)
+			assert.Equal(t, 1, at, "the fewest tokens left: 5")
+			assert.Equal(t, engine.Decision{Allowed: true, Remaining: 5, Version: 1, Limit: 10, ResetAfter: 5 * time.Second}, d)
+			got := peekKeys(t, e, keys)
+			assert.Equal(t, []int64{8, 5, 9}, []int64{got[0].Remaining, got[1].Remaining, got[2].Remaining})
+
+			// keys[1] holds 5: asking 6 refuses the whole call.
+			clk.Set(int64(500 * time.Millisecond))
+			before := peekKeys(t, e, keys)
+			reqs[1].Cost = 6
+			d, at, err = e.AllowAll(ctx, reqs)
+			require.NoError(t, err)
+			assert.False(t, d.Allowed)
+			assert.Equal(t, 1, at)
+			assert.Equal(t, 500*time.Millisecond, d.RetryAfter, "5.5 tokens held, 6 asked, at 1/s")
+			assert.Equal(t, before, peekKeys(t, e, keys), "a refusal takes nothing")
+		})
+	}
+}
+
+// TestAllowAllRepeatedKeys: requests for one key add up.
+func TestAllowAllRepeatedKeys(t *testing.T) {
+	ctx := context.Background()
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: 4})
+	d, at, err := e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 4}, {Key: "b", Cost: 1}, {Key: "a", Cost: 4}})
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+	assert.Equal(t, 0, at, "a has 2 left, the first request for it binds")
+	assert.Equal(t, int64(2), d.Remaining)
+	d, at, err = e.AllowAll(ctx, []engine.Request{{Key: "b", Cost: 1}, {Key: "a", Cost: 1}, {Key: "a", Cost: 2}})
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, 1, at)
+	assert.Equal(t, time.Second, d.RetryAfter)
+	_, at, err = e.AllowAll(ctx, []engine.Request{{Key: "b", Cost: 1}, {Key: "c", Cost: 6}, {Key: "c", Cost: 5}})
+	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "a sum above the capacity")
+	require.ErrorIs(t, err, engine.ErrInvalidCost)
+	assert.Equal(t, 1, at)
+	assert.Equal(t, int64(9), peekKeys(t, e, []string{"b"})[0].Remaining, "an error takes nothing")
+}
+
+// TestAllowAllErrors: the first invalid request, by the error rules, fails
+// the call and changes nothing.
+func TestAllowAllErrors(t *testing.T) {
+	ctx := context.Background()
+	e, clk := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: 4, MaxKeys: 3})
+	_, _, err := e.AllowAll(ctx, nil)
+	require.ErrorIs(t, err, engine.ErrAllowAllSize)
+	_, _, err = e.AllowAll(ctx, make([]engine.Request, engine.MaxAllowAll+1))
+	require.ErrorIs(t, err, engine.ErrAllowAllSize)
+	_, at, err := e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 0}, {Key: " ", Cost: 1}})
+	require.ErrorIs(t, err, engine.ErrInvalidKey, "keys are checked before costs")
+	assert.Equal(t, 1, at)
+	_, at, err = e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 1}, {Key: "b", Cost: 0}})
+	require.ErrorIs(t, err, engine.ErrInvalidCost)
+	assert.Equal(t, 1, at)
+	_, _, err = e.AllowAll(nil, []engine.Request{{Key: "a", Cost: 1}}) //nolint:staticcheck // a nil context on purpose
+	require.ErrorIs(t, err, engine.ErrNilContext)
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	_, _, err = e.AllowAll(done, []engine.Request{{Key: "a", Cost: 1}})
+	require.ErrorIs(t, err, context.Canceled)
+
+	// Room for 3 keys: 4 new ones fail at the first past the bound, and no
+	// key is created; a cost above capacity on any shard comes first.
+	four := []engine.Request{{Key: "w", Cost: 1}, {Key: "x", Cost: 1}, {Key: "y", Cost: 1}, {Key: "z", Cost: 1}}
+	_, _, err = e.AllowAll(ctx, four)
+	require.ErrorIs(t, err, engine.ErrKeyCapacity)
+	assert.Zero(t, e.KeyCount())
+	_, at, err = e.AllowAll(ctx, append(four, engine.Request{Key: "v", Cost: 11}))
+	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity)
+	assert.Equal(t, 4, at)
+	_, _, err = e.AllowAll(ctx, four[:3])
+	require.NoError(t, err)
+	assert.Equal(t, 3, e.KeyCount())
+
+	clk.Set(10)
+	require.NoError(t, e.Close())
+	_, _, err = e.AllowAll(ctx, four[:1])
+	require.ErrorIs(t, err, engine.ErrClosed)
+	var zero engine.Engine
+	_, _, err = zero.AllowAll(ctx, four[:1])
+	require.ErrorIs(t, err, engine.ErrNotInitialized)
+}
+
+// TestAllowAllBands: each key's answer is Allow's for its summed cost, band
+// and all; the binding request names its band.
+func TestAllowAllBands(t *testing.T) {
+	ctx := context.Background()
+	p := dailyPolicy(t, 1)
+	e, _ := newEngine(t, engine.Config{Policy: p, Shards: 4})
+	for range 3 {
+		_, _, err := e.AllowAll(ctx, []engine.Request{{Key: "u", Cost: 5}, {Key: "t", Cost: 1}})
+		require.NoError(t, err)
+		_, err = e.EvictFull(ctx) // nothing is full: the daily band is not
+		require.NoError(t, err)
+	}
+	d, at, err := e.AllowAll(ctx, []engine.Request{{Key: "t", Cost: 1}, {Key: "u", Cost: 1}})
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, 1, at)
+	assert.Equal(t, "", d.Band, "u's primary is empty, its daily band has 5 left")
+}
+
+// TestAllowAllNeverCostsOthers: a refused AllowAll takes nothing, so
+// concurrent Allows on its keys, at one instant, get exactly what they
+// would get alone.
+func TestAllowAllNeverCostsOthers(t *testing.T) {
+	ctx := context.Background()
+	for _, shards := range []int{1, 2, 16} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			e, _ := newEngine(t, engine.Config{Policy: pol(1, 1000, 1), Shards: shards})
+			_, err := e.Allow(ctx, "empty", 1000)
+			require.NoError(t, err)
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					d, _, err := e.AllowAll(ctx, []engine.Request{{Key: "hot", Cost: 7}, {Key: "empty", Cost: 1}})
+					if err != nil || d.Allowed {
+						t.Errorf("AllowAll: %v %+v, want a refusal", err, d)
+						return
+					}
+				}
+			}()
+			for i := range 1000 {
+				d, err := e.Allow(ctx, "hot", 1)
+				require.NoError(t, err)
+				require.True(t, d.Allowed, "Allow %d refused: the refused AllowAlls took tokens", i)
+			}
+			close(stop)
+			wg.Wait()
+		})
+	}
+}
+
+// TestAllowAllNoDeadlock: many callers, random overlapping keys in random
+// orders, cutovers, sweeps and snapshots racing them, then Close: every
+// call returns, and goleak (TestMain) finds no goroutine left.
+func TestAllowAllNoDeadlock(t *testing.T) {
+	for _, shards := range []int{1, 2, 16} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			ctx := context.Background()
+			e, err := engine.New(engine.Config{Policy: pol(1, 100, 1000), Shards: shards, Clock: clock.NewMonotonic(), SweepEvery: time.Millisecond})
+			require.NoError(t, err)
+			var wg sync.WaitGroup
+			stop := make(chan struct{})
+			var mu sync.Mutex
+			admitted, refused, aborted := 0, 0, 0
+			for g := range 16 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewPCG(uint64(g), 1))
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						reqs := make([]engine.Request, 1+r.IntN(6))
+						for i := range reqs {
+							reqs[i] = engine.Request{Key: fmt.Sprintf("k%d", r.IntN(24)), Cost: 1 + r.Int64N(20)}
+						}
+						d, _, err := e.AllowAll(ctx, reqs)
+						mu.Lock()
+						switch {
+						case err == nil && d.Allowed:
+							admitted++
+						case err == nil:
+							refused++
+						case err == engine.ErrClosed:
+						default:
+							aborted++
+						}
+						mu.Unlock()
+						if err == engine.ErrClosed {
+							return
+						}
+					}
+				}()
+			}
+			wg.Add(1)
+			go func() { // cutovers, sweeps and snapshots racing the holds
+				defer wg.Done()
+				for v := int64(2); ; v++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if err := e.ReplacePolicy(ctx, pol(v, 100+v%7, 1000), v-1); err != nil {
+						t.Errorf("ReplacePolicy: %v", err)
+						return
+					}
+					if _, err := e.EvictFull(ctx); err != nil {
+						t.Errorf("EvictFull: %v", err)
+						return
+					}
+					if err := e.Snapshot(ctx, discard{}); err != nil {
+						t.Errorf("Snapshot: %v", err)
+						return
+					}
+				}
+			}()
+			time.Sleep(300 * time.Millisecond) // real time: the clock is real, and so is the race
+			close(stop)
+			done := make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("a call did not return: deadlock")
+			}
+			require.NoError(t, e.Close())
+			st := e.Stats()
+			t.Logf("admitted %d, refused %d, other errors %d; holds %d, given up %d", admitted, refused, aborted, st.Total.Holds, st.Total.HoldsAborted)
+			assert.Zero(t, aborted)
+			assert.Positive(t, admitted+refused)
+		})
+	}
+}
+
+// TestAllowAllCloseRaces: Close while callers hold shards; every call
+// returns, with an answer or ErrClosed.
+func TestAllowAllCloseRaces(t *testing.T) {
+	ctx := context.Background()
+	for range 20 {
+		e, err := engine.New(engine.Config{Policy: pol(1, 1000, 1000), Shards: 8, Clock: clock.NewMonotonic()})
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					reqs := []engine.Request{{Key: fmt.Sprintf("a%d", (g+i)%5), Cost: 1}, {Key: fmt.Sprintf("b%d", i%7), Cost: 1}, {Key: "c", Cost: 1}}
+					if _, _, err := e.AllowAll(ctx, reqs); err != nil {
+						if err != engine.ErrClosed {
+							t.Errorf("AllowAll: %v", err)
+						}
+						return
+					}
+				}
+			}()
+		}
+		time.Sleep(time.Millisecond)
+		require.NoError(t, e.Close())
+		wg.Wait()
+	}
+}
+
+// TestAllowAllClockRegression: a shard whose reading is older than one it
+// acted on refuses the whole call, which changes nothing.
+func TestAllowAllClockRegression(t *testing.T) {
+	ctx := context.Background()
+	clk := &errsClock{}
+	clk.now.Store(1000)
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: 2, Clock: clk})
+	keys := keysOnShards(t, e, 2)
+	_, err := e.Allow(ctx, keys[1], 1)
+	require.NoError(t, err)
+	clk.now.Store(500)
+	_, at, err := e.AllowAll(ctx, []engine.Request{{Key: keys[0], Cost: 1}, {Key: keys[1], Cost: 1}})
+	require.ErrorIs(t, err, engine.ErrClockRegression)
+	assert.Equal(t, 1, at)
+	assert.Equal(t, 1, e.KeyCount(), "keys[0] was not created")
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

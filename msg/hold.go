@@ -1,0 +1,51 @@
+package msg
+
+// Hold makes a Batch one shard's part of an all-or-nothing decision over
+// keys of several shards (engine's AllowAll). Its Items are distinct keys,
+// each with the sum of its requests' costs. The shard checks the part at
+// its reading and answers on the Batch's Done, as for any part, with Now
+// set and an error, if any, in Out: ErrCostExceedsCapacity for the first
+// item whose key cannot ever hold its cost, else ErrClockRegression, else
+// ErrKeyCapacity for the first new key the key bound has no room for. With
+// no error it holds: it serves nothing else until the caller's Commit or
+// Abort on In, except that a control message (a cutover, a sweep, a
+// snapshot) or stop that comes before Eval makes it give the hold up,
+// answering Aborted on Out, so neither ever waits on a hold that waits on
+// them. Eval (once) asks for every item's decision at the reading T, taken
+// by nothing: the answers come in the Batch's Out, announced on Out, and
+// from then on the shard waits for Commit or Abort only, which the caller
+// sends at once. A hold ends with exactly one last message on Out: Aborted
+// if the shard gave it up, else the shard's word that it carried out the
+// caller's Commit or Abort, which the caller waits for, so that when the
+// call returns every shard has acted on it.
+type Hold struct {
+	In  chan HoldCmd   // one slot: the caller's Eval, then Commit or Abort
+	Out chan HoldReply // one slot: Eval's answer, then the end
+	Now int64          // the shard's reading when it took the hold
+}
+
+// HoldCmd is a step of a hold.
+type HoldCmd struct {
+	Op    HoldOp
+	T     int64 // Eval and Commit: the instant every part is decided at
+	Admit bool  // Commit: take every item's cost (else take nothing)
+}
+
+// HoldOp says what a HoldCmd asks.
+type HoldOp uint8
+
+const (
+	HoldEval HoldOp = iota
+	HoldCommit
+	HoldAbort
+)
+
+// HoldReply answers Eval (the decisions are in the Batch's Out), or ends the
+// hold: Aborted if the shard gave it up.
+type HoldReply struct{ Aborted bool }
+
+// NewHold returns a Hold with its channels made: one per part per attempt,
+// so no stale message of an earlier attempt is ever read.
+func NewHold() *Hold {
+	return &Hold{In: make(chan HoldCmd, 1), Out: make(chan HoldReply, 1)}
+}
