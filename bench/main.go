@@ -39,7 +39,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var cfg config
 	var cpus, parts string
 	fs.BoolVar(&cfg.quick, "quick", false, "shorter runs and smaller key sets (under 30 s)")
-	fs.StringVar(&parts, "parts", "decisions,memory,latency,redis", "which tables to measure, comma-separated")
+	fs.StringVar(&parts, "parts", "decisions,memory,latency,allowall,redis", "which tables to measure, comma-separated")
 	fs.StringVar(&cfg.redisAddr, "redis", "", "measure redisstore on the Redis server at this address (host:port), under a fresh key prefix it deletes afterwards; \"\" skips the Redis table")
 	fs.StringVar(&cpus, "cpu", "1,2", "GOMAXPROCS values to measure, comma-separated")
 	if err := fs.Parse(args); err != nil {
@@ -69,11 +69,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "tokenshard bench: %s, %d cores, %s, 8 goroutines per core\n",
 		runtime.Version(), runtime.NumCPU(), map[bool]string{true: "quick", false: "full"}[cfg.quick])
 	tables := map[string]func(io.Writer, config) error{
-		"decisions": infallible(decisions), "memory": infallible(memory), "latency": infallible(latencies), "redis": redisSection,
+		"decisions": infallible(decisions), "memory": infallible(memory), "latency": infallible(latencies),
+		"allowall": infallible(allowAll), "redis": redisSection,
 	}
 	for _, p := range strings.Split(parts, ",") {
 		if _, ok := tables[strings.TrimSpace(p)]; !ok {
-			fmt.Fprintf(stderr, "bench: unknown part %q (have decisions, memory, latency, redis)\n", p)
+			fmt.Fprintf(stderr, "bench: unknown part %q (have decisions, memory, latency, allowall, redis)\n", p)
 			return 2
 		}
 	}

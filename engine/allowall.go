@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 
 	"github.com/tokenshard/tokenshard/msg"
@@ -101,6 +102,7 @@ type allCall struct {
 	parts []allPart
 	at    [][2]int // at[i]: the part and the item of reqs[i]
 	done  chan int
+	held  []bool
 }
 
 type allPart struct {
@@ -148,6 +150,7 @@ func (e *Engine) newAllCall(reqs []Request) *allCall {
 		c.at[i][0] = where[c.at[i][0]]
 	}
 	c.done = make(chan int, len(c.parts))
+	c.held = make([]bool, len(c.parts))
 	for k := range c.parts {
 		p := &c.parts[k]
 		p.m.Part, p.m.Done = k, c.done
@@ -171,37 +174,41 @@ func holdErrRank(err error) int {
 // allowAll is one attempt. again reports that a shard gave its hold up and
 // nothing was decided.
 func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d Decision, at int, err error, again bool) {
-	held := make([]bool, len(c.parts))
-	// end sends Commit or Abort to every shard still held and waits for
-	// each to say it is done (or that it gave the hold up meanwhile).
-	end := func(op msg.HoldOp, T int64, admit bool) {
+	held := c.held[:len(c.parts)]
+	clear(held)
+	// end sends Commit or Abort to every shard still held and, if wait,
+	// waits for each to say it acted (or that it gave the hold up).
+	end := func(op msg.HoldOp, T int64, admit, wait bool) {
 		for k, ok := range held {
 			if ok {
 				c.parts[k].m.Hold.In <- msg.HoldCmd{Op: op, T: T, Admit: admit}
 			}
 		}
 		for k, ok := range held {
-			if ok {
-				<-c.parts[k].m.Hold.Out
+			if ok && wait {
+				await(c.parts[k].m.Hold.Out, e.waitYields)
 			}
 		}
 	}
 	// Phase 1: hold each shard in turn, in shard order, so that no two
 	// calls ever wait on each other's holds in a cycle. A shard that
 	// refuses its part holds nothing; the others are held on, so the error
-	// the rules put first is the one returned.
+	// the rules put first is the one returned. The last shard, told the
+	// latest reading so far, evaluates at once.
 	var T int64
 	errAt, errRank := -1, 3
+	last := len(c.parts) - 1
 	for k := range c.parts {
 		p := &c.parts[k]
 		p.m.Hold, p.m.Closed = msg.NewHold(), false
+		p.m.Hold.Last, p.m.Hold.T = k == last, T
 		if err := e.mailboxes[p.shard].SendBatch(ctx, &p.m); err != nil {
-			end(msg.HoldAbort, 0, false)
+			end(msg.HoldAbort, 0, false, true)
 			return Decision{}, -1, err, false
 		}
-		<-c.done // a shard always answers a part it took
+		msg.AwaitPart(c.done, e.waitYields) // a shard always answers a part it took
 		if p.m.Closed {
-			end(msg.HoldAbort, 0, false)
+			end(msg.HoldAbort, 0, false, true)
 			return Decision{}, -1, ErrClosed, false
 		}
 		if j := slices.IndexFunc(p.m.Out, func(r msg.Reply) bool { return r.Err != nil }); j >= 0 {
@@ -215,42 +222,45 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 		T = max(T, p.m.Hold.Now)
 	}
 	if errAt >= 0 {
-		end(msg.HoldAbort, 0, false)
+		end(msg.HoldAbort, 0, false, true)
 		e.callerErrs.add(err, 1)
 		return Decision{}, errAt, err, false
 	}
-	// Phase 2: every part decided at T, taken by nothing yet. A shard that
-	// gave its hold up answers so; then nothing is taken anywhere and the
-	// call starts over.
-	for k, ok := range held {
-		if ok {
-			c.parts[k].m.Hold.In <- msg.HoldCmd{Op: msg.HoldEval, T: T}
-		}
+	// Phase 2: the other parts decided at T, taken by nothing yet. A
+	// shard that gave its hold up answers so; then nothing is taken
+	// anywhere and the call starts over.
+	T = max(T, c.parts[last].m.Hold.T) // what the last part evaluated at
+	for k := range last {
+		c.parts[k].m.Hold.In <- msg.HoldCmd{Op: msg.HoldEval, T: T}
 	}
 	aborted := false
-	for k := range c.parts {
-		if r := <-c.parts[k].m.Hold.Out; r.Aborted {
+	for k := range last {
+		if r := await(c.parts[k].m.Hold.Out, e.waitYields); r.Aborted {
 			held[k], aborted = false, true
 		}
 	}
 	version := c.parts[0].m.Out[0].Decision.Version
+	fresh := 0
 	for k := range c.parts {
 		if c.parts[k].m.Out[0].Decision.Version != version {
 			aborted = true // not seen: a cutover aborts every hold it meets
 		}
+		fresh += c.parts[k].m.Hold.Fresh
 	}
 	if aborted {
-		end(msg.HoldAbort, 0, false)
+		end(msg.HoldAbort, 0, false, true)
 		return Decision{}, -1, nil, true
 	}
-	// Phase 3: all or nothing, and the binding request.
+	// Phase 3: all or nothing, and the binding request. A held shard acts
+	// on Commit before any later message, so the call need not wait for it
+	// unless the key bound's count changes.
 	admit := true
 	for k := range c.parts {
 		for _, r := range c.parts[k].m.Out {
 			admit = admit && r.Decision.Allowed
 		}
 	}
-	end(msg.HoldCommit, T, admit)
+	end(msg.HoldCommit, T, admit, fresh > 0)
 	at = 0
 	best := &c.parts[c.at[0][0]].m.Out[c.at[0][1]].Decision
 	for i := 1; i < len(reqs); i++ {
@@ -262,4 +272,18 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 	d = Decision(*best)
 	d.Allowed = admit
 	return d, at, nil, false
+}
+
+// await receives from ch, yielding up to yields times first (as
+// msg.AwaitPart does).
+func await(ch <-chan msg.HoldReply, yields int) msg.HoldReply {
+	for range yields {
+		select {
+		case r := <-ch:
+			return r
+		default:
+		}
+		runtime.Gosched()
+	}
+	return <-ch
 }

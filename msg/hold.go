@@ -16,12 +16,23 @@ package msg
 // from then on the shard waits for Commit or Abort only, which the caller
 // sends at once. A hold ends with exactly one last message on Out: Aborted
 // if the shard gave it up, else the shard's word that it carried out the
-// caller's Commit or Abort, which the caller waits for, so that when the
-// call returns every shard has acted on it.
+// caller's Commit or Abort.
 type Hold struct {
 	In  chan HoldCmd   // one slot: the caller's Eval, then Commit or Abort
 	Out chan HoldReply // one slot: Eval's answer, then the end
-	Now int64          // the shard's reading when it took the hold
+	// Last: the caller has every other part held already, the latest of
+	// their readings in T. The shard then evaluates at once, at the later
+	// of T and its own reading, as if Eval had come: its answer is the
+	// Done that says it holds, and it waits for Commit or Abort only.
+	Last bool
+	T    int64
+	Now  int64 // the shard's reading when it took the hold
+	// Fresh is how many new keys the shard reserved room in the key
+	// bound for. The caller waits for the end of a hold that reserved
+	// any (so the bound and KeyCount are exact when it returns); for any
+	// other, the shard acting on Commit or Abort before any later message
+	// is enough.
+	Fresh int
 }
 
 // HoldCmd is a step of a hold.

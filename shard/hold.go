@@ -16,13 +16,21 @@ func (s *Shard) serveHold(b *msg.Batch) {
 	now := s.clk.Now()
 	s.ring(now)
 	h.Now = now
-	ok := s.state.HoldBegin(now, b.Items, b.Out)
+	ok := s.state.HoldBegin(now, b.Items, b.Out, &h.Fresh)
+	if ok && h.Last {
+		h.T = max(h.T, now)
+		s.state.HoldEval(h.T, b.Items, b.Out)
+	}
 	b.Done <- b.Part
 	s.served()
 	if !ok {
 		return
 	}
 	s.stats.add(msg.Holds, 1)
+	if h.Last {
+		s.awaitEnd(b, h)
+		return
+	}
 	for {
 		in := s.inputs()
 		select {

@@ -18,11 +18,12 @@ import (
 // be taken. On failure exactly one reply has an error, and nothing changed:
 // the first item whose cost is above its key's capacity, else (every item)
 // a reading older than the last one observed, else the first new key past
-// the key bound. On success the budget holds a slot for every new key.
-func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply) bool {
+// the key bound. On success the budget holds a slot for every new key, and
+// fresh says how many.
+func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply, fresh *int) bool {
 	clear(out)
 	g := &s.gens[len(s.gens)-1]
-	fresh := 0
+	*fresh = 0
 	for i, it := range items {
 		b := s.tab.find(it.Hash, it.Key)
 		var idx policy.LimitIndex
@@ -32,7 +33,7 @@ func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply) bool {
 			idx = b.Limit
 		} else {
 			idx = g.pol.Overrides.Resolve(it.Key)
-			fresh++
+			*fresh++
 		}
 		if it.Cost > g.limits[idx].maxCost {
 			out[i].Err = msg.ErrCostExceedsCapacity
@@ -43,7 +44,7 @@ func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply) bool {
 		out[0].Err = msg.ErrClockRegression
 		return false
 	}
-	for n := range fresh {
+	for n := range *fresh {
 		if !s.budget.Reserve() {
 			for range n {
 				s.budget.Release()
