@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -25,17 +26,27 @@ type wirePolicy struct {
 }
 
 // wireOverride is an Override with its bands, which policy.Override leaves
-// out of its JSON (a BandSet is built by NewBands).
+// out of its JSON (a BandSet is built by NewBands). A Match that is not
+// valid UTF-8 also travels as MatchBytes (base64), the exact bytes: JSON
+// strings are UTF-8, and encoding/json writes such a Match with each invalid
+// byte replaced by U+FFFD, so it would come back matching other keys. Match
+// keeps that replaced form, which is what a store that predates MatchBytes
+// has always read.
 type wireOverride struct {
 	policy.Override
-	Bands []policy.Band `json:",omitempty"`
+	MatchBytes []byte        `json:",omitempty"`
+	Bands      []policy.Band `json:",omitempty"`
 }
 
 func encodePolicy(p policy.Policy) (string, error) {
 	w := wirePolicy{Version: p.Version, Capacity: p.Capacity, TokensPerSecond: p.TokensPerSecond,
 		Refill: p.Refill, Bands: p.Bands.Bands()}
 	for _, o := range p.Overrides.Overrides() {
-		w.Overrides = append(w.Overrides, wireOverride{Override: o, Bands: o.Bands.Bands()})
+		wo := wireOverride{Override: o, Bands: o.Bands.Bands()}
+		if !utf8.ValidString(o.Match) {
+			wo.MatchBytes = []byte(o.Match)
+		}
+		w.Overrides = append(w.Overrides, wo)
 	}
 	b, err := json.Marshal(w)
 	return string(b), err
@@ -53,6 +64,9 @@ func decodePolicy(blob string) (policy.Policy, error) {
 	os := make([]policy.Override, len(w.Overrides))
 	for i, o := range w.Overrides {
 		os[i] = o.Override
+		if o.MatchBytes != nil {
+			os[i].Match = string(o.MatchBytes)
+		}
 		if os[i].Bands, err = policy.NewBands(o.Bands...); err != nil {
 			return policy.Policy{}, fmt.Errorf("decoding %q: override %d: %w", blob, i, err)
 		}
