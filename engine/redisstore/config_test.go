@@ -67,6 +67,23 @@ func TestNewAdoptsStoredPolicy(t *testing.T) {
 	require.Positive(t, second.Stats().Retries)
 }
 
+// TestNewAdoptsStoredPolicyOfSameVersion: a later store whose Config.Policy
+// has the stored policy's version but another limit adopts the stored one
+// too, so two stores never decide one version under two limits.
+func TestNewAdoptsStoredPolicyOfSameVersion(t *testing.T) {
+	clk := clock.NewManual(0)
+	c := client(t, redisAddr(t))
+	p := prefix(t)
+	newStore(t, redisstore.Config{Client: c, Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}}, clk)
+	second := newStore(t, redisstore.Config{Client: c, Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 100}}, clk)
+	require.Equal(t, int64(5), second.Policy().Capacity)
+	d, err := second.Allow(context.Background(), "k", 5)
+	require.NoError(t, err)
+	require.Equal(t, engine.Decision{Allowed: true, Version: 1, Limit: 5, ResetAfter: 5 * time.Second}, d)
+	_, err = second.Allow(context.Background(), "k", 6)
+	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity)
+}
+
 // TestScriptReloaded: a Redis that lost its script cache (SCRIPT FLUSH, a
 // restart) gets the script again on the next call.
 func TestScriptReloaded(t *testing.T) {

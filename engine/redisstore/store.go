@@ -217,10 +217,13 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	if err := s.install(ctx, cfg.Policy); err != nil {
+	installed, err := s.install(ctx, cfg.Policy)
+	if err != nil {
 		return nil, err
 	}
-	if err := s.reload(ctx); err != nil {
+	// A policy another process installed is read even if its version is
+	// cfg.Policy's: the two may differ.
+	if err := s.load(ctx, !installed); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -250,28 +253,33 @@ func (s *Store) nowArg() string {
 	return ""
 }
 
-// install stores p as the prefix's first policy unless it has one.
-func (s *Store) install(ctx context.Context, p policy.Policy) error {
+// install stores p as the prefix's first policy unless it has one, and
+// reports whether it did.
+func (s *Store) install(ctx context.Context, p policy.Policy) (bool, error) {
 	blob, err := encodePolicy(p)
 	if err != nil {
-		return err
+		return false, err
 	}
 	a := encodeShape(p.Shape())
-	err = installScript.Run(ctx, s.rdb, []string{s.kPolicy, s.kHistory, s.kBlobs},
-		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands).Err()
+	res, err := installScript.Run(ctx, s.rdb, []string{s.kPolicy, s.kHistory, s.kBlobs},
+		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands).StringSlice()
 	if err != nil {
-		return fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
+		return false, fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
 	}
-	return nil
+	return len(res) == 1 && res[0] == "ok", nil
 }
 
 // reload reads the policy in force from Redis; if the prefix has none (a
 // Redis that restarted empty), it installs the newest one this store knows.
-func (s *Store) reload(ctx context.Context) error {
+func (s *Store) reload(ctx context.Context) error { return s.load(ctx, false) }
+
+// load is reload; with all, it also reads a policy of the version this
+// store already has.
+func (s *Store) load(ctx context.Context, all bool) error {
 	for range 3 {
 		v, err := s.rdb.HGet(ctx, s.kPolicy, "v").Result()
 		if errors.Is(err, redis.Nil) {
-			if err := s.install(ctx, s.cur.Load().p); err != nil {
+			if _, err := s.install(ctx, s.cur.Load().p); err != nil {
 				return err
 			}
 			continue
@@ -283,7 +291,7 @@ func (s *Store) reload(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("%w: the stored policy version %q: %w", ErrUnavailable, v, err)
 		}
-		if version == s.cur.Load().p.Version {
+		if version == s.cur.Load().p.Version && !all {
 			return nil
 		}
 		p, err := s.policyAt(ctx, version)
