@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -208,21 +210,17 @@ func TestAllowAllNoDeadlock(t *testing.T) {
 			ctx := context.Background()
 			e, err := engine.New(engine.Config{Policy: pol(1, 100, 1000), Shards: shards, Clock: clock.NewMonotonic(), SweepEvery: time.Millisecond})
 			require.NoError(t, err)
-			var wg sync.WaitGroup
+			const callers, calls = 16, 400
+			var wg, admins sync.WaitGroup
 			stop := make(chan struct{})
 			var mu sync.Mutex
-			admitted, refused, aborted := 0, 0, 0
-			for g := range 16 {
+			admitted, refused, failed := 0, 0, 0
+			for g := range callers {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					r := rand.New(rand.NewPCG(uint64(g), 1))
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-						}
+					for range calls {
 						reqs := make([]engine.Request, 1+r.IntN(6))
 						for i := range reqs {
 							reqs[i] = engine.Request{Key: fmt.Sprintf("k%d", r.IntN(24)), Cost: 1 + r.Int64N(20)}
@@ -234,20 +232,16 @@ func TestAllowAllNoDeadlock(t *testing.T) {
 							admitted++
 						case err == nil:
 							refused++
-						case err == engine.ErrClosed:
 						default:
-							aborted++
+							failed++
 						}
 						mu.Unlock()
-						if err == engine.ErrClosed {
-							return
-						}
 					}
 				}()
 			}
-			wg.Add(1)
-			go func() { // cutovers, sweeps and snapshots racing the holds
-				defer wg.Done()
+			admins.Add(1)
+			go func() { // cutovers, sweeps and snapshots racing the holds, until the callers are done
+				defer admins.Done()
 				for v := int64(2); ; v++ {
 					select {
 					case <-stop:
@@ -268,20 +262,20 @@ func TestAllowAllNoDeadlock(t *testing.T) {
 					}
 				}
 			}()
-			time.Sleep(300 * time.Millisecond) // real time: the clock is real, and so is the race
-			close(stop)
 			done := make(chan struct{})
-			go func() { wg.Wait(); close(done) }()
+			go func() { wg.Wait(); close(stop); admins.Wait(); close(done) }()
 			select {
 			case <-done:
-			case <-time.After(10 * time.Second):
+			case <-time.After(30 * time.Second): // a bound on a hang, not a wait for success
 				t.Fatal("a call did not return: deadlock")
 			}
 			require.NoError(t, e.Close())
 			st := e.Stats()
-			t.Logf("admitted %d, refused %d, other errors %d; holds %d, given up %d", admitted, refused, aborted, st.Total.Holds, st.Total.HoldsAborted)
-			assert.Zero(t, aborted)
-			assert.Positive(t, admitted+refused)
+			t.Logf("admitted %d, refused %d, errors %d; holds %d, given up %d", admitted, refused, failed, st.Total.Holds, st.Total.HoldsAborted)
+			assert.Zero(t, failed)
+			assert.Equal(t, callers*calls, admitted+refused)
+			assert.Positive(t, admitted)
+			assert.Positive(t, refused)
 		})
 	}
 }
@@ -294,6 +288,7 @@ func TestAllowAllCloseRaces(t *testing.T) {
 		e, err := engine.New(engine.Config{Policy: pol(1, 1000, 1000), Shards: 8, Clock: clock.NewMonotonic()})
 		require.NoError(t, err)
 		var wg sync.WaitGroup
+		var answered atomic.Int64
 		for g := range 8 {
 			wg.Add(1)
 			go func() {
@@ -306,10 +301,13 @@ func TestAllowAllCloseRaces(t *testing.T) {
 						}
 						return
 					}
+					answered.Add(1)
 				}
 			}()
 		}
-		time.Sleep(time.Millisecond)
+		for answered.Load() < 50 { // Close once calls are under way
+			runtime.Gosched()
+		}
 		require.NoError(t, e.Close())
 		wg.Wait()
 	}
