@@ -100,6 +100,18 @@
 // written with TokensPerSecond) has the layout it always had, byte for
 // byte; each band adds a space and its units, up to 39 digits.
 //
+// # Rolling upgrades
+//
+// Stores built before rates of any period and bands existed cannot read a
+// policy whose Refill (the policy's or an override's) is other than per
+// second, or that has Bands, nor the buckets and history entries such a
+// policy writes. Install one only once every store on the prefix has been
+// upgraded. Plain policies (TokensPerSecond and no bands) are written as
+// they always were, so older and newer stores may share a prefix while
+// only plain policies are installed; an older store still reads an
+// override Match that is not valid UTF-8 with U+FFFD in place of its
+// invalid bytes, as it always did.
+//
 // # Failures
 //
 // A decision that Redis cannot give by the call's deadline (the context's,
