@@ -41,7 +41,7 @@ func (s *Shard) serveHold(b *msg.Batch) {
 				h.Out <- msg.HoldReply{}
 				s.awaitEnd(b, h)
 			case msg.HoldCommit:
-				s.state.HoldCommit(c.T, b.Items, c.Admit, b.Out)
+				s.state.HoldCommit(c.T, b.Items, c.Admit)
 				h.Out <- msg.HoldReply{}
 			default:
 				s.state.HoldRelease(b.Items)
@@ -75,7 +75,7 @@ func (s *Shard) serveHold(b *msg.Batch) {
 func (s *Shard) awaitEnd(b *msg.Batch, h *msg.Hold) {
 	c := <-h.In
 	if c.Op == msg.HoldCommit {
-		s.state.HoldCommit(c.T, b.Items, c.Admit, b.Out)
+		s.state.HoldCommit(c.T, b.Items, c.Admit)
 	} else {
 		s.state.HoldRelease(b.Items)
 	}

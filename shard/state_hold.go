@@ -106,15 +106,17 @@ func (s *State) HoldEval(T int64, items []msg.Item, out []msg.Reply) {
 // HoldCommit ends the hold at T: with admit, every item is decided at T
 // (as HoldEval answered, every one allowed), its new keys created in the
 // slots HoldBegin reserved; without, nothing is taken and the reservation
-// is given back.
-func (s *State) HoldCommit(T int64, items []msg.Item, admit bool, out []msg.Reply) {
+// is given back. It writes no answer: the caller has HoldEval's, and may be
+// reading them.
+func (s *State) HoldCommit(T int64, items []msg.Item, admit bool) {
 	if !admit {
 		s.HoldRelease(items)
 		s.last = max(s.last, T)
 		return
 	}
-	for i, it := range items {
-		s.decideFound(T, it.Key, it.Hash, it.Cost, &out[i], s.tab.find(it.Hash, it.Key), true)
+	var r msg.Reply
+	for _, it := range items {
+		s.decideFound(T, it.Key, it.Hash, it.Cost, &r, s.tab.find(it.Hash, it.Key), true)
 	}
 }
 
