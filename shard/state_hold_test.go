@@ -1,0 +1,75 @@
+package shard
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/msg"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+func holdItems(s *State, kv ...any) []msg.Item {
+	var items []msg.Item
+	for i := 0; i < len(kv); i += 2 {
+		k := kv[i].(string)
+		items = append(items, msg.Item{Key: k, Hash: s.hasher.Sum(k), Cost: int64(kv[i+1].(int))})
+	}
+	return items
+}
+
+// TestStateHold: Eval answers what Decide would, changes nothing, and a
+// commit decides exactly that; a refusal or an abort changes nothing and
+// gives the reserved key slots back; HoldBegin's errors come in rule order.
+func TestStateHold(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	budget := NewBudget(3)
+	s := NewState(p, budget, &testHasher)
+	ref := NewState(p, NewBudget(3), &testHasher)
+	require.NoError(t, s.Allow(0, "a", 4).Err)
+	require.NoError(t, ref.Allow(0, "a", 4).Err)
+
+	items := holdItems(s, "a", 3, "b", 2)
+	out := make([]msg.Reply, len(items))
+	fresh := 0
+	require.True(t, s.HoldBegin(1e9, items, out, &fresh))
+	assert.Equal(t, 1, fresh)
+	assert.Equal(t, int64(2), budget.Count(), "b's slot is reserved")
+	s.HoldEval(2e9, items, out)
+	want := []msg.Reply{ref.Allow(2e9, "a", 3), ref.Allow(2e9, "b", 2)}
+	assert.Equal(t, want, out)
+	got, _ := s.bucket("a")
+	assert.Equal(t, int64(6), got.Tokens, "Eval takes nothing")
+	s.HoldCommit(2e9, items, true)
+	for _, k := range []string{"a", "b"} {
+		var g, w msg.Reply
+		s.Peek(3e9, k, s.hasher.Sum(k), &g)
+		ref.Peek(3e9, k, ref.hasher.Sum(k), &w)
+		assert.Equal(t, w, g, "key %s after the commit", k)
+	}
+	assert.Equal(t, int64(2), budget.Count())
+	s.checkInvariants(t, "after a commit")
+
+	// A refusal: nothing taken, the new key's slot given back.
+	items = holdItems(s, "c", 1, "a", 10)
+	require.True(t, s.HoldBegin(3e9, items, out, &fresh))
+	assert.Equal(t, int64(3), budget.Count())
+	s.HoldEval(3e9, items, out)
+	assert.False(t, out[1].Decision.Allowed)
+	s.HoldCommit(3e9, items, false)
+	assert.Equal(t, int64(2), budget.Count())
+	_, tracked := s.bucket("c")
+	assert.False(t, tracked)
+
+	// Errors, in rule order, and nothing changed by any.
+	out = make([]msg.Reply, 3)
+	require.False(t, s.HoldBegin(4e9, holdItems(s, "x", 1, "y", 1, "a", 11), out, &fresh))
+	assert.Equal(t, msg.ErrCostExceedsCapacity, out[2].Err)
+	require.False(t, s.HoldBegin(4e9, holdItems(s, "x", 1, "y", 1, "z", 1), out, &fresh))
+	assert.Equal(t, msg.ErrKeyCapacity, out[1].Err, "room for one more key: y is the first past the bound")
+	assert.Equal(t, int64(2), budget.Count(), "x's reservation given back")
+	require.False(t, s.HoldBegin(1, holdItems(s, "a", 1), out[:1], &fresh))
+	assert.Equal(t, msg.ErrClockRegression, out[0].Err)
+	s.checkInvariants(t, "after the errors")
+}
