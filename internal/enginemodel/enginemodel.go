@@ -71,6 +71,38 @@ func (m *Model) AllowBatch(now int64, reqs []engine.Request) []engine.Result {
 	return out
 }
 
+// AllowAll decides reqs as one at now, as model.Model.AllowAll does: the
+// binding request's Decision, its index, or an error with the index of the
+// request at fault (-1 for none).
+func (m *Model) AllowAll(now int64, reqs []engine.Request) (engine.Decision, int, error) {
+	in := make([]model.Request, len(reqs))
+	for i, r := range reqs {
+		in[i] = model.Request(r)
+	}
+	d, at, err := m.m.AllowAll(now, in)
+	return engine.Decision(d), at, engineErr(err)
+}
+
+// Peek answers a request of one token for key at now, taking nothing, as
+// model.Model.Peek does.
+func (m *Model) Peek(now int64, key string) (engine.Decision, error) {
+	d, err := m.m.Peek(now, key)
+	return engine.Decision(d), engineErr(err)
+}
+
+// Refund credits tokens back to key at now, as model.Model.Refund does.
+func (m *Model) Refund(now int64, key string, tokens int64) (engine.Decision, error) {
+	d, err := m.m.Refund(now, key, tokens)
+	return engine.Decision(d), engineErr(err)
+}
+
+// EvictIfFull removes key's bucket if it is full at now, as
+// model.Model.EvictIfFull does.
+func (m *Model) EvictIfFull(now int64, key string) (bool, error) {
+	ok, err := m.m.EvictIfFull(now, key)
+	return ok, engineErr(err)
+}
+
 // EvictFull removes every bucket that is full at now, as
 // model.Model.EvictFull does.
 func (m *Model) EvictFull(now int64) (int, error) {
@@ -92,6 +124,7 @@ var errPairs = [...]struct{ model, engine error }{
 	{model.ErrKeyCapacity, engine.ErrKeyCapacity},
 	{model.ErrStalePolicy, engine.ErrStalePolicy},
 	{model.ErrClockRegression, engine.ErrClockRegression},
+	{model.ErrAllowAllSize, engine.ErrAllowAllSize},
 }
 
 // engineErr returns the engine's error for the model's err. Any other error

@@ -19,6 +19,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestDefaults(t *testing.T) {
 	assert.Equal(t, engine.DefaultMaxKeys, model.DefaultMaxKeys)
 	assert.Equal(t, engine.DefaultMaxKeyBytes, model.DefaultMaxKeyBytes)
+	assert.Equal(t, engine.MaxAllowAll, model.MaxAllowAll)
 }
 
 // TestErrors: each model error becomes the very engine value of its name,
@@ -40,6 +41,16 @@ func TestErrors(t *testing.T) {
 	assert.Equal(t, engine.ErrCostExceedsCapacity, err)
 	assert.ErrorIs(t, m.ReplacePolicy(0, policy.Policy{}, 1), policy.ErrInvalid)
 	assert.Equal(t, engine.ErrStalePolicy, m.ReplacePolicy(0, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}, 2))
+	_, at, err := m.AllowAll(0, nil)
+	assert.Equal(t, engine.ErrAllowAllSize, err)
+	assert.Equal(t, -1, at)
+	_, at, err = m.AllowAll(0, []engine.Request{{Key: "a", Cost: 1}, {Key: "a", Cost: 5}})
+	assert.Equal(t, engine.ErrCostExceedsCapacity, err, "costs of one key add up")
+	assert.Zero(t, at)
+	_, err = m.Refund(0, "a", 0)
+	assert.Equal(t, engine.ErrInvalidCost, err)
+	_, err = m.Peek(0, "abcd")
+	assert.Equal(t, engine.ErrInvalidKey, err)
 }
 
 // TestAnswers: Allow and AllowBatch carry the model's Decision field for

@@ -11,6 +11,11 @@
 // errors, which mirror the engine's; package internal/enginemodel wraps a
 // Model to answer in the engine's types.
 //
+// Besides Allow and AllowBatch it answers Peek and Refund as the engine
+// does, and AllowAll, the all-or-nothing decision over several keys, as one
+// step: the engine's AllowAll is linearizable, so its specification is a
+// single transition over every key it names.
+//
 // The model has one observed time for the whole engine. That equals the
 // engine's per-shard observed times whenever the clock never steps back,
 // which is how the harness drives it (clock.Manual); clock regressions are

@@ -29,4 +29,7 @@ var (
 	// ErrClockRegression: the reading is earlier than one a successful
 	// operation already observed.
 	ErrClockRegression = errors.New("model: clock went backwards")
+	// ErrAllowAllSize: AllowAll was given no requests, or more than
+	// MaxAllowAll.
+	ErrAllowAllSize = errors.New("model: AllowAll takes 1 to MaxAllowAll requests")
 )

@@ -139,7 +139,7 @@ func (m *Model) Bucket(key string) (Bucket, bool) {
 // (see binding). The model is never closed and takes no context, so it has
 // none of the engine's errors for those.
 func (m *Model) Allow(now int64, key string, cost int64) (Decision, error) {
-	if strings.TrimSpace(key) == "" || len(key) > m.maxKeyBytes {
+	if !m.validKey(key) {
 		return Decision{}, ErrInvalidKey
 	}
 	bands := bandsOf(m.pol, key)
@@ -164,18 +164,43 @@ func (m *Model) Allow(now int64, key string, cost int64) (Decision, error) {
 		b = full(bands, now)
 	}
 	refill(bands, &b, now)
+	allowed := holds(b, cost)
+	if allowed {
+		take(b, cost)
+	}
+	d := m.answer(bands, b, cost, allowed)
+	m.buckets[key] = b
+	m.last = now
+	return d, nil
+}
+
+// validKey reports whether key is neither blank nor longer than the bound.
+func (m *Model) validKey(key string) bool {
+	return strings.TrimSpace(key) != "" && len(key) <= m.maxKeyBytes
+}
+
+// holds reports whether every band of b holds cost tokens.
+func holds(b bucket, cost int64) bool {
 	need := new(big.Rat).SetInt64(cost)
-	allowed := true
 	for _, t := range b.bands {
 		if t.Cmp(need) < 0 {
-			allowed = false
+			return false
 		}
 	}
-	if allowed {
-		for _, t := range b.bands {
-			t.Sub(t, need)
-		}
+	return true
+}
+
+// take takes cost tokens from every band of b, in place.
+func take(b bucket, cost int64) {
+	need := new(big.Rat).SetInt64(cost)
+	for _, t := range b.bands {
+		t.Sub(t, need)
 	}
+}
+
+// answer is the Decision for a request of cost on b, already decided
+// (allowed, and then already taken): it describes the binding band.
+func (m *Model) answer(bands []band, b bucket, cost int64, allowed bool) Decision {
 	at := binding(bands, b, cost, allowed)
 	bd, t := bands[at], b.bands[at]
 	d := Decision{
@@ -189,9 +214,7 @@ func (m *Model) Allow(now int64, key string, cost int64) (Decision, error) {
 	if !allowed {
 		d.RetryAfter = bd.wait(t, cost)
 	}
-	m.buckets[key] = b
-	m.last = now
-	return d, nil
+	return d
 }
 
 // binding returns the index of the band a decision describes, b being
@@ -240,23 +263,45 @@ func (m *Model) EvictFull(now int64) (int, error) {
 		return 0, ErrClockRegression
 	}
 	n := 0
-	for k, b := range m.buckets {
-		bands := bandsOf(m.pol, k)
-		b = b.clone()
-		refill(bands, &b, now)
-		isFull := true
-		for i, bd := range bands {
-			if b.bands[i].Cmp(new(big.Rat).SetInt64(bd.capacity)) != 0 {
-				isFull = false
-			}
-		}
-		if isFull {
-			delete(m.buckets, k)
+	for k := range m.buckets {
+		if m.evictIfFull(now, k) {
 			n++
 		}
 	}
 	m.last = now
 	return n, nil
+}
+
+// EvictIfFull is EvictFull's work on key alone: it removes key's bucket if
+// every band is full once refilled up to now, and reports whether it did. A
+// key not tracked is not removed; a now before the latest reading an
+// operation succeeded at is ErrClockRegression, and evicts nothing. An
+// engine sweeps shard by shard, each key at an instant of its own, so a
+// caller checking a concurrent sweep needs its passes one key at a time.
+func (m *Model) EvictIfFull(now int64, key string) (bool, error) {
+	if now < m.last {
+		return false, ErrClockRegression
+	}
+	evicted := m.evictIfFull(now, key)
+	m.last = now
+	return evicted, nil
+}
+
+func (m *Model) evictIfFull(now int64, key string) bool {
+	b, ok := m.buckets[key]
+	if !ok {
+		return false
+	}
+	bands := bandsOf(m.pol, key)
+	b = b.clone()
+	refill(bands, &b, now)
+	for i, bd := range bands {
+		if b.bands[i].Cmp(new(big.Rat).SetInt64(bd.capacity)) != 0 {
+			return false
+		}
+	}
+	delete(m.buckets, key)
+	return true
 }
 
 // ReplacePolicy cuts over to next at now. Every bucket is refilled under its
