@@ -40,6 +40,9 @@ const (
 	diffEvict               // EvictFull
 	diffCutover             // ReplacePolicy
 	diffKeys                // KeyCount and Policy only
+	diffAllowAll            // AllowAll: all of reqs or none
+	diffPeek
+	diffRefund
 	diffNumKinds
 )
 
@@ -53,8 +56,8 @@ type diffOp struct {
 	kind     diffKind
 	t        int64
 	key      string
-	cost     int64
-	reqs     []engine.Request
+	cost     int64            // Allow's cost, Refund's tokens
+	reqs     []engine.Request // AllowBatch's and AllowAll's
 	next     policy.Policy
 	vAbs     bool
 	vDelta   int64
@@ -108,6 +111,19 @@ type diffTarget interface {
 	// the target's: it could not be reached or could not serve, so the
 	// answers given meanwhile prove nothing. Any other is a wrong answer.
 	failed() error
+}
+
+// diffAllAllower is a target with AllowAll, and diffInspector one with
+// Peek and Refund: the engine and the model. Traces for a target without
+// them (the Redis store's: diffGenerateStore) have none of those
+// operations; a replay that meets one anyway answers "unsupported".
+type diffAllAllower interface {
+	allowAll(reqs []engine.Request) (engine.Decision, int, error)
+}
+
+type diffInspector interface {
+	peek(key string) (engine.Decision, error)
+	refund(key string, tokens int64) (engine.Decision, error)
 }
 
 // diffUnreachable is a target that could not be reached or could not serve
@@ -212,6 +228,24 @@ func diffRecord(c *counters, pol func() policy.Policy, key string, dec engine.De
 	recordShape(c, shapeOf(p, key), dec.Band)
 }
 
+func (d *diffEngine) allowAll(reqs []engine.Request) (engine.Decision, int, error) {
+	dec, at, err := d.e.AllowAll(context.Background(), reqs)
+	key := ""
+	if at >= 0 && at < len(reqs) {
+		key = reqs[at].Key
+	}
+	d.record(key, dec, err)
+	return dec, at, err
+}
+
+func (d *diffEngine) peek(key string) (engine.Decision, error) {
+	return d.e.Peek(context.Background(), key)
+}
+
+func (d *diffEngine) refund(key string, tokens int64) (engine.Decision, error) {
+	return d.e.Refund(context.Background(), key, tokens)
+}
+
 func (d *diffEngine) evictFull() (int, error) { return d.e.EvictFull(context.Background()) }
 func (d *diffEngine) replacePolicy(next policy.Policy, expected int64) error {
 	return d.e.ReplacePolicy(context.Background(), next, expected)
@@ -238,6 +272,13 @@ func (d *diffModel) allowBatch(reqs []engine.Request, out []engine.Result) error
 	copy(out, d.m.AllowBatch(d.now, reqs))
 	return nil
 }
+func (d *diffModel) allowAll(reqs []engine.Request) (engine.Decision, int, error) {
+	return d.m.AllowAll(d.now, reqs)
+}
+func (d *diffModel) peek(key string) (engine.Decision, error) { return d.m.Peek(d.now, key) }
+func (d *diffModel) refund(key string, tokens int64) (engine.Decision, error) {
+	return d.m.Refund(d.now, key, tokens)
+}
 func (d *diffModel) evictFull() (int, error) { return d.m.EvictFull(d.now) }
 func (d *diffModel) replacePolicy(next policy.Policy, expected int64) error {
 	return d.m.ReplacePolicy(d.now, next, expected)
@@ -262,6 +303,7 @@ var diffSentinels = []struct {
 	{"ErrClosed", engine.ErrClosed},
 	{"ErrInvalidConfig", engine.ErrInvalidConfig},
 	{"ErrInvalidPolicy", engine.ErrInvalidPolicy},
+	{"ErrAllowAllSize", engine.ErrAllowAllSize},
 	{"context.Canceled", context.Canceled},
 	{"context.DeadlineExceeded", context.DeadlineExceeded},
 }
@@ -300,11 +342,14 @@ func diffDecision(d engine.Decision, err error) string {
 var diffUntouched = engine.Result{Decision: engine.Decision{Remaining: -1, Version: -1}}
 
 // diffAnswer is one operation's answer, rendered for comparison: items are a
-// batch's per-request results, result the call's own return, state KeyCount
-// and Policy afterwards.
+// batch's per-request results, result the call's own return, at the index
+// AllowAll returned (rendered, and compared, only for AllowAll), state
+// KeyCount and Policy afterwards.
 type diffAnswer struct {
 	items  []string
 	result string
+	at     int
+	all    bool // an AllowAll's answer: at counts
 	state  string
 }
 
@@ -312,6 +357,9 @@ func (a diffAnswer) String() string {
 	s := a.result
 	if a.items != nil {
 		s = "[" + strings.Join(a.items, ", ") + "] " + a.result
+	}
+	if a.all {
+		s += fmt.Sprintf(" at %d", a.at)
 	}
 	return s + "; " + a.state
 }
@@ -342,6 +390,24 @@ func diffApply(tg diffTarget, op diffOp) diffAnswer {
 		a.result = diffErr(tg.replacePolicy(op.next, op.expected))
 	case diffKeys:
 		a.result = "ok"
+	case diffAllowAll:
+		a.all = true
+		if t, ok := tg.(diffAllAllower); ok {
+			d, at, err := t.allowAll(op.reqs)
+			a.result, a.at = diffDecision(d, err), at
+		} else {
+			a.result = "unsupported"
+		}
+	case diffPeek, diffRefund:
+		t, ok := tg.(diffInspector)
+		switch {
+		case !ok:
+			a.result = "unsupported"
+		case op.kind == diffPeek:
+			a.result = diffDecision(t.peek(op.key))
+		default:
+			a.result = diffDecision(t.refund(op.key, op.cost))
+		}
 	}
 	// Policy as it was given: a TokensPerSecond policy never comes back
 	// as its Refill, nor the other way round.
@@ -397,6 +463,19 @@ func (op diffOp) String() string {
 			s += fmt.Sprintf(", out of len %d", len(op.reqs)-1)
 		}
 		return s + ")"
+	case diffAllowAll:
+		reqs := make([]string, len(op.reqs))
+		for i, r := range op.reqs {
+			reqs[i] = fmt.Sprintf("{%s, %d}", diffQuote(r.Key), r.Cost)
+		}
+		if len(op.reqs) > 8 && slices.IndexFunc(op.reqs, func(r engine.Request) bool { return r != op.reqs[0] }) < 0 {
+			return fmt.Sprintf("AllowAll(%d x %s)", len(op.reqs), reqs[0])
+		}
+		return "AllowAll([" + strings.Join(reqs, " ") + "])"
+	case diffPeek:
+		return fmt.Sprintf("Peek(%s)", diffQuote(op.key))
+	case diffRefund:
+		return fmt.Sprintf("Refund(%s, %d)", diffQuote(op.key), op.cost)
 	case diffEvict:
 		return "EvictFull()"
 	case diffCutover:
@@ -474,6 +553,27 @@ func diffAmbiguous(m *enginemodel.Model, cfg diffConfig, reqs []engine.Request) 
 	return m.KeyCount()+len(seen) > maxKeys
 }
 
+// diffAllAnyNewKey returns, for an AllowAll on an engine of several
+// shards, the indexes of reqs that are the first request of a key m does
+// not track (else nil). Such an engine reserves room for new keys shard by
+// shard, in the order of their numbers, which the model does not know: when
+// there is no room for them all, ErrKeyCapacity at any of those is right.
+func diffAllAnyNewKey(m *enginemodel.Model, cfg diffConfig, op diffOp) map[int]bool {
+	if op.kind != diffAllowAll || cfg.shards == 1 {
+		return nil
+	}
+	_, maxKeyBytes := diffBounds(cfg)
+	first := map[int]bool{}
+	seen := map[string]bool{}
+	for i, r := range op.reqs {
+		if _, ok := m.Bucket(r.Key); !ok && !seen[r.Key] && diffValidKey(r.Key, maxKeyBytes) {
+			first[i] = true
+		}
+		seen[r.Key] = true
+	}
+	return first
+}
+
 func diffBounds(cfg diffConfig) (maxKeys, maxKeyBytes int) {
 	maxKeys, maxKeyBytes = cfg.maxKeys, cfg.maxKeyBytes
 	if maxKeys == 0 {
@@ -533,7 +633,11 @@ func diffReplay(tr diffTrace, mk diffMaker, c *counters, render bool) (out diffO
 			}
 			break
 		}
+		anyNew := diffAllAnyNewKey(ref.m, tr.cfg, op)
 		want, got := diffApply(ref, op), diffApply(tg, op)
+		if anyNew != nil && want.result == "ErrKeyCapacity" && got.result == want.result && anyNew[got.at] {
+			got.at = want.at // either is right: see diffAllAnyNewKey
+		}
 		if err := tg.failed(); errors.As(err, new(*diffUnreachable)) {
 			return diffOutcome{lines: out.lines}, fmt.Errorf("differential: seed %d, op %d (t=%d %s): %w", tr.seed, i, op.t, op, err)
 		} else if err != nil {
@@ -558,6 +662,9 @@ func diffReplay(tr diffTrace, mk diffMaker, c *counters, render bool) (out diffO
 // differing request of a batch, or nil.
 func diffCompare(i int, op diffOp, want, got diffAnswer) *diffFailure {
 	f := &diffFailure{index: i, op: op, key: op.key}
+	if want.all && len(op.reqs) > 0 {
+		f.key = op.reqs[max(want.at, 0)].Key // the binding request's, or the one at fault
+	}
 	for j := range max(len(want.items), len(got.items)) {
 		if j >= len(want.items) || j >= len(got.items) || want.items[j] != got.items[j] {
 			f.key = op.reqs[j].Key
@@ -566,8 +673,11 @@ func diffCompare(i int, op diffOp, want, got diffAnswer) *diffFailure {
 		}
 	}
 	switch {
-	case want.result != got.result:
+	case want.result != got.result || want.at != got.at:
 		f.want, f.got = want.result, got.result
+		if want.all {
+			f.want, f.got = fmt.Sprintf("%s at %d", want.result, want.at), fmt.Sprintf("%s at %d", got.result, got.at)
+		}
 	case want.state != got.state:
 		f.want, f.got = "afterwards "+want.state, "afterwards "+got.state
 	default:

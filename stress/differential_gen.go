@@ -117,15 +117,20 @@ func diffGenerateFor(seed uint64, shardCounts []int, nops int, store bool) diffT
 	cfg.policy.Overrides = g.overrides(nil, cfg.policy.Limit())
 	g.m = enginemodel.New(cfg.policy, cfg.maxKeys, cfg.maxKeyBytes)
 
-	// Weights of allow, batch, short batch, evict, cutover, keys; the
-	// cutover-heavy profile runs past the shard's 64-generation history.
+	// Weights of allow, batch, short batch, evict, cutover, keys,
+	// AllowAll, Peek and Refund; the cutover-heavy profile runs past the
+	// shard's 64-generation history. The Redis store has no AllowAll, and
+	// its target here no Peek or Refund.
 	profiles := [][diffNumKinds]int{
-		{45, 20, 2, 10, 10, 3},
-		{35, 15, 1, 35, 10, 4},
-		{15, 5, 1, 5, 70, 4},
+		{45, 20, 2, 10, 10, 3, 15, 3, 6},
+		{35, 15, 1, 35, 10, 4, 10, 2, 4},
+		{15, 5, 1, 5, 70, 4, 5, 1, 2},
 	}
 	pi := r.IntN(len(profiles))
 	prof := profiles[pi]
+	if store {
+		prof[diffAllowAll], prof[diffPeek], prof[diffRefund] = 0, 0, 0
+	}
 	if pi == 2 {
 		nops *= 2
 	}
@@ -167,6 +172,22 @@ func (g *diffGen) op(kind diffKind) diffOp {
 		}
 	case diffShortBatch:
 		op.reqs = g.batch(1 + g.r.IntN(4))
+	case diffAllowAll:
+		op.reqs = g.allReqs()
+		d, _, err := g.m.AllowAll(g.t, op.reqs)
+		g.mark(d, err)
+	case diffPeek:
+		op.key = g.key()
+		d, err := g.m.Peek(g.t, op.key)
+		g.mark(d, err)
+	case diffRefund:
+		op.key = g.key()
+		op.cost = g.cost(op.key)
+		if g.r.IntN(2) == 0 {
+			op.cost = 1 + g.r.Int64N(3)
+		}
+		d, err := g.m.Refund(g.t, op.key, op.cost)
+		g.mark(d, err)
 	case diffEvict:
 		_, _ = g.m.EvictFull(g.t)
 	case diffCutover:
@@ -327,6 +348,40 @@ func (g *diffGen) batch(n int) []engine.Request {
 		reqs[i] = engine.Request{Key: k, Cost: g.cost(k)}
 	}
 	return reqs
+}
+
+// allReqs draws an AllowAll's requests: mostly 1 to 6 over at most three
+// keys (so costs of one key add up), with costs mostly small so that calls
+// are decided, admitted or refused, rather than rejected; now and then none,
+// or MaxAllowAll or one more of one request.
+func (g *diffGen) allReqs() []engine.Request {
+	switch g.r.IntN(40) {
+	case 0:
+		return nil
+	case 1:
+		n := engine.MaxAllowAll + g.r.IntN(2)
+		k := g.key()
+		return slices.Repeat([]engine.Request{{Key: k, Cost: 1}}, n)
+	}
+	var keys [3]string
+	for i := range keys {
+		keys[i] = g.keys[g.r.IntN(len(g.keys))]
+		if g.r.IntN(5) == 0 {
+			keys[i] = g.key() // now and then new, blank or too long
+		}
+	}
+	reqs := make([]engine.Request, 1+g.r.IntN(6))
+	for i := range reqs {
+		k := keys[g.r.IntN(len(keys))]
+		reqs[i] = engine.Request{Key: k, Cost: g.cost(k)}
+		if g.r.IntN(6) != 0 {
+			reqs[i].Cost = 1
+			if g.r.IntN(2) == 0 {
+				reqs[i].Cost += g.r.Int64N(min(minCapacity(shapeOf(g.m.Policy(), k)), 3))
+			}
+		}
+	}
+	return allWithinInt64(reqs)
 }
 
 // capacity draws a capacity: edge values, or near cur when cur > 0.

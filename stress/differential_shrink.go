@@ -10,7 +10,7 @@ import (
 
 // diffShrink reduces a failing trace to a short one that still fails: first
 // one shard if that still fails, then the ops after the failure go, then
-// delta debugging over the ops, over each batch's requests, over each
+// delta debugging over the ops, over each batch's and AllowAll's requests, over each
 // policy's overrides and over its bands and its overrides' bands, and last
 // readability: times shifted to start at 0,
 // and a Manual clock instead of the regressing one when the times left
@@ -52,7 +52,7 @@ func diffShrink(tr diffTrace, mk diffMaker) (diffTrace, int) {
 		return fails(t)
 	})
 	for i := range cur.ops {
-		if k := cur.ops[i].kind; k != diffBatch && k != diffShortBatch {
+		if k := cur.ops[i].kind; k != diffBatch && k != diffShortBatch && k != diffAllowAll {
 			continue
 		}
 		cur.ops[i].reqs = diffDDMin(cur.ops[i].reqs, func(reqs []engine.Request) bool {

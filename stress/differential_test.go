@@ -23,10 +23,11 @@ import (
 func TestDiffSeeds(t *testing.T) {
 	seen := map[string]int{}
 	want := []string{"ErrInvalidKey", "ErrInvalidCost", "ErrCostExceedsCapacity", "ErrKeyCapacity", "ErrStalePolicy", "ErrClockRegression",
-		"ErrInvalidConfig", "ErrInvalidPolicy", "Allowed:false", "Allowed:true", "t=9223372036854775807 ", "AllowBatch("}
+		"ErrInvalidConfig", "ErrInvalidPolicy", "Allowed:false", "Allowed:true", "t=9223372036854775807 ", "AllowBatch(", "AllowAll(", "Peek(", "Refund("}
 	longest := 0
 	c := &counters{}
 	events := map[string]int{}
+	allSeen := map[string]int{}
 	for seed := uint64(1); seed <= 200; seed++ {
 		tr := diffGenerate(seed, []int{1, 2, 16}, diffOpsPerTrace)
 		diffOverrideEvents(tr, events)
@@ -37,10 +38,22 @@ func TestDiffSeeds(t *testing.T) {
 		}
 		require.True(t, out.valid, "seed %d: the generator made a trace outside the contract", seed)
 		longest = max(longest, diffTally(out.lines, want, seen))
+		for _, l := range out.lines {
+			if _, answer, ok := strings.Cut(l, " AllowAll("); ok {
+				_, answer, _ = strings.Cut(answer, ") -> ")
+				diffTally([]string{answer}, []string{"{Allowed:true", "{Allowed:false", "ErrAllowAllSize", "ErrInvalidKey", "ErrInvalidCost",
+					"ErrCostExceedsCapacity", "ErrKeyCapacity", "ErrClockRegression"}, allSeen)
+			}
+		}
 	}
+
 	for _, w := range want {
 		assert.Positive(t, seen[w], "no trace produced %s", w)
 	}
+	for _, w := range []string{"{Allowed:true", "{Allowed:false", "ErrAllowAllSize", "ErrInvalidKey", "ErrInvalidCost", "ErrCostExceedsCapacity", "ErrKeyCapacity", "ErrClockRegression"} {
+		assert.Positive(t, allSeen[w], "no AllowAll answered %s", w)
+	}
+	t.Logf("AllowAll answers: %v", allSeen)
 	assert.Greater(t, longest, 64, "no trace cut over more often than a shard keeps history")
 	assert.Positive(t, c.decisions.Load())
 	t.Logf("decisions %d, errors by kind %v, longest cutover chain %d", c.decisions.Load(), seen, longest)
@@ -67,6 +80,8 @@ type diffFault struct {
 	limit     bool // report the default capacity as every decision's Limit
 	band      bool // name the primary as every decision's binding band
 	bandAdmit bool // report a denial a band beside the primary bound as allowed
+	allLast   bool // name an AllowAll's last request as the binding one
+	allSome   bool // a refused AllowAll still takes from every key that holds its cost
 }
 
 // fake applies the band faults to one decision for key.
@@ -103,13 +118,43 @@ func (f *diffFault) allow(key string, cost int64) (engine.Decision, error) {
 	return d, err
 }
 
+// allowAll and the inspector's calls pass through, unfaulted, when the
+// target has them: embedding diffTarget alone would hide them.
+func (f *diffFault) allowAll(reqs []engine.Request) (engine.Decision, int, error) {
+	d, at, err := f.diffTarget.(diffAllAllower).allowAll(reqs)
+	if f.allLast && err == nil {
+		at = len(reqs) - 1
+	}
+	if f.allSome && err == nil && !d.Allowed {
+		sums, order := map[string]int64{}, []string(nil)
+		for _, r := range reqs {
+			if _, ok := sums[r.Key]; !ok {
+				order = append(order, r.Key)
+			}
+			sums[r.Key] += r.Cost
+		}
+		for _, k := range order {
+			_, _ = f.diffTarget.allow(k, sums[k]) // taken if k holds it: not all or nothing
+		}
+	}
+	return d, at, err
+}
+
+func (f *diffFault) peek(key string) (engine.Decision, error) {
+	return f.diffTarget.(diffInspector).peek(key)
+}
+
+func (f *diffFault) refund(key string, tokens int64) (engine.Decision, error) {
+	return f.diffTarget.(diffInspector).refund(key, tokens)
+}
+
 func (f *diffFault) allowBatch(reqs []engine.Request, out []engine.Result) error {
 	err := f.diffTarget.allowBatch(reqs, out)
 	for i := range out {
 		if f.retry && out[i].Err == nil && out[i].Decision.RetryAfter > 0 {
 			out[i].Decision.RetryAfter--
 		}
-		if f.limit && out[i].Err == nil {
+		if f.limit && err == nil && out[i].Err == nil && i < len(reqs) { // a decision, not an untouched result
 			out[i].Decision.Limit = f.policy().Capacity
 		}
 		if err == nil && out[i].Err == nil && i < len(reqs) { // not the untouched results of a refused batch
@@ -161,6 +206,8 @@ func TestDiffShrink(t *testing.T) {
 		{"remaining after cutover", diffFault{remaining: true}, 2, "Allow("},
 		{"retry rounded down", diffFault{retry: true}, 3, "Allow"},
 		{"default limit reported", diffFault{limit: true}, 2, "Allow"},
+		{"AllowAll's binding request misnamed", diffFault{allLast: true}, 1, "AllowAll("},
+		{"AllowAll refused but taken in part", diffFault{allSome: true}, 3, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mk := func(cfg diffConfig, c *counters) (diffTarget, error) {
