@@ -293,3 +293,44 @@ func Example_bands() {
 	// false daily 1h11m56s
 	// false true 600ms
 }
+
+// One request that must pass several limits: the user's, the tenant's and
+// a global one. AllowAll admits all three or none, so a refusal by one
+// spends nothing from the others.
+func ExampleEngine_AllowAll() {
+	set, err := policy.NewOverrideSet(
+		policy.Override{Match: "tenant:*", Capacity: 3, TokensPerSecond: 1},
+		policy.Override{Match: "global", Capacity: 1000, TokensPerSecond: 100},
+	)
+	if err != nil {
+		panic(err)
+	}
+	e, err := engine.New(engine.Config{
+		Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1, Overrides: set},
+		Clock:  clock.NewManual(0),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer e.Close()
+
+	ctx := context.Background()
+	request := func(user string) []engine.Request {
+		return []engine.Request{{Key: "user:" + user, Cost: 1}, {Key: "tenant:acme", Cost: 1}, {Key: "global", Cost: 1}}
+	}
+	for _, user := range []string{"ann", "bob", "cid", "dee"} {
+		d, i, err := e.AllowAll(ctx, request(user))
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(user, d.Allowed, i, d.RetryAfter)
+	}
+	d, _ := e.Peek(ctx, "user:dee")
+	fmt.Println("dee still has", d.Remaining)
+	// Output:
+	// ann true 1 0s
+	// bob true 1 0s
+	// cid true 1 0s
+	// dee false 1 1s
+	// dee still has 10
+}
