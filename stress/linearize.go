@@ -11,7 +11,10 @@ package main
 // before it advances the clock, so every operation of a round was decided at
 // the same reading, recorded in its input: the specification needs no
 // guess about when an operation read the clock. Cutovers and sweeps run
-// inside rounds, concurrently with everything else. Policies carry per-key
+// inside rounds, concurrently with everything else: Allow, AllowBatch,
+// AllowAll (over the keys of one group in a partitioned history, so that
+// AllowAlls overlap in keys with each other and with every other call, and
+// span shards where there are several), Refund and Peek. Policies carry per-key
 // overrides about half the time, Refill rates of other periods and bands a
 // third of the time each, and cutovers change them all (bands added,
 // dropped, reshaped, matched by name), so the model's per-key limits
@@ -22,9 +25,14 @@ package main
 // really returned before B was invoked.
 //
 // What is atomic. Porcupine needs each operation to take effect at one
-// instant inside its interval. The engine promises that of Allow (decided by
-// its shard, which reserves a new key's slot in the atomic key budget as it
-// decides), KeyCount and Policy (one atomic load each) and ReplacePolicy
+// instant inside its interval. The engine promises that of Allow, Refund and
+// Peek (decided by the key's shard, which reserves a new key's slot in the
+// atomic key budget as it decides), AllowAll (every shard it touches held
+// at once, so it takes effect for all its keys at one instant: it is one
+// operation, whose answer and effect depend on all its keys, which is why
+// the specification holds every key in one model and partitions merge the
+// keys AllowAlls join; see linSpec.partition), KeyCount and Policy (one
+// atomic load each) and ReplacePolicy
 // (stale or not is judged under the coordinator; a cutover is two-phase: at
 // the instant the new policy is stored every shard is prepared and none has
 // published, so it takes effect everywhere at once, and every shard's
@@ -50,9 +58,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
+	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +94,7 @@ func runLinearizability(ctx context.Context, o options, c *counters) error {
 	for i := uint64(0); ctx.Err() == nil; i++ {
 		rng := rand.New(rand.NewPCG(o.seed, i))
 		spec := linNewSpec(rng, i%3 != 2, o.shards)
+		spec.exact = o.exact
 		if err := linOne(spec, rng, c, os.TempDir()); err != nil {
 			if v := (*Violation)(nil); errors.As(err, &v) {
 				v.Seed = o.seed
@@ -155,6 +167,9 @@ func (sp *linSpec) String() string {
 	mode := "unpartitioned"
 	if sp.partitioned {
 		mode = "partitioned"
+	}
+	if sp.exact {
+		mode += " (exact: not steered around known bugs)"
 	}
 	return fmt.Sprintf("%s, %d keys, MaxKeys %d, %d shards, %d clients, %d rounds, policy %s, start %d",
 		mode, len(sp.keys), sp.maxKeys, sp.shards, sp.clients, sp.rounds, policyText(sp.pol), sp.start)
@@ -262,8 +277,9 @@ func linCapacity(rng *rand.Rand, cur policy.Policy, key string) int64 {
 }
 
 // linCall is one planned engine call. kind uses the operation kinds:
-// linAllow (an AllowBatch when reqs is set), linCutover, linPass for
-// EvictFull, linKeyCount and linPolicy.
+// linAllow (an AllowBatch when reqs is set), linAllowAll (of reqs),
+// linRefund (of cost tokens), linPeek, linCutover, linPass for EvictFull,
+// linKeyCount and linPolicy.
 type linCall struct {
 	kind     linKind
 	key      string
@@ -275,11 +291,13 @@ type linCall struct {
 
 // linRecorder runs one history's calls and records them.
 type linRecorder struct {
-	e      *engine.Engine
-	spec   *linSpec
-	c      *counters
-	seq    atomic.Int64 // the logical time of Call and Return
-	sweeps atomic.Int64 // numbers EvictFull calls
+	e       *engine.Engine
+	spec    *linSpec
+	c       *counters
+	seq     atomic.Int64 // the logical time of Call and Return
+	sweeps  atomic.Int64 // numbers EvictFull calls
+	shardOf map[string]int
+	groups  [][]string // the key groups an AllowAll draws its keys from
 }
 
 // linRecord runs spec's history on a fresh engine and returns it.
@@ -290,7 +308,8 @@ func linRecord(spec *linSpec, rng *rand.Rand, c *counters) ([]porcupine.Operatio
 		return nil, err
 	}
 	defer e.Close()
-	r := &linRecorder{e: e, spec: spec, c: c}
+	r := &linRecorder{e: e, spec: spec, c: c, shardOf: linShards(e, spec.keys)}
+	r.groups = linGroups(rng, spec, r.shardOf)
 	ops := make([][]porcupine.Operation, spec.clients) // ops[w] is written only by client w
 	for round := range spec.rounds {
 		if round > 0 {
@@ -332,16 +351,23 @@ func linCountOverrides(spec *linSpec, h []porcupine.Operation, c *counters) {
 	for _, op := range h {
 		in, out := op.Input.(*linInput), op.Output.(*linOutput)
 		switch in.kind {
-		case linAllow:
+		case linAllow, linAllowAll:
+			key := in.key
+			if in.kind == linAllowAll {
+				if out.n < 0 || out.n >= len(in.reqs) {
+					continue
+				}
+				key = in.reqs[out.n].Key // the binding request's
+			}
 			for _, r := range out.res {
 				p, ok := pols[r.d.Version]
 				if !ok || r.err != nil {
 					continue
 				}
-				if overridden(p, in.key) {
+				if overridden(p, key) {
 					c.overridden.Add(1)
 				}
-				recordShape(c, shapeOf(p, in.key), r.d.Band)
+				recordShape(c, shapeOf(p, key), r.d.Band)
 			}
 		case linCutover:
 			if prev, ok := pols[in.expected]; ok && out.err == nil {
@@ -367,23 +393,30 @@ func (r *linRecorder) plan(rng *rand.Rand) [][]linCall {
 		for range 1 + rng.IntN(sp.perRound) {
 			var call linCall
 			switch k := rng.IntN(100); {
-			case k < 55:
+			case k < 42:
 				key := r.randKey(rng)
 				call = linCall{kind: linAllow, key: key, cost: linCost(rng, linCapacity(rng, cur, key))}
-			case k < 70:
+			case k < 53:
 				call = linCall{kind: linAllow, reqs: r.randBatch(rng, cur)}
-			case k < 78 && (sp.partitioned || sweeps == 0):
+			case k < 67:
+				call = linCall{kind: linAllowAll, reqs: r.randAll(rng, cur)}
+			case k < 71:
+				key := r.randKey(rng)
+				call = linCall{kind: linRefund, key: key, cost: linCost(rng, linCapacity(rng, cur, key))}
+			case k < 73:
+				call = linCall{kind: linPeek, key: r.randKey(rng)}
+			case k < 79 && (sp.partitioned || sweeps == 0):
 				// A sweep is a pass per key, and passes nearly commute:
 				// when porcupine backtracks over a round it tries their
 				// interleavings, so a whole history gets one sweep a round.
 				sweeps++
 				call = linCall{kind: linPass}
-			case k < 78:
+			case k < 79:
 				key := r.randKey(rng)
 				call = linCall{kind: linAllow, key: key, cost: linCost(rng, linCapacity(rng, cur, key))}
-			case k < 87:
+			case k < 88:
 				call = linCutoverCall(rng, cur)
-			case k < 93:
+			case k < 94:
 				call = linCall{kind: linKeyCount}
 			default:
 				call = linCall{kind: linPolicy}
@@ -391,7 +424,55 @@ func (r *linRecorder) plan(rng *rand.Rand) [][]linCall {
 			plans[w] = append(plans[w], call)
 		}
 	}
+	if !sp.exact {
+		linSteer(sp, plans)
+	}
 	return plans
+}
+
+// linSteer rewrites a round's plans around known engine bugs 2 and 3
+// (known_bugs.go), so that a history goes on to find others. In a round
+// with an AllowAll: a cutover becomes a Policy read (bug 2); and in an
+// unpartitioned history, which checks KeyCount and the key bound exactly, a
+// KeyCount becomes a Policy read and, on several shards, every other call
+// that may create a key (an Allow, a batch, another AllowAll) becomes a Peek
+// of its key (bug 3).
+func linSteer(sp *linSpec, plans [][]linCall) {
+	all := 0
+	for _, p := range plans {
+		for _, call := range p {
+			if call.kind == linAllowAll {
+				all++
+			}
+		}
+	}
+	if all == 0 {
+		return
+	}
+	first := true
+	for _, p := range plans {
+		for i := range p {
+			call := &p[i]
+			switch {
+			case call.kind == linCutover:
+				*call = linCall{kind: linPolicy}
+			case sp.partitioned:
+			case call.kind == linKeyCount:
+				*call = linCall{kind: linPolicy}
+			case sp.shards == 1:
+			case call.kind == linAllowAll && first:
+				first = false
+			case call.kind == linAllowAll && len(call.reqs) > 0:
+				*call = linCall{kind: linPeek, key: call.reqs[0].Key}
+			case call.kind == linAllowAll:
+				*call = linCall{kind: linPolicy}
+			case call.kind == linAllow && call.reqs != nil:
+				*call = linCall{kind: linPeek, key: call.reqs[0].Key}
+			case call.kind == linAllow:
+				*call = linCall{kind: linPeek, key: call.key}
+			}
+		}
+	}
 }
 
 func (r *linRecorder) randKey(rng *rand.Rand) string {
@@ -419,6 +500,133 @@ func (r *linRecorder) randBatch(rng *rand.Rand, cur policy.Policy) []engine.Requ
 		reqs = append(reqs, engine.Request{Key: key, Cost: linCost(rng, linCapacity(rng, cur, key))})
 	}
 	return reqs
+}
+
+// randAll draws an AllowAll: one to four requests on the keys of one group
+// (so a key may repeat, and its costs add up), mostly of cost 1 or 2 so
+// that calls are decided, admitted or refused; now and then a blank key, a
+// cost drawn as linCost draws, no requests, or one too many.
+func (r *linRecorder) randAll(rng *rand.Rand, cur policy.Policy) []engine.Request {
+	switch rng.IntN(60) {
+	case 0:
+		return nil // ErrAllowAllSize
+	case 1:
+		return slices.Repeat([]engine.Request{{Key: r.spec.keys[0], Cost: 1}}, engine.MaxAllowAll+1)
+	}
+	group := r.groups[rng.IntN(len(r.groups))]
+	reqs := make([]engine.Request, 1+rng.IntN(4))
+	for i := range reqs {
+		key := group[rng.IntN(len(group))]
+		if rng.IntN(50) == 0 {
+			key = " " // blank: ErrInvalidKey
+		}
+		reqs[i] = engine.Request{Key: key, Cost: 1 + rng.Int64N(2)}
+		if rng.IntN(6) == 0 {
+			reqs[i].Cost = linCost(rng, linCapacity(rng, cur, key))
+		}
+	}
+	if r.spec.exact {
+		return reqs
+	}
+	return allWithinInt64(reqs)
+}
+
+// linGroups splits spec's keys into the groups AllowAlls draw from. An
+// unpartitioned history has one, every key. A partitioned one has groups of
+// two or three keys, each its own partition (see linSpec.partition), dealt
+// from the keys of each shard in turn so that a group spans shards when it
+// can: an AllowAll over several shards holds them all.
+func linGroups(rng *rand.Rand, spec *linSpec, shardOf map[string]int) [][]string {
+	if !spec.partitioned {
+		return [][]string{spec.keys}
+	}
+	byShard := map[int][]string{}
+	for _, k := range spec.keys {
+		byShard[shardOf[k]] = append(byShard[shardOf[k]], k)
+	}
+	shards := slices.Sorted(maps.Keys(byShard))
+	rng.Shuffle(len(shards), func(i, j int) { shards[i], shards[j] = shards[j], shards[i] })
+	var dealt []string
+	for len(dealt) < len(spec.keys) {
+		for _, s := range shards {
+			if ks := byShard[s]; len(ks) > 0 {
+				i := rng.IntN(len(ks))
+				dealt = append(dealt, ks[i])
+				byShard[s] = slices.Delete(ks, i, i+1)
+			}
+		}
+	}
+	var groups [][]string
+	for len(dealt) > 0 {
+		n := min(2+rng.IntN(2), len(dealt))
+		groups = append(groups, dealt[:n])
+		dealt = dealt[n:]
+	}
+	return groups
+}
+
+// linShards returns the shard of each of keys in e: a Peek of each (which
+// changes nothing a history can see) and the shard whose count of Peeks
+// moved. A key whose shard it could not tell within a second (a shard
+// publishes its counts when it parks) is not in the map.
+func linShards(e *engine.Engine, keys []string) map[string]int {
+	out := map[string]int{}
+	peeks := func() []uint64 {
+		st := e.Stats()
+		n := make([]uint64, len(st.Shards))
+		for i, s := range st.Shards {
+			n[i] = s.Peeks
+		}
+		return n
+	}
+	if len(e.Stats().Shards) == 1 {
+		for _, k := range keys {
+			out[k] = 0
+		}
+		return out
+	}
+	before := peeks()
+	for _, k := range keys {
+		if _, err := e.Peek(context.Background(), k); err != nil {
+			continue
+		}
+		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); runtime.Gosched() {
+			now := peeks()
+			moved := -1
+			for i := range now {
+				if now[i] != before[i] {
+					moved = i
+				}
+			}
+			if moved >= 0 {
+				out[k], before = moved, now
+				break
+			}
+		}
+	}
+	return out
+}
+
+// countAll counts a decided AllowAll: admitted or refused, and whether its
+// keys span several shards.
+func (r *linRecorder) countAll(reqs []engine.Request, d engine.Decision, err error) {
+	if err != nil {
+		return
+	}
+	if d.Allowed {
+		r.c.allAdmitted.Add(1)
+	} else {
+		r.c.allRefused.Add(1)
+	}
+	shards := map[int]bool{}
+	for _, q := range reqs {
+		if s, ok := r.shardOf[q.Key]; ok {
+			shards[s] = true
+		}
+	}
+	if len(shards) > 1 {
+		r.c.allSpread.Add(1)
+	}
 }
 
 // linCost draws a cost: mostly small, sometimes the whole capacity or just
@@ -504,6 +712,26 @@ func (r *linRecorder) do(w int, now int64, call linCall, ops []porcupine.Operati
 		for g := range ins {
 			add(ins[g], outs[g], t0, t1)
 		}
+	case linAllowAll:
+		t0 := r.seq.Add(1)
+		d, at, err := r.e.AllowAll(ctx, call.reqs)
+		t1 := r.seq.Add(1)
+		r.c.record(d, err)
+		r.countAll(call.reqs, d, err)
+		add(&linInput{kind: linAllowAll, now: now, reqs: call.reqs}, &linOutput{res: []linResult{{d, err}}, n: at}, t0, t1)
+	case linRefund, linPeek:
+		t0 := r.seq.Add(1)
+		var d engine.Decision
+		var err error
+		in := &linInput{kind: call.kind, now: now, key: call.key}
+		if call.kind == linRefund {
+			d, err = r.e.Refund(ctx, call.key, call.cost)
+			in.costs = []int64{call.cost}
+		} else {
+			d, err = r.e.Peek(ctx, call.key)
+		}
+		t1 := r.seq.Add(1)
+		add(in, &linOutput{res: []linResult{{d, err}}}, t0, t1)
 	case linCutover:
 		t0 := r.seq.Add(1)
 		err := r.e.ReplacePolicy(ctx, call.next, call.expected)

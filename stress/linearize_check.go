@@ -36,9 +36,10 @@ func linCheck(spec *linSpec, h []porcupine.Operation, vizDir string) (v *Violati
 	return linIllegal(spec, m, h, info, vizDir), false
 }
 
-// linBounds checks what per-key partitions cannot: a KeyCount within the
-// bound and the keys used, and an EvictFull without error and within the keys.
-// (Unpartitioned histories check both exactly as well.)
+// linBounds checks what partitions cannot: a KeyCount within the bound and
+// the keys used, and an EvictFull without error and within the keys
+// (unpartitioned histories check both exactly as well); and, in every
+// history, an AllowAll's index within its requests.
 func linBounds(spec *linSpec, h []porcupine.Operation) *Violation {
 	for _, op := range h {
 		in, out := op.Input.(*linInput), op.Output.(*linOutput)
@@ -55,6 +56,18 @@ func linBounds(spec *linSpec, h []porcupine.Operation) *Violation {
 		case linAllow:
 			if out.err != nil {
 				return linViolation(in.key, op, "AllowBatch to return nil", linErrName(out.err))
+			}
+		case linAllowAll:
+			// The index's range, in every history (the model checks it
+			// exactly, but for ErrKeyCapacity's on several shards): none
+			// for an error of the call as a whole, else a request.
+			want, ok := fmt.Sprintf("an index in [0, %d)", len(in.reqs)), 0 <= out.n && out.n < len(in.reqs)
+			switch linErrName(out.res[0].err) {
+			case "ErrAllowAllSize", "ErrClosed", "Canceled", "DeadlineExceeded":
+				want, ok = "index -1", out.n == -1
+			}
+			if !ok {
+				return linViolation(linKeyOf(in), op, want, fmt.Sprint(out.n))
 			}
 		}
 	}
@@ -75,7 +88,7 @@ func linVersions(h []porcupine.Operation) *Violation {
 	for _, op := range h {
 		in, out := op.Input.(*linInput), op.Output.(*linOutput)
 		switch in.kind {
-		case linAllow:
+		case linAllow, linAllowAll, linRefund, linPeek:
 			lo, hi := int64(math.MaxInt64), int64(math.MinInt64)
 			for _, r := range out.res {
 				if r.err == nil {
@@ -106,7 +119,7 @@ func linVersions(h []porcupine.Operation) *Violation {
 			}
 		}
 		if b.version < best.version {
-			return linViolation(b.op.Input.(*linInput).key, b.op,
+			return linViolation(linKeyOf(b.op.Input.(*linInput)), b.op,
 				fmt.Sprintf("version >= %d, since %s returned before it was invoked", best.version, linDescribeOp(best.op)),
 				fmt.Sprintf("version %d", b.version))
 		}
@@ -181,7 +194,7 @@ func linIllegal(spec *linSpec, m porcupine.Model, h []porcupine.Operation, info 
 	}
 	key := linPartitionKey(part)
 	if in, ok := stuck.Input.(*linInput); ok && !spec.partitioned {
-		key = in.key
+		key = linKeyOf(in)
 	}
 	if len(next) > 4 {
 		next = append(next[:4], fmt.Sprintf("and %d more", len(next)-4))

@@ -33,6 +33,9 @@ const (
 	linPass                    // one key's part of an EvictFull: evict it if it is full
 	linKeyCount                // a KeyCount call
 	linPolicy                  // a Policy call
+	linAllowAll                // an AllowAll call, whole: it is atomic over all its keys
+	linRefund                  // a Refund call
+	linPeek                    // a Peek call
 )
 
 // linInput is an operation's invocation. Every operation of a history
@@ -41,9 +44,10 @@ const (
 type linInput struct {
 	kind     linKind
 	now      int64
-	key      string  // linAllow, linPass
-	costs    []int64 // linAllow
-	batch    bool    // linAllow: the items come from an AllowBatch
+	key      string           // linAllow, linPass, linRefund, linPeek
+	costs    []int64          // linAllow; linRefund: the tokens, alone
+	batch    bool             // linAllow: the items come from an AllowBatch
+	reqs     []engine.Request // linAllowAll
 	next     policy.Policy
 	expected int64 // linCutover
 	sweep    int   // linPass: which EvictFull call
@@ -59,9 +63,9 @@ type linResult struct {
 
 // linOutput is an operation's response.
 type linOutput struct {
-	res []linResult   // linAllow, one per cost
+	res []linResult   // linAllow, one per cost; linAllowAll, linRefund, linPeek: one
 	err error         // linAllow: AllowBatch's own error; linCutover; linPass: EvictFull's error
-	n   int           // linPass: the count EvictFull returned; linKeyCount: the count
+	n   int           // linPass: the count EvictFull returned; linKeyCount: the count; linAllowAll: the index
 	pol policy.Policy // linPolicy
 }
 
@@ -69,21 +73,24 @@ type linOutput struct {
 // linearization.
 type linTally struct{ passes, evicted int }
 
-// linState is the specification's state for porcupine. Each tracked key is
-// alone in a model of its own, so one key can be swept without the
-// others (the model sweeps the whole engine at once, while the engine
-// sweeps shard by shard); the one coupling between keys, the key bound, is
-// applied here. States are immutable: Step copies what it changes.
+// linState is the specification's state for porcupine: one model holding
+// every key the operations so far have tracked, under the key bound of the
+// history's engine. One model, not one per key, because AllowAll decides
+// several keys as one step: its answer and its effect depend on every key
+// it names at once. A sweep is checked key by key (EvictIfFull), since the
+// engine sweeps shard by shard. States are immutable: Step clones the model
+// before it changes it.
 type linState struct {
-	pol     policy.Policy
-	buckets map[string]*enginemodel.Model
-	tally   map[int]linTally
-	canon   string // canonical text, so Equal and Hash are cheap
+	m     *enginemodel.Model
+	tally map[int]linTally
+	canon string // canonical text, so Equal and Hash are cheap
 }
 
-func linNewState(pol policy.Policy, buckets map[string]*enginemodel.Model, tally map[int]linTally) *linState {
-	s := &linState{pol: pol, buckets: buckets, tally: tally}
-	b := make([]byte, 0, 64+48*len(buckets))
+func linNewState(m *enginemodel.Model, tally map[int]linTally) *linState {
+	s := &linState{m: m, tally: tally}
+	pol := m.Policy()
+	keys := m.Keys()
+	b := make([]byte, 0, 64+48*len(keys))
 	b = fmt.Appendf(b, "v%d c%d %s", pol.Version, pol.Capacity, limitRateText(pol.TokensPerSecond, pol.Refill))
 	if pol.Bands != nil {
 		// By content, to read, and by reference, as overrides below.
@@ -94,8 +101,9 @@ func linNewState(pol policy.Policy, buckets map[string]*enginemodel.Model, tally
 		// equal sets, and Policy must return the very one installed.
 		b = fmt.Appendf(b, " o%s@%p", overridesText(pol.Overrides), pol.Overrides)
 	}
-	for _, k := range slices.Sorted(maps.Keys(buckets)) {
-		bk, _ := buckets[k].Bucket(k)
+	slices.Sort(keys)
+	for _, k := range keys {
+		bk, _ := m.Bucket(k)
 		b = append(b, ' ')
 		b = append(b, k...)
 		// Every band's balance, exactly: equal states hold equal bands.
@@ -129,12 +137,13 @@ type linSpec struct {
 	perRound    int // most calls one client makes in a round
 	pol         policy.Policy
 	start       int64
+	exact       bool // do not steer around the known engine bugs (linSteer)
 }
 
 // model returns the porcupine model of spec's histories.
 func (sp *linSpec) model() porcupine.Model {
 	m := porcupine.Model{
-		Init: func() any { return linNewState(sp.pol, map[string]*enginemodel.Model{}, map[int]linTally{}) },
+		Init: func() any { return linNewState(enginemodel.New(sp.pol, sp.maxKeys, 0), map[int]linTally{}) },
 		Step: func(state, input, output any) (bool, any) {
 			return sp.step(state.(*linState), input.(*linInput), output.(*linOutput))
 		},
@@ -149,52 +158,141 @@ func (sp *linSpec) model() porcupine.Model {
 	return m
 }
 
-// partition splits a history by key; it is used only when the key bound
-// cannot bind (MaxKeys above the number of keys). Why that is sound: take a
-// linearization of the whole history that the specification accepts, and
-// keep only key k's operations (its Allows and batch items, its sweep
-// passes), every cutover, and the Policy reads assigned to k. Without a
-// binding key bound, an operation on another key changes neither k's bucket
-// nor the policy, and the outputs kept depend on nothing else: an Allow on
-// k, on k's bucket and the policy; a pass over k, on k's bucket and the
-// policy; a cutover (its error, and its effect on k's bucket), on the policy
-// and k's bucket. So the restriction is a linearization the one-key
-// specification accepts, and a partition with none proves the history has
-// none: a failure is never a false alarm. What depends on all keys at once
-// stays out: KeyCount is in no partition, and a partitioned history's passes
-// do not check the sweep's count (linBounds checks both ranges; unpartitioned
-// histories check them exactly). The converse fails: partitions may place a
-// cutover at different instants, which is why linVersions checks real-time
-// version order across keys.
+// partition splits a history into parts checked alone; it is used only
+// when the key bound cannot bind (MaxKeys above the number of keys). The
+// parts are the classes of keys that AllowAll calls join: two keys are in
+// one class when some AllowAll names both, or each names one and a third,
+// and so on. Each part holds its class's operations (Allows and batch
+// items, AllowAlls, Refunds, Peeks and sweep passes on its keys), every
+// cutover, and, for the first part, the Policy reads.
+//
+// Why that is sound: take a linearization of the whole history that the
+// specification accepts, and keep only one part's operations. Without a
+// binding key bound, an operation on keys of other classes changes neither
+// this class's buckets nor the policy, and the outputs kept depend on
+// nothing else: an Allow, Refund or Peek on k, on k's bucket and the
+// policy; an AllowAll, on the buckets of the keys it names (all in the
+// class, which is why classes are closed under AllowAll) and the policy; a
+// pass over k, on k's bucket and the policy; a cutover (its error, and its
+// effect on the class's buckets), on the policy and those buckets. So the
+// restriction is a linearization the specification of the class's keys
+// accepts, and a part with none proves the history has none: a failure is
+// never a false alarm. Per key, as before AllowAll, is the finest such
+// split; keying it by AllowAll's classes keeps it sound, and the recorder
+// draws each AllowAll's keys from a small group so the classes stay small
+// (the search is exponential in a part's concurrency). An AllowAll whose
+// answer depends on no state (no requests or too many, a bad key or a cost
+// below 1: decided before any key is read) joins nothing and, like an
+// Allow on a bad key, may go in any part.
+//
+// What depends on all keys at once stays out: KeyCount is in no part, and
+// a partitioned history's passes do not check the sweep's count (linBounds
+// checks both ranges; unpartitioned histories check them exactly). The
+// converse fails: parts may place a cutover at different instants, which
+// is why linVersions checks real-time version order across keys.
 func (sp *linSpec) partition(h []porcupine.Operation) [][]porcupine.Operation {
 	idx := make(map[string]int, len(sp.keys))
 	for i, k := range sp.keys {
 		idx[k] = i
 	}
-	parts := make([][]porcupine.Operation, len(sp.keys))
+	class := make([]int, len(sp.keys)) // a union-find forest over the keys
+	for i := range class {
+		class[i] = i
+	}
+	var root func(i int) int
+	root = func(i int) int {
+		if class[i] != i {
+			class[i] = root(class[i])
+		}
+		return class[i]
+	}
+	for _, op := range h {
+		in := op.Input.(*linInput)
+		if in.kind != linAllowAll || linStatic(in) {
+			continue
+		}
+		first := -1
+		for _, r := range in.reqs {
+			if i, ok := idx[r.Key]; ok {
+				if first < 0 {
+					first = i
+				} else {
+					class[root(i)] = root(first)
+				}
+			}
+		}
+	}
+	// An operation that reads no key's state (an invalid key's) may go in
+	// any part: the first key's.
+	partOf := func(key string) int { return root(idx[key]) }
+	parts := make([][]porcupine.Operation, len(sp.keys)) // by root
 	for _, op := range h {
 		in := op.Input.(*linInput)
 		switch in.kind {
-		case linAllow, linPass:
-			// An invalid key's answer depends on no state: any partition
-			// will do.
-			parts[idx[in.key]] = append(parts[idx[in.key]], op)
+		case linAllow, linPass, linRefund, linPeek:
+			p := partOf(in.key)
+			parts[p] = append(parts[p], op)
+		case linAllowAll:
+			key := ""
+			if !linStatic(in) {
+				for _, r := range in.reqs {
+					if _, ok := idx[r.Key]; ok {
+						key = r.Key
+						break
+					}
+				}
+			}
+			p := partOf(key)
+			parts[p] = append(parts[p], op)
 		case linCutover:
 			for i := range parts {
-				parts[i] = append(parts[i], op)
+				if root(i) == i {
+					parts[i] = append(parts[i], op)
+				}
 			}
 		case linPolicy:
-			parts[0] = append(parts[0], op) // its output is the policy, which every partition holds
+			p := partOf("") // its output is the policy, which every part holds
+			parts[p] = append(parts[p], op)
 		}
 	}
 	return slices.DeleteFunc(parts, func(p []porcupine.Operation) bool { return len(p) == 0 })
 }
 
+// linStatic reports whether an AllowAll's answer depends on no state: it
+// has no requests or too many, a blank or over-long key, or a cost below 1,
+// each decided before any key is read. (Keys are checked against the
+// engine's default MaxKeyBytes, which every history uses.)
+func linStatic(in *linInput) bool {
+	if len(in.reqs) == 0 || len(in.reqs) > engine.MaxAllowAll {
+		return true
+	}
+	for _, r := range in.reqs {
+		if strings.TrimSpace(r.Key) == "" || len(r.Key) > engine.DefaultMaxKeyBytes || r.Cost < 1 {
+			return true
+		}
+	}
+	return false
+}
+
 // partitionKey names the key of a partition that partition returned.
 func linPartitionKey(part []porcupine.Operation) string {
 	for _, op := range part {
-		if in := op.Input.(*linInput); in.kind == linAllow || in.kind == linPass {
-			return in.key
+		if k := linKeyOf(op.Input.(*linInput)); k != "" {
+			return k
+		}
+	}
+	return ""
+}
+
+// linKeyOf names the key an operation is on: an AllowAll's first key; ""
+// for an operation on no key.
+func linKeyOf(in *linInput) string {
+	switch in.kind {
+	case linAllow, linPass, linRefund, linPeek:
+		return in.key
+	case linAllowAll:
+		if len(in.reqs) > 0 {
+			return in.reqs[0].Key
 		}
 	}
 	return ""
@@ -206,31 +304,46 @@ func (sp *linSpec) step(s *linState, in *linInput, out *linOutput) (bool, *linSt
 	switch in.kind {
 	case linAllow:
 		return sp.stepAllow(s, in, out)
+	case linAllowAll:
+		return sp.stepAllowAll(s, in, out)
+	case linRefund, linPeek:
+		if len(out.res) != 1 {
+			return false, nil
+		}
+		m := s.m.Clone()
+		var d engine.Decision
+		var err error
+		if in.kind == linPeek {
+			d, err = m.Peek(in.now, in.key)
+		} else {
+			d, err = m.Refund(in.now, in.key, in.costs[0])
+		}
+		if d != out.res[0].d || linErrName(err) != linErrName(out.res[0].err) {
+			return false, nil
+		}
+		if in.kind == linPeek || err != nil {
+			return true, s // nothing changed
+		}
+		if _, ok := m.Bucket(in.key); !ok {
+			return true, s // an untracked key: nothing to credit
+		}
+		return true, linNewState(m, s.tally)
 	case linCutover:
-		// An empty model holding the policy decides the error: invalid,
-		// stale, or nil.
-		err := enginemodel.New(s.pol, 0, 0).ReplacePolicy(in.now, in.next, in.expected)
+		m := s.m.Clone()
+		err := m.ReplacePolicy(in.now, in.next, in.expected)
 		if linErrName(err) != linErrName(out.err) {
 			return false, nil
 		}
 		if err != nil {
 			return true, s
 		}
-		buckets := make(map[string]*enginemodel.Model, len(s.buckets))
-		for k, m := range s.buckets {
-			m = m.Clone()
-			if m.ReplacePolicy(in.now, in.next, in.expected) != nil {
-				return false, nil // cannot happen: every bucket's model holds s.pol
-			}
-			buckets[k] = m
-		}
-		return true, linNewState(in.next, buckets, s.tally)
+		return true, linNewState(m, s.tally)
 	case linPass:
 		return sp.stepPass(s, in, out)
 	case linKeyCount:
-		return out.n == len(s.buckets), s
+		return out.n == s.m.KeyCount(), s
 	case linPolicy:
-		return out.pol == s.pol, s
+		return out.pol == s.m.Policy(), s
 	}
 	return false, nil
 }
@@ -248,16 +361,17 @@ func (sp *linSpec) stepPass(s *linState, in *linInput, out *linOutput) (bool, *l
 		return false, nil
 	}
 	evicted := 0
-	buckets := s.buckets
-	if m, ok := s.buckets[in.key]; ok {
-		n, err := m.Clone().EvictFull(in.now)
+	m := s.m
+	if _, ok := m.Bucket(in.key); ok {
+		m = m.Clone()
+		ok, err := m.EvictIfFull(in.now, in.key)
 		if err != nil {
 			return false, nil
 		}
-		if n == 1 {
+		if ok {
 			evicted = 1
-			buckets = maps.Clone(s.buckets)
-			delete(buckets, in.key)
+		} else {
+			m = s.m
 		}
 	}
 	tally := s.tally
@@ -277,44 +391,65 @@ func (sp *linSpec) stepPass(s *linState, in *linInput, out *linOutput) (bool, *l
 	} else if evicted == 0 {
 		return true, s
 	}
-	return true, linNewState(s.pol, buckets, tally)
+	return true, linNewState(m, tally)
 }
 
-// stepAllow decides in's items one by one on in.key's bucket.
+// stepAllow decides in's items one by one on in.key's bucket. The model
+// holds the key bound: at it, a request that would create the key fails
+// with ErrKeyCapacity, and one that fails an earlier check (the key, the
+// cost, the key's capacity, the clock) keeps its own error.
 func (sp *linSpec) stepAllow(s *linState, in *linInput, out *linOutput) (bool, *linState) {
 	if out.err != nil || len(out.res) != len(in.costs) {
 		return false, nil
 	}
-	m, ok := s.buckets[in.key]
-	if ok {
-		m = m.Clone()
-	} else {
-		m = enginemodel.New(s.pol, 0, 0)
-	}
+	m := s.m.Clone()
 	for i, cost := range in.costs {
-		var d engine.Decision
-		var err error
-		if m.KeyCount() == 0 && len(s.buckets) >= sp.maxKeys {
-			// At the bound a request that would create the key fails with
-			// ErrKeyCapacity; one that fails an earlier check (the key,
-			// the cost, the key's capacity, the clock) keeps its own error.
-			d, err = m.Clone().Allow(in.now, in.key, cost)
-			if err == nil {
-				d, err = engine.Decision{}, engine.ErrKeyCapacity
-			}
-		} else {
-			d, err = m.Allow(in.now, in.key, cost)
-		}
+		d, err := m.Allow(in.now, in.key, cost)
 		if d != out.res[i].d || linErrName(err) != linErrName(out.res[i].err) {
 			return false, nil
 		}
 	}
-	if m.KeyCount() == 0 {
+	if _, ok := m.Bucket(in.key); !ok {
 		return true, s // the key was not tracked and still is not
 	}
-	buckets := maps.Clone(s.buckets)
-	buckets[in.key] = m
-	return true, linNewState(s.pol, buckets, s.tally)
+	return true, linNewState(m, s.tally)
+}
+
+// stepAllowAll decides in's requests as one, on every key they name. The
+// index must be the model's, but for ErrKeyCapacity on an engine of several
+// shards: such an engine reserves room for new keys shard by shard, in the
+// order of their numbers, which the model does not know, so the first
+// request of any key the state does not track is right.
+func (sp *linSpec) stepAllowAll(s *linState, in *linInput, out *linOutput) (bool, *linState) {
+	if len(out.res) != 1 {
+		return false, nil
+	}
+	m := s.m.Clone()
+	d, at, err := m.AllowAll(in.now, in.reqs)
+	if d != out.res[0].d || linErrName(err) != linErrName(out.res[0].err) {
+		return false, nil
+	}
+	if at != out.n {
+		if err != engine.ErrKeyCapacity || sp.shards == 1 || !linFirstOfNewKey(s.m, in.reqs, out.n) {
+			return false, nil
+		}
+	}
+	if err != nil || !d.Allowed {
+		return true, s // nothing taken, nothing created
+	}
+	return true, linNewState(m, s.tally)
+}
+
+// linFirstOfNewKey reports whether reqs[i] is the first request of a key m
+// does not track.
+func linFirstOfNewKey(m *enginemodel.Model, reqs []engine.Request, i int) bool {
+	if i < 0 || i >= len(reqs) {
+		return false
+	}
+	if _, ok := m.Bucket(reqs[i].Key); ok {
+		return false
+	}
+	return !slices.ContainsFunc(reqs[:i], func(r engine.Request) bool { return r.Key == reqs[i].Key })
 }
 
 // linErrs are the errors a history can hold, by the name they print as.
@@ -331,6 +466,7 @@ var linErrs = []struct {
 	{engine.ErrClosed, "ErrClosed"},
 	{engine.ErrInvalidConfig, "ErrInvalidConfig"},
 	{engine.ErrInvalidPolicy, "ErrInvalidPolicy"},
+	{engine.ErrAllowAllSize, "ErrAllowAllSize"},
 	{context.Canceled, "Canceled"},
 	{context.DeadlineExceeded, "DeadlineExceeded"},
 }
@@ -366,6 +502,19 @@ func linDescribe(in *linInput, out *linOutput) string {
 			}
 			b.WriteString(linResultString(r))
 		}
+	case linAllowAll:
+		reqs := make([]string, len(in.reqs))
+		for i, r := range in.reqs {
+			reqs[i] = fmt.Sprintf("%q %d", r.Key, r.Cost)
+		}
+		if len(in.reqs) > 8 {
+			reqs = append(reqs[:8], fmt.Sprintf("... %d in all", len(in.reqs)))
+		}
+		fmt.Fprintf(&b, "AllowAll(%s) -> %s at %d", strings.Join(reqs, ", "), linResultString(out.res[0]), out.n)
+	case linRefund:
+		fmt.Fprintf(&b, "Refund(%q, %d) -> %s", in.key, in.costs[0], linResultString(out.res[0]))
+	case linPeek:
+		fmt.Fprintf(&b, "Peek(%q) -> %s", in.key, linResultString(out.res[0]))
 	case linCutover:
 		fmt.Fprintf(&b, "ReplacePolicy(%s, expected %d) -> %s", policyText(in.next), in.expected, linErrOrNil(out.err))
 	case linPass:

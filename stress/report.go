@@ -98,6 +98,9 @@ type counters struct {
 	bandBound   atomic.Int64 // of those, decisions a band other than the primary bound
 	otherPeriod atomic.Int64 // decisions under a limit with a rate not per second, where a check knows it
 	bandMoves   atomic.Int64 // bands a successful cutover added, dropped or reshaped for a key, where a check knows it
+	allAdmitted atomic.Int64 // AllowAll calls admitted, where a check makes them
+	allRefused  atomic.Int64 // AllowAll calls refused (decided, not an error)
+	allSpread   atomic.Int64 // decided AllowAll calls over keys of several shards, where a check knows it
 	peakHeap    atomic.Uint64
 }
 
@@ -298,6 +301,7 @@ func summarize(out io.Writer, o options, c *counters, done []outcome, took time.
 		{"decisions under several bands (bound by a band beside the primary)", fmt.Sprintf("%d (%d)", c.multiBand.Load(), c.bandBound.Load())},
 		{"decisions under a rate not per second", c.otherPeriod.Load()},
 		{"bands added, dropped or reshaped by a cutover", c.bandMoves.Load()},
+		{"AllowAll admitted, refused (over several shards)", fmt.Sprintf("%d, %d (%d)", c.allAdmitted.Load(), c.allRefused.Load(), c.allSpread.Load())},
 		{"flood keys offered", c.floodKeys.Load()},
 		{"peak heap", fmt.Sprintf("%.1f MiB", float64(c.peakHeap.Load())/(1<<20))},
 	})
