@@ -19,9 +19,11 @@ import (
 )
 
 // Conservation under the real monotonic clock, and the
-// command's main load: o.workers goroutines call Allow and AllowBatch over a
-// Zipf-skewed key set while a coordinator cuts over policies (stale attempts
-// included) and sweeps. Three invariants:
+// command's main load: o.workers goroutines call Allow, AllowBatch and
+// AllowAll over a Zipf-skewed key set while a coordinator cuts over policies
+// (stale attempts included) and sweeps. An admitted AllowAll counts every
+// request's cost toward its key's admitted total, as the Allows of its keys'
+// summed costs would. Three invariants:
 //
 //	(a) no key is admitted more than any band of its policy history could
 //	    have granted (the bound, band by band across cutovers, and why it
@@ -245,7 +247,8 @@ func (r *consRun) fail(v *Violation) {
 
 const consMaxBatch = 32
 
-// work is one load goroutine: Allow and AllowBatch until the engine closes.
+// work is one load goroutine: Allow, AllowBatch and AllowAll until the
+// engine closes.
 func (r *consRun) work(w *consWorker) {
 	defer func() {
 		r.flush(w)
@@ -262,7 +265,15 @@ func (r *consRun) work(w *consWorker) {
 		}
 		q1 := r.reg.seq.Load()
 		floor := r.reg.inForce.Load()
-		if w.rng.IntN(10) < 7 {
+		x := w.rng.IntN(20)
+		if x < 3 {
+			if v := r.allowAll(w, q1, floor); v != nil {
+				r.fail(v)
+				return
+			}
+			continue
+		}
+		if x < 14 {
 			k := int32(w.zipf.Uint64())
 			cost := w.cost()
 			d, err := r.eng.Allow(bg, r.names[k], cost)
@@ -301,6 +312,79 @@ func (r *consRun) work(w *consWorker) {
 			}
 		}
 	}
+}
+
+// allowAll makes one AllowAll of 1 to 8 requests (keys repeat, so costs
+// add up) and checks its answer: the binding request's decision is that of
+// its key for the key's summed cost, and an admitted call counts every cost.
+// q1 and floor are as work read them before the call.
+func (r *consRun) allowAll(w *consWorker, q1, floor int64) *Violation {
+	n := 1 + w.rng.IntN(8)
+	w.reqs, w.idx = w.reqs[:0], w.idx[:0]
+	for i := range n {
+		k := int32(w.zipf.Uint64())
+		if i > 0 && w.rng.IntN(3) == 0 {
+			k = w.idx[w.rng.IntN(i)]
+		}
+		w.idx = append(w.idx, k)
+		w.reqs = append(w.reqs, engine.Request{Key: r.names[k], Cost: w.cost()})
+	}
+	sums := map[int32]int64{}
+	for i, k := range w.idx {
+		sums[k] += w.reqs[i].Cost
+	}
+	d, at, err := r.eng.AllowAll(context.Background(), w.reqs)
+	certain := q1 == r.reg.seq.Load() && q1%2 == 0
+	r.c.record(d, err)
+	op := fmt.Sprintf("AllowAll(%d requests over %d keys) at %d", n, len(sums), at)
+	if at < 0 || at >= n {
+		if err != nil && errors.Is(err, engine.ErrClosed) && r.closing.Load() && at == -1 {
+			return nil
+		}
+		return &Violation{Key: r.names[w.idx[0]], Op: op, Want: fmt.Sprintf("an index in [0, %d)", n), Got: fmt.Sprintf("%d, %+v, %v", at, d, err)}
+	}
+	k := w.idx[at]
+	if errors.Is(err, engine.ErrInvalidCost) && certain {
+		// The first key, by its first request, whose sum is above its
+		// smallest capacity under the one version in force.
+		v := r.reg.lookup(floor)
+		for i, j := range w.idx {
+			if sums[j] > minCapacity(v.shapes[r.class[j]]) {
+				if i != at {
+					return &Violation{Key: r.names[j], Op: op + fmt.Sprintf(" under version %d alone", floor),
+						Want: fmt.Sprintf("ErrCostExceedsCapacity at %d, the first request of the first key whose costs (%d) exceed its smallest capacity", i, sums[j]),
+						Got:  err.Error()}
+				}
+				break
+			}
+		}
+	}
+	if v := r.checkResult(w, k, sums[k], d, err, certain, floor); v != nil {
+		v.Op = op + v.Op
+		return v
+	}
+	if err != nil {
+		return nil
+	}
+	if !d.Allowed {
+		r.c.allRefused.Add(1)
+		return nil
+	}
+	r.c.allAdmitted.Add(1)
+	for j, tokens := range sums {
+		if j != k { // checkResult counted the binding key's
+			r.count(w, j, tokens)
+		}
+	}
+	return nil
+}
+
+// count adds tokens admitted on key k to w's admissions.
+func (r *consRun) count(w *consWorker, k int32, tokens int64) {
+	if w.acc[k] == 0 {
+		w.touched = append(w.touched, k)
+	}
+	w.acc[k] += tokens
 }
 
 // cost draws a request cost: mostly 1, sometimes more, rarely above every
@@ -382,10 +466,7 @@ func (r *consRun) checkResult(w *consWorker, k int32, cost int64, d engine.Decis
 	}
 	recordShape(r.c, sh, d.Band)
 	if d.Allowed {
-		if w.acc[k] == 0 {
-			w.touched = append(w.touched, k)
-		}
-		w.acc[k] += cost
+		r.count(w, k, cost)
 	}
 	return nil
 }

@@ -44,6 +44,9 @@ func TestConservation(t *testing.T) {
 			assert.Positive(t, c.multiBand.Load(), "decisions under several bands")
 			assert.Positive(t, c.bandBound.Load(), "decisions a band beside the primary bound")
 			assert.Positive(t, c.otherPeriod.Load(), "decisions under a rate not per second")
+			assert.Positive(t, c.allAdmitted.Load(), "AllowAlls admitted, counted in their keys' totals")
+			assert.Positive(t, c.allRefused.Load(), "AllowAlls refused")
+			t.Logf("AllowAll: %d admitted, %d refused", c.allAdmitted.Load(), c.allRefused.Load())
 		})
 	}
 }
