@@ -50,11 +50,12 @@ const (
 	kindClockRegression
 	kindClosed
 	kindContext
+	kindAllowAllSize
 	kindOther
 	numKinds
 )
 
-var kindNames = [numKinds]string{"key", "cost", "capacity", "stale", "regression", "closed", "context", "other"}
+var kindNames = [numKinds]string{"key", "cost", "capacity", "stale", "regression", "closed", "context", "allowall-size", "other"}
 
 func kindOf(err error) errKind {
 	switch {
@@ -72,6 +73,8 @@ func kindOf(err error) errKind {
 		return kindClosed
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return kindContext
+	case errors.Is(err, engine.ErrAllowAllSize):
+		return kindAllowAllSize
 	}
 	return kindOther
 }
