@@ -14,9 +14,17 @@ import (
 //
 // KeyCount is not part of it: the Engine's is exact and never blocks, while a
 // store's needs a round trip and can only be approximate.
+//
+// AllowAll decides 1 to MaxAllowAll requests as one, all or nothing across
+// their keys, with the binding request's Decision and its index, and the
+// errors in the order Engine.AllowAll gives them. An implementation states
+// how it answers when it cannot decide (the Redis store's fail-open or
+// fail-closed rule); whatever it answers, it never takes from some keys of
+// the call and not others.
 type Admitter interface {
 	Allow(ctx context.Context, key string, cost int64) (Decision, error)
 	AllowBatch(ctx context.Context, reqs []Request, out []Result) error
+	AllowAll(ctx context.Context, reqs []Request) (Decision, int, error)
 	EvictFull(ctx context.Context) (int, error)
 	ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error
 	Policy() policy.Policy

@@ -48,6 +48,11 @@ var mutants = map[string][]string{
 	"policy-never-changes": {"Cutover/NewPolicyEverywhere", "Cutover/InvalidNext", "CutoverChain/Random", "Differential/Random",
 		"Bands/CutoverRaisingBandTopsNobodyUp", "Bands/Random"},
 	"evict-nothing": {"WorkedExamples/EvictFull", "Overrides/EvictAndReturn", "Differential/Random", "Bands/EvictFullNeedsEveryBandFull"},
+	// An AllowAll that takes from the keys before the one that denies, as
+	// Allow calls one after another would: not all or nothing.
+	"allowall-takes-before-denial": {"AllowAll/OneShortTakesNothing", "AllowAll/RepeatedKeysAddUp", "AllowAll/ConcurrentAllOrNothing", "AllowAll/Random"},
+	// An AllowAll that checks every cost before every key.
+	"allowall-costs-before-keys": {"AllowAll/ErrorOrder"},
 }
 
 // failLine matches a failed subtest of the child's verbose output.
@@ -145,6 +150,24 @@ func (m *mutant) AllowBatch(ctx context.Context, reqs []engine.Request, out []en
 		}
 	}
 	return err
+}
+
+func (m *mutant) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Decision, int, error) {
+	e := m.cur.Load()
+	if m.fault == "allowall-costs-before-keys" && len(reqs) <= engine.MaxAllowAll {
+		for i, r := range reqs {
+			if r.Cost < 1 {
+				return engine.Decision{}, i, engine.ErrInvalidCost
+			}
+		}
+	}
+	d, at, err := e.AllowAll(m.ctx(ctx), reqs)
+	if err == nil && !d.Allowed && m.fault == "allowall-takes-before-denial" {
+		for _, r := range reqs[:at] {
+			_, _ = e.Allow(ctx, r.Key, r.Cost) // what the requests before the binding one would have taken
+		}
+	}
+	return d, at, err
 }
 
 func (m *mutant) EvictFull(ctx context.Context) (int, error) {

@@ -22,6 +22,7 @@ type item struct {
 	out   *engine.Result // nil in mode "e"
 	key   string
 	cost  int64
+	over  bool   // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
 	chain string // the key's limits under retained versions with overrides
 
 	idx  policy.LimitIndex // the shape, resolved under the state the chunk was sent with
@@ -183,14 +184,15 @@ func (s *Store) answerFailure(items []item, err error) {
 	}
 }
 
-// exec runs items through the decide script in mode "a" (decide), "p"
+// exec runs items through the decide script in mode "a" (decide), "A"
+// (decide all or nothing: items of distinct keys, in one chunk), "p"
 // (peek), "r" (refund), "e" (bring up to date; delete if full) or "c" (bring
 // up to date), at the server's TIME or, for modes "e" and "c", at the
 // instant at. It pipelines one call per chunk (see chunked) and repeats,
 // for the items not yet done, the calls that met a newer policy, a history
 // their bucket needs or a missing script. It returns how many buckets mode
 // "e" deleted, and the first error that stopped it: Redis's or the
-// context's. (A Redis out of memory answers mode "a" with
+// context's. (A Redis out of memory answers modes "a" and "A" with
 // engine.ErrKeyCapacity per request.)
 func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, error) {
 	deleted := 0
@@ -224,7 +226,11 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				var rate any
 				it.idx, capArg, rate = st.resolve(it.key)
 				keys = append(keys, s.kBucket+it.key)
-				args = append(args, it.cost, capArg, rate, it.chain)
+				if it.over {
+					args = append(args, aboveInt64, capArg, rate, it.chain)
+				} else {
+					args = append(args, it.cost, capArg, rate, it.chain)
+				}
 			}
 			cmds[c] = evalShaOnce(ctx, pipe, decideScript, keys, args...)
 		}
@@ -240,10 +246,10 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				noScript = true
 				todo = append(todo, chunk...)
 				continue
-			case err != nil && redis.HasErrorPrefix(err, "OOM") && mode == "a":
+			case err != nil && redis.HasErrorPrefix(err, "OOM") && (mode == "a" || mode == modeAll):
 				for _, it := range chunk {
 					*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
-					if it.cost > minCapacity(st.p.ShapeAt(it.idx)) {
+					if it.over || it.cost > minCapacity(st.p.ShapeAt(it.idx)) {
 						it.out.Err = engine.ErrCostExceedsCapacity // checked before the key bound
 					}
 				}
@@ -313,11 +319,14 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 	return deleted, nil
 }
 
-// decided turns a script result of mode "a", "p" or "r" into it's
-// Decision.
+// decided turns a script result of mode "a", "A", "p" or "r" into its
+// Decision. AllowAll counts its own decisions, per request.
 func (s *Store) decided(it *item, st *state, mode, code, units string) {
-	if mode == "a" {
+	switch mode {
+	case "a":
 		s.decisions.Add(1)
+	case modeAll:
+		mode = "a" // each key is answered as Allow would answer its summed cost
 	}
 	if code == "c" {
 		*it.out = engine.Result{Err: engine.ErrCostExceedsCapacity}

@@ -38,7 +38,10 @@
 --         EvictFull counts deletions, as in the engine); "p" bring up to date
 --         and write nothing (a peek); "r" bring up to date and credit cost
 --         tokens to every band, capped (a refund; a missing bucket is full
---         and stays missing).
+--         and stays missing); "A" decide all or nothing: every bucket is
+--         decided as in "a" (each with its key's summed cost: a key comes
+--         once) at the one instant, and written only if every one is
+--         admitted; a refusal writes nothing.
 -- ARGV[2] the version the client resolved the limits under.
 -- ARGV[3] the instant in ns: "" reads the server's TIME; otherwise, with
 --         expiry on, the earlier of it and TIME (an eviction judges every key
@@ -57,11 +60,14 @@
 -- them deleted as full (mode "e"). status "ok": the results follow; "stale":
 -- ARGV[2] is not in force and nothing was done; "nopolicy"; "chain": bucket
 -- done+1 is behind a version with overrides that its chain lacks, and its
--- version follows, then the results of the buckets before it. Results,
--- modes "a", "p" and "r": two for each done bucket. Mode "a": "1" allowed,
--- "0" denied or "c" cost above a band's capacity; modes "p" and "r": "1" if
--- the bucket exists, else "0". Then the units after the operation, one
--- decimal per band of the shape joined by " " ("" for "c").
+-- version follows, then the results of the buckets before it (mode "A":
+-- done is 0 and nothing was written). Results, modes "a", "A", "p" and "r":
+-- two for each done bucket. Modes "a" and "A": "1" allowed (in "A", would
+-- be allowed alone: the call is admitted only if every bucket is "1"), "0"
+-- denied or "c" cost above a band's capacity; modes "p" and "r": "1" if the
+-- bucket exists, else "0". Then the units after the operation, one decimal
+-- per band of the shape joined by " " ("" for "c"); in "A" they are the
+-- units an admission leaves, written or not.
 
 local B = 10000000
 
@@ -149,6 +155,8 @@ local function split(s)
 end
 
 local mode, want, expiry = ARGV[1], ARGV[2], ARGV[4] == '1'
+local all = mode == 'A' -- all or nothing: writes wait for every decision
+local decide = mode == 'a' or all
 local version = redis.call('HGET', KEYS[1], 'v')
 if not version then return { 'nopolicy' } end
 if version ~= want then return { 'stale', version } end
@@ -172,6 +180,7 @@ local nowSec, nowNs = split(nowS)
 local history -- loaded on first need
 local out = {}
 local deleted = 0
+local held, refused = {}, false -- mode "A": the writes an admission makes; whether it is refused
 
 -- reply builds the answer without unpack, which a long chunk would overflow.
 local function reply(status, done, behind)
@@ -385,6 +394,30 @@ local function general()
   end
 end
 
+-- put writes a bucket's value val, last updated at tS, with its expiry at
+-- its time-to-full ttf (ns, a double).
+local function put(key, val, ttf, tS)
+  if not expiry or pending then
+    -- no expiry: tests, or a cutover in preparation
+    redis.call('SET', key, val)
+  elseif ttf == 0 then
+    redis.call('SET', key, val, 'PXAT', string.format('%.0f', math.max(nowMs, msOf(tS)) + 1))
+  else
+    local ms = ttf / 1e6 -- time-to-full in ms, approximately
+    if ms > 1e15 then
+      redis.call('SET', key, val) -- over 30,000 years: never expires
+    else
+      -- relative error of ms is far below 1e-12; +2 covers the ms
+      -- rounding of the instant and of the expiry
+      -- The time-to-full is counted from the bucket's last update, which
+      -- a pass judging at an earlier instant, a cutover replayed past it
+      -- or a server clock that stepped back leaves after nowMs.
+      local at = math.max(nowMs, msOf(tS)) + math.floor(ms * (1 + 1e-12)) + 2
+      redis.call('SET', key, val, 'PXAT', string.format('%.0f', at))
+    end
+  end
+end
+
 local n = #KEYS - 3
 for i = 1, n do
   local key, a = KEYS[3 + i], 4 + 4 * (i - 1)
@@ -405,9 +438,10 @@ for i = 1, n do
     general()
     least = shapeOf(cap, rate, bands).min
   end
-  if mode == 'a' and (#cost > #least or (#cost == #least and cost > least)) then -- cost > least
+  if decide and (#cost > #least or (#cost == #least and cost > least)) then -- cost > least
     out[#out + 1] = 'c'
     out[#out + 1] = ''
+    refused = true
   else
     local raw = redis.call('GET', key)
     local us, ts, v, c, r, rest
@@ -444,7 +478,7 @@ for i = 1, n do
           tS = ts -- no time, or a clock that stepped back
         end
       end
-      if mode == 'a' then
+      if decide then
         local cu = tonumber(cost) * pN
         if u >= cu then u, code = u - cu, '1' else code = '0' end
       elseif mode == 'r' and raw then
@@ -460,11 +494,17 @@ for i = 1, n do
       local lv, t
       if raw then
         lv, t = bring(us, ts, v, c, r, rest, sh, chain)
-        if not lv then return reply('chain', i - 1, t) end
+        if not lv then
+          if all then
+            out = {} -- nothing is written before every bucket is decided
+            return reply('chain', 0, t)
+          end
+          return reply('chain', i - 1, t)
+        end
       else
         lv, t = fullOf(sh), now -- a new key starts full
       end
-      if mode == 'a' then
+      if decide then
         local cb, cu = big(cost), {}
         code = '1'
         for k = 1, #sh do
@@ -495,7 +535,7 @@ for i = 1, n do
     end
 
     local keep = true
-    if mode == 'a' then
+    if decide then
       out[#out + 1] = code
       out[#out + 1] = uS
       -- a bucket can only be full here if it was never written: nothing to keep
@@ -511,30 +551,28 @@ for i = 1, n do
       deleted = deleted + 1
     end
 
-    if not keep then
+    if all then
+      -- Decided, written later or never. A decision keeps every bucket
+      -- (keep is false only for a new bucket left full, never by an
+      -- admission), so only the writes wait.
+      if code ~= '1' then refused = true end
+      if keep and not refused then
+        held[#held + 1] = { key, u1 .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs, ttf, tS }
+      end
+    elseif not keep then
       if raw and mode ~= 'p' and mode ~= 'r' then redis.call('DEL', key) end
     else
-      local val = u1 .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs
-      if not expiry or pending then
-        -- no expiry: tests, or a cutover in preparation
-        redis.call('SET', key, val)
-      elseif ttf == 0 then
-        redis.call('SET', key, val, 'PXAT', string.format('%.0f', math.max(nowMs, msOf(tS)) + 1))
-      else
-        local ms = ttf / 1e6 -- time-to-full in ms, approximately
-        if ms > 1e15 then
-          redis.call('SET', key, val) -- over 30,000 years: never expires
-        else
-          -- relative error of ms is far below 1e-12; +2 covers the ms
-          -- rounding of the instant and of the expiry
-          -- The time-to-full is counted from the bucket's last update, which
-          -- a pass judging at an earlier instant, a cutover replayed past it
-          -- or a server clock that stepped back leaves after nowMs.
-          local at = math.max(nowMs, msOf(tS)) + math.floor(ms * (1 + 1e-12)) + 2
-          redis.call('SET', key, val, 'PXAT', string.format('%.0f', at))
-        end
-      end
+      put(key, u1 .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs, ttf, tS)
     end
+  end
+end
+-- Mode "A": every bucket admitted, so every one is written. The first
+-- write is a SET: a Redis out of memory refuses it, and the call, before
+-- anything is written.
+if all and not refused then
+  for k = 1, #held do
+    local h = held[k]
+    put(h[1], h[2], h[3], h[4])
   end
 end
 return reply('ok', n)

@@ -2,7 +2,7 @@
 // a service whose replicas must share one quota per key: with per-process
 // buckets, N replicas admit N times the limit.
 //
-// A Store answers Allow, AllowBatch, Peek, Refund, EvictFull and
+// A Store answers Allow, AllowBatch, AllowAll, Peek, Refund, EvictFull and
 // ReplacePolicy with the engine's meaning (the contract in package engine's
 // doc), rates of any period and bands included, and passes the same
 // behaviour suite (engine/admissiontest). Code written against
@@ -26,6 +26,16 @@
 // which for a script that may have run would take tokens twice, so the
 // store sends its scripts as commands go-redis does not retry, and answers
 // a lost reply by the failure rule below.
+//
+// AllowAll is one script call over all its keys (at most
+// engine.MaxAllowAll), each with its requests' costs summed: the script
+// decides every key at the call's one TIME and writes the buckets only if
+// every key holds its cost, so a refusal writes nothing and no store on
+// the prefix ever sees part of a call. It uses the decision path Allow
+// does, in a mode that holds the writes back until every key is decided.
+// When Redis cannot answer, the failure rule answers the call as a whole:
+// denied (fail closed) or admitted (fail open), never some keys of it. See
+// Store.AllowAll.
 //
 // The time authority is the Redis server's TIME, read inside the script, so
 // replicas with skewed clocks cannot mint tokens. A server clock that steps
@@ -124,7 +134,8 @@
 // each exchange, not the whole pass.
 //
 // The store needs one Redis, 6.2 or later (tested with 7.0), or a primary
-// behind Sentinel through redis.NewFailoverClient: one script touches the policy keys and every
-// bucket of its chunk, which Redis Cluster only allows within one hash
-// slot.
+// behind Sentinel through redis.NewFailoverClient: one script touches the
+// policy keys and every bucket of its chunk, which Redis Cluster only
+// allows within one hash slot. Redis Cluster is not supported, so every
+// key of an AllowAll is on the one server its script runs on.
 package redisstore

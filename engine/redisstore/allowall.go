@@ -1,0 +1,166 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+
+	"github.com/tokenshard/tokenshard/engine"
+)
+
+// modeAll is the decide script's all-or-nothing mode.
+const modeAll = "A"
+
+// aboveInt64 is the cost sent for a key whose summed cost passed
+// math.MaxInt64: above every capacity, so the script answers "c".
+const aboveInt64 = "9223372036854775808"
+
+// AllowAll decides reqs as one, with the meaning of engine.Engine.AllowAll:
+// admitted only if every request's key holds its cost, and then every cost
+// is taken; otherwise nothing is taken from any key. Requests for one key
+// add up, exactly: a sum above the key's capacity (or past math.MaxInt64)
+// is engine.ErrCostExceedsCapacity. The Decision is the binding request's
+// and the int its index: when denied, the request whose key waits longest;
+// when admitted, the one whose key has the fewest whole tokens left; ties
+// go to the first.
+//
+// One script call decides every key, each with its summed cost, at one
+// Redis TIME, and writes the buckets only if every key holds its cost: the
+// call is atomic, as a Lua script is, for every store on the prefix. A
+// refusal writes nothing, so a bucket keeps what it had, its expiry
+// included. The work of a call is bounded by engine.MaxAllowAll, one
+// script call of up to that many buckets (ChunkSize bounds a batch's).
+//
+// Errors, with the zero Decision and the index of the request at fault (-1
+// for none): engine.ErrAllowAllSize for no requests or more than
+// engine.MaxAllowAll; then over all requests engine.ErrInvalidKey for the
+// first bad key, engine.ErrInvalidCost for the first cost below 1;
+// engine.ErrClosed; engine.ErrNilContext or the context's error when it is
+// done before the call starts; then engine.ErrCostExceedsCapacity at the
+// first request of the first key (by its first request) that can never
+// hold its summed cost; then engine.ErrKeyCapacity at index 0 when Redis
+// refuses the writes of an admission for lack of memory (Redis refuses
+// them all, so nothing is taken). There is no ErrClockRegression: see the
+// package doc on time.
+//
+// When Redis cannot answer by the deadline, the call is answered by the
+// store's failure rule, as a whole and with a nil error: fail closed,
+// denied with RetryAfter Config.FailRetryAfter; fail open, admitted with
+// Remaining 0. Either way the Decision is that of reqs[0] (every key
+// answers alike, so the first binds) under the policy the store last saw,
+// and the index is 0; a summed cost above a key's capacity under that
+// policy is still engine.ErrCostExceedsCapacity. A fail-open admission
+// takes nothing, and a lost reply may have taken every cost or none, never
+// some: the script runs whole or not at all. A context canceled during the
+// call returns its error, and the call, likewise, took every cost or none.
+func (s *Store) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Decision, int, error) {
+	if len(reqs) == 0 || len(reqs) > engine.MaxAllowAll {
+		return engine.Decision{}, -1, engine.ErrAllowAllSize
+	}
+	for i, r := range reqs {
+		if strings.TrimSpace(r.Key) == "" || len(r.Key) > s.maxKeyBytes {
+			return engine.Decision{}, i, engine.ErrInvalidKey
+		}
+	}
+	for i, r := range reqs {
+		if r.Cost < 1 {
+			return engine.Decision{}, i, engine.ErrInvalidCost
+		}
+	}
+	switch {
+	case s.closed.Load():
+		return engine.Decision{}, -1, engine.ErrClosed
+	case ctx == nil:
+		return engine.Decision{}, -1, engine.ErrNilContext
+	case ctx.Err() != nil:
+		return engine.Decision{}, -1, ctx.Err()
+	}
+	// One item per key, in the order of the keys' first requests, its costs
+	// summed; of[i] is reqs[i]'s item, first[j] item j's first request.
+	items, of, first := make([]item, 0, len(reqs)), make([]int, len(reqs)), make([]int, 0, len(reqs))
+	for i, r := range reqs {
+		j := 0
+		for j < len(items) && items[j].key != r.Key {
+			j++
+		}
+		if j == len(items) {
+			items = append(items, item{key: r.Key})
+			first = append(first, i)
+		}
+		it := &items[j]
+		if it.cost > math.MaxInt64-r.Cost {
+			it.over = true
+		} else {
+			it.cost += r.Cost
+		}
+		of[i] = j
+	}
+	res := make([]engine.Result, len(items))
+	for j := range items {
+		items[j].out = &res[j]
+	}
+
+	bctx, cancel := s.bound(ctx)
+	defer cancel()
+	if _, err := s.exec(bctx, modeAll, "", items); err != nil {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return engine.Decision{}, -1, ctx.Err()
+		}
+		return s.allFailure(items, first, len(reqs), err)
+	}
+	// Errors in the rules' order: a cost no band can hold, then Redis out
+	// of memory (every item), then a reply the store could not read.
+	for _, want := range []error{engine.ErrCostExceedsCapacity, engine.ErrKeyCapacity} {
+		for j := range res {
+			if res[j].Err == want {
+				if want == engine.ErrKeyCapacity {
+					return engine.Decision{}, 0, want
+				}
+				return engine.Decision{}, first[j], want
+			}
+		}
+	}
+	admit := true
+	for j := range res {
+		if res[j].Err != nil {
+			return engine.Decision{}, -1, res[j].Err
+		}
+		admit = admit && res[j].Decision.Allowed
+	}
+	s.decisions.Add(uint64(len(reqs)))
+	at := 0
+	for i := 1; i < len(reqs); i++ {
+		d, best := &res[of[i]].Decision, &res[of[at]].Decision
+		if (admit && d.Remaining < best.Remaining) || (!admit && d.RetryAfter > best.RetryAfter) {
+			at = i
+		}
+	}
+	d := res[of[at]].Decision
+	d.Allowed = admit
+	return d, at, nil
+}
+
+// allFailure answers an AllowAll of n requests that Redis could not
+// decide: by the failure rule, for the call as a whole, unless a key's
+// summed cost is above its capacity under the policy last seen.
+func (s *Store) allFailure(items []item, first []int, n int, err error) (engine.Decision, int, error) {
+	st := s.cur.Load()
+	for j := range items {
+		_, idx := st.p.Resolve(items[j].key)
+		if items[j].over || items[j].cost > minCapacity(st.p.ShapeAt(idx)) {
+			return engine.Decision{}, first[j], engine.ErrCostExceedsCapacity
+		}
+	}
+	_, idx := st.p.Resolve(items[0].key)
+	sh := st.p.ShapeAt(idx)
+	d := engine.Decision{Allowed: s.failOpen, Version: st.p.Version, Limit: sh.Primary.Capacity, Band: sh.Name}
+	if !s.failOpen {
+		d.RetryAfter = s.failRetry
+	}
+	s.failures.Add(uint64(n))
+	if s.onError != nil {
+		s.onError(err)
+	}
+	return d, 0, nil
+}
