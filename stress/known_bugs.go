@@ -25,8 +25,9 @@ import (
 //     single version gives: under v1 (capacity 1) AllowAll([{x 2} {y 2}])
 //     is ErrCostExceedsCapacity at 0, under v2 (capacity 5) admitted, but
 //     with y's shard before x's, y checked under v1 and x under v2, the
-//     call answers ErrCostExceedsCapacity at 1. Steered by linSteer: a
-//     round with an AllowAll has no cutover. (TestKnownBugMixedVersions)
+//     call answers ErrCostExceedsCapacity at 1. Steered by linSteer: in a
+//     round with a cutover, an AllowAll asks 1 token of each key once,
+//     which no policy refuses. (TestKnownBugMixedVersions)
 //  3. AllowAll reserves room in the key bound for its new keys as it holds
 //     each shard, before it is decided, and a refused call (or one that
 //     fails on a later shard) gives the room back: meanwhile KeyCount

@@ -335,6 +335,7 @@ func linRecord(spec *linSpec, rng *rand.Rand, c *counters) ([]porcupine.Operatio
 	for _, o := range ops {
 		h = append(h, o...)
 	}
+	c.holdsAborted.Add(int64(e.Stats().Total.HoldsAborted))
 	linCountOverrides(spec, h, c)
 	return h, nil
 }
@@ -432,17 +433,22 @@ func (r *linRecorder) plan(rng *rand.Rand) [][]linCall {
 
 // linSteer rewrites a round's plans around known engine bugs 2 and 3
 // (known_bugs.go), so that a history goes on to find others. In a round
-// with an AllowAll: a cutover becomes a Policy read (bug 2); and in an
-// unpartitioned history, which checks KeyCount and the key bound exactly, a
-// KeyCount becomes a Policy read and, on several shards, every other call
-// that may create a key (an Allow, a batch, another AllowAll) becomes a Peek
-// of its key (bug 3).
+// with an AllowAll and a cutover, every AllowAll asks 1 token of each of its
+// keys once, which no policy refuses as above capacity (bug 2), so that
+// AllowAlls still race cutovers. In an unpartitioned history, which checks
+// KeyCount and the key bound exactly, a round with an AllowAll has no
+// KeyCount (a Policy read instead) and, on several shards, no other call
+// that may create a key: another AllowAll, an Allow or a batch becomes a
+// Peek of its first key (bug 3).
 func linSteer(sp *linSpec, plans [][]linCall) {
-	all := 0
+	all, cutovers := 0, 0
 	for _, p := range plans {
 		for _, call := range p {
-			if call.kind == linAllowAll {
+			switch call.kind {
+			case linAllowAll:
 				all++
+			case linCutover:
+				cutovers++
 			}
 		}
 	}
@@ -453,9 +459,10 @@ func linSteer(sp *linSpec, plans [][]linCall) {
 	for _, p := range plans {
 		for i := range p {
 			call := &p[i]
+			if call.kind == linAllowAll && cutovers > 0 {
+				call.reqs = linOncePerKey(call.reqs)
+			}
 			switch {
-			case call.kind == linCutover:
-				*call = linCall{kind: linPolicy}
 			case sp.partitioned:
 			case call.kind == linKeyCount:
 				*call = linCall{kind: linPolicy}
@@ -473,6 +480,24 @@ func linSteer(sp *linSpec, plans [][]linCall) {
 			}
 		}
 	}
+}
+
+// linOncePerKey returns reqs with each key's first request alone, at cost
+// 1 (a cost below 1 kept: it is refused before any policy is read).
+func linOncePerKey(reqs []engine.Request) []engine.Request {
+	var out []engine.Request
+	seen := map[string]bool{}
+	for _, r := range reqs {
+		if !seen[r.Key] {
+			seen[r.Key] = true
+			r.Cost = min(r.Cost, 1)
+			out = append(out, r)
+		}
+	}
+	if len(reqs) > engine.MaxAllowAll {
+		return reqs // ErrAllowAllSize, before anything is read
+	}
+	return out
 }
 
 func (r *linRecorder) randKey(rng *rand.Rand) string {

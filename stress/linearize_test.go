@@ -54,7 +54,7 @@ func TestLinHistories(t *testing.T) {
 				if shards > 1 {
 					assert.Positive(t, c.allSpread.Load(), "AllowAlls decided over several shards")
 				}
-				t.Logf("AllowAll: %d admitted, %d refused, %d of them over several shards", c.allAdmitted.Load(), c.allRefused.Load(), c.allSpread.Load())
+				t.Logf("AllowAll: %d admitted, %d refused, %d of them over several shards; %d holds given up", c.allAdmitted.Load(), c.allRefused.Load(), c.allSpread.Load(), c.holdsAborted.Load())
 				t.Logf("%d decisions, %d under an override, %d keys given another limit by a cutover; %d under several bands (%d bound by a band beside the primary), %d under a rate not per second, %d band changes by cutovers",
 					c.decisions.Load(), c.overridden.Load(), c.limitMoves.Load(), c.multiBand.Load(), c.bandBound.Load(), c.otherPeriod.Load(), c.bandMoves.Load())
 			})

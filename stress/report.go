@@ -83,28 +83,29 @@ func kindOf(err error) errKind {
 // summary read them. All fields are atomics: checks update them from many
 // goroutines.
 type counters struct {
-	decisions   atomic.Int64
-	allowed     atomic.Int64
-	denied      atomic.Int64
-	errs        [numKinds]atomic.Int64
-	keys        atomic.Int64 // keys tracked by the conservation engine, last read
-	cutovers    atomic.Int64 // successful ReplacePolicy calls
-	stale       atomic.Int64 // ReplacePolicy calls refused as stale, on purpose
-	evictions   atomic.Int64 // keys removed by EvictFull
-	histories   atomic.Int64 // linearizability histories checked
-	linTimeouts atomic.Int64 // histories porcupine could not decide in time (not violations)
-	traces      atomic.Int64 // differential traces replayed
-	floodKeys   atomic.Int64 // distinct keys offered by the flood
-	overridden  atomic.Int64 // decisions under a key's own limit (an override), where a check knows it
-	limitMoves  atomic.Int64 // keys a successful cutover gave another limit, where a check knows it
-	multiBand   atomic.Int64 // decisions under a limit of several bands, where a check knows it
-	bandBound   atomic.Int64 // of those, decisions a band other than the primary bound
-	otherPeriod atomic.Int64 // decisions under a limit with a rate not per second, where a check knows it
-	bandMoves   atomic.Int64 // bands a successful cutover added, dropped or reshaped for a key, where a check knows it
-	allAdmitted atomic.Int64 // AllowAll calls admitted, where a check makes them
-	allRefused  atomic.Int64 // AllowAll calls refused (decided, not an error)
-	allSpread   atomic.Int64 // decided AllowAll calls over keys of several shards, where a check knows it
-	peakHeap    atomic.Uint64
+	decisions    atomic.Int64
+	allowed      atomic.Int64
+	denied       atomic.Int64
+	errs         [numKinds]atomic.Int64
+	keys         atomic.Int64 // keys tracked by the conservation engine, last read
+	cutovers     atomic.Int64 // successful ReplacePolicy calls
+	stale        atomic.Int64 // ReplacePolicy calls refused as stale, on purpose
+	evictions    atomic.Int64 // keys removed by EvictFull
+	histories    atomic.Int64 // linearizability histories checked
+	linTimeouts  atomic.Int64 // histories porcupine could not decide in time (not violations)
+	traces       atomic.Int64 // differential traces replayed
+	floodKeys    atomic.Int64 // distinct keys offered by the flood
+	overridden   atomic.Int64 // decisions under a key's own limit (an override), where a check knows it
+	limitMoves   atomic.Int64 // keys a successful cutover gave another limit, where a check knows it
+	multiBand    atomic.Int64 // decisions under a limit of several bands, where a check knows it
+	bandBound    atomic.Int64 // of those, decisions a band other than the primary bound
+	otherPeriod  atomic.Int64 // decisions under a limit with a rate not per second, where a check knows it
+	bandMoves    atomic.Int64 // bands a successful cutover added, dropped or reshaped for a key, where a check knows it
+	allAdmitted  atomic.Int64 // AllowAll calls admitted, where a check makes them
+	allRefused   atomic.Int64 // AllowAll calls refused (decided, not an error)
+	allSpread    atomic.Int64 // decided AllowAll calls over keys of several shards, where a check knows it
+	holdsAborted atomic.Int64 // AllowAll holds given up for a cutover, sweep or Close (the call tried again), where a check reads them
+	peakHeap     atomic.Uint64
 }
 
 // record counts one decision or error.
@@ -305,6 +306,7 @@ func summarize(out io.Writer, o options, c *counters, done []outcome, took time.
 		{"decisions under a rate not per second", c.otherPeriod.Load()},
 		{"bands added, dropped or reshaped by a cutover", c.bandMoves.Load()},
 		{"AllowAll admitted, refused (over several shards)", fmt.Sprintf("%d, %d (%d)", c.allAdmitted.Load(), c.allRefused.Load(), c.allSpread.Load())},
+		{"AllowAll holds given up to a cutover or sweep (the call tried again)", c.holdsAborted.Load()},
 		{"flood keys offered", c.floodKeys.Load()},
 		{"peak heap", fmt.Sprintf("%.1f MiB", float64(c.peakHeap.Load())/(1<<20))},
 	})
