@@ -22,11 +22,11 @@ type item struct {
 	out   *engine.Result // nil in mode "e"
 	key   string
 	cost  int64
-	over  bool   // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
 	chain string // the key's limits under retained versions with overrides
 
 	idx  policy.LimitIndex // the shape, resolved under the state the chunk was sent with
 	done bool
+	over bool // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
 }
 
 // Allow decides one request, with the same meaning as engine.Engine.Allow,
