@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"math"
 	"runtime"
 	"slices"
 
@@ -31,7 +32,9 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // at that instant, Band and all.
 //
 // Errors, with the zero Decision, the index of the request at fault (-1
-// for none) and nothing changed: ErrNotInitialized; ErrAllowAllSize for no
+// for none; 0 for ErrClockRegression, the clock's fault; for
+// ErrKeyCapacity the first new key, in request order, past the room the
+// bound has) and nothing changed: ErrNotInitialized; ErrAllowAllSize for no
 // requests or more than MaxAllowAll; then, over all requests, ErrInvalidKey
 // for the first bad key, ErrInvalidCost for the first cost below 1;
 // ErrClosed; ErrNilContext or the context's error; then from the keys'
@@ -53,18 +56,29 @@ func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (Decision, int, e
 	if e.uninitialized() {
 		return Decision{}, -1, ErrNotInitialized
 	}
+	d, i, err := e.allowAllCall(ctx, reqs)
+	switch {
+	case err != nil:
+		e.allErrs.add(err, 1)
+	case d.Allowed:
+		e.allAdmitted.Add(1)
+	default:
+		e.allRefused.Add(1)
+	}
+	return d, i, err
+}
+
+func (e *Engine) allowAllCall(ctx context.Context, reqs []Request) (Decision, int, error) {
 	if len(reqs) == 0 || len(reqs) > MaxAllowAll {
 		return Decision{}, -1, ErrAllowAllSize
 	}
 	for i, r := range reqs {
 		if err := e.checkKey(r.Key); err != nil {
-			e.callerErrs.add(err, 1)
 			return Decision{}, i, err
 		}
 	}
 	for i, r := range reqs {
 		if r.Cost < 1 {
-			e.callerErrs.add(ErrInvalidCost, 1)
 			return Decision{}, i, ErrInvalidCost
 		}
 	}
@@ -108,7 +122,8 @@ type allCall struct {
 type allPart struct {
 	shard int
 	m     msg.Batch
-	first []int // first[j]: the first request of item j
+	first []int  // first[j]: the first request of item j
+	over  []bool // over[j]: item j's costs add up past math.MaxInt64, above any capacity
 }
 
 func (e *Engine) newAllCall(reqs []Request) *allCall {
@@ -128,9 +143,13 @@ func (e *Engine) newAllCall(reqs []Request) *allCall {
 			j = len(part.m.Items)
 			part.m.Items = append(part.m.Items, msg.Item{Key: r.Key, Hash: h})
 			part.first = append(part.first, i)
+			part.over = append(part.over, false)
 		}
 		it := &part.m.Items[j]
-		it.Cost = satAdd(it.Cost, r.Cost) // above MaxInt64: above every capacity
+		if it.Cost > math.MaxInt64-r.Cost {
+			part.over[j] = true
+		}
+		it.Cost = satAdd(it.Cost, r.Cost)
 		c.at[i] = [2]int{p, j}
 	}
 	// The global order of holds: by shard.
@@ -171,22 +190,18 @@ func holdErrRank(err error) int {
 	return 2 // ErrKeyCapacity
 }
 
-// allowAll is one attempt. again reports that a shard gave its hold up and
+// allowAll is one attempt. again reports that a shard gave its hold up, or
+// that the shards checked the call under different policy versions, and
 // nothing was decided.
 func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d Decision, at int, err error, again bool) {
 	held := c.held[:len(c.parts)]
 	clear(held)
-	// end sends Commit or Abort to every shard still held and, if wait,
-	// waits for each to say it acted (or that it gave the hold up).
-	end := func(op msg.HoldOp, T int64, admit, wait bool) {
+	// end sends Commit or Abort to every shard still held. None is waited
+	// for: a held shard acts on it before any later message.
+	end := func(op msg.HoldOp, T int64, admit bool) {
 		for k, ok := range held {
 			if ok {
 				c.parts[k].m.Hold.In <- msg.HoldCmd{Op: op, T: T, Admit: admit}
-			}
-		}
-		for k, ok := range held {
-			if ok && wait {
-				await(c.parts[k].m.Hold.Out, e.waitYields)
 			}
 		}
 	}
@@ -200,19 +215,34 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 	last := len(c.parts) - 1
 	for k := range c.parts {
 		p := &c.parts[k]
+		fresh := []int(nil)
+		if p.m.Hold != nil {
+			fresh = p.m.Hold.Fresh[:0]
+		}
 		p.m.Hold, p.m.Closed = msg.NewHold(), false
-		p.m.Hold.Last, p.m.Hold.T = k == last, T
+		p.m.Hold.Last, p.m.Hold.T, p.m.Hold.Fresh = k == last, T, fresh
 		if err := e.mailboxes[p.shard].SendBatch(ctx, &p.m); err != nil {
-			end(msg.HoldAbort, 0, false, true)
+			end(msg.HoldAbort, 0, false)
 			return Decision{}, -1, err, false
 		}
 		msg.AwaitPart(c.done, e.waitYields) // a shard always answers a part it took
 		if p.m.Closed {
-			end(msg.HoldAbort, 0, false, true)
+			end(msg.HoldAbort, 0, false)
 			return Decision{}, -1, ErrClosed, false
+		}
+		for j, over := range p.over {
+			if over {
+				if r := 0; r < errRank || (r == errRank && p.first[j] < errAt) {
+					errAt, errRank, err = p.first[j], r, ErrCostExceedsCapacity
+				}
+				break // items are in the order of their first requests
+			}
 		}
 		if j := slices.IndexFunc(p.m.Out, func(r msg.Reply) bool { return r.Err != nil }); j >= 0 {
 			i := p.first[j]
+			if p.m.Out[j].Err == ErrClockRegression {
+				i = 0 // the clock's fault, not a request's: the first
+			}
 			if r := holdErrRank(p.m.Out[j].Err); r < errRank || (r == errRank && i < errAt) {
 				errAt, errRank, err = i, r, p.m.Out[j].Err
 			}
@@ -222,8 +252,12 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 		T = max(T, p.m.Hold.Now)
 	}
 	if errAt >= 0 {
-		end(msg.HoldAbort, 0, false, true)
-		e.callerErrs.add(err, 1)
+		end(msg.HoldAbort, 0, false)
+		if !c.sameVersion() {
+			// The shards judged the call under different versions: no one
+			// instant saw this error. Try again.
+			return Decision{}, -1, nil, true
+		}
 		return Decision{}, errAt, err, false
 	}
 	// Phase 2: the other parts decided at T, taken by nothing yet. A
@@ -239,28 +273,36 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 			held[k], aborted = false, true
 		}
 	}
-	version := c.parts[0].m.Out[0].Decision.Version
-	fresh := 0
-	for k := range c.parts {
-		if c.parts[k].m.Out[0].Decision.Version != version {
-			aborted = true // not seen: a cutover aborts every hold it meets
-		}
-		fresh += c.parts[k].m.Hold.Fresh
-	}
-	if aborted {
-		end(msg.HoldAbort, 0, false, true)
+	if aborted || !c.sameVersion() {
+		end(msg.HoldAbort, 0, false)
 		return Decision{}, -1, nil, true
 	}
-	// Phase 3: all or nothing, and the binding request. A held shard acts
-	// on Commit before any later message, so the call need not wait for it
-	// unless the key bound's count changes.
+	// Phase 3: all or nothing. Every key is held, so this instant is the
+	// call's: the key bound's room for its new keys is taken now, and only
+	// if it is admitted, so no other call ever meets a bound filled by keys
+	// that are never created.
 	admit := true
 	for k := range c.parts {
 		for _, r := range c.parts[k].m.Out {
 			admit = admit && r.Decision.Allowed
 		}
 	}
-	end(msg.HoldCommit, T, admit, fresh > 0)
+	if n := c.fresh(); n > 0 {
+		var ok bool
+		var room int64
+		if admit {
+			ok, room = e.budget.ReserveN(int64(n))
+		} else {
+			room = e.budget.Room()
+			ok = room >= int64(n)
+		}
+		if !ok {
+			end(msg.HoldAbort, 0, false)
+			at := c.pastBound(int(room))
+			return Decision{}, at, ErrKeyCapacity, false
+		}
+	}
+	end(msg.HoldCommit, T, admit)
 	at = 0
 	best := &c.parts[c.at[0][0]].m.Out[c.at[0][1]].Decision
 	for i := 1; i < len(reqs); i++ {
@@ -272,6 +314,41 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 	d = Decision(*best)
 	d.Allowed = admit
 	return d, at, nil, false
+}
+
+// sameVersion reports whether every part was checked under one policy
+// version.
+func (c *allCall) sameVersion() bool {
+	for k := range c.parts {
+		if c.parts[k].m.Hold.Version != c.parts[0].m.Hold.Version {
+			return false
+		}
+	}
+	return true
+}
+
+// fresh returns how many of the call's keys are new.
+func (c *allCall) fresh() int {
+	n := 0
+	for k := range c.parts {
+		n += len(c.parts[k].m.Hold.Fresh)
+	}
+	return n
+}
+
+// pastBound returns the request of the first new key the key bound has no
+// room for, given room free slots: new keys take room in the order of their
+// first requests.
+func (c *allCall) pastBound(room int) int {
+	var firsts []int
+	for k := range c.parts {
+		p := &c.parts[k]
+		for _, j := range p.m.Hold.Fresh {
+			firsts = append(firsts, p.first[j])
+		}
+	}
+	slices.Sort(firsts)
+	return firsts[min(room, len(firsts)-1)]
 }
 
 // await receives from ch, yielding up to yields times first (as

@@ -326,8 +326,43 @@ func TestAllowAllClockRegression(t *testing.T) {
 	clk.now.Store(500)
 	_, at, err := e.AllowAll(ctx, []engine.Request{{Key: keys[0], Cost: 1}, {Key: keys[1], Cost: 1}})
 	require.ErrorIs(t, err, engine.ErrClockRegression)
-	assert.Equal(t, 1, at)
+	assert.Equal(t, 0, at, "the clock's fault: the first request")
 	assert.Equal(t, 1, e.KeyCount(), "keys[0] was not created")
+}
+
+// TestAllowAllFailureKeepsReadings: a call that fails changes no shard's
+// observed time, even on the shards it held, so a later reading between
+// the old one and the failed call's is no regression.
+func TestAllowAllFailureKeepsReadings(t *testing.T) {
+	ctx := context.Background()
+	for _, first := range []int{0, 1} { // the failing key on the later shard, then the earlier
+		clk := &errsClock{}
+		e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: 2, Clock: clk})
+		keys := keysOnShards(t, e, 2)
+		ok, bad := keys[first], keys[1-first]
+		_, err := e.Allow(ctx, ok, 1)
+		require.NoError(t, err)
+		clk.now.Store(int64(10 * time.Second))
+		_, at, err := e.AllowAll(ctx, []engine.Request{{Key: ok, Cost: 1}, {Key: bad, Cost: 11}})
+		require.ErrorIs(t, err, engine.ErrCostExceedsCapacity)
+		assert.Equal(t, 1, at)
+		clk.now.Store(int64(5 * time.Second))
+		_, err = e.Allow(ctx, ok, 1)
+		require.NoError(t, err, "the failed AllowAll moved a shard's reading")
+	}
+}
+
+// TestAllowAllStats: each call is counted once, by its outcome.
+func TestAllowAllStats(t *testing.T) {
+	ctx := context.Background()
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: 2})
+	_, _, _ = e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 10}, {Key: "b", Cost: 1}})
+	_, _, _ = e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 1}, {Key: "b", Cost: 1}})
+	_, _, _ = e.AllowAll(ctx, []engine.Request{{Key: "", Cost: 1}})
+	_, _, _ = e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 11}})
+	st := e.Stats()
+	assert.Equal(t, engine.AllowAllStats{Admitted: 1, Refused: 1, Errors: engine.Errors{InvalidKey: 1, InvalidCost: 1}}, st.AllowAll)
+	assert.Zero(t, st.Caller.Sum(), "AllowAll's errors are its own")
 }
 
 type discard struct{}

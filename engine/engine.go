@@ -33,6 +33,9 @@ type Engine struct {
 	mailboxes   []*shard.Mailbox
 	shards      []*shard.Shard // for their published counters only
 	budget      *shard.Budget
+	// AllowAll's counts (see Stats.AllowAll).
+	allAdmitted, allRefused atomic.Uint64
+	allErrs                 callerErrors
 
 	pol atomic.Pointer[policy.Policy] // the policy in force; written by the coordinator
 

@@ -131,6 +131,14 @@ func zeroEngineCases() []misuseCase {
 			err := e.AllowBatch(nilCtx, reqs, out)
 			return errsOf(out), err
 		}, engine.ErrNotInitialized, notInit},
+		{"AllowAll", "valid requests", func(e *engine.Engine) (any, error) {
+			d, i, err := e.AllowAll(bg, reqs)
+			return [2]any{d, i}, err
+		}, engine.ErrNotInitialized, [2]any{engine.Decision{}, -1}},
+		{"AllowAll", "no requests, nil context", func(e *engine.Engine) (any, error) {
+			d, i, err := e.AllowAll(nilCtx, nil)
+			return [2]any{d, i}, err
+		}, engine.ErrNotInitialized, [2]any{engine.Decision{}, -1}},
 		{"EvictFull", "live context", func(e *engine.Engine) (any, error) { return e.EvictFull(bg) },
 			engine.ErrNotInitialized, 0},
 		{"EvictFull", "nil context", func(e *engine.Engine) (any, error) { return e.EvictFull(nilCtx) },

@@ -21,6 +21,7 @@ import (
 // call is counted exactly once: Allowed + Denied + Peeks + Refunds +
 // Errors.Sum() equals the Allow, Peek and Refund calls made plus the
 // requests of AllowBatch calls (Wait counts as the Allow calls it makes).
+// AllowAll calls are counted apart, in AllowAll, one per call.
 type Stats struct {
 	Total  ShardStats   // the sum of Shards, with Caller's errors
 	Shards []ShardStats // by shard index
@@ -34,6 +35,17 @@ type Stats struct {
 	// PressureSweeps counts the background sweeps run because a new key
 	// found the key table full; each shard counts them in its Sweeps too.
 	PressureSweeps uint64
+	// AllowAll counts AllowAll calls, one per call whatever its requests:
+	// admitted, refused, or ended with an error (by kind). Admitted +
+	// Refused + Errors.Sum() equals the calls that returned. The shards
+	// count the holds they took in Holds and HoldsAborted.
+	AllowAll AllowAllStats
+}
+
+// AllowAllStats counts AllowAll calls.
+type AllowAllStats struct {
+	Admitted, Refused uint64
+	Errors            Errors
 }
 
 // ShardStats is one shard's counters, or their total.
@@ -129,7 +141,8 @@ func (e *Engine) Stats() Stats {
 		return Stats{}
 	}
 	st := Stats{Shards: make([]ShardStats, len(e.shards)), Caller: e.callerErrs.read(),
-		SweepFailures: e.sweepFailures.Load(), PressureSweeps: e.pressureSweeps.Load()}
+		SweepFailures: e.sweepFailures.Load(), PressureSweeps: e.pressureSweeps.Load(),
+		AllowAll: AllowAllStats{Admitted: e.allAdmitted.Load(), Refused: e.allRefused.Load(), Errors: e.allErrs.read()}}
 	var total msg.Counters
 	depth := int64(0)
 	for i, s := range e.shards {

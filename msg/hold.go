@@ -4,10 +4,9 @@ package msg
 // keys of several shards (engine's AllowAll). Its Items are distinct keys,
 // each with the sum of its requests' costs. The shard checks the part at
 // its reading and answers on the Batch's Done, as for any part, with Now
-// set and an error, if any, in Out: ErrCostExceedsCapacity for the first
-// item whose key cannot ever hold its cost, else ErrClockRegression, else
-// ErrKeyCapacity for the first new key the key bound has no room for. With
-// no error it holds: it serves nothing else until the caller's Commit or
+// and Version set and an error, if any, in Out: ErrCostExceedsCapacity for
+// the first item whose key cannot ever hold its cost, else
+// ErrClockRegression. With no error it holds: it serves nothing else until the caller's Commit or
 // Abort on In, except that a control message (a cutover, a sweep, a
 // snapshot) or stop that comes before Eval makes it give the hold up,
 // answering Aborted on Out, so neither ever waits on a hold that waits on
@@ -16,7 +15,8 @@ package msg
 // from then on the shard waits for Commit or Abort only, which the caller
 // sends at once. A hold ends with exactly one last message on Out: Aborted
 // if the shard gave it up, else the shard's word that it carried out the
-// caller's Commit or Abort.
+// caller's Commit or Abort. Nobody waits for that word: a held shard acts on
+// Commit or Abort before any later message, which is all the caller needs.
 type Hold struct {
 	In  chan HoldCmd   // one slot: the caller's Eval, then Commit or Abort
 	Out chan HoldReply // one slot: Eval's answer, then the end
@@ -27,12 +27,13 @@ type Hold struct {
 	Last bool
 	T    int64
 	Now  int64 // the shard's reading when it took the hold
-	// Fresh is how many new keys the shard reserved room in the key
-	// bound for. The caller waits for the end of a hold that reserved
-	// any (so the bound and KeyCount are exact when it returns); for any
-	// other, the shard acting on Commit or Abort before any later message
-	// is enough.
-	Fresh int
+	Version int64 // of the policy the shard checked the part under
+	// Fresh lists the items whose keys the shard does not track. The key
+	// bound's room for them is the caller's to reserve, once it knows the
+	// call is admitted, so that no other call ever finds the bound full for
+	// keys that are not created; a Commit that admits creates them in the
+	// room the caller reserved.
+	Fresh []int
 }
 
 // HoldCmd is a step of a hold.

@@ -42,6 +42,28 @@ func (b *Budget) Reserve() bool {
 	}
 }
 
+// ReserveN takes n (>= 1) slots at once, or none, and reports whether it
+// did, and if not, how many were free at the instant it found too few; a
+// failure signals Full, as Reserve's does.
+func (b *Budget) ReserveN(n int64) (ok bool, room int64) {
+	for {
+		c := b.n.Load()
+		if c > b.max-n {
+			select {
+			case b.full <- struct{}{}:
+			default:
+			}
+			return false, max(0, b.max-c)
+		}
+		if b.n.CompareAndSwap(c, c+n) {
+			return true, 0
+		}
+	}
+}
+
+// Room returns how many slots are free now.
+func (b *Budget) Room() int64 { return max(0, b.max-b.n.Load()) }
+
 // Release gives one slot back.
 func (b *Budget) Release() { b.n.Add(-1) }
 

@@ -16,6 +16,7 @@ func (s *Shard) serveHold(b *msg.Batch) {
 	now := s.clk.Now()
 	s.ring(now)
 	h.Now = now
+	h.Version = s.state.Policy().Version
 	ok := s.state.HoldBegin(now, b.Items, b.Out, &h.Fresh)
 	if ok && h.Last {
 		h.T = max(h.T, now)
@@ -44,27 +45,26 @@ func (s *Shard) serveHold(b *msg.Batch) {
 				s.state.HoldCommit(c.T, b.Items, c.Admit)
 				h.Out <- msg.HoldReply{}
 			default:
-				s.state.HoldRelease(b.Items)
 				h.Out <- msg.HoldReply{}
 			}
 			return
 		case p := <-in.prepare:
-			s.giveUp(b, h)
+			s.giveUp(h)
 			s.prepare(p)
 			return
 		case <-in.ready:
-			s.giveUp(b, h)
+			s.giveUp(h)
 			return
 		case w := <-in.sweep:
-			s.giveUp(b, h)
+			s.giveUp(h)
 			s.beginSweep(w)
 			return
 		case m := <-in.snap:
-			s.giveUp(b, h)
+			s.giveUp(h)
 			s.beginSnapshot(m)
 			return
 		case <-s.stop:
-			s.giveUp(b, h) // the loop sees stop next
+			s.giveUp(h) // the loop sees stop next
 			return
 		}
 	}
@@ -76,16 +76,13 @@ func (s *Shard) awaitEnd(b *msg.Batch, h *msg.Hold) {
 	c := <-h.In
 	if c.Op == msg.HoldCommit {
 		s.state.HoldCommit(c.T, b.Items, c.Admit)
-	} else {
-		s.state.HoldRelease(b.Items)
 	}
 	h.Out <- msg.HoldReply{} // the slot is free: the caller took Eval's answer
 }
 
-// giveUp ends a hold before Eval: the reservation goes back and the caller,
-// who may be waiting for Eval's answer, hears Aborted.
-func (s *Shard) giveUp(b *msg.Batch, h *msg.Hold) {
-	s.state.HoldRelease(b.Items)
+// giveUp ends a hold before Eval: the caller, who may be waiting for Eval's
+// answer, hears Aborted.
+func (s *Shard) giveUp(h *msg.Hold) {
 	h.Out <- msg.HoldReply{Aborted: true} // the slot is free: Eval's answer was never sent
 	s.stats.add(msg.HoldsAborted, 1)
 }

@@ -8,22 +8,21 @@ import (
 )
 
 // The State's side of a hold (msg.Hold): one shard's part of an
-// all-or-nothing decision. HoldBegin checks the part and reserves the key
-// bound's room for its new keys; HoldEval answers what deciding every item
-// at T would give, changing no answer; HoldCommit decides them all at T, or
-// none; HoldRelease gives the reservation back. Items are distinct keys
-// with summed costs.
+// all-or-nothing decision. HoldBegin checks the part and lists its new keys;
+// HoldEval answers what deciding every item at T would give, changing no
+// answer; HoldCommit decides them all at T, or none. Items are distinct
+// keys with summed costs. The key bound's room for new keys is reserved by
+// the caller, and only for a call it admits.
 
 // HoldBegin checks items at now, into out, and reports whether the hold may
-// be taken. On failure exactly one reply has an error, and nothing changed:
-// the first item whose cost is above its key's capacity, else (every item)
-// a reading older than the last one observed, else the first new key past
-// the key bound. On success the budget holds a slot for every new key, and
-// fresh says how many.
-func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply, fresh *int) bool {
+// be taken, listing in fresh the items whose keys are not tracked. On
+// failure exactly one reply has an error, and nothing changed: the first
+// item whose cost is above its key's capacity, else (every item) a reading
+// older than the last one observed.
+func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply, fresh *[]int) bool {
 	clear(out)
+	*fresh = (*fresh)[:0]
 	g := &s.gens[len(s.gens)-1]
-	*fresh = 0
 	for i, it := range items {
 		b := s.tab.find(it.Hash, it.Key)
 		var idx policy.LimitIndex
@@ -33,7 +32,7 @@ func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply, fresh *i
 			idx = b.Limit
 		} else {
 			idx = g.pol.Overrides.Resolve(it.Key)
-			*fresh++
+			*fresh = append(*fresh, i)
 		}
 		if it.Cost > g.limits[idx].maxCost {
 			out[i].Err = msg.ErrCostExceedsCapacity
@@ -44,27 +43,10 @@ func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply, fresh *i
 		out[0].Err = msg.ErrClockRegression
 		return false
 	}
-	for n := range *fresh {
-		if !s.budget.Reserve() {
-			for range n {
-				s.budget.Release()
-			}
-			for i, it := range items { // the first new key past the bound
-				if s.tab.find(it.Hash, it.Key) == nil {
-					if n == 0 {
-						out[i].Err = msg.ErrKeyCapacity
-						break
-					}
-					n--
-				}
-			}
-			return false
-		}
-	}
-	s.last = now
+	// s.last stays: a call that fails elsewhere changes nothing here, and
+	// HoldCommit records T, which is at least now.
 	return true
 }
-
 // HoldEval writes into out what deciding each item at T (>= the hold's
 // reading) would answer, changing no answer: the buckets are refilled on
 // copies, and new keys are not created.
@@ -105,26 +87,15 @@ func (s *State) HoldEval(T int64, items []msg.Item, out []msg.Reply) {
 
 // HoldCommit ends the hold at T: with admit, every item is decided at T
 // (as HoldEval answered, every one allowed), its new keys created in the
-// slots HoldBegin reserved; without, nothing is taken and the reservation
-// is given back. It writes no answer: the caller has HoldEval's, and may be
-// reading them.
+// room the caller reserved in the key bound; without, nothing is taken. It
+// writes no answer: the caller has HoldEval's, and may be reading them.
 func (s *State) HoldCommit(T int64, items []msg.Item, admit bool) {
+	s.last = max(s.last, T)
 	if !admit {
-		s.HoldRelease(items)
-		s.last = max(s.last, T)
 		return
 	}
 	var r msg.Reply
 	for _, it := range items {
 		s.decideFound(T, it.Key, it.Hash, it.Cost, &r, s.tab.find(it.Hash, it.Key), true)
-	}
-}
-
-// HoldRelease gives back the budget HoldBegin reserved for items' new keys.
-func (s *State) HoldRelease(items []msg.Item) {
-	for _, it := range items {
-		if s.tab.find(it.Hash, it.Key) == nil {
-			s.budget.Release()
-		}
 	}
 }

@@ -20,8 +20,9 @@ func holdItems(s *State, kv ...any) []msg.Item {
 }
 
 // TestStateHold: Eval answers what Decide would, changes nothing, and a
-// commit decides exactly that; a refusal or an abort changes nothing and
-// gives the reserved key slots back; HoldBegin's errors come in rule order.
+// commit decides exactly that, creating the new keys in room the caller
+// reserved; a refusal changes nothing; HoldBegin lists the new keys and
+// its errors come in rule order.
 func TestStateHold(t *testing.T) {
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 	budget := NewBudget(3)
@@ -32,15 +33,17 @@ func TestStateHold(t *testing.T) {
 
 	items := holdItems(s, "a", 3, "b", 2)
 	out := make([]msg.Reply, len(items))
-	fresh := 0
+	var fresh []int
 	require.True(t, s.HoldBegin(1e9, items, out, &fresh))
-	assert.Equal(t, 1, fresh)
-	assert.Equal(t, int64(2), budget.Count(), "b's slot is reserved")
+	assert.Equal(t, []int{1}, fresh, "b is new")
+	assert.Equal(t, int64(1), budget.Count(), "the shard reserves nothing")
 	s.HoldEval(2e9, items, out)
 	want := []msg.Reply{ref.Allow(2e9, "a", 3), ref.Allow(2e9, "b", 2)}
 	assert.Equal(t, want, out)
 	got, _ := s.bucket("a")
 	assert.Equal(t, int64(6), got.Tokens, "Eval takes nothing")
+	ok, _ := budget.ReserveN(1) // the caller's reservation for b
+	require.True(t, ok)
 	s.HoldCommit(2e9, items, true)
 	for _, k := range []string{"a", "b"} {
 		var g, w msg.Reply
@@ -51,25 +54,24 @@ func TestStateHold(t *testing.T) {
 	assert.Equal(t, int64(2), budget.Count())
 	s.checkInvariants(t, "after a commit")
 
-	// A refusal: nothing taken, the new key's slot given back.
+	// A refusal: nothing taken, nothing created.
 	items = holdItems(s, "c", 1, "a", 10)
 	require.True(t, s.HoldBegin(3e9, items, out, &fresh))
-	assert.Equal(t, int64(3), budget.Count())
 	s.HoldEval(3e9, items, out)
 	assert.False(t, out[1].Decision.Allowed)
 	s.HoldCommit(3e9, items, false)
-	assert.Equal(t, int64(2), budget.Count())
 	_, tracked := s.bucket("c")
 	assert.False(t, tracked)
+	assert.Equal(t, int64(2), budget.Count())
 
 	// Errors, in rule order, and nothing changed by any.
 	out = make([]msg.Reply, 3)
 	require.False(t, s.HoldBegin(4e9, holdItems(s, "x", 1, "y", 1, "a", 11), out, &fresh))
 	assert.Equal(t, msg.ErrCostExceedsCapacity, out[2].Err)
-	require.False(t, s.HoldBegin(4e9, holdItems(s, "x", 1, "y", 1, "z", 1), out, &fresh))
-	assert.Equal(t, msg.ErrKeyCapacity, out[1].Err, "room for one more key: y is the first past the bound")
-	assert.Equal(t, int64(2), budget.Count(), "x's reservation given back")
 	require.False(t, s.HoldBegin(1, holdItems(s, "a", 1), out[:1], &fresh))
 	assert.Equal(t, msg.ErrClockRegression, out[0].Err)
 	s.checkInvariants(t, "after the errors")
+	ok, room := budget.ReserveN(2)
+	assert.False(t, ok)
+	assert.Equal(t, int64(1), room)
 }
