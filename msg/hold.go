@@ -24,9 +24,9 @@ type Hold struct {
 	// their readings in T. The shard then evaluates at once, at the later
 	// of T and its own reading, as if Eval had come: its answer is the
 	// Done that says it holds, and it waits for Commit or Abort only.
-	Last bool
-	T    int64
-	Now  int64 // the shard's reading when it took the hold
+	Last    bool
+	T       int64
+	Now     int64 // the shard's reading when it took the hold
 	Version int64 // of the policy the shard checked the part under
 	// Fresh lists the items whose keys the shard does not track. The key
 	// bound's room for them is the caller's to reserve, once it knows the

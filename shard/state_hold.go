@@ -47,6 +47,7 @@ func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply, fresh *[
 	// HoldCommit records T, which is at least now.
 	return true
 }
+
 // HoldEval writes into out what deciding each item at T (>= the hold's
 // reading) would answer, changing no answer: the buckets are refilled on
 // copies, and new keys are not created.
