@@ -23,6 +23,7 @@ const (
 	levelsChunkShift = 12
 	levelsPerChunk   = 1 << levelsChunkShift
 	maxLevels        = 1 + policy.MaxBands
+	maxChunks        = 1 << (32 - levelsChunkShift) // a record index is 32 bits
 )
 
 // levelStore holds the levels of the keys a Bucket alone cannot hold, in
@@ -47,6 +48,11 @@ func (x *levelStore) alloc(n int) uint32 {
 		return i
 	}
 	if len(x.chunks) == 0 || x.used+n > levelsPerChunk {
+		if len(x.chunks) == maxChunks {
+			// 2^32 levels, 64 GiB in one shard: a record index would wrap
+			// and two keys would share levels. No key bound comes near.
+			panic("shard: the level store is full (2^32 levels in one shard)")
+		}
 		x.chunks = append(x.chunks, make([]policy.Level, levelsPerChunk))
 		x.used = 0
 	}
