@@ -33,6 +33,17 @@
 // token, a tenant), and so does not see the proxies or the grouping; a
 // middleware takes one of the two. WithCost sets the cost of a request.
 //
+// # Several keys
+//
+// WithKeys limits a request by several keys at once, each with its own
+// cost: a user, their tenant and the whole service (ExampleWithKeys). The
+// engine decides them together (engine.Admitter.AllowAll): the request is
+// admitted only if every key holds its cost, and then pays every cost; a
+// request one limit refuses pays nothing to the others. The header fields
+// below describe the binding key, the one that waits longest when the
+// request is denied and the one with the fewest tokens left when it is
+// admitted. WithKeys replaces WithKey, WithClientKey and WithCost.
+//
 // # Header fields
 //
 // Every decided request, admitted or denied, carries the RateLimit header
@@ -42,7 +53,8 @@
 // Capacity and rate, from its override or the policy), named for the key's
 // quota (below), then each band of its policy.BandSet, under the band's
 // Name. RateLimit has one Item, for the band that bound the decision
-// (engine.Decision.Band), under the name RateLimit-Policy gives it:
+// (engine.Decision.Band), under the name RateLimit-Policy gives it. Under
+// WithKeys, the key is the binding key:
 //
 //	RateLimit-Policy: "default";q=10;w=5
 //	RateLimit: "default";r=9;t=1
@@ -110,12 +122,15 @@
 //   - Engine closed (engine.ErrClosed): 503 with no RateLimit fields, and
 //     Retry-After only if WithOverloadRetryAfter is given.
 //   - Cost above the key's capacity (engine.ErrInvalidCost): 413 Content Too
-//     Large, without Retry-After, since waiting can never admit it.
+//     Large, without Retry-After, since waiting can never admit it. Under
+//     WithKeys, a key's costs added up.
 //   - No key (the key function failed, ClientIP found no address, or the
 //     key is one the engine rejects as blank or too long) or a cost below 1:
 //     500 Internal Server Error, with a plain-text body saying the server
-//     could not derive a rate-limit key (or cost). These are the server's
-//     configuration failing.
+//     could not derive a rate-limit key (or cost). Under WithKeys, so are
+//     a KeysFunc error and no requests or more than engine.MaxAllowAll
+//     (engine.ErrAllowAllSize). These are the server's configuration
+//     failing.
 //   - The request's context ended before the engine decided (the client went
 //     away, or a server deadline passed): 503 with no body, and nothing spent.
 //   - Any other engine error (engine.ErrClockRegression): 500.

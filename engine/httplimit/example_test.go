@@ -3,6 +3,7 @@ package httplimit_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"expvar"
 	"fmt"
 	"io"
@@ -212,4 +213,66 @@ func ExampleMiddleware_Handler() {
 	// ratelimit published: true
 	// /debug/vars 200 ""
 	// ratelimit published: true
+}
+
+// One request limited by three keys: its user (3 requests, 1 a second),
+// its tenant (4, 1 a second) and the whole service (100, 50 a second),
+// admitted only if all three hold a token and then paid from each. The
+// overrides' names say in the fields which quota bound: the tenant's
+// fourth request empties it, so the fifth is refused by "tenant" and
+// neither erin nor the global bucket pays for it.
+func ExampleWithKeys() {
+	ov, err := policy.NewOverrideSet(
+		policy.Override{Match: "tenant:*", Capacity: 4, TokensPerSecond: 1, Name: "tenant"},
+		policy.Override{Match: "global", Capacity: 100, TokensPerSecond: 50, Name: "global"},
+	)
+	if err != nil {
+		panic(err)
+	}
+	e, err := engine.New(engine.Config{
+		Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1, Overrides: ov},
+		Clock:  clock.NewManual(0),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer e.Close()
+
+	mw, err := httplimit.New(e,
+		httplimit.WithPolicyName("user"),
+		httplimit.WithKeys(func(r *http.Request) ([]engine.Request, error) {
+			user, tenant := r.Header.Get("X-User"), r.Header.Get("X-Tenant")
+			if user == "" || tenant == "" {
+				return nil, errors.New("no user or tenant")
+			}
+			return []engine.Request{
+				{Key: "user:" + user, Cost: 1},
+				{Key: "tenant:" + tenant, Cost: 1},
+				{Key: "global", Cost: 1},
+			}, nil
+		}))
+	if err != nil {
+		panic(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+
+	for _, who := range [][2]string{{"alice", "acme"}, {"bob", "acme"}, {"carol", "acme"}, {"dave", "acme"}, {"erin", "acme"}, {"alice", "zeta"}} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-User", who[0])
+		r.Header.Set("X-Tenant", who[1])
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		fmt.Println(who[0], who[1], rec.Code, rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit"))
+	}
+	erin, _ := e.Peek(context.Background(), "user:erin")
+	global, _ := e.Peek(context.Background(), "global")
+	fmt.Println("erin", erin.Remaining, "global", global.Remaining)
+	// Output:
+	// alice acme 200 "user";q=3;w=3 "user";r=2;t=1
+	// bob acme 200 "user";q=3;w=3 "user";r=2;t=1
+	// carol acme 200 "tenant";q=4;w=4 "tenant";r=1;t=3
+	// dave acme 200 "tenant";q=4;w=4 "tenant";r=0;t=4
+	// erin acme 429 "tenant";q=4;w=4 "tenant";r=0;t=1
+	// alice zeta 200 "user";q=3;w=3 "user";r=1;t=2
+	// erin 3 global 95
 }

@@ -16,6 +16,7 @@ import (
 // server's internals; the package logs nothing.
 const (
 	bodyKey      = "httplimit: the server could not derive a rate-limit key for this request"
+	bodyKeys     = "httplimit: the server could not derive the rate-limit keys for this request"
 	bodyCost     = "httplimit: the server could not derive a rate-limit cost for this request"
 	bodyTooLarge = "httplimit: the request costs more than its rate limit can ever admit"
 	bodyOverload = "httplimit: the rate limiter is at capacity; retry later"
@@ -33,6 +34,7 @@ type Middleware struct {
 	engine     engine.Admitter
 	reclaim    reclaimer // e, if it estimates when a key slot frees up; else nil
 	key        KeyFunc
+	keys       KeysFunc // WithKeys; then key and cost are unused
 	cost       CostFunc
 	denied     DeniedFunc
 	policyName string // the default limit's quota name
@@ -52,7 +54,8 @@ type reclaimer interface {
 // RemoteAddr (no forwarded header is trusted), IPv6 grouped per /64, as
 // ClientKey gives it; the cost is 1, and a denial is a 429. It returns an
 // error wrapping ErrInvalidOption for a nil engine, a nil or invalid option,
-// or WithKey together with WithClientKey.
+// WithKey together with WithClientKey, or WithKeys together with any of
+// WithKey, WithClientKey and WithCost.
 func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 	if v := reflect.ValueOf(e); e == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
 		return nil, fmt.Errorf("%w: nil engine", ErrInvalidOption)
@@ -69,9 +72,13 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 	if c.key != nil && c.clientKey != nil {
 		return nil, fmt.Errorf("%w: WithKey and WithClientKey both replace the key; give one", ErrInvalidOption)
 	}
+	if c.keys != nil && (c.key != nil || c.clientKey != nil || c.cost != nil) {
+		return nil, fmt.Errorf("%w: WithKeys gives the keys and their costs; it excludes WithKey, WithClientKey and WithCost", ErrInvalidOption)
+	}
 	m := &Middleware{
 		engine:     e,
 		key:        c.key,
+		keys:       c.keys,
 		cost:       c.cost,
 		denied:     c.denied,
 		policyName: c.policyName,
@@ -110,6 +117,9 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 // the RateLimit header fields already set on w, a denied one never does.
 // The status codes are listed in the package documentation.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
+	if m.keys != nil {
+		return m.handlerAll(next)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, err := m.key(r)
 		if err != nil {
@@ -127,6 +137,39 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			return
 		}
 		m.setRateLimit(w.Header(), key, d)
+		if !d.Allowed {
+			m.denied(w, r, d)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// handlerAll is Handler under WithKeys: one AllowAll per request, the
+// header fields those of the binding request's key.
+func (m *Middleware) handlerAll(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reqs, err := m.keys(r)
+		if err != nil {
+			http.Error(w, bodyKeys, http.StatusInternalServerError)
+			return
+		}
+		d, at, err := m.engine.AllowAll(r.Context(), reqs)
+		switch {
+		case errors.Is(err, engine.ErrAllowAllSize):
+			http.Error(w, bodyKeys, http.StatusInternalServerError)
+			return
+		case errors.Is(err, engine.ErrInvalidCost) && !errors.Is(err, engine.ErrCostExceedsCapacity):
+			http.Error(w, bodyCost, http.StatusInternalServerError)
+			return
+		case err != nil:
+			m.fail(w, err)
+			return
+		case at < 0 || at >= len(reqs):
+			http.Error(w, bodyFailed, http.StatusInternalServerError) // an Admitter outside its contract
+			return
+		}
+		m.setRateLimit(w.Header(), reqs[at].Key, d)
 		if !d.Allowed {
 			m.denied(w, r, d)
 			return

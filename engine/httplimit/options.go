@@ -21,6 +21,14 @@ type KeyFunc func(r *http.Request) (string, error)
 // keys are answered with 500, as for a KeyFunc.
 type ClientKeyFunc func(r *http.Request, client string) (string, error)
 
+// KeysFunc derives the requests one HTTP request is limited by (see
+// WithKeys): a key and a cost each, decided together, all or nothing. An
+// error, no requests or more than engine.MaxAllowAll, a key the engine
+// rejects or a cost below 1 is the server's failure, answered with 500; a
+// key whose costs add up above its capacity can never be admitted, and is
+// answered with 413.
+type KeysFunc func(r *http.Request) ([]engine.Request, error)
+
 // CostFunc returns the tokens a request spends. A cost below 1 is the
 // server's failure, answered with 500; a cost above the key's capacity can
 // never be admitted, and is answered with 413.
@@ -38,6 +46,7 @@ type Option func(*config) error
 type config struct {
 	key        KeyFunc
 	clientKey  ClientKeyFunc
+	keys       KeysFunc
 	ipv6Bits   int
 	cost       CostFunc
 	denied     DeniedFunc
@@ -88,6 +97,39 @@ func WithClientKey(f ClientKeyFunc) Option {
 			return fmt.Errorf("%w: WithClientKey(nil)", ErrInvalidOption)
 		}
 		c.clientKey = f
+		return nil
+	}
+}
+
+// WithKeys limits each request by several keys at once: f returns them,
+// each with its cost, and the middleware admits the request only if every
+// key's bucket holds its cost (engine.Admitter.AllowAll), taking every cost
+// then and none otherwise, so a request refused by one limit spends nothing
+// from the others. A key may appear more than once; its costs add up. A
+// user, their tenant and the whole service:
+//
+//	httplimit.WithKeys(func(r *http.Request) ([]engine.Request, error) {
+//		return []engine.Request{
+//			{Key: "user:" + r.Header.Get("X-User"), Cost: 1},
+//			{Key: "tenant:" + r.Header.Get("X-Tenant"), Cost: 1},
+//			{Key: "global", Cost: 1},
+//		}, nil
+//	})
+//
+// The header fields describe the binding request, the one AllowAll names:
+// when denied, the key that waits longest, and when admitted, the key with
+// the fewest tokens left; its limit and band are written as they would be
+// for that key alone. Give the limits of the keys overrides with a Name
+// ("tenant:*" named "tenant") so that a client can tell which quota bound.
+// f is given the request only, as a KeyFunc is; the client, if one key
+// needs it, is ClientKey of ClientIP. WithKeys excludes WithKey,
+// WithClientKey and WithCost, which it replaces.
+func WithKeys(f KeysFunc) Option {
+	return func(c *config) error {
+		if f == nil {
+			return fmt.Errorf("%w: WithKeys(nil)", ErrInvalidOption)
+		}
+		c.keys = f
 		return nil
 	}
 }

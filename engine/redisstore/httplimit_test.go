@@ -1,6 +1,8 @@
 package redisstore_test
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -8,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/httplimit"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/policy"
@@ -30,4 +33,37 @@ func TestMiddlewareOnStore(t *testing.T) {
 		require.NotEmpty(t, rec.Header().Get("RateLimit"), "the RateLimit field on every decided request")
 	}
 	require.Equal(t, []int{http.StatusNoContent, http.StatusNoContent, http.StatusTooManyRequests}, codes)
+}
+
+// TestMiddlewareWithKeysOnStore: a request limited by several keys runs on
+// a store as on the engine: admitted only if every key holds its cost, the
+// fields those of the binding key, and a refused request pays nothing.
+func TestMiddlewareWithKeysOnStore(t *testing.T) {
+	s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}}, clock.NewManual(0))
+	mw, err := httplimit.New(s, httplimit.WithKeys(func(r *http.Request) ([]engine.Request, error) {
+		return []engine.Request{{Key: "user:" + r.Header.Get("X-User"), Cost: 1}, {Key: "global", Cost: 1}}, nil
+	}))
+	require.NoError(t, err)
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	var got []string
+	for _, user := range []string{"a", "a", "b", "c", "a"} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-User", user)
+		h.ServeHTTP(rec, req)
+		got = append(got, fmt.Sprint(user, " ", rec.Code, " ", rec.Header().Get("RateLimit")))
+	}
+	require.Equal(t, []string{
+		`a 204 "default";r=2;t=1`, // a and global keep 2: a binds, first
+		`a 204 "default";r=1;t=2`, // a and global keep 1
+		`b 204 "default";r=0;t=3`, // global keeps 0
+		`c 429 "default";r=0;t=1`, // global is empty
+		`a 429 "default";r=0;t=1`,
+	}, got)
+	d, err := s.Peek(context.Background(), "user:c")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), d.Remaining, "c paid nothing")
+	d, err = s.Peek(context.Background(), "user:a")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), d.Remaining, "a paid for its admitted requests only")
 }
