@@ -110,17 +110,18 @@ func (s *Store) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		return s.allFailure(items, first, len(reqs), err)
 	}
 	// Errors in the rules' order: a cost no band can hold, then Redis out
-	// of memory (every item), then a reply the store could not read.
-	for _, want := range []error{engine.ErrCostExceedsCapacity, engine.ErrKeyCapacity} {
-		for j := range res {
-			if res[j].Err == want {
-				if want == engine.ErrKeyCapacity {
-					return engine.Decision{}, 0, want
-				}
-				return engine.Decision{}, first[j], want
-			}
+	// of memory (every item), then a reply the store could not read. Redis
+	// decided the call unless it was out of memory, as Allow counts.
+	for j := range res {
+		if res[j].Err == engine.ErrCostExceedsCapacity {
+			s.decisions.Add(uint64(len(reqs)))
+			return engine.Decision{}, first[j], engine.ErrCostExceedsCapacity
 		}
 	}
+	if res[0].Err == engine.ErrKeyCapacity {
+		return engine.Decision{}, 0, engine.ErrKeyCapacity
+	}
+	s.decisions.Add(uint64(len(reqs)))
 	admit := true
 	for j := range res {
 		if res[j].Err != nil {
@@ -128,7 +129,6 @@ func (s *Store) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		}
 		admit = admit && res[j].Decision.Allowed
 	}
-	s.decisions.Add(uint64(len(reqs)))
 	at := 0
 	for i := 1; i < len(reqs); i++ {
 		d, best := &res[of[i]].Decision, &res[of[at]].Decision

@@ -80,6 +80,7 @@ func TestAllowAllRefusalWritesNothing(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity)
 	require.Equal(t, 1, at)
 	require.Equal(t, before, rawBuckets(t, c, pfx, "a", "b", "c"), "a sum above capacity writes nothing")
+	require.Equal(t, uint64(1+3+3), s.Stats().Decisions, "each request Redis decided counts")
 
 	d, at, err = s.AllowAll(ctx, []engine.Request{{Key: "b", Cost: 4}, {Key: "a", Cost: 2}, {Key: "c", Cost: 10}})
 	require.NoError(t, err)
@@ -205,6 +206,7 @@ func TestAllowAllOutOfMemory(t *testing.T) {
 	require.Zero(t, at)
 	require.Zero(t, d)
 	require.Zero(t, s.Stats().Failures)
+	require.Equal(t, uint64(1), s.Stats().Decisions, "Redis decided nothing")
 	require.Equal(t, raw, rawBuckets(t, c, pfx, "before", "after"), "nothing written")
 
 	d, at, err = s.AllowAll(ctx, []engine.Request{{Key: "after", Cost: 1}, {Key: "before", Cost: 2}})
