@@ -57,6 +57,10 @@ const (
 	sweepFailures
 	evictions
 	eventsDropped
+	allowAllCalls
+	allowAllErrors
+	holds
+	holdsAborted
 	numMetrics
 )
 
@@ -81,6 +85,10 @@ var metrics = [numMetrics]struct {
 	sweepFailures:    {"sweep_failures_total", "Background sweeps that ended with an error.", nil, false},
 	evictions:        {"evictions_total", "Keys evicted by sweeps.", nil, false},
 	eventsDropped:    {"events_dropped_total", "Sampled decisions dropped on a full event buffer.", nil, false},
+	allowAllCalls:    {"allowall_calls_total", "AllowAll calls decided, by outcome.", []string{"outcome"}, false},
+	allowAllErrors:   {"allowall_errors_total", "AllowAll calls that ended with an error, by kind.", []string{"kind"}, false},
+	holds:            {"holds_total", "AllowAll parts the shards held for, summed over the shards.", nil, false},
+	holdsAborted:     {"holds_aborted_total", "Holds given up for a cutover, sweep, snapshot or Close, summed over the shards.", nil, false},
 }
 
 // errorKinds are the values of the kind label, in engine.Errors order.
@@ -168,4 +176,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(sweepFailures, st.SweepFailures)
 	counter(evictions, t.Evicted)
 	counter(eventsDropped, t.EventsDropped)
+	counter(allowAllCalls, st.AllowAll.Admitted, "admitted")
+	counter(allowAllCalls, st.AllowAll.Refused, "refused")
+	for _, k := range errorKinds {
+		counter(allowAllErrors, k.count(st.AllowAll.Errors), k.label)
+	}
+	counter(holds, t.Holds)
+	counter(holdsAborted, t.HoldsAborted)
 }

@@ -124,7 +124,25 @@ func fromStats(st engine.Stats, maxKeys int) map[string]want {
 		"tokenshard_sweep_failures_total":  counter(one(st.SweepFailures)),
 		"tokenshard_evictions_total":       counter(one(t.Evicted)),
 		"tokenshard_events_dropped_total":  counter(one(t.EventsDropped)),
+		"tokenshard_allowall_calls_total": counter(sample{"outcome=admitted", float64(st.AllowAll.Admitted)},
+			sample{"outcome=refused", float64(st.AllowAll.Refused)}),
+		"tokenshard_allowall_errors_total": kinds(st.AllowAll.Errors),
+		"tokenshard_holds_total":           counter(one(t.Holds)),
+		"tokenshard_holds_aborted_total":   counter(one(t.HoldsAborted)),
 	}
+}
+
+// kinds is an errors-by-kind counter family of er.
+func kinds(er engine.Errors) want {
+	return counter(
+		sample{"kind=clock_regression", float64(er.ClockRegression)},
+		sample{"kind=closed", float64(er.Closed)},
+		sample{"kind=context", float64(er.Context)},
+		sample{"kind=invalid_cost", float64(er.InvalidCost)},
+		sample{"kind=invalid_key", float64(er.InvalidKey)},
+		sample{"kind=key_capacity", float64(er.KeyCapacity)},
+		sample{"kind=other", float64(er.Other)},
+	)
 }
 
 // check compares the scraped families with wants, family by family, and
@@ -206,6 +224,10 @@ func TestCollectKnownSequence(t *testing.T) {
 		"tokenshard_sweep_failures_total":  counter(one(0)),
 		"tokenshard_evictions_total":       counter(one(2)),
 		"tokenshard_events_dropped_total":  counter(one(0)),
+		"tokenshard_allowall_calls_total":  counter(sample{"outcome=admitted", 0}, sample{"outcome=refused", 0}),
+		"tokenshard_allowall_errors_total": kinds(engine.Errors{}),
+		"tokenshard_holds_total":           counter(one(0)),
+		"tokenshard_holds_aborted_total":   counter(one(0)),
 	})
 	// Every call was counted once: 5 decided, 1 peek, 1 refund, 5 errors.
 	assert.Equal(t, uint64(12), st.Total.Allowed+st.Total.Denied+st.Total.Peeks+st.Total.Refunds+st.Total.Errors.Sum())
@@ -259,19 +281,20 @@ func TestLint(t *testing.T) {
 }
 
 // TestDescribe: Describe sends one descriptor per exported family, and
-// Collect sends 21 series without shard labels (two outcomes, seven error
-// kinds, twelve single values), and 3 per shard in place of 3 with them.
+// Collect sends 32 series without shard labels (two outcomes and seven
+// error kinds, for decisions and for AllowAll calls, and fourteen single
+// values), and 3 per shard in place of 3 with them.
 func TestDescribe(t *testing.T) {
 	e, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1), Shards: 3})
 	for _, tc := range []struct {
 		opts   []promstats.Option
 		series int
-	}{{nil, 21}, {[]promstats.Option{promstats.WithShardLabels()}, 21 - 3 + 3*3}} {
+	}{{nil, 32}, {[]promstats.Option{promstats.WithShardLabels()}, 32 - 3 + 3*3}} {
 		c := newCollector(t, e, tc.opts...)
 		ch := make(chan *prometheus.Desc, 64)
 		c.Describe(ch)
 		close(ch)
-		assert.Len(t, ch, 14)
+		assert.Len(t, ch, 18)
 		assert.Equal(t, tc.series, testutil.CollectAndCount(c))
 	}
 }
@@ -339,4 +362,28 @@ func TestCollectDuringTraffic(t *testing.T) {
 	mfs := scrape(t, c)
 	_, got := series(t, mfs, "tokenshard_decisions_total")
 	assert.Equal(t, []sample{{"outcome=allowed", workers * calls}, {"outcome=denied", 0}}, got)
+}
+
+// TestCollectAllowAll: AllowAll calls are counted by outcome and error
+// kind, and the holds the shards took beside them.
+func TestCollectAllowAll(t *testing.T) {
+	e, err := engine.New(engine.Config{Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, Shards: 1, Clock: clock.NewManual(0)})
+	require.NoError(t, err)
+	defer e.Close()
+	ctx := context.Background()
+	_, _, err = e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 10}, {Key: "b", Cost: 1}})
+	require.NoError(t, err)
+	_, _, err = e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 1}})
+	require.NoError(t, err)
+	_, _, err = e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 0}})
+	require.ErrorIs(t, err, engine.ErrInvalidCost)
+	c, err := promstats.New(e)
+	require.NoError(t, err)
+	mfs := promtest.Scrape(t, c)
+	_, calls := series(t, mfs, "tokenshard_allowall_calls_total")
+	assert.Equal(t, []sample{{"outcome=admitted", 1}, {"outcome=refused", 1}}, calls)
+	_, errs := series(t, mfs, "tokenshard_allowall_errors_total")
+	assert.Contains(t, errs, sample{"kind=invalid_cost", 1})
+	_, h := series(t, mfs, "tokenshard_holds_total")
+	assert.Equal(t, []sample{one(2)}, h, "one shard held for each decided call")
 }
