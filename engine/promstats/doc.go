@@ -11,8 +11,8 @@
 // # Metrics
 //
 // Every name starts with the namespace "tokenshard". Counters end in _total;
-// the rest are gauges. Without options only decisions_total and
-// errors_total have a label, which says what was counted:
+// the rest are gauges. Without options only decisions_total, errors_total
+// and the two allowall_ counters have a label, which says what was counted:
 //
 //	tokenshard_decisions_total{outcome}   counter  requests decided; outcome is "allowed" or "denied"
 //	tokenshard_peeks_total                counter  Peek calls answered
@@ -28,6 +28,10 @@
 //	tokenshard_sweep_failures_total       counter  background sweeps that ended with an error
 //	tokenshard_evictions_total            counter  keys evicted by sweeps
 //	tokenshard_events_dropped_total       counter  sampled decisions dropped on a full event buffer
+//	tokenshard_allowall_calls_total{outcome} counter AllowAll calls decided; outcome is "admitted" or "refused"
+//	tokenshard_allowall_errors_total{kind}   counter AllowAll calls that ended with an error
+//	tokenshard_holds_total                counter  AllowAll parts held, summed over the shards
+//	tokenshard_holds_aborted_total        counter  holds given up for a cutover, sweep, snapshot or Close
 //
 // The error kinds are "invalid_key", "invalid_cost", "closed", "context",
 // "clock_regression", "key_capacity" and "other", as in engine.Errors, and
