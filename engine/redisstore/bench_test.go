@@ -109,3 +109,57 @@ func scriptNs(b *testing.B, c *redis.Client) float64 {
 	b.Fatal("no evalsha in INFO commandstats")
 	return 0
 }
+
+// BenchmarkAllowAll is AllowAll of 3 and of 16 keys from one goroutine on
+// a real Redis, on the server's TIME, for a plain policy, beside the same
+// keys as AllowBatch (each decided alone) for comparison: one round trip
+// and one script call either way.
+func BenchmarkAllowAll(b *testing.B) {
+	p := policy.Policy{Version: 1, Capacity: 1_000_000, TokensPerSecond: 1} // the fast path, as BenchmarkScript's plain
+	for _, n := range []int{3, 16} {
+		for _, all := range []bool{true, false} {
+			name := fmt.Sprintf("keys=%d/AllowBatch", n)
+			if all {
+				name = fmt.Sprintf("keys=%d/AllowAll", n)
+			}
+			b.Run(name, func(b *testing.B) {
+				ctx := context.Background()
+				c := client(b, redisAddr(b))
+				pfx := prefix(b)
+				s, err := redisstore.New(ctx, redisstore.Config{Client: c, Prefix: pfx, Policy: p, Timeout: 5 * time.Second})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() {
+					_ = s.Close()
+					cleanPrefix(c, pfx)
+				})
+				reqs := make([]engine.Request, n)
+				for i := range reqs {
+					reqs[i] = engine.Request{Key: fmt.Sprint("key", i), Cost: 1}
+				}
+				out := make([]engine.Result, n)
+				if err := c.ConfigResetStat(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					if all {
+						d, _, err := s.AllowAll(ctx, reqs)
+						if err != nil || !d.Allowed {
+							b.Fatalf("%+v, %v", d, err)
+						}
+					} else if err := s.AllowBatch(ctx, reqs, out); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				if f := s.Stats().Failures; f > 0 {
+					b.Fatalf("%d failures", f)
+				}
+				b.ReportMetric(scriptNs(b, c), "script-ns/call")
+			})
+		}
+	}
+}
