@@ -88,10 +88,9 @@ type diffConfig struct {
 }
 
 type diffTrace struct {
-	seed  uint64
-	cfg   diffConfig
-	ops   []diffOp
-	exact bool // generated not steered around the known engine bugs (-exact)
+	seed uint64
+	cfg  diffConfig
+	ops  []diffOp
 }
 
 // diffTarget is what a trace is replayed on: the engine (reading a clock the
@@ -729,9 +728,6 @@ func diffCheckAs(tr diffTrace, mk diffMaker, c *counters, flags string) error {
 	}
 	f := rep.fail
 	var b strings.Builder
-	if tr.exact {
-		flags = strings.TrimSpace(flags + " -exact")
-	}
 	if flags == "" {
 		fmt.Fprintf(&b, "reproduce: go run ./stress -check differential -seed %d (its first trace; same -shards)\n", tr.seed)
 	} else {
@@ -768,11 +764,7 @@ func runDifferential(ctx context.Context, o options, c *counters) error {
 		shards = append(shards, o.shards)
 	}
 	for i := uint64(0); ctx.Err() == nil; i++ {
-		gen := diffGenerate
-		if o.exact {
-			gen = diffGenerateExact
-		}
-		tr := gen(o.seed+i, shards, diffOpsPerTrace)
+		tr := diffGenerate(o.seed+i, shards, diffOpsPerTrace)
 		if err := diffCheck(tr, diffNewEngine, c); err != nil {
 			return err
 		}

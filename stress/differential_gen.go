@@ -24,7 +24,6 @@ type diffGen struct {
 	fresh  int
 	marks  []int64    // instants named by recent answers
 	shapes diffShapes // which limits the trace's policies may have
-	exact  bool       // do not steer around the known engine bugs (known_bugs.go)
 }
 
 // diffShapes is what a trace's limits may be: rates per second only, as
@@ -48,13 +47,7 @@ var (
 // diffGenerate returns the trace of seed: a configuration drawn from
 // shardCounts and the edge values, and about nops operations.
 func diffGenerate(seed uint64, shardCounts []int, nops int) diffTrace {
-	return diffGenerateFor(seed, shardCounts, nops, false, false)
-}
-
-// diffGenerateExact is diffGenerate not steered around the known engine
-// bugs (-exact).
-func diffGenerateExact(seed uint64, shardCounts []int, nops int) diffTrace {
-	return diffGenerateFor(seed, shardCounts, nops, false, true)
+	return diffGenerateFor(seed, shardCounts, nops, false)
 }
 
 // diffGenerateStore returns the Redis store's trace of seed: drawn as
@@ -66,12 +59,12 @@ func diffGenerateExact(seed uint64, shardCounts []int, nops int) diffTrace {
 // steps back, and one shard. The operations are drawn against the model in
 // that configuration, so none depends on what was dropped.
 func diffGenerateStore(seed uint64, nops int) diffTrace {
-	return diffGenerateFor(seed, []int{1, 2, 16}, nops, true, false)
+	return diffGenerateFor(seed, []int{1, 2, 16}, nops, true)
 }
 
-func diffGenerateFor(seed uint64, shardCounts []int, nops int, store, exact bool) diffTrace {
+func diffGenerateFor(seed uint64, shardCounts []int, nops int, store bool) diffTrace {
 	r := rand.New(rand.NewPCG(seed, 0x646966666572656e))
-	g := &diffGen{r: r, exact: exact}
+	g := &diffGen{r: r}
 	cfg := &g.cfg
 	cfg.shards = shardCounts[r.IntN(len(shardCounts))]
 	if r.IntN(6) == 0 {
@@ -145,7 +138,7 @@ func diffGenerateFor(seed uint64, shardCounts []int, nops int, store, exact bool
 	for _, w := range prof {
 		total += w
 	}
-	tr := diffTrace{seed: seed, cfg: *cfg, exact: exact}
+	tr := diffTrace{seed: seed, cfg: *cfg}
 	for range nops {
 		g.step()
 		x, kind := r.IntN(total), diffKind(0)
@@ -388,10 +381,7 @@ func (g *diffGen) allReqs() []engine.Request {
 			}
 		}
 	}
-	if g.exact {
-		return reqs
-	}
-	return allWithinInt64(reqs)
+	return reqs
 }
 
 // capacity draws a capacity: edge values, or near cur when cur > 0.

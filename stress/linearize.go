@@ -94,7 +94,6 @@ func runLinearizability(ctx context.Context, o options, c *counters) error {
 	for i := uint64(0); ctx.Err() == nil; i++ {
 		rng := rand.New(rand.NewPCG(o.seed, i))
 		spec := linNewSpec(rng, i%3 != 2, o.shards)
-		spec.exact = o.exact
 		if err := linOne(spec, rng, c, os.TempDir()); err != nil {
 			if v := (*Violation)(nil); errors.As(err, &v) {
 				v.Seed = o.seed
@@ -167,9 +166,6 @@ func (sp *linSpec) String() string {
 	mode := "unpartitioned"
 	if sp.partitioned {
 		mode = "partitioned"
-	}
-	if sp.exact {
-		mode += " (exact: not steered around known bugs)"
 	}
 	return fmt.Sprintf("%s, %d keys, MaxKeys %d, %d shards, %d clients, %d rounds, policy %s, start %d",
 		mode, len(sp.keys), sp.maxKeys, sp.shards, sp.clients, sp.rounds, policyText(sp.pol), sp.start)
@@ -425,79 +421,7 @@ func (r *linRecorder) plan(rng *rand.Rand) [][]linCall {
 			plans[w] = append(plans[w], call)
 		}
 	}
-	if !sp.exact {
-		linSteer(sp, plans)
-	}
 	return plans
-}
-
-// linSteer rewrites a round's plans around known engine bugs 2 and 3
-// (known_bugs.go), so that a history goes on to find others. In a round
-// with an AllowAll and a cutover, every AllowAll asks 1 token of each of its
-// keys once, which no policy refuses as above capacity (bug 2), so that
-// AllowAlls still race cutovers. In an unpartitioned history, which checks
-// KeyCount and the key bound exactly, a round with an AllowAll has no
-// KeyCount (a Policy read instead) and, on several shards, no other call
-// that may create a key: another AllowAll, an Allow or a batch becomes a
-// Peek of its first key (bug 3).
-func linSteer(sp *linSpec, plans [][]linCall) {
-	all, cutovers := 0, 0
-	for _, p := range plans {
-		for _, call := range p {
-			switch call.kind {
-			case linAllowAll:
-				all++
-			case linCutover:
-				cutovers++
-			}
-		}
-	}
-	if all == 0 {
-		return
-	}
-	first := true
-	for _, p := range plans {
-		for i := range p {
-			call := &p[i]
-			if call.kind == linAllowAll && cutovers > 0 {
-				call.reqs = linOncePerKey(call.reqs)
-			}
-			switch {
-			case sp.partitioned:
-			case call.kind == linKeyCount:
-				*call = linCall{kind: linPolicy}
-			case sp.shards == 1:
-			case call.kind == linAllowAll && first:
-				first = false
-			case call.kind == linAllowAll && len(call.reqs) > 0:
-				*call = linCall{kind: linPeek, key: call.reqs[0].Key}
-			case call.kind == linAllowAll:
-				*call = linCall{kind: linPolicy}
-			case call.kind == linAllow && call.reqs != nil:
-				*call = linCall{kind: linPeek, key: call.reqs[0].Key}
-			case call.kind == linAllow:
-				*call = linCall{kind: linPeek, key: call.key}
-			}
-		}
-	}
-}
-
-// linOncePerKey returns reqs with each key's first request alone, at cost
-// 1 (a cost below 1 kept: it is refused before any policy is read).
-func linOncePerKey(reqs []engine.Request) []engine.Request {
-	var out []engine.Request
-	seen := map[string]bool{}
-	for _, r := range reqs {
-		if !seen[r.Key] {
-			seen[r.Key] = true
-			r.Cost = min(r.Cost, 1)
-			out = append(out, r)
-		}
-	}
-	if len(reqs) > engine.MaxAllowAll {
-		return reqs // ErrAllowAllSize, before anything is read
-	}
-	return out
 }
 
 func (r *linRecorder) randKey(rng *rand.Rand) string {
@@ -550,10 +474,7 @@ func (r *linRecorder) randAll(rng *rand.Rand, cur policy.Policy) []engine.Reques
 			reqs[i].Cost = linCost(rng, linCapacity(rng, cur, key))
 		}
 	}
-	if r.spec.exact {
-		return reqs
-	}
-	return allWithinInt64(reqs)
+	return reqs
 }
 
 // linGroups splits spec's keys into the groups AllowAlls draw from. An

@@ -137,7 +137,6 @@ type linSpec struct {
 	perRound    int // most calls one client makes in a round
 	pol         policy.Policy
 	start       int64
-	exact       bool // do not steer around the known engine bugs (linSteer)
 }
 
 // model returns the porcupine model of spec's histories.

@@ -443,16 +443,12 @@ func TestLinRefund(t *testing.T) {
 }
 
 // TestParseOptionsAliases: -check takes "linearize" for the
-// linearizability check, and -exact turns the steering off.
+// linearizability check and "diff" for the differential one.
 func TestParseOptionsAliases(t *testing.T) {
 	var stderr bytes.Buffer
-	o, err := parseOptions([]string{"-check", "linearize,diff", "-exact"}, &stderr)
+	o, err := parseOptions([]string{"-check", "linearize,diff"}, &stderr)
 	require.NoError(t, err, stderr.String())
 	assert.Equal(t, []string{"linearizability", "differential"}, o.checks)
-	assert.True(t, o.exact)
-	o, err = parseOptions(nil, &stderr)
-	require.NoError(t, err)
-	assert.False(t, o.exact, "steered by default")
 	_, err = parseOptions([]string{"-check", "linearise"}, &stderr)
 	assert.Error(t, err)
 }

@@ -34,9 +34,7 @@
 //
 // It prints a progress line every second (a progress bar on a terminal) and a
 // summary table, and exits with status 1 on the first violated invariant,
-// explaining it. The calls it makes steer around the engine bugs listed in
-// known_bugs.go, so that a run goes on looking for others; -exact makes
-// them as drawn.
+// explaining it.
 package main
 
 import (
@@ -62,7 +60,6 @@ type options struct {
 	seed         uint64
 	checks       []string
 	redis        string // host:port: the differential check replays on a Redis store there
-	exact        bool   // do not steer around the known engine bugs (known_bugs.go)
 }
 
 // check is one independent invariant check. run works until ctx ends (or its
@@ -110,8 +107,6 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&names, "check", "all", "comma-separated checks: "+checkNames()+", or all")
 	fs.StringVar(&o.redis, "redis", "", "Redis `host:port`: the differential check replays its traces on a Redis store there\n"+
 		"instead of the engine (fresh key prefixes, deleted after each trace); other checks still use engines")
-	fs.BoolVar(&o.exact, "exact", false, "do not steer the generated calls around the known engine bugs listed in stress/known_bugs.go\n"+
-		"(by default the checks avoid them, so that a run goes on looking for others)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
