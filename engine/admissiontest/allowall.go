@@ -148,7 +148,9 @@ func testAllowAllRepeated(t *testing.T, f Factory) {
 // testAllowAllAboveCapacity: capacity 10. A key whose costs add up past 10
 // can never be admitted: ErrCostExceedsCapacity at the key's first request,
 // for the first such key by that request, even where the key could not pay
-// a smaller cost either, and nothing is taken.
+// a smaller cost either, and nothing is taken. Under capacity
+// math.MaxInt64, costs that add up past it are that error too, and costs
+// that add up to it are admitted, taking every token.
 func testAllowAllAboveCapacity(t *testing.T, f Factory) {
 	p := pol(1, 10, 2)
 	a, _ := newSubject(t, f, p)
@@ -170,6 +172,15 @@ func testAllowAllAboveCapacity(t *testing.T, f Factory) {
 	expectAllow(t, a, "a", 7, allowed(0, p, 10, 5*time.Second), "a kept its 7")
 	expectAllow(t, a, "b", 10, allowed(0, p, 10, 5*time.Second), "b untouched")
 	expectAllow(t, a, "c", 10, allowed(0, p, 10, 5*time.Second), "c untouched")
+
+	huge := pol(1, math.MaxInt64, 1)
+	b, _ := newSubject(t, f, huge)
+	expectAllowAllErr(t, t.Context(), b, []engine.Request{{Key: "j", Cost: 1}, {Key: "k", Cost: math.MaxInt64}, {Key: "j", Cost: 1}, {Key: "k", Cost: 1}},
+		engine.ErrCostExceedsCapacity, 1, "k's costs add up past math.MaxInt64")
+	d, at, err := b.AllowAll(t.Context(), []engine.Request{{Key: "k", Cost: math.MaxInt64 - 1}, {Key: "j", Cost: 1}, {Key: "k", Cost: 1}})
+	require.NoError(t, err, "k's costs add up to math.MaxInt64")
+	require.True(t, d.Allowed && d.Remaining == 0 && at == 0, "k pays every token and binds: %+v at %d", d, at)
+	expectAllow(t, b, "k", 1, denied(0, time.Second, huge, math.MaxInt64, d.ResetAfter), "k is empty")
 }
 
 // testAllowAllErrorOrder: with two faults, the one the rules check first
@@ -367,8 +378,7 @@ func (w *modelled) allowAll(reqs []engine.Request) {
 // genAllowAll draws an AllowAll call under p: 1 to 6 requests over genKeys
 // with repeats, small costs so that calls are admitted as well as denied;
 // a quarter of the calls may carry bad keys, bad costs and costs above
-// capacity, and now and then a call has no requests, MaxAllowAll or more. Costs of one key never add up past math.MaxInt64 (a
-// corner the engine does not decide by its contract yet).
+// capacity, and now and then a call has no requests, MaxAllowAll or more.
 func genAllowAll(r *rand.Rand, p policy.Policy) []engine.Request {
 	n := 1 + r.IntN(6)
 	switch r.IntN(30) {
@@ -380,8 +390,7 @@ func genAllowAll(r *rand.Rand, p policy.Policy) []engine.Request {
 		n = engine.MaxAllowAll
 	}
 	bad := n <= 6 && r.IntN(4) == 0 // a call that may carry bad keys and costs
-	var rs []engine.Request
-	sums := map[string]int64{}
+	rs := make([]engine.Request, 0, n)
 	for len(rs) < n {
 		key := genKeys[r.IntN(len(genKeys))]
 		if bad {
@@ -393,12 +402,6 @@ func genAllowAll(r *rand.Rand, p policy.Policy) []engine.Request {
 		} else {
 			capacity := model.LimitOf(p, key).Capacity
 			cost = 1 + r.Int64N(max(1, min(capacity, 1+capacity/3)))
-		}
-		if cost >= 1 {
-			if sums[key] > math.MaxInt64-cost {
-				continue
-			}
-			sums[key] += cost
 		}
 		rs = append(rs, engine.Request{Key: key, Cost: cost})
 	}

@@ -41,8 +41,11 @@ const aboveInt64 = "9223372036854775808"
 // first request of the first key (by its first request) that can never
 // hold its summed cost; then engine.ErrKeyCapacity at index 0 when Redis
 // refuses the writes of an admission for lack of memory (Redis refuses
-// them all, so nothing is taken). There is no ErrClockRegression: see the
-// package doc on time.
+// them all, existing keys' too, so nothing is taken and no request is more
+// at fault than the first). A refusal writes nothing, so Redis out of
+// memory still answers it, where the engine's key bound would be
+// ErrKeyCapacity for a call with new keys. There is no ErrClockRegression:
+// see the package doc on time.
 //
 // When Redis cannot answer by the deadline, the call is answered by the
 // store's failure rule, as a whole and with a nil error: fail closed,
