@@ -114,7 +114,7 @@ func TestAllowAllErrors(t *testing.T) {
 	_, at, err = e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 1}, {Key: "b", Cost: 0}})
 	require.ErrorIs(t, err, engine.ErrInvalidCost)
 	assert.Equal(t, 1, at)
-	_, _, err = e.AllowAll(nil, []engine.Request{{Key: "a", Cost: 1}}) //nolint:staticcheck // a nil context on purpose
+	_, _, err = e.AllowAll(nilCtx, []engine.Request{{Key: "a", Cost: 1}})
 	require.ErrorIs(t, err, engine.ErrNilContext)
 	done, cancel := context.WithCancel(ctx)
 	cancel()
