@@ -186,14 +186,5 @@ func latencyBeside(triples func(*engine.Engine) [][]string, d time.Duration, wit
 		}()
 	}
 	wg.Wait()
-	all := hdrhistogram.New(1, int64(time.Second), 3)
-	for _, h := range hists {
-		all.Merge(h)
-	}
-	return latency{
-		p50:  time.Duration(all.ValueAtQuantile(50)),
-		p99:  time.Duration(all.ValueAtQuantile(99)),
-		p999: time.Duration(all.ValueAtQuantile(99.9)),
-		max:  time.Duration(all.Max()),
-	}
+	return merged(hists)
 }

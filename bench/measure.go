@@ -204,6 +204,12 @@ func allowLatency(ks *keySet, d time.Duration) latency {
 		}()
 	}
 	wg.Wait()
+	return merged(hists)
+}
+
+// merged returns the distribution of every call the per-worker histograms
+// recorded.
+func merged(hists []*hdrhistogram.Histogram) latency {
 	all := hdrhistogram.New(1, int64(time.Second), 3)
 	for _, h := range hists {
 		all.Merge(h)
