@@ -41,17 +41,18 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // shards, over all requests, ErrCostExceedsCapacity, ErrClockRegression,
 // ErrKeyCapacity (room for every new key is needed at once).
 //
-// How: the call's shards are held one at a time, in the order of their
-// numbers, each serving nothing else while held; so concurrent calls cannot
-// deadlock, whichever keys they share. With every shard held, each decides
-// its keys at the latest of their readings, and the call admits or refuses
-// them all. A cutover, sweep, snapshot or Close that reaches a held shard
-// before that instant makes it give the hold up, so they never wait on a
-// hold; after it, they wait only for the call's own next step. The call then
-// starts over once, holding the coordinator those need, so nothing but
-// Close can interrupt it again. A hold keeps other requests to the held shards
-// waiting for a few hand-offs: prefer AllowBatch where each request may be
-// decided alone. AllowAll allocates a little per shard it holds.
+// How: the call's keys are held, shard by shard, one shard at a time in
+// the order of their numbers, so concurrent calls cannot deadlock,
+// whichever keys they share. A held key's requests wait until the call
+// ends; every other key, on every shard, is served meanwhile, and so are
+// other AllowAlls over other keys. With every key held, each shard decides
+// its keys at the latest of their readings, and the call admits or
+// refuses them all. A cutover, sweep, snapshot or Close that reaches a
+// shard before that instant makes it give its holds up, so they never wait
+// on a hold; after it, they wait only for the call's own next step. The
+// call then starts over once, holding the coordinator those need, so
+// nothing but Close can interrupt it again; while a sweep runs on a shard,
+// no hold is taken there. AllowAll allocates a little per shard it holds.
 func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (Decision, int, error) {
 	if e.uninitialized() {
 		return Decision{}, -1, ErrNotInitialized
@@ -121,7 +122,11 @@ type allCall struct {
 
 type allPart struct {
 	shard int
-	m     msg.Batch
+	items []msg.Item
+	// m is the part as sent in the attempt in progress: a new one each
+	// attempt, since a shard may still be reading the last one's after the
+	// caller has moved on (nobody waits for a hold's end).
+	m     *msg.Batch
 	first []int  // first[j]: the first request of item j
 	over  []bool // over[j]: item j's costs add up past math.MaxInt64, above any capacity
 }
@@ -138,14 +143,14 @@ func (e *Engine) newAllCall(reqs []Request) *allCall {
 			c.parts = append(c.parts, allPart{shard: s})
 		}
 		part := &c.parts[p]
-		j := slices.IndexFunc(part.m.Items, func(it msg.Item) bool { return it.Key == r.Key })
+		j := slices.IndexFunc(part.items, func(it msg.Item) bool { return it.Key == r.Key })
 		if j < 0 {
-			j = len(part.m.Items)
-			part.m.Items = append(part.m.Items, msg.Item{Key: r.Key, Hash: h})
+			j = len(part.items)
+			part.items = append(part.items, msg.Item{Key: r.Key, Hash: h})
 			part.first = append(part.first, i)
 			part.over = append(part.over, false)
 		}
-		it := &part.m.Items[j]
+		it := &part.items[j]
 		if it.Cost > math.MaxInt64-r.Cost {
 			part.over[j] = true
 		}
@@ -170,11 +175,7 @@ func (e *Engine) newAllCall(reqs []Request) *allCall {
 	}
 	c.done = make(chan int, len(c.parts))
 	c.held = make([]bool, len(c.parts))
-	for k := range c.parts {
-		p := &c.parts[k]
-		p.m.Part, p.m.Done = k, c.done
-		p.m.Out = make([]msg.Reply, len(p.m.Items))
-	}
+
 	return c
 }
 
@@ -202,6 +203,7 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 		for k, ok := range held {
 			if ok {
 				c.parts[k].m.Hold.In <- msg.HoldCmd{Op: op, T: T, Admit: admit}
+				e.mailboxes[c.parts[k].shard].SignalHold()
 			}
 		}
 	}
@@ -215,13 +217,9 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 	last := len(c.parts) - 1
 	for k := range c.parts {
 		p := &c.parts[k]
-		fresh := []int(nil)
-		if p.m.Hold != nil {
-			fresh = p.m.Hold.Fresh[:0]
-		}
-		p.m.Hold, p.m.Closed = msg.NewHold(), false
-		p.m.Hold.Last, p.m.Hold.T, p.m.Hold.Fresh = k == last, T, fresh
-		if err := e.mailboxes[p.shard].SendBatch(ctx, &p.m); err != nil {
+		p.m = &msg.Batch{Items: p.items, Out: make([]msg.Reply, len(p.items)), Part: k, Done: c.done, Hold: msg.NewHold()}
+		p.m.Hold.Last, p.m.Hold.T = k == last, T
+		if err := e.mailboxes[p.shard].SendBatch(ctx, p.m); err != nil {
 			end(msg.HoldAbort, 0, false)
 			return Decision{}, -1, err, false
 		}
@@ -266,6 +264,7 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 	T = max(T, c.parts[last].m.Hold.T) // what the last part evaluated at
 	for k := range last {
 		c.parts[k].m.Hold.In <- msg.HoldCmd{Op: msg.HoldEval, T: T}
+		e.mailboxes[c.parts[k].shard].SignalHold()
 	}
 	aborted := false
 	for k := range last {

@@ -6,17 +6,20 @@ package msg
 // its reading and answers on the Batch's Done, as for any part, with Now
 // and Version set and an error, if any, in Out: ErrCostExceedsCapacity for
 // the first item whose key cannot ever hold its cost, else
-// ErrClockRegression. With no error it holds: it serves nothing else until the caller's Commit or
-// Abort on In, except that a control message (a cutover, a sweep, a
-// snapshot) or stop that comes before Eval makes it give the hold up,
-// answering Aborted on Out, so neither ever waits on a hold that waits on
-// them. Eval (once) asks for every item's decision at the reading T, taken
-// by nothing: the answers come in the Batch's Out, announced on Out, and
-// from then on the shard waits for Commit or Abort only, which the caller
-// sends at once. A hold ends with exactly one last message on Out: Aborted
-// if the shard gave it up, else the shard's word that it carried out the
-// caller's Commit or Abort. Nobody waits for that word: a held shard acts on
-// Commit or Abort before any later message, which is all the caller needs.
+// ErrClockRegression. With no error it holds the part's keys: requests for
+// them wait until the caller's Commit or Abort on In, and every other key
+// is served meanwhile. A control message (a cutover, a sweep, a snapshot)
+// or stop that comes before Eval makes it give the hold up, answering
+// Aborted on Out, so neither ever waits on a hold that waits on them. Eval
+// (once) asks for every item's decision at the reading T, taken by
+// nothing: the answers come in the Batch's Out, announced on Out, and from
+// then on the shard waits for Commit or Abort only, which the caller sends
+// at once. The caller announces each command it sends on In with the
+// shard's Mailbox.SignalHold. A hold ends with exactly one last message on
+// Out: Aborted if the shard gave it up, else the shard's word that it
+// carried out the caller's Commit or Abort. Nobody waits for that word: the
+// shard acts on Commit or Abort before it serves its keys again, which is
+// all the caller needs.
 type Hold struct {
 	In  chan HoldCmd   // one slot: the caller's Eval, then Commit or Abort
 	Out chan HoldReply // one slot: Eval's answer, then the end

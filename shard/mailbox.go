@@ -41,6 +41,7 @@ type Mailbox struct {
 	// clears it sends the wake-up.
 	sleeping atomic.Bool
 	wake     chan struct{} // one-slot buffer
+	holdSig  chan struct{} // one-slot buffer: a hold's caller sent a command (SignalHold)
 
 	size int64 // how many single requests may wait; more block
 	// Senders that find the queue full wait for room on room, which the
@@ -78,6 +79,7 @@ func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 	}
 	return &Mailbox{
 		wake:    make(chan struct{}, 1),
+		holdSig: make(chan struct{}, 1),
 		size:    int64(size),
 		batch:   make(chan *msg.Batch, size),
 		ready:   make(chan struct{}),
@@ -113,6 +115,16 @@ func (m *Mailbox) SendBatch(ctx context.Context, b *msg.Batch) error {
 	}
 	m.leave()
 	return err
+}
+
+// SignalHold tells the shard that a command waits on a hold's In: call it
+// after each send there. It never blocks: a signal already pending serves
+// for this one too, since the shard then looks at every hold.
+func (m *Mailbox) SignalHold() {
+	select {
+	case m.holdSig <- struct{}{}:
+	default:
+	}
 }
 
 // Depth returns how many single requests and batch parts are queued, the

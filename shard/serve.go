@@ -22,6 +22,10 @@ func (s *Shard) serveBatch(b *msg.Batch) {
 		s.serveHold(b)
 		return
 	}
+	if s.holding() && s.partBlocked(b) {
+		s.wait(waiter{part: b}) // served once the hold on its keys ends
+		return
+	}
 	now := s.clk.Now()
 	s.ring(now)
 	s.state.Batch(now, b)
@@ -80,6 +84,11 @@ func (s *Shard) serveWalking(a *msg.Single) int {
 			a = next
 			continue
 		}
+		if s.holding() && s.blocked(a.Key) {
+			s.wait(waiter{single: a}) // answered once the hold on its key ends
+			a = next
+			continue
+		}
 		switch a.Op {
 		case msg.OpAllow:
 			s.state.Decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
@@ -112,6 +121,11 @@ func (s *Shard) serveWarmed(a *msg.Single) int {
 	now := s.clk.Now()
 	s.ring(now)
 	for i, a := range g {
+		if s.holding() && s.blocked(a.Key) {
+			s.wait(waiter{single: a})
+			g[i] = nil
+			continue
+		}
 		switch a.Op {
 		case msg.OpAllow:
 			s.state.DecideWarmed(i, now, a.Key, a.Hash, a.Cost, &a.Reply)

@@ -19,6 +19,10 @@ type Shard struct {
 	task  task            // the background work in progress, if any
 	alarm *Alarm          // checked at each reading requests are decided at, if set
 	stop  <-chan struct{} // Run's: a hold gives up when it closes
+	holds holdSet         // AllowAll holds and the work waiting on them (hold.go)
+	// stopping: the loop has ended; waiting hold parts are answered
+	// Closed, not held.
+	stopping bool
 
 	yieldFirst bool // data was served since the last yield: yield before parking
 	dataFirst  bool // a cutover just ended: serve data before control once
@@ -57,6 +61,10 @@ func (s *Shard) Run(stop <-chan struct{}) {
 	defer s.endTask()
 	for s.turn(stop) {
 	}
+	// Requests kept aside for held keys were taken: they are answered, once
+	// the holds end.
+	s.stopping = true
+	s.releaseHolds()
 }
 
 // inputs are the channels one turn of the loop listens on. An input that is
@@ -123,20 +131,31 @@ func (s *Shard) turn(stop <-chan struct{}) bool {
 		s.dataFirst = true
 		return true
 	}
+	if len(s.holds.parts) != 0 {
+		s.pollHolds()
+	}
+	if s.holds.afterControl || (s.holds.afterSweep && !s.state.Sweeping()) {
+		s.replay(true) // hold parts a control message or a sweep kept waiting
+	}
 	if !s.dataFirst && mb.control.Load() != 0 {
 		// Control senders count themselves in mb.control, so the loop
-		// pays for this select only when one waits.
+		// pays for this select only when one waits. No control message
+		// waits on a hold: the holds end first (releaseHolds).
 		in := s.inputs()
 		select {
 		case p := <-in.prepare:
+			s.releaseHolds()
 			s.prepare(p)
 			return true
 		case <-in.ready:
+			s.releaseHolds()
 			return true
 		case w := <-in.sweep:
+			s.releaseHolds()
 			s.beginSweep(w)
 			return true
 		case m := <-in.snap:
+			s.releaseHolds()
 			s.beginSnapshot(m)
 			return true
 		default:
@@ -185,6 +204,12 @@ func (s *Shard) waiting() bool {
 // serves it; it returns false if stop came. A sender that finds the shard
 // about to park wakes it (see Mailbox.sleep).
 func (s *Shard) park(in inputs, stop <-chan struct{}) bool {
+	if s.holds.afterSweep && !s.state.Sweeping() {
+		// Hold parts that waited for a sweep now over: nothing else would
+		// wake the loop for them.
+		s.replay(true)
+		return true
+	}
 	s.publishIfBehind()
 	mb := s.mb
 	if !mb.sleep() {
@@ -193,12 +218,18 @@ func (s *Shard) park(in inputs, stop <-chan struct{}) bool {
 	defer mb.awake()
 	select {
 	case p := <-in.prepare:
+		s.releaseHolds()
 		s.prepare(p)
 	case <-in.ready:
+		s.releaseHolds()
 	case w := <-in.sweep:
+		s.releaseHolds()
 		s.beginSweep(w)
 	case m := <-in.snap:
+		s.releaseHolds()
 		s.beginSnapshot(m)
+	case <-mb.holdSig:
+		s.pollHolds()
 	case c := <-in.free:
 		s.task.(*snapTask).copy(s, c)
 	case <-in.cancel:

@@ -66,6 +66,8 @@ type State struct {
 
 	pass       *sweepPass // the sweep or conversion pass in progress, if any
 	snapCursor uint64     // the snapshot walk's place, in mixed-hash order
+
+	held map[string]struct{} // the keys of the holds in progress (state_hold.go)
 }
 
 // NewState returns an empty shard state serving p, sharing budget with the

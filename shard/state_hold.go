@@ -18,7 +18,9 @@ import (
 // be taken, listing in fresh the items whose keys are not tracked. On
 // failure exactly one reply has an error, and nothing changed: the first
 // item whose cost is above its key's capacity, else (every item) a reading
-// older than the last one observed.
+// older than the last one observed. On success the items' keys are held
+// (Held) until HoldCommit or HoldRelease: the loop serves nothing else for
+// them meanwhile, and takes no hold while a sweep runs.
 func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply, fresh *[]int) bool {
 	clear(out)
 	*fresh = (*fresh)[:0]
@@ -45,8 +47,23 @@ func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply, fresh *[
 	}
 	// s.last stays: a call that fails elsewhere changes nothing here, and
 	// HoldCommit records T, which is at least now.
+	if s.held == nil {
+		s.held = map[string]struct{}{}
+	}
+	for _, it := range items {
+		s.held[it.Key] = struct{}{}
+	}
 	return true
 }
+
+// Held reports whether key belongs to a hold in progress.
+func (s *State) Held(key string) bool {
+	_, ok := s.held[key]
+	return ok
+}
+
+// Holding reports whether any key is held.
+func (s *State) Holding() bool { return len(s.held) != 0 }
 
 // HoldEval writes into out what deciding each item at T (>= the hold's
 // reading) would answer, changing no answer: the buckets are refilled on
@@ -90,13 +107,27 @@ func (s *State) HoldEval(T int64, items []msg.Item, out []msg.Reply) {
 // (as HoldEval answered, every one allowed), its new keys created in the
 // room the caller reserved in the key bound; without, nothing is taken. It
 // writes no answer: the caller has HoldEval's, and may be reading them.
+//
+// Other keys may have been decided at later readings while these were held:
+// T is the call's instant, not this shard's latest, and the held buckets
+// were last brought up to date no later than the hold's reading, so
+// deciding them at T is sound. The shard's latest reading is kept.
 func (s *State) HoldCommit(T int64, items []msg.Item, admit bool) {
-	s.last = max(s.last, T)
-	if !admit {
-		return
+	s.HoldRelease(items)
+	latest := max(s.last, T)
+	if admit {
+		s.last = min(s.last, T) // so decideFound takes T for what it is
+		var r msg.Reply
+		for _, it := range items {
+			s.decideFound(T, it.Key, it.Hash, it.Cost, &r, s.tab.find(it.Hash, it.Key), true)
+		}
 	}
-	var r msg.Reply
+	s.last = latest
+}
+
+// HoldRelease ends a hold without deciding anything: its keys are free.
+func (s *State) HoldRelease(items []msg.Item) {
 	for _, it := range items {
-		s.decideFound(T, it.Key, it.Hash, it.Cost, &r, s.tab.find(it.Hash, it.Key), true)
+		delete(s.held, it.Key)
 	}
 }
