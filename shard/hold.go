@@ -22,7 +22,7 @@ import "github.com/tokenshard/tokenshard/msg"
 
 // holdSet is the holds the shard keeps and the work waiting on their keys.
 type holdSet struct {
-	parts    []*msg.Batch   // held parts, each with its Hold
+	parts    []*msg.Batch // held parts, each with its Hold
 	voted    map[*msg.Hold]bool
 	waiting  []waiter       // work naming a held or waiting key, oldest first
 	waitKeys map[string]int // the keys of waiting work, counted
