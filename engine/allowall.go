@@ -276,8 +276,11 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 		end(msg.HoldAbort, 0, false)
 		return Decision{}, -1, nil, true
 	}
-	// Phase 3: all or nothing. Every key is held, so this instant is the
-	// call's: the key bound's room for its new keys is taken now, and only
+	// Phase 3: all or nothing. From Eval's answers to Commit, nothing here
+	// may wait on anything (a context, another shard, a blocking
+	// reservation): a shard ending its holds for a control message or Close
+	// waits for this step (see shard's releaseHolds). Every key is held, so
+	// this instant is the call's: the key bound's room for its new keys is taken now, and only
 	// if it is admitted, so no other call ever meets a bound filled by keys
 	// that are never created.
 	admit := true

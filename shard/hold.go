@@ -186,6 +186,12 @@ func (s *Shard) dropHold(i int) {
 // takes no new hold: the control message comes first, and a hold taken now
 // could wait on it (a prepared shard evaluates nothing). Waiting hold
 // parts are served by a later turn (or answered Closed at stop).
+//
+// It waits for evaluated holds' callers without watching stop or the
+// control message's sender: that is sound only because a caller, once it
+// has its Eval answers, sends Commit or Abort without waiting on anything
+// (engine's allowAll keeps it so: no context, no blocking reservation, no
+// other shard's answer in between).
 func (s *Shard) releaseHolds() {
 	for i := 0; i < len(s.holds.parts); {
 		b := s.holds.parts[i]
@@ -273,4 +279,5 @@ func (s *Shard) serveOne(a *msg.Single) {
 	}
 	s.count(now, a)
 	a.Finish()
+	s.served()
 }

@@ -62,8 +62,6 @@ func (s *State) Held(key string) bool {
 	return ok
 }
 
-// Holding reports whether any key is held.
-func (s *State) Holding() bool { return len(s.held) != 0 }
 
 // HoldEval writes into out what deciding each item at T (>= the hold's
 // reading) would answer, changing no answer: the buckets are refilled on
