@@ -62,7 +62,6 @@ func (s *State) Held(key string) bool {
 	return ok
 }
 
-
 // HoldEval writes into out what deciding each item at T (>= the hold's
 // reading) would answer, changing no answer: the buckets are refilled on
 // copies, and new keys are not created.
