@@ -124,7 +124,7 @@ func minCapacity(sh policy.Shape) int64 {
 }
 
 // wide reports whether sh has several bands or a rate that is not per
-// second: a decision the checks count as exercising issue 23's shapes.
+// second: a decision the checks count as exercising bands and periods.
 func wide(sh policy.Shape) (bands, period bool) {
 	for i := range sh.Len() {
 		if sh.Band(i).Rate().Per != time.Second {
