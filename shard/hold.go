@@ -134,7 +134,17 @@ func (s *Shard) serveHold(b *msg.Batch) {
 // serves the waiting work whose keys a hold ending freed. It reports
 // whether it did anything.
 func (s *Shard) pollHolds() bool {
-	did, ended := false, false
+	did, ended := s.pollHoldsOnly()
+	if ended {
+		s.replay(true)
+	}
+	return did
+}
+
+// pollHoldsOnly is pollHolds without serving the work a hold ending frees
+// (releaseHolds serves it, holds aside, once every hold has ended). It
+// reports whether it carried out a command, and whether a hold ended.
+func (s *Shard) pollHoldsOnly() (did, ended bool) {
 	for i := 0; i < len(s.holds.parts); {
 		b := s.holds.parts[i]
 		select {
@@ -149,10 +159,7 @@ func (s *Shard) pollHolds() bool {
 		}
 		i++
 	}
-	if ended {
-		s.replay(true)
-	}
-	return did
+	return did, ended
 }
 
 // holdStep carries out c for b and reports whether the hold ended.
@@ -205,32 +212,12 @@ func (s *Shard) releaseHolds() {
 		s.dropHold(i)
 	}
 	for len(s.holds.parts) > 0 {
-		if !s.pollHoldsOnly() {
+		if did, _ := s.pollHoldsOnly(); !did {
 			<-s.mb.holdSig // a caller's next command comes with a signal
 		}
 	}
 	s.replay(s.stopping)
 	s.holds.afterControl = len(s.holds.waiting) != 0 // hold parts, served next turn
-}
-
-// pollHoldsOnly is pollHolds without serving the work a hold ending frees
-// (releaseHolds serves it, holds aside, once every hold has ended).
-func (s *Shard) pollHoldsOnly() bool {
-	did := false
-	for i := 0; i < len(s.holds.parts); {
-		b := s.holds.parts[i]
-		select {
-		case c := <-b.Hold.In:
-			did = true
-			if s.holdStep(b, c) {
-				s.dropHold(i)
-				continue
-			}
-		default:
-		}
-		i++
-	}
-	return did
 }
 
 // replay serves the waiting work whose keys are free, oldest first; work
