@@ -377,6 +377,9 @@ func TestCollectAllowAll(t *testing.T) {
 	require.NoError(t, err)
 	_, _, err = e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 0}})
 	require.ErrorIs(t, err, engine.ErrInvalidCost)
+	// The shards publish their counts when they next park: once traffic
+	// stops the reading is exact, so wait for it.
+	require.Eventually(t, func() bool { return e.Stats().Total.Holds == 2 }, 5*time.Second, time.Millisecond)
 	c, err := promstats.New(e)
 	require.NoError(t, err)
 	mfs := promtest.Scrape(t, c)
