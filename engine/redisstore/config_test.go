@@ -21,6 +21,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	t.Cleanup(func() { _ = noTimeout.Close() })
 	ok := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = ok.Close() })
+	clusterNoTimeout := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	t.Cleanup(func() { _ = clusterNoTimeout.Close() })
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = ring.Close() })
+	var nilClient *redis.Client
 	for _, tc := range []struct {
 		name string
 		cfg  redisstore.Config
@@ -29,6 +34,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"invalid policy", redisstore.Config{Client: ok}, engine.ErrInvalidPolicy},
 		{"no client", redisstore.Config{Policy: good}, engine.ErrInvalidConfig},
 		{"no context timeouts", redisstore.Config{Policy: good, Client: noTimeout}, engine.ErrInvalidConfig},
+		{"cluster without context timeouts", redisstore.Config{Policy: good, Client: clusterNoTimeout}, engine.ErrInvalidConfig},
+		{"a Ring", redisstore.Config{Policy: good, Client: ring}, engine.ErrInvalidConfig},
+		{"a nil *redis.Client", redisstore.Config{Policy: good, Client: nilClient}, engine.ErrInvalidConfig},
 		{"negative MaxKeyBytes", redisstore.Config{Policy: good, Client: ok, MaxKeyBytes: -1}, engine.ErrInvalidConfig},
 		{"negative Timeout", redisstore.Config{Policy: good, Client: ok, Timeout: -1}, engine.ErrInvalidConfig},
 		{"negative FailRetryAfter", redisstore.Config{Policy: good, Client: ok, FailRetryAfter: -1}, engine.ErrInvalidConfig},

@@ -71,13 +71,21 @@ func newStore(t testing.TB, cfg redisstore.Config, clk clock.Clock) *redisstore.
 	return s
 }
 
-// cleanPrefix deletes what a test wrote.
-func cleanPrefix(c *redis.Client, p string) {
+// cleanPrefix deletes what a test wrote, on every master of a cluster.
+func cleanPrefix(c redis.UniversalClient, p string) {
 	ctx := context.Background()
-	iter := c.Scan(ctx, 0, p+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		c.Del(ctx, iter.Val())
+	clean := func(ctx context.Context, c redis.UniversalClient) error {
+		iter := c.Scan(ctx, 0, p+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			c.Del(ctx, iter.Val())
+		}
+		return nil
 	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return clean(ctx, c) })
+		return
+	}
+	_ = clean(ctx, c)
 }
 
 // redisAddr is the shared server's address (or a loud skip).

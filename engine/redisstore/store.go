@@ -44,10 +44,13 @@ var ErrUnavailable = errors.New("redisstore: redis unavailable")
 
 // Config configures New. Client and Policy are required.
 type Config struct {
-	// Client is the connection to Redis. It must be created with
-	// ContextTimeoutEnabled, so that every call ends by its deadline. The
+	// Client is the connection to Redis: a *redis.Client (one server, or a
+	// primary behind Sentinel from redis.NewFailoverClient) or a
+	// *redis.ClusterClient (Redis Cluster, or redis.NewFailoverClusterClient).
+	// It must be created with ContextTimeoutEnabled, so that every call ends
+	// by its deadline. A *redis.Ring is refused: it shards keys by itself. The
 	// store does not close it.
-	Client *redis.Client
+	Client redis.UniversalClient
 	// Prefix starts every key the store writes; "" means DefaultPrefix.
 	// It may hold any bytes: it need not be UTF-8, and a NUL or a glob
 	// character is matched literally when the store scans its buckets.
@@ -101,7 +104,8 @@ type Stats struct {
 // process using the same prefix shares one quota per key. It is safe for
 // concurrent use and starts no goroutines.
 type Store struct {
-	rdb         *redis.Client
+	rdb         redis.UniversalClient
+	cluster     *redis.ClusterClient // rdb, on Redis Cluster; nil for one server
 	prefix      string
 	maxKeyBytes int
 	failOpen    bool
@@ -171,10 +175,20 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.Policy.Validate(); err != nil {
 		return nil, err
 	}
-	switch {
-	case cfg.Client == nil:
+	var cluster *redis.ClusterClient
+	timeouts := false
+	switch c := cfg.Client.(type) {
+	case nil:
 		return nil, fmt.Errorf("%w: redisstore: Config.Client is nil", engine.ErrInvalidConfig)
-	case !cfg.Client.Options().ContextTimeoutEnabled:
+	case *redis.Client:
+		timeouts = c != nil && c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		timeouts, cluster = c != nil && c.Options().ContextTimeoutEnabled, c
+	default:
+		return nil, fmt.Errorf("%w: redisstore: Config.Client is a %T; want a *redis.Client or a *redis.ClusterClient", engine.ErrInvalidConfig, cfg.Client)
+	}
+	switch {
+	case !timeouts:
 		return nil, fmt.Errorf("%w: redisstore: the client needs ContextTimeoutEnabled: true, or a call could outlive its deadline", engine.ErrInvalidConfig)
 	case cfg.MaxKeyBytes < 0, cfg.FailRetryAfter < 0, cfg.Timeout < 0:
 		return nil, fmt.Errorf("%w: redisstore: negative MaxKeyBytes, FailRetryAfter or Timeout", engine.ErrInvalidConfig)
@@ -189,6 +203,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s := &Store{
 		rdb:         cfg.Client,
+		cluster:     cluster,
 		prefix:      cfg.Prefix,
 		maxKeyBytes: cfg.MaxKeyBytes,
 		failOpen:    cfg.FailOpen,
@@ -368,14 +383,47 @@ func (s *Store) KeyCount(ctx context.Context) (int, error) {
 	return n, err
 }
 
+// masters returns a client for each server that holds keys: the one
+// server, or every master of the cluster as it stands now.
+func (s *Store) masters(ctx context.Context) ([]redis.UniversalClient, error) {
+	if s.cluster == nil {
+		return []redis.UniversalClient{s.rdb}, nil
+	}
+	var mu sync.Mutex
+	var out []redis.UniversalClient
+	err := s.round(ctx, func(ctx context.Context) error {
+		return s.cluster.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+			mu.Lock()
+			out = append(out, c)
+			mu.Unlock()
+			return nil
+		})
+	})
+	return out, err
+}
+
 // scan calls f with every page of bucket keys SCAN returns, empty ones
-// included.
+// included, on every master in turn.
 func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
+	ms, err := s.masters(ctx)
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if err := s.scanOne(ctx, m, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// scanOne is scan on one server.
+func (s *Store) scanOne(ctx context.Context, rdb redis.UniversalClient, f func(keys []string) error) error {
 	match := globEscape(s.kBucket) + "*"
 	var cursor uint64
 	for {
 		bctx, cancel := s.bound(ctx)
-		keys, next, err := s.rdb.Scan(bctx, cursor, match, 512).Result()
+		keys, next, err := rdb.Scan(bctx, cursor, match, 512).Result()
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
