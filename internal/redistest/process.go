@@ -67,19 +67,23 @@ type process struct {
 // dir and its output appended to logPath, and waits until it answers PING.
 // If it exits first the error wraps errExited; if it does not answer within
 // readyTimeout it is killed. Either way the error ends with the log's tail.
-func startProcess(bin string, port int, dir, logPath string) (*process, error) {
+//
+// extra arguments follow the defaults and override them (redis-server takes
+// the last of a repeated option).
+func startProcess(bin string, port int, dir, logPath string, extra ...string) (*process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin,
+	args := append([]string{
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--save", "",
 		"--appendonly", "no",
 		"--daemonize", "no",
 		"--dir", dir,
-	)
+	}, extra...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout = logf // an *os.File is handed to the child as is: no copying goroutine
 	cmd.Stderr = logf
 	err = cmd.Start()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -211,5 +212,51 @@ func TestAddrEnvUsed(t *testing.T) {
 	t.Setenv(envAddr, s.Addr())
 	if got := Addr(t); got != s.Addr() {
 		t.Errorf("Addr() = %s, want %s from %s", got, s.Addr(), envAddr)
+	}
+}
+
+// clusterInfo is one node's CLUSTER INFO, through redis-cli.
+func clusterInfo(t *testing.T, addr string) string {
+	t.Helper()
+	cli, err := findCLI()
+	if err != nil {
+		skipOrFail(t, err.Error())
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	out, err := exec.Command(cli, "-h", host, "-p", port, "cluster", "info").Output()
+	if err != nil {
+		t.Fatalf("cluster info %s: %v", addr, err)
+	}
+	return string(out)
+}
+
+func TestStartClusterServesEverySlot(t *testing.T) {
+	c := StartCluster(t)
+	if len(c.Addrs()) != ClusterMasters {
+		t.Fatalf("Addrs() = %v, want %d masters", c.Addrs(), ClusterMasters)
+	}
+	for _, a := range c.Addrs() {
+		info := clusterInfo(t, a)
+		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_slots_ok:16384") ||
+			!strings.Contains(info, "cluster_known_nodes:3") {
+			t.Fatalf("node %s: %s", a, info)
+		}
+	}
+	// A master killed and restarted rejoins with its slots.
+	c.Node(1).Kill()
+	mustRefuse(t, c.Addrs()[1])
+	c.Node(1).Restart(t)
+	c.Wait(t)
+}
+
+func TestClusterAddrsShared(t *testing.T) {
+	addrs := ClusterAddrs(t)
+	if again := ClusterAddrs(t); strings.Join(again, ",") != strings.Join(addrs, ",") {
+		t.Errorf("second ClusterAddrs() = %v, want %v", again, addrs)
+	}
+	for _, a := range addrs {
+		if info := clusterInfo(t, a); !strings.Contains(info, "cluster_state:ok") {
+			t.Fatalf("node %s: %s", a, info)
+		}
 	}
 }

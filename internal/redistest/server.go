@@ -30,6 +30,7 @@ type Server struct {
 	port int
 	dir  string // the server's --dir and the home of its log; the test's TempDir
 	log  string
+	args []string // extra redis-server arguments (a cluster node's)
 
 	mu   sync.Mutex
 	proc *process // nil while killed; guarded by mu
@@ -40,21 +41,24 @@ type Server struct {
 // When no redis-server binary exists it skips the test loudly, or fails it
 // under TOKENSHARD_REQUIRE_REDIS=1; when the server will not start it fails
 // the test, showing the tail of the server's log.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { return start(t) }
+
+// start is Start with extra redis-server arguments.
+func start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	bin, err := findBinary()
 	if err != nil {
 		skipOrFail(t, err.Error()+".")
 	}
 	dir := t.TempDir() // registered before the Kill cleanup, so removed after it
-	s := &Server{bin: bin, dir: dir, log: filepath.Join(dir, "redis.log")}
+	s := &Server{bin: bin, dir: dir, log: filepath.Join(dir, "redis.log"), args: args}
 	t.Cleanup(s.Kill)
 	for try := 1; ; try++ {
 		port, err := freePort()
 		if err != nil {
 			t.Fatalf("redistest: finding a free port: %v", err)
 		}
-		p, err := startProcess(bin, port, dir, s.log)
+		p, err := startProcess(bin, port, dir, s.log, args...)
 		if err == nil {
 			s.port, s.proc = port, p
 			return s
@@ -96,7 +100,7 @@ func (s *Server) Restart(t testing.TB) {
 	}
 	deadline := time.Now().Add(restartFor)
 	for {
-		p, err := startProcess(s.bin, s.port, s.dir, s.log)
+		p, err := startProcess(s.bin, s.port, s.dir, s.log, s.args...)
 		if err == nil {
 			s.proc = p
 			return

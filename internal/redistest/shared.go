@@ -106,10 +106,14 @@ func startShared(bin string) error {
 	}
 }
 
-// Stop kills the shared private server, if Addr started one, waits until it
-// is reaped and removes its files. It is safe to call always, and more than
-// once; a later Addr starts a new server if it needs one.
+// Stop kills the shared private server, if Addr started one, and the shared
+// cluster, if ClusterAddrs started one, waits until they are reaped and
+// removes their files. It is safe to call always, and more than once; a
+// later Addr or ClusterAddrs starts a new one if it needs one.
 func Stop() {
+	sharedCluster.mu.Lock()
+	stopSharedCluster()
+	sharedCluster.mu.Unlock()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.proc != nil {
