@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/go-redis/redis_rate/v10"
 	"github.com/jedib0t/go-pretty/v6/table"
 	"github.com/redis/go-redis/v9"
 
@@ -33,39 +35,56 @@ var redisScenarios = []redisScenario{
 }
 
 // redisRow is one contender of the Redis section. The engine's rows come
-// first in each group: they are the reference of the store's row with the
-// same batch.
+// first in each group: they are the reference of the store's rows with the
+// same batch; each redis_rate row follows the store's row of its batch, which
+// it is the peer of.
 type redisRow struct {
 	name  string
 	batch int
-	store bool // through redisstore; false: the in-process engine
+	kind  rowKind
 }
+
+type rowKind int
+
+const (
+	inEngine    rowKind = iota // the in-process engine
+	inStore                    // redisstore
+	inRedisRate                // redis_rate: Allow, or its script pipelined
+)
 
 var redisRows = []redisRow{
 	{name: "engine Allow", batch: 1},
 	{name: "engine AllowBatch 16", batch: 16},
 	{name: "engine AllowBatch 128", batch: 128},
-	{name: "redisstore Allow", batch: 1, store: true},
-	{name: "redisstore AllowBatch 16", batch: 16, store: true},
-	{name: "redisstore AllowBatch 128", batch: 128, store: true},
+	{name: "redisstore Allow", batch: 1, kind: inStore},
+	{name: "redis_rate Allow", batch: 1, kind: inRedisRate},
+	{name: "redisstore AllowBatch 16", batch: 16, kind: inStore},
+	{name: "redis_rate pipelined 16", batch: 16, kind: inRedisRate},
+	{name: "redisstore AllowBatch 128", batch: 128, kind: inStore},
+	{name: "redis_rate pipelined 128", batch: 128, kind: inRedisRate},
 }
 
-// redisTimes are how long the Redis section measures each cell, and warms
-// the store of each scenario first (script loaded, connections open).
-type redisTimes struct{ store, engine, warm time.Duration }
+// redisTimes are how long the Redis section measures each cell in each
+// round, and warms the store of each scenario first (script loaded,
+// connections open); rounds is how many interleaved rounds each cell's
+// median is taken over.
+type redisTimes struct {
+	store, engine, warm time.Duration
+	rounds              int
+}
 
 func redisTimesFor(quick bool) redisTimes {
 	if quick {
-		return redisTimes{store: 200 * time.Millisecond, engine: 50 * time.Millisecond, warm: 50 * time.Millisecond}
+		return redisTimes{store: 150 * time.Millisecond, engine: 30 * time.Millisecond, warm: 50 * time.Millisecond, rounds: 1}
 	}
-	return redisTimes{store: 500 * time.Millisecond, engine: 300 * time.Millisecond, warm: 100 * time.Millisecond}
+	return redisTimes{store: 300 * time.Millisecond, engine: 150 * time.Millisecond, warm: 100 * time.Millisecond, rounds: 3}
 }
 
-// redisSection prints decisions per second through redisstore on one Redis
-// server beside the in-process engine on the same keys, or one line saying
-// how to enable it when no -redis address was given. It writes only under a
-// fresh key prefix and deletes it afterwards. Its error is the server's:
-// unreachable, or failing outside a decision.
+// redisSection prints decisions per second through redisstore and through
+// redis_rate on one Redis server, beside the in-process engine on the same
+// keys, or one line saying how to enable it when no -redis address was
+// given. It writes only under a fresh key prefix and deletes it afterwards.
+// Its error is the server's: unreachable, or failing outside a decision.
 func redisSection(out io.Writer, cfg config) error {
 	if cfg.redisAddr == "" {
 		fmt.Fprintln(out, "redis: skipped; measure the Redis store with -redis ADDR (go run ./bench -redis 127.0.0.1:6379 -parts redis)")
@@ -84,18 +103,25 @@ func redisSection(out io.Writer, cfg config) error {
 	defer func() {
 		if !cleaned { // an early return: delete what was written, quietly
 			_, _ = deletePrefix(ctx, rdb, prefix)
+			_, _ = deletePrefix(ctx, rdb, rateKeyPrefix+prefix)
 		}
 	}()
 	times := redisTimesFor(cfg.quick)
+	sha, err := rateSHA(ctx, rdb)
+	if err != nil {
+		return fmt.Errorf("redis: loading redis_rate's script: %w", err)
+	}
 
-	fmt.Fprintf(out, "redis: one Redis %s at %s on loopback, on the same %d-core machine as the client: client and server share the cores (GOMAXPROCS %d); %s per cell (engine rows %s)\n",
-		serverVersion(ctx, rdb), cfg.redisAddr, runtime.NumCPU(), cfg.procs, times.store, times.engine)
+	fmt.Fprintf(out, "redis: one Redis %s at %s on loopback, on the same %d-core machine as the client: client and server share the cores (GOMAXPROCS %d); each cell the median of %d interleaved rounds of %s (engine rows %s)\n",
+		serverVersion(ctx, rdb), cfg.redisAddr, runtime.NumCPU(), cfg.procs, times.rounds, times.store, times.engine)
 	fmt.Fprintln(out, "redis: x engine = ns per decision / the engine's with the same batch; "+
-		"script = time Redis spent in EVALSHA per decision (INFO commandstats), and its share of the wall time; + flags other clients' scripts")
+		"script = time Redis spent in EVALSHA and FCALL per decision (INFO commandstats), and its share of the wall time; "+
+		"Redis CPU = the server's used_cpu_sys+used_cpu_user (INFO CPU) per decision; + flags other clients' commands")
+	fmt.Fprintln(out, "redis: vs redis_rate = the store's decisions/s / redis_rate's, and its Redis CPU per decision / redis_rate's, on the row below it (redis_rate's own Allow; its script pipelined, as it has no batch)")
 	rep := &redisReport{t: table.NewWriter()}
 	rep.t.SetOutputMirror(out)
-	rep.t.SetTitle("decisions per second: redisstore beside the in-process engine, on the same keys")
-	rep.t.AppendHeader(table.Row{"scenario", "goroutines", "contender", "decisions/s", "ns/decision", "x engine", "allocs/decision", "admitted", "script ns/decision (Redis busy)"})
+	rep.t.SetTitle("decisions per second: redisstore and redis_rate beside the in-process engine, on the same keys")
+	rep.t.AppendHeader(table.Row{"scenario", "goroutines", "contender", "decisions/s", "ns/decision", "x engine", "allocs/decision", "admitted", "script ns/decision (Redis busy)", "Redis CPU ns/decision", "vs redis_rate: decisions/s, CPU"})
 	var total redisstore.Stats
 	ncells := 0
 	for _, s := range redisScenarios {
@@ -109,6 +135,7 @@ func redisSection(out io.Writer, cfg config) error {
 		if err != nil {
 			return err
 		}
+		rp := &ratePeer{rdb: rdb, l: redis_rate.NewLimiter(rdb), limit: gcraLimit(s.policy), sha: sha, pfx: prefix + s.name + ":"}
 		// The engine's cost does not depend on the capacity, but its hot key
 		// at millions of decisions a second would run dry on the store's, and
 		// deny where the store admits: it gets headroom for the run instead.
@@ -117,21 +144,22 @@ func redisSection(out io.Writer, cfg config) error {
 			ep.Capacity = 1 << 40
 		}
 		e := newEngine(ep, s.keys)
-		if err := errors.Join(prespend(ctx, st, ks.names), prespend(ctx, e, ks.names)); err != nil {
+		if err := errors.Join(prespend(ctx, st, ks.names), prespend(ctx, e, ks.names), rp.prespend(ctx, ks.names)); err != nil {
 			_ = st.Close()
 			_ = e.Close()
 			return fmt.Errorf("redis: warming up: %w", err)
 		}
 		var errs atomic.Int64
 		runFor(ks, 64, 16, times.warm, func() decider { return admitterDecider(st, &errs, 16) })
+		runFor(ks, 64, 16, times.warm, func() decider { return rp.decider(&errs, 16) })
 		errs.Store(0)
 		for gi, g := range s.goroutines {
 			if si > 0 || gi > 0 {
 				rep.t.AppendSeparator()
 			}
 			cell++
-			cfg.prog.show("redis %d/%d: %s, %d goroutines, %d rows", cell, ncells, s.name, g, len(redisRows))
-			rep.measure(ctx, rdb, redisCell{s: s, ks: ks, goroutines: g, st: st, e: e, times: times})
+			cfg.prog.show("redis %d/%d: %s, %d goroutines, %d rows, %d rounds", cell, ncells, s.name, g, len(redisRows), times.rounds)
+			rep.measure(ctx, rdb, redisCell{s: s, ks: ks, goroutines: g, st: st, rp: rp, e: e, times: times})
 		}
 		ss := st.Stats()
 		total.Decisions += ss.Decisions
@@ -142,7 +170,7 @@ func redisSection(out io.Writer, cfg config) error {
 	}
 	rep.t.Render()
 	if rep.foreign {
-		fmt.Fprintln(out, "redis: +: other clients ran scripts during the cell: their script time counts in it too")
+		fmt.Fprintln(out, "redis: +: other clients ran commands during the cell: their time counts in it too")
 	}
 	ps := rdb.PoolStats()
 	pipeConns := uint32(0)
@@ -152,11 +180,12 @@ func redisSection(out io.Writer, cfg config) error {
 	fmt.Fprintf(out, "redis: redisstore made %d decisions with %d failures and %d retries; go-redis held %d connections + %d for pipelines\n",
 		total.Decisions, total.Failures, total.Retries, ps.TotalConns, pipeConns)
 	deleted, err := deletePrefix(ctx, rdb, prefix)
+	rdeleted, rerr := deletePrefix(ctx, rdb, rateKeyPrefix+prefix)
 	cleaned = true
-	if err != nil {
+	if err = errors.Join(err, rerr); err != nil {
 		rep.warnings = append(rep.warnings, fmt.Sprintf("deleting the keys under %s: %v", prefix, err))
 	}
-	fmt.Fprintf(out, "redis: deleted the %d keys under %s; the section took %s\n", deleted, prefix, time.Since(start).Round(100*time.Millisecond))
+	fmt.Fprintf(out, "redis: deleted the %d keys under %s (and redis_rate's %d); the section took %s\n", deleted, prefix, rdeleted, time.Since(start).Round(100*time.Millisecond))
 	for _, w := range rep.warnings {
 		fmt.Fprintln(out, "redis: WARNING:", w)
 	}
@@ -167,7 +196,7 @@ func redisSection(out io.Writer, cfg config) error {
 type redisReport struct {
 	t        table.Writer
 	warnings []string // wrong measurements: fail-closed answers, errors
-	foreign  bool     // other clients ran scripts during a redisstore cell
+	foreign  bool     // other clients ran commands during a Redis cell
 }
 
 // redisCell is one scenario at one goroutine count: a group of rows.
@@ -176,59 +205,128 @@ type redisCell struct {
 	ks         *keySet
 	goroutines int
 	st         *redisstore.Store
+	rp         *ratePeer
 	e          *engine.Engine
 	times      redisTimes
 }
 
-// measure appends a row per contender for c, reading INFO commandstats and
-// the store's Stats around each.
+// rowRounds is what the rounds of one row measured.
+type rowRounds struct {
+	ns, script, cpu, busy []float64 // per decision, but busy: the script's share of the wall time
+	decisions, allowed    int64
+	mallocs               float64 // the most per decision in a round
+	info                  bool    // INFO answered around every round
+}
+
+// measure appends a row per contender for c: rounds interleaved (every row
+// once per round), each row the median of its rounds, with INFO
+// commandstats and CPU and the store's Stats read around each.
 func (rep *redisReport) measure(ctx context.Context, rdb *redis.Client, c redisCell) {
 	var errs atomic.Int64
-	engineNs := map[int]float64{} // batch -> the engine's ns per decision
-	for _, r := range redisRows {
-		var a engine.Admitter = c.e
-		d := c.times.engine
-		if r.store {
-			a, d = c.st, c.times.store
-		}
-		stats0 := c.st.Stats()
-		cmd0, err0 := readCmdStats(ctx, rdb)
-		res := runFor(c.ks, c.goroutines, r.batch, d, func() decider { return admitterDecider(a, &errs, r.batch) })
-		cmd1, err1 := readCmdStats(ctx, rdb)
-		stats1 := c.st.Stats()
-
-		ns := res.nsPer()
-		ratio, script := "ref", "-"
-		switch {
-		case !r.store:
-			engineNs[r.batch] = ns
-		case err0 != nil || err1 != nil:
-			ratio, script = fmt.Sprintf("%.1fx", ns/engineNs[r.batch]), "? (INFO failed)"
-		default:
-			ratio = fmt.Sprintf("%.1fx", ns/engineNs[r.batch])
-			elapsed := float64(res.elapsed.Microseconds())
-			calls, usec := cmd1.evalCalls-cmd0.evalCalls, cmd1.evalUsec-cmd0.evalUsec
-			// (Other commands in commandstats are mostly the script's own
-			// GET and SET, counted inside EVALSHA's time as well, so they say
-			// nothing of other clients; more script calls than ours do.)
-			mark := ""
-			if ours := res.decisions/int64(r.batch) + int64(stats1.Retries-stats0.Retries); calls > ours+ours/20+5 {
-				mark += " +"
-				rep.foreign = true
+	rows := make([]rowRounds, len(redisRows))
+	for i := range rows {
+		rows[i].info = true
+	}
+	for range c.times.rounds {
+		for i, r := range redisRows {
+			d := c.times.store
+			newDecider := func() decider { return c.rp.decider(&errs, r.batch) }
+			switch r.kind {
+			case inEngine:
+				d = c.times.engine
+				newDecider = func() decider { return admitterDecider(c.e, &errs, r.batch) }
+			case inStore:
+				newDecider = func() decider { return admitterDecider(c.st, &errs, r.batch) }
 			}
-			script = fmt.Sprintf("%s (%.0f%%)%s", grouped(float64(usec)*1000/float64(res.decisions)), 100*float64(usec)/elapsed, mark)
+			stats0 := c.st.Stats()
+			cmd0, err0 := readCmdStats(ctx, rdb)
+			cpu0, err1 := redisCPU(ctx, rdb)
+			res := runFor(c.ks, c.goroutines, r.batch, d, newDecider)
+			cpu1, err2 := redisCPU(ctx, rdb)
+			cmd1, err3 := readCmdStats(ctx, rdb)
+			stats1 := c.st.Stats()
+
+			w := &rows[i]
+			w.ns = append(w.ns, res.nsPer())
+			w.decisions += res.decisions
+			w.allowed += res.allowed
+			w.mallocs = max(w.mallocs, float64(res.mallocs)/float64(res.decisions))
+			if r.kind == inEngine {
+				continue
+			}
+			if errors.Join(err0, err1, err2, err3) != nil {
+				w.info = false
+			} else {
+				calls, usec := cmd1.calls-cmd0.calls, cmd1.usec-cmd0.usec
+				w.script = append(w.script, float64(usec)*1000/float64(res.decisions))
+				w.busy = append(w.busy, 100*float64(usec)/float64(res.elapsed.Microseconds()))
+				w.cpu = append(w.cpu, (cpu1-cpu0)*1e9/float64(res.decisions))
+				// Our script calls: at most one per request (Allow, and
+				// redis_rate's pipelines) or per batch, and one per retry;
+				// the store's combined Allows make fewer. More is another
+				// client's.
+				ours := res.decisions/int64(r.batch) + int64(stats1.Retries-stats0.Retries)
+				if r.kind == inRedisRate || r.batch == 1 {
+					ours = res.decisions + int64(stats1.Retries-stats0.Retries)
+				}
+				if calls > ours+ours/20+5 {
+					rep.foreign = true
+					w.busy[len(w.busy)-1] = -w.busy[len(w.busy)-1] // marked: another client's too
+				}
+			}
+			where := fmt.Sprintf("%s, %d goroutines, %s", c.s.name, c.goroutines, r.name)
+			if f := stats1.Failures - stats0.Failures; r.kind == inStore && f > 0 {
+				rep.warnings = append(rep.warnings, fmt.Sprintf("%s: %d requests answered by the fail-closed rule: a wrong measurement", where, f))
+			}
+			if n := errs.Load(); n > 0 {
+				rep.warnings = append(rep.warnings, fmt.Sprintf("%s: %d requests got an error: a wrong measurement", where, n))
+			}
+			errs.Store(0)
 		}
-		where := fmt.Sprintf("%s, %d goroutines, %s", c.s.name, c.goroutines, r.name)
-		if f := stats1.Failures - stats0.Failures; f > 0 {
-			rep.warnings = append(rep.warnings, fmt.Sprintf("%s: %d requests answered by the fail-closed rule: a wrong measurement", where, f))
+	}
+	engineNs := map[int]float64{} // batch -> the engine's ns per decision
+	var storeNs, storeCPU float64 // of the store's row just above a redis_rate row
+	vs := make([]string, len(redisRows))
+	for i, r := range redisRows {
+		w := &rows[i]
+		ns := median(w.ns)
+		cpu := math.NaN()
+		if w.info && len(w.cpu) > 0 {
+			cpu = median(w.cpu)
 		}
-		if n := errs.Load(); n > 0 {
-			rep.warnings = append(rep.warnings, fmt.Sprintf("%s: %d requests got an error: a wrong measurement", where, n))
+		switch r.kind {
+		case inEngine:
+			engineNs[r.batch] = ns
+		case inStore:
+			storeNs, storeCPU = ns, cpu
+		case inRedisRate:
+			if i > 0 && redisRows[i-1].kind == inStore {
+				vs[i-1] = fmt.Sprintf("%.2fx, %.2fx", ns/storeNs, storeCPU/cpu)
+			}
 		}
-		errs.Store(0)
-		rep.t.AppendRow(table.Row{c.s.name, c.goroutines, r.name, grouped(res.perSecond()), grouped(ns), ratio,
-			fmt.Sprintf("%.1f", float64(res.mallocs)/float64(res.decisions)),
-			fmt.Sprintf("%.1f%%", 100*float64(res.allowed)/float64(res.decisions)), script})
+	}
+	for i, r := range redisRows {
+		w := &rows[i]
+		ns := median(w.ns)
+		ratio, script, cpu := "ref", "-", "-"
+		if r.kind != inEngine {
+			ratio = fmt.Sprintf("%.1fx", ns/engineNs[r.batch])
+			if !w.info || len(w.script) == 0 {
+				script, cpu = "? (INFO failed)", "?"
+			} else {
+				mark := ""
+				for k, b := range w.busy {
+					if b < 0 {
+						mark, w.busy[k] = " +", -b
+					}
+				}
+				script = fmt.Sprintf("%s (%.0f%%)%s", grouped(median(w.script)), median(w.busy), mark)
+				cpu = grouped(median(w.cpu)) + mark
+			}
+		}
+		rep.t.AppendRow(table.Row{c.s.name, c.goroutines, r.name, grouped(1e9 / ns), grouped(ns), ratio,
+			fmt.Sprintf("%.1f", w.mallocs),
+			fmt.Sprintf("%.1f%%", 100*float64(w.allowed)/float64(max(w.decisions, 1))), script, cpu, vs[i]})
 	}
 }
 

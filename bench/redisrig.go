@@ -234,10 +234,10 @@ func runFor(ks *keySet, workers, batch int, d time.Duration, newDecider func() d
 	}
 }
 
-// cmdStats is what INFO commandstats says Redis spent running EVALSHA: its
-// calls and microseconds (the script with the commands it calls, not the
-// I/O).
-type cmdStats struct{ evalCalls, evalUsec int64 }
+// cmdStats is what INFO commandstats says Redis spent running scripts
+// (EVALSHA, EVAL, FCALL): their calls and microseconds (the script with the
+// commands it calls, not the I/O).
+type cmdStats struct{ calls, usec int64 }
 
 func readCmdStats(ctx context.Context, rdb *redis.Client) (cmdStats, error) {
 	info, err := rdb.Info(ctx, "commandstats").Result()
@@ -260,8 +260,10 @@ func readCmdStats(ctx context.Context, rdb *redis.Client) (cmdStats, error) {
 				usec, _ = strconv.ParseInt(v, 10, 64)
 			}
 		}
-		if name == "cmdstat_evalsha" {
-			s.evalCalls, s.evalUsec = calls, usec
+		switch name {
+		case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall":
+			s.calls += calls
+			s.usec += usec
 		}
 	}
 	return s, nil
