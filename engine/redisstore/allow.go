@@ -24,8 +24,10 @@ type item struct {
 	cost  int64
 	chain string // the key's limits under retained versions with overrides
 
-	idx  policy.LimitIndex // the shape, resolved under the state the chunk was sent with
-	done bool
+	idx      policy.LimitIndex // the shape, resolved under the state the chunk was sent with
+	done     bool
+	combined bool // a single Allow sent with others: its combiner counts its decision
+	counted  bool // decided by Redis in mode "a"
 	over bool // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
 }
 
@@ -35,6 +37,7 @@ type item struct {
 // Config.Timeout, if sooner), the answer follows the fail-open or
 // fail-closed rule and the error is nil; the context's error is returned
 // only if it is done before the call starts, or canceled during it.
+// Concurrent Allows share script calls (see the package doc).
 func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
 	switch {
 	case strings.TrimSpace(key) == "" || len(key) > s.maxKeyBytes:
@@ -42,12 +45,15 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 	case cost < 1:
 		return engine.Decision{}, engine.ErrInvalidCost
 	}
-	reqs := [1]engine.Request{{Key: key, Cost: cost}}
-	var out [1]engine.Result
-	if err := s.AllowBatch(ctx, reqs[:], out[:]); err != nil {
-		return engine.Decision{}, err
+	switch {
+	case s.closed.Load():
+		return engine.Decision{}, engine.ErrClosed
+	case ctx == nil:
+		return engine.Decision{}, engine.ErrNilContext
+	case ctx.Err() != nil:
+		return engine.Decision{}, ctx.Err()
 	}
-	return out[0].Decision, out[0].Err
+	return s.allowOne(ctx, key, cost)
 }
 
 // Peek reports key's balance now without changing it, with the meaning of
@@ -137,6 +143,13 @@ func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []eng
 	}
 	bctx, cancel := s.bound(ctx)
 	defer cancel()
+	return s.decide(ctx, bctx, items)
+}
+
+// decide runs items (mode "a") under bctx, ctx bounded, and answers each
+// undecided one by the failure rule, or with ctx's error if ctx was
+// canceled, which it returns.
+func (s *Store) decide(ctx, bctx context.Context, items []item) error {
 	_, err := s.exec(bctx, "a", "", items)
 	if err == nil {
 		return nil
@@ -324,7 +337,11 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 func (s *Store) decided(it *item, st *state, mode, code, units string) {
 	switch mode {
 	case "a":
-		s.decisions.Add(1)
+		if it.combined {
+			it.counted = true
+		} else {
+			s.decisions.Add(1)
+		}
 	case modeAll:
 		mode = "a" // each key is answered as Allow would answer its summed cost
 	}

@@ -27,6 +27,17 @@
 // store sends its scripts as commands go-redis does not retry, and answers
 // a lost reply by the failure rule below.
 //
+// Concurrent single Allows are merged into shared script calls, with no
+// goroutine of the store's: a caller that finds fewer than two calls of
+// single Allows in flight sends its own at once, so an idle store adds no
+// latency; one that finds two waits, and when a call returns its caller
+// hands every waiting request (up to ChunkSize) to one of theirs, which
+// sends them as one call. A caller waits only until its own deadline: one
+// whose deadline passes first gets the failure rule below, and one whose
+// context is canceled returns its error, except the one sending the call,
+// which waits for its answer (at most until its deadline) so as not to cut
+// the call short for the others.
+//
 // AllowAll is one script call over all its keys (at most
 // engine.MaxAllowAll), each with its requests' costs summed: the script
 // decides every key at the call's one TIME and writes the buckets only if

@@ -124,6 +124,8 @@ type Store struct {
 	past map[int64]policy.Policy // decoded policies of retained versions
 
 	decisions, failures, retries atomic.Uint64
+
+	single combiner // concurrent single Allows, merged into shared calls
 }
 
 // state is one policy version as the store uses it.

@@ -1,0 +1,154 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// scriptCalls is how many script calls (EVALSHA, EVAL, FCALL) the server
+// has run, from INFO commandstats.
+func scriptCalls(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	require.NoError(t, err)
+	n := int64(0)
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval" && name != "cmdstat_fcall") {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		v, err := strconv.ParseInt(calls, 10, 64)
+		require.NoError(t, err, line)
+		n += v
+	}
+	return n
+}
+
+// TestCombinedAllowsExact: 32 goroutines of single Allows on 4 keys, at a
+// rate too slow to refill meanwhile, on a private server: each key admits
+// exactly its capacity, every call is answered by Redis (Stats counts each
+// once), and the calls were merged: fewer script calls than requests.
+func TestCombinedAllowsExact(t *testing.T) {
+	srv := startPrivate(t)
+	c := client(t, srv.Addr())
+	const capacity, goroutines, per = 100, 32, 40
+	keys := []string{"a", "b", "c", "d"}
+	s := realStores(t, srv.Addr(), 1, redisstore.Config{
+		Policy:  policy.Policy{Version: 1, Capacity: capacity, TokensPerSecond: 1},
+		Timeout: 20 * time.Second,
+	})[0]
+	before := scriptCalls(t, c)
+	var admitted [4]atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines*per)
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range per {
+				k := (g + i) % len(keys)
+				d, err := s.Allow(context.Background(), keys[k], 1)
+				if err != nil {
+					errs <- err
+					continue
+				}
+				if d.Allowed {
+					admitted[k].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	calls := scriptCalls(t, c) - before
+	st := s.Stats()
+	t.Logf("%d single Allows in %d script calls; stats %+v", goroutines*per, calls, st)
+	for k := range keys {
+		// 320 requests a key, one token a second: at most a few refilled
+		require.InDelta(t, capacity, admitted[k].Load(), 5, "key %s", keys[k])
+	}
+	require.EqualValues(t, goroutines*per, st.Decisions)
+	require.Zero(t, st.Failures)
+	require.Less(t, calls, int64(goroutines*per*3/4), "concurrent single Allows were merged into fewer calls")
+}
+
+// TestCombinedAllowsKeepTheirDeadlines: with Redis paused, concurrent
+// single Allows with deadlines from 50 to 400 ms each return by their own
+// deadline (the fail-closed answer), whether they lead a call or wait for
+// one, canceled callers return context.Canceled, and Stats counts each
+// fail-closed answer once.
+func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
+	srv := startPrivate(t)
+	c := client(t, srv.Addr())
+	s := realStores(t, srv.Addr(), 1, redisstore.Config{
+		Policy:  policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1},
+		Timeout: 5 * time.Second,
+	})[0]
+	_, err := s.Allow(context.Background(), "k", 1)
+	require.NoError(t, err)
+	require.NoError(t, c.Do(context.Background(), "CLIENT", "PAUSE", "2500", "ALL").Err())
+	const n = 24
+	var wg sync.WaitGroup
+	var late, wrong, canceled atomic.Int64
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := time.Duration(50+350*i/n) * time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), d)
+			defer cancel()
+			if i%6 == 5 {
+				time.AfterFunc(d/2, cancel)
+			}
+			start := time.Now()
+			dec, err := s.Allow(ctx, "k", 1)
+			took := time.Since(start)
+			if took > d+300*time.Millisecond {
+				late.Add(1)
+				t.Errorf("caller %d with a %s deadline returned after %s", i, d, took)
+			}
+			switch {
+			case i%6 == 5:
+				if errors.Is(err, context.Canceled) {
+					canceled.Add(1)
+				} else if err != nil || dec.Allowed {
+					wrong.Add(1)
+				}
+			case err != nil || dec.Allowed || dec.RetryAfter != redisstore.DefaultFailRetryAfter:
+				wrong.Add(1)
+				t.Errorf("caller %d: %+v, %v; want the fail-closed answer", i, dec, err)
+			}
+		}()
+	}
+	wg.Wait()
+	require.Zero(t, late.Load())
+	require.Zero(t, wrong.Load())
+	st := s.Stats()
+	t.Logf("stats %+v; %d canceled callers got context.Canceled", st, canceled.Load())
+	// Every caller not canceled got the fail-closed answer, counted once;
+	// a canceled one gets its error (or, when it led the call, the rule).
+	require.GreaterOrEqual(t, st.Failures, uint64(n-n/6))
+	require.LessOrEqual(t, st.Failures, uint64(n))
+	require.EqualValues(t, 1, st.Decisions)
+	// Service resumes once the pause ends.
+	require.Eventually(t, func() bool {
+		d, err := s.Allow(context.Background(), "k", 1)
+		return err == nil && d.Allowed
+	}, 10*time.Second, 50*time.Millisecond)
+}
