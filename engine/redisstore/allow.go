@@ -28,7 +28,7 @@ type item struct {
 	done     bool
 	combined bool // a single Allow sent with others: its combiner counts its decision
 	counted  bool // decided by Redis in mode "a"
-	over bool // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
+	over     bool // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
 }
 
 // Allow decides one request, with the same meaning as engine.Engine.Allow,
