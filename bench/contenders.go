@@ -92,11 +92,12 @@ type batchDecider struct {
 }
 
 func (d *batchDecider) decide(keys []string) int {
-	d.reqs = d.reqs[:0]
+	reqs := d.reqs[:0] // a local: appending to the field waits on memory
 	for _, k := range keys {
-		d.reqs = append(d.reqs, engine.Request{Key: k, Cost: 1})
+		reqs = append(reqs, engine.Request{Key: k, Cost: 1})
 	}
-	if err := d.e.AllowBatch(context.Background(), d.reqs, d.out); err != nil {
+	d.reqs = reqs
+	if err := d.e.AllowBatch(context.Background(), reqs, d.out); err != nil {
 		return 0
 	}
 	n := 0

@@ -68,20 +68,10 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 		return fmt.Errorf("%w: len(out) %d < len(reqs) %d", ErrInvalidConfig, len(out), len(reqs))
 	}
 	c := e.batches.Get().(*batchCall)
-	for i, r := range reqs {
-		err := e.checkKey(r.Key)
-		if err == nil && r.Cost < 1 {
-			err = ErrInvalidCost
-		}
-		if err != nil {
-			out[i] = Result{Err: err}
-			e.callerErrs.add(err, 1)
-			continue
-		}
-		j, h := e.shardOf(r.Key)
-		p := &c.parts[j]
-		p.m.Items = append(p.m.Items, msg.Item{Key: r.Key, Hash: h, Cost: r.Cost})
-		p.idx = append(p.idx, i)
+	if len(c.parts) == 1 {
+		e.groupOne(c, reqs, out)
+	} else {
+		e.group(c, reqs, out)
 	}
 
 	var err error
@@ -131,6 +121,49 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 	c.reset()
 	e.batches.Put(c)
 	return err
+}
+
+// group adds each valid request of reqs to its shard's part of c, and
+// answers each invalid one in out.
+func (e *Engine) group(c *batchCall, reqs []Request, out []Result) {
+	for i, r := range reqs {
+		err := e.checkKey(r.Key)
+		if err == nil && r.Cost < 1 {
+			err = ErrInvalidCost
+		}
+		if err != nil {
+			out[i] = Result{Err: err}
+			e.callerErrs.add(err, 1)
+			continue
+		}
+		j, h := e.shardOf(r.Key)
+		p := &c.parts[j]
+		p.m.Items = append(p.m.Items, msg.Item{Key: r.Key, Hash: h, Cost: r.Cost})
+		p.idx = append(p.idx, i)
+	}
+}
+
+// groupOne is group for an engine of one shard. The part's slices are kept
+// in locals: appending to a part in memory waits, at every request, for the
+// length the last append stored to come back, a chain through memory that
+// cost about 2 ns a request (6% of a batch of 64 on one hot key).
+func (e *Engine) groupOne(c *batchCall, reqs []Request, out []Result) {
+	p := &c.parts[0]
+	items, idx := p.m.Items, p.idx
+	for i, r := range reqs {
+		err := e.checkKey(r.Key)
+		if err == nil && r.Cost < 1 {
+			err = ErrInvalidCost
+		}
+		if err != nil {
+			out[i] = Result{Err: err}
+			e.callerErrs.add(err, 1)
+			continue
+		}
+		items = append(items, msg.Item{Key: r.Key, Hash: e.hasher.Sum(r.Key), Cost: r.Cost})
+		idx = append(idx, i)
+	}
+	p.m.Items, p.idx = items, idx
 }
 
 // grow returns s resized to n, reusing its array when it is large enough.
