@@ -28,9 +28,14 @@ type hint struct {
 // for findWarmed, until unwarm.
 func (t *table) warm(items []msg.Item) {
 	t.warmStart()
+	// warmKey's first pass, with the hints in a local: appending to the
+	// field would wait at every item for the length the last append stored.
+	hints, arena := t.hints, false
 	for i := range items {
-		t.warmKey(items[i].Key, items[i].Hash)
+		hn, a := t.firstPass(items[i].Key, items[i].Hash)
+		hints, arena = append(hints, hn), arena || a
 	}
+	t.hints, t.warmArena = hints, arena
 	t.warmFinish()
 }
 
@@ -42,13 +47,20 @@ func (t *table) warmStart() {
 
 // warmKey is warm's first pass for one key: its control word and its bytes.
 func (t *table) warmKey(key string, h uint64) {
+	hn, arena := t.firstPass(key, h)
+	t.hints = append(t.hints, hn)
+	t.warmArena = t.warmArena || arena
+}
+
+// firstPass prefetches key's control word and bytes, and returns its hint
+// and whether its key may be in an arena.
+func (t *table) firstPass(key string, h uint64) (hint, bool) {
 	hm := h * mix
 	_, s := t.segmentOf(hm)
 	g, tag := s.start(hm)
-	t.hints = append(t.hints, hint{seg: s, g: int32(g), slot: -1, tag: tag})
 	prefetch(unsafe.Pointer(&s.ctrl[g]))
 	prefetch(unsafe.Pointer(unsafe.StringData(key)))
-	t.warmArena = t.warmArena || len(key) > inlineKey || !s.inline()
+	return hint{seg: s, g: int32(g), slot: -1, tag: tag}, len(key) > inlineKey || !s.inline()
 }
 
 // warmFinish is the rest of warm, for the keys warmKey named.
