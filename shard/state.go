@@ -230,14 +230,15 @@ func (s *State) Refund(now int64, key string, h uint64, tokens int64, r *msg.Rep
 func (s *State) Batch(now int64, b *msg.Batch) {
 	if !s.worthWarming(len(b.Items)) {
 		for i, it := range b.Items {
-			s.Decide(now, it.Key, it.Hash, it.Cost, &b.Out[i])
+			s.decideFound(now, it.Key, it.Hash, it.Cost, &b.Out[i], s.tab.find(it.Hash, it.Key), false) // Decide
 		}
 		return
 	}
 	s.tab.warm(b.Items)
 	s.warmLevels()
 	for i, it := range b.Items {
-		s.DecideWarmed(i, now, it.Key, it.Hash, it.Cost, &b.Out[i])
+		// DecideWarmed, written out: one call less per request.
+		s.decideFound(now, it.Key, it.Hash, it.Cost, &b.Out[i], s.tab.findWarmed(i, it.Hash, it.Key), false)
 	}
 	s.tab.unwarm()
 }
