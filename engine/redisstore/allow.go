@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -25,6 +26,7 @@ type item struct {
 	chain string // the key's limits under retained versions with overrides
 
 	idx      policy.LimitIndex // the shape, resolved under the state the chunk was sent with
+	shard    int               // the key's virtual shard
 	done     bool
 	combined bool // a single Allow sent with others: its combiner counts its decision
 	counted  bool // decided by Redis in mode "a"
@@ -213,6 +215,10 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 	for i := range items {
 		todo = append(todo, &items[i])
 	}
+	for i := range todo {
+		todo[i].shard = s.shard(todo[i].key)
+	}
+	busy := 0 // rounds that met a slot being migrated (TRYAGAIN)
 	for attempt := 0; len(todo) > 0; attempt++ {
 		if attempt == maxAttempts {
 			return deleted, fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
@@ -225,20 +231,21 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		if at != "" {
 			nowArg = at
 		}
-		chunks := chunked(todo)
+		chunks := s.route(todo)
 		todo = todo[:0:0]
 		cmds := make([]*redis.Cmd, len(chunks))
 		pipe := s.rdb.Pipeline()
 		for c, chunk := range chunks {
+			sk := s.shards[s.stateShard(chunk[0].shard)]
 			keys := make([]string, 3, 3+len(chunk))
-			keys[0], keys[1], keys[2] = s.kPolicy, s.kHistory, s.kPending
+			keys[0], keys[1], keys[2] = sk.policy, sk.history, sk.pending
 			args := make([]any, 4, 4+4*len(chunk))
 			args[0], args[1], args[2], args[3] = mode, st.ver, nowArg, expiry
 			for _, it := range chunk {
 				var capArg int64
 				var rate any
 				it.idx, capArg, rate = st.resolve(it.key)
-				keys = append(keys, s.kBucket+it.key)
+				keys = append(keys, s.shards[it.shard].bucket+it.key)
 				if it.over {
 					args = append(args, aboveInt64, capArg, rate, it.chain)
 				} else {
@@ -248,15 +255,23 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			cmds[c] = evalShaOnce(ctx, pipe, decideScript, keys, args...)
 		}
 		_, _ = pipe.Exec(ctx) // each command keeps its own error
-		reload, noScript := false, false
-		var behind []*item // items of chunks that stopped for a chain
-		var failed error   // the first chunk Redis failed; the others still count
+		reload, noScript, tryAgain := false, false, false
+		var prepared, missing []int // shards met mid-cutover, and shards with no version
+		var behind []*item          // items of chunks that stopped for a chain
+		var failed error            // the first chunk Redis failed; the others still count
 		for c, cmd := range cmds {
 			chunk := chunks[c]
 			reply, err := cmd.Slice()
 			switch {
 			case err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
 				noScript = true
+				todo = append(todo, chunk...)
+				continue
+			case err != nil && redis.HasErrorPrefix(err, "TRYAGAIN"):
+				// A slot being migrated holds some of the call's keys on each
+				// side: the script did not run. go-redis follows MOVED and ASK
+				// itself, also for these commands it never retries.
+				tryAgain = true
 				todo = append(todo, chunk...)
 				continue
 			case err != nil && redis.HasErrorPrefix(err, "OOM") && (mode == "a" || mode == modeAll):
@@ -293,6 +308,11 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			case "stale", "nopolicy":
 				reload = true
 				todo = append(todo, rest...)
+				if r.status == "nopolicy" {
+					missing = append(missing, s.stateShard(chunk[0].shard))
+				} else if strings.HasPrefix(r.behind, "p") {
+					prepared = append(prepared, s.stateShard(chunk[0].shard))
+				}
 			case "chain":
 				// Give every bucket left in the chunk its limits under every
 				// retained version with overrides (the script uses those after
@@ -314,6 +334,32 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				return deleted, ctx.Err()
 			}
 			return deleted, failed
+		}
+		if tryAgain && !noScript && !reload && len(behind) == 0 {
+			// Only a migration stood in the way: wait for it, as long as the
+			// call's deadline allows, without counting an attempt.
+			attempt--
+			busy++
+			t := time.NewTimer(time.Duration(min(busy, 20)) * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return deleted, ctx.Err()
+			case <-t.C:
+			}
+		}
+		if len(prepared) > 0 {
+			if err := s.repair(ctx); err != nil {
+				return deleted, err
+			}
+		}
+		if len(missing) > 0 {
+			if err := s.reload(ctx); err != nil {
+				return deleted, err
+			}
+			if err := s.ensureShards(ctx, missing); err != nil {
+				return deleted, err
+			}
 		}
 		if noScript {
 			if err := decideScript.Load(ctx, s.rdb).Err(); err != nil {
@@ -513,7 +559,7 @@ type reply struct {
 	status  string
 	done    int
 	deleted int
-	behind  string   // "chain": the bucket's version
+	behind  string   // "chain": the bucket's version; "stale": the shard's
 	results []string // mode "a": code and units per done bucket
 }
 
@@ -532,6 +578,9 @@ func parseReply(raw []any) (reply, error) {
 	}
 	r.status = strs[0]
 	if r.status == "stale" || r.status == "nopolicy" {
+		if len(strs) > 1 {
+			r.behind = strs[1] // the shard's version
+		}
 		return r, nil
 	}
 	if len(strs) < 5 {

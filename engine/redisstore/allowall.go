@@ -37,7 +37,9 @@ const aboveInt64 = "9223372036854775808"
 // engine.MaxAllowAll; then over all requests engine.ErrInvalidKey for the
 // first bad key, engine.ErrInvalidCost for the first cost below 1;
 // engine.ErrClosed; engine.ErrNilContext or the context's error when it is
-// done before the call starts; then engine.ErrCostExceedsCapacity at the
+// done before the call starts; on Redis Cluster, ErrCrossShard at the
+// first request whose key is not in reqs[0]'s virtual shard (keys that
+// share a hash tag share a shard); then engine.ErrCostExceedsCapacity at the
 // first request of the first key (by its first request) that can never
 // hold its summed cost; then engine.ErrKeyCapacity at index 0 when Redis
 // refuses the writes of an admission for lack of memory (Redis refuses
@@ -78,6 +80,15 @@ func (s *Store) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		return engine.Decision{}, -1, engine.ErrNilContext
 	case ctx.Err() != nil:
 		return engine.Decision{}, -1, ctx.Err()
+	}
+	if s.cluster != nil {
+		// one script call, so one slot: one virtual shard
+		sh := s.shard(reqs[0].Key)
+		for i, r := range reqs {
+			if s.shard(r.Key) != sh {
+				return engine.Decision{}, i, ErrCrossShard
+			}
+		}
 	}
 	// One item per key, in the order of the keys' first requests, its costs
 	// summed; of[i] is reqs[i]'s item, first[j] item j's first request.

@@ -26,13 +26,13 @@ func rawBuckets(t *testing.T, c *redis.Client, pfx string, keys ...string) []str
 	t.Helper()
 	out := make([]string, len(keys))
 	for i, k := range keys {
-		v, err := c.Get(context.Background(), pfx+"k:"+k).Result()
+		v, err := c.Get(context.Background(), redisstore.BucketKey(pfx, k)).Result()
 		if errors.Is(err, redis.Nil) {
 			v = "(none)"
 		} else {
 			require.NoError(t, err)
 		}
-		pttl, err := c.PTTL(context.Background(), pfx+"k:"+k).Result()
+		pttl, err := c.PTTL(context.Background(), redisstore.BucketKey(pfx, k)).Result()
 		require.NoError(t, err)
 		out[i] = fmt.Sprintf("%s=%q ttl>0:%t", k, v, pttl > 0)
 	}

@@ -146,7 +146,7 @@ func (rig *arithRig) check(t *testing.T, c arithCase) {
 	rig.n++
 	ctx := context.Background()
 	name := fmt.Sprint("key", rig.n)
-	key := rig.pfx[lim] + "k:" + name
+	key := redisstore.BucketKey(rig.pfx[lim], name)
 	require.NoError(t, rig.rdb.Set(ctx, key, fmt.Sprintf("%s %d 1 %d %d", c.units, c.last, c.capacity, c.rate), 0).Err())
 	rig.clk.now.Store(c.now)
 

@@ -354,7 +354,7 @@ type bandOp struct {
 // in Redis with the model's.
 func (rig *bandRig) run(t *testing.T, s *redisstore.Store, pfx string, m *mState, exists bool, op bandOp, version int64, what string) {
 	ctx := context.Background()
-	key := pfx + "k:k"
+	key := redisstore.BucketKey(pfx, "k")
 	before, _ := rig.rdb.Get(ctx, key).Result()
 	var got engine.Decision
 	var err error
@@ -438,7 +438,7 @@ func TestScriptBandsMatchModel(t *testing.T) {
 			cfg := redisstore.Config{Client: rig.rdb, Prefix: prefix(t), Policy: policyOf(t, 1, sh, nil, false)}
 			s := newStore(t, cfg, rig.clk)
 			if exists {
-				require.NoError(t, rig.rdb.Set(context.Background(), cfg.Prefix+"k:k", m.raw(1), 0).Err())
+				require.NoError(t, rig.rdb.Set(context.Background(), redisstore.BucketKey(cfg.Prefix, "k"), m.raw(1), 0).Err())
 			} else {
 				m.units = nil
 				for _, b := range sh {
@@ -520,7 +520,7 @@ func TestScriptBandCutoversMatchModel(t *testing.T) {
 				require.NoError(t, s.ReplacePolicy(ctx, policyOf(t, int64(k+2), v.def, v.own, v.other), int64(k+1)), what)
 			}
 			// written after the cutovers, as a bucket last touched under version 1
-			require.NoError(t, rig.rdb.Set(ctx, cfg.Prefix+"k:k", m.raw(1), 0).Err())
+			require.NoError(t, rig.rdb.Set(ctx, redisstore.BucketKey(cfg.Prefix, "k"), m.raw(1), 0).Err())
 			for _, v := range vs[1:] {
 				m.cutover(v.at, shapeOf(v))
 			}
@@ -558,10 +558,10 @@ func TestBandBucketLayout(t *testing.T) {
 			s := newStore(t, cfg, clk)
 			_, err := s.Allow(ctx, "k", 1)
 			require.NoError(t, err)
-			got, err := cfg.Client.Get(ctx, cfg.Prefix+"k:k").Result()
+			got, err := cfg.Client.Get(ctx, redisstore.BucketKey(cfg.Prefix, "k")).Result()
 			require.NoError(t, err)
 			require.Equal(t, tc.want, got)
-			hist, err := cfg.Client.LRange(ctx, cfg.Prefix+"history", 0, -1).Result()
+			hist, err := cfg.Client.LRange(ctx, redisstore.GlobalKey(cfg.Prefix, "history"), 0, -1).Result()
 			require.NoError(t, err)
 			wantHist := fmt.Sprintf("1 2000000000 10 %s 0", strings.Fields(tc.want)[4])
 			if tc.p.Bands != nil {

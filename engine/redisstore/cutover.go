@@ -91,13 +91,7 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	}
 	lengthens := !safeCutover(cur, next)
 	if lengthens {
-		if err := s.round(ctx, func(ctx context.Context) error {
-			ok, err := pendingScript.Run(ctx, s.rdb, []string{s.kLock, s.kPending}, token, s.lockTTL.Milliseconds()).Int()
-			if err == nil && ok != 1 {
-				return errLostLock // another process may be preparing its own cutover
-			}
-			return err
-		}); err != nil {
+		if err := s.round(ctx, func(ctx context.Context) error { return s.setPending(ctx, token) }); err != nil {
 			return err
 		}
 		if err := s.persistPass(ctx, token); err != nil {
@@ -118,43 +112,8 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		return err
 	}
 	pctx := context.WithoutCancel(ctx)
-	a := encodeShape(next.Shape())
-	var res []any
-	err = s.round(pctx, func(ctx context.Context) (err error) {
-		keys := []string{s.kPolicy, s.kHistory, s.kBlobs, s.kLock, s.kPending}
-		args := []any{expectedVersion, next.Version, next.Capacity, a.rate, overridden(next), blob, s.nowArg(), token, flag(trim), a.bands}
-		for range 2 { // once more after NOSCRIPT
-			pipe := s.rdb.Pipeline()
-			cmd := evalShaOnce(ctx, pipe, replaceScript, keys, args...)
-			_, _ = pipe.Exec(ctx)
-			if res, err = cmd.Slice(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
-				return err
-			}
-			if err := replaceScript.Load(ctx, s.rdb).Err(); err != nil {
-				return err
-			}
-		}
+	if err := s.publish(pctx, next, expectedVersion, blob, token, trim); err != nil {
 		return err
-	})
-	if err != nil {
-		var v string
-		if s.round(pctx, func(ctx context.Context) (err error) {
-			v, err = s.rdb.HGet(ctx, s.kPolicy, "v").Result()
-			return err
-		}) != nil || v != strconv.FormatInt(next.Version, 10) {
-			return err // not published, or unknown: the caller may retry with the same expectedVersion
-		}
-		res = []any{"ok"}
-	}
-	status, _ := res[0].(string)
-	switch status {
-	case "ok":
-	case "stale":
-		return engine.ErrStalePolicy
-	case "lock":
-		return fmt.Errorf("%w: the cutover lock expired before the cutover was published; nothing changed", ErrUnavailable)
-	default:
-		return fmt.Errorf("%w: the policy vanished from Redis during the cutover (%v)", ErrUnavailable, res)
 	}
 	s.mu.Lock()
 	s.past[next.Version] = next
@@ -215,7 +174,7 @@ func (s *Store) convertPass(ctx context.Context, mode, token string) (int, error
 	err := s.scan(ctx, func(keys []string) error {
 		items := make([]item, len(keys))
 		for i, k := range keys {
-			items[i] = item{key: strings.TrimPrefix(k, s.kBucket)}
+			items[i].key, _ = s.bucketKeyOf(k) // scan passes buckets only
 		}
 		return s.round(ctx, func(ctx context.Context) error {
 			n, err := s.exec(ctx, mode, at, items)
@@ -294,21 +253,183 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 }
 
 func (s *Store) renew(ctx context.Context, token string) error {
-	ok, err := refreshScript.Run(ctx, s.rdb, []string{s.kLock, s.kPending}, token, s.lockTTL.Milliseconds()).Int()
+	ttl := s.lockTTL.Milliseconds()
+	var ok int
+	var err error
+	if s.cluster == nil {
+		ok, err = refreshScript.Run(ctx, s.rdb, append([]string{s.kLock}, s.pendings()...), token, ttl, "1").Int()
+	} else {
+		// the lock, then this holder's pending flags, in one round trip
+		pipe := s.rdb.Pipeline()
+		lock := pipe.Eval(ctx, refreshSrc, []string{s.kLock}, token, ttl, "1")
+		for _, k := range s.shards {
+			pipe.Eval(ctx, refreshSrc, []string{k.pending}, token, ttl, "0")
+		}
+		_, err = pipe.Exec(ctx)
+		if err == nil {
+			ok, err = lock.Int()
+		}
+	}
 	if err == nil && ok != 1 {
 		return errLostLock
 	}
 	return err
 }
 
-// unlock releases the lock and the pending flag, even if ctx has ended.
+// setPending sets this holder's pending flag in every virtual shard, if it
+// still holds the lock, so that the decide script writes buckets without
+// expiry until the cutover is published. On a cluster the lock is checked
+// first, then the flags are set: a holder whose lock expired in between
+// adds its own token, which costs memory (buckets written without expiry
+// until it expires), never tokens, and cannot remove the next holder's.
+func (s *Store) setPending(ctx context.Context, token string) error {
+	ttl := s.lockTTL.Milliseconds()
+	if s.cluster == nil {
+		ok, err := pendingScript.Run(ctx, s.rdb, append([]string{s.kLock}, s.pendings()...), token, ttl, "1").Int()
+		if err == nil && ok != 1 {
+			return errLostLock // another process may be preparing its own cutover
+		}
+		return err
+	}
+	if err := s.renew(ctx, token); err != nil {
+		return err
+	}
+	all := s.allShards()
+	cmds, err := s.eachShard(ctx, all, pendingSrc, func(k shardKeys) []string { return []string{k.pending} }, token, ttl, "0")
+	if err != nil {
+		return err
+	}
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unlock releases the lock and the pending flags, even if ctx has ended.
 func (s *Store) unlock(ctx context.Context, token string) {
 	err := s.round(context.WithoutCancel(ctx), func(ctx context.Context) error {
-		return releaseScript.Run(ctx, s.rdb, []string{s.kLock, s.kPending}, token).Err()
+		if s.cluster == nil {
+			return releaseScript.Run(ctx, s.rdb, append([]string{s.kLock}, s.pendings()...), token, "1").Err()
+		}
+		pipe := s.rdb.Pipeline()
+		for _, k := range s.shards {
+			pipe.Eval(ctx, releaseSrc, []string{k.pending}, token, "0")
+		}
+		pipe.Eval(ctx, releaseSrc, []string{s.kLock}, token, "1")
+		_, err := pipe.Exec(ctx)
+		return err
 	})
 	if err != nil && !errors.Is(err, redis.Nil) && s.onError != nil {
 		s.onError(fmt.Errorf("redisstore: releasing the cutover lock (it expires in %v): %w", s.lockTTL, err))
 	}
+}
+
+// pendings are every shard's pending flag.
+func (s *Store) pendings() []string {
+	out := make([]string, len(s.shards))
+	for i, k := range s.shards {
+		out[i] = k.pending
+	}
+	return out
+}
+
+func (s *Store) allShards() []int {
+	all := make([]int, len(s.shards))
+	for i := range all {
+		all[i] = i
+	}
+	return all
+}
+
+// publish makes next the policy in force, expectedVersion permitting, once
+// the caller holds the lock and every pass before it is done; ctx has no
+// cancellation. On one server it is one script, atomic: every shard's copy
+// moves at once. On a cluster it is the two-phase cutover (see ReplacePolicy).
+func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion int64, blob, token string, trim bool) error {
+	nv := strconv.FormatInt(next.Version, 10)
+	var res []any
+	var err error
+	if s.cluster == nil {
+		a := encodeShape(next.Shape())
+		err = s.round(ctx, func(ctx context.Context) (err error) {
+			keys := []string{s.kPolicy, s.kHistory, s.kBlobs, s.kLock}
+			for _, k := range s.shards {
+				keys = append(keys, k.policy, k.history, k.pending)
+			}
+			args := []any{expectedVersion, next.Version, next.Capacity, a.rate, overridden(next), blob, s.nowArg(), token, flag(trim), a.bands}
+			for range 2 { // once more after NOSCRIPT
+				pipe := s.rdb.Pipeline()
+				cmd := evalShaOnce(ctx, pipe, replaceAllScript, keys, args...)
+				_, _ = pipe.Exec(ctx)
+				if res, err = cmd.Slice(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+					return err
+				}
+				if err := replaceAllScript.Load(ctx, s.rdb).Err(); err != nil {
+					return err
+				}
+			}
+			return err
+		})
+	} else {
+		// Intent: idempotent (it writes nothing a second run would not), so
+		// go-redis may retry it.
+		err = s.round(ctx, func(ctx context.Context) (err error) {
+			res, err = s.rdb.Eval(ctx, intentSrc, []string{s.kPolicy, s.kBlobs, s.kLock},
+				expectedVersion, nv, tail(next), blob, token, flag(trim)).Slice()
+			return err
+		})
+	}
+	if err != nil {
+		var vals []any
+		if s.round(ctx, func(ctx context.Context) (err error) {
+			vals, err = s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
+			return err
+		}) != nil {
+			return err // unknown: the caller may retry with the same expectedVersion
+		}
+		v, _ := vals[0].(string)
+		nx, _ := vals[1].(string)
+		if v != nv && !strings.HasPrefix(nx, nv+" ") {
+			return err // not published: the caller may retry with the same expectedVersion
+		}
+		res = []any{"ok"}
+	}
+	status, _ := res[0].(string)
+	switch status {
+	case "ok":
+	case "stale":
+		return engine.ErrStalePolicy
+	case "lock":
+		return fmt.Errorf("%w: the cutover lock expired before the cutover was published; nothing changed", ErrUnavailable)
+	default:
+		return fmt.Errorf("%w: the policy vanished from Redis during the cutover (%v)", ErrUnavailable, res)
+	}
+	if s.cluster == nil {
+		return nil
+	}
+	// Recorded: from here the cutover is made, by this call or, if it
+	// fails part-way, by the next store that meets it.
+	s.mu.Lock()
+	s.past[next.Version] = next
+	s.mu.Unlock()
+	old := strconv.FormatInt(expectedVersion, 10)
+	record := nv + " " + flag(trim) + " " + tail(next)
+	for range 3 {
+		var err error
+		if err = s.round(ctx, func(ctx context.Context) error {
+			_, err := s.finish(ctx, old, record)
+			return err
+		}); err == nil {
+			return nil
+		}
+		if !errors.Is(err, errShardMoved) {
+			return fmt.Errorf("%w: the cutover to version %d is recorded but not finished; the next store to meet it finishes it", err, next.Version)
+		}
+		old = nv // a finisher committed it meanwhile: publish what is left
+	}
+	return fmt.Errorf("%w: the cutover to version %d is recorded but not finished; the next store to meet it finishes it", ErrUnavailable, next.Version)
 }
 
 // safeCutover reports whether no bucket can take longer to fill under next

@@ -122,7 +122,7 @@ func TestExpiryBandsAtTimeToFull(t *testing.T) {
 			require.NoError(t, err)
 			_, err = s.Allow(ctx, key, 1) // an existing bucket, maybe denied
 			require.NoError(t, err)
-			b := readRaw(t, c, p+"k:"+key)
+			b := readRaw(t, c, redisstore.BucketKey(p, key))
 			if b.gone {
 				continue
 			}
@@ -184,12 +184,12 @@ func TestExpiryAcrossBandCutovers(t *testing.T) {
 			require.NoError(t, err)
 		}
 		require.NoError(t, s.ReplacePolicy(ctx, policyOf(t, 2, v2, nil, false), 1), "round %d", round)
-		hist, err := c.LRange(ctx, p+"history", -1, -1).Result()
+		hist, err := c.LRange(ctx, redisstore.GlobalKey(p, "history"), -1, -1).Result()
 		require.NoError(t, err)
 		cut, err := strconv.ParseInt(strings.Fields(hist[0])[1], 10, 64)
 		require.NoError(t, err)
 		for _, k := range keys {
-			b := readRaw(t, c, p+"k:"+k)
+			b := readRaw(t, c, redisstore.BucketKey(p, k))
 			if b.gone {
 				continue
 			}

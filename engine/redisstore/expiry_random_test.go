@@ -36,12 +36,12 @@ func TestExpiryRandomStates(t *testing.T) {
 		now := serverTime(t, c).UnixNano()
 		last := now - r.Int64N(5e9) + 2e9 // sometimes in the future
 		key := fmt.Sprint("k", i)
-		require.NoError(t, c.Set(ctx, p+"k:"+key, fmt.Sprintf("%s %d 1 %d %d", u, last, capacity, rate), 0).Err())
+		require.NoError(t, c.Set(ctx, redisstore.BucketKey(p, key), fmt.Sprintf("%s %d 1 %d %d", u, last, capacity, rate), 0).Err())
 		_, err := s.Allow(ctx, key, 1)
 		require.NoError(t, err)
-		if c.Exists(ctx, p+"k:"+key).Val() == 0 {
+		if c.Exists(ctx, redisstore.BucketKey(p, key)).Val() == 0 {
 			continue
 		}
-		readBucket(t, c, p+"k:"+key).checkExpiry(t, fmt.Sprintf("cap %d rate %d units %s last %d", capacity, rate, u, last))
+		readBucket(t, c, redisstore.BucketKey(p, key)).checkExpiry(t, fmt.Sprintf("cap %d rate %d units %s last %d", capacity, rate, u, last))
 	}
 }

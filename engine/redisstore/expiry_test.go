@@ -118,7 +118,7 @@ func TestExpiryAtTimeToFull(t *testing.T) {
 			require.NoError(t, err)
 			_, err = stores[0].Allow(ctx, key, 1) // an existing bucket, maybe denied
 			require.NoError(t, err)
-			readBucket(t, c, p+"k:"+key).checkExpiry(t, fmt.Sprintf("%+v cost %d", l, cost))
+			readBucket(t, c, redisstore.BucketKey(p, key)).checkExpiry(t, fmt.Sprintf("%+v cost %d", l, cost))
 		}
 	}
 }
@@ -143,23 +143,24 @@ func TestExpiryAcrossCutovers(t *testing.T) {
 	// higher capacity: buckets take longer to fill; expiries rewritten
 	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 300, TokensPerSecond: 10}, 1))
 	for _, k := range keys {
-		b := readBucket(t, c, p+"k:"+k)
+		b := readBucket(t, c, redisstore.BucketKey(p, k))
 		require.Equal(t, int64(2), b.version, "%s brought up to the new version by the cutover", k)
 		require.Equal(t, int64(300), b.capacity)
 		b.checkExpiry(t, k+" after a lengthening cutover")
 	}
-	require.Zero(t, c.Exists(ctx, p+"pending").Val(), "the pending flag is cleared")
-	require.Zero(t, c.Exists(ctx, p+"lock").Val(), "the lock is released")
+	_, _, pendings := redisstore.ShardStateKeys(p)
+	require.Zero(t, c.Exists(ctx, pendings...).Val(), "the pending flags are cleared")
+	require.Zero(t, c.Exists(ctx, redisstore.GlobalKey(p, "lock")).Val(), "the lock is released")
 
 	// higher rate: no pass; the old expiry stays, and is late enough
 	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 3, Capacity: 300, TokensPerSecond: 1000}, 2))
-	hist, err := c.LRange(ctx, p+"history", -1, -1).Result()
+	hist, err := c.LRange(ctx, redisstore.GlobalKey(p, "history"), -1, -1).Result()
 	require.NoError(t, err)
 	var v, cut int64
 	_, err = fmt.Sscanf(hist[0], "%d %d", &v, &cut)
 	require.NoError(t, err)
 	for _, k := range keys {
-		b := readBucket(t, c, p+"k:"+k)
+		b := readBucket(t, c, redisstore.BucketKey(p, k))
 		require.Equal(t, int64(2), b.version, "%s untouched by a cutover that needs no pass", k)
 		// the eager rule at the cutover, then full at the new rate
 		old := policy.Limit{Capacity: b.capacity, TokensPerSecond: b.rate}
@@ -182,13 +183,14 @@ func TestPendingCutoverWritesNoExpiry(t *testing.T) {
 	p := prefix(t)
 	s := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
 		Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}})[0]
-	require.NoError(t, c.Set(ctx, p+"pending", "someone", 0).Err())
+	_, _, pendings := redisstore.ShardStateKeys(p)
+	require.NoError(t, c.HSet(ctx, pendings[0], "someone", "1").Err()) // one server: every call reads shard 0's
 	_, err := s.Allow(ctx, "k", 1)
 	require.NoError(t, err)
-	require.Equal(t, int64(-1), pexpireTime(t, c, p+"k:k"))
-	require.NoError(t, c.Del(ctx, p+"pending").Err())
+	require.Equal(t, int64(-1), pexpireTime(t, c, redisstore.BucketKey(p, "k")))
+	require.NoError(t, c.Del(ctx, pendings[0]).Err())
 	_, err = s.Allow(ctx, "k", 1)
 	require.NoError(t, err)
-	readBucket(t, c, p+"k:k").checkExpiry(t, "after the flag is gone")
-	require.True(t, strings.HasPrefix(c.Get(ctx, p+"k:k").Val(), "8"))
+	readBucket(t, c, redisstore.BucketKey(p, "k")).checkExpiry(t, "after the flag is gone")
+	require.True(t, strings.HasPrefix(c.Get(ctx, redisstore.BucketKey(p, "k")).Val(), "8"))
 }

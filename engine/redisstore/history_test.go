@@ -28,7 +28,10 @@ func TestLostHistoryRestartsEmpty(t *testing.T) {
 	require.NoError(t, err)
 	clk.Advance(time.Second)
 	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 10, TokensPerSecond: 1}, 1))
-	require.NoError(t, c.LTrim(ctx, p+"history", -1, -1).Err()) // version 1 is forgotten
+	_, hs, _ := redisstore.ShardStateKeys(p)
+	for _, k := range append(hs, redisstore.GlobalKey(p, "history")) {
+		require.NoError(t, c.LTrim(ctx, k, -1, -1).Err()) // version 1 is forgotten
+	}
 	clk.Advance(time.Second)
 	d, err := s.Allow(ctx, "k", 1)
 	require.NoError(t, err)

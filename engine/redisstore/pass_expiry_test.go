@@ -53,10 +53,10 @@ func TestPassExpiryAfterConcurrentAllow(t *testing.T) {
 	d, err := user.Allow(ctx, "k", 1) // at least 3 tokens refilled
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
-	readBucket(t, c, p+"k:k").checkExpiry(t, "after the Allow")
+	readBucket(t, c, redisstore.BucketKey(p, "k")).checkExpiry(t, "after the Allow")
 	close(release)
 	require.NoError(t, <-done)
-	b := readBucket(t, c, p+"k:k")
+	b := readBucket(t, c, redisstore.BucketKey(p, "k"))
 	b.checkExpiry(t, "after the pass")
 }
 

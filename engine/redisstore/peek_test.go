@@ -54,14 +54,14 @@ func TestPeekRefundPlain(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 4, Refill: policy.PerMinute(60)}, v1.Version))
 	clk.Set(time.Second.Nanoseconds())
-	before, err := c.Get(ctx, cfg.Prefix+"k:k").Result()
+	before, err := c.Get(ctx, redisstore.BucketKey(cfg.Prefix, "k")).Result()
 	require.NoError(t, err)
 	d, err = s.Peek(ctx, "k")
 	require.NoError(t, err)
 	// 0.75s under v2 at 1 per second on top of nothing at 0.25s (emptied
 	// then): 0.75 of a token, one token of 6e10 units.
 	require.Equal(t, engine.Decision{RetryAfter: 250 * time.Millisecond, Version: 2, Limit: 4, ResetAfter: 3250 * time.Millisecond}, d)
-	after, err := c.Get(ctx, cfg.Prefix+"k:k").Result()
+	after, err := c.Get(ctx, redisstore.BucketKey(cfg.Prefix, "k")).Result()
 	require.NoError(t, err)
 	require.Equal(t, before, after, "a peek across a cutover wrote the bucket")
 	require.Equal(t, "1", strings.Fields(after)[2], "still written under version 1")

@@ -22,6 +22,7 @@ func TestPendingFlagNeedsTheLock(t *testing.T) {
 	p := prefix(t)
 	c := client(t, addr)
 	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 10}
+	_, _, pendings := redisstore.ShardStateKeys(p)
 	realStores(t, addr, 1, redisstore.Config{Client: c, Prefix: p, Policy: v1})
 	// A's first script on the lock and the pending flag (a lengthening
 	// cutover's first sets the flag) waits for release.
@@ -29,7 +30,7 @@ func TestPendingFlagNeedsTheLock(t *testing.T) {
 	var once sync.Once
 	ca := client(t, addr)
 	ca.AddHook(hook{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-		if k := scriptKeys(cmd); len(k) == 2 && k[0] == p+"lock" && k[1] == p+"pending" {
+		if k := scriptKeys(cmd); len(k) > 1 && k[0] == redisstore.GlobalKey(p, "lock") && k[1] == pendings[0] {
 			once.Do(func() { close(reached); <-release })
 		}
 		return next(ctx, cmd)
@@ -44,11 +45,15 @@ func TestPendingFlagNeedsTheLock(t *testing.T) {
 	<-reached
 	// A's lock expires; B takes it and sets its own flag
 	ctx := context.Background()
-	require.NoError(t, c.Set(ctx, p+"lock", "B", 0).Err())
-	require.NoError(t, c.Set(ctx, p+"pending", "B", 0).Err())
+	require.NoError(t, c.Set(ctx, redisstore.GlobalKey(p, "lock"), "B", 0).Err())
+	for _, k := range pendings {
+		require.NoError(t, c.HSet(ctx, k, "B", "1").Err())
+	}
 	close(release)
 	require.ErrorIs(t, <-done, redisstore.ErrUnavailable, "A lost its lock: its cutover fails")
-	require.Equal(t, "B", c.Get(ctx, p+"pending").Val(), "B's flag untouched")
-	require.Equal(t, "B", c.Get(ctx, p+"lock").Val(), "B's lock untouched")
+	for _, k := range pendings {
+		require.Equal(t, map[string]string{"B": "1"}, c.HGetAll(ctx, k).Val(), "B's flag untouched, and A's not set")
+	}
+	require.Equal(t, "B", c.Get(ctx, redisstore.GlobalKey(p, "lock")).Val(), "B's lock untouched")
 	require.Equal(t, int64(1), a.Policy().Version)
 }

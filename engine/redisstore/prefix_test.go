@@ -28,9 +28,11 @@ var oddPrefixes = []struct{ name, tail string }{
 // misses a prefix with glob characters.
 func dropKeys(t *testing.T, c *redis.Client, p string, buckets ...string) {
 	t.Helper()
-	keys := []string{p + "policy", p + "history", p + "blobs", p + "lock", p + "pending"}
+	keys := []string{redisstore.GlobalKey(p, "policy"), redisstore.GlobalKey(p, "history"), redisstore.GlobalKey(p, "blobs"), redisstore.GlobalKey(p, "lock")}
+	ps, hs, ns := redisstore.ShardStateKeys(p)
+	keys = append(append(append(keys, ps...), hs...), ns...)
 	for _, b := range buckets {
-		keys = append(keys, p+"k:"+b)
+		keys = append(keys, redisstore.BucketKey(p, b))
 	}
 	t.Cleanup(func() { c.Del(context.Background(), keys...) })
 }
@@ -61,8 +63,8 @@ func TestPrefixAnyBytesCountAndEvict(t *testing.T) {
 			n, err = s.EvictFull(ctx)
 			require.NoError(t, err)
 			require.Equal(t, 1, n, "EvictFull deletes the full bucket")
-			require.Zero(t, c.Exists(ctx, p+"k:full").Val(), "the full bucket is gone")
-			require.Equal(t, int64(1), c.Exists(ctx, p+"k:drained").Val(), "the drained bucket is kept")
+			require.Zero(t, c.Exists(ctx, redisstore.BucketKey(p, "full")).Val(), "the full bucket is gone")
+			require.Equal(t, int64(1), c.Exists(ctx, redisstore.BucketKey(p, "drained")).Val(), "the drained bucket is kept")
 			n, err = s.KeyCount(ctx)
 			require.NoError(t, err)
 			require.Equal(t, 1, n)
@@ -99,11 +101,11 @@ func TestPrefixAnyBytesLengtheningCutover(t *testing.T) {
 			d, err := s.Allow(ctx, "k", 10)
 			require.NoError(t, err)
 			require.True(t, d.Allowed)
-			oldExpiry := pexpireTime(t, c, p+"k:k")
+			oldExpiry := pexpireTime(t, c, redisstore.BucketKey(p, "k"))
 			require.Positive(t, oldExpiry, "a bucket under capacity has an expiry")
 
 			require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 1000, TokensPerSecond: rate}, 1))
-			after := readBucket(t, c, p+"k:k")
+			after := readBucket(t, c, redisstore.BucketKey(p, "k"))
 
 			for serverTime(t, c).UnixMilli() <= oldExpiry+20 {
 				// the server's clock is the one that expires keys: poll it past the old expiry

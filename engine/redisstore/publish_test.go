@@ -34,7 +34,7 @@ func TestPublishThenContextEnds(t *testing.T) {
 	var fired atomic.Bool
 	ac.AddHook(hook{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
 		err := next(ctx, cmds)
-		if len(cmds) == 1 && len(scriptKeys(cmds[0])) == 5 && err == nil && !fired.Swap(true) {
+		if len(cmds) == 1 && len(scriptKeys(cmds[0])) == 4+3*redisstore.DefaultVirtualShards && err == nil && !fired.Swap(true) {
 			cancel()
 			cmds[0].SetErr(context.Canceled)
 			return context.Canceled
@@ -44,11 +44,11 @@ func TestPublishThenContextEnds(t *testing.T) {
 	admin, err := redisstore.New(context.Background(), redisstore.Config{Client: ac, Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, Timeout: time.Second})
 	require.NoError(t, err)
 	err = admin.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100, TokensPerSecond: 1}, 1)
-	t.Logf("ReplacePolicy: %v; version in Redis: %s; PEXPIRETIME of k: %d", err, c.HGet(context.Background(), p+"policy", "v").Val(), pexpireTime(t, c, p+"k:k"))
+	t.Logf("ReplacePolicy: %v; version in Redis: %s; PEXPIRETIME of k: %d", err, c.HGet(context.Background(), redisstore.GlobalKey(p, "policy"), "v").Val(), pexpireTime(t, c, redisstore.BucketKey(p, "k")))
 	require.True(t, fired.Load(), "the publish's reply was lost")
-	require.Equal(t, "2", c.HGet(context.Background(), p+"policy", "v").Val())
+	require.Equal(t, "2", c.HGet(context.Background(), redisstore.GlobalKey(p, "policy"), "v").Val())
 	require.NoError(t, err, "published, so the call must complete")
-	b := readBucket(t, c, p+"k:k")
+	b := readBucket(t, c, redisstore.BucketKey(p, "k"))
 	require.Equal(t, int64(2), b.version, "the pass after the publish ran")
 	b.checkExpiry(t, "after the pass")
 }

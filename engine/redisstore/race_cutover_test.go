@@ -105,12 +105,13 @@ func TestRacingLengtheningCutovers(t *testing.T) {
 	wg.Wait()
 	t.Logf("%d Allow calls during 6 cutovers", calls.Load())
 
-	require.Zero(t, c.Exists(ctx, p+"pending").Val(), "pending flag left set")
-	require.Zero(t, c.Exists(ctx, p+"lock").Val(), "lock left held")
+	_, _, pendings := redisstore.ShardStateKeys(p)
+	require.Zero(t, c.Exists(ctx, pendings...).Val(), "pending flag left set")
+	require.Zero(t, c.Exists(ctx, redisstore.GlobalKey(p, "lock")).Val(), "lock left held")
 	cur := stores[0].Policy()
 	early := 0
 	var worst *big.Int
-	iter := c.Scan(ctx, 0, p+"k:*", 1000).Iterator()
+	iter := c.Scan(ctx, 0, p+"{*}k:*", 1000).Iterator()
 	n := 0
 	for iter.Next(ctx) {
 		key := iter.Val()

@@ -118,12 +118,13 @@ func TestPublishReplyLost(t *testing.T) {
 	c := client(t, addr)
 	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 	realStores(t, addr, 1, redisstore.Config{Client: c, Prefix: p, Policy: v1})
-	px := startDropProxy(t, addr, regexp.MustCompile(`(?i)evalsha\r\n\$40\r\n[0-9a-f]{40}\r\n\$1\r\n5\r\n`))
+	// the replace script: 4 global keys and 3 per virtual shard
+	px := startDropProxy(t, addr, regexp.MustCompile(`(?i)evalsha\r\n\$40\r\n[0-9a-f]{40}\r\n\$2\r\n52\r\n`))
 	admin, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, px.ln.Addr().String()), Prefix: p, Policy: v1})
 	require.NoError(t, err)
 	err = admin.ReplacePolicy(context.Background(), policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1)
 	require.True(t, px.fired.Load())
-	require.Equal(t, "2", c.HGet(context.Background(), p+"policy", "v").Val(), "published")
+	require.Equal(t, "2", c.HGet(context.Background(), redisstore.GlobalKey(p, "policy"), "v").Val(), "published")
 	require.NoError(t, err, "this call published version 2")
 }
 
@@ -143,7 +144,7 @@ func TestDecideReplyLost(t *testing.T) {
 	d, err := s.Allow(context.Background(), "k", 6)
 	require.NoError(t, err)
 	require.True(t, px.fired.Load())
-	t.Logf("decision %+v; bucket %q", d, c.Get(context.Background(), p+"k:k").Val())
+	t.Logf("decision %+v; bucket %q", d, c.Get(context.Background(), redisstore.BucketKey(p, "k")).Val())
 	// The outcome is unknown to the client: the failure rule (reported to
 	// OnError and Stats) is the honest answer, not a second run's denial
 	// presented as Redis's decision.
@@ -160,7 +161,8 @@ func TestPublishReplyLostNoRetries(t *testing.T) {
 	c := client(t, addr)
 	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 	realStores(t, addr, 1, redisstore.Config{Client: c, Prefix: p, Policy: v1})
-	px := startDropProxy(t, addr, regexp.MustCompile(`(?i)evalsha\r\n\$40\r\n[0-9a-f]{40}\r\n\$1\r\n5\r\n`))
+	// the replace script: 4 global keys and 3 per virtual shard
+	px := startDropProxy(t, addr, regexp.MustCompile(`(?i)evalsha\r\n\$40\r\n[0-9a-f]{40}\r\n\$2\r\n52\r\n`))
 	ac := redis.NewClient(&redis.Options{Addr: px.ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = ac.Close() })
 	admin, err := redisstore.New(context.Background(), redisstore.Config{Client: ac, Prefix: p, Policy: v1})

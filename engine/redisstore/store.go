@@ -79,6 +79,13 @@ type Config struct {
 	// and with failures a call could not return: the expiry pass after a
 	// published cutover, and releasing the cutover lock. It must not block.
 	OnError func(error)
+	// VirtualShards is how many virtual shards the prefix's buckets are
+	// spread over, each in one hash slot of its own (see the package doc);
+	// 0 means DefaultVirtualShards, and at most MaxVirtualShards. Like
+	// Policy, it is stored with the prefix by the first store: a later
+	// store uses the stored number whatever it sets, so every process maps a
+	// key to the same shard.
+	VirtualShards int
 	// Clock is the time the store decides at. nil (the default, and the
 	// only safe production setting) decides at the Redis server's TIME,
 	// read inside each script, so replicas with skewed clocks cannot mint
@@ -115,7 +122,9 @@ type Store struct {
 	onError     func(error)
 	now         func() int64 // Config.Clock's Now, or nil for the server's TIME
 
-	kPolicy, kHistory, kBlobs, kLock, kPending, kBucket string
+	kPolicy, kHistory, kBlobs, kLock, kBucket string // global keys; kBucket starts every bucket's
+	shards                                    []shardKeys
+	shardByTag                                map[string]int
 
 	cur    atomic.Pointer[state] // the policy in force, as last seen
 	closed atomic.Bool
@@ -194,6 +203,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: the client needs ContextTimeoutEnabled: true, or a call could outlive its deadline", engine.ErrInvalidConfig)
 	case cfg.MaxKeyBytes < 0, cfg.FailRetryAfter < 0, cfg.Timeout < 0:
 		return nil, fmt.Errorf("%w: redisstore: negative MaxKeyBytes, FailRetryAfter or Timeout", engine.ErrInvalidConfig)
+	case cfg.VirtualShards < 0 || cfg.VirtualShards > MaxVirtualShards:
+		return nil, fmt.Errorf("%w: redisstore: VirtualShards %d is not in [0, %d]", engine.ErrInvalidConfig, cfg.VirtualShards, MaxVirtualShards)
+	}
+	shards := cfg.VirtualShards
+	if shards == 0 {
+		shards = DefaultVirtualShards
 	}
 	var now func() int64
 	switch c := cfg.Clock.(type) {
@@ -228,19 +243,23 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		s.timeout = DefaultTimeout
 	}
 	s.lockTTL = max(minLockTTL, 3*s.timeout)
-	s.kPolicy, s.kHistory, s.kBlobs = s.prefix+"policy", s.prefix+"history", s.prefix+"blobs"
-	s.kLock, s.kPending, s.kBucket = s.prefix+"lock", s.prefix+"pending", s.prefix+"k:"
+	s.globals()
 	s.cur.Store(newState(cfg.Policy))
 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	installed, err := s.install(ctx, cfg.Policy)
+	installed, stored, err := s.install(ctx, cfg.Policy, shards)
 	if err != nil {
 		return nil, err
 	}
+	s.layout(stored)
 	// A policy another process installed is read even if its version is
-	// cfg.Policy's: the two may differ.
+	// cfg.Policy's: the two may differ. Loading also finishes a cutover an
+	// earlier process left half done.
 	if err := s.load(ctx, !installed); err != nil {
+		return nil, err
+	}
+	if err := s.ensureShards(ctx, nil); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -270,20 +289,96 @@ func (s *Store) nowArg() string {
 	return ""
 }
 
-// install stores p as the prefix's first policy unless it has one, and
-// reports whether it did.
-func (s *Store) install(ctx context.Context, p policy.Policy) (bool, error) {
+// install stores p as the prefix's first policy unless it has one, with
+// shards virtual shards, and reports whether it did and the number of
+// virtual shards in force.
+func (s *Store) install(ctx context.Context, p policy.Policy, shards int) (bool, int, error) {
 	blob, err := encodePolicy(p)
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
 	a := encodeShape(p.Shape())
 	res, err := installScript.Run(ctx, s.rdb, []string{s.kPolicy, s.kHistory, s.kBlobs},
-		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands).StringSlice()
+		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards).StringSlice()
 	if err != nil {
-		return false, fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
+		return false, 0, fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
 	}
-	return len(res) == 1 && res[0] == "ok", nil
+	if len(res) != 2 {
+		return false, 0, fmt.Errorf("%w: installing the policy: reply %v", ErrUnavailable, res)
+	}
+	n, err := strconv.Atoi(res[1])
+	if err != nil || n < 1 || n > MaxVirtualShards {
+		return false, 0, fmt.Errorf("%w: the stored number of virtual shards %q", ErrUnavailable, res[1])
+	}
+	if s.shards != nil && n != len(s.shards) {
+		return false, 0, fmt.Errorf("%w: the prefix was reinstalled with %d virtual shards, not %d", ErrUnavailable, n, len(s.shards))
+	}
+	return res[0] == "ok", n, nil
+}
+
+// tail is the part of p's history entry after the cutover instant: the
+// default shape's cap and rate, overridden, and its bands if any.
+func tail(p policy.Policy) string {
+	a := encodeShape(p.Shape())
+	t := strconv.FormatInt(p.Capacity, 10) + " " + fmt.Sprint(a.rate) + " " + overridden(p)
+	if a.bands != "" {
+		t += " " + a.bands
+	}
+	return t
+}
+
+// ensureShards installs the virtual shards (all of them for nil) that have
+// no version yet at the policy in force as this store last saw it: at New,
+// and when a shard answers that it has none (its master lost its data). On
+// one server it is one script; on a cluster one per shard, pipelined.
+func (s *Store) ensureShards(ctx context.Context, which []int) error {
+	if which == nil {
+		which = make([]int, len(s.shards))
+		for i := range which {
+			which[i] = i
+		}
+	}
+	p := s.cur.Load().p
+	args := []any{p.Version, tail(p), s.nowArg()}
+	if s.cluster == nil {
+		keys := make([]string, 0, 2*len(which))
+		for _, i := range which {
+			keys = append(keys, s.shards[i].policy, s.shards[i].history)
+		}
+		if err := shardInstallScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+			return fmt.Errorf("%w: installing the virtual shards: %w", ErrUnavailable, err)
+		}
+		return nil
+	}
+	cmds, err := s.eachShard(ctx, which, shardInstallSrc, func(k shardKeys) []string { return []string{k.policy, k.history} }, args...)
+	if err == nil {
+		for _, c := range cmds {
+			if err = c.Err(); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%w: installing the virtual shards: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// eachShard runs the script src once on each shard in which, with the keys
+// keys gives and args, pipelined (go-redis sends each node its own part).
+// The scripts are idempotent, so go-redis may retry them; each command
+// keeps its own error.
+func (s *Store) eachShard(ctx context.Context, which []int, src string, keys func(shardKeys) []string, args ...any) ([]*redis.Cmd, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(which))
+	for j, i := range which {
+		cmds[j] = pipe.Eval(ctx, src, keys(s.shards[i]), args...)
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil && ctx.Err() != nil {
+		return cmds, ctx.Err()
+	}
+	return cmds, nil
 }
 
 // reload reads the policy in force from Redis; if the prefix has none (a
@@ -294,15 +389,24 @@ func (s *Store) reload(ctx context.Context) error { return s.load(ctx, false) }
 // store already has.
 func (s *Store) load(ctx context.Context, all bool) error {
 	for range 3 {
-		v, err := s.rdb.HGet(ctx, s.kPolicy, "v").Result()
-		if errors.Is(err, redis.Nil) {
-			if _, err := s.install(ctx, s.cur.Load().p); err != nil {
+		vals, err := s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
+		if err == nil && vals[0] == nil {
+			if _, _, err := s.install(ctx, s.cur.Load().p, len(s.shards)); err != nil {
 				return err
 			}
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
+		}
+		v, _ := vals[0].(string)
+		if next, _ := vals[1].(string); next != "" && !strings.HasPrefix(next, v+" ") {
+			// a cutover recorded and not yet committed: finish it
+			if done, err := s.finish(ctx, v, next); err != nil {
+				return err
+			} else if done {
+				continue
+			}
 		}
 		version, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
@@ -421,7 +525,7 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 
 // scanOne is scan on one server.
 func (s *Store) scanOne(ctx context.Context, rdb redis.UniversalClient, f func(keys []string) error) error {
-	match := globEscape(s.kBucket) + "*"
+	match := globEscape(s.prefix) + "{*}k:*"
 	var cursor uint64
 	for {
 		bctx, cancel := s.bound(ctx)
@@ -433,7 +537,13 @@ func (s *Store) scanOne(ctx context.Context, rdb redis.UniversalClient, f func(k
 			}
 			return fmt.Errorf("%w: scanning: %w", ErrUnavailable, err)
 		}
-		if err := f(keys); err != nil { // also for an empty page: passes renew their lock per page
+		buckets := keys[:0]
+		for _, k := range keys {
+			if _, ok := s.bucketKeyOf(k); ok {
+				buckets = append(buckets, k)
+			}
+		}
+		if err := f(buckets); err != nil { // also for an empty page: passes renew their lock per page
 			return err
 		}
 		if cursor = next; cursor == 0 {

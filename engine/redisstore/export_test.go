@@ -1,0 +1,36 @@
+package redisstore
+
+// Key names, for tests that read or write Redis directly. They assume
+// DefaultVirtualShards, as every test store has unless it sets
+// Config.VirtualShards.
+
+// BucketKey is the Redis key of key's bucket under prefix.
+func BucketKey(prefix, key string) string {
+	s := &Store{prefix: prefix}
+	s.globals()
+	s.layout(DefaultVirtualShards)
+	return s.shards[s.shard(key)].bucket + key
+}
+
+// GlobalKey is the Redis key of a prefix's global "policy", "history",
+// "blobs" or "lock".
+func GlobalKey(prefix, name string) string {
+	return prefix + "{" + globalTag(prefix) + "}" + name
+}
+
+// ShardStateKeys are each virtual shard's policy hash, history list and
+// pending flag, in shard order.
+func ShardStateKeys(prefix string) (policies, histories, pendings []string) {
+	s := &Store{prefix: prefix}
+	s.globals()
+	s.layout(DefaultVirtualShards)
+	for _, k := range s.shards {
+		policies = append(policies, k.policy)
+		histories = append(histories, k.history)
+		pendings = append(pendings, k.pending)
+	}
+	return policies, histories, pendings
+}
+
+// ShardOf is key's virtual shard among n.
+func ShardOf(key string, n int) int { return shardOf(key, n) }
