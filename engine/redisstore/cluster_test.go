@@ -1,15 +1,27 @@
 package redisstore_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/admissiontest"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/internal/redistest"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
 // clusterClient connects to the shared Redis Cluster redistest provides
@@ -36,4 +48,482 @@ func TestAdmissionCluster(t *testing.T) {
 		}
 		return newStore(t, cfg, s.Clock)
 	})
+}
+
+// TestClusterTwoStoresOneQuota is TestTwoStoresOneQuota on a cluster.
+func TestClusterTwoStoresOneQuota(t *testing.T) {
+	addr := clusterAddr(t)
+	for round := range 3 {
+		stores := realStores(t, addr, 2, redisstore.Config{
+			Policy:  policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1},
+			Timeout: 10 * time.Second,
+		})
+		var allowed atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range 20 {
+			wg.Go(func() {
+				<-start
+				d, err := stores[i%2].Allow(context.Background(), "shared", 1)
+				assert.NoError(t, err)
+				if d.Allowed {
+					allowed.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.Equal(t, int64(10), allowed.Load(), "round %d", round)
+		for _, s := range stores {
+			require.Zero(t, s.Stats().Failures)
+		}
+	}
+}
+
+// slotOwners returns a function giving the address of the master that
+// holds a key's slot.
+func slotOwners(t *testing.T, c *redis.ClusterClient) func(key string) string {
+	t.Helper()
+	ss, err := c.ClusterShards(context.Background()).Result()
+	require.NoError(t, err)
+	return func(key string) string {
+		slot := c.ClusterKeySlot(context.Background(), key).Val()
+		for _, s := range ss {
+			for _, r := range s.Slots {
+				if slot < r.Start || slot > r.End {
+					continue
+				}
+				for _, n := range s.Nodes {
+					if n.Role == "master" {
+						return fmt.Sprintf("%s:%d", n.IP, n.Port)
+					}
+				}
+			}
+		}
+		t.Fatalf("no master for slot %d", slot)
+		return ""
+	}
+}
+
+// TestClusterShardsSpread: the default virtual shards sit evenly on the
+// three masters, and a batch over many keys writes buckets on every one.
+func TestClusterShardsSpread(t *testing.T) {
+	addr := clusterAddr(t)
+	c := clusterClient(t, redistest.ClusterAddrs(t))
+	p := prefix(t)
+	s := realStores(t, addr, 1, redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}})[0]
+	owner := slotOwners(t, c)
+	per := map[string]int{}
+	policies, _, _ := redisstore.ShardStateKeys(p)
+	for _, k := range policies {
+		per[owner(k)]++
+	}
+	require.Len(t, per, redistest.ClusterMasters)
+	for m, n := range per {
+		require.GreaterOrEqual(t, n, redisstore.DefaultVirtualShards/redistest.ClusterMasters, "master %s holds %d of %d shards", m, n, redisstore.DefaultVirtualShards)
+	}
+	reqs := make([]engine.Request, 300)
+	for i := range reqs {
+		reqs[i] = engine.Request{Key: fmt.Sprint("key", i), Cost: 1}
+	}
+	out := make([]engine.Result, len(reqs))
+	require.NoError(t, s.AllowBatch(context.Background(), reqs, out))
+	buckets := map[string]int{}
+	for i, r := range reqs {
+		require.NoError(t, out[i].Err)
+		require.True(t, out[i].Decision.Allowed)
+		require.Equal(t, int64(9), out[i].Decision.Remaining)
+		buckets[owner(redisstore.BucketKey(p, r.Key))]++
+	}
+	require.Len(t, buckets, redistest.ClusterMasters)
+	n, err := s.KeyCount(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, len(reqs), n, "KeyCount counts on every master")
+	require.Zero(t, s.Stats().Failures)
+}
+
+// keysInShards returns two keys in different virtual shards.
+func keysInShards() (string, string) {
+	a := "a"
+	for i := 0; ; i++ {
+		b := fmt.Sprint("b", i)
+		if redisstore.ShardOf(a, redisstore.DefaultVirtualShards) != redisstore.ShardOf(b, redisstore.DefaultVirtualShards) {
+			return a, b
+		}
+	}
+}
+
+// TestAllowAllCrossShard: on a cluster, AllowAll over keys of two virtual
+// shards is ErrCrossShard at the first key out of reqs[0]'s shard, and
+// takes nothing; keys that share a {tag} share a shard and are decided all
+// or nothing. On one server the same keys of two shards are decided as one.
+func TestAllowAllCrossShard(t *testing.T) {
+	a, b := keysInShards()
+	pol := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	ctx := context.Background()
+	t.Run("cluster", func(t *testing.T) {
+		s := newStore(t, redisstore.Config{Client: clusterClient(t, redistest.ClusterAddrs(t)), Policy: pol}, clock.NewManual(0))
+		_, i, err := s.AllowAll(ctx, []engine.Request{{Key: a, Cost: 1}, {Key: a, Cost: 2}, {Key: b, Cost: 1}})
+		require.ErrorIs(t, err, redisstore.ErrCrossShard)
+		require.Equal(t, 2, i)
+		d, err := s.Peek(ctx, a)
+		require.NoError(t, err)
+		require.Equal(t, int64(10), d.Remaining, "a refused call takes nothing")
+
+		x, y := "{user:7}:"+a, "{user:7}:"+b
+		require.Equal(t, redisstore.ShardOf(x, redisstore.DefaultVirtualShards), redisstore.ShardOf(y, redisstore.DefaultVirtualShards))
+		d, _, err = s.AllowAll(ctx, []engine.Request{{Key: x, Cost: 4}, {Key: y, Cost: 10}})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		d, _, err = s.AllowAll(ctx, []engine.Request{{Key: x, Cost: 4}, {Key: y, Cost: 1}})
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "y is empty")
+		d, err = s.Peek(ctx, x)
+		require.NoError(t, err)
+		require.Equal(t, int64(6), d.Remaining, "the refusal took nothing from x")
+	})
+	t.Run("one server", func(t *testing.T) {
+		s := newStore(t, redisstore.Config{Policy: pol}, clock.NewManual(0))
+		d, _, err := s.AllowAll(ctx, []engine.Request{{Key: a, Cost: 4}, {Key: b, Cost: 10}})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		d, _, err = s.AllowAll(ctx, []engine.Request{{Key: a, Cost: 4}, {Key: b, Cost: 1}})
+		require.NoError(t, err)
+		require.False(t, d.Allowed)
+		d, err = s.Peek(ctx, a)
+		require.NoError(t, err)
+		require.Equal(t, int64(6), d.Remaining, "the refusal took nothing from a")
+	})
+}
+
+// call is one Allow as a caller saw it: when it began and ended, and the
+// version its decision was made under.
+type call struct {
+	begin, end time.Time
+	version    int64
+}
+
+// TestClusterCutoverLinearizable: stores on a cluster decide keys of every
+// virtual shard while another store makes cutovers (lengthening and not):
+// a call that begins after another ended never sees an older version, and
+// afterwards every shard is at the last version, none prepared, no pending
+// flag or lock left.
+func TestClusterCutoverLinearizable(t *testing.T) {
+	addr := clusterAddr(t)
+	p := prefix(t)
+	stores := realStores(t, addr, 3, redisstore.Config{Prefix: p,
+		Policy: policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1000}, Timeout: 10 * time.Second})
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	var calls []call
+	var wg sync.WaitGroup
+	for w := range 6 {
+		s := stores[1+w%2]
+		wg.Go(func() {
+			var mine []call
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					mu.Lock()
+					calls = append(calls, mine...)
+					mu.Unlock()
+					return
+				default:
+				}
+				begin := time.Now()
+				d, err := s.Allow(ctx, fmt.Sprint("k", w, ":", i%200), 1)
+				end := time.Now()
+				if assert.NoError(t, err) {
+					mine = append(mine, call{begin, end, d.Version})
+				}
+			}
+		})
+	}
+	v := int64(1)
+	for round := range 8 {
+		capacity := int64(1000 + 100*round)
+		if round%2 == 1 {
+			capacity = 500 // shortens: no pass
+		}
+		next := policy.Policy{Version: v + 1, Capacity: capacity, TokensPerSecond: 1000}
+		require.NoError(t, stores[0].ReplacePolicy(ctx, next, v), "round %d", round)
+		v++
+		time.Sleep(20 * time.Millisecond) // traffic between cutovers; the check does not depend on it
+	}
+	close(stop)
+	wg.Wait()
+
+	// sorted by end, the highest version of the calls that ended before
+	// each call began
+	ends := append([]call(nil), calls...)
+	sortCalls(ends, func(c call) time.Time { return c.end })
+	sortCalls(calls, func(c call) time.Time { return c.begin })
+	j, seen := 0, int64(0)
+	for _, c := range calls {
+		for j < len(ends) && ends[j].end.Before(c.begin) {
+			seen = max(seen, ends[j].version)
+			j++
+		}
+		require.GreaterOrEqual(t, c.version, seen, "a call saw version %d after another had seen %d", c.version, seen)
+	}
+	require.NotEmpty(t, calls)
+	require.Equal(t, v, calls[len(calls)-1].version)
+
+	cc := clusterClient(t, redistest.ClusterAddrs(t))
+	policies, _, pendings := redisstore.ShardStateKeys(p)
+	for i, k := range policies {
+		require.Equal(t, fmt.Sprint(v), cc.HGet(ctx, k, "v").Val(), "shard %d", i)
+		require.Zero(t, cc.Exists(ctx, pendings[i]).Val(), "shard %d's pending flag", i)
+	}
+	require.Zero(t, cc.Exists(ctx, redisstore.GlobalKey(p, "lock")).Val())
+	for _, s := range stores {
+		require.Zero(t, s.Stats().Failures)
+	}
+}
+
+func sortCalls(cs []call, by func(call) time.Time) {
+	slices.SortFunc(cs, func(a, b call) int { return by(a).Compare(by(b)) })
+}
+
+// TestClusterInterruptedCutover: a cutover that stops after it prepared
+// every shard (here its commit fails) leaves every shard refusing every
+// caller; the next store call that meets one finishes the cutover, and no
+// caller is refused for it. A cutover recorded and never prepared is
+// finished by the next New.
+func TestClusterInterruptedCutover(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	p := prefix(t)
+	ctx := context.Background()
+	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	other := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: v1})[0]
+	d, err := other.Allow(ctx, "k", 3)
+	require.NoError(t, err)
+	require.Equal(t, int64(7), d.Remaining)
+
+	ac := clusterClient(t, addrs)
+	ac.AddHook(hook{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		if k := scriptKeys(cmd); len(k) == 3 && k[0] == redisstore.GlobalKey(p, "policy") && k[1] == redisstore.GlobalKey(p, "history") &&
+			strings.Contains(fmt.Sprint(cmd.Args()[1]), "'next'") {
+			cmd.SetErr(errors.New("the process died"))
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}})
+	admin, err := redisstore.New(ctx, redisstore.Config{Client: ac, Prefix: p, Policy: v1})
+	require.NoError(t, err)
+	err = admin.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1)
+	require.ErrorIs(t, err, redisstore.ErrUnavailable)
+	require.Contains(t, err.Error(), "recorded but not finished")
+
+	cc := clusterClient(t, addrs)
+	policies, _, _ := redisstore.ShardStateKeys(p)
+	for i, k := range policies {
+		require.Equal(t, "p2", cc.HGet(ctx, k, "v").Val(), "shard %d prepared", i)
+	}
+	d, err = other.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	// the cutover clamped k's 7 to the new capacity 5; one taken
+	require.Equal(t, engine.Decision{Allowed: true, Remaining: 4, Version: 2, Limit: 5, ResetAfter: time.Second}, d)
+	require.Zero(t, other.Stats().Failures)
+	for i, k := range policies {
+		require.Equal(t, "2", cc.HGet(ctx, k, "v").Val(), "shard %d published", i)
+	}
+	require.Equal(t, "2", cc.HGet(ctx, redisstore.GlobalKey(p, "policy"), "v").Val())
+
+	// recorded only: the next New finishes it
+	require.NoError(t, cc.Set(ctx, redisstore.GlobalKey(p, "lock"), "gone", 0).Err())
+	blob := redisstore.PolicyBlob(policy.Policy{Version: 3, Capacity: 5, TokensPerSecond: 1})
+	require.NoError(t, cc.Eval(ctx, "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) redis.call('HSET', KEYS[2], 'next', ARGV[3]) return 1",
+		[]string{redisstore.GlobalKey(p, "blobs"), redisstore.GlobalKey(p, "policy")}, "3", blob, "3 0 5 1 0").Err())
+	require.NoError(t, cc.Del(ctx, redisstore.GlobalKey(p, "lock")).Err())
+	fresh := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: v1})[0]
+	require.Equal(t, int64(3), fresh.Policy().Version, "New finished the recorded cutover")
+	for i, k := range policies {
+		require.Equal(t, "3", cc.HGet(ctx, k, "v").Val(), "shard %d published", i)
+	}
+	d, err = other.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), d.Version)
+}
+
+// nodeClient connects to one cluster node alone.
+func nodeClient(t *testing.T, addr string) *redis.Client { return client(t, addr) }
+
+// migrateSlot moves slot from the node at from to the node at to, as
+// redis-cli --cluster reshard does: IMPORTING and MIGRATING, then MIGRATE a
+// few keys at a time (pausing, so traffic meets the slot half moved), then
+// the slot assigned to its new owner on every node.
+func migrateSlot(t *testing.T, addrs []string, slot int, from, to string) {
+	t.Helper()
+	ctx := context.Background()
+	src, dst := nodeClient(t, from), nodeClient(t, to)
+	srcID, err := src.Do(ctx, "cluster", "myid").Text()
+	require.NoError(t, err)
+	dstID, err := dst.Do(ctx, "cluster", "myid").Text()
+	require.NoError(t, err)
+	require.NoError(t, dst.Do(ctx, "cluster", "setslot", slot, "importing", srcID).Err())
+	require.NoError(t, src.Do(ctx, "cluster", "setslot", slot, "migrating", dstID).Err())
+	host, port, _ := strings.Cut(to, ":")
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 3).Result()
+		require.NoError(t, err)
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"migrate", host, port, "", 0, 5000, "keys"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		require.NoError(t, src.Do(ctx, args...).Err())
+		time.Sleep(3 * time.Millisecond) // let calls meet the slot half moved
+	}
+	for _, a := range addrs {
+		require.NoError(t, nodeClient(t, a).Do(ctx, "cluster", "setslot", slot, "node", dstID).Err())
+	}
+}
+
+// TestClusterSlotMigration moves the slot of a virtual shard to another
+// master while two stores hammer its keys: every call is answered by Redis
+// (none by the failure rule: MOVED and ASK are followed, TRYAGAIN waited
+// out), and no key admits more than its capacity plus what its rate
+// refilled over the run.
+func TestClusterSlotMigration(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	addr := strings.Join(cl.Addrs(), ",")
+	p := prefix(t)
+	const (
+		keys     = 20
+		capacity = 200
+		rate     = 1 // per second
+	)
+	stores := realStores(t, addr, 2, redisstore.Config{Prefix: p,
+		Policy: policy.Policy{Version: 1, Capacity: capacity, TokensPerSecond: rate}, Timeout: 10 * time.Second})
+	ctx := context.Background()
+	key := func(i int) string { return fmt.Sprint("{hot}", i) } // one shard
+	for i := range keys {
+		_, err := stores[0].Allow(ctx, key(i), 1) // every bucket exists before the move
+		require.NoError(t, err)
+	}
+	cc := clusterClient(t, cl.Addrs())
+	slot := int(cc.ClusterKeySlot(ctx, redisstore.BucketKey(p, key(0))).Val())
+	from := slotOwners(t, cc)(redisstore.BucketKey(p, key(0)))
+	to := cl.Addrs()[0]
+	if to == from {
+		to = cl.Addrs()[1]
+	}
+
+	begin := time.Now()
+	var admitted [keys]atomic.Int64
+	var answered atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		s := stores[w%2]
+		wg.Go(func() {
+			for i := w; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := i % keys
+				d, err := s.Allow(ctx, key(k), 1)
+				if assert.NoError(t, err) {
+					answered.Add(1)
+					if d.Allowed {
+						admitted[k].Add(1)
+					}
+				}
+			}
+		})
+	}
+	for answered.Load() < 200 {
+		runtime.Gosched()
+	}
+	migrateSlot(t, cl.Addrs(), slot, from, to)
+	for seen := answered.Load(); answered.Load() < seen+200; {
+		runtime.Gosched() // traffic on the new owner, through a stale slot map: MOVED
+	}
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(begin)
+
+	require.Equal(t, to, slotOwners(t, cc)(redisstore.BucketKey(p, key(0))), "the slot moved")
+	bound := int64(capacity - 1 + rate*(int64(elapsed/time.Second)+1))
+	for k := range keys {
+		require.LessOrEqual(t, admitted[k].Load(), bound, "key %d admitted more than its credit", k)
+	}
+	for _, s := range stores {
+		require.Zero(t, s.Stats().Failures, "a call answered by the failure rule")
+	}
+	t.Logf("%d calls over %v; slot %d moved from %s to %s", answered.Load(), elapsed, slot, from, to)
+}
+
+// TestClusterMasterKilled kills the master that holds a key's shard: calls
+// on that key are answered by the failure rule (closed, then open), keys
+// of shards on the other masters are decided as before, and once the
+// master is back (its data kept: append-only) both are decided again.
+func TestClusterMasterKilled(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	addr := strings.Join(cl.Addrs(), ",")
+	p := prefix(t)
+	cc := clusterClient(t, cl.Addrs())
+	owner := slotOwners(t, cc)
+	ctx := context.Background()
+	pol := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
+	for _, failOpen := range []bool{false, true} {
+		stores := realStores(t, addr, 1, redisstore.Config{Prefix: p, Policy: pol, FailOpen: failOpen,
+			FailRetryAfter: 7 * time.Second, Timeout: 300 * time.Millisecond})
+		s := stores[0]
+		dead := cl.Addrs()[1]
+		victim, alive := "", ""
+		for i := 0; victim == "" || alive == ""; i++ {
+			k := fmt.Sprint("key", i)
+			if owner(redisstore.BucketKey(p, k)) == dead {
+				victim = k
+			} else {
+				alive = k
+			}
+		}
+		d, err := s.Allow(ctx, victim, 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		before, at := d.Remaining, time.Now()
+
+		cl.Node(1).Kill()
+		for range 3 {
+			d, err := s.Allow(ctx, victim, 1)
+			require.NoError(t, err)
+			require.Equal(t, failOpen, d.Allowed, "the failure rule")
+			if !failOpen {
+				require.Equal(t, 7*time.Second, d.RetryAfter)
+			}
+		}
+		require.GreaterOrEqual(t, s.Stats().Failures, uint64(3))
+		f := s.Stats().Failures
+		d, err = s.Allow(ctx, alive, 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "a shard on a live master is still decided")
+		require.Equal(t, f, s.Stats().Failures)
+
+		cl.Node(1).Restart(t)
+		cl.Wait(t)
+		for i := 0; ; i++ {
+			require.Less(t, i, 100, "service did not resume after the master came back")
+			f := s.Stats().Failures
+			d, err = s.Allow(ctx, victim, 1)
+			require.NoError(t, err)
+			if s.Stats().Failures == f {
+				break
+			}
+			time.Sleep(50 * time.Millisecond) // the cluster reconverging, not the store
+		}
+		require.True(t, d.Allowed)
+		// kept across the restart, nothing taken while down, refilled at 1/s meanwhile
+		require.GreaterOrEqual(t, d.Remaining, before-1)
+		require.LessOrEqual(t, d.Remaining, min(99, before-1+int64(time.Since(at)/time.Second)+1))
+		pol.Version++
+		require.NoError(t, s.ReplacePolicy(ctx, pol, pol.Version-1))
+	}
 }

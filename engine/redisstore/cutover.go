@@ -52,6 +52,16 @@ const minLockTTL = 10 * time.Second
 // If the publish's answer is lost and Redis cannot then be asked which
 // version is in force, the outcome is unknown: the call returns an error
 // wrapping ErrUnavailable, and Policy (or any later call) tells.
+//
+// Each virtual shard keeps its own copy of the version in force. On one
+// server the publish moves every copy in one script. On Redis Cluster it
+// is the package doc's four steps: record the cutover in the global keys
+// (the compare-and-set, under the lock), prepare every shard (each then
+// refuses every caller), commit in the global keys, publish every shard.
+// Once recorded the cutover is made: if a later step fails, the call
+// returns an error wrapping ErrUnavailable that says so, and the next store
+// call that meets a prepared shard, or the next New or ReplacePolicy on the
+// prefix, finishes it.
 func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error {
 	if err := next.Validate(); err != nil {
 		return err

@@ -112,16 +112,78 @@
 // alone were lost) restarts empty at the current cutover: a denial too
 // many, never a free burst.
 //
-// Keys are Prefix + "policy", "history", "blobs", "lock", "pending", and
-// Prefix + "k:" + key for each bucket. No store's prefix may begin with
-// another's ("a:" and "a:k:" would see each other's keys). A bucket is a
-// string of decimals: "units last version capacity rate" for its primary
-// band, the rate "N" for N per second or "N/P" for N per P ns, then the
-// units of each further band. A key of one band per second (every policy
-// written with TokensPerSecond) has the layout it always had, byte for
-// byte; each band adds a space and its units, up to 39 digits.
+// Keys are Prefix + "{" + tag + "}" + name. The prefix's global keys share
+// one tag, "g" and a hash of the prefix: "policy" (the version in force,
+// the number of virtual shards, a cluster cutover's record), "history"
+// (every retained version, oldest first), "blobs" (the retained policies)
+// and "lock" (the cutover lock). Each bucket belongs to one of
+// Config.VirtualShards virtual shards (DefaultVirtualShards, 16, unless
+// set; the first store on a prefix stores the number, and later stores
+// use it), shard = FNV-1a(key) mod the number, where a key holding a hash
+// tag (its first "{...}", not empty) is hashed by the tag alone, so keys
+// sharing a tag share a shard. A shard's keys share its own tag, chosen so
+// that the shards' hash slots spread evenly over the 16384 (and so over
+// the masters of a cluster whose slots are split evenly): "p" (its copy of
+// the version in force), "h" (its copy of the history, with the cutover
+// instants the script replays), "n" (its pending flag) and "k:" + key for
+// each bucket. One script call touches one shard's keys, so one hash slot.
+// A prefix that holds a hash tag of its own puts every key in that tag's
+// one slot: it works, nothing spreads. No store's prefix may begin with
+// another's. A bucket is a string of decimals: "units last version
+// capacity rate" for its primary band, the rate "N" for N per second or
+// "N/P" for N per P ns, then the units of each further band.
+//
+// # Redis Cluster
+//
+// Config.Client may be a *redis.ClusterClient. A decision's script call
+// runs in its key's virtual shard; AllowBatch sends each shard's requests
+// as calls of their own, pipelined (go-redis sends each master its part in
+// one round trip). AllowAll runs one script, so on a cluster its keys must
+// be in one virtual shard (give them one {tag}), else it returns
+// ErrCrossShard; on one server its keys may be in any shards. Keyspace
+// passes (EvictFull, KeyCount, a cutover's) scan every master. The scripts
+// are loaded on every master (go-redis's ScriptLoad on a cluster).
+//
+// A script call is never sent twice, on a cluster too: go-redis follows
+// MOVED and ASK (the script did not run) for these commands as for any,
+// and never retries one whose reply was lost. While a slot migrates, Redis
+// answers TRYAGAIN to a call whose keys are split between the two masters
+// (or which would create a bucket there): the script did not run, and the
+// store sends it again after a pause, within the call's deadline.
+//
+// A cutover moves every shard's copy of the version. On one server one
+// script moves them all at once, as it always has. On a cluster no script
+// can, so a cutover has four steps, each conditional and idempotent:
+//
+//  1. record: under the lock, if the expected version is in force, the
+//     next policy and the cutover to make are written to the global keys;
+//     from here on the cutover is made, by this process or another;
+//  2. prepare: every shard's version becomes "p" and the next, which the
+//     decide script refuses to every caller;
+//  3. commit: once every shard is prepared, the next version is in force
+//     in the global keys;
+//  4. publish: each shard takes the next version, its cutover instant its
+//     own TIME.
+//
+// No caller decides under the old version once any has decided under the
+// next: every shard stops deciding under the old version (step 2) before
+// any decides under the next (step 4 follows step 3, which follows step 2
+// on every shard). A store whose call meets a prepared shard finishes the
+// cutover itself (steps 2 to 4, or 4 alone once committed) and sends the
+// call again, so a process that dies mid-cutover blocks no one: every
+// call finishes it, as does New. The pending flag of a lengthening
+// cutover is set in every shard after the lock is checked, not with it (a
+// different slot): a holder whose lock expired in between adds a flag of
+// its own, which costs memory (buckets written without expiry until the
+// flag expires), never tokens.
 //
 // # Rolling upgrades
+//
+// Stores built before virtual shards existed keep their buckets and policy
+// under other keys (Prefix + "policy", Prefix + "k:" + key): they do not
+// share a quota with this version's stores on the same prefix. Stop them
+// before starting this version on a prefix, or give it a new prefix; the
+// old keys are not read (their buckets expire on their own).
 //
 // Stores built before rates of any period and bands existed cannot read a
 // policy whose Refill (the policy's or an override's) is other than per
@@ -144,9 +206,9 @@
 // an error wrapping ErrUnavailable instead; a pass over the keyspace bounds
 // each exchange, not the whole pass.
 //
-// The store needs one Redis, 6.2 or later (tested with 7.0), or a primary
-// behind Sentinel through redis.NewFailoverClient: one script touches the
-// policy keys and every bucket of its chunk, which Redis Cluster only
-// allows within one hash slot. Redis Cluster is not supported, so every
-// key of an AllowAll is on the one server its script runs on.
+// The store needs Redis 6.2 or later (tested with 7.0): one server, a
+// primary behind Sentinel through redis.NewFailoverClient, or a Redis
+// Cluster (see Redis Cluster above). On a cluster, a master that is down
+// answers its shards' calls by the failure rule, and the other masters'
+// shards decide as before.
 package redisstore

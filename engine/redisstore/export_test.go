@@ -1,5 +1,16 @@
 package redisstore
 
+import "github.com/tokenshard/tokenshard/policy"
+
+// PolicyBlob is p as the store keeps it in Redis.
+func PolicyBlob(p policy.Policy) string {
+	b, err := encodePolicy(p)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
 // Key names, for tests that read or write Redis directly. They assume
 // DefaultVirtualShards, as every test store has unless it sets
 // Config.VirtualShards.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -37,6 +38,20 @@ func client(t testing.TB, addr string) *redis.Client {
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
+
+// anyClient is client, or for an addr of several addresses joined by commas
+// (clusterAddr) a *redis.ClusterClient, so that a test written against one
+// server runs on a cluster unchanged.
+func anyClient(t testing.TB, addr string) redis.UniversalClient {
+	t.Helper()
+	if strings.Contains(addr, ",") {
+		return clusterClient(t, strings.Split(addr, ","))
+	}
+	return client(t, addr)
+}
+
+// clusterAddr is the shared Redis Cluster's masters, as client takes them.
+func clusterAddr(t testing.TB) string { return strings.Join(redistest.ClusterAddrs(t), ",") }
 
 // prefix is a fresh key prefix, so tests sharing one server never meet.
 func prefix(t testing.TB) string {

@@ -29,13 +29,13 @@ func realStores(t *testing.T, addr string, n int, cfg redisstore.Config) []*redi
 	stores := make([]*redisstore.Store, n)
 	for i := range stores {
 		c := cfg
-		c.Client = client(t, addr)
+		c.Client = anyClient(t, addr)
 		s, err := redisstore.New(context.Background(), c)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Close() })
 		stores[i] = s
 	}
-	t.Cleanup(func() { cleanPrefix(client(t, addr), cfg.Prefix) })
+	t.Cleanup(func() { cleanPrefix(anyClient(t, addr), cfg.Prefix) })
 	return stores
 }
 
