@@ -756,7 +756,7 @@ func diffCheckAs(tr diffTrace, mk diffMaker, c *counters, flags string) error {
 // meanwhile, within diffShrinkTime, because a violation without its
 // reproduction is worth much less.
 func runDifferential(ctx context.Context, o options, c *counters) error {
-	if o.redis != "" {
+	if o.redis != "" || o.redisCluster != "" {
 		return runDifferentialRedis(ctx, o, c)
 	}
 	shards := []int{1, 2, 16}

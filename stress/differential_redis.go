@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -38,7 +39,7 @@ const (
 // diffRedis is a Redis store behind diffTarget. It is used by one goroutine.
 type diffRedis struct {
 	s       *redisstore.Store
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	prefix  string
 	manual  *clock.Manual
 	c       *counters
@@ -47,11 +48,11 @@ type diffRedis struct {
 
 // diffRedisMaker returns the maker of Redis targets on rdb, which must have
 // ContextTimeoutEnabled; the caller closes rdb after the last target.
-func diffRedisMaker(rdb *redis.Client) diffMaker {
+func diffRedisMaker(rdb redis.UniversalClient) diffMaker {
 	return func(cfg diffConfig, c *counters) (diffTarget, error) { return diffNewRedis(rdb, cfg, c) }
 }
 
-func diffNewRedis(rdb *redis.Client, cfg diffConfig, c *counters) (diffTarget, error) {
+func diffNewRedis(rdb redis.UniversalClient, cfg diffConfig, c *counters) (diffTarget, error) {
 	if !cfg.store || cfg.maxKeys != 0 || cfg.regress || cfg.shards > 1 {
 		return nil, fmt.Errorf("differential: the Redis store replays only diffGenerateStore's traces (maxKeys 0, no regression, one shard), not %s", cfg)
 	}
@@ -187,35 +188,50 @@ func (d *diffRedis) close() error {
 func (d *diffRedis) clean() error {
 	ctx, cancel := context.WithTimeout(context.Background(), diffRedisTimeout)
 	defer cancel()
-	var keys []string
-	iter := d.rdb.Scan(ctx, 0, d.prefix+"*", 1000).Iterator() // the prefix is hex: no glob characters
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		return fmt.Errorf("differential: deleting the keys of prefix %s: %w", d.prefix, err)
-	}
-	if len(keys) > 0 {
-		if err := d.rdb.Unlink(ctx, keys...).Err(); err != nil {
+	clean := func(ctx context.Context, rdb redis.UniversalClient) error {
+		var keys []string
+		iter := rdb.Scan(ctx, 0, d.prefix+"*", 1000).Iterator() // the prefix is hex: no glob characters
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
 			return fmt.Errorf("differential: deleting the keys of prefix %s: %w", d.prefix, err)
 		}
+		for _, k := range keys { // one by one: on a cluster they are in many slots
+			if err := rdb.Unlink(ctx, k).Err(); err != nil {
+				return fmt.Errorf("differential: deleting the keys of prefix %s: %w", d.prefix, err)
+			}
+		}
+		return nil
 	}
-	return nil
+	if cc, ok := d.rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return clean(ctx, c) })
+	}
+	return clean(ctx, d.rdb)
 }
 
-// runDifferentialRedis is runDifferential on the Redis store at o.redis.
+// runDifferentialRedis is runDifferential on the Redis store at o.redis,
+// or on the Redis Cluster at o.redisCluster (its traces have no AllowAll,
+// which a cluster takes only within one virtual shard).
 func runDifferentialRedis(ctx context.Context, o options, c *counters) (err error) {
-	rdb := redis.NewClient(&redis.Options{Addr: o.redis, ContextTimeoutEnabled: true})
+	var rdb redis.UniversalClient
+	label := "-redis " + o.redis
+	if o.redisCluster != "" {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(o.redisCluster, ","), ContextTimeoutEnabled: true})
+		label = "-redis-cluster " + o.redisCluster
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: o.redis, ContextTimeoutEnabled: true})
+	}
 	defer func() { err = errors.Join(err, rdb.Close()) }()
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
-		return fmt.Errorf("differential: -redis %s: %w", o.redis, err)
+		return fmt.Errorf("differential: %s: %w", label, err)
 	}
 	mk := diffRedisMaker(rdb)
 	for i := uint64(0); ctx.Err() == nil; i++ {
 		tr := diffGenerateStore(o.seed+i, diffOpsPerTrace)
-		if err := diffCheckAs(tr, mk, c, "-redis "+o.redis); err != nil {
+		if err := diffCheckAs(tr, mk, c, label); err != nil {
 			return err
 		}
 		c.traces.Add(1)

@@ -23,7 +23,8 @@
 //     host:port the traces are replayed on the Redis store
 //     (engine/redisstore) at that server instead of the engine, in the
 //     configurations the two share (no key bound, a clock that never steps
-//     back, and no AllowAll, Peek or Refund);
+//     back, and no AllowAll, Peek or Refund); -redis-cluster host:port,...
+//     does the same on a Redis Cluster;
 //   - conservation: many goroutines of Allow, AllowBatch and AllowAll over a
 //     skewed key set under the real monotonic clock, while a coordinator cuts
 //     over policies (stale attempts included) and sweeps; no key is ever
@@ -60,6 +61,7 @@ type options struct {
 	seed         uint64
 	checks       []string
 	redis        string // host:port: the differential check replays on a Redis store there
+	redisCluster string // host:port,...: the same on a Redis Cluster
 }
 
 // check is one independent invariant check. run works until ctx ends (or its
@@ -107,6 +109,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&names, "check", "all", "comma-separated checks: "+checkNames()+", or all")
 	fs.StringVar(&o.redis, "redis", "", "Redis `host:port`: the differential check replays its traces on a Redis store there\n"+
 		"instead of the engine (fresh key prefixes, deleted after each trace); other checks still use engines")
+	fs.StringVar(&o.redisCluster, "redis-cluster", "", "Redis Cluster masters `host:port,host:port,...`: as -redis, on a cluster")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -139,8 +142,13 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		}
 		o.checks = append(o.checks, n)
 	}
-	if o.redis != "" && !slices.Contains(o.checks, "differential") {
-		err := fmt.Errorf("stress: -redis applies only to the differential check; add -check differential")
+	if o.redis != "" && o.redisCluster != "" {
+		err := fmt.Errorf("stress: -redis and -redis-cluster exclude each other")
+		fmt.Fprintln(stderr, err)
+		return o, err
+	}
+	if (o.redis != "" || o.redisCluster != "") && !slices.Contains(o.checks, "differential") {
+		err := fmt.Errorf("stress: -redis and -redis-cluster apply only to the differential check; add -check differential")
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
