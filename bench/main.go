@@ -29,7 +29,7 @@ type config struct {
 	cpus      []int
 	keys      int       // keys for the memory and stall measurements
 	procs     int       // GOMAXPROCS when the run began: the Redis section's
-	redisAddr string    // the Redis server to measure redisstore on; "" skips it
+	redisAddr string    // the Redis server to measure redisstore on (a cluster's masters, joined by commas); "" skips it
 	prog      *progress // what is being measured, on stderr; nil reports nothing
 }
 
@@ -37,13 +37,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg config
-	var cpus, parts string
+	var cpus, parts, redisCluster string
 	fs.BoolVar(&cfg.quick, "quick", false, "shorter runs and smaller key sets (under 30 s)")
 	fs.StringVar(&parts, "parts", "decisions,memory,latency,allowall,redis", "which tables to measure, comma-separated")
 	fs.StringVar(&cfg.redisAddr, "redis", "", "measure redisstore on the Redis server at this address (host:port), under a fresh key prefix it deletes afterwards; \"\" skips the Redis table")
+	fs.StringVar(&redisCluster, "redis-cluster", "", "measure redisstore on the Redis Cluster whose masters are at these addresses (host:port,host:port,...), as -redis does on one server")
 	fs.StringVar(&cpus, "cpu", "1,2", "GOMAXPROCS values to measure, comma-separated")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	switch {
+	case redisCluster != "" && cfg.redisAddr != "":
+		fmt.Fprintln(stderr, "bench: -redis and -redis-cluster exclude each other")
+		return 2
+	case redisCluster != "":
+		cfg.redisAddr = redisCluster // several addresses: a cluster's (newRedisClient)
 	}
 	for _, f := range strings.Split(cpus, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))

@@ -112,8 +112,12 @@ func redisSection(out io.Writer, cfg config) error {
 		return fmt.Errorf("redis: loading redis_rate's script: %w", err)
 	}
 
-	fmt.Fprintf(out, "redis: one Redis %s at %s on loopback, on the same %d-core machine as the client: client and server share the cores (GOMAXPROCS %d); each cell the median of %d interleaved rounds of %s (engine rows %s)\n",
-		serverVersion(ctx, rdb), cfg.redisAddr, runtime.NumCPU(), cfg.procs, times.rounds, times.store, times.engine)
+	what := "one Redis"
+	if n := masters(ctx, rdb); n > 1 || strings.Contains(cfg.redisAddr, ",") {
+		what = fmt.Sprintf("a Redis Cluster of %d masters (script time and CPU summed over them), Redis", n)
+	}
+	fmt.Fprintf(out, "redis: %s %s at %s on loopback, on the same %d-core machine as the client: client and server share the cores (GOMAXPROCS %d); each cell the median of %d interleaved rounds of %s (engine rows %s)\n",
+		what, serverVersion(ctx, rdb), cfg.redisAddr, runtime.NumCPU(), cfg.procs, times.rounds, times.store, times.engine)
 	fmt.Fprintln(out, "redis: x engine = ns per decision / the engine's with the same batch; "+
 		"script = time Redis spent in EVALSHA and FCALL per decision (INFO commandstats), and its share of the wall time; "+
 		"Redis CPU = the server's used_cpu_sys+used_cpu_user (INFO CPU) per decision; + flags other clients' commands")
@@ -221,7 +225,7 @@ type rowRounds struct {
 // measure appends a row per contender for c: rounds interleaved (every row
 // once per round), each row the median of its rounds, with INFO
 // commandstats and CPU and the store's Stats read around each.
-func (rep *redisReport) measure(ctx context.Context, rdb *redis.Client, c redisCell) {
+func (rep *redisReport) measure(ctx context.Context, rdb redis.UniversalClient, c redisCell) {
 	var errs atomic.Int64
 	rows := make([]rowRounds, len(redisRows))
 	for i := range rows {

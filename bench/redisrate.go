@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -47,23 +48,31 @@ func (r *rateRecorder) EvalSha(ctx context.Context, sha string, keys []string, a
 }
 
 // rateSHA is the SHA of redis_rate's script, loaded on rdb.
-func rateSHA(ctx context.Context, rdb *redis.Client) (string, error) {
+func rateSHA(ctx context.Context, rdb redis.UniversalClient) (string, error) {
 	rec := &rateRecorder{Cmdable: rdb}
 	if _, err := redis_rate.NewLimiter(rec).Allow(ctx, "x", redis_rate.PerSecond(1)); err != nil {
 		return "", err
 	}
 	// Run loads the script itself after a NOSCRIPT; the pipelined rows
-	// send EVALSHA only.
-	if _, err := redis_rate.NewLimiter(rdb).Allow(ctx, "tsbench-load", redis_rate.PerSecond(1)); err != nil {
-		return "", err
+	// send EVALSHA only. On a cluster it loads it on the master of its key:
+	// keys of many slots reach every master.
+	n := 1
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		n = 256
 	}
-	_ = rdb.Del(ctx, rateKeyPrefix+"tsbench-load").Err()
+	for i := range n {
+		k := fmt.Sprint("tsbench-load-", i)
+		if _, err := redis_rate.NewLimiter(rdb).Allow(ctx, k, redis_rate.PerSecond(1)); err != nil {
+			return "", err
+		}
+		_ = rdb.Del(ctx, rateKeyPrefix+k).Err()
+	}
 	return rec.sha, nil
 }
 
 // ratePeer is redis_rate on one scenario's keys.
 type ratePeer struct {
-	rdb   *redis.Client
+	rdb   redis.UniversalClient
 	l     *redis_rate.Limiter
 	limit redis_rate.Limit
 	sha   string
@@ -166,21 +175,25 @@ func (p *ratePeer) prespend(ctx context.Context, names []string) error {
 
 // redisCPU is the server's CPU time (INFO CPU used_cpu_sys + used_cpu_user)
 // in seconds.
-func redisCPU(ctx context.Context, rdb *redis.Client) (float64, error) {
-	info, err := rdb.Info(ctx, "cpu").Result()
-	if err != nil {
-		return 0, err
-	}
+// On a cluster it is the masters' sum.
+func redisCPU(ctx context.Context, rdb redis.UniversalClient) (float64, error) {
 	total := 0.0
-	for _, line := range strings.Split(info, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return 0, err
-			}
-			total += f
+	err := servers(ctx, rdb, func(rdb redis.UniversalClient) error {
+		info, err := rdb.Info(ctx, "cpu").Result()
+		if err != nil {
+			return err
 		}
-	}
-	return total, nil
+		for _, line := range strings.Split(info, "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+			if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					return err
+				}
+				total += f
+			}
+		}
+		return nil
+	})
+	return total, err
 }

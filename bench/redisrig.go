@@ -46,9 +46,15 @@ const redisTimeout = 5 * time.Second
 
 // newRedisClient connects to addr as redisstore requires, with go-redis's
 // default pools (10 connections per GOMAXPROCS, plus 10 for pipelines),
-// and checks that something answers.
-func newRedisClient(ctx context.Context, addr string) (*redis.Client, error) {
-	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+// and checks that something answers. An addr of several addresses joined
+// by commas is a Redis Cluster's masters (-redis-cluster).
+func newRedisClient(ctx context.Context, addr string) (redis.UniversalClient, error) {
+	var rdb redis.UniversalClient
+	if strings.Contains(addr, ",") {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addr, ","), ContextTimeoutEnabled: true})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
@@ -56,6 +62,38 @@ func newRedisClient(ctx context.Context, addr string) (*redis.Client, error) {
 		return nil, fmt.Errorf("redis at %s: %w", addr, err)
 	}
 	return rdb, nil
+}
+
+// servers calls f with each server of rdb: the one, or every master of a
+// cluster in turn.
+func servers(ctx context.Context, rdb redis.UniversalClient, f func(c redis.UniversalClient) error) error {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return f(rdb)
+	}
+	var ms []redis.UniversalClient
+	var mu sync.Mutex
+	if err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		ms = append(ms, c)
+		mu.Unlock()
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if err := f(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// masters is how many servers rdb has: 1, or a cluster's masters.
+func masters(ctx context.Context, rdb redis.UniversalClient) int {
+	n := 0
+	_ = servers(ctx, rdb, func(redis.UniversalClient) error { n++; return nil })
+	return n
 }
 
 // freshPrefix is a key prefix no earlier run used: "tsbench:<16 hex>:".
@@ -68,29 +106,32 @@ func freshPrefix() string {
 // deletePrefix deletes every key under prefix (SCAN prefix* then DEL) and
 // returns how many. prefix must hold no glob characters (freshPrefix's
 // do not).
-func deletePrefix(ctx context.Context, rdb *redis.Client, prefix string) (int, error) {
+func deletePrefix(ctx context.Context, rdb redis.UniversalClient, prefix string) (int, error) {
 	n := 0
-	var cursor uint64
-	for {
-		keys, next, err := rdb.Scan(ctx, cursor, prefix+"*", 1000).Result()
-		if err != nil {
-			return n, err
-		}
-		if len(keys) > 0 {
-			del, err := rdb.Del(ctx, keys...).Result()
+	err := servers(ctx, rdb, func(rdb redis.UniversalClient) error {
+		var cursor uint64
+		for {
+			keys, next, err := rdb.Scan(ctx, cursor, prefix+"*", 1000).Result()
 			if err != nil {
-				return n, err
+				return err
 			}
-			n += int(del)
+			for _, k := range keys { // one by one: a cluster's are in many slots
+				del, err := rdb.Del(ctx, k).Result()
+				if err != nil {
+					return err
+				}
+				n += int(del)
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
 		}
-		if cursor = next; cursor == 0 {
-			return n, nil
-		}
-	}
+	})
+	return n, err
 }
 
 // newRedisStore makes a store on prefix with policy p and redisTimeout.
-func newRedisStore(ctx context.Context, rdb *redis.Client, prefix string, p policy.Policy) (*redisstore.Store, error) {
+func newRedisStore(ctx context.Context, rdb redis.UniversalClient, prefix string, p policy.Policy) (*redisstore.Store, error) {
 	return redisstore.New(ctx, redisstore.Config{Client: rdb, Prefix: prefix, Policy: p, Timeout: redisTimeout})
 }
 
@@ -239,12 +280,21 @@ func runFor(ks *keySet, workers, batch int, d time.Duration, newDecider func() d
 // commands it calls, not the I/O).
 type cmdStats struct{ calls, usec int64 }
 
-func readCmdStats(ctx context.Context, rdb *redis.Client) (cmdStats, error) {
-	info, err := rdb.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return cmdStats{}, err
-	}
+func readCmdStats(ctx context.Context, rdb redis.UniversalClient) (cmdStats, error) {
 	var s cmdStats
+	err := servers(ctx, rdb, func(rdb redis.UniversalClient) error {
+		info, err := rdb.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return err
+		}
+		s.add(info)
+		return nil
+	})
+	return s, err
+}
+
+// add adds what one server's INFO commandstats says.
+func (s *cmdStats) add(info string) {
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok || !strings.HasPrefix(name, "cmdstat_") {
@@ -266,11 +316,10 @@ func readCmdStats(ctx context.Context, rdb *redis.Client) (cmdStats, error) {
 			s.usec += usec
 		}
 	}
-	return s, nil
 }
 
 // serverVersion is Redis's version, for the section's title.
-func serverVersion(ctx context.Context, rdb *redis.Client) string {
+func serverVersion(ctx context.Context, rdb redis.UniversalClient) string {
 	info, err := rdb.Info(ctx, "server").Result()
 	if err != nil {
 		return "?"
