@@ -148,7 +148,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	if (o.redis != "" || o.redisCluster != "") && !slices.Contains(o.checks, "differential") {
-		err := fmt.Errorf("stress: -redis and -redis-cluster apply only to the differential check; add -check differential")
+		err := fmt.Errorf("stress: -redis applies only to the differential check, as -redis-cluster does; add -check differential")
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
