@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -526,4 +527,47 @@ func TestClusterMasterKilled(t *testing.T) {
 		pol.Version++
 		require.NoError(t, s.ReplacePolicy(ctx, pol, pol.Version-1))
 	}
+}
+
+// TestClusterLostReplyNotResent: on a cluster, a decision whose reply is
+// lost (the script ran) is answered by the failure rule and never sent
+// again: go-redis's ClusterClient retries commands after a network error,
+// and would take the tokens twice. The client reaches every master through
+// a proxy that drops the connection after forwarding the call on one key.
+func TestClusterLostReplyNotResent(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	ctx := context.Background()
+	shards, err := clusterClient(t, addrs).ClusterShards(ctx).Result()
+	require.NoError(t, err)
+	var slots []redis.ClusterSlot
+	for _, sh := range shards {
+		var master string
+		for _, n := range sh.Nodes {
+			if n.Role == "master" {
+				master = fmt.Sprintf("%s:%d", n.IP, n.Port)
+			}
+		}
+		px := startDropProxy(t, master, regexp.MustCompile(`lost-once`))
+		for _, r := range sh.Slots {
+			slots = append(slots, redis.ClusterSlot{Start: int(r.Start), End: int(r.End), Nodes: []redis.ClusterNode{{Addr: px.ln.Addr().String()}}})
+		}
+	}
+	proxied := redis.NewClusterClient(&redis.ClusterOptions{ContextTimeoutEnabled: true,
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) { return slots, nil }})
+	t.Cleanup(func() { _ = proxied.Close() })
+	p := prefix(t)
+	pol := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	s := newStore(t, redisstore.Config{Client: proxied, Prefix: p, Policy: pol, FailRetryAfter: 3 * time.Second}, clock.NewManual(0))
+	direct := newStore(t, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: pol}, clock.NewManual(0))
+	_, err = direct.Allow(ctx, "warm", 1) // the script loaded on every master: no NOSCRIPT to lose
+	require.NoError(t, err)
+	d, err := s.Allow(ctx, "lost-once", 3)
+	require.NoError(t, err)
+	require.Equal(t, engine.Decision{Allowed: false, RetryAfter: 3 * time.Second, Version: 1, Limit: 10}, d, "the failure rule")
+	require.Equal(t, uint64(1), s.Stats().Failures)
+
+
+	d, err = direct.Peek(ctx, "lost-once")
+	require.NoError(t, err)
+	require.Equal(t, int64(7), d.Remaining, "the script ran once: 3 taken, not 6")
 }
