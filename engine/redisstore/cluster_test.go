@@ -566,7 +566,6 @@ func TestClusterLostReplyNotResent(t *testing.T) {
 	require.Equal(t, engine.Decision{Allowed: false, RetryAfter: 3 * time.Second, Version: 1, Limit: 10}, d, "the failure rule")
 	require.Equal(t, uint64(1), s.Stats().Failures)
 
-
 	d, err = direct.Peek(ctx, "lost-once")
 	require.NoError(t, err)
 	require.Equal(t, int64(7), d.Remaining, "the script ran once: 3 taken, not 6")
