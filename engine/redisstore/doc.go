@@ -135,10 +135,13 @@
 //
 // # Redis Cluster
 //
-// Config.Client may be a *redis.ClusterClient. A decision's script call
-// runs in its key's virtual shard; AllowBatch sends each shard's requests
-// as calls of their own, pipelined (go-redis sends each master its part in
-// one round trip). AllowAll runs one script, so on a cluster its keys must
+// Config.Client may be a *redis.ClusterClient (a *redis.Client pointed at
+// one node of a cluster fails at New: CROSSSLOT or MOVED). A decision's
+// script call runs in its key's virtual shard; AllowBatch sends each
+// shard's requests as calls of their own, pipelined (go-redis sends each
+// master its part in one round trip), so a batch of keys of many shards
+// makes as many calls: fewer virtual shards make fewer, larger calls and
+// spread less. AllowAll runs one script, so on a cluster its keys must
 // be in one virtual shard (give them one {tag}), else it returns
 // ErrCrossShard; on one server its keys may be in any shards. Keyspace
 // passes (EvictFull, KeyCount, a cutover's) scan every master. The scripts
