@@ -570,3 +570,14 @@ func TestClusterLostReplyNotResent(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(7), d.Remaining, "the script ran once: 3 taken, not 6")
 }
+
+// TestPlainClientOnClusterNodeFails: a *redis.Client pointed at one node of
+// a cluster cannot run the store (its scripts span shards, or meet MOVED):
+// New says so rather than a later decision.
+func TestPlainClientOnClusterNodeFails(t *testing.T) {
+	addr := redistest.ClusterAddrs(t)[0]
+	_, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, addr), Prefix: prefix(t),
+		Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, Timeout: 2 * time.Second})
+	require.ErrorIs(t, err, redisstore.ErrUnavailable)
+	t.Log(err)
+}
