@@ -581,3 +581,56 @@ func TestPlainClientOnClusterNodeFails(t *testing.T) {
 	require.ErrorIs(t, err, redisstore.ErrUnavailable)
 	t.Log(err)
 }
+
+// TestClusterMasterLosesData: a master restarts empty (no persistence),
+// losing its shards' policy state, their buckets and perhaps the global
+// keys. The store reinstalls what is missing at the policy it knows and
+// decides again without a new Store: the lost buckets start full (as on
+// one server that lost everything), the others keep their balance.
+func TestClusterMasterLosesData(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	addr := strings.Join(cl.Addrs(), ",")
+	p := prefix(t)
+	cc := clusterClient(t, cl.Addrs())
+	owner := slotOwners(t, cc)
+	ctx := context.Background()
+	pol := policy.Policy{Version: 4, Capacity: 100, TokensPerSecond: 1}
+	s := realStores(t, addr, 1, redisstore.Config{Prefix: p, Policy: pol, Timeout: 300 * time.Millisecond})[0]
+	lost, kept := "", ""
+	for i := 0; lost == "" || kept == ""; i++ {
+		k := fmt.Sprint("key", i)
+		if owner(redisstore.BucketKey(p, k)) == cl.Addrs()[2] {
+			lost = k
+		} else {
+			kept = k
+		}
+	}
+	for _, k := range []string{lost, kept} {
+		d, err := s.Allow(ctx, k, 50)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	cl.RestartEmpty(t, 2)
+	for i := 0; ; i++ {
+		require.Less(t, i, 100, "service did not resume after the master came back empty")
+		f := s.Stats().Failures
+		d, err := s.Allow(ctx, lost, 1)
+		require.NoError(t, err)
+		if s.Stats().Failures == f {
+			require.True(t, d.Allowed)
+			require.Equal(t, int64(99), d.Remaining, "the lost bucket starts full")
+			require.Equal(t, int64(4), d.Version, "under the policy the store reinstalled")
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // the cluster reconverging, not the store
+	}
+	d, err := s.Allow(ctx, kept, 1)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.Less(t, d.Remaining, int64(60), "the other master's bucket kept its balance")
+	pol.Version++
+	require.NoError(t, s.ReplacePolicy(ctx, pol, 4))
+	d, err = s.Allow(ctx, lost, 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), d.Version)
+}

@@ -272,3 +272,26 @@ func stopSharedCluster() {
 	}
 	sharedCluster.procs, sharedCluster.addrs, sharedCluster.dir, sharedCluster.err = nil, nil, "", nil
 }
+
+// RestartEmpty kills the i-th master, deletes its data (its append-only
+// files; the cluster configuration stays, so it keeps its slots) and
+// starts it again: a master that lost its data, as one without persistence
+// does. It waits until the cluster is ready again.
+func (c *Cluster) RestartEmpty(t testing.TB, i int) {
+	t.Helper()
+	s := c.nodes[i]
+	s.Kill()
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "appendonly") || strings.HasSuffix(e.Name(), ".rdb") {
+			if err := os.RemoveAll(filepath.Join(s.dir, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s.Restart(t)
+	c.Wait(t)
+}
