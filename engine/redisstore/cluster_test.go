@@ -507,6 +507,14 @@ func TestClusterMasterKilled(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "a shard on a live master is still decided")
 		require.Equal(t, f, s.Stats().Failures)
+		// a cutover is refused before it prepares any shard: the live
+		// masters' shards go on deciding under the version in force
+		require.ErrorIs(t, s.ReplacePolicy(ctx, policy.Policy{Version: pol.Version + 1, Capacity: 50, TokensPerSecond: 1}, pol.Version), redisstore.ErrUnavailable)
+		d, err = s.Allow(ctx, alive, 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Equal(t, pol.Version, d.Version)
+		require.Equal(t, f, s.Stats().Failures)
 
 		cl.Node(1).Restart(t)
 		cl.Wait(t)

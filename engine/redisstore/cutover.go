@@ -115,6 +115,19 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		}
 	}
 
+	if s.cluster != nil {
+		// A cluster cutover, once recorded, prepares every shard, and the
+		// prepared ones refuse every call until all are: a master known
+		// to be down would stop every shard, not only its own. So every
+		// master must answer first (one that fails later, during the
+		// steps, leaves the cutover to be finished when it is back).
+		if err := s.round(ctx, func(ctx context.Context) error {
+			return s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
+		}); err != nil {
+			return err
+		}
+	}
+
 	// The last moment to abort: once the publish is sent, the call completes
 	// whatever its context, and if the answer is lost on the way, Redis is
 	// asked what happened.

@@ -174,7 +174,10 @@
 // on every shard). A store whose call meets a prepared shard finishes the
 // cutover itself (steps 2 to 4, or 4 alone once committed) and sends the
 // call again, so a process that dies mid-cutover blocks no one: every
-// call finishes it, as does New. The pending flag of a lengthening
+// call finishes it, as does New. A cutover starts only if every master
+// answers; a master that fails between the steps leaves the prepared
+// shards answering by the failure rule until it is back and a call
+// finishes the cutover. The pending flag of a lengthening
 // cutover is set in every shard after the lock is checked, not with it (a
 // different slot): a holder whose lock expired in between adds a flag of
 // its own, which costs memory (buckets written without expiry until the
