@@ -642,3 +642,29 @@ func TestClusterMasterLosesData(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(5), d.Version)
 }
+
+// TestVirtualShardsStored: the first store on a prefix stores its number of
+// virtual shards; a later store with another number uses the stored one,
+// so both map every key to the same bucket. Out of range is refused.
+func TestVirtualShardsStored(t *testing.T) {
+	ctx := context.Background()
+	c := client(t, redisAddr(t))
+	p := prefix(t)
+	pol := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	clk := clock.NewManual(0)
+	a := newStore(t, redisstore.Config{Client: c, Prefix: p, Policy: pol, VirtualShards: 4}, clk)
+	b := newStore(t, redisstore.Config{Client: c, Prefix: p, Policy: pol, VirtualShards: 32}, clk)
+	for i := range 20 {
+		k := fmt.Sprint("k", i)
+		_, err := a.Allow(ctx, k, 3)
+		require.NoError(t, err)
+		d, err := b.Peek(ctx, k)
+		require.NoError(t, err)
+		require.Equal(t, int64(7), d.Remaining, "%s: b sees a's bucket", k)
+	}
+	require.Equal(t, "4", c.HGet(ctx, redisstore.GlobalKey(p, "policy"), "shards").Val())
+	for _, n := range []int{-1, redisstore.MaxVirtualShards + 1} {
+		_, err := redisstore.New(ctx, redisstore.Config{Client: c, Prefix: prefix(t), Policy: pol, VirtualShards: n})
+		require.ErrorIs(t, err, engine.ErrInvalidConfig, "VirtualShards %d", n)
+	}
+}

@@ -88,17 +88,30 @@ func crc16(s string) uint16 {
 
 var tagCache sync.Map // int -> []string
 
-// shardTags returns the hash tags of n virtual shards: shard i's tag is the
-// first "i-j" (j = 0, 1, ...) whose slot lies in a window around the middle
-// of the i-th of n equal ranges of the slots. A cluster created with
-// redis-cli gives each master an equal run of slots, so the shards spread
-// evenly over the masters; every process computes the same tags.
+// evenTags is the most virtual shards whose tags are placed (shardTags);
+// more spread evenly enough by hashing alone.
+const evenTags = 64
+
+// shardTags returns the hash tags of n virtual shards. For n up to
+// evenTags, shard i's tag is the first "i-j" (j = 0, 1, ...) whose slot lies
+// in a window around the middle of the i-th of n equal ranges of the slots:
+// a cluster created with redis-cli gives each master an equal run of
+// slots, so the shards spread evenly over the masters. Above, shard i's tag
+// is "i": that many slots hashed at random spread evenly enough. Every
+// process computes the same tags.
 func shardTags(n int) []string {
 	if v, ok := tagCache.Load(n); ok {
 		return v.([]string)
 	}
 	tags := make([]string, n)
-	w := max(1, slots/n/4)
+	if n > evenTags {
+		for i := range n {
+			tags[i] = strconv.Itoa(i)
+		}
+		tagCache.Store(n, tags)
+		return tags
+	}
+	w := slots / n / 4
 	for i := range n {
 		lo := (2*i+1)*slots/(2*n) - w/2
 		for j := 0; ; j++ {
