@@ -218,7 +218,8 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 	for i := range todo {
 		todo[i].shard = s.shard(todo[i].key)
 	}
-	busy := 0 // rounds that met a slot being migrated (TRYAGAIN)
+	busy := 0     // rounds that met a slot being migrated (TRYAGAIN)
+	eval := false // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
 	for attempt := 0; len(todo) > 0; attempt++ {
 		if attempt == maxAttempts {
 			return deleted, fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
@@ -252,10 +253,10 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 					args = append(args, it.cost, capArg, rate, it.chain)
 				}
 			}
-			cmds[c] = evalShaOnce(ctx, pipe, decideScript, keys, args...)
+			cmds[c] = s.decideCmd(ctx, pipe, keys, args, eval)
 		}
 		_, _ = pipe.Exec(ctx) // each command keeps its own error
-		reload, noScript, tryAgain := false, false, false
+		reload, noScript, noFunc, viaFunc, tryAgain := false, false, false, !eval && !s.noFunc.Load(), false
 		var prepared, missing []int // shards met mid-cutover, and shards with no version
 		var behind []*item          // items of chunks that stopped for a chain
 		var failed error            // the first chunk Redis failed; the others still count
@@ -272,6 +273,23 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				// side: the script did not run. go-redis follows MOVED and ASK
 				// itself, also for these commands it never retries.
 				tryAgain = true
+				todo = append(todo, chunk...)
+				continue
+			case err != nil && viaFunc && funcMissing(err):
+				noFunc = true
+				todo = append(todo, chunk...)
+				continue
+			case err != nil && viaFunc && funcRefused(err):
+				// the call did not run: send it again by EVALSHA
+				s.noFunc.Store(true)
+				noScript = true
+				todo = append(todo, chunk...)
+				continue
+			case err != nil && viaFunc && redis.HasErrorPrefix(err, "OOM"):
+				// Refused before it ran, as a FUNCTION that may write is: by
+				// EVALSHA the call runs and only its writes are refused, so a
+				// denial, or a peek, is still answered.
+				eval = true
 				todo = append(todo, chunk...)
 				continue
 			case err != nil && redis.HasErrorPrefix(err, "OOM") && (mode == "a" || mode == modeAll):
@@ -298,7 +316,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			deleted += r.deleted
 			for i, it := range chunk[:r.done] {
 				if it.out != nil {
-					s.decided(it, st, mode, r.results[2*i], r.results[2*i+1])
+					s.decided(it, st, mode, r.results[3*i].(string), r.results[3*i+1], r.results[3*i+2])
 				}
 				it.done = true
 			}
@@ -361,8 +379,8 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				return deleted, err
 			}
 		}
-		if noScript {
-			if err := decideScript.Load(ctx, s.rdb).Err(); err != nil {
+		if noScript || noFunc {
+			if err := s.loadDecide(ctx, noFunc); err != nil {
 				if ctx.Err() != nil {
 					return deleted, ctx.Err()
 				}
@@ -380,7 +398,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 
 // decided turns a script result of mode "a", "A", "p" or "r" into its
 // Decision. AllowAll counts its own decisions, per request.
-func (s *Store) decided(it *item, st *state, mode, code, units string) {
+func (s *Store) decided(it *item, st *state, mode, code string, x, y any) {
 	switch mode {
 	case "a":
 		if it.combined {
@@ -395,7 +413,7 @@ func (s *Store) decided(it *item, st *state, mode, code, units string) {
 		*it.out = engine.Result{Err: engine.ErrCostExceedsCapacity}
 		return
 	}
-	d, err := decision(st.p.ShapeAt(it.idx), mode, code, units, it.cost)
+	d, err := decision(st.p.ShapeAt(it.idx), mode, code, x, y, it.cost)
 	if err != nil {
 		*it.out = engine.Result{Err: fmt.Errorf("%w: %w", ErrUnavailable, err)}
 		return
@@ -407,16 +425,20 @@ func (s *Store) decided(it *item, st *state, mode, code, units string) {
 // decision is the Decision of a script result for a key of shape sh: for
 // mode "a", of the request of cost the script decided (code "1" allowed, "0"
 // denied); for modes "p" and "r", of a request of one token taking nothing,
-// as the bands stand after the operation. units are the balances the script
-// returned, one per band. The binding band is chosen by the policy
-// package's rule (policy.DecideLevels), from the balances the decision saw.
-func decision(sh policy.Shape, mode, code, units string, cost int64) (engine.Decision, error) {
+// as the bands stand after the operation. x and y are the balance the
+// script returned: whole tokens and the fraction (two integers, the fast
+// path's), or the units of each band as decimals and "". The binding band
+// is chosen by the policy package's rule (policy.DecideLevels), from the
+// balances the decision saw.
+func decision(sh policy.Shape, mode, code string, x, y any, cost int64) (engine.Decision, error) {
+	var buf [1 + policy.MaxBands]policy.Level
+	lv := buf[:sh.Len()]
+	if err := levels(sh, x, y, lv); err != nil {
+		return engine.Decision{}, err
+	}
 	if mode == "a" && plain(sh) {
 		// The one band of a rate per second, as the store always decided it.
-		b, err := parseUnits(units)
-		if err != nil {
-			return engine.Decision{}, err
-		}
+		b := policy.Bucket{Tokens: lv[0].Tokens, Frac: uint32(lv[0].Frac)}
 		lim := sh.Primary
 		d := engine.Decision{
 			Allowed:    code == "1",
@@ -430,20 +452,6 @@ func decision(sh policy.Shape, mode, code, units string, cost int64) (engine.Dec
 		}
 		return d, nil
 	}
-	var buf [1 + policy.MaxBands]policy.Level
-	lv := buf[:sh.Len()]
-	rest := units
-	for i := range lv {
-		u, tail, _ := strings.Cut(rest, " ")
-		l, err := parseLevel(u, period(sh.Band(i)))
-		if err != nil {
-			return engine.Decision{}, err
-		}
-		lv[i], rest = l, tail
-	}
-	if rest != "" {
-		return engine.Decision{}, fmt.Errorf("balances %q for %d bands", units, sh.Len())
-	}
 	var o policy.Outcome
 	var at int
 	if mode == "a" {
@@ -453,7 +461,7 @@ func decision(sh policy.Shape, mode, code, units string, cost int64) (engine.Dec
 			}
 		}
 		if o, at = policy.DecideLevels(sh, lv, cost); o.Allowed != (code == "1") {
-			return engine.Decision{}, fmt.Errorf("the script decided %q on balances %q that decide %v", code, units, o.Allowed)
+			return engine.Decision{}, fmt.Errorf("the script decided %q on balances %v %v that decide %v", code, x, y, o.Allowed)
 		}
 	} else {
 		o, at = policy.PeekLevels(sh, lv)
@@ -466,6 +474,36 @@ func decision(sh policy.Shape, mode, code, units string, cost int64) (engine.Dec
 		ResetAfter: durationOf(o.ResetAfter),
 		Band:       sh.BandName(at),
 	}, nil
+}
+
+// levels reads a script's balance (see decision) into lv, one level per
+// band of sh.
+func levels(sh policy.Shape, x, y any, lv []policy.Level) error {
+	if t, ok := x.(int64); ok {
+		f, ok := y.(int64)
+		if !ok || len(lv) != 1 || t < 0 || f < 0 || uint64(f) >= period(sh.Primary) {
+			return fmt.Errorf("balance %v %v for %d bands", x, y, len(lv))
+		}
+		lv[0] = policy.Level{Tokens: t, Frac: uint64(f)}
+		return nil
+	}
+	units, ok := x.(string)
+	if !ok {
+		return fmt.Errorf("balance %v %v", x, y)
+	}
+	rest := units
+	for i := range lv {
+		u, tail, _ := strings.Cut(rest, " ")
+		l, err := parseLevel(u, period(sh.Band(i)))
+		if err != nil {
+			return err
+		}
+		lv[i], rest = l, tail
+	}
+	if rest != "" {
+		return fmt.Errorf("balances %q for %d bands", units, sh.Len())
+	}
+	return nil
 }
 
 // chains gives each item its own shapes under the retained versions that
@@ -559,63 +597,50 @@ type reply struct {
 	status  string
 	done    int
 	deleted int
-	behind  string   // "chain": the bucket's version; "stale": the shard's
-	results []string // mode "a": code and units per done bucket
+	behind  string // "chain": the bucket's version; "stale": the shard's
+	results []any  // modes "a", "A", "p", "r": three per done bucket
 }
 
 func parseReply(raw []any) (reply, error) {
 	var r reply
-	strs := make([]string, len(raw))
-	for i, v := range raw {
-		s, ok := v.(string)
-		if !ok {
-			return r, fmt.Errorf("%w: unexpected script reply %v", ErrUnavailable, raw)
-		}
-		strs[i] = s
-	}
-	if len(strs) == 0 {
+	if len(raw) == 0 {
 		return r, fmt.Errorf("%w: empty script reply", ErrUnavailable)
 	}
-	r.status = strs[0]
+	var ok bool
+	if r.status, ok = raw[0].(string); !ok {
+		return r, fmt.Errorf("%w: unexpected script reply %v", ErrUnavailable, raw)
+	}
 	if r.status == "stale" || r.status == "nopolicy" {
-		if len(strs) > 1 {
-			r.behind = strs[1] // the shard's version
+		if len(raw) > 1 {
+			r.behind, _ = raw[1].(string) // the shard's version
 		}
 		return r, nil
 	}
-	if len(strs) < 5 {
-		return r, fmt.Errorf("%w: short script reply %v", ErrUnavailable, strs)
+	if len(raw) < 4 {
+		return r, fmt.Errorf("%w: short script reply %v", ErrUnavailable, raw)
 	}
-	var err1, err2 error
-	r.done, err1 = strconv.Atoi(strs[3])
-	r.deleted, err2 = strconv.Atoi(strs[4])
-	rest := strs[5:]
+	done, ok1 := raw[2].(int64)
+	deleted, ok2 := raw[3].(int64)
+	r.done, r.deleted = int(done), int(deleted)
+	rest := raw[4:]
 	if r.status == "chain" {
 		if len(rest) == 0 {
-			return r, fmt.Errorf("%w: short script reply %v", ErrUnavailable, strs)
+			return r, fmt.Errorf("%w: short script reply %v", ErrUnavailable, raw)
 		}
-		r.behind, rest = rest[0], rest[1:]
+		r.behind, ok = rest[0].(string)
+		ok1 = ok1 && ok
+		rest = rest[1:]
 	}
 	r.results = rest
-	if err := errors.Join(err1, err2); err != nil || (len(rest) != 0 && len(rest) != 2*r.done) {
-		return r, fmt.Errorf("%w: malformed script reply %v", ErrUnavailable, strs)
+	if !ok1 || !ok2 || done < 0 || (len(rest) != 0 && len(rest) != 3*r.done) {
+		return r, fmt.Errorf("%w: malformed script reply %v", ErrUnavailable, raw)
+	}
+	for i := 0; i < len(rest); i += 3 {
+		if _, ok := rest[i].(string); !ok {
+			return r, fmt.Errorf("%w: malformed script reply %v", ErrUnavailable, raw)
+		}
 	}
 	return r, nil
-}
-
-// parseUnits reads a balance in units (a decimal string below 2^63 * 1e9)
-// as a Bucket's whole tokens and fraction.
-func parseUnits(units string) (policy.Bucket, error) {
-	whole, frac := "0", units
-	if n := len(units); n > 9 {
-		whole, frac = units[:n-9], units[n-9:]
-	}
-	t, err1 := strconv.ParseInt(whole, 10, 64)
-	f, err2 := strconv.ParseUint(frac, 10, 32)
-	if err := errors.Join(err1, err2); err != nil || units == "" {
-		return policy.Bucket{}, fmt.Errorf("malformed balance %q", units)
-	}
-	return policy.Bucket{Tokens: t, Frac: uint32(f)}, nil
 }
 
 // noRetryCmd is a script call go-redis must not send again after a lost

@@ -356,6 +356,7 @@ func (rig *bandRig) run(t *testing.T, s *redisstore.Store, pfx string, m *mState
 	ctx := context.Background()
 	key := redisstore.BucketKey(pfx, "k")
 	before, _ := rig.rdb.Get(ctx, key).Result()
+	before = redisstore.DecimalBucket(before)
 	var got engine.Decision
 	var err error
 	switch op.kind {
@@ -388,7 +389,15 @@ func (rig *bandRig) run(t *testing.T, s *redisstore.Store, pfx string, m *mState
 	}
 	require.Equal(t, want, got, what)
 	after, err := rig.rdb.Get(ctx, key).Result()
+	after = redisstore.DecimalBucket(after)
 	switch {
+	case op.kind == "a" && !got.Allowed && exists && after == redisstore.DecimalBucket(before):
+		// A denial need not write: the bucket it left refills to the
+		// model's state.
+		left, v := stateOf(t, after, m.sh)
+		left.refill(rig.clk.now.Load())
+		require.Equal(t, m.raw(v), left.raw(v), "%s: the bucket a denial left", what)
+		require.Equal(t, version, v, "%s: a denial left a bucket of another version", what)
 	case op.kind == "p", op.kind == "r" && !exists:
 		if exists {
 			require.Equal(t, before, after, "%s: a peek wrote the bucket", what)
@@ -560,7 +569,7 @@ func TestBandBucketLayout(t *testing.T) {
 			require.NoError(t, err)
 			got, err := cfg.Client.Get(ctx, redisstore.BucketKey(cfg.Prefix, "k")).Result()
 			require.NoError(t, err)
-			require.Equal(t, tc.want, got)
+			require.Equal(t, tc.want, redisstore.DecimalBucket(got))
 			hist, err := cfg.Client.LRange(ctx, redisstore.GlobalKey(cfg.Prefix, "history"), 0, -1).Result()
 			require.NoError(t, err)
 			wantHist := fmt.Sprintf("1 2000000000 10 %s 0", strings.Fields(tc.want)[4])

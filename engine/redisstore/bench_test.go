@@ -85,29 +85,37 @@ func BenchmarkScript(b *testing.B) {
 	}
 }
 
-// scriptNs is the mean time Redis spent in one EVALSHA since the last
+// scriptNs is the mean time Redis spent in one EVALSHA or FCALL since the last
 // CONFIG RESETSTAT, in ns.
 func scriptNs(b *testing.B, c *redis.Client) float64 {
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
+	var calls, usec float64
 	for _, line := range strings.Split(info, "\n") {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_fcall") {
 			continue
 		}
-		for _, f := range strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "cmdstat_evalsha:")), ",") {
-			if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
-				us, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return us * 1000
+		for _, f := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			x, err := strconv.ParseFloat(v, 64)
+			switch {
+			case k != "calls" && k != "usec":
+			case err != nil:
+				b.Fatal(err)
+			case k == "calls":
+				calls += x
+			default:
+				usec += x
 			}
 		}
 	}
-	b.Fatal("no evalsha in INFO commandstats")
-	return 0
+	if calls == 0 {
+		b.Fatal("no evalsha or fcall in INFO commandstats")
+	}
+	return usec * 1000 / calls
 }
 
 // BenchmarkAllowAll is AllowAll of 3 and of 16 keys from one goroutine on

@@ -1,14 +1,20 @@
 -- tokenshard: refill, decide and write one chunk of requests atomically.
 --
+-- The source is one Lua chunk that defines call(KEYS, ARGV): loaded as a
+-- Redis FUNCTION library (registered under a name of its own hash), its
+-- helpers are made once, at load; sent with EVALSHA, the chunk ends in
+-- "return call(KEYS, ARGV)". Per-call state lives in locals of the chunk
+-- that every call sets before use: calls never interleave.
+--
 -- Redis runs Lua 5.1, whose only numbers are doubles: exact below 2^53, while
--- units and clock readings reach 2^126 and their products more. So every
--- quantity travels as a decimal string and is computed on as base 10^7 limbs
--- (least significant first): a limb product stays below 10^14 and a column
--- sum below 2^53, so each step is exact. Floating point appears only in the
--- fast path, where every value is an integer below 2^53 (exact), in
--- estimates that are corrected exactly (div), and in the expiry, which is
--- rounded up with a margin (a key may outlive its time-to-full, never the
--- reverse).
+-- units and clock readings reach 2^126 and their products more. So the
+-- general path carries every quantity as a decimal string and computes on
+-- base 10^7 limbs (least significant first): a limb product stays below
+-- 10^14 and a column sum below 2^53, so each step is exact. Floating point
+-- appears only in the fast path, where every value is an integer below 2^53
+-- (exact), in estimates that are corrected exactly (div), and in the expiry,
+-- which is rounded up with a margin (a key may outlive its time-to-full,
+-- never the reverse).
 --
 -- Units: a band refilled at N tokens per P ns counts one token as P units,
 -- so refill over e ns adds exactly e*N units, and a full band holds
@@ -16,6 +22,14 @@
 -- The only rounding anywhere is at a cutover that changes a band's period:
 -- its units u become floor(u*Pnew/Pold) (whole tokens kept, the fraction
 -- rounded down: a unit may be lost, never minted).
+--
+-- The fast path: a key of one band with capacity C <= 2^52 and N*P < 2^52,
+-- whose bucket is under the version in force with the same limit. Its
+-- balance is whole tokens T and a fraction F < P (units T*P + F), each an
+-- integer double; time is whole seconds and ns. A refill over e = q*P + r
+-- ns adds q*N tokens and r*N units (r*N + F < 2^53), so every step is exact
+-- or, when a product passes 2^53, compares above C exactly (C and the
+-- products' operands are exact, and rounding is monotone).
 --
 -- A key's limit is a shape: its primary band and zero or more named bands,
 -- every one of which must hold a request's cost for it to be admitted. A
@@ -27,10 +41,18 @@
 -- per retained version, oldest first: "version cutover cap rate overridden"
 -- for the default shape, then " bands" if it has bands), KEYS[3] the pending
 -- flag (set while a cutover that may lengthen times-to-full is prepared:
--- buckets are then written without expiry), KEYS[4..] the buckets, each a
--- string "units last version cap rate" (the primary band's units and its cap
--- and rate under version), then " units" for each band of the shape, in
--- order: a plain key (one band per second) keeps the bytes it always had.
+-- buckets are then written without expiry), KEYS[4..] the buckets. A bucket
+-- is in one of two formats:
+--   compact (written by the fast path): the byte 1, then T, F, the last
+--   update's seconds and ns as four little-endian doubles
+--   (struct.pack('<dddd')), then "version cap rate" (the limit it was
+--   written under, as in the decimal format);
+--   decimal (the general path's, and every older store's): "units last
+--   version cap rate" (the primary band's units and its cap and rate under
+--   version), then " units" for each band of the shape, in order.
+-- The compact format starts with a byte no decimal starts with, so a store
+-- that predates it fails its script call on such a bucket (its failure
+-- rule answers) rather than misread it.
 --
 -- ARGV[1] mode: "a" decide; "e" bring up to date and delete if full (an
 --         eviction); "c" bring up to date (a cutover's pass; a full bucket
@@ -55,19 +77,21 @@
 --         entries joined by ";" giving the key's own shape under retained
 --         versions that had overrides.
 --
--- Reply: {status, version in force, instant, done, deleted, ...}, where
--- done counts the buckets decided or brought up to date and deleted those of
--- them deleted as full (mode "e"). status "ok": the results follow; "stale":
--- ARGV[2] is not in force and nothing was done; "nopolicy"; "chain": bucket
+-- Reply: {status, version in force, done, deleted, ...}, where done counts
+-- the buckets decided or brought up to date and deleted those of them
+-- deleted as full (mode "e"), both integers. status "ok": the results
+-- follow; "stale": ARGV[2] is not in force and nothing was done (the reply
+-- ends after the version); "nopolicy" (nothing follows); "chain": bucket
 -- done+1 is behind a version with overrides that its chain lacks, and its
 -- version follows, then the results of the buckets before it (mode "A":
 -- done is 0 and nothing was written). Results, modes "a", "A", "p" and "r":
--- two for each done bucket. Modes "a" and "A": "1" allowed (in "A", would
+-- three for each done bucket. Modes "a" and "A": "1" allowed (in "A", would
 -- be allowed alone: the call is admitted only if every bucket is "1"), "0"
 -- denied or "c" cost above a band's capacity; modes "p" and "r": "1" if the
--- bucket exists, else "0". Then the units after the operation, one decimal
--- per band of the shape joined by " " ("" for "c"); in "A" they are the
--- units an admission leaves, written or not.
+-- bucket exists, else "0". Then the balance after the operation: on the
+-- fast path T and F, two integers; on the general path the units, one
+-- decimal per band of the shape joined by " ", and ""; for "c", "" and "".
+-- In "A" it is the balance an admission leaves, written or not.
 
 local B = 10000000
 
@@ -154,46 +178,37 @@ local function split(s)
   return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
 end
 
-local mode, want, expiry = ARGV[1], ARGV[2], ARGV[4] == '1'
-local all = mode == 'A' -- all or nothing: writes wait for every decision
-local decide = mode == 'a' or all
-local version = redis.call('HGET', KEYS[1], 'v')
-if not version then return { 'nopolicy' } end
-if version ~= want then return { 'stale', version } end
 
-local nowS, nowMs
-if ARGV[3] == '' or expiry then
-  local tm = redis.call('TIME')
-  nowS = tm[1] .. string.format('%06d', tonumber(tm[2])) .. '000'
-  nowMs = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
-  if ARGV[3] ~= '' and cmp(big(ARGV[3]), big(nowS)) < 0 then
-    nowS = ARGV[3]
-    nowMs = msOf(nowS)
+-- Per-call state: set by decide before any use.
+local version, mode, decide, all, expiry, pending
+local tm1, tm2, nowSec, nowNs, nowMs, nowS, now
+local history, out, deleted
+local KEYS2, KEYS3
+local call
+
+local MARK = '\1'
+
+-- instant makes nowS (decimal ns) and now (limbs) of the call's instant.
+local function instant()
+  if nowS then return end
+  if nowSec == 0 then
+    nowS = string.format('%.0f', nowNs)
+  else
+    nowS = string.format('%.0f', nowSec) .. string.format('%09.0f', nowNs)
   end
-else
-  nowS = ARGV[3]
+  now = big(nowS)
 end
-local now = big(nowS)
-local pending = expiry and redis.call('EXISTS', KEYS[3]) == 1
-
-local nowSec, nowNs = split(nowS)
-local history -- loaded on first need
-local out = {}
-local deleted = 0
-local held, refused = {}, false -- mode "A": the writes an admission makes; whether it is refused
 
 -- reply builds the answer without unpack, which a long chunk would overflow.
 local function reply(status, done, behind)
-  local r = { status, version, nowS, tostring(done), tostring(deleted) }
+  local r = { status, version, done, deleted }
   if behind then r[#r + 1] = behind end
   for k = 1, #out do r[#r + 1] = out[k] end
   return r
 end
 
--- The general path's helpers: limbs over bands, and the cutovers a bucket
--- missed. They are made on the path's first use in a call (general), so a
--- call that only takes the fast path does not pay for making them.
 local tod, div, shapeOf, fullOf, refill, carry, splitChain, entry, bring
+local shapes
 local function general()
   if bring then return end
   -- tod is n as a double, rounded (a relative error of a few 2^-53): for
@@ -232,7 +247,6 @@ local function general()
   -- "" for the primary), cap (decimal), p (decimal), pb (P as limbs), n (N as
   -- limbs), nD (N as a double), full (cap*P as limbs)}. A shape also has
   -- min, the smallest cap (decimal). Shapes are parsed once per call.
-  local shapes = {}
 
   -- gtS reports whether decimal a (no leading zeros) is above decimal b.
   local function gtS(a, b) return #a > #b or (#a == #b and a > b) end
@@ -246,6 +260,7 @@ local function general()
 
   function shapeOf(cap, rate, bands)
     local k = cap .. ' ' .. rate .. ' ' .. bands
+    shapes = shapes or {}
     local sh = shapes[k]
     if sh then return sh end
     sh = { band('', cap, rate) }
@@ -335,7 +350,7 @@ local function general()
     for u in string.gmatch(rest, '%d+') do lv[#lv + 1] = big(u) end
     local cur, from = sh, nil
     if v ~= version then
-      history = history or redis.call('LRANGE', KEYS[2], 0, -1)
+      history = history or redis.call('LRANGE', KEYS2, 0, -1)
       local at
       for h = 1, #history do
         if string.match(history[h], '^(%d+) ') == v then at = h break end
@@ -394,14 +409,15 @@ local function general()
   end
 end
 
--- put writes a bucket's value val, last updated at tS, with its expiry at
--- its time-to-full ttf (ns, a double).
-local function put(key, val, ttf, tS)
+-- put writes a bucket's value val, last updated at lastMs (ms), with its
+-- expiry at its time-to-full ttf (ns, a double) from then.
+local function put(key, val, ttf, lastMs)
+  if expiry and pending == nil then pending = redis.call('EXISTS', KEYS3) == 1 end
   if not expiry or pending then
     -- no expiry: tests, or a cutover in preparation
     redis.call('SET', key, val)
   elseif ttf == 0 then
-    redis.call('SET', key, val, 'PXAT', string.format('%.0f', math.max(nowMs, msOf(tS)) + 1))
+    redis.call('SET', key, val, 'PXAT', string.format('%.0f', math.max(nowMs, lastMs) + 1))
   else
     local ms = ttf / 1e6 -- time-to-full in ms, approximately
     if ms > 1e15 then
@@ -412,167 +428,266 @@ local function put(key, val, ttf, tS)
       -- The time-to-full is counted from the bucket's last update, which
       -- a pass judging at an earlier instant, a cutover replayed past it
       -- or a server clock that stepped back leaves after nowMs.
-      local at = math.max(nowMs, msOf(tS)) + math.floor(ms * (1 + 1e-12)) + 2
+      local at = math.max(nowMs, lastMs) + math.floor(ms * (1 + 1e-12)) + 2
       redis.call('SET', key, val, 'PXAT', string.format('%.0f', at))
     end
   end
 end
 
-local n = #KEYS - 3
-for i = 1, n do
-  local key, a = KEYS[3 + i], 4 + 4 * (i - 1)
-  local cost, cap, rate, chain = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-  -- One band of N per P, P <= 2^52: the double fast path may apply.
-  local bands, nN, pN = '', tonumber(rate), 1e9
-  if not nN then
-    local r, bs = string.match(rate, '^(%S+) (%S+)$')
-    if r then
-      rate, bands = r, bs
-    else
-      local ns, ps = string.match(rate, '^(%d+)/(%d+)$')
-      if ps and #ps <= 15 then nN, pN = tonumber(ns), tonumber(ps) end
+-- decimalOf reads a compact bucket as the decimal format's fields: units,
+-- last, version, cap, rate (P from the bucket's own rate).
+local function decimalOf(raw)
+  local t, f, ls, lns = struct.unpack('<dddd', raw, 2)
+  local v, c, r = string.match(string.sub(raw, 34), '^(%d+) (%d+) (%S+)$')
+  local p = string.match(r or '', '/(%d+)$') or '1000000000'
+  local us = str(add(mul(big(string.format('%.0f', t)), big(p)), big(string.format('%.0f', f))))
+  local ts
+  if ls == 0 then ts = string.format('%.0f', lns) else ts = string.format('%.0f', ls) .. string.format('%09.0f', lns) end
+  return us, ts, v, c, r
+end
+
+local P53 = 9007199254740992 -- 2^53
+
+-- fastOf reads a bucket for the fast path under limit tag, or returns nil:
+-- T, F, the last update's seconds and ns.
+local function fastOf(raw, tag, pN)
+  if string.byte(raw, 1) == 1 then
+    if string.sub(raw, 34) ~= tag then return nil end
+    return struct.unpack('<dddd', raw, 2)
+  end
+  local us, ts, v, c, r = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)$')
+  if not us or #us > 15 or v .. ' ' .. c .. ' ' .. r ~= tag then return nil end
+  local u = tonumber(us)
+  local t = math.floor(u / pN)
+  local f = u - t * pN
+  if f < 0 then t, f = t - 1, f + pN elseif f >= pN then t, f = t + 1, f - pN end
+  local ls, lns = split(ts)
+  return t, f, ls, lns
+end
+
+function call(KEYS, ARGV)
+  mode, expiry = ARGV[1], ARGV[4] == '1'
+  all = mode == 'A' -- all or nothing: writes wait for every decision
+  decide = mode == 'a' or all
+  KEYS2, KEYS3 = KEYS[2], KEYS[3]
+  pending, history, shapes, nowS, now = nil, nil, nil, nil, nil
+  out, deleted = {}, 0
+  version = redis.call('HGET', KEYS[1], 'v')
+  if not version then return { 'nopolicy' } end
+  if version ~= ARGV[2] then return { 'stale', version } end
+
+  local at = ARGV[3]
+  if at == '' or expiry then
+    local tm = redis.call('TIME')
+    nowSec, nowNs = tonumber(tm[1]), tonumber(tm[2]) * 1000
+    nowMs = nowSec * 1000 + math.floor(nowNs / 1e6)
+    if at ~= '' then
+      local s, n = split(at)
+      if s < nowSec or (s == nowSec and n < nowNs) then
+        nowSec, nowNs = s, n
+        nowMs = msOf(at)
+        nowS = at
+      end
     end
-  end
-  local least = cap -- the smallest capacity of the shape's bands
-  if bands ~= '' then
-    general()
-    least = shapeOf(cap, rate, bands).min
-  end
-  if decide and (#cost > #least or (#cost == #least and cost > least)) then -- cost > least
-    out[#out + 1] = 'c'
-    out[#out + 1] = ''
-    refused = true
   else
-    local raw = redis.call('GET', key)
-    local us, ts, v, c, r, rest
-    if raw then
-      us, ts, v, c, r = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%d+)$') -- a plain bucket
-      rest = ''
-      if not us then us, ts, v, c, r, rest = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)(.*)$') end
-    end
-    -- the bucket after the operation: units (per band, joined) and last
-    -- update as strings, the result code, and the ns it takes to be full
-    -- (as a double: exact on the fast path, and zero exactly when it is
-    -- full)
-    local uS, tS, code, ttf
-    local u1, xs = nil, '' -- the primary's units; the other bands', each after a space
-    local capN = bands == '' and nN and #cap <= 15 and tonumber(cap)
-    if capN and capN * pN < P52 and (not raw or (v == version and c == cap and r == rate and rest == '')) then
-      -- Fast path: one band, full below 2^52 units and no cutover to
-      -- replay, so every value below is an integer under 2^53, exact as a
-      -- double.
-      local full = capN * pN
-      local u = full -- a new key starts full
-      tS = nowS
-      if raw then
-        u = tonumber(us)
-        local tSec, tNs = split(ts)
-        local ds = nowSec - tSec
-        if ds > 9000000 then
-          u = full -- over 9e15 ns at one unit per ns at least: full
-        elseif ds > 0 or (ds == 0 and nowNs > tNs) then
-          local add = (ds * 1e9 + nowNs - tNs) * nN
-          -- a product at or above 2^52 is over the capacity; below, exact
-          if add >= P52 then u = full else u = math.min(full, u + add) end
-        else
-          tS = ts -- no time, or a clock that stepped back
-        end
-      end
-      if decide then
-        local cu = tonumber(cost) * pN
-        if u >= cu then u, code = u - cu, '1' else code = '0' end
-      elseif mode == 'r' and raw then
-        local cu = tonumber(cost) * pN -- at or above 2^52 only if over the capacity
-        if cu >= P52 then u = full else u = math.min(full, u + cu) end
-      end
-      uS, ttf = string.format('%.0f', u), (full - u) / nN
-      u1 = uS
-    else
-      -- General path: limbs, bands, and the cutovers the bucket missed.
-      general()
-      local sh = shapeOf(cap, rate, bands)
-      local lv, t
-      if raw then
-        lv, t = bring(us, ts, v, c, r, rest, sh, chain)
-        if not lv then
-          if all then
-            out = {} -- nothing is written before every bucket is decided
-            return reply('chain', 0, t)
-          end
-          return reply('chain', i - 1, t)
-        end
+    nowSec, nowNs = split(at)
+    nowS = at
+  end
+  if nowS then now = big(nowS) end
+
+  local held, refused = {}, false -- mode "A": the writes an admission makes; whether it is refused
+  local tagCap, tagRate, tag -- the last fast-path limit, and its tag
+  local n = #KEYS - 3
+  for i = 1, n do
+    local key, a = KEYS[3 + i], 4 + 4 * (i - 1)
+    local cost, cap, rate, chain = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+    -- One band of N per P: the double fast path may apply.
+    local bands, nN, pN = '', tonumber(rate), 1e9
+    if not nN then
+      local r, bs = string.match(rate, '^(%S+) (%S+)$')
+      if r then
+        rate, bands = r, bs
       else
-        lv, t = fullOf(sh), now -- a new key starts full
+        local ns, ps = string.match(rate, '^(%d+)/(%d+)$')
+        if ps and #ps <= 16 then nN, pN = tonumber(ns), tonumber(ps) end
       end
-      if decide then
-        local cb, cu = big(cost), {}
-        code = '1'
-        for k = 1, #sh do
-          cu[k] = mul(cb, sh[k].pb)
-          if cmp(lv[k], cu[k]) < 0 then code = '0' end
-        end
-        if code == '1' then
-          for k = 1, #sh do lv[k] = sub(lv[k], cu[k]) end
-        end
-      elseif mode == 'r' and raw then
-        local cb = big(cost)
-        for k = 1, #sh do
-          local u = add(lv[k], mul(cb, sh[k].pb))
-          if cmp(u, sh[k].full) > 0 then u = sh[k].full end
-          lv[k] = u
-        end
-      end
-      local p = {}
-      ttf = 0
-      for k = 1, #sh do
-        p[k] = str(lv[k])
-        local d = tod(sub(sh[k].full, lv[k])) / sh[k].nD
-        if d > ttf then ttf = d end
-      end
-      uS, tS = table.concat(p, ' '), str(t)
-      u1 = p[1]
-      if #p > 1 then xs = ' ' .. table.concat(p, ' ', 2) end
     end
-
-    local keep = true
-    if decide then
-      out[#out + 1] = code
-      out[#out + 1] = uS
-      -- a bucket can only be full here if it was never written: nothing to keep
-      keep = raw ~= nil or ttf > 0
-    elseif mode == 'p' or mode == 'r' then
-      out[#out + 1] = raw and '1' or '0'
-      out[#out + 1] = uS
-      keep = raw and mode == 'r' -- a peek writes nothing; a refund creates nothing (GET gives false)
-    elseif not raw then
-      keep = false -- brought up to date, a bucket never written is full
-    elseif mode == 'e' and ttf == 0 then
-      keep = false
-      deleted = deleted + 1
+    local least = cap -- the smallest capacity of the shape's bands
+    if bands ~= '' then
+      general()
+      least = shapeOf(cap, rate, bands).min
     end
-
-    if all then
-      -- Decided, written later or never. A decision keeps every bucket
-      -- (keep is false only for a new bucket left full, never by an
-      -- admission), so only the writes wait.
-      if code ~= '1' then refused = true end
-      if keep and not refused then
-        held[#held + 1] = { key, u1 .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs, ttf, tS }
-      end
-    elseif not keep then
-      if raw and mode ~= 'p' and mode ~= 'r' then redis.call('DEL', key) end
+    if decide and (#cost > #least or (#cost == #least and cost > least)) then -- cost > least
+      out[#out + 1] = 'c'
+      out[#out + 1] = ''
+      out[#out + 1] = ''
+      refused = true
     else
-      put(key, u1 .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs, ttf, tS)
+      local raw = redis.call('GET', key) or nil -- GET gives false for none
+      local capN = bands == '' and nN and #cap <= 16 and tonumber(cap)
+      local T, F, ls, lns
+      if capN and capN <= P52 and nN * pN < P52 then
+        if cap ~= tagCap or rate ~= tagRate then
+          tagCap, tagRate, tag = cap, rate, version .. ' ' .. cap .. ' ' .. rate
+        end
+        if raw then
+          T, F, ls, lns = fastOf(raw, tag, pN)
+        else
+          T, F, ls, lns = capN, 0, nowSec, nowNs -- a new key starts full
+        end
+      end
+      local code, val, ttf, lastMs
+      local write, del = true, false
+      if T and (nowSec - ls <= 9000000 or pN == 1e9) then
+        -- Fast path (see the header): T, F and every product below exact,
+        -- or compared exactly with capN.
+        local ds, dn = nowSec - ls, nowNs - lns
+        if ds > 0 or (ds == 0 and dn > 0) then
+          local q, r
+          if pN == 1e9 then
+            if dn < 0 then q, r = ds - 1, dn + 1e9 else q, r = ds, dn end
+          else
+            local e = ds * 1e9 + dn -- below 2^53
+            q = math.floor(e / pN)
+            r = e - q * pN
+            if r < 0 then q, r = q - 1, r + pN elseif r >= pN then q, r = q + 1, r - pN end
+          end
+          local g = q * nN
+          if g >= capN then
+            T, F = capN, 0
+          else
+            local u = r * nN + F -- below P*N + P < 2^53
+            local c = math.floor(u / pN)
+            local f = u - c * pN
+            if f < 0 then c, f = c - 1, f + pN elseif f >= pN then c, f = c + 1, f - pN end
+            T = T + g + c
+            if T >= capN then T, F = capN, 0 else F = f end
+          end
+          ls, lns = nowSec, nowNs
+        end
+        if decide then
+          local cN = tonumber(cost)
+          if T >= cN then
+            T, code = T - cN, '1'
+          else
+            code = '0'
+            write = false -- a denial changes nothing: the refill is implied
+          end
+        elseif mode == 'r' and raw then
+          T = T + tonumber(cost) -- above 2^53 only if over the capacity
+          if T >= capN then T, F = capN, 0 end
+        end
+        if T == capN then ttf = 0 else ttf = ((capN - T) * pN - F) / nN end
+        lastMs = ls * 1000 + math.floor(lns / 1e6)
+        if decide then
+          local k = #out
+          out[k + 1], out[k + 2], out[k + 3] = code, T, F
+        elseif mode == 'p' or mode == 'r' then
+          local k = #out
+          out[k + 1], out[k + 2], out[k + 3] = raw and '1' or '0', T, F
+        end
+        if write then val = MARK .. struct.pack('<dddd', T, F, ls, lns) .. tag end
+      else
+        -- General path: limbs, bands, and the cutovers the bucket missed.
+        general()
+        instant()
+        local sh = shapeOf(cap, rate, bands)
+        local lv, t
+        if raw then
+          local us, ts, v, c, r, rest
+          if string.byte(raw, 1) == 1 then
+            us, ts, v, c, r = decimalOf(raw)
+            rest = ''
+          else
+            us, ts, v, c, r = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%d+)$') -- a plain bucket
+            rest = ''
+            if not us then us, ts, v, c, r, rest = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)(.*)$') end
+          end
+          lv, t = bring(us, ts, v, c, r, rest, sh, chain)
+          if not lv then
+            if all then
+              out = {} -- nothing is written before every bucket is decided
+              return reply('chain', 0, t)
+            end
+            return reply('chain', i - 1, t)
+          end
+        else
+          lv, t = fullOf(sh), now -- a new key starts full
+        end
+        if decide then
+          local cb, cu = big(cost), {}
+          code = '1'
+          for k = 1, #sh do
+            cu[k] = mul(cb, sh[k].pb)
+            if cmp(lv[k], cu[k]) < 0 then code = '0' end
+          end
+          if code == '1' then
+            for k = 1, #sh do lv[k] = sub(lv[k], cu[k]) end
+          end
+        elseif mode == 'r' and raw then
+          local cb = big(cost)
+          for k = 1, #sh do
+            local u = add(lv[k], mul(cb, sh[k].pb))
+            if cmp(u, sh[k].full) > 0 then u = sh[k].full end
+            lv[k] = u
+          end
+        end
+        local p = {}
+        ttf = 0
+        for k = 1, #sh do
+          p[k] = str(lv[k])
+          local d = tod(sub(sh[k].full, lv[k])) / sh[k].nD
+          if d > ttf then ttf = d end
+        end
+        local tS = str(t)
+        local xs = ''
+        if #p > 1 then xs = ' ' .. table.concat(p, ' ', 2) end
+        if decide then
+          local k = #out
+          out[k + 1], out[k + 2], out[k + 3] = code, table.concat(p, ' '), ''
+        elseif mode == 'p' or mode == 'r' then
+          local k = #out
+          out[k + 1], out[k + 2], out[k + 3] = raw and '1' or '0', table.concat(p, ' '), ''
+        end
+        val = p[1] .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs
+        lastMs = msOf(tS)
+      end
+
+      if decide then
+        -- a bucket can only be full here if it was never written: nothing to keep
+        if not raw and ttf == 0 then write = false end
+      elseif mode == 'p' then
+        write = false -- a peek writes nothing
+      elseif mode == 'r' then
+        write = write and raw ~= nil -- a refund creates nothing
+      elseif not raw then
+        write = false -- brought up to date, a bucket never written is full
+      elseif mode == 'e' and ttf == 0 then
+        write, del = false, true
+        deleted = deleted + 1
+      end
+
+      if all then
+        -- Decided, written later or never. A decision keeps every bucket
+        -- it changes (a new bucket left full it need not write), so only
+        -- the writes wait.
+        if code ~= '1' then refused = true end
+        if write and not refused then held[#held + 1] = { key, val, ttf, lastMs } end
+      elseif del then
+        redis.call('DEL', key)
+      elseif write then
+        put(key, val, ttf, lastMs)
+      end
     end
   end
-end
--- Mode "A": every bucket admitted, so every one is written. The first
--- write is a SET: a Redis out of memory refuses it, and the call, before
--- anything is written.
-if all and not refused then
-  for k = 1, #held do
-    local h = held[k]
-    put(h[1], h[2], h[3], h[4])
+  -- Mode "A": every bucket admitted, so every one is written. The first
+  -- write is a SET: a Redis out of memory refuses it, and the call, before
+  -- anything is written.
+  if all and not refused then
+    for k = 1, #held do
+      local h = held[k]
+      put(h[1], h[2], h[3], h[4])
+    end
   end
+  return reply('ok', n)
 end
-return reply('ok', n)

@@ -19,8 +19,15 @@
 //
 // # One script per decision
 //
-// A Lua script refills, decides and writes atomically (EVALSHA, loaded once
-// and again after NOSCRIPT). AllowBatch sends about ChunkSize requests per
+// A Lua script refills, decides and writes atomically. It is loaded as a
+// Redis FUNCTION library (named after the script's hash, so stores of
+// different versions on one server each call their own) and called with
+// FCALL; where FUNCTION is missing (Redis 6.2) or refused, the store sends
+// it with EVALSHA instead, as it does for one call that Redis refuses for
+// lack of memory before it runs (a FUNCTION that may write is refused
+// whole; a script only at its first write, so a denial is still answered).
+// Either is loaded again after "Function not found" or NOSCRIPT. A call
+// answers in a few integers and strings per request. AllowBatch sends about ChunkSize requests per
 // script call and pipelines the calls: one round trip per batch. A script
 // call is never sent twice: go-redis retries commands whose reply was lost,
 // which for a script that may have run would take tokens twice, so the
@@ -60,8 +67,15 @@
 // units and their products reach 2^126 and more. The script therefore
 // computes on decimal strings split into base-10^7 limbs, exactly, over the
 // engine's whole range: every valid Policy and cost. A key of one band
-// whose capacity is below 2^52 units takes a fast path in doubles, exact
-// there. The one rounding is the policy's own: a cutover that changes a
+// with a capacity of at most 2^52 tokens and N*P below 2^52 (every rate up
+// to 4.5 million a second, for instance) takes a fast path in doubles: its
+// balance is kept as whole tokens and the fraction of a token in units,
+// and a refill over e = q*P + r ns as q*N tokens and r*N units, so every
+// value is an integer below 2^53, exact, or a product that passes 2^53,
+// which compares above the capacity exactly. The fast path reads the
+// server's TIME as seconds and microseconds without making a decimal of
+// it, and writes nothing on a denial: the bucket it leaves refills to the
+// same balance at the same instant, and its expiry stands. The one rounding is the policy's own: a cutover that changes a
 // band's period moves its balance to the new unit rounding down. A request
 // is decided over every band of its key in the same script call, so it is
 // atomic across bands as it is across keys of a batch. The tests compare
@@ -129,9 +143,13 @@
 // each bucket. One script call touches one shard's keys, so one hash slot.
 // A prefix that holds a hash tag of its own puts every key in that tag's
 // one slot: it works, nothing spreads. No store's prefix may begin with
-// another's. A bucket is a string of decimals: "units last version
+// another's. A bucket the fast path writes is compact: the byte 1, then
+// its whole tokens, the fraction in units and the last update's seconds
+// and ns as four little-endian doubles, then "version capacity rate" as
+// text. Any other bucket is a string of decimals: "units last version
 // capacity rate" for its primary band, the rate "N" for N per second or
-// "N/P" for N per P ns, then the units of each further band.
+// "N/P" for N per P ns, then the units of each further band (up to 39
+// digits each). The script reads both formats.
 //
 // # Redis Cluster
 //
@@ -190,6 +208,14 @@
 // share a quota with this version's stores on the same prefix. Stop them
 // before starting this version on a prefix, or give it a new prefix; the
 // old keys are not read (their buckets expire on their own).
+//
+// A store that reads only decimal buckets (one built before the compact
+// format) fails its script call on a compact bucket, which its failure
+// rule answers (fail closed, by default): it never reads one as full, nor
+// admits or deletes on it. Do not mix such stores with this one on a
+// prefix either. This store reads decimal buckets, so a bucket written by
+// its general path, or by a store of the same layout that predates the
+// compact format, keeps its balance.
 //
 // Stores built before rates of any period and bands existed cannot read a
 // policy whose Refill (the policy's or an override's) is other than per

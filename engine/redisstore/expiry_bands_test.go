@@ -41,7 +41,7 @@ func readRaw(t *testing.T, c *redis.Client, key string) rawBucket {
 	require.NoError(t, err, key)
 	ms, err := exp.Int64()
 	require.NoError(t, err, key)
-	return rawBucket{raw: get.Val(), expireAtMs: ms}
+	return rawBucket{raw: redisstore.DecimalBucket(get.Val()), expireAtMs: ms}
 }
 
 // stateOf reads a bucket of shape sh; it returns its version too.

@@ -50,7 +50,7 @@ func readBucket(t *testing.T, c *redis.Client, key string) bucketState {
 		return b
 	}
 	require.NoError(t, err, key)
-	raw := get.Val()
+	raw := redisstore.DecimalBucket(get.Val())
 	var units string
 	_, err = fmt.Sscanf(raw, "%s %d %d %d %d", &units, &b.last, &b.version, &b.capacity, &b.rate)
 	require.NoError(t, err, raw)
@@ -192,5 +192,5 @@ func TestPendingCutoverWritesNoExpiry(t *testing.T) {
 	_, err = s.Allow(ctx, "k", 1)
 	require.NoError(t, err)
 	readBucket(t, c, redisstore.BucketKey(p, "k")).checkExpiry(t, "after the flag is gone")
-	require.True(t, strings.HasPrefix(c.Get(ctx, redisstore.BucketKey(p, "k")).Val(), "8"))
+	require.True(t, strings.HasPrefix(redisstore.DecimalBucket(c.Get(ctx, redisstore.BucketKey(p, "k")).Val()), "8"))
 }

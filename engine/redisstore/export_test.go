@@ -45,3 +45,7 @@ func ShardStateKeys(prefix string) (policies, histories, pendings []string) {
 
 // ShardOf is key's virtual shard among n.
 func ShardOf(key string, n int) int { return shardOf(key, n) }
+
+// DecimalBucket is decimalBucket, for the tests that read buckets: the
+// decimal format of any bucket.
+var DecimalBucket = decimalBucket

@@ -114,7 +114,7 @@ func TestChainFetchFailureKeepsLaterDecisions(t *testing.T) {
 	failing.Store(true)
 	require.NoError(t, s.AllowBatch(ctx, reqs, out))
 	failing.Store(false)
-	y := c.Get(ctx, redisstore.BucketKey(p, "y")).Val()
+	y := redisstore.DecimalBucket(c.Get(ctx, redisstore.BucketKey(p, "y")).Val())
 	t.Logf("y answered %+v; y in Redis %q; old %+v; stats %+v", out[redisstore.ChunkSize], y, out[0], s.Stats())
 	require.Equal(t, "2000000000 0 3 5 1", y, "Redis decided y: 3 of 5 taken")
 	require.Equal(t, engine.Result{Decision: engine.Decision{Allowed: true, Remaining: 2, Version: 3, Limit: 5, ResetAfter: 3e9}}, out[redisstore.ChunkSize],

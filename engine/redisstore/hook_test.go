@@ -34,7 +34,7 @@ func (h hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessP
 // any other command.
 func scriptKeys(cmd redis.Cmder) []string {
 	a := cmd.Args()
-	if (cmd.Name() != "evalsha" && cmd.Name() != "eval") || len(a) < 3 {
+	if (cmd.Name() != "evalsha" && cmd.Name() != "eval" && cmd.Name() != "fcall") || len(a) < 3 {
 		return nil
 	}
 	var n int

@@ -138,7 +138,7 @@ func TestDecideReplyLost(t *testing.T) {
 	c := client(t, addr)
 	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 	realStores(t, addr, 1, redisstore.Config{Client: c, Prefix: p, Policy: v1})
-	px := startDropProxy(t, addr, regexp.MustCompile(`(?i)evalsha\r\n\$40\r\n[0-9a-f]{40}\r\n\$1\r\n4\r\n`))
+	px := startDropProxy(t, addr, regexp.MustCompile(`(?i)(evalsha\r\n\$40\r\n[0-9a-f]{40}|fcall\r\n\$\d+\r\ntokenshard_decide_[0-9a-f]+)\r\n\$1\r\n4\r\n`))
 	s, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, px.ln.Addr().String()), Prefix: p, Policy: v1})
 	require.NoError(t, err)
 	d, err := s.Allow(context.Background(), "k", 6)

@@ -1,16 +1,22 @@
 package redisstore
 
 import (
+	"context"
 	_ "embed"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// decideSrc refills, decides and writes a chunk of buckets atomically; its
-// header comment is the protocol.
+// decideLib refills, decides and writes a chunk of buckets atomically; its
+// header comment is the protocol. It defines the Lua function call(KEYS,
+// ARGV), sent as a FUNCTION library (decideFuncSrc) where the server has
+// FUNCTION, else as a script (decideSrc).
 //
 //go:embed decide.lua
-var decideSrc string
+var decideLib string
+
+// decideSrc is decideLib as an EVALSHA script.
+var decideSrc = decideLib + "\nreturn call(KEYS, ARGV)\n"
 
 // timeLua is shared by the administrative scripts: the server's TIME in ns,
 // as a decimal string, or ARGV's override: Config.Clock's reading.
@@ -31,5 +37,67 @@ local function bands(b)
   return ' ' .. b
 end
 `
+
+// decideFunc is the FUNCTION that runs decideLib: its library and function
+// are named after the script's hash, so stores of different versions on
+// one server each load and call their own.
+var (
+	decideFunc    = "tokenshard_decide_" + decideScript.Hash()[:16]
+	decideFuncSrc = "#!lua name=tokenshard_" + decideScript.Hash()[:16] + "\n" + decideLib +
+		"\nredis.register_function('" + decideFunc + "', call)\n"
+)
+
+// loadDecide loads the decide script on every master: with fn, the
+// FUNCTION library (where FUNCTION is missing, Redis 6.2, or refused, the
+// store sends EVALSHA from then on), and the script for EVALSHA, which the
+// store also sends where a FUNCTION cannot run (see exec).
+func (s *Store) loadDecide(ctx context.Context, fn bool) error {
+	ms, err := s.masters(ctx)
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if fn && !s.noFunc.Load() {
+			err := m.Do(ctx, "FUNCTION", "LOAD", "REPLACE", decideFuncSrc).Err()
+			switch {
+			case err == nil:
+			case funcRefused(err):
+				s.noFunc.Store(true)
+			default:
+				return err
+			}
+		}
+		if err := decideScript.Load(ctx, m).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// funcMissing reports whether err says the decide FUNCTION must be loaded,
+// and funcRefused whether the server has no FUNCTION (Redis 6.2) or refuses
+// it: the store then sends EVALSHA.
+func funcMissing(err error) bool { return redis.HasErrorPrefix(err, "Function not found") }
+
+func funcRefused(err error) bool {
+	return redis.HasErrorPrefix(err, "unknown command") || redis.HasErrorPrefix(err, "NOPERM")
+}
+
+// decideCmd queues one call of the decide script on p: FCALL, or EVALSHA
+// with eval or once FUNCTION was refused; never retried by go-redis.
+func (s *Store) decideCmd(ctx context.Context, p redis.Pipeliner, keys []string, args []any, eval bool) *redis.Cmd {
+	if eval || s.noFunc.Load() {
+		return evalShaOnce(ctx, p, decideScript, keys, args...)
+	}
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, "fcall", decideFunc, len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	a = append(a, args...)
+	cmd := redis.NewCmd(ctx, a...)
+	_ = p.Process(ctx, noRetryCmd{cmd})
+	return cmd
+}
 
 var decideScript = redis.NewScript(decideSrc)

@@ -134,7 +134,8 @@ type Store struct {
 
 	decisions, failures, retries atomic.Uint64
 
-	single combiner // concurrent single Allows, merged into shared calls
+	single combiner    // concurrent single Allows, merged into shared calls
+	noFunc atomic.Bool // FUNCTION refused: the decide script goes by EVALSHA
 }
 
 // state is one policy version as the store uses it.

@@ -1,0 +1,578 @@
+-- tokenshard: refill, decide and write one chunk of requests atomically.
+--
+-- Redis runs Lua 5.1, whose only numbers are doubles: exact below 2^53, while
+-- units and clock readings reach 2^126 and their products more. So every
+-- quantity travels as a decimal string and is computed on as base 10^7 limbs
+-- (least significant first): a limb product stays below 10^14 and a column
+-- sum below 2^53, so each step is exact. Floating point appears only in the
+-- fast path, where every value is an integer below 2^53 (exact), in
+-- estimates that are corrected exactly (div), and in the expiry, which is
+-- rounded up with a margin (a key may outlive its time-to-full, never the
+-- reverse).
+--
+-- Units: a band refilled at N tokens per P ns counts one token as P units,
+-- so refill over e ns adds exactly e*N units, and a full band holds
+-- capacity*P. For P = 1e9 (a rate per second) this is the 1e9-unit scheme.
+-- The only rounding anywhere is at a cutover that changes a band's period:
+-- its units u become floor(u*Pnew/Pold) (whole tokens kept, the fraction
+-- rounded down: a unit may be lost, never minted).
+--
+-- A key's limit is a shape: its primary band and zero or more named bands,
+-- every one of which must hold a request's cost for it to be admitted. A
+-- shape travels as three strings: cap and rate of the primary band (rate
+-- "N", N per second, or "N/P"), and bands: "" or "name:cap:rate" per band
+-- joined by ",", names in hex.
+--
+-- KEYS[1] policy hash (v = version in force), KEYS[2] history list (one entry
+-- per retained version, oldest first: "version cutover cap rate overridden"
+-- for the default shape, then " bands" if it has bands), KEYS[3] the pending
+-- flag (set while a cutover that may lengthen times-to-full is prepared:
+-- buckets are then written without expiry), KEYS[4..] the buckets, each a
+-- string "units last version cap rate" (the primary band's units and its cap
+-- and rate under version), then " units" for each band of the shape, in
+-- order: a plain key (one band per second) keeps the bytes it always had.
+--
+-- ARGV[1] mode: "a" decide; "e" bring up to date and delete if full (an
+--         eviction); "c" bring up to date (a cutover's pass; a full bucket
+--         is then left to expire at once rather than deleted, so that only
+--         EvictFull counts deletions, as in the engine); "p" bring up to date
+--         and write nothing (a peek); "r" bring up to date and credit cost
+--         tokens to every band, capped (a refund; a missing bucket is full
+--         and stays missing); "A" decide all or nothing: every bucket is
+--         decided as in "a" (each with its key's summed cost: a key comes
+--         once) at the one instant, and written only if every one is
+--         admitted; a refusal writes nothing.
+-- ARGV[2] the version the client resolved the limits under.
+-- ARGV[3] the instant in ns: "" reads the server's TIME; otherwise, with
+--         expiry on, the earlier of it and TIME (an eviction judges every key
+--         at the instant it began); with expiry off, exactly it
+--         (Config.Clock's reading).
+-- ARGV[4] "1" sets expiries at the time-to-full, "0" sets none (a store
+--         with a Config.Clock).
+-- ARGV[5..] four per bucket: cost (tokens), the key's shape under ARGV[2]
+--         as cap and "rate[ bands]" (a plain key's two arguments are the
+--         ones it always had), and the chain: "version cap rate[ bands]"
+--         entries joined by ";" giving the key's own shape under retained
+--         versions that had overrides.
+--
+-- Reply: {status, version in force, instant, done, deleted, ...}, where
+-- done counts the buckets decided or brought up to date and deleted those of
+-- them deleted as full (mode "e"). status "ok": the results follow; "stale":
+-- ARGV[2] is not in force and nothing was done; "nopolicy"; "chain": bucket
+-- done+1 is behind a version with overrides that its chain lacks, and its
+-- version follows, then the results of the buckets before it (mode "A":
+-- done is 0 and nothing was written). Results, modes "a", "A", "p" and "r":
+-- two for each done bucket. Modes "a" and "A": "1" allowed (in "A", would
+-- be allowed alone: the call is admitted only if every bucket is "1"), "0"
+-- denied or "c" cost above a band's capacity; modes "p" and "r": "1" if the
+-- bucket exists, else "0". Then the units after the operation, one decimal
+-- per band of the shape joined by " " ("" for "c"); in "A" they are the
+-- units an admission leaves, written or not.
+
+local B = 10000000
+
+local function norm(n)
+  while #n > 1 and n[#n] == 0 do n[#n] = nil end
+  return n
+end
+
+local function big(s)
+  local n, i = {}, #s
+  while i > 0 do
+    local j = i - 6
+    if j < 1 then j = 1 end
+    n[#n + 1] = tonumber(string.sub(s, j, i))
+    i = j - 1
+  end
+  return norm(n)
+end
+
+local function str(n)
+  local p = { string.format('%d', n[#n]) }
+  for i = #n - 1, 1, -1 do p[#p + 1] = string.format('%07d', n[i]) end
+  return table.concat(p)
+end
+
+local function cmp(a, b)
+  if #a ~= #b then return #a < #b and -1 or 1 end
+  for i = #a, 1, -1 do
+    if a[i] ~= b[i] then return a[i] < b[i] and -1 or 1 end
+  end
+  return 0
+end
+
+local function add(a, b)
+  local r, c = {}, 0
+  for i = 1, math.max(#a, #b) do
+    local s = (a[i] or 0) + (b[i] or 0) + c
+    if s >= B then r[i], c = s - B, 1 else r[i], c = s, 0 end
+  end
+  if c > 0 then r[#r + 1] = c end
+  return r
+end
+
+-- sub requires a >= b.
+local function sub(a, b)
+  local r, c = {}, 0
+  for i = 1, #a do
+    local s = a[i] - (b[i] or 0) - c
+    if s < 0 then r[i], c = s + B, 1 else r[i], c = s, 0 end
+  end
+  return norm(r)
+end
+
+local function mul(a, b)
+  local r = {}
+  for i = 1, #a + #b do r[i] = 0 end
+  for i = 1, #a do
+    local c, ai = 0, a[i]
+    for j = 1, #b do
+      local s = r[i + j - 1] + ai * b[j] + c -- at most B^2 - 1 < 2^53
+      c = math.floor(s / B)
+      local lo = s - c * B
+      if lo < 0 then c, lo = c - 1, lo + B elseif lo >= B then c, lo = c + 1, lo - B end
+      r[i + j - 1] = lo
+    end
+    r[i + #b] = c
+  end
+  return norm(r)
+end
+
+local P52 = 4503599627370496 -- 2^52
+
+-- msOf is an instant in ns (a decimal string) in whole ms.
+local function msOf(s)
+  if #s <= 6 then return 0 end
+  return tonumber(string.sub(s, 1, -7))
+end
+
+-- split reads an instant in ns as whole seconds and the ns within the
+-- second, each exact as a double.
+local function split(s)
+  local n = #s
+  if n <= 9 then return 0, tonumber(s) end
+  return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
+end
+
+local mode, want, expiry = ARGV[1], ARGV[2], ARGV[4] == '1'
+local all = mode == 'A' -- all or nothing: writes wait for every decision
+local decide = mode == 'a' or all
+local version = redis.call('HGET', KEYS[1], 'v')
+if not version then return { 'nopolicy' } end
+if version ~= want then return { 'stale', version } end
+
+local nowS, nowMs
+if ARGV[3] == '' or expiry then
+  local tm = redis.call('TIME')
+  nowS = tm[1] .. string.format('%06d', tonumber(tm[2])) .. '000'
+  nowMs = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+  if ARGV[3] ~= '' and cmp(big(ARGV[3]), big(nowS)) < 0 then
+    nowS = ARGV[3]
+    nowMs = msOf(nowS)
+  end
+else
+  nowS = ARGV[3]
+end
+local now = big(nowS)
+local pending = expiry and redis.call('EXISTS', KEYS[3]) == 1
+
+local nowSec, nowNs = split(nowS)
+local history -- loaded on first need
+local out = {}
+local deleted = 0
+local held, refused = {}, false -- mode "A": the writes an admission makes; whether it is refused
+
+-- reply builds the answer without unpack, which a long chunk would overflow.
+local function reply(status, done, behind)
+  local r = { status, version, nowS, tostring(done), tostring(deleted) }
+  if behind then r[#r + 1] = behind end
+  for k = 1, #out do r[#r + 1] = out[k] end
+  return r
+end
+
+-- The general path's helpers: limbs over bands, and the cutovers a bucket
+-- missed. They are made on the path's first use in a call (general), so a
+-- call that only takes the fast path does not pay for making them.
+local tod, div, shapeOf, fullOf, refill, carry, splitChain, entry, bring
+local function general()
+  if bring then return end
+  -- tod is n as a double, rounded (a relative error of a few 2^-53): for
+  -- estimates and expiries only.
+  function tod(n)
+    local d = 0
+    for k = #n, 1, -1 do d = d * B + n[k] end
+    return d
+  end
+
+  -- div returns floor(a / b) for b >= 1: schoolbook division in base B, each
+  -- quotient limb estimated in floating point and then corrected exactly, so
+  -- an estimate that is off costs a step, never exactness. Only a cutover that
+  -- changes a band's period divides.
+  function div(a, b)
+    local q, r = {}, { 0 }
+    for i = 1, #a do q[i] = 0 end
+    for i = #a, 1, -1 do
+      table.insert(r, 1, a[i]) -- r = r*B + a[i]
+      r = norm(r)
+      if cmp(r, b) >= 0 then -- r < b*B, so the limb is in [1, B)
+        local d = math.floor(tod(r) / tod(b))
+        if d >= B then d = B - 1 elseif d < 1 then d = 1 end
+        local m = mul(b, { d })
+        while cmp(m, r) > 0 do d, m = d - 1, sub(m, b) end
+        local m2 = add(m, b)
+        while cmp(m2, r) <= 0 do d, m, m2 = d + 1, m2, add(m2, b) end
+        r = sub(r, m)
+        q[i] = d
+      end
+    end
+    return norm(q)
+  end
+
+  -- A shape is an array of bands, the primary first; a band is {name (hex,
+  -- "" for the primary), cap (decimal), p (decimal), pb (P as limbs), n (N as
+  -- limbs), nD (N as a double), full (cap*P as limbs)}. A shape also has
+  -- min, the smallest cap (decimal). Shapes are parsed once per call.
+  local shapes = {}
+
+  -- gtS reports whether decimal a (no leading zeros) is above decimal b.
+  local function gtS(a, b) return #a > #b or (#a == #b and a > b) end
+
+  local function band(name, cap, rate)
+    local n, p = string.match(rate, '^(%d+)/(%d+)$')
+    if not n then n, p = rate, '1000000000' end
+    local pb = big(p)
+    return { name = name, cap = cap, p = p, pb = pb, n = big(n), nD = tonumber(n), full = mul(big(cap), pb) }
+  end
+
+  function shapeOf(cap, rate, bands)
+    local k = cap .. ' ' .. rate .. ' ' .. bands
+    local sh = shapes[k]
+    if sh then return sh end
+    sh = { band('', cap, rate) }
+    sh.min = cap
+    for name, c, r in string.gmatch(bands, '(%x+):(%d+):([%d/]+)') do
+      sh[#sh + 1] = band(name, c, r)
+      if gtS(sh.min, c) then sh.min = c end
+    end
+    shapes[k] = sh
+    return sh
+  end
+
+  -- fullOf is every band of sh full.
+  function fullOf(sh)
+    local lv = {}
+    for k = 1, #sh do lv[k] = sh[k].full end
+    return lv
+  end
+
+  -- refill brings the bands lv of shape sh, last updated at t, up to instant
+  -- now: each gains elapsed*N units, up to its capacity; a now at or before t
+  -- adds nothing. It returns the new last.
+  function refill(lv, t, now, sh)
+    if cmp(now, t) <= 0 then return t end
+    local e = sub(now, t)
+    for k = 1, #sh do
+      local b = sh[k]
+      if cmp(lv[k], b.full) < 0 then
+        local u = add(lv[k], mul(e, b.n))
+        if cmp(u, b.full) > 0 then u = b.full end
+        lv[k] = u
+      end
+    end
+    return now
+  end
+
+  -- carry moves the bands lv of shape old, brought up to a cutover, to shape
+  -- nxt: the primary takes over the primary, a band the band of old of the
+  -- same name, each moved to the new unit if the period changes (rounding
+  -- down) and clamped to the new capacity; a band new in nxt starts full; a
+  -- band of old that nxt lacks is dropped.
+  function carry(old, lv, nxt)
+    local out = {}
+    for k = 1, #nxt do
+      local b, j = nxt[k], nil
+      if k == 1 then
+        j = 1
+      else
+        for m = 2, #old do
+          if old[m].name == b.name then j = m break end
+        end
+      end
+      if not j then
+        out[k] = b.full
+      else
+        local u = lv[j]
+        if old[j].p ~= b.p then u = div(mul(u, b.pb), old[j].pb) end
+        if cmp(u, b.full) > 0 then u = b.full end
+        out[k] = u
+      end
+    end
+    return out
+  end
+
+  function splitChain(s)
+    local m = {}
+    for e in string.gmatch(s, '[^;]+') do
+      local v, c, r, bs = string.match(e, '^(%d+) (%d+) (%S+) ?(%S*)$')
+      if v then m[v] = { c, r, bs } end
+    end
+    return m
+  end
+
+  -- entry parses a history entry: version, cutover, the default shape's cap,
+  -- rate and bands, and the overridden flag.
+  function entry(e)
+    local w, cut, c, r, ov, rest = string.match(e, '^(%d+) (%d+) (%d+) (%S+) (%d)(.*)$')
+    return w, cut, c, r, string.match(rest, '^ (%S+)$') or '', ov
+  end
+
+  -- bring brings a written bucket of shape sh (under the version in force) up
+  -- to now through every cutover it missed: the bucket's fields, then its
+  -- chain. It returns the bands and the last update, or nil and the bucket's
+  -- version when the chain lacks a version the bucket needs.
+  function bring(us, ts, v, c, r, rest, sh, chain)
+    local lv, t = { big(us) }, big(ts)
+    for u in string.gmatch(rest, '%d+') do lv[#lv + 1] = big(u) end
+    local cur, from = sh, nil
+    if v ~= version then
+      history = history or redis.call('LRANGE', KEYS[2], 0, -1)
+      local at
+      for h = 1, #history do
+        if string.match(history[h], '^(%d+) ') == v then at = h break end
+      end
+      local own = splitChain(chain)
+      if at then
+        from = at + 1
+        if #lv == 1 then
+          cur = shapeOf(c, r, '') -- one band: the bucket says it all
+        else
+          local _, _, hc, hr, hb, ov = entry(history[at])
+          if ov == '1' then
+            if not own[v] then return nil, v end
+            cur = shapeOf(own[v][1], own[v][2], own[v][3])
+          else
+            cur = shapeOf(hc, hr, hb)
+          end
+        end
+      end
+      if at and #cur == #lv then
+        for h = from, #history do
+          local w, cut, wc, wr, wb, ov = entry(history[h])
+          local nxt
+          if w == version then
+            nxt = sh
+          elseif ov == '1' then
+            if not own[w] then return nil, v end
+            nxt = shapeOf(own[w][1], own[w][2], own[w][3])
+          else
+            nxt = shapeOf(wc, wr, wb)
+          end
+          -- The cutover rule: refill under the old shape up to the cutover,
+          -- then carry the bands over to the new one.
+          t = refill(lv, t, big(cut), cur)
+          lv = carry(cur, lv, nxt)
+          cur = nxt
+        end
+      else
+        -- The version is no longer retained: only a Redis that lost the
+        -- policy keys gets here. What the bucket earned since is unknown, so
+        -- it restarts empty at the current cutover: a denial too many, never
+        -- a free burst.
+        local last = history[#history]
+        local cut = last and string.match(last, '^%d+ (%d+) ') or nowS
+        lv = {}
+        for k = 1, #sh do lv[k] = { 0 } end
+        if cmp(big(cut), t) > 0 then t = big(cut) end
+      end
+    elseif #lv ~= #sh then
+      -- Bands that are not the shape's (the same): restart empty, as above.
+      lv = {}
+      for k = 1, #sh do lv[k] = { 0 } end
+    end
+    t = refill(lv, t, now, sh)
+    return lv, t
+  end
+end
+
+-- put writes a bucket's value val, last updated at tS, with its expiry at
+-- its time-to-full ttf (ns, a double).
+local function put(key, val, ttf, tS)
+  if not expiry or pending then
+    -- no expiry: tests, or a cutover in preparation
+    redis.call('SET', key, val)
+  elseif ttf == 0 then
+    redis.call('SET', key, val, 'PXAT', string.format('%.0f', math.max(nowMs, msOf(tS)) + 1))
+  else
+    local ms = ttf / 1e6 -- time-to-full in ms, approximately
+    if ms > 1e15 then
+      redis.call('SET', key, val) -- over 30,000 years: never expires
+    else
+      -- relative error of ms is far below 1e-12; +2 covers the ms
+      -- rounding of the instant and of the expiry
+      -- The time-to-full is counted from the bucket's last update, which
+      -- a pass judging at an earlier instant, a cutover replayed past it
+      -- or a server clock that stepped back leaves after nowMs.
+      local at = math.max(nowMs, msOf(tS)) + math.floor(ms * (1 + 1e-12)) + 2
+      redis.call('SET', key, val, 'PXAT', string.format('%.0f', at))
+    end
+  end
+end
+
+local n = #KEYS - 3
+for i = 1, n do
+  local key, a = KEYS[3 + i], 4 + 4 * (i - 1)
+  local cost, cap, rate, chain = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  -- One band of N per P, P <= 2^52: the double fast path may apply.
+  local bands, nN, pN = '', tonumber(rate), 1e9
+  if not nN then
+    local r, bs = string.match(rate, '^(%S+) (%S+)$')
+    if r then
+      rate, bands = r, bs
+    else
+      local ns, ps = string.match(rate, '^(%d+)/(%d+)$')
+      if ps and #ps <= 15 then nN, pN = tonumber(ns), tonumber(ps) end
+    end
+  end
+  local least = cap -- the smallest capacity of the shape's bands
+  if bands ~= '' then
+    general()
+    least = shapeOf(cap, rate, bands).min
+  end
+  if decide and (#cost > #least or (#cost == #least and cost > least)) then -- cost > least
+    out[#out + 1] = 'c'
+    out[#out + 1] = ''
+    refused = true
+  else
+    local raw = redis.call('GET', key)
+    local us, ts, v, c, r, rest
+    if raw then
+      us, ts, v, c, r = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%d+)$') -- a plain bucket
+      rest = ''
+      if not us then us, ts, v, c, r, rest = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)(.*)$') end
+    end
+    -- the bucket after the operation: units (per band, joined) and last
+    -- update as strings, the result code, and the ns it takes to be full
+    -- (as a double: exact on the fast path, and zero exactly when it is
+    -- full)
+    local uS, tS, code, ttf
+    local u1, xs = nil, '' -- the primary's units; the other bands', each after a space
+    local capN = bands == '' and nN and #cap <= 15 and tonumber(cap)
+    if capN and capN * pN < P52 and (not raw or (v == version and c == cap and r == rate and rest == '')) then
+      -- Fast path: one band, full below 2^52 units and no cutover to
+      -- replay, so every value below is an integer under 2^53, exact as a
+      -- double.
+      local full = capN * pN
+      local u = full -- a new key starts full
+      tS = nowS
+      if raw then
+        u = tonumber(us)
+        local tSec, tNs = split(ts)
+        local ds = nowSec - tSec
+        if ds > 9000000 then
+          u = full -- over 9e15 ns at one unit per ns at least: full
+        elseif ds > 0 or (ds == 0 and nowNs > tNs) then
+          local add = (ds * 1e9 + nowNs - tNs) * nN
+          -- a product at or above 2^52 is over the capacity; below, exact
+          if add >= P52 then u = full else u = math.min(full, u + add) end
+        else
+          tS = ts -- no time, or a clock that stepped back
+        end
+      end
+      if decide then
+        local cu = tonumber(cost) * pN
+        if u >= cu then u, code = u - cu, '1' else code = '0' end
+      elseif mode == 'r' and raw then
+        local cu = tonumber(cost) * pN -- at or above 2^52 only if over the capacity
+        if cu >= P52 then u = full else u = math.min(full, u + cu) end
+      end
+      uS, ttf = string.format('%.0f', u), (full - u) / nN
+      u1 = uS
+    else
+      -- General path: limbs, bands, and the cutovers the bucket missed.
+      general()
+      local sh = shapeOf(cap, rate, bands)
+      local lv, t
+      if raw then
+        lv, t = bring(us, ts, v, c, r, rest, sh, chain)
+        if not lv then
+          if all then
+            out = {} -- nothing is written before every bucket is decided
+            return reply('chain', 0, t)
+          end
+          return reply('chain', i - 1, t)
+        end
+      else
+        lv, t = fullOf(sh), now -- a new key starts full
+      end
+      if decide then
+        local cb, cu = big(cost), {}
+        code = '1'
+        for k = 1, #sh do
+          cu[k] = mul(cb, sh[k].pb)
+          if cmp(lv[k], cu[k]) < 0 then code = '0' end
+        end
+        if code == '1' then
+          for k = 1, #sh do lv[k] = sub(lv[k], cu[k]) end
+        end
+      elseif mode == 'r' and raw then
+        local cb = big(cost)
+        for k = 1, #sh do
+          local u = add(lv[k], mul(cb, sh[k].pb))
+          if cmp(u, sh[k].full) > 0 then u = sh[k].full end
+          lv[k] = u
+        end
+      end
+      local p = {}
+      ttf = 0
+      for k = 1, #sh do
+        p[k] = str(lv[k])
+        local d = tod(sub(sh[k].full, lv[k])) / sh[k].nD
+        if d > ttf then ttf = d end
+      end
+      uS, tS = table.concat(p, ' '), str(t)
+      u1 = p[1]
+      if #p > 1 then xs = ' ' .. table.concat(p, ' ', 2) end
+    end
+
+    local keep = true
+    if decide then
+      out[#out + 1] = code
+      out[#out + 1] = uS
+      -- a bucket can only be full here if it was never written: nothing to keep
+      keep = raw ~= nil or ttf > 0
+    elseif mode == 'p' or mode == 'r' then
+      out[#out + 1] = raw and '1' or '0'
+      out[#out + 1] = uS
+      keep = raw and mode == 'r' -- a peek writes nothing; a refund creates nothing (GET gives false)
+    elseif not raw then
+      keep = false -- brought up to date, a bucket never written is full
+    elseif mode == 'e' and ttf == 0 then
+      keep = false
+      deleted = deleted + 1
+    end
+
+    if all then
+      -- Decided, written later or never. A decision keeps every bucket
+      -- (keep is false only for a new bucket left full, never by an
+      -- admission), so only the writes wait.
+      if code ~= '1' then refused = true end
+      if keep and not refused then
+        held[#held + 1] = { key, u1 .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs, ttf, tS }
+      end
+    elseif not keep then
+      if raw and mode ~= 'p' and mode ~= 'r' then redis.call('DEL', key) end
+    else
+      put(key, u1 .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs, ttf, tS)
+    end
+  end
+end
+-- Mode "A": every bucket admitted, so every one is written. The first
+-- write is a SET: a Redis out of memory refuses it, and the call, before
+-- anything is written.
+if all and not refused then
+  for k = 1, #held do
+    local h = held[k]
+    put(h[1], h[2], h[3], h[4])
+  end
+end
+return reply('ok', n)
