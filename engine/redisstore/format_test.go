@@ -31,9 +31,15 @@ func TestOlderStoreRefusesCompactBuckets(t *testing.T) {
 	d, err := s.Allow(ctx, "k", 10)
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
-	raw := c.Get(ctx, p+"k:k").Val()
+	bucket := redisstore.BucketKey(p, "k")
+	raw := c.Get(ctx, bucket).Val()
 	require.Equal(t, byte(1), raw[0], "the fast path writes the compact format")
-	keys := []string{p + "policy", p + "history", p + "pending", p + "k:k"}
+	pol, hist, pend := redisstore.ShardStateKeys(p)
+	shardKeys := func(key string) []string {
+		i := redisstore.ShardOf(key, redisstore.DefaultVirtualShards)
+		return []string{pol[i], hist[i], pend[i], redisstore.BucketKey(p, key)}
+	}
+	keys := shardKeys("k")
 	for _, mode := range []string{"a", "A", "p", "r", "e", "c"} {
 		at := ""
 		if mode == "e" || mode == "c" {
@@ -41,10 +47,10 @@ func TestOlderStoreRefusesCompactBuckets(t *testing.T) {
 		}
 		res, err := c.Eval(ctx, decimalOnly, keys, mode, "1", at, "1", 1, 10, 1, "").Result()
 		require.Error(t, err, "mode %s: the older script answered %v on a compact bucket", mode, res)
-		require.Equal(t, raw, c.Get(ctx, p+"k:k").Val(), "mode %s: the older script changed the bucket", mode)
+		require.Equal(t, raw, c.Get(ctx, bucket).Val(), "mode %s: the older script changed the bucket", mode)
 	}
 	// The older script's own bucket (decimal) is read by this store.
-	_, err = c.Eval(ctx, decimalOnly, []string{p + "policy", p + "history", p + "pending", p + "k:old"}, "a", "1", "", "1", 4, 10, 1, "").Result()
+	_, err = c.Eval(ctx, decimalOnly, shardKeys("old"), "a", "1", "", "1", 4, 10, 1, "").Result()
 	require.NoError(t, err)
 	d, err = s.Allow(ctx, "old", 1)
 	require.NoError(t, err)
