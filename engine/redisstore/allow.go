@@ -258,6 +258,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		_, _ = pipe.Exec(ctx) // each command keeps its own error
 		reload, noScript, noFunc, viaFunc, tryAgain := false, false, false, !eval && !s.noFunc.Load(), false
 		var prepared, missing []int // shards met mid-cutover, and shards with no version
+		var lagging []lag           // shards behind the committed version
 		var behind []*item          // items of chunks that stopped for a chain
 		var failed error            // the first chunk Redis failed; the others still count
 		for c, cmd := range cmds {
@@ -330,6 +331,11 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 					missing = append(missing, s.stateShard(chunk[0].shard))
 				} else if strings.HasPrefix(r.behind, "p") {
 					prepared = append(prepared, s.stateShard(chunk[0].shard))
+				} else if v, err := strconv.ParseInt(r.behind, 10, 64); err == nil && v < st.p.Version && s.cluster != nil {
+					// A shard behind the version this store has, which is
+					// committed (a store learns no other): one reinstalled
+					// while a cutover committed. Published to it below.
+					lagging = append(lagging, lag{s.stateShard(chunk[0].shard), r.behind})
 				}
 			case "chain":
 				// Give every bucket left in the chunk its limits under every
@@ -368,6 +374,11 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		}
 		if len(prepared) > 0 {
 			if err := s.repair(ctx); err != nil {
+				return deleted, err
+			}
+		}
+		for _, l := range lagging {
+			if err := s.raise(ctx, l, st.p); err != nil {
 				return deleted, err
 			}
 		}

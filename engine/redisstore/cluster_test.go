@@ -668,3 +668,24 @@ func TestVirtualShardsStored(t *testing.T) {
 		require.ErrorIs(t, err, engine.ErrInvalidConfig, "VirtualShards %d", n)
 	}
 }
+
+// TestClusterShardBehindIsRaised: a shard left at an older version than the
+// committed one (reinstalled from a version read just before a commit) is
+// published to the committed version by the first store call that meets
+// it, rather than refusing every store that knows the commit.
+func TestClusterShardBehindIsRaised(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	p := prefix(t)
+	ctx := context.Background()
+	s := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}})[0]
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 1}, 1))
+	cc := clusterClient(t, addrs)
+	policies, _, _ := redisstore.ShardStateKeys(p)
+	sh := redisstore.ShardOf("k", redisstore.DefaultVirtualShards)
+	require.NoError(t, cc.HSet(ctx, policies[sh], "v", "1").Err())
+	d, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, engine.Decision{Allowed: true, Remaining: 19, Version: 2, Limit: 20, ResetAfter: time.Second}, d)
+	require.Zero(t, s.Stats().Failures)
+	require.Equal(t, "2", cc.HGet(ctx, policies[sh], "v").Val())
+}

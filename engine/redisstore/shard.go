@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/tokenshard/tokenshard/policy"
 )
 
 // Virtual shards.
@@ -312,4 +314,23 @@ func (s *Store) repair(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// lag is a shard found behind the committed version: its index and version.
+type lag struct {
+	shard   int
+	version string
+}
+
+// raise publishes the committed policy p to a shard still at an older
+// version (publishSrc from that version rather than from prepared). Only a
+// shard reinstalled from a version read just before a commit gets there;
+// without this it would refuse every store that knows the commit.
+func (s *Store) raise(ctx context.Context, l lag, p policy.Policy) error {
+	err := s.shardStep(ctx, []int{l.shard}, publishSrc, func(k shardKeys) []string { return []string{k.policy, k.history, k.pending} },
+		strconv.FormatInt(p.Version, 10), tail(p), "0", s.nowArg(), l.version)
+	if errors.Is(err, errShardMoved) {
+		return nil // someone else moved it: the next attempt tells
+	}
+	return err
 }

@@ -143,12 +143,14 @@ return {'ok'}
 // shard: the next version is in force there from the shard's own TIME,
 // the cutover instant its buckets replay. KEYS: the shard's policy hash,
 // history list and pending flag. ARGV: next version, its entry's tail,
-// trim, time override. Reply "ok", or the shard's version if it is neither
-// prepared for the next nor the next.
+// trim, time override, and optionally a version the shard may be at
+// instead of prepared (a shard found behind a committed version). Reply
+// "ok", or the shard's version if it is neither prepared for the next (nor
+// at that version) nor the next.
 const publishSrc = timeLua + `
 local v = redis.call('HGET', KEYS[1], 'v')
 if v == ARGV[1] then return 'ok' end
-if v ~= 'p' .. ARGV[1] then return v or '' end
+if v ~= 'p' .. ARGV[1] and (ARGV[5] == nil or v ~= ARGV[5]) then return v or '' end
 if ARGV[3] == '1' then redis.call('LTRIM', KEYS[2], -1, -1) end
 redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. nowNs(ARGV[4]) .. ' ' .. ARGV[2])
 redis.call('HSET', KEYS[1], 'v', ARGV[1])
