@@ -168,9 +168,13 @@
 // A script call is never sent twice, on a cluster too: go-redis follows
 // MOVED and ASK (the script did not run) for these commands as for any,
 // and never retries one whose reply was lost. While a slot migrates, Redis
-// answers TRYAGAIN to a call whose keys are split between the two masters
-// (or which would create a bucket there): the script did not run, and the
-// store sends it again after a pause, within the call's deadline.
+// answers TRYAGAIN to a call some of whose keys it does not find on
+// either side, and the script does not run; the store sends it again
+// after a pause, within the call's deadline. A key that does not exist
+// counts: a bucket not yet created, and the shard's pending flag, which
+// exists only during a cutover, so calls on a shard wait while its slot
+// migrates, and one that waits past its deadline is answered by the
+// failure rule.
 //
 // A cutover moves every shard's copy of the version. On one server one
 // script moves them all at once, as it always has. On a cluster no script
