@@ -162,8 +162,8 @@
 // spread less. AllowAll runs one script, so on a cluster its keys must
 // be in one virtual shard (give them one {tag}), else it returns
 // ErrCrossShard; on one server its keys may be in any shards. Keyspace
-// passes (EvictFull, KeyCount, a cutover's) scan every master. The scripts
-// are loaded on every master (go-redis's ScriptLoad on a cluster).
+// passes (EvictFull, KeyCount, a cutover's) scan every master, and the
+// decide FUNCTION (or script) is loaded on every master.
 //
 // A script call is never sent twice, on a cluster too: go-redis follows
 // MOVED and ASK (the script did not run) for these commands as for any,
