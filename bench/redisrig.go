@@ -232,8 +232,7 @@ type cellResult struct {
 	mallocs            uint64 // heap allocations in the process meanwhile
 }
 
-func (r cellResult) perSecond() float64 { return float64(r.decisions) / r.elapsed.Seconds() }
-func (r cellResult) nsPer() float64     { return float64(r.elapsed.Nanoseconds()) / float64(r.decisions) }
+func (r cellResult) nsPer() float64 { return float64(r.elapsed.Nanoseconds()) / float64(r.decisions) }
 
 // runFor runs workers goroutines, each deciding runs of batch keys from its
 // own offset in ks.draws, for about d: each worker stops after the call in
