@@ -220,13 +220,20 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 	}
 	busy := 0     // rounds that met a slot being migrated (TRYAGAIN)
 	eval := false // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
-	for attempt := 0; len(todo) > 0; attempt++ {
+	var later []*item // items held for a later round (see perKey)
+	for attempt := 0; len(todo) > 0 || len(later) > 0; attempt++ {
+		cont := attempt > 0 && len(todo) == 0 // only items held back: a round, not an attempt
+		if cont {
+			attempt--
+		}
 		if attempt == maxAttempts {
 			return deleted, fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
 		}
-		if attempt > 0 {
+		if attempt > 0 && !cont {
 			s.retries.Add(1)
 		}
+		todo = append(todo, later...)
+		todo, later = perKey(todo)
 		st := s.cur.Load()
 		nowArg, expiry := s.timeArgs()
 		if at != "" {
@@ -550,12 +557,36 @@ func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
 	return nil
 }
 
+// perKey bounds the work of one script call: it keeps in items the first
+// ChunkSize of each key's items and returns the others, in order, for a
+// later round. A key's items are decided in request order, and a call
+// stopped part-way (a chain to fetch) is sent again after the calls
+// pipelined behind it, so a key's later items wait for the round after its
+// earlier ones are done rather than ride in a call of their own. A call
+// then holds fewer than 2*ChunkSize requests (see chunked).
+func perKey(items []*item) (now, later []*item) {
+	if len(items) <= ChunkSize {
+		return items, nil
+	}
+	n := make(map[string]int)
+	now = items[:0:0]
+	for _, it := range items {
+		if n[it.key] < ChunkSize {
+			n[it.key]++
+			now = append(now, it)
+		} else {
+			later = append(later, it)
+		}
+	}
+	return now, later
+}
+
 // chunked splits items into script calls of about ChunkSize, in order, with
 // every item of a key in the chunk of its first: chunks are pipelined, and
 // one that stops part-way (a chain to fetch) is sent again after the others,
 // so a key must not have items in two of them (a batch decides each key's
-// requests in request order). A key with more than ChunkSize items makes its
-// chunk longer.
+// requests in request order). A key's items (at most ChunkSize, see perKey)
+// make its chunk longer.
 func chunked(items []*item) [][]*item {
 	if len(items) <= ChunkSize {
 		return [][]*item{items}

@@ -183,6 +183,7 @@ end
 local version, mode, decide, all, expiry, pending
 local tm1, tm2, nowSec, nowNs, nowMs, nowS, now
 local history, out, deleted
+local memo -- mode "a": the fast-path buckets the call holds, by key and in order
 local KEYS2, KEYS3
 local call
 
@@ -465,13 +466,27 @@ local function fastOf(raw, tag, pN)
   return t, f, ls, lns
 end
 
+-- flush writes a bucket the call holds (see memo), if it changed, and
+-- forgets it; flushAll writes every one, in the order first met.
+local function flush(m)
+  if memo[m.key] ~= m then return end
+  memo[m.key] = nil
+  if m.dirty then
+    put(m.key, MARK .. struct.pack('<dddd', m[1], m[2], m[3], m[4]) .. m.tag, m.ttf, m.lastMs)
+  end
+end
+
+local function flushAll()
+  for k = 1, #memo do flush(memo[k]) end
+end
+
 function call(KEYS, ARGV)
   mode, expiry = ARGV[1], ARGV[4] == '1'
   all = mode == 'A' -- all or nothing: writes wait for every decision
   decide = mode == 'a' or all
   KEYS2, KEYS3 = KEYS[2], KEYS[3]
   pending, history, shapes, nowS, now = nil, nil, nil, nil, nil
-  out, deleted = {}, 0
+  out, deleted, memo = {}, 0, {}
   version = redis.call('HGET', KEYS[1], 'v')
   if not version then return { 'nopolicy' } end
   if version ~= ARGV[2] then return { 'stale', version } end
@@ -523,10 +538,20 @@ function call(KEYS, ARGV)
       out[#out + 1] = ''
       refused = true
     else
-      local raw = redis.call('GET', key) or nil -- GET gives false for none
       local capN = bands == '' and nN and #cap <= 16 and tonumber(cap)
-      local T, F, ls, lns
-      if capN and capN <= P52 and nN * pN < P52 then
+      local fast = capN and capN <= P52 and nN * pN < P52
+      local m = memo[key]
+      if m and not (fast and m.tag == tag and cap == tagCap and rate == tagRate) then
+        flush(m) -- a bucket this call holds, met off the fast path: write it first
+        m = nil
+      end
+      local raw, T, F, ls, lns
+      if m then
+        raw, T, F, ls, lns = m.raw, m[1], m[2], m[3], m[4]
+      else
+        raw = redis.call('GET', key) or nil -- GET gives false for none
+      end
+      if fast and not m then
         if cap ~= tagCap or rate ~= tagRate then
           tagCap, tagRate, tag = cap, rate, version .. ' ' .. cap .. ' ' .. rate
         end
@@ -586,7 +611,21 @@ function call(KEYS, ARGV)
           local k = #out
           out[k + 1], out[k + 2], out[k + 3] = raw and '1' or '0', T, F
         end
-        if write then val = MARK .. struct.pack('<dddd', T, F, ls, lns) .. tag end
+        if mode == 'a' then
+          -- A key met again in this call is read from here, and written
+          -- once, as the call ends.
+          if not m then
+            m = { key = key, raw = raw }
+            memo[key] = m
+            memo[#memo + 1] = m
+          end
+          m[1], m[2], m[3], m[4], m.tag, m.ttf, m.lastMs = T, F, ls, lns, tag, ttf, lastMs
+          m.dirty = m.dirty or (write and (raw ~= nil or ttf > 0))
+          m.raw = raw or (m.dirty and true) or nil
+          write = false
+        elseif write then
+          val = MARK .. struct.pack('<dddd', T, F, ls, lns) .. tag
+        end
       else
         -- General path: limbs, bands, and the cutovers the bucket missed.
         general()
@@ -609,6 +648,7 @@ function call(KEYS, ARGV)
               out = {} -- nothing is written before every bucket is decided
               return reply('chain', 0, t)
             end
+            flushAll()
             return reply('chain', i - 1, t)
           end
         else
@@ -689,5 +729,6 @@ function call(KEYS, ARGV)
       put(h[1], h[2], h[3], h[4])
     end
   end
+  flushAll()
   return reply('ok', n)
 end

@@ -27,8 +27,9 @@ const (
 	DefaultFailRetryAfter = time.Second
 	// ChunkSize is about how many requests one script call decides:
 	// AllowBatch sends a longer batch as several calls, pipelined in one
-	// round trip. Every request of a key goes to the call of its first, so
-	// a key repeated many times makes its call longer.
+	// round trip. The first ChunkSize requests of a key go to the call of
+	// its first; a key repeated more often sends the rest in later rounds
+	// of ChunkSize, one round trip each, so that no call holds Redis long.
 	ChunkSize = 256
 	// HistoryVersions is how many policy versions the store retains for
 	// buckets not touched since an older one. A cutover that would retain
