@@ -218,8 +218,8 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 	for i := range todo {
 		todo[i].shard = s.shard(todo[i].key)
 	}
-	busy := 0     // rounds that met a slot being migrated (TRYAGAIN)
-	eval := false // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
+	busy := 0         // rounds that met a slot being migrated (TRYAGAIN)
+	eval := false     // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
 	var later []*item // items held for a later round (see perKey)
 	for attempt := 0; len(todo) > 0 || len(later) > 0; attempt++ {
 		cont := attempt > 0 && len(todo) == 0 // only items held back: a round, not an attempt
