@@ -242,7 +242,15 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		chunks := s.route(todo)
 		todo = todo[:0:0]
 		cmds := make([]*redis.Cmd, len(chunks))
-		pipe := s.rdb.Pipeline()
+		// One call on a cluster goes as a command: a ClusterClient's
+		// pipeline of one costs about half as much again (it fans out per
+		// node). go-redis follows MOVED and ASK for it as for a pipeline's.
+		var pipe redis.Pipeliner
+		var via processor = s.rdb
+		if s.cluster == nil || len(chunks) > 1 {
+			pipe = s.rdb.Pipeline()
+			via = pipe
+		}
 		for c, chunk := range chunks {
 			sk := s.shards[s.stateShard(chunk[0].shard)]
 			keys := make([]string, 3, 3+len(chunk))
@@ -260,9 +268,11 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 					args = append(args, it.cost, capArg, rate, it.chain)
 				}
 			}
-			cmds[c] = s.decideCmd(ctx, pipe, keys, args, eval)
+			cmds[c] = s.decideCmd(ctx, via, keys, args, eval)
 		}
-		_, _ = pipe.Exec(ctx) // each command keeps its own error
+		if pipe != nil {
+			_, _ = pipe.Exec(ctx) // each command keeps its own error
+		}
 		reload, noScript, noFunc, viaFunc, tryAgain := false, false, false, !eval && !s.noFunc.Load(), false
 		var prepared, missing []int // shards met mid-cutover, and shards with no version
 		var lagging []lag           // shards behind the committed version
@@ -692,8 +702,15 @@ type noRetryCmd struct{ *redis.Cmd }
 
 func (noRetryCmd) NoRetry() bool { return true }
 
-// evalShaOnce queues EVALSHA of sc on p, never retried by go-redis.
-func evalShaOnce(ctx context.Context, p redis.Pipeliner, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+// processor is where a script call goes: a pipeline, which queues it, or
+// a client, which sends it at once.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// evalShaOnce queues EVALSHA of sc on p (or sends it, on a client), never
+// retried by go-redis.
+func evalShaOnce(ctx context.Context, p processor, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
 	a := make([]any, 0, 3+len(keys)+len(args))
 	a = append(a, "evalsha", sc.Hash(), len(keys))
 	for _, k := range keys {

@@ -85,7 +85,7 @@ func funcRefused(err error) bool {
 
 // decideCmd queues one call of the decide script on p: FCALL, or EVALSHA
 // with eval or once FUNCTION was refused; never retried by go-redis.
-func (s *Store) decideCmd(ctx context.Context, p redis.Pipeliner, keys []string, args []any, eval bool) *redis.Cmd {
+func (s *Store) decideCmd(ctx context.Context, p processor, keys []string, args []any, eval bool) *redis.Cmd {
 	if eval || s.noFunc.Load() {
 		return evalShaOnce(ctx, p, decideScript, keys, args...)
 	}
