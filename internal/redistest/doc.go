@@ -1,6 +1,9 @@
 // Package redistest gives integration tests a real Redis server: Addr for a
 // server shared by the whole test binary, Start for a private one a test owns
-// and may kill and restart (outage tests).
+// and may kill and restart (outage tests). ClusterAddrs and StartCluster do
+// the same for a Redis Cluster of three masters (redis-cli --cluster
+// create), the shared one taken from $TOKENSHARD_REDIS_CLUSTER_ADDRS when
+// set (.ci/run starts one and sets it).
 //
 // Readiness is checked with a real PING over TCP (a raw RESP exchange, so the
 // package needs no client library). When no server can be had, tests skip
