@@ -257,6 +257,9 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			keys[0], keys[1], keys[2] = sk.policy, sk.history, sk.pending
 			args := make([]any, 4, 4+4*len(chunk))
 			args[0], args[1], args[2], args[3] = mode, st.ver, nowArg, expiry
+			if repeats(chunk) {
+				args[3] = expiry + "m"
+			}
 			for _, it := range chunk {
 				var capArg int64
 				var rate any
@@ -565,6 +568,28 @@ func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
 		it.chain = b.String()
 	}
 	return nil
+}
+
+// repeats reports whether a key comes more than once in chunk.
+func repeats(chunk []*item) bool {
+	if len(chunk) <= 16 {
+		for i, it := range chunk {
+			for _, o := range chunk[:i] {
+				if o.key == it.key {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	seen := make(map[string]struct{}, len(chunk))
+	for _, it := range chunk {
+		if _, ok := seen[it.key]; ok {
+			return true
+		}
+		seen[it.key] = struct{}{}
+	}
+	return false
 }
 
 // perKey bounds the work of one script call: it keeps in items the first

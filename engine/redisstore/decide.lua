@@ -70,7 +70,9 @@
 --         at the instant it began); with expiry off, exactly it
 --         (Config.Clock's reading).
 -- ARGV[4] "1" sets expiries at the time-to-full, "0" sets none (a store
---         with a Config.Clock).
+--         with a Config.Clock); either followed by "m" when a key comes
+--         more than once in the call: mode "a" then reads and writes each
+--         such bucket once.
 -- ARGV[5..] four per bucket: cost (tokens), the key's shape under ARGV[2]
 --         as cap and "rate[ bands]" (a plain key's two arguments are the
 --         ones it always had), and the chain: "version cap rate[ bands]"
@@ -183,7 +185,7 @@ end
 local version, mode, decide, all, expiry, pending
 local tm1, tm2, nowSec, nowNs, nowMs, nowS, now
 local history, out, deleted
-local memo -- mode "a": the fast-path buckets the call holds, by key and in order
+local memo, memoOn -- mode "a": the fast-path buckets the call holds, by key and in order; whether it holds them
 local KEYS2, KEYS3
 local call
 
@@ -481,7 +483,7 @@ local function flushAll()
 end
 
 function call(KEYS, ARGV)
-  mode, expiry = ARGV[1], ARGV[4] == '1'
+  mode, expiry, memoOn = ARGV[1], string.byte(ARGV[4], 1) == 49, #ARGV[4] > 1 -- "1..."; "..m"
   all = mode == 'A' -- all or nothing: writes wait for every decision
   decide = mode == 'a' or all
   KEYS2, KEYS3 = KEYS[2], KEYS[3]
@@ -611,7 +613,7 @@ function call(KEYS, ARGV)
           local k = #out
           out[k + 1], out[k + 2], out[k + 3] = raw and '1' or '0', T, F
         end
-        if mode == 'a' then
+        if mode == 'a' and memoOn then
           -- A key met again in this call is read from here, and written
           -- once, as the call ends.
           if not m then
