@@ -85,8 +85,8 @@ func soakDuration(t *testing.T) time.Duration {
 // TestSharedLoadCreditBound runs a mixed load (Allow, AllowBatch, EvictFull)
 // from two stores on one Redis and checks, for every key, that the tokens
 // admitted never exceed the credit bound: the capacity plus the rate times
-// the time elapsed. Time here is the test's own clock, which is the
-// server's (same machine), read before the first call and after the last.
+// the time elapsed. Time is the server's TIME, which the scripts decide
+// at, read before the first call and after the last.
 func TestSharedLoadCreditBound(t *testing.T) {
 	const (
 		keys     = 8
