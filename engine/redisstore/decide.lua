@@ -515,6 +515,8 @@ function call(KEYS, ARGV)
   local held, refused = {}, false -- mode "A": the writes an admission makes; whether it is refused
   local tagCap, tagRate, tag -- the last fast-path limit, and its tag
   local n = #KEYS - 3
+  -- Distinct keys (no "m"): every bucket is read once, all in one MGET.
+  local pre = n > 1 and not memoOn and redis.call('MGET', unpack(KEYS, 4))
   for i = 1, n do
     local key, a = KEYS[3 + i], 4 + 4 * (i - 1)
     local cost, cap, rate, chain = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
@@ -551,7 +553,8 @@ function call(KEYS, ARGV)
       if m then
         raw, T, F, ls, lns = m.raw, m[1], m[2], m[3], m[4]
       else
-        raw = redis.call('GET', key) or nil -- GET gives false for none
+        if pre then raw = pre[i] else raw = redis.call('GET', key) end
+        raw = raw or nil -- GET gives false for none
       end
       if fast and not m then
         if cap ~= tagCap or rate ~= tagRate then
