@@ -106,10 +106,11 @@ func (s *Store) inspect(ctx context.Context, mode, key string, tokens int64) (en
 }
 
 // AllowBatch decides reqs[i] into out[i], with the same meaning as
-// engine.Engine.AllowBatch: up to ChunkSize requests per script call, each
+// engine.Engine.AllowBatch: about ChunkSize requests per script call, each
 // call deciding its requests in order at one instant, and all calls
-// pipelined in one round trip. Redis failures are answered per request as
-// Allow's are.
+// pipelined in one round trip (a key with more than ChunkSize requests
+// sends the rest in further rounds). Redis failures are answered per
+// request as Allow's are.
 func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
 	if len(out) < len(reqs) {
 		return engine.ErrInvalidConfig
