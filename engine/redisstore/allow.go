@@ -171,8 +171,17 @@ func (s *Store) decide(ctx, bctx context.Context, items []item) error {
 }
 
 // answerFailure answers every undecided item by the fail-open or
-// fail-closed rule.
+// fail-closed rule, and tells OnError.
 func (s *Store) answerFailure(items []item, err error) {
+	s.failAnswers(items)
+	if s.onError != nil {
+		s.onError(err)
+	}
+}
+
+// failAnswers answers every undecided item by the fail-open or fail-closed
+// rule, and counts them.
+func (s *Store) failAnswers(items []item) {
 	st := s.cur.Load()
 	n := 0
 	for i := range items {
@@ -195,9 +204,6 @@ func (s *Store) answerFailure(items []item, err error) {
 		*it.out = engine.Result{Decision: d}
 	}
 	s.failures.Add(uint64(n))
-	if s.onError != nil {
-		s.onError(err)
-	}
 }
 
 // exec runs items through the decide script in mode "a" (decide), "A"

@@ -50,9 +50,26 @@ const (
 	abandoned                  // its caller left at its deadline or cancellation
 )
 
-// queueFor is the combiner that key's single Allows join: the store's one.
-// Every request of a call must be one the script can decide together.
-func (s *Store) queueFor(string) *combiner { return &s.single }
+// queueFor is the combiner that key's single Allows join. On a cluster it
+// is the key's virtual shard's, so that a combined call touches one slot of
+// one master, and a master that is slow to answer holds up only its own
+// shards' calls; on one server it is the store's one. Every request of a
+// call must be one the script can decide together.
+func (s *Store) queueFor(key string) *combiner {
+	if len(s.queues) == 1 {
+		return &s.queues[0]
+	}
+	return &s.queues[s.shard(key)]
+}
+
+// queueCount is how many combiners the store keeps: one per virtual shard
+// on a cluster, one on a single server (every call goes to the same place).
+func (s *Store) queueCount() int {
+	if s.cluster == nil {
+		return 1
+	}
+	return len(s.shards)
+}
 
 // allowOne decides one valid request through key's combiner.
 func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.Decision, error) {
@@ -65,8 +82,13 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 		c.mu.Unlock()
 		var out engine.Result
 		items := []item{{out: &out, key: key, cost: cost}}
+		if s.hook != nil {
+			s.hook(hookAlone)
+		}
 		err := s.decide(ctx, bctx, items)
-		s.handOff(c, nil)
+		c.mu.Lock()
+		s.handOff(c)
+		c.mu.Unlock()
 		if err != nil {
 			return engine.Decision{}, err
 		}
@@ -91,6 +113,8 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 			s.sendCombined(c, w, batch)
 			return w.answer()
 		case w.state == answered:
+			// answered, even if its deadline has passed meanwhile: Redis
+			// decided it, and counted it
 			c.mu.Unlock()
 			return w.answer()
 		case bctx.Err() != nil:
@@ -102,7 +126,9 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 					}
 				}
 			}
-			w.state = abandoned // a call that has it no longer answers it
+			// A call that has it no longer answers or counts it, nor sends
+			// it if not yet sent: this caller answers, and counts, itself.
+			w.state = abandoned
 			c.mu.Unlock()
 			if errors.Is(ctx.Err(), context.Canceled) {
 				return engine.Decision{}, ctx.Err()
@@ -127,29 +153,48 @@ func (w *waiter) answer() (engine.Decision, error) {
 }
 
 // sendCombined sends batch (leader among it) as one call and answers every
-// caller still waiting, then hands the queue on.
+// caller still waiting, then hands the queue on. Each request is answered
+// and counted once, by whichever comes first under the combiner's lock: its
+// caller giving up (the failure rule), or the call's end (Redis's answer,
+// or the failure rule for a request the call did not decide).
 func (s *Store) sendCombined(c *combiner, leader *waiter, batch []*waiter) {
+	if s.hook != nil {
+		s.hook(hookLead)
+	}
+	// Callers that gave up since the batch was handed over have their
+	// answer: sending them would only spend their tokens.
+	c.mu.Lock()
+	send := batch[:0] // batch is the leader's alone
+	for _, w := range batch {
+		if w.state != abandoned {
+			send = append(send, w)
+		}
+	}
+	c.mu.Unlock()
 	// The call runs until the latest deadline of its callers: the leader's,
 	// chosen so. Its caller's cancellation does not cut the others' call.
 	dl := leader.deadline
-	for _, w := range batch {
+	for _, w := range send {
 		if w.deadline.After(dl) {
 			dl = w.deadline
 		}
 	}
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(leader.ctx), dl)
-	items := make([]item, len(batch))
-	for i, w := range batch {
+	items := make([]item, len(send))
+	for i, w := range send {
 		items[i] = w.it
 	}
 	_, err := s.exec(cctx, "a", "", items)
 	cancel()
+	if s.hook != nil {
+		s.hook(hookSent)
+	}
 	c.mu.Lock()
 	var live []item // not answered by Redis, and still awaited
 	n := uint64(0)
-	for i, w := range batch {
+	for i, w := range send {
 		if w.state == abandoned {
-			continue
+			continue // answered and counted by its caller
 		}
 		w.it.done = items[i].done
 		switch {
@@ -159,26 +204,27 @@ func (s *Store) sendCombined(c *combiner, leader *waiter, batch []*waiter) {
 			live = append(live, items[i])
 		}
 	}
-	c.mu.Unlock()
 	s.decisions.Add(n)
-	if err != nil && len(live) > 0 {
-		s.answerFailure(live, err)
+	failed := err != nil && len(live) > 0
+	if failed {
+		s.failAnswers(live) // into the waiters' results, before they wake
 	}
-	s.handOff(c, batch)
-}
-
-// handOff ends a call: it wakes every caller of batch still waiting (their
-// answers are in), then gives the queued requests to one of their callers
-// to send, or counts the call out of flight.
-func (s *Store) handOff(c *combiner, batch []*waiter) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, w := range batch {
+	for _, w := range send {
 		if w.state == taken {
 			w.state = answered
 			signal(w)
 		}
 	}
+	s.handOff(c)
+	c.mu.Unlock()
+	if failed && s.onError != nil {
+		s.onError(err)
+	}
+}
+
+// handOff ends a call, c.mu held: it gives the queued requests to one of
+// their callers to send, or counts the call out of flight.
+func (s *Store) handOff(c *combiner) {
 	if len(c.queue) == 0 {
 		c.inFlight--
 		return
@@ -197,6 +243,13 @@ func (s *Store) handOff(c *combiner, batch []*waiter) {
 	lead.lead = next
 	signal(lead)
 }
+
+// Points in the combiner where a test hook (Store.hook) runs.
+const (
+	hookAlone = "alone" // a caller that found its queue free, before its call
+	hookLead  = "lead"  // a caller handed a batch, before it looks at it
+	hookSent  = "sent"  // a batch's call has returned, before it is answered
+)
 
 func signal(w *waiter) {
 	select {

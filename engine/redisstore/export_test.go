@@ -49,3 +49,23 @@ func ShardOf(key string, n int) int { return shardOf(key, n) }
 // DecimalBucket is decimalBucket, for the tests that read buckets: the
 // decimal format of any bucket.
 var DecimalBucket = decimalBucket
+
+// Points of the combiner where a hook set by SetCombineHook runs.
+const (
+	HookAlone = hookAlone
+	HookLead  = hookLead
+	HookSent  = hookSent
+)
+
+// SetCombineHook makes s run hook(point) at the combiner's points, from
+// the caller's goroutine. Set it before s is used concurrently.
+func SetCombineHook(s *Store, hook func(point string)) { s.hook = hook }
+
+// Queued is how many single Allows for key wait in its combiner, and how
+// many of its calls are in flight.
+func Queued(s *Store, key string) (queued, inFlight int) {
+	c := s.queueFor(key)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue), c.inFlight
+}

@@ -135,8 +135,9 @@ type Store struct {
 
 	decisions, failures, retries atomic.Uint64
 
-	single combiner    // concurrent single Allows, merged into shared calls
-	noFunc atomic.Bool // FUNCTION refused: the decide script goes by EVALSHA
+	queues []combiner   // concurrent single Allows, merged into shared calls (see queueFor)
+	hook   func(string) // tests only: run at the combiner's points (hookAlone...)
+	noFunc atomic.Bool  // FUNCTION refused: the decide script goes by EVALSHA
 }
 
 // state is one policy version as the store uses it.
@@ -255,6 +256,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s.layout(stored)
+	s.queues = make([]combiner, s.queueCount())
 	// A policy another process installed is read even if its version is
 	// cfg.Policy's: the two may differ. Loading also finishes a cutover an
 	// earlier process left half done.
