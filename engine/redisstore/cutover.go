@@ -85,6 +85,14 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	}
 	defer s.unlock(ctx, token)
 
+	if s.cluster != nil {
+		// A cutover left unfinished (by a process that died, or a master
+		// away at one of its steps) is finished first, its expiry pass
+		// included: intentSrc records no other until it is.
+		if _, err := s.settle(ctx, token); err != nil {
+			return fmt.Errorf("%w: an earlier cutover could not be finished: %w", ErrUnavailable, err)
+		}
+	}
 	if err := s.round(ctx, s.reload); err != nil {
 		return err
 	}
@@ -135,7 +143,7 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		return err
 	}
 	pctx := context.WithoutCancel(ctx)
-	if err := s.publish(pctx, next, expectedVersion, blob, token, trim); err != nil {
+	if err := s.publish(pctx, next, expectedVersion, blob, token, trim, lengthens); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -148,7 +156,13 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		// (engine.Engine.ReplacePolicy's rule). A bucket whose expiry this
 		// pass does not set keeps none until it is next touched, which costs
 		// memory, never correctness.
-		if _, err := s.convertPass(pctx, "c", token); err != nil && s.onError != nil {
+		_, err := s.convertPass(pctx, "c", token)
+		if err == nil && s.cluster != nil {
+			// ends the cutover; left recorded, the next ReplacePolicy
+			// runs the pass again first
+			err = s.done(pctx, strconv.FormatInt(next.Version, 10))
+		}
+		if err != nil && s.onError != nil {
 			s.onError(fmt.Errorf("redisstore: setting expiries after the cutover to version %d: %w", next.Version, err))
 		}
 	}
@@ -370,7 +384,7 @@ func (s *Store) allShards() []int {
 // the caller holds the lock and every pass before it is done; ctx has no
 // cancellation. On one server it is one script, atomic: every shard's copy
 // moves at once. On a cluster it is the two-phase cutover (see ReplacePolicy).
-func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion int64, blob, token string, trim bool) error {
+func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion int64, blob, token string, trim, lengthens bool) error {
 	nv := strconv.FormatInt(next.Version, 10)
 	var res []any
 	var err error
@@ -400,7 +414,7 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 		// go-redis may retry it.
 		err = s.round(ctx, func(ctx context.Context) (err error) {
 			res, err = s.rdb.Eval(ctx, intentSrc, []string{s.kPolicy, s.kBlobs, s.kLock},
-				expectedVersion, nv, tail(next), blob, token, flag(trim)).Slice()
+				expectedVersion, nv, tail(next), blob, token, flag(trim), flag(lengthens)).Slice()
 			return err
 		})
 	}
@@ -426,6 +440,8 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 		return engine.ErrStalePolicy
 	case "lock":
 		return fmt.Errorf("%w: the cutover lock expired before the cutover was published; nothing changed", ErrUnavailable)
+	case "busy":
+		return fmt.Errorf("%w: an earlier cutover (%v) is not finished; nothing changed", ErrUnavailable, res[1:])
 	default:
 		return fmt.Errorf("%w: the policy vanished from Redis during the cutover (%v)", ErrUnavailable, res)
 	}
@@ -433,26 +449,50 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 		return nil
 	}
 	// Recorded: from here the cutover is made, by this call or, if it
-	// fails part-way, by the next store that meets it.
+	// fails part-way, by the next store that meets it. Each attempt reads
+	// the global keys again: a step that finds a shard moved on tells only
+	// that someone else moved, not whether the cutover committed.
 	s.mu.Lock()
 	s.past[next.Version] = next
 	s.mu.Unlock()
-	old := strconv.FormatInt(expectedVersion, 10)
-	record := nv + " " + flag(trim) + " " + tail(next)
-	for range 3 {
-		var err error
-		if err = s.round(ctx, func(ctx context.Context) error {
-			_, err := s.finish(ctx, old, record)
+	unfinished := fmt.Errorf("%w: the cutover to version %d is recorded but not finished; the next store to meet it finishes it", ErrUnavailable, next.Version)
+	for range 4 {
+		var vals []any
+		if err := s.round(ctx, func(ctx context.Context) (err error) {
+			vals, err = s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
 			return err
-		}); err == nil {
+		}); err != nil {
+			return fmt.Errorf("%w: %w", unfinished, err)
+		}
+		v, _ := vals[0].(string)
+		nx, _ := vals[1].(string)
+		if nx == "" || !strings.HasPrefix(nx, nv+" ") {
+			if v == nv {
+				return nil // finished, and ended, by another store
+			}
+			return unfinished
+		}
+		var published bool
+		err := s.round(ctx, func(ctx context.Context) (err error) {
+			published, err = s.finish(ctx, v, nx)
+			return err
+		})
+		switch {
+		case err == nil && published:
+			if !lengthens {
+				// a lengthening cutover ends after its expiry pass
+				if err := s.done(ctx, nv); err != nil && s.onError != nil {
+					s.onError(fmt.Errorf("redisstore: ending the cutover to version %s (the next ReplacePolicy ends it): %w", nv, err))
+				}
+			}
 			return nil
+		case err == nil:
+			return unfinished
+		case !errors.Is(err, errShardMoved):
+			return fmt.Errorf("%w: %w", unfinished, err)
 		}
-		if !errors.Is(err, errShardMoved) {
-			return fmt.Errorf("%w: the cutover to version %d is recorded but not finished; the next store to meet it finishes it", err, next.Version)
-		}
-		old = nv // a finisher committed it meanwhile: publish what is left
 	}
-	return fmt.Errorf("%w: the cutover to version %d is recorded but not finished; the next store to meet it finishes it", ErrUnavailable, next.Version)
+	return unfinished
 }
 
 // safeCutover reports whether no bucket can take longer to fill under next

@@ -194,30 +194,52 @@
 // script moves them all at once, as it always has. On a cluster no script
 // can, so a cutover has four steps, each conditional and idempotent:
 //
-//  1. record: under the lock, if the expected version is in force, the
-//     next policy and the cutover to make are written to the global keys;
-//     from here on the cutover is made, by this process or another;
+//  1. record: under the lock, if the expected version is in force and no
+//     earlier cutover is left unfinished, the next policy and the cutover
+//     to make are written to the global keys; from here on the cutover is
+//     made, by this process or another;
 //  2. prepare: every shard's version becomes "p" and the next, which the
 //     decide script refuses to every caller;
 //  3. commit: once every shard is prepared, the next version is in force
-//     in the global keys;
-//  4. publish: each shard takes the next version, its cutover instant its
-//     own TIME.
+//     in the global keys, and the commit's TIME is recorded as the
+//     cutover instant;
+//  4. publish: each shard takes the next version as of that one instant,
+//     however late it is published (a shard whose master was away is
+//     converted as of the commit, never refilled under the old limit past
+//     it); once every shard is, the record is removed.
 //
 // No caller decides under the old version once any has decided under the
 // next: every shard stops deciding under the old version (step 2) before
 // any decides under the next (step 4 follows step 3, which follows step 2
-// on every shard). A store whose call meets a prepared shard finishes the
-// cutover itself (steps 2 to 4, or 4 alone once committed) and sends the
-// call again, so a process that dies mid-cutover blocks no one: every
-// call finishes it, as does New. A cutover starts only if every master
-// answers; a master that fails between the steps leaves the prepared
-// shards answering by the failure rule until it is back and a call
-// finishes the cutover. The pending flag of a lengthening
-// cutover is set in every shard after the lock is checked, not with it (a
-// different slot): a holder whose lock expired in between adds a flag of
-// its own, which costs memory (buckets written without expiry until the
-// flag expires), never tokens.
+// on every shard). A finisher never takes a shard it finds moved on for a
+// commit: it reads the global keys again and goes on from what they say.
+// A store whose call meets a prepared shard finishes the cutover itself
+// (steps 2 to 4, or 4 alone once committed) and sends the call again, as
+// do New and ReplacePolicy (the latter under the lock, before it records
+// its own), so a process that dies mid-cutover blocks no one. A cutover
+// starts only if every master answers; a master that fails between the
+// steps leaves the prepared shards answering by the failure rule until it
+// is back and a call finishes the cutover.
+//
+// A lengthening cutover (see Store.ReplacePolicy) says so in its record.
+// Its pending flag is set in every shard after the lock is checked, not
+// with it (a different slot): a holder whose lock expired in between adds
+// a flag of its own, which costs memory (buckets written without expiry
+// until the flag expires), never tokens. Every finisher also sets the
+// cutover's own flag in each shard not yet published, before it prepares
+// any, and each shard's publish removes that one token only; so a shard
+// that has not met the cutover writes no expiry under the old version once
+// anyone may finish it. The cutover's record stays until every bucket's
+// expiry is set under the new version: by the process that made it, or
+// else by the next ReplacePolicy on the prefix, which runs that pass
+// first. A call or New that finishes such a cutover does not run the pass:
+// until it runs, the buckets not touched since the cutover began keep no
+// expiry (memory, never tokens). One gap remains: if the process that recorded a
+// lengthening cutover dies before any finisher sets the cutover's flag and
+// its own flags expire (after the lock's TTL), the shards not yet
+// prepared write expiries under the old version meanwhile, and a bucket
+// not touched again before that expiry is dropped before it is full under
+// the new one.
 //
 // # Rolling upgrades
 //

@@ -69,3 +69,7 @@ func Queued(s *Store, key string) (queued, inFlight int) {
 	defer c.mu.Unlock()
 	return len(c.queue), c.inFlight
 }
+
+// PublishScript is the text of a cluster cutover's publish step, for tests
+// that make one shard's publish fail.
+const PublishScript = publishSrc

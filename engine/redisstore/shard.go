@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -183,49 +185,146 @@ func (s *Store) bucketKeyOf(rk string) (string, bool) {
 	return "", false
 }
 
-// finish completes a cluster cutover that intentSrc recorded (next is
-// "version trim tail") while version old is still in force, or only
-// publishes the shards left prepared if it is committed: it prepares every
-// shard, commits, and publishes every shard. Every step is conditional and
-// idempotent, so the process that started the cutover and any number of
-// stores that meet it may run it at once. It reports whether it had
-// anything to do.
-func (s *Store) finish(ctx context.Context, old, next string) (bool, error) {
-	f := strings.SplitN(next, " ", 3)
-	if len(f) != 3 {
-		return false, fmt.Errorf("%w: malformed cutover record %q", ErrUnavailable, next)
+// record is a parsed cluster cutover record (see intentSrc).
+type record struct {
+	nv, trim, lengthens, at, tail string
+}
+
+func parseRecord(next string) (record, error) {
+	f := strings.SplitN(next, " ", 5)
+	if len(f) != 5 {
+		return record{}, fmt.Errorf("%w: malformed cutover record %q", ErrUnavailable, next)
 	}
-	nv, trim, tl := f[0], f[1], f[2]
-	all := make([]int, len(s.shards))
-	for i := range all {
-		all[i] = i
+	return record{nv: f[0], trim: f[1], lengthens: f[2], at: f[3], tail: f[4]}, nil
+}
+
+// cutoverToken is the pending token a lengthening cluster cutover to
+// version nv sets in every shard before it prepares any, kept until the
+// shard is published: every finisher sets and removes the same one, so
+// that no shard writes an expiry under the old version once the cutover
+// may be finished, whoever finishes it.
+func cutoverToken(nv string) string { return "c" + nv }
+
+// finish completes a cluster cutover that intentSrc recorded (next) while
+// version v is in force in the global keys, or only publishes its shards if
+// it is committed (v is its version): for a lengthening cutover it first
+// sets the cutover's pending flag in every shard, then it prepares every
+// shard, commits, and publishes every shard as of the commit's instant.
+// Every step is conditional and idempotent, so the process that started
+// the cutover and any number of stores that meet it may run it at once. It
+// reports whether every shard is published; an error wrapping
+// errShardMoved means another finisher or cutover moved on, and the caller
+// must read the global keys again before it goes on (never assume the
+// cutover committed).
+func (s *Store) finish(ctx context.Context, v, next string) (bool, error) {
+	rec, err := parseRecord(next)
+	if err != nil {
+		return false, err
 	}
-	if old != nv {
-		ov, err := strconv.ParseInt(old, 10, 64)
+	all := s.allShards()
+	if v != rec.nv {
+		ov, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return false, fmt.Errorf("%w: the stored policy version %q", ErrUnavailable, old)
+			return false, fmt.Errorf("%w: the stored policy version %q", ErrUnavailable, v)
 		}
-		if n, err := strconv.ParseInt(nv, 10, 64); err != nil || n <= ov {
+		if n, err := strconv.ParseInt(rec.nv, 10, 64); err != nil || n <= ov {
 			return false, nil // an older record: nothing to finish
 		}
 		op, err := s.policyAt(ctx, ov)
 		if err != nil {
 			return false, err
 		}
+		if rec.lengthens == "1" {
+			if err := s.shardStep(ctx, all, flagSrc, func(k shardKeys) []string { return []string{k.policy, k.pending} },
+				rec.nv, cutoverToken(rec.nv)); err != nil {
+				return false, err
+			}
+		}
 		if err := s.shardStep(ctx, all, prepareSrc, func(k shardKeys) []string { return []string{k.policy, k.history} },
-			old, nv, tail(op), s.nowArg()); err != nil {
+			v, rec.nv, tail(op), s.nowArg()); err != nil {
 			return false, err
 		}
-		res, err := s.rdb.Eval(ctx, commitSrc, []string{s.kPolicy, s.kHistory, s.kBlobs}, old, nv, s.nowArg()).StringSlice()
+		res, err := s.rdb.Eval(ctx, commitSrc, []string{s.kPolicy, s.kHistory, s.kBlobs}, v, rec.nv, s.nowArg()).StringSlice()
 		if err != nil {
-			return false, fmt.Errorf("%w: committing the cutover to version %s: %w", ErrUnavailable, nv, err)
+			return false, fmt.Errorf("%w: committing the cutover to version %s: %w", ErrUnavailable, rec.nv, err)
 		}
-		if len(res) == 0 || res[0] != "ok" {
-			return true, nil // another finisher, or another cutover, got there: read again
+		if len(res) != 2 || res[0] != "ok" {
+			return false, fmt.Errorf("%w: %w: the commit of version %s found %v", ErrUnavailable, errShardMoved, rec.nv, res)
 		}
+		rec.at = res[1]
 	}
-	return true, s.shardStep(ctx, all, publishSrc, func(k shardKeys) []string { return []string{k.policy, k.history, k.pending} },
-		nv, tl, trim, s.nowArg())
+	if rec.at == "-" {
+		return false, fmt.Errorf("%w: a committed cutover record without its instant %q", ErrUnavailable, next)
+	}
+	token := ""
+	if rec.lengthens == "1" {
+		token = cutoverToken(rec.nv)
+	}
+	if err := s.shardStep(ctx, all, publishSrc, func(k shardKeys) []string { return []string{k.policy, k.history, k.pending} },
+		rec.nv, rec.tail, rec.trim, rec.at, "", token); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// settle finishes the cluster cutover recorded in the global keys, if any,
+// reading them again whenever a step finds that another finisher moved on.
+// Once every shard is published it ends the cutover (doneSrc), except that
+// a lengthening cutover's record stays until every bucket's expiry is set
+// under the new version: with a lock token (the caller holds the cutover
+// lock: ReplacePolicy) it runs that pass itself, else it leaves the record
+// for the next ReplacePolicy, and the buckets written meanwhile keep no
+// expiry (memory, never tokens). It reports whether a committed cutover was
+// left unpublished.
+func (s *Store) settle(ctx context.Context, token string) (bool, error) {
+	for range 4 {
+		var vals []any
+		if err := s.round(ctx, func(ctx context.Context) (err error) {
+			vals, err = s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
+			return err
+		}); err != nil {
+			return false, err
+		}
+		v, _ := vals[0].(string)
+		next, _ := vals[1].(string)
+		if v == "" || next == "" {
+			return false, nil
+		}
+		rec, err := parseRecord(next)
+		if err != nil {
+			return false, err
+		}
+		var published bool
+		err = s.round(ctx, func(ctx context.Context) (err error) {
+			published, err = s.finish(ctx, v, next)
+			return err
+		})
+		switch {
+		case errors.Is(err, errShardMoved):
+			continue // read again
+		case err != nil:
+			return v == rec.nv, err
+		case !published:
+			return false, nil
+		}
+		if rec.lengthens == "1" {
+			if token == "" {
+				return false, nil
+			}
+			if _, err := s.convertPass(ctx, "c", token); err != nil {
+				return false, err
+			}
+		}
+		return false, s.done(ctx, rec.nv)
+	}
+	return false, fmt.Errorf("%w: the cutover recorded in the prefix kept moving while it was finished", ErrUnavailable)
+}
+
+// done ends the committed and published cluster cutover to version nv.
+func (s *Store) done(ctx context.Context, nv string) error {
+	return s.round(ctx, func(ctx context.Context) error {
+		return s.rdb.Eval(ctx, doneSrc, []string{s.kPolicy}, nv).Err()
+	})
 }
 
 // shardStep runs a cutover step on the shards in which, pipelined, and
@@ -301,16 +400,7 @@ func (s *Store) route(items []*item) [][]*item {
 // middle of (its version "p" and the next): the process that began it may
 // have died, and the caller cannot wait for it.
 func (s *Store) repair(ctx context.Context) error {
-	vals, err := s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
-	if err != nil {
-		return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
-	}
-	v, _ := vals[0].(string)
-	next, _ := vals[1].(string)
-	if v == "" || next == "" {
-		return nil // read again: reload tells
-	}
-	if _, err := s.finish(ctx, v, next); err != nil && !errors.Is(err, errShardMoved) {
+	if _, err := s.settle(ctx, ""); err != nil && !errors.Is(err, errShardMoved) {
 		return err
 	}
 	return nil
@@ -327,8 +417,19 @@ type lag struct {
 // shard reinstalled from a version read just before a commit gets there;
 // without this it would refuse every store that knows the commit.
 func (s *Store) raise(ctx context.Context, l lag, p policy.Policy) error {
-	err := s.shardStep(ctx, []int{l.shard}, publishSrc, func(k shardKeys) []string { return []string{k.policy, k.history, k.pending} },
-		strconv.FormatInt(p.Version, 10), tail(p), "0", s.nowArg(), l.version)
+	// Only to the version in force in the global keys: a store's cached
+	// version is not committed if the global keys were reinstalled older
+	// meanwhile, and no shard may go above the global.
+	v, err := s.rdb.HGet(ctx, s.kPolicy, "v").Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
+	}
+	nv := strconv.FormatInt(p.Version, 10)
+	if v != nv {
+		return nil // the next attempt reloads
+	}
+	err = s.shardStep(ctx, []int{l.shard}, publishSrc, func(k shardKeys) []string { return []string{k.policy, k.history, k.pending} },
+		nv, tail(p), "0", s.nowArg(), l.version, "")
 	if errors.Is(err, errShardMoved) {
 		return nil // someone else moved it: the next attempt tells
 	}

@@ -75,26 +75,39 @@ for i = 5, #KEYS, 3 do
   if ARGV[9] == '1' then redis.call('LTRIM', KEYS[i + 1], -1, -1) end
   redis.call('RPUSH', KEYS[i + 1], e)
   redis.call('HSET', KEYS[i], 'v', nv)
-  redis.call('DEL', KEYS[i + 2])
+  redis.call('HDEL', KEYS[i + 2], ARGV[8])
 end
 return {'ok', now}
 `
 
+// A cluster cutover's record, in field next of the global policy hash, is
+// "next trim lengthens instant tail": the next version, "1" if the cutover
+// trims the history, "1" if it may lengthen a bucket's time-to-full (see
+// ReplacePolicy), the cutover instant ("-" until the commit sets it) and the
+// next version's entry tail. It stays until every shard is published (and,
+// for a lengthening cutover, every bucket's expiry set under the next
+// version); doneSrc then removes it.
+
 // intentSrc is a cluster cutover's first step, on the global keys: if the
-// caller holds the lock and expectedVersion is in force, it records the
-// next version's blob and the cutover to make ("next version trim tail" in
-// field next), which from then on any store may finish.
+// caller holds the lock, expectedVersion is in force and no other cutover's
+// record is left unfinished, it records the next version's blob and the
+// cutover to make, which from then on any store may finish.
 // KEYS: policy hash, blobs hash, lock. ARGV: expected, next version, its
-// entry's tail, blob, lock token, trim. Reply {"ok"}, {"stale", version},
-// {"lock"} or {"nopolicy"}.
+// entry's tail, blob, lock token, trim, lengthens. Reply {"ok"}, {"stale",
+// version}, {"lock"}, {"nopolicy"} or {"busy", record}.
 const intentSrc = `
 local cur = redis.call('HGET', KEYS[1], 'v')
 if not cur then return {'nopolicy'} end
 if redis.call('GET', KEYS[3]) ~= ARGV[5] then return {'lock'} end
 local nv = ARGV[2]
 if cur ~= ARGV[1] or #nv < #cur or (#nv == #cur and nv <= cur) then return {'stale', cur} end
+local rec = redis.call('HGET', KEYS[1], 'next')
+if rec then
+  local w = string.match(rec, '^(%d+) ')
+  if w ~= nv and w and (#w > #cur or (#w == #cur and w >= cur)) then return {'busy', rec} end
+end
 redis.call('HSET', KEYS[2], nv, ARGV[4])
-redis.call('HSET', KEYS[1], 'next', nv .. ' ' .. ARGV[6] .. ' ' .. ARGV[3])
+redis.call('HSET', KEYS[1], 'next', nv .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' - ' .. ARGV[3])
 return {'ok'}
 `
 
@@ -104,10 +117,12 @@ return {'ok'}
 // with no version (its master lost its data) is first installed at the old
 // one. KEYS: the shard's policy hash and history list. ARGV: old version,
 // next version, the old version's entry tail, time override. Reply "ok",
-// or the shard's version if it is neither the old, prepared nor the next.
+// or the shard's version if it is neither the old nor prepared: a shard
+// already at the next version is not "ok" here, since only the caller can
+// tell (from the global keys) whether the cutover has committed.
 const prepareSrc = timeLua + `
 local v = redis.call('HGET', KEYS[1], 'v')
-if v == 'p' .. ARGV[2] or v == ARGV[2] then return 'ok' end
+if v == 'p' .. ARGV[2] then return 'ok' end
 if not v then
   redis.call('DEL', KEYS[2])
   redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. nowNs(ARGV[4]) .. ' ' .. ARGV[3])
@@ -120,42 +135,70 @@ return 'ok'
 
 // commitSrc is a cluster cutover's third step, on the global keys, once
 // every shard is prepared: the next version recorded by intentSrc is in
-// force from here on. KEYS: policy hash, history list, blobs hash. ARGV: old
-// version, next version, time override. Reply {"ok"} or {"stale",
-// version}.
+// force from here on, its cutover instant this step's TIME, kept in the
+// record so that every shard is published as of that one instant. KEYS:
+// policy hash, history list, blobs hash. ARGV: old version, next version,
+// time override. Reply {"ok", instant} or {"stale", version}.
 const commitSrc = timeLua + `
 local cur = redis.call('HGET', KEYS[1], 'v')
-if cur == ARGV[2] then return {'ok'} end
-if cur ~= ARGV[1] then return {'stale', cur or ''} end
-local w, trim, tail = string.match(redis.call('HGET', KEYS[1], 'next') or '', '^(%d+) (%d) (.*)$')
-if w ~= ARGV[2] then return {'stale', cur} end
+local w, trim, len, at, tail = string.match(redis.call('HGET', KEYS[1], 'next') or '', '^(%d+) (%d) (%d) (%S+) (.*)$')
+if cur == ARGV[2] and w == ARGV[2] then return {'ok', at} end
+if cur ~= ARGV[1] or w ~= ARGV[2] then return {'stale', cur or ''} end
 if trim == '1' then
   local old = redis.call('LRANGE', KEYS[2], 0, -2)
   for _, e in ipairs(old) do redis.call('HDEL', KEYS[3], string.match(e, '^(%d+)')) end
   redis.call('LTRIM', KEYS[2], -1, -1)
 end
-redis.call('RPUSH', KEYS[2], w .. ' ' .. nowNs(ARGV[3]) .. ' ' .. tail)
-redis.call('HSET', KEYS[1], 'v', w)
-return {'ok'}
+at = nowNs(ARGV[3])
+redis.call('RPUSH', KEYS[2], w .. ' ' .. at .. ' ' .. tail)
+redis.call('HSET', KEYS[1], 'v', w, 'next', w .. ' ' .. trim .. ' ' .. len .. ' ' .. at .. ' ' .. tail)
+return {'ok', at}
 `
 
 // publishSrc is a cluster cutover's last step, on one prepared virtual
-// shard: the next version is in force there from the shard's own TIME,
-// the cutover instant its buckets replay. KEYS: the shard's policy hash,
-// history list and pending flag. ARGV: next version, its entry's tail,
-// trim, time override, and optionally a version the shard may be at
-// instead of prepared (a shard found behind a committed version). Reply
-// "ok", or the shard's version if it is neither prepared for the next (nor
-// at that version) nor the next.
+// shard: the next version is in force there from the cutover instant,
+// which its buckets replay. KEYS: the shard's policy hash, history list and
+// pending flag. ARGV: next version, its entry's tail, trim, the cutover
+// instant ("" for the shard's TIME), a version the shard may be at instead
+// of prepared ("" for none: a shard found behind a committed version), and
+// the pending token of the cutover to remove ("" for none). Reply "ok", or
+// the shard's version if it is neither prepared for the next (nor at that
+// version) nor the next.
 const publishSrc = timeLua + `
 local v = redis.call('HGET', KEYS[1], 'v')
-if v == ARGV[1] then return 'ok' end
-if v ~= 'p' .. ARGV[1] and (ARGV[5] == nil or v ~= ARGV[5]) then return v or '' end
+if v == ARGV[1] then
+  if ARGV[6] ~= '' then redis.call('HDEL', KEYS[3], ARGV[6]) end
+  return 'ok'
+end
+if v ~= 'p' .. ARGV[1] and (ARGV[5] == '' or v ~= ARGV[5]) then return v or '' end
 if ARGV[3] == '1' then redis.call('LTRIM', KEYS[2], -1, -1) end
 redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. nowNs(ARGV[4]) .. ' ' .. ARGV[2])
 redis.call('HSET', KEYS[1], 'v', ARGV[1])
-redis.call('DEL', KEYS[3])
+if ARGV[6] ~= '' then redis.call('HDEL', KEYS[3], ARGV[6]) end
 return 'ok'
+`
+
+// flagSrc sets a lengthening cluster cutover's own pending token in one
+// virtual shard, with no expiry, unless the shard is already published (a
+// flag set after the publish would stay). KEYS: the shard's policy hash and
+// pending flag. ARGV: next version, token. Reply "ok".
+const flagSrc = `
+if redis.call('HGET', KEYS[1], 'v') == ARGV[1] then return 'ok' end
+redis.call('HSET', KEYS[2], ARGV[2], '1')
+redis.call('PERSIST', KEYS[2])
+return 'ok'
+`
+
+// doneSrc ends a cluster cutover, on the global keys, once every shard is
+// published (and a lengthening cutover's expiry pass is done): it removes
+// the record if it is still that committed cutover's. KEYS: policy hash.
+// ARGV: the version. Reply 1 if it did.
+const doneSrc = `
+if redis.call('HGET', KEYS[1], 'v') ~= ARGV[1] then return 0 end
+local w = string.match(redis.call('HGET', KEYS[1], 'next') or '', '^(%d+) ')
+if w ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'next')
+return 1
 `
 
 // A pending flag is a hash of the tokens of the cutovers that set it, one

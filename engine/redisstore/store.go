@@ -392,6 +392,7 @@ func (s *Store) reload(ctx context.Context) error { return s.load(ctx, false) }
 // load is reload; with all, it also reads a policy of the version this
 // store already has.
 func (s *Store) load(ctx context.Context, all bool) error {
+	settled := false
 	for range 3 {
 		vals, err := s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
 		if err == nil && vals[0] == nil {
@@ -404,13 +405,16 @@ func (s *Store) load(ctx context.Context, all bool) error {
 			return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
 		}
 		v, _ := vals[0].(string)
-		if next, _ := vals[1].(string); next != "" && !strings.HasPrefix(next, v+" ") {
-			// a cutover recorded and not yet committed: finish it
-			if done, err := s.finish(ctx, v, next); err != nil {
+		if next, _ := vals[1].(string); next != "" && !settled {
+			// A cutover recorded and not yet ended: finish it, or publish
+			// the shards it has not reached if it is committed. A
+			// committed cutover is in force whatever its shards: a shard
+			// away now is published when it is back.
+			settled = true
+			if committed, err := s.settle(ctx, ""); err != nil && !committed {
 				return err
-			} else if done {
-				continue
 			}
+			continue
 		}
 		version, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {

@@ -1,0 +1,94 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/internal/redistest"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// failPublish returns a cluster client whose cutover publish step fails on
+// the shard whose policy hash is shardPolicy while block is set (the
+// master away during that step), the other commands going through.
+func failPublish(t *testing.T, addrs []string, shardPolicy string, block *atomic.Bool) *redis.ClusterClient {
+	c := clusterClient(t, addrs)
+	blocked := func(cmd redis.Cmder) bool {
+		k := scriptKeys(cmd)
+		return block.Load() && len(k) > 0 && k[0] == shardPolicy && cmd.Name() == "eval" && fmt.Sprint(cmd.Args()[1]) == redisstore.PublishScript
+	}
+	c.AddHook(hook{
+		process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			if blocked(cmd) {
+				cmd.SetErr(errors.New("the master is away"))
+				return cmd.Err()
+			}
+			return next(ctx, cmd)
+		},
+		pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			var pass []redis.Cmder
+			for _, cmd := range cmds {
+				if blocked(cmd) {
+					cmd.SetErr(errors.New("the master is away"))
+				} else {
+					pass = append(pass, cmd)
+				}
+			}
+			if len(pass) == 0 {
+				return nil
+			}
+			return next(ctx, pass)
+		},
+	})
+	return c
+}
+
+// TestClusterCommittedUnpublishedThenReplace: a cutover committed whose
+// publish did not reach one shard, then a ReplacePolicy to the next version
+// before any call met that shard. The second cutover first finishes the
+// first (never overwriting its record), then makes its own: every shard
+// ends at the last version, every key is decided, and New succeeds.
+func TestClusterCommittedUnpublishedThenReplace(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	p := prefix(t)
+	ctx := context.Background()
+	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	policies, _, _ := redisstore.ShardStateKeys(p)
+	var block atomic.Bool
+	block.Store(true)
+	admin, err := redisstore.New(ctx, redisstore.Config{Client: failPublish(t, addrs, policies[0], &block), Prefix: p, Policy: v1})
+	require.NoError(t, err)
+	t.Cleanup(func() { cleanPrefix(clusterClient(t, addrs), p) })
+	err = admin.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 1}, 1)
+	require.ErrorIs(t, err, redisstore.ErrUnavailable)
+	require.Contains(t, err.Error(), "recorded but not finished")
+	cc := clusterClient(t, addrs)
+	require.Equal(t, "2", cc.HGet(ctx, redisstore.GlobalKey(p, "policy"), "v").Val(), "committed")
+	require.Equal(t, "p2", cc.HGet(ctx, policies[0], "v").Val(), "shard 0 not published")
+	block.Store(false)
+
+	other := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: v1})[0]
+	require.NoError(t, other.ReplacePolicy(ctx, policy.Policy{Version: 3, Capacity: 30, TokensPerSecond: 1}, 2))
+	for i, k := range policies {
+		require.Equal(t, "3", cc.HGet(ctx, k, "v").Val(), "shard %d", i)
+	}
+	require.Equal(t, "3", cc.HGet(ctx, redisstore.GlobalKey(p, "policy"), "v").Val())
+	for i := range 64 {
+		d, err := other.Allow(ctx, fmt.Sprint("k", i), 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Equal(t, int64(3), d.Version)
+	}
+	require.Zero(t, other.Stats().Failures)
+	fresh, err := redisstore.New(ctx, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), fresh.Policy().Version)
+}
