@@ -7,10 +7,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/internal/redistest"
 	"github.com/tokenshard/tokenshard/policy"
@@ -91,4 +93,44 @@ func TestClusterCommittedUnpublishedThenReplace(t *testing.T) {
 	fresh, err := redisstore.New(ctx, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), fresh.Policy().Version)
+}
+
+// TestClusterLatePublishAtCommitInstant: a cutover whose publish missed
+// one shard, finished ten seconds later by a call, converts that shard's
+// buckets as of the commit's instant, as an immediate cutover does: never
+// refilled under the old (faster) limit past it.
+func TestClusterLatePublishAtCommitInstant(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	ctx := context.Background()
+	const key = "k"
+	v1 := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 10}
+	v2 := policy.Policy{Version: 2, Capacity: 100, TokensPerSecond: 1}
+	remaining := func(late bool) int64 {
+		p := prefix(t)
+		policies, _, _ := redisstore.ShardStateKeys(p)
+		var block atomic.Bool
+		clk := clock.NewManual(0)
+		s := newStore(t, redisstore.Config{Client: failPublish(t, addrs, policies[redisstore.ShardOf(key, redisstore.DefaultVirtualShards)], &block),
+			Prefix: p, Policy: v1}, clk)
+		d, err := s.Allow(ctx, key, 100)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		clk.Advance(time.Second) // 10 refilled under v1
+		block.Store(late)
+		err = s.ReplacePolicy(ctx, v2, 1)
+		if late {
+			require.ErrorContains(t, err, "recorded but not finished")
+		} else {
+			require.NoError(t, err)
+		}
+		clk.Advance(10 * time.Second) // 10 refilled under v2
+		block.Store(false)
+		d, err = s.Peek(ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, int64(2), d.Version)
+		require.Zero(t, s.Stats().Failures)
+		return d.Remaining
+	}
+	require.Equal(t, int64(20), remaining(false), "an immediate cutover")
+	require.Equal(t, int64(20), remaining(true), "a cutover whose publish reached the key's shard 10 s late")
 }
