@@ -22,10 +22,15 @@ import (
 // the shard whose policy hash is shardPolicy while block is set (the
 // master away during that step), the other commands going through.
 func failPublish(t *testing.T, addrs []string, shardPolicy string, block *atomic.Bool) *redis.ClusterClient {
+	return failStep(t, addrs, redisstore.PublishScript, shardPolicy, block)
+}
+
+// failStep is failPublish for the cutover step whose script is src.
+func failStep(t *testing.T, addrs []string, src, shardPolicy string, block *atomic.Bool) *redis.ClusterClient {
 	c := clusterClient(t, addrs)
 	blocked := func(cmd redis.Cmder) bool {
 		k := scriptKeys(cmd)
-		return block.Load() && len(k) > 0 && k[0] == shardPolicy && cmd.Name() == "eval" && fmt.Sprint(cmd.Args()[1]) == redisstore.PublishScript
+		return block.Load() && len(k) > 0 && k[0] == shardPolicy && cmd.Name() == "eval" && fmt.Sprint(cmd.Args()[1]) == src
 	}
 	c.AddHook(hook{
 		process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
@@ -133,4 +138,60 @@ func TestClusterLatePublishAtCommitInstant(t *testing.T) {
 	}
 	require.Equal(t, int64(20), remaining(false), "an immediate cutover")
 	require.Equal(t, int64(20), remaining(true), "a cutover whose publish reached the key's shard 10 s late")
+}
+
+// TestClusterLengtheningFinishedByAnother: a lengthening cutover whose
+// prepare missed one shard (its master away) and whose process then gave up
+// (its pending flags released) keeps that shard writing buckets without
+// expiry: the cutover's own pending flag, set before any shard is
+// prepared. A call on another store finishes it, removing only that flag
+// (another holder's stays), and leaves the record for the expiry pass,
+// which the next ReplacePolicy runs before its own cutover.
+func TestClusterLengtheningFinishedByAnother(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	p := prefix(t)
+	ctx := context.Background()
+	policies, _, pendings := redisstore.ShardStateKeys(p)
+	const key = "k"
+	sh := redisstore.ShardOf(key, redisstore.DefaultVirtualShards)
+	other := "o"
+	for i := 0; redisstore.ShardOf(other, redisstore.DefaultVirtualShards) == sh; i++ {
+		other = fmt.Sprint("o", i)
+	}
+	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 10}
+	v2 := policy.Policy{Version: 2, Capacity: 100, TokensPerSecond: 10} // lengthens
+	var block atomic.Bool
+	admin, err := redisstore.New(ctx, redisstore.Config{Client: failStep(t, addrs, redisstore.PrepareScript, policies[sh], &block), Prefix: p, Policy: v1})
+	require.NoError(t, err)
+	s := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: v1})[0]
+	cc := clusterClient(t, addrs)
+
+	block.Store(true)
+	require.ErrorContains(t, admin.ReplacePolicy(ctx, v2, 1), "recorded but not finished")
+	block.Store(false)
+	require.Equal(t, "1", cc.HGet(ctx, policies[sh], "v").Val(), "the shard was not prepared")
+	d, err := s.Allow(ctx, key, 5)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), d.Version)
+	require.Equal(t, time.Duration(-1), cc.PTTL(ctx, redisstore.BucketKey(p, key)).Val(),
+		"a bucket written under the old version while the lengthening cutover is unfinished has no expiry")
+	require.NoError(t, cc.HSet(ctx, pendings[sh], "foreign", "1").Err()) // another holder's flag
+	require.NoError(t, cc.PExpire(ctx, pendings[sh], time.Minute).Err())
+
+	d, err = s.Allow(ctx, other, 1) // a prepared shard: the call finishes the cutover
+	require.NoError(t, err)
+	require.Equal(t, int64(2), d.Version)
+	require.Zero(t, s.Stats().Failures)
+	for i, k := range policies {
+		require.Equal(t, "2", cc.HGet(ctx, k, "v").Val(), "shard %d", i)
+		require.False(t, cc.HExists(ctx, pendings[i], "c2").Val(), "shard %d keeps the cutover's flag", i)
+	}
+	require.True(t, cc.HExists(ctx, pendings[sh], "foreign").Val(), "another holder's flag was removed")
+	require.NotEmpty(t, cc.HGet(ctx, redisstore.GlobalKey(p, "policy"), "next").Val(), "the record waits for the expiry pass")
+	require.NoError(t, cc.HDel(ctx, pendings[sh], "foreign").Err()) // its holder is done
+
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 3, Capacity: 50, TokensPerSecond: 10}, 2))
+	ttl := cc.PTTL(ctx, redisstore.BucketKey(p, key)).Val()
+	require.Greater(t, ttl, time.Duration(0), "the expiry pass set the bucket's expiry")
+	require.Empty(t, cc.HGet(ctx, redisstore.GlobalKey(p, "policy"), "next").Val(), "both cutovers ended")
 }

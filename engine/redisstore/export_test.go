@@ -73,3 +73,6 @@ func Queued(s *Store, key string) (queued, inFlight int) {
 // PublishScript is the text of a cluster cutover's publish step, for tests
 // that make one shard's publish fail.
 const PublishScript = publishSrc
+
+// PrepareScript is the text of a cluster cutover's prepare step.
+const PrepareScript = prepareSrc
