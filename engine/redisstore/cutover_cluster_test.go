@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -194,4 +195,50 @@ func TestClusterLengtheningFinishedByAnother(t *testing.T) {
 	ttl := cc.PTTL(ctx, redisstore.BucketKey(p, key)).Val()
 	require.Greater(t, ttl, time.Duration(0), "the expiry pass set the bucket's expiry")
 	require.Empty(t, cc.HGet(ctx, redisstore.GlobalKey(p, "policy"), "next").Val(), "both cutovers ended")
+}
+
+// TestClusterGlobalLostNotReinstalledOlder: the global keys are lost (their
+// master restarted empty) while the shards, on other masters, hold the
+// version a cutover published. A store that never met that version does
+// not reinstall the global keys below it (its calls fail by the failure
+// rule, with an error that says why), nor does New with an older
+// Config.Policy; a store that knows the version reinstalls them at it, and
+// every store decides again.
+func TestClusterGlobalLostNotReinstalledOlder(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	p := prefix(t)
+	ctx := context.Background()
+	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	var errs []error
+	var mu sync.Mutex
+	stores := realStores(t, strings.Join(addrs, ","), 2, redisstore.Config{Prefix: p, Policy: v1,
+		OnError: func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }})
+	a, b := stores[0], stores[1]
+	require.NoError(t, a.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 1}, 1))
+	cc := clusterClient(t, addrs)
+	for _, name := range []string{"policy", "history", "blobs", "lock"} {
+		require.NoError(t, cc.Del(ctx, redisstore.GlobalKey(p, name)).Err())
+	}
+
+	d, err := b.Allow(ctx, "k", 1) // b is at version 1: the shard answers stale
+	require.NoError(t, err)
+	require.False(t, d.Allowed, "the failure rule")
+	require.NotZero(t, b.Stats().Failures)
+	mu.Lock()
+	require.NotEmpty(t, errs)
+	require.ErrorContains(t, errs[len(errs)-1], "newer than this store's 1")
+	mu.Unlock()
+	require.Zero(t, cc.Exists(ctx, redisstore.GlobalKey(p, "policy")).Val(), "not reinstalled at version 1")
+	_, err = redisstore.New(ctx, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1})
+	require.ErrorIs(t, err, redisstore.ErrUnavailable)
+	require.Zero(t, cc.Exists(ctx, redisstore.GlobalKey(p, "policy")).Val(), "New did not reinstall them at version 1")
+
+	// a knows version 2: its next cutover reinstalls the global keys at it first
+	require.NoError(t, a.ReplacePolicy(ctx, policy.Policy{Version: 3, Capacity: 30, TokensPerSecond: 1}, 2))
+	f := b.Stats().Failures
+	d, err = b.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.Equal(t, int64(3), d.Version)
+	require.Equal(t, f, b.Stats().Failures)
 }

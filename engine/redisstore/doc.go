@@ -241,6 +241,22 @@
 // not touched again before that expiry is dropped before it is full under
 // the new one.
 //
+// On a cluster a master may lose its data alone (a restart without
+// persistence). Its shards are reinstalled at the version in force, and
+// their buckets start full. If it held the global keys, the first store to
+// need them reinstalls them, never below the newest version a surviving
+// shard holds: a store that does not know that version (one that never met
+// the last cutover) fails instead, and its calls get the failure rule,
+// until a store that knows it reinstalls them (its next call that reloads,
+// or its next ReplacePolicy); New with an older Config.Policy fails the
+// same way. A shard is raised to a committed version only if the global
+// keys hold it. Limits: a shard left prepared ("p" and a next version)
+// while the global keys, and so the cutover's record, were lost stays
+// refused until an operator sets its version; and a shard reinstalled from
+// a version read just before a commit is raised by the first call that
+// meets it, so a call on it may decide under the old version after
+// another decided under the new.
+//
 // # Rolling upgrades
 //
 // Stores built before virtual shards existed keep their buckets and policy

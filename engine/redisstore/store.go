@@ -251,6 +251,20 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	if cluster != nil {
+		// The global keys lost while shards survive (their master lost
+		// its data): never reinstall them below a shard's version.
+		n, err := s.rdb.Exists(ctx, s.kPolicy).Result()
+		if err != nil {
+			return nil, fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
+		}
+		if n == 0 {
+			s.layout(shards)
+			if _, err := s.reinstallPolicy(ctx); err != nil {
+				return nil, err
+			}
+		}
+	}
 	installed, stored, err := s.install(ctx, cfg.Policy, shards)
 	if err != nil {
 		return nil, err
@@ -396,7 +410,11 @@ func (s *Store) load(ctx context.Context, all bool) error {
 	for range 3 {
 		vals, err := s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
 		if err == nil && vals[0] == nil {
-			if _, _, err := s.install(ctx, s.cur.Load().p, len(s.shards)); err != nil {
+			p, err := s.reinstallPolicy(ctx)
+			if err != nil {
+				return err
+			}
+			if _, _, err := s.install(ctx, p, len(s.shards)); err != nil {
 				return err
 			}
 			continue
@@ -431,6 +449,50 @@ func (s *Store) load(ctx context.Context, all bool) error {
 		return nil
 	}
 	return fmt.Errorf("%w: the policy disappeared while it was read", ErrUnavailable)
+}
+
+// reinstallPolicy is the policy to reinstall the prefix's global keys at
+// once they are lost: the one this store is at, or on a cluster, if a
+// virtual shard that survived (on another master) holds a newer version,
+// that one, whose policy this store must know: else it fails, and no store
+// reinstalls the keys until one that knows it does (a global older than a
+// shard would make every call on that shard answer "stale" for good).
+func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, error) {
+	p := s.cur.Load().p
+	if s.cluster == nil {
+		return p, nil // one server: its shards went with the global keys
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(s.shards))
+	for i, k := range s.shards {
+		cmds[i] = pipe.HGet(ctx, k.policy, "v")
+	}
+	_, _ = pipe.Exec(ctx)
+	newest, at := p.Version, -1
+	for i, c := range cmds {
+		v, err := c.Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return p, fmt.Errorf("%w: reading virtual shard %d's version: %w", ErrUnavailable, i, err)
+		}
+		// a prepared shard ("p" and the next) holds an older version
+		// still; the cutover it waits for is not known to have committed
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > newest {
+			newest, at = n, i
+		}
+	}
+	if at < 0 {
+		return p, nil
+	}
+	s.mu.Lock()
+	q, ok := s.past[newest]
+	s.mu.Unlock()
+	if !ok {
+		return p, fmt.Errorf("%w: the prefix's global keys are lost and virtual shard %d holds policy version %d, newer than this store's %d: only a store that knows version %d can reinstall them", ErrUnavailable, at, newest, p.Version, newest)
+	}
+	return q, nil
 }
 
 // adopt makes p the policy this store sends requests under. Redis is the
