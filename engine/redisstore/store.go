@@ -274,7 +274,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	// A policy another process installed is read even if its version is
 	// cfg.Policy's: the two may differ. Loading also finishes a cutover an
 	// earlier process left half done.
-	if err := s.load(ctx, !installed); err != nil {
+	if err := s.load(ctx, !installed, true); err != nil {
 		return nil, err
 	}
 	if err := s.ensureShards(ctx, nil); err != nil {
@@ -401,11 +401,16 @@ func (s *Store) eachShard(ctx context.Context, which []int, src string, keys fun
 
 // reload reads the policy in force from Redis; if the prefix has none (a
 // Redis that restarted empty), it installs the newest one this store knows.
-func (s *Store) reload(ctx context.Context) error { return s.load(ctx, false) }
+func (s *Store) reload(ctx context.Context) error { return s.load(ctx, false, false) }
 
 // load is reload; with all, it also reads a policy of the version this
-// store already has.
-func (s *Store) load(ctx context.Context, all bool) error {
+// store already has. It finishes a cluster cutover recorded and not yet
+// committed; with published, also one committed whose shards are not all
+// published (New). A call's reload leaves that to the call that meets an
+// unpublished shard: the version in force is the committed one whatever
+// the others, and publishing to a master that is away would cost a call on
+// a healthy shard its deadline.
+func (s *Store) load(ctx context.Context, all, published bool) error {
 	settled := false
 	for range 3 {
 		vals, err := s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
@@ -423,7 +428,7 @@ func (s *Store) load(ctx context.Context, all bool) error {
 			return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
 		}
 		v, _ := vals[0].(string)
-		if next, _ := vals[1].(string); next != "" && !settled {
+		if next, _ := vals[1].(string); next != "" && !settled && (published || !strings.HasPrefix(next, v+" ")) {
 			// A cutover recorded and not yet ended: finish it, or publish
 			// the shards it has not reached if it is committed. A
 			// committed cutover is in force whatever its shards: a shard
