@@ -260,25 +260,32 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		}
 		for c, chunk := range chunks {
 			sk := s.shards[s.stateShard(chunk[0].shard)]
-			keys := make([]string, 3, 3+len(chunk))
-			keys[0], keys[1], keys[2] = sk.policy, sk.history, sk.pending
-			args := make([]any, 4, 4+4*len(chunk))
-			args[0], args[1], args[2], args[3] = mode, st.ver, nowArg, expiry
+			// The command's words, built once in place (decideCmd names
+			// the command in the first three): the keys, then the
+			// arguments, four per request.
+			n := len(chunk)
+			a := make([]any, callHead+3+n+4+4*n)
+			a[callHead], a[callHead+1], a[callHead+2] = sk.policy, sk.history, sk.pending
+			k, g := callHead+3, callHead+3+n
+			a[g], a[g+1], a[g+2], a[g+3] = mode, st.ver, nowArg, expiry
 			if repeats(chunk) {
-				args[3] = expiry + "m"
+				a[g+3] = expiry + "m"
 			}
+			g += 4
 			for _, it := range chunk {
 				var capArg int64
 				var rate any
 				it.idx, capArg, rate = st.resolve(it.key)
-				keys = append(keys, s.shards[it.shard].bucket+it.key)
+				a[k] = s.shards[it.shard].bucket + it.key
+				k++
+				cost := any(it.cost)
 				if it.over {
-					args = append(args, aboveInt64, capArg, rate, it.chain)
-				} else {
-					args = append(args, it.cost, capArg, rate, it.chain)
+					cost = aboveInt64
 				}
+				a[g], a[g+1], a[g+2], a[g+3] = cost, capArg, rate, it.chain
+				g += 4
 			}
-			cmds[c] = s.decideCmd(ctx, via, keys, args, eval)
+			cmds[c] = s.decideCmd(ctx, via, a, 3+n, eval)
 		}
 		if pipe != nil {
 			_, _ = pipe.Exec(ctx) // each command keeps its own error

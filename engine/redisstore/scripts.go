@@ -84,20 +84,23 @@ func funcRefused(err error) bool {
 }
 
 // decideCmd queues one call of the decide script on p: FCALL, or EVALSHA
-// with eval or once FUNCTION was refused; never retried by go-redis.
-func (s *Store) decideCmd(ctx context.Context, p processor, keys []string, args []any, eval bool) *redis.Cmd {
+// with eval or once FUNCTION was refused; never retried by go-redis. a is
+// the command's words: callHead left for decideCmd to name the command,
+// then nkeys keys, then the script's arguments. It is sent as it is.
+func (s *Store) decideCmd(ctx context.Context, p processor, a []any, nkeys int, eval bool) *redis.Cmd {
 	if eval || s.noFunc.Load() {
-		return evalShaOnce(ctx, p, decideScript, keys, args...)
+		a[0], a[1] = "evalsha", decideScript.Hash()
+	} else {
+		a[0], a[1] = "fcall", decideFunc
 	}
-	a := make([]any, 0, 3+len(keys)+len(args))
-	a = append(a, "fcall", decideFunc, len(keys))
-	for _, k := range keys {
-		a = append(a, k)
-	}
-	a = append(a, args...)
+	a[2] = nkeys
 	cmd := redis.NewCmd(ctx, a...)
 	_ = p.Process(ctx, noRetryCmd{cmd})
 	return cmd
 }
+
+// callHead is how many words name a script call: FCALL name nkeys, or
+// EVALSHA sha nkeys.
+const callHead = 3
 
 var decideScript = redis.NewScript(decideSrc)
