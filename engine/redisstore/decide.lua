@@ -43,11 +43,13 @@
 -- flag (set while a cutover that may lengthen times-to-full is prepared:
 -- buckets are then written without expiry), KEYS[4..] the buckets. A bucket
 -- is in one of two formats:
---   compact (written by the fast path): the byte 1, then T, F, the last
+--   compact (written for every key of a shape the fast path takes, by
+--   either path): the byte 1, then T, F, the last
 --   update's seconds and ns as four little-endian doubles
 --   (struct.pack('<dddd')), then "version cap rate" (the limit it was
 --   written under, as in the decimal format);
---   decimal (the general path's, and every older store's): "units last
+--   decimal (the general path's for any other shape, and every older
+--   store's): "units last
 --   version cap rate" (the primary band's units and its cap and rate under
 --   version), then " units" for each band of the shape, in order.
 -- The compact format starts with a byte no decimal starts with, so a store
@@ -694,7 +696,24 @@ function call(KEYS, ARGV)
           local k = #out
           out[k + 1], out[k + 2], out[k + 3] = raw and '1' or '0', table.concat(p, ' '), ''
         end
-        val = p[1] .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs
+        if fast then
+          -- A shape the fast path takes (a bucket brought through a
+          -- cutover, or one of more units than fastOf reads as a decimal):
+          -- written compact, so that its next call takes the fast path.
+          -- units = T*P + F exactly, T <= cap <= 2^52 and F < P < 2^52.
+          local T, F
+          local u = p[1]
+          if pN == 1e9 then
+            if #u > 9 then T, F = tonumber(string.sub(u, 1, -10)), tonumber(string.sub(u, -9)) else T, F = 0, tonumber(u) end
+          else
+            local q = div(lv[1], sh[1].pb)
+            T, F = tod(q), tod(sub(lv[1], mul(q, sh[1].pb)))
+          end
+          local s1, n1 = split(tS)
+          val = MARK .. struct.pack('<dddd', T, F, s1, n1) .. tag
+        else
+          val = p[1] .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs
+        end
         lastMs = msOf(tS)
       end
 

@@ -157,7 +157,9 @@
 // each bucket. One script call touches one shard's keys, so one hash slot.
 // A prefix that holds a hash tag of its own puts every key in that tag's
 // one slot: it works, nothing spreads. No store's prefix may begin with
-// another's. A bucket the fast path writes is compact: the byte 1, then
+// another's. A bucket of a key whose limit the fast path takes is written
+// compact, by either path (so a bucket the general path brings through a
+// cutover is on the fast path again at its next call): the byte 1, then
 // its whole tokens, the fraction in units and the last update's seconds
 // and ns as four little-endian doubles, then "version capacity rate" as
 // text. Any other bucket is a string of decimals: "units last version
@@ -270,8 +272,9 @@
 // rule answers (fail closed, by default): it never reads one as full, nor
 // admits or deletes on it. Do not mix such stores with this one on a
 // prefix either. This store reads decimal buckets, so a bucket written by
-// its general path, or by a store of the same layout that predates the
-// compact format, keeps its balance.
+// its general path (a limit with bands, or beyond the fast path's), or by a
+// store of the same layout that predates the compact format, keeps its
+// balance.
 //
 // Stores built before rates of any period and bands existed cannot read a
 // policy whose Refill (the policy's or an override's) is other than per
