@@ -303,10 +303,14 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				noScript = true
 				todo = append(todo, chunk...)
 				continue
-			case err != nil && redis.HasErrorPrefix(err, "TRYAGAIN"):
+			case err != nil && (redis.HasErrorPrefix(err, "TRYAGAIN") ||
+				s.cluster != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"))):
 				// A slot being migrated holds some of the call's keys on each
 				// side: the script did not run. go-redis follows MOVED and ASK
-				// itself, also for these commands it never retries.
+				// itself, also for these commands it never retries, up to its
+				// MaxRedirects; one that still comes back (a slot moved more
+				// times than that while its slot map caught up) did not run
+				// either, and is sent again once go-redis has reloaded it.
 				tryAgain = true
 				todo = append(todo, chunk...)
 				continue
