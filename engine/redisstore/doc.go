@@ -33,8 +33,9 @@
 // key repeated more often than that, so that no call holds Redis long (a
 // call of ChunkSize requests on the fast path takes well under a
 // millisecond; a request off it, on limbs or with bands, costs the script
-// several times as much, and counts as several in that bound). A call of distinct keys reads their buckets in one MGET; a
-// call in which a key repeats reads and writes its bucket once. A script
+// several times as much, and counts as several in that bound). A call of
+// distinct keys reads their buckets in one MGET; a call in which a key
+// repeats reads and writes its bucket once. A script
 // call is never sent twice: go-redis retries commands whose reply was lost,
 // which for a script that may have run would take tokens twice, so the
 // store sends its scripts as commands go-redis does not retry, and answers
