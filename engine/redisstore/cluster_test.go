@@ -52,34 +52,7 @@ func TestAdmissionCluster(t *testing.T) {
 }
 
 // TestClusterTwoStoresOneQuota is TestTwoStoresOneQuota on a cluster.
-func TestClusterTwoStoresOneQuota(t *testing.T) {
-	addr := clusterAddr(t)
-	for round := range 3 {
-		stores := realStores(t, addr, 2, redisstore.Config{
-			Policy:  policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1},
-			Timeout: 10 * time.Second,
-		})
-		var allowed atomic.Int64
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i := range 20 {
-			wg.Go(func() {
-				<-start
-				d, err := stores[i%2].Allow(context.Background(), "shared", 1)
-				assert.NoError(t, err)
-				if d.Allowed {
-					allowed.Add(1)
-				}
-			})
-		}
-		close(start)
-		wg.Wait()
-		require.Equal(t, int64(10), allowed.Load(), "round %d", round)
-		for _, s := range stores {
-			require.Zero(t, s.Stats().Failures)
-		}
-	}
-}
+func TestClusterTwoStoresOneQuota(t *testing.T) { twoStoresOneQuota(t, clusterAddr(t), 3) }
 
 // slotOwners returns a function giving the address of the master that
 // holds a key's slot.

@@ -42,9 +42,13 @@ func realStores(t *testing.T, addr string, n int, cfg redisstore.Config) []*redi
 // TestTwoStoresOneQuota is admissiontest's Concurrent20CallersOneInstant
 // example across processes: 20 callers split over two stores, capacity 10, a
 // rate too slow to refill meanwhile: exactly 10 admitted.
-func TestTwoStoresOneQuota(t *testing.T) {
-	for round := range 5 {
-		stores := realStores(t, redisAddr(t), 2, redisstore.Config{
+func TestTwoStoresOneQuota(t *testing.T) { twoStoresOneQuota(t, redisAddr(t), 5) }
+
+// twoStoresOneQuota is TestTwoStoresOneQuota on the server (or cluster) at
+// addr, for rounds rounds.
+func twoStoresOneQuota(t *testing.T, addr string, rounds int) {
+	for round := range rounds {
+		stores := realStores(t, addr, 2, redisstore.Config{
 			Policy:  policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1},
 			Timeout: 10 * time.Second,
 		})
