@@ -1,12 +1,9 @@
 package redisstore
 
 import (
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"math"
-	"math/big"
 	"math/bits"
 	"strconv"
 	"strings"
@@ -196,40 +193,4 @@ func parseLevel(units string, per uint64) (policy.Level, error) {
 		return policy.Level{}, fmt.Errorf("balance %q overflows", units)
 	}
 	return policy.Level{Tokens: int64(q), Frac: r}, nil
-}
-
-// compactMark starts a bucket in the fast path's compact format (see
-// decide.lua): T, F, the last update's seconds and ns as four little-endian
-// doubles, then "version cap rate".
-const compactMark = 1
-
-// decimalBucket returns a bucket's value in the decimal format, "units last
-// version cap rate" (a compact bucket's units are T*P + F, P from its own
-// rate), or raw itself if it is not compact (or is malformed).
-func decimalBucket(raw string) string {
-	if len(raw) < 33 || raw[0] != compactMark {
-		return raw
-	}
-	var f [4]float64
-	for i := range f {
-		f[i] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[1+8*i : 9+8*i])))
-	}
-	tag := raw[33:]
-	fields := strings.Fields(tag)
-	if len(fields) != 3 {
-		return raw
-	}
-	p := int64(time.Second)
-	if _, ps, ok := strings.Cut(fields[2], "/"); ok {
-		v, err := strconv.ParseInt(ps, 10, 64)
-		if err != nil {
-			return raw
-		}
-		p = v
-	}
-	units := new(big.Int).Mul(big.NewInt(int64(f[0])), big.NewInt(p))
-	units.Add(units, big.NewInt(int64(f[1])))
-	last := new(big.Int).Mul(big.NewInt(int64(f[2])), big.NewInt(1e9))
-	last.Add(last, big.NewInt(int64(f[3])))
-	return units.String() + " " + last.String() + " " + tag
 }
