@@ -257,12 +257,14 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		chunks := s.route(todo)
 		todo = todo[:0:0]
 		cmds := make([]*redis.Cmd, len(chunks))
-		// One call on a cluster goes as a command: a ClusterClient's
-		// pipeline of one costs about half as much again (it fans out per
-		// node). go-redis follows MOVED and ASK for it as for a pipeline's.
+		// One call goes as a command, not a pipeline of one: that costs
+		// the client about half as much again (a Pipeline and its commands'
+		// slice, and on a ClusterClient a fan-out per node), and a single
+		// Allow is most calls. go-redis follows MOVED and ASK for it as for
+		// a pipeline's, and never resends it (noRetryCmd).
 		var pipe redis.Pipeliner
 		var via processor = s.rdb
-		if s.cluster == nil || len(chunks) > 1 {
+		if len(chunks) > 1 {
 			pipe = s.rdb.Pipeline()
 			via = pipe
 		}

@@ -39,10 +39,11 @@ func rawBuckets(t *testing.T, c *redis.Client, pfx string, keys ...string) []str
 	return out
 }
 
-// failPipelines fails every pipeline (the decide script's calls) while
-// failing is set, as a connection reset would, before Redis sees it.
+// failPipelines fails every call of the decide script (and the pipeline
+// it is in) while failing is set, as a connection reset would, before
+// Redis sees it.
 func failPipelines(failing *atomic.Bool) hook {
-	return hook{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+	return decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
 		if failing.Load() {
 			err := errors.New("injected: connection reset")
 			for _, cmd := range cmds {
@@ -51,7 +52,7 @@ func failPipelines(failing *atomic.Bool) hook {
 			return err
 		}
 		return next(ctx, cmds)
-	}}
+	})
 }
 
 // TestAllowAllRefusalWritesNothing: on the server's TIME, with expiries, a

@@ -8,8 +8,27 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tokenshard/tokenshard/policy"
 )
+
+// IsDecideCall reports whether cmd calls the decide script (FCALL of its
+// function, or EVALSHA of its script).
+func IsDecideCall(cmd redis.Cmder) bool {
+	a := cmd.Args()
+	if len(a) < 2 {
+		return false
+	}
+	name, _ := a[1].(string)
+	switch cmd.Name() {
+	case "fcall":
+		return name == decideFunc
+	case "evalsha":
+		return name == decideScript.Hash()
+	}
+	return false
+}
 
 // PolicyBlob is p as the store keeps it in Redis.
 func PolicyBlob(p policy.Policy) string {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tokenshard/tokenshard/engine/redisstore"
 )
 
 // hook is a go-redis hook made of functions, for tests that stop, fail or
@@ -28,6 +30,28 @@ func (h hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessP
 		return next
 	}
 	return func(ctx context.Context, cmds []redis.Cmder) error { return h.pipeline(ctx, cmds, next) }
+}
+
+// decideHook is a hook that runs fn around every call of the decide script,
+// whether sent alone (a command) or pipelined with others (fn sees the
+// whole pipeline), and passes every other command through.
+func decideHook(fn func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error) hook {
+	return hook{
+		process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			if !redisstore.IsDecideCall(cmd) {
+				return next(ctx, cmd)
+			}
+			return fn(ctx, []redis.Cmder{cmd}, func(ctx context.Context, cmds []redis.Cmder) error { return next(ctx, cmds[0]) })
+		},
+		pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			for _, cmd := range cmds {
+				if redisstore.IsDecideCall(cmd) {
+					return fn(ctx, cmds, next)
+				}
+			}
+			return next(ctx, cmds)
+		},
+	}
 }
 
 // scriptKeys returns the keys of an EVAL or EVALSHA command, or nil for

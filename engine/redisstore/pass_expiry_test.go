@@ -25,17 +25,15 @@ func TestPassExpiryAfterConcurrentAllow(t *testing.T) {
 	stores := realStores(t, addr, 1, cfg)
 	user := stores[0]
 	c := client(t, addr)
-	// The first script pipeline of the evictor (its pass, after it read
-	// the server's TIME) waits for release.
+	// The first decide call of the evictor (its pass, after it read the
+	// server's TIME) waits for release.
 	reached, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	ec := client(t, addr)
-	ec.AddHook(hook{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
-		if len(cmds) > 0 && scriptKeys(cmds[0]) != nil {
-			once.Do(func() { close(reached); <-release })
-		}
+	ec.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		once.Do(func() { close(reached); <-release })
 		return next(ctx, cmds)
-	}})
+	}))
 	cfg.Client = ec
 	evictor, err := redisstore.New(context.Background(), cfg)
 	require.NoError(t, err)
