@@ -283,8 +283,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			}
 			g += 4
 			for _, it := range chunk {
-				var capArg int64
-				var rate any
+				var capArg, rate any
 				it.idx, capArg, rate = st.resolve(it.key)
 				a[k] = s.shards[it.shard].bucket + it.key
 				k++

@@ -144,35 +144,40 @@ type Store struct {
 type state struct {
 	p   policy.Policy
 	ver string // p.Version in decimal, as the script compares it
-	// enc holds the decide script's rate argument (shapeArgs.arg) of every
-	// shape in p's limit table that is not plain, boxed once so that a
-	// request does not allocate it; a plain one is sent as its two integers,
-	// capacity and tokens per second, as it always was.
-	enc map[policy.LimitIndex]any
+	// args holds the decide script's capacity and rate arguments of
+	// every shape in p's limit table, by index, boxed once so that a
+	// request does not allocate them: a plain shape's capacity and tokens
+	// per second, as it always sent them, else its capacity and its rate
+	// argument (shapeArgs.arg).
+	args []limitArgs
 }
+
+// limitArgs is one shape's capacity and rate arguments, boxed.
+type limitArgs struct{ capacity, rate any }
 
 func newState(p policy.Policy) *state {
 	st := &state{p: p, ver: strconv.FormatInt(p.Version, 10)}
-	for i, sh := range p.Shapes() {
-		if !plain(sh) {
-			if st.enc == nil {
-				st.enc = map[policy.LimitIndex]any{}
-			}
-			st.enc[policy.LimitIndex(i)] = encodeShape(sh).arg()
+	shapes := p.Shapes()
+	st.args = make([]limitArgs, len(shapes))
+	for i, sh := range shapes {
+		a := &st.args[i]
+		a.capacity = sh.Primary.Capacity
+		if plain(sh) {
+			a.rate = sh.Primary.Rate().Tokens
+		} else {
+			a.rate = encodeShape(sh).arg()
 		}
 	}
 	return st
 }
 
 // resolve returns the index of key's shape under st and its decide script
-// arguments: the primary band's capacity, and the rate argument (an int64
-// for a plain shape, else a string).
-func (st *state) resolve(key string) (policy.LimitIndex, int64, any) {
-	l, idx := st.p.Resolve(key)
-	if a, ok := st.enc[idx]; ok {
-		return idx, l.Capacity, a
-	}
-	return idx, l.Capacity, l.Rate().Tokens
+// arguments: the primary band's capacity (an int64), and the rate argument
+// (an int64 for a plain shape, else a string).
+func (st *state) resolve(key string) (policy.LimitIndex, any, any) {
+	_, idx := st.p.Resolve(key)
+	a := st.args[idx]
+	return idx, a.capacity, a.rate
 }
 
 var _ engine.Admitter = (*Store)(nil)
