@@ -257,11 +257,12 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		chunks := s.route(todo)
 		todo = todo[:0:0]
 		cmds := make([]*redis.Cmd, len(chunks))
-		// One call goes as a command, not a pipeline of one: that costs
-		// the client about half as much again (a Pipeline and its commands'
-		// slice, and on a ClusterClient a fan-out per node), and a single
-		// Allow is most calls. go-redis follows MOVED and ASK for it as for
-		// a pipeline's, and never resends it (noRetryCmd).
+		// One call goes as a command, not a pipeline of one, which costs
+		// the client more: a Pipeline, its commands' slice and the
+		// pipeline's path through go-redis (on a ClusterClient a fan-out
+		// per node, about half as much again). A single Allow is most
+		// calls. go-redis follows MOVED and ASK for the command as for a
+		// pipeline's, and never resends it (noRetryCmd).
 		var pipe redis.Pipeliner
 		var via processor = s.rdb
 		if len(chunks) > 1 {
