@@ -32,6 +32,7 @@ type item struct {
 	counted  bool // decided by Redis in mode "a"
 	over     bool // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
 	w        int  // the request's work in the script, in fast-path requests (see weight); 0 counts as 1
+	ref      int  // its shape's place among its call's shapes (see callWords)
 }
 
 // Allow decides one request, with the same meaning as engine.Engine.Allow,
@@ -271,31 +272,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		}
 		for c, chunk := range chunks {
 			sk := s.shards[s.stateShard(chunk[0].shard)]
-			// The command's words, built once in place (decideCmd names
-			// the command in the first three): the keys, then the
-			// arguments, four per request.
-			n := len(chunk)
-			a := make([]any, callHead+3+n+4+4*n)
-			a[callHead], a[callHead+1], a[callHead+2] = sk.policy, sk.history, sk.pending
-			k, g := callHead+3, callHead+3+n
-			a[g], a[g+1], a[g+2], a[g+3] = mode, st.ver, nowArg, expiry
-			if repeats(chunk) {
-				a[g+3] = expiry + "m"
-			}
-			g += 4
-			for _, it := range chunk {
-				var capArg, rate any
-				it.idx, capArg, rate = st.resolve(it.key)
-				a[k] = s.shards[it.shard].bucket + it.key
-				k++
-				cost := any(it.cost)
-				if it.over {
-					cost = aboveInt64
-				}
-				a[g], a[g+1], a[g+2], a[g+3] = cost, capArg, rate, it.chain
-				g += 4
-			}
-			cmds[c] = s.decideCmd(ctx, via, a, 3+n, eval)
+			cmds[c] = s.decideCmd(ctx, via, s.callWords(sk, st, chunk, mode, nowArg, expiry), 3+len(chunk), eval)
 		}
 		if pipe != nil {
 			_, _ = pipe.Exec(ctx) // each command keeps its own error
@@ -453,6 +430,106 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 		}
 	}
 	return deleted, nil
+}
+
+// callWords is the decide script call of chunk, bound for the shard whose
+// keys sk are: callHead words left for decideCmd, the keys (policy,
+// history, pending flag, then each item's bucket), and the arguments: mode,
+// version, instant, expiry, the words per item, the chunk's distinct
+// shapes and each one's capacity and rate argument, in the order first met,
+// then each item's words: its cost, then, unless every item has the first
+// shape and no chain, its shape's number, followed by ";" and its chain if
+// it has one. It resolves each item's shape (it.idx) under st.
+func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, expiry string) []any {
+	var inline [8]policy.LimitIndex
+	shapes := inline[:0] // the chunk's distinct shapes, in the order first met
+	var at map[policy.LimitIndex]int
+	one := true // every item has the first shape, and no chain
+	for _, it := range chunk {
+		_, it.idx = st.p.Resolve(it.key)
+		j := -1
+		if at != nil {
+			if v, ok := at[it.idx]; ok {
+				j = v
+			}
+		} else {
+			for i, x := range shapes {
+				if x == it.idx {
+					j = i
+					break
+				}
+			}
+		}
+		if j < 0 {
+			j = len(shapes)
+			shapes = append(shapes, it.idx)
+			if at != nil {
+				at[it.idx] = j
+			} else if len(shapes) > len(inline) {
+				at = make(map[policy.LimitIndex]int, len(chunk))
+				for i, x := range shapes {
+					at[x] = i
+				}
+			}
+		}
+		it.ref = j
+		one = one && j == 0 && it.chain == ""
+	}
+	n, per := len(chunk), 2
+	if one {
+		per = 1
+	}
+	a := make([]any, callHead+3+n+6+2*len(shapes)+per*n)
+	a[callHead], a[callHead+1], a[callHead+2] = sk.policy, sk.history, sk.pending
+	k, g := callHead+3, callHead+3+n
+	for _, it := range chunk {
+		a[k] = s.shards[it.shard].bucket + it.key
+		k++
+	}
+	a[g], a[g+1], a[g+2], a[g+3], a[g+4], a[g+5] = mode, st.ver, nowArg, expiry, per, len(shapes)
+	if repeats(chunk) {
+		a[g+3] = expiry + "m"
+	}
+	g += 6
+	for _, x := range shapes {
+		la := st.args[x]
+		a[g], a[g+1] = la.capacity, la.rate
+		g += 2
+	}
+	for _, it := range chunk {
+		a[g] = any(it.cost)
+		if it.over {
+			a[g] = aboveInt64
+		}
+		g++
+		if one {
+			continue
+		}
+		if it.chain == "" {
+			a[g] = shapeNumber(it.ref)
+		} else {
+			a[g] = strconv.Itoa(it.ref+1) + ";" + it.chain
+		}
+		g++
+	}
+	return a
+}
+
+// shapeNumbers are the shape numbers of a call's words, boxed once.
+var shapeNumbers = func() []any {
+	out := make([]any, 2*ChunkSize+1)
+	for i := range out {
+		out[i] = strconv.Itoa(i + 1)
+	}
+	return out
+}()
+
+// shapeNumber is the word naming a call's shape j (from 0).
+func shapeNumber(j int) any {
+	if j < len(shapeNumbers) {
+		return shapeNumbers[j]
+	}
+	return strconv.Itoa(j + 1)
 }
 
 // decided turns a script result of mode "a", "A", "p" or "r" into its

@@ -18,7 +18,8 @@ import (
 // TestBigBatchesMatchEngine: batches of up to 1500 requests over few
 // keys (one key with far more than ChunkSize requests), with cutovers that
 // add and drop overrides in between (buckets behind overridden versions
-// need chains), against the engine on the same clock.
+// need chains; a call's requests have up to 15 limits), against the engine
+// on the same clock.
 func TestBigBatchesMatchEngine(t *testing.T) {
 	for seed := uint64(1); seed <= 4; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -39,7 +40,17 @@ func TestBigBatchesMatchEngine(t *testing.T) {
 					v := p.Version + 1
 					var ov *policy.OverrideSet
 					if r.IntN(2) == 0 {
-						ov, err = policy.NewOverrideSet(policy.Override{Match: fmt.Sprintf("k%d*", r.IntN(10)), Capacity: 1 + r.Int64N(60), TokensPerSecond: 1 + r.Int64N(9)})
+						// up to 10 patterns and 4 exact keys: a call's
+						// requests then have up to 15 limits
+						var ovs []policy.Override
+						for j := range 1 + r.IntN(14) {
+							m := fmt.Sprintf("k%d*", j)
+							if j >= 10 {
+								m = fmt.Sprint("k", r.IntN(nkeys))
+							}
+							ovs = append(ovs, policy.Override{Match: m, Capacity: 1 + r.Int64N(60), TokensPerSecond: 1 + r.Int64N(9)})
+						}
+						ov, err = policy.NewOverrideSet(ovs...)
 						require.NoError(t, err)
 					}
 					next := policy.Policy{Version: v, Capacity: 1 + r.Int64N(60), TokensPerSecond: 1 + r.Int64N(9), Overrides: ov}

@@ -75,11 +75,15 @@
 --         with a Config.Clock); either followed by "m" when a key comes
 --         more than once in the call: mode "a" then reads and writes each
 --         such bucket once.
--- ARGV[5..] four per bucket: cost (tokens), the key's shape under ARGV[2]
---         as cap and "rate[ bands]" (a plain key's two arguments are the
---         ones it always had), and the chain: "version cap rate[ bands]"
---         entries joined by ";" giving the key's own shape under retained
---         versions that had overrides.
+-- ARGV[5] "1" or "2": the words per bucket (below).
+-- ARGV[6] S, how many shapes the buckets have under ARGV[2]; then each
+--         shape's two: cap and "rate[ bands]" (a plain key's two arguments
+--         are the ones it always had).
+-- Then the words of each bucket: its cost (tokens) and, if ARGV[5] is "2",
+--         its shape's number among the S, followed by ";" and its chain if
+--         it has one: "version cap rate[ bands]" entries joined by ";"
+--         giving the key's own shape under retained versions that had
+--         overrides. With one word, every bucket has shape 1 and no chain.
 --
 -- Reply: {status, version in force, done, deleted, ...}, where done counts
 -- the buckets decided or brought up to date and deleted those of them
@@ -188,6 +192,7 @@ local version, mode, decide, all, expiry, pending
 local tm1, tm2, nowSec, nowNs, nowMs, nowS, now
 local history, out, deleted
 local memo, memoOn -- mode "a": the fast-path buckets the call holds, by key and in order; whether it holds them
+local sCap, sArg, sRate, sBands, sN, sP, sLeast, sCapN, sFast -- the last request's shape arguments, parsed
 local KEYS2, KEYS3
 local call
 
@@ -422,7 +427,7 @@ local function put(key, val, ttf, lastMs)
     -- no expiry: tests, or a cutover in preparation
     redis.call('SET', key, val)
   elseif ttf == 0 then
-    redis.call('SET', key, val, 'PXAT', string.format('%.0f', math.max(nowMs, lastMs) + 1))
+    redis.call('SET', key, val, 'PXAT', string.format('%d', math.max(nowMs, lastMs) + 1))
   else
     local ms = ttf / 1e6 -- time-to-full in ms, approximately
     if ms > 1e15 then
@@ -434,7 +439,7 @@ local function put(key, val, ttf, lastMs)
       -- a pass judging at an earlier instant, a cutover replayed past it
       -- or a server clock that stepped back leaves after nowMs.
       local at = math.max(nowMs, lastMs) + math.floor(ms * (1 + 1e-12)) + 2
-      redis.call('SET', key, val, 'PXAT', string.format('%.0f', at))
+      redis.call('SET', key, val, 'PXAT', string.format('%d', at))
     end
   end
 end
@@ -457,7 +462,7 @@ local P53 = 9007199254740992 -- 2^53
 -- T, F, the last update's seconds and ns.
 local function fastOf(raw, tag, pN)
   if string.byte(raw, 1) == 1 then
-    if string.sub(raw, 34) ~= tag then return nil end
+    if #raw ~= 33 + #tag or string.find(raw, tag, 34, true) ~= 34 then return nil end
     return struct.unpack('<dddd', raw, 2)
   end
   local us, ts, v, c, r = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)$')
@@ -490,6 +495,7 @@ function call(KEYS, ARGV)
   decide = mode == 'a' or all
   KEYS2, KEYS3 = KEYS[2], KEYS[3]
   pending, history, shapes, nowS, now = nil, nil, nil, nil, nil
+  sCap, sArg = nil, nil
   out, deleted, memo = {}, 0, {}
   version = redis.call('HGET', KEYS[1], 'v')
   if not version then return { 'nopolicy' } end
@@ -519,33 +525,55 @@ function call(KEYS, ARGV)
   local n = #KEYS - 3
   -- Distinct keys (no "m"): every bucket is read once, all in one MGET.
   local pre = n > 1 and not memoOn and redis.call('MGET', unpack(KEYS, 4))
+  -- ARGV[5] words per bucket, ARGV[6] shapes, then each shape's two
+  local per, base = ARGV[5], 6 + 2 * tonumber(ARGV[6])
+  local ref, cap, rate, chain = nil, ARGV[7], ARGV[8], ''
   for i = 1, n do
-    local key, a = KEYS[3 + i], 4 + 4 * (i - 1)
-    local cost, cap, rate, chain = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
-    -- One band of N per P: the double fast path may apply.
-    local bands, nN, pN = '', tonumber(rate), 1e9
-    if not nN then
-      local r, bs = string.match(rate, '^(%S+) (%S+)$')
-      if r then
-        rate, bands = r, bs
-      else
-        local ns, ps = string.match(rate, '^(%d+)/(%d+)$')
-        if ps and #ps <= 16 then nN, pN = tonumber(ns), tonumber(ps) end
+    local key, cost = KEYS[3 + i], nil
+    if per == '1' then
+      cost = ARGV[base + i]
+    else
+      cost = ARGV[base + 2 * i - 1]
+      local r = ARGV[base + 2 * i]
+      if r ~= ref then
+        ref = r
+        local j = string.find(r, ';', 1, true)
+        local k = tonumber(j and string.sub(r, 1, j - 1) or r)
+        cap, rate, chain = ARGV[5 + 2 * k], ARGV[6 + 2 * k], j and string.sub(r, j + 1) or ''
       end
     end
-    local least = cap -- the smallest capacity of the shape's bands
-    if bands ~= '' then
-      general()
-      least = shapeOf(cap, rate, bands).min
+    -- The shape's arguments parsed: most calls hold one shape, so they are
+    -- parsed again only when they differ from the last request's.
+    if cap ~= sCap or rate ~= sArg then
+      sCap, sArg = cap, rate
+      -- One band of N per P: the double fast path may apply.
+      sBands, sN, sP = '', tonumber(rate), 1e9
+      sRate = rate
+      if not sN then
+        local r, bs = string.match(rate, '^(%S+) (%S+)$')
+        if r then
+          sRate, sBands = r, bs
+        else
+          local ns, ps = string.match(rate, '^(%d+)/(%d+)$')
+          if ps and #ps <= 16 then sN, sP = tonumber(ns), tonumber(ps) end
+        end
+      end
+      sLeast = cap -- the smallest capacity of the shape's bands
+      if sBands ~= '' then
+        general()
+        sLeast = shapeOf(cap, sRate, sBands).min
+      end
+      sCapN = sBands == '' and sN and #cap <= 16 and tonumber(cap)
+      sFast = sCapN and sCapN <= P52 and sN * sP < P52
     end
+    local bands, nN, pN, least, rate = sBands, sN, sP, sLeast, sRate
     if decide and (#cost > #least or (#cost == #least and cost > least)) then -- cost > least
       out[#out + 1] = 'c'
       out[#out + 1] = ''
       out[#out + 1] = ''
       refused = true
     else
-      local capN = bands == '' and nN and #cap <= 16 and tonumber(cap)
-      local fast = capN and capN <= P52 and nN * pN < P52
+      local capN, fast = sCapN, sFast
       local m = memo[key]
       if m and not (fast and m.tag == tag and cap == tagCap and rate == tagRate) then
         flush(m) -- a bucket this call holds, met off the fast path: write it first

@@ -171,15 +171,6 @@ func newState(p policy.Policy) *state {
 	return st
 }
 
-// resolve returns the index of key's shape under st and its decide script
-// arguments: the primary band's capacity (an int64), and the rate argument
-// (an int64 for a plain shape, else a string).
-func (st *state) resolve(key string) (policy.LimitIndex, any, any) {
-	_, idx := st.p.Resolve(key)
-	a := st.args[idx]
-	return idx, a.capacity, a.rate
-}
-
 var _ engine.Admitter = (*Store)(nil)
 
 // New connects a Store to the prefix's policy, installing cfg.Policy if the
