@@ -480,15 +480,18 @@ func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, 
 		per = 1
 	}
 	a := make([]any, callHead+3+n+6+2*len(shapes)+per*n)
-	a[callHead], a[callHead+1], a[callHead+2] = sk.policy, sk.history, sk.pending
+	copy(a[callHead:], sk.words[:])
 	k, g := callHead+3, callHead+3+n
 	for _, it := range chunk {
 		a[k] = s.shards[it.shard].bucket + it.key
 		k++
 	}
-	a[g], a[g+1], a[g+2], a[g+3], a[g+4], a[g+5] = mode, st.ver, nowArg, expiry, per, len(shapes)
+	a[g], a[g+1], a[g+2], a[g+3], a[g+4], a[g+5] = word(mode), st.verWord, word(nowArg), word(expiry), per, len(shapes)
 	if repeats(chunk) {
-		a[g+3] = expiry + "m"
+		a[g+3] = "0m"
+		if expiry == "1" {
+			a[g+3] = "1m"
+		}
 	}
 	g += 6
 	for _, x := range shapes {
@@ -513,6 +516,32 @@ func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, 
 		g++
 	}
 	return a
+}
+
+// word is w boxed, without allocating when it is one of the constant words
+// of a call's head (a string boxed anew allocates).
+func word(w string) any {
+	switch w {
+	case "":
+		return ""
+	case "a":
+		return "a"
+	case modeAll:
+		return modeAll
+	case "p":
+		return "p"
+	case "r":
+		return "r"
+	case "e":
+		return "e"
+	case "c":
+		return "c"
+	case "0":
+		return "0"
+	case "1":
+		return "1"
+	}
+	return w
 }
 
 // shapeNumbers are the shape numbers of a call's words, boxed once.

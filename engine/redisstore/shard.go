@@ -39,6 +39,7 @@ const slots = 16384
 type shardKeys struct {
 	policy, history, pending, bucket string
 	tag                              string // between the braces
+	words                            [3]any // policy, history and pending, boxed once: a script call's first keys
 }
 
 // hashTag is the part of key Redis Cluster hashes: the text between the
@@ -156,7 +157,9 @@ func (s *Store) layout(n int) {
 	s.shardByTag = make(map[string]int, n)
 	for i, t := range tags {
 		b := s.prefix + "{" + t + "}"
-		s.shards[i] = shardKeys{policy: b + "p", history: b + "h", pending: b + "n", bucket: b + "k:", tag: t}
+		k := shardKeys{policy: b + "p", history: b + "h", pending: b + "n", bucket: b + "k:", tag: t}
+		k.words = [3]any{k.policy, k.history, k.pending}
+		s.shards[i] = k
 		s.shardByTag[t] = i
 	}
 }

@@ -142,8 +142,9 @@ type Store struct {
 
 // state is one policy version as the store uses it.
 type state struct {
-	p   policy.Policy
-	ver string // p.Version in decimal, as the script compares it
+	p       policy.Policy
+	ver     string // p.Version in decimal, as the script compares it
+	verWord any    // ver, boxed once
 	// args holds the decide script's capacity and rate arguments of
 	// every shape in p's limit table, by index, boxed once so that a
 	// request does not allocate them: a plain shape's capacity and tokens
@@ -157,6 +158,7 @@ type limitArgs struct{ capacity, rate any }
 
 func newState(p policy.Policy) *state {
 	st := &state{p: p, ver: strconv.FormatInt(p.Version, 10)}
+	st.verWord = st.ver
 	shapes := p.Shapes()
 	st.args = make([]limitArgs, len(shapes))
 	for i, sh := range shapes {
