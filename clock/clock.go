@@ -34,6 +34,10 @@ func Wall(c Clock) time.Time {
 // Until is time.Until; it exists so that only package clock reads the time.
 func Until(t time.Time) time.Duration { return time.Until(t) }
 
+// In is the wall-clock instant d from now, as a context deadline is: for
+// code outside package clock, which does not read the time itself.
+func In(d time.Duration) time.Time { return time.Now().Add(d) }
+
 // Sleeper is what a Clock may also do: signal when its reading has moved on
 // by d, for Engine.Wait. Without it, Wait sleeps on real timers.
 type Sleeper interface {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 )
 
@@ -27,14 +28,16 @@ type combiner struct {
 	queue    []*waiter
 }
 
-// waiter is one single Allow in a combiner.
+// waiter is one single Allow in a combiner. Waiters are reused (see
+// waiters): a caller that gives up leaves its waiter, which a call may still
+// hold, to the garbage collector.
 type waiter struct {
 	it       item
 	res      engine.Result
 	parent   context.Context // the caller's
-	ctx      context.Context // parent, bounded by the store's Timeout
-	deadline time.Time
-	wake     chan struct{} // one token: answered, or handed a batch to lead
+	deadline time.Time       // parent's, or the store's Timeout from the call, if sooner
+	wake     chan struct{}   // one token: answered, or handed a batch to lead
+	timer    *time.Timer     // fires at deadline
 
 	// guarded by the combiner's mu
 	state waitState
@@ -73,19 +76,19 @@ func (s *Store) queueCount() int {
 
 // allowOne decides one valid request through key's combiner.
 func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.Decision, error) {
-	bctx, cancel := s.bound(ctx)
-	defer cancel()
 	c := s.queueFor(key)
 	c.mu.Lock()
 	if c.inFlight < maxInFlight && len(c.queue) == 0 {
 		c.inFlight++
 		c.mu.Unlock()
+		bctx, cancel := s.bound(ctx)
 		var out engine.Result
 		items := []item{{out: &out, key: key, cost: cost}}
 		if s.hook != nil {
 			s.hook(hookAlone)
 		}
 		err := s.decide(ctx, bctx, items)
+		cancel()
 		c.mu.Lock()
 		s.handOff(c)
 		c.mu.Unlock()
@@ -94,15 +97,23 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 		}
 		return out.Decision, out.Err
 	}
-	w := &waiter{it: item{key: key, cost: cost, combined: true}, parent: ctx, ctx: bctx, wake: make(chan struct{}, 1)}
+	// A waiter needs no context of its own, only its deadline and a timer:
+	// the call that sends it makes one for all its requests.
+	w := waiters.Get().(*waiter)
+	w.it = item{key: key, cost: cost, combined: true}
 	w.it.out = &w.res
-	w.deadline, _ = bctx.Deadline()
+	w.res, w.parent, w.deadline = engine.Result{}, ctx, s.deadline(ctx)
+	w.state, w.lead = queued, nil
+	w.timer.Reset(clock.Until(w.deadline))
 	c.queue = append(c.queue, w)
 	c.mu.Unlock()
+	expired := false
 	for {
 		select {
 		case <-w.wake:
-		case <-bctx.Done():
+		case <-w.timer.C:
+			expired = true
+		case <-ctx.Done():
 		}
 		c.mu.Lock()
 		switch {
@@ -111,13 +122,13 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 			w.lead = nil
 			c.mu.Unlock()
 			s.sendCombined(c, w, batch)
-			return w.answer()
+			return w.done()
 		case w.state == answered:
 			// answered, even if its deadline has passed meanwhile: Redis
 			// decided it, and counted it
 			c.mu.Unlock()
-			return w.answer()
-		case bctx.Err() != nil:
+			return w.done()
+		case expired || ctx.Err() != nil:
 			if w.state == queued {
 				for i, q := range c.queue {
 					if q == w {
@@ -130,17 +141,46 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 			// it if not yet sent: this caller answers, and counts, itself.
 			w.state = abandoned
 			c.mu.Unlock()
+			w.timer.Stop()
 			if errors.Is(ctx.Err(), context.Canceled) {
 				return engine.Decision{}, ctx.Err()
 			}
 			var out engine.Result
 			it := w.it
 			it.out = &out
-			s.answerFailure([]item{it}, bctx.Err())
+			err := ctx.Err()
+			if err == nil {
+				err = context.DeadlineExceeded
+			}
+			s.answerFailure([]item{it}, err)
 			return out.Decision, out.Err
 		}
 		c.mu.Unlock() // a token left over from a wake it did not need
 	}
+}
+
+// waiters are the waiters of callers that have their answer, for reuse: a
+// single Allow that waits then allocates no channel, timer or context. A
+// waiter is put back only once nothing else holds it: its call has
+// answered it (under the combiner's lock, which it took after the call let
+// it go) or it led the call itself.
+var waiters = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &waiter{wake: make(chan struct{}, 1), timer: t}
+}}
+
+// done is w's answer; w goes back to waiters.
+func (w *waiter) done() (engine.Decision, error) {
+	d, err := w.answer()
+	w.timer.Stop() // no tick is received after Stop (Go 1.23 timers)
+	select {
+	case <-w.wake: // a token left over
+	default:
+	}
+	w.it, w.res, w.parent = item{}, engine.Result{}, nil
+	waiters.Put(w)
+	return d, err
 }
 
 // answer is w's result as Allow returns it: its answer, or the context's
@@ -179,7 +219,7 @@ func (s *Store) sendCombined(c *combiner, leader *waiter, batch []*waiter) {
 			dl = w.deadline
 		}
 	}
-	cctx, cancel := context.WithDeadline(context.WithoutCancel(leader.ctx), dl)
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(leader.parent), dl)
 	items := make([]item, len(send))
 	for i, w := range send {
 		items[i] = w.it

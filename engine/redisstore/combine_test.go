@@ -88,6 +88,53 @@ func TestCombinedAllowsExact(t *testing.T) {
 	require.Less(t, calls, int64(goroutines*per*3/4), "concurrent single Allows were merged into fewer calls")
 }
 
+// TestCombinedAllowsKeepTheStoreTimeout: callers with no deadline of their
+// own, arriving one after another behind calls Redis does not answer, each
+// leave at the store's Timeout from their own start, with the fail-closed
+// answer. A combined call runs until its latest caller's deadline, so the
+// earlier callers in it leave by their own timers.
+func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
+	srv := startPrivate(t)
+	c := client(t, srv.Addr())
+	const timeout = 400 * time.Millisecond
+	s := realStores(t, srv.Addr(), 1, redisstore.Config{
+		Policy:  policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1},
+		Timeout: timeout,
+	})[0]
+	_, err := s.Allow(context.Background(), "k", 1)
+	require.NoError(t, err)
+	require.NoError(t, c.Do(context.Background(), "CLIENT", "PAUSE", "2500", "ALL").Err())
+	const n = 16
+	var wg sync.WaitGroup
+	var late, wrong atomic.Int64
+	for i := range n {
+		wg.Add(1)
+		time.AfterFunc(time.Duration(i)*30*time.Millisecond, func() {
+			defer wg.Done()
+			start := time.Now()
+			dec, err := s.Allow(context.Background(), "k", 1)
+			if took := time.Since(start); took > timeout+200*time.Millisecond {
+				late.Add(1)
+				t.Errorf("caller %d returned after %s, with a %s timeout", i, took, timeout)
+			}
+			if err != nil || dec.Allowed || dec.RetryAfter != redisstore.DefaultFailRetryAfter {
+				wrong.Add(1)
+				t.Errorf("caller %d: %+v, %v; want the fail-closed answer", i, dec, err)
+			}
+		})
+	}
+	wg.Wait()
+	require.Zero(t, late.Load())
+	require.Zero(t, wrong.Load())
+	st := s.Stats()
+	require.EqualValues(t, n, st.Failures, "every caller answered by the rule, counted once")
+	require.EqualValues(t, 1, st.Decisions)
+	require.Eventually(t, func() bool {
+		d, err := s.Allow(context.Background(), "k", 1)
+		return err == nil && d.Allowed
+	}, 10*time.Second, 50*time.Millisecond)
+}
+
 // TestCombinedAllowsKeepTheirDeadlines: with Redis paused, concurrent
 // single Allows with deadlines from 50 to 400 ms each return by their own
 // deadline (the fail-closed answer), whether they lead a call or wait for

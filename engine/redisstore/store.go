@@ -281,6 +281,16 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// deadline is when a call under ctx must end: ctx's deadline, or the
+// store's Timeout from now if that is sooner.
+func (s *Store) deadline(ctx context.Context) time.Time {
+	dl := clock.In(s.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		return d
+	}
+	return dl
+}
+
 // bound gives ctx the store's Timeout unless it already ends sooner.
 func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if d, ok := ctx.Deadline(); ok && clock.Until(d) <= s.timeout {
