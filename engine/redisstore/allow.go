@@ -885,12 +885,20 @@ func parseReply(raw []any) (reply, error) {
 		return r, fmt.Errorf("%w: malformed script reply %v", ErrUnavailable, raw)
 	}
 	for i := 0; i < len(rest); i += 3 {
-		if _, ok := rest[i].(string); !ok {
+		c, ok := rest[i].(int64)
+		if !ok || c < 0 || c >= int64(len(resultCodes)) {
 			return r, fmt.Errorf("%w: malformed script reply %v", ErrUnavailable, raw)
 		}
+		rest[i] = resultCodes[c]
 	}
 	return r, nil
 }
+
+// resultCodes are the script's result codes (integers, see decide.lua) as
+// decided reads them: "1" allowed (or, for a peek or refund, the bucket
+// exists), "0" denied (or it does not), "c" the cost is above a band's
+// capacity.
+var resultCodes = [...]any{"0", "1", "c"}
 
 // noRetryCmd is a script call go-redis must not send again after a lost
 // reply: the script may have run, and running it twice takes tokens twice

@@ -93,12 +93,13 @@
 -- done+1 is behind a version with overrides that its chain lacks, and its
 -- version follows, then the results of the buckets before it (mode "A":
 -- done is 0 and nothing was written). Results, modes "a", "A", "p" and "r":
--- three for each done bucket. Modes "a" and "A": "1" allowed (in "A", would
--- be allowed alone: the call is admitted only if every bucket is "1"), "0"
--- denied or "c" cost above a band's capacity; modes "p" and "r": "1" if the
--- bucket exists, else "0". Then the balance after the operation: on the
+-- three for each done bucket. A code, an integer (a string would cost the
+-- client an allocation): modes "a" and "A", 1 allowed (in "A", would be
+-- allowed alone: the call is admitted only if every bucket is 1), 0 denied
+-- or 2 cost above a band's capacity; modes "p" and "r", 1 if the bucket
+-- exists, else 0. Then the balance after the operation: on the
 -- fast path T and F, two integers; on the general path the units, one
--- decimal per band of the shape joined by " ", and ""; for "c", "" and "".
+-- decimal per band of the shape joined by " ", and ""; for 2, "" and "".
 -- In "A" it is the balance an admission leaves, written or not.
 
 local B = 10000000
@@ -568,7 +569,7 @@ function call(KEYS, ARGV)
     end
     local bands, nN, pN, least, rate = sBands, sN, sP, sLeast, sRate
     if decide and (#cost > #least or (#cost == #least and cost > least)) then -- cost > least
-      out[#out + 1] = 'c'
+      out[#out + 1] = 2
       out[#out + 1] = ''
       out[#out + 1] = ''
       refused = true
@@ -628,9 +629,9 @@ function call(KEYS, ARGV)
         if decide then
           local cN = tonumber(cost)
           if T >= cN then
-            T, code = T - cN, '1'
+            T, code = T - cN, 1
           else
-            code = '0'
+            code = 0
             write = false -- a denial changes nothing: the refill is implied
           end
         elseif mode == 'r' and raw then
@@ -644,7 +645,7 @@ function call(KEYS, ARGV)
           out[k + 1], out[k + 2], out[k + 3] = code, T, F
         elseif mode == 'p' or mode == 'r' then
           local k = #out
-          out[k + 1], out[k + 2], out[k + 3] = raw and '1' or '0', T, F
+          out[k + 1], out[k + 2], out[k + 3] = raw and 1 or 0, T, F
         end
         if mode == 'a' and memoOn then
           -- A key met again in this call is read from here, and written
@@ -691,12 +692,12 @@ function call(KEYS, ARGV)
         end
         if decide then
           local cb, cu = big(cost), {}
-          code = '1'
+          code = 1
           for k = 1, #sh do
             cu[k] = mul(cb, sh[k].pb)
-            if cmp(lv[k], cu[k]) < 0 then code = '0' end
+            if cmp(lv[k], cu[k]) < 0 then code = 0 end
           end
-          if code == '1' then
+          if code == 1 then
             for k = 1, #sh do lv[k] = sub(lv[k], cu[k]) end
           end
         elseif mode == 'r' and raw then
@@ -722,7 +723,7 @@ function call(KEYS, ARGV)
           out[k + 1], out[k + 2], out[k + 3] = code, table.concat(p, ' '), ''
         elseif mode == 'p' or mode == 'r' then
           local k = #out
-          out[k + 1], out[k + 2], out[k + 3] = raw and '1' or '0', table.concat(p, ' '), ''
+          out[k + 1], out[k + 2], out[k + 3] = raw and 1 or 0, table.concat(p, ' '), ''
         end
         if fast then
           -- A shape the fast path takes (a bucket brought through a
@@ -763,7 +764,7 @@ function call(KEYS, ARGV)
         -- Decided, written later or never. A decision keeps every bucket
         -- it changes (a new bucket left full it need not write), so only
         -- the writes wait.
-        if code ~= '1' then refused = true end
+        if code ~= 1 then refused = true end
         if write and not refused then held[#held + 1] = { key, val, ttf, lastMs } end
       elseif del then
         redis.call('DEL', key)
