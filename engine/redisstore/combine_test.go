@@ -94,16 +94,8 @@ func TestCombinedAllowsExact(t *testing.T) {
 // answer. A combined call runs until its latest caller's deadline, so the
 // earlier callers in it leave by their own timers.
 func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
-	srv := startPrivate(t)
-	c := client(t, srv.Addr())
 	const timeout = 400 * time.Millisecond
-	s := realStores(t, srv.Addr(), 1, redisstore.Config{
-		Policy:  policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1},
-		Timeout: timeout,
-	})[0]
-	_, err := s.Allow(context.Background(), "k", 1)
-	require.NoError(t, err)
-	require.NoError(t, c.Do(context.Background(), "CLIENT", "PAUSE", "2500", "ALL").Err())
+	s := pausedStore(t, timeout)
 	const n = 16
 	var wg sync.WaitGroup
 	var late, wrong atomic.Int64
@@ -129,10 +121,7 @@ func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
 	st := s.Stats()
 	require.EqualValues(t, n, st.Failures, "every caller answered by the rule, counted once")
 	require.EqualValues(t, 1, st.Decisions)
-	require.Eventually(t, func() bool {
-		d, err := s.Allow(context.Background(), "k", 1)
-		return err == nil && d.Allowed
-	}, 10*time.Second, 50*time.Millisecond)
+	requireResumes(t, s)
 }
 
 // TestCombinedAllowsKeepTheirDeadlines: with Redis paused, concurrent
@@ -141,15 +130,7 @@ func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
 // one, canceled callers return context.Canceled, and Stats counts each
 // fail-closed answer once.
 func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
-	srv := startPrivate(t)
-	c := client(t, srv.Addr())
-	s := realStores(t, srv.Addr(), 1, redisstore.Config{
-		Policy:  policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1},
-		Timeout: 5 * time.Second,
-	})[0]
-	_, err := s.Allow(context.Background(), "k", 1)
-	require.NoError(t, err)
-	require.NoError(t, c.Do(context.Background(), "CLIENT", "PAUSE", "2500", "ALL").Err())
+	s := pausedStore(t, 5*time.Second)
 	const n = 24
 	var wg sync.WaitGroup
 	var late, wrong, canceled atomic.Int64
@@ -193,7 +174,27 @@ func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
 	require.GreaterOrEqual(t, st.Failures, uint64(n-n/6))
 	require.LessOrEqual(t, st.Failures, uint64(n))
 	require.EqualValues(t, 1, st.Decisions)
-	// Service resumes once the pause ends.
+	requireResumes(t, s)
+}
+
+// pausedStore is a store with the given Timeout on a private server, with
+// key "k" decided once (its bucket and the script are in place), and then
+// every client of the server paused for 2.5 s (CLIENT PAUSE).
+func pausedStore(t *testing.T, timeout time.Duration) *redisstore.Store {
+	srv := startPrivate(t)
+	c := client(t, srv.Addr())
+	s := realStores(t, srv.Addr(), 1, redisstore.Config{
+		Policy:  policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1},
+		Timeout: timeout,
+	})[0]
+	_, err := s.Allow(context.Background(), "k", 1)
+	require.NoError(t, err)
+	require.NoError(t, c.Do(context.Background(), "CLIENT", "PAUSE", "2500", "ALL").Err())
+	return s
+}
+
+// requireResumes requires s to admit "k" again once its server's pause ends.
+func requireResumes(t *testing.T, s *redisstore.Store) {
 	require.Eventually(t, func() bool {
 		d, err := s.Allow(context.Background(), "k", 1)
 		return err == nil && d.Allowed
