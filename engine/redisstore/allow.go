@@ -342,7 +342,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 			deleted += r.deleted
 			for i, it := range chunk[:r.done] {
 				if it.out != nil {
-					s.decided(it, st, mode, r.results[3*i].(string), r.results[3*i+1], r.results[3*i+2])
+					s.decided(it, st, mode, r.results[3*i].(int64), r.results[3*i+1], r.results[3*i+2])
 				}
 				it.done = true
 			}
@@ -509,7 +509,7 @@ func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, 
 			continue
 		}
 		if it.chain == "" {
-			a[g] = shapeNumber(it.ref)
+			a[g] = it.ref + 1 // a small int, boxed without allocating
 		} else {
 			a[g] = strconv.Itoa(it.ref+1) + ";" + it.chain
 		}
@@ -544,26 +544,9 @@ func word(w string) any {
 	return w
 }
 
-// shapeNumbers are the shape numbers of a call's words, boxed once.
-var shapeNumbers = func() []any {
-	out := make([]any, 2*ChunkSize+1)
-	for i := range out {
-		out[i] = strconv.Itoa(i + 1)
-	}
-	return out
-}()
-
-// shapeNumber is the word naming a call's shape j (from 0).
-func shapeNumber(j int) any {
-	if j < len(shapeNumbers) {
-		return shapeNumbers[j]
-	}
-	return strconv.Itoa(j + 1)
-}
-
 // decided turns a script result of mode "a", "A", "p" or "r" into its
 // Decision. AllowAll counts its own decisions, per request.
-func (s *Store) decided(it *item, st *state, mode, code string, x, y any) {
+func (s *Store) decided(it *item, st *state, mode string, code int64, x, y any) {
 	switch mode {
 	case "a":
 		if it.combined {
@@ -574,11 +557,11 @@ func (s *Store) decided(it *item, st *state, mode, code string, x, y any) {
 	case modeAll:
 		mode = "a" // each key is answered as Allow would answer its summed cost
 	}
-	if code == "c" {
+	if code == codeOverCap {
 		*it.out = engine.Result{Err: engine.ErrCostExceedsCapacity}
 		return
 	}
-	d, err := decision(st.p.ShapeAt(it.idx), mode, code, x, y, it.cost)
+	d, err := decision(st.p.ShapeAt(it.idx), mode, code == codeAllowed, x, y, it.cost)
 	if err != nil {
 		*it.out = engine.Result{Err: fmt.Errorf("%w: %w", ErrUnavailable, err)}
 		return
@@ -588,14 +571,14 @@ func (s *Store) decided(it *item, st *state, mode, code string, x, y any) {
 }
 
 // decision is the Decision of a script result for a key of shape sh: for
-// mode "a", of the request of cost the script decided (code "1" allowed, "0"
+// mode "a", of the request of cost the script decided (allowed or
 // denied); for modes "p" and "r", of a request of one token taking nothing,
 // as the bands stand after the operation. x and y are the balance the
 // script returned: whole tokens and the fraction (two integers, the fast
 // path's), or the units of each band as decimals and "". The binding band
 // is chosen by the policy package's rule (policy.DecideLevels), from the
 // balances the decision saw.
-func decision(sh policy.Shape, mode, code string, x, y any, cost int64) (engine.Decision, error) {
+func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) (engine.Decision, error) {
 	var buf [1 + policy.MaxBands]policy.Level
 	lv := buf[:sh.Len()]
 	if err := levels(sh, x, y, lv); err != nil {
@@ -606,7 +589,7 @@ func decision(sh policy.Shape, mode, code string, x, y any, cost int64) (engine.
 		b := policy.Bucket{Tokens: lv[0].Tokens, Frac: uint32(lv[0].Frac)}
 		lim := sh.Primary
 		d := engine.Decision{
-			Allowed:    code == "1",
+			Allowed:    allowed,
 			Remaining:  b.Tokens,
 			Limit:      lim.Capacity,
 			ResetAfter: durationOf(b.ResetAfter(lim)),
@@ -620,13 +603,13 @@ func decision(sh policy.Shape, mode, code string, x, y any, cost int64) (engine.
 	var o policy.Outcome
 	var at int
 	if mode == "a" {
-		if code == "1" {
+		if allowed {
 			for i := range lv {
 				lv[i].Tokens += cost // the balances the decision saw
 			}
 		}
-		if o, at = policy.DecideLevels(sh, lv, cost); o.Allowed != (code == "1") {
-			return engine.Decision{}, fmt.Errorf("the script decided %q on balances %v %v that decide %v", code, x, y, o.Allowed)
+		if o, at = policy.DecideLevels(sh, lv, cost); o.Allowed != allowed {
+			return engine.Decision{}, fmt.Errorf("the script decided allowed=%v on balances %v %v that decide %v", allowed, x, y, o.Allowed)
 		}
 	} else {
 		o, at = policy.PeekLevels(sh, lv)
@@ -885,20 +868,20 @@ func parseReply(raw []any) (reply, error) {
 		return r, fmt.Errorf("%w: malformed script reply %v", ErrUnavailable, raw)
 	}
 	for i := 0; i < len(rest); i += 3 {
-		c, ok := rest[i].(int64)
-		if !ok || c < 0 || c >= int64(len(resultCodes)) {
+		if c, ok := rest[i].(int64); !ok || c < codeDenied || c > codeOverCap {
 			return r, fmt.Errorf("%w: malformed script reply %v", ErrUnavailable, raw)
 		}
-		rest[i] = resultCodes[c]
 	}
 	return r, nil
 }
 
-// resultCodes are the script's result codes (integers, see decide.lua) as
-// decided reads them: "1" allowed (or, for a peek or refund, the bucket
-// exists), "0" denied (or it does not), "c" the cost is above a band's
-// capacity.
-var resultCodes = [...]any{"0", "1", "c"}
+// The decide script's result codes (integers: a string would cost the
+// client an allocation per request).
+const (
+	codeDenied  = 0 // for a peek or refund: the bucket does not exist
+	codeAllowed = 1 // for a peek or refund: the bucket exists
+	codeOverCap = 2 // the cost is above a band's capacity
+)
 
 // noRetryCmd is a script call go-redis must not send again after a lost
 // reply: the script may have run, and running it twice takes tokens twice
