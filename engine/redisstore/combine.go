@@ -16,12 +16,12 @@ import (
 const maxInFlight = 2
 
 // combiner merges concurrent single Allows bound for one destination into
-// shared script calls, by flat combining, with no goroutine of its own: a
-// caller that finds fewer than maxInFlight calls in flight sends its request
-// at once, alone, so an idle store adds no latency; a caller that finds
-// maxInFlight queues, and when a call returns, its sender hands every queued
-// request (up to ChunkSize) to one of their callers, which sends them as one
-// call and answers each. Every caller waits only until its own deadline.
+// shared script calls: a caller that finds fewer than maxInFlight calls in
+// flight sends its request at once, alone, so an idle store adds no
+// latency; a caller that finds maxInFlight queues, and when a call
+// returns with requests queued behind it, a drainer goroutine takes its
+// place in flight and sends them, up to ChunkSize per call, until none is
+// left (see drain). Every caller waits only until its own deadline.
 type combiner struct {
 	mu       sync.Mutex
 	inFlight int
@@ -36,12 +36,10 @@ type waiter struct {
 	res      engine.Result
 	parent   context.Context // the caller's
 	deadline time.Time       // parent's, or the store's Timeout from the call, if sooner
-	wake     chan struct{}   // one token: answered, or handed a batch to lead
+	wake     chan struct{}   // one token: answered
 	timer    *time.Timer     // fires at deadline
 
-	// guarded by the combiner's mu
-	state waitState
-	lead  []*waiter // handed to this caller to send: itself among them
+	state waitState // guarded by the combiner's mu
 }
 
 type waitState uint8
@@ -103,7 +101,7 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 	w.it = item{key: key, cost: cost, combined: true}
 	w.it.out = &w.res
 	w.res, w.parent, w.deadline = engine.Result{}, ctx, s.deadline(ctx)
-	w.state, w.lead = queued, nil
+	w.state = queued
 	w.timer.Reset(clock.Until(w.deadline))
 	c.queue = append(c.queue, w)
 	c.mu.Unlock()
@@ -117,12 +115,6 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 		}
 		c.mu.Lock()
 		switch {
-		case w.lead != nil:
-			batch := w.lead
-			w.lead = nil
-			c.mu.Unlock()
-			s.sendCombined(c, w, batch)
-			return w.done()
 		case w.state == answered:
 			// answered, even if its deadline has passed meanwhile: Redis
 			// decided it, and counted it
@@ -192,34 +184,62 @@ func (w *waiter) answer() (engine.Decision, error) {
 	return w.res.Decision, w.res.Err
 }
 
-// sendCombined sends batch (leader among it) as one call and answers every
-// caller still waiting, then hands the queue on. Each request is answered
-// and counted once, by whichever comes first under the combiner's lock: its
-// caller giving up (the failure rule), or the call's end (Redis's answer,
-// or the failure rule for a request the call did not decide).
-func (s *Store) sendCombined(c *combiner, leader *waiter, batch []*waiter) {
-	if s.hook != nil {
-		s.hook(hookLead)
-	}
-	// Callers that gave up since the batch was handed over have their
-	// answer: sending them would only spend their tokens.
+// drain sends c's queued requests, up to ChunkSize per call, until the
+// queue is empty, on a goroutine of its own that holds the place in flight
+// of the call that started it (see handOff). A drainer is the only
+// goroutine a combiner starts; it lives only while callers wait, and every
+// call it makes ends by their deadlines. Under load a drainer sends the
+// next call as soon as its last one returns: no caller has to be woken to
+// send it, and no caller waits for others' calls after its own answer.
+func (s *Store) drain(c *combiner) {
+	var batch []*waiter
 	c.mu.Lock()
-	send := batch[:0] // batch is the leader's alone
+	for len(c.queue) > 0 {
+		k := min(len(c.queue), ChunkSize)
+		batch = append(batch[:0], c.queue[:k]...)
+		c.queue = append(c.queue[:0], c.queue[k:]...)
+		for _, w := range batch {
+			w.state = taken
+		}
+		c.mu.Unlock()
+		s.sendCombined(c, batch)
+		clear(batch) // hold no waiter its caller may put back for reuse
+		c.mu.Lock()
+	}
+	c.inFlight--
+	c.mu.Unlock()
+}
+
+// sendCombined sends batch as one call and answers every caller still
+// waiting. Each request is answered and counted once, by whichever comes
+// first under the combiner's lock: its caller giving up (the failure rule),
+// or the call's end (Redis's answer, or the failure rule for a request the
+// call did not decide).
+func (s *Store) sendCombined(c *combiner, batch []*waiter) {
+	if s.hook != nil {
+		s.hook(hookTaken)
+	}
+	// Callers that gave up since the batch was taken have their answer:
+	// sending them would only spend their tokens.
+	c.mu.Lock()
+	var send []*waiter
+	var last *waiter // the latest deadline
 	for _, w := range batch {
-		if w.state != abandoned {
-			send = append(send, w)
+		if w.state == abandoned {
+			continue
+		}
+		send = append(send, w)
+		if last == nil || w.deadline.After(last.deadline) {
+			last = w
 		}
 	}
 	c.mu.Unlock()
-	// The call runs until the latest deadline of its callers: the leader's,
-	// chosen so. Its caller's cancellation does not cut the others' call.
-	dl := leader.deadline
-	for _, w := range send {
-		if w.deadline.After(dl) {
-			dl = w.deadline
-		}
+	if len(send) == 0 {
+		return
 	}
-	cctx, cancel := context.WithDeadline(context.WithoutCancel(leader.parent), dl)
+	// The call runs until the latest deadline of its callers, with that
+	// caller's context values; no caller's cancellation cuts the others'.
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(last.parent), last.deadline)
 	items := make([]item, len(send))
 	for i, w := range send {
 		items[i] = w.it
@@ -240,7 +260,7 @@ func (s *Store) sendCombined(c *combiner, leader *waiter, batch []*waiter) {
 		switch {
 		case items[i].counted:
 			n++
-		case !items[i].done && !(w == leader && errors.Is(w.parent.Err(), context.Canceled)):
+		case !items[i].done:
 			live = append(live, items[i])
 		}
 	}
@@ -255,39 +275,27 @@ func (s *Store) sendCombined(c *combiner, leader *waiter, batch []*waiter) {
 			signal(w)
 		}
 	}
-	s.handOff(c)
 	c.mu.Unlock()
 	if failed && s.onError != nil {
 		s.onError(err)
 	}
 }
 
-// handOff ends a call, c.mu held: it gives the queued requests to one of
-// their callers to send, or counts the call out of flight.
+// handOff ends a caller's own call, c.mu held: if requests queued behind
+// it, a drainer takes them on in its place in flight; if not, the place is
+// free.
 func (s *Store) handOff(c *combiner) {
 	if len(c.queue) == 0 {
 		c.inFlight--
 		return
 	}
-	k := min(len(c.queue), ChunkSize)
-	next := make([]*waiter, k)
-	copy(next, c.queue[:k])
-	c.queue = append(c.queue[:0], c.queue[k:]...)
-	lead := next[0]
-	for _, w := range next {
-		w.state = taken
-		if w.deadline.After(lead.deadline) {
-			lead = w
-		}
-	}
-	lead.lead = next
-	signal(lead)
+	go s.drain(c)
 }
 
 // Points in the combiner where a test hook (Store.hook) runs.
 const (
 	hookAlone = "alone" // a caller that found its queue free, before its call
-	hookLead  = "lead"  // a caller handed a batch, before it looks at it
+	hookTaken = "taken" // a drainer has taken a batch, before it looks at it
 	hookSent  = "sent"  // a batch's call has returned, before it is answered
 )
 

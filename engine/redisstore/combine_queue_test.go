@@ -45,9 +45,8 @@ func (c *giveUpCtx) Err() error {
 // combinedGiveUp runs four single Allows of one token on one key of a
 // store whose combiner it drives through hooks: two that find the queue
 // free, held at their start until two more have queued behind them, w1
-// (which leads their call: its deadline is the later) and w2, whose
-// deadline the test makes pass at the hook point giveUpAt of w1's call,
-// after which the call goes on. It returns w1's and w2's answers, the
+// and w2, which a drainer sends in one call, w2's deadline made to pass at
+// the hook point giveUpAt of that call, after which the call goes on. It returns w1's and w2's answers, the
 // store's Stats, the key's balance and how often OnError was called.
 func combinedGiveUp(t *testing.T, giveUpAt string) (d1, d2 engine.Decision, st redisstore.Stats, remaining int64, onErrors int64) {
 	t.Helper()
@@ -121,11 +120,11 @@ func combinedGiveUp(t *testing.T, giveUpAt string) (d1, d2 engine.Decision, st r
 }
 
 // TestCombinedGiveUpBeforeSend: a caller whose deadline passes after its
-// request was handed to a leader but before the leader sends it is not
+// request was taken by a drainer but before the drainer sends it is not
 // sent: it gets the failure rule, counted once, and Redis takes none of
 // its tokens; the others are decided by Redis and counted once each.
 func TestCombinedGiveUpBeforeSend(t *testing.T) {
-	d1, d2, st, taken, onErrors := combinedGiveUp(t, redisstore.HookLead)
+	d1, d2, st, taken, onErrors := combinedGiveUp(t, redisstore.HookTaken)
 	require.True(t, d1.Allowed, "w1: %+v", d1)
 	require.False(t, d2.Allowed, "w2: %+v", d2)
 	require.Equal(t, redisstore.DefaultFailRetryAfter, d2.RetryAfter, "w2 gets the fail-closed answer")
@@ -135,7 +134,7 @@ func TestCombinedGiveUpBeforeSend(t *testing.T) {
 }
 
 // TestCombinedGiveUpDuringCall: a caller whose deadline passes while its
-// request's call is out (here: after Redis answered, before the leader
+// request's call is out (here: after Redis answered, before the drainer
 // takes the answers) is answered and counted by itself alone, by the
 // failure rule: Redis's decision is neither counted nor delivered, and
 // OnError is called once. (Its tokens are taken, as for any lost reply.)

@@ -81,7 +81,7 @@ var DecimalBucket = decimalBucket
 // Points of the combiner where a hook set by SetCombineHook runs.
 const (
 	HookAlone = hookAlone
-	HookLead  = hookLead
+	HookTaken = hookTaken
 	HookSent  = hookSent
 )
 
