@@ -44,17 +44,20 @@
 -- buckets are then written without expiry), KEYS[4..] the buckets. A bucket
 -- is in one of two formats:
 --   compact (written for every key of a shape the fast path takes, by
---   either path): the byte 1, then T, F, the last
---   update's seconds and ns as four little-endian doubles
---   (struct.pack('<dddd')), then "version cap rate" (the limit it was
---   written under, as in the decimal format);
+--   either path): the byte 2, then T and F as two little-endian doubles,
+--   the last update's seconds and ns, and the expiry it was given (see
+--   put) in ms after that update's ms, as three little-endian unsigned
+--   32-bit integers, then "version cap rate" (the limit it was written
+--   under, as in the decimal format); or, written with no expiry recorded
+--   (and by older stores), the byte 1, then T, F, the last update's
+--   seconds and ns as four little-endian doubles, then the same;
 --   decimal (the general path's for any other shape, and every older
 --   store's): "units last
 --   version cap rate" (the primary band's units and its cap and rate under
 --   version), then " units" for each band of the shape, in order.
 -- The compact format starts with a byte no decimal starts with, so a store
--- that predates it fails its script call on such a bucket (its failure
--- rule answers) rather than misread it.
+-- that predates it (or the byte 2) fails its script call on such a bucket
+-- (its failure rule answers) rather than misread it.
 --
 -- ARGV[1] mode: "a" decide; "e" bring up to date and delete if full (an
 --         eviction); "c" bring up to date (a cutover's pass; a full bucket
@@ -196,8 +199,6 @@ local memo, memoOn -- mode "a": the fast-path buckets the call holds, by key and
 local sCap, sArg, sRate, sBands, sN, sP, sLeast, sCapN, sFast -- the last request's shape arguments, parsed
 local KEYS2, KEYS3
 local call
-
-local MARK = '\1'
 
 -- instant makes nowS (decimal ns) and now (limbs) of the call's instant.
 local function instant()
@@ -420,36 +421,68 @@ local function general()
   end
 end
 
--- put writes a bucket's value val, last updated at lastMs (ms), with its
--- expiry at its time-to-full ttf (ns, a double) from then.
-local function put(key, val, ttf, lastMs)
+-- put writes a bucket: its value val or, for a compact bucket (val nil),
+-- its fields T, F, ls, lns under limit tag; last updated at lastMs (ms),
+-- with its expiry at its time-to-full ttf (ns, a double) from then. A
+-- compact bucket with an expiry records it (x, ms) and gets a slack of a
+-- sixteenth of its time-to-full, so that the writes that follow, which
+-- need an expiry no later than the one it has, keep it (KEEPTTL: Redis
+-- then leaves its expiry as it is). x is the expiry read with the bucket
+-- (nil if none is recorded): the key expires at x or never, as only put
+-- sets an expiry, and a cutover's pass that clears expiries is followed by
+-- one that rewrites every bucket in mode "c", which always sets its own.
+local function put(key, val, ttf, lastMs, x, T, F, ls, lns, tag)
   if expiry and pending == nil then pending = redis.call('EXISTS', KEYS3) == 1 end
-  if not expiry or pending then
-    -- no expiry: tests, or a cutover in preparation
-    redis.call('SET', key, val)
-  elseif ttf == 0 then
-    redis.call('SET', key, val, 'PXAT', string.format('%d', math.max(nowMs, lastMs) + 1))
-  else
-    local ms = ttf / 1e6 -- time-to-full in ms, approximately
-    if ms > 1e15 then
-      redis.call('SET', key, val) -- over 30,000 years: never expires
+  local at, slack -- the expiry the time-to-full needs, ms; its slack
+  if expiry and not pending then
+    if ttf == 0 then
+      at, slack = math.max(nowMs, lastMs) + 1, 0
     else
-      -- relative error of ms is far below 1e-12; +2 covers the ms
-      -- rounding of the instant and of the expiry
-      -- The time-to-full is counted from the bucket's last update, which
-      -- a pass judging at an earlier instant, a cutover replayed past it
-      -- or a server clock that stepped back leaves after nowMs.
-      local at = math.max(nowMs, lastMs) + math.floor(ms * (1 + 1e-12)) + 2
-      redis.call('SET', key, val, 'PXAT', string.format('%d', at))
+      local ms = ttf / 1e6 -- time-to-full in ms, approximately
+      if ms <= 1e15 then -- over 30,000 years: never expires
+        -- relative error of ms is far below 1e-12; +2 covers the ms
+        -- rounding of the instant and of the expiry
+        -- The time-to-full is counted from the bucket's last update, which
+        -- a pass judging at an earlier instant, a cutover replayed past it
+        -- or a server clock that stepped back leaves after nowMs.
+        at, slack = math.max(nowMs, lastMs) + math.floor(ms * (1 + 1e-12)) + 2, math.floor(ms / 16)
+      end
     end
+  end
+  if not at then
+    -- no expiry: tests, a cutover in preparation, or never full
+    redis.call('SET', key, val or struct.pack('<Bddddc0', 1, T, F, ls, lns, tag))
+    return
+  elseif val then
+    redis.call('SET', key, val, 'PXAT', string.format('%d', at))
+    return
+  end
+  local base = ls * 1000 + math.floor(lns / 1e6) -- the last update in ms, as fastOf counts it
+  if x and x >= at and mode ~= 'c' and ls < 4294967296 then
+    redis.call('SET', key, struct.pack('<BddIIIc0', 2, T, F, ls, lns, x - base, tag), 'KEEPTTL')
+    return
+  end
+  x = at + slack
+  if ls < 4294967296 and x - base < 4294967296 then
+    redis.call('SET', key, struct.pack('<BddIIIc0', 2, T, F, ls, lns, x - base, tag), 'PXAT', string.format('%d', x))
+  else
+    -- past the year 2106, or due in more than 49 days: not recorded
+    redis.call('SET', key, struct.pack('<Bddddc0', 1, T, F, ls, lns, tag), 'PXAT', string.format('%d', at))
   end
 end
 
 -- decimalOf reads a compact bucket as the decimal format's fields: units,
 -- last, version, cap, rate (P from the bucket's own rate).
 local function decimalOf(raw)
-  local t, f, ls, lns = struct.unpack('<dddd', raw, 2)
-  local v, c, r = string.match(string.sub(raw, 34), '^(%d+) (%d+) (%S+)$')
+  local t, f, ls, lns, at
+  if string.byte(raw, 1) == 2 then
+    t, f, ls, lns = struct.unpack('<ddII', raw, 2)
+    at = 30
+  else
+    t, f, ls, lns = struct.unpack('<dddd', raw, 2)
+    at = 34
+  end
+  local v, c, r = string.match(string.sub(raw, at), '^(%d+) (%d+) (%S+)$')
   local p = string.match(r or '', '/(%d+)$') or '1000000000'
   local us = str(add(mul(big(string.format('%.0f', t)), big(p)), big(string.format('%.0f', f))))
   local ts
@@ -460,11 +493,18 @@ end
 local P53 = 9007199254740992 -- 2^53
 
 -- fastOf reads a bucket for the fast path under limit tag, or returns nil:
--- T, F, the last update's seconds and ns.
+-- T, F, the last update's seconds and ns, and its recorded expiry (ms) or
+-- nil.
 local function fastOf(raw, tag, pN)
-  if string.byte(raw, 1) == 1 then
+  local mark = string.byte(raw, 1)
+  if mark == 2 then
+    if #raw ~= 29 + #tag or string.find(raw, tag, 30, true) ~= 30 then return nil end
+    local t, f, ls, lns, d = struct.unpack('<ddIII', raw, 2)
+    return t, f, ls, lns, ls * 1000 + math.floor(lns / 1e6) + d
+  elseif mark == 1 then
     if #raw ~= 33 + #tag or string.find(raw, tag, 34, true) ~= 34 then return nil end
-    return struct.unpack('<dddd', raw, 2)
+    local t, f, ls, lns = struct.unpack('<dddd', raw, 2)
+    return t, f, ls, lns
   end
   local us, ts, v, c, r = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)$')
   if not us or #us > 15 or v .. ' ' .. c .. ' ' .. r ~= tag then return nil end
@@ -482,7 +522,7 @@ local function flush(m)
   if memo[m.key] ~= m then return end
   memo[m.key] = nil
   if m.dirty then
-    put(m.key, MARK .. struct.pack('<dddd', m[1], m[2], m[3], m[4]) .. m.tag, m.ttf, m.lastMs)
+    put(m.key, nil, m.ttf, m.lastMs, m.x, m[1], m[2], m[3], m[4], m.tag)
   end
 end
 
@@ -580,9 +620,9 @@ function call(KEYS, ARGV)
         flush(m) -- a bucket this call holds, met off the fast path: write it first
         m = nil
       end
-      local raw, T, F, ls, lns
+      local raw, T, F, ls, lns, X -- X: the bucket's recorded expiry (see put)
       if m then
-        raw, T, F, ls, lns = m.raw, m[1], m[2], m[3], m[4]
+        raw, T, F, ls, lns, X = m.raw, m[1], m[2], m[3], m[4], m.x
       else
         if pre then raw = pre[i] else raw = redis.call('GET', key) end
         raw = raw or nil -- GET gives false for none
@@ -592,12 +632,13 @@ function call(KEYS, ARGV)
           tagCap, tagRate, tag = cap, rate, version .. ' ' .. cap .. ' ' .. rate
         end
         if raw then
-          T, F, ls, lns = fastOf(raw, tag, pN)
+          T, F, ls, lns, X = fastOf(raw, tag, pN)
         else
           T, F, ls, lns = capN, 0, nowSec, nowNs -- a new key starts full
         end
       end
       local code, val, ttf, lastMs
+      local cT, cF, cS, cN -- a compact bucket's fields to write (val nil)
       local write, del = true, false
       if T and (nowSec - ls <= 9000000 or pN == 1e9) then
         -- Fast path (see the header): T, F and every product below exact,
@@ -651,7 +692,7 @@ function call(KEYS, ARGV)
           -- A key met again in this call is read from here, and written
           -- once, as the call ends.
           if not m then
-            m = { key = key, raw = raw }
+            m = { key = key, raw = raw, x = X }
             memo[key] = m
             memo[#memo + 1] = m
           end
@@ -660,7 +701,7 @@ function call(KEYS, ARGV)
           m.raw = raw or (m.dirty and true) or nil
           write = false
         elseif write then
-          val = MARK .. struct.pack('<dddd', T, F, ls, lns) .. tag
+          cT, cF, cS, cN = T, F, ls, lns
         end
       else
         -- General path: limbs, bands, and the cutovers the bucket missed.
@@ -670,7 +711,7 @@ function call(KEYS, ARGV)
         local lv, t
         if raw then
           local us, ts, v, c, r, rest
-          if string.byte(raw, 1) == 1 then
+          if string.byte(raw, 1) <= 2 then -- compact
             us, ts, v, c, r = decimalOf(raw)
             rest = ''
           else
@@ -730,16 +771,15 @@ function call(KEYS, ARGV)
           -- cutover, or one of more units than fastOf reads as a decimal):
           -- written compact, so that its next call takes the fast path.
           -- units = T*P + F exactly, T <= cap <= 2^52 and F < P < 2^52.
-          local T, F
           local u = p[1]
           if pN == 1e9 then
-            if #u > 9 then T, F = tonumber(string.sub(u, 1, -10)), tonumber(string.sub(u, -9)) else T, F = 0, tonumber(u) end
+            if #u > 9 then cT, cF = tonumber(string.sub(u, 1, -10)), tonumber(string.sub(u, -9)) else cT, cF = 0, tonumber(u) end
           else
             local q = div(lv[1], sh[1].pb)
-            T, F = tod(q), tod(sub(lv[1], mul(q, sh[1].pb)))
+            cT, cF = tod(q), tod(sub(lv[1], mul(q, sh[1].pb)))
           end
-          local s1, n1 = split(tS)
-          val = MARK .. struct.pack('<dddd', T, F, s1, n1) .. tag
+          cS, cN = split(tS)
+          X = nil -- its expiry is set anew
         else
           val = p[1] .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate .. xs
         end
@@ -765,11 +805,11 @@ function call(KEYS, ARGV)
         -- it changes (a new bucket left full it need not write), so only
         -- the writes wait.
         if code ~= 1 then refused = true end
-        if write and not refused then held[#held + 1] = { key, val, ttf, lastMs } end
+        if write and not refused then held[#held + 1] = { key, val, ttf, lastMs, X, cT, cF, cS, cN, tag } end
       elseif del then
         redis.call('DEL', key)
       elseif write then
-        put(key, val, ttf, lastMs)
+        put(key, val, ttf, lastMs, X, cT, cF, cS, cN, tag)
       end
     end
   end
@@ -779,7 +819,7 @@ function call(KEYS, ARGV)
   if all and not refused then
     for k = 1, #held do
       local h = held[k]
-      put(h[1], h[2], h[3], h[4])
+      put(h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10])
     end
   end
   flushAll()

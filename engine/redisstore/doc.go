@@ -101,9 +101,14 @@
 // # Eviction is expiry
 //
 // Each bucket expires at its exact time-to-full under its own limit, that of
-// its slowest band (rounded up to the millisecond, plus 2 ms): a bucket is
-// only ever dropped when every band is full, as the engine's eviction rule
-// requires, so EvictFull is only needed to reclaim memory at once. A cutover
+// its slowest band (rounded up to the millisecond, plus 2 ms), or later,
+// never earlier: a bucket is only ever dropped when every band is full, as
+// the engine's eviction rule requires, so EvictFull is only needed to
+// reclaim memory at once. A bucket of one band (the compact format) gets a
+// sixteenth of its time-to-full to spare, and records the expiry it was
+// given; the writes that need no later one keep it, which spares Redis an
+// update of its expiries on most writes, for keys that live at most that
+// sixteenth longer. A cutover
 // that could lengthen some bucket's time-to-full (a higher capacity of a
 // band it keeps, or a lower rate for its capacity) would let such a bucket
 // expire early, so it clears every expiry before it publishes and sets each

@@ -25,6 +25,7 @@ type bucketState struct {
 	expireAtMs     int64    // PEXPIRETIME: -1 for none
 	fullAtNs       *big.Int // the exact instant it is full, in ns
 	gone           bool     // expired before it could be read
+	recorded       bool     // a compact bucket that records its expiry
 }
 
 // readBucket reads key's state and expiry in one transaction (a bucket a
@@ -50,6 +51,7 @@ func readBucket(t *testing.T, c *redis.Client, key string) bucketState {
 		return b
 	}
 	require.NoError(t, err, key)
+	_, b.recorded = redisstore.CompactExpiry(get.Val())
 	raw := redisstore.DecimalBucket(get.Val())
 	var units string
 	_, err = fmt.Sscanf(raw, "%s %d %d %d %d", &units, &b.last, &b.version, &b.capacity, &b.rate)
@@ -86,17 +88,24 @@ func (b bucketState) checkExpiry(t *testing.T, what string) {
 	}
 	at := new(big.Int).Mul(big.NewInt(b.expireAtMs), big.NewInt(1e6))
 	require.GreaterOrEqual(t, at.Cmp(b.fullAtNs), 0, "%s: expires at %v ns, before it is full at %v ns", what, at, b.fullAtNs)
-	// 3 ms, plus the script's relative margin of 1e-12 on the time-to-full
+	// 3 ms, plus the script's relative margin of 1e-12 on the time-to-full,
+	// plus, for a compact bucket written afresh (as every one here is), the
+	// sixteenth of its time-to-full it is given so that later writes can
+	// keep its expiry
 	late := new(big.Int).Sub(at, b.fullAtNs)
-	slack := new(big.Int).Sub(b.fullAtNs, big.NewInt(b.last))
-	slack.Div(slack, big.NewInt(1e11)).Add(slack, big.NewInt(3e6))
+	ttf := new(big.Int).Sub(b.fullAtNs, big.NewInt(b.last))
+	slack := new(big.Int).Div(ttf, big.NewInt(1e11))
+	slack.Add(slack, big.NewInt(3e6))
+	if b.recorded {
+		slack.Add(slack, new(big.Int).Div(ttf, big.NewInt(16)))
+	}
 	require.LessOrEqual(t, late.Cmp(slack), 0, "%s: expires %v ns after it is full", what, late)
 }
 
 // TestExpiryAtTimeToFull: with the server's TIME, every bucket written
 // expires no earlier than the instant it is full under its own limit and at
-// most 3 ms later, over limits from a nanosecond's refill to none in
-// practice.
+// most 3 ms later (a compact bucket: plus a sixteenth of its time-to-full),
+// over limits from a nanosecond's refill to none in practice.
 func TestExpiryAtTimeToFull(t *testing.T) {
 	c := client(t, redisAddr(t))
 	ctx := context.Background()
@@ -172,6 +181,69 @@ func TestExpiryAcrossCutovers(t *testing.T) {
 		at := new(big.Int).Mul(big.NewInt(b.expireAtMs), big.NewInt(1e6))
 		require.GreaterOrEqual(t, at.Cmp(fullAt), 0, "%s expires at %v, before it is full at %v", k, at, fullAt)
 	}
+}
+
+// TestLaterWritesKeepTheExpiry: a compact bucket's expiry is set with a
+// sixteenth of its time-to-full to spare, and the writes that need no later
+// one leave it as it is; the first that needs a later one sets it anew.
+// Either way the bucket never expires before it is full.
+func TestLaterWritesKeepTheExpiry(t *testing.T) {
+	c := client(t, redisAddr(t))
+	ctx := context.Background()
+	p := prefix(t)
+	s := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
+		Policy: policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}})[0]
+	key := redisstore.BucketKey(p, "k")
+	state := func(what string) (expireAt int64) {
+		t.Helper()
+		b := readBucket(t, c, key)
+		require.False(t, b.gone, what)
+		require.True(t, b.recorded, "%s: the bucket records its expiry", what)
+		at := new(big.Int).Mul(big.NewInt(b.expireAtMs), big.NewInt(1e6))
+		require.GreaterOrEqual(t, at.Cmp(b.fullAtNs), 0, "%s: expires at %v ns, before it is full at %v ns", what, at, b.fullAtNs)
+		x, _ := redisstore.CompactExpiry(c.Get(ctx, key).Val())
+		require.Equal(t, b.expireAtMs, x, "%s: the expiry recorded is the key's", what)
+		return b.expireAtMs
+	}
+	allow := func(cost int64) {
+		t.Helper()
+		d, err := s.Allow(ctx, "k", cost)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	allow(100) // full in 100 s: 6.25 s to spare
+	first := state("first write")
+	b := readBucket(t, c, key)
+	ttfMs := new(big.Int).Sub(b.fullAtNs, big.NewInt(b.last))
+	ttfMs.Div(ttfMs, big.NewInt(1e6))
+	require.GreaterOrEqual(t, first-b.last/1e6, ttfMs.Int64()+ttfMs.Int64()/16, "the first write's expiry has the slack")
+	for i := range 5 { // each a second later: still within the slack
+		allow(1)
+		require.Equal(t, first, state(fmt.Sprint("write ", i+2)), "write %d keeps the expiry", i+2)
+	}
+	allow(10) // 15 s later than the first write needed: past the slack
+	later := state("the write past the slack")
+	require.Greater(t, later, first, "the expiry is set anew")
+}
+
+// TestSmallLengtheningSetsExpiries: a cutover that lengthens a bucket's
+// time-to-full by less than the slack its expiry has still clears the
+// expiry and sets it again: the bucket expires, and not before it is full.
+func TestSmallLengtheningSetsExpiries(t *testing.T) {
+	c := client(t, redisAddr(t))
+	ctx := context.Background()
+	p := prefix(t)
+	s := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
+		Policy: policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}})[0]
+	d, err := s.Allow(ctx, "k", 100) // full in 100 s: 6.25 s to spare
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	// 2 s longer to fill: within the slack
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 1002, TokensPerSecond: 1}, 1))
+	b := readBucket(t, c, redisstore.BucketKey(p, "k"))
+	require.Equal(t, int64(2), b.version, "the pass brought the bucket to the new version")
+	require.GreaterOrEqual(t, b.expireAtMs, int64(0), "the bucket expires")
+	b.checkExpiry(t, "after a small lengthening")
 }
 
 // TestPendingCutoverWritesNoExpiry: while a lengthening cutover is being

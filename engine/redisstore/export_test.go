@@ -105,23 +105,47 @@ const PublishScript = publishSrc
 // PrepareScript is the text of a cluster cutover's prepare step.
 const PrepareScript = prepareSrc
 
-// compactMark starts a bucket in the fast path's compact format (see
-// decide.lua): T, F, the last update's seconds and ns as four little-endian
-// doubles, then "version cap rate".
-const compactMark = 1
+// Compact buckets (see decide.lua) start with one of two marks: T and F as
+// two little-endian doubles, then the last update's seconds and ns and the
+// expiry given (ms after the update's ms) as three little-endian uint32s,
+// then "version cap rate"; or, written with no expiry recorded, T, F, the
+// seconds and ns as four doubles, then the same.
+const (
+	compactMark  = 2
+	noExpiryMark = 1
+)
+
+// compactFields are a compact bucket's T, F, seconds and ns, its expiry
+// (ms; 0 if not recorded) and its tag, and whether raw is compact.
+func compactFields(raw string) (f [4]float64, expiry int64, tag string, ok bool) {
+	d := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[i : i+8]))) }
+	u := func(i int) float64 { return float64(binary.LittleEndian.Uint32([]byte(raw[i : i+4]))) }
+	switch {
+	case len(raw) >= 29 && raw[0] == compactMark:
+		f = [4]float64{d(1), d(9), u(17), u(21)}
+		expiry = int64(f[2])*1000 + int64(f[3])/1e6 + int64(u(25))
+		return f, expiry, raw[29:], true
+	case len(raw) >= 33 && raw[0] == noExpiryMark:
+		return [4]float64{d(1), d(9), d(17), d(25)}, 0, raw[33:], true
+	}
+	return f, 0, "", false
+}
+
+// CompactExpiry is the expiry (ms) a compact bucket records, and whether it
+// records one.
+func CompactExpiry(raw string) (int64, bool) {
+	_, x, _, ok := compactFields(raw)
+	return x, ok && x > 0
+}
 
 // decimalBucket returns a bucket's value in the decimal format, "units last
 // version cap rate" (a compact bucket's units are T*P + F, P from its own
 // rate), or raw itself if it is not compact (or is malformed).
 func decimalBucket(raw string) string {
-	if len(raw) < 33 || raw[0] != compactMark {
+	f, _, tag, ok := compactFields(raw)
+	if !ok {
 		return raw
 	}
-	var f [4]float64
-	for i := range f {
-		f[i] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[1+8*i : 9+8*i])))
-	}
-	tag := raw[33:]
 	fields := strings.Fields(tag)
 	if len(fields) != 3 {
 		return raw

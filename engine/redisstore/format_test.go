@@ -33,7 +33,7 @@ func TestOlderStoreRefusesCompactBuckets(t *testing.T) {
 	require.True(t, d.Allowed)
 	bucket := redisstore.BucketKey(p, "k")
 	raw := c.Get(ctx, bucket).Val()
-	require.Equal(t, byte(1), raw[0], "the fast path writes the compact format")
+	require.Contains(t, []byte{1, 2}, raw[0], "the fast path writes the compact format")
 	pol, hist, pend := redisstore.ShardStateKeys(p)
 	shardKeys := func(key string) []string {
 		i := redisstore.ShardOf(key, redisstore.DefaultVirtualShards)
