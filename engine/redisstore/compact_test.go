@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -107,4 +108,49 @@ func TestLargeDecimalBucketBecomesCompact(t *testing.T) {
 	require.EqualValues(t, 1_998_999, d.Remaining)
 	want, _ := new(big.Int).SetString("1998999000000123", 10)
 	requireCompact(t, cfg, "k", fmt.Sprintf("1 %d 1000", capacity), want, start)
+}
+
+// TestRecordedBucketsKeepTheirBalance: with the server's TIME (expiries
+// on), buckets that record their expiry carry their balance and last update
+// from write to write, single and batched: over a test far shorter than
+// a token's refill (one per hour), every admission and denial is the
+// bucket's exact count, its time to full is what the spent tokens take to
+// refill, less no more than the test's own duration, and the bucket stays
+// recorded throughout.
+func TestRecordedBucketsKeepTheirBalance(t *testing.T) {
+	c := client(t, redisAddr(t))
+	ctx := context.Background()
+	p := prefix(t)
+	s := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
+		Policy: policy.Policy{Version: 1, Capacity: 1000, Refill: policy.PerHour(1)}})[0]
+	start := time.Now()
+	want := int64(1000)
+	for i, cost := range []int64{600, 1, 300, 99, 1, 1, 5} {
+		var d engine.Decision
+		if i%2 == 0 {
+			var err error
+			d, err = s.Allow(ctx, "k", cost)
+			require.NoError(t, err)
+		} else {
+			out := make([]engine.Result, 2)
+			require.NoError(t, s.AllowBatch(ctx, []engine.Request{{Key: "k", Cost: cost}, {Key: "other", Cost: 1}}, out))
+			require.NoError(t, out[0].Err)
+			d = out[0].Decision
+		}
+		admit := cost <= want
+		if admit {
+			want -= cost
+		}
+		require.Equal(t, admit, d.Allowed, "request %d (cost %d) with %d left", i, cost, want)
+		require.Equal(t, want, d.Remaining, "request %d (cost %d)", i, cost)
+		full := time.Duration(1000-want) * time.Hour
+		require.LessOrEqual(t, d.ResetAfter, full, "request %d", i)
+		require.GreaterOrEqual(t, d.ResetAfter, full-time.Since(start)-time.Millisecond, "request %d: refilled for longer than the test has run", i)
+		raw := c.Get(ctx, redisstore.BucketKey(p, "k")).Val()
+		_, recorded := redisstore.CompactExpiry(raw)
+		require.True(t, recorded, "request %d: bucket %q records its expiry", i, raw)
+	}
+	got, err := s.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, want, got.Remaining)
 }
