@@ -90,4 +90,17 @@
 // ReplacePolicy x70 row of the same table):
 //
 //	go run ./bench -parts latency
+//
+// How many script calls of single Allows redisstore keeps in flight per
+// destination (maxInFlight in engine/redisstore/combine.go), in interleaved
+// rounds of the 16-goroutine cells of the Redis table, one Redis sharing
+// the 2 cores: 2 calls gave 1.0-1.1x redis_rate's decisions per second on a
+// hot key and 0.93-0.96x on 100,000 keys, with 0.77-0.85x its Redis CPU
+// per decision there; 3 were within noise of 2 (1.10-1.14x, 0.97x) but
+// used 0.84-0.88x the CPU on 100,000 keys, as each call carries fewer
+// requests (3.7 against 5); 4 reached 1.00-1.01x there for 0.87-0.89x the
+// CPU, and 6 were slower for 0.96-0.97x; 1 made calls of 8 requests but
+// was 0.71-0.77x as fast on 100,000 keys. Change the constant and run
+//
+//	go run ./bench -redis ADDR -parts redis
 package main
