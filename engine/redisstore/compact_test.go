@@ -118,11 +118,8 @@ func TestLargeDecimalBucketBecomesCompact(t *testing.T) {
 // refill, less no more than the test's own duration, and the bucket stays
 // recorded throughout.
 func TestRecordedBucketsKeepTheirBalance(t *testing.T) {
-	c := client(t, redisAddr(t))
 	ctx := context.Background()
-	p := prefix(t)
-	s := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
-		Policy: policy.Policy{Version: 1, Capacity: 1000, Refill: policy.PerHour(1)}})[0]
+	c, p, s := timeStore(t, policy.Policy{Version: 1, Capacity: 1000, Refill: policy.PerHour(1)})
 	start := time.Now()
 	want := int64(1000)
 	for i, cost := range []int64{600, 1, 300, 99, 1, 1, 5} {

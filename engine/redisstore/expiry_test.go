@@ -102,6 +102,15 @@ func (b bucketState) checkExpiry(t *testing.T, what string) {
 	require.LessOrEqual(t, late.Cmp(slack), 0, "%s: expires %v ns after it is full", what, late)
 }
 
+// timeStore is a store on the server's TIME (expiries on) under a fresh
+// prefix, with its client and the prefix.
+func timeStore(t *testing.T, pol policy.Policy) (*redis.Client, string, *redisstore.Store) {
+	t.Helper()
+	c := client(t, redisAddr(t))
+	p := prefix(t)
+	return c, p, realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p, Policy: pol})[0]
+}
+
 // TestExpiryAtTimeToFull: with the server's TIME, every bucket written
 // expires no earlier than the instant it is full under its own limit and at
 // most 3 ms later (a compact bucket: plus a sixteenth of its time-to-full),
@@ -137,11 +146,8 @@ func TestExpiryAtTimeToFull(t *testing.T) {
 // returns; one that cannot (a higher rate) leaves the old expiries, which
 // are still no earlier than each bucket's time-to-full under the new limit.
 func TestExpiryAcrossCutovers(t *testing.T) {
-	c := client(t, redisAddr(t))
 	ctx := context.Background()
-	p := prefix(t)
-	s := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
-		Policy: policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 10}})[0]
+	c, p, s := timeStore(t, policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 10})
 	keys := make([]string, 50)
 	for i := range keys {
 		keys[i] = fmt.Sprint("k", i)
@@ -188,11 +194,8 @@ func TestExpiryAcrossCutovers(t *testing.T) {
 // one leave it as it is; the first that needs a later one sets it anew.
 // Either way the bucket never expires before it is full.
 func TestLaterWritesKeepTheExpiry(t *testing.T) {
-	c := client(t, redisAddr(t))
 	ctx := context.Background()
-	p := prefix(t)
-	s := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
-		Policy: policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}})[0]
+	c, p, s := timeStore(t, policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1})
 	key := redisstore.BucketKey(p, "k")
 	state := func(what string) (expireAt int64) {
 		t.Helper()
@@ -230,11 +233,8 @@ func TestLaterWritesKeepTheExpiry(t *testing.T) {
 // time-to-full by less than the slack its expiry has still clears the
 // expiry and sets it again: the bucket expires, and not before it is full.
 func TestSmallLengtheningSetsExpiries(t *testing.T) {
-	c := client(t, redisAddr(t))
 	ctx := context.Background()
-	p := prefix(t)
-	s := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
-		Policy: policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}})[0]
+	c, p, s := timeStore(t, policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1})
 	d, err := s.Allow(ctx, "k", 100) // full in 100 s: 6.25 s to spare
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
@@ -250,11 +250,8 @@ func TestSmallLengtheningSetsExpiries(t *testing.T) {
 // prepared (the pending flag set), buckets are written without expiry, so
 // none can expire before the new expiries are set.
 func TestPendingCutoverWritesNoExpiry(t *testing.T) {
-	c := client(t, redisAddr(t))
 	ctx := context.Background()
-	p := prefix(t)
-	s := realStores(t, redisAddr(t), 1, redisstore.Config{Client: c, Prefix: p,
-		Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}})[0]
+	c, p, s := timeStore(t, policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1})
 	_, _, pendings := redisstore.ShardStateKeys(p)
 	require.NoError(t, c.HSet(ctx, pendings[0], "someone", "1").Err()) // one server: every call reads shard 0's
 	_, err := s.Allow(ctx, "k", 1)
