@@ -196,7 +196,10 @@ local version, mode, decide, all, expiry, pending
 local tm1, tm2, nowSec, nowNs, nowMs, nowS, now
 local history, out, deleted
 local memo, memoOn -- mode "a": the fast-path buckets the call holds, by key and in order; whether it holds them
-local sCap, sArg, sRate, sBands, sN, sP, sLeast, sCapN, sFast -- the last request's shape arguments, parsed
+local NOMEMO = {} -- memo of a call without "m": never written
+-- The last shape's arguments, parsed (kept from call to call: each is a
+-- function of the two strings alone)
+local sCap, sArg, sRate, sBands, sN, sP, sLeast, sCapN, sFast
 local KEYS2, KEYS3
 local call
 
@@ -211,12 +214,12 @@ local function instant()
   now = big(nowS)
 end
 
--- reply builds the answer without unpack, which a long chunk would overflow.
+-- reply is the answer: out, whose first four slots the call left for
+-- its head.
 local function reply(status, done, behind)
-  local r = { status, version, done, deleted }
-  if behind then r[#r + 1] = behind end
-  for k = 1, #out do r[#r + 1] = out[k] end
-  return r
+  out[1], out[2], out[3], out[4] = status, version, done, deleted
+  if behind then table.insert(out, 5, behind) end
+  return out
 end
 
 local tod, div, shapeOf, fullOf, refill, carry, splitChain, entry, bring
@@ -536,8 +539,8 @@ function call(KEYS, ARGV)
   decide = mode == 'a' or all
   KEYS2, KEYS3 = KEYS[2], KEYS[3]
   pending, history, shapes, nowS, now = nil, nil, nil, nil, nil
-  sCap, sArg = nil, nil
-  out, deleted, memo = {}, 0, {}
+  out, deleted = { 0, 0, 0, 0 }, 0 -- the results follow the reply's head (see reply)
+  memo = memoOn and {} or NOMEMO
   version = redis.call('HGET', KEYS[1], 'v')
   if not version then return { 'nopolicy' } end
   if version ~= ARGV[2] then return { 'stale', version } end
@@ -561,7 +564,7 @@ function call(KEYS, ARGV)
   end
   if nowS then now = big(nowS) end
 
-  local held, refused = {}, false -- mode "A": the writes an admission makes; whether it is refused
+  local held, refused = all and {}, false -- mode "A": the writes an admission makes; whether it is refused
   local tagCap, tagRate, tag -- the last fast-path limit, and its tag
   local n = #KEYS - 3
   -- Distinct keys (no "m"): every bucket is read once, all in one MGET.
@@ -722,7 +725,7 @@ function call(KEYS, ARGV)
           lv, t = bring(us, ts, v, c, r, rest, sh, chain)
           if not lv then
             if all then
-              out = {} -- nothing is written before every bucket is decided
+              out = { 0, 0, 0, 0 } -- nothing is written before every bucket is decided
               return reply('chain', 0, t)
             end
             flushAll()
