@@ -41,19 +41,18 @@
 // store sends its scripts as commands go-redis does not retry, and answers
 // a lost reply by the failure rule below.
 //
-// Concurrent single Allows are merged into shared script calls, with no
-// goroutine of the store's. They queue per destination: on a cluster per
-// virtual shard, so that a combined call touches one master and a slow
-// master holds up only its own shards' calls; on one server in one queue.
-// A caller that finds no request waiting in its queue and fewer than two
-// of its calls in flight sends its own at once, so an idle store adds no
-// latency; one that finds two waits, and when a call returns its caller
-// hands every waiting request (up to ChunkSize) to one of theirs, which
-// sends them as one call. A caller waits only until its own deadline: one
-// whose deadline passes first gets the failure rule below (a request not
-// yet sent is then not sent), and one whose context is canceled returns
-// its error, except the one sending the call, which waits for its answer
-// (at most until its deadline) so as not to cut the call short for the
+// Concurrent single Allows are merged into shared script calls. They
+// queue per destination: on a cluster per virtual shard, so that a
+// combined call touches one master and a slow master holds up only its own
+// shards' calls; on one server in one queue. A caller that finds no
+// request waiting in its queue and fewer than two of its calls in flight
+// sends its own at once, so an idle store adds no latency; one that finds
+// two waits, and when a call returns with requests waiting, a goroutine
+// takes its place in flight and sends them, up to ChunkSize per call,
+// until none is left, then exits. A caller waits only until its own
+// deadline: one whose deadline passes first gets the failure rule below (a
+// request not yet sent is then not sent), and one whose context is
+// canceled returns its error; neither cuts a shared call short for the
 // others. Each request is answered and counted in Stats once: by Redis's
 // answer if the call returns before its caller gives up, else by the
 // failure rule.

@@ -110,7 +110,9 @@ type Stats struct {
 
 // Store is an engine.Admitter whose buckets live in Redis, so that every
 // process using the same prefix shares one quota per key. It is safe for
-// concurrent use and starts no goroutines.
+// concurrent use. The only goroutines it starts send single Allows that
+// queued behind others, and each exits once none is left: none outlives
+// the calls of its callers.
 type Store struct {
 	rdb         redis.UniversalClient
 	cluster     *redis.ClusterClient // rdb, on Redis Cluster; nil for one server
