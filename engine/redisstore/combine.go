@@ -40,6 +40,7 @@ type waiter struct {
 	deadline time.Time       // parent's, or the store's Timeout from the call, if sooner
 	wake     chan struct{}   // one token: answered
 	timer    *time.Timer     // fires at deadline
+	report   error           // set when answered: the call's error, for this caller to pass to OnError
 
 	state waitState // guarded by the combiner's mu
 }
@@ -81,21 +82,7 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 	if c.inFlight < maxInFlight && len(c.queue) == 0 {
 		c.inFlight++
 		c.mu.Unlock()
-		bctx, cancel := s.bound(ctx)
-		var out engine.Result
-		items := []item{{out: &out, key: key, cost: cost}}
-		if s.hook != nil {
-			s.hook(hookAlone)
-		}
-		err := s.decide(ctx, bctx, items)
-		cancel()
-		c.mu.Lock()
-		s.handOff(c)
-		c.mu.Unlock()
-		if err != nil {
-			return engine.Decision{}, err
-		}
-		return out.Decision, out.Err
+		return s.allowAlone(ctx, c, key, cost)
 	}
 	// A waiter needs no context of its own, only its deadline and a timer:
 	// the call that sends it makes one for all its requests.
@@ -119,8 +106,12 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 		switch {
 		case w.state == answered:
 			// answered, even if its deadline has passed meanwhile: Redis
-			// decided it, and counted it
+			// decided it, and counted it (or the failure rule did, and this
+			// caller reports the call's error)
 			c.mu.Unlock()
+			if w.report != nil && s.onError != nil {
+				s.onError(w.report)
+			}
 			return w.done()
 		case expired || ctx.Err() != nil:
 			if w.state == queued {
@@ -153,11 +144,33 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 	}
 }
 
+// allowAlone decides one request in a call of its own, in a place in
+// flight of c that it hands on however the call ends, even by a panic of
+// OnError, which runs on this goroutine.
+func (s *Store) allowAlone(ctx context.Context, c *combiner, key string, cost int64) (engine.Decision, error) {
+	defer func() {
+		c.mu.Lock()
+		s.handOff(c)
+		c.mu.Unlock()
+	}()
+	bctx, cancel := s.bound(ctx)
+	defer cancel()
+	var out engine.Result
+	items := []item{{out: &out, key: key, cost: cost}}
+	if s.hook != nil {
+		s.hook(hookAlone)
+	}
+	if err := s.decide(ctx, bctx, items); err != nil {
+		return engine.Decision{}, err
+	}
+	return out.Decision, out.Err
+}
+
 // waiters are the waiters of callers that have their answer, for reuse: a
 // single Allow that waits then allocates no channel, timer or context. A
 // waiter is put back only once nothing else holds it: its call has
 // answered it (under the combiner's lock, which it took after the call let
-// it go) or it led the call itself.
+// it go).
 var waiters = sync.Pool{New: func() any {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
@@ -172,7 +185,7 @@ func (w *waiter) done() (engine.Decision, error) {
 	case <-w.wake: // a token left over
 	default:
 	}
-	w.it, w.res, w.parent = item{}, engine.Result{}, nil
+	w.it, w.res, w.parent, w.report = item{}, engine.Result{}, nil, nil
 	waiters.Put(w)
 	return d, err
 }
@@ -252,7 +265,8 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) {
 		s.hook(hookSent)
 	}
 	c.mu.Lock()
-	var live []item // not answered by Redis, and still awaited
+	var live []item   // not answered by Redis, and still awaited
+	var first *waiter // the caller of live[0]
 	n := uint64(0)
 	for i, w := range send {
 		if w.state == abandoned {
@@ -263,13 +277,18 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) {
 		case items[i].counted:
 			n++
 		case !items[i].done:
+			if first == nil {
+				first = w
+			}
 			live = append(live, items[i])
 		}
 	}
 	s.decisions.Add(n)
-	failed := err != nil && len(live) > 0
-	if failed {
+	if err != nil && len(live) > 0 {
 		s.failAnswers(live) // into the waiters' results, before they wake
+		// OnError runs on a caller's goroutine, as for a call of its own,
+		// not on this one, which goes on to the next call
+		first.report = err
 	}
 	for _, w := range send {
 		if w.state == taken {
@@ -278,9 +297,6 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) {
 		}
 	}
 	c.mu.Unlock()
-	if failed && s.onError != nil {
-		s.onError(err)
-	}
 }
 
 // handOff ends a caller's own call, c.mu held: if requests queued behind

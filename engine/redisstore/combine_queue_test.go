@@ -348,3 +348,62 @@ func TestClusterSlowMasterDelaysOnlyItsShards(t *testing.T) {
 	armed.Store(false)
 	require.NotZero(t, s.Stats().Failures, "the slow master's calls got the failure rule")
 }
+
+// TestCombinedOnErrorRunsInACaller: with the server gone, the calls of
+// single Allows fail, and OnError, called once per failed call, runs on a
+// caller's goroutine, where a panic of it can be recovered, also for a
+// combined call, sent by a drainer. However the calls end, their places in
+// flight are handed on: none is left taken.
+func TestCombinedOnErrorRunsInACaller(t *testing.T) {
+	srv := startPrivate(t)
+	var calls, recovered atomic.Int64
+	s := realStores(t, srv.Addr(), 1, redisstore.Config{
+		Policy:  policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1},
+		Timeout: 5 * time.Second,
+		OnError: func(error) {
+			calls.Add(1)
+			panic("OnError")
+		},
+	})[0]
+	_, err := s.Allow(context.Background(), "k", 1)
+	require.NoError(t, err)
+	srv.Kill()
+	release := make(chan struct{})
+	redisstore.SetCombineHook(s, func(point string) {
+		if point == redisstore.HookAlone {
+			<-release
+		}
+	})
+	var wg sync.WaitGroup
+	allow := func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() {
+				if recover() != nil {
+					recovered.Add(1)
+				}
+			}()
+			_, _ = s.Allow(context.Background(), "k", 1)
+		}()
+	}
+	waitFor := func(queued, inFlight int) {
+		require.Eventually(t, func() bool {
+			q, f := redisstore.Queued(s, "k")
+			return q == queued && f == inFlight
+		}, 5*time.Second, time.Millisecond)
+	}
+	allow()
+	allow()
+	waitFor(0, 2)
+	allow()
+	allow()
+	waitFor(2, 2)
+	close(release)
+	wg.Wait()
+	redisstore.SetCombineHook(s, nil)
+	require.GreaterOrEqual(t, calls.Load(), int64(3), "the two alone calls and the combined one failed")
+	require.Equal(t, calls.Load(), recovered.Load(), "every OnError panicked in a caller's goroutine")
+	q, f := redisstore.Queued(s, "k")
+	require.Equal(t, [2]int{0, 0}, [2]int{q, f}, "no place in flight is left taken")
+}

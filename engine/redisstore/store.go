@@ -75,7 +75,8 @@ type Config struct {
 	// deadline; 0 means DefaultTimeout. A decision is one exchange. A pass
 	// over the keyspace (EvictFull, a cutover's) is many, each bounded.
 	Timeout time.Duration
-	// OnError, if set, is called from the calling goroutine with every
+	// OnError, if set, is called from the calling goroutine (for a call
+	// that single Allows shared, from one of theirs) with every
 	// Redis failure that was answered by the fail-open or fail-closed rule,
 	// and with failures a call could not return: the expiry pass after a
 	// published cutover, and releasing the cutover lock. It must not block.
@@ -111,8 +112,8 @@ type Stats struct {
 // Store is an engine.Admitter whose buckets live in Redis, so that every
 // process using the same prefix shares one quota per key. It is safe for
 // concurrent use. The only goroutines it starts send single Allows that
-// queued behind others, and each exits once none is left: none outlives
-// the calls of its callers.
+// queued behind others, and each exits once none is left, at the latest
+// when the last deadline among the requests it holds has passed.
 type Store struct {
 	rdb         redis.UniversalClient
 	cluster     *redis.ClusterClient // rdb, on Redis Cluster; nil for one server
