@@ -432,8 +432,11 @@ end
 -- need an expiry no later than the one it has, keep it (KEEPTTL: Redis
 -- then leaves its expiry as it is). x is the expiry read with the bucket
 -- (nil if none is recorded): the key expires at x or never, as only put
--- sets an expiry, and a cutover's pass that clears expiries is followed by
--- one that rewrites every bucket in mode "c", which always sets its own.
+-- sets an expiry and a cutover's pass only clears them. A pass that clears
+-- them is followed by one that rewrites every bucket in mode "c", which
+-- always sets its own; a bucket cleared by a cutover that stopped between
+-- the two keeps no expiry until a write needs a later one than x, or a
+-- store finishes the cutover (memory, never tokens).
 local function put(key, val, ttf, lastMs, x, T, F, ls, lns, tag)
   if expiry and pending == nil then pending = redis.call('EXISTS', KEYS3) == 1 end
   local at, slack -- the expiry the time-to-full needs, ms; its slack
@@ -589,7 +592,7 @@ function call(KEYS, ARGV)
     -- The shape's arguments parsed: most calls hold one shape, so they are
     -- parsed again only when they differ from the last request's.
     if cap ~= sCap or rate ~= sArg then
-      sCap, sArg = cap, rate
+      sCap = nil -- until the parse is whole (a call cut short leaves none half done)
       -- One band of N per P: the double fast path may apply.
       sBands, sN, sP = '', tonumber(rate), 1e9
       sRate = rate
@@ -609,6 +612,7 @@ function call(KEYS, ARGV)
       end
       sCapN = sBands == '' and sN and #cap <= 16 and tonumber(cap)
       sFast = sCapN and sCapN <= P52 and sN * sP < P52
+      sCap, sArg = cap, rate
     end
     local bands, nN, pN, least, rate = sBands, sN, sP, sLeast, sRate
     if decide and (#cost > #least or (#cost == #least and cost > least)) then -- cost > least

@@ -165,9 +165,12 @@
 // one slot: it works, nothing spreads. No store's prefix may begin with
 // another's. A bucket of a key whose limit the fast path takes is written
 // compact, by either path (so a bucket the general path brings through a
-// cutover is on the fast path again at its next call): the byte 1, then
-// its whole tokens, the fraction in units and the last update's seconds
-// and ns as four little-endian doubles, then "version capacity rate" as
+// cutover is on the fast path again at its next call): the byte 2, then
+// its whole tokens and the fraction in units as two little-endian doubles,
+// the last update's seconds and ns and the expiry it was given (in ms after
+// that update) as three little-endian 32-bit unsigned integers, then
+// "version capacity rate" as text; or, written without an expiry, the byte
+// 1, the tokens, fraction, seconds and ns as four doubles, then the same
 // text. Any other bucket is a string of decimals: "units last version
 // capacity rate" for its primary band, the rate "N" for N per second or
 // "N/P" for N per P ns, then the units of each further band (up to 39
@@ -276,8 +279,11 @@
 // A store that reads only decimal buckets (one built before the compact
 // format) fails its script call on a compact bucket, which its failure
 // rule answers (fail closed, by default): it never reads one as full, nor
-// admits or deletes on it. Do not mix such stores with this one on a
-// prefix either. This store reads decimal buckets, so a bucket written by
+// admits or deletes on it. Likewise a store that reads only the compact
+// format of the byte 1 fails on a bucket of the byte 2, which this one
+// writes for every bucket with an expiry: a rolling upgrade answers by
+// the failure rule, in the older stores, every key a newer one has
+// written. Do not mix such stores with this one on a prefix either. This store reads decimal buckets, so a bucket written by
 // its general path (a limit with bands, or beyond the fast path's), or by a
 // store of the same layout that predates the compact format, keeps its
 // balance.
