@@ -237,8 +237,8 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) {
 	// Callers that gave up since the batch was taken have their answer:
 	// sending them would only spend their tokens.
 	c.mu.Lock()
-	var send []*waiter
-	var last *waiter // the latest deadline
+	send := batch[:0] // the drainer's own slice
+	var last *waiter  // the latest deadline
 	for _, w := range batch {
 		if w.state == abandoned {
 			continue
