@@ -105,6 +105,12 @@
 -- decimal per band of the shape joined by " ", and ""; for 2, "" and "".
 -- In "A" it is the balance an admission leaves, written or not.
 
+-- The library functions of every request's path, read once into upvalues:
+-- in a FUNCTION library a global is looked up through the library's own
+-- environment, which takes about twice as long as reading an upvalue. A
+-- library's load cannot read them, so the first call sets them.
+local floor, mmax, rcall, byte, find, format, pack, unpackS, tonum
+
 local B = 10000000
 
 local function norm(n)
@@ -117,15 +123,15 @@ local function big(s)
   while i > 0 do
     local j = i - 6
     if j < 1 then j = 1 end
-    n[#n + 1] = tonumber(string.sub(s, j, i))
+    n[#n + 1] = tonum(string.sub(s, j, i))
     i = j - 1
   end
   return norm(n)
 end
 
 local function str(n)
-  local p = { string.format('%d', n[#n]) }
-  for i = #n - 1, 1, -1 do p[#p + 1] = string.format('%07d', n[i]) end
+  local p = { format('%d', n[#n]) }
+  for i = #n - 1, 1, -1 do p[#p + 1] = format('%07d', n[i]) end
   return table.concat(p)
 end
 
@@ -139,7 +145,7 @@ end
 
 local function add(a, b)
   local r, c = {}, 0
-  for i = 1, math.max(#a, #b) do
+  for i = 1, mmax(#a, #b) do
     local s = (a[i] or 0) + (b[i] or 0) + c
     if s >= B then r[i], c = s - B, 1 else r[i], c = s, 0 end
   end
@@ -164,7 +170,7 @@ local function mul(a, b)
     local c, ai = 0, a[i]
     for j = 1, #b do
       local s = r[i + j - 1] + ai * b[j] + c -- at most B^2 - 1 < 2^53
-      c = math.floor(s / B)
+      c = floor(s / B)
       local lo = s - c * B
       if lo < 0 then c, lo = c - 1, lo + B elseif lo >= B then c, lo = c + 1, lo - B end
       r[i + j - 1] = lo
@@ -179,15 +185,15 @@ local P52 = 4503599627370496 -- 2^52
 -- msOf is an instant in ns (a decimal string) in whole ms.
 local function msOf(s)
   if #s <= 6 then return 0 end
-  return tonumber(string.sub(s, 1, -7))
+  return tonum(string.sub(s, 1, -7))
 end
 
 -- split reads an instant in ns as whole seconds and the ns within the
 -- second, each exact as a double.
 local function split(s)
   local n = #s
-  if n <= 9 then return 0, tonumber(s) end
-  return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
+  if n <= 9 then return 0, tonum(s) end
+  return tonum(string.sub(s, 1, n - 9)), tonum(string.sub(s, n - 8))
 end
 
 
@@ -207,9 +213,9 @@ local call
 local function instant()
   if nowS then return end
   if nowSec == 0 then
-    nowS = string.format('%.0f', nowNs)
+    nowS = format('%.0f', nowNs)
   else
-    nowS = string.format('%.0f', nowSec) .. string.format('%09.0f', nowNs)
+    nowS = format('%.0f', nowSec) .. format('%09.0f', nowNs)
   end
   now = big(nowS)
 end
@@ -245,7 +251,7 @@ local function general()
       table.insert(r, 1, a[i]) -- r = r*B + a[i]
       r = norm(r)
       if cmp(r, b) >= 0 then -- r < b*B, so the limb is in [1, B)
-        local d = math.floor(tod(r) / tod(b))
+        local d = floor(tod(r) / tod(b))
         if d >= B then d = B - 1 elseif d < 1 then d = 1 end
         local m = mul(b, { d })
         while cmp(m, r) > 0 do d, m = d - 1, sub(m, b) end
@@ -270,7 +276,7 @@ local function general()
     local n, p = string.match(rate, '^(%d+)/(%d+)$')
     if not n then n, p = rate, '1000000000' end
     local pb = big(p)
-    return { name = name, cap = cap, p = p, pb = pb, n = big(n), nD = tonumber(n), full = mul(big(cap), pb) }
+    return { name = name, cap = cap, p = p, pb = pb, n = big(n), nD = tonum(n), full = mul(big(cap), pb) }
   end
 
   function shapeOf(cap, rate, bands)
@@ -365,7 +371,7 @@ local function general()
     for u in string.gmatch(rest, '%d+') do lv[#lv + 1] = big(u) end
     local cur, from = sh, nil
     if v ~= version then
-      history = history or redis.call('LRANGE', KEYS2, 0, -1)
+      history = history or rcall('LRANGE', KEYS2, 0, -1)
       local at
       for h = 1, #history do
         if string.match(history[h], '^(%d+) ') == v then at = h break end
@@ -438,11 +444,11 @@ end
 -- the two keeps no expiry until a write needs a later one than x, or a
 -- store finishes the cutover (memory, never tokens).
 local function put(key, val, ttf, lastMs, x, T, F, ls, lns, tag)
-  if expiry and pending == nil then pending = redis.call('EXISTS', KEYS3) == 1 end
+  if expiry and pending == nil then pending = rcall('EXISTS', KEYS3) == 1 end
   local at, slack -- the expiry the time-to-full needs, ms; its slack
   if expiry and not pending then
     if ttf == 0 then
-      at, slack = math.max(nowMs, lastMs) + 1, 0
+      at, slack = mmax(nowMs, lastMs) + 1, 0
     else
       local ms = ttf / 1e6 -- time-to-full in ms, approximately
       if ms <= 1e15 then -- over 30,000 years: never expires
@@ -451,29 +457,29 @@ local function put(key, val, ttf, lastMs, x, T, F, ls, lns, tag)
         -- The time-to-full is counted from the bucket's last update, which
         -- a pass judging at an earlier instant, a cutover replayed past it
         -- or a server clock that stepped back leaves after nowMs.
-        at, slack = math.max(nowMs, lastMs) + math.floor(ms * (1 + 1e-12)) + 2, math.floor(ms / 16)
+        at, slack = mmax(nowMs, lastMs) + floor(ms * (1 + 1e-12)) + 2, floor(ms / 16)
       end
     end
   end
   if not at then
     -- no expiry: tests, a cutover in preparation, or never full
-    redis.call('SET', key, val or struct.pack('<Bddddc0', 1, T, F, ls, lns, tag))
+    rcall('SET', key, val or pack('<Bddddc0', 1, T, F, ls, lns, tag))
     return
   elseif val then
-    redis.call('SET', key, val, 'PXAT', string.format('%d', at))
+    rcall('SET', key, val, 'PXAT', format('%d', at))
     return
   end
-  local base = ls * 1000 + math.floor(lns / 1e6) -- the last update in ms, as fastOf counts it
+  local base = ls * 1000 + floor(lns / 1e6) -- the last update in ms, as fastOf counts it
   if x and x >= at and mode ~= 'c' and ls < 4294967296 then
-    redis.call('SET', key, struct.pack('<BddIIIc0', 2, T, F, ls, lns, x - base, tag), 'KEEPTTL')
+    rcall('SET', key, pack('<BddIIIc0', 2, T, F, ls, lns, x - base, tag), 'KEEPTTL')
     return
   end
   x = at + slack
   if ls < 4294967296 and x - base < 4294967296 then
-    redis.call('SET', key, struct.pack('<BddIIIc0', 2, T, F, ls, lns, x - base, tag), 'PXAT', string.format('%d', x))
+    rcall('SET', key, pack('<BddIIIc0', 2, T, F, ls, lns, x - base, tag), 'PXAT', format('%d', x))
   else
     -- past the year 2106, or due in more than 49 days: not recorded
-    redis.call('SET', key, struct.pack('<Bddddc0', 1, T, F, ls, lns, tag), 'PXAT', string.format('%d', at))
+    rcall('SET', key, pack('<Bddddc0', 1, T, F, ls, lns, tag), 'PXAT', format('%d', at))
   end
 end
 
@@ -481,18 +487,18 @@ end
 -- last, version, cap, rate (P from the bucket's own rate).
 local function decimalOf(raw)
   local t, f, ls, lns, at
-  if string.byte(raw, 1) == 2 then
-    t, f, ls, lns = struct.unpack('<ddII', raw, 2)
+  if byte(raw, 1) == 2 then
+    t, f, ls, lns = unpackS('<ddII', raw, 2)
     at = 30
   else
-    t, f, ls, lns = struct.unpack('<dddd', raw, 2)
+    t, f, ls, lns = unpackS('<dddd', raw, 2)
     at = 34
   end
   local v, c, r = string.match(string.sub(raw, at), '^(%d+) (%d+) (%S+)$')
   local p = string.match(r or '', '/(%d+)$') or '1000000000'
-  local us = str(add(mul(big(string.format('%.0f', t)), big(p)), big(string.format('%.0f', f))))
+  local us = str(add(mul(big(format('%.0f', t)), big(p)), big(format('%.0f', f))))
   local ts
-  if ls == 0 then ts = string.format('%.0f', lns) else ts = string.format('%.0f', ls) .. string.format('%09.0f', lns) end
+  if ls == 0 then ts = format('%.0f', lns) else ts = format('%.0f', ls) .. format('%09.0f', lns) end
   return us, ts, v, c, r
 end
 
@@ -502,20 +508,20 @@ local P53 = 9007199254740992 -- 2^53
 -- T, F, the last update's seconds and ns, and its recorded expiry (ms) or
 -- nil.
 local function fastOf(raw, tag, pN)
-  local mark = string.byte(raw, 1)
+  local mark = byte(raw, 1)
   if mark == 2 then
-    if #raw ~= 29 + #tag or string.find(raw, tag, 30, true) ~= 30 then return nil end
-    local t, f, ls, lns, d = struct.unpack('<ddIII', raw, 2)
-    return t, f, ls, lns, ls * 1000 + math.floor(lns / 1e6) + d
+    if #raw ~= 29 + #tag or find(raw, tag, 30, true) ~= 30 then return nil end
+    local t, f, ls, lns, d = unpackS('<ddIII', raw, 2)
+    return t, f, ls, lns, ls * 1000 + floor(lns / 1e6) + d
   elseif mark == 1 then
-    if #raw ~= 33 + #tag or string.find(raw, tag, 34, true) ~= 34 then return nil end
-    local t, f, ls, lns = struct.unpack('<dddd', raw, 2)
+    if #raw ~= 33 + #tag or find(raw, tag, 34, true) ~= 34 then return nil end
+    local t, f, ls, lns = unpackS('<dddd', raw, 2)
     return t, f, ls, lns
   end
   local us, ts, v, c, r = string.match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)$')
   if not us or #us > 15 or v .. ' ' .. c .. ' ' .. r ~= tag then return nil end
-  local u = tonumber(us)
-  local t = math.floor(u / pN)
+  local u = tonum(us)
+  local t = floor(u / pN)
   local f = u - t * pN
   if f < 0 then t, f = t - 1, f + pN elseif f >= pN then t, f = t + 1, f - pN end
   local ls, lns = split(ts)
@@ -537,22 +543,26 @@ local function flushAll()
 end
 
 function call(KEYS, ARGV)
-  mode, expiry, memoOn = ARGV[1], string.byte(ARGV[4], 1) == 49, #ARGV[4] > 1 -- "1..."; "..m"
+  if not rcall then
+    floor, mmax, rcall, byte, find, format = math.floor, math.max, redis.call, string.byte, string.find, string.format
+    pack, unpackS, tonum = struct.pack, struct.unpack, tonumber
+  end
+  mode, expiry, memoOn = ARGV[1], byte(ARGV[4], 1) == 49, #ARGV[4] > 1 -- "1..."; "..m"
   all = mode == 'A' -- all or nothing: writes wait for every decision
   decide = mode == 'a' or all
   KEYS2, KEYS3 = KEYS[2], KEYS[3]
   pending, history, shapes, nowS, now = nil, nil, nil, nil, nil
   out, deleted = { 0, 0, 0, 0 }, 0 -- the results follow the reply's head (see reply)
   memo = memoOn and {} or NOMEMO
-  version = redis.call('HGET', KEYS[1], 'v')
+  version = rcall('HGET', KEYS[1], 'v')
   if not version then return { 'nopolicy' } end
   if version ~= ARGV[2] then return { 'stale', version } end
 
   local at = ARGV[3]
   if at == '' or expiry then
-    local tm = redis.call('TIME')
-    nowSec, nowNs = tonumber(tm[1]), tonumber(tm[2]) * 1000
-    nowMs = nowSec * 1000 + math.floor(nowNs / 1e6)
+    local tm = rcall('TIME')
+    nowSec, nowNs = tonum(tm[1]), tonum(tm[2]) * 1000
+    nowMs = nowSec * 1000 + floor(nowNs / 1e6)
     if at ~= '' then
       local s, n = split(at)
       if s < nowSec or (s == nowSec and n < nowNs) then
@@ -571,9 +581,9 @@ function call(KEYS, ARGV)
   local tagCap, tagRate, tag -- the last fast-path limit, and its tag
   local n = #KEYS - 3
   -- Distinct keys (no "m"): every bucket is read once, all in one MGET.
-  local pre = n > 1 and not memoOn and redis.call('MGET', unpack(KEYS, 4))
+  local pre = n > 1 and not memoOn and rcall('MGET', unpack(KEYS, 4))
   -- ARGV[5] words per bucket, ARGV[6] shapes, then each shape's two
-  local per, base = ARGV[5], 6 + 2 * tonumber(ARGV[6])
+  local per, base = ARGV[5], 6 + 2 * tonum(ARGV[6])
   local ref, cap, rate, chain = nil, ARGV[7], ARGV[8], ''
   for i = 1, n do
     local key, cost = KEYS[3 + i], nil
@@ -584,8 +594,8 @@ function call(KEYS, ARGV)
       local r = ARGV[base + 2 * i]
       if r ~= ref then
         ref = r
-        local j = string.find(r, ';', 1, true)
-        local k = tonumber(j and string.sub(r, 1, j - 1) or r)
+        local j = find(r, ';', 1, true)
+        local k = tonum(j and string.sub(r, 1, j - 1) or r)
         cap, rate, chain = ARGV[5 + 2 * k], ARGV[6 + 2 * k], j and string.sub(r, j + 1) or ''
       end
     end
@@ -594,7 +604,7 @@ function call(KEYS, ARGV)
     if cap ~= sCap or rate ~= sArg then
       sCap = nil -- until the parse is whole (a call cut short leaves none half done)
       -- One band of N per P: the double fast path may apply.
-      sBands, sN, sP = '', tonumber(rate), 1e9
+      sBands, sN, sP = '', tonum(rate), 1e9
       sRate = rate
       if not sN then
         local r, bs = string.match(rate, '^(%S+) (%S+)$')
@@ -602,7 +612,7 @@ function call(KEYS, ARGV)
           sRate, sBands = r, bs
         else
           local ns, ps = string.match(rate, '^(%d+)/(%d+)$')
-          if ps and #ps <= 16 then sN, sP = tonumber(ns), tonumber(ps) end
+          if ps and #ps <= 16 then sN, sP = tonum(ns), tonum(ps) end
         end
       end
       sLeast = cap -- the smallest capacity of the shape's bands
@@ -610,7 +620,7 @@ function call(KEYS, ARGV)
         general()
         sLeast = shapeOf(cap, sRate, sBands).min
       end
-      sCapN = sBands == '' and sN and #cap <= 16 and tonumber(cap)
+      sCapN = sBands == '' and sN and #cap <= 16 and tonum(cap)
       sFast = sCapN and sCapN <= P52 and sN * sP < P52
       sCap, sArg = cap, rate
     end
@@ -631,7 +641,7 @@ function call(KEYS, ARGV)
       if m then
         raw, T, F, ls, lns, X = m.raw, m[1], m[2], m[3], m[4], m.x
       else
-        if pre then raw = pre[i] else raw = redis.call('GET', key) end
+        if pre then raw = pre[i] else raw = rcall('GET', key) end
         raw = raw or nil -- GET gives false for none
       end
       if fast and not m then
@@ -657,7 +667,7 @@ function call(KEYS, ARGV)
             if dn < 0 then q, r = ds - 1, dn + 1e9 else q, r = ds, dn end
           else
             local e = ds * 1e9 + dn -- below 2^53
-            q = math.floor(e / pN)
+            q = floor(e / pN)
             r = e - q * pN
             if r < 0 then q, r = q - 1, r + pN elseif r >= pN then q, r = q + 1, r - pN end
           end
@@ -666,7 +676,7 @@ function call(KEYS, ARGV)
             T, F = capN, 0
           else
             local u = r * nN + F -- below P*N + P < 2^53
-            local c = math.floor(u / pN)
+            local c = floor(u / pN)
             local f = u - c * pN
             if f < 0 then c, f = c - 1, f + pN elseif f >= pN then c, f = c + 1, f - pN end
             T = T + g + c
@@ -675,7 +685,7 @@ function call(KEYS, ARGV)
           ls, lns = nowSec, nowNs
         end
         if decide then
-          local cN = tonumber(cost)
+          local cN = tonum(cost)
           if T >= cN then
             T, code = T - cN, 1
           else
@@ -683,11 +693,11 @@ function call(KEYS, ARGV)
             write = false -- a denial changes nothing: the refill is implied
           end
         elseif mode == 'r' and raw then
-          T = T + tonumber(cost) -- above 2^53 only if over the capacity
+          T = T + tonum(cost) -- above 2^53 only if over the capacity
           if T >= capN then T, F = capN, 0 end
         end
         if T == capN then ttf = 0 else ttf = ((capN - T) * pN - F) / nN end
-        lastMs = ls * 1000 + math.floor(lns / 1e6)
+        lastMs = ls * 1000 + floor(lns / 1e6)
         if decide then
           local k = #out
           out[k + 1], out[k + 2], out[k + 3] = code, T, F
@@ -718,7 +728,7 @@ function call(KEYS, ARGV)
         local lv, t
         if raw then
           local us, ts, v, c, r, rest
-          if string.byte(raw, 1) <= 2 then -- compact
+          if byte(raw, 1) <= 2 then -- compact
             us, ts, v, c, r = decimalOf(raw)
             rest = ''
           else
@@ -780,7 +790,7 @@ function call(KEYS, ARGV)
           -- units = T*P + F exactly, T <= cap <= 2^52 and F < P < 2^52.
           local u = p[1]
           if pN == 1e9 then
-            if #u > 9 then cT, cF = tonumber(string.sub(u, 1, -10)), tonumber(string.sub(u, -9)) else cT, cF = 0, tonumber(u) end
+            if #u > 9 then cT, cF = tonum(string.sub(u, 1, -10)), tonum(string.sub(u, -9)) else cT, cF = 0, tonum(u) end
           else
             local q = div(lv[1], sh[1].pb)
             cT, cF = tod(q), tod(sub(lv[1], mul(q, sh[1].pb)))
@@ -814,7 +824,7 @@ function call(KEYS, ARGV)
         if code ~= 1 then refused = true end
         if write and not refused then held[#held + 1] = { key, val, ttf, lastMs, X, cT, cF, cS, cN, tag } end
       elseif del then
-        redis.call('DEL', key)
+        rcall('DEL', key)
       elseif write then
         put(key, val, ttf, lastMs, X, cT, cF, cS, cN, tag)
       end
