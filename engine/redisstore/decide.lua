@@ -431,8 +431,9 @@ local function general()
 end
 
 -- put writes a bucket: its value val or, for a compact bucket (val nil),
--- its fields T, F, ls, lns under limit tag; last updated at lastMs (ms),
--- with its expiry at its time-to-full ttf (ns, a double) from then. A
+-- its fields T, F, ls, lns under limit tag; last updated at lastMs (ms: for
+-- a compact bucket ls*1000 + floor(lns/1e6), as fastOf counts it), with its
+-- expiry at its time-to-full ttf (ns, a double) from then. A
 -- compact bucket with an expiry records it (x, ms) and gets a slack of a
 -- sixteenth of its time-to-full, so that the writes that follow, which
 -- need an expiry no later than the one it has, keep it (KEEPTTL: Redis
@@ -445,19 +446,19 @@ end
 -- store finishes the cutover (memory, never tokens).
 local function put(key, val, ttf, lastMs, x, T, F, ls, lns, tag)
   if expiry and pending == nil then pending = rcall('EXISTS', KEYS3) == 1 end
-  local at, slack -- the expiry the time-to-full needs, ms; its slack
+  local at, ms -- the expiry the time-to-full needs, and the time-to-full, in ms
   if expiry and not pending then
     if ttf == 0 then
-      at, slack = mmax(nowMs, lastMs) + 1, 0
+      at, ms = mmax(nowMs, lastMs) + 1, 0
     else
-      local ms = ttf / 1e6 -- time-to-full in ms, approximately
+      ms = ttf / 1e6 -- approximately
       if ms <= 1e15 then -- over 30,000 years: never expires
         -- relative error of ms is far below 1e-12; +2 covers the ms
         -- rounding of the instant and of the expiry
         -- The time-to-full is counted from the bucket's last update, which
         -- a pass judging at an earlier instant, a cutover replayed past it
         -- or a server clock that stepped back leaves after nowMs.
-        at, slack = mmax(nowMs, lastMs) + floor(ms * (1 + 1e-12)) + 2, floor(ms / 16)
+        at = mmax(nowMs, lastMs) + floor(ms * (1 + 1e-12)) + 2
       end
     end
   end
@@ -469,14 +470,13 @@ local function put(key, val, ttf, lastMs, x, T, F, ls, lns, tag)
     rcall('SET', key, val, 'PXAT', format('%d', at))
     return
   end
-  local base = ls * 1000 + floor(lns / 1e6) -- the last update in ms, as fastOf counts it
   if x and x >= at and mode ~= 'c' and ls < 4294967296 then
-    rcall('SET', key, pack('<BddIIIc0', 2, T, F, ls, lns, x - base, tag), 'KEEPTTL')
+    rcall('SET', key, pack('<BddIIIc0', 2, T, F, ls, lns, x - lastMs, tag), 'KEEPTTL')
     return
   end
-  x = at + slack
-  if ls < 4294967296 and x - base < 4294967296 then
-    rcall('SET', key, pack('<BddIIIc0', 2, T, F, ls, lns, x - base, tag), 'PXAT', format('%d', x))
+  x = at + floor(ms / 16) -- the slack
+  if ls < 4294967296 and x - lastMs < 4294967296 then
+    rcall('SET', key, pack('<BddIIIc0', 2, T, F, ls, lns, x - lastMs, tag), 'PXAT', format('%d', x))
   else
     -- past the year 2106, or due in more than 49 days: not recorded
     rcall('SET', key, pack('<Bddddc0', 1, T, F, ls, lns, tag), 'PXAT', format('%d', at))
@@ -573,12 +573,15 @@ function call(KEYS, ARGV)
     end
   else
     nowSec, nowNs = split(at)
+    nowMs = msOf(at)
     nowS = at
   end
   if nowS then now = big(nowS) end
 
   local held, refused = all and {}, false -- mode "A": the writes an admission makes; whether it is refused
   local tagCap, tagRate, tag -- the last fast-path limit, and its tag
+  local lastCost, lastN -- the last cost met, and as a number (most calls have one)
+  local no = 4 -- how many slots of out are taken
   local n = #KEYS - 3
   -- Distinct keys (no "m"): every bucket is read once, all in one MGET.
   local pre = n > 1 and not memoOn and rcall('MGET', unpack(KEYS, 4))
@@ -626,13 +629,12 @@ function call(KEYS, ARGV)
     end
     local bands, nN, pN, least, rate = sBands, sN, sP, sLeast, sRate
     if decide and (#cost > #least or (#cost == #least and cost > least)) then -- cost > least
-      out[#out + 1] = 2
-      out[#out + 1] = ''
-      out[#out + 1] = ''
+      out[no + 1], out[no + 2], out[no + 3] = 2, '', ''
+      no = no + 3
       refused = true
     else
       local capN, fast = sCapN, sFast
-      local m = memo[key]
+      local m = memoOn and memo[key] or nil
       if m and not (fast and m.tag == tag and cap == tagCap and rate == tagRate) then
         flush(m) -- a bucket this call holds, met off the fast path: write it first
         m = nil
@@ -685,7 +687,8 @@ function call(KEYS, ARGV)
           ls, lns = nowSec, nowNs
         end
         if decide then
-          local cN = tonum(cost)
+          if cost ~= lastCost then lastCost, lastN = cost, tonum(cost) end
+          local cN = lastN
           if T >= cN then
             T, code = T - cN, 1
           else
@@ -697,13 +700,17 @@ function call(KEYS, ARGV)
           if T >= capN then T, F = capN, 0 end
         end
         if T == capN then ttf = 0 else ttf = ((capN - T) * pN - F) / nN end
-        lastMs = ls * 1000 + floor(lns / 1e6)
+        if ls == nowSec and lns == nowNs then
+          lastMs = nowMs -- brought up to now, as most are
+        else
+          lastMs = ls * 1000 + floor(lns / 1e6)
+        end
         if decide then
-          local k = #out
-          out[k + 1], out[k + 2], out[k + 3] = code, T, F
+          out[no + 1], out[no + 2], out[no + 3] = code, T, F
+          no = no + 3
         elseif mode == 'p' or mode == 'r' then
-          local k = #out
-          out[k + 1], out[k + 2], out[k + 3] = raw and 1 or 0, T, F
+          out[no + 1], out[no + 2], out[no + 3] = raw and 1 or 0, T, F
+          no = no + 3
         end
         if mode == 'a' and memoOn then
           -- A key met again in this call is read from here, and written
@@ -777,11 +784,11 @@ function call(KEYS, ARGV)
         local xs = ''
         if #p > 1 then xs = ' ' .. table.concat(p, ' ', 2) end
         if decide then
-          local k = #out
-          out[k + 1], out[k + 2], out[k + 3] = code, table.concat(p, ' '), ''
+          out[no + 1], out[no + 2], out[no + 3] = code, table.concat(p, ' '), ''
+          no = no + 3
         elseif mode == 'p' or mode == 'r' then
-          local k = #out
-          out[k + 1], out[k + 2], out[k + 3] = raw and 1 or 0, table.concat(p, ' '), ''
+          out[no + 1], out[no + 2], out[no + 3] = raw and 1 or 0, table.concat(p, ' '), ''
+          no = no + 3
         end
         if fast then
           -- A shape the fast path takes (a bucket brought through a
