@@ -94,13 +94,23 @@
 // How many script calls of single Allows redisstore keeps in flight per
 // destination (maxInFlight in engine/redisstore/combine.go), in interleaved
 // rounds of the 16-goroutine cells of the Redis table, one Redis sharing
-// the 2 cores: 2 calls gave 1.0-1.1x redis_rate's decisions per second on a
-// hot key and 0.93-0.96x on 100,000 keys, with 0.77-0.85x its Redis CPU
-// per decision there; 3 were within noise of 2 (1.10-1.14x, 0.97x) but
-// used 0.84-0.88x the CPU on 100,000 keys, as each call carries fewer
-// requests (3.7 against 5); 4 reached 1.00-1.01x there for 0.87-0.89x the
-// CPU, and 6 were slower for 0.96-0.97x; 1 made calls of 8 requests but
-// was 0.71-0.77x as fast on 100,000 keys. Change the constant and run
+// the 2 cores: 2 calls gave 1.42-1.47x redis_rate's decisions per second
+// on a hot key and 1.23-1.27x on 100,000 keys, with 0.60x its Redis CPU
+// per decision there; 3 were within noise of 2 (1.37-1.42x, 1.25-1.29x)
+// for 0.65-0.66x the CPU, as each call carries fewer requests (5.2 against
+// 7.5). Before drainers yielded (below), 4 reached 1.00-1.01x on 100,000
+// keys for 0.87-0.89x the CPU, 6 were slower, and 1 made calls of 8
+// requests but was 0.71-0.77x as fast there.
+//
+// A drainer yielding to the callers it has just answered before it takes
+// its next batch (drain in the same file): without the yield the callers
+// ran only after the next call had left, and at 16 goroutines calls
+// carried 4.9-5.1 requests, nearly half of the calls a caller's lone
+// request; with it, 7.5-7.6. In interleaved rounds like those above,
+// without it: 1.07-1.08x on the hot key and 0.96-1.00x on 100,000 keys;
+// with runtime.Gosched in place of the yield on the processor's own run
+// queue (what -tags purego builds), 1.25-1.32x and 1.12-1.15x; as built,
+// 1.33-1.43x and 1.13-1.28x. Change the code and run
 //
 //	go run ./bench -redis ADDR -parts redis
 package main

@@ -49,9 +49,11 @@
 // sends its own at once, so an idle store adds no latency; one that finds
 // two waits, and when a call returns with requests waiting, a goroutine
 // takes its place in flight and sends them, up to ChunkSize per call,
-// until none is left, then exits. A caller waits only until its own
-// deadline: one whose deadline passes first gets the failure rule below (a
-// request not yet sent is then not sent), and one whose context is
+// until none is left, then exits. Before each call it lets the callers
+// its last call answered run first, so that those that call again at once
+// go in it rather than in the call after. A caller waits only until its
+// own deadline: one whose deadline passes first gets the failure rule
+// below (a request not yet sent is then not sent), and one whose context is
 // canceled returns its error; neither cuts a shared call short for the
 // others. Each request is answered and counted in Stats once: by Redis's
 // answer if the call returns before its caller gives up, else by the
@@ -90,8 +92,9 @@
 // which compares above the capacity exactly. The fast path reads the
 // server's TIME as seconds and microseconds without making a decimal of
 // it, and writes nothing on a denial: the bucket it leaves refills to the
-// same balance at the same instant, and its expiry stands. The one rounding is the policy's own: a cutover that changes a
-// band's period moves its balance to the new unit rounding down. A request
+// same balance at the same instant, and its expiry stands. The one
+// rounding is the policy's own: a cutover that changes a band's period
+// moves its balance to the new unit rounding down. A request
 // is decided over every band of its key in the same script call, so it is
 // atomic across bands as it is across keys of a batch. The tests compare
 // the script with math/big on random and extreme values through a real
@@ -245,12 +248,12 @@
 // else by the next ReplacePolicy on the prefix, which runs that pass
 // first. A call or New that finishes such a cutover does not run the pass:
 // until it runs, the buckets not touched since the cutover began keep no
-// expiry (memory, never tokens). One gap remains: if the process that recorded a
-// lengthening cutover dies before any finisher sets the cutover's flag and
-// its own flags expire (after the lock's TTL), the shards not yet
-// prepared write expiries under the old version meanwhile, and a bucket
-// not touched again before that expiry is dropped before it is full under
-// the new one.
+// expiry (memory, never tokens). One gap remains: if the process that
+// recorded a lengthening cutover dies before any finisher sets the
+// cutover's flag and its own flags expire (after the lock's TTL), the
+// shards not yet prepared write expiries under the old version meanwhile,
+// and a bucket not touched again before that expiry is dropped before it
+// is full under the new one.
 //
 // On a cluster a master may lose its data alone (a restart without
 // persistence). Its shards are reinstalled at the version in force, and
@@ -283,7 +286,8 @@
 // format of the byte 1 fails on a bucket of the byte 2, which this one
 // writes for every bucket with an expiry: a rolling upgrade answers by
 // the failure rule, in the older stores, every key a newer one has
-// written. Do not mix such stores with this one on a prefix either. This store reads decimal buckets, so a bucket written by
+// written. Do not mix such stores with this one on a prefix either. This
+// store reads decimal buckets, so a bucket written by
 // its general path (a limit with bands, or beyond the fast path's), or by a
 // store of the same layout that predates the compact format, keeps its
 // balance.
