@@ -404,6 +404,7 @@ func TestCombinedOnErrorRunsInACaller(t *testing.T) {
 	redisstore.SetCombineHook(s, nil)
 	require.GreaterOrEqual(t, calls.Load(), int64(3), "the two alone calls and the combined one failed")
 	require.Equal(t, calls.Load(), recovered.Load(), "every OnError panicked in a caller's goroutine")
-	q, f := redisstore.Queued(s, "k")
-	require.Equal(t, [2]int{0, 0}, [2]int{q, f}, "no place in flight is left taken")
+	// A drainer gives its place up after its callers have their answers
+	// (it yields to them first): no place in flight is left taken.
+	waitFor(0, 0)
 }
