@@ -188,4 +188,9 @@ func TestDiffRedisCommand(t *testing.T) {
 	code = run(context.Background(), []string{"-check", "flood", "-redis", addr}, &buf, &buf)
 	assert.Equal(t, 2, code, "-redis without the differential check")
 	assert.Contains(t, buf.String(), "-redis applies only to the differential check")
+
+	buf.Reset()
+	code = run(context.Background(), []string{"-check", "differential", "-redis", addr + "," + addr}, &buf, &buf)
+	assert.Equal(t, 2, code, "a list of servers given to -redis")
+	assert.Contains(t, buf.String(), "give a cluster's masters to -redis-cluster")
 }

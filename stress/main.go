@@ -147,6 +147,11 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
+	if strings.Contains(o.redis, ",") {
+		err := fmt.Errorf("stress: -redis takes one host:port; give a cluster's masters to -redis-cluster")
+		fmt.Fprintln(stderr, err)
+		return o, err
+	}
 	if (o.redis != "" || o.redisCluster != "") && !slices.Contains(o.checks, "differential") {
 		err := fmt.Errorf("stress: -redis applies only to the differential check, as -redis-cluster does; add -check differential")
 		fmt.Fprintln(stderr, err)
