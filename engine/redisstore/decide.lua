@@ -105,11 +105,18 @@
 -- decimal per band of the shape joined by " ", and ""; for 2, "" and "".
 -- In "A" it is the balance an admission leaves, written or not.
 
--- The library functions of every request's path, read once into upvalues:
--- in a FUNCTION library a global is looked up through the library's own
+-- The library functions of every request's path, as upvalues: in a
+-- FUNCTION library a global is looked up through the library's own
 -- environment, which takes about twice as long as reading an upvalue. A
--- library's load cannot read them, so the first call sets them.
+-- library's load cannot read them, so the library's first call sets them
+-- (bind); a script sent with EVALSHA runs its chunk anew, and sets them,
+-- on every call.
 local floor, mmax, rcall, byte, find, format, pack, unpackS, tonum
+
+local function bind()
+  floor, mmax, rcall, byte, find, format = math.floor, math.max, redis.call, string.byte, string.find, string.format
+  pack, unpackS, tonum = struct.pack, struct.unpack, tonumber
+end
 
 local B = 10000000
 
@@ -199,12 +206,12 @@ end
 
 -- Per-call state: set by decide before any use.
 local version, mode, decide, all, expiry, pending
-local tm1, tm2, nowSec, nowNs, nowMs, nowS, now
+local nowSec, nowNs, nowMs, nowS, now
 local history, out, deleted
 local memo, memoOn -- mode "a": the fast-path buckets the call holds, by key and in order; whether it holds them
 local NOMEMO = {} -- memo of a call without "m": never written
--- The last shape's arguments, parsed (kept from call to call: each is a
--- function of the two strings alone)
+-- The last shape's arguments, parsed (kept from call to call of a FUNCTION
+-- library: each is a function of the two strings alone)
 local sCap, sArg, sRate, sBands, sN, sP, sLeast, sCapN, sFast
 local KEYS2, KEYS3
 local call
@@ -542,11 +549,10 @@ local function flushAll()
   for k = 1, #memo do flush(memo[k]) end
 end
 
+-- call reads 57 upvalues, of the 60 Lua 5.1 allows a function: more
+-- per-call state belongs in a table or in a helper of its own.
 function call(KEYS, ARGV)
-  if not rcall then
-    floor, mmax, rcall, byte, find, format = math.floor, math.max, redis.call, string.byte, string.find, string.format
-    pack, unpackS, tonum = struct.pack, struct.unpack, tonumber
-  end
+  if not rcall then bind() end
   mode, expiry, memoOn = ARGV[1], byte(ARGV[4], 1) == 49, #ARGV[4] > 1 -- "1..."; "..m"
   all = mode == 'A' -- all or nothing: writes wait for every decision
   decide = mode == 'a' or all
