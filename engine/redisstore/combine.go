@@ -219,28 +219,35 @@ func (s *Store) drain(c *combiner) {
 			w.state = taken
 		}
 		c.mu.Unlock()
-		s.sendCombined(c, batch)
+		answered := s.sendCombined(c, batch)
 		clear(batch) // hold no waiter its caller may put back for reuse
-		// The callers just answered wait on this processor's run queue, and
-		// under load most of them call again at once: yielding to them
-		// before taking the next batch lets them join it, where they would
-		// otherwise wait for the call after it. The requests queued already
-		// leave the few microseconds those callers run later; each call
-		// carries more requests, so fewer round trips are paid per request
-		// (bench's package doc has the figures).
-		yield.Local()
 		c.mu.Lock()
+		if answered && len(c.queue) < ChunkSize {
+			// The callers just answered wait on this processor's run
+			// queue, and under load most of them call again at once:
+			// yielding to them before taking the next batch lets them join
+			// it, where they would otherwise wait for the call after it.
+			// Each call then carries more requests, so fewer round trips
+			// are paid per request (bench's package doc has the figures).
+			// The requests queued already leave later by the time the
+			// goroutines queued on this processor run, a few microseconds
+			// for callers that only call again; behind goroutines that
+			// compute, up to a scheduling round.
+			c.mu.Unlock()
+			yield.Local()
+			c.mu.Lock()
+		}
 	}
 	c.inFlight--
 	c.mu.Unlock()
 }
 
-// sendCombined sends batch as one call and answers every caller still
-// waiting. Each request is answered and counted once, by whichever comes
-// first under the combiner's lock: its caller giving up (the failure rule),
-// or the call's end (Redis's answer, or the failure rule for a request the
-// call did not decide).
-func (s *Store) sendCombined(c *combiner, batch []*waiter) {
+// sendCombined sends batch as one call, answers every caller still
+// waiting, and reports whether there was one. Each request is answered and
+// counted once, by whichever comes first under the combiner's lock: its
+// caller giving up (the failure rule), or the call's end (Redis's answer,
+// or the failure rule for a request the call did not decide).
+func (s *Store) sendCombined(c *combiner, batch []*waiter) bool {
 	if s.hook != nil {
 		s.hook(hookTaken)
 	}
@@ -260,7 +267,7 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) {
 	}
 	c.mu.Unlock()
 	if len(send) == 0 {
-		return
+		return false
 	}
 	// The call runs until the latest deadline of its callers, with that
 	// caller's context values; no caller's cancellation cuts the others'.
@@ -300,13 +307,16 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) {
 		// not on this one, which goes on to the next call
 		first.report = err
 	}
+	woke := false
 	for _, w := range send {
 		if w.state == taken {
 			w.state = answered
 			signal(w)
+			woke = true
 		}
 	}
 	c.mu.Unlock()
+	return woke
 }
 
 // handOff ends a caller's own call, c.mu held: if requests queued behind

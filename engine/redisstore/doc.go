@@ -49,15 +49,15 @@
 // sends its own at once, so an idle store adds no latency; one that finds
 // two waits, and when a call returns with requests waiting, a goroutine
 // takes its place in flight and sends them, up to ChunkSize per call,
-// until none is left, then exits. Before each call it lets the callers
-// its last call answered run first, so that those that call again at once
-// go in it rather than in the call after. A caller waits only until its
-// own deadline: one whose deadline passes first gets the failure rule
-// below (a request not yet sent is then not sent), and one whose context is
-// canceled returns its error; neither cuts a shared call short for the
-// others. Each request is answered and counted in Stats once: by Redis's
-// answer if the call returns before its caller gives up, else by the
-// failure rule.
+// until none is left, then exits. After each call it lets the callers it
+// answered run before it takes the next batch, so that those that call
+// again at once go in it rather than in the call after. A caller waits
+// only until its own deadline: one whose deadline passes first gets the
+// failure rule below (a request not yet sent is then not sent), and one
+// whose context is canceled returns its error; neither cuts a shared call
+// short for the others. Each request is answered and counted in Stats
+// once: by Redis's answer if the call returns before its caller gives up,
+// else by the failure rule.
 //
 // AllowAll is one script call over all its keys (at most
 // engine.MaxAllowAll), each with its requests' costs summed: the script
