@@ -127,8 +127,8 @@ func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
 // TestCombinedAllowsKeepTheirDeadlines: with Redis paused, concurrent
 // single Allows with deadlines from 50 to 400 ms each return by their own
 // deadline (the fail-closed answer), whether they send their own call or
-// wait for one, canceled callers return context.Canceled, and Stats counts each
-// fail-closed answer once.
+// wait for one, canceled callers return context.Canceled, and Stats counts
+// each fail-closed answer once.
 func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
 	s := pausedStore(t, 5*time.Second)
 	const n = 24

@@ -76,9 +76,9 @@ type Config struct {
 	// over the keyspace (EvictFull, a cutover's) is many, each bounded.
 	Timeout time.Duration
 	// OnError, if set, is called from the calling goroutine (for a call
-	// that single Allows shared, from one of theirs) with every
-	// Redis failure that was answered by the fail-open or fail-closed rule,
-	// and with failures a call could not return: the expiry pass after a
+	// that single Allows shared, from one of theirs) with every Redis
+	// failure that was answered by the fail-open or fail-closed rule, and
+	// with failures a call could not return: the expiry pass after a
 	// published cutover, and releasing the cutover lock. It must not block.
 	OnError func(error)
 	// VirtualShards is how many virtual shards the prefix's buckets are
