@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"encoding/json"
 	"os/exec"
 	"slices"
 	"strings"
@@ -90,37 +91,64 @@ func TestNoImportUpward(t *testing.T) {
 	}
 }
 
-// TestPeersOnlyInBench holds the rule that the peers and measurement
-// libraries stay out of the library: no package outside bench/ and stress/
-// depends on them, directly or through another package.
-func TestPeersOnlyInBench(t *testing.T) {
-	const mod = "github.com/tokenshard/tokenshard/"
-	peers := []string{
-		"golang.org/x/time/", "github.com/sethvargo/go-limiter",
-		"github.com/anishathalye/porcupine", "github.com/HdrHistogram/",
-		"github.com/jedib0t/go-pretty/",
-	}
-	all, err := exec.Command("go", "list", mod+"...").Output()
+// TestRootModuleIsLight holds the root module to the three dependencies of
+// its design: its go.mod requires xxhash, goleak and testify directly and
+// nothing else, and no package of it, tests included, depends on a module
+// that an adapter, bench or stress brings (those are modules of their own,
+// so a service that imports the core never sees them in its module graph).
+func TestRootModuleIsLight(t *testing.T) {
+	out, err := exec.Command("go", "mod", "edit", "-json", "../go.mod").Output()
 	if err != nil {
-		t.Fatalf("go list: %v", err)
+		t.Fatalf("go mod edit -json: %v", err)
 	}
-	var lib []string
-	for _, p := range strings.Fields(string(all)) {
-		if inner := strings.TrimPrefix(p, mod); !strings.HasPrefix(inner, "bench") && !strings.HasPrefix(inner, "stress") {
-			lib = append(lib, p)
+	var mod struct {
+		Module  struct{ Path string }
+		Require []struct {
+			Path     string
+			Indirect bool
 		}
 	}
-	if !slices.Contains(lib, mod+"engine") {
-		t.Fatalf("the library's packages were not found in go list's output:\n%s", all)
+	if err := json.Unmarshal(out, &mod); err != nil {
+		t.Fatalf("go mod edit -json: %v\n%s", err, out)
 	}
-	deps, err := exec.Command("go", append([]string{"list", "-deps"}, lib...)...).Output()
+	if mod.Module.Path != "github.com/tokenshard/tokenshard" {
+		t.Fatalf("../go.mod is module %q, not the root module", mod.Module.Path)
+	}
+	var direct []string
+	for _, r := range mod.Require {
+		if !r.Indirect {
+			direct = append(direct, r.Path)
+		}
+	}
+	slices.Sort(direct)
+	want := []string{"github.com/cespare/xxhash/v2", "github.com/stretchr/testify", "go.uber.org/goleak"}
+	if !slices.Equal(direct, want) {
+		t.Errorf("the root module requires %v directly; want exactly %v", direct, want)
+	}
+
+	// ./... from the root matches the root module's packages only, in a
+	// workspace too: nested modules are not below it.
+	cmd := exec.Command("go", "list", "-deps", "-test", "-f", "{{with .Module}}{{.Path}}{{end}}", "./...")
+	cmd.Dir = ".."
+	out, err = cmd.Output()
 	if err != nil {
-		t.Fatalf("go list -deps: %v", err)
+		t.Fatalf("go list -deps -test ./...: %v", err)
 	}
-	for _, d := range strings.Fields(string(deps)) {
-		for _, p := range peers {
-			if strings.HasPrefix(d, p) {
-				t.Errorf("the library depends on %s (only bench/ and stress/ may)", d)
+	heavy := []string{
+		"google.golang.org/grpc", "google.golang.org/protobuf", "google.golang.org/genproto",
+		"github.com/prometheus/", "github.com/redis/go-redis", "github.com/go-redis/",
+		"github.com/sethvargo/go-limiter", "golang.org/x/time", "github.com/anishathalye/porcupine",
+		"github.com/HdrHistogram/", "github.com/jedib0t/go-pretty",
+		"github.com/tokenshard/tokenshard/",
+	}
+	mods := strings.Fields(string(out))
+	if !slices.Contains(mods, "github.com/cespare/xxhash/v2") {
+		t.Fatalf("xxhash is not among the root packages' modules:\n%s", out)
+	}
+	for _, m := range mods {
+		for _, h := range heavy {
+			if strings.HasPrefix(m, h) {
+				t.Errorf("a package of the root module depends on module %s", m)
 			}
 		}
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/promstats"
-	"github.com/tokenshard/tokenshard/internal/promtest"
+	"github.com/tokenshard/tokenshard/engine/promstats/internal/promtest"
 	"github.com/tokenshard/tokenshard/policy"
 )
 

@@ -17,9 +17,9 @@ import (
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/promstats"
+	"github.com/tokenshard/tokenshard/engine/promstats/internal/promtest"
 	"github.com/tokenshard/tokenshard/engine/promstats/storestats"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
-	"github.com/tokenshard/tokenshard/internal/promtest"
 	"github.com/tokenshard/tokenshard/internal/redistest"
 	"github.com/tokenshard/tokenshard/policy"
 )

@@ -1,32 +1,41 @@
 package storestats_test
 
 import (
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
 )
 
-// TestNoCrossDependency: engine/promstats does not depend on go-redis, and
-// engine/redisstore does not depend on Prometheus, directly or through
-// another package; only this package links both.
+// TestNoCrossDependency: the module graph of engine/promstats names no
+// go-redis, and that of engine/redisstore no Prometheus; only this module,
+// which links both, has both. Each module is read on its own (GOWORK=off),
+// as a service that requires it sees it.
 func TestNoCrossDependency(t *testing.T) {
-	for _, tc := range []struct{ pkg, banned string }{
-		{"github.com/tokenshard/tokenshard/engine/promstats", "github.com/redis/go-redis"},
-		{"github.com/tokenshard/tokenshard/engine/redisstore", "github.com/prometheus"},
+	for _, tc := range []struct {
+		dir, mod string
+		banned   []string
+	}{
+		{"..", "github.com/tokenshard/tokenshard/engine/promstats", []string{"github.com/redis/", "google.golang.org/grpc"}},
+		{"../../redisstore", "github.com/tokenshard/tokenshard/engine/redisstore", []string{"github.com/prometheus/", "google.golang.org/grpc"}},
 	} {
-		out, err := exec.Command("go", "list", "-deps", tc.pkg).Output()
+		cmd := exec.Command("go", "list", "-m", "all")
+		cmd.Dir = tc.dir
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+		out, err := cmd.Output()
 		if err != nil {
-			t.Fatalf("go list -deps %s: %v", tc.pkg, err)
+			t.Fatalf("go list -m all in %s: %v", tc.dir, err)
 		}
-		found := false
-		for _, d := range strings.Fields(string(out)) {
-			found = found || d == tc.pkg
-			if strings.HasPrefix(d, tc.banned) {
-				t.Errorf("%s depends on %s", tc.pkg, d)
+		mods := strings.Fields(string(out))
+		if len(mods) == 0 || mods[0] != tc.mod {
+			t.Fatalf("%s is not module %s:\n%s", tc.dir, tc.mod, out)
+		}
+		for _, m := range mods {
+			for _, b := range tc.banned {
+				if strings.HasPrefix(m, b) {
+					t.Errorf("module %s has %s in its module graph", tc.mod, m)
+				}
 			}
-		}
-		if !found {
-			t.Fatalf("%s is not in go list's output:\n%s", tc.pkg, out)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-// Package promtest is test support for this module's Prometheus
+// Package promtest is test support for tokenshard's Prometheus
 // collectors: it scrapes a collector the way a Prometheus server would.
 package promtest
 

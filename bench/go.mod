@@ -1,0 +1,29 @@
+module github.com/tokenshard/tokenshard/bench
+
+go 1.26.0
+
+replace github.com/tokenshard/tokenshard => ..
+
+replace github.com/tokenshard/tokenshard/engine/redisstore => ../engine/redisstore
+
+require (
+	github.com/HdrHistogram/hdrhistogram-go v1.4.0
+	github.com/go-redis/redis_rate/v10 v10.0.1
+	github.com/jedib0t/go-pretty/v6 v6.9.2
+	github.com/redis/go-redis/v9 v9.23.0
+	github.com/sethvargo/go-limiter v0.7.1
+	github.com/tokenshard/tokenshard v0.0.0-00010101000000-000000000000
+	github.com/tokenshard/tokenshard/engine/redisstore v0.0.0-00010101000000-000000000000
+	go.uber.org/goleak v1.3.0
+	golang.org/x/time v0.15.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/mattn/go-runewidth v0.0.16 // indirect
+	github.com/rivo/uniseg v0.4.7 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	gonum.org/v1/gonum v0.17.0 // indirect
+)
