@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"iter"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -45,13 +46,32 @@ func (h ProxyHeader) String() string {
 // left (the right-most entry was appended by the nearest proxy) and returns
 // the first address that is not in a trusted prefix, so entries a client
 // wrote in front of its own are never used. If every entry is trusted it
-// returns the left-most one. An entry that is not an address (garbage,
-// RFC 7239's "unknown" or an obfuscated identifier) ends the walk at the
-// trusted proxy that wrote it, whose address is returned: the chain beyond
-// it cannot be checked.
+// returns the left-most one. The header's field lines are one list, in
+// order.
+//
+// Entries are parsed from the right too, each only as far as its own left
+// edge, so nothing a client sends in front of the entry a trusted proxy
+// appends, on the same line or not, changes how that entry reads. (Parsed
+// from the left, a quote the client leaves open, `for=1.1.1.1;x="`, would
+// swallow the proxy's `, for=203.0.113.9` and make the client's own for=
+// the right-most one.) The walk ends at the first entry that is not an
+// address, or does not parse, and returns the address of the trusted proxy
+// that wrote it, the last one a trusted hop vouched for; nothing left of
+// that entry is read, since the chain beyond it cannot be checked.
+//
+// Not an address: garbage, an empty entry, RFC 7239's "unknown", an
+// obfuscated identifier, a Forwarded element without for=. A Forwarded
+// element does not parse when it is not token=value pairs separated by
+// ";", each value a token or a quoted-string with balanced quotes and
+// complete backslash escapes, or when it has two for= parameters; an
+// unquoted value may also hold ":", "[" and "]", which some proxies leave
+// unquoted (for=192.0.2.1:80, for=2001:db8::1). An X-Forwarded-For entry is
+// the text between two commas: an address, optionally in brackets or with
+// a port.
 //
 // Addresses are returned without zone, and IPv4-mapped IPv6 addresses (and
-// prefixes) are taken as IPv4. It fails with ErrNoClientIP only when RemoteAddr holds no address.
+// prefixes) are taken as IPv4. It fails with ErrNoClientIP only when
+// RemoteAddr holds no address.
 func ClientIP(r *http.Request, h ProxyHeader, trusted []netip.Prefix) (netip.Addr, error) {
 	peer, ok := parseHop(r.RemoteAddr)
 	if !ok {
@@ -60,18 +80,18 @@ func ClientIP(r *http.Request, h ProxyHeader, trusted []netip.Prefix) (netip.Add
 	if !isTrusted(peer, trusted) {
 		return peer, nil
 	}
-	var hops []string
+	var hops iter.Seq[string]
 	switch h {
 	case XForwardedFor:
-		hops = xffHops(r.Header.Values("X-Forwarded-For"))
+		hops = hopsFromRight(r.Header.Values("X-Forwarded-For"), lastXFFEntry)
 	case Forwarded:
-		hops = forwardedHops(r.Header.Values("Forwarded"))
+		hops = hopsFromRight(r.Header.Values("Forwarded"), lastForwardedElement)
 	default:
 		return peer, nil
 	}
 	client := peer
-	for i := len(hops) - 1; i >= 0; i-- {
-		a, ok := parseHop(hops[i])
+	for hop := range hops {
+		a, ok := parseHop(hop)
 		if !ok {
 			return client, nil
 		}
@@ -98,9 +118,10 @@ func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
 }
 
 // parseHop parses one address as proxies write it: "192.0.2.1",
-// "192.0.2.1:443", "2001:db8::1", "[2001:db8::1]" or "[2001:db8::1]:443".
+// "192.0.2.1:443", "2001:db8::1", "[2001:db8::1]" or "[2001:db8::1]:443",
+// with optional spaces or tabs around it.
 func parseHop(s string) (netip.Addr, bool) {
-	s = strings.TrimSpace(s)
+	s = strings.Trim(s, " \t")
 	var a netip.Addr
 	if ap, err := netip.ParseAddrPort(s); err == nil {
 		a = ap.Addr()
@@ -124,72 +145,185 @@ func normalizePrefix(p netip.Prefix) netip.Prefix {
 	return p
 }
 
-// xffHops splits X-Forwarded-For field lines into entries, in order.
-func xffHops(lines []string) []string {
-	var hops []string
-	for _, line := range lines {
-		for hop := range strings.SplitSeq(line, ",") {
-			hops = append(hops, hop)
-		}
-	}
-	return hops
-}
+// lastEntry parses the right-most entry of line[:end]. It returns the
+// entry's address text (the for= value of a Forwarded element, unquoted),
+// whether it parsed, and where the text left of it ends: the entry's
+// separating comma is consumed, so next < 0 means the entry began the line.
+type lastEntry func(line string, end int) (hop string, ok bool, next int)
 
-// forwardedHops returns the for= value of each RFC 7239 element, in order,
-// unquoted; an element without one gives "", which parseHop rejects.
-func forwardedHops(lines []string) []string {
-	var hops []string
-	for _, line := range lines {
-		for _, elem := range splitQuoted(line, ',') {
-			node := ""
-			for _, pair := range splitQuoted(elem, ';') {
-				name, value, ok := strings.Cut(pair, "=")
-				if ok && strings.EqualFold(strings.TrimSpace(name), "for") {
-					node = unquote(strings.TrimSpace(value))
-					break
+// hopsFromRight yields the entries of the field lines, last line first and
+// each from its right end, as last parses them; after an entry that does
+// not parse it yields "" (which parseHop rejects) and stops, so that
+// nothing left of a malformed entry is ever read. An empty line is one
+// empty entry.
+func hopsFromRight(lines []string, last lastEntry) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for i := len(lines) - 1; i >= 0; i-- {
+			for end := len(lines[i]); end >= 0; {
+				hop, ok, next := last(lines[i], end)
+				if !ok {
+					yield("")
+					return
 				}
+				if !yield(hop) {
+					return
+				}
+				end = next
 			}
-			hops = append(hops, node)
 		}
 	}
-	return hops
 }
 
-// splitQuoted splits s at sep outside quoted strings.
-func splitQuoted(s string, sep byte) []string {
-	var parts []string
-	quoted, escaped, start := false, false, 0
-	for i := range len(s) {
-		switch c := s[i]; {
-		case escaped:
-			escaped = false
-		case quoted && c == '\\':
-			escaped = true
-		case c == '"':
-			quoted = !quoted
-		case !quoted && c == sep:
-			parts = append(parts, s[start:i])
-			start = i + 1
+// lastXFFEntry is the lastEntry of X-Forwarded-For: the text after the
+// right-most comma; an address never holds one.
+func lastXFFEntry(line string, end int) (string, bool, int) {
+	i := strings.LastIndexByte(line[:end], ',')
+	return line[i+1 : end], true, i
+}
+
+// lastForwardedElement is the lastEntry of RFC 7239's Forwarded:
+//
+//	element = [ pair ] *( OWS ";" OWS [ pair ] )
+//	pair    = token OWS "=" OWS ( value / quoted-string )
+//	value   = 1*( tchar / ":" / "[" / "]" )
+//
+// read from the right end, ending at a comma (with optional whitespace
+// before it) or the start of the line. It returns the element's for=
+// value, unquoted; an element without one parses, with hop "", which
+// parseHop rejects. Two for= parameters, or anything else that does not
+// fit the grammar, do not parse.
+func lastForwardedElement(line string, end int) (hop string, ok bool, next int) {
+	i, hasFor := end, false
+	for {
+		i = skipOWSLeft(line, i)
+		if i == 0 || line[i-1] == ',' {
+			return hop, true, i - 1
+		}
+		if line[i-1] == ';' { // an empty pair
+			i--
+			continue
+		}
+		var name, value string
+		if name, value, i, ok = lastPair(line, i); !ok {
+			return "", false, 0
+		}
+		if strings.EqualFold(name, "for") {
+			if hasFor {
+				return "", false, 0
+			}
+			hop, hasFor = value, true
+		}
+		i = skipOWSLeft(line, i)
+		switch {
+		case i == 0 || line[i-1] == ',':
+			return hop, true, i - 1
+		case line[i-1] != ';':
+			return "", false, 0
+		}
+		i--
+	}
+}
+
+// lastPair parses the pair that ends at line[end-1], right to left: its
+// value (unquoted), then "=", then its name. It returns the name, the value
+// and where the pair starts.
+func lastPair(line string, end int) (name, value string, start int, ok bool) {
+	i := end
+	if line[i-1] == '"' {
+		if value, i, ok = lastQuoted(line, i); !ok {
+			return "", "", 0, false
+		}
+	} else {
+		for i > 0 && isValueChar(line[i-1]) {
+			i--
+		}
+		if i == end {
+			return "", "", 0, false
+		}
+		value = line[i:end]
+	}
+	i = skipOWSLeft(line, i)
+	if i == 0 || line[i-1] != '=' {
+		return "", "", 0, false
+	}
+	i = skipOWSLeft(line, i-1)
+	nameEnd := i
+	for i > 0 && isTChar(line[i-1]) {
+		i--
+	}
+	if i == nameEnd {
+		return "", "", 0, false
+	}
+	return line[i:nameEnd], value, i, true
+}
+
+// lastQuoted parses the quoted-string that ends at line[end-1], a '"'. Its
+// opening quote is the nearest '"' to the left preceded by an even number of
+// backslashes, which no escaped quote is; the text between them must then
+// read, left to right, as qdtext and complete quoted-pairs. It returns the
+// unescaped content and the opening quote's index.
+func lastQuoted(line string, end int) (content string, start int, ok bool) {
+	closing := end - 1
+	open := -1
+	for j := closing - 1; j >= 0 && open < 0; j-- {
+		if line[j] != '"' {
+			continue
+		}
+		k := j
+		for k > 0 && line[k-1] == '\\' {
+			k--
+		}
+		if (j-k)%2 == 0 {
+			open = j
 		}
 	}
-	return append(parts, s[start:])
-}
-
-// unquote undoes an RFC 7230 quoted-string; a token is returned as it is.
-func unquote(s string) string {
-	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
-		return s
+	if open < 0 {
+		return "", 0, false
 	}
-	s = s[1 : len(s)-1]
-	if !strings.Contains(s, `\`) {
-		return s
-	}
+	raw := line[open+1 : closing]
 	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+1 < len(s) {
-			i++
+	for j := 0; j < len(raw); j++ {
+		c := raw[j]
+		if c == '\\' {
+			if j++; j == len(raw) || !isQuotedPairChar(raw[j]) {
+				return "", 0, false
+			}
+			c = raw[j]
+		} else if c == '"' || !isQuotedPairChar(c) {
+			return "", 0, false
 		}
-		b.WriteByte(s[i])
+		b.WriteByte(c)
 	}
-	return b.String()
+	return b.String(), open, true
+}
+
+// skipOWSLeft returns i moved left past spaces and tabs.
+func skipOWSLeft(s string, i int) int {
+	for i > 0 && (s[i-1] == ' ' || s[i-1] == '\t') {
+		i--
+	}
+	return i
+}
+
+// isTChar reports whether c may appear in an RFC 9110 token.
+func isTChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// isValueChar reports whether c may appear in an unquoted Forwarded value:
+// a token, or the ":" and brackets of an address and port that some
+// proxies leave unquoted.
+func isValueChar(c byte) bool {
+	return isTChar(c) || c == ':' || c == '[' || c == ']'
+}
+
+// isQuotedPairChar reports whether c may follow a backslash in an RFC 9110
+// quoted-string: a tab, a space, a visible character or obs-text. Every
+// qdtext character is one, except '"' and the backslash itself.
+func isQuotedPairChar(c byte) bool {
+	return c == '\t' || c == ' ' || ('!' <= c && c <= '~') || c >= 0x80
 }

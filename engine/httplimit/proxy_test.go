@@ -2,6 +2,7 @@ package httplimit_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -130,4 +131,72 @@ func TestTrustedProxies(t *testing.T) {
 		assert.Equal(t, http.StatusOK, get(t, srv, "X-Forwarded-For", "2001:db8::7").status) // keyed by the peer
 		assert.Equal(t, 2, e.KeyCount())
 	})
+}
+
+// A client's unbalanced quote or dangling escape in Forwarded cannot
+// swallow the element a trusted proxy appends after it, on the same line
+// or the next: the proxy's element is read first, from the right, and
+// names the client. A malformed element further left, reached only through
+// trusted hops, ends the walk at the last address a trusted hop wrote.
+func TestClientIPMalformedLeftOfTrustedElement(t *testing.T) {
+	lb := []netip.Prefix{mustPrefix("127.0.0.1/32")}
+	proxies := []netip.Prefix{mustPrefix("127.0.0.1/32"), mustPrefix("10.0.0.0/8")}
+	xff, fwd := httplimit.XForwardedFor, httplimit.Forwarded
+	cases := []struct {
+		name    string
+		h       httplimit.ProxyHeader
+		trusted []netip.Prefix
+		lines   []string
+		want    string
+	}{
+		{"open quote", fwd, lb, []string{`for=1.1.1.1;x=", for=203.0.113.9`}, "203.0.113.9"},
+		{"escaped quote", fwd, lb, []string{`for=1.1.1.1;x="\", for=203.0.113.9`}, "203.0.113.9"},
+		{"open quote in for", fwd, lb, []string{`for="1.1.1.1, for=203.0.113.9`}, "203.0.113.9"},
+		{"no space after the comma", fwd, lb, []string{`for=1.1.1.1;x=",for=203.0.113.9`}, "203.0.113.9"},
+		{"quoted proxy element", fwd, lb, []string{`for="1.1.1.1, for="203.0.113.9:4711"`}, "203.0.113.9"},
+		{"proxy on the next line", fwd, lb, []string{`for=1.1.1.1;x="`, `for=203.0.113.9`}, "203.0.113.9"},
+		{"quote closed on the next line", fwd, lb, []string{`for=1.1.1.1;x="`, `", for=203.0.113.9`}, "203.0.113.9"},
+		{"open quote behind a trusted hop", fwd, proxies, []string{`for=1.1.1.1;x=", for=10.0.0.2`}, "10.0.0.2"},
+		{"dangling escape behind a trusted hop", fwd, proxies, []string{`for="1.1.1.1\`, `for=10.0.0.2`}, "10.0.0.2"},
+		{"stray quote behind a trusted hop", fwd, proxies, []string{`for=1.1.1.1;x="a"b", for=10.0.0.2`}, "10.0.0.2"},
+		{"two for behind a trusted hop", fwd, proxies, []string{`for=203.0.113.7;for=1.1.1.1, for=10.0.0.2`}, "10.0.0.2"},
+		{"empty value behind a trusted hop", fwd, proxies, []string{`for=1.1.1.1;x=, for=10.0.0.2`}, "10.0.0.2"},
+		{"no separator behind a trusted hop", fwd, proxies, []string{`for=1.1.1.1 for=203.0.113.7, for=10.0.0.2`}, "10.0.0.2"},
+		{"balanced escapes still read", fwd, proxies, []string{`for=203.0.113.7;ext="a\"b,\\", for=10.0.0.2`}, "203.0.113.7"},
+		{"escaped address", fwd, proxies, []string{`for="203.0.113.\7", for=10.0.0.2`}, "203.0.113.7"},
+		{"spaces around separators", fwd, proxies, []string{`proto=http ; for = 203.0.113.7 ;; by=x ,for=10.0.0.2`}, "203.0.113.7"},
+		{"XFF quoted entry stops", xff, proxies, []string{`203.0.113.7, "1.1.1.1", 10.0.0.2`}, "10.0.0.2"},
+		{"XFF open quote cannot swallow", xff, lb, []string{`1.1.1.1"`, `203.0.113.9`}, "203.0.113.9"},
+		{"XFF empty line stops", xff, proxies, []string{`203.0.113.7`, ``, `10.0.0.2`}, "10.0.0.2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			r.RemoteAddr = "127.0.0.1:1"
+			for _, line := range c.lines {
+				r.Header.Add(c.h.String(), line)
+			}
+			got, err := httplimit.ClientIP(r, c.h, c.trusted)
+			require.NoError(t, err)
+			assert.Equal(t, c.want, got.String())
+		})
+	}
+}
+
+// Through a real server, one client rotating the for= it writes in front
+// of an unbalanced quote, which the trusted proxy's appended element
+// follows, is one client: capacity 3 admits 3 of 50 requests.
+func TestForwardedOpenQuoteRotatingClient(t *testing.T) {
+	const capacity, requests = 3, 50
+	e, _ := newEngine(t, engine.Config{Policy: pol(capacity, 1)})
+	srv := serve(t, e, ok, httplimit.WithTrustedProxies(httplimit.Forwarded, mustPrefix("127.0.0.1/32")))
+	forms := []string{`for=%s;x=", for=203.0.113.9`, `for=%s;x="\", for=203.0.113.9`, `for="%s, for=203.0.113.9`}
+	count := map[int]int{}
+	for i := range requests {
+		forged := fmt.Sprintf("198.51.100.%d", i+1)
+		count[get(t, srv, "Forwarded", fmt.Sprintf(forms[i%len(forms)], forged)).status]++
+	}
+	assert.Equal(t, map[int]int{http.StatusOK: capacity, http.StatusTooManyRequests: requests - capacity}, count)
+	assert.Equal(t, 1, e.KeyCount())
+	assert.Equal(t, int64(0), remaining(t, e, "203.0.113.9"))
 }
