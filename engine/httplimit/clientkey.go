@@ -16,6 +16,10 @@ const (
 	MinIPv6Prefix = 32
 )
 
+// nat64WellKnown is RFC 6052's well-known NAT64 prefix, whose addresses
+// embed an IPv4 address in their last 32 bits.
+var nat64WellKnown = netip.MustParsePrefix("64:ff9b::/96")
+
 // maxClientKey is the longest key ClientKey returns: an uncompressed IPv6
 // prefix of 128 bits.
 const maxClientKey = len("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128")
@@ -27,6 +31,15 @@ const maxClientKey = len("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128")
 //   - An IPv4 address is its own key, in dotted-decimal form: "203.0.113.7".
 //   - An IPv4-mapped IPv6 address (::ffff:203.0.113.7) is that IPv4 address,
 //     with the same key.
+//   - An address in the well-known NAT64 prefix 64:ff9b::/96 (RFC 6052),
+//     64:ff9b::203.0.113.7, is the IPv4 client a NAT64 gateway translated
+//     for an IPv6-only server, embedded in its last 32 bits, and has that
+//     client's key, "203.0.113.7": grouped by its /64 like other IPv6
+//     addresses, every IPv4 client behind the gateway would share one
+//     bucket. The local-use prefix 64:ff9b:1::/48 (RFC 8215) and
+//     network-specific prefixes are not recognized: their operator chooses
+//     where the IPv4 address is embedded, so nothing in the address says
+//     which bits it is, and they are grouped as any IPv6 address.
 //   - An IPv6 address is grouped by its first ipv6Bits bits: the key is the
 //     masked prefix as netip.Prefix.String writes it (RFC 5952 text, then
 //     "/" and the length), so with 64 bits 2001:db8:1:2:aaaa::1 and
@@ -39,6 +52,10 @@ const maxClientKey = len("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128")
 // rejects as a blank key. ClientKey allocates only the returned string.
 func ClientKey(a netip.Addr, ipv6Bits int) string {
 	a = a.WithZone("").Unmap()
+	if nat64WellKnown.Contains(a) {
+		b := a.As16()
+		a = netip.AddrFrom4([4]byte(b[12:]))
+	}
 	var buf [maxClientKey]byte // the text is built here and copied once
 	switch {
 	case !a.IsValid():

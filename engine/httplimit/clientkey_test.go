@@ -60,11 +60,17 @@ func TestClientKey(t *testing.T) {
 		{"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 128, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"}, // the longest
 		{"2001:db8::7", -5, "::/0"}, // out of range: the nearer bound
 		{"2001:db8::7", 200, "2001:db8::7/128"},
+		{"64:ff9b::203.0.113.7", 64, "203.0.113.7"}, // well-known NAT64: the embedded IPv4 address
+		{"64:ff9b::c000:201", 128, "192.0.2.1"},
+		{"64:ff9b::192.0.2.1%eth0", 32, "192.0.2.1"},
+		{"64:ff9b:0:0:0:1:c000:201", 64, "64:ff9b::/64"}, // outside the /96
+		{"64:ff9b:1::203.0.113.7", 64, "64:ff9b:1::/64"}, // local-use NAT64: grouped as IPv6
+		{"64:ff9b:1::203.0.113.7", 128, "64:ff9b:1::cb00:7107/128"},
 	} {
 		a := netip.MustParseAddr(c.addr)
 		got := httplimit.ClientKey(a, c.bits)
 		assert.Equal(t, c.want, got, "%s bits %d", c.addr, c.bits)
-		if a6 := a.WithZone(""); !a6.Unmap().Is4() && c.bits >= 0 && c.bits <= 128 {
+		if a6 := a.WithZone(""); !a6.Unmap().Is4() && !mustPrefix("64:ff9b::/96").Contains(a6) && c.bits >= 0 && c.bits <= 128 {
 			p, err := a6.Prefix(c.bits)
 			require.NoError(t, err)
 			assert.Equal(t, p.String(), got, "%s bits %d: netip.Prefix.String of the masked prefix", c.addr, c.bits)
@@ -75,7 +81,7 @@ func TestClientKey(t *testing.T) {
 
 // ClientKey allocates only the string it returns.
 func TestClientKeyAllocs(t *testing.T) {
-	for _, s := range []string{"203.0.113.7", "::ffff:192.0.2.1", "2001:db8:1:2:aaaa:bbbb:cccc:dddd", "fe80::1%eth0"} {
+	for _, s := range []string{"203.0.113.7", "::ffff:192.0.2.1", "64:ff9b::192.0.2.1", "2001:db8:1:2:aaaa:bbbb:cccc:dddd", "fe80::1%eth0"} {
 		a := netip.MustParseAddr(s)
 		assert.LessOrEqual(t, testing.AllocsPerRun(100, func() { _ = httplimit.ClientKey(a, 64) }), 1.0, s)
 	}
@@ -139,6 +145,30 @@ func TestIPv4MappedIsIPv4(t *testing.T) {
 	assert.Equal(t, http.StatusTooManyRequests, send(h, "192.0.2.1:5678", "/"))
 	assert.Equal(t, 1, e.KeyCount())
 	assert.Equal(t, int64(0), remaining(t, e, "192.0.2.1"))
+}
+
+// IPv4 clients reaching an IPv6 server through a NAT64 gateway on the
+// well-known prefix 64:ff9b::/96 are each their own IPv4 client, with the
+// keys they have when they connect over IPv4, not one /64 for all of them.
+// The local-use prefix 64:ff9b:1::/48 is grouped as any IPv6 address.
+func TestNAT64IsIPv4(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(2, 1)})
+	h := limited(t, e)
+	require.Equal(t, http.StatusOK, send(h, "[64:ff9b::192.0.2.1]:1234", "/"))
+	require.Equal(t, http.StatusOK, send(h, "[64:ff9b::198.51.100.2]:1234", "/"))
+	require.Equal(t, http.StatusOK, send(h, "192.0.2.1:5678", "/")) // the same client over IPv4
+	assert.Equal(t, http.StatusTooManyRequests, send(h, "[64:ff9b::c000:201]:9", "/"))
+	require.Equal(t, http.StatusOK, send(h, "[64:ff9b:1::192.0.2.1]:1234", "/"))
+	require.Equal(t, http.StatusOK, send(h, "[64:ff9b:1::198.51.100.2]:1234", "/"))
+	assert.Equal(t, 3, e.KeyCount())
+	assert.Equal(t, int64(0), remaining(t, e, "192.0.2.1"))
+	assert.Equal(t, int64(1), remaining(t, e, "198.51.100.2"))
+	assert.Equal(t, int64(0), remaining(t, e, "64:ff9b:1::/64"))
+
+	a, b := netip.MustParseAddr("64:ff9b::192.0.2.1"), netip.MustParseAddr("64:ff9b::198.51.100.2")
+	assert.NotEqual(t, httplimit.ClientKey(a, 64), httplimit.ClientKey(b, 64))
+	assert.Equal(t, httplimit.ClientKey(netip.MustParseAddr("192.0.2.1"), 64), httplimit.ClientKey(a, 64))
+	assert.Equal(t, httplimit.ClientKey(netip.MustParseAddr("198.51.100.2"), 64), httplimit.ClientKey(b, 64))
 }
 
 // WithIPv6Prefix(48) groups a whole /48 (a site) as one client, and 128

@@ -12,9 +12,14 @@
 //
 // The default key is the client, grouped: ClientKey of the address ClientIP
 // finds. An IPv4 client is keyed by its address, "203.0.113.7"; an
-// IPv4-mapped IPv6 address (::ffff:203.0.113.7) is that IPv4 client. An
-// IPv6 client is keyed by its /64, written as netip.Prefix.String writes
-// the masked prefix: every address of 2001:db8:1:2::/64 has the key
+// IPv4-mapped IPv6 address (::ffff:203.0.113.7) is that IPv4 client, and
+// so is an address in the well-known NAT64 prefix 64:ff9b::/96
+// (64:ff9b::203.0.113.7), an IPv4 client that a NAT64 gateway translated:
+// grouped by /64, all of the gateway's IPv4 clients would share one key.
+// The local-use NAT64 prefix 64:ff9b:1::/48 is not recognized, since its
+// operator chooses where the IPv4 address goes in it. An IPv6 client is
+// keyed by its /64, written as netip.Prefix.String writes the masked
+// prefix: every address of 2001:db8:1:2::/64 has the key
 // "2001:db8:1:2::/64". A /64 is one subnet, and a host picks its addresses
 // from it at will, so keyed per address it would never be limited and would
 // fill the engine's key table. WithIPv6Prefix chooses another length, from
