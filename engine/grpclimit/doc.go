@@ -12,7 +12,8 @@
 // The default key is the peer's IP address (peer.FromContext), grouped
 // exactly as package httplimit groups HTTP clients, by httplimit.ClientKey:
 // an IPv4 peer is keyed by its address, "203.0.113.7"; an IPv4-mapped IPv6
-// address is that IPv4 peer; an IPv6 peer is keyed by its /64, as
+// address, or one in the well-known NAT64 prefix 64:ff9b::/96, is that
+// IPv4 peer; any other IPv6 peer is keyed by its /64, as
 // netip.Prefix.String writes the masked prefix, "2001:db8:1:2::/64". One
 // client so has the same key over HTTP and gRPC, and a host cannot escape
 // its limit by rotating through the addresses of its subnet.
