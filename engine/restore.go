@@ -42,6 +42,9 @@ type RestoreReport struct {
 	Dropped        int
 	DroppedPartial int
 	MaxDeficit     int64
+	// Fresh reports that RestoreFile found no snapshot file and started a
+	// new, empty engine (the first boot). Restore never sets it.
+	Fresh bool
 }
 
 // Restore builds an engine from cfg and a snapshot written by Snapshot, and

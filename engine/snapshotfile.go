@@ -1,0 +1,85 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// SnapshotFile writes a snapshot (see Snapshot) to the file at path so that
+// a crash at any moment leaves either the previous file or the new one
+// there, never a truncated one: it writes a temporary file in the same
+// directory, syncs it to disk, renames it over path and syncs the
+// directory. On an error the temporary file is removed and path is left as
+// it was. The file is created with mode 0600: it holds every tracked key.
+//
+// For a restart, stop admitting (http.Server's Shutdown, say), then call
+// SnapshotFile, then Close; RestoreFile reads the file on the next start.
+//
+// Errors: those of Snapshot, and the file system's.
+func (e *Engine) SnapshotFile(ctx context.Context, path string) (err error) {
+	if e.uninitialized() {
+		return ErrNotInitialized
+	}
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = f.Close() // already closed on the rename's path; the error is moot
+			_ = os.Remove(f.Name())
+		}
+	}()
+	w := bufio.NewWriterSize(f, 64<<10)
+	if err := e.Snapshot(ctx, w); err != nil {
+		return err
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return err
+	}
+	// The rename is durable only once the directory entry is on disk.
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// RestoreFile is Restore from the file at path, for a service's start: when
+// no file exists there (the first boot), it starts a new, empty engine with
+// New(cfg) and says so with RestoreReport.Fresh. A file that exists but
+// cannot be read or does not check out is an error, never a fresh start: a
+// fresh start would hand every client a full bucket.
+//
+// Errors, with no engine: those of New (first boot) or Restore, and the
+// file system's other than the file not existing.
+func RestoreFile(cfg Config, path string, opts RestoreOptions) (*Engine, RestoreReport, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		e, err := New(cfg)
+		if err != nil {
+			return nil, RestoreReport{}, err
+		}
+		return e, RestoreReport{Fresh: true}, nil
+	}
+	if err != nil {
+		return nil, RestoreReport{}, err
+	}
+	defer f.Close()
+	return Restore(cfg, f, opts)
+}
