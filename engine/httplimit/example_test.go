@@ -119,9 +119,13 @@ func ExampleWithCost() {
 }
 
 // A per-route limit: every client gets 2 requests on each route, refilled
-// at 1 a second. The key function is given the client already found
-// (through WithTrustedProxies, when given) and grouped: an IPv6 client is
-// its /64, however many addresses it uses.
+// at 1 a second. The key is the route's pattern, never the raw path, so
+// /users/42 and /users/43 spend from one budget: wrapping each route's
+// handler inside the ServeMux gives the key function r.Pattern. (With the
+// middleware outside the mux, `_, pattern := mux.Handler(r)` finds it.)
+// The key function is given the client already found (through
+// WithTrustedProxies, when given) and grouped: an IPv6 client is its /64,
+// however many addresses it uses.
 func ExampleWithClientKey() {
 	e, err := engine.New(engine.Config{
 		Policy: policy.Policy{Version: 1, Capacity: 2, TokensPerSecond: 1},
@@ -133,18 +137,24 @@ func ExampleWithClientKey() {
 	defer e.Close()
 
 	mw, err := httplimit.New(e, httplimit.WithClientKey(func(r *http.Request, client string) (string, error) {
-		return r.Method + " " + r.URL.Path + " " + client, nil
+		if r.Pattern == "" {
+			return "", errors.New("not routed by a ServeMux")
+		}
+		return r.Pattern + " " + client, nil
 	}))
 	if err != nil {
 		panic(err)
 	}
-	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	ok := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	mux := http.NewServeMux()
+	mux.Handle("GET /users/{id}", mw.Handler(ok))
+	mux.Handle("GET /search", mw.Handler(ok))
 
 	for _, req := range []struct{ path, from string }{
-		{"/search", "192.0.2.1:1234"},
-		{"/search", "192.0.2.1:1234"},
-		{"/search", "192.0.2.1:1234"}, // this route's bucket is empty
-		{"/export", "192.0.2.1:1234"}, // another route, another bucket
+		{"/users/42", "192.0.2.1:1234"},
+		{"/users/43", "192.0.2.1:1234"},
+		{"/users/44", "192.0.2.1:1234"}, // the route's bucket is empty, whatever the id
+		{"/search", "192.0.2.1:1234"},   // another route, another bucket
 		{"/search", "[2001:db8:1:2::a]:443"},
 		{"/search", "[2001:db8:1:2::b]:443"},
 		{"/search", "[2001:db8:1:2:ffff::1]:443"}, // the same /64, the same client
@@ -152,16 +162,16 @@ func ExampleWithClientKey() {
 		r := httptest.NewRequest(http.MethodGet, req.path, nil)
 		r.RemoteAddr = req.from
 		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, r)
+		mux.ServeHTTP(rec, r)
 		fmt.Println(req.path, req.from, rec.Code)
 	}
 	d, _ := e.Peek(context.Background(), "GET /search 2001:db8:1:2::/64")
 	fmt.Println(e.KeyCount(), "keys;", d.Remaining, "left on GET /search for 2001:db8:1:2::/64")
 	// Output:
+	// /users/42 192.0.2.1:1234 200
+	// /users/43 192.0.2.1:1234 200
+	// /users/44 192.0.2.1:1234 429
 	// /search 192.0.2.1:1234 200
-	// /search 192.0.2.1:1234 200
-	// /search 192.0.2.1:1234 429
-	// /export 192.0.2.1:1234 200
 	// /search [2001:db8:1:2::a]:443 200
 	// /search [2001:db8:1:2::b]:443 200
 	// /search [2001:db8:1:2:ffff::1]:443 429

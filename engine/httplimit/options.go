@@ -78,16 +78,17 @@ func WithKey(f KeyFunc) Option {
 
 // WithClientKey replaces the default key with f, which is given the
 // request and its client as the default key would be: resolved through the
-// trusted proxies and grouped by prefix. A per-route limit is
+// trusted proxies and grouped by prefix. A per-route limit keys by the
+// route's pattern, never the raw path (a path with identifiers in it,
+// /users/42, would make a budget per identifier):
 //
+//	mux.Handle("GET /users/{id}", mw.Handler(h)) // the mux sets r.Pattern first
 //	httplimit.WithClientKey(func(r *http.Request, client string) (string, error) {
-//		return r.Method + " " + r.URL.Path + " " + client, nil
+//		return r.Pattern + " " + client, nil
 //	})
 //
-// A path with identifiers in it (/users/42) makes a key per identifier;
-// r.Pattern, the ServeMux pattern ("GET /users/{id}"), does not, but it is
-// set only when the mux routes before the middleware runs, as with
-// mux.Handle(pattern, mw.Handler(h)), and empty around the whole mux. When
+// r.Pattern is empty when the middleware wraps the whole mux; there,
+// `_, pattern := mux.Handler(r)` finds the pattern the mux would route to. When
 // the client address cannot be found (ErrNoClientIP), f is not called and
 // the request is answered with 500. WithKey and WithClientKey exclude each
 // other.
