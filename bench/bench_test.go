@@ -76,7 +76,7 @@ func TestContendersAgree(t *testing.T) {
 // under the race detector, so it runs only without -race (CI runs both).
 func TestQuickRun(t *testing.T) {
 	if raceEnabled {
-		t.Skip("the race detector makes the quick bench take minutes; `go test ./...` without -race runs it")
+		t.Skip("the race detector makes the quick bench take minutes; `go test work` without -race runs it")
 	}
 	var out bytes.Buffer
 	if code := run([]string{"-quick", "-cpu", "1"}, &out, &out); code != 0 {

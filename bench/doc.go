@@ -95,9 +95,9 @@
 // destination (maxInFlight in engine/redisstore/combine.go), in interleaved
 // rounds of the 16-goroutine cells of the Redis table (a probe built on
 // this package's Redis runners: one-second rounds, the store's and
-// redis_rate's alternating, three of each, medians; the README's figures
-// are whole runs of the command below, which came out higher on the hot
-// key), one Redis sharing the 2 cores: 2 calls gave 1.42-1.47x redis_rate's decisions per second
+// redis_rate's alternating, three of each, medians; whole runs of the
+// command below came out higher on the hot key), one Redis sharing the 2
+// cores: 2 calls gave 1.42-1.47x redis_rate's decisions per second
 // on a hot key and 1.23-1.27x on 100,000 keys, with 0.60x its Redis CPU
 // per decision there; 3 were within noise of 2 (1.37-1.42x, 1.25-1.29x)
 // for 0.65-0.66x the CPU, as each call carries fewer requests (5.2 against

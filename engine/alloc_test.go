@@ -1,7 +1,7 @@
 //go:build !race
 
 // The race detector makes sync.Pool drop items on purpose, so these run only
-// without -race; .ci/run runs `go test ./...` for them.
+// without -race; .ci/run runs `go test work` for them.
 
 package engine_test
 
