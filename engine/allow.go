@@ -53,10 +53,12 @@ func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) 
 		return Decision{}, err
 	}
 	a.Wait(e.waitYields) // a shard that took the request always answers, even on Close
-	r := a.Reply
+	var d Decision
+	d.set(&a.Reply.Decision)
+	err := a.Reply.Err
 	a.Key, a.Reply = "", msg.Reply{}
 	e.allows.Put(a)
-	return Decision(r.Decision), r.Err
+	return d, err
 }
 
 // Peek reports key's balance now without changing it: a Decision for a

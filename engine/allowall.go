@@ -313,7 +313,7 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 			at, best = i, r
 		}
 	}
-	d = Decision(*best)
+	d.set(best)
 	d.Allowed = admit
 	return d, at, nil, false
 }

@@ -114,7 +114,7 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 			// words and copied out in wider loads that wait for those
 			// stores to retire.
 			r, o := &p.m.Out[j], &out[p.idx[j]]
-			o.Decision = Decision(r.Decision)
+			o.Decision.set(&r.Decision)
 			o.Err = r.Err
 		}
 	}

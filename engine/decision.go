@@ -1,6 +1,10 @@
 package engine
 
-import "time"
+import (
+	"time"
+
+	"github.com/tokenshard/tokenshard/internal/decision"
+)
 
 // Decision is the answer to one admission request. An error always comes
 // with the zero Decision; a denial is a Decision with Allowed false, never an
@@ -31,6 +35,25 @@ type Decision struct {
 	// limit: a key with one band always has Band == "" or its override's
 	// Name.
 	Band string
+}
+
+// set makes d the decision w that a shard (or the model) wrote, field by
+// field: the one place where the shards' form of a decision
+// (internal/decision, which package msg carries) becomes the public one.
+// Fields of Decision that w does not have stay as they were: a field the
+// engine never sets is added to Decision alone. TestDecisionFields checks
+// that every field of w's type is one of Decision's and is copied here.
+// Writing into d rather than returning a value keeps a caller's result in
+// place: a struct returned by value is stored in words and copied out in
+// wider loads that wait for those stores to retire.
+func (d *Decision) set(w *decision.Decision) {
+	d.Allowed = w.Allowed
+	d.Remaining = w.Remaining
+	d.RetryAfter = w.RetryAfter
+	d.Version = w.Version
+	d.Limit = w.Limit
+	d.ResetAfter = w.ResetAfter
+	d.Band = w.Band
 }
 
 // Request is one admission request of a batch.

@@ -164,7 +164,9 @@ func (e *Engine) start(cfg Config, shards []*shard.Shard) {
 // exited, then what is still buffered: nothing sampled is lost to Close.
 func (e *Engine) deliver(f func(Event)) {
 	call := func(ev msg.Event) {
-		f(Event{Key: ev.Key, Cost: ev.Cost, Decision: Decision(ev.Decision), Err: ev.Err, Shard: ev.Shard, Reading: ev.Reading})
+		out := Event{Key: ev.Key, Cost: ev.Cost, Err: ev.Err, Shard: ev.Shard, Reading: ev.Reading}
+		out.Decision.set(&ev.Decision)
+		f(out)
 	}
 	for {
 		select {

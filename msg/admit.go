@@ -2,27 +2,15 @@ package msg
 
 import (
 	"sync/atomic"
-	"time"
 
+	"github.com/tokenshard/tokenshard/internal/decision"
 	"github.com/tokenshard/tokenshard/internal/yield"
 )
-
-// Decision is a shard's answer to one admission, field for field the same as
-// engine.Decision so the engine converts it without copying field by field.
-type Decision struct {
-	Allowed    bool
-	Remaining  int64
-	RetryAfter time.Duration
-	Version    int64
-	Limit      int64
-	ResetAfter time.Duration
-	Band       string
-}
 
 // Reply is a Decision or an error; an error always comes with the zero
 // Decision.
 type Reply struct {
-	Decision Decision
+	Decision decision.Decision
 	Err      error
 }
 

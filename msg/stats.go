@@ -3,6 +3,8 @@ package msg
 import (
 	"context"
 	"errors"
+
+	"github.com/tokenshard/tokenshard/internal/decision"
 )
 
 // ErrKind indexes error counters: the errors a request can end with.
@@ -86,7 +88,7 @@ func (c *Counters) Add(o *Counters) {
 type Event struct {
 	Key      string
 	Cost     int64
-	Decision Decision
+	Decision decision.Decision
 	Err      error
 	Shard    int
 	Reading  int64

@@ -4,6 +4,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/tokenshard/tokenshard/internal/decision"
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -120,7 +121,7 @@ func (s *State) newExt(b *policy.Bucket, in *limitInfo, now int64) {
 
 // decideExt decides cost for b, a bucket of limit in (in.n > 0), at now,
 // into d: every band refilled, then decided at once.
-func (s *State) decideExt(b *policy.Bucket, in *limitInfo, now, cost int64, d *msg.Decision) {
+func (s *State) decideExt(b *policy.Bucket, in *limitInfo, now, cost int64, d *decision.Decision) {
 	lv := s.levels.levels(b.Frac, in.n)
 	if now > b.Last {
 		policy.RefillLevels(in.shape, lv, now-b.Last)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/internal/decision"
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -63,7 +64,7 @@ func (m *eagerBands) allow(now int64, key string, cost int64) msg.Reply {
 	m.last = now
 	m.refill(k, now)
 	o, band := policy.DecideLevels(sh, k.lv, cost)
-	return msg.Reply{Decision: msg.Decision{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: time.Duration(o.RetryAfter),
+	return msg.Reply{Decision: decision.Decision{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: time.Duration(o.RetryAfter),
 		Version: m.pol.Version, Limit: sh.Band(band).Capacity, ResetAfter: time.Duration(o.ResetAfter), Band: sh.BandName(band)}}
 }
 
@@ -87,7 +88,7 @@ func (m *eagerBands) peek(now int64, key string) msg.Reply {
 		}
 	}
 	o, band := policy.PeekLevels(sh, lv)
-	return msg.Reply{Decision: msg.Decision{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: time.Duration(o.RetryAfter),
+	return msg.Reply{Decision: decision.Decision{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: time.Duration(o.RetryAfter),
 		Version: m.pol.Version, Limit: sh.Band(band).Capacity, ResetAfter: time.Duration(o.ResetAfter), Band: sh.BandName(band)}}
 }
 

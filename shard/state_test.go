@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/internal/decision"
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -40,7 +41,7 @@ func (m *eager) allow(now int64, key string, cost int64) msg.Reply {
 	o := b.Decide(m.pol.Limit(), now, cost)
 	m.buckets[key] = b
 	m.last = now
-	return msg.Reply{Decision: msg.Decision{
+	return msg.Reply{Decision: decision.Decision{
 		Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: durationOf(o.RetryAfter),
 		Version: m.pol.Version, Limit: m.pol.Capacity, ResetAfter: durationOf(o.ResetAfter),
 	}}

@@ -55,7 +55,7 @@ func (m *Model) Bucket(key string) (model.Bucket, bool) { return m.m.Bucket(key)
 // Allow decides one request at now, as model.Model.Allow does.
 func (m *Model) Allow(now int64, key string, cost int64) (engine.Decision, error) {
 	d, err := m.m.Allow(now, key, cost)
-	return engine.Decision(d), engineErr(err)
+	return decisionOf(d), engineErr(err)
 }
 
 // AllowBatch decides reqs at now, as model.Model.AllowBatch does.
@@ -66,7 +66,7 @@ func (m *Model) AllowBatch(now int64, reqs []engine.Request) []engine.Result {
 	}
 	out := make([]engine.Result, len(reqs))
 	for i, r := range m.m.AllowBatch(now, in) {
-		out[i] = engine.Result{Decision: engine.Decision(r.Decision), Err: engineErr(r.Err)}
+		out[i] = engine.Result{Decision: decisionOf(r.Decision), Err: engineErr(r.Err)}
 	}
 	return out
 }
@@ -80,20 +80,20 @@ func (m *Model) AllowAll(now int64, reqs []engine.Request) (engine.Decision, int
 		in[i] = model.Request(r)
 	}
 	d, at, err := m.m.AllowAll(now, in)
-	return engine.Decision(d), at, engineErr(err)
+	return decisionOf(d), at, engineErr(err)
 }
 
 // Peek answers a request of one token for key at now, taking nothing, as
 // model.Model.Peek does.
 func (m *Model) Peek(now int64, key string) (engine.Decision, error) {
 	d, err := m.m.Peek(now, key)
-	return engine.Decision(d), engineErr(err)
+	return decisionOf(d), engineErr(err)
 }
 
 // Refund credits tokens back to key at now, as model.Model.Refund does.
 func (m *Model) Refund(now int64, key string, tokens int64) (engine.Decision, error) {
 	d, err := m.m.Refund(now, key, tokens)
-	return engine.Decision(d), engineErr(err)
+	return decisionOf(d), engineErr(err)
 }
 
 // EvictIfFull removes key's bucket if it is full at now, as
@@ -140,4 +140,16 @@ func engineErr(err error) error {
 		}
 	}
 	return err
+}
+
+// decisionOf is the model's decision d as an engine.Decision: the one place
+// this package converts one, field by field, so a field engine.Decision has
+// and the model does not (one the engine never sets either) stays zero
+// without a change here. TestDecisionOf checks that every field of d is
+// copied.
+func decisionOf(d model.Decision) engine.Decision {
+	return engine.Decision{
+		Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter, Version: d.Version,
+		Limit: d.Limit, ResetAfter: d.ResetAfter, Band: d.Band,
+	}
 }

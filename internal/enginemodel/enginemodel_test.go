@@ -2,6 +2,7 @@ package enginemodel
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -66,7 +67,7 @@ func TestAnswers(t *testing.T) {
 		d, err := single.Allow(0, r.Key, r.Cost)
 		assert.Equal(t, engine.Result{Decision: d, Err: err}, got[i], "request %d", i)
 		md, merr := raw.Allow(0, r.Key, r.Cost)
-		assert.Equal(t, engine.Decision(md), d, "request %d", i)
+		assert.Equal(t, decisionOf(md), d, "request %d", i)
 		assert.Equal(t, merr == nil, err == nil, "request %d", i)
 	}
 	n, err := single.EvictFull(10e9)
@@ -77,4 +78,34 @@ func TestAnswers(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, batch.KeyCount(), "Clone is deep")
 	assert.Zero(t, c.KeyCount())
+}
+
+// TestDecisionOf: every field of the model's Decision is a field of
+// engine.Decision of the same name and type, and decisionOf copies it
+// (each is made non-zero in turn, and must arrive, alone).
+func TestDecisionOf(t *testing.T) {
+	mt, et := reflect.TypeFor[model.Decision](), reflect.TypeFor[engine.Decision]()
+	for i := range mt.NumField() {
+		mf := mt.Field(i)
+		ef, ok := et.FieldByName(mf.Name)
+		if !ok || ef.Type != mf.Type {
+			t.Errorf("model.Decision.%s (%v) is not a field of engine.Decision of that type", mf.Name, mf.Type)
+			continue
+		}
+		var md model.Decision
+		v := reflect.ValueOf(&md).Elem().Field(i)
+		switch v.Kind() {
+		case reflect.Bool:
+			v.SetBool(true)
+		case reflect.Int64:
+			v.SetInt(int64(i) + 7)
+		case reflect.String:
+			v.SetString("band")
+		default:
+			t.Fatalf("model.Decision.%s: a field of kind %v: teach this test to set it", mf.Name, v.Kind())
+		}
+		var want engine.Decision
+		reflect.ValueOf(&want).Elem().FieldByName(mf.Name).Set(v)
+		assert.Equal(t, want, decisionOf(md), "model.Decision.%s", mf.Name)
+	}
 }

@@ -6,10 +6,12 @@
 // it (linearizability).
 //
 // The model sits at the bottom of the import graph beside policy and clock
-// (it imports only policy and the standard library), so every layer may
-// test against it. It has its own Decision, Request, Result and
-// errors, which mirror the engine's; package internal/enginemodel wraps a
-// Model to answer in the engine's types.
+// (it imports only policy, internal/decision and the standard library), so
+// every layer may test against it. It has its own Request, Result and
+// errors, which mirror the engine's, and answers with the Decision of
+// internal/decision, the one definition of a decision's fields below
+// package engine, which the shards write too; package internal/enginemodel
+// wraps a Model to answer in the engine's types.
 //
 // Besides Allow and AllowBatch it answers Peek and Refund as the engine
 // does, and AllowAll, the all-or-nothing decision over several keys, as one
