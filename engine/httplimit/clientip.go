@@ -281,20 +281,28 @@ func lastQuoted(line string, end int) (content string, start int, ok bool) {
 		return "", 0, false
 	}
 	raw := line[open+1 : closing]
-	var b strings.Builder
+	escapes := 0
 	for j := 0; j < len(raw); j++ {
-		c := raw[j]
-		if c == '\\' {
+		if c := raw[j]; c == '\\' {
 			if j++; j == len(raw) || !isQuotedPairChar(raw[j]) {
 				return "", 0, false
 			}
-			c = raw[j]
+			escapes++
 		} else if c == '"' || !isQuotedPairChar(c) {
 			return "", 0, false
 		}
-		b.WriteByte(c)
 	}
-	return b.String(), open, true
+	if escapes == 0 {
+		return raw, open, true
+	}
+	b := make([]byte, 0, len(raw)-escapes)
+	for j := 0; j < len(raw); j++ {
+		if raw[j] == '\\' {
+			j++
+		}
+		b = append(b, raw[j])
+	}
+	return string(b), open, true
 }
 
 // skipOWSLeft returns i moved left past spaces and tabs.
