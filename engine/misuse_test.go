@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"expvar"
 	"reflect"
 	"slices"
 	"testing"
@@ -155,11 +154,6 @@ func zeroEngineCases() []misuseCase {
 		}, engine.ErrNotInitialized, 0},
 		{"Stats", "the zero Stats", func(e *engine.Engine) (any, error) { return e.Stats(), nil },
 			nil, engine.Stats{}},
-		{"PublishExpvar", "nothing published", func(e *engine.Engine) (any, error) {
-			const name = "tokenshard-misuse-zero-engine"
-			err := e.PublishExpvar(name)
-			return expvar.Get(name) == nil, err
-		}, engine.ErrNotInitialized, true},
 		{"KeyCount", "zero", func(e *engine.Engine) (any, error) { return e.KeyCount(), nil },
 			nil, 0},
 		{"MaxKeys", "zero", func(e *engine.Engine) (any, error) { return e.MaxKeys(), nil },

@@ -1,10 +1,7 @@
 package engine
 
 import (
-	"expvar"
-	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 
 	"github.com/tokenshard/tokenshard/msg"
@@ -156,22 +153,3 @@ func (e *Engine) Stats() Stats {
 	st.Total.Errors.add(st.Caller)
 	return st
 }
-
-// PublishExpvar makes Stats readable through the standard expvar package
-// under name (served at /debug/vars by expvar's handler). A name already
-// published is an error, since expvar names are process-wide. A zero Engine
-// publishes nothing and returns ErrNotInitialized.
-func (e *Engine) PublishExpvar(name string) error {
-	if e.uninitialized() {
-		return ErrNotInitialized
-	}
-	expvarMu.Lock() // expvar.Publish panics on a name taken between check and publish
-	defer expvarMu.Unlock()
-	if expvar.Get(name) != nil {
-		return fmt.Errorf("%w: expvar %q is already published", ErrInvalidConfig, name)
-	}
-	expvar.Publish(name, expvar.Func(func() any { return e.Stats() }))
-	return nil
-}
-
-var expvarMu sync.Mutex

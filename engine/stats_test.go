@@ -3,9 +3,7 @@ package engine_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"expvar"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -265,21 +263,6 @@ func TestEventsSample(t *testing.T) {
 		assert.ErrorIs(t, got[2].Err, engine.ErrInvalidCost, "errors are sampled too")
 	})
 }
-
-// TestPublishExpvar: Stats under a name in expvar; a name taken is an error.
-func TestPublishExpvar(t *testing.T) {
-	e, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1), Shards: 1})
-	_, err := e.Allow(context.Background(), "k", 1)
-	require.NoError(t, err)
-	name := fmt.Sprintf("tokenshard_test_stats_%d", expvarRuns.Add(1)) // -count reruns in one process
-	require.NoError(t, e.PublishExpvar(name))
-	assert.ErrorIs(t, e.PublishExpvar(name), engine.ErrInvalidConfig)
-	var st engine.Stats
-	require.NoError(t, json.Unmarshal([]byte(expvar.Get(name).String()), &st))
-	assert.Len(t, st.Shards, 1)
-}
-
-var expvarRuns atomic.Int64
 
 // TestStatsIdle: what an idle shard did last is published before it parks:
 // a cutover, and the keys a restored engine starts with.

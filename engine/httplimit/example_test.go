@@ -13,6 +13,7 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/expvarstats"
 	"github.com/tokenshard/tokenshard/engine/httplimit"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -190,7 +191,7 @@ func ExampleMiddleware_Handler() {
 		panic(err)
 	}
 	defer e.Close()
-	if err := e.PublishExpvar("ratelimit"); err != nil { // expvar names are process-wide
+	if err := expvarstats.Publish("ratelimit", e); err != nil { // expvar names are process-wide
 		panic(err)
 	}
 	mw, err := httplimit.New(e)
