@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"testing"
@@ -152,6 +154,11 @@ func zeroEngineCases() []misuseCase {
 			err := e.Snapshot(bg, &buf)
 			return buf.Len(), err
 		}, engine.ErrNotInitialized, 0},
+		{"SnapshotFile", "no file tried", func(e *engine.Engine) (any, error) {
+			// In a directory that does not exist: trying to make the file
+			// would fail with the file system's error instead.
+			return nil, e.SnapshotFile(bg, filepath.Join(os.TempDir(), "tokenshard-misuse-no-such-dir", "snap"))
+		}, engine.ErrNotInitialized, nil},
 		{"Stats", "the zero Stats", func(e *engine.Engine) (any, error) { return e.Stats(), nil },
 			nil, engine.Stats{}},
 		{"KeyCount", "zero", func(e *engine.Engine) (any, error) { return e.KeyCount(), nil },
