@@ -9,23 +9,24 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// Defaults applied by New to zero Config fields, and fixed sizes.
+// Defaults applied by New to zero Config fields.
 const (
 	// DefaultMaxKeys is the key bound when Config.MaxKeys is 0.
 	DefaultMaxKeys = 1 << 20
 	// DefaultMaxKeyBytes is the key length bound when Config.MaxKeyBytes is 0.
 	DefaultMaxKeyBytes = 256
-	// MailboxSize is how many single requests, and separately how many batch
-	// parts, may wait for one shard; a caller that finds it full blocks until
-	// there is room, its context ends or the engine closes. A single request
-	// counts until the shard has served the group it was taken with.
-	MailboxSize = 1024
 	// DefaultEventEvery is the sampling period of Config.Events when
 	// Config.EventEvery is 0.
 	DefaultEventEvery = 1000
 	// DefaultEventBuffer is the event buffer when Config.EventBuffer is 0.
 	DefaultEventBuffer = 1024
 )
+
+// mailboxSize is how many single requests, and separately how many batch
+// parts, may wait for one shard; a caller that finds it full blocks until
+// there is room, its context ends or the engine closes. A single request
+// counts until the shard has served the group it was taken with.
+const mailboxSize = 1024
 
 // Config configures New. The zero value of every field but Policy has a
 // documented default; Policy must be valid. A Config is a plain value: New

@@ -120,7 +120,7 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 	}
 	shards := make([]*shard.Shard, cfg.Shards)
 	for i := range shards {
-		e.mailboxes[i] = shard.NewMailbox(MailboxSize, e.closing)
+		e.mailboxes[i] = shard.NewMailbox(mailboxSize, e.closing)
 		shards[i] = shard.New(p, cfg.Clock, e.budget, e.mailboxes[i], &e.hasher)
 		if e.events != nil {
 			shards[i].Sample(i, e.events, uint64(cfg.EventEvery))

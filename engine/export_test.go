@@ -1,5 +1,9 @@
 package engine
 
+// MailboxSize is how many single requests, and separately batch parts, may
+// wait for one shard, for tests that fill a mailbox.
+const MailboxSize = mailboxSize
+
 // NewBare returns an engine whose shards answer every single request with a
 // zero Decision, deciding nothing: the transport alone, for benchmarks.
 func NewBare(cfg Config) (*Engine, error) { return newEngine(cfg, true) }
