@@ -116,12 +116,12 @@ func TestClusterShardsSpread(t *testing.T) {
 	require.Zero(t, s.Stats().Failures)
 }
 
-// keysInShards returns two keys in different virtual shards.
-func keysInShards() (string, string) {
+// keysInShards returns two keys in different virtual shards of s.
+func keysInShards(s *redisstore.Store) (string, string) {
 	a := "a"
 	for i := 0; ; i++ {
 		b := fmt.Sprint("b", i)
-		if redisstore.ShardOf(a, redisstore.DefaultVirtualShards) != redisstore.ShardOf(b, redisstore.DefaultVirtualShards) {
+		if redisstore.ShardOfStore(s, a) != redisstore.ShardOfStore(s, b) {
 			return a, b
 		}
 	}
@@ -132,11 +132,11 @@ func keysInShards() (string, string) {
 // takes nothing; keys that share a {tag} share a shard and are decided all
 // or nothing. On one server the same keys of two shards are decided as one.
 func TestAllowAllCrossShard(t *testing.T) {
-	a, b := keysInShards()
 	pol := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 	ctx := context.Background()
 	t.Run("cluster", func(t *testing.T) {
 		s := newStore(t, redisstore.Config{Client: clusterClient(t, redistest.ClusterAddrs(t)), Policy: pol}, clock.NewManual(0))
+		a, b := keysInShards(s)
 		_, i, err := s.AllowAll(ctx, []engine.Request{{Key: a, Cost: 1}, {Key: a, Cost: 2}, {Key: b, Cost: 1}})
 		require.ErrorIs(t, err, redisstore.ErrCrossShard)
 		require.Equal(t, 2, i)
@@ -145,7 +145,7 @@ func TestAllowAllCrossShard(t *testing.T) {
 		require.Equal(t, int64(10), d.Remaining, "a refused call takes nothing")
 
 		x, y := "{user:7}:"+a, "{user:7}:"+b
-		require.Equal(t, redisstore.ShardOf(x, redisstore.DefaultVirtualShards), redisstore.ShardOf(y, redisstore.DefaultVirtualShards))
+		require.Equal(t, redisstore.ShardOfStore(s, x), redisstore.ShardOfStore(s, y))
 		d, _, err = s.AllowAll(ctx, []engine.Request{{Key: x, Cost: 4}, {Key: y, Cost: 10}})
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
@@ -158,6 +158,7 @@ func TestAllowAllCrossShard(t *testing.T) {
 	})
 	t.Run("one server", func(t *testing.T) {
 		s := newStore(t, redisstore.Config{Policy: pol}, clock.NewManual(0))
+		a, b := keysInShards(s)
 		d, _, err := s.AllowAll(ctx, []engine.Request{{Key: a, Cost: 4}, {Key: b, Cost: 10}})
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
@@ -654,7 +655,7 @@ func TestClusterShardBehindIsRaised(t *testing.T) {
 	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 1}, 1))
 	cc := clusterClient(t, addrs)
 	policies, _, _ := redisstore.ShardStateKeys(p)
-	sh := redisstore.ShardOf("k", redisstore.DefaultVirtualShards)
+	sh := redisstore.ShardOf(p, "k")
 	require.NoError(t, cc.HSet(ctx, policies[sh], "v", "1").Err())
 	d, err := s.Allow(ctx, "k", 1)
 	require.NoError(t, err)

@@ -116,7 +116,8 @@ func TestClusterLatePublishAtCommitInstant(t *testing.T) {
 		policies, _, _ := redisstore.ShardStateKeys(p)
 		var block atomic.Bool
 		clk := clock.NewManual(0)
-		s := newStore(t, redisstore.Config{Client: failPublish(t, addrs, policies[redisstore.ShardOf(key, redisstore.DefaultVirtualShards)], &block),
+		newStore(t, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1}, clk) // creates the prefix's key map
+		s := newStore(t, redisstore.Config{Client: failPublish(t, addrs, policies[redisstore.ShardOf(p, key)], &block),
 			Prefix: p, Policy: v1}, clk)
 		d, err := s.Allow(ctx, key, 100)
 		require.NoError(t, err)
@@ -154,17 +155,18 @@ func TestClusterLengtheningFinishedByAnother(t *testing.T) {
 	ctx := context.Background()
 	policies, _, pendings := redisstore.ShardStateKeys(p)
 	const key = "k"
-	sh := redisstore.ShardOf(key, redisstore.DefaultVirtualShards)
-	other := "o"
-	for i := 0; redisstore.ShardOf(other, redisstore.DefaultVirtualShards) == sh; i++ {
-		other = fmt.Sprint("o", i)
-	}
 	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 10}
 	v2 := policy.Policy{Version: 2, Capacity: 100, TokensPerSecond: 10} // lengthens
+	// s creates the prefix's key map, by which the shard is picked
+	s := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: v1})[0]
+	sh := redisstore.ShardOfStore(s, key)
+	other := "o"
+	for i := 0; redisstore.ShardOfStore(s, other) == sh; i++ {
+		other = fmt.Sprint("o", i)
+	}
 	var block atomic.Bool
 	admin, err := redisstore.New(ctx, redisstore.Config{Client: failStep(t, addrs, redisstore.PrepareScript, policies[sh], &block), Prefix: p, Policy: v1})
 	require.NoError(t, err)
-	s := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: v1})[0]
 	cc := clusterClient(t, addrs)
 
 	block.Store(true)

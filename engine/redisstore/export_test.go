@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -39,15 +40,28 @@ func PolicyBlob(p policy.Policy) string {
 	return b
 }
 
-// Key names, for tests that read or write Redis directly. They assume
-// DefaultVirtualShards, as every test store has unless it sets
-// Config.VirtualShards.
+// Key names, for tests that read or write Redis directly.
 
-// BucketKey is the Redis key of key's bucket under prefix.
+// opens holds the last store New returned on each prefix: a bucket's key
+// depends on its prefix's key map, which New reads from Redis.
+var opens sync.Map // prefix -> *Store
+
+func init() { opened = func(s *Store) { opens.Store(s.prefix, s) } }
+
+// opener is the last store New returned on prefix; it panics if there is
+// none, since no key map is known then.
+func opener(prefix string) *Store {
+	s, ok := opens.Load(prefix)
+	if !ok {
+		panic("redisstore test: no store was opened on prefix " + strconv.Quote(prefix) + ", so its key map is not known")
+	}
+	return s.(*Store)
+}
+
+// BucketKey is the Redis key of key's bucket under prefix, on which a store
+// must have been opened.
 func BucketKey(prefix, key string) string {
-	s := &Store{prefix: prefix}
-	s.globals()
-	s.layout(DefaultVirtualShards)
+	s := opener(prefix)
 	return s.shards[s.shard(key)].bucket + key
 }
 
@@ -58,7 +72,7 @@ func GlobalKey(prefix, name string) string {
 }
 
 // ShardStateKeys are each virtual shard's policy hash, history list and
-// pending flag, in shard order.
+// pending flag, in shard order, for DefaultVirtualShards shards.
 func ShardStateKeys(prefix string) (policies, histories, pendings []string) {
 	s := &Store{prefix: prefix}
 	s.globals()
@@ -71,8 +85,15 @@ func ShardStateKeys(prefix string) (policies, histories, pendings []string) {
 	return policies, histories, pendings
 }
 
-// ShardOf is key's virtual shard among n.
-func ShardOf(key string, n int) int { return shardOf(key, n) }
+// ShardOf is key's virtual shard under prefix, on which a store must have
+// been opened.
+func ShardOf(prefix, key string) int { return opener(prefix).shard(key) }
+
+// ShardOfStore is key's virtual shard in s.
+func ShardOfStore(s *Store, key string) int { return s.shard(key) }
+
+// Seed is the seed of s's key map, in hex as Redis stores it.
+func Seed(s *Store) string { return s.seed }
 
 // DecimalBucket is decimalBucket, for the tests that read buckets: the
 // decimal format of any bucket.

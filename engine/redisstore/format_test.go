@@ -36,7 +36,7 @@ func TestOlderStoreRefusesCompactBuckets(t *testing.T) {
 	require.Contains(t, []byte{1, 2}, raw[0], "the fast path writes the compact format")
 	pol, hist, pend := redisstore.ShardStateKeys(p)
 	shardKeys := func(key string) []string {
-		i := redisstore.ShardOf(key, redisstore.DefaultVirtualShards)
+		i := redisstore.ShardOf(p, key)
 		return []string{pol[i], hist[i], pend[i], redisstore.BucketKey(p, key)}
 	}
 	keys := shardKeys("k")

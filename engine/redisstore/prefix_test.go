@@ -31,10 +31,12 @@ func dropKeys(t *testing.T, c *redis.Client, p string, buckets ...string) {
 	keys := []string{redisstore.GlobalKey(p, "policy"), redisstore.GlobalKey(p, "history"), redisstore.GlobalKey(p, "blobs"), redisstore.GlobalKey(p, "lock")}
 	ps, hs, ns := redisstore.ShardStateKeys(p)
 	keys = append(append(append(keys, ps...), hs...), ns...)
-	for _, b := range buckets {
-		keys = append(keys, redisstore.BucketKey(p, b))
-	}
-	t.Cleanup(func() { c.Del(context.Background(), keys...) })
+	t.Cleanup(func() {
+		for _, b := range buckets { // a bucket's key depends on the key map the test's store created
+			keys = append(keys, redisstore.BucketKey(p, b))
+		}
+		c.Del(context.Background(), keys...)
+	})
 }
 
 // TestPrefixAnyBytesCountAndEvict: KeyCount and EvictFull find the buckets

@@ -2,8 +2,12 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,7 +31,9 @@ const (
 // all in one virtual shard: one script call must decide every key, and a
 // script runs on one hash slot. Put related keys in one shard with a hash
 // tag: keys whose first "{...}" holds the same non-empty text share a
-// shard. On one server (not a cluster) AllowAll takes keys of any shards.
+// shard. On a prefix that ignores tags (Config.IgnoreKeyTags) keys share a
+// shard only by chance, so AllowAll over several keys mostly returns this
+// there. On one server (not a cluster) AllowAll takes keys of any shards.
 var ErrCrossShard = errors.New("redisstore: AllowAll keys in more than one virtual shard on Redis Cluster (co-locate them with a {tag})")
 
 // slots is Redis Cluster's number of hash slots.
@@ -61,17 +67,109 @@ func hashTag(key string) string {
 	return key
 }
 
-// shardOf is key's virtual shard among n: FNV-1a of its hash tag (the whole
-// key if it has none) modulo n. It is a fixed function, with no seed, so
-// every process maps a key to the same shard.
-func shardOf(key string, n int) int {
-	t := hashTag(key)
-	h := uint32(2166136261)
-	for i := 0; i < len(t); i++ {
-		h ^= uint32(t[i])
-		h *= 16777619
+// A prefix's key map: how its keys map to virtual shards, stored with the
+// prefix's policy by the first store (see installSrc) and adopted by every
+// other, so that every process maps a key to the same shard.
+//
+// A key's shard is SipHash-2-4, keyed by the prefix's seed, of the key's
+// hash tag (of the whole key if it has none, or if the prefix ignores
+// tags), modulo the number of shards. The seed is 16 bytes from
+// crypto/rand, drawn by the store that creates the prefix: without reading
+// it from Redis, nobody can tell which keys share a shard, so a client that
+// picks its keys' text cannot pile them onto one shard (one master of a
+// cluster). SipHash is a keyed hash made for exactly this: it tells nothing
+// of its key from outputs, and costs about as much as FNV-1a did.
+type keyMap struct {
+	k0, k1     uint64 // the seed, as SipHash's two key words (little-endian)
+	ignoreTags bool   // hash the whole key, "{...}" or not
+}
+
+// seedBytes is the length of a prefix's seed: SipHash's 128-bit key.
+const seedBytes = 16
+
+// ErrKeyTags is New's error when Config.IgnoreKeyTags differs from the
+// setting stored with the prefix: stores that map keys to shards
+// differently would keep two buckets for one key, each with its own quota.
+var ErrKeyTags = errors.New("redisstore: Config.IgnoreKeyTags differs from the setting stored with the prefix")
+
+// newSeed draws a seed for a new prefix, in hex as it is stored.
+func newSeed() string {
+	var b [seedBytes]byte
+	_, _ = rand.Read(b[:]) // never fails: crypto/rand crashes the program rather than return an error
+	return hex.EncodeToString(b[:])
+}
+
+// tagsArg is the stored form of the tags setting: "0" when the prefix
+// ignores "{...}" in keys, "1" when a key's tag picks its shard.
+func tagsArg(ignore bool) string {
+	if ignore {
+		return "0"
 	}
-	return int(h % uint32(n))
+	return "1"
+}
+
+// parseKeyMap reads a key map as stored: the seed in hex and the tags
+// setting.
+func parseKeyMap(seed, tags string) (keyMap, error) {
+	b, err := hex.DecodeString(seed)
+	if err != nil || len(b) != seedBytes || (tags != "0" && tags != "1") {
+		return keyMap{}, fmt.Errorf("%w: the stored key map (seed %q, tags %q)", ErrUnavailable, seed, tags)
+	}
+	return keyMap{k0: binary.LittleEndian.Uint64(b), k1: binary.LittleEndian.Uint64(b[8:]), ignoreTags: tags == "0"}, nil
+}
+
+// shardOf is key's virtual shard among n under m.
+func (m keyMap) shardOf(key string, n int) int {
+	t := key
+	if !m.ignoreTags {
+		t = hashTag(key)
+	}
+	return int(sipHash(m.k0, m.k1, t) % uint64(n))
+}
+
+// sipHash is SipHash-2-4 of s under the key (k0, k1), read from s's bytes
+// as they are, without allocating.
+func sipHash(k0, k1 uint64, s string) uint64 {
+	v0 := k0 ^ 0x736f6d6570736575
+	v1 := k1 ^ 0x646f72616e646f6d
+	v2 := k0 ^ 0x6c7967656e657261
+	v3 := k1 ^ 0x7465646279746573
+	last := uint64(len(s)) << 56
+	for ; len(s) >= 8; s = s[8:] {
+		m := uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+			uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+		v3 ^= m
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+		v0 ^= m
+	}
+	for i := len(s) - 1; i >= 0; i-- {
+		last |= uint64(s[i]) << (8 * i)
+	}
+	v3 ^= last
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	v0 ^= last
+	v2 ^= 0xff
+	for range 4 {
+		v0, v1, v2, v3 = sipRound(v0, v1, v2, v3)
+	}
+	return v0 ^ v1 ^ v2 ^ v3
+}
+
+// sipRound is one SipRound.
+func sipRound(v0, v1, v2, v3 uint64) (uint64, uint64, uint64, uint64) {
+	v0 += v1
+	v1 = bits.RotateLeft64(v1, 13) ^ v0
+	v0 = bits.RotateLeft64(v0, 32)
+	v2 += v3
+	v3 = bits.RotateLeft64(v3, 16) ^ v2
+	v0 += v3
+	v3 = bits.RotateLeft64(v3, 21) ^ v0
+	v2 += v1
+	v1 = bits.RotateLeft64(v1, 17) ^ v2
+	v2 = bits.RotateLeft64(v2, 32)
+	return v0, v1, v2, v3
 }
 
 // crc16 is Redis Cluster's key hash (CRC-16/XMODEM); a key's slot is its
@@ -164,8 +262,8 @@ func (s *Store) layout(n int) {
 	}
 }
 
-// shard is key's virtual shard.
-func (s *Store) shard(key string) int { return shardOf(key, len(s.shards)) }
+// shard is key's virtual shard, under the prefix's key map.
+func (s *Store) shard(key string) int { return s.kmap.shardOf(key, len(s.shards)) }
 
 // bucketKeyOf parses a bucket's Redis key (one SCAN returned) into the
 // user's key, reporting false for a key that is not a bucket of this

@@ -19,7 +19,8 @@ func TestHashTag(t *testing.T) {
 			t.Errorf("hashTag(%q) = %q, want %q", tc.key, got, tc.tag)
 		}
 	}
-	if shardOf("{t}a", 16) != shardOf("{t}b", 16) {
+	m := keyMap{k0: 1, k1: 2}
+	if m.shardOf("{t}a", 16) != m.shardOf("{t}b", 16) {
 		t.Error("keys of one tag in different shards")
 	}
 	if crc16("123456789") != 0x31c3 { // CRC-16/XMODEM's check value, as Redis Cluster's

@@ -88,6 +88,18 @@ type Config struct {
 	// store uses the stored number whatever it sets, so every process maps a
 	// key to the same shard.
 	VirtualShards int
+	// IgnoreKeyTags makes the store pick a key's virtual shard by the whole
+	// key, "{...}" and all. By default a key holding a hash tag (its first
+	// "{...}", not empty) is placed by the tag alone, so keys that share a
+	// tag share a shard, and AllowAll on Redis Cluster may take them
+	// together. Set it when keys hold text a client controls (an API token,
+	// a header, a path): a client could otherwise write a tag into its keys
+	// and choose their shard, all of them on one master. With it, keys
+	// share a shard only by chance, so on Redis Cluster AllowAll over more
+	// than one key mostly returns ErrCrossShard. Like VirtualShards it is
+	// stored with the prefix by the first store; a store that sets it
+	// otherwise than the prefix holds fails at New with ErrKeyTags.
+	IgnoreKeyTags bool
 	// Clock is the time the store decides at. nil (the default, and the
 	// only safe production setting) decides at the Redis server's TIME,
 	// read inside each script, so replicas with skewed clocks cannot mint
@@ -129,6 +141,8 @@ type Store struct {
 	kPolicy, kHistory, kBlobs, kLock, kBucket string // global keys; kBucket starts every bucket's
 	shards                                    []shardKeys
 	shardByTag                                map[string]int
+	kmap                                      keyMap // how keys map to shards, as stored with the prefix
+	seed, tags                                string // kmap as stored; "" until New has read it
 
 	cur    atomic.Pointer[state] // the policy in force, as last seen
 	closed atomic.Bool
@@ -178,11 +192,14 @@ func newState(p policy.Policy) *state {
 
 var _ engine.Admitter = (*Store)(nil)
 
-// New connects a Store to the prefix's policy, installing cfg.Policy if the
-// prefix has none. Errors: engine.ErrNilContext for a nil ctx,
-// engine.ErrInvalidPolicy, engine.ErrInvalidConfig (no client, a client
-// without ContextTimeoutEnabled, a negative duration or bound, a
-// *clock.Monotonic Clock), or ErrUnavailable when Redis cannot be reached.
+// New connects a Store to the prefix's policy and key map, installing
+// cfg.Policy and a new key map (a random seed, cfg.IgnoreKeyTags) if the
+// prefix has none; it reads the key map before it decides anything.
+// Errors: engine.ErrNilContext for a nil ctx, engine.ErrInvalidPolicy,
+// engine.ErrInvalidConfig (no client, a client without
+// ContextTimeoutEnabled, a negative duration or bound, a *clock.Monotonic
+// Clock), ErrKeyTags when cfg.IgnoreKeyTags differs from the prefix's
+// setting, or ErrUnavailable when Redis cannot be reached.
 func New(ctx context.Context, cfg Config) (*Store, error) {
 	if ctx == nil {
 		return nil, engine.ErrNilContext
@@ -252,24 +269,37 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	seed, tags := newSeed(), tagsArg(cfg.IgnoreKeyTags)
 	if cluster != nil {
 		// The global keys lost while shards survive (their master lost
-		// its data): never reinstall them below a shard's version.
+		// its data): never reinstall them below a shard's version, nor
+		// with another key map than the shards' buckets were placed by.
 		n, err := s.rdb.Exists(ctx, s.kPolicy).Result()
 		if err != nil {
 			return nil, fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
 		}
 		if n == 0 {
 			s.layout(shards)
-			if _, err := s.reinstallPolicy(ctx); err != nil {
+			_, kept, err := s.reinstallPolicy(ctx)
+			if err != nil {
 				return nil, err
+			}
+			if kept[0] != "" {
+				seed, tags = kept[0], kept[1]
 			}
 		}
 	}
-	installed, stored, err := s.install(ctx, cfg.Policy, shards)
+	installed, stored, kept, err := s.install(ctx, cfg.Policy, shards, seed, tags)
 	if err != nil {
 		return nil, err
 	}
+	if kept[1] != tagsArg(cfg.IgnoreKeyTags) {
+		return nil, fmt.Errorf("%w: Config.IgnoreKeyTags is %v", ErrKeyTags, cfg.IgnoreKeyTags)
+	}
+	if s.kmap, err = parseKeyMap(kept[0], kept[1]); err != nil {
+		return nil, err
+	}
+	s.seed, s.tags = kept[0], kept[1]
 	s.layout(stored)
 	s.queues = make([]combiner, s.queueCount())
 	// A policy another process installed is read even if its version is
@@ -281,8 +311,15 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := s.ensureShards(ctx, nil); err != nil {
 		return nil, err
 	}
+	if opened != nil {
+		opened(s)
+	}
 	return s, nil
 }
+
+// opened, if set, is called with every store New returns: the tests use it
+// to find a prefix's key map.
+var opened func(*Store)
 
 // deadline is when a call under ctx must end: ctx's deadline, or the
 // store's Timeout from now if that is sooner.
@@ -319,30 +356,38 @@ func (s *Store) nowArg() string {
 }
 
 // install stores p as the prefix's first policy unless it has one, with
-// shards virtual shards, and reports whether it did and the number of
-// virtual shards in force.
-func (s *Store) install(ctx context.Context, p policy.Policy, shards int) (bool, int, error) {
+// shards virtual shards and the key map of seed and tags (as stored: see
+// keyMap), and reports whether it did, the number of virtual shards in
+// force and the key map in force (seed and tags), which one script call
+// sets if the prefix has none, so that every store adopts the first one's.
+// Once the store has read its key map (New), another in force is an error.
+func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, tags string) (bool, int, [2]string, error) {
+	var kept [2]string
 	blob, err := encodePolicy(p)
 	if err != nil {
-		return false, 0, err
+		return false, 0, kept, err
 	}
 	a := encodeShape(p.Shape())
 	res, err := installScript.Run(ctx, s.rdb, []string{s.kPolicy, s.kHistory, s.kBlobs},
-		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards).StringSlice()
+		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, seed, tags).StringSlice()
 	if err != nil {
-		return false, 0, fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
+		return false, 0, kept, fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
 	}
-	if len(res) != 2 {
-		return false, 0, fmt.Errorf("%w: installing the policy: reply %v", ErrUnavailable, res)
+	if len(res) != 4 {
+		return false, 0, kept, fmt.Errorf("%w: installing the policy: reply %v", ErrUnavailable, res)
 	}
 	n, err := strconv.Atoi(res[1])
 	if err != nil || n < 1 || n > MaxVirtualShards {
-		return false, 0, fmt.Errorf("%w: the stored number of virtual shards %q", ErrUnavailable, res[1])
+		return false, 0, kept, fmt.Errorf("%w: the stored number of virtual shards %q", ErrUnavailable, res[1])
 	}
 	if s.shards != nil && n != len(s.shards) {
-		return false, 0, fmt.Errorf("%w: the prefix was reinstalled with %d virtual shards, not %d", ErrUnavailable, n, len(s.shards))
+		return false, 0, kept, fmt.Errorf("%w: the prefix was reinstalled with %d virtual shards, not %d", ErrUnavailable, n, len(s.shards))
 	}
-	return res[0] == "ok", n, nil
+	kept = [2]string{res[2], res[3]}
+	if s.seed != "" && kept != [2]string{s.seed, s.tags} {
+		return false, 0, kept, fmt.Errorf("%w: the prefix was reinstalled with another key map than this store's", ErrUnavailable)
+	}
+	return res[0] == "ok", n, kept, nil
 }
 
 // tail is the part of p's history entry after the cutover instant: the
@@ -357,9 +402,10 @@ func tail(p policy.Policy) string {
 }
 
 // ensureShards installs the virtual shards (all of them for nil) that have
-// no version yet at the policy in force as this store last saw it: at New,
-// and when a shard answers that it has none (its master lost its data). On
-// one server it is one script; on a cluster one per shard, pipelined.
+// no version yet at the policy in force as this store last saw it, and
+// writes the prefix's key map into each shard's copy: at New, and when a
+// shard answers that it has none (its master lost its data). On one server
+// it is one script; on a cluster one per shard, pipelined.
 func (s *Store) ensureShards(ctx context.Context, which []int) error {
 	if which == nil {
 		which = make([]int, len(s.shards))
@@ -368,7 +414,7 @@ func (s *Store) ensureShards(ctx context.Context, which []int) error {
 		}
 	}
 	p := s.cur.Load().p
-	args := []any{p.Version, tail(p), s.nowArg()}
+	args := []any{p.Version, tail(p), s.nowArg(), s.seed, s.tags}
 	if s.cluster == nil {
 		keys := make([]string, 0, 2*len(which))
 		for _, i := range which {
@@ -426,11 +472,11 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 	for range 3 {
 		vals, err := s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
 		if err == nil && vals[0] == nil {
-			p, err := s.reinstallPolicy(ctx)
+			p, _, err := s.reinstallPolicy(ctx)
 			if err != nil {
 				return err
 			}
-			if _, _, err := s.install(ctx, p, len(s.shards)); err != nil {
+			if _, _, _, err := s.install(ctx, p, len(s.shards), s.seed, s.tags); err != nil {
 				return err
 			}
 			continue
@@ -472,26 +518,36 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 // virtual shard that survived (on another master) holds a newer version,
 // that one, whose policy this store must know: else it fails, and no store
 // reinstalls the keys until one that knows it does (a global older than a
-// shard would make every call on that shard answer "stale" for good).
-func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, error) {
+// shard would make every call on that shard answer "stale" for good). It
+// also returns the key map (seed and tags) the first surviving shard holds
+// a copy of, or ""s: the map the shards' buckets were placed by, which New
+// reinstalls rather than draw a seed of its own.
+func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, error) {
 	p := s.cur.Load().p
+	var kept [2]string
 	if s.cluster == nil {
-		return p, nil // one server: its shards went with the global keys
+		return p, kept, nil // one server: its shards went with the global keys
 	}
 	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.StringCmd, len(s.shards))
+	cmds := make([]*redis.SliceCmd, len(s.shards))
 	for i, k := range s.shards {
-		cmds[i] = pipe.HGet(ctx, k.policy, "v")
+		cmds[i] = pipe.HMGet(ctx, k.policy, "v", "seed", "tags")
 	}
 	_, _ = pipe.Exec(ctx)
 	newest, at := p.Version, -1
 	for i, c := range cmds {
-		v, err := c.Result()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
+		vals, err := c.Result()
 		if err != nil {
-			return p, fmt.Errorf("%w: reading virtual shard %d's version: %w", ErrUnavailable, i, err)
+			return p, kept, fmt.Errorf("%w: reading virtual shard %d's version: %w", ErrUnavailable, i, err)
+		}
+		seed, _ := vals[1].(string)
+		tags, _ := vals[2].(string)
+		if kept[0] == "" && seed != "" && tags != "" {
+			kept = [2]string{seed, tags}
+		}
+		v, ok := vals[0].(string)
+		if !ok {
+			continue
 		}
 		// a prepared shard ("p" and the next) holds an older version
 		// still; the cutover it waits for is not known to have committed
@@ -500,15 +556,15 @@ func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, error) {
 		}
 	}
 	if at < 0 {
-		return p, nil
+		return p, kept, nil
 	}
 	s.mu.Lock()
 	q, ok := s.past[newest]
 	s.mu.Unlock()
 	if !ok {
-		return p, fmt.Errorf("%w: the prefix's global keys are lost and virtual shard %d holds policy version %d, newer than this store's %d: only a store that knows version %d can reinstall them", ErrUnavailable, at, newest, p.Version, newest)
+		return p, kept, fmt.Errorf("%w: the prefix's global keys are lost and virtual shard %d holds policy version %d, newer than this store's %d: only a store that knows version %d can reinstall them", ErrUnavailable, at, newest, p.Version, newest)
 	}
-	return q, nil
+	return q, kept, nil
 }
 
 // adopt makes p the policy this store sends requests under. Redis is the

@@ -1,0 +1,231 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/internal/redistest"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// onBoth runs f on the shared server and on the shared cluster, each given
+// as the address realStores takes.
+func onBoth(t *testing.T, f func(t *testing.T, addr string)) {
+	t.Run("one server", func(t *testing.T) { f(t, redisAddr(t)) })
+	t.Run("cluster", func(t *testing.T) { f(t, clusterAddr(t)) })
+}
+
+var keymapPolicy = policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+
+// sameMapping fails unless a and b put each of n keys in the same shard.
+func sameMapping(t *testing.T, a, b *redisstore.Store, n int) {
+	t.Helper()
+	for i := range n {
+		k := fmt.Sprint("key:", i)
+		require.Equal(t, redisstore.ShardOfStore(a, k), redisstore.ShardOfStore(b, k), "key %q", k)
+	}
+}
+
+// TestKeyMapSharedByStores: stores opened at once on a fresh prefix all
+// adopt the one seed the first stored, with the prefix's policy, and so
+// map every key alike and share its bucket; a store opened later, after
+// the others closed, reads the same seed (it survives a restart).
+func TestKeyMapSharedByStores(t *testing.T) {
+	onBoth(t, func(t *testing.T, addr string) {
+		ctx := context.Background()
+		p := prefix(t)
+		stores := make([]*redisstore.Store, 6)
+		var wg sync.WaitGroup
+		for i := range stores {
+			wg.Go(func() {
+				s, err := redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: p, Policy: keymapPolicy})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				stores[i] = s
+			})
+		}
+		wg.Wait()
+		t.Cleanup(func() { cleanPrefix(anyClient(t, addr), p) })
+		if t.Failed() {
+			return
+		}
+		seed := redisstore.Seed(stores[0])
+		require.Len(t, seed, 32, "16 bytes in hex")
+		require.Equal(t, seed, anyClient(t, addr).HGet(ctx, redisstore.GlobalKey(p, "policy"), "seed").Val(), "the seed is stored with the prefix's policy")
+		for _, s := range stores[1:] {
+			require.Equal(t, seed, redisstore.Seed(s))
+			sameMapping(t, stores[0], s, 1000)
+		}
+
+		d, err := stores[0].Allow(ctx, "k", 10)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		for _, s := range stores {
+			require.NoError(t, s.Close())
+		}
+		later := realStores(t, addr, 1, redisstore.Config{Prefix: p, Policy: keymapPolicy})[0]
+		require.Equal(t, seed, redisstore.Seed(later), "the seed survives a restart")
+		sameMapping(t, stores[0], later, 1000)
+		d, err = later.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "the later store finds the bucket the first drained")
+	})
+}
+
+// TestKeyMapPerPrefix: two prefixes draw seeds of their own, and so place
+// keys differently: any one key lands in the same shard by chance (1 in
+// 16), so 1000 keys agree about 63 times; 200 is beyond any chance.
+func TestKeyMapPerPrefix(t *testing.T) {
+	onBoth(t, func(t *testing.T, addr string) {
+		a := realStores(t, addr, 1, redisstore.Config{Policy: keymapPolicy})[0]
+		b := realStores(t, addr, 1, redisstore.Config{Policy: keymapPolicy})[0]
+		require.NotEqual(t, redisstore.Seed(a), redisstore.Seed(b))
+		same := 0
+		for i := range 1000 {
+			k := fmt.Sprint("key:", i)
+			if redisstore.ShardOfStore(a, k) == redisstore.ShardOfStore(b, k) {
+				same++
+			}
+		}
+		require.Less(t, same, 200, "two prefixes agree on %d of 1000 keys", same)
+	})
+}
+
+// fnvShard is the unseeded mapping this package used before key maps:
+// FNV-1a of the key's hash tag modulo n, which anyone can compute.
+func fnvShard(key string, n int) int {
+	t := key
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			t = key[i+1 : i+1+j]
+		}
+	}
+	h := uint32(2166136261)
+	for i := 0; i < len(t); i++ {
+		h ^= uint32(t[i])
+		h *= 16777619
+	}
+	return int(h % uint32(n))
+}
+
+// TestClusterChosenKeysSpread: keys found by brute force to share one shard
+// (so one master) under the unseeded hash land in every shard and on every
+// master under a prefix's seed, and a batch of them writes buckets on
+// every master.
+func TestClusterChosenKeysSpread(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	p := prefix(t)
+	s := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: keymapPolicy})[0]
+	var keys []string
+	for i := 0; len(keys) < 480; i++ {
+		if k := fmt.Sprint("attacker:", i); fnvShard(k, redisstore.DefaultVirtualShards) == 0 {
+			keys = append(keys, k)
+		}
+	}
+	per := make([]int, redisstore.DefaultVirtualShards)
+	for _, k := range keys {
+		per[redisstore.ShardOfStore(s, k)]++
+	}
+	for i, n := range per {
+		require.NotZero(t, n, "shard %d holds none of the keys (per shard: %v)", i, per)
+	}
+	reqs := make([]engine.Request, len(keys))
+	for i, k := range keys {
+		reqs[i] = engine.Request{Key: k, Cost: 1}
+	}
+	out := make([]engine.Result, len(reqs))
+	require.NoError(t, s.AllowBatch(context.Background(), reqs, out))
+	owner := slotOwners(t, clusterClient(t, addrs))
+	masters := map[string]int{}
+	for i, k := range keys {
+		require.NoError(t, out[i].Err)
+		require.True(t, out[i].Decision.Allowed)
+		masters[owner(redisstore.BucketKey(p, k))]++
+	}
+	require.Len(t, masters, redistest.ClusterMasters, "buckets per master: %v", masters)
+}
+
+// TestClusterKeyMapSurvivesGlobalLoss: the global keys lost (their master
+// restarted empty) while the shards survive on the others: a new store
+// reinstalls them with the seed the shards' copies hold, not one of its
+// own, so the surviving buckets keep their shards. Every shard holds a
+// copy of the seed.
+func TestClusterKeyMapSurvivesGlobalLoss(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	ctx := context.Background()
+	addr := strings.Join(addrs, ",")
+	p := prefix(t)
+	first := realStores(t, addr, 1, redisstore.Config{Prefix: p, Policy: keymapPolicy})[0]
+	seed := redisstore.Seed(first)
+	cc := clusterClient(t, addrs)
+	policies, _, _ := redisstore.ShardStateKeys(p)
+	for i, k := range policies {
+		require.Equal(t, seed, cc.HGet(ctx, k, "seed").Val(), "shard %d's copy", i)
+	}
+	d, err := first.Allow(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.NoError(t, first.Close())
+
+	for _, name := range []string{"policy", "history", "blobs"} {
+		require.NoError(t, cc.Del(ctx, redisstore.GlobalKey(p, name)).Err())
+	}
+	again := realStores(t, addr, 1, redisstore.Config{Prefix: p, Policy: keymapPolicy})[0]
+	require.Equal(t, seed, redisstore.Seed(again), "the seed of the shards' copies")
+	require.Equal(t, seed, cc.HGet(ctx, redisstore.GlobalKey(p, "policy"), "seed").Val())
+	d, err = again.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed, "the drained bucket is found in its shard")
+}
+
+// TestIgnoreKeyTags: a prefix that ignores tags places a key by all its
+// bytes, so a client that writes one tag into its keys spreads over the
+// shards; on a cluster AllowAll over keys in two shards is ErrCrossShard,
+// on one server it decides them as one. The setting is stored with the
+// prefix, and a store that sets it otherwise is refused, either way.
+func TestIgnoreKeyTags(t *testing.T) {
+	onBoth(t, func(t *testing.T, addr string) {
+		ctx := context.Background()
+		p := prefix(t)
+		s := realStores(t, addr, 1, redisstore.Config{Prefix: p, Policy: keymapPolicy, IgnoreKeyTags: true})[0]
+		require.Equal(t, "0", anyClient(t, addr).HGet(ctx, redisstore.GlobalKey(p, "policy"), "tags").Val())
+		seen := map[int]bool{}
+		a, b := "{victim}0", ""
+		for i := range 400 {
+			k := fmt.Sprint("{victim}", i)
+			sh := redisstore.ShardOfStore(s, k)
+			seen[sh] = true
+			if b == "" && sh != redisstore.ShardOfStore(s, a) {
+				b = k
+			}
+		}
+		require.Len(t, seen, redisstore.DefaultVirtualShards, "keys of one tag spread over every shard")
+
+		reqs := []engine.Request{{Key: a, Cost: 1}, {Key: b, Cost: 1}}
+		d, i, err := s.AllowAll(ctx, reqs)
+		if strings.Contains(addr, ",") {
+			require.ErrorIs(t, err, redisstore.ErrCrossShard)
+			require.Equal(t, 1, i)
+		} else {
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+		}
+
+		_, err = redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: p, Policy: keymapPolicy})
+		require.ErrorIs(t, err, redisstore.ErrKeyTags, "a store that honours tags on a prefix that ignores them")
+		q := prefix(t)
+		realStores(t, addr, 1, redisstore.Config{Prefix: q, Policy: keymapPolicy})
+		require.Equal(t, "1", anyClient(t, addr).HGet(ctx, redisstore.GlobalKey(q, "policy"), "tags").Val())
+		_, err = redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: q, Policy: keymapPolicy, IgnoreKeyTags: true})
+		require.ErrorIs(t, err, redisstore.ErrKeyTags, "a store that ignores tags on a prefix that honours them")
+	})
+}
