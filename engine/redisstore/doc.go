@@ -151,19 +151,43 @@
 //
 // Keys are Prefix + "{" + tag + "}" + name. The prefix's global keys share
 // one tag, "g" and a hash of the prefix: "policy" (the version in force,
-// the number of virtual shards, a cluster cutover's record), "history"
-// (every retained version, oldest first), "blobs" (the retained policies)
-// and "lock" (the cutover lock). Each bucket belongs to one of
+// the number of virtual shards, the key map, a cluster cutover's record),
+// "history" (every retained version, oldest first), "blobs" (the retained
+// policies) and "lock" (the cutover lock). Each bucket belongs to one of
 // Config.VirtualShards virtual shards (DefaultVirtualShards, 16, unless
 // set; the first store on a prefix stores the number, and later stores
-// use it), shard = FNV-1a(key) mod the number, where a key holding a hash
-// tag (its first "{...}", not empty) is hashed by the tag alone, so keys
-// sharing a tag share a shard. A shard's keys share its own tag, chosen so
-// that the shards' hash slots spread evenly over the 16384 (and so over
-// the masters of a cluster whose slots are split evenly): "p" (its copy of
-// the version in force), "h" (its copy of the history, with the cutover
-// instants the script replays), "n" (its pending flag) and "k:" + key for
-// each bucket. One script call touches one shard's keys, so one hash slot.
+// use it), chosen by the prefix's key map: shard = SipHash-2-4(seed, key)
+// mod the number, where a key holding a hash tag (its first "{...}", not
+// empty) is hashed by the tag alone, so keys sharing a tag share a shard
+// (unless the prefix ignores tags: see below). The seed is 16 random bytes
+// (crypto/rand) that the first store on a prefix draws and stores in
+// "policy", in the script call that installs the prefix's first policy, so
+// only one is ever stored; every later store reads it at New, before it
+// decides anything. So every process places a key alike, and nobody who
+// cannot read Redis can tell which keys share a shard: a client that picks
+// the text of its keys cannot crowd them into one shard (one master of a
+// cluster) by trying keys against a known hash. A shard's keys share its
+// own tag, chosen so that the shards' hash slots spread evenly over the
+// 16384 (and so over the masters of a cluster whose slots are split
+// evenly): "p" (its copy of the version in force, and of the key map),
+// "h" (its copy of the history, with the cutover instants the script
+// replays), "n" (its pending flag) and "k:" + key for each bucket. One
+// script call touches one shard's keys, so one hash slot.
+//
+// A hash tag lets whoever writes a key choose its shard. Keys built from
+// text a client controls (an API token, a header, a path) would let that
+// client put "{x}" in all of them and send its whole load to one shard:
+// for such keys set Config.IgnoreKeyTags, and every key is hashed whole,
+// braces and all. The price is co-location: keys then share a shard only
+// by chance, so on a cluster AllowAll over more than one key mostly
+// returns ErrCrossShard (on one server AllowAll takes keys of any shards
+// either way). To keep AllowAll on a cluster with client text in the
+// keys, leave IgnoreKeyTags off and start every key with a tag of text
+// the client does not control ("{" + tenant + "}" + token): only a key's
+// first "{...}" counts, so braces in the token after it change nothing,
+// and each tenant's keys share one shard. The setting, like the seed, is
+// stored with the prefix by its first store; a store set otherwise fails
+// at New with ErrKeyTags.
 // A prefix that holds a hash tag of its own puts every key in that tag's
 // one slot: it works, nothing spreads. No store's prefix may begin with
 // another's. A bucket of a key whose limit the fast path takes is written
@@ -188,8 +212,9 @@
 // master its part in one round trip), so a batch of keys of many shards
 // makes as many calls: fewer virtual shards make fewer, larger calls and
 // spread less. AllowAll runs one script, so on a cluster its keys must
-// be in one virtual shard (give them one {tag}), else it returns
-// ErrCrossShard; on one server its keys may be in any shards. Keyspace
+// be in one virtual shard (give them one {tag}; with IgnoreKeyTags they
+// share one only by chance), else it returns ErrCrossShard; on one server
+// its keys may be in any shards. Keyspace
 // passes (EvictFull, KeyCount, a cutover's) scan every master, and the
 // decide FUNCTION (or script) is loaded on every master.
 //
@@ -258,8 +283,10 @@
 // On a cluster a master may lose its data alone (a restart without
 // persistence). Its shards are reinstalled at the version in force, and
 // their buckets start full. If it held the global keys, the first store to
-// need them reinstalls them, never below the newest version a surviving
-// shard holds: a store that does not know that version (one that never met
+// need them reinstalls them, with the key map the surviving shards hold a
+// copy of (so their buckets keep their shards; a store that met no
+// surviving copy draws a new seed), and never below the newest version a
+// surviving shard holds: a store that does not know that version (one that never met
 // the last cutover) fails instead, and its calls get the failure rule,
 // until a store that knows it reinstalls them (its next call that reloads,
 // or its next ReplacePolicy); New with an older Config.Policy fails the
@@ -272,6 +299,11 @@
 // another decided under the new.
 //
 // # Rolling upgrades
+//
+// Stores built before key maps existed placed keys by an unseeded hash; on
+// a prefix they created, this store stores a seed of its own and looks for
+// each bucket in its new shard (the old ones expire on their own): do not
+// mix them on a prefix either.
 //
 // Stores built before virtual shards existed keep their buckets and policy
 // under other keys (Prefix + "policy", Prefix + "k:" + key): they do not
