@@ -41,6 +41,19 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // shards, over all requests, ErrCostExceedsCapacity, ErrClockRegression,
 // ErrKeyCapacity (room for every new key is needed at once).
 //
+// Under saturation AllowAll is starved by single Allows (and AllowBatch)
+// on its keys. It needs every key's cost at one instant, while a single
+// Allow takes each token as soon as it refills; so once the keys are
+// drained, an AllowAll almost never finds them all covered at once. In an
+// adversarial run of 48 goroutines, 0.02% of the AllowAlls were admitted
+// while single Allows on the same keys took their tokens as they refilled.
+// Nothing queues a refused AllowAll or holds tokens back for it. Where its
+// share matters, send every request that takes from those keys through
+// AllowAll, each with all the keys it is limited by, so that they compete
+// on equal terms: a request that takes from fewer of them (an Allow, or an
+// AllowAll of fewer keys) still takes each token as it refills, ahead of
+// the calls that need more.
+//
 // How: the call's keys are held, shard by shard, one shard at a time in
 // the order of their numbers, so concurrent calls cannot deadlock,
 // whichever keys they share. A held key's requests wait until the call

@@ -32,6 +32,16 @@ const aboveInt64 = "9223372036854775808"
 // included. The work of a call is bounded by engine.MaxAllowAll, one
 // script call of up to that many buckets (ChunkSize bounds a batch's).
 //
+// Under saturation an AllowAll is starved by single Allows and AllowBatches
+// on its keys, as on the engine: the script admits it only if every key
+// holds its cost at the call's one TIME, while they take each token as
+// soon as it refills. In an adversarial run of 48 goroutines, 0.02% of the
+// AllowAlls were admitted while single Allows on the same keys took their
+// tokens as they refilled. Nothing queues a refused call or holds tokens
+// back for it. Where its share matters, send every request that takes from
+// those keys through AllowAll, each with all the keys it is limited by,
+// so that they compete on equal terms (see engine.Engine.AllowAll).
+//
 // Errors, with the zero Decision and the index of the request at fault (-1
 // for none): engine.ErrAllowAllSize for no requests or more than
 // engine.MaxAllowAll; then over all requests engine.ErrInvalidKey for the
@@ -39,15 +49,15 @@ const aboveInt64 = "9223372036854775808"
 // engine.ErrClosed; engine.ErrNilContext or the context's error when it is
 // done before the call starts; on Redis Cluster, ErrCrossShard at the
 // first request whose key is not in reqs[0]'s virtual shard (keys that
-// share a hash tag share a shard); then engine.ErrCostExceedsCapacity at the
-// first request of the first key (by its first request) that can never
-// hold its summed cost; then engine.ErrKeyCapacity at index 0 when Redis
-// refuses the writes of an admission for lack of memory (Redis refuses
-// them all, existing keys' too, so nothing is taken and no request is more
-// at fault than the first). A refusal writes nothing, so Redis out of
-// memory still answers it, where the engine's key bound would be
-// ErrKeyCapacity for a call with new keys. There is no ErrClockRegression:
-// see the package doc on time.
+// share a hash tag share a shard, unless Config.IgnoreKeyTags); then
+// engine.ErrCostExceedsCapacity at the first request of the first key (by
+// its first request) that can never hold its summed cost; then
+// engine.ErrKeyCapacity at index 0 when Redis refuses the writes of an
+// admission for lack of memory (Redis refuses them all, existing keys'
+// too, so nothing is taken and no request is more at fault than the
+// first). A refusal writes nothing, so Redis out of memory still answers
+// it, where the engine's key bound would be ErrKeyCapacity for a call with
+// new keys. There is no ErrClockRegression: see the package doc on time.
 //
 // When Redis cannot answer by the deadline, the call is answered by the
 // store's failure rule, as a whole and with a nil error: fail closed,
