@@ -104,7 +104,7 @@ func StartCluster(t testing.TB) *Cluster {
 	}
 	c := &Cluster{cli: cli}
 	for range ClusterMasters {
-		s := startNode(t)
+		s := startNode(t, true)
 		c.nodes = append(c.nodes, s)
 	}
 	if err := createCluster(cli, c.Addrs()); err != nil {
@@ -113,9 +113,10 @@ func StartCluster(t testing.TB) *Cluster {
 	return c
 }
 
-// startNode starts one cluster node with persistence, retrying the port
-// race as Start does.
-func startNode(t testing.TB) *Server {
+// startNode starts one cluster node, with persistence if persist (an
+// append-only file synced on every write) and the extra redis-server
+// arguments, retrying the port race as Start does.
+func startNode(t testing.TB, persist bool, extra ...string) *Server {
 	t.Helper()
 	bin, err := findBinary()
 	if err != nil {
@@ -129,7 +130,11 @@ func startNode(t testing.TB) *Server {
 		if err != nil {
 			t.Fatalf("redistest: finding a free port: %v", err)
 		}
-		s.args = append(clusterArgs(port), "--appendonly", "yes", "--appendfsync", "always")
+		s.args = clusterArgs(port)
+		if persist {
+			s.args = append(s.args, "--appendonly", "yes", "--appendfsync", "always")
+		}
+		s.args = append(s.args, extra...)
 		p, err := startProcess(bin, port, dir, s.log, s.args...)
 		if err == nil {
 			s.port, s.proc = port, p

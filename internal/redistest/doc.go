@@ -3,7 +3,10 @@
 // and may kill and restart (outage tests). ClusterAddrs and StartCluster do
 // the same for a Redis Cluster of three masters (redis-cli --cluster
 // create), the shared one taken from $TOKENSHARD_REDIS_CLUSTER_ADDRS when
-// set (.ci/run starts one and sets it).
+// set (.ci/run starts one and sets it). GetReplicaCluster gives a failover
+// test a cluster of three masters with one replica each, which it may kill
+// a master of: $TOKENSHARD_REDIS_REPLICA_CLUSTER_ADDRS when set (.ci/run
+// starts one), which the test must leave whole, else a private one.
 //
 // Readiness is checked with a real PING over TCP (a raw RESP exchange, so the
 // package needs no client library). When no server can be had, tests skip
@@ -24,7 +27,11 @@
 // Every redis-server this package starts has exactly one goroutine, started
 // with it, that calls cmd.Wait and then closes the process's done channel;
 // Kill and Stop send SIGKILL and wait on that channel, so no process is left
-// unreaped and no goroutine outlives them. The shared server is guarded by a
+// unreaped and no goroutine outlives them. The nodes of
+// $TOKENSHARD_REDIS_REPLICA_CLUSTER_ADDRS are daemons this package did not
+// start: ReplicaCluster.Kill signals one by the process ID it reports, and
+// Restart starts it again as a daemon, from its configuration file, so
+// neither leaves a child to reap. The shared server is guarded by a
 // package mutex; a Server's process by the Server's own mutex.
 //
 // A test binary killed from outside (a -timeout panic, SIGKILL) leaves its

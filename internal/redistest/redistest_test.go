@@ -260,3 +260,25 @@ func TestClusterAddrsShared(t *testing.T) {
 		}
 	}
 }
+
+func TestParseClusterNodes(t *testing.T) {
+	out := `0cb0 127.0.0.1:30011@40011 myself,master - 0 1796432231000 1 connected 0-5460
+8bee 127.0.0.1:30013@40013,host master,fail - 0 1796432231087 3 disconnected
+5988 127.0.0.1:30015@40015 slave 0cb0 0 1796432231087 1 connected
+`
+	got, err := parseClusterNodes(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []ClusterNode{
+		{ID: "0cb0", Addr: "127.0.0.1:30011", Master: true, Slots: true},
+		{ID: "8bee", Addr: "127.0.0.1:30013", Master: true, Failed: true},
+		{ID: "5988", Addr: "127.0.0.1:30015", MasterID: "0cb0"},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("parseClusterNodes:\n got %+v\nwant %+v", got, want)
+	}
+	if _, err := parseClusterNodes("0cb0 127.0.0.1:30011@40011 master\n"); err == nil {
+		t.Fatal("a short line parsed")
+	}
+}
