@@ -217,9 +217,15 @@ func (s *Store) failAnswers(items []item) {
 // their bucket needs or a missing script. It returns how many buckets mode
 // "e" deleted, and the first error that stopped it: Redis's or the
 // context's. (A Redis out of memory answers modes "a" and "A" with
-// engine.ErrKeyCapacity per request.)
-func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, error) {
-	deleted := 0
+// engine.ErrKeyCapacity per request.) A failure that may mean a lost node
+// has the cluster client reload its slot map (see nodeFailed); the call
+// is not sent again.
+func (s *Store) exec(ctx context.Context, mode, at string, items []item) (deleted int, err error) {
+	defer func() {
+		if err != nil {
+			s.nodeFailed(ctx, err)
+		}
+	}()
 	todo := make([]*item, 0, len(items))
 	for i := range items {
 		todo = append(todo, &items[i])
@@ -327,6 +333,11 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (int, e
 				}
 				continue
 			case err != nil:
+				// Not sent again: a call whose reply was lost may have run.
+				// One that never left (a dial refused) could be, but the
+				// slot map would send it to the same node until the reload
+				// asked here has landed.
+				s.nodeFailed(ctx, err) // each chunk's: the first failed may be another node's
 				if failed == nil {
 					failed = fmt.Errorf("%w: %w", ErrUnavailable, err)
 				}

@@ -247,6 +247,7 @@ func (s *Store) round(ctx context.Context, f func(ctx context.Context) error) er
 	bctx, cancel := s.bound(ctx)
 	defer cancel()
 	err := f(bctx)
+	s.nodeFailed(ctx, err) // a lost node: reload the slot map (nil is no failure)
 	switch {
 	case err == nil:
 		return nil

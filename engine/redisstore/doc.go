@@ -229,6 +229,28 @@
 // migrates, and one that waits past its deadline is answered by the
 // failure rule.
 //
+// A master that dies is replaced by its replica, where it has one, once
+// the other masters agree that it failed (after the cluster's node timeout)
+// and elect the replica: about two to three seconds in all with a node
+// timeout of one second. Until then the failure rule answers the calls on
+// its shards, and the other masters' shards decide as before. go-redis
+// moves a slot to a new master when a node answers MOVED, which a dead one
+// never does, or at its periodic reload of the slot map
+// (ClusterOptions.ClusterStateReloadInterval, a minute by default), and it
+// neither marks failing nor reloads on a connection error of a command it
+// does not retry, as every script call is. So when a call fails on a
+// connection error (a dial refused or timed out, a connection reset or
+// timed out) or CLUSTERDOWN, the store asks the client to reload its slot
+// map (ClusterClient.ReloadState), at most once per 100 ms however many
+// calls fail, and go-redis reloads it on a goroutine of its own, at most
+// once per 200 ms. Calls on the lost master's shards are decided again
+// within a few hundred milliseconds of the promotion, under load; the
+// first call after a quiet spell may still meet the old slot map, and the
+// failure rule. The call that failed is not sent again: its reply, not its
+// request, may be what was lost. A replica that had not received its
+// master's last writes (replication is asynchronous) gives their tokens
+// again, as in a failover on one server (see Policies).
+//
 // A cutover moves every shard's copy of the version. On one server one
 // script moves them all at once, as it always has. On a cluster no script
 // can, so a cutover has four steps, each conditional and idempotent:
@@ -348,6 +370,7 @@
 // The store needs Redis 6.2 or later (tested with 7.0): one server, a
 // primary behind Sentinel through redis.NewFailoverClient, or a Redis
 // Cluster (see Redis Cluster above). On a cluster, a master that is down
-// answers its shards' calls by the failure rule, and the other masters'
-// shards decide as before.
+// answers its shards' calls by the failure rule, until it is back or its
+// replica has taken its place, and the other masters' shards decide as
+// before.
 package redisstore

@@ -155,6 +155,8 @@ type Store struct {
 	queues []combiner   // concurrent single Allows, merged into shared calls (see queueFor)
 	hook   func(string) // tests only: run at the combiner's points (hookAlone...)
 	noFunc atomic.Bool  // FUNCTION refused: the decide script goes by EVALSHA
+
+	slotMap mapReloader // on a cluster: the reloads of the slot map asked after a lost node (nodeFailed)
 }
 
 // state is one policy version as the store uses it.

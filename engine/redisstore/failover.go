@@ -1,0 +1,86 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// slotMapEvery is the least time between two reloads of a cluster client's
+// slot map that a store asks for: however many calls fail meanwhile, one
+// reload is asked per slotMapEvery. go-redis reloads in the background, and
+// at most once per 200 ms (v9.23) however often it is asked, so a master's
+// slots reach the replica promoted in its place within about 300 ms of the
+// first failing call after the promotion, plus the reload's round trip.
+const slotMapEvery = 100 * time.Millisecond
+
+// epoch is what the reload limiter counts from: time.Since(epoch) is
+// monotonic, so a wall clock stepped back cannot hold reloads off.
+var epoch = time.Now()
+
+// mapReloader limits the slot map reloads a store asks for (see
+// Store.nodeFailed). Its zero value has asked none.
+type mapReloader struct {
+	next atomic.Int64 // ns since epoch before which no reload is asked
+}
+
+// due reports whether a reload may be asked at now (ns since epoch), and if
+// so claims it: of any number of concurrent callers, one is told yes per
+// slotMapEvery.
+func (m *mapReloader) due(now int64) bool {
+	next := m.next.Load()
+	return now >= next && m.next.CompareAndSwap(next, now+int64(slotMapEvery))
+}
+
+// nodeFailed asks the cluster client to reload its slot map, if err (a
+// failure of a call under ctx) may mean that a node has gone, and no reload
+// was asked in the last slotMapEvery. It reports whether it asked.
+//
+// go-redis reloads the slot map by itself only when a node answers MOVED or
+// ASK, and every ClusterStateReloadInterval (a minute by default): a master
+// that died answers nothing, and a command go-redis does not retry, as
+// every script call is, neither marks it failing nor reloads. Until the
+// slot map names the replica promoted in its place, every call on its
+// slots would be answered by the failure rule. ReloadState returns at
+// once: go-redis reloads on a goroutine of its own, which ends when the
+// reload is done (the client's dial and read timeouts bound it). A call
+// that failed is not sent again (it may have run); the next calls go
+// where the new slot map says.
+func (s *Store) nodeFailed(ctx context.Context, err error) bool {
+	if err == nil || s.cluster == nil || s.closed.Load() || errors.Is(ctx.Err(), context.Canceled) || !nodeLost(err) {
+		return false
+	}
+	if !s.slotMap.due(int64(time.Since(epoch))) {
+		return false
+	}
+	s.cluster.ReloadState(context.WithoutCancel(ctx))
+	return true
+}
+
+// nodeLost reports whether err may mean that the node a command went to has
+// gone, so that the slot map may be stale: an error of the connection (a
+// dial refused or timed out, a connection reset, closed or timed out) or a
+// CLUSTERDOWN reply. Any other reply, a context's error without a network
+// error in it, or a client closed, is not.
+func nodeLost(err error) bool {
+	if err == nil {
+		return false
+	}
+	if redis.HasErrorPrefix(err, "CLUSTERDOWN") {
+		return true
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		return false // the node answered
+	}
+	var op *net.OpError
+	return errors.As(err, &op) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

@@ -1,0 +1,163 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// replyErr is an error reply of Redis, as go-redis returns one.
+type replyErr string
+
+func (e replyErr) Error() string { return string(e) }
+func (replyErr) RedisError()     {}
+
+var _ redis.Error = replyErr("")
+
+func TestNodeLost(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	for _, c := range []struct {
+		err  error
+		lost bool
+	}{
+		{refused, true},
+		{fmt.Errorf("%w: %w", ErrUnavailable, refused), true},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: context.DeadlineExceeded}, true}, // a dial that timed out
+		{&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, true},
+		{io.EOF, true},
+		{fmt.Errorf("%w: %w", ErrUnavailable, io.ErrUnexpectedEOF), true},
+		{syscall.EPIPE, true},
+		{replyErr("CLUSTERDOWN The cluster is down"), true},
+		{fmt.Errorf("%w: %w", ErrUnavailable, replyErr("CLUSTERDOWN Hash slot not served")), true},
+
+		{nil, false},
+		{replyErr("NOSCRIPT No matching script"), false},
+		{replyErr("OOM command not allowed"), false},
+		{replyErr("MOVED 3999 127.0.0.1:6381"), false}, // go-redis reloads on MOVED itself
+		{replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), false},
+		{context.Canceled, false},
+		{context.DeadlineExceeded, false},
+		{redis.ErrClosed, false}, // the client, not a node
+		{redis.Nil, false},
+		{errors.New("redisstore: unexpected script status"), false},
+	} {
+		if got := nodeLost(c.err); got != c.lost {
+			t.Errorf("nodeLost(%#v) = %v, want %v", c.err, got, c.lost)
+		}
+	}
+}
+
+func TestSlotMapDue(t *testing.T) {
+	var m mapReloader
+	every := int64(slotMapEvery)
+	for _, c := range []struct {
+		now int64
+		due bool
+	}{
+		{0, true}, // the zero value has asked none
+		{0, false},
+		{every - 1, false},
+		{every, true},
+		{every + 1, false},
+		{5 * every, true}, // after a quiet while, at once
+		{6*every - 1, false},
+	} {
+		if got := m.due(c.now); got != c.due {
+			t.Fatalf("due(%d) = %v, want %v", c.now, got, c.due)
+		}
+	}
+}
+
+// TestSlotMapReloadStorm: many concurrent calls failing on a lost node ask
+// the cluster client for one slot map reload per slotMapEvery, and the
+// client is asked (it calls its ClusterSlots). No server: the slot map
+// source is a function that counts its calls.
+func TestSlotMapReloadStorm(t *testing.T) {
+	var loads atomic.Int64
+	cc := redis.NewClusterClient(&redis.ClusterOptions{ContextTimeoutEnabled: true,
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+			loads.Add(1)
+			// an error ends go-redis's reload goroutine at once, with no
+			// cooldown to outlive the test
+			return nil, errors.New("no slots here")
+		}})
+	t.Cleanup(func() { _ = cc.Close() })
+	s := &Store{rdb: cc, cluster: cc}
+	lost := fmt.Errorf("%w: %w", ErrUnavailable, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+
+	const goroutines, calls = 32, 2000
+	var asked atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range goroutines {
+		wg.Go(func() {
+			for range calls {
+				if s.nodeFailed(context.Background(), lost) {
+					asked.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	// each ask holds the next off for slotMapEvery
+	most := 1 + int64(elapsed/slotMapEvery)
+	if n := asked.Load(); n < 1 || n > most {
+		t.Fatalf("%d failing calls in %v asked %d reloads, want 1 to %d", goroutines*calls, elapsed, n, most)
+	}
+	t.Logf("%d failing calls in %v asked %d reloads", goroutines*calls, elapsed, asked.Load())
+	for deadline := time.Now().Add(5 * time.Second); loads.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("go-redis did not load the slot map after a reload was asked")
+		}
+		time.Sleep(time.Millisecond) // go-redis's reload goroutine, polled
+	}
+}
+
+// TestNodeFailedAsksOnlyWhenItMay: no reload is asked on one server, by a
+// closed store, for a caller's cancellation, or for an error that is not a
+// lost node; and none of those holds off the next one that may.
+func TestNodeFailedAsksOnlyWhenItMay(t *testing.T) {
+	lost := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	ctx := context.Background()
+	one := &Store{}
+	if one.nodeFailed(ctx, lost) {
+		t.Fatal("a store on one server asked a slot map reload")
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{ContextTimeoutEnabled: true,
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) { return nil, errors.New("no slots here") }})
+	t.Cleanup(func() { _ = cc.Close() })
+	s := &Store{rdb: cc, cluster: cc}
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	for _, c := range []struct {
+		ctx context.Context
+		err error
+	}{
+		{ctx, nil},
+		{ctx, replyErr("NOSCRIPT No matching script")},
+		{ctx, context.DeadlineExceeded},
+		{canceled, lost},
+	} {
+		if s.nodeFailed(c.ctx, c.err) {
+			t.Fatalf("nodeFailed(%v) asked a reload", c.err)
+		}
+	}
+	if !s.nodeFailed(ctx, lost) {
+		t.Fatal("a lost node asked no reload")
+	}
+	s.slotMap.next.Store(0)
+	s.closed.Store(true)
+	if s.nodeFailed(ctx, lost) {
+		t.Fatal("a closed store asked a slot map reload")
+	}
+}
