@@ -39,7 +39,7 @@ func (e *Engine) release() { <-e.admin }
 // depleted or partly refilled bucket is never dropped, however old. Keys
 // created after their shard's pass began survive it.
 //
-// Each shard sweeps in slices of shard.SliceSize buckets, serving requests
+// Each shard sweeps in slices of about 1024 slots of its table, serving requests
 // between slices, so a sweep over a million keys holds no request up for
 // more than one slice; each bucket is judged at the clock reading of the
 // slice that reaches it. Shards are swept one after another. If ctx ends

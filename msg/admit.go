@@ -8,13 +8,15 @@ import (
 )
 
 // Reply is a Decision or an error; an error always comes with the zero
-// Decision.
+// Decision. It is internal to tokenshard: only packages engine and shard use
+// it.
 type Reply struct {
 	Decision decision.Decision
 	Err      error
 }
 
-// Op is what a single request asks of its key's shard.
+// Op is what a single request asks of its key's shard. It is internal to
+// tokenshard: only packages engine and shard use it.
 type Op uint8
 
 const (
@@ -26,7 +28,8 @@ const (
 // Single asks a shard to act on one key, as Op says: decide a request
 // (Allow), report the balance (Peek) or credit tokens back (Refund). The
 // sender calls Arm before handing it over and Wait to await the answer; the
-// shard writes Reply and then calls Finish.
+// shard writes Reply and then calls Finish. It is internal to tokenshard:
+// only packages engine and shard use it.
 type Single struct {
 	Op    Op
 	Key   string
@@ -59,7 +62,8 @@ const (
 // for one hot key and no slower for many keys. Waits yield on their own
 // processor's run queue, not the global one (see package yield). AwaitPart,
 // a batch caller's wait, uses the same counts, tuned here for Wait and no
-// slower for batches. Package bench's Performance notes give the figures.
+// slower for batches. Package bench's Performance notes give the figures. It
+// is internal to tokenshard: only packages engine and shard use it.
 func WaitYields(procs int) int {
 	if procs > 1 {
 		return 5
@@ -92,7 +96,8 @@ func (a *Single) Wait(yields int) {
 	}
 }
 
-// Item is one request of a batch part.
+// Item is one request of a batch part. It is internal to tokenshard: only
+// packages engine and shard use it.
 type Item struct {
 	Key  string
 	Hash uint64 // as in Single
@@ -102,7 +107,8 @@ type Item struct {
 // Batch asks a shard to decide Items in order at one clock reading, writing
 // Out[i] for Items[i], then to send Part on Done. A shard that stops before
 // taking the part answers every item ErrClosed and sets Closed, so the sender
-// knows the part was not decided.
+// knows the part was not decided. It is internal to tokenshard: only packages
+// engine and shard use it.
 type Batch struct {
 	Items  []Item
 	Out    []Reply
@@ -118,7 +124,8 @@ type Batch struct {
 // where it would otherwise drop the number into done's buffer; meanwhile
 // the yields run the processor's other goroutines. Yielding first makes
 // batches faster than blocking at once, most of all small ones (package
-// bench's Performance notes give the figures).
+// bench's Performance notes give the figures). It is internal to tokenshard:
+// only package engine uses it.
 func AwaitPart(done <-chan int, yields int) int {
 	for range yields {
 		select {

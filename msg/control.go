@@ -10,7 +10,8 @@ import "github.com/tokenshard/tokenshard/policy"
 
 // Prepare asks a shard to take its cutover reading and stop serving data
 // until Publish or Abort. The shard answers on Done with nil or
-// ErrClockRegression (in which case it stays as it was).
+// ErrClockRegression (in which case it stays as it was). It is internal to
+// tokenshard: only packages engine and shard use it.
 type Prepare struct {
 	Next policy.Policy
 	Done chan error // one-slot buffer
@@ -19,7 +20,8 @@ type Prepare struct {
 // Sweep asks a shard to evict every bucket that is full at its clock reading.
 // With Soonest set the shard also finds when the first bucket it keeps will
 // be full: a sweep run because the key table is full needs it to say when a
-// slot can next be free, and other sweeps skip its cost.
+// slot can next be free, and other sweeps skip its cost. It is internal to
+// tokenshard: only packages engine and shard use it.
 type Sweep struct {
 	Done    chan SweepReply // one-slot buffer
 	Soonest bool
@@ -28,7 +30,8 @@ type Sweep struct {
 // SweepReply counts what a sweep removed; Err is ErrClockRegression when the
 // shard's clock stepped back, in which case nothing was removed. Soonest is
 // the clock reading at which the first bucket the sweep kept is full again
-// (math.MaxInt64 if it kept none; 0 if it was not asked).
+// (math.MaxInt64 if it kept none; 0 if it was not asked). It is internal to
+// tokenshard: only packages engine and shard use it.
 type SweepReply struct {
 	Evicted int
 	Soonest int64

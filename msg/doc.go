@@ -2,6 +2,10 @@
 // shards: one struct per request kind, each carrying values and its own reply
 // channel, and the sentinel errors a shard can answer with.
 //
+// The package is internal to tokenshard: only packages engine and shard
+// import it (engine's TestImportLayers holds that), and every name it
+// exports is used by one of them.
+//
 // # Ownership
 //
 // A message belongs to its sender until the send succeeds, then to the

@@ -9,6 +9,8 @@ import (
 // bottom of the import graph, so a shard can return the very values the
 // engine exports (engine.ErrKeyCapacity == msg.ErrKeyCapacity) without
 // importing it. They are preallocated: rejecting a request allocates nothing.
+// They are internal to tokenshard: package engine exports each of them under
+// its own name, and only engine and shard use these.
 var (
 	ErrInvalidKey      = errors.New("engine: invalid key")
 	ErrInvalidCost     = errors.New("engine: invalid cost")

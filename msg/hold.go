@@ -19,7 +19,8 @@ package msg
 // Out: Aborted if the shard gave it up, else the shard's word that it
 // carried out the caller's Commit or Abort. Nobody waits for that word: the
 // shard acts on Commit or Abort before it serves its keys again, which is
-// all the caller needs.
+// all the caller needs. It is internal to tokenshard: only packages engine
+// and shard use it.
 type Hold struct {
 	In  chan HoldCmd   // one slot: the caller's Eval, then Commit or Abort
 	Out chan HoldReply // one slot: Eval's answer, then the end
@@ -39,14 +40,16 @@ type Hold struct {
 	Fresh []int
 }
 
-// HoldCmd is a step of a hold.
+// HoldCmd is a step of a hold. It is internal to tokenshard: only packages
+// engine and shard use it.
 type HoldCmd struct {
 	Op    HoldOp
 	T     int64 // Eval and Commit: the instant every part is decided at
 	Admit bool  // Commit: take every item's cost (else take nothing)
 }
 
-// HoldOp says what a HoldCmd asks.
+// HoldOp says what a HoldCmd asks. It is internal to tokenshard: only
+// packages engine and shard use it.
 type HoldOp uint8
 
 const (
@@ -56,11 +59,13 @@ const (
 )
 
 // HoldReply answers Eval (the decisions are in the Batch's Out), or ends the
-// hold: Aborted if the shard gave it up.
+// hold: Aborted if the shard gave it up. It is internal to tokenshard: only
+// packages engine and shard use it.
 type HoldReply struct{ Aborted bool }
 
 // NewHold returns a Hold with its channels made: one per part per attempt,
-// so no stale message of an earlier attempt is ever read.
+// so no stale message of an earlier attempt is ever read. It is internal to
+// tokenshard: only packages engine and shard use it.
 func NewHold() *Hold {
 	return &Hold{In: make(chan HoldCmd, 1), Out: make(chan HoldReply, 1)}
 }

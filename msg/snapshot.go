@@ -9,6 +9,7 @@ import "github.com/tokenshard/tokenshard/policy"
 // early, sending nothing more, once Cancel is closed. Out has room for every
 // chunk in circulation, so a shard never blocks on it: a slow writer only
 // keeps chunks from coming back to Free, which pauses the copy, not serving.
+// It is internal to tokenshard: only packages engine and shard use it.
 type Snapshot struct {
 	Begin  chan int64 // one-slot buffer
 	Free   chan *SnapChunk
@@ -19,7 +20,8 @@ type Snapshot struct {
 // SnapChunk is one slice of a shard's buckets: Records, whose keys are
 // Keys[r.KeyOff : r.KeyOff+r.KeyLen] and whose levels are
 // Levels[r.LevelOff : r.LevelOff+r.Shape.Len()]. Free is where the writer
-// returns it.
+// returns it. It is internal to tokenshard: only packages engine and shard
+// use it.
 type SnapChunk struct {
 	Records []SnapRecord
 	Keys    []byte
@@ -30,7 +32,8 @@ type SnapChunk struct {
 
 // SnapRecord is one bucket, brought to the policy in force: the reading it
 // was last brought up to date at, its key's limit under that policy and its
-// levels, one per band.
+// levels, one per band. It is internal to tokenshard: only packages engine
+// and shard use it.
 type SnapRecord struct {
 	KeyOff, KeyLen int
 	Last           int64

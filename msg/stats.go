@@ -7,7 +7,8 @@ import (
 	"github.com/tokenshard/tokenshard/internal/decision"
 )
 
-// ErrKind indexes error counters: the errors a request can end with.
+// ErrKind indexes error counters: the errors a request can end with. It is
+// internal to tokenshard: only packages engine and shard use it.
 type ErrKind int
 
 const (
@@ -21,7 +22,8 @@ const (
 	NumErrKinds
 )
 
-// KindOf returns the kind of a request's error.
+// KindOf returns the kind of a request's error. It is internal to tokenshard:
+// only packages engine and shard use it.
 func KindOf(err error) ErrKind {
 	switch {
 	case err == ErrInvalidKey:
@@ -42,7 +44,8 @@ func KindOf(err error) ErrKind {
 
 // Counter indexes Counters: one count each, defined once here, so the shard
 // that keeps them, the loop that publishes them and the engine that reports
-// them never list them apart.
+// them never list them apart. It is internal to tokenshard: only packages
+// engine and shard use it.
 type Counter int
 
 const (
@@ -62,10 +65,12 @@ const (
 	NumCounters   = firstError + Counter(NumErrKinds)
 )
 
-// ErrorCounter is the counter of errors of kind k.
+// ErrorCounter is the counter of errors of kind k. It is internal to
+// tokenshard: only package shard uses it.
 func ErrorCounter(k ErrKind) Counter { return firstError + Counter(k) }
 
-// Counters is what a shard counts, published for Stats.
+// Counters is what a shard counts, published for Stats. It is internal to
+// tokenshard: only packages engine and shard use it.
 type Counters [NumCounters]uint64
 
 // Errors returns the error counts, indexed by ErrKind.
@@ -84,7 +89,8 @@ func (c *Counters) Add(o *Counters) {
 	}
 }
 
-// Event is one sampled decision, as the shard saw it.
+// Event is one sampled decision, as the shard saw it. It is internal to
+// tokenshard: only packages engine and shard use it.
 type Event struct {
 	Key      string
 	Cost     int64

@@ -11,7 +11,8 @@ import (
 // pays for; shards read their clock anyway, and compare it with the alarm's
 // time at each group of requests and each batch part. So it rings only when
 // requests come, which is when there is something to do. Alarm is safe for
-// concurrent use and must not be copied.
+// concurrent use and must not be copied. It is internal to tokenshard: only
+// package engine uses it, for its periodic sweeps.
 type Alarm struct {
 	_  [64]byte // read by every shard: keep it off the lines others write
 	at atomic.Int64
@@ -19,7 +20,8 @@ type Alarm struct {
 	_  [48]byte
 }
 
-// NewAlarm returns an alarm set for no time: it never rings until Set.
+// NewAlarm returns an alarm set for no time: it never rings until Set. It is
+// internal to tokenshard: only package engine calls it.
 func NewAlarm() *Alarm {
 	a := &Alarm{c: make(chan struct{}, 1)}
 	a.at.Store(math.MaxInt64)

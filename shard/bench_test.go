@@ -10,7 +10,7 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// BenchmarkBatchZipf is State.Batch alone, on the bench's hardest table: a
+// BenchmarkBatchZipf is State.batch alone, on the bench's hardest table: a
 // million keys of 17 bytes, drawn Zipf (s=1.1) in batches of 128, each key a
 // copy of its bytes as a request's would be. It measures the table path,
 // warming included, and the hashing and item building a caller does,
@@ -18,11 +18,11 @@ import (
 func BenchmarkBatchZipf(b *testing.B) {
 	const n, batch, draws = 1_000_000, 128, 1 << 20
 	h := NewHasher(7)
-	s := NewState(policy.Policy{Version: 1, Capacity: 1 << 40, TokensPerSecond: 1 << 30}, NewBudget(n), &h)
+	s := newState(policy.Policy{Version: 1, Capacity: 1 << 40, TokensPerSecond: 1 << 30}, NewBudget(n), &h)
 	names := make([]string, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("user:%012d", i)
-		if r := s.Allow(1, names[i], 1); r.Err != nil {
+		if r := s.allow(1, names[i], 1); r.Err != nil {
 			b.Fatal(r.Err)
 		}
 	}
@@ -42,7 +42,7 @@ func BenchmarkBatchZipf(b *testing.B) {
 			m.Items = append(m.Items, msg.Item{Key: k, Hash: h.Sum(k), Cost: 1})
 			pos = (pos + 1) % draws
 		}
-		s.Batch(int64(2+i), &m)
+		s.batch(int64(2+i), &m)
 		for _, r := range m.Out {
 			if r.Decision.Allowed {
 				allowed++

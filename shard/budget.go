@@ -6,7 +6,8 @@ import "sync/atomic"
 // creation reserves a slot before inserting and releases it if it fails; an
 // eviction releases its slot only after the delete. So Count never exceeds
 // the maximum, and it is exact for every call that has returned. Budget is
-// safe for concurrent use and must not be copied.
+// safe for concurrent use and must not be copied. It is internal to
+// tokenshard: only package engine uses it, beside the shards.
 type Budget struct {
 	_    [64]byte // keep the hot counter off the cache line of whatever precedes it
 	n    atomic.Int64
@@ -15,7 +16,8 @@ type Budget struct {
 	_    [40]byte
 }
 
-// NewBudget returns an empty budget of max keys.
+// NewBudget returns an empty budget of max keys. It is internal to
+// tokenshard: only package engine calls it.
 func NewBudget(max int64) *Budget { return &Budget{max: max, full: make(chan struct{}, 1)} }
 
 // Full returns a channel that receives when a reservation has failed since
@@ -23,10 +25,10 @@ func NewBudget(max int64) *Budget { return &Budget{max: max, full: make(chan str
 // reservations in between are one signal.
 func (b *Budget) Full() <-chan struct{} { return b.full }
 
-// Reserve takes one slot and reports whether there was one. It never lets
+// reserve takes one slot and reports whether there was one. It never lets
 // the count pass the maximum, even for an instant, so a concurrent Count
 // never reads more than max. A failure signals Full, without waiting.
-func (b *Budget) Reserve() bool {
+func (b *Budget) reserve() bool {
 	for {
 		c := b.n.Load()
 		if c >= b.max {
@@ -44,7 +46,7 @@ func (b *Budget) Reserve() bool {
 
 // ReserveN takes n (>= 1) slots at once, or none, and reports whether it
 // did, and if not, how many were free at the instant it found too few; a
-// failure signals Full, as Reserve's does.
+// failure signals Full, as reserve's does.
 func (b *Budget) ReserveN(n int64) (ok bool, room int64) {
 	for {
 		c := b.n.Load()
@@ -64,8 +66,8 @@ func (b *Budget) ReserveN(n int64) (ok bool, room int64) {
 // Room returns how many slots are free now.
 func (b *Budget) Room() int64 { return max(0, b.max-b.n.Load()) }
 
-// Release gives one slot back.
-func (b *Budget) Release() { b.n.Add(-1) }
+// release gives one slot back.
+func (b *Budget) release() { b.n.Add(-1) }
 
 // Count returns the number of reserved slots.
 func (b *Budget) Count() int64 { return b.n.Load() }

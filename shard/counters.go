@@ -51,7 +51,7 @@ func (s *Shard) Counters() msg.Counters {
 func (s *Shard) publish() {
 	st := &s.stats
 	st.unsaved = 0
-	st.c[msg.Keys] = uint64(s.state.Len())
+	st.c[msg.Keys] = uint64(s.state.keyCount())
 	for k, v := range st.c {
 		st.pub[k].Store(v)
 	}

@@ -7,6 +7,11 @@
 // receives from the Mailbox, reads the clock once per message, dispatches to
 // the same State handlers and replies.
 //
+// The package is internal to tokenshard: only package engine imports it
+// (engine's TestImportLayers holds that), and it exports only what engine
+// uses. State's handlers are unexported: the loop calls them, and so do
+// the package's own tests.
+//
 // # Where things are
 //
 //   - shard.go: the loop. Shard.turn is one pass of it and states the

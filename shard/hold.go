@@ -47,7 +47,7 @@ func (s *Shard) holding() bool { return len(s.holds.parts) != 0 || len(s.holds.w
 // blocked reports whether work for key must wait: the key is held, or work
 // for it already waits.
 func (s *Shard) blocked(key string) bool {
-	return s.state.Held(key) || s.holds.waitKeys[key] > 0
+	return s.state.isHeld(key) || s.holds.waitKeys[key] > 0
 }
 
 // partBlocked reports whether any item of b is blocked.
@@ -96,7 +96,7 @@ func (s *Shard) serveHold(b *msg.Batch) {
 		s.wait(waiter{part: b})
 		return
 	}
-	if s.state.Sweeping() && !s.stopping {
+	if s.state.sweeping() && !s.stopping {
 		s.wait(waiter{part: b})
 		s.holds.afterSweep = true
 		return
@@ -110,12 +110,12 @@ func (s *Shard) serveHold(b *msg.Batch) {
 	now := s.clk.Now()
 	s.ring(now)
 	h.Now = now
-	h.Version = s.state.Policy().Version
-	ok := s.state.HoldBegin(now, b.Items, b.Out, &h.Fresh)
+	h.Version = s.state.policyInForce().Version
+	ok := s.state.holdBegin(now, b.Items, b.Out, &h.Fresh)
 	voted := ok && h.Last
 	if voted {
 		h.T = max(h.T, now)
-		s.state.HoldEval(h.T, b.Items, b.Out)
+		s.state.holdEval(h.T, b.Items, b.Out)
 	}
 	b.Done <- b.Part
 	s.served()
@@ -167,14 +167,14 @@ func (s *Shard) holdStep(b *msg.Batch, c msg.HoldCmd) bool {
 	h := b.Hold
 	switch c.Op {
 	case msg.HoldEval:
-		s.state.HoldEval(c.T, b.Items, b.Out)
+		s.state.holdEval(c.T, b.Items, b.Out)
 		s.holds.voted[h] = true
 		h.Out <- msg.HoldReply{}
 		return false
 	case msg.HoldCommit:
-		s.state.HoldCommit(c.T, b.Items, c.Admit)
+		s.state.holdCommit(c.T, b.Items, c.Admit)
 	default:
-		s.state.HoldRelease(b.Items)
+		s.state.holdRelease(b.Items)
 	}
 	h.Out <- msg.HoldReply{} // the slot is free: the caller took Eval's answer, or none was sent
 	return true
@@ -206,7 +206,7 @@ func (s *Shard) releaseHolds() {
 			i++
 			continue
 		}
-		s.state.HoldRelease(b.Items)
+		s.state.holdRelease(b.Items)
 		b.Hold.Out <- msg.HoldReply{Aborted: true} // the slot is free: Eval's answer was never sent
 		s.stats.add(msg.HoldsAborted, 1)
 		s.dropHold(i)
@@ -258,11 +258,11 @@ func (s *Shard) serveOne(a *msg.Single) {
 	s.ring(now)
 	switch a.Op {
 	case msg.OpAllow:
-		s.state.Decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
+		s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
 	case msg.OpPeek:
-		s.state.Peek(now, a.Key, a.Hash, &a.Reply)
+		s.state.peek(now, a.Key, a.Hash, &a.Reply)
 	default:
-		s.state.Refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
+		s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
 	}
 	s.count(now, a)
 	a.Finish()

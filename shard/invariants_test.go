@@ -49,7 +49,7 @@ func (s *State) checkInvariants(t testing.TB, format string, args ...any) {
 					}
 					records[sl.b.Frac] = true
 				}
-				if sl.meta&bornBit != 0 && (!s.Sweeping() || s.tab.hashOf(seg.key(sl)) < s.pass.cursor) {
+				if sl.meta&bornBit != 0 && (!s.sweeping() || s.tab.hashOf(seg.key(sl)) < s.pass.cursor) {
 					fail("a key marked born, not ahead of a sweep in progress")
 				}
 			}

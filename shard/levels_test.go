@@ -198,17 +198,17 @@ func TestStateBandsMatchEager(t *testing.T) {
 			start := randomShapedPolicy(t, r, 1)
 			maxKeys := 3 + r.IntN(6)
 			budget := NewBudget(int64(maxKeys))
-			s := NewState(start, budget, &testHasher)
+			s := newState(start, budget, &testHasher)
 			if seed%2 == 1 {
 				s.tab.maxGroups = 1
 			}
-			defer s.Abandon()
+			defer s.abandon()
 			m := &eagerBands{pol: start, keys: map[string]*eagerKey{}, max: maxKeys}
 			now := int64(0)
 			for step := range 2000 {
 				now += []int64{0, 1, 333_333_333, int64(time.Second), int64(time.Minute), r.Int64N(int64(time.Hour))}[r.IntN(6)]
-				if s.Converting() && r.IntN(3) == 0 {
-					s.ConvertSlice(1 + r.IntN(3))
+				if s.converting() && r.IntN(3) == 0 {
+					s.convertSlice(1 + r.IntN(3))
 				}
 				key := fmt.Sprintf("k%d", r.IntN(maxKeys+2))
 				where := fmt.Sprintf("seed %d step %d key %q at %d", seed, step, key, now)
@@ -218,16 +218,16 @@ func TestStateBandsMatchEager(t *testing.T) {
 				case op < 3:
 					next := randomShapedPolicy(t, r, m.pol.Version+1)
 					require.NoError(t, m.cutover(now, next))
-					require.NoError(t, s.Prepare(now, next))
-					s.Publish()
+					require.NoError(t, s.prepare(now, next))
+					s.publish()
 				case op < 6:
 					var got msg.Reply
-					s.Peek(now, key, s.hasher.Sum(key), &got)
+					s.peek(now, key, s.hasher.Sum(key), &got)
 					require.Equal(t, m.peek(now, key), got, "%s: peek", where)
 				case op < 8:
 					n := 1 + r.Int64N(5)
 					var got msg.Reply
-					s.Refund(now, key, s.hasher.Sum(key), n, &got)
+					s.refund(now, key, s.hasher.Sum(key), n, &got)
 					require.Equal(t, m.refund(now, key, n), got, "%s: refund %d", where, n)
 				case op < 9:
 					_, had := m.keys[key]
@@ -235,7 +235,7 @@ func TestStateBandsMatchEager(t *testing.T) {
 					require.Equal(t, had, s.Drop(key, s.hasher.Sum(key)), "%s: drop", where)
 				default:
 					cost := 1 + r.Int64N(8)
-					require.Equal(t, m.allow(now, key, cost), s.Allow(now, key, cost), "%s: allow %d", where, cost)
+					require.Equal(t, m.allow(now, key, cost), s.allow(now, key, cost), "%s: allow %d", where, cost)
 				}
 				require.Equal(t, int64(len(m.keys)), budget.Count(), "%s: key count", where)
 				s.checkInvariants(t, "%s", where)

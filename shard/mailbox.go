@@ -30,6 +30,7 @@ var closedQueue = new(msg.Single)
 // senders register in senders while they send: Close sets the closed bit
 // and waits until no sender is inside, and only then lets the shard do its
 // final drain. Mailbox is safe for concurrent use and must not be copied.
+// It is internal to tokenshard: only package engine uses it.
 type Mailbox struct {
 	// The queue of single requests, newest first, and how many requests
 	// count against size: counted before the push, and uncounted once the
@@ -72,7 +73,8 @@ type Mailbox struct {
 
 // NewMailbox returns a mailbox where size single requests, and separately
 // size batch parts, may wait. closing must be closed when the engine starts
-// closing: it releases senders blocked on a full mailbox.
+// closing: it releases senders blocked on a full mailbox. It is internal to
+// tokenshard: only package engine calls it.
 func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 	if size < 1 {
 		panic("shard: mailbox size must be at least 1")

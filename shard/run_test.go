@@ -244,7 +244,7 @@ func TestRunCutoversOutpaceConversion(t *testing.T) {
 	// Create the keys before the loop starts: the test owns the state until then.
 	for i := range keys {
 		key := fmt.Sprintf("k%d", i)
-		require.Equal(t, m.allow(0, key, int64(1+i%1000)), sh.state.Allow(0, key, int64(1+i%1000)))
+		require.Equal(t, m.allow(0, key, int64(1+i%1000)), sh.state.allow(0, key, int64(1+i%1000)))
 	}
 	go func() {
 		defer close(exited)
@@ -293,10 +293,10 @@ func TestGroupDecidedNewestFirst(t *testing.T) {
 			const group = 1000
 			mb := NewMailbox(group, closing)
 			s := New(p, clock.NewManual(7e8), NewBudget(1<<20), mb, &testHasher)
-			model := NewState(p, NewBudget(1<<20), &testHasher)
+			model := newState(p, NewBudget(1<<20), &testHasher)
 			for i := range known {
-				require.NoError(t, s.State().Allow(0, key(i), 1).Err)
-				require.NoError(t, model.Allow(0, key(i), 1).Err)
+				require.NoError(t, s.State().allow(0, key(i), 1).Err)
+				require.NoError(t, model.allow(0, key(i), 1).Err)
 			}
 			// Queued before the shard runs, so it takes them as one group.
 			r := rand.New(rand.NewPCG(3, 4))
@@ -328,15 +328,15 @@ func TestGroupDecidedNewestFirst(t *testing.T) {
 				want := msg.Single{Op: a.Op, Key: a.Key, Hash: a.Hash, Cost: a.Cost}
 				switch a.Op {
 				case msg.OpAllow:
-					want.Reply = model.Allow(7e8, a.Key, a.Cost)
+					want.Reply = model.allow(7e8, a.Key, a.Cost)
 				case msg.OpPeek:
-					model.Peek(7e8, a.Key, a.Hash, &want.Reply)
+					model.peek(7e8, a.Key, a.Hash, &want.Reply)
 				default:
-					model.Refund(7e8, a.Key, a.Hash, a.Cost, &want.Reply)
+					model.refund(7e8, a.Key, a.Hash, a.Cost, &want.Reply)
 				}
 				require.Equal(t, want.Reply, a.Reply, "request %d of %d (%v %s)", j, group, a.Op, a.Key)
 			}
-			require.Equal(t, model.Len(), s.State().Len())
+			require.Equal(t, model.keyCount(), s.State().keyCount())
 			for i := range next {
 				want, wok := model.bucket(key(i))
 				got, gok := s.State().bucket(key(i))

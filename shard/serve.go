@@ -28,7 +28,7 @@ func (s *Shard) serveBatch(b *msg.Batch) {
 	}
 	now := s.clk.Now()
 	s.ring(now)
-	s.state.Batch(now, b)
+	s.state.batch(now, b)
 	s.countBatch(now, b)
 	b.Done <- b.Part
 	s.served()
@@ -91,11 +91,11 @@ func (s *Shard) serveWalking(a *msg.Single) int {
 		}
 		switch a.Op {
 		case msg.OpAllow:
-			s.state.Decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
+			s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		case msg.OpPeek:
-			s.state.Peek(now, a.Key, a.Hash, &a.Reply)
+			s.state.peek(now, a.Key, a.Hash, &a.Reply)
 		default:
-			s.state.Refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
+			s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		}
 		s.count(now, a)
 		a.Finish() // after this, a belongs to its sender again
@@ -109,15 +109,15 @@ func (s *Shard) serveWalking(a *msg.Single) int {
 // Peeks and refunds are rare, and find their buckets without the warm.
 func (s *Shard) serveWarmed(a *msg.Single) int {
 	g := s.group[:0]
-	s.state.WarmStart()
+	s.state.warmStart()
 	for a != nil {
 		next := a.Next
 		a.Next = nil
-		s.state.WarmKey(a.Key, a.Hash)
+		s.state.warmKey(a.Key, a.Hash)
 		g = append(g, a)
 		a = next
 	}
-	s.state.WarmFinish()
+	s.state.warmFinish()
 	now := s.clk.Now()
 	s.ring(now)
 	for i, a := range g {
@@ -128,17 +128,17 @@ func (s *Shard) serveWarmed(a *msg.Single) int {
 		}
 		switch a.Op {
 		case msg.OpAllow:
-			s.state.DecideWarmed(i, now, a.Key, a.Hash, a.Cost, &a.Reply)
+			s.state.decideWarmed(i, now, a.Key, a.Hash, a.Cost, &a.Reply)
 		case msg.OpPeek:
-			s.state.Peek(now, a.Key, a.Hash, &a.Reply)
+			s.state.peek(now, a.Key, a.Hash, &a.Reply)
 		default:
-			s.state.Refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
+			s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		}
 		s.count(now, a)
 		a.Finish()
 		g[i] = nil // the message goes back to its pool; do not keep it alive
 	}
-	s.state.Unwarm()
+	s.state.unwarm()
 	s.group = g[:0]
 	return len(g)
 }

@@ -11,6 +11,7 @@ import (
 
 // Shard is one goroutine's worth of state: a State, the clock it reads and
 // the Mailbox it serves. Run is meant for one goroutine, which then owns it.
+// It is internal to tokenshard: only package engine uses it.
 type Shard struct {
 	state *State
 	clk   clock.Clock
@@ -32,10 +33,11 @@ type Shard struct {
 }
 
 // New returns a shard serving p on mb, reading clk, sharing budget. Keys
-// arrive hashed by h.
+// arrive hashed by h. It is internal to tokenshard: only package engine
+// calls it.
 func New(p policy.Policy, clk clock.Clock, budget *Budget, mb *Mailbox, h *Hasher) *Shard {
 	return &Shard{
-		state: NewState(p, budget, h),
+		state: newState(p, budget, h),
 		clk:   clk,
 		mb:    mb,
 		group: make([]*msg.Single, 0, mb.size), // the most a mailbox queues
@@ -88,7 +90,7 @@ type inputs struct {
 func (s *Shard) inputs() inputs {
 	mb := s.mb
 	in := inputs{prepare: mb.prepare, ready: mb.ready, sweep: mb.sweep, snap: mb.snap}
-	if s.state.HistoryFull() {
+	if s.state.historyFull() {
 		in.prepare, in.ready = nil, nil
 	}
 	if s.background() != nil {
@@ -118,14 +120,14 @@ func (s *Shard) inputs() inputs {
 //     about to send join the next group; else park until an input comes.
 func (s *Shard) turn(stop <-chan struct{}) bool {
 	mb := s.mb
-	if s.state.Prepared() {
+	if s.state.isPrepared() {
 		select {
 		case <-mb.publish:
 			s.publishCutover()
 		case <-mb.abort:
-			s.state.Abort()
+			s.state.abort()
 		case <-stop:
-			s.state.Abort()
+			s.state.abort()
 			return false
 		}
 		s.dataFirst = true
@@ -134,7 +136,7 @@ func (s *Shard) turn(stop <-chan struct{}) bool {
 	if len(s.holds.parts) != 0 {
 		s.pollHolds()
 	}
-	if s.holds.afterControl || (s.holds.afterSweep && !s.state.Sweeping()) {
+	if s.holds.afterControl || (s.holds.afterSweep && !s.state.sweeping()) {
 		s.replay(true) // hold parts a control message or a sweep kept waiting
 	}
 	if !s.dataFirst && mb.control.Load() != 0 {
@@ -204,7 +206,7 @@ func (s *Shard) waiting() bool {
 // serves it; it returns false if stop came. A sender that finds the shard
 // about to park wakes it (see Mailbox.sleep).
 func (s *Shard) park(in inputs, stop <-chan struct{}) bool {
-	if s.holds.afterSweep && !s.state.Sweeping() {
+	if s.holds.afterSweep && !s.state.sweeping() {
 		// Hold parts that waited for a sweep now over: nothing else would
 		// wake the loop for them.
 		s.replay(true)
@@ -246,26 +248,26 @@ func (s *Shard) park(in inputs, stop <-chan struct{}) bool {
 // prepare takes a cutover's reading and answers it; until publish or abort,
 // the loop serves nothing else.
 func (s *Shard) prepare(p *msg.Prepare) {
-	p.Done <- s.state.Prepare(s.clk.Now(), p.Next)
+	p.Done <- s.state.prepare(s.clk.Now(), p.Next)
 }
 
 // publishCutover switches to the prepared policy and counts it.
 func (s *Shard) publishCutover() {
-	s.state.Publish()
+	s.state.publish()
 	s.stats.add(msg.Cutovers, 1)
 	s.stats.unsaved++ // published at the next park, or with the next messages
 }
 
 // beginSweep starts a sliced sweep; the loop runs it a slice at a time.
 func (s *Shard) beginSweep(w *msg.Sweep) {
-	s.state.BeginSweep(w.Soonest)
+	s.state.beginSweep(w.Soonest)
 	s.task = &sweepTask{w: w}
 }
 
 // beginSnapshot answers the snapshot with the shard's reading and starts
 // copying; the loop copies a chunk whenever the writer has one free.
 func (s *Shard) beginSnapshot(m *msg.Snapshot) {
-	s.state.BeginSnapshot()
+	s.state.beginSnapshot()
 	s.task = &snapTask{m: m}
 	m.Begin <- s.clk.Now()
 }
@@ -274,7 +276,7 @@ func (s *Shard) beginSnapshot(m *msg.Snapshot) {
 // loop began, or a conversion pass the State began at a cutover or at the
 // end of a sweep.
 func (s *Shard) background() task {
-	if s.task == nil && s.state.Converting() {
+	if s.task == nil && s.state.converting() {
 		s.task = convertTask{}
 	}
 	return s.task
@@ -286,7 +288,7 @@ func (s *Shard) endTask() {
 		s.task.stop(s)
 		s.task = nil
 	}
-	s.state.Abandon() // a conversion pass has no one waiting
+	s.state.abandon() // a conversion pass has no one waiting
 }
 
 // drain answers ErrClosed to every queued data request.

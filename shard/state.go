@@ -15,7 +15,7 @@ import (
 // history. If cutovers outpace those passes and maxGenerations are kept, the
 // shard's loop takes no prepare until a pass has finished (the coordinator
 // waits for it before preparing any shard: see engine's ReplacePolicy),
-// serving requests all the while; Prepare itself converts everything at once
+// serving requests all the while; prepare itself converts everything at once
 // only for a caller that drives State directly.
 const (
 	convertAfter   = 8
@@ -40,7 +40,10 @@ func newGeneration(p policy.Policy, start int64) generation {
 
 // State is the pure state machine of one shard: a bucket table and the
 // policy that governs it. Handlers take the clock reading now and return the reply.
-// State is not safe for concurrent use: exactly one goroutine owns it.
+// State is not safe for concurrent use: exactly one goroutine owns it. It is
+// internal to tokenshard: package engine uses it only to restore a shard
+// from a snapshot before it runs (Restore, Each, Drop); everything else is
+// the loop's, and tests call it directly.
 //
 // A cutover publishes in O(1): it appends a generation, and each bucket is
 // converted the first time it is touched (or swept) by replaying the cutovers
@@ -70,9 +73,9 @@ type State struct {
 	held map[string]struct{} // the keys of the holds in progress (state_hold.go)
 }
 
-// NewState returns an empty shard state serving p, sharing budget with the
+// newState returns an empty shard state serving p, sharing budget with the
 // other shards, that hashes keys with h (the engine's routing hash).
-func NewState(p policy.Policy, budget *Budget, h *Hasher) *State {
+func newState(p policy.Policy, budget *Budget, h *Hasher) *State {
 	return &State{
 		hasher: h,
 		tab:    newTable(h),
@@ -81,13 +84,13 @@ func NewState(p policy.Policy, budget *Budget, h *Hasher) *State {
 	}
 }
 
-// Len returns the number of keys the shard tracks.
-func (s *State) Len() int { return s.tab.count }
+// keyCount returns the number of keys the shard tracks.
+func (s *State) keyCount() int { return s.tab.count }
 
-// Policy returns the policy in force.
-func (s *State) Policy() policy.Policy { return s.gens[len(s.gens)-1].pol }
+// policyInForce returns the policy in force.
+func (s *State) policyInForce() policy.Policy { return s.gens[len(s.gens)-1].pol }
 
-// Decide decides a request for cost tokens of key, hashed h by the state's
+// decide decides a request for cost tokens of key, hashed h by the state's
 // Hasher (as the engine does to route it), at now, into r. The key and cost
 // are already known to be well formed; then, in order: a cost above the
 // key's capacity is ErrCostExceedsCapacity, a reading older than the last
@@ -97,16 +100,16 @@ func (s *State) Policy() policy.Policy { return s.gens[len(s.gens)-1].pol }
 // It writes r field by field: a reply returned by value is stored to the
 // stack in words and copied out in wider loads, which wait for those stores
 // to retire instead of taking their values.
-func (s *State) Decide(now int64, key string, h uint64, cost int64, r *msg.Reply) {
+func (s *State) decide(now int64, key string, h uint64, cost int64, r *msg.Reply) {
 	s.decideFound(now, key, h, cost, r, s.tab.find(h, key), false)
 }
 
-// DecideWarmed is Decide for the ith key of the last warm (see WarmStart).
-func (s *State) DecideWarmed(i int, now int64, key string, h uint64, cost int64, r *msg.Reply) {
+// decideWarmed is decide for the ith key of the last warm (see warmStart).
+func (s *State) decideWarmed(i int, now int64, key string, h uint64, cost int64, r *msg.Reply) {
 	s.decideFound(now, key, h, cost, r, s.tab.findWarmed(i, h, key), false)
 }
 
-// decideFound is Decide for a key whose bucket the table returned as b
+// decideFound is decide for a key whose bucket the table returned as b
 // (nil for a key it does not track). reserved says a new key's slot in the
 // budget is already taken (a hold's commit).
 func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.Reply, b *policy.Bucket, reserved bool) {
@@ -132,14 +135,14 @@ func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.
 		return
 	}
 	if b == nil {
-		if !reserved && !s.budget.Reserve() {
+		if !reserved && !s.budget.reserve() {
 			*r = msg.Reply{Err: msg.ErrKeyCapacity}
 			return
 		}
 		// The table copies the key, so a key sliced from a request buffer
 		// does not pin it. A key created ahead of a sweep's cursor survives
 		// that sweep.
-		b = s.tab.insert(h, key, s.Sweeping() && h*mix >= s.pass.cursor)
+		b = s.tab.insert(h, key, s.sweeping() && h*mix >= s.pass.cursor)
 		if in.n == 0 {
 			*b = policy.NewBucket(in.lim, now)
 		} else {
@@ -164,11 +167,11 @@ func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.
 	d.Band = in.shape.Name
 }
 
-// Peek answers a request of one token for key, hashed h, at now, into r,
+// peek answers a request of one token for key, hashed h, at now, into r,
 // changing nothing: it refills a copy of the bucket. An unknown key reports
 // a full bucket of the limit it would resolve to, and is not created.
 // Allowed and RetryAfter say whether one token would pass, and when.
-func (s *State) Peek(now int64, key string, h uint64, r *msg.Reply) {
+func (s *State) peek(now int64, key string, h uint64, r *msg.Reply) {
 	if now < s.last {
 		*r = msg.Reply{Err: msg.ErrClockRegression}
 		return
@@ -195,13 +198,13 @@ func (s *State) Peek(now int64, key string, h uint64, r *msg.Reply) {
 	s.reportLevels(lv, in, r)
 }
 
-// Refund credits tokens back to key, hashed h, at now, capped at its
-// capacity in every band, and answers as Peek does with the balance after
+// refund credits tokens back to key, hashed h, at now, capped at its
+// capacity in every band, and answers as peek does with the balance after
 // it. It never creates a bucket: refunding an unknown key changes nothing.
-func (s *State) Refund(now int64, key string, h uint64, tokens int64, r *msg.Reply) {
+func (s *State) refund(now int64, key string, h uint64, tokens int64, r *msg.Reply) {
 	b := s.tab.find(h, key)
 	if b == nil || now < s.last {
-		s.Peek(now, key, h, r) // the answer for an unknown key, or the error
+		s.peek(now, key, h, r) // the answer for an unknown key, or the error
 		return
 	}
 	s.bringUp(b, key)
@@ -225,19 +228,19 @@ func (s *State) Refund(now int64, key string, h uint64, tokens int64, r *msg.Rep
 	s.reportLevels(lv, in, r)
 }
 
-// Batch decides b.Items in order at one reading, into b.Out. The answers are
+// batch decides b.Items in order at one reading, into b.Out. The answers are
 // those of the same Allow calls made one by one at now.
-func (s *State) Batch(now int64, b *msg.Batch) {
+func (s *State) batch(now int64, b *msg.Batch) {
 	if !s.worthWarming(len(b.Items)) {
 		for i, it := range b.Items {
-			s.decideFound(now, it.Key, it.Hash, it.Cost, &b.Out[i], s.tab.find(it.Hash, it.Key), false) // Decide
+			s.decideFound(now, it.Key, it.Hash, it.Cost, &b.Out[i], s.tab.find(it.Hash, it.Key), false) // decide
 		}
 		return
 	}
 	s.tab.warm(b.Items)
 	s.warmLevels()
 	for i, it := range b.Items {
-		// DecideWarmed, written out: one call less per request.
+		// decideWarmed, written out: one call less per request.
 		s.decideFound(now, it.Key, it.Hash, it.Cost, &b.Out[i], s.tab.findWarmed(i, it.Hash, it.Key), false)
 	}
 	s.tab.unwarm()
@@ -259,24 +262,24 @@ func (s *State) worthWarming(n int) bool {
 	return canPrefetch && n > 1 && s.tab.count >= warmFrom
 }
 
-// WarmStart, WarmKey and WarmFinish warm the cache for a group of requests
-// named one by one (see worthWarming); decide the ith with DecideWarmed(i,
-// ...), in order, then call Unwarm.
-func (s *State) WarmStart()                   { s.tab.warmStart() }
-func (s *State) WarmKey(key string, h uint64) { s.tab.warmKey(key, h) }
-func (s *State) WarmFinish()                  { s.tab.warmFinish(); s.warmLevels() }
+// warmStart, warmKey and warmFinish warm the cache for a group of requests
+// named one by one (see worthWarming); decide the ith with decideWarmed(i,
+// ...), in order, then call unwarm.
+func (s *State) warmStart()                   { s.tab.warmStart() }
+func (s *State) warmKey(key string, h uint64) { s.tab.warmKey(key, h) }
+func (s *State) warmFinish()                  { s.tab.warmFinish(); s.warmLevels() }
 
-// Unwarm ends a warm.
-func (s *State) Unwarm() { s.tab.unwarm() }
+// unwarm ends a warm.
+func (s *State) unwarm() { s.tab.unwarm() }
 
-// Prepare takes now as the cutover reading for next and stops the shard from
-// serving data until Publish or Abort. A reading older than the last one
+// prepare takes now as the cutover reading for next and stops the shard from
+// serving data until publish or abort. A reading older than the last one
 // observed is ErrClockRegression, and then nothing changes.
-func (s *State) Prepare(now int64, next policy.Policy) error {
+func (s *State) prepare(now int64, next policy.Policy) error {
 	if now < s.last {
 		return msg.ErrClockRegression
 	}
-	if s.HistoryFull() {
+	if s.historyFull() {
 		s.convertAll() // the loop never gets here: it converts in slices first
 	}
 	s.prepared = true
@@ -284,9 +287,9 @@ func (s *State) Prepare(now int64, next policy.Policy) error {
 	return nil
 }
 
-// Publish switches to the staged policy in O(1): buckets convert lazily. It
+// publish switches to the staged policy in O(1): buckets convert lazily. It
 // does nothing if no cutover is staged.
-func (s *State) Publish() {
+func (s *State) publish() {
 	if !s.prepared {
 		return
 	}
@@ -301,16 +304,16 @@ func (s *State) Publish() {
 	s.compact()
 }
 
-// Prepared reports whether a cutover is staged: until Publish or Abort, the
+// isPrepared reports whether a cutover is staged: until publish or abort, the
 // shard serves nothing else.
-func (s *State) Prepared() bool { return s.prepared }
+func (s *State) isPrepared() bool { return s.prepared }
 
-// HistoryFull reports whether the shard keeps as many policy generations as
+// historyFull reports whether the shard keeps as many policy generations as
 // it may: the next cutover waits until a conversion pass has finished.
-func (s *State) HistoryFull() bool { return len(s.gens) >= maxGenerations }
+func (s *State) historyFull() bool { return len(s.gens) >= maxGenerations }
 
-// Abort drops the staged cutover; nothing else changes.
-func (s *State) Abort() {
+// abort drops the staged cutover; nothing else changes.
+func (s *State) abort() {
 	s.prepared = false
 	s.staged = generation{}
 }
@@ -412,7 +415,7 @@ func (s *State) Drop(key string, h uint64) bool {
 	stale := b.Epoch != s.epoch
 	s.forgetLevels(b, s.infoOf(b))
 	s.tab.remove(seg, i)
-	s.budget.Release()
+	s.budget.release()
 	if stale {
 		s.stale-- // one bucket fewer behind the policy in force
 		s.compact()

@@ -8,20 +8,20 @@ import (
 )
 
 // The State's side of a hold (msg.Hold): one shard's part of an
-// all-or-nothing decision. HoldBegin checks the part and lists its new keys;
-// HoldEval answers what deciding every item at T would give, changing no
-// answer; HoldCommit decides them all at T, or none. Items are distinct
+// all-or-nothing decision. holdBegin checks the part and lists its new keys;
+// holdEval answers what deciding every item at T would give, changing no
+// answer; holdCommit decides them all at T, or none. Items are distinct
 // keys with summed costs. The key bound's room for new keys is reserved by
 // the caller, and only for a call it admits.
 
-// HoldBegin checks items at now, into out, and reports whether the hold may
+// holdBegin checks items at now, into out, and reports whether the hold may
 // be taken, listing in fresh the items whose keys are not tracked. On
 // failure exactly one reply has an error, and nothing changed: the first
 // item whose cost is above its key's capacity, else (every item) a reading
 // older than the last one observed. On success the items' keys are held
-// (Held) until HoldCommit or HoldRelease: the loop serves nothing else for
+// (isHeld) until holdCommit or holdRelease: the loop serves nothing else for
 // them meanwhile, and takes no hold while a sweep runs.
-func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply, fresh *[]int) bool {
+func (s *State) holdBegin(now int64, items []msg.Item, out []msg.Reply, fresh *[]int) bool {
 	clear(out)
 	*fresh = (*fresh)[:0]
 	g := &s.gens[len(s.gens)-1]
@@ -46,7 +46,7 @@ func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply, fresh *[
 		return false
 	}
 	// s.last stays: a call that fails elsewhere changes nothing here, and
-	// HoldCommit records T, which is at least now.
+	// holdCommit records T, which is at least now.
 	if s.held == nil {
 		s.held = map[string]struct{}{}
 	}
@@ -56,16 +56,16 @@ func (s *State) HoldBegin(now int64, items []msg.Item, out []msg.Reply, fresh *[
 	return true
 }
 
-// Held reports whether key belongs to a hold in progress.
-func (s *State) Held(key string) bool {
+// isHeld reports whether key belongs to a hold in progress.
+func (s *State) isHeld(key string) bool {
 	_, ok := s.held[key]
 	return ok
 }
 
-// HoldEval writes into out what deciding each item at T (>= the hold's
+// holdEval writes into out what deciding each item at T (>= the hold's
 // reading) would answer, changing no answer: the buckets are refilled on
 // copies, and new keys are not created.
-func (s *State) HoldEval(T int64, items []msg.Item, out []msg.Reply) {
+func (s *State) holdEval(T int64, items []msg.Item, out []msg.Reply) {
 	g := &s.gens[len(s.gens)-1]
 	var buf [maxLevels]policy.Level
 	for i, it := range items {
@@ -80,7 +80,7 @@ func (s *State) HoldEval(T int64, items []msg.Item, out []msg.Reply) {
 				lv[j] = policy.FullLevel(in.shape.Band(j))
 			}
 		} else {
-			in = &g.limits[b.Limit] // brought up by HoldBegin
+			in = &g.limits[b.Limit] // brought up by holdBegin
 			lv = s.load(b, in, &buf)
 			last = b.Last
 		}
@@ -100,17 +100,17 @@ func (s *State) HoldEval(T int64, items []msg.Item, out []msg.Reply) {
 	}
 }
 
-// HoldCommit ends the hold at T: with admit, every item is decided at T
-// (as HoldEval answered, every one allowed), its new keys created in the
+// holdCommit ends the hold at T: with admit, every item is decided at T
+// (as holdEval answered, every one allowed), its new keys created in the
 // room the caller reserved in the key bound; without, nothing is taken. It
-// writes no answer: the caller has HoldEval's, and may be reading them.
+// writes no answer: the caller has holdEval's, and may be reading them.
 //
 // Other keys may have been decided at later readings while these were held:
 // T is the call's instant, not this shard's latest, and the held buckets
 // were last brought up to date no later than the hold's reading, so
 // deciding them at T is sound. The shard's latest reading is kept.
-func (s *State) HoldCommit(T int64, items []msg.Item, admit bool) {
-	s.HoldRelease(items)
+func (s *State) holdCommit(T int64, items []msg.Item, admit bool) {
+	s.holdRelease(items)
 	latest := max(s.last, T)
 	if admit {
 		s.last = min(s.last, T) // so decideFound takes T for what it is
@@ -122,8 +122,8 @@ func (s *State) HoldCommit(T int64, items []msg.Item, admit bool) {
 	s.last = latest
 }
 
-// HoldRelease ends a hold without deciding anything: its keys are free.
-func (s *State) HoldRelease(items []msg.Item) {
+// holdRelease ends a hold without deciding anything: its keys are free.
+func (s *State) holdRelease(items []msg.Item) {
 	for _, it := range items {
 		delete(s.held, it.Key)
 	}

@@ -19,36 +19,36 @@ func holdItems(s *State, kv ...any) []msg.Item {
 	return items
 }
 
-// TestStateHold: Eval answers what Decide would, changes nothing, and a
+// TestStateHold: Eval answers what decide would, changes nothing, and a
 // commit decides exactly that, creating the new keys in room the caller
-// reserved; a refusal changes nothing; HoldBegin lists the new keys and
+// reserved; a refusal changes nothing; holdBegin lists the new keys and
 // its errors come in rule order.
 func TestStateHold(t *testing.T) {
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 	budget := NewBudget(3)
-	s := NewState(p, budget, &testHasher)
-	ref := NewState(p, NewBudget(3), &testHasher)
-	require.NoError(t, s.Allow(0, "a", 4).Err)
-	require.NoError(t, ref.Allow(0, "a", 4).Err)
+	s := newState(p, budget, &testHasher)
+	ref := newState(p, NewBudget(3), &testHasher)
+	require.NoError(t, s.allow(0, "a", 4).Err)
+	require.NoError(t, ref.allow(0, "a", 4).Err)
 
 	items := holdItems(s, "a", 3, "b", 2)
 	out := make([]msg.Reply, len(items))
 	var fresh []int
-	require.True(t, s.HoldBegin(1e9, items, out, &fresh))
+	require.True(t, s.holdBegin(1e9, items, out, &fresh))
 	assert.Equal(t, []int{1}, fresh, "b is new")
 	assert.Equal(t, int64(1), budget.Count(), "the shard reserves nothing")
-	s.HoldEval(2e9, items, out)
-	want := []msg.Reply{ref.Allow(2e9, "a", 3), ref.Allow(2e9, "b", 2)}
+	s.holdEval(2e9, items, out)
+	want := []msg.Reply{ref.allow(2e9, "a", 3), ref.allow(2e9, "b", 2)}
 	assert.Equal(t, want, out)
 	got, _ := s.bucket("a")
 	assert.Equal(t, int64(6), got.Tokens, "Eval takes nothing")
 	ok, _ := budget.ReserveN(1) // the caller's reservation for b
 	require.True(t, ok)
-	s.HoldCommit(2e9, items, true)
+	s.holdCommit(2e9, items, true)
 	for _, k := range []string{"a", "b"} {
 		var g, w msg.Reply
-		s.Peek(3e9, k, s.hasher.Sum(k), &g)
-		ref.Peek(3e9, k, ref.hasher.Sum(k), &w)
+		s.peek(3e9, k, s.hasher.Sum(k), &g)
+		ref.peek(3e9, k, ref.hasher.Sum(k), &w)
 		assert.Equal(t, w, g, "key %s after the commit", k)
 	}
 	assert.Equal(t, int64(2), budget.Count())
@@ -56,19 +56,19 @@ func TestStateHold(t *testing.T) {
 
 	// A refusal: nothing taken, nothing created.
 	items = holdItems(s, "c", 1, "a", 10)
-	require.True(t, s.HoldBegin(3e9, items, out, &fresh))
-	s.HoldEval(3e9, items, out)
+	require.True(t, s.holdBegin(3e9, items, out, &fresh))
+	s.holdEval(3e9, items, out)
 	assert.False(t, out[1].Decision.Allowed)
-	s.HoldCommit(3e9, items, false)
+	s.holdCommit(3e9, items, false)
 	_, tracked := s.bucket("c")
 	assert.False(t, tracked)
 	assert.Equal(t, int64(2), budget.Count())
 
 	// Errors, in rule order, and nothing changed by any.
 	out = make([]msg.Reply, 3)
-	require.False(t, s.HoldBegin(4e9, holdItems(s, "x", 1, "y", 1, "a", 11), out, &fresh))
+	require.False(t, s.holdBegin(4e9, holdItems(s, "x", 1, "y", 1, "a", 11), out, &fresh))
 	assert.Equal(t, msg.ErrCostExceedsCapacity, out[2].Err)
-	require.False(t, s.HoldBegin(1, holdItems(s, "a", 1), out[:1], &fresh))
+	require.False(t, s.holdBegin(1, holdItems(s, "a", 1), out[:1], &fresh))
 	assert.Equal(t, msg.ErrClockRegression, out[0].Err)
 	s.checkInvariants(t, "after the errors")
 	ok, room := budget.ReserveN(2)

@@ -88,20 +88,20 @@ func TestStateMatchesEagerCutover(t *testing.T) {
 			start := policy.Policy{Version: 1, Capacity: 1 + r.Int64N(20), TokensPerSecond: 1 + r.Int64N(5)}
 			maxKeys := 3 + r.IntN(6)
 			budget := NewBudget(int64(maxKeys))
-			s := NewState(start, budget, &testHasher)
+			s := newState(start, budget, &testHasher)
 			if seed%2 == 1 {
 				s.tab.maxGroups = 1 // one group per segment: splits all the time
 			}
-			defer s.Abandon()
+			defer s.abandon()
 			m := &eager{pol: start, buckets: map[string]policy.Bucket{}, max: maxKeys}
 			now := int64(0)
 			sweepOdds := 20 + r.IntN(400) // some seeds almost never sweep
 			for step := range 3000 {
 				now = stepClock(r, now)
-				if s.Converting() && r.IntN(3) == 0 {
+				if s.converting() && r.IntN(3) == 0 {
 					// The loop converts between messages; here, at random
 					// points of the trace, a few buckets at a time.
-					s.ConvertSlice(1 + r.IntN(3))
+					s.convertSlice(1 + r.IntN(3))
 				}
 				switch op := r.IntN(sweepOdds); {
 				case op == 0:
@@ -110,10 +110,10 @@ func TestStateMatchesEagerCutover(t *testing.T) {
 				case op < 4:
 					next := randomPolicy(r, m.pol.Version+1)
 					wantErr := m.cutover(now, next)
-					gotErr := s.Prepare(now, next)
+					gotErr := s.prepare(now, next)
 					require.Equal(t, wantErr, gotErr, "seed %d step %d: prepare", seed, step)
 					if gotErr == nil {
-						s.Publish()
+						s.publish()
 					}
 				default:
 					key := fmt.Sprintf("k%d", r.IntN(maxKeys+2))
@@ -127,7 +127,7 @@ func TestStateMatchesEagerCutover(t *testing.T) {
 							cost = c + 1 // above capacity: ErrCostExceedsCapacity
 						}
 					}
-					got, want := s.Allow(now, key, cost), m.allow(now, key, cost)
+					got, want := s.allow(now, key, cost), m.allow(now, key, cost)
 					require.Equal(t, want, got, "seed %d step %d: allow %q cost %d at %d", seed, step, key, cost, now)
 				}
 				require.Equal(t, int64(len(m.buckets)), budget.Count(), "seed %d step %d: key count", seed, step)
@@ -191,32 +191,32 @@ func randomPolicy(r *rand.Rand, version int64) policy.Policy {
 // bucket has been converted, and bounded when no bucket is ever touched.
 func TestStateHistoryCompacts(t *testing.T) {
 	const sec = int64(time.Second)
-	s := NewState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10), &testHasher)
-	defer s.Abandon()
-	require.NoError(t, s.Allow(0, "a", 10).Err)
-	require.NoError(t, s.Allow(0, "b", 10).Err)
+	s := newState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10), &testHasher)
+	defer s.abandon()
+	require.NoError(t, s.allow(0, "a", 10).Err)
+	require.NoError(t, s.allow(0, "b", 10).Err)
 	for v := int64(2); v <= 5; v++ {
-		require.NoError(t, s.Prepare(v*sec, policy.Policy{Version: v, Capacity: 10, TokensPerSecond: 1}))
-		s.Publish()
+		require.NoError(t, s.prepare(v*sec, policy.Policy{Version: v, Capacity: 10, TokensPerSecond: 1}))
+		s.publish()
 	}
 	assert.Len(t, s.gens, 5, "four cutovers, nothing touched: five generations kept")
-	got := s.Allow(6*sec, "a", 1)
+	got := s.allow(6*sec, "a", 1)
 	require.NoError(t, got.Err)
 	assert.Equal(t, int64(5), got.Decision.Remaining, "6 s at 1/s across four cutovers, minus 1")
 	assert.Len(t, s.gens, 5, "b still needs the history")
 	s.checkInvariants(t, "a converted")
-	s.Allow(6*sec, "b", 1)
+	s.allow(6*sec, "b", 1)
 	assert.Len(t, s.gens, 1, "every bucket converted: history dropped")
 	s.checkInvariants(t, "b converted")
 
 	// Cutovers with nothing touched in between stay bounded.
 	for v := int64(6); v < 6+3*maxGenerations; v++ {
-		require.NoError(t, s.Prepare(6*sec+v, policy.Policy{Version: v, Capacity: 10, TokensPerSecond: 1}))
-		s.Publish()
+		require.NoError(t, s.prepare(6*sec+v, policy.Policy{Version: v, Capacity: 10, TokensPerSecond: 1}))
+		s.publish()
 		require.LessOrEqual(t, len(s.gens), maxGenerations)
 		s.checkInvariants(t, "version %d", v)
 	}
-	got = s.Allow(7*sec, "a", 1)
+	got = s.allow(7*sec, "a", 1)
 	require.NoError(t, got.Err)
 	assert.Equal(t, int64(5), got.Decision.Remaining, "one more second across 192 cutovers, minus 1")
 }
@@ -228,15 +228,15 @@ func TestStateHistoryCompacts(t *testing.T) {
 // nothing.
 func TestStateDroppedKeyIsNew(t *testing.T) {
 	for _, key := range []string{"", "k"} {
-		s := NewState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10), &testHasher)
-		require.NoError(t, s.Allow(1, key, 4).Err)
+		s := newState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10), &testHasher)
+		require.NoError(t, s.allow(1, key, 4).Err)
 		require.True(t, s.Drop(key, testHasher.Sum(key)))
 		s.checkInvariants(t, "key %q dropped", key)
-		got := s.Allow(2, key, 1)
+		got := s.allow(2, key, 1)
 		require.NoError(t, got.Err)
 		assert.Equal(t, int64(9), got.Decision.Remaining, "key %q: a full bucket, minus 1", key)
-		assert.Equal(t, 1, s.Len(), "key %q is tracked again", key)
-		s.Abandon()
+		assert.Equal(t, 1, s.keyCount(), "key %q is tracked again", key)
+		s.abandon()
 	}
 }
 
@@ -244,18 +244,18 @@ func TestStateDroppedKeyIsNew(t *testing.T) {
 // that a prepare with a regressed clock is refused with nothing staged.
 func TestStatePrepareAbort(t *testing.T) {
 	p1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
-	s := NewState(p1, NewBudget(10), &testHasher)
-	require.NoError(t, s.Allow(100, "a", 10).Err)
-	require.ErrorIs(t, s.Prepare(99, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}), msg.ErrClockRegression)
+	s := newState(p1, NewBudget(10), &testHasher)
+	require.NoError(t, s.allow(100, "a", 10).Err)
+	require.ErrorIs(t, s.prepare(99, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}), msg.ErrClockRegression)
 	require.False(t, s.prepared)
-	require.NoError(t, s.Prepare(200, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}))
+	require.NoError(t, s.prepare(200, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}))
 	require.True(t, s.prepared)
-	s.Abort()
+	s.abort()
 	require.False(t, s.prepared)
-	s.Publish() // nothing staged: no effect
-	assert.Equal(t, p1, s.Policy())
+	s.publish() // nothing staged: no effect
+	assert.Equal(t, p1, s.policyInForce())
 	// The aborted prepare's reading was not observed: 150 is not a regression.
-	got := s.Allow(150, "a", 1)
+	got := s.allow(150, "a", 1)
 	require.NoError(t, got.Err)
 	assert.Equal(t, int64(1), got.Decision.Version)
 }
@@ -268,35 +268,35 @@ func durationOf(ns int64) time.Duration { return time.Duration(ns) }
 func TestStateConversionPass(t *testing.T) {
 	const sec = int64(time.Second)
 	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
-	s := NewState(p, NewBudget(100), &testHasher)
+	s := newState(p, NewBudget(100), &testHasher)
 	s.tab.maxGroups = 1 // many small segments, so a slice of 7 slots is one of them
-	defer s.Abandon()
+	defer s.abandon()
 	m := &eager{pol: p, buckets: map[string]policy.Bucket{}, max: 100}
 	for i := range 50 {
 		key := fmt.Sprintf("k%d", i)
-		require.Equal(t, m.allow(0, key, int64(1+i)), s.Allow(0, key, int64(1+i)))
+		require.Equal(t, m.allow(0, key, int64(1+i)), s.allow(0, key, int64(1+i)))
 	}
 	for v := int64(2); v <= convertAfter+2; v++ {
 		next := policy.Policy{Version: v, Capacity: 100 - 5*v, TokensPerSecond: v}
 		require.NoError(t, m.cutover(v*sec, next))
-		require.NoError(t, s.Prepare(v*sec, next))
-		s.Publish()
+		require.NoError(t, s.prepare(v*sec, next))
+		s.publish()
 	}
-	require.True(t, s.Converting(), "more than convertAfter generations start a pass")
+	require.True(t, s.converting(), "more than convertAfter generations start a pass")
 	require.Greater(t, len(s.gens), convertAfter)
 	slices := 0
-	for !s.ConvertSlice(7) {
+	for !s.convertSlice(7) {
 		slices++
 		s.checkInvariants(t, "slice %d", slices)
 	}
 	s.checkInvariants(t, "after the pass")
 	assert.Greater(t, slices, 3, "the pass really was sliced")
-	assert.False(t, s.Converting())
+	assert.False(t, s.converting())
 	assert.Len(t, s.gens, 1, "every bucket converted: history dropped")
 	now := 20 * sec
 	for i := range 50 {
 		key := fmt.Sprintf("k%d", i)
-		require.Equal(t, m.allow(now, key, 1), s.Allow(now, key, 1), "key %s", key)
+		require.Equal(t, m.allow(now, key, 1), s.allow(now, key, 1), "key %s", key)
 	}
 }
 
@@ -311,7 +311,7 @@ var testHasher = NewHasher(0x5eed)
 func TestBatchMatchesSingles(t *testing.T) {
 	p := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 2}
 	h := NewHasher(3)
-	batched, single := NewState(p, NewBudget(1<<20), &h), NewState(p, NewBudget(1<<20), &h)
+	batched, single := newState(p, NewBudget(1<<20), &h), newState(p, NewBudget(1<<20), &h)
 	key := func(i int) string {
 		if i%5 == 0 {
 			return fmt.Sprintf("a-key-long-enough-for-the-arena:%d", i) // past inlineKey
@@ -320,8 +320,8 @@ func TestBatchMatchesSingles(t *testing.T) {
 	}
 	const known = 2 * warmFrom
 	for i := range known {
-		require.NoError(t, batched.Allow(0, key(i), 1).Err)
-		require.NoError(t, single.Allow(0, key(i), 1).Err)
+		require.NoError(t, batched.allow(0, key(i), 1).Err)
+		require.NoError(t, single.allow(0, key(i), 1).Err)
 	}
 	require.Equal(t, canPrefetch, batched.worthWarming(2), "large enough to warm where a build can")
 	r := rand.New(rand.NewPCG(1, 2))
@@ -337,13 +337,13 @@ func TestBatchMatchesSingles(t *testing.T) {
 			m.Items = append(m.Items, msg.Item{Key: key(i), Hash: h.Sum(key(i)), Cost: 1 + r.Int64N(2)})
 		}
 		m.Out = make([]msg.Reply, len(m.Items))
-		batched.Batch(now, &m)
+		batched.batch(now, &m)
 		for i, it := range m.Items {
-			require.Equal(t, single.Allow(now, it.Key, it.Cost), m.Out[i], "round %d item %d", round, i)
+			require.Equal(t, single.allow(now, it.Key, it.Cost), m.Out[i], "round %d item %d", round, i)
 		}
 		batched.checkInvariants(t, "round %d", round)
 	}
-	require.Equal(t, single.Len(), batched.Len())
+	require.Equal(t, single.keyCount(), batched.keyCount())
 	for i := range next {
 		want, ok := single.bucket(key(i))
 		got, _ := batched.bucket(key(i))
@@ -358,13 +358,13 @@ func TestBatchMatchesSingles(t *testing.T) {
 // later cutover's generation, forever).
 func TestDropStaleKeepsCount(t *testing.T) {
 	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
-	s := NewState(v1, NewBudget(10), &testHasher)
-	require.NoError(t, s.Allow(1, "a", 1).Err)
-	require.NoError(t, s.Allow(1, "b", 1).Err)
-	require.NoError(t, s.Prepare(2, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 4}))
-	s.Publish()
+	s := newState(v1, NewBudget(10), &testHasher)
+	require.NoError(t, s.allow(1, "a", 1).Err)
+	require.NoError(t, s.allow(1, "b", 1).Err)
+	require.NoError(t, s.prepare(2, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 4}))
+	s.publish()
 	require.True(t, s.Drop("a", testHasher.Sum("a")))
-	require.NoError(t, s.Allow(3, "b", 1).Err) // converts the last stale bucket
+	require.NoError(t, s.allow(3, "b", 1).Err) // converts the last stale bucket
 	s.checkInvariants(t, "after dropping a stale bucket")
 	assert.Len(t, s.gens, 1, "the history is dropped once no bucket needs it")
 }

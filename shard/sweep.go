@@ -10,7 +10,8 @@ import (
 // SliceSize is about how many slots one sweep slice visits before the shard
 // serves its mailbox again: a slice takes whole segments of the table, at
 // least one, so it is a few tens of microseconds of work, and a sweep over a
-// million keys never holds up a request for long.
+// million keys never holds up a request for long. It is internal to
+// tokenshard: package engine's tests size their tables by it.
 const SliceSize = 1024
 
 // sweepPass is a walk over the table in progress, resumable slice by slice.
@@ -37,16 +38,16 @@ type sweepPass struct {
 	// bucket's epoch, since converting twice changes nothing.
 	seg  *segment
 	slot int
-	done bool // a sweep that has visited everything, waiting for EndSweep
+	done bool // a sweep that has visited everything, waiting for endSweep
 }
 
-// BeginSweep starts a sweep pass, replacing any conversion pass (a sweep
-// converts every bucket it visits). Until it ends, SweepSlice judges the
+// beginSweep starts a sweep pass, replacing any conversion pass (a sweep
+// converts every bucket it visits). Until it ends, sweepSlice judges the
 // buckets that existed when it began. With estimate set it also finds when
-// the first bucket it keeps is full again (EndSweep's Soonest), at the cost
+// the first bucket it keeps is full again (endSweep's Soonest), at the cost
 // of a division per bucket kept. It does nothing if a sweep is running.
-func (s *State) BeginSweep(estimate bool) {
-	if s.Sweeping() {
+func (s *State) beginSweep(estimate bool) {
+	if s.sweeping() {
 		return
 	}
 	s.pass = &sweepPass{evict: true, estimate: estimate}
@@ -55,28 +56,28 @@ func (s *State) BeginSweep(estimate bool) {
 	}
 }
 
-// Sweeping reports whether a sweep pass is in progress.
-func (s *State) Sweeping() bool { return s.pass != nil && s.pass.evict && !s.pass.done }
+// sweeping reports whether a sweep pass is in progress.
+func (s *State) sweeping() bool { return s.pass != nil && s.pass.evict && !s.pass.done }
 
-// Converting reports whether a background conversion pass is in progress.
-func (s *State) Converting() bool { return s.pass != nil && !s.pass.evict }
+// converting reports whether a background conversion pass is in progress.
+func (s *State) converting() bool { return s.pass != nil && !s.pass.evict }
 
 // beginConvert (re)starts a conversion pass, so it brings every bucket to
 // the generation now in force; a sweep in progress converts anyway.
 func (s *State) beginConvert() {
-	if s.Sweeping() {
+	if s.sweeping() {
 		return
 	}
 	s.pass = &sweepPass{}
 }
 
-// ConvertSlice does about n units of the conversion pass, a unit being one
+// convertSlice does about n units of the conversion pass, a unit being one
 // slot looked at or one cutover replayed on a bucket, and reports
 // done when the pass is over (the history is then dropped). Work, not slots,
 // bounds a slice: a bucket many cutovers behind costs that many. It reads no
 // clock and changes no answer: converting is what the bucket's next touch
 // would do first anyway.
-func (s *State) ConvertSlice(n int) (done bool) {
+func (s *State) convertSlice(n int) (done bool) {
 	p := s.pass
 	for work := 0; s.stale != 0; {
 		seg, next, last := s.tab.segmentAt(p.cursor)
@@ -108,12 +109,12 @@ func (s *State) ConvertSlice(n int) (done bool) {
 	return true
 }
 
-// SweepSlice judges the buckets of about n slots of the pass at now and
+// sweepSlice judges the buckets of about n slots of the pass at now and
 // evicts those that are full. It reports done when the pass has visited
 // every bucket. A reading older than the last one observed ends the pass with
 // ErrClockRegression; what earlier slices evicted stays evicted and is
 // counted.
-func (s *State) SweepSlice(now int64, n int) (done bool, err error) {
+func (s *State) sweepSlice(now int64, n int) (done bool, err error) {
 	if now < s.last {
 		return true, msg.ErrClockRegression
 	}
@@ -137,7 +138,7 @@ func (s *State) SweepSlice(now int64, n int) (done bool, err error) {
 			case s.refillFull(&sl.b, in, now):
 				s.forgetLevels(&sl.b, in)
 				s.tab.remove(seg, i)
-				s.budget.Release() // only after the delete: Count never undercounts
+				s.budget.release() // only after the delete: Count never undercounts
 				s.pass.evicted++
 			case s.pass.estimate:
 				at := now + s.resetAfter(&sl.b, in)
@@ -157,18 +158,18 @@ func (s *State) SweepSlice(now int64, n int) (done bool, err error) {
 	return false, nil
 }
 
-// Abandon drops any pass in progress without finishing it. A sweep abandoned
-// this way is not answered: use EndSweep for one that has a caller.
-func (s *State) Abandon() {
-	if s.Sweeping() {
+// abandon drops any pass in progress without finishing it. A sweep abandoned
+// this way is not answered: use endSweep for one that has a caller.
+func (s *State) abandon() {
+	if s.sweeping() {
 		s.unmarkBorn()
 	}
 	s.pass = nil
 }
 
-// EndSweep finishes the pass and returns what it evicted, with err (from
-// SweepSlice, or ErrClosed when the shard stops part-way).
-func (s *State) EndSweep(err error) msg.SweepReply {
+// endSweep finishes the pass and returns what it evicted, with err (from
+// sweepSlice, or ErrClosed when the shard stops part-way).
+func (s *State) endSweep(err error) msg.SweepReply {
 	p := s.pass
 	if err != nil {
 		s.unmarkBorn() // the walk did not reach them all
@@ -200,15 +201,15 @@ func (s *State) bucket(key string) (policy.Bucket, bool) {
 	return policy.Bucket{}, false
 }
 
-// BeginSnapshot starts a snapshot walk from the start of the table. Keys
+// beginSnapshot starts a snapshot walk from the start of the table. Keys
 // created ahead of its cursor are copied when it gets there; keys created
 // behind it are not in the snapshot, as if created after it.
-func (s *State) BeginSnapshot() { s.snapCursor = 0 }
+func (s *State) beginSnapshot() { s.snapCursor = 0 }
 
-// SnapshotSlice copies the buckets of about n slots into c, which it resets,
+// snapshotSlice copies the buckets of about n slots into c, which it resets,
 // each brought to the policy in force and paired with its key's limit, and
 // reports whether the walk is over. It reads no clock and changes no answer.
-func (s *State) SnapshotSlice(c *msg.SnapChunk, n int) (done bool) {
+func (s *State) snapshotSlice(c *msg.SnapChunk, n int) (done bool) {
 	c.Records, c.Keys, c.Levels = c.Records[:0], c.Keys[:0], c.Levels[:0]
 	limits := s.gens[len(s.gens)-1].limits
 	for visited := 0; visited < n; {

@@ -21,21 +21,21 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 	const sec, keys = int64(time.Second), 80
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
 	budget := NewBudget(1000)
-	s := NewState(p, budget, &testHasher)
+	s := newState(p, budget, &testHasher)
 	s.tab.maxGroups = 1 // many small segments, so a slice of 3 slots is one of them
-	defer s.Abandon()
+	defer s.abandon()
 	for i := range keys {
-		require.NoError(t, s.Allow(0, fmt.Sprintf("full%d", i), 1).Err) // full again by 0.5 s
+		require.NoError(t, s.allow(0, fmt.Sprintf("full%d", i), 1).Err) // full again by 0.5 s
 	}
 	for i := range keys {
-		require.NoError(t, s.Allow(9*sec, fmt.Sprintf("deep%d", i), 10).Err) // empty at 9 s
+		require.NoError(t, s.allow(9*sec, fmt.Sprintf("deep%d", i), 10).Err) // empty at 9 s
 	}
 
-	s.BeginSweep(false)
-	require.True(t, s.Sweeping())
+	s.beginSweep(false)
+	require.True(t, s.sweeping())
 	now, born, slices := 10*sec, 0, 0
 	for {
-		done, err := s.SweepSlice(now, 3)
+		done, err := s.sweepSlice(now, 3)
 		require.NoError(t, err)
 		slices++
 		s.checkInvariants(t, "slice %d", slices)
@@ -45,15 +45,15 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 		// Between slices: a new key (not full: it spent a token), and time
 		// moves on by 100 ms, so each new key is full 5 slices later while
 		// the deep keys (2 tokens/s from empty at 9 s) stay below 10.
-		r := s.Allow(now, fmt.Sprintf("born%d", born), 1)
+		r := s.allow(now, fmt.Sprintf("born%d", born), 1)
 		require.NoError(t, r.Err)
 		born++
 		now += sec / 10
 		s.checkInvariants(t, "born%d created", born-1)
 	}
-	got := s.EndSweep(nil)
+	got := s.endSweep(nil)
 	s.checkInvariants(t, "the pass ended")
-	require.False(t, s.Sweeping())
+	require.False(t, s.sweeping())
 	assert.Greater(t, slices, 10, "the pass really was sliced")
 	assert.Equal(t, keys, got.Evicted, "every full key, and nothing else")
 	assert.Equal(t, int64(keys+born), budget.Count(), "depleted and born keys remain")
@@ -78,26 +78,26 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 // TestSweepSliceRegression: a slice whose reading went back ends the pass
 // with ErrClockRegression; what earlier slices evicted is counted.
 func TestSweepSliceRegression(t *testing.T) {
-	s := NewState(policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}, NewBudget(100), &testHasher)
+	s := newState(policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}, NewBudget(100), &testHasher)
 	s.tab.maxGroups = 1
 	for i := range 30 {
-		require.NoError(t, s.Allow(0, fmt.Sprintf("k%d", i), 1).Err)
+		require.NoError(t, s.allow(0, fmt.Sprintf("k%d", i), 1).Err)
 	}
-	s.BeginSweep(false)
-	done, err := s.SweepSlice(int64(2*time.Second), 4)
+	s.beginSweep(false)
+	done, err := s.sweepSlice(int64(2*time.Second), 4)
 	require.NoError(t, err)
 	require.False(t, done)
 	first := 30 - int(s.budget.Count())
 	require.Positive(t, first, "the first slice evicted its segment's keys")
 	s.checkInvariants(t, "the first slice")
-	done, err = s.SweepSlice(int64(time.Second), 4)
+	done, err = s.sweepSlice(int64(time.Second), 4)
 	require.True(t, done)
-	got := s.EndSweep(err)
+	got := s.endSweep(err)
 	s.checkInvariants(t, "the failed pass ended")
 	assert.ErrorIs(t, got.Err, msg.ErrClockRegression)
 	assert.Equal(t, first, got.Evicted, "the failed slice evicted nothing")
 	assert.Equal(t, int64(30-first), s.budget.Count())
-	assert.Equal(t, 30-first, s.Len())
+	assert.Equal(t, 30-first, s.keyCount())
 }
 
 // sweepAll runs a whole sweep pass at one reading, as the loop does when
@@ -108,10 +108,10 @@ func sweepAll(s *State, now int64) msg.SweepReply {
 	if now < s.last {
 		return msg.SweepReply{Err: msg.ErrClockRegression}
 	}
-	s.BeginSweep(false)
+	s.beginSweep(false)
 	for {
-		if done, err := s.SweepSlice(now, SliceSize); done {
-			return s.EndSweep(err)
+		if done, err := s.sweepSlice(now, SliceSize); done {
+			return s.endSweep(err)
 		}
 	}
 }
@@ -122,24 +122,24 @@ func sweepAll(s *State, now int64) msg.SweepReply {
 func TestConvertSliceBoundedByLooking(t *testing.T) {
 	const sec = int64(time.Second)
 	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
-	s := NewState(p, NewBudget(10_000), &testHasher)
-	defer s.Abandon()
+	s := newState(p, NewBudget(10_000), &testHasher)
+	defer s.abandon()
 	for i := range 5000 {
-		require.NoError(t, s.Allow(0, fmt.Sprintf("k%d", i), 1).Err)
+		require.NoError(t, s.allow(0, fmt.Sprintf("k%d", i), 1).Err)
 	}
 	for v := int64(2); v <= convertAfter+2; v++ {
-		require.NoError(t, s.Prepare(v*sec, policy.Policy{Version: v, Capacity: 100, TokensPerSecond: v}))
-		s.Publish()
+		require.NoError(t, s.prepare(v*sec, policy.Policy{Version: v, Capacity: 100, TokensPerSecond: v}))
+		s.publish()
 	}
-	require.True(t, s.Converting())
+	require.True(t, s.converting())
 	// Traffic converts all but one bucket.
 	for i := 1; i < 5000; i++ {
-		require.NoError(t, s.Allow(20*sec, fmt.Sprintf("k%d", i), 1).Err)
+		require.NoError(t, s.allow(20*sec, fmt.Sprintf("k%d", i), 1).Err)
 	}
 	require.Equal(t, 1, s.stale)
 	s.checkInvariants(t, "before the pass")
 	slices := 1
-	for !s.ConvertSlice(100) {
+	for !s.convertSlice(100) {
 		slices++
 		s.checkInvariants(t, "slice %d", slices)
 	}
@@ -154,43 +154,43 @@ func TestConvertSliceBoundedByLooking(t *testing.T) {
 func TestFailedSweepRestartsConversion(t *testing.T) {
 	const sec = int64(time.Second)
 	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
-	s := NewState(p, NewBudget(1000), &testHasher)
+	s := newState(p, NewBudget(1000), &testHasher)
 	s.tab.maxGroups = 1
-	defer s.Abandon()
+	defer s.abandon()
 	for i := range 100 {
-		require.NoError(t, s.Allow(0, fmt.Sprintf("k%d", i), 1).Err)
+		require.NoError(t, s.allow(0, fmt.Sprintf("k%d", i), 1).Err)
 	}
 	for v := int64(2); v <= convertAfter+2; v++ {
-		require.NoError(t, s.Prepare(v*sec, policy.Policy{Version: v, Capacity: 100, TokensPerSecond: 1}))
-		s.Publish()
+		require.NoError(t, s.prepare(v*sec, policy.Policy{Version: v, Capacity: 100, TokensPerSecond: 1}))
+		s.publish()
 	}
-	require.True(t, s.Converting())
-	s.BeginSweep(false)
-	done, err := s.SweepSlice(20*sec, 3)
+	require.True(t, s.converting())
+	s.beginSweep(false)
+	done, err := s.sweepSlice(20*sec, 3)
 	require.NoError(t, err)
 	require.False(t, done)
 	s.checkInvariants(t, "a slice of the sweep")
-	done, err = s.SweepSlice(19*sec, 3) // the clock stepped back
+	done, err = s.sweepSlice(19*sec, 3) // the clock stepped back
 	require.True(t, done)
-	s.EndSweep(err)
+	s.endSweep(err)
 	s.checkInvariants(t, "the failed sweep ended")
-	assert.True(t, s.Converting(), "conversion resumes after the failed sweep")
-	for !s.ConvertSlice(SliceSize) {
+	assert.True(t, s.converting(), "conversion resumes after the failed sweep")
+	for !s.convertSlice(SliceSize) {
 	}
 	s.checkInvariants(t, "the conversion ended")
 	assert.Len(t, s.gens, 1)
 }
 
 // TestKeyCreatedAfterSweepWalkIsNotBorn: between the slice that ends a
-// sweep's walk and EndSweep, a new key is not marked born: the next sweep
+// sweep's walk and endSweep, a new key is not marked born: the next sweep
 // judges it like any other.
 func TestKeyCreatedAfterSweepWalkIsNotBorn(t *testing.T) {
 	const sec = int64(time.Second)
-	s := NewState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(100), &testHasher)
-	require.NoError(t, s.Allow(0, "old", 1).Err)
-	s.BeginSweep(false)
+	s := newState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(100), &testHasher)
+	require.NoError(t, s.allow(0, "old", 1).Err)
+	s.beginSweep(false)
 	for {
-		done, err := s.SweepSlice(sec, SliceSize)
+		done, err := s.sweepSlice(sec, SliceSize)
 		require.NoError(t, err)
 		if done {
 			break
@@ -198,9 +198,9 @@ func TestKeyCreatedAfterSweepWalkIsNotBorn(t *testing.T) {
 	}
 	_, ok := s.bucket("old")
 	require.False(t, ok, "full at one second: the first sweep evicted it")
-	require.NoError(t, s.Allow(sec, "new", 1).Err)
+	require.NoError(t, s.allow(sec, "new", 1).Err)
 	s.checkInvariants(t, "new created after the walk")
-	s.EndSweep(nil)
+	s.endSweep(nil)
 	s.checkInvariants(t, "the sweep ended")
 	assert.Equal(t, 1, sweepAll(s, 10*sec).Evicted, "full ten seconds on, and not spared as born")
 	_, ok = s.bucket("new")
@@ -213,20 +213,20 @@ func TestKeyCreatedAfterSweepWalkIsNotBorn(t *testing.T) {
 func TestSweepSoonest(t *testing.T) {
 	const sec = int64(time.Second)
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 3}
-	s := NewState(p, NewBudget(100), &testHasher)
-	defer s.Abandon()
-	require.NoError(t, s.Allow(0, "a", 10).Err)   // full at ceil(10e9/3) ns
-	require.NoError(t, s.Allow(0, "b", 1).Err)    // full at ceil(1e9/3) ns
-	require.NoError(t, s.Allow(sec, "c", 10).Err) // full at 1 s + ceil(10e9/3) ns
+	s := newState(p, NewBudget(100), &testHasher)
+	defer s.abandon()
+	require.NoError(t, s.allow(0, "a", 10).Err)   // full at ceil(10e9/3) ns
+	require.NoError(t, s.allow(0, "b", 1).Err)    // full at ceil(1e9/3) ns
+	require.NoError(t, s.allow(sec, "c", 10).Err) // full at 1 s + ceil(10e9/3) ns
 
 	sweep := func(estimate bool, now int64) msg.SweepReply {
-		s.BeginSweep(estimate)
+		s.beginSweep(estimate)
 		for {
-			done, err := s.SweepSlice(now, SliceSize)
+			done, err := s.sweepSlice(now, SliceSize)
 			require.NoError(t, err)
 			s.checkInvariants(t, "a slice at %d", now)
 			if done {
-				return s.EndSweep(nil)
+				return s.endSweep(nil)
 			}
 		}
 	}
@@ -247,14 +247,14 @@ func TestSweepSoonest(t *testing.T) {
 // many fail before it is read, and a successful one does not.
 func TestBudgetFullSignals(t *testing.T) {
 	b := NewBudget(1)
-	require.True(t, b.Reserve())
+	require.True(t, b.reserve())
 	select {
 	case <-b.Full():
 		t.Fatal("a reservation that succeeded signalled Full")
 	default:
 	}
 	for range 3 {
-		require.False(t, b.Reserve())
+		require.False(t, b.reserve())
 	}
 	select {
 	case <-b.Full():

@@ -184,9 +184,9 @@ func checkTable(t *testing.T, tab *table, model map[string]int64) {
 // TestTableShrinksAfterSweep: once a sweep has evicted most keys, the table
 // gives the memory back rather than keeping its high-water size.
 func TestTableShrinksAfterSweep(t *testing.T) {
-	s := NewState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(1<<20), &testHasher)
+	s := newState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(1<<20), &testHasher)
 	for i := range 100_000 {
-		require.NoError(t, s.Allow(0, fmt.Sprintf("k%d", i), 1).Err)
+		require.NoError(t, s.allow(0, fmt.Sprintf("k%d", i), 1).Err)
 	}
 	slots := func() (n int) {
 		for seg := range s.tab.segments() {
@@ -197,17 +197,17 @@ func TestTableShrinksAfterSweep(t *testing.T) {
 	before := slots()
 	require.GreaterOrEqual(t, before, 100_000)
 	assert.Equal(t, 100_000, sweepAll(s, int64(10e9)).Evicted)
-	assert.Zero(t, s.Len())
+	assert.Zero(t, s.keyCount())
 	assert.Less(t, slots(), before/50, "emptied segments shrank")
 }
 
 // TestKeyIsCopied: the table keeps its own copy of a key, so a key that
 // aliases a request buffer may change once the call returns.
 func TestKeyIsCopied(t *testing.T) {
-	s := NewState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(10), &testHasher)
+	s := newState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(10), &testHasher)
 	buf := []byte("tenant-a")
 	key := unsafe.String(&buf[0], len(buf)) // what a zero-copy parser hands over
-	require.NoError(t, s.Allow(0, key, 5).Err)
+	require.NoError(t, s.allow(0, key, 5).Err)
 	buf[0] = 'X'
 	_, ok := s.bucket("tenant-a")
 	assert.True(t, ok, "the key as it was when created")
@@ -244,10 +244,10 @@ func TestSlotSize(t *testing.T) {
 // TestLongKeyIsCopied: a key too long for the arena is copied too, and the
 // slots of removed long keys are reused rather than piling up.
 func TestLongKeyIsCopied(t *testing.T) {
-	s := NewState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(10), &testHasher)
+	s := newState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(10), &testHasher)
 	buf := []byte(strings.Repeat("k", longKey+1))
 	key := unsafe.String(&buf[0], len(buf))
-	require.NoError(t, s.Allow(0, key, 5).Err)
+	require.NoError(t, s.allow(0, key, 5).Err)
 	want := strings.Repeat("k", longKey+1)
 	buf[0] = 'X'
 	_, ok := s.bucket(want)
@@ -255,7 +255,7 @@ func TestLongKeyIsCopied(t *testing.T) {
 
 	// Create and evict a long key many times: the long-key store stays small.
 	for i := range 1000 {
-		require.NoError(t, s.Allow(int64(i)*10e9, want, 1).Err)
+		require.NoError(t, s.allow(int64(i)*10e9, want, 1).Err)
 		require.Equal(t, 1, sweepAll(s, int64(i)*10e9+5e9).Evicted)
 	}
 	for seg := range s.tab.segments() {

@@ -21,7 +21,7 @@ type task interface {
 type sweepTask struct{ w *msg.Sweep }
 
 func (t *sweepTask) step(s *Shard) bool {
-	done, err := s.state.SweepSlice(s.clk.Now(), SliceSize)
+	done, err := s.state.sweepSlice(s.clk.Now(), SliceSize)
 	if done {
 		t.end(s, err)
 	}
@@ -34,7 +34,7 @@ func (t *sweepTask) stop(s *Shard) { t.end(s, msg.ErrClosed) }
 // end ends the sweep, counts it, and answers it. The coordinator holds the
 // reply, so no other control message arrives until it is sent.
 func (t *sweepTask) end(s *Shard, err error) {
-	r := s.state.EndSweep(err)
+	r := s.state.endSweep(err)
 	s.stats.add(msg.Sweeps, 1)
 	s.stats.add(msg.Evicted, uint64(r.Evicted))
 	s.publish()
@@ -46,9 +46,9 @@ func (t *sweepTask) end(s *Shard, err error) {
 // reading no clock and changing no answer, so the history can be dropped.
 type convertTask struct{}
 
-func (convertTask) step(s *Shard) bool { return s.state.ConvertSlice(SliceSize) }
+func (convertTask) step(s *Shard) bool { return s.state.convertSlice(SliceSize) }
 
-// stop leaves the pass to endTask's Abandon: no one waits for it.
+// stop leaves the pass to endTask's abandon: no one waits for it.
 func (convertTask) stop(*Shard) {}
 
 // snapTask copies the table into the snapshot's chunks, one chunk a slice,
@@ -76,7 +76,7 @@ func (t *snapTask) step(s *Shard) bool {
 // that ends the walk ends the snapshot.
 func (t *snapTask) copy(s *Shard, c *msg.SnapChunk) {
 	t.waiting = false
-	c.Last = s.state.SnapshotSlice(c, SliceSize)
+	c.Last = s.state.snapshotSlice(c, SliceSize)
 	t.m.Out <- c // never blocks: Out has room for every chunk
 	if c.Last {
 		t.over = true
