@@ -1,0 +1,418 @@
+package envoyrls
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.yaml.in/yaml/v3"
+)
+
+// Configuration errors. ParseConfig wraps one of them with the line and the
+// field at fault; test with errors.Is. Every one of them is also
+// ErrInvalidConfig.
+var (
+	// ErrInvalidConfig is what every configuration error wraps.
+	ErrInvalidConfig = errors.New("envoyrls: invalid configuration")
+	// ErrSyntax: the input is not YAML.
+	ErrSyntax = fmt.Errorf("%w: YAML does not parse", ErrInvalidConfig)
+	// ErrUnknownField: a mapping key that the format does not have (a
+	// misspelling such as "ratelimit" or "requestsperunit").
+	ErrUnknownField = fmt.Errorf("%w: unknown field", ErrInvalidConfig)
+	// ErrNonStringKey: a mapping key that is not a string (0.25: x).
+	ErrNonStringKey = fmt.Errorf("%w: key is not a string", ErrInvalidConfig)
+	// ErrFieldType: a field of the wrong kind (a list where a mapping
+	// belongs, a word where a number does, a list of non-mappings).
+	ErrFieldType = fmt.Errorf("%w: wrong type", ErrInvalidConfig)
+	// ErrEmptyDomain: no domain, or an empty one.
+	ErrEmptyDomain = fmt.Errorf("%w: empty domain", ErrInvalidConfig)
+	// ErrDuplicateDomain: Policy or a Server was given two configurations
+	// of one domain.
+	ErrDuplicateDomain = fmt.Errorf("%w: duplicate domain", ErrInvalidConfig)
+	// ErrEmptyKey: a descriptor without a key.
+	ErrEmptyKey = fmt.Errorf("%w: descriptor has empty key", ErrInvalidConfig)
+	// ErrDuplicateKey: two descriptors of one level with the same key and
+	// value (compared as envoyproxy/ratelimit compares them: key, "_", value).
+	ErrDuplicateKey = fmt.Errorf("%w: duplicate descriptor composite key", ErrInvalidConfig)
+	// ErrUnknownUnit: a rate_limit unit other than second, minute, hour,
+	// day, week, month or year (in any case), or none for a limited entry.
+	ErrUnknownUnit = fmt.Errorf("%w: invalid rate limit unit", ErrInvalidConfig)
+	// ErrUnlimitedWithUnit: unlimited: true with a valid unit.
+	ErrUnlimitedWithUnit = fmt.Errorf("%w: should not specify rate limit unit when unlimited", ErrInvalidConfig)
+	// ErrReplaces: a replaces entry with an empty name or the limit's own.
+	ErrReplaces = fmt.Errorf("%w: invalid replaces entry", ErrInvalidConfig)
+	// ErrShareThreshold: share_threshold on a value without '*'.
+	ErrShareThreshold = fmt.Errorf("%w: share_threshold can only be used with wildcard values", ErrInvalidConfig)
+	// ErrUnsupported: a setting this server does not implement
+	// (quota_mode: true).
+	ErrUnsupported = fmt.Errorf("%w: unsupported setting", ErrInvalidConfig)
+)
+
+// Unit is a rate limit unit of the configuration format, as the RLS v3 API
+// names it.
+type Unit = rlsv3.RateLimitResponse_RateLimit_Unit
+
+const unitSecond = rlsv3.RateLimitResponse_RateLimit_SECOND
+
+// unitName is u in lower case: "minute".
+func unitName(u Unit) string { return strings.ToLower(u.String()) }
+
+// unitDuration is the length of each unit: a month is 30 days and a year
+// 365, as in envoyproxy/ratelimit.
+var unitDuration = map[Unit]time.Duration{
+	rlsv3.RateLimitResponse_RateLimit_SECOND: time.Second,
+	rlsv3.RateLimitResponse_RateLimit_MINUTE: time.Minute,
+	rlsv3.RateLimitResponse_RateLimit_HOUR:   time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_DAY:    24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_WEEK:   7 * 24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_MONTH:  30 * 24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_YEAR:   365 * 24 * time.Hour,
+}
+
+// Config is one domain's configuration, as ParseConfig read it. It is
+// immutable and safe to share.
+type Config struct {
+	domain string
+	tag    string // the key prefix of the domain's buckets
+	root   *node
+	rules  []*node // every node with a rate_limit, in document order
+}
+
+// Domain returns the configuration's domain.
+func (c *Config) Domain() string { return c.domain }
+
+// limit is a node's rate_limit.
+type limit struct {
+	requestsPerUnit uint32
+	unit            Unit
+	unlimited       bool
+	name            string
+	replaces        []string
+}
+
+// node is one descriptor entry of the tree.
+type node struct {
+	key, value string
+	wildcard   []string // value split on '*' when it has one
+	share      bool     // share_threshold
+	shadow     bool
+	line       int
+	limit      *limit // nil: no rate_limit here
+
+	exact     map[string]*node // children by key "\x00" value (value non-empty)
+	wildcards []*node          // children whose value has '*', in order
+	defaults  map[string]*node // children with no value, by key
+
+	// For a node with a limit: its bucket key's fixed part, and whether
+	// the key also carries request values (a default entry, or a wildcard
+	// without share_threshold, on its path).
+	path     string // the escaped entries from the root: "/k=v/k2~"
+	rule     string
+	variable bool
+	depth    int
+}
+
+// ParseConfig reads one domain's configuration in envoyproxy/ratelimit's YAML
+// format (the package doc lists the fields). It refuses what that server
+// refuses, and a little more: every field it does not know, anywhere. The
+// error wraps one of the Err values above (and so ErrInvalidConfig) and names
+// the line and the field.
+func ParseConfig(data []byte) (*Config, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSyntax, err)
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		return nil, fmt.Errorf("%w: line 1: field \"domain\": the document is empty", ErrEmptyDomain)
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return nil, fieldErr(ErrFieldType, root, "", "the document is not a mapping")
+	}
+	c := &Config{root: &node{}}
+	var descs *yaml.Node
+	err := eachField(root, func(k string, kn, v *yaml.Node) error {
+		switch k {
+		case "domain":
+			s, err := str(k, v)
+			c.domain = s
+			return err
+		case "descriptors":
+			descs = v
+			return nil
+		}
+		return fieldErr(ErrUnknownField, kn, k, "not a field of the document")
+	})
+	if err != nil {
+		return nil, err
+	}
+	if c.domain == "" {
+		return nil, fieldErr(ErrEmptyDomain, root, "domain", "config file cannot have empty domain")
+	}
+	c.tag = domainTag(c.domain)
+	if err := c.loadLevel(c.root, descs); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// loadLevel reads the descriptors below parent.
+func (c *Config) loadLevel(parent *node, seq *yaml.Node) error {
+	if seq == nil || isNull(seq) {
+		return nil
+	}
+	if seq.Kind != yaml.SequenceNode {
+		return fieldErr(ErrFieldType, seq, "descriptors", "not a list")
+	}
+	seen := map[string]bool{}
+	for _, item := range seq.Content {
+		if item.Kind != yaml.MappingNode {
+			return fieldErr(ErrFieldType, item, "descriptors", "yaml file contains list of type other than map")
+		}
+		n, children, err := c.loadDescriptor(item)
+		if err != nil {
+			return err
+		}
+		composite := n.key
+		if n.value != "" {
+			composite += "_" + n.value
+		}
+		if seen[composite] {
+			return fieldErr(ErrDuplicateKey, item, "key", fmt.Sprintf("'%s'", composite))
+		}
+		seen[composite] = true
+		if n.share && n.wildcard == nil {
+			return fieldErr(ErrShareThreshold, item, "share_threshold", fmt.Sprintf("but found key '%s'", composite))
+		}
+
+		n.depth = parent.depth + 1
+		seg := "/" + escape(n.key)
+		switch {
+		case n.value == "":
+			seg += "~"
+			n.variable = true
+		case n.wildcard != nil && n.share:
+			seg += "!" + escape(n.value)
+		case n.wildcard != nil:
+			seg += "?" + escape(n.value)
+			n.variable = true
+		default:
+			seg += "=" + escape(n.value)
+		}
+		n.variable = n.variable || parent.variable
+		n.path = parent.path + seg
+		if n.limit != nil {
+			n.rule = ruleKey(c.tag, n.path)
+		}
+
+		switch {
+		case n.value == "":
+			if parent.defaults == nil {
+				parent.defaults = map[string]*node{}
+			}
+			parent.defaults[n.key] = n
+		default:
+			if parent.exact == nil {
+				parent.exact = map[string]*node{}
+			}
+			parent.exact[n.key+"\x00"+n.value] = n
+			if n.wildcard != nil {
+				parent.wildcards = append(parent.wildcards, n)
+			}
+		}
+		if n.limit != nil {
+			c.rules = append(c.rules, n)
+		}
+		if err := c.loadLevel(n, children); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadDescriptor reads one descriptor's own fields; its children are
+// returned for loadLevel.
+func (c *Config) loadDescriptor(m *yaml.Node) (*node, *yaml.Node, error) {
+	n := &node{line: m.Line}
+	var children *yaml.Node
+	err := eachField(m, func(k string, kn, v *yaml.Node) error {
+		var err error
+		switch k {
+		case "key":
+			n.key, err = str(k, v)
+		case "value":
+			n.value, err = str(k, v)
+		case "descriptors":
+			children = v
+		case "rate_limit":
+			n.limit, err = loadLimit(v)
+		case "shadow_mode":
+			n.shadow, err = boolean(k, v)
+		case "share_threshold":
+			n.share, err = boolean(k, v)
+		case "detailed_metric", "value_to_metric":
+			// Metric naming only: they change no decision.
+			_, err = boolean(k, v)
+		case "quota_mode":
+			var q bool
+			q, err = boolean(k, v)
+			if err == nil && q {
+				err = fieldErr(ErrUnsupported, kn, k, "quota mode is not implemented")
+			}
+		case "metadata":
+			// Dynamic metadata for the response, which this server does not
+			// send; any YAML is accepted, as envoyproxy/ratelimit accepts it.
+		default:
+			err = fieldErr(ErrUnknownField, kn, k, "not a field of a descriptor")
+		}
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if n.key == "" {
+		return nil, nil, fieldErr(ErrEmptyKey, m, "key", "descriptor has empty key")
+	}
+	if strings.Contains(n.value, "*") {
+		n.wildcard = strings.Split(n.value, "*")
+	}
+	if n.limit != nil {
+		for _, r := range n.limit.replaces {
+			if r == n.limit.name {
+				return nil, nil, fieldErr(ErrReplaces, m, "replaces", "replaces should not contain name of same descriptor")
+			}
+		}
+	}
+	return n, children, nil
+}
+
+// loadLimit reads a rate_limit mapping.
+func loadLimit(m *yaml.Node) (*limit, error) {
+	if m.Kind != yaml.MappingNode {
+		return nil, fieldErr(ErrFieldType, m, "rate_limit", "not a mapping")
+	}
+	l := &limit{}
+	var unit string
+	var unitNode *yaml.Node
+	err := eachField(m, func(k string, kn, v *yaml.Node) error {
+		var err error
+		switch k {
+		case "unit":
+			unit, err = str(k, v)
+			unitNode = v
+		case "requests_per_unit":
+			var n uint32
+			if err := v.Decode(&n); err != nil || v.Kind != yaml.ScalarNode {
+				return fieldErr(ErrFieldType, v, k, fmt.Sprintf("not a whole number from 0 to %d", uint32(math.MaxUint32)))
+			}
+			l.requestsPerUnit = n
+		case "unlimited":
+			l.unlimited, err = boolean(k, v)
+		case "name":
+			l.name, err = str(k, v)
+		case "replaces":
+			if isNull(v) {
+				return nil
+			}
+			if v.Kind != yaml.SequenceNode {
+				return fieldErr(ErrFieldType, v, k, "not a list")
+			}
+			for _, e := range v.Content {
+				if e.Kind != yaml.MappingNode {
+					return fieldErr(ErrFieldType, e, k, "yaml file contains list of type other than map")
+				}
+				name := ""
+				if err := eachField(e, func(k string, kn, v *yaml.Node) error {
+					if k != "name" {
+						return fieldErr(ErrUnknownField, kn, k, "not a field of a replaces entry")
+					}
+					var err error
+					name, err = str("replaces.name", v)
+					return err
+				}); err != nil {
+					return err
+				}
+				if name == "" {
+					return fieldErr(ErrReplaces, e, "replaces", "should not have an empty replaces entry")
+				}
+				l.replaces = append(l.replaces, name)
+			}
+		default:
+			err = fieldErr(ErrUnknownField, kn, k, "not a field of rate_limit")
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	u, ok := rlsv3.RateLimitResponse_RateLimit_Unit_value[strings.ToUpper(unit)]
+	valid := ok && Unit(u) != rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+	switch {
+	case l.unlimited && valid:
+		return nil, fieldErr(ErrUnlimitedWithUnit, unitNode, "unit", "should not specify rate limit unit when unlimited")
+	case !l.unlimited && !valid:
+		at := unitNode
+		if at == nil {
+			at = m
+		}
+		return nil, fieldErr(ErrUnknownUnit, at, "unit", fmt.Sprintf("invalid rate limit unit '%s'", unit))
+	}
+	if valid {
+		l.unit = Unit(u)
+	}
+	return l, nil
+}
+
+// eachField calls f for each key of mapping m, in order, after checking
+// that the key is a string and appears once.
+func eachField(m *yaml.Node, f func(k string, kn, v *yaml.Node) error) error {
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		kn, v := m.Content[i], m.Content[i+1]
+		if kn.Kind != yaml.ScalarNode || kn.ShortTag() != "!!str" {
+			return fieldErr(ErrNonStringKey, kn, kn.Value, "config error, key is not of type string")
+		}
+		if seen[kn.Value] {
+			return fieldErr(ErrFieldType, kn, kn.Value, "given twice")
+		}
+		seen[kn.Value] = true
+		if err := f(kn.Value, kn, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func isNull(v *yaml.Node) bool { return v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" }
+
+// str reads a scalar as a string: a number or a word is its text, as
+// envoyproxy/ratelimit reads it; null is "".
+func str(field string, v *yaml.Node) (string, error) {
+	if isNull(v) {
+		return "", nil
+	}
+	if v.Kind != yaml.ScalarNode {
+		return "", fieldErr(ErrFieldType, v, field, "not a string")
+	}
+	return v.Value, nil
+}
+
+func boolean(field string, v *yaml.Node) (bool, error) {
+	var b bool
+	if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!bool" || v.Decode(&b) != nil {
+		return false, fieldErr(ErrFieldType, v, field, "not true or false")
+	}
+	return b, nil
+}
+
+// fieldErr wraps kind with the line of at and the field's name.
+func fieldErr(kind error, at *yaml.Node, field, what string) error {
+	line := 0
+	if at != nil {
+		line = at.Line
+	}
+	return fmt.Errorf("%w: line %d: field %q: %s", kind, line, field, what)
+}

@@ -1,0 +1,146 @@
+// Package envoyrls serves Envoy's global rate limit service, the RLS v3 API
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit), on a
+// tokenshard admitter: the in-process engine.Engine, or engine/redisstore's
+// Store for a quota shared by several replicas.
+//
+// It reads envoyproxy/ratelimit's configuration files and matches requests
+// as that server does, but decides with exact token buckets instead of fixed
+// windows, and all or nothing across a request's descriptors.
+//
+//	cfg, err := envoyrls.ParseConfig(yamlBytes)
+//	p, err := envoyrls.Policy(1, cfg)
+//	eng, err := engine.New(engine.Config{Policy: p})
+//	srv, err := envoyrls.NewServer(eng, cfg)
+//	rlsv3.RegisterRateLimitServiceServer(grpcServer, srv)
+//
+// The command tokenshard-rls (engine/envoyrls/cmd/tokenshard-rls, a module of
+// its own) runs it with gRPC health, Prometheus metrics and reloads.
+//
+// # Configuration
+//
+// ParseConfig reads one domain's YAML: domain, and descriptors, each with a
+// key, an optional value, an optional rate_limit {unit, requests_per_unit,
+// name, unlimited, replaces: [{name}]}, shadow_mode, share_threshold,
+// detailed_metric, value_to_metric, metadata and descriptors below it. Units
+// are second, minute, hour, day, week, month (30 days) and year (365 days), in
+// any case. A '*' in a value is a wildcard matching any run of bytes; with
+// share_threshold every value it matches shares one bucket, without it each
+// value has its own. detailed_metric and value_to_metric name metrics in
+// envoyproxy/ratelimit and change no decision here; metadata is read and
+// not used, as envoyproxy/ratelimit does not use it unless told to.
+//
+// What envoyproxy/ratelimit refuses is refused: YAML that does not parse,
+// an empty domain, a descriptor without a key, two descriptors of one level
+// with the same key and value, an unknown unit, unlimited with a unit,
+// a replaces entry that is empty or names its own limit, share_threshold
+// on a value without '*', a key that is not a string, a list of anything
+// but mappings, and an unknown field. It also refuses an unknown field where
+// envoyproxy/ratelimit lets a known name of another level pass ("unit" at
+// the top), a field given twice, a value of the wrong kind, and quota_mode:
+// true, which this server does not implement. Every error names the line and
+// the field and wraps ErrInvalidConfig.
+//
+// # Limits
+//
+// Policy turns configurations into the admitter's policy. Each limited entry
+// is a token bucket of capacity requests_per_unit refilled at
+// requests_per_unit per unit, continuously. A key not used before admits
+// requests_per_unit at once, as a fixed window admits at the start of a
+// window; but where a fixed window admits requests_per_unit again as soon
+// as the next window starts, twice the limit in a moment, the bucket then
+// admits only what has refilled. An entry with no value gives each value
+// of the request its own bucket, as does a wildcard without share_threshold.
+// A limit of requests_per_unit 0 refuses every request, as it does in
+// envoyproxy/ratelimit; it needs no bucket.
+//
+// # Decisions
+//
+// A request names a domain and a list of descriptors, each a list of
+// entries (key, value). Each descriptor is matched against the domain's tree
+// as envoyproxy/ratelimit matches it: level by level, the entry with the same
+// key and value, else the first wildcard entry (in the file's order) of the
+// key whose pattern matches the value, else the entry of the key with no
+// value; the match stops where the tree does, and a limit applies only if the
+// descriptor's last entry reaches a limited entry. Then every matched limit
+// whose name another matched limit of the request lists in replaces is
+// dropped, as if unmatched. An unknown domain matches nothing.
+//
+// The cost of a descriptor is its own hits_addend when set, else the
+// request's, where 0 (not set) means 1. A descriptor hits_addend of 0 means
+// check only, as in envoyproxy/ratelimit: the descriptor is over the limit
+// if its bucket holds less than one token, and nothing is taken from it.
+//
+// The limited descriptors not in shadow mode are decided together with one
+// engine.Admitter.AllowAll: either each one's cost is taken from its bucket
+// (descriptors of one bucket add up) or, if any bucket lacks its cost,
+// nothing is taken from any. So where envoyproxy/ratelimit charges the other
+// descriptors of a request that one of them refuses, here a refused request
+// costs nothing. A descriptor whose cost is above its limit, or whose limit
+// is 0, can never pass: the request is refused without asking the admitter.
+// At most engine.MaxAllowAll descriptors of a request may be limited.
+//
+// A descriptor in shadow_mode is decided on its own, with Allow's meaning
+// (its cost is taken if its bucket holds it, whatever the others' answer),
+// and reported with its numbers, but its code is always OK, as in
+// envoyproxy/ratelimit, and it never makes the answer OVER_LIMIT.
+//
+// # Response
+//
+// overall_code is OVER_LIMIT if any enforced descriptor is over the limit,
+// else OK. There is one status per descriptor, in order:
+//
+//   - unmatched or replaced: OK, nothing else (as envoyproxy/ratelimit);
+//   - unlimited: OK, limit_remaining 4294967295 (as envoyproxy/ratelimit);
+//   - limited: code OVER_LIMIT if its own bucket lacks its cost (for a
+//     refused request every descriptor's bucket is judged; those whose
+//     bucket holds their cost are OK, though nothing was taken), current_limit
+//     with the entry's name, requests_per_unit and unit, limit_remaining
+//     the whole tokens left in its bucket after the decision (saturated at
+//     4294967295), and duration_until_reset the time until its bucket is full
+//     again, rounded up to the nanosecond: the token bucket's counterpart of
+//     a window's end. A descriptor of a request with more than one limited
+//     descriptor reports its bucket as Peek reads it just after the decision.
+//
+// response_headers_to_add carries the IETF RateLimit fields
+// (draft-ietf-httpapi-ratelimit-headers, as engine/httplimit writes them)
+// for one enforced limited descriptor: the one over the limit with the
+// longest wait, or else the one with the fewest tokens left; the first on a
+// tie. RateLimit-Policy is "name";q=requests_per_unit;w=seconds of the unit,
+// the name being the entry's rate_limit name if it is printable ASCII, else
+// "<requests_per_unit>-per-<unit>" ("5-per-second"). RateLimit is
+// "name";r=tokens left;t=seconds until full, rounded up. When the request is
+// refused and some wait admits it, Retry-After is the seconds until every
+// bucket of the request holds its cost (at least 1), and t is that too.
+// Shadow descriptors give no header fields.
+//
+// # Errors
+//
+// A request without a domain or descriptors, or with more than
+// engine.MaxAllowAll limited descriptors, is a gRPC InvalidArgument error;
+// a descriptor carrying its own limit (Envoy's limit override) is
+// Unimplemented. When the admitter fails the answer is a gRPC error
+// (Unavailable; ResourceExhausted for engine.ErrKeyCapacity; the context's
+// code), never an OK, so Envoy's failure_mode_deny decides. The Redis store
+// answers a Redis it cannot reach by its own failure rule (fail closed by
+// default), with no error: the server cannot tell that answer from a decision
+// and sends it as one.
+//
+// # Reloads
+//
+// Server.Reload changes the configurations by ReplacePolicy, an exact cutover:
+// every bucket keeps its balance, clamped to its new capacity, so raising a
+// limit tops nobody up and lowering one takes effect at once. An entry keeps
+// its bucket while its place in the tree (its domain and the keys and values
+// on its path) stays the same.
+//
+// # Keys
+//
+// A limited descriptor's bucket key is the domain in braces, a Redis hash
+// tag, then the matched entry's path, then the request's values at the entries
+// whose value varies, each part escaped so that no two descriptor paths, and
+// no two entries, share a key; long parts are replaced by hashes so that
+// no key is longer than MaxKeyBytes. The domain's braces put all of a
+// domain's buckets in one Redis Cluster slot, which AllowAll on a cluster
+// needs (engine/redisstore's ErrCrossShard): on a cluster, one domain's load
+// is on one master.
+package envoyrls

@@ -1,0 +1,97 @@
+package envoyrls
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// ErrTooManyWildcardRules: the configurations have more limited entries whose
+// keys carry request values than an override set holds patterns
+// (policy.MaxPatterns).
+var ErrTooManyWildcardRules = errors.New("envoyrls: too many limited entries with per-value buckets")
+
+// ErrNilConfig: a nil *Config was passed.
+var ErrNilConfig = errors.New("envoyrls: nil configuration")
+
+// DefaultCapacity is the capacity, and the tokens per second, of the limit
+// Policy gives a key that matches no override: math.MaxInt64, so never a
+// denial. The server only sends the keys of limited entries, each of which
+// has an override, so the default only answers between the two steps of
+// Server.Reload: a key of an entry the new configuration drops, which is then
+// unlimited anyway.
+const DefaultCapacity = math.MaxInt64
+
+// Policy returns the policy the admitter must run for configs: version,
+// a default that never denies (DefaultCapacity) and one override per limited
+// configuration entry with requests_per_unit at least 1, of capacity
+// requests_per_unit refilled at requests_per_unit per unit. So a key that
+// has not been used admits exactly requests_per_unit at once, what a fixed
+// window admits at the start of a window, and after that no more than the
+// rate: never twice the limit across a window's boundary. An entry whose
+// key carries request values (an entry with no value, or a wildcard without
+// share_threshold, on its path) is a pattern override; every other entry is
+// an exact one. Keys are described on MaxKeyBytes.
+//
+// Errors: ErrNilConfig, ErrDuplicateDomain for two configurations of one
+// domain, ErrTooManyWildcardRules for more than policy.MaxPatterns pattern
+// entries, and those of policy.NewOverrideSet.
+func Policy(version int64, configs ...*Config) (policy.Policy, error) {
+	var ovs []policy.Override
+	patterns := 0
+	seen := map[string]bool{}
+	for i, c := range configs {
+		if c == nil {
+			return policy.Policy{}, fmt.Errorf("%w: configs[%d]", ErrNilConfig, i)
+		}
+		if seen[c.domain] {
+			return policy.Policy{}, fmt.Errorf("%w: '%s' in configs[%d]", ErrDuplicateDomain, c.domain, i)
+		}
+		seen[c.domain] = true
+		for _, n := range c.rules {
+			l := n.limit
+			if l.unlimited || l.requestsPerUnit == 0 {
+				continue
+			}
+			o := policy.Override{Match: n.rule + "|", Capacity: int64(l.requestsPerUnit)}
+			if n.variable {
+				o.Match += "*"
+				patterns++
+			}
+			if l.unit == unitSecond {
+				o.TokensPerSecond = o.Capacity
+			} else {
+				o.Refill = policy.Rate{Tokens: o.Capacity, Per: unitDuration[l.unit]}
+			}
+			ovs = append(ovs, o)
+		}
+	}
+	if patterns > policy.MaxPatterns {
+		return policy.Policy{}, fmt.Errorf("%w: %d, at most %d (policy.MaxPatterns)", ErrTooManyWildcardRules, patterns, policy.MaxPatterns)
+	}
+	set, err := policy.NewOverrideSet(ovs...)
+	if err != nil {
+		return policy.Policy{}, fmt.Errorf("envoyrls: %w", err)
+	}
+	p := policy.Policy{Version: version, Capacity: DefaultCapacity, TokensPerSecond: DefaultCapacity, Overrides: set}
+	if err := p.Validate(); err != nil {
+		return policy.Policy{}, fmt.Errorf("envoyrls: %w", err)
+	}
+	return p, nil
+}
+
+// samePolicy reports whether a and b give every key the same limit, their
+// versions aside.
+func samePolicy(a, b policy.Policy) bool {
+	if a.Capacity != b.Capacity || a.TokensPerSecond != b.TokensPerSecond || a.Refill != b.Refill ||
+		!a.Bands.Equal(b.Bands) {
+		return false
+	}
+	return slices.EqualFunc(a.Overrides.Overrides(), b.Overrides.Overrides(), func(x, y policy.Override) bool {
+		return x.Match == y.Match && x.Capacity == y.Capacity && x.TokensPerSecond == y.TokensPerSecond &&
+			x.Refill == y.Refill && x.Name == y.Name && x.Bands.Equal(y.Bands)
+	})
+}

@@ -1,0 +1,564 @@
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tokenshard/tokenshard/engine"
+)
+
+// Server errors. NewServer and Reload wrap them with the facts; a request's
+// error reaches the client as a gRPC status whose message is the error's
+// text.
+var (
+	// ErrNilAdmitter: NewServer was given a nil admitter.
+	ErrNilAdmitter = errors.New("envoyrls: nil admitter")
+	// ErrNoPeek: the admitter has no Peek method (see Peeker).
+	ErrNoPeek = errors.New("envoyrls: the admitter has no Peek method")
+	// ErrPolicyMismatch: the admitter's policy is not the one Policy builds
+	// for the configurations.
+	ErrPolicyMismatch = errors.New("envoyrls: the admitter's policy is not Policy(configs)")
+	// ErrBadRequest: a request without a domain or without descriptors
+	// (gRPC InvalidArgument), or with more limited descriptors than
+	// engine.MaxAllowAll.
+	ErrBadRequest = errors.New("envoyrls: invalid request")
+	// ErrLimitOverride: a descriptor carries its own limit (Envoy's
+	// limit override), which this server does not implement: its limits are
+	// those of the configuration (gRPC Unimplemented).
+	ErrLimitOverride = errors.New("envoyrls: descriptor limit overrides are not supported")
+	// ErrAdmitter: the admitter failed; it wraps the admitter's error
+	// (gRPC Unavailable, ResourceExhausted for engine.ErrKeyCapacity, or the
+	// context's code).
+	ErrAdmitter = errors.New("envoyrls: admitter failed")
+)
+
+// Peeker is the method, beside engine.Admitter's, that a Server needs: the
+// balance of a key without spending from it. engine.Engine and
+// engine/redisstore's Store have it.
+type Peeker interface {
+	Peek(ctx context.Context, key string) (engine.Decision, error)
+}
+
+// Server is the RLS v3 rate limit service on an admitter. It is safe for
+// concurrent use. Register it with rlsv3.RegisterRateLimitServiceServer.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	a    engine.Admitter
+	peek Peeker
+	mu   sync.Mutex // serialises Reload
+	st   atomic.Pointer[state]
+}
+
+// state is one generation of configurations, by domain.
+type state struct {
+	domains map[string]*Config
+}
+
+var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
+
+func newState(configs []*Config) (*state, error) {
+	st := &state{domains: make(map[string]*Config, len(configs))}
+	for i, c := range configs {
+		if c == nil {
+			return nil, fmt.Errorf("%w: configs[%d]", ErrNilConfig, i)
+		}
+		if st.domains[c.domain] != nil {
+			return nil, fmt.Errorf("%w: '%s' in configs[%d]", ErrDuplicateDomain, c.domain, i)
+		}
+		st.domains[c.domain] = c
+	}
+	return st, nil
+}
+
+// NewServer returns a Server that decides with a under configs, one per
+// domain. a must already run the policy Policy builds for configs, at any
+// version: build it with that policy (engine.Config.Policy, or the Redis
+// store's Config.Policy), or install it with a.ReplacePolicy before. NewServer
+// only compares, so it does no I/O. a must also implement Peeker.
+//
+// Errors: ErrNilAdmitter, ErrNoPeek, those of Policy, and ErrPolicyMismatch
+// when a's policy gives some key another limit than Policy(configs) does.
+func NewServer(a engine.Admitter, configs ...*Config) (*Server, error) {
+	if a == nil {
+		return nil, ErrNilAdmitter
+	}
+	pk, ok := a.(Peeker)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T", ErrNoPeek, a)
+	}
+	st, err := newState(configs)
+	if err != nil {
+		return nil, err
+	}
+	want, err := Policy(1, configs...)
+	if err != nil {
+		return nil, err
+	}
+	if cur := a.Policy(); !samePolicy(cur, want) {
+		return nil, fmt.Errorf("%w: version %d has %d overrides, the configurations need %d",
+			ErrPolicyMismatch, cur.Version, cur.Overrides.Len(), want.Overrides.Len())
+	}
+	s := &Server{a: a, peek: pk}
+	s.st.Store(st)
+	return s, nil
+}
+
+// Reload makes configs the server's configurations. If their policy differs
+// from the admitter's, it installs it first with ReplacePolicy, at the next
+// version: an exact cutover in which every bucket keeps what it has, clamped
+// to its new capacity, and raising a limit tops nobody up. Requests decided
+// meanwhile see the old configurations with the new policy: an entry's bucket
+// key does not change while the entry stays where it is in the tree, so such
+// a request is decided under the entry's new limit, and the key of an entry
+// the new configurations drop gets the default that never denies
+// (DefaultCapacity). Then the server answers with configs.
+//
+// On any error nothing changes. Errors: those of Policy, and
+// ReplacePolicy's (engine.ErrStalePolicy when another process moved the
+// version on meanwhile: call Reload again), wrapped.
+func (s *Server) Reload(ctx context.Context, configs ...*Config) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, err := newState(configs)
+	if err != nil {
+		return err
+	}
+	cur := s.a.Policy()
+	if cur.Version == math.MaxInt64 {
+		return fmt.Errorf("envoyrls: reload: %w: version %d is the last", engine.ErrStalePolicy, cur.Version)
+	}
+	want, err := Policy(cur.Version+1, configs...)
+	if err != nil {
+		return err
+	}
+	if !samePolicy(cur, want) {
+		if err := s.a.ReplacePolicy(ctx, want, cur.Version); err != nil {
+			return fmt.Errorf("envoyrls: reload to version %d: %w", want.Version, err)
+		}
+	}
+	s.st.Store(st)
+	return nil
+}
+
+// kinds of descriptor
+const (
+	kindNone      = iota // no entry matched, or replaced
+	kindUnlimited        // unlimited: true
+	kindEnforced
+	kindShadow
+)
+
+type item struct {
+	kind  int
+	node  *node
+	key   string
+	cost  int64 // 0: check only (a descriptor hits_addend of 0)
+	over  bool
+	d     engine.Decision
+	known bool // d is set
+	// retry is the wait until this descriptor could pass, when over: -1
+	// for never (cost above the limit).
+	retry time.Duration
+}
+
+// ShouldRateLimit decides a request as the package doc says.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if req.GetDomain() == "" {
+		return nil, status.Error(codes.InvalidArgument, ErrBadRequest.Error()+": rate limit domain must not be empty")
+	}
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
+		return nil, status.Error(codes.InvalidArgument, ErrBadRequest.Error()+": rate limit descriptor list must not be empty")
+	}
+	cfg := s.st.Load().domains[req.GetDomain()]
+	items := make([]item, len(descs))
+	var replacing map[string]bool
+	for i, d := range descs {
+		if d.GetLimit() != nil {
+			return nil, status.Errorf(codes.Unimplemented, "%v: descriptor %d", ErrLimitOverride, i)
+		}
+		it := &items[i]
+		it.cost = max(1, int64(req.GetHitsAddend()))
+		if h := d.GetHitsAddend(); h != nil {
+			it.cost = int64(min(h.GetValue(), math.MaxInt64))
+		}
+		if cfg == nil {
+			continue
+		}
+		n, vals := cfg.match(d.GetEntries())
+		if n == nil {
+			continue
+		}
+		it.node = n
+		for _, r := range n.limit.replaces {
+			if replacing == nil {
+				replacing = map[string]bool{}
+			}
+			replacing[r] = true
+		}
+		switch {
+		case n.limit.unlimited:
+			it.kind = kindUnlimited
+		case n.shadow:
+			it.kind = kindShadow
+		default:
+			it.kind = kindEnforced
+		}
+		if !n.limit.unlimited {
+			it.key = bucketKey(n.rule, vals)
+		}
+	}
+	for i := range items {
+		it := &items[i]
+		if it.node != nil && it.node.limit.name != "" && replacing[it.node.limit.name] {
+			it.kind = kindNone
+		}
+	}
+	over, err := s.decideEnforced(ctx, items)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.decideShadow(ctx, items); err != nil {
+		return nil, err
+	}
+	return response(items, over), nil
+}
+
+// decideEnforced decides the enforced descriptors, all or nothing, and
+// reports whether the request is over the limit.
+func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error) {
+	sums := map[string]int64{}
+	var reqs []engine.Request
+	var idx []int
+	over := false
+	for i := range items {
+		it := &items[i]
+		if it.kind != kindEnforced {
+			continue
+		}
+		rpu := int64(it.node.limit.requestsPerUnit)
+		switch {
+		case rpu == 0:
+			// A limit of 0 refuses every request.
+			it.over, it.retry = true, -1
+		case it.cost == 0:
+			// Check only: over if the bucket holds no whole token.
+			d, err := s.peek.Peek(ctx, it.key)
+			if err != nil {
+				return false, rpcErr(err, it.key)
+			}
+			it.d, it.known = d, true
+			if !d.Allowed {
+				it.over, it.retry = true, d.RetryAfter
+			}
+		default:
+			sums[it.key] = satAdd(sums[it.key], it.cost)
+			reqs = append(reqs, engine.Request{Key: it.key, Cost: it.cost})
+			idx = append(idx, i)
+		}
+		over = over || it.over
+	}
+	for _, i := range idx {
+		it := &items[i]
+		if sums[it.key] > int64(it.node.limit.requestsPerUnit) {
+			// No wait ever admits it.
+			it.over, it.retry, over = true, -1, true
+		}
+	}
+	if len(reqs) > engine.MaxAllowAll {
+		return false, status.Errorf(codes.InvalidArgument, "%v: %d limited descriptors, at most %d", ErrBadRequest, len(reqs), engine.MaxAllowAll)
+	}
+	if !over && len(reqs) > 0 {
+		d, b, err := s.a.AllowAll(ctx, reqs)
+		switch {
+		case errors.Is(err, engine.ErrCostExceedsCapacity) && b >= 0 && b < len(idx):
+			// A reload lowered the limit between the configuration this
+			// request was matched under and the policy.
+			it := &items[idx[b]]
+			it.over, it.retry, over = true, -1, true
+		case err != nil:
+			return false, rpcErr(err, "")
+		default:
+			it := &items[idx[b]]
+			it.d, it.known = d, true
+			if !d.Allowed {
+				it.over, it.retry, over = true, d.RetryAfter, true
+			}
+		}
+	}
+	// Every other limited descriptor reports its key's balance now.
+	peeked := map[string]engine.Decision{}
+	for _, i := range idx {
+		it := &items[i]
+		if it.known {
+			peeked[it.key] = it.d
+		}
+	}
+	for _, i := range idx {
+		it := &items[i]
+		if it.known {
+			continue
+		}
+		d, ok := peeked[it.key]
+		if !ok {
+			var err error
+			if d, err = s.peek.Peek(ctx, it.key); err != nil {
+				return false, rpcErr(err, it.key)
+			}
+			peeked[it.key] = d
+		}
+		it.d, it.known = d, true
+		if over && !it.over && d.Remaining < sums[it.key] {
+			// Refused with the others: its own bucket lacks its cost too.
+			it.over, it.retry = true, d.RetryAfter
+		}
+	}
+	return over, nil
+}
+
+// decideShadow decides the shadow-mode descriptors, each on its own.
+func (s *Server) decideShadow(ctx context.Context, items []item) error {
+	var reqs []engine.Request
+	var idx []int
+	for i := range items {
+		it := &items[i]
+		if it.kind != kindShadow || it.node.limit.requestsPerUnit == 0 {
+			continue
+		}
+		if it.cost == 0 {
+			d, err := s.peek.Peek(ctx, it.key)
+			if err != nil {
+				return rpcErr(err, it.key)
+			}
+			it.d, it.known, it.over = d, true, !d.Allowed
+			continue
+		}
+		reqs = append(reqs, engine.Request{Key: it.key, Cost: it.cost})
+		idx = append(idx, i)
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	out := make([]engine.Result, len(reqs))
+	if err := s.a.AllowBatch(ctx, reqs, out); err != nil {
+		return rpcErr(err, "")
+	}
+	for j, r := range out {
+		it := &items[idx[j]]
+		switch {
+		case errors.Is(r.Err, engine.ErrCostExceedsCapacity):
+			it.over = true
+		case r.Err != nil:
+			return rpcErr(r.Err, it.key)
+		default:
+			it.d, it.known, it.over = r.Decision, true, !r.Decision.Allowed
+		}
+	}
+	return nil
+}
+
+func rpcErr(err error, key string) error {
+	code := codes.Unavailable
+	switch {
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, engine.ErrKeyCapacity):
+		code = codes.ResourceExhausted
+	}
+	if key != "" {
+		return status.Errorf(code, "%v: key %q: %v", ErrAdmitter, key, err)
+	}
+	return status.Errorf(code, "%v: %v", ErrAdmitter, err)
+}
+
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// response builds the answer from decided items.
+func response(items []item, over bool) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items)),
+	}
+	if over {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	head := -1
+	for i := range items {
+		it := &items[i]
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses[i] = st
+		switch it.kind {
+		case kindNone:
+			continue
+		case kindUnlimited:
+			st.LimitRemaining = math.MaxUint32
+			continue
+		}
+		l := it.node.limit
+		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: l.name, RequestsPerUnit: l.requestsPerUnit, Unit: l.unit}
+		if it.kind == kindEnforced && it.over {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if it.known {
+			st.LimitRemaining = uint32(min(max(it.d.Remaining, 0), math.MaxUint32))
+			st.DurationUntilReset = durationpb.New(it.d.ResetAfter)
+		}
+		if it.kind != kindEnforced {
+			continue
+		}
+		if head < 0 || better(it, &items[head]) {
+			head = i
+		}
+	}
+	if head >= 0 {
+		resp.ResponseHeadersToAdd = headers(&items[head], resp.Statuses[head])
+	}
+	return resp
+}
+
+// better reports whether a rather than b should give the header fields:
+// over the limit before not, the longer wait (never the longest) among those
+// over, the fewer tokens left among those not; the first on a tie.
+func better(a, b *item) bool {
+	switch {
+	case a.over != b.over:
+		return a.over
+	case a.over:
+		return a.retry < 0 && b.retry >= 0 || b.retry >= 0 && a.retry > b.retry
+	default:
+		return a.d.Remaining < b.d.Remaining
+	}
+}
+
+// headers are the IETF RateLimit fields for the descriptor it, and
+// Retry-After when it is over the limit and some wait admits it.
+func headers(it *item, st *rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+	l := it.node.limit
+	name := l.name
+	if !printable(name) {
+		name = strconv.FormatUint(uint64(l.requestsPerUnit), 10) + "-per-" + unitName(l.unit)
+	}
+	sfName := strconv.Quote(name) // printable ASCII: Go's quoting is the structured field's
+	w := int64(unitDuration[l.unit] / time.Second)
+	t := ceilSeconds(it.d.ResetAfter)
+	retry := int64(-1)
+	if it.over && it.retry >= 0 {
+		retry = max(ceilSeconds(it.retry), 1)
+		t = retry
+	}
+	h := []*corev3.HeaderValue{
+		{Key: "RateLimit-Policy", Value: sfName + ";q=" + strconv.FormatUint(uint64(l.requestsPerUnit), 10) + ";w=" + strconv.FormatInt(w, 10)},
+		{Key: "RateLimit", Value: sfName + ";r=" + strconv.FormatUint(uint64(st.LimitRemaining), 10) + ";t=" + strconv.FormatInt(t, 10)},
+	}
+	if retry >= 0 {
+		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(retry, 10)})
+	}
+	return h
+}
+
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+func printable(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// match finds the entry a descriptor's entries select, as envoyproxy/ratelimit
+// does: at each level the entry of the same key and value, else the first
+// wildcard entry of the key whose pattern the value matches, else the entry
+// of the key with no value; a limit applies only if the last of the
+// descriptor's entries reaches it. It returns the entry, if limited, and the
+// request values at the variable entries of its path.
+func (c *Config) match(entries []*rlv3.RateLimitDescriptor_Entry) (*node, []string) {
+	parent := c.root
+	var vals []string
+	for i, e := range entries {
+		k, v := e.GetKey(), e.GetValue()
+		next := parent.exact[k+"\x00"+v]
+		if next == nil {
+			for _, w := range parent.wildcards {
+				if w.key == k && wildcardMatch(w.wildcard, v) {
+					next = w
+					break
+				}
+			}
+		}
+		if next == nil {
+			next = parent.defaults[k]
+		}
+		if next == nil {
+			return nil, nil
+		}
+		if next.value == "" || next.wildcard != nil && !next.share {
+			vals = append(vals, v)
+		}
+		if i == len(entries)-1 {
+			if next.limit == nil {
+				return nil, nil
+			}
+			return next, vals
+		}
+		if len(next.exact) == 0 && len(next.defaults) == 0 {
+			return nil, nil
+		}
+		parent = next
+	}
+	return nil, nil
+}
+
+// wildcardMatch reports whether value matches the pattern split on '*':
+// each '*' matches any run of bytes, the empty one included.
+func wildcardMatch(parts []string, value string) bool {
+	first, last := parts[0], parts[len(parts)-1]
+	fixed := 0
+	for _, p := range parts {
+		fixed += len(p)
+	}
+	if len(value) < fixed || len(value) < len(first)+len(last) ||
+		value[:len(first)] != first || value[len(value)-len(last):] != last {
+		return false
+	}
+	rest := value[len(first) : len(value)-len(last)]
+	for _, p := range parts[1 : len(parts)-1] {
+		j := strings.Index(rest, p)
+		if j < 0 {
+			return false
+		}
+		rest = rest[j+len(p):]
+	}
+	return true
+}
