@@ -162,3 +162,80 @@ func BenchmarkAllowBatch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAllowAllBesideAllows measures AllowAll under saturation beside
+// single Allows on its keys: 48 goroutines calling in a loop, on four keys
+// that refill far slower than the calls come (capacity 10, 1000 tokens a
+// second). With singles=24, 24 goroutines call Allow of cost 1 on one of
+// the keys and 24 call AllowAll over all four, of cost each per key; with
+// singles=0 all 48 call AllowAll, which then compete on equal terms.
+// allowall-admitted-ppm is the AllowAlls admitted per million calls,
+// allow-admitted-ppm the single Allows', and allowall-token-share-ppm the
+// part of the tokens taken that AllowAlls took, per million. An AllowAll
+// whose cost on a key is more than one token must find them built up,
+// which single Allows that take each token as it refills never let happen.
+func BenchmarkAllowAllBesideAllows(b *testing.B) {
+	for _, bc := range []struct{ singles, cost int }{{24, 1}, {24, 2}, {0, 2}} {
+		b.Run(fmt.Sprintf("singles=%d/cost=%d", bc.singles, bc.cost), func(b *testing.B) {
+			e, err := engine.New(engine.Config{Policy: pol(1, 10, 1000)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = e.Close() })
+			benchAllowAllBeside(b, e, bc.singles, int64(bc.cost))
+		})
+	}
+}
+
+// benchAllowAllBeside runs BenchmarkAllowAllBesideAllows's storm on a.
+func benchAllowAllBeside(b *testing.B, a engine.Admitter, singles int, cost int64) {
+	const goroutines = 48
+	keys := []string{"a", "b", "c", "d"}
+	all := make([]engine.Request, len(keys))
+	for i, k := range keys {
+		all[i] = engine.Request{Key: k, Cost: cost}
+	}
+	var next, allCalls, allAdmitted, oneCalls, oneAdmitted atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for g := range goroutines {
+		wg.Go(func() {
+			ctx := context.Background()
+			for next.Add(1) <= int64(b.N) {
+				if g < singles {
+					d, err := a.Allow(ctx, keys[g%len(keys)], 1)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					oneCalls.Add(1)
+					if d.Allowed {
+						oneAdmitted.Add(1)
+					}
+					continue
+				}
+				d, _, err := a.AllowAll(ctx, all)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				allCalls.Add(1)
+				if d.Allowed {
+					allAdmitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if n := allCalls.Load(); n > 0 {
+		b.ReportMetric(float64(allAdmitted.Load()*1_000_000/n), "allowall-admitted-ppm")
+	}
+	if n := oneCalls.Load(); n > 0 {
+		b.ReportMetric(float64(oneAdmitted.Load()*1_000_000/n), "allow-admitted-ppm")
+	}
+	byAll := allAdmitted.Load() * int64(len(keys)) * cost
+	if taken := byAll + oneAdmitted.Load(); taken > 0 {
+		b.ReportMetric(float64(byAll*1_000_000/taken), "allowall-token-share-ppm")
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -169,5 +171,84 @@ func BenchmarkAllowAll(b *testing.B) {
 				b.ReportMetric(scriptNs(b, c), "script-ns/call")
 			})
 		}
+	}
+}
+
+// BenchmarkAllowAllBesideAllows is the engine's benchmark of that name on
+// a real Redis, on the server's TIME: 48 goroutines on four keys of
+// capacity 10 refilled at 100 tokens a second (Redis answers about a tenth
+// as many calls as the engine), with singles=24, 24 calling
+// Allow of cost 1 on one key and 24 AllowAll over all four, of cost each
+// per key; with singles=0 all 48 calling AllowAll. It reports the share of
+// AllowAlls admitted (allowall-admitted-ppm), of single Allows
+// (allow-admitted-ppm) and of the tokens taken that AllowAlls took
+// (allowall-token-share-ppm), each per million.
+func BenchmarkAllowAllBesideAllows(b *testing.B) {
+	for _, bc := range []struct{ singles, cost int }{{24, 1}, {24, 2}, {0, 2}} {
+		b.Run(fmt.Sprintf("singles=%d/cost=%d", bc.singles, bc.cost), func(b *testing.B) {
+			c := client(b, redisAddr(b))
+			pfx := prefix(b)
+			s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: pfx, Timeout: 5 * time.Second,
+				Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 100}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() {
+				_ = s.Close()
+				cleanPrefix(c, pfx)
+			})
+			const goroutines = 48
+			keys := []string{"a", "b", "c", "d"}
+			all := make([]engine.Request, len(keys))
+			for i, k := range keys {
+				all[i] = engine.Request{Key: k, Cost: int64(bc.cost)}
+			}
+			var next, allCalls, allAdmitted, oneCalls, oneAdmitted atomic.Int64
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for g := range goroutines {
+				wg.Go(func() {
+					ctx := context.Background()
+					for next.Add(1) <= int64(b.N) {
+						if g < bc.singles {
+							d, err := s.Allow(ctx, keys[g%len(keys)], 1)
+							if err != nil {
+								b.Error(err)
+								return
+							}
+							oneCalls.Add(1)
+							if d.Allowed {
+								oneAdmitted.Add(1)
+							}
+							continue
+						}
+						d, _, err := s.AllowAll(ctx, all)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						allCalls.Add(1)
+						if d.Allowed {
+							allAdmitted.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			if f := s.Stats().Failures; f > 0 {
+				b.Fatalf("%d failures", f)
+			}
+			if n := allCalls.Load(); n > 0 {
+				b.ReportMetric(float64(allAdmitted.Load()*1_000_000/n), "allowall-admitted-ppm")
+			}
+			if n := oneCalls.Load(); n > 0 {
+				b.ReportMetric(float64(oneAdmitted.Load()*1_000_000/n), "allow-admitted-ppm")
+			}
+			byAll := allAdmitted.Load() * int64(len(keys)) * int64(bc.cost)
+			if taken := byAll + oneAdmitted.Load(); taken > 0 {
+				b.ReportMetric(float64(byAll*1_000_000/taken), "allowall-token-share-ppm")
+			}
+		})
 	}
 }
