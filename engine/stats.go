@@ -133,6 +133,8 @@ func (c *callerErrors) read() Errors {
 
 // Stats returns the engine's counters. It never blocks and keeps answering
 // after Close, with the final counts. A zero Engine's are the zero Stats.
+// Package engine/expvarstats publishes them through expvar, and package
+// engine/promstats to Prometheus.
 func (e *Engine) Stats() Stats {
 	if e.uninitialized() {
 		return Stats{}
