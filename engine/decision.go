@@ -37,16 +37,18 @@ type Decision struct {
 	Band string
 }
 
-// set makes d the decision w that a shard (or the model) wrote, field by
-// field: the one place where the shards' form of a decision
-// (internal/decision, which package msg carries) becomes the public one.
-// Fields of Decision that w does not have stay as they were: a field the
-// engine never sets is added to Decision alone. TestDecisionFields checks
-// that every field of w's type is one of Decision's and is copied here.
-// Writing into d rather than returning a value keeps a caller's result in
-// place: a struct returned by value is stored in words and copied out in
-// wider loads that wait for those stores to retire.
+// set makes d the decision w that a shard (or the model) wrote: the one
+// place where the shards' form of a decision (internal/decision, which
+// package msg carries) becomes the public one. Decision may have fields
+// that w does not, ones the engine never sets: set zeroes them, so adding
+// one to Decision changes nothing here or below the engine.
+// TestDecisionFields checks that every field of w's type is one of
+// Decision's and is copied, and that the others are zeroed. It writes d
+// field by field, in place, rather than returning a value: a struct
+// returned by value is stored in words and copied out in wider loads that
+// wait for those stores to retire.
 func (d *Decision) set(w *decision.Decision) {
+	*d = Decision{}
 	d.Allowed = w.Allowed
 	d.Remaining = w.Remaining
 	d.RetryAfter = w.RetryAfter

@@ -10,8 +10,8 @@ import (
 // TestDecisionFields holds Decision and the shards' form of it together:
 // every field of decision.Decision is a field of Decision of the same name
 // and type, and set copies each one (each is made non-zero in turn, and
-// must arrive, alone). Decision may have more fields, which set leaves as
-// they were.
+// must arrive, alone) over a Decision whose every field was set before, so
+// any field of Decision that decision.Decision lacks must come out zero.
 func TestDecisionFields(t *testing.T) {
 	wt, dt := reflect.TypeFor[decision.Decision](), reflect.TypeFor[Decision]()
 	for i := range wt.NumField() {
@@ -33,11 +33,32 @@ func TestDecisionFields(t *testing.T) {
 		default:
 			t.Fatalf("decision.Decision.%s: a field of kind %v: teach this test to set it", wf.Name, v.Kind())
 		}
-		var d, want Decision
+		var want Decision
+		d := stale(t)
 		d.set(&w)
 		reflect.ValueOf(&want).Elem().FieldByName(wf.Name).Set(v)
 		if d != want {
 			t.Errorf("set copied decision.Decision{%s: %v} as %+v, want %+v", wf.Name, v, d, want)
 		}
 	}
+}
+
+// stale returns a Decision with every field non-zero, as a reused result
+// would have: a field set leaves alone shows up in the comparison.
+func stale(t *testing.T) Decision {
+	var d Decision
+	v := reflect.ValueOf(&d).Elem()
+	for i := range v.NumField() {
+		switch f := v.Field(i); f.Kind() {
+		case reflect.Bool:
+			f.SetBool(true)
+		case reflect.Int64:
+			f.SetInt(-1)
+		case reflect.String:
+			f.SetString("stale")
+		default:
+			t.Fatalf("Decision.%s: a field of kind %v: teach this test to set it", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+	return d
 }

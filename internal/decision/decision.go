@@ -6,10 +6,10 @@
 // tokenshard.
 //
 // The public type is engine.Decision, which documents every field and may
-// have fields of its own after these (ones the engine never sets, such as
-// a store's). Package engine converts a Decision to it in one function, and
-// its tests check that every field of Decision is a field of
-// engine.Decision, of the same type, and is copied.
+// have fields of its own (ones the engine never sets, such as a store's).
+// Package engine converts a Decision to it in one place, which zeroes the
+// fields a Decision lacks, and its tests check that every field of Decision
+// is a field of engine.Decision, of the same type, and is copied.
 package decision
 
 import "time"
