@@ -260,7 +260,7 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 			// Check only: over if the bucket holds no whole token.
 			d, err := s.peek.Peek(ctx, it.key)
 			if err != nil {
-				return false, rpcErr(err, it.key)
+				return false, rpcErr(ctx, err, it.key)
 			}
 			it.d, it.known = d, true
 			if !d.Allowed {
@@ -292,7 +292,7 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 			it := &items[idx[b]]
 			it.over, it.retry, over = true, -1, true
 		case err != nil:
-			return false, rpcErr(err, "")
+			return false, rpcErr(ctx, err, "")
 		default:
 			it := &items[idx[b]]
 			it.d, it.known = d, true
@@ -318,7 +318,7 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 		if !ok {
 			var err error
 			if d, err = s.peek.Peek(ctx, it.key); err != nil {
-				return false, rpcErr(err, it.key)
+				return false, rpcErr(ctx, err, it.key)
 			}
 			peeked[it.key] = d
 		}
@@ -343,7 +343,7 @@ func (s *Server) decideShadow(ctx context.Context, items []item) error {
 		if it.cost == 0 {
 			d, err := s.peek.Peek(ctx, it.key)
 			if err != nil {
-				return rpcErr(err, it.key)
+				return rpcErr(ctx, err, it.key)
 			}
 			it.d, it.known, it.over = d, true, !d.Allowed
 			continue
@@ -356,7 +356,7 @@ func (s *Server) decideShadow(ctx context.Context, items []item) error {
 	}
 	out := make([]engine.Result, len(reqs))
 	if err := s.a.AllowBatch(ctx, reqs, out); err != nil {
-		return rpcErr(err, "")
+		return rpcErr(ctx, err, "")
 	}
 	for j, r := range out {
 		it := &items[idx[j]]
@@ -364,7 +364,7 @@ func (s *Server) decideShadow(ctx context.Context, items []item) error {
 		case errors.Is(r.Err, engine.ErrCostExceedsCapacity):
 			it.over = true
 		case r.Err != nil:
-			return rpcErr(r.Err, it.key)
+			return rpcErr(ctx, r.Err, it.key)
 		default:
 			it.d, it.known, it.over = r.Decision, true, !r.Decision.Allowed
 		}
@@ -372,13 +372,14 @@ func (s *Server) decideShadow(ctx context.Context, items []item) error {
 	return nil
 }
 
-func rpcErr(err error, key string) error {
+// rpcErr is the gRPC status of an admitter's error: the code of ctx if it
+// ended (the caller gave up), ResourceExhausted for engine.ErrKeyCapacity,
+// else Unavailable (an admitter's own timeout included).
+func rpcErr(ctx context.Context, err error, key string) error {
 	code := codes.Unavailable
 	switch {
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
+	case ctx.Err() != nil:
+		code = status.FromContextError(ctx.Err()).Code()
 	case errors.Is(err, engine.ErrKeyCapacity):
 		code = codes.ResourceExhausted
 	}

@@ -19,9 +19,13 @@ import (
 	"github.com/tokenshard/tokenshard/engine/envoyrls"
 )
 
+// The two codes, for callers' checks.
 const (
-	ok   = rlsv3.RateLimitResponse_OK
-	over = rlsv3.RateLimitResponse_OVER_LIMIT
+	OK        = rlsv3.RateLimitResponse_OK
+	OverLimit = rlsv3.RateLimitResponse_OVER_LIMIT
+
+	ok   = OK
+	over = OverLimit
 )
 
 // Run runs every case of the suite on admitters made by f.

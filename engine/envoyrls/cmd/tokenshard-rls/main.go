@@ -1,0 +1,363 @@
+// Command tokenshard-rls serves Envoy's global rate limit service (RLS v3)
+// from a directory of envoyproxy/ratelimit configuration files, on the
+// in-process engine or on a Redis store that replicas share:
+//
+//	tokenshard-rls -config DIR [-redis ADDR | -redis-cluster ADDR,ADDR,...]
+//
+// It serves envoy.service.ratelimit.v3.RateLimitService and gRPC health
+// (grpc.health.v1, SERVING once the configuration is loaded, NOT_SERVING while
+// shutting down) on -grpc, and Prometheus metrics on -metrics at /metrics:
+// the engine's (engine/promstats) or the store's (engine/promstats/storestats),
+// and tokenshard_rls_reloads_total{result="ok"|"error"}. Both listen on
+// loopback unless told otherwise.
+//
+// The configuration is every *.yaml and *.yml file directly in DIR, one
+// domain each (package envoyrls says what is read and what is refused). Every
+// -poll the files are read again; when their names or contents changed they
+// are parsed and installed with envoyrls.Server.Reload, an exact cutover that
+// tops nobody up. A file that does not parse, or a reload that fails, keeps
+// the last good configuration and is reported on stderr. SIGINT or SIGTERM
+// stops it: health turns NOT_SERVING, requests in flight finish (up to
+// -drain), and it exits 0.
+//
+// With -redis or -redis-cluster, the buckets and the policy live in Redis
+// under -redis-prefix, shared by every replica on that prefix. A replica
+// that starts with a configuration other than the prefix's installs its own
+// (the last to start or reload wins, as with files deployed one replica at a
+// time). Decisions that Redis cannot give are answered with a gRPC
+// Unavailable error, so Envoy's failure_mode_deny decides (see degraded.go).
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/envoyrls"
+	"github.com/tokenshard/tokenshard/engine/promstats"
+	"github.com/tokenshard/tokenshard/engine/promstats/storestats"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stderr, hooks{})
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tokenshard-rls:", err)
+		if errors.Is(err, errUsage) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+var errUsage = errors.New("usage")
+
+// hooks let tests drive the command: poll replaces the -poll ticker,
+// ready is told the listeners' addresses, reloaded each reload's outcome.
+type hooks struct {
+	poll     <-chan time.Time
+	ready    func(grpcAddr, metricsAddr string)
+	reloaded func(error)
+}
+
+type options struct {
+	dir, grpcAddr, metricsAddr   string
+	redisAddr, redisCluster, pfx string
+	poll, drain, timeout         time.Duration
+	failOpen                     bool
+	maxKeys                      int
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("tokenshard-rls", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.dir, "config", "", "directory of envoyproxy/ratelimit YAML files, one domain each (required)")
+	fs.StringVar(&o.grpcAddr, "grpc", "127.0.0.1:8081", "address of the RLS and health gRPC service")
+	fs.StringVar(&o.metricsAddr, "metrics", "127.0.0.1:9102", "address of the Prometheus /metrics endpoint")
+	fs.StringVar(&o.redisAddr, "redis", "", "Redis server address; buckets shared by every replica on -redis-prefix")
+	fs.StringVar(&o.redisCluster, "redis-cluster", "", "comma-separated Redis Cluster node addresses")
+	fs.StringVar(&o.pfx, "redis-prefix", "tokenshard-rls:", "prefix of every Redis key")
+	fs.BoolVar(&o.failOpen, "redis-fail-open", false, "let the store admit when Redis cannot answer (default: the store denies); either way the RLS answers such a decision with a gRPC error")
+	fs.DurationVar(&o.timeout, "redis-timeout", 0, "bound on each Redis exchange (0: the store's default)")
+	fs.DurationVar(&o.poll, "poll", 5*time.Second, "how often the configuration directory is read for changes")
+	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown")
+	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys)")
+	if err := fs.Parse(args); err != nil {
+		return o, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	switch {
+	case fs.NArg() > 0:
+		return o, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	case o.dir == "":
+		return o, fmt.Errorf("%w: -config DIR is required", errUsage)
+	case o.redisAddr != "" && o.redisCluster != "":
+		return o, fmt.Errorf("%w: -redis and -redis-cluster exclude each other", errUsage)
+	case o.poll <= 0:
+		return o, fmt.Errorf("%w: -poll must be positive", errUsage)
+	}
+	return o, nil
+}
+
+// snapshot is the configuration directory as read: its YAML files' names
+// and contents, and their digest.
+type snapshot struct {
+	names  []string
+	data   [][]byte
+	digest [32]byte
+}
+
+func readDir(dir string) (snapshot, error) {
+	var s snapshot
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return s, err
+	}
+	h := sha256.New()
+	for _, e := range entries {
+		ext := filepath.Ext(e.Name())
+		if ext != ".yaml" && ext != ".yml" || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return s, err
+		}
+		if fi, err := os.Stat(filepath.Join(dir, e.Name())); err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		s.names = append(s.names, e.Name())
+		s.data = append(s.data, b)
+		fmt.Fprintf(h, "%d:%s%d:", len(e.Name()), e.Name(), len(b))
+		h.Write(b)
+	}
+	copy(s.digest[:], h.Sum(nil))
+	return s, nil
+}
+
+// parse parses every file of s; the error names the file.
+func (s snapshot) parse() ([]*envoyrls.Config, error) {
+	cfgs := make([]*envoyrls.Config, len(s.names))
+	domains := map[string]string{}
+	for i, name := range s.names {
+		c, err := envoyrls.ParseConfig(s.data[i])
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		if other, ok := domains[c.Domain()]; ok {
+			return nil, fmt.Errorf("%s: %w: '%s', also in %s", name, envoyrls.ErrDuplicateDomain, c.Domain(), other)
+		}
+		domains[c.Domain()] = name
+		cfgs[i] = c
+	}
+	if _, err := envoyrls.Policy(1, cfgs...); err != nil {
+		return nil, err
+	}
+	return cfgs, nil
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	snap, err := readDir(o.dir)
+	if err != nil {
+		return fmt.Errorf("reading -config: %w", err)
+	}
+	cfgs, err := snap.parse()
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	p, err := envoyrls.Policy(1, cfgs...)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: promstats.Namespace, Name: "rls_reloads_total",
+		Help: "Configuration reloads of tokenshard-rls, by result.",
+	}, []string{"result"})
+	reloads.WithLabelValues("ok")
+	reloads.WithLabelValues("error")
+	reg.MustRegister(reloads)
+
+	var a engine.Admitter
+	switch {
+	case o.redisAddr != "" || o.redisCluster != "":
+		var client redis.UniversalClient
+		if o.redisAddr != "" {
+			client = redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
+		} else {
+			client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(o.redisCluster, ","), ContextTimeoutEnabled: true})
+		}
+		defer func() { _ = client.Close() }()
+		store, err := redisstore.New(ctx, redisstore.Config{
+			Client: client, Prefix: o.pfx, Policy: p, FailOpen: o.failOpen, Timeout: o.timeout,
+		})
+		if err != nil {
+			return fmt.Errorf("redis store: %w", err)
+		}
+		defer func() { _ = store.Close() }()
+		col, err := storestats.New(store)
+		if err != nil {
+			return err
+		}
+		reg.MustRegister(col)
+		a = degradedAsError{store}
+	default:
+		eng, err := engine.New(engine.Config{Policy: p, MaxKeys: o.maxKeys})
+		if err != nil {
+			return fmt.Errorf("engine: %w", err)
+		}
+		defer func() { _ = eng.Close() }()
+		col, err := promstats.New(eng)
+		if err != nil {
+			return err
+		}
+		reg.MustRegister(col)
+		a = eng
+	}
+
+	srv, err := envoyrls.NewServer(a, cfgs...)
+	if errors.Is(err, envoyrls.ErrPolicyMismatch) {
+		// The store's prefix holds another configuration's policy.
+		err = install(ctx, a, cfgs)
+		if err == nil {
+			srv, err = envoyrls.NewServer(a, cfgs...)
+		}
+	}
+	if err != nil {
+		return err
+	}
+
+	gl, err := net.Listen("tcp", o.grpcAddr)
+	if err != nil {
+		return err
+	}
+	ml, err := net.Listen("tcp", o.metricsAddr)
+	if err != nil {
+		_ = gl.Close()
+		return err
+	}
+	gs := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(gs, srv)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+
+	done := make(chan error, 2)
+	go func() { done <- gs.Serve(gl) }()
+	go func() { done <- hsrv.Serve(ml) }()
+	fmt.Fprintf(stderr, "tokenshard-rls: serving RLS on %s, metrics on %s, %d domains from %s\n",
+		gl.Addr(), ml.Addr(), len(cfgs), o.dir)
+	if hk.ready != nil {
+		hk.ready(gl.Addr().String(), ml.Addr().String())
+	}
+
+	poll := hk.poll
+	if poll == nil {
+		t := time.NewTicker(o.poll)
+		defer t.Stop()
+		poll = t.C
+	}
+	var serveErr error
+	received := 0
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case serveErr = <-done:
+			received++
+			break loop
+		case <-poll:
+			next, err := readDir(o.dir)
+			if err == nil && next.digest == snap.digest {
+				continue
+			}
+			if err == nil {
+				snap = next // an invalid file is reported once, not every poll
+				var cfgs []*envoyrls.Config
+				if cfgs, err = next.parse(); err == nil {
+					err = srv.Reload(ctx, cfgs...)
+				}
+			}
+			if err != nil {
+				reloads.WithLabelValues("error").Inc()
+				fmt.Fprintf(stderr, "tokenshard-rls: reload: %v (keeping the last good configuration)\n", err)
+			} else {
+				reloads.WithLabelValues("ok").Inc()
+				fmt.Fprintf(stderr, "tokenshard-rls: reloaded %d files from %s, policy version %d\n", len(next.names), o.dir, a.Policy().Version)
+			}
+			if hk.reloaded != nil {
+				hk.reloaded(err)
+			}
+		}
+	}
+
+	hs.Shutdown()
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(o.drain):
+		gs.Stop()
+		<-stopped
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), o.drain)
+	defer cancel()
+	if err := hsrv.Shutdown(sctx); err != nil {
+		_ = hsrv.Close()
+	}
+	// Both Serve calls return once their servers stop.
+	for ; received < 2; received++ {
+		if err := <-done; serveErr == nil {
+			serveErr = err
+		}
+	}
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return fmt.Errorf("serving: %w", serveErr)
+	}
+	return nil
+}
+
+// install installs the policy of cfgs on a at the next version.
+func install(ctx context.Context, a engine.Admitter, cfgs []*envoyrls.Config) error {
+	cur := a.Policy()
+	next, err := envoyrls.Policy(cur.Version+1, cfgs...)
+	if err != nil {
+		return err
+	}
+	if err := a.ReplacePolicy(ctx, next, cur.Version); err != nil {
+		return fmt.Errorf("installing the configuration's policy over version %d: %w", cur.Version, err)
+	}
+	return nil
+}

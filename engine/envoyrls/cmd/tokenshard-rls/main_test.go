@@ -1,0 +1,241 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tokenshard/tokenshard/engine/envoyrls"
+	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
+	"github.com/tokenshard/tokenshard/internal/redistest"
+)
+
+// syncBuffer is a bytes.Buffer safe for the command's and the test's
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// command is a running tokenshard-rls.
+type command struct {
+	t        *testing.T
+	dir      string
+	stderr   *syncBuffer
+	poll     chan time.Time
+	reloaded chan error
+	cancel   context.CancelFunc
+	exited   chan error
+	rls      rlsv3.RateLimitServiceClient
+	health   healthpb.HealthClient
+	metrics  string
+}
+
+const limitsYAML = `domain: gw
+descriptors:
+  - key: route
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
+
+func startCommand(t *testing.T, extra ...string) *command {
+	t.Helper()
+	c := &command{
+		t: t, dir: t.TempDir(), stderr: &syncBuffer{},
+		poll: make(chan time.Time), reloaded: make(chan error, 1), exited: make(chan error, 1),
+	}
+	c.write("limits.yaml", limitsYAML)
+	ready := make(chan [2]string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	args := append([]string{"-config", c.dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, extra...)
+	go func() {
+		c.exited <- run(ctx, args, c.stderr, hooks{
+			poll:     c.poll,
+			ready:    func(g, m string) { ready <- [2]string{g, m} },
+			reloaded: func(err error) { c.reloaded <- err },
+		})
+	}()
+	var addrs [2]string
+	select {
+	case addrs = <-ready:
+	case err := <-c.exited:
+		cancel()
+		t.Fatalf("run: %v; stderr: %s", err, c.stderr)
+	}
+	conn, err := grpc.NewClient(addrs[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		cancel()
+		<-c.exited
+		t.Fatal(err)
+	}
+	c.rls, c.health, c.metrics = rlsv3.NewRateLimitServiceClient(conn), healthpb.NewHealthClient(conn), "http://"+addrs[1]+"/metrics"
+	t.Cleanup(func() {
+		_ = conn.Close()
+		c.stop()
+	})
+	return c
+}
+
+func (c *command) write(name, data string) {
+	c.t.Helper()
+	if err := os.WriteFile(filepath.Join(c.dir, name), []byte(data), 0o600); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// reload makes the command read the directory and returns the reload's
+// outcome.
+func (c *command) reload() error {
+	c.poll <- time.Time{}
+	return <-c.reloaded
+}
+
+// stop signals the command and returns what run returned (once).
+func (c *command) stop() error {
+	c.cancel()
+	err, ok := <-c.exited
+	if ok {
+		close(c.exited)
+	}
+	return err
+}
+
+func (c *command) ask(domain string, descs ...string) *rlsv3.RateLimitResponse {
+	c.t.Helper()
+	resp, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req(domain, 0, rlstest.D(descs...)))
+	if err != nil {
+		c.t.Fatalf("ShouldRateLimit: %v", err)
+	}
+	return resp
+}
+
+func (c *command) scrape() string {
+	c.t.Helper()
+	resp, err := http.Get(c.metrics)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return string(b)
+}
+
+func overall(resp *rlsv3.RateLimitResponse) string {
+	return resp.GetOverallCode().String()
+}
+
+// TestCommand: the command serves the RLS, health and metrics, reloads a
+// changed directory without topping anyone up, keeps the last good
+// configuration when a file is invalid and says so, and stops cleanly.
+func TestCommand(t *testing.T) { testCommand(t) }
+
+// TestCommandRedis is TestCommand on a Redis store.
+func TestCommandRedis(t *testing.T) {
+	testCommand(t, "-redis", redistest.Addr(t), "-redis-prefix", "envoyrls-cmd-test:"+time.Now().Format("150405.000000000")+":")
+}
+
+func testCommand(t *testing.T, extra ...string) {
+	c := startCommand(t, extra...)
+	h, err := c.health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: rlsv3.RateLimitService_ServiceDesc.ServiceName})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health: %v, %v", h, err)
+	}
+	for i, want := range []string{"OK", "OK", "OVER_LIMIT"} {
+		if got := overall(c.ask("gw", "route=/a")); got != want {
+			t.Errorf("request %d: %s, want %s", i, got, want)
+		}
+	}
+	m := c.scrape()
+	if !strings.Contains(m, "tokenshard_rls_reloads_total") || !strings.Contains(m, "tokenshard_") {
+		t.Errorf("metrics lack the command's or the admitter's series:\n%s", m)
+	}
+
+	// An invalid file: reported with its name and line, the last good
+	// configuration kept.
+	c.write("bad.yaml", "domain: other\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
+	if err := c.reload(); !errors.Is(err, envoyrls.ErrUnknownUnit) {
+		t.Errorf("reload with an invalid file: %v", err)
+	}
+	if s := c.stderr.String(); !strings.Contains(s, "bad.yaml") || !strings.Contains(s, "line 4") || !strings.Contains(s, "keeping the last good configuration") {
+		t.Errorf("stderr does not report the invalid file and its line:\n%s", s)
+	}
+	if got := overall(c.ask("gw", "route=/a")); got != "OVER_LIMIT" {
+		t.Errorf("after the invalid file: %s", got)
+	}
+	if got := overall(c.ask("gw", "route=/b")); got != "OK" {
+		t.Errorf("after the invalid file, a fresh route: %s", got)
+	}
+
+	// A valid change raising the limit: /a stays spent, /c gets 10.
+	if err := os.Remove(filepath.Join(c.dir, "bad.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	c.write("limits.yaml", strings.Replace(limitsYAML, "requests_per_unit: 2", "requests_per_unit: 10", 1))
+	if err := c.reload(); err != nil {
+		t.Fatalf("reload: %v\n%s", err, c.stderr)
+	}
+	if got := overall(c.ask("gw", "route=/a")); got != "OVER_LIMIT" {
+		t.Errorf("raised limit, spent route: %s, want OVER_LIMIT (no top-up)", got)
+	}
+	resp := c.ask("gw", "route=/c")
+	if got := resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 10 || overall(resp) != "OK" {
+		t.Errorf("raised limit, fresh route: %v", resp)
+	}
+	if !strings.Contains(c.scrape(), `tokenshard_rls_reloads_total{result="ok"} 1`) {
+		t.Errorf("reloads not counted:\n%s", c.scrape())
+	}
+
+	if err := c.stop(); err != nil {
+		t.Errorf("run after cancel: %v", err)
+	}
+}
+
+// TestCommandRefusesAtStart: a bad flag or an invalid configuration stops
+// the command before it serves.
+func TestCommandRefusesAtStart(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte("domain: d\nbogus: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncBuffer
+	for _, c := range []struct {
+		args []string
+		want error
+	}{
+		{[]string{}, errUsage},
+		{[]string{"-config", dir, "-redis", "x:1", "-redis-cluster", "y:1"}, errUsage},
+		{[]string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, envoyrls.ErrUnknownField},
+	} {
+		if err := run(context.Background(), c.args, &stderr, hooks{}); !errors.Is(err, c.want) {
+			t.Errorf("run(%q): %v, want %v", c.args, err, c.want)
+		}
+	}
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/internal/redistest"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+type stopRedis struct{ m *testing.M }
+
+func (s stopRedis) Run() int { defer redistest.Stop(); return s.m.Run() }
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(stopRedis{m}) }
+
+var prefixes atomic.Int64
+
+// storeOn returns a suite factory of Redis stores on client, each on a
+// prefix of its own, whose keys it deletes when the test ends.
+func storeOn(client func(t *testing.T) redis.UniversalClient) rlstest.Factory {
+	return func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
+		t.Helper()
+		c := client(t)
+		prefix := fmt.Sprintf("envoyrls-test:%d:%d:", time.Now().UnixNano(), prefixes.Add(1))
+		s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix, Policy: p, Clock: clk})
+		if err != nil {
+			t.Fatalf("redisstore.New: %v", err)
+		}
+		t.Cleanup(func() {
+			_ = s.Close()
+			ctx := context.Background()
+			del := func(ctx context.Context, node *redis.Client) error {
+				iter := node.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+				for iter.Next(ctx) {
+					node.Del(ctx, iter.Val())
+				}
+				return iter.Err()
+			}
+			var err error
+			if cc, ok := c.(*redis.ClusterClient); ok {
+				err = cc.ForEachMaster(ctx, del)
+			} else {
+				err = del(ctx, c.(*redis.Client))
+			}
+			if err != nil {
+				t.Errorf("deleting the test's keys: %v", err)
+			}
+		})
+		return degradedAsError{s}
+	}
+}
+
+func TestSuiteRedis(t *testing.T) {
+	rlstest.Run(t, storeOn(func(t *testing.T) redis.UniversalClient {
+		c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}))
+}
+
+func TestSuiteRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a Redis Cluster: not in -short")
+	}
+	rlstest.Run(t, storeOn(func(t *testing.T) redis.UniversalClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}))
+}
+
+// TestRedisDownIsAnError: when Redis cannot answer, the RLS answers with a
+// gRPC error, so that Envoy's failure mode decides, never with the store's
+// fail-closed denial or fail-open admission.
+func TestRedisDownIsAnError(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, failOpen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("FailOpen=%v", failOpen), func(t *testing.T) {
+			factory := func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
+				c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+				t.Cleanup(func() { _ = c.Close() })
+				s, err := redisstore.New(context.Background(), redisstore.Config{
+					Client: c, Policy: p, Clock: clk, FailOpen: failOpen, Timeout: 200 * time.Millisecond,
+					Prefix: fmt.Sprintf("down:%d:", prefixes.Add(1)),
+				})
+				if err != nil {
+					t.Fatalf("redisstore.New: %v", err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				return degradedAsError{s}
+			}
+			h := rlstest.Start(t, factory, rlstest.BasicConfigYAML)
+			resp := h.Ask(rlstest.Req("test-domain", 0, rlstest.D("key2=x"), rlstest.D("key3=y")))
+			if resp.OverallCode != rlstest.OK {
+				t.Fatalf("with Redis up: %v", resp)
+			}
+			srv.Kill()
+			defer srv.Restart(t)
+			_, err := h.Client.ShouldRateLimit(context.Background(), rlstest.Req("test-domain", 0, rlstest.D("key2=x"), rlstest.D("key3=z")))
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("two descriptors, Redis down: %v, want Unavailable", err)
+			}
+			_, err = h.Client.ShouldRateLimit(context.Background(), rlstest.Req("test-domain", 0, rlstest.D("key2=x")))
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("one descriptor, Redis down: %v, want Unavailable", err)
+			}
+		})
+	}
+}
