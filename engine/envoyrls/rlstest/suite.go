@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,6 +48,9 @@ func Run(t *testing.T, f Factory) {
 		{"Headers", Headers},
 		{"KeysDoNotCollide", KeysDoNotCollide},
 		{"BadRequests", BadRequests},
+		{"ZeroAndUnlimited", ZeroAndUnlimited},
+		{"CheckOnlyOverChargesNothing", CheckOnlyOverChargesNothing},
+		{"ConcurrentAllOrNothing", ConcurrentAllOrNothing},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.run(t, f) })
@@ -500,6 +504,83 @@ func BadRequests(t *testing.T, f Factory) {
 			t.Errorf("%v: no error", req)
 		}
 	}
+}
+
+// ZeroAndUnlimited: a limit of 0 refuses every request, and the request's
+// other descriptors are not charged; an unlimited descriptor beside a limited
+// one changes nothing.
+func ZeroAndUnlimited(t *testing.T, f Factory) {
+	h := Start(t, f, ZeroYAML)
+	resp := h.Ask(Req("zero", 0, D("closed=x"), D("open=y"), D("free=z")))
+	if resp.OverallCode != over {
+		t.Fatalf("overall %v, want OVER_LIMIT", resp.OverallCode)
+	}
+	check(t, "closed", resp.Statuses[0], lim(over, 0, minute, 0))
+	check(t, "open, not charged", resp.Statuses[1], lim(ok, 3, minute, 3))
+	check(t, "free", resp.Statuses[2], want{unlimited: true})
+	if got := header(resp.ResponseHeadersToAdd, "Retry-After"); got != "" {
+		t.Errorf("Retry-After %q for a limit of 0", got)
+	}
+	resp = h.Ask(Req("zero", 0, D("open=y"), D("free=z")))
+	check(t, "open", resp.Statuses[0], lim(ok, 3, minute, 2))
+	check(t, "free", resp.Statuses[1], want{unlimited: true})
+	if resp.OverallCode != ok {
+		t.Errorf("overall %v, want OK", resp.OverallCode)
+	}
+}
+
+// CheckOnlyOverChargesNothing: a descriptor with hits_addend 0 whose bucket
+// is empty refuses the request, and the others are not charged.
+func CheckOnlyOverChargesNothing(t *testing.T, f Factory) {
+	h := Start(t, f, BasicConfigYAML)
+	h.Ask(Req("test-domain", 0, D("key3=c")))
+	resp := h.Ask(Req("test-domain", 0, DH(0, "key3=c"), D("key2=c")))
+	if resp.OverallCode != over {
+		t.Fatalf("overall %v, want OVER_LIMIT", resp.OverallCode)
+	}
+	check(t, "check only", resp.Statuses[0], lim(over, 1, hour, 0))
+	check(t, "not charged", resp.Statuses[1], lim(ok, 20, minute, 20))
+	if got := header(resp.ResponseHeadersToAdd, "Retry-After"); got != "3600" {
+		t.Errorf("Retry-After %q, want 3600", got)
+	}
+}
+
+// ConcurrentAllOrNothing: clients racing on two descriptors of limits 5 and
+// 20 (the clock still) get exactly 5 admissions, and the bucket of 20 is
+// charged for exactly those 5.
+func ConcurrentAllOrNothing(t *testing.T, f Factory) {
+	h := Start(t, f, BasicConfigYAML)
+	const clients, each = 8, 6
+	var wg sync.WaitGroup
+	admitted := make(chan int, clients)
+	for range clients {
+		wg.Go(func() {
+			n := 0
+			for range each {
+				resp, err := h.Client.ShouldRateLimit(context.Background(),
+					Req("test-domain", 0, D("key1=value1", "subkey1=race"), D("key2=race")))
+				if err != nil {
+					t.Errorf("ShouldRateLimit: %v", err)
+					return
+				}
+				if resp.OverallCode == ok {
+					n++
+				}
+			}
+			admitted <- n
+		})
+	}
+	wg.Wait()
+	close(admitted)
+	total := 0
+	for n := range admitted {
+		total += n
+	}
+	if total != 5 {
+		t.Errorf("%d admitted, want exactly 5", total)
+	}
+	resp := h.Ask(Req("test-domain", 0, D("key2=race")))
+	check(t, "key2 after the race", resp.Statuses[0], lim(ok, 20, minute, 14))
 }
 
 func header(hs []*corev3.HeaderValue, key string) string {

@@ -300,4 +300,15 @@ descriptors:
       - key: b
         rate_limit: {unit: minute, requests_per_unit: 2}
 `
+
+	// ZeroYAML has a limit of 0, one of 3 a minute and an unlimited entry.
+	ZeroYAML = `domain: zero
+descriptors:
+  - key: closed
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: open
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: free
+    rate_limit: {unlimited: true}
+`
 )
