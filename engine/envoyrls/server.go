@@ -128,9 +128,13 @@ func NewServer(a engine.Admitter, configs ...*Config) (*Server, error) {
 // the new configurations drop gets the default that never denies
 // (DefaultCapacity). Then the server answers with configs.
 //
-// On any error nothing changes. Errors: those of Policy, and
-// ReplacePolicy's (engine.ErrStalePolicy when another process moved the
-// version on meanwhile: call Reload again), wrapped.
+// When ReplacePolicy finds that another process moved the version on (a
+// replica sharing a Redis store), Reload reads the policy again and, if that
+// is not already the configurations', tries once more at the version after it.
+//
+// On any error nothing changes. Errors: those of Policy, and those of
+// ReplacePolicy or Peek, wrapped (engine.ErrStalePolicy if the version moved
+// on twice: call Reload again).
 func (s *Server) Reload(ctx context.Context, configs ...*Config) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -138,22 +142,40 @@ func (s *Server) Reload(ctx context.Context, configs ...*Config) error {
 	if err != nil {
 		return err
 	}
-	cur := s.a.Policy()
-	if cur.Version == math.MaxInt64 {
-		return fmt.Errorf("envoyrls: reload: %w: version %d is the last", engine.ErrStalePolicy, cur.Version)
-	}
-	want, err := Policy(cur.Version+1, configs...)
-	if err != nil {
-		return err
-	}
-	if !samePolicy(cur, want) {
-		if err := s.a.ReplacePolicy(ctx, want, cur.Version); err != nil {
+	for attempt := 0; ; attempt++ {
+		cur := s.a.Policy()
+		if cur.Version == math.MaxInt64 {
+			return fmt.Errorf("envoyrls: reload: %w: version %d is the last", engine.ErrStalePolicy, cur.Version)
+		}
+		want, err := Policy(cur.Version+1, configs...)
+		if err != nil {
+			return err
+		}
+		if samePolicy(cur, want) {
+			break
+		}
+		err = s.a.ReplacePolicy(ctx, want, cur.Version)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, engine.ErrStalePolicy) || attempt > 0 {
+			return fmt.Errorf("envoyrls: reload to version %d: %w", want.Version, err)
+		}
+		// Another process moved the version on (a replica on the same Redis
+		// prefix, which may have installed these very configurations). A Peek
+		// makes a store that has not met that version yet load it; then
+		// compare again, once.
+		if _, err := s.peek.Peek(ctx, probeKey); err != nil {
 			return fmt.Errorf("envoyrls: reload to version %d: %w", want.Version, err)
 		}
 	}
 	s.st.Store(st)
 	return nil
 }
+
+// probeKey is a key no entry has (an entry's key has a "/" after the tag),
+// for a Peek that reads nothing but the policy.
+const probeKey = "{envoyrls}probe|"
 
 // kinds of descriptor
 const (

@@ -16,9 +16,10 @@
 // -poll the files are read again; when their names or contents changed they
 // are parsed and installed with envoyrls.Server.Reload, an exact cutover that
 // tops nobody up. A file that does not parse, or a reload that fails, keeps
-// the last good configuration and is reported on stderr. SIGINT or SIGTERM
-// stops it: health turns NOT_SERVING, requests in flight finish (up to
-// -drain), and it exits 0.
+// the last good configuration and is reported on stderr, once; a reload
+// that fails (Redis away, or another replica's cutover meanwhile) is tried
+// again at the next poll. SIGINT or SIGTERM stops it: health turns
+// NOT_SERVING, requests in flight finish (up to -drain), and it exits 0.
 //
 // With -redis or -redis-cluster, the buckets and the policy live in Redis
 // under -redis-prefix, shared by every replica on that prefix. A replica
@@ -304,11 +305,12 @@ loop:
 				continue
 			}
 			if err == nil {
-				snap = next // an invalid file is reported once, not every poll
 				var cfgs []*envoyrls.Config
-				if cfgs, err = next.parse(); err == nil {
-					err = srv.Reload(ctx, cfgs...)
-				}
+				if cfgs, err = next.parse(); err != nil {
+					snap = next // an invalid file is reported once, not every poll
+				} else if err = srv.Reload(ctx, cfgs...); err == nil {
+					snap = next
+				} // else a failed Reload (Redis away, another replica's cutover) is tried again at the next poll
 			}
 			if err != nil {
 				reloads.WithLabelValues("error").Inc()

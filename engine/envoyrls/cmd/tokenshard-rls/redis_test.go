@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -118,5 +119,43 @@ func TestRedisDownIsAnError(t *testing.T) {
 				t.Errorf("one descriptor, Redis down: %v, want Unavailable", err)
 			}
 		})
+	}
+}
+
+// TestReplicasReload: two servers on one Redis prefix, as two replicas of the
+// command. After the first reloads, the second, whose store has not met the
+// new version, reloads the same files without a cutover of its own, and both
+// decide from one bucket under the new limit.
+func TestReplicasReload(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := fmt.Sprintf("envoyrls-replicas:%d:", time.Now().UnixNano())
+	shared := func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
+		t.Helper()
+		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix, Policy: p})
+		if err != nil {
+			t.Fatalf("redisstore.New: %v", err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return degradedAsError{s}
+	}
+	a := rlstest.Start(t, shared, rlstest.BasicConfigYAML)
+	b := rlstest.Start(t, shared, rlstest.BasicConfigYAML)
+	raised := rlstest.Parse(t, strings.Replace(rlstest.BasicConfigYAML, "requests_per_unit: 20", "requests_per_unit: 40", 1))
+	if err := a.Server.Reload(context.Background(), raised...); err != nil {
+		t.Fatalf("replica a: Reload: %v", err)
+	}
+	if err := b.Server.Reload(context.Background(), raised...); err != nil {
+		t.Fatalf("replica b: Reload: %v", err)
+	}
+	if va, vb := a.A.Policy().Version, b.A.Policy().Version; va != 2 || vb != 2 {
+		t.Errorf("versions %d and %d, want 2 and 2: one cutover", va, vb)
+	}
+	ra := a.Ask(rlstest.Req("test-domain", 30, rlstest.D("key2=shared")))
+	rb := b.Ask(rlstest.Req("test-domain", 0, rlstest.D("key2=shared")))
+	if ra.Statuses[0].GetLimitRemaining() != 10 || rb.Statuses[0].GetLimitRemaining() != 9 ||
+		rb.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != 40 {
+		t.Errorf("replica a: %v; replica b: %v; want one bucket of 40 left at 10 then 9", ra.Statuses[0], rb.Statuses[0])
 	}
 }
