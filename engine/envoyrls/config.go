@@ -91,6 +91,8 @@ type limit struct {
 	unlimited       bool
 	name            string
 	replaces        []string
+
+	sfName, policyField string // see headerFields
 }
 
 // node is one descriptor entry of the tree.
@@ -362,6 +364,7 @@ func loadLimit(m *yaml.Node) (*limit, error) {
 	}
 	if valid {
 		l.unit = Unit(u)
+		l.headerFields()
 	}
 	return l, nil
 }
