@@ -23,6 +23,13 @@
 // on 2 cores, 30 seconds with -quick. It writes only under a fresh key
 // prefix, deleted afterwards.
 //
+// With -parts envoyrls (only when named), a table measures one request of
+// engine/envoyrls's Envoy rate limit service on the engine, of one and of
+// three limited descriptors, called in process and over gRPC on loopback,
+// beside the engine Allows it stands for:
+//
+//	go run ./bench -parts envoyrls
+//
 // The same benchmark bodies run under `go test -bench . ./bench`, for
 // benchstat.
 //

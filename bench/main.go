@@ -39,7 +39,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var cfg config
 	var cpus, parts, redisCluster string
 	fs.BoolVar(&cfg.quick, "quick", false, "shorter runs and smaller key sets (under 30 s)")
-	fs.StringVar(&parts, "parts", "decisions,memory,latency,allowall,redis", "which tables to measure, comma-separated")
+	fs.StringVar(&parts, "parts", "decisions,memory,latency,allowall,redis", "which tables to measure, comma-separated; envoyrls (the Envoy RLS on the engine) runs only when named")
 	fs.StringVar(&cfg.redisAddr, "redis", "", "measure redisstore on the Redis server at this address (host:port), under a fresh key prefix it deletes afterwards; \"\" skips the Redis table")
 	fs.StringVar(&redisCluster, "redis-cluster", "", "measure redisstore on the Redis Cluster whose masters are at these addresses (host:port,host:port,...), as -redis does on one server")
 	fs.StringVar(&cpus, "cpu", "1,2", "GOMAXPROCS values to measure, comma-separated")
@@ -78,11 +78,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		runtime.Version(), runtime.NumCPU(), map[bool]string{true: "quick", false: "full"}[cfg.quick])
 	tables := map[string]func(io.Writer, config) error{
 		"decisions": infallible(decisions), "memory": infallible(memory), "latency": infallible(latencies),
-		"allowall": infallible(allowAll), "redis": redisSection,
+		"allowall": infallible(allowAll), "redis": redisSection, "envoyrls": envoyRLS,
 	}
 	for _, p := range strings.Split(parts, ",") {
 		if _, ok := tables[strings.TrimSpace(p)]; !ok {
-			fmt.Fprintf(stderr, "bench: unknown part %q (have decisions, memory, latency, allowall, redis)\n", p)
+			fmt.Fprintf(stderr, "bench: unknown part %q (have decisions, memory, latency, allowall, redis, envoyrls)\n", p)
 			return 2
 		}
 	}
