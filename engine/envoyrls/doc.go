@@ -122,8 +122,9 @@
 // (Unavailable; ResourceExhausted for engine.ErrKeyCapacity; the context's
 // code), never an OK, so Envoy's failure_mode_deny decides. The Redis store
 // answers a Redis it cannot reach by its own failure rule (fail closed by
-// default), with no error: the server cannot tell that answer from a decision
-// and sends it as one.
+// default) with no error, which the server cannot tell from a decision; the
+// command tokenshard-rls wraps the store so that every such answer is an
+// error (its degraded.go shows how, from the store's Failures count).
 //
 // # Reloads
 //

@@ -197,10 +197,16 @@ func Wildcard(t *testing.T, f Factory) {
 		{[]string{"noVal=foo"}, lim(ok, 20, minute, 19)},
 		{[]string{"midWild=barb"}, lim(ok, 20, minute, 19)},
 		{[]string{"midWild=bar123b"}, lim(ok, 20, minute, 19)},
+		{[]string{"midWild=barab"}, lim(ok, 20, minute, 19)},
+		{[]string{"midWild=bara"}, want{none: true}},
+		{[]string{"midWild=xbarb"}, want{none: true}},
 		{[]string{"midWild=bar123"}, want{none: true}},
 		{[]string{"midWild=ba"}, want{none: true}},
 		{[]string{"multiWild=foo1bar2baz"}, lim(ok, 10, minute, 9)},
 		{[]string{"multiWild=foobarbaz"}, lim(ok, 10, minute, 9)},
+		{[]string{"multiWild=foo123bar456baz"}, lim(ok, 10, minute, 9)},
+		{[]string{"multiWild=foo123baz"}, want{none: true}},
+		{[]string{"multiWild=bar456baz"}, want{none: true}},
 		{[]string{"multiWild=foobaz"}, want{none: true}},
 		{[]string{"multiWild=foobarba"}, want{none: true}},
 		{[]string{"nestedWild=val1", "wild=goo2"}, lim(ok, 20, minute, 19)},
@@ -211,6 +217,10 @@ func Wildcard(t *testing.T, f Factory) {
 		resp := h.Ask(Req("test-domain", 0, D(c.desc...)))
 		check(t, strings.Join(c.desc, ","), resp.Statuses[0], c.w)
 	}
+	// Each value its own bucket: foo1 again is at 18, foo3 fresh.
+	resp := h.Ask(Req("test-domain", 0, D("wild=foo1"), D("wild=foo3")))
+	check(t, "foo1 again", resp.Statuses[0], lim(ok, 20, minute, 18))
+	check(t, "foo3", resp.Statuses[1], lim(ok, 20, minute, 19))
 }
 
 // ShareThreshold: with share_threshold, every value a wildcard matches shares

@@ -87,7 +87,6 @@ type options struct {
 	dir, grpcAddr, metricsAddr   string
 	redisAddr, redisCluster, pfx string
 	poll, drain, timeout         time.Duration
-	failOpen                     bool
 	maxKeys                      int
 }
 
@@ -101,7 +100,6 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.redisAddr, "redis", "", "Redis server address; buckets shared by every replica on -redis-prefix")
 	fs.StringVar(&o.redisCluster, "redis-cluster", "", "comma-separated Redis Cluster node addresses")
 	fs.StringVar(&o.pfx, "redis-prefix", "tokenshard-rls:", "prefix of every Redis key")
-	fs.BoolVar(&o.failOpen, "redis-fail-open", false, "let the store admit when Redis cannot answer (default: the store denies); either way the RLS answers such a decision with a gRPC error")
 	fs.DurationVar(&o.timeout, "redis-timeout", 0, "bound on each Redis exchange (0: the store's default)")
 	fs.DurationVar(&o.poll, "poll", 5*time.Second, "how often the configuration directory is read for changes")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown")
@@ -217,7 +215,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 		}
 		defer func() { _ = client.Close() }()
 		store, err := redisstore.New(ctx, redisstore.Config{
-			Client: client, Prefix: o.pfx, Policy: p, FailOpen: o.failOpen, Timeout: o.timeout,
+			Client: client, Prefix: o.pfx, Policy: p, Timeout: o.timeout,
 		})
 		if err != nil {
 			return fmt.Errorf("redis store: %w", err)
