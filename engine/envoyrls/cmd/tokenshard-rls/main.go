@@ -140,12 +140,13 @@ func readDir(dir string) (snapshot, error) {
 		if ext != ".yaml" && ext != ".yml" || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		path := filepath.Join(dir, e.Name())
+		if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
+			continue // a directory, or a dangling link: not a configuration file
+		}
+		b, err := os.ReadFile(path)
 		if err != nil {
 			return s, err
-		}
-		if fi, err := os.Stat(filepath.Join(dir, e.Name())); err != nil || !fi.Mode().IsRegular() {
-			continue
 		}
 		s.names = append(s.names, e.Name())
 		s.data = append(s.data, b)
@@ -346,6 +347,7 @@ loop:
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) && !errors.Is(serveErr, grpc.ErrServerStopped) {
 		return fmt.Errorf("serving: %w", serveErr)
 	}
+	fmt.Fprintln(stderr, "tokenshard-rls: stopped")
 	return nil
 }
 
