@@ -8,7 +8,8 @@
 // (grpc.health.v1, SERVING once the configuration is loaded, NOT_SERVING while
 // shutting down) on -grpc, and Prometheus metrics on -metrics at /metrics:
 // the engine's (engine/promstats) or the store's (engine/promstats/storestats),
-// and tokenshard_rls_reloads_total{result="ok"|"error"}. Both listen on
+// tokenshard_rls_requests_total{answer="ok"|"over_limit"|"error"} and
+// tokenshard_rls_reloads_total{result="ok"|"error"}. Both listen on
 // loopback unless told otherwise.
 //
 // The configuration is every *.yaml and *.yml file directly in DIR, one
@@ -203,7 +204,14 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	}, []string{"result"})
 	reloads.WithLabelValues("ok")
 	reloads.WithLabelValues("error")
-	reg.MustRegister(reloads)
+	answers := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: promstats.Namespace, Name: "rls_requests_total",
+		Help: "ShouldRateLimit requests answered, by overall code (ok, over_limit) or error.",
+	}, []string{"answer"})
+	for _, a := range []string{"ok", "over_limit", "error"} {
+		answers.WithLabelValues(a)
+	}
+	reg.MustRegister(reloads, answers)
 
 	var a engine.Admitter
 	switch {
@@ -263,7 +271,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 		_ = gl.Close()
 		return err
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers)))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -349,6 +357,26 @@ loop:
 	}
 	fmt.Fprintln(stderr, "tokenshard-rls: stopped")
 	return nil
+}
+
+// countAnswers counts each ShouldRateLimit answer in answers.
+func countAnswers(answers *prometheus.CounterVec) grpc.UnaryServerInterceptor {
+	ok, over, failed := answers.WithLabelValues("ok"), answers.WithLabelValues("over_limit"), answers.WithLabelValues("error")
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if info.FullMethod != rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
+			return resp, err
+		}
+		switch r, _ := resp.(*rlsv3.RateLimitResponse); {
+		case err != nil:
+			failed.Inc()
+		case r.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
+			over.Inc()
+		default:
+			ok.Inc()
+		}
+		return resp, err
+	}
 }
 
 // install installs the policy of cfgs on a at the next version.

@@ -173,9 +173,22 @@ func testCommand(t *testing.T, extra ...string) {
 			t.Errorf("request %d: %s, want %s", i, got, want)
 		}
 	}
+	if _, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req("", 0, rlstest.D("route=/a"))); err == nil {
+		t.Error("a request without a domain: no error")
+	}
 	m := c.scrape()
-	if !strings.Contains(m, "tokenshard_rls_reloads_total") || !strings.Contains(m, "tokenshard_") {
-		t.Errorf("metrics lack the command's or the admitter's series:\n%s", m)
+	for _, want := range []string{
+		`tokenshard_rls_requests_total{answer="ok"} 2`,
+		`tokenshard_rls_requests_total{answer="over_limit"} 1`,
+		`tokenshard_rls_requests_total{answer="error"} 1`,
+		`tokenshard_rls_reloads_total{result="error"} 0`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s:\n%s", want, m)
+		}
+	}
+	if len(extra) == 0 && !strings.Contains(m, "tokenshard_decisions_total") || len(extra) > 0 && !strings.Contains(m, "tokenshard_store_decisions_total") {
+		t.Errorf("metrics lack the admitter's series:\n%s", m)
 	}
 
 	// An invalid file: reported with its name and line, the last good
