@@ -46,6 +46,10 @@ var (
 	ErrReplaces = fmt.Errorf("%w: invalid replaces entry", ErrInvalidConfig)
 	// ErrShareThreshold: share_threshold on a value without '*'.
 	ErrShareThreshold = fmt.Errorf("%w: share_threshold can only be used with wildcard values", ErrInvalidConfig)
+	// ErrMissingRequests: a rate_limit that is not unlimited and has no
+	// requests_per_unit. envoyproxy/ratelimit reads it as 0, a limit that
+	// refuses every request; here 0 must be written.
+	ErrMissingRequests = fmt.Errorf("%w: rate_limit without requests_per_unit", ErrInvalidConfig)
 	// ErrUnsupported: a setting this server does not implement
 	// (quota_mode: true).
 	ErrUnsupported = fmt.Errorf("%w: unsupported setting", ErrInvalidConfig)
@@ -299,6 +303,7 @@ func loadLimit(m *yaml.Node) (*limit, error) {
 	l := &limit{}
 	var unit string
 	var unitNode *yaml.Node
+	hasRequests := false
 	err := eachField(m, func(k string, kn, v *yaml.Node) error {
 		var err error
 		switch k {
@@ -310,7 +315,7 @@ func loadLimit(m *yaml.Node) (*limit, error) {
 			if err := v.Decode(&n); err != nil || v.Kind != yaml.ScalarNode {
 				return fieldErr(ErrFieldType, v, k, fmt.Sprintf("not a whole number from 0 to %d", uint32(math.MaxUint32)))
 			}
-			l.requestsPerUnit = n
+			l.requestsPerUnit, hasRequests = n, true
 		case "unlimited":
 			l.unlimited, err = boolean(k, v)
 		case "name":
@@ -361,6 +366,9 @@ func loadLimit(m *yaml.Node) (*limit, error) {
 			at = m
 		}
 		return nil, fieldErr(ErrUnknownUnit, at, "unit", fmt.Sprintf("invalid rate limit unit '%s'", unit))
+	}
+	if !l.unlimited && !hasRequests {
+		return nil, fieldErr(ErrMissingRequests, m, "requests_per_unit", "a limit needs requests_per_unit (0 refuses every request)")
 	}
 	if valid {
 		l.unit = Unit(u)

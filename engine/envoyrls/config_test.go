@@ -33,6 +33,8 @@ func TestParseConfigRefuses(t *testing.T) {
 			envoyrls.ErrDuplicateKey, 5, "key"},
 		{"bad_limit_unit", "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n    rate_limit:\n      unit: foo\n      requests_per_unit: 5\n",
 			envoyrls.ErrUnknownUnit, 6, "unit"},
+		{"no requests_per_unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n",
+			envoyrls.ErrMissingRequests, 5, "requests_per_unit"},
 		{"no unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 5\n",
 			envoyrls.ErrUnknownUnit, 5, "unit"},
 		{"unit unknown", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: unknown, requests_per_unit: 5}\n",

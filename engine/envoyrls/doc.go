@@ -36,8 +36,10 @@
 // on a value without '*', a key that is not a string, a list of anything
 // but mappings, and an unknown field. It also refuses an unknown field where
 // envoyproxy/ratelimit lets a known name of another level pass ("unit" at
-// the top), a field given twice, a value of the wrong kind, and quota_mode:
-// true, which this server does not implement. Every error names the line and
+// the top), a field given twice, a value of the wrong kind, a rate_limit
+// without requests_per_unit (envoyproxy/ratelimit reads it as 0 and refuses
+// every request: here a 0 must be written), and quota_mode: true, which this
+// server does not implement. Every error names the line and
 // the field and wraps ErrInvalidConfig.
 //
 // # Limits
