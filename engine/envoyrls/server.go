@@ -266,34 +266,27 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error) {
 	sums := map[string]int64{}
 	var reqs []engine.Request
-	var idx []int
+	var idx, checks []int
 	over := false
 	for i := range items {
 		it := &items[i]
 		if it.kind != kindEnforced {
 			continue
 		}
-		rpu := int64(it.node.limit.requestsPerUnit)
 		switch {
-		case rpu == 0:
+		case it.node.limit.requestsPerUnit == 0:
 			// A limit of 0 refuses every request.
-			it.over, it.retry = true, -1
+			it.over, it.retry, over = true, -1, true
 		case it.cost == 0:
-			// Check only: over if the bucket holds no whole token.
-			d, err := s.peek.Peek(ctx, it.key)
-			if err != nil {
-				return false, rpcErr(ctx, err, it.key)
-			}
-			it.d, it.known = d, true
-			if !d.Allowed {
-				it.over, it.retry = true, d.RetryAfter
-			}
+			checks = append(checks, i)
 		default:
 			sums[it.key] = satAdd(sums[it.key], it.cost)
 			reqs = append(reqs, engine.Request{Key: it.key, Cost: it.cost})
 			idx = append(idx, i)
 		}
-		over = over || it.over
+	}
+	if len(reqs) > engine.MaxAllowAll {
+		return false, status.Errorf(codes.InvalidArgument, "%v: %d limited descriptors, at most %d", ErrBadRequest, len(reqs), engine.MaxAllowAll)
 	}
 	for _, i := range idx {
 		it := &items[i]
@@ -302,8 +295,17 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 			it.over, it.retry, over = true, -1, true
 		}
 	}
-	if len(reqs) > engine.MaxAllowAll {
-		return false, status.Errorf(codes.InvalidArgument, "%v: %d limited descriptors, at most %d", ErrBadRequest, len(reqs), engine.MaxAllowAll)
+	for _, i := range checks {
+		// Check only: over if the bucket holds no whole token.
+		it := &items[i]
+		d, err := s.peek.Peek(ctx, it.key)
+		if err != nil {
+			return false, rpcErr(ctx, err, it.key)
+		}
+		it.d, it.known = d, true
+		if !d.Allowed {
+			it.over, it.retry, over = true, d.RetryAfter, true
+		}
 	}
 	if !over && len(reqs) > 0 {
 		d, b, err := s.allowAll(ctx, reqs, sums)

@@ -15,7 +15,11 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rlv3type "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/tokenshard/tokenshard/engine/envoyrls"
 )
@@ -506,14 +510,29 @@ func KeysDoNotCollide(t *testing.T, f Factory) {
 // BadRequests: what the server refuses, as gRPC errors.
 func BadRequests(t *testing.T, f Factory) {
 	h := Start(t, f, BasicConfigYAML)
-	for _, req := range []*rlsv3.RateLimitRequest{
-		Req("", 0, D("key2=x")),
-		Req("test-domain", 0),
+	many := Req("test-domain", 0)
+	for i := range 65 {
+		many.Descriptors = append(many.Descriptors, D(fmt.Sprintf("key2=%d", i)))
+	}
+	overridden := D("key2=x")
+	overridden.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: rlv3type.RateLimitUnit_SECOND}
+	for _, c := range []struct {
+		req  *rlsv3.RateLimitRequest
+		code codes.Code
+	}{
+		{Req("", 0, D("key2=x")), codes.InvalidArgument},
+		{Req("test-domain", 0), codes.InvalidArgument},
+		{many, codes.InvalidArgument},
+		{Req("test-domain", 0, overridden), codes.Unimplemented},
 	} {
-		if _, err := h.Client.ShouldRateLimit(context.Background(), req); err == nil {
-			t.Errorf("%v: no error", req)
+		if _, err := h.Client.ShouldRateLimit(context.Background(), c.req); status.Code(err) != c.code {
+			t.Errorf("%.80v: %v, want %v", c.req, err, c.code)
 		}
 	}
+	// Nothing was charged by the refused requests.
+	resp := h.Ask(Req("test-domain", 0, D("key2=x"), D("key2=0")))
+	check(t, "key2=x", resp.Statuses[0], lim(ok, 20, minute, 19))
+	check(t, "key2=0", resp.Statuses[1], lim(ok, 20, minute, 19))
 }
 
 // ZeroAndUnlimited: a limit of 0 refuses every request, and the request's
