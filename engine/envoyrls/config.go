@@ -50,6 +50,9 @@ var (
 	// requests_per_unit. envoyproxy/ratelimit reads it as 0, a limit that
 	// refuses every request; here 0 must be written.
 	ErrMissingRequests = fmt.Errorf("%w: rate_limit without requests_per_unit", ErrInvalidConfig)
+	// ErrTooLarge: more descriptors than one configuration may have
+	// (100,000, aliases expanded).
+	ErrTooLarge = fmt.Errorf("%w: too many descriptors", ErrInvalidConfig)
 	// ErrUnsupported: a setting this server does not implement
 	// (quota_mode: true).
 	ErrUnsupported = fmt.Errorf("%w: unsupported setting", ErrInvalidConfig)
@@ -83,7 +86,13 @@ type Config struct {
 	tag    string // the key prefix of the domain's buckets
 	root   *node
 	rules  []*node // every node with a rate_limit, in document order
+	count  int     // descriptors read so far
 }
+
+// maxDescriptors bounds the descriptors of one configuration, aliases
+// expanded, so that a file of nested aliases cannot take the process's
+// memory.
+const maxDescriptors = 100_000
 
 // Domain returns the configuration's domain.
 func (c *Config) Domain() string { return c.domain }
@@ -175,8 +184,12 @@ func (c *Config) loadLevel(parent *node, seq *yaml.Node) error {
 	}
 	seen := map[string]bool{}
 	for _, item := range seq.Content {
+		item = deref(item)
 		if item.Kind != yaml.MappingNode {
 			return fieldErr(ErrFieldType, item, "descriptors", "yaml file contains list of type other than map")
+		}
+		if c.count++; c.count > maxDescriptors {
+			return fieldErr(ErrTooLarge, item, "descriptors", fmt.Sprintf("more than %d descriptors, aliases expanded", maxDescriptors))
 		}
 		n, children, err := c.loadDescriptor(item)
 		if err != nil {
@@ -328,6 +341,7 @@ func loadLimit(m *yaml.Node) (*limit, error) {
 				return fieldErr(ErrFieldType, v, k, "not a list")
 			}
 			for _, e := range v.Content {
+				e = deref(e)
 				if e.Kind != yaml.MappingNode {
 					return fieldErr(ErrFieldType, e, k, "yaml file contains list of type other than map")
 				}
@@ -382,7 +396,7 @@ func loadLimit(m *yaml.Node) (*limit, error) {
 func eachField(m *yaml.Node, f func(k string, kn, v *yaml.Node) error) error {
 	seen := map[string]bool{}
 	for i := 0; i+1 < len(m.Content); i += 2 {
-		kn, v := m.Content[i], m.Content[i+1]
+		kn, v := m.Content[i], deref(m.Content[i+1])
 		if kn.Kind != yaml.ScalarNode || kn.ShortTag() != "!!str" {
 			return fieldErr(ErrNonStringKey, kn, kn.Value, "config error, key is not of type string")
 		}
@@ -395,6 +409,14 @@ func eachField(m *yaml.Node, f func(k string, kn, v *yaml.Node) error) error {
 		}
 	}
 	return nil
+}
+
+// deref follows an alias (*name) to the node it names.
+func deref(v *yaml.Node) *yaml.Node {
+	for v.Kind == yaml.AliasNode && v.Alias != nil {
+		v = v.Alias
+	}
+	return v
 }
 
 func isNull(v *yaml.Node) bool { return v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" }

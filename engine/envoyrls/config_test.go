@@ -92,6 +92,7 @@ func TestParseConfigAccepts(t *testing.T) {
 			"  - {key: g, rate_limit: {unit: year, requests_per_unit: 4294967295}}\n" +
 			"  - {key: h, rate_limit: {unlimited: true}}\n" +
 			"  - {key: i, rate_limit: {unit: second, requests_per_unit: 0}}\n",
+		"domain: d\ndescriptors:\n  - key: a\n    rate_limit: &l {unit: second, requests_per_unit: 1}\n  - key: b\n    rate_limit: *l\n",
 	} {
 		c, err := envoyrls.ParseConfig([]byte(y))
 		if err != nil {
@@ -185,5 +186,24 @@ func TestNewServer(t *testing.T) {
 	}
 	if _, err := envoyrls.NewServer(e, other...); err != nil {
 		t.Errorf("after ReplacePolicy: %v", err)
+	}
+}
+
+// TestParseConfigAliasBomb: nested aliases that expand to millions of
+// descriptors are refused, quickly.
+func TestParseConfigAliasBomb(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("domain: d\ndescriptors:\n  - key: k0\n    descriptors: &a0\n")
+	for i := range 10 {
+		fmt.Fprintf(&b, "      - {key: x%d}\n", i)
+	}
+	for lvl := 1; lvl <= 7; lvl++ {
+		fmt.Fprintf(&b, "  - key: k%d\n    descriptors: &a%d\n", lvl, lvl)
+		for i := range 10 {
+			fmt.Fprintf(&b, "      - {key: x%d, descriptors: *a%d}\n", i, lvl-1)
+		}
+	}
+	if _, err := envoyrls.ParseConfig([]byte(b.String())); !errors.Is(err, envoyrls.ErrTooLarge) {
+		t.Errorf("10^8 descriptors through aliases: %v", err)
 	}
 }
