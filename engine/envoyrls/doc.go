@@ -38,8 +38,9 @@
 // envoyproxy/ratelimit lets a known name of another level pass ("unit" at
 // the top), a field given twice, a value of the wrong kind, a rate_limit
 // without requests_per_unit (envoyproxy/ratelimit reads it as 0 and refuses
-// every request: here a 0 must be written), and quota_mode: true, which this
-// server does not implement. Every error names the line and
+// every request: here a 0 must be written), quota_mode: true, which this
+// server does not implement, and more than 100,000 descriptors (aliases
+// expanded). Every error names the line and
 // the field and wraps ErrInvalidConfig.
 //
 // # Limits
@@ -53,7 +54,10 @@
 // admits only what has refilled. An entry with no value gives each value
 // of the request its own bucket, as does a wildcard without share_threshold.
 // A limit of requests_per_unit 0 refuses every request, as it does in
-// envoyproxy/ratelimit; it needs no bucket.
+// envoyproxy/ratelimit; it needs no bucket. The limited entries whose
+// buckets are per value are pattern overrides of the policy, of which all
+// the configurations together may have policy.MaxPatterns (128); entries
+// of fixed values are exact overrides, without a bound.
 //
 // # Decisions
 //
