@@ -162,6 +162,15 @@ func TestCommandRedis(t *testing.T) {
 	testCommand(t, "-redis", redistest.Addr(t), "-redis-prefix", "envoyrls-cmd-test:"+time.Now().Format("150405.000000000")+":")
 }
 
+// TestCommandRedisCluster is TestCommand on a Redis Cluster.
+func TestCommandRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a Redis Cluster: not in -short")
+	}
+	testCommand(t, "-redis-cluster", strings.Join(redistest.ClusterAddrs(t), ","),
+		"-redis-prefix", "envoyrls-cmd-cluster-test:"+time.Now().Format("150405.000000000")+":")
+}
+
 func testCommand(t *testing.T, extra ...string) {
 	c := startCommand(t, extra...)
 	h, err := c.health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: rlsv3.RateLimitService_ServiceDesc.ServiceName})
