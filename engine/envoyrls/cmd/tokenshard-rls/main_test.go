@@ -14,12 +14,14 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/tokenshard/tokenshard/engine/envoyrls"
 	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/internal/redistest"
 )
 
@@ -159,7 +161,12 @@ func TestCommand(t *testing.T) { testCommand(t) }
 
 // TestCommandRedis is TestCommand on a Redis store.
 func TestCommandRedis(t *testing.T) {
-	testCommand(t, "-redis", redistest.Addr(t), "-redis-prefix", "envoyrls-cmd-test:"+time.Now().Format("150405.000000000")+":")
+	addr := redistest.Addr(t)
+	prefix := "envoyrls-cmd-test:" + time.Now().Format("150405.000000000") + ":"
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = c.Close() })
+	deleteKeys(t, c, prefix)
+	testCommand(t, "-redis", addr, "-redis-prefix", prefix)
 }
 
 // TestCommandRedisCluster is TestCommand on a Redis Cluster.
@@ -167,8 +174,12 @@ func TestCommandRedisCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a Redis Cluster: not in -short")
 	}
-	testCommand(t, "-redis-cluster", strings.Join(redistest.ClusterAddrs(t), ","),
-		"-redis-prefix", "envoyrls-cmd-cluster-test:"+time.Now().Format("150405.000000000")+":")
+	addrs := redistest.ClusterAddrs(t)
+	prefix := "envoyrls-cmd-cluster-test:" + time.Now().Format("150405.000000000") + ":"
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = c.Close() })
+	deleteKeys(t, c, prefix)
+	testCommand(t, "-redis-cluster", strings.Join(addrs, ","), "-redis-prefix", prefix)
 }
 
 func testCommand(t *testing.T, extra ...string) {
@@ -259,5 +270,39 @@ func TestCommandRefusesAtStart(t *testing.T) {
 		if err := run(context.Background(), c.args, &stderr, hooks{}); !errors.Is(err, c.want) {
 			t.Errorf("run(%q): %v, want %v", c.args, err, c.want)
 		}
+	}
+}
+
+// TestCommandInstallsItsConfiguration: a Redis prefix holding another
+// configuration's policy (an earlier deployment's) gets the command's, at
+// the next version.
+func TestCommandInstallsItsConfiguration(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := "envoyrls-cmd-install:" + time.Now().Format("150405.000000000") + ":"
+	old, err := envoyrls.Policy(1, rlstest.Parse(t, rlstest.BasicConfigYAML)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	deleteKeys(t, client, prefix)
+	store, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, Policy: old})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+
+	c := startCommand(t, "-redis", addr, "-redis-prefix", prefix)
+	resp := c.ask("gw", "route=/x")
+	if got := resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 2 || overall(resp) != "OK" {
+		t.Errorf("the command's limit: %v", resp)
+	}
+	// The store of the earlier deployment meets the new version at its
+	// next call.
+	if _, err := store.Peek(context.Background(), "{gw}/route~|/x"); err != nil {
+		t.Fatal(err)
+	}
+	if v := store.Policy().Version; v != 2 {
+		t.Errorf("version %d on the prefix, want 2", v)
 	}
 }

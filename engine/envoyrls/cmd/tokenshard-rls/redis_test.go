@@ -40,28 +40,34 @@ func storeOn(client func(t *testing.T) redis.UniversalClient) rlstest.Factory {
 		if err != nil {
 			t.Fatalf("redisstore.New: %v", err)
 		}
-		t.Cleanup(func() {
-			_ = s.Close()
-			ctx := context.Background()
-			del := func(ctx context.Context, node *redis.Client) error {
-				iter := node.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-				for iter.Next(ctx) {
-					node.Del(ctx, iter.Val())
-				}
-				return iter.Err()
-			}
-			var err error
-			if cc, ok := c.(*redis.ClusterClient); ok {
-				err = cc.ForEachMaster(ctx, del)
-			} else {
-				err = del(ctx, c.(*redis.Client))
-			}
-			if err != nil {
-				t.Errorf("deleting the test's keys: %v", err)
-			}
-		})
+		t.Cleanup(func() { _ = s.Close() })
+		deleteKeys(t, c, prefix)
 		return degradedAsError{s}
 	}
+}
+
+// deleteKeys deletes every key under prefix when t ends (registered before
+// the client's own cleanup, so it runs first).
+func deleteKeys(t *testing.T, c redis.UniversalClient, prefix string) {
+	t.Cleanup(func() {
+		ctx := context.Background()
+		del := func(ctx context.Context, node *redis.Client) error {
+			iter := node.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+			for iter.Next(ctx) {
+				node.Del(ctx, iter.Val())
+			}
+			return iter.Err()
+		}
+		var err error
+		if cc, ok := c.(*redis.ClusterClient); ok {
+			err = cc.ForEachMaster(ctx, del)
+		} else {
+			err = del(ctx, c.(*redis.Client))
+		}
+		if err != nil {
+			t.Errorf("deleting the test's keys: %v", err)
+		}
+	})
 }
 
 func TestSuiteRedis(t *testing.T) {
@@ -129,6 +135,9 @@ func TestRedisDownIsAnError(t *testing.T) {
 func TestReplicasReload(t *testing.T) {
 	addr := redistest.Addr(t)
 	prefix := fmt.Sprintf("envoyrls-replicas:%d:", time.Now().UnixNano())
+	cleaner := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = cleaner.Close() })
+	deleteKeys(t, cleaner, prefix)
 	shared := func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
 		t.Helper()
 		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
