@@ -149,5 +149,7 @@
 // no key is longer than MaxKeyBytes. The domain's braces put all of a
 // domain's buckets in one Redis Cluster slot, which AllowAll on a cluster
 // needs (engine/redisstore's ErrCrossShard): on a cluster, one domain's load
-// is on one master.
+// is on one master. The request's values are escaped, braces included, so a
+// client cannot write a hash tag of its own into a key, and a Redis store may
+// keep its default of placing keys by their tags (not IgnoreKeyTags).
 package envoyrls
