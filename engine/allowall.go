@@ -49,8 +49,9 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // covered. In an adversarial run of 48 goroutines on four keys, half
 // calling Allow of cost 1 on one key and half AllowAll of cost 2 on each
 // of the four, about 0.02% of the AllowAlls were admitted (from under
-// 0.01% to about 0.1% from run to run) while the single Allows took the
-// tokens as they refilled. At equal costs an AllowAll
+// 0.01% to about 0.1% from run to run; BenchmarkAllowAllBesideAllows
+// measures it) while the single Allows took the tokens as they refilled.
+// At equal costs an AllowAll
 // fares better or worse by timing alone. Nothing queues a refused AllowAll
 // or holds tokens back for it. Where its share matters, send every request
 // that takes from those keys through AllowAll, each with all the keys it
