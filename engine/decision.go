@@ -35,6 +35,16 @@ type Decision struct {
 	// limit: a key with one band always has Band == "" or its override's
 	// Name.
 	Band string
+	// Degraded reports that the answer was not a bucket's: a store that
+	// could not reach its backing server (engine/redisstore, with Redis
+	// unreachable) answered by its failure rule, admitting (fail open) or
+	// denying (fail closed) without consulting any bucket. Remaining,
+	// RetryAfter and the others are then the failure rule's, not a
+	// balance's, and a denial is the server's fault, not the caller's
+	// limit: answer it as unavailability (HTTP 503, gRPC Unavailable), not
+	// as a rate limit. It is false for every decision a bucket made, and
+	// the Engine never sets it.
+	Degraded bool
 }
 
 // set makes d the decision w that a shard (or the model) wrote: the one
