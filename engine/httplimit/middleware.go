@@ -23,6 +23,7 @@ const (
 	bodyClosed   = "httplimit: the rate limiter is shut down"
 	bodyFailed   = "httplimit: the rate limiter failed"
 	bodyDenied   = "httplimit: too many requests"
+	bodyDegraded = "httplimit: the rate limiter cannot reach its store; retry later"
 )
 
 // Middleware admits HTTP requests through an engine.Admitter: the
@@ -136,6 +137,10 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			m.fail(w, err)
 			return
 		}
+		if d.Degraded {
+			m.degraded(w, r, d, next)
+			return
+		}
 		m.setRateLimit(w.Header(), key, d)
 		if !d.Allowed {
 			m.denied(w, r, d)
@@ -169,6 +174,10 @@ func (m *Middleware) handlerAll(next http.Handler) http.Handler {
 			http.Error(w, bodyFailed, http.StatusInternalServerError) // an Admitter outside its contract
 			return
 		}
+		if d.Degraded {
+			m.degraded(w, r, d, next)
+			return
+		}
 		m.setRateLimit(w.Header(), reqs[at].Key, d)
 		if !d.Allowed {
 			m.denied(w, r, d)
@@ -176,6 +185,21 @@ func (m *Middleware) handlerAll(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// degraded answers a request that a store's failure rule decided
+// (engine.Decision.Degraded): no bucket was consulted, so no RateLimit
+// field is set. An admission goes to next; a denial is the server's
+// outage, not the client's limit, so it is a 503 with Retry-After the
+// decision's RetryAfter in whole seconds, rounded up and at least 1, and
+// never goes to the WithDenied function, which answers limits.
+func (m *Middleware) degraded(w http.ResponseWriter, r *http.Request, d engine.Decision, next http.Handler) {
+	if d.Allowed {
+		next.ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set(headerRetryAfter, strconv.FormatInt(max(ceilSeconds(d.RetryAfter), 1), 10))
+	http.Error(w, bodyDegraded, http.StatusServiceUnavailable)
 }
 
 // fail answers a request the engine returned an error for.

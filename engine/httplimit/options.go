@@ -34,9 +34,10 @@ type KeysFunc func(r *http.Request) ([]engine.Request, error)
 // never be admitted, and is answered with 413.
 type CostFunc func(r *http.Request) int64
 
-// DeniedFunc writes the response to a request the engine denied. When it is
-// called, w's header already holds RateLimit-Policy, RateLimit and
-// Retry-After; it must write the status (429 is expected) and any body.
+// DeniedFunc writes the response to a request a bucket denied (never one a
+// store's failure rule denied: see WithDenied). When it is called, w's
+// header already holds RateLimit-Policy, RateLimit and Retry-After; it must
+// write the status (429 is expected) and any body.
 type DeniedFunc func(w http.ResponseWriter, r *http.Request, d engine.Decision)
 
 // Option configures New.
@@ -165,7 +166,9 @@ func WithCost(f CostFunc) Option {
 }
 
 // WithDenied replaces the default denial response (429 with a short
-// plain-text body) with f.
+// plain-text body) with f. It answers limits only: a denial by a store's
+// failure rule (engine.Decision.Degraded) is always the middleware's 503
+// (see the package doc's status codes), not given to f.
 func WithDenied(f DeniedFunc) Option {
 	return func(c *config) error {
 		if f == nil {
