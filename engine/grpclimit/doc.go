@@ -54,6 +54,11 @@
 //     before its next attempt instead of its own backoff; the trailer is
 //     honoured only when the refusal is the whole response, as it is here,
 //     since nothing is sent before it.
+//   - Denied by a store's failure rule (engine.Decision.Degraded: a Redis
+//     store, failing closed, that cannot reach Redis): codes.Unavailable,
+//     as the outage is the server's, not the client's limit, with
+//     RetryInfo and pushback carrying the decision's RetryAfter, rounded as
+//     above. Admitted by it (Degraded, failing open): the handler runs.
 //   - Key bound reached (engine.ErrKeyCapacity): codes.Unavailable, as a
 //     full key table is the server's overload, not the client's fault. If
 //     the engine offers the optional method ReclaimAfter() (time.Duration,

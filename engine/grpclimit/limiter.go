@@ -152,6 +152,10 @@ func (l *Limiter) spend(ctx context.Context, key string, cost int64) (pushback i
 	switch {
 	case err != nil:
 		return l.failure(err)
+	case !d.Allowed && d.Degraded:
+		// a store's failure rule: the server's outage, not the client's limit
+		ms := ceilMillis(d.RetryAfter)
+		return ms, retryable(codes.Unavailable, msgDegraded, ms)
 	case !d.Allowed:
 		ms := ceilMillis(d.RetryAfter)
 		return ms, retryable(codes.ResourceExhausted, msgDenied, ms)

@@ -31,6 +31,7 @@ const (
 	msgClosed   = "grpclimit: the rate limiter is shut down"
 	msgFailed   = "grpclimit: the rate limiter failed"
 	msgDenied   = "grpclimit: too many requests"
+	msgDegraded = "grpclimit: the rate limiter cannot reach its store; retry later"
 )
 
 // The refusals that carry no figure are made once: a status error is
