@@ -39,7 +39,9 @@ type item struct {
 // against the bucket all stores on the prefix share. The instant is the
 // Redis server's TIME. If Redis cannot answer by the context's deadline (or
 // Config.Timeout, if sooner), the answer follows the fail-open or
-// fail-closed rule and the error is nil; the context's error is returned
+// fail-closed rule, marked engine.Decision.Degraded, and the error is nil
+// (so also before the store has first reached Redis: see New); the
+// context's error is returned
 // only if it is done before the call starts, or canceled during it.
 // Concurrent Allows share script calls (see the package doc).
 func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
@@ -57,7 +59,36 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 	case ctx.Err() != nil:
 		return engine.Decision{}, ctx.Err()
 	}
+	if !s.ready.Load() {
+		return s.allowEarly(ctx, key, cost)
+	}
 	return s.allowOne(ctx, key, cost)
+}
+
+// allowEarly is Allow on a store that has not yet read the prefix's state
+// (see up): decided by Redis if this call reaches it, else answered by the
+// failure rule.
+func (s *Store) allowEarly(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	ok, err := s.up(ctx)
+	if ok {
+		return s.allowOne(ctx, key, cost)
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return engine.Decision{}, ctx.Err()
+	}
+	var out engine.Result
+	s.answerEarly([]item{{out: &out, key: key, cost: cost}}, err)
+	return out.Decision, out.Err
+}
+
+// answerEarly answers items by the failure rule for a store that could not
+// read the prefix's state, and tells OnError the error of the attempt this
+// call made, if it made one.
+func (s *Store) answerEarly(items []item, err error) {
+	s.failAnswers(items)
+	if err != nil && s.onError != nil {
+		s.onError(err)
+	}
 }
 
 // Peek reports key's balance now without changing it, with the meaning of
@@ -95,6 +126,9 @@ func (s *Store) inspect(ctx context.Context, mode, key string, tokens int64) (en
 		return engine.Decision{}, engine.ErrNilContext
 	case ctx.Err() != nil:
 		return engine.Decision{}, ctx.Err()
+	}
+	if err := s.need(ctx); err != nil {
+		return engine.Decision{}, err
 	}
 	var out engine.Result
 	items := []item{{out: &out, key: key, cost: tokens}}
@@ -144,6 +178,16 @@ func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []eng
 		return fail
 	}
 	if len(items) == 0 {
+		return nil
+	}
+	if ok, err := s.up(ctx); !ok {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			for i := range items {
+				*items[i].out = engine.Result{Err: ctx.Err()}
+			}
+			return ctx.Err()
+		}
+		s.answerEarly(items, err)
 		return nil
 	}
 	bctx, cancel := s.bound(ctx)
@@ -199,13 +243,29 @@ func (s *Store) failAnswers(items []item) {
 			continue
 		}
 		n++
-		d := engine.Decision{Allowed: s.failOpen, Version: st.p.Version, Limit: sh.Primary.Capacity, Band: sh.Name}
-		if !s.failOpen {
-			d.RetryAfter = s.failRetry
-		}
-		*it.out = engine.Result{Decision: d}
+		*it.out = engine.Result{Decision: s.failDecision(st, sh)}
 	}
-	s.failures.Add(uint64(n))
+	s.countFailures(n)
+}
+
+// failDecision is the failure rule's answer for a key of shape sh under
+// st: admitted with nothing Remaining (fail open), or denied with
+// RetryAfter Config.FailRetryAfter (fail closed); Degraded either way.
+func (s *Store) failDecision(st *state, sh policy.Shape) engine.Decision {
+	d := engine.Decision{Allowed: s.failOpen, Version: st.p.Version, Limit: sh.Primary.Capacity, Band: sh.Name, Degraded: true}
+	if !s.failOpen {
+		d.RetryAfter = s.failRetry
+	}
+	return d
+}
+
+// countFailures counts n requests answered by the failure rule.
+func (s *Store) countFailures(n int) {
+	if s.failOpen {
+		s.failedOpen.Add(uint64(n))
+	} else {
+		s.failedClosed.Add(uint64(n))
+	}
 }
 
 // exec runs items through the decide script in mode "a" (decide), "A"

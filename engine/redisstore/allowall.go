@@ -66,10 +66,12 @@ const aboveInt64 = "9223372036854775808"
 // When Redis cannot answer by the deadline, the call is answered by the
 // store's failure rule, as a whole and with a nil error: fail closed,
 // denied with RetryAfter Config.FailRetryAfter; fail open, admitted with
-// Remaining 0. Either way the Decision is that of reqs[0] (every key
-// answers alike, so the first binds) under the policy the store last saw,
-// and the index is 0; a summed cost above a key's capacity under that
-// policy is still engine.ErrCostExceedsCapacity. A fail-open admission
+// Remaining 0; marked engine.Decision.Degraded. So is a call before the
+// store has first reached Redis (see New), which on Redis Cluster cannot
+// yet tell ErrCrossShard: the key map is Redis's. Either way the Decision
+// is that of reqs[0] (every key answers alike, so the first binds) under
+// the policy the store last saw, and the index is 0; a summed cost above a
+// key's capacity under that policy is still engine.ErrCostExceedsCapacity. A fail-open admission
 // takes nothing, and a lost reply may have taken every cost or none, never
 // some: the script runs whole or not at all. A context canceled during the
 // call returns its error, and the call, likewise, took every cost or none.
@@ -95,7 +97,13 @@ func (s *Store) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	case ctx.Err() != nil:
 		return engine.Decision{}, -1, ctx.Err()
 	}
-	if s.cluster != nil {
+	ready, early := s.ready.Load(), error(nil)
+	if !ready {
+		if ready, early = s.up(ctx); !ready && errors.Is(ctx.Err(), context.Canceled) {
+			return engine.Decision{}, -1, ctx.Err()
+		}
+	}
+	if ready && s.cluster != nil {
 		// one script call, so one slot: one virtual shard
 		sh := s.shard(reqs[0].Key)
 		for i, r := range reqs {
@@ -123,6 +131,9 @@ func (s *Store) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 			it.cost += r.Cost
 		}
 		of[i] = j
+	}
+	if !ready {
+		return s.allFailure(items, first, len(reqs), early)
 	}
 	res := make([]engine.Result, len(items))
 	for j := range items {
@@ -182,12 +193,9 @@ func (s *Store) allFailure(items []item, first []int, n int, err error) (engine.
 	}
 	_, idx := st.p.Resolve(items[0].key)
 	sh := st.p.ShapeAt(idx)
-	d := engine.Decision{Allowed: s.failOpen, Version: st.p.Version, Limit: sh.Primary.Capacity, Band: sh.Name}
-	if !s.failOpen {
-		d.RetryAfter = s.failRetry
-	}
-	s.failures.Add(uint64(n))
-	if s.onError != nil {
+	d := s.failDecision(st, sh)
+	s.countFailures(n)
+	if err != nil && s.onError != nil {
 		s.onError(err)
 	}
 	return d, 0, nil

@@ -153,7 +153,7 @@ func TestAllowAllFailureRule(t *testing.T) {
 			reqs := []engine.Request{{Key: "vip", Cost: 2}, {Key: "x", Cost: 1}, {Key: "y", Cost: 3}}
 			d, at, err := s.AllowAll(ctx, reqs)
 			require.NoError(t, err)
-			want := engine.Decision{Allowed: failOpen, Version: 3, Limit: 50, Band: "gold"}
+			want := engine.Decision{Allowed: failOpen, Version: 3, Limit: 50, Band: "gold", Degraded: true}
 			if !failOpen {
 				want.RetryAfter = 3 * time.Second
 			}
@@ -262,7 +262,7 @@ func TestAllowAllChain(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, int32(1), lranges.Load(), "the script stopped for old's chain")
 			if fetchFails {
-				require.Equal(t, engine.Decision{Version: 3, Limit: 5, RetryAfter: redisstore.DefaultFailRetryAfter}, d, "fail closed")
+				require.Equal(t, engine.Decision{Version: 3, Limit: 5, RetryAfter: redisstore.DefaultFailRetryAfter, Degraded: true}, d, "fail closed")
 				require.Zero(t, at)
 				require.Equal(t, before, rawBuckets(t, c, pfx, "fresh", "old"), "nothing taken")
 				return

@@ -545,7 +545,7 @@ func TestClusterLostReplyNotResent(t *testing.T) {
 	require.NoError(t, err)
 	d, err := s.Allow(ctx, "lost-once", 3)
 	require.NoError(t, err)
-	require.Equal(t, engine.Decision{Allowed: false, RetryAfter: 3 * time.Second, Version: 1, Limit: 10}, d, "the failure rule")
+	require.Equal(t, engine.Decision{Allowed: false, RetryAfter: 3 * time.Second, Version: 1, Limit: 10, Degraded: true}, d, "the failure rule")
 	require.Equal(t, uint64(1), s.Stats().Failures)
 
 	d, err = direct.Peek(ctx, "lost-once")

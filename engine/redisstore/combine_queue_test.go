@@ -128,7 +128,9 @@ func TestCombinedGiveUpBeforeSend(t *testing.T) {
 	require.True(t, d1.Allowed, "w1: %+v", d1)
 	require.False(t, d2.Allowed, "w2: %+v", d2)
 	require.Equal(t, redisstore.DefaultFailRetryAfter, d2.RetryAfter, "w2 gets the fail-closed answer")
-	require.Equal(t, redisstore.Stats{Decisions: 3, Failures: 1}, st)
+	require.True(t, d2.Degraded, "w2: %+v", d2)
+	require.False(t, d1.Degraded, "w1: %+v", d1)
+	require.Equal(t, redisstore.Stats{Decisions: 3, Failures: 1, DegradedDenied: 1}, st)
 	require.EqualValues(t, 3, taken, "w2's request was not sent: 3 tokens taken, not 4")
 	require.EqualValues(t, 1, onErrors)
 }
@@ -143,7 +145,8 @@ func TestCombinedGiveUpDuringCall(t *testing.T) {
 	require.True(t, d1.Allowed, "w1: %+v", d1)
 	require.False(t, d2.Allowed, "w2: %+v", d2)
 	require.Equal(t, redisstore.DefaultFailRetryAfter, d2.RetryAfter, "w2 gets the fail-closed answer")
-	require.Equal(t, redisstore.Stats{Decisions: 3, Failures: 1}, st, "every request counted once")
+	require.True(t, d2.Degraded, "w2: %+v", d2)
+	require.Equal(t, redisstore.Stats{Decisions: 3, Failures: 1, DegradedDenied: 1}, st, "every request counted once")
 	require.EqualValues(t, 4, taken, "w2 was sent: Redis took its token")
 	require.EqualValues(t, 1, onErrors)
 }

@@ -25,6 +25,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	t.Cleanup(func() { _ = clusterNoTimeout.Close() })
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = ring.Close() })
+	noPort := redis.NewClient(&redis.Options{Addr: "127.0.0.1", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = noPort.Close() })
+	clusterNoPort := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1", "localhost"}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = clusterNoPort.Close() })
 	var nilClient *redis.Client
 	for _, tc := range []struct {
 		name string
@@ -41,7 +45,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"negative Timeout", redisstore.Config{Policy: good, Client: ok, Timeout: -1}, engine.ErrInvalidConfig},
 		{"negative FailRetryAfter", redisstore.Config{Policy: good, Client: ok, FailRetryAfter: -1}, engine.ErrInvalidConfig},
 		{"Monotonic clock", redisstore.Config{Policy: good, Client: ok, Clock: clock.NewMonotonic()}, engine.ErrInvalidConfig},
-		{"unreachable", redisstore.Config{Policy: good, Client: ok, Timeout: 200 * time.Millisecond}, redisstore.ErrUnavailable},
+		{"an address without a port", redisstore.Config{Policy: good, Client: noPort}, engine.ErrInvalidConfig},
+		{"a cluster address without a port", redisstore.Config{Policy: good, Client: clusterNoPort}, engine.ErrInvalidConfig},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := redisstore.New(context.Background(), tc.cfg)

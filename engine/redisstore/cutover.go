@@ -75,6 +75,9 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := s.need(ctx); err != nil {
+		return err
+	}
 	blob, err := encodePolicy(next)
 	if err != nil {
 		return err
@@ -184,6 +187,9 @@ func (s *Store) EvictFull(ctx context.Context) (int, error) {
 		return 0, engine.ErrNilContext
 	}
 	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if err := s.need(ctx); err != nil {
 		return 0, err
 	}
 	return s.convertPass(ctx, "e", "")

@@ -361,11 +361,19 @@
 // A decision that Redis cannot give by the call's deadline (the context's,
 // or Config.Timeout if sooner) is answered by the rule the Config chooses:
 // fail closed (the default: denied, RetryAfter Config.FailRetryAfter) or
-// fail open (allowed), with a nil error; Config.OnError and Stats see every
-// such answer. A decision never waits past its deadline, and service
+// fail open (allowed), with a nil error, and marked
+// engine.Decision.Degraded, so that a caller can tell an outage from a
+// limit (engine/httplimit answers a degraded denial 503 Service
+// Unavailable, engine/grpclimit Unavailable); Config.OnError and Stats see
+// every such answer. A decision never waits past its deadline, and service
 // resumes by itself when Redis returns. Calls that are not decisions return
 // an error wrapping ErrUnavailable instead; a pass over the keyspace bounds
 // each exchange, not the whole pass.
+//
+// A store may start while Redis is unreachable: New returns it, and it
+// answers every decision by the failure rule until a call reaches Redis
+// and reads the prefix's key map, virtual shards and policy; from then on
+// it decides as if New had reached Redis (see New).
 //
 // The store needs Redis 6.2 or later (tested with 7.0): one server, a
 // primary behind Sentinel through redis.NewFailoverClient, or a Redis

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,4 +120,78 @@ func TestChainFetchFailureKeepsLaterDecisions(t *testing.T) {
 	require.Equal(t, "2000000000 0 3 5 1", y, "Redis decided y: 3 of 5 taken")
 	require.Equal(t, engine.Result{Decision: engine.Decision{Allowed: true, Remaining: 2, Version: 3, Limit: 5, ResetAfter: 3e9}}, out[redisstore.ChunkSize],
 		"y must get the decision Redis made, not the fail-closed rule")
+	require.Equal(t, engine.Result{Decision: engine.Decision{RetryAfter: redisstore.DefaultFailRetryAfter, Version: 3, Limit: 5, Degraded: true}}, out[0],
+		"old, in the chunk whose chain could not be fetched, is the fail-closed rule's, marked Degraded")
+}
+
+// TestOutageDegraded: while the server is down, every decision (Allow,
+// concurrent Allows sharing calls, each result of AllowBatch, AllowAll) is
+// the failure rule's, marked Degraded and counted as admitted or denied;
+// decisions by Redis before and after are not marked.
+func TestOutageDegraded(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failOpen=%t", failOpen), func(t *testing.T) {
+			srv := startPrivate(t)
+			ctx := context.Background()
+			clk := clock.NewManual(0)
+			s := newStore(t, redisstore.Config{Client: client(t, srv.Addr()), FailOpen: failOpen, FailRetryAfter: 1500 * time.Millisecond,
+				Policy: policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, Timeout: 2 * time.Second}, clk)
+			d, err := s.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			require.Equal(t, engine.Decision{Allowed: true, Remaining: 4, Version: 1, Limit: 5, ResetAfter: time.Second}, d)
+
+			srv.Kill()
+			want := engine.Decision{Allowed: failOpen, Version: 1, Limit: 5, Degraded: true}
+			if !failOpen {
+				want.RetryAfter = 1500 * time.Millisecond
+			}
+			d, err = s.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			require.Equal(t, want, d)
+			var wg sync.WaitGroup
+			ds := make([]engine.Decision, 8)
+			errs := make([]error, len(ds))
+			for i := range ds {
+				wg.Go(func() { ds[i], errs[i] = s.Allow(ctx, fmt.Sprint("c", i%2), 1) })
+			}
+			wg.Wait()
+			for i := range ds {
+				require.NoError(t, errs[i])
+				require.Equal(t, want, ds[i])
+			}
+			out := make([]engine.Result, 3)
+			require.NoError(t, s.AllowBatch(ctx, []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 2}, {Key: "k", Cost: 1}}, out))
+			for _, r := range out {
+				require.Equal(t, engine.Result{Decision: want}, r)
+			}
+			d, at, err := s.AllowAll(ctx, []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}})
+			require.NoError(t, err)
+			require.Equal(t, want, d)
+			require.Zero(t, at)
+			st := s.Stats()
+			require.Equal(t, uint64(1), st.Decisions)
+			require.Equal(t, uint64(1+8+3+2), st.Failures)
+			if failOpen {
+				require.Equal(t, st.Failures, st.DegradedAllowed)
+				require.Zero(t, st.DegradedDenied)
+			} else {
+				require.Equal(t, st.Failures, st.DegradedDenied)
+				require.Zero(t, st.DegradedAllowed)
+			}
+
+			srv.Restart(t) // empty: the store reinstalls its policy
+			deadline := time.Now().Add(15 * time.Second)
+			for {
+				d, err = s.Allow(ctx, "k", 1)
+				require.NoError(t, err)
+				if !d.Degraded {
+					break
+				}
+				require.Equal(t, want, d)
+				require.True(t, time.Now().Before(deadline), "Redis back for 15s, still degraded")
+				time.Sleep(5 * time.Millisecond) // polling a real server
+			}
+			require.Equal(t, engine.Decision{Allowed: true, Remaining: 4, Version: 1, Limit: 5, ResetAfter: time.Second}, d)
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -66,4 +67,40 @@ func TestMiddlewareWithKeysOnStore(t *testing.T) {
 	d, err = s.Peek(context.Background(), "user:a")
 	require.NoError(t, err)
 	require.Equal(t, int64(1), d.Remaining, "a paid for its admitted requests only")
+}
+
+// TestMiddlewareOnStoreWithoutRedis: through the HTTP middleware, a store
+// started with no server listening answers by its failure rule: failing
+// closed, 503 with Retry-After its FailRetryAfter in whole seconds and no
+// RateLimit fields, the handler not run; failing open, the handler runs,
+// without RateLimit fields.
+func TestMiddlewareOnStoreWithoutRedis(t *testing.T) {
+	srv := startPrivate(t)
+	srv.Kill()
+	for _, failOpen := range []bool{false, true} {
+		s, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, srv.Addr()), Prefix: prefix(t),
+			Policy: policy.Policy{Version: 1, Capacity: 2, TokensPerSecond: 1}, FailOpen: failOpen, FailRetryAfter: 2500 * time.Millisecond})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		mw, err := httplimit.New(s)
+		require.NoError(t, err)
+		reached := false
+		h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			reached = true
+			w.WriteHeader(http.StatusNoContent)
+		}))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		if failOpen {
+			require.Equal(t, http.StatusNoContent, rec.Code)
+			require.True(t, reached)
+			require.Empty(t, rec.Header().Values("Retry-After"))
+		} else {
+			require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
+			require.False(t, reached)
+			require.Equal(t, []string{"3"}, rec.Header().Values("Retry-After"))
+		}
+		require.Empty(t, rec.Header().Values("RateLimit"))
+		require.Empty(t, rec.Header().Values("RateLimit-Policy"))
+	}
 }

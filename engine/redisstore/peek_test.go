@@ -125,8 +125,8 @@ func TestFailureCostAboveBandCapacity(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity)
 	d, err := s.Allow(context.Background(), "k", 3)
 	require.NoError(t, err)
-	require.Equal(t, engine.Decision{Allowed: true, Version: 1, Limit: 10}, d)
+	require.Equal(t, engine.Decision{Allowed: true, Version: 1, Limit: 10, Degraded: true}, d)
 	d, err = s.Allow(context.Background(), "gold", 50)
 	require.NoError(t, err)
-	require.Equal(t, engine.Decision{Allowed: true, Version: 1, Limit: 50, Band: "gold"}, d)
+	require.Equal(t, engine.Decision{Allowed: true, Version: 1, Limit: 50, Band: "gold", Degraded: true}, d)
 }

@@ -199,7 +199,7 @@ func TestRedisKilledMidRun(t *testing.T) {
 			srv.Kill()
 			for range 5 {
 				d := call()
-				want := engine.Decision{Allowed: failOpen, Version: 3, Limit: 1000}
+				want := engine.Decision{Allowed: failOpen, Version: 3, Limit: 1000, Degraded: true}
 				if !failOpen {
 					want.RetryAfter = 7 * time.Second
 				}
@@ -208,8 +208,10 @@ func TestRedisKilledMidRun(t *testing.T) {
 			out := make([]engine.Result, 3)
 			require.NoError(t, s.AllowBatch(ctx, []engine.Request{{Key: "a", Cost: 1}, {Key: "", Cost: 1}, {Key: "b", Cost: 1}}, out))
 			require.Equal(t, failOpen, out[0].Decision.Allowed)
+			require.True(t, out[0].Decision.Degraded)
 			require.ErrorIs(t, out[1].Err, engine.ErrInvalidKey, "a request that never needs Redis keeps its own error")
 			require.Equal(t, failOpen, out[2].Decision.Allowed)
+			require.True(t, out[2].Decision.Degraded)
 			require.GreaterOrEqual(t, s.Stats().Failures, uint64(7))
 			require.Positive(t, failures.Load())
 			_, err := s.EvictFull(ctx)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,9 +39,9 @@ const (
 )
 
 // ErrUnavailable wraps what Redis answered, or failed to, when a call that
-// is not a decision (New, ReplacePolicy, EvictFull, KeyCount) could not
-// complete. Decisions never return it: they get the fail-open or
-// fail-closed answer instead.
+// is not a decision (New, ReplacePolicy, EvictFull, KeyCount, Peek,
+// Refund) could not complete. Decisions never return it: they get the
+// fail-open or fail-closed answer instead, marked engine.Decision.Degraded.
 var ErrUnavailable = errors.New("redisstore: redis unavailable")
 
 // Config configures New. Client and Policy are required.
@@ -66,7 +67,8 @@ type Config struct {
 	// engine.DefaultMaxKeyBytes (256).
 	MaxKeyBytes int
 	// FailOpen admits when Redis cannot answer within the call's deadline;
-	// the default, fail closed, denies.
+	// the default, fail closed, denies. Either answer is marked
+	// engine.Decision.Degraded.
 	FailOpen bool
 	// FailRetryAfter is the RetryAfter of a fail-closed denial; 0 means
 	// DefaultFailRetryAfter.
@@ -79,7 +81,9 @@ type Config struct {
 	// that single Allows shared, from one of theirs) with every Redis
 	// failure that was answered by the fail-open or fail-closed rule, and
 	// with failures a call could not return: the expiry pass after a
-	// published cutover, and releasing the cutover lock. It must not block.
+	// published cutover, releasing the cutover lock, and each failed
+	// attempt to read the prefix's state of a store started without Redis
+	// (see New). It must not block.
 	OnError func(error)
 	// VirtualShards is how many virtual shards the prefix's buckets are
 	// spread over, each in one hash slot of its own (see the package doc);
@@ -117,8 +121,13 @@ type Config struct {
 // Stats counts what a Store did since New.
 type Stats struct {
 	Decisions uint64 // requests decided by Redis
-	Failures  uint64 // requests answered by the fail-open or fail-closed rule
-	Retries   uint64 // script calls repeated for a newer policy or a bucket's history
+	// Failures counts the requests answered by the fail-open or fail-closed
+	// rule (each Decision marked Degraded), also before the store first
+	// reached Redis: DegradedAllowed plus DegradedDenied.
+	Failures        uint64
+	DegradedAllowed uint64 // of Failures, those admitted (fail open)
+	DegradedDenied  uint64 // of Failures, those denied (fail closed)
+	Retries         uint64 // script calls repeated for a newer policy or a bucket's history
 }
 
 // Store is an engine.Admitter whose buckets live in Redis, so that every
@@ -150,7 +159,15 @@ type Store struct {
 	mu   sync.Mutex              // guards past
 	past map[int64]policy.Policy // decoded policies of retained versions
 
-	decisions, failures, retries atomic.Uint64
+	decisions, retries       atomic.Uint64
+	failedOpen, failedClosed atomic.Uint64 // requests answered by the failure rule, admitted or denied
+
+	// What New was given, for connect: installed if the prefix has none.
+	cfgPolicy policy.Policy
+	cfgShards int
+	cfgTags   bool
+	ready     atomic.Bool // start has read the prefix's state (set once, before any call goes to Redis)
+	starting  atomic.Bool // a caller is in start: one at a time
 
 	queues []combiner   // concurrent single Allows, merged into shared calls (see queueFor)
 	hook   func(string) // tests only: run at the combiner's points (hookAlone...)
@@ -196,12 +213,32 @@ var _ engine.Admitter = (*Store)(nil)
 
 // New connects a Store to the prefix's policy and key map, installing
 // cfg.Policy and a new key map (a random seed, cfg.IgnoreKeyTags) if the
-// prefix has none; it reads the key map before it decides anything.
+// prefix has none; it reads the key map, the number of virtual shards and
+// the policy in force before it sends Redis any request.
+//
+// If Redis cannot be reached (a connection refused, reset or timed out, no
+// reply by the deadline, a server still loading or a cluster down), New
+// still returns a working Store, and tells cfg.OnError why. Until the store
+// has read the prefix's state, every decision is answered by the failure
+// rule, marked engine.Decision.Degraded, and Peek, Refund, ReplacePolicy,
+// EvictFull and KeyCount return an error wrapping ErrUnavailable; Policy
+// is cfg.Policy. Each call first tries again to read that state, one call
+// at a time (the others, meanwhile, are answered at once without Redis),
+// so the first call after Redis answers is decided by it, with the
+// prefix's key map and policy adopted as New would have; go-redis's dialer
+// may hold off new connections for up to a second after repeated refusals.
+// An attempt that then meets a prefix set up otherwise (ErrKeyTags) is
+// reported to OnError, and the store keeps answering by the failure rule.
+//
 // Errors: engine.ErrNilContext for a nil ctx, engine.ErrInvalidPolicy,
 // engine.ErrInvalidConfig (no client, a client without
-// ContextTimeoutEnabled, a negative duration or bound, a *clock.Monotonic
-// Clock), ErrKeyTags when cfg.IgnoreKeyTags differs from the prefix's
-// setting, or ErrUnavailable when Redis cannot be reached.
+// ContextTimeoutEnabled, an address that is not host:port, a negative
+// duration or bound, a *clock.Monotonic Clock), ErrKeyTags when
+// cfg.IgnoreKeyTags differs from the prefix's setting, the context's error
+// when ctx is canceled, or an error wrapping ErrUnavailable when Redis
+// answered in a way no later attempt would change (a plain client on a
+// cluster node, a prefix whose global keys are lost behind a newer policy
+// than cfg.Policy).
 func New(ctx context.Context, cfg Config) (*Store, error) {
 	if ctx == nil {
 		return nil, engine.ErrNilContext
@@ -229,6 +266,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	case cfg.VirtualShards < 0 || cfg.VirtualShards > MaxVirtualShards:
 		return nil, fmt.Errorf("%w: redisstore: VirtualShards %d is not in [0, %d]", engine.ErrInvalidConfig, cfg.VirtualShards, MaxVirtualShards)
 	}
+	if err := checkAddrs(cfg.Client); err != nil {
+		return nil, err
+	}
 	shards := cfg.VirtualShards
 	if shards == 0 {
 		shards = DefaultVirtualShards
@@ -252,6 +292,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		onError:     cfg.OnError,
 		now:         now,
 		past:        map[int64]policy.Policy{},
+		cfgPolicy:   cfg.Policy,
+		cfgShards:   shards,
+		cfgTags:     cfg.IgnoreKeyTags,
 	}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix
@@ -269,54 +312,170 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	s.globals()
 	s.cur.Store(newState(cfg.Policy))
 
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	seed, tags := newSeed(), tagsArg(cfg.IgnoreKeyTags)
-	if cluster != nil {
+	bctx, cancel := s.bound(ctx)
+	err := s.connect(bctx)
+	cancel()
+	if err != nil {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return nil, ctx.Err()
+		}
+		if !unreachable(err) {
+			return nil, err
+		}
+		// Redis cannot be reached now: the store starts without it, and
+		// answers by the failure rule until a call reaches it (see up).
+		if s.onError != nil {
+			s.onError(err)
+		}
+	}
+	if opened != nil {
+		opened(s)
+	}
+	return s, nil
+}
+
+// checkAddrs refuses a client whose TCP address is not host:port, which no
+// attempt to connect could reach. A Sentinel failover client's address is
+// a placeholder (its dialer asks the sentinels), and a cluster client with
+// ClusterSlots or a Dialer of its own is trusted with its addresses.
+func checkAddrs(c redis.UniversalClient) error {
+	var addrs []string
+	switch c := c.(type) {
+	case *redis.Client:
+		if o := c.Options(); o.Network == "tcp" && o.Addr != "FailoverClient" {
+			addrs = []string{o.Addr}
+		}
+	case *redis.ClusterClient:
+		if o := c.Options(); o.Dialer == nil && o.ClusterSlots == nil {
+			addrs = o.Addrs
+		}
+	}
+	for _, a := range addrs {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return fmt.Errorf("%w: redisstore: the client's address %q is not host:port", engine.ErrInvalidConfig, a)
+		}
+	}
+	return nil
+}
+
+// connect reads the prefix's key map, virtual shards and policy, installing
+// Config's if the prefix has none, and then marks the store ready: no call
+// goes to Redis with a key before it has. Only one caller runs it at a time
+// (New, or up), and only before the store is ready: it writes the fields
+// the calls read once ready is set. An attempt that fails starts afresh the
+// next time.
+func (s *Store) connect(ctx context.Context) error {
+	s.shards, s.shardByTag, s.kmap, s.seed, s.tags, s.queues = nil, nil, keyMap{}, "", "", nil
+	seed, tags := newSeed(), tagsArg(s.cfgTags)
+	if s.cluster != nil {
 		// The global keys lost while shards survive (their master lost
 		// its data): never reinstall them below a shard's version, nor
 		// with another key map than the shards' buckets were placed by.
 		n, err := s.rdb.Exists(ctx, s.kPolicy).Result()
 		if err != nil {
-			return nil, fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
+			return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
 		}
 		if n == 0 {
-			s.layout(shards)
+			s.layout(s.cfgShards)
 			_, kept, err := s.reinstallPolicy(ctx)
+			s.shards, s.shardByTag = nil, nil
 			if err != nil {
-				return nil, err
+				return err
 			}
 			if kept[0] != "" {
 				seed, tags = kept[0], kept[1]
 			}
 		}
 	}
-	installed, stored, kept, err := s.install(ctx, cfg.Policy, shards, seed, tags)
+	installed, stored, kept, err := s.install(ctx, s.cfgPolicy, s.cfgShards, seed, tags)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if kept[1] != tagsArg(cfg.IgnoreKeyTags) {
-		return nil, fmt.Errorf("%w: Config.IgnoreKeyTags is %v", ErrKeyTags, cfg.IgnoreKeyTags)
+	if kept[1] != tagsArg(s.cfgTags) {
+		return fmt.Errorf("%w: Config.IgnoreKeyTags is %v", ErrKeyTags, s.cfgTags)
 	}
-	if s.kmap, err = parseKeyMap(kept[0], kept[1]); err != nil {
-		return nil, err
+	kmap, err := parseKeyMap(kept[0], kept[1])
+	if err != nil {
+		return err
 	}
-	s.seed, s.tags = kept[0], kept[1]
+	s.kmap, s.seed, s.tags = kmap, kept[0], kept[1]
 	s.layout(stored)
 	s.queues = make([]combiner, s.queueCount())
 	// A policy another process installed is read even if its version is
-	// cfg.Policy's: the two may differ. Loading also finishes a cutover an
-	// earlier process left half done.
+	// Config.Policy's: the two may differ. Loading also finishes a cutover
+	// an earlier process left half done.
 	if err := s.load(ctx, !installed, true); err != nil {
-		return nil, err
+		return err
 	}
 	if err := s.ensureShards(ctx, nil); err != nil {
-		return nil, err
+		return err
 	}
-	if opened != nil {
-		opened(s)
+	s.ready.Store(true)
+	return nil
+}
+
+// up reports whether the store has read the prefix's state (see connect),
+// making one attempt under ctx (bounded by Config.Timeout) if it has not
+// and no other caller is making one; err is that attempt's error. A caller
+// that finds another attempt under way does not wait for it: it reports
+// false with a nil error. So a store started without Redis tries again at
+// every call, one at a time, and the first call after Redis answers (or
+// after go-redis's own dialer lets it through, within about a second) is
+// decided by Redis.
+func (s *Store) up(ctx context.Context) (bool, error) {
+	if s.ready.Load() {
+		return true, nil
 	}
-	return s, nil
+	if !s.starting.CompareAndSwap(false, true) {
+		return false, nil
+	}
+	defer s.starting.Store(false)
+	if s.ready.Load() { // another caller's attempt ended meanwhile
+		return true, nil
+	}
+	bctx, cancel := s.bound(ctx)
+	defer cancel()
+	if err := s.connect(bctx); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// need is up for a call that is not a decision: nil once the store is
+// ready, else an error wrapping ErrUnavailable.
+func (s *Store) need(ctx context.Context) error {
+	ok, err := s.up(ctx)
+	switch {
+	case ok:
+		return nil
+	case err == nil:
+		return fmt.Errorf("%w: the store has not reached Redis yet", ErrUnavailable)
+	case errors.Is(err, ErrUnavailable):
+		return err
+	}
+	return fmt.Errorf("%w: the store has not reached Redis yet: %w", ErrUnavailable, err)
+}
+
+// unreachable reports whether err, from New's first attempt to reach
+// Redis, means that Redis cannot be reached now (a connection refused,
+// reset or timed out, a deadline passed with no reply, a server still
+// loading its data or a cluster not serving), rather than that it answered
+// in a way a later attempt would answer too (a reply of the wrong kind of
+// server, a prefix set up otherwise).
+func unreachable(err error) bool {
+	if nodeLost(err) {
+		return true
+	}
+	for _, p := range []string{"LOADING", "MASTERDOWN", "TRYAGAIN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		return false
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout)
 }
 
 // opened, if set, is called with every store New returns: the tests use it
@@ -604,12 +763,15 @@ func (s *Store) policyAt(ctx context.Context, version int64) (policy.Policy, err
 }
 
 // Policy returns the policy in force as this store last saw it: a cutover
-// made by another process shows from this store's next call on.
+// made by another process shows from this store's next call on. Until the
+// store has first reached Redis (see New) it is Config.Policy.
 func (s *Store) Policy() policy.Policy { return s.cur.Load().p }
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
-	return Stats{Decisions: s.decisions.Load(), Failures: s.failures.Load(), Retries: s.retries.Load()}
+	st := Stats{Decisions: s.decisions.Load(), DegradedAllowed: s.failedOpen.Load(), DegradedDenied: s.failedClosed.Load(), Retries: s.retries.Load()}
+	st.Failures = st.DegradedAllowed + st.DegradedDenied
+	return st
 }
 
 // Close makes every later call return engine.ErrClosed; calls already in
@@ -627,6 +789,9 @@ func (s *Store) Close() error {
 func (s *Store) KeyCount(ctx context.Context) (int, error) {
 	if ctx == nil {
 		return 0, engine.ErrNilContext
+	}
+	if err := s.need(ctx); err != nil {
+		return 0, err
 	}
 	n := 0
 	err := s.scan(ctx, func(keys []string) error { n += len(keys); return nil })

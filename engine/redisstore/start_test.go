@@ -1,0 +1,323 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/internal/redistest"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// downServer starts a private redis-server and kills it, so that its port
+// has nothing listening until the test restarts it.
+func downServer(t *testing.T) *redistest.Server {
+	t.Helper()
+	srv := startPrivate(t)
+	srv.Kill()
+	return srv
+}
+
+// quickClient is a client that dials once per attempt (go-redis dials five
+// times by default, 100ms apart), so that calls while the server is down
+// return quickly.
+func quickClient(t *testing.T, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, DialerRetries: 1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// errorLog collects what a store passes to OnError.
+type errorLog struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (l *errorLog) add(err error) {
+	l.mu.Lock()
+	l.errs = append(l.errs, err)
+	l.mu.Unlock()
+}
+
+func (l *errorLog) all() []error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]error(nil), l.errs...)
+}
+
+// untilDecided calls Allow(key, 1) until Redis decides it (Degraded false)
+// and returns that decision; every earlier answer must be the failure
+// rule's. It fails the test if Redis has not decided by the deadline (go-redis
+// holds off dialing for a second after repeated refusals).
+func untilDecided(t *testing.T, s *redisstore.Store, key string, degraded engine.Decision) engine.Decision {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		d, err := s.Allow(context.Background(), key, 1)
+		require.NoError(t, err)
+		if !d.Degraded {
+			return d
+		}
+		require.Equal(t, degraded, d)
+		require.True(t, time.Now().Before(deadline), "Redis has been back for 15s and the store still answers by the failure rule")
+		time.Sleep(5 * time.Millisecond) // polling a real server
+	}
+}
+
+// failRule is the failure rule's answer under a policy of capacity 3,
+// version 1.
+func failRule(failOpen bool) engine.Decision {
+	d := engine.Decision{Allowed: failOpen, Version: 1, Limit: 3, Degraded: true}
+	if !failOpen {
+		d.RetryAfter = redisstore.DefaultFailRetryAfter
+	}
+	return d
+}
+
+// TestStartWithoutRedis: New with no server listening returns a store (and
+// tells OnError why) that answers every decision by the failure rule,
+// marked Degraded and counted apart, and every other call with
+// ErrUnavailable; once a server listens on the port, the store installs
+// its policy and key map by itself and decides by Redis, with the exact
+// bucket arithmetic, and a store opened later shares its state.
+func TestStartWithoutRedis(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failOpen=%t", failOpen), func(t *testing.T) {
+			srv := downServer(t)
+			ctx := context.Background()
+			clk := clock.NewManual(0)
+			p := prefix(t)
+			pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
+			var log errorLog
+			s, err := redisstore.New(ctx, redisstore.Config{Client: quickClient(t, srv.Addr()), Prefix: p, Policy: pol,
+				FailOpen: failOpen, Timeout: 2 * time.Second, Clock: clk, OnError: log.add})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = s.Close() })
+			require.NotEmpty(t, log.all(), "New tells OnError why Redis could not be reached")
+			require.ErrorIs(t, log.all()[0], redisstore.ErrUnavailable)
+			require.Equal(t, pol, s.Policy())
+
+			want := failRule(failOpen)
+			d, err := s.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			require.Equal(t, want, d)
+			out := make([]engine.Result, 2)
+			require.NoError(t, s.AllowBatch(ctx, []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 2}}, out))
+			for _, r := range out {
+				require.NoError(t, r.Err)
+				require.Equal(t, want, r.Decision)
+			}
+			d, at, err := s.AllowAll(ctx, []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}})
+			require.NoError(t, err)
+			require.Equal(t, want, d)
+			require.Zero(t, at)
+			_, err = s.Allow(ctx, "k", 4)
+			require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "known without Redis")
+
+			_, err = s.Peek(ctx, "k")
+			require.ErrorIs(t, err, redisstore.ErrUnavailable)
+			_, err = s.Refund(ctx, "k", 1)
+			require.ErrorIs(t, err, redisstore.ErrUnavailable)
+			_, err = s.KeyCount(ctx)
+			require.ErrorIs(t, err, redisstore.ErrUnavailable)
+			_, err = s.EvictFull(ctx)
+			require.ErrorIs(t, err, redisstore.ErrUnavailable)
+			require.ErrorIs(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1), redisstore.ErrUnavailable)
+
+			st := s.Stats()
+			require.Zero(t, st.Decisions)
+			require.Equal(t, uint64(5), st.Failures)
+			if failOpen {
+				require.Equal(t, redisstore.Stats{Failures: 5, DegradedAllowed: 5}, st)
+			} else {
+				require.Equal(t, redisstore.Stats{Failures: 5, DegradedDenied: 5}, st)
+			}
+
+			srv.Restart(t)
+			d = untilDecided(t, s, "k", want)
+			require.Equal(t, engine.Decision{Allowed: true, Remaining: 2, Version: 1, Limit: 3, ResetAfter: time.Second}, d)
+			d, err = s.Allow(ctx, "k", 2)
+			require.NoError(t, err)
+			require.Equal(t, engine.Decision{Allowed: true, Version: 1, Limit: 3, ResetAfter: 3 * time.Second}, d)
+			d, err = s.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			require.Equal(t, engine.Decision{RetryAfter: time.Second, Version: 1, Limit: 3, ResetAfter: 3 * time.Second}, d)
+			clk.Advance(time.Second)
+			d, err = s.Peek(ctx, "k")
+			require.NoError(t, err)
+			require.Equal(t, engine.Decision{Allowed: true, Remaining: 1, Version: 1, Limit: 3, ResetAfter: 2 * time.Second}, d)
+			require.Equal(t, uint64(3), s.Stats().Decisions)
+
+			// The store installed its policy and key map: a store opened
+			// now with another policy adopts them and shares the bucket.
+			later := newStore(t, redisstore.Config{Client: client(t, srv.Addr()), Prefix: p,
+				Policy: policy.Policy{Version: 9, Capacity: 100, TokensPerSecond: 100}}, clk)
+			require.Equal(t, pol, later.Policy())
+			d, err = later.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			require.Equal(t, engine.Decision{Allowed: true, Version: 1, Limit: 3, ResetAfter: 3 * time.Second}, d)
+		})
+	}
+}
+
+// TestStartWithoutRedisAdopts: a store started without Redis that finds,
+// once Redis answers, a prefix another store set up meanwhile adopts its
+// policy and key map before it decides anything: its first decision by
+// Redis is under that policy, on the bucket the other store spent from.
+func TestStartWithoutRedisAdopts(t *testing.T) {
+	srv := downServer(t)
+	ctx := context.Background()
+	clk := clock.NewManual(0)
+	p := prefix(t)
+	s, err := redisstore.New(ctx, redisstore.Config{Client: quickClient(t, srv.Addr()), Prefix: p,
+		Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: 2 * time.Second, Clock: clk})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	d, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, failRule(false), d)
+
+	srv.Restart(t)
+	first := newStore(t, redisstore.Config{Client: client(t, srv.Addr()), Prefix: p,
+		Policy: policy.Policy{Version: 5, Capacity: 10, TokensPerSecond: 2}, VirtualShards: 7}, clk)
+	d, err = first.Allow(ctx, "k", 4)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+
+	d = untilDecided(t, s, "k", failRule(false))
+	require.Equal(t, engine.Decision{Allowed: true, Remaining: 5, Version: 5, Limit: 10, ResetAfter: 2500 * time.Millisecond}, d)
+	require.Equal(t, int64(5), s.Policy().Version)
+	d, err = first.Allow(ctx, "k", 5)
+	require.NoError(t, err)
+	require.Equal(t, engine.Decision{Allowed: true, Version: 5, Limit: 10, ResetAfter: 5 * time.Second}, d, "one bucket")
+}
+
+// TestStartWithoutRedisKeyTagsConflict: a store started without Redis that
+// finds a prefix set up with the other IgnoreKeyTags setting never decides
+// by Redis: it goes on answering by the failure rule and tells OnError
+// ErrKeyTags.
+func TestStartWithoutRedisKeyTagsConflict(t *testing.T) {
+	srv := downServer(t)
+	ctx := context.Background()
+	clk := clock.NewManual(0)
+	p := prefix(t)
+	var log errorLog
+	s, err := redisstore.New(ctx, redisstore.Config{Client: quickClient(t, srv.Addr()), Prefix: p, IgnoreKeyTags: true,
+		Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: 2 * time.Second, Clock: clk, OnError: log.add})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	srv.Restart(t)
+	newStore(t, redisstore.Config{Client: client(t, srv.Addr()), Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}}, clk)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.Equal(t, failRule(false), d)
+		errs := log.all()
+		if errors.Is(errs[len(errs)-1], redisstore.ErrKeyTags) {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no ErrKeyTags reported: %v", errs)
+		time.Sleep(5 * time.Millisecond) // polling a real server
+	}
+	_, err = s.Peek(ctx, "k")
+	require.ErrorIs(t, err, redisstore.ErrUnavailable)
+	require.ErrorIs(t, err, redisstore.ErrKeyTags)
+}
+
+// TestStartWithoutRedisConcurrent: many callers of every decision method
+// across the moment Redis comes back: one of them at a time reads the
+// prefix's state, the others are answered by the failure rule meanwhile,
+// and every token Redis admitted is spent from the one bucket exactly once.
+func TestStartWithoutRedisConcurrent(t *testing.T) {
+	srv := downServer(t)
+	ctx := context.Background()
+	clk := clock.NewManual(0)
+	const capacity = 100_000
+	s, err := redisstore.New(ctx, redisstore.Config{Client: quickClient(t, srv.Addr()), Prefix: prefix(t),
+		Policy: policy.Policy{Version: 1, Capacity: capacity, TokensPerSecond: 1}, Timeout: 2 * time.Second, Clock: clk, FailOpen: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+
+	var spent, degraded atomic.Int64
+	var restarted atomic.Bool
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(20 * time.Second)
+	for g := range 6 {
+		wg.Go(func() {
+			decidedAfter := 0 // decisions by Redis: stop after a few
+			for decidedAfter < 20 && time.Now().Before(deadline) {
+				var ds []engine.Decision
+				switch g % 3 {
+				case 0:
+					d, err := s.Allow(ctx, "k", 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					ds = append(ds, d)
+				case 1:
+					out := make([]engine.Result, 2)
+					if err := s.AllowBatch(ctx, []engine.Request{{Key: "k", Cost: 1}, {Key: "k", Cost: 1}}, out); err != nil {
+						t.Error(err)
+						return
+					}
+					for _, r := range out {
+						if r.Err != nil {
+							t.Error(r.Err)
+							return
+						}
+						ds = append(ds, r.Decision)
+					}
+				case 2:
+					d, _, err := s.AllowAll(ctx, []engine.Request{{Key: "k", Cost: 1}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					ds = append(ds, d)
+				}
+				for _, d := range ds {
+					switch {
+					case d.Degraded:
+						degraded.Add(1)
+					case !d.Allowed:
+						t.Errorf("denied by Redis with %d tokens: %+v", capacity, d)
+						return
+					default:
+						spent.Add(1)
+						if restarted.Load() {
+							decidedAfter++
+						}
+					}
+				}
+				time.Sleep(time.Millisecond) // polling a real server
+			}
+		})
+	}
+	for degraded.Load() < 6 && time.Now().Before(deadline) { // the callers meet the outage first
+		time.Sleep(time.Millisecond)
+	}
+	srv.Restart(t)
+	restarted.Store(true)
+	wg.Wait()
+	require.False(t, t.Failed())
+	require.Positive(t, degraded.Load())
+	d, err := s.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, capacity-spent.Load(), d.Remaining, "every token Redis admitted, spent once")
+	st := s.Stats()
+	require.Equal(t, uint64(spent.Load()), st.Decisions)
+	require.Equal(t, uint64(degraded.Load()), st.Failures)
+}
