@@ -59,27 +59,32 @@ func scrape(t *testing.T, c prometheus.Collector) map[string]*dto.MetricFamily {
 }
 
 // fromStats is what a Collector exports for a reading of Stats: each
-// family an unlabelled counter.
+// series a counter, named by its family and its label if it has one.
 func fromStats(st redisstore.Stats) map[string]float64 {
 	return map[string]float64{
-		"tokenshard_store_decisions_total": float64(st.Decisions),
-		"tokenshard_store_failures_total":  float64(st.Failures),
-		"tokenshard_store_retries_total":   float64(st.Retries),
+		"tokenshard_store_decisions_total":                   float64(st.Decisions),
+		"tokenshard_store_failures_total":                    float64(st.Failures),
+		`tokenshard_store_degraded_total{outcome="allowed"}`: float64(st.DegradedAllowed),
+		`tokenshard_store_degraded_total{outcome="denied"}`:  float64(st.DegradedDenied),
+		"tokenshard_store_retries_total":                     float64(st.Retries),
 	}
 }
 
-// check compares the scraped families with want: each one counter with no
-// labels, no other family.
+// check compares the scraped series with want: every one a counter, with
+// help, and no other series.
 func check(t *testing.T, mfs map[string]*dto.MetricFamily, want map[string]float64) {
 	t.Helper()
 	got := make(map[string]float64, len(mfs))
 	for name, mf := range mfs {
 		require.Equal(t, dto.MetricType_COUNTER, mf.GetType(), name)
-		require.Len(t, mf.GetMetric(), 1, name)
-		m := mf.GetMetric()[0]
-		assert.Empty(t, m.GetLabel(), name)
 		assert.NotEmpty(t, mf.GetHelp(), name)
-		got[name] = m.GetCounter().GetValue()
+		for _, m := range mf.GetMetric() {
+			series := name
+			for _, l := range m.GetLabel() {
+				series += "{" + l.GetName() + `="` + l.GetValue() + `"}`
+			}
+			got[series] = m.GetCounter().GetValue()
+		}
 	}
 	assert.Equal(t, want, got)
 }
@@ -126,19 +131,21 @@ func TestCollectRealStore(t *testing.T) {
 		require.False(t, d.Allowed, "fail closed: %+v", d)
 	}
 	st := a.Stats()
-	require.Equal(t, redisstore.Stats{Decisions: 4, Failures: 2, Retries: mid.Retries}, st)
+	require.Equal(t, redisstore.Stats{Decisions: 4, Failures: 2, DegradedDenied: 2, Retries: mid.Retries}, st)
 	mfs := scrape(t, c) // Redis is down: the scrape does not need it
 	check(t, mfs, fromStats(st))
 	check(t, mfs, map[string]float64{
-		"tokenshard_store_decisions_total": 4,
-		"tokenshard_store_failures_total":  2,
-		"tokenshard_store_retries_total":   float64(mid.Retries),
+		"tokenshard_store_decisions_total":                   4,
+		"tokenshard_store_failures_total":                    2,
+		`tokenshard_store_degraded_total{outcome="allowed"}`: 0,
+		`tokenshard_store_degraded_total{outcome="denied"}`:  2,
+		"tokenshard_store_retries_total":                     float64(mid.Retries),
 	})
 	t.Logf("scraped after the outage: %+v", st)
 }
 
-// TestLint: promlint finds nothing to report, and Collect sends the three
-// series Describe announces.
+// TestLint: promlint finds nothing to report, and Collect sends the four
+// families Describe announces, in five series.
 func TestLint(t *testing.T) {
 	s := newStore(t, redistest.Addr(t), freshPrefix(t), redisstore.Config{Policy: pol(1, 2, 1)})
 	c, err := storestats.New(s)
@@ -150,8 +157,8 @@ func TestLint(t *testing.T) {
 	ch := make(chan *prometheus.Desc, 8)
 	c.Describe(ch)
 	close(ch)
-	assert.Len(t, ch, 3)
-	assert.Equal(t, 3, testutil.CollectAndCount(c))
+	assert.Len(t, ch, 4)
+	assert.Equal(t, 5, testutil.CollectAndCount(c))
 }
 
 // TestNewNil: a nil store is promstats.ErrInvalidOption.
@@ -181,8 +188,36 @@ func TestBesideEngineCollector(t *testing.T) {
 	for _, mf := range mfs {
 		names[mf.GetName()] = true
 	}
-	for name := range fromStats(redisstore.Stats{}) {
+	for _, name := range []string{"tokenshard_store_decisions_total", "tokenshard_store_failures_total",
+		"tokenshard_store_degraded_total", "tokenshard_store_retries_total"} {
 		assert.True(t, names[name], name)
 	}
 	assert.True(t, names["tokenshard_decisions_total"])
+}
+
+// TestCollectDegradedOpen: a fail-open store started with no server
+// listening admits by its failure rule, and the scrape counts those
+// answers as degraded allowed (and failures), none as decided by Redis.
+func TestCollectDegradedOpen(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Kill() // nothing listens on its port
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: rdb, Prefix: freshPrefix(t), Policy: pol(1, 2, 1), FailOpen: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	c, err := storestats.New(s)
+	require.NoError(t, err)
+	for range 3 {
+		d, err := s.Allow(context.Background(), "k", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed && d.Degraded, "%+v", d)
+	}
+	check(t, scrape(t, c), map[string]float64{
+		"tokenshard_store_decisions_total":                   0,
+		"tokenshard_store_failures_total":                    3,
+		`tokenshard_store_degraded_total{outcome="allowed"}`: 3,
+		`tokenshard_store_degraded_total{outcome="denied"}`:  0,
+		"tokenshard_store_retries_total":                     0,
+	})
 }

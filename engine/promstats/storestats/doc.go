@@ -7,7 +7,7 @@
 // engine/redisstore does not import Prometheus. Only a program that imports
 // this package links both.
 //
-// Collecting reads three atomic counters (redisstore.Store.Stats loads
+// Collecting reads four atomic counters (redisstore.Store.Stats loads
 // them) and nothing else: it takes no lock and sends nothing to Redis, so a
 // scrape neither waits for Redis nor makes a request wait, and it works the
 // same while Redis is down.
@@ -15,11 +15,20 @@
 // # Metrics
 //
 // Every name starts with the namespace "tokenshard" (promstats.Namespace);
-// all three are counters, unlabelled, as redisstore.Stats defines them:
+// all are counters, as redisstore.Stats defines them, and only
+// degraded_total has a label:
 //
-//	tokenshard_store_decisions_total  counter  requests decided by Redis
-//	tokenshard_store_failures_total   counter  requests answered by the fail-open or fail-closed rule
-//	tokenshard_store_retries_total    counter  script calls repeated for a newer policy or a bucket's history
+//	tokenshard_store_decisions_total                    counter  requests decided by Redis
+//	tokenshard_store_failures_total                     counter  requests answered by the fail-open or fail-closed rule
+//	tokenshard_store_degraded_total{outcome="allowed"}  counter  of those, admitted (fail open)
+//	tokenshard_store_degraded_total{outcome="denied"}   counter  of those, denied (fail closed)
+//	tokenshard_store_retries_total                      counter  script calls repeated for a newer policy or a bucket's history
+//
+// The degraded_total series are the answers marked engine.Decision.Degraded
+// (including those of a store that has not yet reached Redis since New):
+// they add up to failures_total, split by what they told the caller, so a
+// dashboard can show how much traffic went unlimited, or was turned away,
+// because Redis could not decide it.
 //
 // The store_ names do not meet promstats' engine metrics, so one registry
 // may hold both Collectors, for example in a program that keeps a local
