@@ -148,3 +148,16 @@ func TestOutOfMemoryIsKeyCapacity(t *testing.T) {
 	require.Zero(t, s.Stats().Failures)
 	require.False(t, errors.Is(err, redisstore.ErrUnavailable))
 }
+
+// TestNewCanceled: New with a canceled context returns its error and no
+// store, rather than a store that starts without Redis: the caller asked it
+// to stop.
+func TestNewCanceled(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	s, err := redisstore.New(ctx, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Nil(t, s)
+}
