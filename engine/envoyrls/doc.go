@@ -126,11 +126,10 @@
 // a descriptor carrying its own limit (Envoy's limit override) is
 // Unimplemented. When the admitter fails the answer is a gRPC error
 // (Unavailable; ResourceExhausted for engine.ErrKeyCapacity; the context's
-// code), never an OK, so Envoy's failure_mode_deny decides. The Redis store
-// answers a Redis it cannot reach by its own failure rule (fail closed by
-// default) with no error, which the server cannot tell from a decision; the
-// command tokenshard-rls wraps the store so that every such answer is an
-// error (its degraded.go shows how, from the store's Failures count).
+// code), never an OK, so Envoy's failure_mode_deny decides. So is a
+// decision the admitter marks Degraded (ErrDegraded, Unavailable): the Redis
+// store answers a Redis it cannot reach by its own failure rule, fail open
+// or closed, and such an answer is no bucket's.
 //
 // # Reloads
 //

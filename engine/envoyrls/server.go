@@ -44,6 +44,10 @@ var (
 	// (gRPC Unavailable, ResourceExhausted for engine.ErrKeyCapacity, or the
 	// context's code).
 	ErrAdmitter = errors.New("envoyrls: admitter failed")
+	// ErrDegraded: the admitter answered by its failure rule (a Redis store
+	// that cannot reach Redis marks such a decision Degraded), not from a
+	// bucket; the request is answered gRPC Unavailable, never OK.
+	ErrDegraded = errors.New("envoyrls: admitter answered by its failure rule")
 )
 
 // Peeker is the method, beside engine.Admitter's, that a Server needs: the
@@ -299,8 +303,8 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 		// Check only: over if the bucket holds no whole token.
 		it := &items[i]
 		d, err := s.peek.Peek(ctx, it.key)
-		if err != nil {
-			return false, rpcErr(ctx, err, it.key)
+		if err := answerErr(ctx, d, err, it.key); err != nil {
+			return false, err
 		}
 		it.d, it.known = d, true
 		if !d.Allowed {
@@ -315,8 +319,8 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 			// request was matched under and the policy.
 			it := &items[idx[b]]
 			it.over, it.retry, over = true, -1, true
-		case err != nil:
-			return false, rpcErr(ctx, err, "")
+		case err != nil || d.Degraded:
+			return false, answerErr(ctx, d, err, "")
 		default:
 			it := &items[idx[b]]
 			it.d, it.known = d, true
@@ -341,8 +345,9 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 		d, ok := peeked[it.key]
 		if !ok {
 			var err error
-			if d, err = s.peek.Peek(ctx, it.key); err != nil {
-				return false, rpcErr(ctx, err, it.key)
+			d, err = s.peek.Peek(ctx, it.key)
+			if err := answerErr(ctx, d, err, it.key); err != nil {
+				return false, err
 			}
 			peeked[it.key] = d
 		}
@@ -379,8 +384,8 @@ func (s *Server) decideShadow(ctx context.Context, items []item) error {
 		}
 		if it.cost == 0 {
 			d, err := s.peek.Peek(ctx, it.key)
-			if err != nil {
-				return rpcErr(ctx, err, it.key)
+			if err := answerErr(ctx, d, err, it.key); err != nil {
+				return err
 			}
 			it.d, it.known, it.over = d, true, !d.Allowed
 			continue
@@ -400,13 +405,27 @@ func (s *Server) decideShadow(ctx context.Context, items []item) error {
 		switch {
 		case errors.Is(r.Err, engine.ErrCostExceedsCapacity):
 			it.over = true
-		case r.Err != nil:
-			return rpcErr(ctx, r.Err, it.key)
+		case r.Err != nil || r.Decision.Degraded:
+			return answerErr(ctx, r.Decision, r.Err, it.key)
 		default:
 			it.d, it.known, it.over = r.Decision, true, !r.Decision.Allowed
 		}
 	}
 	return nil
+}
+
+// answerErr is the gRPC error for an admitter's answer, or nil: rpcErr of
+// its error, or Unavailable with ErrDegraded for a decision its failure
+// rule gave (Redis unreachable), which is no bucket's answer and so never an
+// OK: Envoy's failure_mode_deny decides.
+func answerErr(ctx context.Context, d engine.Decision, err error, key string) error {
+	if err == nil && d.Degraded {
+		err = ErrDegraded
+	}
+	if err == nil {
+		return nil
+	}
+	return rpcErr(ctx, err, key)
 }
 
 // rpcErr is the gRPC status of an admitter's error: the code of ctx if it

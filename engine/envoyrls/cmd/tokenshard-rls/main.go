@@ -27,7 +27,8 @@
 // that starts with a configuration other than the prefix's installs its own
 // (the last to start or reload wins, as with files deployed one replica at a
 // time). Decisions that Redis cannot give are answered with a gRPC
-// Unavailable error, so Envoy's failure_mode_deny decides (see degraded.go).
+// Unavailable error (the store marks them Degraded), so Envoy's
+// failure_mode_deny decides.
 package main
 
 import (
@@ -235,7 +236,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 			return err
 		}
 		reg.MustRegister(col)
-		a = degradedAsError{store}
+		a = store
 	default:
 		eng, err := engine.New(engine.Config{Policy: p, MaxKeys: o.maxKeys})
 		if err != nil {

@@ -42,7 +42,7 @@ func storeOn(client func(t *testing.T) redis.UniversalClient) rlstest.Factory {
 		}
 		t.Cleanup(func() { _ = s.Close() })
 		deleteKeys(t, c, prefix)
-		return degradedAsError{s}
+		return s
 	}
 }
 
@@ -107,7 +107,7 @@ func TestRedisDownIsAnError(t *testing.T) {
 					t.Fatalf("redisstore.New: %v", err)
 				}
 				t.Cleanup(func() { _ = s.Close() })
-				return degradedAsError{s}
+				return s
 			}
 			h := rlstest.Start(t, factory, rlstest.BasicConfigYAML)
 			resp := h.Ask(rlstest.Req("test-domain", 0, rlstest.D("key2=x"), rlstest.D("key3=y")))
@@ -147,7 +147,7 @@ func TestReplicasReload(t *testing.T) {
 			t.Fatalf("redisstore.New: %v", err)
 		}
 		t.Cleanup(func() { _ = s.Close() })
-		return degradedAsError{s}
+		return s
 	}
 	a := rlstest.Start(t, shared, rlstest.BasicConfigYAML)
 	b := rlstest.Start(t, shared, rlstest.BasicConfigYAML)

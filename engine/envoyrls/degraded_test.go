@@ -1,0 +1,78 @@
+package envoyrls_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/envoyrls"
+	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// degradedEngine is an engine whose every decision is marked Degraded, as
+// a store's failure rule marks its answers: allowed or denied, no bucket's.
+type degradedEngine struct{ *engine.Engine }
+
+func (e degradedEngine) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	d, err := e.Engine.Allow(ctx, key, cost)
+	d.Degraded = err == nil
+	return d, err
+}
+
+func (e degradedEngine) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Decision, int, error) {
+	d, i, err := e.Engine.AllowAll(ctx, reqs)
+	d.Degraded = err == nil
+	return d, i, err
+}
+
+func (e degradedEngine) AllowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
+	err := e.Engine.AllowBatch(ctx, reqs, out)
+	for i := range reqs {
+		out[i].Decision.Degraded = out[i].Err == nil
+	}
+	return err
+}
+
+func (e degradedEngine) Peek(ctx context.Context, key string) (engine.Decision, error) {
+	d, err := e.Engine.Peek(ctx, key)
+	d.Degraded = err == nil
+	return d, err
+}
+
+// A degraded answer, admitted or not, is gRPC Unavailable, never an OK:
+// Envoy's failure_mode_deny decides, not the failure rule's guess. Each
+// shape of request is covered: one key (Allow), several (AllowAll), a
+// check-only descriptor (Peek) and a shadow one (AllowBatch).
+func TestDegradedIsUnavailable(t *testing.T) {
+	const yaml = `domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 10}
+`
+	h := rlstest.Start(t, func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
+		return degradedEngine{newEngine(t, p, clk).(*engine.Engine)}
+	}, yaml)
+	for name, req := range map[string]*rlsv3.RateLimitRequest{
+		"one key":    rlstest.Req("d", 0, rlstest.D("a=1")),
+		"two keys":   rlstest.Req("d", 0, rlstest.D("a=1"), rlstest.D("b=2")),
+		"check only": rlstest.Req("d", 0, rlstest.DH(0, "a=1")),
+		"shadow":     rlstest.Req("d", 0, rlstest.D("s=3")),
+	} {
+		_, err := h.Client.ShouldRateLimit(context.Background(), req)
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), envoyrls.ErrDegraded.Error()) {
+			t.Errorf("%s: err %v, want Unavailable with %q", name, err, envoyrls.ErrDegraded)
+		}
+	}
+}
