@@ -21,7 +21,7 @@ func TestNoCrossDependency(t *testing.T) {
 	} {
 		cmd := exec.Command("go", "list", "-m", "all")
 		cmd.Dir = tc.dir
-		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+		cmd.Env = append(os.Environ(), "GOWORK=off")
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("go list -m all in %s: %v", tc.dir, err)
