@@ -20,9 +20,9 @@ var (
 	// ErrSyntax: the input is not YAML.
 	ErrSyntax = fmt.Errorf("%w: YAML does not parse", ErrInvalidConfig)
 	// ErrUnknownField: a mapping key that the format does not have (a
-	// misspelling such as "ratelimit" or "requestsperunit").
+	// misspelling such as "rate-limit" or "request_per_unit").
 	ErrUnknownField = fmt.Errorf("%w: unknown field", ErrInvalidConfig)
-	// ErrNonStringKey: a mapping key that is not a string (0.25: x).
+	// ErrNonStringKey: a mapping key that is not a string (2.5: x).
 	ErrNonStringKey = fmt.Errorf("%w: key is not a string", ErrInvalidConfig)
 	// ErrFieldType: a field of the wrong kind (a list where a mapping
 	// belongs, a word where a number does, a list of non-mappings).

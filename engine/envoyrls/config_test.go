@@ -13,9 +13,9 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
-// TestParseConfigRefuses: envoyproxy/ratelimit's invalid test
-// configurations (test/config/*.yaml), and more, are refused with the kind
-// of error, the line and the field.
+// TestParseConfigRefuses: what the reference server refuses in a
+// configuration file is refused, and more, with the kind of error, the line
+// and the field.
 func TestParseConfigRefuses(t *testing.T) {
 	cases := []struct {
 		name, yaml string
@@ -23,34 +23,35 @@ func TestParseConfigRefuses(t *testing.T) {
 		line       int
 		field      string
 	}{
-		{"bad_yaml", "'''\n", envoyrls.ErrSyntax, 2, ""},
+		{"unterminated quote", "domain: \"billing\n", envoyrls.ErrSyntax, 2, ""},
 		{"empty file", "", envoyrls.ErrEmptyDomain, 1, "domain"},
-		{"empty_domain", "descriptors:\n", envoyrls.ErrEmptyDomain, 1, "domain"},
-		{"empty_key", "domain: test-domain\ndescriptors:\n  - value: value1\n", envoyrls.ErrEmptyKey, 3, "key"},
-		{"duplicate_key", "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n\n  - key: key1\n    value: value1\n",
+		{"no domain", "descriptors:\n  - key: seat\n    rate_limit: {unit: hour, requests_per_unit: 9}\n", envoyrls.ErrEmptyDomain, 1, "domain"},
+		{"nested entry without a key", "domain: billing\ndescriptors:\n  - key: plan\n    descriptors:\n      - value: pro\n",
+			envoyrls.ErrEmptyKey, 5, "key"},
+		{"same key and value twice", "domain: billing\ndescriptors:\n  - key: seat\n    value: team\n    rate_limit: {unit: hour, requests_per_unit: 9}\n  - {key: seat, value: team}\n",
 			envoyrls.ErrDuplicateKey, 6, "key"},
-		{"duplicate composite key", "domain: d\ndescriptors:\n  - key: a_b\n    value: c\n  - key: a\n    value: b_c\n",
+		{"key and value joined by _ collide", "domain: d\ndescriptors:\n  - key: a_b\n    value: c\n  - key: a\n    value: b_c\n",
 			envoyrls.ErrDuplicateKey, 5, "key"},
-		{"bad_limit_unit", "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n    rate_limit:\n      unit: foo\n      requests_per_unit: 5\n",
-			envoyrls.ErrUnknownUnit, 6, "unit"},
+		{"nested unit not a unit", "domain: billing\ndescriptors:\n  - key: seat\n    descriptors:\n      - key: user\n        rate_limit:\n          requests_per_unit: 9\n          unit: decade\n",
+			envoyrls.ErrUnknownUnit, 8, "unit"},
 		{"no requests_per_unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n",
 			envoyrls.ErrMissingRequests, 5, "requests_per_unit"},
-		{"no unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 5\n",
+		{"no unit", "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 7\n",
 			envoyrls.ErrUnknownUnit, 5, "unit"},
-		{"unit unknown", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: unknown, requests_per_unit: 5}\n",
+		{"unit unknown", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: unknown, requests_per_unit: 7}\n",
 			envoyrls.ErrUnknownUnit, 4, "unit"},
-		{"misspelled_key", "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n    ratelimit:\n      unit: day\n      requests_per_unit: 5\n",
-			envoyrls.ErrUnknownField, 5, "ratelimit"},
-		{"misspelled_key2", "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n    rate_limit:\n      unit: day\n      requestsperunit: 5\n",
-			envoyrls.ErrUnknownField, 7, "requestsperunit"},
+		{"misspelled entry field", "domain: billing\ndescriptors:\n  - key: seat\n    rate-limit: {unit: hour, requests_per_unit: 9}\n",
+			envoyrls.ErrUnknownField, 4, "rate-limit"},
+		{"misspelled rate_limit field", "domain: billing\ndescriptors:\n  - key: seat\n    rate_limit:\n      unit: hour\n      request_per_unit: 9\n",
+			envoyrls.ErrUnknownField, 6, "request_per_unit"},
 		{"unknown top field", "domain: d\nunit: second\n", envoyrls.ErrUnknownField, 2, "unit"},
-		{"non_string_key", "0.25: test-domain\ndescriptors:\n  - key: key1\n", envoyrls.ErrNonStringKey, 1, "0.25"},
-		{"non_map_list", "domain: test-domain\ndescriptors:\n  - a\n  - b\n  - c\n", envoyrls.ErrFieldType, 3, "descriptors"},
-		{"replaces_self", "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n    descriptors:\n      - key: subkey1\n        rate_limit:\n          name: self\n          replaces:\n            - name: self\n          unit: second\n          requests_per_unit: 5\n",
-			envoyrls.ErrReplaces, 6, "replaces"},
-		{"replaces_empty", "domain: test-domain\ndescriptors:\n  - key: key1\n    value: value1\n    descriptors:\n      - key: subkey1\n        rate_limit:\n          name: self\n          replaces:\n            - name:\n          unit: second\n          requests_per_unit: 5\n",
-			envoyrls.ErrReplaces, 10, "replaces"},
-		{"unlimited_with_unit", "domain: test-domain\ndescriptors:\n  - key: foo\n    rate_limit:\n      unlimited: true\n      unit: day\n      requests_per_unit: 25\n",
+		{"number as a field name", "domain: billing\ndescriptors:\n  - key: seat\n    2.5: team\n", envoyrls.ErrNonStringKey, 4, "2.5"},
+		{"descriptors of scalars", "domain: billing\ndescriptors:\n  - seat\n  - plan\n", envoyrls.ErrFieldType, 3, "descriptors"},
+		{"replaces its own name", "domain: billing\ndescriptors:\n  - key: seat\n    rate_limit:\n      name: seats\n      unit: hour\n      requests_per_unit: 9\n      replaces: [{name: seats}]\n",
+			envoyrls.ErrReplaces, 3, "replaces"},
+		{"replaces naming nothing", "domain: billing\ndescriptors:\n  - key: seat\n    rate_limit:\n      name: seats\n      replaces:\n        - name:\n      unit: hour\n      requests_per_unit: 9\n",
+			envoyrls.ErrReplaces, 7, "replaces"},
+		{"unlimited with a unit", "domain: billing\ndescriptors:\n  - key: admin\n    rate_limit:\n      requests_per_unit: 9\n      unit: hour\n      unlimited: true\n",
 			envoyrls.ErrUnlimitedWithUnit, 6, "unit"},
 		{"share_threshold without wildcard", "domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n",
 			envoyrls.ErrShareThreshold, 3, "share_threshold"},
@@ -77,10 +78,10 @@ func TestParseConfigRefuses(t *testing.T) {
 	}
 }
 
-// TestParseConfigAccepts: the reference's valid test configurations parse,
-// with every unit.
+// TestParseConfigAccepts: the suite's configurations parse, and so do
+// ignored fields, every unit and aliases.
 func TestParseConfigAccepts(t *testing.T) {
-	for _, y := range []string{rlstest.BasicConfigYAML, rlstest.ShadowModeYAML, rlstest.WildcardYAML, rlstest.ShareThresholdYAML,
+	for _, y := range []string{rlstest.TreeYAML, rlstest.ShadowYAML, rlstest.WildcardValuesYAML, rlstest.SharedBucketsYAML,
 		"domain: d\ndescriptors:\n  - key: k\n    metadata: {a: [1, {b: c}]}\n    detailed_metric: true\n    value_to_metric: false\n    quota_mode: false\n",
 		"domain: d\ndescriptors:\n" +
 			"  - {key: a, rate_limit: {unit: SECOND, requests_per_unit: 1}}\n" +
@@ -157,7 +158,7 @@ type noPeek struct{ engine.Admitter }
 
 // TestNewServer: the admitter must run Policy(configs) and have Peek.
 func TestNewServer(t *testing.T) {
-	cfgs := rlstest.Parse(t, rlstest.BasicConfigYAML)
+	cfgs := rlstest.Parse(t, rlstest.TreeYAML)
 	p, err := envoyrls.Policy(7, cfgs...)
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +173,7 @@ func TestNewServer(t *testing.T) {
 	if _, err := envoyrls.NewServer(nil, cfgs...); !errors.Is(err, envoyrls.ErrNilAdmitter) {
 		t.Errorf("nil admitter: %v", err)
 	}
-	other := rlstest.Parse(t, rlstest.WildcardYAML)
+	other := rlstest.Parse(t, rlstest.WildcardValuesYAML)
 	if _, err := envoyrls.NewServer(e, other...); !errors.Is(err, envoyrls.ErrPolicyMismatch) {
 		t.Errorf("another configuration: %v", err)
 	}

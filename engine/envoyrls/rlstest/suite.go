@@ -39,10 +39,10 @@ func Run(t *testing.T, f Factory) {
 		name string
 		run  func(*testing.T, Factory)
 	}{
-		{"BasicConfig", BasicConfig},
-		{"ShadowMode", ShadowMode},
-		{"Wildcard", Wildcard},
-		{"ShareThreshold", ShareThreshold},
+		{"DescriptorTree", DescriptorTree},
+		{"ShadowEntries", ShadowEntries},
+		{"WildcardValues", WildcardValues},
+		{"SharedWildcardBuckets", SharedWildcardBuckets},
 		{"Replaces", Replaces},
 		{"FreshKeyAdmitsExactlyTheLimit", FreshKeyAdmitsExactlyTheLimit},
 		{"BoundaryBurstRefused", BoundaryBurstRefused},
@@ -103,159 +103,167 @@ const (
 	day    = rlsv3.RateLimitResponse_RateLimit_DAY
 )
 
-// BasicConfig reproduces the answers envoyproxy/ratelimit's TestBasicConfig
-// expects for its basic_config.yaml: which descriptor gets which limit.
-func BasicConfig(t *testing.T, f Factory) {
-	h := Start(t, f, BasicConfigYAML)
-	k4 := lim(ok, 1, day, 0)
-	k4.name = "key4_rate_limit"
+// DescriptorTree: which descriptor of TreeYAML gets which limit, as the
+// reference server answers them: the most specific entry at each level, a
+// limit only where the descriptor's last entry lands on one, none for an
+// unknown domain or for more entries than the tree has.
+func DescriptorTree(t *testing.T, f Factory) {
+	h := Start(t, f, TreeYAML)
+	signup := lim(ok, 1, day, 0)
+	signup.name = "signup_daily"
 	cases := []struct {
 		desc []string
 		w    want
 	}{
 		{nil, want{none: true}},
-		{[]string{"key1=something"}, want{none: true}},
-		{[]string{"key1=value1"}, want{none: true}},
-		{[]string{"key2=value2", "subkey=subvalue"}, want{none: true}},
-		{[]string{"key5=value5", "subkey5=subvalue"}, want{none: true}},
-		{[]string{"key1=value1", "subkey1=something"}, lim(ok, 5, second, 4)},
-		{[]string{"key1=value1", "subkey1=subvalue1"}, lim(ok, 10, second, 9)},
-		{[]string{"key2=something"}, lim(ok, 20, minute, 19)},
-		{[]string{"key2=value2"}, lim(ok, 30, minute, 29)},
-		{[]string{"key2=value3"}, want{none: true}},
-		{[]string{"key3=foo"}, lim(ok, 1, hour, 0)},
-		{[]string{"key4=foo"}, k4},
-		{[]string{"key6=foo"}, want{unlimited: true}},
-		{[]string{"key7=unspecified_value"}, lim(ok, 70, minute, 69)},
-		{[]string{"key5=value5"}, lim(ok, 15, day, 14)},
-		{[]string{"key5=value5", "subkey5=subvalue5"}, lim(ok, 25, day, 24)},
+		{[]string{"tenant=globex"}, want{none: true}},
+		{[]string{"tenant=acme"}, want{none: true}},
+		{[]string{"region=eu-west", "zone=b"}, want{none: true}},
+		{[]string{"plan=gold", "feature=billing"}, want{none: true}},
+		{[]string{"tenant=acme", "client=web"}, lim(ok, 4, second, 3)},
+		{[]string{"tenant=acme", "client=mobile"}, lim(ok, 8, second, 7)},
+		{[]string{"region=us-east"}, lim(ok, 12, minute, 11)},
+		{[]string{"region=eu-west"}, lim(ok, 24, minute, 23)},
+		{[]string{"region=internal"}, want{none: true}},
+		{[]string{"export=csv"}, lim(ok, 1, hour, 0)},
+		{[]string{"signup=web-form"}, signup},
+		{[]string{"healthcheck=lb-7"}, want{unlimited: true}},
+		{[]string{"search=any-query"}, lim(ok, 90, minute, 89)},
+		{[]string{"plan=gold"}, lim(ok, 40, day, 39)},
+		{[]string{"plan=gold", "feature=reports"}, lim(ok, 64, day, 63)},
 		// More entries than the tree has: no limit.
-		{[]string{"key3=foo", "extra=x"}, want{none: true}},
+		{[]string{"export=csv", "format=gz"}, want{none: true}},
 	}
 	for _, c := range cases {
-		resp := h.Ask(Req("test-domain", 0, D(c.desc...)))
+		resp := h.Ask(Req("storefront", 0, D(c.desc...)))
 		check(t, strings.Join(c.desc, ","), resp.Statuses[0], c.w)
 		if resp.OverallCode != ok {
 			t.Errorf("%v: overall %v", c.desc, resp.OverallCode)
 		}
 	}
 	// An unknown domain matches nothing.
-	resp := h.Ask(Req("foo_domain", 0, D("key3=foo")))
+	resp := h.Ask(Req("backoffice", 0, D("export=csv")))
 	check(t, "unknown domain", resp.Statuses[0], want{none: true})
-	// key3 is 1 an hour, and was spent above; a new value is a new bucket.
-	resp = h.Ask(Req("test-domain", 0, D("key3=foo"), D("key2=value3")))
-	check(t, "key3 again", resp.Statuses[0], lim(over, 1, hour, 0))
-	check(t, "whitelisted", resp.Statuses[1], want{none: true})
+	// export is 1 an hour, and was spent above; a new value is a new bucket.
+	resp = h.Ask(Req("storefront", 0, D("export=csv"), D("region=internal")))
+	check(t, "export again", resp.Statuses[0], lim(over, 1, hour, 0))
+	check(t, "exempt region", resp.Statuses[1], want{none: true})
 	if resp.OverallCode != over {
 		t.Errorf("overall %v, want OVER_LIMIT", resp.OverallCode)
 	}
-	resp = h.Ask(Req("test-domain", 0, D("key3=bar")))
-	check(t, "key3 other value", resp.Statuses[0], lim(ok, 1, hour, 0))
+	resp = h.Ask(Req("storefront", 0, D("export=pdf")))
+	check(t, "export other value", resp.Statuses[0], lim(ok, 1, hour, 0))
 }
 
-// ShadowMode: a shadow descriptor over its limit is reported OK and never
+// ShadowEntries: a shadow descriptor over its limit is reported OK and never
 // makes the answer OVER_LIMIT; an enforced one beside it still decides.
-func ShadowMode(t *testing.T, f Factory) {
-	h := Start(t, f, ShadowModeYAML)
-	for i := range 10 {
-		resp := h.Ask(Req("test-domain", 0, D("key1=value1", "subkey1=subvalue1")))
-		check(t, fmt.Sprintf("shadow %d", i), resp.Statuses[0], lim(ok, 10, second, uint32(9-i)))
+func ShadowEntries(t *testing.T, f Factory) {
+	h := Start(t, f, ShadowYAML)
+	for i := range 6 {
+		resp := h.Ask(Req("checkout", 0, D("cart=c1", "item=giftcard")))
+		check(t, fmt.Sprintf("shadow %d", i), resp.Statuses[0], lim(ok, 6, second, uint32(5-i)))
 	}
-	resp := h.Ask(Req("test-domain", 0, D("key1=value1", "subkey1=subvalue1")))
-	check(t, "shadow over", resp.Statuses[0], lim(ok, 10, second, 0))
+	resp := h.Ask(Req("checkout", 0, D("cart=c1", "item=giftcard")))
+	check(t, "shadow over", resp.Statuses[0], lim(ok, 6, second, 0))
 	if resp.OverallCode != ok {
 		t.Errorf("shadow over its limit: overall %v, want OK", resp.OverallCode)
 	}
-	// key2 (any value) is 20 a minute in shadow mode; key2=value2 is 30,
-	// enforced.
-	resp = h.Ask(Req("test-domain", 20, D("key2=x")))
-	check(t, "key2 shadow", resp.Statuses[0], lim(ok, 20, minute, 0))
-	resp = h.Ask(Req("test-domain", 0, D("key2=x"), D("key2=value2")))
-	check(t, "key2 shadow over", resp.Statuses[0], lim(ok, 20, minute, 0))
-	check(t, "key2=value2", resp.Statuses[1], lim(ok, 30, minute, 29))
+	// coupon (any value) is 14 a minute in shadow mode; coupon=spring is
+	// 27, enforced.
+	resp = h.Ask(Req("checkout", 14, D("coupon=c-1")))
+	check(t, "coupon shadow", resp.Statuses[0], lim(ok, 14, minute, 0))
+	resp = h.Ask(Req("checkout", 0, D("coupon=c-1"), D("coupon=spring")))
+	check(t, "coupon shadow over", resp.Statuses[0], lim(ok, 14, minute, 0))
+	check(t, "coupon=spring", resp.Statuses[1], lim(ok, 27, minute, 26))
 	if resp.OverallCode != ok {
 		t.Errorf("overall %v, want OK", resp.OverallCode)
 	}
-	resp = h.Ask(Req("test-domain", 0, DH(30, "key2=value2"), D("key2=y")))
-	check(t, "key2=value2 over", resp.Statuses[0], lim(over, 30, minute, 29))
-	check(t, "shadow beside", resp.Statuses[1], lim(ok, 20, minute, 19))
+	resp = h.Ask(Req("checkout", 0, DH(27, "coupon=spring"), D("coupon=c-2")))
+	check(t, "coupon=spring over", resp.Statuses[0], lim(over, 27, minute, 26))
+	check(t, "shadow beside", resp.Statuses[1], lim(ok, 14, minute, 13))
 	if resp.OverallCode != over {
 		t.Errorf("overall %v, want OVER_LIMIT", resp.OverallCode)
 	}
 }
 
-// Wildcard reproduces TestWildcardConfig's matches for wildcard.yaml, and
-// shows that without share_threshold each matching value has its own bucket.
-func Wildcard(t *testing.T, f Factory) {
-	h := Start(t, f, WildcardYAML)
+// WildcardValues: which values each '*' pattern of WildcardValuesYAML
+// matches, as the reference server matches them ('*' stands for any run of
+// bytes, the empty one included), and that without share_threshold each
+// matching value has its own bucket.
+func WildcardValues(t *testing.T, f Factory) {
+	h := Start(t, f, WildcardValuesYAML)
 	cases := []struct {
 		desc []string
 		w    want
 	}{
-		{[]string{"wild=foo1"}, lim(ok, 20, minute, 19)},
-		{[]string{"wild=foo2"}, lim(ok, 20, minute, 19)},
-		{[]string{"wild=foo"}, lim(ok, 20, minute, 19)},
-		{[]string{"wild=bar"}, want{none: true}},
-		{[]string{"noWild=foo1"}, want{none: true}},
-		{[]string{"noWild=foo"}, lim(ok, 20, minute, 19)},
-		{[]string{"noVal=foo"}, lim(ok, 20, minute, 19)},
-		{[]string{"midWild=barb"}, lim(ok, 20, minute, 19)},
-		{[]string{"midWild=bar123b"}, lim(ok, 20, minute, 19)},
-		{[]string{"midWild=barab"}, lim(ok, 20, minute, 19)},
-		{[]string{"midWild=bara"}, want{none: true}},
-		{[]string{"midWild=xbarb"}, want{none: true}},
-		{[]string{"midWild=bar123"}, want{none: true}},
-		{[]string{"midWild=ba"}, want{none: true}},
-		{[]string{"multiWild=foo1bar2baz"}, lim(ok, 10, minute, 9)},
-		{[]string{"multiWild=foobarbaz"}, lim(ok, 10, minute, 9)},
-		{[]string{"multiWild=foo123bar456baz"}, lim(ok, 10, minute, 9)},
-		{[]string{"multiWild=foo123baz"}, want{none: true}},
-		{[]string{"multiWild=bar456baz"}, want{none: true}},
-		{[]string{"multiWild=foobaz"}, want{none: true}},
-		{[]string{"multiWild=foobarba"}, want{none: true}},
-		{[]string{"nestedWild=val1", "wild=goo2"}, lim(ok, 20, minute, 19)},
-		{[]string{"nestedWild=val1", "wild=foo"}, want{none: true}},
-		{[]string{"nestedWild=val2", "wild=goo2"}, want{none: true}},
+		{[]string{"lang=en-GB"}, lim(ok, 18, minute, 17)},
+		{[]string{"lang=en-US"}, lim(ok, 18, minute, 17)},
+		{[]string{"lang=en"}, lim(ok, 18, minute, 17)},
+		{[]string{"lang=de"}, want{none: true}},
+		{[]string{"locale=en-GB"}, want{none: true}},
+		{[]string{"locale=en"}, lim(ok, 16, minute, 15)},
+		{[]string{"currency=eur"}, lim(ok, 14, minute, 13)},
+		{[]string{"object=imgpng"}, lim(ok, 22, minute, 21)},
+		{[]string{"object=img123png"}, lim(ok, 22, minute, 21)},
+		{[]string{"object=img-apng"}, lim(ok, 22, minute, 21)},
+		{[]string{"object=img-a"}, want{none: true}},
+		{[]string{"object=ximgpng"}, want{none: true}},
+		{[]string{"object=img123"}, want{none: true}},
+		{[]string{"object=im"}, want{none: true}},
+		{[]string{"route=/api/v1/users/7/orders"}, lim(ok, 7, minute, 6)},
+		{[]string{"route=/api/users/orders"}, lim(ok, 7, minute, 6)},
+		{[]string{"route=/api-v2/users-x/orders"}, lim(ok, 7, minute, 6)},
+		{[]string{"route=/api/v1/orders"}, want{none: true}},
+		{[]string{"route=/users/7/orders"}, want{none: true}},
+		{[]string{"route=/api/orders"}, want{none: true}},
+		{[]string{"route=/api/users/order"}, want{none: true}},
+		{[]string{"host=shop.example.org"}, lim(ok, 11, minute, 10)},
+		{[]string{"host=.example.org"}, lim(ok, 11, minute, 10)},
+		{[]string{"host=example.org"}, want{none: true}},
+		{[]string{"host=shop.example.org.test"}, want{none: true}},
+		{[]string{"app=shop", "lang=fr-CA"}, lim(ok, 26, minute, 25)},
+		{[]string{"app=shop", "lang=en"}, want{none: true}},
+		{[]string{"app=blog", "lang=fr-CA"}, want{none: true}},
 	}
 	for _, c := range cases {
-		resp := h.Ask(Req("test-domain", 0, D(c.desc...)))
+		resp := h.Ask(Req("catalog", 0, D(c.desc...)))
 		check(t, strings.Join(c.desc, ","), resp.Statuses[0], c.w)
 	}
-	// Each value its own bucket: foo1 again is at 18, foo3 fresh.
-	resp := h.Ask(Req("test-domain", 0, D("wild=foo1"), D("wild=foo3")))
-	check(t, "foo1 again", resp.Statuses[0], lim(ok, 20, minute, 18))
-	check(t, "foo3", resp.Statuses[1], lim(ok, 20, minute, 19))
+	// Each value its own bucket: en-GB again is at 16, en-AU fresh.
+	resp := h.Ask(Req("catalog", 0, D("lang=en-GB"), D("lang=en-AU")))
+	check(t, "en-GB again", resp.Statuses[0], lim(ok, 18, minute, 16))
+	check(t, "en-AU", resp.Statuses[1], lim(ok, 18, minute, 17))
 }
 
-// ShareThreshold: with share_threshold, every value a wildcard matches shares
-// one bucket; an explicit value still wins over the wildcard.
-func ShareThreshold(t *testing.T, f Factory) {
-	h := Start(t, f, ShareThresholdYAML)
-	resp := h.Ask(Req("test-domain", 60, D("files=files/a")))
-	check(t, "files/a", resp.Statuses[0], lim(ok, 100, minute, 40))
-	resp = h.Ask(Req("test-domain", 0, D("files=files/b/c")))
-	check(t, "files/b/c shares files/a's bucket", resp.Statuses[0], lim(ok, 100, minute, 39))
-	resp = h.Ask(Req("test-domain", 0, D("nested=parent", "files=nested/x")))
-	check(t, "nested", resp.Statuses[0], lim(ok, 200, minute, 199))
-	resp = h.Ask(Req("test-domain", 0, D("files=top/1", "files=nested/2")))
-	check(t, "top/nested", resp.Statuses[0], lim(ok, 300, minute, 299))
-	resp = h.Ask(Req("test-domain", 0, D("files=top/3", "files=nested/4")))
-	check(t, "top/nested shared", resp.Statuses[0], lim(ok, 300, minute, 298))
-	resp = h.Ask(Req("test-domain", 0, D("file=test1")))
-	check(t, "explicit beats wildcard", resp.Statuses[0], lim(ok, 50, minute, 49))
-	resp = h.Ask(Req("test-domain", 0, D("file=test2")))
-	check(t, "wildcard", resp.Statuses[0], lim(ok, 100, minute, 99))
-	resp = h.Ask(Req("test-domain", 0, D("file=test3")))
-	check(t, "wildcard shared", resp.Statuses[0], lim(ok, 100, minute, 98))
-	resp = h.Ask(Req("test-domain", 0, D("midpath=/api/x/v1")))
-	check(t, "middle wildcard", resp.Statuses[0], lim(ok, 100, minute, 99))
-	// path/* shared, file/* not, type per value: each (file, type) its own.
-	resp = h.Ask(Req("test-domain", 0, D("path=path/1", "file=file/a", "type=t")))
-	check(t, "mixed", resp.Statuses[0], lim(ok, 120, minute, 119))
-	resp = h.Ask(Req("test-domain", 0, D("path=path/2", "file=file/a", "type=t")))
-	check(t, "mixed, shared path", resp.Statuses[0], lim(ok, 120, minute, 118))
-	resp = h.Ask(Req("test-domain", 0, D("path=path/2", "file=file/b", "type=t")))
-	check(t, "mixed, other file", resp.Statuses[0], lim(ok, 120, minute, 119))
+// SharedWildcardBuckets: with share_threshold, every value a wildcard
+// matches shares one bucket; an explicit value still wins over the wildcard.
+func SharedWildcardBuckets(t *testing.T, f Factory) {
+	h := Start(t, f, SharedBucketsYAML)
+	resp := h.Ask(Req("media", 30, D("asset=img/a")))
+	check(t, "img/a", resp.Statuses[0], lim(ok, 45, minute, 15))
+	resp = h.Ask(Req("media", 0, D("asset=img/b/c")))
+	check(t, "img/b/c shares img/a's bucket", resp.Statuses[0], lim(ok, 45, minute, 14))
+	resp = h.Ask(Req("media", 0, D("album=summer", "asset=thumbs/x")))
+	check(t, "nested", resp.Statuses[0], lim(ok, 72, minute, 71))
+	resp = h.Ask(Req("media", 0, D("asset=raw/1", "asset=crops/2")))
+	check(t, "raw/crops", resp.Statuses[0], lim(ok, 90, minute, 89))
+	resp = h.Ask(Req("media", 0, D("asset=raw/3", "asset=crops/4")))
+	check(t, "raw/crops shared", resp.Statuses[0], lim(ok, 90, minute, 88))
+	resp = h.Ask(Req("media", 0, D("sku=A100")))
+	check(t, "explicit beats wildcard", resp.Statuses[0], lim(ok, 32, minute, 31))
+	resp = h.Ask(Req("media", 0, D("sku=A200")))
+	check(t, "wildcard", resp.Statuses[0], lim(ok, 66, minute, 65))
+	resp = h.Ask(Req("media", 0, D("sku=A300")))
+	check(t, "wildcard shared", resp.Statuses[0], lim(ok, 66, minute, 64))
+	resp = h.Ask(Req("media", 0, D("docpath=/docs/x/index")))
+	check(t, "middle wildcard", resp.Statuses[0], lim(ok, 75, minute, 74))
+	// org-* shared, proj-* not, kind per value: each (project, kind) its own.
+	resp = h.Ask(Req("media", 0, D("org=org-1", "project=proj-a", "kind=k")))
+	check(t, "mixed", resp.Statuses[0], lim(ok, 48, minute, 47))
+	resp = h.Ask(Req("media", 0, D("org=org-2", "project=proj-a", "kind=k")))
+	check(t, "mixed, shared org", resp.Statuses[0], lim(ok, 48, minute, 46))
+	resp = h.Ask(Req("media", 0, D("org=org-2", "project=proj-b", "kind=k")))
+	check(t, "mixed, other project", resp.Statuses[0], lim(ok, 48, minute, 47))
 }
 
 // Replaces: a limit named in another matched limit's replaces is dropped,
@@ -273,7 +281,7 @@ func Replaces(t *testing.T, f Factory) {
 	for i := range 5 {
 		resp = h.Ask(Req("replaces", 0, D("api=v1"), D("vip=gold")))
 		check(t, fmt.Sprintf("replaced %d", i), resp.Statuses[0], want{none: true})
-		v := lim(ok, 100, minute, uint32(99-i))
+		v := lim(ok, 96, minute, uint32(95-i))
 		v.name = "vip"
 		check(t, fmt.Sprintf("vip %d", i), resp.Statuses[1], v)
 	}
@@ -286,118 +294,118 @@ func Replaces(t *testing.T, f Factory) {
 // FreshKeyAdmitsExactlyTheLimit: a fresh key admits requests_per_unit, the
 // remaining counting down to 0, then refuses.
 func FreshKeyAdmitsExactlyTheLimit(t *testing.T, f Factory) {
-	h := Start(t, f, BasicConfigYAML)
-	for i := range 5 {
-		resp := h.Ask(Req("test-domain", 0, D("key1=value1", "subkey1=u")))
+	h := Start(t, f, TreeYAML)
+	for i := range 4 {
+		resp := h.Ask(Req("storefront", 0, D("tenant=acme", "client=cli")))
 		if resp.OverallCode != ok {
 			t.Fatalf("request %d: %v", i, resp)
 		}
-		check(t, fmt.Sprintf("request %d", i), resp.Statuses[0], lim(ok, 5, second, uint32(4-i)))
+		check(t, fmt.Sprintf("request %d", i), resp.Statuses[0], lim(ok, 4, second, uint32(3-i)))
 	}
-	resp := h.Ask(Req("test-domain", 0, D("key1=value1", "subkey1=u")))
-	check(t, "request 5", resp.Statuses[0], lim(over, 5, second, 0))
+	resp := h.Ask(Req("storefront", 0, D("tenant=acme", "client=cli")))
+	check(t, "request 4", resp.Statuses[0], lim(over, 4, second, 0))
 	if resp.OverallCode != over {
-		t.Errorf("request 5: overall %v", resp.OverallCode)
+		t.Errorf("request 4: overall %v", resp.OverallCode)
 	}
 	// Another value of the default entry has a bucket of its own.
-	resp = h.Ask(Req("test-domain", 0, D("key1=value1", "subkey1=v")))
-	check(t, "other value", resp.Statuses[0], lim(ok, 5, second, 4))
-	// A fifth of a second refills one.
-	h.Clock.Advance(200 * time.Millisecond)
-	resp = h.Ask(Req("test-domain", 0, D("key1=value1", "subkey1=u")))
-	check(t, "after 200ms", resp.Statuses[0], lim(ok, 5, second, 0))
-	resp = h.Ask(Req("test-domain", 0, D("key1=value1", "subkey1=u")))
-	check(t, "after 200ms, again", resp.Statuses[0], lim(over, 5, second, 0))
+	resp = h.Ask(Req("storefront", 0, D("tenant=acme", "client=desktop")))
+	check(t, "other value", resp.Statuses[0], lim(ok, 4, second, 3))
+	// A quarter of a second refills one.
+	h.Clock.Advance(250 * time.Millisecond)
+	resp = h.Ask(Req("storefront", 0, D("tenant=acme", "client=cli")))
+	check(t, "after 250ms", resp.Statuses[0], lim(ok, 4, second, 0))
+	resp = h.Ask(Req("storefront", 0, D("tenant=acme", "client=cli")))
+	check(t, "after 250ms, again", resp.Statuses[0], lim(over, 4, second, 0))
 }
 
-// BoundaryBurstRefused: 20 a minute spent at 0:59 is not available again
-// at 1:00, where a fixed window would admit 20 more; it refills at 20 a
-// minute, one every 3 s.
+// BoundaryBurstRefused: 12 a minute spent at 0:59 is not available again
+// at 1:00, where a fixed window would admit 12 more; it refills at 12 a
+// minute, one every 5 s.
 func BoundaryBurstRefused(t *testing.T, f Factory) {
-	h := Start(t, f, BasicConfigYAML)
+	h := Start(t, f, TreeYAML)
 	h.Clock.Set(int64(59 * time.Second))
-	resp := h.Ask(Req("test-domain", 20, D("key2=burst")))
-	check(t, "burst at 0:59", resp.Statuses[0], lim(ok, 20, minute, 0))
+	resp := h.Ask(Req("storefront", 12, D("region=burst")))
+	check(t, "burst at 0:59", resp.Statuses[0], lim(ok, 12, minute, 0))
 	h.Clock.Set(int64(60 * time.Second))
-	resp = h.Ask(Req("test-domain", 0, D("key2=burst")))
-	check(t, "at 1:00", resp.Statuses[0], lim(over, 20, minute, 0))
-	h.Clock.Set(int64(62*time.Second - 1))
-	resp = h.Ask(Req("test-domain", 0, D("key2=burst")))
-	check(t, "just before 1:02", resp.Statuses[0], lim(over, 20, minute, 0))
-	h.Clock.Set(int64(62 * time.Second))
-	resp = h.Ask(Req("test-domain", 0, D("key2=burst")))
-	check(t, "3 s after", resp.Statuses[0], lim(ok, 20, minute, 0))
-	// Over the two minutes 0:59 to 1:59, 20 + 20 at most.
-	admitted := 21
-	for s := 63; s < 119; s++ {
+	resp = h.Ask(Req("storefront", 0, D("region=burst")))
+	check(t, "at 1:00", resp.Statuses[0], lim(over, 12, minute, 0))
+	h.Clock.Set(int64(64*time.Second - 1))
+	resp = h.Ask(Req("storefront", 0, D("region=burst")))
+	check(t, "just before 1:04", resp.Statuses[0], lim(over, 12, minute, 0))
+	h.Clock.Set(int64(64 * time.Second))
+	resp = h.Ask(Req("storefront", 0, D("region=burst")))
+	check(t, "5 s after", resp.Statuses[0], lim(ok, 12, minute, 0))
+	// Over the two minutes 0:59 to 1:59, 12 + 12 at most.
+	admitted := 13
+	for s := 65; s < 119; s++ {
 		h.Clock.Set(int64(time.Duration(s) * time.Second))
 		for {
-			resp = h.Ask(Req("test-domain", 0, D("key2=burst")))
+			resp = h.Ask(Req("storefront", 0, D("region=burst")))
 			if resp.OverallCode != ok {
 				break
 			}
 			admitted++
 		}
 	}
-	if admitted > 40 {
-		t.Errorf("%d admitted between 0:59 and 1:59, at most 40 possible", admitted)
+	if admitted > 24 {
+		t.Errorf("%d admitted between 0:59 and 1:59, at most 24 possible", admitted)
 	}
-	if admitted != 39 {
-		t.Errorf("%d admitted, want 20 + one every 3 s for 56 s (19)", admitted)
+	if admitted != 23 {
+		t.Errorf("%d admitted, want 12 + one every 5 s from 1:04 to 1:54 (11)", admitted)
 	}
 }
 
 // AllOrNothing: when one descriptor is over its limit, the others of the
 // request are not charged.
 func AllOrNothing(t *testing.T, f Factory) {
-	h := Start(t, f, BasicConfigYAML)
+	h := Start(t, f, TreeYAML)
 	two := func() *rlsv3.RateLimitResponse {
-		return h.Ask(Req("test-domain", 0, D("key3=a"), D("key2=b")))
+		return h.Ask(Req("storefront", 0, D("export=a"), D("region=b")))
 	}
 	resp := two()
-	check(t, "first key3", resp.Statuses[0], lim(ok, 1, hour, 0))
-	check(t, "first key2", resp.Statuses[1], lim(ok, 20, minute, 19))
+	check(t, "first export", resp.Statuses[0], lim(ok, 1, hour, 0))
+	check(t, "first region", resp.Statuses[1], lim(ok, 12, minute, 11))
 	for i := range 3 {
 		resp = two()
 		if resp.OverallCode != over {
 			t.Fatalf("request %d: overall %v", i, resp.OverallCode)
 		}
-		check(t, "key3 over", resp.Statuses[0], lim(over, 1, hour, 0))
-		check(t, "key2 not charged", resp.Statuses[1], lim(ok, 20, minute, 19))
+		check(t, "export over", resp.Statuses[0], lim(over, 1, hour, 0))
+		check(t, "region not charged", resp.Statuses[1], lim(ok, 12, minute, 11))
 	}
-	resp = h.Ask(Req("test-domain", 0, D("key2=b")))
-	check(t, "key2 alone", resp.Statuses[0], lim(ok, 20, minute, 18))
-	// Two descriptors of one bucket add up: 15 + 15 is over 20, and
+	resp = h.Ask(Req("storefront", 0, D("region=b")))
+	check(t, "region alone", resp.Statuses[0], lim(ok, 12, minute, 10))
+	// Two descriptors of one bucket add up: 7 + 7 is over 12, and
 	// neither is charged.
-	resp = h.Ask(Req("test-domain", 0, DH(15, "key2=c"), DH(15, "key2=c")))
+	resp = h.Ask(Req("storefront", 0, DH(7, "region=c"), DH(7, "region=c")))
 	if resp.OverallCode != over {
-		t.Fatalf("15+15 of 20: overall %v", resp.OverallCode)
+		t.Fatalf("7+7 of 12: overall %v", resp.OverallCode)
 	}
-	resp = h.Ask(Req("test-domain", 0, DH(10, "key2=c"), DH(10, "key2=c")))
-	check(t, "10+10 of 20", resp.Statuses[0], lim(ok, 20, minute, 0))
-	check(t, "10+10 of 20, second", resp.Statuses[1], lim(ok, 20, minute, 0))
+	resp = h.Ask(Req("storefront", 0, DH(6, "region=c"), DH(6, "region=c")))
+	check(t, "6+6 of 12", resp.Statuses[0], lim(ok, 12, minute, 0))
+	check(t, "6+6 of 12, second", resp.Statuses[1], lim(ok, 12, minute, 0))
 }
 
 // HitsAddend: the request's hits_addend is every descriptor's cost, a
 // descriptor's own overrides it, and a descriptor's 0 checks without
 // charging.
 func HitsAddend(t *testing.T, f Factory) {
-	h := Start(t, f, BasicConfigYAML)
-	resp := h.Ask(Req("test-domain", 3, D("key1=value1", "subkey1=h")))
-	check(t, "3 of 5", resp.Statuses[0], lim(ok, 5, second, 2))
-	resp = h.Ask(Req("test-domain", 3, D("key1=value1", "subkey1=h")))
-	check(t, "3 more", resp.Statuses[0], lim(over, 5, second, 2))
-	resp = h.Ask(Req("test-domain", 3, DH(2, "key1=value1", "subkey1=h")))
-	check(t, "own 2", resp.Statuses[0], lim(ok, 5, second, 0))
-	resp = h.Ask(Req("test-domain", 0, DH(0, "key1=value1", "subkey1=h")))
-	check(t, "check only, empty", resp.Statuses[0], lim(over, 5, second, 0))
-	resp = h.Ask(Req("test-domain", 0, DH(0, "key1=value1", "subkey1=i")))
-	check(t, "check only, full", resp.Statuses[0], lim(ok, 5, second, 5))
-	resp = h.Ask(Req("test-domain", 0, DH(0, "key1=value1", "subkey1=i")))
-	check(t, "check only charges nothing", resp.Statuses[0], lim(ok, 5, second, 5))
+	h := Start(t, f, TreeYAML)
+	resp := h.Ask(Req("storefront", 2, D("tenant=acme", "client=h")))
+	check(t, "2 of 4", resp.Statuses[0], lim(ok, 4, second, 2))
+	resp = h.Ask(Req("storefront", 3, D("tenant=acme", "client=h")))
+	check(t, "3 more", resp.Statuses[0], lim(over, 4, second, 2))
+	resp = h.Ask(Req("storefront", 3, DH(2, "tenant=acme", "client=h")))
+	check(t, "own 2", resp.Statuses[0], lim(ok, 4, second, 0))
+	resp = h.Ask(Req("storefront", 0, DH(0, "tenant=acme", "client=h")))
+	check(t, "check only, empty", resp.Statuses[0], lim(over, 4, second, 0))
+	resp = h.Ask(Req("storefront", 0, DH(0, "tenant=acme", "client=i")))
+	check(t, "check only, full", resp.Statuses[0], lim(ok, 4, second, 4))
+	resp = h.Ask(Req("storefront", 0, DH(0, "tenant=acme", "client=i")))
+	check(t, "check only charges nothing", resp.Statuses[0], lim(ok, 4, second, 4))
 	// A cost above the limit never passes and charges nothing.
-	resp = h.Ask(Req("test-domain", 6, D("key1=value1", "subkey1=i")))
-	check(t, "6 of 5", resp.Statuses[0], lim(over, 5, second, 5))
+	resp = h.Ask(Req("storefront", 5, D("tenant=acme", "client=i")))
+	check(t, "5 of 4", resp.Statuses[0], lim(over, 4, second, 4))
 	if hv := header(resp.ResponseHeadersToAdd, "Retry-After"); hv != "" {
 		t.Errorf("Retry-After %q for a cost no wait admits", hv)
 	}
@@ -406,11 +414,11 @@ func HitsAddend(t *testing.T, f Factory) {
 // ReloadTopsNobodyUp: raising a limit keeps a spent bucket spent; it then
 // refills at the new rate.
 func ReloadTopsNobodyUp(t *testing.T, f Factory) {
-	h := Start(t, f, BasicConfigYAML)
-	resp := h.Ask(Req("test-domain", 5, D("key1=value1", "subkey1=r")))
-	check(t, "spent", resp.Statuses[0], lim(ok, 5, second, 0))
-	raised := strings.Replace(BasicConfigYAML, "unit: second\n          requests_per_unit: 5", "unit: second\n          requests_per_unit: 50", 1)
-	if raised == BasicConfigYAML {
+	h := Start(t, f, TreeYAML)
+	resp := h.Ask(Req("storefront", 4, D("tenant=acme", "client=r")))
+	check(t, "spent", resp.Statuses[0], lim(ok, 4, second, 0))
+	raised := strings.Replace(TreeYAML, "unit: second\n          requests_per_unit: 4\n", "unit: second\n          requests_per_unit: 40\n", 1)
+	if raised == TreeYAML {
 		t.Fatal("the replacement did not apply")
 	}
 	before := h.A.Policy().Version
@@ -420,13 +428,13 @@ func ReloadTopsNobodyUp(t *testing.T, f Factory) {
 	if v := h.A.Policy().Version; v != before+1 {
 		t.Errorf("version %d after reload, want %d", v, before+1)
 	}
-	resp = h.Ask(Req("test-domain", 0, D("key1=value1", "subkey1=r")))
-	check(t, "after raise", resp.Statuses[0], lim(over, 50, second, 0))
-	resp = h.Ask(Req("test-domain", 0, D("key1=value1", "subkey1=fresh")))
-	check(t, "fresh key under the new limit", resp.Statuses[0], lim(ok, 50, second, 49))
-	h.Clock.Advance(20 * time.Millisecond) // one token at 50 a second
-	resp = h.Ask(Req("test-domain", 0, D("key1=value1", "subkey1=r")))
-	check(t, "refilled at the new rate", resp.Statuses[0], lim(ok, 50, second, 0))
+	resp = h.Ask(Req("storefront", 0, D("tenant=acme", "client=r")))
+	check(t, "after raise", resp.Statuses[0], lim(over, 40, second, 0))
+	resp = h.Ask(Req("storefront", 0, D("tenant=acme", "client=fresh")))
+	check(t, "fresh key under the new limit", resp.Statuses[0], lim(ok, 40, second, 39))
+	h.Clock.Advance(25 * time.Millisecond) // one token at 40 a second
+	resp = h.Ask(Req("storefront", 0, D("tenant=acme", "client=r")))
+	check(t, "refilled at the new rate", resp.Statuses[0], lim(ok, 40, second, 0))
 	// Reloading the same configuration installs nothing.
 	v := h.A.Policy().Version
 	if err := h.Server.Reload(context.Background(), Parse(t, raised)...); err != nil {
@@ -446,36 +454,36 @@ func ReloadTopsNobodyUp(t *testing.T, f Factory) {
 // Headers: the RateLimit fields of the binding descriptor, and Retry-After
 // when over.
 func Headers(t *testing.T, f Factory) {
-	h := Start(t, f, BasicConfigYAML)
-	resp := h.Ask(Req("test-domain", 0, D("key2=h"), D("key4=x")))
-	if got := header(resp.ResponseHeadersToAdd, "RateLimit-Policy"); got != `"key4_rate_limit";q=1;w=86400` {
+	h := Start(t, f, TreeYAML)
+	resp := h.Ask(Req("storefront", 0, D("region=h"), D("signup=x")))
+	if got := header(resp.ResponseHeadersToAdd, "RateLimit-Policy"); got != `"signup_daily";q=1;w=86400` {
 		t.Errorf("RateLimit-Policy %q", got)
 	}
-	if got := header(resp.ResponseHeadersToAdd, "RateLimit"); got != `"key4_rate_limit";r=0;t=86400` {
+	if got := header(resp.ResponseHeadersToAdd, "RateLimit"); got != `"signup_daily";r=0;t=86400` {
 		t.Errorf("RateLimit %q", got)
 	}
 	if got := header(resp.ResponseHeadersToAdd, "Retry-After"); got != "" {
 		t.Errorf("Retry-After %q on an admitted request", got)
 	}
-	resp = h.Ask(Req("test-domain", 0, D("key2=h"), D("key4=x")))
+	resp = h.Ask(Req("storefront", 0, D("region=h"), D("signup=x")))
 	if resp.OverallCode != over {
 		t.Fatalf("overall %v", resp.OverallCode)
 	}
 	if got := header(resp.ResponseHeadersToAdd, "Retry-After"); got != "86400" {
 		t.Errorf("Retry-After %q, want 86400", got)
 	}
-	if got := header(resp.ResponseHeadersToAdd, "RateLimit"); got != `"key4_rate_limit";r=0;t=86400` {
+	if got := header(resp.ResponseHeadersToAdd, "RateLimit"); got != `"signup_daily";r=0;t=86400` {
 		t.Errorf("RateLimit %q", got)
 	}
-	resp = h.Ask(Req("test-domain", 0, D("key2=h")))
-	if got := header(resp.ResponseHeadersToAdd, "RateLimit-Policy"); got != `"20-per-minute";q=20;w=60` {
+	resp = h.Ask(Req("storefront", 0, D("region=h")))
+	if got := header(resp.ResponseHeadersToAdd, "RateLimit-Policy"); got != `"12-per-minute";q=12;w=60` {
 		t.Errorf("RateLimit-Policy %q", got)
 	}
-	if got := header(resp.ResponseHeadersToAdd, "RateLimit"); got != `"20-per-minute";r=18;t=6` {
+	if got := header(resp.ResponseHeadersToAdd, "RateLimit"); got != `"12-per-minute";r=10;t=10` {
 		t.Errorf("RateLimit %q", got)
 	}
-	if d := resp.Statuses[0].GetDurationUntilReset().AsDuration(); d != 6*time.Second {
-		t.Errorf("duration_until_reset %v, want 6s (2 tokens at 20 a minute)", d)
+	if d := resp.Statuses[0].GetDurationUntilReset().AsDuration(); d != 10*time.Second {
+		t.Errorf("duration_until_reset %v, want 10s (2 tokens at 12 a minute)", d)
 	}
 }
 
@@ -509,30 +517,30 @@ func KeysDoNotCollide(t *testing.T, f Factory) {
 
 // BadRequests: what the server refuses, as gRPC errors.
 func BadRequests(t *testing.T, f Factory) {
-	h := Start(t, f, BasicConfigYAML)
-	many := Req("test-domain", 0)
+	h := Start(t, f, TreeYAML)
+	many := Req("storefront", 0)
 	for i := range 65 {
-		many.Descriptors = append(many.Descriptors, D(fmt.Sprintf("key2=%d", i)))
+		many.Descriptors = append(many.Descriptors, D(fmt.Sprintf("region=%d", i)))
 	}
-	overridden := D("key2=x")
+	overridden := D("region=x")
 	overridden.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: rlv3type.RateLimitUnit_SECOND}
 	for _, c := range []struct {
 		req  *rlsv3.RateLimitRequest
 		code codes.Code
 	}{
-		{Req("", 0, D("key2=x")), codes.InvalidArgument},
-		{Req("test-domain", 0), codes.InvalidArgument},
+		{Req("", 0, D("region=x")), codes.InvalidArgument},
+		{Req("storefront", 0), codes.InvalidArgument},
 		{many, codes.InvalidArgument},
-		{Req("test-domain", 0, overridden), codes.Unimplemented},
+		{Req("storefront", 0, overridden), codes.Unimplemented},
 	} {
 		if _, err := h.Client.ShouldRateLimit(context.Background(), c.req); status.Code(err) != c.code {
 			t.Errorf("%.80v: %v, want %v", c.req, err, c.code)
 		}
 	}
 	// Nothing was charged by the refused requests.
-	resp := h.Ask(Req("test-domain", 0, D("key2=x"), D("key2=0")))
-	check(t, "key2=x", resp.Statuses[0], lim(ok, 20, minute, 19))
-	check(t, "key2=0", resp.Statuses[1], lim(ok, 20, minute, 19))
+	resp := h.Ask(Req("storefront", 0, D("region=x"), D("region=0")))
+	check(t, "region=x", resp.Statuses[0], lim(ok, 12, minute, 11))
+	check(t, "region=0", resp.Statuses[1], lim(ok, 12, minute, 11))
 }
 
 // ZeroAndUnlimited: a limit of 0 refuses every request, and the request's
@@ -561,24 +569,24 @@ func ZeroAndUnlimited(t *testing.T, f Factory) {
 // CheckOnlyOverChargesNothing: a descriptor with hits_addend 0 whose bucket
 // is empty refuses the request, and the others are not charged.
 func CheckOnlyOverChargesNothing(t *testing.T, f Factory) {
-	h := Start(t, f, BasicConfigYAML)
-	h.Ask(Req("test-domain", 0, D("key3=c")))
-	resp := h.Ask(Req("test-domain", 0, DH(0, "key3=c"), D("key2=c")))
+	h := Start(t, f, TreeYAML)
+	h.Ask(Req("storefront", 0, D("export=c")))
+	resp := h.Ask(Req("storefront", 0, DH(0, "export=c"), D("region=c")))
 	if resp.OverallCode != over {
 		t.Fatalf("overall %v, want OVER_LIMIT", resp.OverallCode)
 	}
 	check(t, "check only", resp.Statuses[0], lim(over, 1, hour, 0))
-	check(t, "not charged", resp.Statuses[1], lim(ok, 20, minute, 20))
+	check(t, "not charged", resp.Statuses[1], lim(ok, 12, minute, 12))
 	if got := header(resp.ResponseHeadersToAdd, "Retry-After"); got != "3600" {
 		t.Errorf("Retry-After %q, want 3600", got)
 	}
 }
 
-// ConcurrentAllOrNothing: clients racing on two descriptors of limits 5 and
-// 20 (the clock still) get exactly 5 admissions, and the bucket of 20 is
-// charged for exactly those 5.
+// ConcurrentAllOrNothing: clients racing on two descriptors of limits 4 and
+// 12 (the clock still) get exactly 4 admissions, and the bucket of 12 is
+// charged for exactly those 4.
 func ConcurrentAllOrNothing(t *testing.T, f Factory) {
-	h := Start(t, f, BasicConfigYAML)
+	h := Start(t, f, TreeYAML)
 	const clients, each = 8, 6
 	var wg sync.WaitGroup
 	admitted := make(chan int, clients)
@@ -587,7 +595,7 @@ func ConcurrentAllOrNothing(t *testing.T, f Factory) {
 			n := 0
 			for range each {
 				resp, err := h.Client.ShouldRateLimit(context.Background(),
-					Req("test-domain", 0, D("key1=value1", "subkey1=race"), D("key2=race")))
+					Req("storefront", 0, D("tenant=acme", "client=race"), D("region=race")))
 				if err != nil {
 					t.Errorf("ShouldRateLimit: %v", err)
 					return
@@ -605,11 +613,11 @@ func ConcurrentAllOrNothing(t *testing.T, f Factory) {
 	for n := range admitted {
 		total += n
 	}
-	if total != 5 {
-		t.Errorf("%d admitted, want exactly 5", total)
+	if total != 4 {
+		t.Errorf("%d admitted, want exactly 4", total)
 	}
-	resp := h.Ask(Req("test-domain", 0, D("key2=race")))
-	check(t, "key2 after the race", resp.Statuses[0], lim(ok, 20, minute, 14))
+	resp := h.Ask(Req("storefront", 0, D("region=race")))
+	check(t, "region after the race", resp.Statuses[0], lim(ok, 12, minute, 7))
 }
 
 func header(hs []*corev3.HeaderValue, key string) string {

@@ -1,279 +1,207 @@
 package rlstest
 
-// The configurations of the suite. BasicConfigYAML, ShadowModeYAML,
-// WildcardYAML and ShareThresholdYAML are envoyproxy/ratelimit's own test
-// configurations (test/config/basic_config.yaml, shadowmode_config.yaml,
-// wildcard.yaml and share_threshold.yaml), unchanged.
+// The configurations of the suite. TreeYAML, ShadowYAML, WildcardValuesYAML
+// and SharedBucketsYAML between them hold every kind of entry the matcher
+// tells apart; the suite's cases say which descriptor gets which limit.
 const (
-	// BasicConfigYAML is test/config/basic_config.yaml.
-	BasicConfigYAML = `# Basic configuration for testing.
-domain: test-domain
+	// TreeYAML is a tree of plain entries: a key/value with no limit whose
+	// children are a key-only default and a more specific value; a key-only
+	// default beside a value with a limit of its own and a value exempt from
+	// it; a limited key/value with a limited child; limits of one an hour
+	// and one a day (named); an unlimited key; detailed_metric.
+	TreeYAML = `# The storefront's limits.
+domain: storefront
 descriptors:
-  # Top level key/value with no default rate limit.
-  - key: key1
-    value: value1
+  # acme itself has no limit; its clients have.
+  - key: tenant
+    value: acme
     descriptors:
-      # 2nd level key only with default rate limit.
-      - key: subkey1
+      - key: client
+        value: mobile
+        rate_limit: {unit: second, requests_per_unit: 8}
+      # Every other client of acme.
+      - key: client
         rate_limit:
           unit: second
-          requests_per_unit: 5
+          requests_per_unit: 4
 
-      # 2nd level key/value with limit. Specific override at 2nd level.
-      - key: subkey1
-        value: subvalue1
-        rate_limit:
-          unit: second
-          requests_per_unit: 10
-
-  # Top level key only with default rate limit.
-  - key: key2
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-
-  # Top level key/value with limit. Specific override at 1st level.
-  - key: key2
-    value: value2
-    rate_limit:
-      unit: minute
-      requests_per_unit: 30
-
-  # First level override with no limit. This effectively whitelists the value.
-  - key: key2
-    value: value3
-
-  - key: key3
-    rate_limit:
-      unit: hour
-      requests_per_unit: 1
-
-  - key: key4
-    rate_limit:
-      name: key4_rate_limit
-      unit: day
-      requests_per_unit: 1
-
-  - key: key5
-    value: value5
-    rate_limit:
-      unit: day
-      requests_per_unit: 15
+  - key: plan
+    value: gold
+    rate_limit: {unit: day, requests_per_unit: 40}
     descriptors:
-      - key: subkey5
-        value: subvalue5
-        rate_limit:
-          unit: day
-          requests_per_unit: 25
+      - key: feature
+        value: reports
+        rate_limit: {unit: day, requests_per_unit: 64}
 
-  - key: key6
+  - key: region
+    value: eu-west
+    rate_limit: {unit: minute, requests_per_unit: 24}
+  # Named without a limit, so not held to the region default below.
+  - key: region
+    value: internal
+  - key: region
     rate_limit:
-      unlimited: true
+      unit: minute
+      requests_per_unit: 12
 
-  # Top level key only with default rate limit.
-
-  - key: key7
+  - key: export
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: signup
+    rate_limit: {name: signup_daily, unit: day, requests_per_unit: 1}
+  - key: healthcheck
+    rate_limit: {unlimited: true}
+  - key: search
     detailed_metric: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 70
+    rate_limit: {unit: minute, requests_per_unit: 90}
 `
 
-	// ShadowModeYAML is test/config/shadowmode_config.yaml.
-	ShadowModeYAML = `# Basic configuration for testing.
-domain: test-domain
+	// ShadowYAML has shadow entries: a key-only default in shadow mode
+	// beside an enforced value of its key, and a nested value in shadow
+	// mode beside an enforced key-only default.
+	ShadowYAML = `domain: checkout
 descriptors:
-  # Top level key/value with no default rate limit.
-  - key: key1
-    value: value1
-    descriptors:
-      # 2nd level key only with default rate limit.
-      - key: subkey1
-        rate_limit:
-          unit: second
-          requests_per_unit: 5
-
-      # 2nd level key/value with limit. Specific override at 2nd level.
-      - key: subkey1
-        value: subvalue1
-        rate_limit:
-          unit: second
-          requests_per_unit: 10
-        shadow_mode: true
-
-  # Top level key only with default rate limit.
-  - key: key2
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
+  # Any coupon is only measured for now; the spring campaign is enforced.
+  - key: coupon
     shadow_mode: true
-  # Top level key/value with limit. Specific override at 1st level.
-  - key: key2
-    value: value2
-    rate_limit:
-      unit: minute
-      requests_per_unit: 30
+    rate_limit: {unit: minute, requests_per_unit: 14}
+  - key: coupon
+    value: spring
+    rate_limit: {unit: minute, requests_per_unit: 27}
+  - key: cart
+    descriptors:
+      - key: item
+        rate_limit: {unit: second, requests_per_unit: 3}
+      # Gift cards: a trial limit, reported but never refusing.
+      - key: item
+        value: giftcard
+        shadow_mode: true
+        rate_limit: {unit: second, requests_per_unit: 6}
 `
 
-	// WildcardYAML is test/config/wildcard.yaml.
-	WildcardYAML = `# Basic configuration for testing.
-domain: test-domain
+	// WildcardValuesYAML has values with '*' at the end, in the middle,
+	// twice, at the start and in a nested entry, beside an exact value and
+	// a key-only entry; none shares its bucket.
+	WildcardValuesYAML = `domain: catalog
 descriptors:
-  - key: wild
-    value: foo*
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-  - key: noWild
-    value: foo
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-  - key: noVal
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-  - key: midWild
-    value: bar*b
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-  - key: multiWild
-    value: foo*bar*baz
-    rate_limit:
-      unit: minute
-      requests_per_unit: 10
-  - key: nestedWild
-    value: val1
-    descriptors:
-      - key: wild
-        value: goo*
-        rate_limit:
-          unit: minute
-          requests_per_unit: 20
-`
-
-	// ShareThresholdYAML is test/config/share_threshold.yaml.
-	ShareThresholdYAML = `# Configuration for testing share_threshold feature
-domain: test-domain
-descriptors:
-  - key: files
-    value: files/*
-    share_threshold: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-  - key: nested
-    value: parent
-    descriptors:
-      - key: files
-        value: nested/*
-        share_threshold: true
-        rate_limit:
-          unit: minute
-          requests_per_unit: 200
-  # Test case for nested descriptors with same key name at different levels
-  - key: files
-    value: top/*
-    share_threshold: true
-    descriptors:
-      - key: files
-        value: nested/*
-        share_threshold: true
-        rate_limit:
-          unit: minute
-          requests_per_unit: 300
-  # Test case for share_threshold with value_to_metric
+  - key: lang
+    value: en*
+    rate_limit: {unit: minute, requests_per_unit: 18}
+  - key: locale
+    value: en
+    rate_limit: {unit: minute, requests_per_unit: 16}
+  - key: currency
+    rate_limit: {unit: minute, requests_per_unit: 14}
+  - key: object
+    value: img*png
+    rate_limit: {unit: minute, requests_per_unit: 22}
   - key: route
-    value: api/*
-    share_threshold: true
-    value_to_metric: true
+    value: /api*/users*/orders
+    rate_limit: {unit: minute, requests_per_unit: 7}
+  - key: host
+    value: "*.example.org"
+    rate_limit: {unit: minute, requests_per_unit: 11}
+  - key: app
+    value: shop
     descriptors:
-      - key: method
-        rate_limit:
-          unit: minute
-          requests_per_unit: 60
-  # Test case for share_threshold with detailed_metric
-  - key: service
-    value: svc/*
+      - key: lang
+        value: fr*
+        rate_limit: {unit: minute, requests_per_unit: 26}
+`
+
+	// SharedBucketsYAML has share_threshold wildcards: at the top, nested,
+	// on one key at two levels, beside an exact value of the same key, above
+	// a wildcard that does not share and above one that does, with
+	// value_to_metric and detailed_metric, and with '*' inside the value.
+	SharedBucketsYAML = `domain: media
+descriptors:
+  # Every image path shares one bucket.
+  - key: asset
+    value: img/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 45}
+  # The same key one level down, under a shared wildcard of its own.
+  - key: asset
+    value: raw/*
     share_threshold: true
     descriptors:
-      - key: endpoint
-        detailed_metric: true
-        rate_limit:
-          unit: minute
-          requests_per_unit: 80
-  # Test case for nested descriptors with multiple wildcards - mixed share_threshold
-  - key: path
-    value: path/*
+      - key: asset
+        value: crops/*
+        share_threshold: true
+        rate_limit: {unit: minute, requests_per_unit: 90}
+  - key: album
+    value: summer
+    descriptors:
+      - key: asset
+        value: thumbs/*
+        share_threshold: true
+        rate_limit: {unit: minute, requests_per_unit: 72}
+  # Every sku starting with A shares one bucket, but A100 has its own.
+  - key: sku
+    value: A*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 66}
+  - key: sku
+    value: A100
+    rate_limit: {unit: minute, requests_per_unit: 32}
+  # Shared organisations, a bucket per project, a bucket per kind.
+  - key: org
+    value: org-*
     share_threshold: true
     descriptors:
-      - key: file
-        value: file/*
+      - key: project
+        value: proj-*
         share_threshold: false
         descriptors:
-          - key: type
-            rate_limit:
-              unit: minute
-              requests_per_unit: 120
-  # Test case for nested descriptors with multiple wildcards - both with share_threshold
-  - key: user
-    value: user/*
+          - key: kind
+            rate_limit: {unit: minute, requests_per_unit: 48}
+  # Shared at both wildcard levels.
+  - key: account
+    value: acct-*
     share_threshold: true
     descriptors:
-      - key: resource
-        value: res/*
+      - key: volume
+        value: vol-*
         share_threshold: true
         descriptors:
-          - key: action
-            rate_limit:
-              unit: minute
-              requests_per_unit: 150
-  # Test case: explicit value takes precedence over wildcard with share_threshold
-  - key: file
-    value: test1
-    rate_limit:
-      unit: minute
-      requests_per_unit: 50
-  - key: file
-    value: test*
-    share_threshold: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-  # Test case: share_threshold with middle wildcard (single *)
-  - key: midpath
-    value: /api*v1
-    share_threshold: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-  # Test case: share_threshold with multi-wildcard (multiple *)
-  - key: multiroute
-    value: svc*ep*rpc
-    share_threshold: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 50
-  # Test case: share_threshold with middle wildcard + value_to_metric (share_threshold takes priority)
-  - key: midroute
-    value: /api*v2
+          - key: op
+            rate_limit: {unit: minute, requests_per_unit: 65}
+  - key: endpoint
+    value: v1/*
     share_threshold: true
     value_to_metric: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 80
-  # Test case: share_threshold with middle wildcard nested
-  - key: tenant
-    value: t*prod
+    descriptors:
+      - key: verb
+        rate_limit: {unit: minute, requests_per_unit: 35}
+  - key: team
+    value: team-*
     share_threshold: true
     descriptors:
-      - key: resource
-        value: res*v2
+      - key: handler
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 55}
+  # '*' inside the value: once, twice, once with value_to_metric, and at
+  # two levels.
+  - key: docpath
+    value: /docs*index
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 75}
+  - key: rpc
+    value: grpc*svc*call
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 33}
+  - key: apiver
+    value: /v*beta
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 85}
+  - key: zone
+    value: z*east
+    share_threshold: true
+    descriptors:
+      - key: rack
+        value: r*a
         share_threshold: true
-        rate_limit:
-          unit: minute
-          requests_per_unit: 60
+        rate_limit: {unit: minute, requests_per_unit: 28}
 `
 
 	// ReplacesYAML has a limit, vip, that replaces another, api.
@@ -286,7 +214,7 @@ descriptors:
   - key: vip
     rate_limit:
       unit: minute
-      requests_per_unit: 100
+      requests_per_unit: 96
       name: vip
       replaces:
         - name: api

@@ -279,7 +279,7 @@ func TestCommandRefusesAtStart(t *testing.T) {
 func TestCommandInstallsItsConfiguration(t *testing.T) {
 	addr := redistest.Addr(t)
 	prefix := "envoyrls-cmd-install:" + time.Now().Format("150405.000000000") + ":"
-	old, err := envoyrls.Policy(1, rlstest.Parse(t, rlstest.BasicConfigYAML)...)
+	old, err := envoyrls.Policy(1, rlstest.Parse(t, rlstest.TreeYAML)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,18 +109,18 @@ func TestRedisDownIsAnError(t *testing.T) {
 				t.Cleanup(func() { _ = s.Close() })
 				return s
 			}
-			h := rlstest.Start(t, factory, rlstest.BasicConfigYAML)
-			resp := h.Ask(rlstest.Req("test-domain", 0, rlstest.D("key2=x"), rlstest.D("key3=y")))
+			h := rlstest.Start(t, factory, rlstest.TreeYAML)
+			resp := h.Ask(rlstest.Req("storefront", 0, rlstest.D("region=x"), rlstest.D("export=y")))
 			if resp.OverallCode != rlstest.OK {
 				t.Fatalf("with Redis up: %v", resp)
 			}
 			srv.Kill()
 			defer srv.Restart(t)
-			_, err := h.Client.ShouldRateLimit(context.Background(), rlstest.Req("test-domain", 0, rlstest.D("key2=x"), rlstest.D("key3=z")))
+			_, err := h.Client.ShouldRateLimit(context.Background(), rlstest.Req("storefront", 0, rlstest.D("region=x"), rlstest.D("export=z")))
 			if status.Code(err) != codes.Unavailable {
 				t.Errorf("two descriptors, Redis down: %v, want Unavailable", err)
 			}
-			_, err = h.Client.ShouldRateLimit(context.Background(), rlstest.Req("test-domain", 0, rlstest.D("key2=x")))
+			_, err = h.Client.ShouldRateLimit(context.Background(), rlstest.Req("storefront", 0, rlstest.D("region=x")))
 			if status.Code(err) != codes.Unavailable {
 				t.Errorf("one descriptor, Redis down: %v, want Unavailable", err)
 			}
@@ -149,9 +149,9 @@ func TestReplicasReload(t *testing.T) {
 		t.Cleanup(func() { _ = s.Close() })
 		return s
 	}
-	a := rlstest.Start(t, shared, rlstest.BasicConfigYAML)
-	b := rlstest.Start(t, shared, rlstest.BasicConfigYAML)
-	raised := rlstest.Parse(t, strings.Replace(rlstest.BasicConfigYAML, "requests_per_unit: 20", "requests_per_unit: 40", 1))
+	a := rlstest.Start(t, shared, rlstest.TreeYAML)
+	b := rlstest.Start(t, shared, rlstest.TreeYAML)
+	raised := rlstest.Parse(t, strings.Replace(rlstest.TreeYAML, "requests_per_unit: 12\n", "requests_per_unit: 36\n", 1))
 	if err := a.Server.Reload(context.Background(), raised...); err != nil {
 		t.Fatalf("replica a: Reload: %v", err)
 	}
@@ -161,10 +161,10 @@ func TestReplicasReload(t *testing.T) {
 	if va, vb := a.A.Policy().Version, b.A.Policy().Version; va != 2 || vb != 2 {
 		t.Errorf("versions %d and %d, want 2 and 2: one cutover", va, vb)
 	}
-	ra := a.Ask(rlstest.Req("test-domain", 30, rlstest.D("key2=shared")))
-	rb := b.Ask(rlstest.Req("test-domain", 0, rlstest.D("key2=shared")))
-	if ra.Statuses[0].GetLimitRemaining() != 10 || rb.Statuses[0].GetLimitRemaining() != 9 ||
-		rb.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != 40 {
-		t.Errorf("replica a: %v; replica b: %v; want one bucket of 40 left at 10 then 9", ra.Statuses[0], rb.Statuses[0])
+	ra := a.Ask(rlstest.Req("storefront", 30, rlstest.D("region=shared")))
+	rb := b.Ask(rlstest.Req("storefront", 0, rlstest.D("region=shared")))
+	if ra.Statuses[0].GetLimitRemaining() != 6 || rb.Statuses[0].GetLimitRemaining() != 5 ||
+		rb.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != 36 {
+		t.Errorf("replica a: %v; replica b: %v; want one bucket of 36 left at 6 then 5", ra.Statuses[0], rb.Statuses[0])
 	}
 }
