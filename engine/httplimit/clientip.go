@@ -77,30 +77,54 @@ func ClientIP(r *http.Request, h ProxyHeader, trusted []netip.Prefix) (netip.Add
 	if !ok {
 		return netip.Addr{}, ErrNoClientIP
 	}
+	if (h != XForwardedFor && h != Forwarded) || !isTrusted(peer, trusted) {
+		return peer, nil // the header is not read at all
+	}
+	return ClientIPFrom(peer, h, r.Header.Values(h.String()), trusted), nil
+}
+
+// ClientIPFrom is the walk of ClientIP for a transport other than HTTP/1
+// and HTTP/2 requests, such as gRPC metadata: peer is the address of the
+// direct peer, and values the field lines of header h, in the order they
+// arrived ("x-forwarded-for" metadata for XForwardedFor). It returns
+// exactly what ClientIP returns for a request from peer with those lines:
+// peer itself when it is not in a trusted prefix (values are then not
+// read) or h is neither XForwardedFor nor Forwarded, and otherwise the
+// right-most address not in a trusted prefix, with the same rules for
+// entries that are not addresses or do not parse.
+//
+// peer and the result are without zone, and IPv4-mapped IPv6 addresses
+// are taken as IPv4. An invalid peer (the zero netip.Addr) is returned as
+// it is.
+func ClientIPFrom(peer netip.Addr, h ProxyHeader, values []string, trusted []netip.Prefix) netip.Addr {
+	if !peer.IsValid() {
+		return peer
+	}
+	peer = peer.WithZone("").Unmap()
 	if !isTrusted(peer, trusted) {
-		return peer, nil
+		return peer
 	}
 	var hops iter.Seq[string]
 	switch h {
 	case XForwardedFor:
-		hops = hopsFromRight(r.Header.Values("X-Forwarded-For"), lastXFFEntry)
+		hops = hopsFromRight(values, lastXFFEntry)
 	case Forwarded:
-		hops = hopsFromRight(r.Header.Values("Forwarded"), lastForwardedElement)
+		hops = hopsFromRight(values, lastForwardedElement)
 	default:
-		return peer, nil
+		return peer
 	}
 	client := peer
 	for hop := range hops {
 		a, ok := parseHop(hop)
 		if !ok {
-			return client, nil
+			return client
 		}
 		client = a
 		if !isTrusted(a, trusted) {
-			return a, nil
+			return a
 		}
 	}
-	return client, nil
+	return client
 }
 
 // isTrusted reports whether a is in one of the prefixes; an IPv4-mapped
