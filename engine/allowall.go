@@ -148,6 +148,7 @@ type allPart struct {
 	m     *msg.Batch
 	first []int  // first[j]: the first request of item j
 	over  []bool // over[j]: item j's costs add up past math.MaxInt64, above any capacity
+	reqs  int    // the requests whose keys are the part's: its decisions (see msg.Hold)
 }
 
 func (e *Engine) newAllCall(reqs []Request) *allCall {
@@ -169,6 +170,7 @@ func (e *Engine) newAllCall(reqs []Request) *allCall {
 			part.first = append(part.first, i)
 			part.over = append(part.over, false)
 		}
+		part.reqs++
 		it := &part.items[j]
 		if it.Cost > math.MaxInt64-r.Cost {
 			part.over[j] = true
@@ -237,7 +239,7 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 	for k := range c.parts {
 		p := &c.parts[k]
 		p.m = &msg.Batch{Items: p.items, Out: make([]msg.Reply, len(p.items)), Part: k, Done: c.done, Hold: msg.NewHold()}
-		p.m.Hold.Last, p.m.Hold.T = k == last, T
+		p.m.Hold.Last, p.m.Hold.T, p.m.Hold.Requests = k == last, T, p.reqs
 		if err := e.mailboxes[p.shard].SendBatch(ctx, p.m); err != nil {
 			end(msg.HoldAbort, 0, false)
 			return Decision{}, -1, err, false

@@ -215,6 +215,7 @@ func TestAllowAllNoDeadlock(t *testing.T) {
 			stop := make(chan struct{})
 			var mu sync.Mutex
 			admitted, refused, failed := 0, 0, 0
+			var admittedReqs, refusedReqs uint64 // the requests of those calls: their decisions
 			for g := range callers {
 				wg.Add(1)
 				go func() {
@@ -230,8 +231,10 @@ func TestAllowAllNoDeadlock(t *testing.T) {
 						switch {
 						case err == nil && d.Allowed:
 							admitted++
+							admittedReqs += uint64(len(reqs))
 						case err == nil:
 							refused++
+							refusedReqs += uint64(len(reqs))
 						default:
 							failed++
 						}
@@ -276,6 +279,11 @@ func TestAllowAllNoDeadlock(t *testing.T) {
 			assert.Equal(t, callers*calls, admitted+refused)
 			assert.Positive(t, admitted)
 			assert.Positive(t, refused)
+			// Every request of every decided call is one decision, counted
+			// once whatever holds were given up and taken again.
+			assert.Equal(t, admittedReqs, st.Total.Allowed)
+			assert.Equal(t, refusedReqs, st.Total.Denied)
+			assert.Equal(t, engine.AllowAllStats{Admitted: uint64(admitted), Refused: uint64(refused)}, st.AllowAll)
 		})
 	}
 }
@@ -368,3 +376,42 @@ func TestAllowAllStats(t *testing.T) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// TestAllowAllDecisions: each request of an AllowAll that returns a
+// Decision is counted as a decision by its key's shard, allowed for every
+// request when the call is admitted and denied for every request when it
+// is refused; a call that fails counts none. Single Allows beside them
+// count as ever.
+func TestAllowAllDecisions(t *testing.T) {
+	ctx := context.Background()
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: 2})
+	keys := keysOnShards(t, e, 2)
+	a, b := keys[0], keys[1]
+	sa, sb := e.ShardOf(a), e.ShardOf(b)
+
+	d, _, err := e.AllowAll(ctx, []engine.Request{{Key: a, Cost: 2}, {Key: a, Cost: 3}, {Key: b, Cost: 1}})
+	require.NoError(t, err)
+	require.True(t, d.Allowed) // a: 5 left, b: 9
+	d, _, err = e.AllowAll(ctx, []engine.Request{{Key: a, Cost: 6}, {Key: b, Cost: 1}})
+	require.NoError(t, err)
+	require.False(t, d.Allowed, "a holds 5") // nothing taken: b keeps 9
+	_, _, err = e.AllowAll(ctx, []engine.Request{{Key: a, Cost: 1}, {Key: b, Cost: 11}})
+	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity)
+	d, err = e.Allow(ctx, b, 9)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	d, err = e.Allow(ctx, b, 1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+
+	require.NoError(t, e.Close()) // the commits carried out and published
+	st := e.Stats()
+	assert.Equal(t, uint64(2), st.Shards[sa].Allowed, "a's two requests of the admitted call")
+	assert.Equal(t, uint64(1), st.Shards[sa].Denied)
+	assert.Equal(t, uint64(1+1), st.Shards[sb].Allowed, "b's request of the admitted call, and an Allow")
+	assert.Equal(t, uint64(1+1), st.Shards[sb].Denied, "b's request of the refused call, and an Allow")
+	assert.Equal(t, uint64(4), st.Total.Allowed)
+	assert.Equal(t, uint64(3), st.Total.Denied)
+	assert.Zero(t, st.Total.Errors.Sum(), "AllowAll's errors are counted per call, in AllowAll")
+	assert.Equal(t, engine.AllowAllStats{Admitted: 1, Refused: 1, Errors: engine.Errors{InvalidCost: 1}}, st.AllowAll)
+}

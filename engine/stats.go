@@ -17,8 +17,20 @@ import (
 // shard by up to 64 messages; once traffic stops it is exact, and every
 // call is counted exactly once: Allowed + Denied + Peeks + Refunds +
 // Errors.Sum() equals the Allow, Peek and Refund calls made plus the
-// requests of AllowBatch calls (Wait counts as the Allow calls it makes).
-// AllowAll calls are counted apart, in AllowAll, one per call.
+// requests of AllowBatch calls (Wait counts as the Allow calls it makes)
+// plus the requests of the AllowAll calls that returned a Decision.
+//
+// Every decision is counted in Allowed or Denied, an AllowAll's too: each
+// request of an AllowAll that returns a Decision is one decision, counted
+// by the shard of its key, all of them Allowed when the call is admitted
+// and all Denied when it is refused (nothing was taken from any key, the
+// keys that held their cost included). An AllowAll of 3 requests that is
+// refused adds 3 to Denied, and a request that names a key already named
+// counts again, as in AllowBatch. A shard counts them when it carries out
+// the call's commit, which may come just after AllowAll has returned. An
+// AllowAll that ends with an error counts no decision and no error there:
+// its calls, and their outcomes and errors, are counted apart in
+// AllowAll, one per call.
 type Stats struct {
 	Total  ShardStats   // the sum of Shards, with Caller's errors
 	Shards []ShardStats // by shard index
@@ -47,7 +59,7 @@ type AllowAllStats struct {
 
 // ShardStats is one shard's counters, or their total.
 type ShardStats struct {
-	Allowed, Denied uint64 // requests decided
+	Allowed, Denied uint64 // requests decided, an AllowAll's included (see Stats)
 	Errors          Errors // requests that ended with an error
 	Peeks, Refunds  uint64
 	Keys            int64 // keys tracked

@@ -38,6 +38,10 @@ type Hold struct {
 	// keys that are not created; a Commit that admits creates them in the
 	// room the caller reserved.
 	Fresh []int
+	// Requests is how many of the call's requests name the part's keys
+	// (more than its Items when a key is named twice): the decisions the
+	// shard counts, all allowed or all denied, when it carries out Commit.
+	Requests int
 }
 
 // HoldCmd is a step of a hold. It is internal to tokenshard: only packages

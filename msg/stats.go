@@ -49,8 +49,8 @@ func KindOf(err error) ErrKind {
 type Counter int
 
 const (
-	Allowed       Counter = iota // requests decided and admitted
-	Denied                       // requests decided and refused
+	Allowed       Counter = iota // requests decided and admitted, an AllowAll's at its Commit
+	Denied                       // requests decided and refused, an AllowAll's at its Commit
 	Peeks                        // Peek calls answered
 	Refunds                      // Refund calls answered
 	Cutovers                     // cutovers published

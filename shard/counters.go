@@ -114,6 +114,18 @@ func (s *Shard) countBatch(now int64, b *msg.Batch) {
 	}
 }
 
+// countHold tallies a committed hold part's requests: each is a decision,
+// allowed if the call admitted them all, else denied (none was charged).
+// They are published like a served part's counts.
+func (s *Shard) countHold(h *msg.Hold, admit bool) {
+	if admit {
+		s.stats.c[msg.Allowed] += uint64(h.Requests)
+	} else {
+		s.stats.c[msg.Denied] += uint64(h.Requests)
+	}
+	s.served()
+}
+
 // sample sends one decision in every st.every to events, never waiting.
 func (s *Shard) sample(now int64, key string, cost int64, r *msg.Reply) {
 	st := &s.stats

@@ -173,6 +173,7 @@ func (s *Shard) holdStep(b *msg.Batch, c msg.HoldCmd) bool {
 		return false
 	case msg.HoldCommit:
 		s.state.holdCommit(c.T, b.Items, c.Admit)
+		s.countHold(h, c.Admit)
 	default:
 		s.state.holdRelease(b.Items)
 	}
