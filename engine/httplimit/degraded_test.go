@@ -41,7 +41,7 @@ func (a degradedAdmitter) AllowAll(context.Context, []engine.Request) (engine.De
 // called. A degraded admission reaches the handler without RateLimit
 // fields. Both through Allow and, under WithKeys, AllowAll.
 func TestDegradedDecisions(t *testing.T) {
-	keys := func(*http.Request) ([]engine.Request, error) {
+	keys := func(*http.Request, string) ([]engine.Request, error) {
 		return []engine.Request{{Key: "a", Cost: 1}, {Key: "b", Cost: 1}}, nil
 	}
 	deniedCalled := false

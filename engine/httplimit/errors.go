@@ -2,7 +2,8 @@ package httplimit
 
 import "errors"
 
-// Errors returned by this package. Test for them with errors.Is.
+// Errors returned by this package, or given to a WithOnError function. Test
+// for them with errors.Is.
 var (
 	// ErrInvalidOption: New was given a nil engine or an option it cannot
 	// use; the wrapping error names which one.
@@ -11,4 +12,18 @@ var (
 	// socket listener, or a handler that rewrote it). Returned by ClientIP,
 	// and so by the default key function, which answers 500.
 	ErrNoClientIP = errors.New("httplimit: no client IP in request")
+	// ErrKeyFunc: the WithKey, WithClientKey or WithKeys function returned
+	// an error, which the error given to WithOnError wraps too. Answered
+	// with 500.
+	ErrKeyFunc = errors.New("httplimit: the key function failed")
+	// ErrCostBelowOne: the WithCost function, or a request of a WithKeys
+	// function, gave a cost below 1. Answered with 500.
+	ErrCostBelowOne = errors.New("httplimit: cost below 1")
+	// ErrDegraded: a store's failure rule denied the request
+	// (engine.Decision.Degraded), answered with 503; the wrapping error
+	// gives the decision's RetryAfter.
+	ErrDegraded = errors.New("httplimit: denied by the store's failure rule")
+	// ErrAdmitterContract: the engine.Admitter answered AllowAll with a
+	// binding index outside the requests it was given. Answered with 500.
+	ErrAdmitterContract = errors.New("httplimit: the admitter broke its contract")
 )

@@ -251,7 +251,7 @@ func ExampleWithKeys() {
 
 	mw, err := httplimit.New(e,
 		httplimit.WithPolicyName("user"),
-		httplimit.WithKeys(func(r *http.Request) ([]engine.Request, error) {
+		httplimit.WithKeys(func(r *http.Request, _ string) ([]engine.Request, error) {
 			user, tenant := r.Header.Get("X-User"), r.Header.Get("X-Tenant")
 			if user == "" || tenant == "" {
 				return nil, errors.New("no user or tenant")

@@ -3,6 +3,7 @@ package httplimit
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tokenshard/tokenshard/engine"
@@ -87,6 +88,9 @@ func validPolicyName(name string) bool {
 // Retry-After SHOULD NOT point earlier than the end of the effective window,
 // and until then the client can indeed spend no more than r.
 //
+// Under WithShadow there is no Retry-After, and the items are added to any
+// the fields already have (see WithShadow).
+//
 // The fields are built in one stack buffer and stored as one string and one
 // slice of values, set under their canonical keys (which net/http.Header.Set
 // would compute, allocating): two allocations per request, at any number of
@@ -136,6 +140,13 @@ func (m *Middleware) setRateLimit(h http.Header, key string, d engine.Decision) 
 		buf = strconv.AppendInt(buf, t, 10)
 	}
 
+	if m.shadow {
+		// Never a Retry-After: nothing is refused. The items join any an
+		// outer middleware set, as one List each.
+		h[headerPolicy] = []string{joinList(h[headerPolicy], buf[:policyEnd])}
+		h[headerRateLimit] = []string{joinList(h[headerRateLimit], buf[policyEnd:limitEnd])}
+		return
+	}
 	fields := string(buf)
 	n := 2
 	if !d.Allowed {
@@ -149,6 +160,26 @@ func (m *Middleware) setRateLimit(h http.Header, key string, d engine.Decision) 
 		vals[2] = fields[limitEnd:]
 		h[headerRetryAfter] = vals[2:3:3]
 	}
+}
+
+// joinList is the List of the field lines have, then items, as one line:
+// RFC 9651 section 4.2 parses several lines of a List as the lines joined
+// with commas, and one line keeps Header.Get, which reads only the first,
+// seeing every item.
+func joinList(have []string, items []byte) string {
+	n := len(items)
+	for _, l := range have {
+		n += len(l) + len(", ")
+	}
+	out := make([]byte, 0, n)
+	for _, l := range have {
+		if strings.TrimSpace(l) == "" {
+			continue
+		}
+		out = append(out, l...)
+		out = append(out, ", "...)
+	}
+	return string(append(out, items...))
 }
 
 // appendBand appends the parameters of one RateLimit-Policy item: q the

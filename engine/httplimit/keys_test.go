@@ -20,7 +20,7 @@ import (
 
 // keysHeader reads the requests of the "Keys" header: "a=1,b=2"; a key
 // without "=n" costs 1, and "fail" makes the function fail.
-func keysHeader(r *http.Request) ([]engine.Request, error) {
+func keysHeader(r *http.Request, _ string) ([]engine.Request, error) {
 	v := r.Header.Get("Keys")
 	if v == "fail" {
 		return nil, errors.New("no keys")

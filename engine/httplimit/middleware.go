@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/tokenshard/tokenshard/engine"
@@ -41,6 +42,50 @@ type Middleware struct {
 	policyName string // the default limit's quota name
 	quotedName string // policyName as a structured-field String
 	overload   string // WithOverloadRetryAfter in seconds; "" when not given
+	onError    ErrorFunc
+	shadow     bool
+	client     func(r *http.Request) (string, error) // the grouped client
+	counts     counts
+}
+
+// Stats counts the requests a Middleware has handled since New, under
+// every Handler it returned. Decided + Errors is every request.
+type Stats struct {
+	// Decided is the requests the engine decided, Degraded ones included.
+	Decided uint64
+	// Refused is the decided requests a limit denied. Under WithShadow they
+	// were admitted: Refused is the requests enforcement would have
+	// answered with 429.
+	Refused uint64
+	// Degraded is the decided requests a store's failure rule decided
+	// (engine.Decision.Degraded), admitted or denied.
+	Degraded uint64
+	// Errors is the requests that could not be decided, each given to the
+	// WithOnError function (see its list).
+	Errors uint64
+}
+
+// counts holds Stats as atomic counters, each on its own cache line, since
+// every request adds to one or two of them.
+type counts struct {
+	decided, refused, degraded, errors paddedCounter
+}
+
+type paddedCounter struct {
+	atomic.Uint64
+	_ [56]byte
+}
+
+// Stats returns the counts of the requests m has handled so far. Each field
+// is read atomically, but not all at one instant: under load they may
+// differ by the requests in flight.
+func (m *Middleware) Stats() Stats {
+	return Stats{
+		Decided:  m.counts.decided.Load(),
+		Refused:  m.counts.refused.Load(),
+		Degraded: m.counts.degraded.Load(),
+		Errors:   m.counts.errors.Load(),
+	}
 }
 
 // reclaimer is the optional method of an Admitter that frees key slots in
@@ -78,29 +123,49 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 	}
 	m := &Middleware{
 		engine:     e,
-		key:        c.key,
 		keys:       c.keys,
 		cost:       c.cost,
 		denied:     c.denied,
 		policyName: c.policyName,
 		quotedName: string(appendSFString(nil, c.policyName)),
+		onError:    c.onError,
+		shadow:     c.shadow,
 	}
 	m.reclaim, _ = e.(reclaimer)
 	if c.overload > 0 {
 		m.overload = strconv.FormatInt(ceilSeconds(c.overload), 10)
 	}
-	if m.key == nil {
-		header, trusted, bits, f := c.header, c.trusted, c.ipv6Bits, c.clientKey
+	header, trusted, bits := c.header, c.trusted, c.ipv6Bits
+	m.client = func(r *http.Request) (string, error) {
+		a, err := ClientIP(r, header, trusted)
+		if err != nil {
+			return "", err
+		}
+		return ClientKey(a, bits), nil
+	}
+	switch f, g := c.key, c.clientKey; {
+	case f != nil:
 		m.key = func(r *http.Request) (string, error) {
-			a, err := ClientIP(r, header, trusted)
+			key, err := f(r)
+			if err != nil {
+				return "", fmt.Errorf("%w: %w", ErrKeyFunc, err)
+			}
+			return key, nil
+		}
+	case g != nil:
+		m.key = func(r *http.Request) (string, error) {
+			client, err := m.client(r)
 			if err != nil {
 				return "", err
 			}
-			if f == nil {
-				return ClientKey(a, bits), nil
+			key, err := g(r, client)
+			if err != nil {
+				return "", fmt.Errorf("%w: %w", ErrKeyFunc, err)
 			}
-			return f(r, ClientKey(a, bits))
+			return key, nil
 		}
+	default:
+		m.key = m.client
 	}
 	if m.cost == nil {
 		m.cost = func(*http.Request) int64 { return 1 }
@@ -110,91 +175,100 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 			http.Error(w, bodyDenied, http.StatusTooManyRequests)
 		}
 	}
+	if m.onError == nil {
+		m.onError = func(*http.Request, error) {}
+	}
 	return m, nil
 }
 
 // Handler returns next behind the rate limit. Each request is decided with
 // its own context before next runs; an admitted request reaches next with
 // the RateLimit header fields already set on w, a denied one never does.
-// The status codes are listed in the package documentation.
+// The status codes are listed in the package documentation. Under
+// WithShadow every request reaches next.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
-	if m.keys != nil {
-		return m.handlerAll(next)
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, err := m.key(r)
+		key, d, err := m.decide(r)
 		if err != nil {
-			http.Error(w, bodyKey, http.StatusInternalServerError)
-			return
-		}
-		cost := m.cost(r)
-		if cost < 1 {
-			http.Error(w, bodyCost, http.StatusInternalServerError)
-			return
-		}
-		d, err := m.engine.Allow(r.Context(), key, cost)
-		if err != nil {
+			m.counts.errors.Add(1)
+			m.onError(r, err)
+			if m.shadow {
+				next.ServeHTTP(w, r)
+				return
+			}
 			m.fail(w, err)
 			return
 		}
+		m.counts.decided.Add(1)
 		if d.Degraded {
 			m.degraded(w, r, d, next)
 			return
 		}
 		m.setRateLimit(w.Header(), key, d)
 		if !d.Allowed {
-			m.denied(w, r, d)
-			return
+			m.counts.refused.Add(1)
+			if !m.shadow {
+				m.denied(w, r, d)
+				return
+			}
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// handlerAll is Handler under WithKeys: one AllowAll per request, the
-// header fields those of the binding request's key.
-func (m *Middleware) handlerAll(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reqs, err := m.keys(r)
+// decide asks the engine about r: under WithKeys one AllowAll, the key
+// returned that of the binding request; else one Allow. An error is one
+// the request could not be decided for, ready for fail and the WithOnError
+// function.
+func (m *Middleware) decide(r *http.Request) (string, engine.Decision, error) {
+	if m.keys == nil {
+		key, err := m.key(r)
 		if err != nil {
-			http.Error(w, bodyKeys, http.StatusInternalServerError)
-			return
+			return "", engine.Decision{}, err
 		}
-		d, at, err := m.engine.AllowAll(r.Context(), reqs)
-		switch {
-		case errors.Is(err, engine.ErrAllowAllSize):
-			http.Error(w, bodyKeys, http.StatusInternalServerError)
-			return
-		case errors.Is(err, engine.ErrInvalidCost) && !errors.Is(err, engine.ErrCostExceedsCapacity):
-			http.Error(w, bodyCost, http.StatusInternalServerError)
-			return
-		case err != nil:
-			m.fail(w, err)
-			return
-		case at < 0 || at >= len(reqs):
-			http.Error(w, bodyFailed, http.StatusInternalServerError) // an Admitter outside its contract
-			return
+		cost := m.cost(r)
+		if cost < 1 {
+			return "", engine.Decision{}, fmt.Errorf("%w: %d", ErrCostBelowOne, cost)
 		}
-		if d.Degraded {
-			m.degraded(w, r, d, next)
-			return
-		}
-		m.setRateLimit(w.Header(), reqs[at].Key, d)
-		if !d.Allowed {
-			m.denied(w, r, d)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
+		d, err := m.engine.Allow(r.Context(), key, cost)
+		return key, d, err
+	}
+	client, err := m.client(r)
+	if err != nil {
+		return "", engine.Decision{}, err
+	}
+	reqs, err := m.keys(r, client)
+	if err != nil {
+		return "", engine.Decision{}, fmt.Errorf("%w: %w", ErrKeyFunc, err)
+	}
+	d, at, err := m.engine.AllowAll(r.Context(), reqs)
+	switch {
+	case errors.Is(err, engine.ErrInvalidCost) && !errors.Is(err, engine.ErrCostExceedsCapacity):
+		return "", engine.Decision{}, fmt.Errorf("%w: %w", ErrCostBelowOne, err)
+	case err != nil:
+		return "", engine.Decision{}, err
+	case at < 0 || at >= len(reqs):
+		return "", engine.Decision{}, fmt.Errorf("%w: AllowAll named request %d of %d", ErrAdmitterContract, at, len(reqs))
+	}
+	return reqs[at].Key, d, nil
 }
 
 // degraded answers a request that a store's failure rule decided
 // (engine.Decision.Degraded): no bucket was consulted, so no RateLimit
 // field is set. An admission goes to next; a denial is the server's
-// outage, not the client's limit, so it is a 503 with Retry-After the
-// decision's RetryAfter in whole seconds, rounded up and at least 1, and
-// never goes to the WithDenied function, which answers limits.
+// outage, not the client's limit, so it is given to the WithOnError
+// function and answered with 503, Retry-After the decision's RetryAfter in
+// whole seconds, rounded up and at least 1, and never goes to the
+// WithDenied function, which answers limits. Under WithShadow the denial
+// goes to next.
 func (m *Middleware) degraded(w http.ResponseWriter, r *http.Request, d engine.Decision, next http.Handler) {
+	m.counts.degraded.Add(1)
 	if d.Allowed {
+		next.ServeHTTP(w, r)
+		return
+	}
+	m.onError(r, fmt.Errorf("%w; retry after %v", ErrDegraded, d.RetryAfter))
+	if m.shadow {
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -202,7 +276,7 @@ func (m *Middleware) degraded(w http.ResponseWriter, r *http.Request, d engine.D
 	http.Error(w, bodyDegraded, http.StatusServiceUnavailable)
 }
 
-// fail answers a request the engine returned an error for.
+// fail answers a request that could not be decided, for err.
 //
 // A 503 for a full key table carries Retry-After only when it is known:
 // WithOverloadRetryAfter, else the engine's ReclaimAfter when it reclaims
@@ -210,8 +284,12 @@ func (m *Middleware) degraded(w http.ResponseWriter, r *http.Request, d engine.D
 // since any figure would be a guess the client would act on.
 func (m *Middleware) fail(w http.ResponseWriter, err error) {
 	switch {
-	case errors.Is(err, engine.ErrInvalidKey):
+	case errors.Is(err, ErrKeyFunc) && m.keys != nil, errors.Is(err, engine.ErrAllowAllSize):
+		http.Error(w, bodyKeys, http.StatusInternalServerError)
+	case errors.Is(err, ErrKeyFunc), errors.Is(err, ErrNoClientIP), errors.Is(err, engine.ErrInvalidKey):
 		http.Error(w, bodyKey, http.StatusInternalServerError)
+	case errors.Is(err, ErrCostBelowOne):
+		http.Error(w, bodyCost, http.StatusInternalServerError)
 	case errors.Is(err, engine.ErrInvalidCost):
 		// Only a cost above the key's capacity gets here: waiting never helps.
 		http.Error(w, bodyTooLarge, http.StatusRequestEntityTooLarge)

@@ -340,7 +340,6 @@ func TestNewInvalid(t *testing.T) {
 		"IPv6 prefix 129":          {httplimit.WithIPv6Prefix(129)},
 		"no header":                {httplimit.WithTrustedProxies(0, mustPrefix("10.0.0.0/8"))},
 		"unknown header":           {httplimit.WithTrustedProxies(3, mustPrefix("10.0.0.0/8"))},
-		"no prefixes":              {httplimit.WithTrustedProxies(httplimit.XForwardedFor)},
 		"invalid prefix":           {httplimit.WithTrustedProxies(httplimit.Forwarded, mustPrefix("10.0.0.0/8"), netipPrefixZero)},
 	} {
 		_, err := httplimit.New(e, opts...)

@@ -22,12 +22,18 @@ type KeyFunc func(r *http.Request) (string, error)
 type ClientKeyFunc func(r *http.Request, client string) (string, error)
 
 // KeysFunc derives the requests one HTTP request is limited by (see
-// WithKeys): a key and a cost each, decided together, all or nothing. An
-// error, no requests or more than engine.MaxAllowAll, a key the engine
-// rejects or a cost below 1 is the server's failure, answered with 500; a
-// key whose costs add up above its capacity can never be admitted, and is
-// answered with 413.
-type KeysFunc func(r *http.Request) ([]engine.Request, error)
+// WithKeys): a key and a cost each, decided together, all or nothing.
+// client is the default key, as a ClientKeyFunc is given it: ClientKey of
+// the address ClientIP finds, after WithTrustedProxies, grouped by
+// WithIPv6Prefix. An error, no requests or more than engine.MaxAllowAll, a
+// key the engine rejects or a cost below 1 is the server's failure,
+// answered with 500; a key whose costs add up above its capacity can never
+// be admitted, and is answered with 413.
+type KeysFunc func(r *http.Request, client string) ([]engine.Request, error)
+
+// ErrorFunc observes a request the middleware answered with an error status
+// (see WithOnError). err says why; test it with errors.Is.
+type ErrorFunc func(r *http.Request, err error)
 
 // CostFunc returns the tokens a request spends. A cost below 1 is the
 // server's failure, answered with 500; a cost above the key's capacity can
@@ -55,6 +61,8 @@ type config struct {
 	overload   time.Duration // 0: not set
 	header     ProxyHeader
 	trusted    []netip.Prefix
+	onError    ErrorFunc
+	shadow     bool
 }
 
 // DefaultPolicyName names the default limit's quota policy in the RateLimit
@@ -107,24 +115,25 @@ func WithClientKey(f ClientKeyFunc) Option {
 // each with its cost, and the middleware admits the request only if every
 // key's bucket holds its cost (engine.Admitter.AllowAll), taking every cost
 // then and none otherwise, so a request refused by one limit spends nothing
-// from the others. A key may appear more than once; its costs add up. A
-// user, their tenant and the whole service:
+// from the others. A key may appear more than once; its costs add up. f is
+// given the request and its client, resolved through the trusted proxies
+// and grouped as the default key is (see ClientKeyFunc), so a route's limit
+// and the client's own can be spent together:
 //
-//	httplimit.WithKeys(func(r *http.Request) ([]engine.Request, error) {
-//		return []engine.Request{
-//			{Key: "user:" + r.Header.Get("X-User"), Cost: 1},
-//			{Key: "tenant:" + r.Header.Get("X-Tenant"), Cost: 1},
-//			{Key: "global", Cost: 1},
-//		}, nil
+//	httplimit.WithKeys(func(r *http.Request, client string) ([]engine.Request, error) {
+//		if r.Pattern == "POST /login" {
+//			return []engine.Request{{Key: "login:" + client, Cost: 1}, {Key: client, Cost: 1}}, nil
+//		}
+//		return []engine.Request{{Key: client, Cost: 1}}, nil
 //	})
 //
 // The header fields describe the binding request, the one AllowAll names:
 // when denied, the key that waits longest, and when admitted, the key with
 // the fewest tokens left; its limit and band are written as they would be
 // for that key alone. Give the limits of the keys overrides with a Name
-// ("tenant:*" named "tenant") so that a client can tell which quota bound.
-// f is given the request only, as a KeyFunc is; the client, if one key
-// needs it, is ClientKey of ClientIP. WithKeys excludes WithKey,
+// ("login:*" named "login") so that a client can tell which quota bound.
+// When the client address cannot be found (ErrNoClientIP), f is not called
+// and the request is answered with 500. WithKeys excludes WithKey,
 // WithClientKey and WithCost, which it replaces.
 func WithKeys(f KeysFunc) Option {
 	return func(c *config) error {
@@ -132,6 +141,58 @@ func WithKeys(f KeysFunc) Option {
 			return fmt.Errorf("%w: WithKeys(nil)", ErrInvalidOption)
 		}
 		c.keys = f
+		return nil
+	}
+}
+
+// WithOnError calls f for every request the middleware answers with an
+// error status of its own, any 4xx or 5xx but a limit's denial: a key or
+// cost function that fails or gives what the engine cannot use, no client
+// address, a cost above the capacity, a full key table, a closed engine, a
+// request whose context ended, a denial by a store's failure rule, and any
+// other engine error. err wraps the cause: ErrKeyFunc, ErrNoClientIP,
+// ErrCostBelowOne, ErrDegraded, ErrAdmitterContract, or the engine's error
+// (engine.ErrCostExceedsCapacity, engine.ErrKeyCapacity, engine.ErrClosed,
+// engine.ErrAllowAllSize, engine.ErrInvalidKey, a context error). Under
+// WithShadow the request is passed on instead, and f is called all the
+// same. f runs on the request's goroutine before the response is written;
+// it must be safe for concurrent use. Without it errors are not reported
+// anywhere, as the package never logs; the package documentation shows f
+// writing to a log/slog Logger.
+func WithOnError(f ErrorFunc) Option {
+	return func(c *config) error {
+		if f == nil {
+			return fmt.Errorf("%w: WithOnError(nil)", ErrInvalidOption)
+		}
+		c.onError = f
+		return nil
+	}
+}
+
+// WithShadow makes the middleware observe without enforcing: every request
+// is decided and spends its cost as it would under enforcement, so the
+// buckets hold what they would, and the RateLimit fields report it, but no
+// request is refused. A request the limit would deny reaches the wrapped
+// handler with its fields (r=0, t the time until it would be admitted) and
+// no Retry-After, and is counted in Stats().Refused. A request the
+// middleware could not decide (see WithOnError) reaches the handler too,
+// without fields, counted in Stats().Errors and given to the WithOnError
+// function; so is a denial by a store's failure rule, counted in
+// Stats().Degraded. WithDenied's function is never called.
+//
+// A shadow middleware adds its items to the RateLimit and RateLimit-Policy
+// fields that are already on the response, as one List each, under its own
+// names (give it a WithPolicyName of its own), and sets them when there are
+// none: alone it sets them as an enforcing middleware would. An enforcing
+// middleware sets its fields, replacing any. So a candidate limit is tried
+// beside the enforced one by putting the shadow middleware inside the
+// enforcing one (ExampleWithShadow): the enforced items come first and are
+// unchanged, and the shadow one sees the requests the enforced limit
+// admitted. Outside the enforcing one, it would see every request, but the
+// enforcing middleware would replace its items.
+func WithShadow() Option {
+	return func(c *config) error {
+		c.shadow = true
 		return nil
 	}
 }
@@ -182,7 +243,8 @@ func WithDenied(f DeniedFunc) Option {
 // WithTrustedProxies makes the client the address that the reverse proxies
 // in prefixes report in header h, as ClientIP describes: only when the
 // direct peer is one of them, and never an entry written in front of the
-// right-most untrusted address. Without this option no header is read.
+// right-most untrusted address. Without this option, or with no prefixes,
+// no proxy is trusted and no header is read: the client is RemoteAddr.
 // IPv4-mapped IPv6 prefixes are taken as the IPv4 prefixes they map. The
 // client so found, grouped by WithIPv6Prefix, is the default key and what
 // a WithClientKey function is given; a WithKey function is given neither.
@@ -191,8 +253,9 @@ func WithTrustedProxies(h ProxyHeader, prefixes ...netip.Prefix) Option {
 		if h != XForwardedFor && h != Forwarded {
 			return fmt.Errorf("%w: WithTrustedProxies: header %d is neither XForwardedFor nor Forwarded", ErrInvalidOption, int(h))
 		}
-		if len(prefixes) == 0 {
-			return fmt.Errorf("%w: WithTrustedProxies: no prefixes", ErrInvalidOption)
+		if len(prefixes) == 0 { // trusts nothing: as if it were not given
+			c.header, c.trusted = 0, nil
+			return nil
 		}
 		trusted := make([]netip.Prefix, len(prefixes))
 		for i, p := range prefixes {

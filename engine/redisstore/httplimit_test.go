@@ -41,7 +41,7 @@ func TestMiddlewareOnStore(t *testing.T) {
 // fields those of the binding key, and a refused request pays nothing.
 func TestMiddlewareWithKeysOnStore(t *testing.T) {
 	s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}}, clock.NewManual(0))
-	mw, err := httplimit.New(s, httplimit.WithKeys(func(r *http.Request) ([]engine.Request, error) {
+	mw, err := httplimit.New(s, httplimit.WithKeys(func(r *http.Request, _ string) ([]engine.Request, error) {
 		return []engine.Request{{Key: "user:" + r.Header.Get("X-User"), Cost: 1}, {Key: "global", Cost: 1}}, nil
 	}))
 	require.NoError(t, err)
