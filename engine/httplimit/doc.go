@@ -27,7 +27,8 @@
 //
 // The client's address comes from RemoteAddr. Forwarded headers are ignored
 // unless WithTrustedProxies names the proxies in front of the server and the
-// header they write (X-Forwarded-For or RFC 7239 Forwarded); then the client
+// header they write (X-Forwarded-For or RFC 7239 Forwarded; with no
+// prefixes it trusts nothing, as if not given); then the client
 // is the right-most address in that header that is not a trusted proxy, and
 // only when the direct peer is one. Trusting a header by default would let
 // each client pick its own key and never be limited. The header is parsed
@@ -46,7 +47,11 @@
 // # Several keys
 //
 // WithKeys limits a request by several keys at once, each with its own
-// cost: a user, their tenant and the whole service (ExampleWithKeys). The
+// cost. Its function is given the request and the grouped client, after
+// the proxies, as a WithClientKey function is: a login route spends from
+// the route's key for the client and from the client's own key at once
+// (ExampleWithKeys); a user, their tenant and the whole service is
+// another such set. The
 // engine decides them together (engine.Admitter.AllowAll): the request is
 // admitted only if every key holds its cost, and then pays every cost; a
 // request one limit refuses pays nothing to the others. The header fields
@@ -57,8 +62,9 @@
 // # Header fields
 //
 // Every decided request, admitted or denied, carries the RateLimit header
-// fields of draft-ietf-httpapi-ratelimit-headers-11 (May 2026; the field syntax
-// is the same since -08). Both are structured-field Lists. RateLimit-Policy
+// fields of draft-ietf-httpapi-ratelimit-headers-11 (23 May 2026), the
+// latest version of the draft published; its fields are spelled as in -08
+// to -10. Both are structured-field Lists (RFC 9651). RateLimit-Policy
 // has an Item for every band of the key's limit: its primary band (its
 // Capacity and rate, from its override or the policy), named for the key's
 // quota (below), then each band of its policy.BandSet, under the band's
@@ -80,7 +86,8 @@
 // token is a request when the cost is 1. Integers above 999,999,999,999,999
 // (the structured-field maximum) are sent as that maximum. The fields are
 // set on an admitted response before the wrapped handler runs, which may
-// change or remove them.
+// change or remove them. A middleware replaces the fields already on the
+// response, except under WithShadow, which adds its items to them (below).
 //
 // # Quota names
 //
@@ -115,6 +122,11 @@
 //
 // # Status codes
 //
+// Each error answer below (all but Admitted, Denied and Admitted by a
+// store's failure rule) is also given to the WithOnError function, with an
+// error that says why. Under WithShadow none of them is sent: every request
+// gets the wrapped handler's response (see Shadow mode).
+//
 //   - Admitted: the wrapped handler's response, with the fields above.
 //   - Denied: 429 Too Many Requests, Retry-After the retry estimate in whole
 //     seconds rounded up (a 1.2 s or a 2 s estimate is "2"), and the fields
@@ -126,7 +138,8 @@
 //     Unavailable, Retry-After the decision's RetryAfter in whole seconds
 //     rounded up and at least 1, and no RateLimit fields, as no bucket was
 //     consulted: the outage is the server's, not the client's limit. The
-//     WithDenied function is not called, since it answers limits.
+//     WithDenied function is not called, since it answers limits
+//     (ErrDegraded).
 //   - Admitted by a store's failure rule (Degraded, failing open): the
 //     wrapped handler's response, without RateLimit fields.
 //   - Key bound reached (engine.ErrKeyCapacity): 503 Service Unavailable and
@@ -148,10 +161,48 @@
 //     could not derive a rate-limit key (or cost). Under WithKeys, so are
 //     a KeysFunc error and no requests or more than engine.MaxAllowAll
 //     (engine.ErrAllowAllSize). These are the server's configuration
-//     failing.
+//     failing (ErrKeyFunc, ErrNoClientIP, engine.ErrInvalidKey,
+//     ErrCostBelowOne).
 //   - The request's context ended before the engine decided (the client went
 //     away, or a server deadline passed): 503 with no body, and nothing spent.
-//   - Any other engine error (engine.ErrClockRegression): 500.
+//   - Any other engine error (engine.ErrClockRegression), or an Admitter
+//     whose AllowAll names no request it was given (ErrAdmitterContract):
+//     500.
 //
 // The package writes bodies with http.Error and never logs.
+//
+// # Errors
+//
+// A server sees the errors it answered through WithOnError: its function is
+// called with the request and an error wrapping the cause, which errors.Is
+// tells apart (ErrKeyFunc and the key function's own error, ErrNoClientIP,
+// ErrCostBelowOne, ErrDegraded, engine.ErrKeyCapacity, engine.ErrClosed,
+// ...). Without it nothing is reported. Logged with log/slog
+// (ExampleWithOnError):
+//
+//	httplimit.WithOnError(func(r *http.Request, err error) {
+//		slog.WarnContext(r.Context(), "rate limit not applied", "path", r.URL.Path, "err", err)
+//	})
+//
+// # Shadow mode
+//
+// WithShadow tries a limit without enforcing it: each request is decided
+// and spends its cost as under enforcement, so the buckets and the fields
+// hold what enforcement would see, but every request reaches the wrapped
+// handler: a would-be denial, an error (given to WithOnError) and a denial
+// by a store's failure rule alike. Middleware.Stats counts the decisions,
+// the would-be refusals, the degraded decisions and the errors. A shadow
+// middleware adds its items to the RateLimit and RateLimit-Policy Lists
+// already on the response, or sets them when there are none, and never
+// sets Retry-After. Put it inside the enforcing middleware, under a policy
+// name of its own, to show a candidate limit beside the enforced one
+// (ExampleWithShadow):
+//
+//	RateLimit-Policy: "api";q=4;w=4, "candidate";q=2;w=2
+//	RateLimit: "api";r=2;t=2, "candidate";r=0;t=2
+//
+// Inside, it decides only the requests the enforced limit admitted; outside
+// it, it would decide every request, but the enforcing middleware would
+// replace its items. Stats counts under an enforcing middleware too, where
+// Refused is the 429s.
 package httplimit

@@ -7,9 +7,12 @@ import (
 	"expvar"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"strings"
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
@@ -226,22 +229,19 @@ func ExampleMiddleware_Handler() {
 	// ratelimit published: true
 }
 
-// One request limited by three keys: its user (3 requests, 1 a second),
-// its tenant (4, 1 a second) and the whole service (100, 50 a second),
-// admitted only if all three hold a token and then paid from each. The
-// overrides' names say in the fields which quota bound: the tenant's
-// fourth request empties it, so the fifth is refused by "tenant" and
-// neither erin nor the global bucket pays for it.
+// A login route limited by two keys at once: the route's key for the
+// client, 2 logins refilled at 1 a second, and the client's own key, 5
+// requests at 1 a second, which every route spends. The function is given
+// the client already found (here behind a load balancer) and grouped. A
+// login the route's limit refuses spends nothing from the client's key, so
+// a client locked out of /login keeps its budget for the rest of the API.
 func ExampleWithKeys() {
-	ov, err := policy.NewOverrideSet(
-		policy.Override{Match: "tenant:*", Capacity: 4, TokensPerSecond: 1, Name: "tenant"},
-		policy.Override{Match: "global", Capacity: 100, TokensPerSecond: 50, Name: "global"},
-	)
+	ov, err := policy.NewOverrideSet(policy.Override{Match: "login:*", Capacity: 2, TokensPerSecond: 1, Name: "login"})
 	if err != nil {
 		panic(err)
 	}
 	e, err := engine.New(engine.Config{
-		Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1, Overrides: ov},
+		Policy: policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1, Overrides: ov},
 		Clock:  clock.NewManual(0),
 	})
 	if err != nil {
@@ -250,40 +250,137 @@ func ExampleWithKeys() {
 	defer e.Close()
 
 	mw, err := httplimit.New(e,
-		httplimit.WithPolicyName("user"),
-		httplimit.WithKeys(func(r *http.Request, _ string) ([]engine.Request, error) {
-			user, tenant := r.Header.Get("X-User"), r.Header.Get("X-Tenant")
-			if user == "" || tenant == "" {
-				return nil, errors.New("no user or tenant")
+		httplimit.WithPolicyName("client"),
+		httplimit.WithTrustedProxies(httplimit.XForwardedFor, netip.MustParsePrefix("10.0.0.0/8")),
+		httplimit.WithKeys(func(r *http.Request, client string) ([]engine.Request, error) {
+			if r.Pattern == "POST /login" {
+				return []engine.Request{{Key: "login:" + client, Cost: 1}, {Key: client, Cost: 1}}, nil
 			}
-			return []engine.Request{
-				{Key: "user:" + user, Cost: 1},
-				{Key: "tenant:" + tenant, Cost: 1},
-				{Key: "global", Cost: 1},
-			}, nil
+			return []engine.Request{{Key: client, Cost: 1}}, nil
+		}))
+	if err != nil {
+		panic(err)
+	}
+	ok := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	mux := http.NewServeMux()
+	mux.Handle("POST /login", mw.Handler(ok)) // inside the mux: r.Pattern is set
+	mux.Handle("GET /api/", mw.Handler(ok))
+
+	for _, req := range []string{"POST /login", "POST /login", "POST /login", "GET /api/orders"} {
+		method, path, _ := strings.Cut(req, " ")
+		r := httptest.NewRequest(method, path, nil)
+		r.RemoteAddr = "10.0.0.5:52000" // the load balancer
+		r.Header.Set("X-Forwarded-For", "203.0.113.7")
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, r)
+		fmt.Println(req, rec.Code, rec.Header().Get("RateLimit"))
+	}
+	client, _ := e.Peek(context.Background(), "203.0.113.7")
+	fmt.Println("203.0.113.7 has", client.Remaining, "left")
+	// Output:
+	// POST /login 200 "login";r=1;t=1
+	// POST /login 200 "login";r=0;t=2
+	// POST /login 429 "login";r=0;t=1
+	// GET /api/orders 200 "client";r=2;t=3
+	// 203.0.113.7 has 2 left
+}
+
+// Errors the middleware answers itself (a key it cannot derive, a full key
+// table, a store it cannot reach) are given to the WithOnError function,
+// here logged with log/slog; the package itself never logs. A limit's 429
+// is not an error. The handler drops the time so the output is fixed; a
+// server would use slog.Default() or its own Logger.
+func ExampleWithOnError() {
+	e, err := engine.New(engine.Config{
+		Policy: policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1},
+		Clock:  clock.NewManual(0),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer e.Close()
+
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+	mw, err := httplimit.New(e,
+		httplimit.WithKey(func(r *http.Request) (string, error) {
+			token := r.Header.Get("X-API-Token")
+			if token == "" {
+				return "", errors.New("no X-API-Token")
+			}
+			return token, nil
+		}),
+		httplimit.WithOnError(func(r *http.Request, err error) {
+			logger.LogAttrs(r.Context(), slog.LevelWarn, "rate limit not applied",
+				slog.String("path", r.URL.Path), slog.Any("err", err),
+				slog.Bool("key", errors.Is(err, httplimit.ErrKeyFunc)))
 		}))
 	if err != nil {
 		panic(err)
 	}
 	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 
-	for _, who := range [][2]string{{"alice", "acme"}, {"bob", "acme"}, {"carol", "acme"}, {"dave", "acme"}, {"erin", "acme"}, {"alice", "zeta"}} {
-		r := httptest.NewRequest(http.MethodGet, "/", nil)
-		r.Header.Set("X-User", who[0])
-		r.Header.Set("X-Tenant", who[1])
+	for _, token := range []string{"t1", "t1", ""} {
+		r := httptest.NewRequest(http.MethodGet, "/orders", nil)
+		if token != "" {
+			r.Header.Set("X-API-Token", token)
+		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)
-		fmt.Println(who[0], who[1], rec.Code, rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit"))
+		fmt.Println(rec.Code)
 	}
-	erin, _ := e.Peek(context.Background(), "user:erin")
-	global, _ := e.Peek(context.Background(), "global")
-	fmt.Println("erin", erin.Remaining, "global", global.Remaining)
 	// Output:
-	// alice acme 200 "user";q=3;w=3 "user";r=2;t=1
-	// bob acme 200 "user";q=3;w=3 "user";r=2;t=1
-	// carol acme 200 "tenant";q=4;w=4 "tenant";r=1;t=3
-	// dave acme 200 "tenant";q=4;w=4 "tenant";r=0;t=4
-	// erin acme 429 "tenant";q=4;w=4 "tenant";r=0;t=1
-	// alice zeta 200 "user";q=3;w=3 "user";r=1;t=2
-	// erin 3 global 95
+	// 200
+	// 429
+	// level=WARN msg="rate limit not applied" path=/orders err="httplimit: the key function failed: no X-API-Token" key=true
+	// 500
+}
+
+// A candidate limit tried in shadow beside the enforced one: the enforced
+// limit, "api", 4 requests at 1 a second, refuses; the candidate, 2 at 1 a
+// second on an engine of its own, is decided and spends as if enforced,
+// its items follow the enforced ones in the fields, and Stats counts what
+// it would have refused, but it refuses nothing. The shadow middleware is
+// inside the enforcing one, so it decides what the enforced limit admits.
+func ExampleWithShadow() {
+	enforced, _ := engine.New(engine.Config{
+		Policy: policy.Policy{Version: 1, Capacity: 4, TokensPerSecond: 1},
+		Clock:  clock.NewManual(0),
+	})
+	defer enforced.Close()
+	candidate, _ := engine.New(engine.Config{
+		Policy: policy.Policy{Version: 1, Capacity: 2, TokensPerSecond: 1},
+		Clock:  clock.NewManual(0),
+	})
+	defer candidate.Close()
+
+	enforcing, err := httplimit.New(enforced, httplimit.WithPolicyName("api"))
+	if err != nil {
+		panic(err)
+	}
+	shadow, err := httplimit.New(candidate, httplimit.WithShadow(), httplimit.WithPolicyName("candidate"))
+	if err != nil {
+		panic(err)
+	}
+	h := enforcing.Handler(shadow.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+
+	for range 5 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		fmt.Println(rec.Code, rec.Header().Get("RateLimit"))
+	}
+	fmt.Printf("%+v\n", shadow.Stats())
+	// Output:
+	// 200 "api";r=3;t=1, "candidate";r=1;t=1
+	// 200 "api";r=2;t=2, "candidate";r=0;t=2
+	// 200 "api";r=1;t=3, "candidate";r=0;t=1
+	// 200 "api";r=0;t=4, "candidate";r=0;t=1
+	// 429 "api";r=0;t=1
+	// {Decided:4 Refused:2 Degraded:0 Errors:0}
 }
