@@ -29,9 +29,10 @@ const (
 
 // Middleware admits HTTP requests through an engine.Admitter: the
 // in-process engine.Engine, or a redisstore.Store for one quota shared by
-// every replica of a service. It is immutable
-// after New and safe for concurrent use; the zero value is not usable. Build
-// it with New and wrap handlers with Handler.
+// every replica of a service. Its configuration is fixed by New, it counts
+// the requests it handles (Stats), and it is safe for concurrent use; the
+// zero value is not usable. Build it with New and wrap handlers with
+// Handler.
 type Middleware struct {
 	engine     engine.Admitter
 	reclaim    reclaimer // e, if it estimates when a key slot frees up; else nil

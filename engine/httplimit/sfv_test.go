@@ -317,9 +317,10 @@ func TestSFParser(t *testing.T) {
 // Integer q (required, the quota) and w (the window in seconds);
 // RateLimit a List of Items, each a String naming a policy of
 // RateLimit-Policy, with an Integer r (required, the remaining quota, at
-// most that policy's q) and t (the seconds until the quota resets). On a
-// 429 Retry-After is t of the first item. It returns the RateLimit items
-// by name, r and t.
+// most that policy's q) and t (the seconds until the quota resets). The
+// draft lets other parameters through as comments; this package sends only
+// those it defines. On a 429 Retry-After is t of the first item. It returns
+// the RateLimit items by name, r and t.
 func checkDraftFields(t *testing.T, h http.Header, status int) map[string][2]int64 {
 	t.Helper()
 	pol, err := parseSFList(h.Values("RateLimit-Policy"))
