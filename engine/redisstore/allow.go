@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -45,6 +46,15 @@ type item struct {
 // only if it is done before the call starts, or canceled during it.
 // Concurrent Allows share script calls (see the package doc).
 func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	d, err := s.allow(ctx, key, cost)
+	var t tally
+	t.add(d, err)
+	s.count(&t)
+	return d, err
+}
+
+// allow is Allow without its counting.
+func (s *Store) allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
 	switch {
 	case strings.TrimSpace(key) == "" || len(key) > s.maxKeyBytes:
 		return engine.Decision{}, engine.ErrInvalidKey
@@ -99,7 +109,9 @@ func (s *Store) answerEarly(items []item, err error) {
 // decision, so when Redis cannot answer it returns an error wrapping
 // ErrUnavailable rather than the fail-open or fail-closed answer.
 func (s *Store) Peek(ctx context.Context, key string) (engine.Decision, error) {
-	return s.inspect(ctx, "p", key, 1)
+	d, err := s.inspect(ctx, "p", key, 1)
+	s.countInspect(&s.peeks, err)
+	return d, err
 }
 
 // Refund credits tokens (>= 1, else engine.ErrInvalidCost) back to key,
@@ -110,7 +122,18 @@ func (s *Store) Peek(ctx context.Context, key string) (engine.Decision, error) {
 // refund, and fails like Peek. A refund whose answer is lost may or may not
 // have been credited; it is never credited twice.
 func (s *Store) Refund(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
-	return s.inspect(ctx, "r", key, tokens)
+	d, err := s.inspect(ctx, "r", key, tokens)
+	s.countInspect(&s.refunds, err)
+	return d, err
+}
+
+// countInspect counts a Peek or Refund: answered in n, or an error.
+func (s *Store) countInspect(n *atomic.Uint64, err error) {
+	if err != nil {
+		s.errs[kindOf(err)].Add(1)
+	} else {
+		n.Add(1)
+	}
 }
 
 // inspect runs one Peek (mode "p") or Refund (mode "r").
@@ -151,6 +174,17 @@ func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []eng
 	if len(out) < len(reqs) {
 		return engine.ErrInvalidConfig
 	}
+	err := s.allowBatch(ctx, reqs, out)
+	var t tally
+	for i := range reqs {
+		t.add(out[i].Decision, out[i].Err)
+	}
+	s.count(&t)
+	return err
+}
+
+// allowBatch is AllowBatch, out long enough, without its counting.
+func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
 	fail := error(nil)
 	switch {
 	case s.closed.Load():

@@ -76,6 +76,27 @@ const aboveInt64 = "9223372036854775808"
 // some: the script runs whole or not at all. A context canceled during the
 // call returns its error, and the call, likewise, took every cost or none.
 func (s *Store) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Decision, int, error) {
+	d, at, err := s.allowAll(ctx, reqs)
+	switch {
+	case err != nil:
+		s.allErrs[kindOf(err)].Add(1)
+	case d.Allowed:
+		s.allAdmitted.Add(1)
+	default:
+		s.allRefused.Add(1)
+	}
+	switch n := uint64(len(reqs)); {
+	case err != nil, d.Degraded: // no decision, or counted by countFailures
+	case d.Allowed:
+		s.allowed.Add(n)
+	default:
+		s.denied.Add(n)
+	}
+	return d, at, err
+}
+
+// allowAll is AllowAll without its counting.
+func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Decision, int, error) {
 	if len(reqs) == 0 || len(reqs) > engine.MaxAllowAll {
 		return engine.Decision{}, -1, engine.ErrAllowAllSize
 	}

@@ -130,7 +130,7 @@ func TestCombinedGiveUpBeforeSend(t *testing.T) {
 	require.Equal(t, redisstore.DefaultFailRetryAfter, d2.RetryAfter, "w2 gets the fail-closed answer")
 	require.True(t, d2.Degraded, "w2: %+v", d2)
 	require.False(t, d1.Degraded, "w1: %+v", d1)
-	require.Equal(t, redisstore.Stats{Decisions: 3, Failures: 1, DegradedDenied: 1}, st)
+	require.Equal(t, redisstore.Stats{Allowed: 3, Decisions: 3, Failures: 1, DegradedDenied: 1, Peeks: 1}, st, "and the helper's Peek")
 	require.EqualValues(t, 3, taken, "w2's request was not sent: 3 tokens taken, not 4")
 	require.EqualValues(t, 1, onErrors)
 }
@@ -146,7 +146,7 @@ func TestCombinedGiveUpDuringCall(t *testing.T) {
 	require.False(t, d2.Allowed, "w2: %+v", d2)
 	require.Equal(t, redisstore.DefaultFailRetryAfter, d2.RetryAfter, "w2 gets the fail-closed answer")
 	require.True(t, d2.Degraded, "w2: %+v", d2)
-	require.Equal(t, redisstore.Stats{Decisions: 3, Failures: 1, DegradedDenied: 1}, st, "every request counted once")
+	require.Equal(t, redisstore.Stats{Allowed: 3, Decisions: 3, Failures: 1, DegradedDenied: 1, Peeks: 1}, st, "every request counted once (and the helper's Peek)")
 	require.EqualValues(t, 4, taken, "w2 was sent: Redis took its token")
 	require.EqualValues(t, 1, onErrors)
 }

@@ -138,10 +138,13 @@ func TestStartWithoutRedis(t *testing.T) {
 			st := s.Stats()
 			require.Zero(t, st.Decisions)
 			require.Equal(t, uint64(5), st.Failures)
+			// Peek and Refund are errors (Other); the AllowAll is one call,
+			// answered as its Decision says.
+			errs := engine.Errors{InvalidCost: 1, Other: 2}
 			if failOpen {
-				require.Equal(t, redisstore.Stats{Failures: 5, DegradedAllowed: 5}, st)
+				require.Equal(t, redisstore.Stats{Failures: 5, DegradedAllowed: 5, Errors: errs, AllowAll: engine.AllowAllStats{Admitted: 1}}, st)
 			} else {
-				require.Equal(t, redisstore.Stats{Failures: 5, DegradedDenied: 5}, st)
+				require.Equal(t, redisstore.Stats{Failures: 5, DegradedDenied: 5, Errors: errs, AllowAll: engine.AllowAllStats{Refused: 1}}, st)
 			}
 
 			srv.Restart(t)

@@ -118,16 +118,124 @@ type Config struct {
 	Clock clock.Clock
 }
 
-// Stats counts what a Store did since New.
+// Stats counts what a Store did since New, in the terms of engine.Stats
+// where they apply, so that one dashboard serves the engine and the store
+// (engine/promstats and engine/promstats/storestats export both alike).
+//
+// Every call is counted once, by what it returned: Allowed + Denied +
+// Failures + Peeks + Refunds + Errors.Sum() equals the Allow, Peek and
+// Refund calls that returned plus the requests of AllowBatch calls plus the
+// requests of the AllowAll calls that returned a Decision. Each request of
+// such an AllowAll is one decision, as on the engine: all Allowed when
+// Redis admitted the call, all Denied when it refused it (nothing was
+// taken from any key), all in Failures when the failure rule answered it.
+// AllowAll calls are counted apart too, in AllowAll, one per call.
 type Stats struct {
-	Decisions uint64 // requests decided by Redis
+	// Allowed and Denied count the requests Redis decided, by outcome.
+	Allowed, Denied uint64
 	// Failures counts the requests answered by the fail-open or fail-closed
 	// rule (each Decision marked Degraded), also before the store first
 	// reached Redis: DegradedAllowed plus DegradedDenied.
 	Failures        uint64
 	DegradedAllowed uint64 // of Failures, those admitted (fail open)
 	DegradedDenied  uint64 // of Failures, those denied (fail closed)
-	Retries         uint64 // script calls repeated for a newer policy or a bucket's history
+	Peeks, Refunds  uint64 // Peek and Refund calls answered
+	// Errors counts the Allow, Peek and Refund calls and the AllowBatch
+	// requests that ended with an error, by kind as engine.Errors: Other
+	// for any error of no other kind, such as engine.ErrNilContext or one
+	// wrapping ErrUnavailable (a Peek or Refund Redis did not answer, or a
+	// reply the store could not read); Redis out of memory is KeyCapacity
+	// and engine.ErrCostExceedsCapacity InvalidCost. ClockRegression stays
+	// 0: Redis's TIME is the clock.
+	Errors engine.Errors
+	// AllowAll counts AllowAll calls, one per call: admitted, refused (by
+	// Redis or by the failure rule, as the Decision says), or ended with an
+	// error (by kind, as Errors; ErrCrossShard is Other). Admitted +
+	// Refused + Errors.Sum() equals the calls that returned.
+	AllowAll engine.AllowAllStats
+	// Decisions counts the requests Redis decided, as Allowed + Denied
+	// does, and also those Redis answered with an error
+	// (engine.ErrCostExceedsCapacity, or a reply the store could not read).
+	Decisions uint64
+	Retries   uint64 // script calls repeated for a newer policy or a bucket's history
+}
+
+// errKind indexes the store's error counters, in engine.Errors order.
+type errKind int
+
+const (
+	kindInvalidKey errKind = iota
+	kindInvalidCost
+	kindClosed
+	kindContext
+	kindKeyCapacity
+	kindOther
+	numKinds
+)
+
+// kindOf returns the kind err is counted as (see Stats.Errors).
+func kindOf(err error) errKind {
+	switch {
+	case errors.Is(err, ErrUnavailable):
+		return kindOther // Redis's fault, whatever deadline it met
+	case errors.Is(err, engine.ErrInvalidKey):
+		return kindInvalidKey
+	case errors.Is(err, engine.ErrInvalidCost), errors.Is(err, engine.ErrCostExceedsCapacity):
+		return kindInvalidCost
+	case errors.Is(err, engine.ErrClosed):
+		return kindClosed
+	case errors.Is(err, engine.ErrKeyCapacity):
+		return kindKeyCapacity
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return kindContext
+	}
+	return kindOther
+}
+
+// errCounts counts errors by kind.
+type errCounts [numKinds]atomic.Uint64
+
+func (c *errCounts) read() engine.Errors {
+	return engine.Errors{
+		InvalidKey: c[kindInvalidKey].Load(), InvalidCost: c[kindInvalidCost].Load(), Closed: c[kindClosed].Load(),
+		Context: c[kindContext].Load(), KeyCapacity: c[kindKeyCapacity].Load(), Other: c[kindOther].Load(),
+	}
+}
+
+// tally is what one call answered, counted on the caller's side and added
+// to the store's counters at once.
+type tally struct {
+	allowed, denied uint64
+	errs            [numKinds]uint64
+}
+
+// add counts one request's answer: an error by kind, a decision by outcome.
+// A Degraded answer is not counted here: countFailures counted it.
+func (t *tally) add(d engine.Decision, err error) {
+	switch {
+	case err != nil:
+		t.errs[kindOf(err)]++
+	case d.Degraded:
+	case d.Allowed:
+		t.allowed++
+	default:
+		t.denied++
+	}
+}
+
+// count adds t to the store's counters.
+func (s *Store) count(t *tally) {
+	if t.allowed > 0 {
+		s.allowed.Add(t.allowed)
+	}
+	if t.denied > 0 {
+		s.denied.Add(t.denied)
+	}
+	for k, n := range t.errs {
+		if n > 0 {
+			s.errs[k].Add(n)
+		}
+	}
 }
 
 // Store is an engine.Admitter whose buckets live in Redis, so that every
@@ -161,6 +269,11 @@ type Store struct {
 
 	decisions, retries       atomic.Uint64
 	failedOpen, failedClosed atomic.Uint64 // requests answered by the failure rule, admitted or denied
+	allowed, denied          atomic.Uint64 // requests Redis decided, by outcome (see Stats)
+	peeks, refunds           atomic.Uint64
+	errs                     errCounts // Allow, Peek, Refund and AllowBatch errors
+	allAdmitted, allRefused  atomic.Uint64
+	allErrs                  errCounts // AllowAll's
 
 	// What New was given, for connect: installed if the prefix has none.
 	cfgPolicy policy.Policy
@@ -769,7 +882,13 @@ func (s *Store) Policy() policy.Policy { return s.cur.Load().p }
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
-	st := Stats{Decisions: s.decisions.Load(), DegradedAllowed: s.failedOpen.Load(), DegradedDenied: s.failedClosed.Load(), Retries: s.retries.Load()}
+	st := Stats{
+		Allowed: s.allowed.Load(), Denied: s.denied.Load(),
+		DegradedAllowed: s.failedOpen.Load(), DegradedDenied: s.failedClosed.Load(),
+		Peeks: s.peeks.Load(), Refunds: s.refunds.Load(), Errors: s.errs.read(),
+		AllowAll:  engine.AllowAllStats{Admitted: s.allAdmitted.Load(), Refused: s.allRefused.Load(), Errors: s.allErrs.read()},
+		Decisions: s.decisions.Load(), Retries: s.retries.Load(),
+	}
 	st.Failures = st.DegradedAllowed + st.DegradedDenied
 	return st
 }
