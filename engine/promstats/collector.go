@@ -7,10 +7,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/promstats/internal/vocab"
 )
 
 // Namespace starts the name of every metric the Collector exports.
-const Namespace = "tokenshard"
+const Namespace = vocab.Namespace
 
 // Option configures New.
 type Option func(*config)
@@ -64,45 +65,31 @@ const (
 	numMetrics
 )
 
-// metrics gives each metric its name (after the namespace), help text and
-// labels; a perShard one takes the "shard" label under WithShardLabels.
+// metrics gives each metric its family (name after the namespace, help
+// text and labels; those storestats exports too come from vocab); a
+// perShard one takes the "shard" label under WithShardLabels.
 var metrics = [numMetrics]struct {
-	name, help string
-	labels     []string
-	perShard   bool
+	vocab.Family
+	perShard bool
 }{
-	decisions:        {"decisions_total", "Requests decided by the engine's shards, by outcome.", []string{"outcome"}, false},
-	peeks:            {"peeks_total", "Peek calls answered.", nil, false},
-	refunds:          {"refunds_total", "Refund calls answered.", nil, false},
-	errorsByKind:     {"errors_total", "Calls that ended with an error, by kind, including those refused before reaching a shard.", []string{"kind"}, false},
-	keys:             {"keys", "Keys tracked.", nil, true},
-	keysMax:          {"keys_max", "The bound on keys tracked (MaxKeys).", nil, false},
-	mailboxDepth:     {"mailbox_depth", "Single requests and batch parts waiting for the shards.", nil, true},
-	mailboxHighWater: {"mailbox_high_water", "The most single requests found waiting for one shard at once.", nil, true},
-	shardCutovers:    {"shard_cutovers_total", "Policy cutovers taken part in, summed over the shards.", nil, false},
-	shardSweeps:      {"shard_sweeps_total", "Sweeps run, summed over the shards.", nil, false},
-	pressureSweeps:   {"pressure_sweeps_total", "Background sweeps run because a new key found the key table full.", nil, false},
-	sweepFailures:    {"sweep_failures_total", "Background sweeps that ended with an error.", nil, false},
-	evictions:        {"evictions_total", "Keys evicted by sweeps.", nil, false},
-	eventsDropped:    {"events_dropped_total", "Sampled decisions dropped on a full event buffer.", nil, false},
-	allowAllCalls:    {"allowall_calls_total", "AllowAll calls decided, by outcome.", []string{"outcome"}, false},
-	allowAllErrors:   {"allowall_errors_total", "AllowAll calls that ended with an error, by kind.", []string{"kind"}, false},
-	holds:            {"holds_total", "AllowAll parts the shards held for, summed over the shards.", nil, false},
-	holdsAborted:     {"holds_aborted_total", "Holds given up for a cutover, sweep, snapshot or Close, summed over the shards.", nil, false},
-}
-
-// errorKinds are the values of the kind label, in engine.Errors order.
-var errorKinds = [...]struct {
-	label string
-	count func(engine.Errors) uint64
-}{
-	{"invalid_key", func(e engine.Errors) uint64 { return e.InvalidKey }},
-	{"invalid_cost", func(e engine.Errors) uint64 { return e.InvalidCost }},
-	{"closed", func(e engine.Errors) uint64 { return e.Closed }},
-	{"context", func(e engine.Errors) uint64 { return e.Context }},
-	{"clock_regression", func(e engine.Errors) uint64 { return e.ClockRegression }},
-	{"key_capacity", func(e engine.Errors) uint64 { return e.KeyCapacity }},
-	{"other", func(e engine.Errors) uint64 { return e.Other }},
+	decisions:        {vocab.Decisions, false},
+	peeks:            {vocab.Peeks, false},
+	refunds:          {vocab.Refunds, false},
+	errorsByKind:     {vocab.Errors, false},
+	keys:             {vocab.Family{Name: "keys", Help: "Keys tracked."}, true},
+	keysMax:          {vocab.Family{Name: "keys_max", Help: "The bound on keys tracked (MaxKeys)."}, false},
+	mailboxDepth:     {vocab.Family{Name: "mailbox_depth", Help: "Single requests and batch parts waiting for the shards."}, true},
+	mailboxHighWater: {vocab.Family{Name: "mailbox_high_water", Help: "The most single requests found waiting for one shard at once."}, true},
+	shardCutovers:    {vocab.Family{Name: "shard_cutovers_total", Help: "Policy cutovers taken part in, summed over the shards."}, false},
+	shardSweeps:      {vocab.Family{Name: "shard_sweeps_total", Help: "Sweeps run, summed over the shards."}, false},
+	pressureSweeps:   {vocab.Family{Name: "pressure_sweeps_total", Help: "Background sweeps run because a new key found the key table full."}, false},
+	sweepFailures:    {vocab.Family{Name: "sweep_failures_total", Help: "Background sweeps that ended with an error."}, false},
+	evictions:        {vocab.Family{Name: "evictions_total", Help: "Keys evicted by sweeps."}, false},
+	eventsDropped:    {vocab.Family{Name: "events_dropped_total", Help: "Sampled decisions dropped on a full event buffer."}, false},
+	allowAllCalls:    {vocab.AllowAllCalls, false},
+	allowAllErrors:   {vocab.AllowAllErrors, false},
+	holds:            {vocab.Family{Name: "holds_total", Help: "AllowAll parts the shards held for, summed over the shards."}, false},
+	holdsAborted:     {vocab.Family{Name: "holds_aborted_total", Help: "Holds given up for a cutover, sweep, snapshot or Close, summed over the shards."}, false},
 }
 
 // New returns a Collector of e's Stats. It returns ErrInvalidOption
@@ -120,11 +107,11 @@ func New(e *engine.Engine, opts ...Option) (*Collector, error) {
 	}
 	c := &Collector{e: e, shardLabels: cfg.shardLabels}
 	for m, d := range metrics {
-		labels := d.labels
+		f := d.Family
 		if d.perShard && c.shardLabels {
-			labels = []string{"shard"}
+			f.Labels = []string{"shard"}
 		}
-		c.desc[m] = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", d.name), d.help, labels, nil)
+		c.desc[m] = f.Desc()
 	}
 	return c, nil
 }
@@ -141,22 +128,21 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	st := c.e.Stats()
 	t := &st.Total
-	// Prometheus samples are float64: the integer counts convert here, at
-	// the exporter's edge, exactly up to 2^53. No decision is made here.
+	// Prometheus samples are float64: the integer counts convert at the
+	// exporter's edge (vocab.Counter), exactly up to 2^53. No decision is
+	// made here.
 	counter := func(m metric, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(c.desc[m], prometheus.CounterValue, float64(v), labels...)
+		vocab.Counter(ch, c.desc[m], v, labels...)
 	}
 	gauge := func(m metric, v int64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(c.desc[m], prometheus.GaugeValue, float64(v), labels...)
 	}
 
-	counter(decisions, t.Allowed, "allowed")
-	counter(decisions, t.Denied, "denied")
+	counter(decisions, t.Allowed, vocab.Allowed)
+	counter(decisions, t.Denied, vocab.Denied)
 	counter(peeks, t.Peeks)
 	counter(refunds, t.Refunds)
-	for _, k := range errorKinds {
-		counter(errorsByKind, k.count(t.Errors), k.label)
-	}
+	vocab.CollectErrors(ch, c.desc[errorsByKind], t.Errors)
 	if c.shardLabels {
 		for i, s := range st.Shards {
 			shard := strconv.Itoa(i)
@@ -176,11 +162,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(sweepFailures, st.SweepFailures)
 	counter(evictions, t.Evicted)
 	counter(eventsDropped, t.EventsDropped)
-	counter(allowAllCalls, st.AllowAll.Admitted, "admitted")
-	counter(allowAllCalls, st.AllowAll.Refused, "refused")
-	for _, k := range errorKinds {
-		counter(allowAllErrors, k.count(st.AllowAll.Errors), k.label)
-	}
+	counter(allowAllCalls, st.AllowAll.Admitted, vocab.Admitted)
+	counter(allowAllCalls, st.AllowAll.Refused, vocab.Refused)
+	vocab.CollectErrors(ch, c.desc[allowAllErrors], st.AllowAll.Errors)
 	counter(holds, t.Holds)
 	counter(holdsAborted, t.HoldsAborted)
 }

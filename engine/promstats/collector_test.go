@@ -390,3 +390,51 @@ func TestCollectAllowAll(t *testing.T) {
 	_, h := series(t, mfs, "tokenshard_holds_total")
 	assert.Equal(t, []sample{one(2)}, h, "one shard held for each decided call")
 }
+
+// TestCollectDecisionsWithAllowAll: a known sequence mixing Allow and
+// AllowAll, scraped through promhttp (and checked by promtool, if
+// installed): every request of an AllowAll that
+// returned a Decision is a decision, allowed for each when admitted, denied
+// for each when refused, beside the singles, and the call itself is counted
+// once in allowall_calls_total; a failed AllowAll counts no decision.
+func TestCollectDecisionsWithAllowAll(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: 2})
+	c := newCollector(t, e)
+	ctx := context.Background()
+	allow := func(key string, cost int64, allowed bool) {
+		t.Helper()
+		d, err := e.Allow(ctx, key, cost)
+		require.NoError(t, err)
+		require.Equal(t, allowed, d.Allowed, "%s cost %d", key, cost)
+	}
+	allowAll := func(allowed bool, reqs ...engine.Request) {
+		t.Helper()
+		d, _, err := e.AllowAll(ctx, reqs)
+		require.NoError(t, err)
+		require.Equal(t, allowed, d.Allowed, "%v", reqs)
+	}
+	allow("user", 3, true)                                                                                                          // user: 7
+	allowAll(true, engine.Request{Key: "user", Cost: 2}, engine.Request{Key: "route", Cost: 4}, engine.Request{Key: "ip", Cost: 1}) // user: 5, route: 6, ip: 9
+	allowAll(false, engine.Request{Key: "user", Cost: 1}, engine.Request{Key: "route", Cost: 7})                                    // route is short
+	allow("route", 6, true)                                                                                                         // route: 0
+	allow("route", 1, false)
+	allowAll(false, engine.Request{Key: "ip", Cost: 1}, engine.Request{Key: "route", Cost: 1}, engine.Request{Key: "ip", Cost: 1})
+	_, _, err := e.AllowAll(ctx, []engine.Request{{Key: "user", Cost: 1}, {Key: "", Cost: 1}})
+	require.ErrorIs(t, err, engine.ErrInvalidKey)
+	require.NoError(t, e.Close()) // the counts final: every commit carried out
+
+	text := promtest.ScrapeText(t, c)
+	promtest.Promtool(t, text)
+	mfs := promtest.Parse(t, text)
+	check(t, mfs, fromStats(e.Stats(), e.MaxKeys()))
+	_, got := series(t, mfs, "tokenshard_decisions_total")
+	assert.Equal(t, []sample{{"outcome=allowed", 1 + 3 + 1}, {"outcome=denied", 2 + 1 + 3}}, got)
+	_, got = series(t, mfs, "tokenshard_allowall_calls_total")
+	assert.Equal(t, []sample{{"outcome=admitted", 1}, {"outcome=refused", 2}}, got)
+	_, got = series(t, mfs, "tokenshard_allowall_errors_total")
+	assert.Contains(t, got, sample{"kind=invalid_key", 1})
+	_, got = series(t, mfs, "tokenshard_errors_total")
+	for _, s := range got {
+		assert.Zero(t, s.value, "an AllowAll's error is its call's, in allowall_errors_total: %s", s.labels)
+	}
+}

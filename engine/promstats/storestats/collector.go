@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenshard/tokenshard/engine/promstats"
+	"github.com/tokenshard/tokenshard/engine/promstats/internal/vocab"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 )
 
@@ -13,8 +14,11 @@ import (
 // Create it with New: the zero Collector has no descriptors and is not
 // usable.
 type Collector struct {
-	s                                    *redisstore.Store
-	decisions, failures, degraded, retry *prometheus.Desc
+	s *redisstore.Store
+	// shared with promstats (see the package doc)
+	decisions, peeks, refunds, errs, allCalls, allErrs *prometheus.Desc
+	// the store's own
+	scripted, retries *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -25,36 +29,48 @@ func New(s *redisstore.Store) (*Collector, error) {
 	if s == nil {
 		return nil, fmt.Errorf("%w: nil store", promstats.ErrInvalidOption)
 	}
-	desc := func(name, help string) *prometheus.Desc {
-		return prometheus.NewDesc(prometheus.BuildFQName(promstats.Namespace, "store", name), help, nil, nil)
+	own := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(vocab.Namespace, "store", name), help, nil, nil)
 	}
 	return &Collector{
 		s:         s,
-		decisions: desc("decisions_total", "Requests decided by Redis."),
-		failures:  desc("failures_total", "Requests answered by the fail-open or fail-closed rule because Redis could not decide them."),
-		degraded: prometheus.NewDesc(prometheus.BuildFQName(promstats.Namespace, "store", "degraded_total"),
-			"Requests answered by the failure rule (Decision.Degraded), by outcome: allowed (fail open) or denied (fail closed).",
-			[]string{"outcome"}, nil),
-		retry: desc("retries_total", "Script calls repeated for a newer policy or a bucket's history."),
+		decisions: vocab.Decisions.Desc(),
+		peeks:     vocab.Peeks.Desc(),
+		refunds:   vocab.Refunds.Desc(),
+		errs:      vocab.Errors.Desc(),
+		allCalls:  vocab.AllowAllCalls.Desc(),
+		allErrs:   vocab.AllowAllErrors.Desc(),
+		scripted:  own("decisions_total", "Requests the Redis script decided, those it answered with an error included."),
+		retries:   own("retries_total", "Script calls repeated for a newer policy or a bucket's history."),
 	}, nil
 }
 
-// Describe sends the descriptors of the four metrics Collect sends.
+// Describe sends the descriptors of the eight families Collect sends.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.decisions
-	ch <- c.failures
-	ch <- c.degraded
-	ch <- c.retry
+	ch <- c.peeks
+	ch <- c.refunds
+	ch <- c.errs
+	ch <- c.allCalls
+	ch <- c.allErrs
+	ch <- c.scripted
+	ch <- c.retries
 }
 
 // Collect sends one reading of the store's Stats. It reads atomics only and
 // never talks to Redis (see the package doc).
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	st := c.s.Stats()
-	// Prometheus samples are float64: exact up to 2^53 (see promstats).
-	ch <- prometheus.MustNewConstMetric(c.decisions, prometheus.CounterValue, float64(st.Decisions))
-	ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(st.Failures))
-	ch <- prometheus.MustNewConstMetric(c.degraded, prometheus.CounterValue, float64(st.DegradedAllowed), "allowed")
-	ch <- prometheus.MustNewConstMetric(c.degraded, prometheus.CounterValue, float64(st.DegradedDenied), "denied")
-	ch <- prometheus.MustNewConstMetric(c.retry, prometheus.CounterValue, float64(st.Retries))
+	vocab.Counter(ch, c.decisions, st.Allowed, vocab.Allowed)
+	vocab.Counter(ch, c.decisions, st.Denied, vocab.Denied)
+	vocab.Counter(ch, c.decisions, st.DegradedAllowed, vocab.DegradedAllowed)
+	vocab.Counter(ch, c.decisions, st.DegradedDenied, vocab.DegradedDenied)
+	vocab.Counter(ch, c.peeks, st.Peeks)
+	vocab.Counter(ch, c.refunds, st.Refunds)
+	vocab.CollectErrors(ch, c.errs, st.Errors)
+	vocab.Counter(ch, c.allCalls, st.AllowAll.Admitted, vocab.Admitted)
+	vocab.Counter(ch, c.allCalls, st.AllowAll.Refused, vocab.Refused)
+	vocab.CollectErrors(ch, c.allErrs, st.AllowAll.Errors)
+	vocab.Counter(ch, c.scripted, st.Decisions)
+	vocab.Counter(ch, c.retries, st.Retries)
 }

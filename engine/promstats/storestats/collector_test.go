@@ -61,12 +61,30 @@ func scrape(t *testing.T, c prometheus.Collector) map[string]*dto.MetricFamily {
 // fromStats is what a Collector exports for a reading of Stats: each
 // series a counter, named by its family and its label if it has one.
 func fromStats(st redisstore.Stats) map[string]float64 {
-	return map[string]float64{
-		"tokenshard_store_decisions_total":                   float64(st.Decisions),
-		"tokenshard_store_failures_total":                    float64(st.Failures),
-		`tokenshard_store_degraded_total{outcome="allowed"}`: float64(st.DegradedAllowed),
-		`tokenshard_store_degraded_total{outcome="denied"}`:  float64(st.DegradedDenied),
-		"tokenshard_store_retries_total":                     float64(st.Retries),
+	m := map[string]float64{
+		`tokenshard_decisions_total{outcome="allowed"}`:          float64(st.Allowed),
+		`tokenshard_decisions_total{outcome="denied"}`:           float64(st.Denied),
+		`tokenshard_decisions_total{outcome="degraded_allowed"}`: float64(st.DegradedAllowed),
+		`tokenshard_decisions_total{outcome="degraded_denied"}`:  float64(st.DegradedDenied),
+		"tokenshard_peeks_total":                                 float64(st.Peeks),
+		"tokenshard_refunds_total":                               float64(st.Refunds),
+		`tokenshard_allowall_calls_total{outcome="admitted"}`:    float64(st.AllowAll.Admitted),
+		`tokenshard_allowall_calls_total{outcome="refused"}`:     float64(st.AllowAll.Refused),
+		"tokenshard_store_decisions_total":                       float64(st.Decisions),
+		"tokenshard_store_retries_total":                         float64(st.Retries),
+	}
+	kinds(m, "tokenshard_errors_total", st.Errors)
+	kinds(m, "tokenshard_allowall_errors_total", st.AllowAll.Errors)
+	return m
+}
+
+// kinds adds family's series, one per error kind, of er to m.
+func kinds(m map[string]float64, family string, er engine.Errors) {
+	for kind, n := range map[string]uint64{
+		"invalid_key": er.InvalidKey, "invalid_cost": er.InvalidCost, "closed": er.Closed, "context": er.Context,
+		"clock_regression": er.ClockRegression, "key_capacity": er.KeyCapacity, "other": er.Other,
+	} {
+		m[family+`{kind="`+kind+`"}`] = float64(n)
 	}
 }
 
@@ -116,6 +134,7 @@ func TestCollectRealStore(t *testing.T) {
 	d, err := a.Allow(ctx, "k", 1)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), d.Version, "a saw b's cutover")
+	require.False(t, d.Allowed, "k keeps its empty bucket: no time passes")
 	// At least one repeat for the stale version; how many more (k's bucket
 	// also needs version 1's history) is the store's business.
 	mid := a.Stats()
@@ -131,21 +150,21 @@ func TestCollectRealStore(t *testing.T) {
 		require.False(t, d.Allowed, "fail closed: %+v", d)
 	}
 	st := a.Stats()
-	require.Equal(t, redisstore.Stats{Decisions: 4, Failures: 2, DegradedDenied: 2, Retries: mid.Retries}, st)
+	require.Equal(t, redisstore.Stats{Allowed: 2, Denied: 2, Decisions: 4, Failures: 2, DegradedDenied: 2, Retries: mid.Retries}, st)
 	mfs := scrape(t, c) // Redis is down: the scrape does not need it
 	check(t, mfs, fromStats(st))
-	check(t, mfs, map[string]float64{
-		"tokenshard_store_decisions_total":                   4,
-		"tokenshard_store_failures_total":                    2,
-		`tokenshard_store_degraded_total{outcome="allowed"}`: 0,
-		`tokenshard_store_degraded_total{outcome="denied"}`:  2,
-		"tokenshard_store_retries_total":                     float64(mid.Retries),
-	})
+	want := fromStats(redisstore.Stats{})
+	want[`tokenshard_decisions_total{outcome="allowed"}`] = 2
+	want[`tokenshard_decisions_total{outcome="denied"}`] = 2
+	want[`tokenshard_decisions_total{outcome="degraded_denied"}`] = 2
+	want["tokenshard_store_decisions_total"] = 4
+	want["tokenshard_store_retries_total"] = float64(mid.Retries)
+	check(t, mfs, want)
 	t.Logf("scraped after the outage: %+v", st)
 }
 
-// TestLint: promlint finds nothing to report, and Collect sends the four
-// families Describe announces, in five series.
+// TestLint: promlint finds nothing to report, and Collect sends the eight
+// families Describe announces, in 24 series.
 func TestLint(t *testing.T) {
 	s := newStore(t, redistest.Addr(t), freshPrefix(t), redisstore.Config{Policy: pol(1, 2, 1)})
 	c, err := storestats.New(s)
@@ -157,8 +176,8 @@ func TestLint(t *testing.T) {
 	ch := make(chan *prometheus.Desc, 8)
 	c.Describe(ch)
 	close(ch)
-	assert.Len(t, ch, 4)
-	assert.Equal(t, 5, testutil.CollectAndCount(c))
+	assert.Len(t, ch, 8)
+	assert.Equal(t, 4+1+1+7+2+7+1+1, testutil.CollectAndCount(c))
 }
 
 // TestNewNil: a nil store is promstats.ErrInvalidOption.
@@ -169,7 +188,10 @@ func TestNewNil(t *testing.T) {
 }
 
 // TestBesideEngineCollector: a store's Collector and an engine's
-// (promstats) share a pedantic registry without a clash of names.
+// (promstats) export the shared families under the same descriptors, so a
+// pedantic registry refuses the second as a duplicate, and takes both
+// under a label that tells them apart: one family each, a series per
+// backend, the store's own families beside them.
 func TestBesideEngineCollector(t *testing.T) {
 	e, err := engine.New(engine.Config{Policy: pol(1, 2, 1), Clock: clock.NewManual(0)})
 	require.NoError(t, err)
@@ -179,25 +201,40 @@ func TestBesideEngineCollector(t *testing.T) {
 	s := newStore(t, redistest.Addr(t), freshPrefix(t), redisstore.Config{Policy: pol(1, 2, 1)})
 	sc, err := storestats.New(s)
 	require.NoError(t, err)
+
+	plain := prometheus.NewPedanticRegistry()
+	require.NoError(t, plain.Register(ec))
+	require.Error(t, plain.Register(sc), "the same names, undistinguished")
+
 	reg := prometheus.NewPedanticRegistry()
-	require.NoError(t, reg.Register(ec))
-	require.NoError(t, reg.Register(sc))
+	require.NoError(t, prometheus.WrapRegistererWith(prometheus.Labels{"backend": "engine"}, reg).Register(ec))
+	require.NoError(t, prometheus.WrapRegistererWith(prometheus.Labels{"backend": "redis"}, reg).Register(sc))
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
-	names := make(map[string]bool, len(mfs))
+	backends := map[string]map[string]bool{} // family: its backends
 	for _, mf := range mfs {
-		names[mf.GetName()] = true
+		backends[mf.GetName()] = map[string]bool{}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "backend" {
+					backends[mf.GetName()][l.GetValue()] = true
+				}
+			}
+		}
 	}
-	for _, name := range []string{"tokenshard_store_decisions_total", "tokenshard_store_failures_total",
-		"tokenshard_store_degraded_total", "tokenshard_store_retries_total"} {
-		assert.True(t, names[name], name)
+	both := map[string]bool{"engine": true, "redis": true}
+	for _, name := range []string{"tokenshard_decisions_total", "tokenshard_peeks_total", "tokenshard_refunds_total",
+		"tokenshard_errors_total", "tokenshard_allowall_calls_total", "tokenshard_allowall_errors_total"} {
+		assert.Equal(t, both, backends[name], name)
 	}
-	assert.True(t, names["tokenshard_decisions_total"])
+	for _, name := range []string{"tokenshard_store_decisions_total", "tokenshard_store_retries_total"} {
+		assert.Equal(t, map[string]bool{"redis": true}, backends[name], name)
+	}
 }
 
 // TestCollectDegradedOpen: a fail-open store started with no server
 // listening admits by its failure rule, and the scrape counts those
-// answers as degraded allowed (and failures), none as decided by Redis.
+// answers as decisions degraded_allowed, none as decided by Redis.
 func TestCollectDegradedOpen(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.Kill() // nothing listens on its port
@@ -213,11 +250,90 @@ func TestCollectDegradedOpen(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, d.Allowed && d.Degraded, "%+v", d)
 	}
-	check(t, scrape(t, c), map[string]float64{
-		"tokenshard_store_decisions_total":                   0,
-		"tokenshard_store_failures_total":                    3,
-		`tokenshard_store_degraded_total{outcome="allowed"}`: 3,
-		`tokenshard_store_degraded_total{outcome="denied"}`:  0,
-		"tokenshard_store_retries_total":                     0,
-	})
+	want := fromStats(redisstore.Stats{})
+	want[`tokenshard_decisions_total{outcome="degraded_allowed"}`] = 3
+	check(t, scrape(t, c), want)
+}
+
+// TestSameCountsAsEngine: one known sequence mixing Allow and AllowAll, run
+// on a real store and on an engine, each scraped through promhttp (and
+// checked by promtool, if installed): the decision counters equal the
+// sequence exactly, each request of an AllowAll counted with its call's
+// outcome, and every family the two Collectors share holds the same series
+// on both backends.
+func TestSameCountsAsEngine(t *testing.T) {
+	p := pol(1, 10, 1)
+	s := newStore(t, redistest.Addr(t), freshPrefix(t), redisstore.Config{Policy: p})
+	e, err := engine.New(engine.Config{Policy: p, Shards: 2, Clock: clock.NewManual(0)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	sc, err := storestats.New(s)
+	require.NoError(t, err)
+	ec, err := promstats.New(e)
+	require.NoError(t, err)
+
+	ctx := context.Background()
+	for _, a := range []engine.Admitter{s, e} {
+		allow := func(key string, cost int64, allowed bool) {
+			t.Helper()
+			d, err := a.Allow(ctx, key, cost)
+			require.NoError(t, err)
+			require.Equal(t, allowed, d.Allowed, "%T: %s cost %d", a, key, cost)
+		}
+		allowAll := func(allowed bool, reqs ...engine.Request) {
+			t.Helper()
+			d, _, err := a.AllowAll(ctx, reqs)
+			require.NoError(t, err)
+			require.Equal(t, allowed, d.Allowed, "%T: %v", a, reqs)
+		}
+		allow("user", 3, true)                                                                                                          // user: 7
+		allowAll(true, engine.Request{Key: "user", Cost: 2}, engine.Request{Key: "route", Cost: 4}, engine.Request{Key: "ip", Cost: 1}) // user: 5, route: 6, ip: 9
+		allowAll(false, engine.Request{Key: "user", Cost: 1}, engine.Request{Key: "route", Cost: 7})                                    // route is short
+		allow("route", 6, true)                                                                                                         // route: 0
+		allow("route", 1, false)
+		allowAll(false, engine.Request{Key: "ip", Cost: 1}, engine.Request{Key: "route", Cost: 1}, engine.Request{Key: "ip", Cost: 1})
+		_, _, err := a.AllowAll(ctx, []engine.Request{{Key: "user", Cost: 1}, {Key: "", Cost: 1}})
+		require.ErrorIs(t, err, engine.ErrInvalidKey)
+		_, err = a.Allow(ctx, "user", 0)
+		require.ErrorIs(t, err, engine.ErrInvalidCost)
+	}
+	require.NoError(t, e.Close()) // the engine's counts final: every commit carried out
+
+	text := promtest.ScrapeText(t, sc)
+	promtest.Promtool(t, text)
+	store := promtest.Parse(t, text)
+	want := fromStats(redisstore.Stats{})
+	want[`tokenshard_decisions_total{outcome="allowed"}`] = 1 + 3 + 1
+	want[`tokenshard_decisions_total{outcome="denied"}`] = 2 + 1 + 3
+	want[`tokenshard_allowall_calls_total{outcome="admitted"}`] = 1
+	want[`tokenshard_allowall_calls_total{outcome="refused"}`] = 2
+	want[`tokenshard_allowall_errors_total{kind="invalid_key"}`] = 1
+	want[`tokenshard_errors_total{kind="invalid_cost"}`] = 1
+	want["tokenshard_store_decisions_total"] = 3 + 3 + 2 + 3
+	check(t, store, want)
+
+	engineText := promtest.ScrapeText(t, ec)
+	promtest.Promtool(t, engineText)
+	eng := promtest.Parse(t, engineText)
+	for _, name := range []string{"tokenshard_decisions_total", "tokenshard_peeks_total", "tokenshard_refunds_total",
+		"tokenshard_errors_total", "tokenshard_allowall_calls_total", "tokenshard_allowall_errors_total"} {
+		require.Contains(t, eng, name)
+		assert.Equal(t, store[name].GetHelp(), eng[name].GetHelp(), name)
+		assert.Equal(t, store[name].GetType(), eng[name].GetType(), name)
+		got := map[string]float64{}
+		for _, m := range store[name].GetMetric() {
+			got[m.String()] = m.GetCounter().GetValue()
+		}
+		for _, m := range eng[name].GetMetric() {
+			if v, ok := got[m.String()]; ok {
+				assert.Equal(t, v, m.GetCounter().GetValue(), "%s %s", name, m)
+				delete(got, m.String())
+				continue
+			}
+			t.Errorf("%s: the engine's series %s is not the store's", name, m)
+		}
+		for m, v := range got { // the store's only: its failure rule's outcomes, unused here
+			assert.Zero(t, v, "%s: the store's series %s", name, m)
+		}
+	}
 }

@@ -7,33 +7,63 @@
 // engine/redisstore does not import Prometheus. Only a program that imports
 // this package links both.
 //
-// Collecting reads four atomic counters (redisstore.Store.Stats loads
-// them) and nothing else: it takes no lock and sends nothing to Redis, so a
-// scrape neither waits for Redis nor makes a request wait, and it works the
-// same while Redis is down.
+// Collecting reads the store's atomic counters (redisstore.Store.Stats
+// loads them) and nothing else: it takes no lock and sends nothing to
+// Redis, so a scrape neither waits for Redis nor makes a request wait, and
+// it works the same while Redis is down.
 //
 // # Metrics
 //
 // Every name starts with the namespace "tokenshard" (promstats.Namespace);
-// all are counters, as redisstore.Stats defines them, and only
-// degraded_total has a label:
+// all are counters, as redisstore.Stats defines them. The first six
+// families are engine/promstats' own, under the same names, help and
+// labels, counted by the same rules, so that one dashboard serves an
+// engine and a store; the last two are the store's alone:
 //
-//	tokenshard_store_decisions_total                    counter  requests decided by Redis
-//	tokenshard_store_failures_total                     counter  requests answered by the fail-open or fail-closed rule
-//	tokenshard_store_degraded_total{outcome="allowed"}  counter  of those, admitted (fail open)
-//	tokenshard_store_degraded_total{outcome="denied"}   counter  of those, denied (fail closed)
-//	tokenshard_store_retries_total                      counter  script calls repeated for a newer policy or a bucket's history
+//	tokenshard_decisions_total{outcome}       counter  requests answered, AllowAll's included; outcome is "allowed", "denied", "degraded_allowed" or "degraded_denied"
+//	tokenshard_peeks_total                    counter  Peek calls answered
+//	tokenshard_refunds_total                  counter  Refund calls answered
+//	tokenshard_errors_total{kind}             counter  calls and batch requests that ended with an error, caller-side ones included
+//	tokenshard_allowall_calls_total{outcome}  counter  AllowAll calls answered; outcome is "admitted" or "refused"
+//	tokenshard_allowall_errors_total{kind}    counter  AllowAll calls that ended with an error
+//	tokenshard_store_decisions_total          counter  requests the Redis script decided, those it answered with an error included
+//	tokenshard_store_retries_total            counter  script calls repeated for a newer policy or a bucket's history
 //
-// The degraded_total series are the answers marked engine.Decision.Degraded
-// (including those of a store that has not yet reached Redis since New):
-// they add up to failures_total, split by what they told the caller, so a
-// dashboard can show how much traffic went unlimited, or was turned away,
-// because Redis could not decide it.
+// decisions_total counts every request once, as promstats does: each
+// Allow, each request of an AllowBatch, and each request of an AllowAll
+// that returned a Decision, all with the call's outcome. "allowed" and
+// "denied" are Redis's decisions (redisstore.Stats.Allowed and Denied);
+// "degraded_allowed" and "degraded_denied" are the answers of the failure
+// rule, marked engine.Decision.Degraded, when Redis could not decide
+// (fail open and fail closed; redisstore.Stats.DegradedAllowed and
+// DegradedDenied, which add up to Failures), including those of a store
+// that has not yet reached Redis since New. An engine never degrades and
+// exports only the first two outcomes, so sum(rate(...)) by outcome shows
+// all traffic on either backend, and an outage shows as degraded_ traffic
+// rather than as a drop. An AllowAll answered by the failure rule counts
+// as "admitted" or "refused" in allowall_calls_total, as its Decision says.
 //
-// The store_ names do not meet promstats' engine metrics, so one registry
-// may hold both Collectors, for example in a program that keeps a local
-// engine beside a shared store. Counts are exported as float64, exact up
-// to 2^53.
+// The error kinds are promstats': "invalid_key", "invalid_cost" (an
+// engine.ErrCostExceedsCapacity too), "closed", "context",
+// "clock_regression" (always 0: Redis's TIME is the store's clock),
+// "key_capacity" (Redis out of memory) and "other" (engine.ErrNilContext,
+// ErrUnavailable from a Peek or Refund Redis did not answer,
+// ErrCrossShard); see redisstore.Stats.Errors. Every kind and outcome is
+// exported from the start, at 0.
+//
+// store_decisions_total is the Redis side of the work: it counts the
+// requests Redis decided as decisions_total's "allowed" and "denied" do,
+// and also those it answered with an error, such as a cost above every
+// capacity.
+//
+// Since the names are promstats', one registry holds an engine's Collector
+// and a store's only under a label that tells them apart, for example a
+// program that keeps a local engine beside a shared store:
+//
+//	prometheus.WrapRegistererWith(prometheus.Labels{"backend": "engine"}, reg).MustRegister(engineCollector)
+//	prometheus.WrapRegistererWith(prometheus.Labels{"backend": "redis"}, reg).MustRegister(storeCollector)
+//
+// Counts are exported as float64, exact up to 2^53.
 //
 // There is no runnable Example, since it would need a Redis server; the
 // package's test TestCollectRealStore registers a Collector of a real Store

@@ -5,6 +5,8 @@ package promtest
 import (
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +22,12 @@ import (
 // text exposition it answers with.
 func Scrape(t testing.TB, c prometheus.Collector) map[string]*dto.MetricFamily {
 	t.Helper()
+	return Parse(t, ScrapeText(t, c))
+}
+
+// ScrapeText is Scrape's exposition, as the server answered it.
+func ScrapeText(t testing.TB, c prometheus.Collector) string {
+	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(c))
 	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError})
@@ -27,8 +35,31 @@ func Scrape(t testing.TB, c prometheus.Collector) map[string]*dto.MetricFamily {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 	require.Equal(t, expfmt.TypeTextPlain, expfmt.ResponseFormat(rec.Result().Header).FormatType())
+	return rec.Body.String()
+}
+
+// Parse parses a text exposition.
+func Parse(t testing.TB, text string) map[string]*dto.MetricFamily {
+	t.Helper()
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(rec.Body)
+	mfs, err := p.TextToMetricFamilies(strings.NewReader(text))
 	require.NoError(t, err)
 	return mfs
+}
+
+// Promtool runs "promtool check metrics" on a text exposition, which must
+// pass without a word, if promtool is installed; if not, it logs so and
+// checks nothing (testutil.CollectAndLint runs the same linter in process).
+func Promtool(t testing.TB, text string) {
+	t.Helper()
+	path, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Log("promtool is not installed: the exposition was not checked by it")
+		return
+	}
+	cmd := exec.Command(path, "check", "metrics")
+	cmd.Stdin = strings.NewReader(text)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "promtool check metrics:\n%s", out)
+	require.Empty(t, strings.TrimSpace(string(out)), "promtool check metrics")
 }
