@@ -29,10 +29,10 @@ func (f Family) Desc() *prometheus.Desc {
 
 // The families both collectors export.
 var (
-	Decisions = Family{"decisions_total", "Requests decided, by outcome; each request of an AllowAll that returned a decision counts, as the call's outcome.", []string{"outcome"}}
+	Decisions = Family{"decisions_total", "Requests answered with a decision, by outcome; each request of an AllowAll counts, with its call's outcome.", []string{"outcome"}}
 	Peeks     = Family{"peeks_total", "Peek calls answered.", nil}
 	Refunds   = Family{"refunds_total", "Refund calls answered.", nil}
-	Errors    = Family{"errors_total", "Calls and batch requests that ended with an error, by kind, including those refused before any decision; AllowAll's are apart.", []string{"kind"}}
+	Errors    = Family{"errors_total", "Calls and batch requests that ended with an error, by kind, including those refused on the caller's side; not AllowAll calls.", []string{"kind"}}
 	// AllowAllCalls and AllowAllErrors count AllowAll calls, one per call.
 	AllowAllCalls  = Family{"allowall_calls_total", "AllowAll calls decided, by outcome.", []string{"outcome"}}
 	AllowAllErrors = Family{"allowall_errors_total", "AllowAll calls that ended with an error, by kind.", []string{"kind"}}
