@@ -40,7 +40,7 @@ func scriptCalls(t *testing.T, c *redis.Client) int64 {
 // TestCombinedAllowsExact: 32 goroutines of single Allows on 4 keys, at a
 // rate too slow to refill meanwhile, on a private server: each key admits
 // exactly its capacity, every call is answered by Redis (Stats counts each
-// once), and the calls were merged: fewer script calls than requests.
+// once, by its outcome), and the calls were merged: fewer script calls than requests.
 func TestCombinedAllowsExact(t *testing.T) {
 	srv := startPrivate(t)
 	c := client(t, srv.Addr())
@@ -85,6 +85,12 @@ func TestCombinedAllowsExact(t *testing.T) {
 	}
 	require.EqualValues(t, goroutines*per, st.Decisions)
 	require.Zero(t, st.Failures)
+	var sum int64
+	for k := range admitted {
+		sum += admitted[k].Load()
+	}
+	require.EqualValues(t, sum, st.Allowed, "each merged decision counted once, by outcome")
+	require.EqualValues(t, goroutines*per-sum, st.Denied)
 	require.Less(t, calls, int64(goroutines*per*3/4), "concurrent single Allows were merged into fewer calls")
 }
 
