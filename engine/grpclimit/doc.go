@@ -21,9 +21,57 @@
 // an IP address (a Unix socket) has no default key.
 //
 // No metadata is trusted by default: behind a proxy the peer is the proxy.
-// WithKey derives the key from the method, the grouped peer and the call's
-// metadata (in its context): a per-method limit, a tenant, an API token.
-// WithCost sets what a call spends.
+// WithTrustedProxies names the proxies (an Envoy, a gRPC gateway) whose
+// "x-forwarded-for" metadata is read: the client is then the right-most
+// address in it not in a trusted prefix, by the very walk of
+// httplimit.ClientIP (httplimit.ClientIPFrom), and is grouped as a peer
+// is. WithKey derives the key from the method, the grouped client and the
+// call's metadata (in its context): a per-method limit, a tenant, an API
+// token. WithCost sets what a call spends.
+//
+// # Options
+//
+//	WithKey(f)               the key: default the grouped client address
+//	WithCost(f)              the tokens a call spends: default 1
+//	WithIPv6Prefix(bits)     how IPv6 clients are grouped: default /64
+//	WithTrustedProxies(p...) read the client from x-forwarded-for of these proxies
+//	WithExempt(methods...)   methods never decided nor charged
+//	WithPerMessage()         a stream spends per message received, not once
+//	WithHeaders()            send the RateLimit fields as metadata
+//	WithPolicyName(name)     the default limit's name in them: default "default"
+//	WithOnError(f)           told of every call answered with an error but a limit
+//	WithShadow()             decide and spend, but refuse nothing (ShadowStats)
+//
+// # Metadata
+//
+// With WithHeaders, the calls a bucket decided carry the RateLimit fields
+// of the IETF httpapi draft, with the values package httplimit writes in
+// its RateLimit-Policy and RateLimit header fields for the same decision
+// (PolicyHeader, RateLimitHeader):
+//
+//	ratelimit-policy: "default";q=100;w=10
+//	ratelimit: "default";r=42;t=3
+//
+// q is the capacity and w the seconds an empty bucket takes to fill, for
+// each band of the key's limit; r is the whole tokens left, and t the
+// seconds until the bucket is full or, on a refusal, until it can pay
+// (at least 1). An admitted call has them in its header metadata; a
+// refused one in its trailer metadata, beside the pushback trailer, since
+// a header would end the trailers-only response that grpc-go needs to
+// retry. A stream has them once, as decided when it starts, in the header
+// it sends with its first message; with WithPerMessage only its first
+// refused message has them, in the trailer. A degraded answer,
+// or an error, has none.
+//
+// # Shadow mode
+//
+// WithShadow measures a limit on live traffic before enforcing it: every
+// call is decided and spends as usual, and the metadata of WithHeaders
+// report the decision, but nothing is refused. A would-be refusal goes on
+// to the handler and is counted in ShadowStats: Denied for a bucket's
+// denial, Degraded for a store's failure rule, Failed for any other error,
+// which is also given to WithOnError. Only a call whose context ended is
+// still answered so.
 //
 // # Streams
 //
@@ -43,7 +91,8 @@
 //
 // # Status codes
 //
-//   - Admitted: the handler runs and its status is the call's.
+//   - Admitted: the handler runs and its status is the call's; with
+//     WithHeaders its header metadata has the RateLimit fields.
 //   - Denied: codes.ResourceExhausted, with a google.rpc.RetryInfo detail
 //     (errdetails.RetryInfo, read with status.FromError and Details) and the
 //     grpc-retry-pushback-ms trailer of gRFC A6 (PushbackTrailer). Both carry
@@ -53,7 +102,8 @@
 //     client whose retry policy lists RESOURCE_EXHAUSTED waits that long
 //     before its next attempt instead of its own backoff; the trailer is
 //     honoured only when the refusal is the whole response, as it is here,
-//     since nothing is sent before it.
+//     since nothing is sent before it. With WithHeaders the trailer also
+//     has the RateLimit fields.
 //   - Denied by a store's failure rule (engine.Decision.Degraded: a Redis
 //     store, failing closed, that cannot reach Redis): codes.Unavailable,
 //     as the outage is the server's, not the client's limit, with
@@ -82,12 +132,17 @@
 //   - Any other engine error (engine.ErrClockRegression, a store's network
 //     failure): codes.Internal.
 //
-// Messages say what failed and nothing of the server's internals; the
-// package logs nothing.
+// Every answer above but Admitted and Denied is also given, with its
+// cause (engine.ErrClosed, ErrDegraded, ErrKeyFunc...), to the function of
+// WithOnError; with WithShadow every one but the context's ending is
+// admitted instead, and counted. Messages say what failed and nothing of
+// the server's internals; the package logs nothing.
 //
 // # Ownership
 //
-// A Limiter is immutable after New. The stream wrapper of WithPerMessage
+// A Limiter is immutable after New, but for its ShadowStats counters,
+// which are atomic. The function of WithOnError is called on the call's
+// goroutine, concurrently for concurrent calls. The stream wrapper of WithPerMessage
 // is used only by the goroutine of its handler, which alone may call
 // RecvMsg.
 package grpclimit

@@ -2,15 +2,19 @@ package grpclimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/httplimit"
@@ -23,8 +27,8 @@ import (
 //
 //	srv := grpc.NewServer(grpc.UnaryInterceptor(l.Unary), grpc.StreamInterceptor(l.Stream))
 //
-// A Limiter is immutable after New and safe for concurrent use; the zero
-// value is not usable.
+// A Limiter is immutable after New, but for the counters of ShadowStats,
+// and safe for concurrent use; the zero value is not usable.
 type Limiter struct {
 	engine     engine.Admitter
 	reclaim    reclaimer // engine, if it estimates when a key slot frees up; else nil
@@ -33,6 +37,13 @@ type Limiter struct {
 	ipv6Bits   int
 	exempt     map[string]struct{}
 	perMessage bool
+	trusted    []netip.Prefix // WithTrustedProxies; nil: the peer is the client
+	headers    bool
+	policyName string
+	onError    ErrorFunc // nil: none
+	shadow     bool
+
+	shadowDenied, shadowDegraded, shadowFailed atomic.Uint64
 }
 
 // reclaimer is the optional method of an Admitter that frees key slots in
@@ -45,13 +56,14 @@ type reclaimer interface {
 // New returns a Limiter that spends each call's cost from its key's bucket
 // in e. Without options the key is the peer's IP address, IPv6 grouped per
 // /64, as httplimit.ClientKey gives it; the cost is 1; no method is exempt;
-// and a stream spends once, when it starts. It returns an error wrapping
-// ErrInvalidOption for a nil engine or a nil or invalid option.
+// a stream spends once, when it starts; no metadata is read or written;
+// errors are only answered; and a refusal is enforced. It returns an error
+// wrapping ErrInvalidOption for a nil engine or a nil or invalid option.
 func New(e engine.Admitter, opts ...Option) (*Limiter, error) {
 	if v := reflect.ValueOf(e); e == nil || (v.Kind() == reflect.Pointer && v.IsNil()) {
 		return nil, fmt.Errorf("%w: nil engine", ErrInvalidOption)
 	}
-	c := config{ipv6Bits: httplimit.DefaultIPv6Prefix}
+	c := config{ipv6Bits: httplimit.DefaultIPv6Prefix, policyName: httplimit.DefaultPolicyName}
 	for i, opt := range opts {
 		if opt == nil {
 			return nil, fmt.Errorf("%w: option %d is nil", ErrInvalidOption, i)
@@ -67,6 +79,11 @@ func New(e engine.Admitter, opts ...Option) (*Limiter, error) {
 		ipv6Bits:   c.ipv6Bits,
 		exempt:     c.exempt,
 		perMessage: c.perMessage,
+		trusted:    c.trusted,
+		headers:    c.headers,
+		policyName: c.policyName,
+		onError:    c.onError,
+		shadow:     c.shadow,
 	}
 	l.reclaim, _ = e.(reclaimer)
 	return l, nil
@@ -79,15 +96,15 @@ func (l *Limiter) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	if _, ok := l.exempt[info.FullMethod]; ok {
 		return handler(ctx, req)
 	}
-	key, cost, err := l.prepare(ctx, info.FullMethod)
-	if err != nil {
-		return nil, err
-	}
-	if pushback, err := l.spend(ctx, key, cost); err != nil {
-		if pushback > 0 {
-			_ = grpc.SetTrailer(ctx, pushbackMD(pushback)) // fails only outside a server call
+	v := l.decide(ctx, info.FullMethod)
+	if v.status != nil {
+		if trailer := v.trailer(); trailer != nil {
+			_ = grpc.SetTrailer(ctx, trailer) // fails only outside a server call
 		}
-		return nil, err
+		return nil, v.status
+	}
+	if v.md != nil {
+		_ = grpc.SetHeader(ctx, v.md)
 	}
 	return handler(ctx, req)
 }
@@ -101,27 +118,129 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		return handler(srv, ss)
 	}
 	ctx := ss.Context()
-	key, cost, err := l.prepare(ctx, info.FullMethod)
-	if err != nil {
-		return err
-	}
 	if l.perMessage {
-		return handler(srv, &meteredStream{ServerStream: ss, l: l, key: key, cost: cost})
-	}
-	if pushback, err := l.spend(ctx, key, cost); err != nil {
-		if pushback > 0 {
-			ss.SetTrailer(pushbackMD(pushback))
+		key, cost, r := l.prepare(ctx, info.FullMethod)
+		if r.status != nil {
+			if v := l.judge(ctx, info.FullMethod, "", engine.Decision{}, false, r); v.status != nil {
+				if trailer := v.trailer(); trailer != nil {
+					ss.SetTrailer(trailer)
+				}
+				return v.status
+			}
+			return handler(srv, ss) // shadow: nothing to spend without a key or cost
 		}
-		return err
+		return handler(srv, &meteredStream{ServerStream: ss, l: l, method: info.FullMethod, key: key, cost: cost})
+	}
+	v := l.decide(ctx, info.FullMethod)
+	if v.status != nil {
+		if trailer := v.trailer(); trailer != nil {
+			ss.SetTrailer(trailer)
+		}
+		return v.status
+	}
+	if v.md != nil {
+		_ = ss.SetHeader(v.md) // fails only once headers are sent, which they are not yet
 	}
 	return handler(srv, ss)
 }
 
-// prepare derives the key and cost of a call, or the status error that
-// refuses it.
-func (l *Limiter) prepare(ctx context.Context, method string) (string, int64, error) {
+// ShadowStats counts the decisions that WithShadow let through which would
+// otherwise have been refused. It is all zeros without WithShadow.
+type ShadowStats struct {
+	// Denied is the calls (with WithPerMessage, the messages) a bucket
+	// denied: ResourceExhausted without WithShadow.
+	Denied uint64
+	// Degraded is those a store's failure rule denied
+	// (engine.Decision.Degraded): Unavailable without WithShadow.
+	Degraded uint64
+	// Failed is those answered with any other error but the call's context
+	// ending (a full key table, a closed engine, a cost above capacity, a
+	// key or cost function failing, a store's error), also given to the
+	// function of WithOnError.
+	Failed uint64
+}
+
+// ShadowStats returns the counts since New. Each count is read atomically,
+// but not the three together.
+func (l *Limiter) ShadowStats() ShadowStats {
+	return ShadowStats{
+		Denied:   l.shadowDenied.Load(),
+		Degraded: l.shadowDegraded.Load(),
+		Failed:   l.shadowFailed.Load(),
+	}
+}
+
+// verdict is how a decided call is answered: refused with status (nil: it
+// goes on), with the pushback trailer of pushback milliseconds (0: none),
+// and the RateLimit fields md (WithHeaders; nil: none), in the header of an
+// admitted call and in the trailer of a refused one, which must stay a
+// trailers-only response for grpc-go to retry it.
+type verdict struct {
+	status   error
+	pushback int64
+	md       metadata.MD
+}
+
+// trailer returns the trailer of a refusal, or nil.
+func (v verdict) trailer() metadata.MD {
+	if v.pushback <= 0 {
+		return v.md
+	}
+	if v.md == nil {
+		return pushbackMD(v.pushback)
+	}
+	v.md[PushbackTrailer] = pushbackMD(v.pushback)[PushbackTrailer]
+	return v.md
+}
+
+// decide derives the call's key and cost, spends, and returns how to answer.
+func (l *Limiter) decide(ctx context.Context, method string) verdict {
+	key, cost, r := l.prepare(ctx, method)
+	if r.status != nil {
+		return l.judge(ctx, method, "", engine.Decision{}, false, r)
+	}
+	d, r := l.spend(ctx, key, cost)
+	return l.judge(ctx, method, key, d, r.cause == nil, r)
+}
+
+// judge turns a decision (decided: d is the engine's answer for key) and
+// its refusal (r, zero when admitted) into a verdict: it writes the
+// RateLimit fields, tells WithOnError, and in shadow mode counts and lets
+// through every refusal but the call's context ending.
+func (l *Limiter) judge(ctx context.Context, method, key string, d engine.Decision, decided bool, r refusal) verdict {
+	var v verdict
+	if l.headers && decided && !d.Degraded {
+		v.md = l.rateLimitMD(key, d)
+	}
+	if r.status == nil {
+		return v
+	}
+	if r.cause != nil && l.onError != nil {
+		l.onError(ctx, method, &callError{status: status.Convert(r.status), cause: r.cause})
+	}
+	if l.shadow && !r.contextEnded() {
+		switch {
+		case r.cause == nil:
+			l.shadowDenied.Add(1)
+		case errors.Is(r.cause, ErrDegraded):
+			l.shadowDegraded.Add(1)
+		default:
+			l.shadowFailed.Add(1)
+		}
+		return v
+	}
+	v.status, v.pushback = r.status, r.pushback
+	return v
+}
+
+// prepare derives the key and cost of a call, or the refusal of a call
+// that has none.
+func (l *Limiter) prepare(ctx context.Context, method string) (string, int64, refusal) {
 	client := ""
 	if a, ok := peerIP(ctx); ok {
+		if l.trusted != nil {
+			a = httplimit.ClientIPFrom(a, httplimit.XForwardedFor, metadata.ValueFromIncomingContext(ctx, forwardedFor), l.trusted)
+		}
 		client = httplimit.ClientKey(a, l.ipv6Bits)
 	}
 	key := client
@@ -129,38 +248,37 @@ func (l *Limiter) prepare(ctx context.Context, method string) (string, int64, er
 	case l.key != nil:
 		k, err := l.key(ctx, method, client)
 		if err != nil {
-			return "", 0, errNoKey
+			return "", 0, refusal{status: errNoKey, cause: fmt.Errorf("%w: %w", ErrKeyFunc, err)}
 		}
 		key = k
 	case client == "":
-		return "", 0, errNoKey
+		return "", 0, refusal{status: errNoKey, cause: ErrNoPeerIP}
 	}
 	cost := int64(1)
 	if l.cost != nil {
 		if cost = l.cost(ctx, method); cost < 1 {
-			return "", 0, errNoCost
+			return "", 0, refusal{status: errNoCost, cause: ErrCostFunc}
 		}
 	}
-	return key, cost, nil
+	return key, cost, refusal{}
 }
 
-// spend takes cost from key's bucket, and returns a nil error if the call
-// may go on, or else the status error that refuses it and the pushback for
-// the grpc-retry-pushback-ms trailer in milliseconds (0: none).
-func (l *Limiter) spend(ctx context.Context, key string, cost int64) (pushback int64, err error) {
+// spend takes cost from key's bucket, and returns the engine's decision and
+// the refusal, zero if the call may go on.
+func (l *Limiter) spend(ctx context.Context, key string, cost int64) (engine.Decision, refusal) {
 	d, err := l.engine.Allow(ctx, key, cost)
 	switch {
 	case err != nil:
-		return l.failure(err)
+		return d, l.failure(err)
 	case !d.Allowed && d.Degraded:
 		// a store's failure rule: the server's outage, not the client's limit
 		ms := ceilMillis(d.RetryAfter)
-		return ms, retryable(codes.Unavailable, msgDegraded, ms)
+		return d, refusal{status: retryable(codes.Unavailable, msgDegraded, ms), pushback: ms, cause: ErrDegraded}
 	case !d.Allowed:
 		ms := ceilMillis(d.RetryAfter)
-		return ms, retryable(codes.ResourceExhausted, msgDenied, ms)
+		return d, refusal{status: retryable(codes.ResourceExhausted, msgDenied, ms), pushback: ms}
 	}
-	return 0, nil
+	return d, refusal{}
 }
 
 // peerIP returns the IP address of the call's peer, if it has one.

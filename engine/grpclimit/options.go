@@ -3,6 +3,7 @@ package grpclimit
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/tokenshard/tokenshard/engine/httplimit"
@@ -32,7 +33,21 @@ type config struct {
 	ipv6Bits   int
 	exempt     map[string]struct{}
 	perMessage bool
+	trusted    []netip.Prefix
+	headers    bool
+	policyName string
+	onError    ErrorFunc
+	shadow     bool
 }
+
+// ErrorFunc is told of a call answered with an error other than a limit's
+// (see WithOnError). fullMethod is the gRPC method; err's status
+// (status.Code, status.FromError) is the one the call was answered with,
+// or in shadow mode would have been, and errors.Is finds its cause.
+type ErrorFunc func(ctx context.Context, fullMethod string, err error)
+
+// forwardedFor is the metadata key WithTrustedProxies reads.
+const forwardedFor = "x-forwarded-for"
 
 // WithKey replaces the default key, the grouped peer address, with f. f is
 // given the grouped peer address as client, so a per-method limit is
@@ -120,6 +135,119 @@ func WithPerMessage() Option {
 		c.perMessage = true
 		return nil
 	}
+}
+
+// WithTrustedProxies makes the client the address that trusted proxies
+// in front of the server (an Envoy, a gRPC gateway) report in the
+// "x-forwarded-for" metadata of the call, when the peer is in one of
+// prefixes. All the key's values are one list, in order, read from the
+// right exactly as httplimit.ClientIP reads X-Forwarded-For (by
+// httplimit.ClientIPFrom): the client is the right-most address not in a
+// trusted prefix, the walk stops trusting at the first entry that is not
+// an address, and entries a client wrote in front of its own are never
+// used. The client is then grouped as the peer is without this option
+// (httplimit.ClientKey, WithIPv6Prefix). A peer outside every prefix is
+// the client and its metadata is not read.
+//
+// With no prefixes it trusts nothing, as without the option. It may be
+// given more than once; the prefixes add up. An invalid prefix (the zero
+// netip.Prefix) is refused with ErrInvalidOption.
+func WithTrustedProxies(prefixes ...netip.Prefix) Option {
+	return func(c *config) error {
+		for i, p := range prefixes {
+			if !p.IsValid() {
+				return fmt.Errorf("%w: WithTrustedProxies: prefix %d is not valid", ErrInvalidOption, i)
+			}
+		}
+		for _, p := range prefixes {
+			p = p.Masked()
+			if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+				p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+			}
+			c.trusted = append(c.trusted, p)
+		}
+		return nil
+	}
+}
+
+// WithHeaders sends the RateLimit fields that httplimit writes, with the
+// same values, as metadata: "ratelimit-policy" and "ratelimit" (see the
+// package documentation). An admitted call carries them in its header
+// metadata, a call a bucket denied in its trailer metadata, beside the
+// pushback trailer, so that the refusal stays a trailers-only response,
+// which grpc-go clients need to retry it. A grpc-go client reads them with
+// grpc.Header and grpc.Trailer. Answers that are not a bucket's carry none:
+// a store's failure rule, an engine error.
+func WithHeaders() Option {
+	return func(c *config) error {
+		c.headers = true
+		return nil
+	}
+}
+
+// WithPolicyName names the default limit's quota policy in the RateLimit
+// fields of WithHeaders, as httplimit.WithPolicyName does, instead of
+// httplimit.DefaultPolicyName, "default". name must be printable ASCII and
+// not empty.
+func WithPolicyName(name string) Option {
+	return func(c *config) error {
+		if !validPolicyName(name) {
+			return fmt.Errorf("%w: WithPolicyName(%q): want printable ASCII, not empty", ErrInvalidOption, name)
+		}
+		c.policyName = name
+		return nil
+	}
+}
+
+// WithOnError calls f for every call (with WithPerMessage, every message)
+// answered with an error that is not a limit's: a bucket's denial
+// (ResourceExhausted) is not one, while a store's failure rule denying
+// (Unavailable, cause ErrDegraded), a full key table or a closed engine
+// (Unavailable), a cost above capacity (InvalidArgument), a key or cost
+// function failing (Internal, ErrKeyFunc, ErrNoPeerIP, ErrCostFunc), any
+// other engine error (Internal) and the call's context ending (Canceled,
+// DeadlineExceeded) are. In shadow mode it is also called for the errors
+// that are then let through. f runs on the call's goroutine before the
+// call is answered, so it should be quick; it is how a service logs or
+// counts the limiter's failures, since the package logs nothing.
+func WithOnError(f ErrorFunc) Option {
+	return func(c *config) error {
+		if f == nil {
+			return fmt.Errorf("%w: WithOnError(nil)", ErrInvalidOption)
+		}
+		c.onError = f
+		return nil
+	}
+}
+
+// WithShadow decides and spends every call as usual, and sends the
+// RateLimit fields when WithHeaders says so, but refuses nothing: a call a
+// bucket denies, or a store's failure rule denies, or that fails with an
+// engine, key or cost error, goes on to its handler (which, for a call
+// without a key or cost, spends nothing), and is counted in the Limiter's
+// ShadowStats instead. Errors are given to the function of WithOnError as
+// without it. Only the call's context ending is still answered, as the
+// client is gone. It is for measuring a limit on live traffic before
+// enforcing it.
+func WithShadow() Option {
+	return func(c *config) error {
+		c.shadow = true
+		return nil
+	}
+}
+
+// validPolicyName reports whether name can be a structured-field String:
+// not empty, and only printable ASCII (0x20 to 0x7E).
+func validPolicyName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := range len(name) {
+		if c := name[i]; c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // validMethod reports whether m has the form "/service/method", both parts

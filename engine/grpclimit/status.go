@@ -45,35 +45,50 @@ var (
 	errFailed   = status.Error(codes.Internal, msgFailed)
 )
 
-// failure returns the status error for an engine error, and the pushback
-// in milliseconds it comes with (0: none).
+// refusal is why a call is not admitted as it stands: the status error
+// that answers it, the pushback in milliseconds for the trailer (0: none),
+// and the cause given to WithOnError (nil for a bucket's denial, which is a
+// limit, not an error). The zero refusal is none.
+type refusal struct {
+	status   error
+	pushback int64
+	cause    error
+}
+
+// failure returns the refusal for an engine error.
 //
 // A full key table gets a delay only when the engine estimates one
 // (ReclaimAfter): one that never frees a slot by itself gets none, since
 // any figure would be a guess the client would act on.
-func (l *Limiter) failure(err error) (int64, error) {
+func (l *Limiter) failure(err error) refusal {
 	switch {
 	case errors.Is(err, engine.ErrInvalidKey):
-		return 0, errNoKey
+		return refusal{status: errNoKey, cause: err}
 	case errors.Is(err, engine.ErrInvalidCost):
 		// Only a cost above the key's capacity gets here: waiting never helps.
-		return 0, errTooLarge
+		return refusal{status: errTooLarge, cause: err}
 	case errors.Is(err, engine.ErrKeyCapacity):
 		if l.reclaim == nil {
-			return 0, errOverload
+			return refusal{status: errOverload, cause: err}
 		}
 		d, ok := l.reclaim.ReclaimAfter()
 		if !ok {
-			return 0, errOverload
+			return refusal{status: errOverload, cause: err}
 		}
 		ms := ceilMillis(d)
-		return ms, retryable(codes.Unavailable, msgOverload, ms)
+		return refusal{status: retryable(codes.Unavailable, msgOverload, ms), pushback: ms, cause: err}
 	case errors.Is(err, engine.ErrClosed):
-		return 0, errClosed
+		return refusal{status: errClosed, cause: err}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return 0, status.FromContextError(err).Err()
+		return refusal{status: status.FromContextError(err).Err(), cause: err}
 	}
-	return 0, errFailed
+	return refusal{status: errFailed, cause: err}
+}
+
+// contextEnded reports whether r is the call's context ending, which is
+// not the limiter's refusal: shadow mode returns it too.
+func (r refusal) contextEnded() bool {
+	return errors.Is(r.cause, context.Canceled) || errors.Is(r.cause, context.DeadlineExceeded)
 }
 
 // retryable returns a status error with a google.rpc.RetryInfo detail

@@ -9,23 +9,30 @@ import "google.golang.org/grpc"
 type meteredStream struct {
 	grpc.ServerStream
 	l      *Limiter
+	method string
 	key    string
 	cost   int64
-	pushed bool // a pushback trailer was set: a second value would stop grpc-go retrying
+	pushed bool // a refusal's trailer was set: a second pushback value would stop grpc-go retrying
 }
 
 // RecvMsg receives a message into m and spends its cost. A message the
 // bucket cannot pay for is dropped and the refusal returned; an error of
 // the underlying stream (io.EOF at the end) is returned as it is, and
-// charges nothing.
+// charges nothing. The RateLimit fields of WithHeaders go only with the
+// first refusal, in the trailer: the header is sent once, and cannot
+// follow each message.
 func (s *meteredStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	pushback, err := s.l.spend(s.Context(), s.key, s.cost)
-	if err != nil && pushback > 0 && !s.pushed {
-		s.pushed = true
-		s.SetTrailer(pushbackMD(pushback))
+	ctx := s.Context()
+	d, r := s.l.spend(ctx, s.key, s.cost)
+	v := s.l.judge(ctx, s.method, s.key, d, r.status != nil && r.cause == nil, r) // fields only for a refusal
+	if v.status != nil && !s.pushed {
+		if trailer := v.trailer(); trailer != nil {
+			s.pushed = true
+			s.SetTrailer(trailer)
+		}
 	}
-	return err
+	return v.status
 }

@@ -1,0 +1,154 @@
+package grpclimit_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/grpclimit"
+	"github.com/tokenshard/tokenshard/engine/httplimit"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// rateLimit returns the ratelimit-policy and ratelimit values of md.
+func rateLimit(md metadata.MD) []string {
+	return append(md.Get(grpclimit.PolicyHeader), md.Get(grpclimit.RateLimitHeader)...)
+}
+
+// TestServerHeaders: over a real connection with WithHeaders, an admitted
+// call has the RateLimit fields in its header metadata; a denied one in
+// its trailer, beside the pushback, and no header, so it stays
+// trailers-only; a stream's header carries them when it starts; a degraded
+// answer, admitted or denied, carries none; and without WithHeaders there
+// are none.
+func TestServerHeaders(t *testing.T) {
+	e, clk := newEngine(t, engine.Config{Policy: pol(2, 1)})
+	conn := serve(t, newLimiter(t, e, grpclimit.WithHeaders()), nil)
+	hc := healthpb.NewHealthClient(conn)
+	ctx := t.Context()
+
+	var header, trailer metadata.MD
+	_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer))
+	require.NoError(t, err)
+	require.Equal(t, []string{`"default";q=2;w=2`, `"default";r=1;t=1`}, rateLimit(header))
+	require.Empty(t, rateLimit(trailer))
+
+	clk.Advance(300 * time.Millisecond)
+	_, err = hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer))
+	require.NoError(t, err)
+	require.Equal(t, []string{`"default";q=2;w=2`, `"default";r=0;t=2`}, rateLimit(header), "1.7s to full")
+
+	_, err = hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer))
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	require.Empty(t, header, "a refusal sends no header: it stays trailers-only")
+	require.Equal(t, []string{`"default";q=2;w=2`, `"default";r=0;t=1`}, rateLimit(trailer), "0.7s to the next token")
+	require.Equal(t, []string{"700"}, pushback(trailer))
+
+	clk.Advance(2 * time.Second)
+	s := duplex(t, conn)
+	require.NoError(t, echo(s, 1)) // the header goes with the first message
+	header, err = s.Header()
+	require.NoError(t, err)
+	require.Equal(t, []string{`"default";q=2;w=2`, `"default";r=1;t=1`}, rateLimit(header), "a stream, when it starts")
+	require.NoError(t, finish(s))
+
+	for _, d := range []engine.Decision{
+		{Degraded: true, Allowed: true, Remaining: 4, Version: 1, Limit: 5},
+		{Degraded: true, RetryAfter: time.Second, Version: 1, Limit: 5},
+	} {
+		conn := serve(t, newLimiter(t, degradedAdmitter{d: d}, grpclimit.WithHeaders()), nil)
+		_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer))
+		require.Equal(t, d.Allowed, err == nil, "%v", err)
+		require.Empty(t, rateLimit(header), "degraded %+v", d)
+		require.Empty(t, rateLimit(trailer), "degraded %+v", d)
+	}
+
+	e, _ = newEngine(t, engine.Config{Policy: pol(1, 1)})
+	conn = serve(t, newLimiter(t, e), nil)
+	hc = healthpb.NewHealthClient(conn)
+	for range 2 {
+		_, _ = hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer))
+		require.Empty(t, rateLimit(header), "without WithHeaders")
+		require.Empty(t, rateLimit(trailer), "without WithHeaders")
+	}
+}
+
+// TestHeadersMatchHTTP: for the same decisions, under policies with
+// overrides (named, unnamed, named like another quota), bands and rates
+// that are not per second, the gRPC metadata has exactly the values of
+// httplimit's RateLimit-Policy and RateLimit header fields. Two engines on
+// one policy take the same calls, one through each adapter.
+func TestHeadersMatchHTTP(t *testing.T) {
+	bands, err := policy.NewBands(policy.Band{Name: "minute", Capacity: 4, Refill: policy.PerMinute(4)})
+	require.NoError(t, err)
+	goldBands, err := policy.NewBands(policy.Band{Name: "gold-hour", Capacity: 50, Refill: policy.PerHour(50)})
+	require.NoError(t, err)
+	clash, err := policy.NewBands(policy.Band{Name: "shop-9-3", Capacity: 9, Refill: policy.PerSecond(9)})
+	require.NoError(t, err)
+	overrides, err := policy.NewOverrideSet(
+		policy.Override{Match: "gold", Capacity: 6, TokensPerSecond: 2, Bands: goldBands, Name: "gold"},
+		policy.Override{Match: "plain", Capacity: 7, TokensPerSecond: 2},
+		policy.Override{Match: "same", Capacity: 3, TokensPerSecond: 1},
+		policy.Override{Match: "liar", Capacity: 5, TokensPerSecond: 1, Name: "shop"},
+		policy.Override{Match: "minute", Capacity: 10, Refill: policy.PerMinute(100)},
+		policy.Override{Match: "clash", Capacity: 9, TokensPerSecond: 3, Bands: clash},
+	)
+	require.NoError(t, err)
+	p := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1, Bands: bands, Overrides: overrides}
+
+	eh, clkH := newEngine(t, engine.Config{Policy: p})
+	eg, clkG := newEngine(t, engine.Config{Policy: p})
+	mw, err := httplimit.New(eh, httplimit.WithPolicyName("shop"), httplimit.WithKey(func(r *http.Request) (string, error) {
+		return r.Header.Get("K"), nil
+	}))
+	require.NoError(t, err)
+	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	l := newLimiter(t, eg, grpclimit.WithHeaders(), grpclimit.WithPolicyName("shop"),
+		grpclimit.WithKey(func(ctx context.Context, _, _ string) (string, error) {
+			return metadata.ValueFromIncomingContext(ctx, "k")[0], nil
+		}))
+	conn := serve(t, l, nil)
+	hc := healthpb.NewHealthClient(conn)
+
+	for _, key := range []string{"anyone", "gold", "plain", "same", "liar", "minute", "clash"} {
+		for i := range 6 {
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			r.Header.Set("K", key)
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			want := []string{w.Header().Get("RateLimit-Policy"), w.Header().Get("RateLimit")}
+
+			var header, trailer metadata.MD
+			ctx := metadata.AppendToOutgoingContext(t.Context(), "k", key)
+			_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer))
+			got := rateLimit(header)
+			if err != nil {
+				require.Equal(t, http.StatusTooManyRequests, w.Code, "%s #%d: %v", key, i, err)
+				got = rateLimit(trailer)
+			}
+			require.Equal(t, want, got, "%s #%d", key, i)
+			clkH.Advance(150 * time.Millisecond)
+			clkG.Advance(150 * time.Millisecond)
+		}
+	}
+}
+
+// TestPolicyNameInvalid: WithPolicyName refuses what cannot be a
+// structured-field String.
+func TestPolicyNameInvalid(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 1)})
+	for _, name := range []string{"", "caf\u00e9", "a\nb"} {
+		_, err := grpclimit.New(e, grpclimit.WithPolicyName(name))
+		require.ErrorIs(t, err, grpclimit.ErrInvalidOption, "%q", name)
+	}
+}

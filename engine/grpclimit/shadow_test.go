@@ -1,0 +1,95 @@
+package grpclimit_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/grpclimit"
+)
+
+// TestServerShadow: over a real connection, WithShadow refuses nothing
+// while every call spends as usual: of 7 calls on a bucket of 2, all are
+// answered OK, exactly 5 are counted as Denied, the engine's bucket is
+// empty, and the header metadata of a would-be refusal says so. A stream
+// metered per message echoes all its messages and counts the ones it
+// could not pay for.
+func TestServerShadow(t *testing.T) {
+	ctx := t.Context()
+	var log errorLog
+	e, _ := newEngine(t, engine.Config{Policy: pol(2, 1)})
+	l := newLimiter(t, e, grpclimit.WithShadow(), grpclimit.WithHeaders(), grpclimit.WithOnError(log.record))
+	conn := serve(t, l, nil)
+	hc := healthpb.NewHealthClient(conn)
+	for i := range 7 {
+		var header, trailer metadata.MD
+		_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer))
+		require.NoError(t, err, "call %d", i)
+		require.Empty(t, pushback(trailer))
+		want := `"default";r=1;t=1`
+		if i >= 1 {
+			want = `"default";r=0;t=` + map[bool]string{true: "2", false: "1"}[i == 1]
+		}
+		require.Equal(t, []string{`"default";q=2;w=2`, want}, rateLimit(header), "call %d", i)
+	}
+	require.Equal(t, grpclimit.ShadowStats{Denied: 5}, l.ShadowStats())
+	require.Empty(t, log.take(), "a limit is not an error")
+	d, err := e.Peek(ctx, "127.0.0.1")
+	require.NoError(t, err)
+	require.Zero(t, d.Remaining)
+
+	// per message
+	e, _ = newEngine(t, engine.Config{Policy: pol(2, 1)})
+	l = newLimiter(t, e, grpclimit.WithShadow(), grpclimit.WithPerMessage())
+	conn = serve(t, l, nil)
+	s := duplex(t, conn)
+	require.NoError(t, echo(s, 5))
+	require.NoError(t, finish(s))
+	require.Equal(t, grpclimit.ShadowStats{Denied: 3}, l.ShadowStats())
+}
+
+// TestServerShadowErrors: under WithShadow a degraded denial and an engine
+// error are let through, counted as Degraded and Failed, and given to the
+// function of WithOnError; a degraded admission is neither.
+func TestServerShadowErrors(t *testing.T) {
+	ctx := t.Context()
+	var log errorLog
+	l := newLimiter(t, degradedAdmitter{d: engine.Decision{Degraded: true, RetryAfter: time.Second, Version: 1, Limit: 5}},
+		grpclimit.WithShadow(), grpclimit.WithHeaders(), grpclimit.WithOnError(log.record))
+	conn := serve(t, l, nil)
+	var header, trailer metadata.MD
+	_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer))
+	require.NoError(t, err)
+	require.Empty(t, rateLimit(header), "a degraded answer carries no fields")
+	require.Empty(t, pushback(trailer))
+	require.Equal(t, grpclimit.ShadowStats{Degraded: 1}, l.ShadowStats())
+	errs := log.take()
+	require.Len(t, errs, 1)
+	require.ErrorIs(t, errs[0], grpclimit.ErrDegraded)
+
+	l = newLimiter(t, degradedAdmitter{d: engine.Decision{Degraded: true, Allowed: true, Version: 1, Limit: 5}},
+		grpclimit.WithShadow(), grpclimit.WithOnError(log.record))
+	conn = serve(t, l, nil)
+	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	require.NoError(t, err)
+	require.Equal(t, grpclimit.ShadowStats{}, l.ShadowStats())
+	require.Empty(t, log.take())
+
+	e, _ := newEngine(t, engine.Config{Policy: pol(2, 1)})
+	require.NoError(t, e.Close())
+	l = newLimiter(t, e, grpclimit.WithShadow(), grpclimit.WithOnError(log.record))
+	conn = serve(t, l, nil)
+	for range 2 {
+		_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		require.NoError(t, err)
+	}
+	require.Equal(t, grpclimit.ShadowStats{Failed: 2}, l.ShadowStats())
+	errs = log.take()
+	require.Len(t, errs, 2)
+	require.ErrorIs(t, errs[0], engine.ErrClosed)
+}
