@@ -12,8 +12,9 @@ import (
 // KeyFunc derives a call's rate-limit key (see WithKey). fullMethod is the
 // gRPC method, "/package.Service/Method"; the call's metadata is in ctx
 // (metadata.FromIncomingContext). client is the default key, the peer's
-// address grouped as httplimit.ClientKey says ("203.0.113.7",
-// "2001:db8:1:2::/64"), or "" when the peer has no IP address. An error, or a key the engine
+// address (or the client WithTrustedProxies finds behind it) grouped as
+// httplimit.ClientKey says ("203.0.113.7", "2001:db8:1:2::/64"), or ""
+// when the peer has no IP address. An error, or a key the engine
 // rejects (blank, or longer than its MaxKeyBytes), refuses the call with
 // codes.Internal.
 type KeyFunc func(ctx context.Context, fullMethod string, client string) (string, error)

@@ -1,6 +1,7 @@
 package grpclimit_test
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -92,4 +93,29 @@ func TestServerShadowErrors(t *testing.T) {
 	errs = log.take()
 	require.Len(t, errs, 2)
 	require.ErrorIs(t, errs[0], engine.ErrClosed)
+}
+
+// TestServerShadowConcurrent: 80 concurrent calls on a bucket of 10 are
+// all answered OK, and exactly the 70 the bucket could not pay for are
+// counted as Denied.
+func TestServerShadowConcurrent(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(10, 1)})
+	l := newLimiter(t, e, grpclimit.WithShadow())
+	hc := healthpb.NewHealthClient(serve(t, l, nil))
+	var wg sync.WaitGroup
+	errs := make(chan error, 80)
+	for range 8 {
+		wg.Go(func() {
+			for range 10 {
+				_, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{})
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, grpclimit.ShadowStats{Denied: 70}, l.ShadowStats())
 }
