@@ -1,14 +1,19 @@
 package grpclimit_test
 
 import (
+	"context"
+	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/grpclimit"
@@ -118,4 +123,26 @@ func TestServerShadowConcurrent(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Equal(t, grpclimit.ShadowStats{Denied: 70}, l.ShadowStats())
+}
+
+// TestShadowContextEnded: under WithShadow a call whose context ended
+// before the engine decided is still answered Canceled, as the client is
+// gone, counted nowhere, and given to WithOnError.
+func TestShadowContextEnded(t *testing.T) {
+	var log errorLog
+	e, _ := newEngine(t, engine.Config{Policy: pol(2, 1)})
+	l := newLimiter(t, e, grpclimit.WithShadow(), grpclimit.WithOnError(log.record))
+	ctx, cancel := context.WithCancel(peer.NewContext(t.Context(), &peer.Peer{
+		Addr: net.TCPAddrFromAddrPort(mustAddrPort("203.0.113.7:41000")),
+	}))
+	cancel()
+	ran := false
+	_, err := l.Unary(ctx, nil, &grpc.UnaryServerInfo{FullMethod: "/grpc.health.v1.Health/Check"},
+		func(context.Context, any) (any, error) { ran = true; return nil, nil })
+	require.Equal(t, codes.Canceled, status.Code(err), "%v", err)
+	require.False(t, ran)
+	require.Equal(t, grpclimit.ShadowStats{}, l.ShadowStats())
+	errs := log.take()
+	require.Len(t, errs, 1)
+	require.ErrorIs(t, errs[0], context.Canceled)
 }

@@ -85,10 +85,12 @@ func (l *Limiter) failure(err error) refusal {
 	return refusal{status: errFailed, cause: err}
 }
 
-// contextEnded reports whether r is the call's context ending, which is
-// not the limiter's refusal: shadow mode returns it too.
+// contextEnded reports whether r answers the call's context ending before
+// the engine decided, which is not the limiter's refusal: shadow mode
+// returns it too.
 func (r refusal) contextEnded() bool {
-	return errors.Is(r.cause, context.Canceled) || errors.Is(r.cause, context.DeadlineExceeded)
+	c := status.Code(r.status)
+	return c == codes.Canceled || c == codes.DeadlineExceeded
 }
 
 // retryable returns a status error with a google.rpc.RetryInfo detail
