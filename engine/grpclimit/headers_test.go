@@ -152,3 +152,20 @@ func TestPolicyNameInvalid(t *testing.T) {
 		require.ErrorIs(t, err, grpclimit.ErrInvalidOption, "%q", name)
 	}
 }
+
+// TestServerHeadersPerMessage: with WithPerMessage the RateLimit fields go
+// only with the refusal of a message, in the trailer beside the pushback,
+// once; admitted messages carry none.
+func TestServerHeadersPerMessage(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(2, 1)})
+	conn := serve(t, newLimiter(t, e, grpclimit.WithPerMessage(), grpclimit.WithHeaders()), nil)
+	s := duplex(t, conn)
+	require.NoError(t, echo(s, 2))
+	header, err := s.Header()
+	require.NoError(t, err)
+	require.Empty(t, rateLimit(header), "admitted messages carry none")
+	err = echo(s, 1)
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	require.Equal(t, []string{`"default";q=2;w=2`, `"default";r=0;t=1`}, rateLimit(s.Trailer()))
+	require.Equal(t, []string{"1000"}, pushback(s.Trailer()))
+}
