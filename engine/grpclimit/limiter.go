@@ -39,8 +39,8 @@ type Limiter struct {
 	perMessage bool
 	trusted    []netip.Prefix // WithTrustedProxies; nil: the peer is the client
 	headers    bool
-	policyName string
-	onError    ErrorFunc // nil: none
+	fields     httplimit.Fields // WithHeaders' names (WithPolicyName)
+	onError    ErrorFunc        // nil: none
 	shadow     bool
 
 	shadowDenied, shadowDegraded, shadowFailed atomic.Uint64
@@ -72,6 +72,10 @@ func New(e engine.Admitter, opts ...Option) (*Limiter, error) {
 			return nil, err
 		}
 	}
+	fields, err := httplimit.NewFields(c.policyName)
+	if err != nil {
+		return nil, err // WithPolicyName checked the name already
+	}
 	l := &Limiter{
 		engine:     e,
 		key:        c.key,
@@ -81,7 +85,7 @@ func New(e engine.Admitter, opts ...Option) (*Limiter, error) {
 		perMessage: c.perMessage,
 		trusted:    c.trusted,
 		headers:    c.headers,
-		policyName: c.policyName,
+		fields:     fields,
 		onError:    c.onError,
 		shadow:     c.shadow,
 	}

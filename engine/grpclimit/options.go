@@ -192,7 +192,7 @@ func WithHeaders() Option {
 // not empty.
 func WithPolicyName(name string) Option {
 	return func(c *config) error {
-		if !validPolicyName(name) {
+		if _, err := httplimit.NewFields(name); err != nil || name == "" {
 			return fmt.Errorf("%w: WithPolicyName(%q): want printable ASCII, not empty", ErrInvalidOption, name)
 		}
 		c.policyName = name
@@ -235,20 +235,6 @@ func WithShadow() Option {
 		c.shadow = true
 		return nil
 	}
-}
-
-// validPolicyName reports whether name can be a structured-field String:
-// not empty, and only printable ASCII (0x20 to 0x7E).
-func validPolicyName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := range len(name) {
-		if c := name[i]; c < 0x20 || c > 0x7e {
-			return false
-		}
-	}
-	return true
 }
 
 // validMethod reports whether m has the form "/service/method", both parts

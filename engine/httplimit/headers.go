@@ -71,22 +71,9 @@ func validPolicyName(name string) bool {
 	return true
 }
 
-// setRateLimit writes RateLimit-Policy and RateLimit for a decision on key,
-// and Retry-After when it is a denial.
-//
-// RateLimit-Policy lists every band of the limit key resolves to under the
-// policy in force: first its primary band, named by primaryName, then each
-// band of its BandSet under the band's Name. An item's q is the band's
-// capacity and w the seconds an empty band takes to fill at its rate,
-// rounded up (policy.Rate.WindowSeconds).
-//
-// RateLimit is one item, for the band that bound the decision (d.Band, ""
-// or the override's Name for the primary), under the name it has in
-// RateLimit-Policy. r is d.Remaining, that band's whole tokens left. t is
-// ceil(d.ResetAfter), the time until that band is full, when admitted; when
-// denied it is the Retry-After value, because the draft (section 6) says a
-// Retry-After SHOULD NOT point earlier than the end of the effective window,
-// and until then the client can indeed spend no more than r.
+// setRateLimit writes RateLimit-Policy and RateLimit for a decision on key
+// (Fields.Append says what they hold), and Retry-After when it is a denial:
+// the t of RateLimit.
 //
 // Under WithShadow there is no Retry-After, and the items are added to any
 // the fields already have (see WithShadow).
@@ -96,48 +83,13 @@ func validPolicyName(name string) bool {
 // would compute, allocating): two allocations per request, at any number of
 // bands.
 func (m *Middleware) setRateLimit(h http.Header, key string, d engine.Decision) {
-	p := m.engine.Policy()
-	o, overridden := p.Overrides.Lookup(key) // once per request: the limit and the name
-	primary, bands, shapeName := p.Limit(), p.Bands, ""
-	if overridden {
-		primary = policy.Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond, Refill: o.Refill}
-		bands, shapeName = o.Bands, o.Name
-	}
-	t := ceilSeconds(d.ResetAfter)
-	if !d.Allowed {
-		t = max(ceilSeconds(d.RetryAfter), 1) // a denial never says "retry now"
-	}
-
 	// Room for a primary name and every band's item, each name up to
 	// MaxNameBytes escaped; a longer policy name grows buf on the heap.
 	var stack [2048]byte
-	buf := stack[:0]
-	buf = m.appendPrimaryName(buf, quotaOf(p.Limit()), o, overridden, bands)
-	nameEnd := len(buf)
-	buf = appendBand(buf, primary.Capacity, primary.Rate())
-	for i := range bands.Len() {
-		b := bands.At(i)
-		buf = append(buf, ", "...)
-		buf = appendSFString(buf, b.Name)
-		buf = appendBand(buf, b.Capacity, b.Refill)
-	}
-	policyEnd := len(buf)
-
-	switch {
-	case d.Band == "" || d.Band == shapeName:
-		buf = append(buf, buf[:nameEnd]...)
-	default:
-		// A band of the key's limit; or, when a cutover came between the
-		// decision and Policy, the band that decided, by its name.
-		buf = appendSFString(buf, d.Band)
-	}
-	buf = append(buf, ";r="...)
-	buf = strconv.AppendInt(buf, sfInteger(d.Remaining), 10)
-	buf = append(buf, ";t="...)
-	buf = strconv.AppendInt(buf, sfInteger(t), 10)
+	buf, policyEnd := m.fields.Append(stack[:0], m.engine.Policy(), key, d)
 	limitEnd := len(buf)
 	if !d.Allowed {
-		buf = strconv.AppendInt(buf, t, 10)
+		buf = strconv.AppendInt(buf, fieldT(d), 10)
 	}
 
 	if m.shadow {

@@ -34,19 +34,18 @@ const (
 // zero value is not usable. Build it with New and wrap handlers with
 // Handler.
 type Middleware struct {
-	engine     engine.Admitter
-	reclaim    reclaimer // e, if it estimates when a key slot frees up; else nil
-	key        KeyFunc
-	keys       KeysFunc // WithKeys; then key and cost are unused
-	cost       CostFunc
-	denied     DeniedFunc
-	policyName string // the default limit's quota name
-	quotedName string // policyName as a structured-field String
-	overload   string // WithOverloadRetryAfter in seconds; "" when not given
-	onError    ErrorFunc
-	shadow     bool
-	client     func(r *http.Request) (string, error) // the grouped client
-	counts     counts
+	engine   engine.Admitter
+	reclaim  reclaimer // e, if it estimates when a key slot frees up; else nil
+	key      KeyFunc
+	keys     KeysFunc // WithKeys; then key and cost are unused
+	cost     CostFunc
+	denied   DeniedFunc
+	fields   Fields // the RateLimit fields' names (the default's, WithPolicyName)
+	overload string // WithOverloadRetryAfter in seconds; "" when not given
+	onError  ErrorFunc
+	shadow   bool
+	client   func(r *http.Request) (string, error) // the grouped client
+	counts   counts
 }
 
 // Stats counts the requests a Middleware has handled since New, under
@@ -123,14 +122,13 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 		return nil, fmt.Errorf("%w: WithKeys gives the keys and their costs; it excludes WithKey, WithClientKey and WithCost", ErrInvalidOption)
 	}
 	m := &Middleware{
-		engine:     e,
-		keys:       c.keys,
-		cost:       c.cost,
-		denied:     c.denied,
-		policyName: c.policyName,
-		quotedName: string(appendSFString(nil, c.policyName)),
-		onError:    c.onError,
-		shadow:     c.shadow,
+		engine:  e,
+		keys:    c.keys,
+		cost:    c.cost,
+		denied:  c.denied,
+		fields:  Fields{policyName: c.policyName},
+		onError: c.onError,
+		shadow:  c.shadow,
 	}
 	m.reclaim, _ = e.(reclaimer)
 	if c.overload > 0 {

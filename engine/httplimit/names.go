@@ -41,19 +41,19 @@ func quotaOf(l policy.Limit) quota { return quota{l.Capacity, l.Rate()} }
 // policy.NewOverrideSet already refuses one Name for two limits and a band
 // that has its override's Name, and derived names are distinct for
 // distinct quotas, so only these cases remain.
-func (m *Middleware) appendPrimaryName(buf []byte, def quota, o policy.Override, overridden bool, bands *policy.BandSet) []byte {
+func (f Fields) appendPrimaryName(buf []byte, def quota, o policy.Override, overridden bool, bands *policy.BandSet) []byte {
 	var own quota
 	var name string
 	switch {
 	case !overridden:
-		own, name = def, m.policyName
+		own, name = def, f.policyName
 	default:
 		own = quotaOf(policy.Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond, Refill: o.Refill})
 		switch {
-		case o.Name != "" && m.nameFits(o.Name, own, def):
+		case o.Name != "" && f.nameFits(o.Name, own, def):
 			name = o.Name
 		case own == def:
-			name = m.policyName
+			name = f.policyName
 		}
 	}
 	if name != "" && bands.Index(name) < 0 {
@@ -63,7 +63,7 @@ func (m *Middleware) appendPrimaryName(buf []byte, def quota, o policy.Override,
 	// The derived name, built raw after buf's end (the policy name may need
 	// escaping), then quoted in place of it.
 	at := len(buf)
-	raw := m.appendDerived(buf, own)
+	raw := f.appendDerived(buf, own)
 	derivedEnd := len(raw)
 	for k := 1; isBand(bands, raw[at:]); k++ { // at most Len()+1 tries
 		raw = append(raw[:derivedEnd], '-')
@@ -89,8 +89,8 @@ func isBand(bands *policy.BandSet, name []byte) bool {
 
 // appendDerived appends the raw derived name of q: P, '-', the capacity,
 // '-', the tokens, and for a period other than a second '/' and the period.
-func (m *Middleware) appendDerived(buf []byte, q quota) []byte {
-	buf = append(buf, m.policyName...)
+func (f Fields) appendDerived(buf []byte, q quota) []byte {
+	buf = append(buf, f.policyName...)
 	buf = append(buf, '-')
 	buf = strconv.AppendInt(buf, q.capacity, 10)
 	buf = append(buf, '-')
@@ -132,11 +132,11 @@ func appendPeriod(buf []byte, per time.Duration) []byte {
 // nameFits reports whether an override whose quota is own may answer under
 // its Name: unless the name is P and own is not the default def, or the
 // name is derived from a quota other than own.
-func (m *Middleware) nameFits(name string, own, def quota) bool {
-	if name == m.policyName {
+func (f Fields) nameFits(name string, own, def quota) bool {
+	if name == f.policyName {
 		return own == def
 	}
-	if derived, ok := m.parseDerived(name); ok {
+	if derived, ok := f.parseDerived(name); ok {
 		return derived == own
 	}
 	return true
@@ -145,8 +145,8 @@ func (m *Middleware) nameFits(name string, own, def quota) bool {
 // parseDerived returns the quota that name is the derived name of, as
 // appendDerived writes it (every number in canonical decimal, the period
 // in its one form), and false when it is not one.
-func (m *Middleware) parseDerived(name string) (quota, bool) {
-	p := m.policyName
+func (f Fields) parseDerived(name string) (quota, bool) {
+	p := f.policyName
 	if len(name) <= len(p)+1 || name[:len(p)] != p || name[len(p)] != '-' {
 		return quota{}, false
 	}
