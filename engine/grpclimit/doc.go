@@ -68,8 +68,8 @@
 // WithShadow measures a limit on live traffic before enforcing it: every
 // call is decided and spends as usual, and the metadata of WithHeaders
 // report the decision, but nothing is refused. A would-be refusal goes on
-// to the handler and is counted in ShadowStats: Denied for a bucket's
-// denial, Degraded for a store's failure rule, Failed for any other error,
+// to the handler and is counted in ShadowStats: Refused for a bucket's
+// denial, Degraded for a store's failure rule, Errors for any other error,
 // which is also given to WithOnError. Only a call whose context ended is
 // still answered so.
 //

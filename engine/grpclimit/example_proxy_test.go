@@ -91,8 +91,8 @@ func ExampleWithShadow() {
 	// ok OK
 	// ok OK
 	// ok OK
-	// {Denied:2 Degraded:0 Failed:0}
+	// {Refused:2 Degraded:0 Errors:0}
 	// /shop.Cart/Add Unavailable true
 	// ok OK
-	// {Denied:2 Degraded:0 Failed:1}
+	// {Refused:2 Degraded:0 Errors:1}
 }

@@ -43,7 +43,7 @@ type Limiter struct {
 	onError    ErrorFunc        // nil: none
 	shadow     bool
 
-	shadowDenied, shadowDegraded, shadowFailed atomic.Uint64
+	shadowRefused, shadowDegraded, shadowErrors atomic.Uint64
 }
 
 // reclaimer is the optional method of an Admitter that frees key slots in
@@ -151,26 +151,27 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 // ShadowStats counts the decisions that WithShadow let through which would
 // otherwise have been refused. It is all zeros without WithShadow.
 type ShadowStats struct {
-	// Denied is the calls (with WithPerMessage, the messages) a bucket
-	// denied: ResourceExhausted without WithShadow.
-	Denied uint64
+	// Refused is the calls (with WithPerMessage, the messages) a bucket
+	// denied: ResourceExhausted without WithShadow. (httplimit's Stats uses
+	// the same names.)
+	Refused uint64
 	// Degraded is those a store's failure rule denied
 	// (engine.Decision.Degraded): Unavailable without WithShadow.
 	Degraded uint64
-	// Failed is those answered with any other error but the call's context
+	// Errors is those answered with any other error but the call's context
 	// ending (a full key table, a closed engine, a cost above capacity, a
 	// key or cost function failing, a store's error), also given to the
 	// function of WithOnError.
-	Failed uint64
+	Errors uint64
 }
 
 // ShadowStats returns the counts since New. Each count is read atomically,
 // but not the three together.
 func (l *Limiter) ShadowStats() ShadowStats {
 	return ShadowStats{
-		Denied:   l.shadowDenied.Load(),
+		Refused:  l.shadowRefused.Load(),
 		Degraded: l.shadowDegraded.Load(),
-		Failed:   l.shadowFailed.Load(),
+		Errors:   l.shadowErrors.Load(),
 	}
 }
 
@@ -225,11 +226,11 @@ func (l *Limiter) judge(ctx context.Context, method, key string, d engine.Decisi
 	if l.shadow && !r.contextEnded() {
 		switch {
 		case r.cause == nil:
-			l.shadowDenied.Add(1)
+			l.shadowRefused.Add(1)
 		case errors.Is(r.cause, ErrDegraded):
 			l.shadowDegraded.Add(1)
 		default:
-			l.shadowFailed.Add(1)
+			l.shadowErrors.Add(1)
 		}
 		return v
 	}

@@ -21,7 +21,7 @@ import (
 
 // TestServerShadow: over a real connection, WithShadow refuses nothing
 // while every call spends as usual: of 7 calls on a bucket of 2, all are
-// answered OK, exactly 5 are counted as Denied, the engine's bucket is
+// answered OK, exactly 5 are counted as Refused, the engine's bucket is
 // empty, and the header metadata of a would-be refusal says so. A stream
 // metered per message echoes all its messages and counts the ones it
 // could not pay for.
@@ -43,7 +43,7 @@ func TestServerShadow(t *testing.T) {
 		}
 		require.Equal(t, []string{`"default";q=2;w=2`, want}, rateLimit(header), "call %d", i)
 	}
-	require.Equal(t, grpclimit.ShadowStats{Denied: 5}, l.ShadowStats())
+	require.Equal(t, grpclimit.ShadowStats{Refused: 5}, l.ShadowStats())
 	require.Empty(t, log.take(), "a limit is not an error")
 	d, err := e.Peek(ctx, "127.0.0.1")
 	require.NoError(t, err)
@@ -56,11 +56,11 @@ func TestServerShadow(t *testing.T) {
 	s := duplex(t, conn)
 	require.NoError(t, echo(s, 5))
 	require.NoError(t, finish(s))
-	require.Equal(t, grpclimit.ShadowStats{Denied: 3}, l.ShadowStats())
+	require.Equal(t, grpclimit.ShadowStats{Refused: 3}, l.ShadowStats())
 }
 
 // TestServerShadowErrors: under WithShadow a degraded denial and an engine
-// error are let through, counted as Degraded and Failed, and given to the
+// error are let through, counted as Degraded and Errors, and given to the
 // function of WithOnError; a degraded admission is neither.
 func TestServerShadowErrors(t *testing.T) {
 	ctx := t.Context()
@@ -94,7 +94,7 @@ func TestServerShadowErrors(t *testing.T) {
 		_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 		require.NoError(t, err)
 	}
-	require.Equal(t, grpclimit.ShadowStats{Failed: 2}, l.ShadowStats())
+	require.Equal(t, grpclimit.ShadowStats{Errors: 2}, l.ShadowStats())
 	errs = log.take()
 	require.Len(t, errs, 2)
 	require.ErrorIs(t, errs[0], engine.ErrClosed)
@@ -102,7 +102,7 @@ func TestServerShadowErrors(t *testing.T) {
 
 // TestServerShadowConcurrent: 80 concurrent calls on a bucket of 10 are
 // all answered OK, and exactly the 70 the bucket could not pay for are
-// counted as Denied.
+// counted as Refused.
 func TestServerShadowConcurrent(t *testing.T) {
 	e, _ := newEngine(t, engine.Config{Policy: pol(10, 1)})
 	l := newLimiter(t, e, grpclimit.WithShadow())
@@ -122,7 +122,7 @@ func TestServerShadowConcurrent(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	require.Equal(t, grpclimit.ShadowStats{Denied: 70}, l.ShadowStats())
+	require.Equal(t, grpclimit.ShadowStats{Refused: 70}, l.ShadowStats())
 }
 
 // TestShadowContextEnded: under WithShadow a call whose context ended
