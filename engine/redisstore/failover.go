@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tokenshard/tokenshard/clock"
 )
 
 // slotMapEvery is the least time between two reloads of a cluster client's
@@ -20,18 +22,16 @@ import (
 // first failing call after the promotion, plus the reload's round trip.
 const slotMapEvery = 100 * time.Millisecond
 
-// epoch is what the reload limiter counts from: time.Since(epoch) is
-// monotonic, so a wall clock stepped back cannot hold reloads off.
-var epoch = time.Now()
-
 // mapReloader limits the slot map reloads a store asks for (see
-// Store.nodeFailed). Its zero value has asked none.
+// Store.nodeFailed). New gives it a clock.Monotonic, so a wall clock
+// stepped back cannot hold reloads off; clk is not changed after.
 type mapReloader struct {
-	next atomic.Int64 // ns since epoch before which no reload is asked
+	clk  clock.Clock
+	next atomic.Int64 // clk's reading before which no reload is asked
 }
 
-// due reports whether a reload may be asked at now (ns since epoch), and if
-// so claims it: of any number of concurrent callers, one is told yes per
+// due reports whether a reload may be asked at now (a reading of clk), and
+// if so claims it: of any number of concurrent callers, one is told yes per
 // slotMapEvery.
 func (m *mapReloader) due(now int64) bool {
 	next := m.next.Load()
@@ -56,7 +56,7 @@ func (s *Store) nodeFailed(ctx context.Context, err error) bool {
 	if err == nil || s.cluster == nil || s.closed.Load() || errors.Is(ctx.Err(), context.Canceled) || !nodeLost(err) {
 		return false
 	}
-	if !s.slotMap.due(int64(time.Since(epoch))) {
+	if !s.slotMap.due(s.slotMap.clk.Now()) {
 		return false
 	}
 	s.cluster.ReloadState(context.WithoutCancel(ctx))

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tokenshard/tokenshard/clock"
 )
 
 // replyErr is an error reply of Redis, as go-redis returns one.
@@ -80,46 +82,58 @@ func TestSlotMapDue(t *testing.T) {
 // TestSlotMapReloadStorm: many concurrent calls failing on a lost node ask
 // the cluster client for one slot map reload per slotMapEvery, and the
 // client is asked (it calls its ClusterSlots). No server: the slot map
-// source is a function that counts its calls.
+// source is a function that reports its calls. The store's clock is a
+// Manual one, so the count is exact: one reload while it stands still, and
+// one more once slotMapEvery has passed.
 func TestSlotMapReloadStorm(t *testing.T) {
-	var loads atomic.Int64
+	loaded := make(chan struct{}, 1)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{ContextTimeoutEnabled: true,
 		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
-			loads.Add(1)
+			select {
+			case loaded <- struct{}{}:
+			default:
+			}
 			// an error ends go-redis's reload goroutine at once, with no
 			// cooldown to outlive the test
 			return nil, errors.New("no slots here")
 		}})
 	t.Cleanup(func() { _ = cc.Close() })
+	clk := clock.NewManual(0)
 	s := &Store{rdb: cc, cluster: cc}
+	s.slotMap.clk = clk
 	lost := fmt.Errorf("%w: %w", ErrUnavailable, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
 
-	const goroutines, calls = 32, 2000
-	var asked atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range goroutines {
-		wg.Go(func() {
-			for range calls {
-				if s.nodeFailed(context.Background(), lost) {
-					asked.Add(1)
+	storm := func() int64 {
+		const goroutines, calls = 32, 2000
+		var asked atomic.Int64
+		var wg sync.WaitGroup
+		for range goroutines {
+			wg.Go(func() {
+				for range calls {
+					if s.nodeFailed(context.Background(), lost) {
+						asked.Add(1)
+					}
 				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	// each ask holds the next off for slotMapEvery
-	most := 1 + int64(elapsed/slotMapEvery)
-	if n := asked.Load(); n < 1 || n > most {
-		t.Fatalf("%d failing calls in %v asked %d reloads, want 1 to %d", goroutines*calls, elapsed, n, most)
-	}
-	t.Logf("%d failing calls in %v asked %d reloads", goroutines*calls, elapsed, asked.Load())
-	for deadline := time.Now().Add(5 * time.Second); loads.Load() == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("go-redis did not load the slot map after a reload was asked")
+			})
 		}
-		time.Sleep(time.Millisecond) // go-redis's reload goroutine, polled
+		wg.Wait()
+		return asked.Load()
+	}
+	if n := storm(); n != 1 {
+		t.Fatalf("64,000 failing calls at one instant asked %d reloads, want 1", n)
+	}
+	select {
+	case <-loaded:
+	case <-time.After(5 * time.Second):
+		t.Fatal("go-redis did not load the slot map after a reload was asked")
+	}
+	clk.Advance(slotMapEvery - 1)
+	if n := storm(); n != 0 {
+		t.Fatalf("a storm within slotMapEvery of the last reload asked %d more, want 0", n)
+	}
+	clk.Advance(1)
+	if n := storm(); n != 1 {
+		t.Fatalf("a storm slotMapEvery after the last reload asked %d reloads, want 1", n)
 	}
 }
 
@@ -137,6 +151,7 @@ func TestNodeFailedAsksOnlyWhenItMay(t *testing.T) {
 		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) { return nil, errors.New("no slots here") }})
 	t.Cleanup(func() { _ = cc.Close() })
 	s := &Store{rdb: cc, cluster: cc}
+	s.slotMap.clk = clock.NewManual(0)
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
 	for _, c := range []struct {

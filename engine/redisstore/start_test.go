@@ -257,8 +257,10 @@ func TestStartWithoutRedisConcurrent(t *testing.T) {
 	var restarted atomic.Bool
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(20 * time.Second)
+	met := make(chan struct{}, 6) // each caller's first answer by the failure rule
 	for g := range 6 {
 		wg.Go(func() {
+			metOutage := false
 			decidedAfter := 0 // decisions by Redis: stop after a few
 			for decidedAfter < 20 && time.Now().Before(deadline) {
 				var ds []engine.Decision
@@ -295,6 +297,10 @@ func TestStartWithoutRedisConcurrent(t *testing.T) {
 					switch {
 					case d.Degraded:
 						degraded.Add(1)
+						if !metOutage {
+							metOutage = true
+							met <- struct{}{}
+						}
 					case !d.Allowed:
 						t.Errorf("denied by Redis with %d tokens: %+v", capacity, d)
 						return
@@ -305,12 +311,16 @@ func TestStartWithoutRedisConcurrent(t *testing.T) {
 						}
 					}
 				}
-				time.Sleep(time.Millisecond) // polling a real server
+				time.Sleep(time.Millisecond) // pacing the calls while go-redis redials
 			}
 		})
 	}
-	for degraded.Load() < 6 && time.Now().Before(deadline) { // the callers meet the outage first
-		time.Sleep(time.Millisecond)
+	for range 6 { // every caller meets the outage before the server is back
+		select {
+		case <-met:
+		case <-time.After(time.Until(deadline)):
+			t.Fatal("the callers did not all meet the outage")
+		}
 	}
 	srv.Restart(t)
 	restarted.Store(true)

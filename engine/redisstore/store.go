@@ -409,6 +409,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		cfgShards:   shards,
 		cfgTags:     cfg.IgnoreKeyTags,
 	}
+	s.slotMap.clk = clock.NewMonotonic()
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix
 	}
