@@ -5,14 +5,13 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/admissiontest"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -197,57 +196,9 @@ func BenchmarkAllowAllBesideAllows(b *testing.B) {
 				_ = s.Close()
 				cleanPrefix(c, pfx)
 			})
-			const goroutines = 48
-			keys := []string{"a", "b", "c", "d"}
-			all := make([]engine.Request, len(keys))
-			for i, k := range keys {
-				all[i] = engine.Request{Key: k, Cost: int64(bc.cost)}
-			}
-			var next, allCalls, allAdmitted, oneCalls, oneAdmitted atomic.Int64
-			var wg sync.WaitGroup
-			b.ResetTimer()
-			for g := range goroutines {
-				wg.Go(func() {
-					ctx := context.Background()
-					for next.Add(1) <= int64(b.N) {
-						if g < bc.singles {
-							d, err := s.Allow(ctx, keys[g%len(keys)], 1)
-							if err != nil {
-								b.Error(err)
-								return
-							}
-							oneCalls.Add(1)
-							if d.Allowed {
-								oneAdmitted.Add(1)
-							}
-							continue
-						}
-						d, _, err := s.AllowAll(ctx, all)
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						allCalls.Add(1)
-						if d.Allowed {
-							allAdmitted.Add(1)
-						}
-					}
-				})
-			}
-			wg.Wait()
-			b.StopTimer()
+			admissiontest.BenchAllowAllBeside(b, s, bc.singles, int64(bc.cost))
 			if f := s.Stats().Failures; f > 0 {
 				b.Fatalf("%d failures", f)
-			}
-			if n := allCalls.Load(); n > 0 {
-				b.ReportMetric(float64(allAdmitted.Load()*1_000_000/n), "allowall-admitted-ppm")
-			}
-			if n := oneCalls.Load(); n > 0 {
-				b.ReportMetric(float64(oneAdmitted.Load()*1_000_000/n), "allow-admitted-ppm")
-			}
-			byAll := allAdmitted.Load() * int64(len(keys)) * int64(bc.cost)
-			if taken := byAll + oneAdmitted.Load(); taken > 0 {
-				b.ReportMetric(float64(byAll*1_000_000/taken), "allowall-token-share-ppm")
 			}
 		})
 	}
