@@ -95,6 +95,7 @@ type durOptions struct {
 	port        int
 	clusterPort int
 	nodeTimeout time.Duration
+	lag         time.Duration // failover: also with the killed master's replica this far behind (0 = not)
 }
 
 // runDurability runs both measurements and leaves its table for the summary.
@@ -119,27 +120,36 @@ func runDurability(ctx context.Context, o options, c *counters) error {
 		rows = append(rows, table.Row{"crash: " + st.name, fmt.Sprintf("%d of %d", r.minted, int64(o.dur.keys)*durCapacity),
 			r.unacked, fmt.Sprintf("%.0f", r.perSec), "-"})
 	}
-	for _, wait := range []bool{false, true} {
-		if o.dur.runs == 0 {
-			break
-		}
-		var rs []durResult
-		for run := range o.dur.runs {
-			r, err := durFailover(ctx, o, wait, filepath.Join(root, fmt.Sprintf("failover%v%d", wait, run)), c)
-			if err != nil {
-				return err
+	lags := []time.Duration{0}
+	if o.dur.lag > 0 {
+		lags = append(lags, o.dur.lag)
+	}
+	for _, lag := range lags {
+		for _, wait := range []bool{false, true} {
+			if o.dur.runs == 0 {
+				break
 			}
-			rs = append(rs, r)
+			var rs []durResult
+			for run := range o.dur.runs {
+				r, err := durFailover(ctx, o, wait, lag, filepath.Join(root, fmt.Sprintf("failover%v%v%d", lag, wait, run)), c)
+				if err != nil {
+					return err
+				}
+				rs = append(rs, r)
+			}
+			name := "failover, async replication"
+			if wait {
+				name = "failover, WAIT 1 " + durWaitTimeout.String() + " after each script call"
+			}
+			if lag > 0 {
+				name += ", replica " + lag.String() + " behind"
+			}
+			rows = append(rows, table.Row{name, durSpread(rs, func(r durResult) float64 { return float64(r.minted) }, "%.0f"),
+				durSpread(rs, func(r durResult) float64 { return float64(r.unacked) }, "%.0f"),
+				durSpread(rs, func(r durResult) float64 { return r.perSec }, "%.0f"),
+				durSpread(rs, func(r durResult) float64 { return float64(r.degraded) }, "%.0f") + " in " +
+					durSpread(rs, func(r durResult) float64 { return r.promotion.Seconds() }, "%.1fs")})
 		}
-		name := "failover (async replication)"
-		if wait {
-			name = "failover, WAIT 1 " + durWaitTimeout.String() + " after each script call"
-		}
-		rows = append(rows, table.Row{name, durSpread(rs, func(r durResult) float64 { return float64(r.minted) }, "%.0f"),
-			durSpread(rs, func(r durResult) float64 { return float64(r.unacked) }, "%.0f"),
-			durSpread(rs, func(r durResult) float64 { return r.perSec }, "%.0f"),
-			durSpread(rs, func(r durResult) float64 { return float64(r.degraded) }, "%.0f") + " in " +
-				durSpread(rs, func(r durResult) float64 { return r.promotion.Seconds() }, "%.1fs")})
 	}
 	t := table.NewWriter()
 	t.AppendHeader(table.Row{"event and setting", "tokens minted", "taken unacknowledged", "decisions/s", "failure-rule answers (promotion)"})
@@ -273,30 +283,30 @@ func durRead(ctx context.Context, rdb redis.UniversalClient, capacity int64, adm
 }
 
 // durFailover runs one failover on a fresh cluster.
-func durFailover(ctx context.Context, o options, wait bool, dir string, c *counters) (r durResult, err error) {
-	cl, err := durStartCluster(ctx, o.dur.clusterPort, dir, o.dur.nodeTimeout)
+func durFailover(ctx context.Context, o options, wait bool, lag time.Duration, dir string, c *counters) (r durResult, err error) {
+	cl, err := durStartCluster(ctx, o.dur.clusterPort, o.dur.port+10, dir, o.dur.nodeTimeout, lag)
 	if err != nil {
 		return r, err
 	}
 	defer cl.kill()
-	// the victim: the master of the first node's slots, and its replica
+	// the victim: nodes[0], a master, and its replica
 	nodes, err := cl.nodesInfo(ctx)
 	if err != nil {
 		return r, err
 	}
 	var victim, heir durNode
 	for _, n := range nodes {
-		if n.isMaster && n.slots && victim.id == "" {
+		if n.addr == cl.first && n.isMaster && n.slots {
 			victim = n
 		}
 	}
 	for _, n := range nodes {
-		if n.master == victim.id {
+		if victim.id != "" && n.master == victim.id {
 			heir = n
 		}
 	}
 	if victim.id == "" || heir.id == "" {
-		return r, fmt.Errorf("durability: no master with a replica in %+v", nodes)
+		return r, fmt.Errorf("durability: %s is not a master with a replica in %+v", cl.first, nodes)
 	}
 	var addrs []string
 	for _, p := range cl.nodes {
@@ -308,7 +318,9 @@ func durFailover(ctx context.Context, o options, wait bool, dir string, c *count
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true, PoolSize: durPool})
 	defer func() { err = errors.Join(err, rdb.Close()) }()
 	if wait {
-		withWait(rdb, 1, durWaitTimeout)
+		if err := redisstore.WaitForReplicas(rdb, 1, durWaitTimeout); err != nil {
+			return r, err
+		}
 	}
 	// The policy is installed by a client without WAIT: the measurement
 	// is of decisions.
@@ -369,12 +381,7 @@ func durFailover(ctx context.Context, o options, wait bool, dir string, c *count
 		return r, errors.Join(err, stopLoad(), s.Close())
 	}
 	r.perSec = float64(acked.Load()) / durLoadBefore.Seconds()
-	var victimProc *durProc
-	for _, p := range cl.nodes {
-		if p.addr() == victim.addr {
-			victimProc = p
-		}
-	}
+	victimProc := cl.nodes[0]
 	t0 := time.Now()
 	victimProc.kill()
 	for {

@@ -140,27 +140,44 @@ func (p *durProc) restart(ctx context.Context) error {
 // durCluster is a Redis Cluster of three masters with one replica each.
 type durCluster struct {
 	nodes []*durProc
+	lag   *durLag // in front of nodes[0], or nil
+	// first is the address the cluster knows nodes[0] by: the proxy's
+	// when there is one.
+	first string
 }
 
-// durStartCluster starts six nodes on ports base..base+5 (their cluster
-// bus on port+10000) with no persistence and the given node timeout, and
-// joins them with redis-cli --cluster create, one replica per master. It
-// returns once every node reports cluster_state:ok and every replica is in
-// sync.
-func durStartCluster(ctx context.Context, base int, root string, nodeTimeout time.Duration) (*durCluster, error) {
+// durStartCluster starts six nodes on ports base..base+5, their cluster
+// bus on bus..bus+5, with no persistence and the given node timeout, and
+// joins them with redis-cli --cluster create, one replica per master
+// (nodes[0] is a master). With lag > 0, nodes[0] is known to the cluster
+// by a durLag proxy on port base+6, so its replica lags it by lag. It
+// returns once the cluster is whole (see healthy).
+func durStartCluster(ctx context.Context, base, bus int, root string, nodeTimeout, lag time.Duration) (*durCluster, error) {
 	cl := &durCluster{}
 	var addrs []string
 	for i := range 6 {
-		p, err := durStart(ctx, base+i, filepath.Join(root, strconv.Itoa(base+i)),
-			"--save", "", "--appendonly", "no", "--cluster-enabled", "yes",
+		args := []string{"--save", "", "--appendonly", "no", "--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
-			"--repl-diskless-sync-delay", "0")
+			"--cluster-port", strconv.Itoa(bus + i), "--repl-diskless-sync-delay", "0"}
+		if i == 0 && lag > 0 {
+			args = append(args, "--cluster-announce-port", strconv.Itoa(base+6), "--cluster-announce-bus-port", strconv.Itoa(bus))
+		}
+		p, err := durStart(ctx, base+i, filepath.Join(root, strconv.Itoa(base+i)), args...)
 		if err != nil {
 			cl.kill()
 			return nil, err
 		}
 		cl.nodes = append(cl.nodes, p)
 		addrs = append(addrs, p.addr())
+	}
+	cl.first = addrs[0]
+	if lag > 0 {
+		l, err := durStartLag(net.JoinHostPort("127.0.0.1", strconv.Itoa(base+6)), addrs[0], lag)
+		if err != nil {
+			cl.kill()
+			return nil, err
+		}
+		cl.lag, cl.first = l, l.ln.Addr().String()
 	}
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
@@ -200,6 +217,9 @@ func (cl *durCluster) kill() {
 	for _, p := range cl.nodes {
 		p.kill()
 	}
+	if cl.lag != nil {
+		cl.lag.close()
+	}
 }
 
 // durNode is a line of CLUSTER NODES.
@@ -208,31 +228,39 @@ type durNode struct {
 	isMaster, slots  bool
 }
 
-// nodes reads CLUSTER NODES from the first live node.
+// nodesInfo reads CLUSTER NODES from the first live node.
 func (cl *durCluster) nodesInfo(ctx context.Context) ([]durNode, error) {
 	var firstErr error
 	for _, p := range cl.nodes {
-		out, err := durDo(ctx, p.addr(), "cluster", "nodes")
-		if err != nil {
-			firstErr = errors.Join(firstErr, err)
-			continue
+		ns, err := durNodes(ctx, p.addr())
+		if err == nil {
+			return ns, nil
 		}
-		var ns []durNode
-		for line := range strings.Lines(out) {
-			f := strings.Fields(line)
-			if len(f) < 8 {
-				continue
-			}
-			addr, _, _ := strings.Cut(f[1], "@")
-			n := durNode{id: f[0], addr: addr, isMaster: strings.Contains(f[2], "master"), slots: len(f) > 8}
-			if f[3] != "-" {
-				n.master = f[3]
-			}
-			ns = append(ns, n)
-		}
-		return ns, nil
+		firstErr = errors.Join(firstErr, err)
 	}
 	return nil, firstErr
+}
+
+// durNodes reads CLUSTER NODES at addr.
+func durNodes(ctx context.Context, addr string) ([]durNode, error) {
+	out, err := durDo(ctx, addr, "cluster", "nodes")
+	if err != nil {
+		return nil, err
+	}
+	var ns []durNode
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		n := durNode{id: f[0], addr: addr, isMaster: strings.Contains(f[2], "master"), slots: len(f) > 8}
+		if f[3] != "-" {
+			n.master = f[3]
+		}
+		ns = append(ns, n)
+	}
+	return ns, nil
 }
 
 // healthy says why the cluster is not whole, or nil: every node sees
@@ -253,6 +281,19 @@ func (cl *durCluster) healthy(ctx context.Context) error {
 		return fmt.Errorf("%d masters serve slots", len(serving))
 	}
 	for _, p := range cl.nodes {
+		ns, err := durNodes(ctx, p.addr())
+		if err != nil {
+			return err
+		}
+		replicas := 0
+		for _, n := range ns {
+			if n.master != "" {
+				replicas++
+			}
+		}
+		if replicas != 3 {
+			return fmt.Errorf("%s sees %d replicas", p.addr(), replicas)
+		}
 		out, err := durDo(ctx, p.addr(), "cluster", "info")
 		if err != nil {
 			return err

@@ -59,7 +59,8 @@ func TestDurabilityCrash(t *testing.T) {
 }
 
 // TestDurabilityCommand runs the whole check from the command line, with
-// one failover each way on a cluster of its own, and reads its table.
+// one failover each way, with and without a lagging replica, on clusters
+// of its own, and reads its table.
 func TestDurabilityCommand(t *testing.T) {
 	durNeedRedis(t)
 	if testing.Short() {
@@ -67,12 +68,14 @@ func TestDurabilityCommand(t *testing.T) {
 	}
 	var buf bytes.Buffer
 	code := run(context.Background(), []string{"-check", "durability", "-workers", "8", "-durability-keys", "40",
-		"-durability-runs", "1", "-durability-port", "6551", "-durability-cluster-port", "32061"}, &buf, &buf)
+		"-durability-runs", "1", "-durability-port", "6551", "-durability-cluster-port", "32061", "-durability-lag", "10ms"}, &buf, &buf)
 	require.Equal(t, 0, code, buf.String())
 	out := buf.String()
 	assert.Regexp(t, regexp.MustCompile(`crash: no appendonly \(RDB save points\)\s*\|\s*4000 of 4000\s*\|`), out)
 	assert.Regexp(t, regexp.MustCompile(`crash: appendonly, appendfsync always\s*\|\s*0 of 4000\s*\|`), out)
 	assert.Regexp(t, regexp.MustCompile(`failover, WAIT 1 \S+ after each script call\s*\|\s*0/0/0\s*\|`), out, "WAIT: no acknowledged admission lost")
+	assert.Regexp(t, regexp.MustCompile(`failover, WAIT 1 \S+ after each script call, replica 10ms behind\s*\|\s*0/0/0\s*\|`), out,
+		"WAIT: none lost from a lagging replica either")
 	// A go-redis pool that failed to dial the killed node PoolSize times
 	// redials in the background, sleeping a second between tries, and
 	// sees its Close only when it wakes.

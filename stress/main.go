@@ -114,8 +114,9 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.redisCluster, "redis-cluster", "", "Redis Cluster masters `host:port,host:port,...`: as -redis, on a cluster")
 	fs.IntVar(&o.dur.keys, "durability-keys", 1000, "durability: keys drained before a crash, and loaded through a failover")
 	fs.IntVar(&o.dur.runs, "durability-runs", 5, "durability: failovers measured with and without WAIT, each on a fresh cluster (0 = none)")
-	fs.IntVar(&o.dur.port, "durability-port", 6500, "durability: the port of the redis-server it crashes")
-	fs.IntVar(&o.dur.clusterPort, "durability-cluster-port", 32001, "durability: the first of the six ports of its cluster (buses 10000 above)")
+	fs.IntVar(&o.dur.port, "durability-port", 6500, "durability: the port of the redis-server it crashes; its cluster's buses use the six from 10 above")
+	fs.IntVar(&o.dur.clusterPort, "durability-cluster-port", 32001, "durability: the first of the six ports of its cluster, and a seventh after them for -durability-lag's proxy")
+	fs.DurationVar(&o.dur.lag, "durability-lag", 10*time.Millisecond, "durability: failovers also measured with the killed master's replica this far behind (0 = not)")
 	fs.DurationVar(&o.dur.nodeTimeout, "durability-node-timeout", time.Second, "durability: the cluster's cluster-node-timeout")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -125,8 +126,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	}
 	switch {
 	case o.duration <= 0, o.workers < 1, o.keys < 1, o.shards < 0, o.maxKeys < 1,
-		o.cutoverEvery <= 0, o.sweepEvery <= 0, o.dur.keys <= o.workers, o.dur.runs < 0, o.dur.nodeTimeout <= 0:
-		err := fmt.Errorf("stress: -duration, -workers, -keys, -maxkeys, -cutover-every, -sweep-every and -durability-node-timeout must be positive, -shards and -durability-runs >= 0, -durability-keys > -workers")
+		o.cutoverEvery <= 0, o.sweepEvery <= 0, o.dur.keys <= o.workers, o.dur.runs < 0, o.dur.nodeTimeout <= 0, o.dur.lag < 0:
+		err := fmt.Errorf("stress: -duration, -workers, -keys, -maxkeys, -cutover-every, -sweep-every and -durability-node-timeout must be positive, -shards, -durability-runs and -durability-lag >= 0, -durability-keys > -workers")
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
