@@ -33,6 +33,15 @@
 //   - flood: millions of distinct keys against a small MaxKeys: memory stays
 //     bounded, existing keys keep their budgets, sweeps free only full buckets.
 //
+// A fifth, -check durability, is a measurement, left out of -check all: it
+// starts its own redis-servers (on -durability-port and the ports after
+// -durability-cluster-port), kills them with SIGKILL, and reports the tokens
+// a crash mints under each persistence setting and a failover mints on a
+// cluster of three masters with one replica each, with and without
+// redisstore.WaitForReplicas and with a replica -durability-lag behind:
+//
+//	go run ./stress -check durability
+//
 // It prints a progress line every second (a progress bar on a terminal) and a
 // summary table, and exits with status 1 on the first violated invariant,
 // explaining it.
