@@ -66,6 +66,7 @@ func TestDurabilityCommand(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a six-node cluster twice: not in -short")
 	}
+	before := goleak.IgnoreCurrent() // the package's shared redis-server, started by other tests
 	var buf bytes.Buffer
 	code := run(context.Background(), []string{"-check", "durability", "-workers", "8", "-durability-keys", "40",
 		"-durability-runs", "1", "-durability-port", "6551", "-durability-cluster-port", "32061", "-durability-lag", "10ms"}, &buf, &buf)
@@ -81,7 +82,7 @@ func TestDurabilityCommand(t *testing.T) {
 	// sees its Close only when it wakes.
 	var leak error
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
-		if leak = goleak.Find(); leak == nil {
+		if leak = goleak.Find(before); leak == nil {
 			break
 		}
 		time.Sleep(100 * time.Millisecond) // a goroutine of go-redis's ending
