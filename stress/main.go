@@ -135,8 +135,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	}
 	switch {
 	case o.duration <= 0, o.workers < 1, o.keys < 1, o.shards < 0, o.maxKeys < 1,
-		o.cutoverEvery <= 0, o.sweepEvery <= 0, o.dur.keys <= o.workers, o.dur.runs < 0, o.dur.nodeTimeout <= 0, o.dur.lag < 0:
-		err := fmt.Errorf("stress: -duration, -workers, -keys, -maxkeys, -cutover-every, -sweep-every and -durability-node-timeout must be positive, -shards, -durability-runs and -durability-lag >= 0, -durability-keys > -workers")
+		o.cutoverEvery <= 0, o.sweepEvery <= 0, o.dur.runs < 0, o.dur.nodeTimeout <= 0, o.dur.lag < 0:
+		err := fmt.Errorf("stress: -duration, -workers, -keys, -maxkeys, -cutover-every, -sweep-every and -durability-node-timeout must be positive, -shards, -durability-runs and -durability-lag >= 0")
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
@@ -160,6 +160,11 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 			return o, err
 		}
 		o.checks = append(o.checks, n)
+	}
+	if slices.Contains(o.checks, "durability") && o.dur.keys <= o.workers {
+		err := fmt.Errorf("stress: -durability-keys must be more than -workers")
+		fmt.Fprintln(stderr, err)
+		return o, err
 	}
 	durationSet := false
 	fs.Visit(func(f *flag.Flag) { durationSet = durationSet || f.Name == "duration" })
