@@ -33,6 +33,15 @@
 //   - flood: millions of distinct keys against a small MaxKeys: memory stays
 //     bounded, existing keys keep their budgets, sweeps free only full buckets.
 //
+// A fifth, -check durability, is a measurement, left out of -check all: it
+// starts its own redis-servers (on -durability-port and the ports after
+// -durability-cluster-port), kills them with SIGKILL, and reports the tokens
+// a crash mints under each persistence setting and a failover mints on a
+// cluster of three masters with one replica each, with and without
+// redisstore.WaitForReplicas and with a replica -durability-lag behind:
+//
+//	go run ./stress -check durability
+//
 // It prints a progress line every second (a progress bar on a terminal) and a
 // summary table, and exits with status 1 on the first violated invariant,
 // explaining it.
@@ -62,6 +71,7 @@ type options struct {
 	checks       []string
 	redis        string // host:port: the differential check replays on a Redis store there
 	redisCluster string // host:port,...: the same on a Redis Cluster
+	dur          durOptions
 }
 
 // check is one independent invariant check. run works until ctx ends (or its
@@ -77,6 +87,7 @@ var checks = []check{
 	{"differential", runDifferential},
 	{"conservation", runConservation},
 	{"flood", runFlood},
+	{"durability", runDurability}, // not in "all": it starts redis-servers on fixed ports
 }
 
 func main() {
@@ -110,6 +121,12 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.redis, "redis", "", "Redis `host:port`: the differential check replays its traces on a Redis store there\n"+
 		"instead of the engine (fresh key prefixes, deleted after each trace); other checks still use engines")
 	fs.StringVar(&o.redisCluster, "redis-cluster", "", "Redis Cluster masters `host:port,host:port,...`: as -redis, on a cluster")
+	fs.IntVar(&o.dur.keys, "durability-keys", 1000, "durability: keys drained before a crash, and loaded through a failover")
+	fs.IntVar(&o.dur.runs, "durability-runs", 5, "durability: failovers measured with and without WAIT, each on a fresh cluster (0 = none)")
+	fs.IntVar(&o.dur.port, "durability-port", 6500, "durability: the port of the redis-server it crashes; its cluster's buses use the six from 10 above")
+	fs.IntVar(&o.dur.clusterPort, "durability-cluster-port", 32001, "durability: the first of the six ports of its cluster, and a seventh after them for -durability-lag's proxy")
+	fs.DurationVar(&o.dur.lag, "durability-lag", 10*time.Millisecond, "durability: failovers also measured with the killed master's replica this far behind (0 = not)")
+	fs.DurationVar(&o.dur.nodeTimeout, "durability-node-timeout", time.Second, "durability: the cluster's cluster-node-timeout")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -118,8 +135,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	}
 	switch {
 	case o.duration <= 0, o.workers < 1, o.keys < 1, o.shards < 0, o.maxKeys < 1,
-		o.cutoverEvery <= 0, o.sweepEvery <= 0:
-		err := fmt.Errorf("stress: -duration, -workers, -keys, -maxkeys, -cutover-every and -sweep-every must be positive, -shards >= 0")
+		o.cutoverEvery <= 0, o.sweepEvery <= 0, o.dur.runs < 0, o.dur.nodeTimeout <= 0, o.dur.lag < 0:
+		err := fmt.Errorf("stress: -duration, -workers, -keys, -maxkeys, -cutover-every, -sweep-every and -durability-node-timeout must be positive, -shards, -durability-runs and -durability-lag >= 0")
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
@@ -131,7 +148,9 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		if n == "all" {
 			o.checks = nil
 			for _, c := range checks {
-				o.checks = append(o.checks, c.name)
+				if c.name != "durability" {
+					o.checks = append(o.checks, c.name)
+				}
 			}
 			break
 		}
@@ -141,6 +160,16 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 			return o, err
 		}
 		o.checks = append(o.checks, n)
+	}
+	if slices.Contains(o.checks, "durability") && o.dur.keys <= o.workers {
+		err := fmt.Errorf("stress: -durability-keys must be more than -workers")
+		fmt.Fprintln(stderr, err)
+		return o, err
+	}
+	durationSet := false
+	fs.Visit(func(f *flag.Flag) { durationSet = durationSet || f.Name == "duration" })
+	if slices.Contains(o.checks, "durability") && !durationSet {
+		o.duration = durDuration // it ends when its measurements are done
 	}
 	if o.redis != "" && o.redisCluster != "" {
 		err := fmt.Errorf("stress: -redis and -redis-cluster exclude each other")

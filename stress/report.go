@@ -106,6 +106,7 @@ type counters struct {
 	allSpread    atomic.Int64 // decided AllowAll calls over keys of several shards, where a check knows it
 	holdsAborted atomic.Int64 // AllowAll holds given up for a cutover, sweep or Close (the call tried again), where a check reads them
 	peakHeap     atomic.Uint64
+	report       atomic.Pointer[string] // a measurement's table, printed after the summary
 }
 
 // record counts one decision or error.
@@ -311,6 +312,9 @@ func summarize(out io.Writer, o options, c *counters, done []outcome, took time.
 		{"peak heap", fmt.Sprintf("%.1f MiB", float64(c.peakHeap.Load())/(1<<20))},
 	})
 	s.Render()
+	if r := c.report.Load(); r != nil {
+		fmt.Fprintln(out, *r)
+	}
 	if first != nil {
 		fmt.Fprintln(out, "FIRST VIOLATION:", first.Error())
 	}

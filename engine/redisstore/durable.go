@@ -1,0 +1,126 @@
+package redisstore
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokenshard/tokenshard/engine"
+)
+
+// ErrNotReplicated is the failure of a script call whose writes fewer
+// replicas than WaitForReplicas asks acknowledged within its timeout.
+var ErrNotReplicated = errors.New("redisstore: the write was not acknowledged by enough replicas")
+
+// WaitForReplicas makes every script call on c wait until replicas
+// replicas have acknowledged its writes, by sending WAIT replicas timeout
+// after it on the same connection. Replication is asynchronous: a master
+// that dies may not have passed its last writes on, and the replica
+// promoted in its place gives their tokens again. With WaitForReplicas a
+// decision counts only once its writes are on that many replicas: a
+// call they do not all acknowledge in time fails with ErrNotReplicated,
+// answered by the failure rule (Config.FailOpen) and reported to
+// Config.OnError, so the admissions a promotion can undo are only those
+// the store never gave.
+//
+// It costs a round trip to the replicas on every call, and availability:
+// while a master has fewer replicas than asked for (after a failover,
+// until the lost node rejoins as a replica), every decision on its keys
+// is the failure rule's. It does not guard against what WAIT cannot: with
+// more than one replica per master, a failover may promote a replica that
+// was not among those that acknowledged.
+//
+// Call it before the client's first command, on a client that serves the
+// store alone: it adds a go-redis hook to c (a *redis.ClusterClient's to
+// every node client it makes from then on), which any other user of c
+// would go through too. timeout must be under Config.Timeout, else a call
+// ends by its deadline before WAIT answers.
+func WaitForReplicas(c redis.UniversalClient, replicas int, timeout time.Duration) error {
+	if replicas < 1 || timeout < time.Millisecond {
+		return fmt.Errorf("%w: WaitForReplicas needs replicas >= 1 and a timeout of at least 1ms, not %d and %v",
+			engine.ErrInvalidConfig, replicas, timeout)
+	}
+	add := func(n *redis.Client) {
+		n.AddHook(&waitHook{c: n, replicas: int64(replicas), timeout: timeout})
+	}
+	switch c := c.(type) {
+	case *redis.Client:
+		add(c)
+	case *redis.ClusterClient:
+		c.OnNewNode(add)
+	default:
+		return fmt.Errorf("%w: WaitForReplicas takes a *redis.Client or a *redis.ClusterClient, not %T", engine.ErrInvalidConfig, c)
+	}
+	return nil
+}
+
+// waitHook follows each script call with WAIT on the same connection: a
+// single call goes as a pipeline of two, and a pipeline (one connection,
+// for a ClusterClient one node's part) gets WAIT at its end, which waits
+// for every write the connection made before it.
+type waitHook struct {
+	c        *redis.Client
+	replicas int64
+	timeout  time.Duration
+}
+
+// scripted reports whether cmd calls a script, which may write.
+func scripted(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "fcall", "evalsha", "eval":
+		return true
+	}
+	return false
+}
+
+func (h *waitHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) { return next(ctx, network, addr) }
+}
+
+func (h *waitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !scripted(cmd) {
+			return next(ctx, cmd)
+		}
+		pipe := h.c.Pipeline() // through ProcessPipelineHook below
+		_ = pipe.Process(ctx, cmd)
+		_, _ = pipe.Exec(ctx)
+		return cmd.Err()
+	}
+}
+
+func (h *waitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		n := 0
+		for _, c := range cmds {
+			if scripted(c) {
+				n++
+			}
+		}
+		if n == 0 {
+			return next(ctx, cmds)
+		}
+		wait := redis.NewIntCmd(ctx, "wait", h.replicas, h.timeout.Milliseconds())
+		err := next(ctx, append(cmds[:len(cmds):len(cmds)], wait))
+		got, werr := wait.Result()
+		if werr == nil && got >= h.replicas {
+			return err
+		}
+		if werr == nil {
+			werr = fmt.Errorf("%w: WAIT %d %d answered %d", ErrNotReplicated, h.replicas, h.timeout.Milliseconds(), got)
+		} else {
+			werr = fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, werr)
+		}
+		for _, c := range cmds {
+			if scripted(c) && c.Err() == nil {
+				c.SetErr(werr) // the decision stands on the master alone: not given
+			}
+		}
+		return cmp.Or(err, werr)
+	}
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// The durability tests use ports apart from the command's defaults, so a
+// measurement and the tests can run side by side.
+const (
+	durTestPort        = 6550
+	durTestClusterPort = 32051
+)
+
+// durNeedRedis skips loudly without redis-server and redis-cli, or fails
+// under TOKENSHARD_REQUIRE_REDIS=1.
+func durNeedRedis(t *testing.T) {
+	t.Helper()
+	for _, bin := range []string{"redis-server", "redis-cli"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("TOKENSHARD_REQUIRE_REDIS") == "1" {
+				t.Fatalf("*** the durability measurement needs %s: %v", bin, err)
+			}
+			t.Skipf("*** THE DURABILITY MEASUREMENT DID NOT RUN: no %s on PATH (%v) ***", bin, err)
+		}
+	}
+}
+
+// TestDurabilityCrash kills -9 a server just after its keys were drained:
+// without AOF every token comes back (the RDB save points are minutes
+// apart), with appendfsync always none does.
+func TestDurabilityCrash(t *testing.T) {
+	durNeedRedis(t)
+	o := options{workers: 8, seed: 1, dur: durOptions{keys: 40, port: durTestPort}}
+	for _, st := range durSettings {
+		c := &counters{}
+		r, err := durCrash(context.Background(), o, st, t.TempDir(), c)
+		require.NoError(t, err, st.name)
+		t.Logf("%s: %d minted, %.0f decisions/s", st.name, r.minted, r.perSec)
+		assert.Equal(t, int64(40*durCapacity), r.admitted, st.name)
+		assert.Zero(t, r.unacked, "%s: nothing was in flight at the kill", st.name)
+		assert.Equal(t, int64(40*durCapacity), c.allowed.Load(), st.name)
+		if st.lossless {
+			assert.Zero(t, r.minted, "%s: a drained key stays drained", st.name)
+		}
+	}
+	r, err := durCrash(context.Background(), o, durSettings[0], t.TempDir(), &counters{})
+	require.NoError(t, err)
+	assert.Equal(t, int64(40*durCapacity), r.minted, "without AOF the restart hands every key a fresh burst")
+}
+
+// TestDurabilityCommand runs the whole check from the command line, with
+// one failover each way, with and without a lagging replica, on clusters
+// of its own, and reads its table.
+func TestDurabilityCommand(t *testing.T) {
+	durNeedRedis(t)
+	if testing.Short() {
+		t.Skip("starts a six-node cluster twice: not in -short")
+	}
+	before := goleak.IgnoreCurrent() // the package's shared redis-server, started by other tests
+	var buf bytes.Buffer
+	code := run(context.Background(), []string{"-check", "durability", "-workers", "8", "-durability-keys", "40",
+		"-durability-runs", "1", "-durability-port", "6551", "-durability-cluster-port", "32061", "-durability-lag", "10ms"}, &buf, &buf)
+	require.Equal(t, 0, code, buf.String())
+	out := buf.String()
+	assert.Regexp(t, regexp.MustCompile(`crash: no appendonly \(RDB save points\)\s*\|\s*4000 of 4000\s*\|`), out)
+	assert.Regexp(t, regexp.MustCompile(`crash: appendonly, appendfsync always\s*\|\s*0 of 4000\s*\|`), out)
+	assert.Regexp(t, regexp.MustCompile(`failover, WAIT 1 \S+ after each script call\s*\|\s*0/0/0\s*\|`), out, "WAIT: no acknowledged admission lost")
+	assert.Regexp(t, regexp.MustCompile(`failover, WAIT 1 \S+ after each script call, replica 10ms behind\s*\|\s*0/0/0\s*\|`), out,
+		"WAIT: none lost from a lagging replica either")
+	// A go-redis pool that failed to dial the killed node PoolSize times
+	// redials in the background, sleeping a second between tries, and
+	// sees its Close only when it wakes.
+	var leak error
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+		if leak = goleak.Find(before); leak == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // a goroutine of go-redis's ending
+	}
+	require.NoError(t, leak, "a goroutine outlives the check's clients by more than go-redis's redial pause")
+
+	buf.Reset()
+	assert.Equal(t, 2, run(context.Background(), []string{"-check", "durability", "-durability-keys", "4"}, &buf, &buf),
+		"fewer keys than workers")
+	o, err := parseOptions([]string{"-check", "all"}, &buf)
+	require.NoError(t, err)
+	assert.NotContains(t, o.checks, "durability", "all leaves out the check that starts servers")
+}
