@@ -23,11 +23,14 @@
 -- the fraction rounded down: a unit may be lost, never minted).
 --
 -- The fast path: a key of one band with capacity C <= 2^52 and N*P < 2^52,
--- whose bucket is compact under the version in force with the same limit.
--- Its balance is whole tokens T and a fraction F < P (units T*P + F), each
--- an integer double; time is whole seconds and ns. A refill over e = q*P + r
--- ns adds q*N tokens and r*N units (r*N + F < 2^53), so every step is exact
--- or, when a product passes 2^53, compares above C exactly.
+-- whose bucket is compact under the version in force with the same limit
+-- and was updated at most 9e6 s ago. Its balance is whole tokens T and a
+-- fraction F < P (units T*P + F), each an integer double; time is whole
+-- seconds and ns, so the time elapsed e is below 2^53 ns. A refill over
+-- e = q*P + r ns adds q*N tokens and r*N units (r*N + F < 2^53), so every
+-- step is exact or, when a product passes 2^53, compares above C exactly.
+-- Any other bucket takes the general path, which writes a shape the fast
+-- path takes back compact.
 --
 -- A key's limit is a shape: its primary band and zero or more named bands,
 -- every one of which must hold a request's cost for it to be admitted. A
@@ -108,17 +111,12 @@ end
 local B = 10000000
 
 local function norm(n)
-  while #n > 1 and n[#n] == 0 do n[#n] = nil end
-  return n
+  while #n > 1 and n[#n] == 0 do n[#n] = nil end return n
 end
 
 local function big(s)
-  local n, i = {}, #s
-  while i > 0 do
-    local j = mmax(i - 6, 1)
-    n[#n + 1] = tonum(sub(s, j, i))
-    i = j - 1
-  end
+  local n = {}
+  for i = #s, 1, -7 do n[#n + 1] = tonum(sub(s, mmax(i - 6, 1), i)) end
   return norm(n)
 end
 
@@ -156,17 +154,22 @@ local function minus(a, b)
   return norm(r)
 end
 
+-- divmod is floor(a / p) and a - p*floor(a / p), exact for integers a and p
+-- below 2^53: the quotient estimated in floating point, then corrected.
+local function divmod(a, p)
+  local q = floor(a / p)
+  local r = a - q * p
+  if r < 0 then return q - 1, r + p elseif r >= p then return q + 1, r - p end
+  return q, r
+end
+
 local function mul(a, b)
   local r = {}
   for i = 1, #a + #b do r[i] = 0 end
   for i = 1, #a do
     local c, ai = 0, a[i]
     for j = 1, #b do
-      local s = r[i + j - 1] + ai * b[j] + c -- at most B^2 - 1 < 2^53
-      c = floor(s / B)
-      local lo = s - c * B
-      if lo < 0 then c, lo = c - 1, lo + B elseif lo >= B then c, lo = c + 1, lo - B end
-      r[i + j - 1] = lo
+      c, r[i + j - 1] = divmod(r[i + j - 1] + ai * b[j] + c, B) -- at most B^2 - 1 < 2^53
     end
     r[i + #b] = c
   end
@@ -176,8 +179,7 @@ end
 -- tod is n as a double, rounded: for estimates and expiries only.
 local function tod(n)
   local d = 0
-  for k = #n, 1, -1 do d = d * B + n[k] end
-  return d
+  for k = #n, 1, -1 do d = d * B + n[k] end return d
 end
 
 -- div returns floor(a / b) for b >= 1: schoolbook division in base B, each
@@ -206,16 +208,12 @@ end
 local function gtS(a, b) return #a > #b or (#a == #b and a > b) end
 
 -- msOf is an instant in ns (a decimal string) in whole ms.
-local function msOf(s)
-  if #s <= 6 then return 0 end
-  return tonum(sub(s, 1, -7))
-end
+local function msOf(s) return #s <= 6 and 0 or tonum(sub(s, 1, -7)) end
 
 -- split reads an instant in ns as whole seconds and the ns within the
 -- second, each exact as a double.
 local function split(s)
-  if #s <= 9 then return 0, tonum(s) end
-  return tonum(sub(s, 1, -10)), tonum(sub(s, -9))
+  if #s <= 9 then return 0, tonum(s) end return tonum(sub(s, 1, -10)), tonum(sub(s, -9))
 end
 
 -- Per-call state: set by call before any use.
@@ -232,43 +230,26 @@ local tag, tagCap, tagRate -- the last fast-path limit, and its tag
 local sCap, sArg, sRate, sBands, sN, sP, sLeast, sCapN, sFast
 
 -- emit appends one bucket's three results.
-local function emit(a, b, c)
-  out[no + 1], out[no + 2], out[no + 3] = a, b, c
-  no = no + 3
-end
-
--- reply is the answer: out, whose first four slots the call left for its head.
-local function reply(status, done, behind)
-  out[1], out[2], out[3], out[4] = status, version, done, deleted
-  if behind then table.insert(out, 5, behind) end
-  return out
-end
+local function emit(a, b, c) out[no + 1], out[no + 2], out[no + 3], no = a, b, c, no + 3 end
 
 -- instant makes nowS (decimal ns) and now (limbs) of the call's instant.
 local function instant()
-  if now then return end
-  if not nowS then
-    nowS = nowSec == 0 and format('%.0f', nowNs) or format('%.0f', nowSec) .. format('%09.0f', nowNs)
-  end
-  now = big(nowS)
+  nowS = nowS or nowSec == 0 and format('%.0f', nowNs) or format('%.0f', nowSec) .. format('%09.0f', nowNs)
+  now = now or big(nowS)
 end
 
 -- clock sets the call's instant from ARGV's and the server's TIME.
 local function clock(at)
-  if at ~= '' and not expiry then
-    nowSec, nowNs = split(at)
-    nowMs, nowS = msOf(at), at
-    return
-  end
-  local tm = rcall('TIME')
-  nowSec, nowNs = tonum(tm[1]), tonum(tm[2]) * 1000
-  nowMs = nowSec * 1000 + floor(nowNs / 1e6)
-  if at ~= '' then
+  if at == '' or expiry then
+    local tm = rcall('TIME')
+    nowSec, nowNs = tonum(tm[1]), tonum(tm[2]) * 1000
+    nowMs = nowSec * 1000 + floor(nowNs / 1e6)
+    if at == '' then return end
     local s, n = split(at)
-    if s < nowSec or (s == nowSec and n < nowNs) then
-      nowSec, nowNs, nowMs, nowS = s, n, msOf(at), at
-    end
+    if s > nowSec or (s == nowSec and n >= nowNs) then return end -- TIME is the earlier
   end
+  nowSec, nowNs = split(at)
+  nowMs, nowS = msOf(at), at
 end
 
 -- A shape is an array of bands, the primary first; a band is {name (hex,
@@ -315,13 +296,6 @@ local function parseShape(cap, rate)
   sCap, sArg = cap, rate
 end
 
--- fullOf is every band of sh full.
-local function fullOf(sh)
-  local lv = {}
-  for k = 1, #sh do lv[k] = sh[k].full end
-  return lv
-end
-
 -- refill brings the bands lv of shape sh, last updated at t, up to instant
 -- to: each gains elapsed*N units, up to its capacity; a to at or before t
 -- adds nothing. It returns the new last.
@@ -346,8 +320,8 @@ end
 local function carry(old, lv, nxt)
   local res = {}
   for k = 1, #nxt do
-    local b, j = nxt[k], k == 1 and 1 or nil
-    for m = 2, j and 0 or #old do
+    local b, j = nxt[k], k == 1 and 1 or nil -- the primary takes over the primary
+    for m = 2, k == 1 and 0 or #old do -- a band the band of its name
       if old[m].name == b.name then j = m break end
     end
     local u = b.full
@@ -361,17 +335,11 @@ local function carry(old, lv, nxt)
   return res
 end
 
--- entry parses a history entry: version, cutover, the default shape's cap,
--- rate and bands, and the overridden flag.
-local function entry(e)
-  local w, cut, c, r, ov, rest = match(e, '^(%d+) (%d+) (%d+) (%S+) (%d)(.*)$')
-  return w, cut, c, r, match(rest, '^ (%S+)$') or '', ov
-end
-
--- shapeAt is the shape a bucket had under history entry e: its own, from
--- chain, if the version had overrides (nil if chain lacks it).
+-- shapeAt is the shape a bucket had under history entry e ("version
+-- cutover cap rate overridden[ bands]"): the entry's default, or its own
+-- from chain if the version had overrides (nil if chain lacks it).
 local function shapeAt(e, chain)
-  local w, _, c, r, bs, ov = entry(e)
+  local w, c, r, ov, bs = match(e, '^(%d+) %d+ (%d+) (%S+) (%d) ?(%S*)$')
   if ov ~= '1' then return shapeOf(c, r, bs) end
   for o in string.gmatch(chain, '[^;]+') do
     local v, oc, orate, obs = match(o, '^(%d+) (%d+) (%S+) ?(%S*)$')
@@ -379,19 +347,14 @@ local function shapeAt(e, chain)
   end
 end
 
--- emptied is every band of sh empty: a bucket whose version is no longer
--- retained (only a Redis that lost the policy keys) restarts empty at the
--- current cutover (with move), one whose bands are not its shape's where it
--- is: a denial too many, never a free burst.
-local function emptied(sh, t, move)
+-- emptied is every band of sh empty: for a bucket whose bands are not its
+-- shape's, or whose version is no longer retained (only a Redis that lost
+-- the policy keys), which restarts empty: a denial too many, never a free
+-- burst.
+local function emptied(sh)
   local lv = {}
   for k = 1, #sh do lv[k] = { 0 } end
-  if move then
-    local last = history[#history]
-    local cut = big(last and match(last, '^%d+ (%d+) ') or nowS)
-    if cmp(cut, t) > 0 then t = cut end
-  end
-  return lv, t
+  return lv
 end
 
 -- bring brings a written bucket of shape sh up to now through every cutover
@@ -399,7 +362,7 @@ end
 -- bucket's version when chain lacks a version the bucket needs.
 local function bring(lv, t, v, c, r, sh, chain)
   if v == version then
-    if #lv ~= #sh then lv, t = emptied(sh, t, false) end
+    if #lv ~= #sh then lv = emptied(sh) end
     return lv, refill(lv, t, now, sh)
   end
   history = history or rcall('LRANGE', K[KEY.history], 0, -1)
@@ -409,9 +372,11 @@ local function bring(lv, t, v, c, r, sh, chain)
   end
   local cur = at and (#lv == 1 and shapeOf(c, r, '') or shapeAt(history[at], chain))
   if at and not cur then return nil, v end
-  if not at or #cur ~= #lv then
-    lv, t = emptied(sh, t, true)
-    return lv, refill(lv, t, now, sh)
+  if not at or #cur ~= #lv then -- restarts empty at the current cutover
+    local last = history[#history]
+    local cut = big(last and match(last, '^%d+ (%d+) ') or nowS)
+    lv = emptied(sh)
+    return lv, refill(lv, cmp(cut, t) > 0 and cut or t, now, sh)
   end
   for h = at + 1, #history do
     local w, cut = match(history[h], '^(%d+) (%d+) ')
@@ -448,20 +413,16 @@ local function put(key, val, ttf, lastMs, x, T, F, ls, lns, tg)
       at = mmax(nowMs, lastMs) + (ttf == 0 and 1 or floor(ms * (1 + 1e-12)) + 2)
     end
   end
-  if val then
-    if at then rcall('SET', key, val, 'PXAT', format('%d', at)) else rcall('SET', key, val) end
-    return
+  local d = 0 -- a compact bucket's recorded expiry, in ms after lastMs
+  if at and not val then
+    if x and x >= at and mode ~= 'c' then
+      return rcall('SET', key, pack('<BdddIIc0', 2, T, F, ls, lns, x - lastMs, tg), 'KEEPTTL')
+    end
+    d = at + floor(ms / 16) - lastMs -- the slack
+    if d < 4294967296 then at = lastMs + d else d = 0 end -- due in more than 49 days: not recorded
   end
-  if not at then
-    rcall('SET', key, pack('<BdddIIc0', 2, T, F, ls, lns, 0, tg))
-  elseif x and x >= at and mode ~= 'c' then
-    rcall('SET', key, pack('<BdddIIc0', 2, T, F, ls, lns, x - lastMs, tg), 'KEEPTTL')
-  else
-    x = at + floor(ms / 16) -- the slack
-    local d = x - lastMs
-    if d >= 4294967296 then x, d = at, 0 end -- due in more than 49 days: not recorded
-    rcall('SET', key, pack('<BdddIIc0', 2, T, F, ls, lns, d, tg), 'PXAT', format('%d', x))
-  end
+  val = val or pack('<BdddIIc0', 2, T, F, ls, lns, d, tg)
+  if at then rcall('SET', key, val, 'PXAT', format('%d', at)) else rcall('SET', key, val) end
 end
 
 -- readBucket reads a written bucket for the general path: its bands (limbs)
@@ -473,7 +434,7 @@ local function readBucket(raw)
     local v, c, r = match(sub(raw, 34), '^(%d+) (%d+) (%S+)$')
     local p = match(r or '', '/(%d+)$') or '1000000000'
     local u = add(mul(big(format('%.0f', t)), big(p)), big(format('%.0f', f)))
-    return { u }, big(ls == 0 and format('%.0f', lns) or format('%.0f', ls) .. format('%09.0f', lns)), v, c, r
+    return { u }, big(format('%.0f', ls) .. format('%09.0f', lns)), v, c, r
   end
   local us, ts, v, c, r, rest = match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)(.*)$')
   local lv = { big(us) }
@@ -485,9 +446,10 @@ end
 -- update's seconds and ns, and its recorded expiry (ms) or nil; nothing for
 -- any other bucket.
 local function fastOf(raw)
-  if byte(raw, 1) ~= 2 or #raw ~= 33 + #tag or find(raw, tag, 34, true) ~= 34 then return nil end
-  local t, f, ls, lns, d = unpackS('<dddII', raw, 2)
-  return t, f, ls, lns, d > 0 and ls * 1000 + floor(lns / 1e6) + d or nil
+  if byte(raw, 1) == 2 and #raw == 33 + #tag and find(raw, tag, 34, true) == 34 then
+    local t, f, ls, lns, d = unpackS('<dddII', raw, 2)
+    return t, f, ls, lns, d > 0 and ls * 1000 + floor(lns / 1e6) + d or nil
+  end
 end
 
 -- flush writes a bucket the call holds (see memo), if it changed, and
@@ -498,17 +460,14 @@ local function flush(m)
   if m.dirty then put(m.key, nil, m.ttf, m.lastMs, m.x, m[1], m[2], m[3], m[4], m.tag) end
 end
 
-local function flushAll()
-  for k = 1, #memo do flush(memo[k]) end
-end
+local function flushAll() for k = 1, #memo do flush(memo[k]) end end
 
 -- hold keeps a fast-path bucket of mode "a" for the rest of the call: a key
 -- met again is read from here, and written once, as the call ends.
 local function hold(key, m, raw, x, T, F, ls, lns, ttf, lastMs, write)
   if not m then
     m = { key = key, raw = raw, x = x }
-    memo[key] = m
-    memo[#memo + 1] = m
+    memo[key], memo[#memo + 1] = m, m
   end
   m[1], m[2], m[3], m[4], m.tag, m.ttf, m.lastMs = T, F, ls, lns, tag, ttf, lastMs
   m.dirty = m.dirty or (write and (raw ~= nil or ttf > 0))
@@ -518,23 +477,12 @@ end
 -- refillFast brings T, F, last updated at ls s + lns ns, up to now under a
 -- band of N per P ns and capacity C (see the header).
 local function refillFast(T, F, ls, lns, C, N, P)
-  local ds, dn = nowSec - ls, nowNs - lns
-  if ds < 0 or (ds == 0 and dn <= 0) then return T, F, ls, lns end
-  local q, r
-  if P == 1e9 then
-    if dn < 0 then q, r = ds - 1, dn + 1e9 else q, r = ds, dn end
-  else
-    local e = ds * 1e9 + dn -- below 2^53
-    q = floor(e / P)
-    r = e - q * P
-    if r < 0 then q, r = q - 1, r + P elseif r >= P then q, r = q + 1, r - P end
-  end
+  local e = (nowSec - ls) * 1e9 + nowNs - lns -- below 2^53: at most 9e6 s (see one)
+  if e <= 0 then return T, F, ls, lns end
+  local q, r = divmod(e, P)
   local g = q * N
   if g >= C then return C, 0, nowSec, nowNs end
-  local u = r * N + F -- below P*N + P < 2^53
-  local c = floor(u / P)
-  local f = u - c * P
-  if f < 0 then c, f = c - 1, f + P elseif f >= P then c, f = c + 1, f - P end
+  local c, f = divmod(r * N + F, P) -- below P*N + P < 2^53
   T = T + g + c
   if T >= C then return C, 0, nowSec, nowNs end
   return T, f, nowSec, nowNs
@@ -555,41 +503,28 @@ local function fastOne(key, raw, cost, m, T, F, ls, lns, x)
     if T >= C then T, F = C, 0 end
   end
   local ttf = T == C and 0 or ((C - T) * P - F) / N
-  local lastMs = nowMs
-  if ls ~= nowSec or lns ~= nowNs then lastMs = ls * 1000 + floor(lns / 1e6) end
-  if decide then
-    emit(code, T, F)
-  elseif mode == 'p' or mode == 'r' then
-    emit(raw and 1 or 0, T, F)
-  end
-  if mode == 'a' and memoOn then
-    hold(key, m, raw, x, T, F, ls, lns, ttf, lastMs, write)
-    return code, ttf, lastMs, false
-  end
-  return code, ttf, lastMs, write, T, F, ls, lns
+  local lastMs = (ls == nowSec and lns == nowNs) and nowMs or ls * 1000 + floor(lns / 1e6)
+  if decide or mode == 'p' or mode == 'r' then emit(decide and code or (raw and 1 or 0), T, F) end
+  if mode ~= 'a' or not memoOn then return code, ttf, lastMs, write, T, F, ls, lns end
+  hold(key, m, raw, x, T, F, ls, lns, ttf, lastMs, write)
+  return code, ttf, lastMs, false
 end
 
 -- applyGeneral takes cost from every band of lv (mode "a", "A": all or
 -- none) or credits it, capped (mode "r" on a written bucket); it returns
 -- the code.
 local function applyGeneral(lv, sh, cost, raw)
-  if not decide then
-    if mode == 'r' and raw then
-      local cb = big(cost)
-      for k = 1, #sh do
-        local u = add(lv[k], mul(cb, sh[k].pb))
-        lv[k] = cmp(u, sh[k].full) > 0 and sh[k].full or u
-      end
-    end
-    return 0
-  end
+  if not decide and not (mode == 'r' and raw) then return 0 end
   local cb, cu = big(cost), {}
   for k = 1, #sh do
     cu[k] = mul(cb, sh[k].pb)
-    if cmp(lv[k], cu[k]) < 0 then return 0 end
+    if decide and cmp(lv[k], cu[k]) < 0 then return 0 end
   end
-  for k = 1, #sh do lv[k] = minus(lv[k], cu[k]) end
-  return 1
+  for k = 1, #sh do
+    local u = decide and minus(lv[k], cu[k]) or add(lv[k], cu[k])
+    lv[k] = cmp(u, sh[k].full) > 0 and sh[k].full or u
+  end
+  return decide and 1 or 0
 end
 
 -- slowOne is fastOne on the general path: limbs, bands, and the cutovers
@@ -600,7 +535,8 @@ end
 local function slowOne(raw, cost, cap, rate, bands, chain)
   instant()
   local sh = shapeOf(cap, rate, bands)
-  local lv, t = fullOf(sh), now -- a new key starts full
+  local lv, t = {}, now -- a new key starts full
+  for k = 1, #sh do lv[k] = sh[k].full end
   if raw then
     local blv, bt, v, c, r = readBucket(raw)
     lv, t = bring(blv, bt, v, c, r, sh, chain)
@@ -620,22 +556,16 @@ local function slowOne(raw, cost, cap, rate, bands, chain)
     return code, ttf, msOf(tS), val
   end
   -- units = T*P + F exactly, T <= cap <= 2^52 and F < P < 2^52
-  local cT, cF, u = nil, nil, p[1]
-  if sP == 1e9 then
-    if #u > 9 then cT, cF = tonum(sub(u, 1, -10)), tonum(sub(u, -9)) else cT, cF = 0, tonum(u) end
-  else
-    local q = div(lv[1], sh[1].pb)
-    cT, cF = tod(q), tod(minus(lv[1], mul(q, sh[1].pb)))
-  end
+  local q = div(lv[1], sh[1].pb)
   local cS, cN = split(tS)
-  return code, ttf, msOf(tS), nil, cT, cF, cS, cN
+  return code, ttf, msOf(tS), nil, tod(q), tod(minus(lv[1], mul(q, sh[1].pb))), cS, cN
 end
 
 -- store writes what a bucket's operation left, as its mode says: mode "A"
 -- holds the writes until every bucket is admitted (a refusal writes
 -- nothing; a new bucket left full needs no write).
 local function store(key, raw, code, ttf, write, val, lastMs, x, T, F, ls, lns)
-  local del = false
+  local del = false -- deleted as full (mode "e")
   if decide then
     write = write and (raw ~= nil or ttf > 0)
   elseif mode == 'p' then
@@ -662,24 +592,20 @@ end
 local function one(i, key, cost, cap, chain, pre)
   local rate, m = sRate, memoOn and memo[key] or nil
   if m and not (sFast and m.tag == tag and cap == tagCap and rate == tagRate) then
-    flush(m) -- a bucket this call holds, met off the fast path: write it first
-    m = nil
+    m = flush(m) -- a bucket this call holds, met off the fast path: written first
   end
   local raw, T, F, ls, lns, x
   if m then
     raw, T, F, ls, lns, x = m.raw, m[1], m[2], m[3], m[4], m.x
   else
-    if pre then raw = pre[i] else raw = rcall('GET', key) end
-    raw = raw or nil -- GET gives false for none
+    raw = (pre and pre[i] or not pre and rcall('GET', key)) or nil -- false for none
     if sFast then
-      if cap ~= tagCap or rate ~= tagRate then
-        tagCap, tagRate, tag = cap, rate, version .. ' ' .. cap .. ' ' .. rate
-      end
+      if cap ~= tagCap or rate ~= tagRate then tagCap, tagRate, tag = cap, rate, version .. ' ' .. cap .. ' ' .. rate end
       if raw then T, F, ls, lns, x = fastOf(raw) else T, F, ls, lns = sCapN, 0, nowSec, nowNs end
     end
   end
   local code, ttf, lastMs, write, val
-  if T and (nowSec - ls <= 9000000 or sP == 1e9) then
+  if T and nowSec - ls <= 9000000 then
     code, ttf, lastMs, write, T, F, ls, lns = fastOne(key, raw, cost, m, T, F, ls, lns, x)
   else
     code, ttf, lastMs, val, T, F, ls, lns = slowOne(raw, cost, cap, rate, sBands, chain)
@@ -715,10 +641,9 @@ local function start(keys, argv)
   expiry, memoOn = byte(A[ARG.expiry], 1) == 49, #A[ARG.expiry] > 1 -- "1..."; "..m"
   all = mode == 'A' -- all or nothing: writes wait for every decision
   decide = mode == 'a' or all
-  pending, history, shapes, nowS, now = nil, nil, nil, nil, nil
-  out, no, deleted, held, refused = { 0, 0, 0, 0 }, 4, 0, all and {}, false
+  pending, history, shapes, nowS, now, tag, tagCap, tagRate = nil
+  out, no, deleted, held, refused = { 0, 0, 0, 0 }, 4, 0, all and {}, false -- out[1..4]: the reply's head
   memo = memoOn and {} or NOMEMO
-  tag, tagCap, tagRate = nil, nil, nil
   base = ARG.shapes + 2 * tonum(A[ARG.shapes])
   aRef, aCap, aRate, aChain = nil, A[ARG.shapes + 1], A[ARG.shapes + 2], ''
   version = rcall('HGET', K[KEY.policy], 'v')
@@ -742,13 +667,9 @@ local function call(keys, argv)
       refused = true
     else
       local code, v = one(i, K[KEY.buckets - 1 + i], cost, aCap, aChain, pre)
-      if not code then
-        if all then
-          out = { 0, 0, 0, 0 } -- nothing is written before every bucket is decided
-          return reply('chain', 0, v)
-        end
-        flushAll()
-        return reply('chain', i - 1, v)
+      if not code then -- mode "A" writes nothing before every bucket is decided
+        if not all then flushAll() end
+        return { 'chain', version, all and 0 or i - 1, deleted, v, unpack(out, 5, all and 4 or no) }
       end
     end
   end
@@ -756,11 +677,9 @@ local function call(keys, argv)
   -- write is a SET: a Redis out of memory refuses it, and the call, before
   -- anything is written.
   if all and not refused then
-    for k = 1, #held do
-      local h = held[k]
-      put(h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10])
-    end
+    for k = 1, #held do put(unpack(held[k], 1, 10)) end
   end
   flushAll()
-  return reply('ok', n)
+  out[1], out[2], out[3], out[4] = 'ok', version, n, deleted -- the head the results left room for
+  return out
 end
