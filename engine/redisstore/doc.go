@@ -31,7 +31,7 @@
 // where undeclared keys are refused (DragonflyDB, which has no FUNCTION and
 // takes EVALSHA). FCALL is kept because it costs Redis less: the library's
 // functions are made once, at load, where a script sent with EVALSHA makes
-// them anew on every call (see bench for the figures). A call
+// them anew on every call. A call
 // answers in a few integers and strings per request. AllowBatch sends about
 // ChunkSize requests per script call and pipelines the calls: one round
 // trip per batch, and one more for each further ChunkSize requests of a
