@@ -55,24 +55,42 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 
 // allow is Allow without its counting.
 func (s *Store) allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
-	switch {
-	case strings.TrimSpace(key) == "" || len(key) > s.maxKeyBytes:
-		return engine.Decision{}, engine.ErrInvalidKey
-	case cost < 1:
-		return engine.Decision{}, engine.ErrInvalidCost
-	}
-	switch {
-	case s.closed.Load():
-		return engine.Decision{}, engine.ErrClosed
-	case ctx == nil:
-		return engine.Decision{}, engine.ErrNilContext
-	case ctx.Err() != nil:
-		return engine.Decision{}, ctx.Err()
+	if err := s.check(ctx, key, cost); err != nil {
+		return engine.Decision{}, err
 	}
 	if !s.ready.Load() {
 		return s.allowEarly(ctx, key, cost)
 	}
 	return s.allowOne(ctx, key, cost)
+}
+
+// usable is the error of a call on a closed store, or under a nil or ended
+// context, in that order; nil if there is none.
+func (s *Store) usable(ctx context.Context) error {
+	switch {
+	case s.closed.Load():
+		return engine.ErrClosed
+	case ctx == nil:
+		return engine.ErrNilContext
+	}
+	return ctx.Err()
+}
+
+// badKey reports whether key is not a valid key: blank, or too long.
+func (s *Store) badKey(key string) bool {
+	return strings.TrimSpace(key) == "" || len(key) > s.maxKeyBytes
+}
+
+// check is the error of one request before it goes to Redis: its key, its
+// cost, then the store and ctx (see usable).
+func (s *Store) check(ctx context.Context, key string, cost int64) error {
+	switch {
+	case s.badKey(key):
+		return engine.ErrInvalidKey
+	case cost < 1:
+		return engine.ErrInvalidCost
+	}
+	return s.usable(ctx)
 }
 
 // allowEarly is Allow on a store that has not yet read the prefix's state
@@ -138,17 +156,8 @@ func (s *Store) countInspect(n *atomic.Uint64, err error) {
 
 // inspect runs one Peek (mode "p") or Refund (mode "r").
 func (s *Store) inspect(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
-	switch {
-	case strings.TrimSpace(key) == "" || len(key) > s.maxKeyBytes:
-		return engine.Decision{}, engine.ErrInvalidKey
-	case tokens < 1:
-		return engine.Decision{}, engine.ErrInvalidCost
-	case s.closed.Load():
-		return engine.Decision{}, engine.ErrClosed
-	case ctx == nil:
-		return engine.Decision{}, engine.ErrNilContext
-	case ctx.Err() != nil:
-		return engine.Decision{}, ctx.Err()
+	if err := s.check(ctx, key, tokens); err != nil {
+		return engine.Decision{}, err
 	}
 	if err := s.need(ctx); err != nil {
 		return engine.Decision{}, err
@@ -185,26 +194,11 @@ func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []eng
 
 // allowBatch is AllowBatch, out long enough, without its counting.
 func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
-	fail := error(nil)
-	switch {
-	case s.closed.Load():
-		fail = engine.ErrClosed
-	case ctx == nil:
-		fail = engine.ErrNilContext
-	case ctx.Err() != nil:
-		fail = ctx.Err()
-	}
+	fail := s.usable(ctx)
 	items := make([]item, 0, len(reqs))
 	for i, r := range reqs {
 		out[i] = engine.Result{}
-		switch {
-		case strings.TrimSpace(r.Key) == "" || len(r.Key) > s.maxKeyBytes:
-			out[i].Err = engine.ErrInvalidKey
-		case r.Cost < 1:
-			out[i].Err = engine.ErrInvalidCost
-		case fail != nil:
-			out[i].Err = fail
-		default:
+		if out[i].Err = s.check(ctx, r.Key, r.Cost); out[i].Err == nil {
 			items = append(items, item{out: &out[i], key: r.Key, cost: r.Cost})
 		}
 	}
@@ -623,28 +617,19 @@ func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, 
 	return a
 }
 
-// word is w boxed, without allocating when it is one of the constant words
-// of a call's head (a string boxed anew allocates).
+// words are the constant words of a call's head, each boxed once (a string
+// boxed anew allocates); word is w boxed, from words if it is one.
+var words = func() map[string]any {
+	m := map[string]any{}
+	for _, w := range []string{"", "a", modeAll, "p", "r", "e", "c", "0", "1"} {
+		m[w] = w
+	}
+	return m
+}()
+
 func word(w string) any {
-	switch w {
-	case "":
-		return ""
-	case "a":
-		return "a"
-	case modeAll:
-		return modeAll
-	case "p":
-		return "p"
-	case "r":
-		return "r"
-	case "e":
-		return "e"
-	case "c":
-		return "c"
-	case "0":
-		return "0"
-	case "1":
-		return "1"
+	if v, ok := words[w]; ok {
+		return v
 	}
 	return w
 }
