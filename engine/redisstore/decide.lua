@@ -462,18 +462,6 @@ end
 
 local function flushAll() for k = 1, #memo do flush(memo[k]) end end
 
--- hold keeps a fast-path bucket of mode "a" for the rest of the call: a key
--- met again is read from here, and written once, as the call ends.
-local function hold(key, m, raw, x, T, F, ls, lns, ttf, lastMs, write)
-  if not m then
-    m = { key = key, raw = raw, x = x }
-    memo[key], memo[#memo + 1] = m, m
-  end
-  m[1], m[2], m[3], m[4], m.tag, m.ttf, m.lastMs = T, F, ls, lns, tag, ttf, lastMs
-  m.dirty = m.dirty or (write and (raw ~= nil or ttf > 0))
-  m.raw = raw or (m.dirty and true) or nil
-end
-
 -- refillFast brings T, F, last updated at ls s + lns ns, up to now under a
 -- band of N per P ns and capacity C (see the header).
 local function refillFast(T, F, ls, lns, C, N, P)
@@ -493,7 +481,7 @@ end
 -- write, and the fields to write.
 local function fastOne(key, raw, cost, m, T, F, ls, lns, x)
   local C, N, P = sCapN, sN, sP
-  T, F, ls, lns = refillFast(T, F, ls, lns, C, N, P)
+  if ls ~= nowSec or lns ~= nowNs then T, F, ls, lns = refillFast(T, F, ls, lns, C, N, P) end
   local code, write = 0, true
   if decide then
     local c = tonum(cost)
@@ -504,9 +492,19 @@ local function fastOne(key, raw, cost, m, T, F, ls, lns, x)
   end
   local ttf = T == C and 0 or ((C - T) * P - F) / N
   local lastMs = (ls == nowSec and lns == nowNs) and nowMs or ls * 1000 + floor(lns / 1e6)
-  if decide or mode == 'p' or mode == 'r' then emit(decide and code or (raw and 1 or 0), T, F) end
+  if decide or mode == 'p' or mode == 'r' then
+    out[no + 1], out[no + 2], out[no + 3], no = decide and code or (raw and 1 or 0), T, F, no + 3
+  end
   if mode ~= 'a' or not memoOn then return code, ttf, lastMs, write, T, F, ls, lns end
-  hold(key, m, raw, x, T, F, ls, lns, ttf, lastMs, write)
+  -- Held for the rest of the call: a key met again is read from here, and
+  -- written once, as the call ends.
+  if not m then
+    m = { key = key, raw = raw, x = x }
+    memo[key], memo[#memo + 1] = m, m
+  end
+  m[1], m[2], m[3], m[4], m.tag, m.ttf, m.lastMs = T, F, ls, lns, tag, ttf, lastMs
+  m.dirty = m.dirty or (write and (raw ~= nil or ttf > 0))
+  m.raw = raw or (m.dirty and true) or nil
   return code, ttf, lastMs, false
 end
 
@@ -612,16 +610,16 @@ local function one(i, key, cost, cap, chain, pre)
     if not code then return nil, ttf end
     write, x = true, nil -- a compact bucket's expiry is set anew
   end
-  store(key, raw, code, ttf, write, val, lastMs, x, T, F, ls, lns)
+  if write or all then store(key, raw, code, ttf, write, val, lastMs, x, T, F, ls, lns) end
   return code
 end
 
 -- Each bucket's arguments: itemArgs returns bucket i's cost, and sets
 -- aCap, aRate and aChain to its shape's (kept while the reference repeats).
-local aRef, aCap, aRate, aChain, base
+local aRef, aCap, aRate, aChain, base, per1
 
 local function itemArgs(i)
-  if A[ARG.per] == '1' then return A[base + i] end
+  if per1 then return A[base + i] end
   local r = A[base + 2 * i]
   if r ~= aRef then
     aRef = r
@@ -644,7 +642,7 @@ local function start(keys, argv)
   pending, history, shapes, nowS, now, tag, tagCap, tagRate = nil
   out, no, deleted, held, refused = { 0, 0, 0, 0 }, 4, 0, all and {}, false -- out[1..4]: the reply's head
   memo = memoOn and {} or NOMEMO
-  base = ARG.shapes + 2 * tonum(A[ARG.shapes])
+  base, per1 = ARG.shapes + 2 * tonum(A[ARG.shapes]), A[ARG.per] == '1'
   aRef, aCap, aRate, aChain = nil, A[ARG.shapes + 1], A[ARG.shapes + 2], ''
   version = rcall('HGET', K[KEY.policy], 'v')
   if not version then return { 'nopolicy' } end
@@ -656,17 +654,18 @@ local function call(keys, argv)
   if not rcall then bind() end
   local early = start(keys, argv)
   if early then return early end
-  local n = #K - KEY.buckets + 1
+  local kb = KEY.buckets - 1
+  local n = #K - kb
   -- Distinct keys (no "m"): every bucket is read once, all in one MGET.
   local pre = n > 1 and not memoOn and rcall('MGET', unpack(K, KEY.buckets))
   for i = 1, n do
     local cost = itemArgs(i)
     if aCap ~= sCap or aRate ~= sArg then parseShape(aCap, aRate) end
-    if decide and gtS(cost, sLeast) then
+    if decide and (#cost > #sLeast or (#cost == #sLeast and cost > sLeast)) then -- above a capacity
       emit(2, '', '')
       refused = true
     else
-      local code, v = one(i, K[KEY.buckets - 1 + i], cost, aCap, aChain, pre)
+      local code, v = one(i, K[kb + i], cost, aCap, aChain, pre)
       if not code then -- mode "A" writes nothing before every bucket is decided
         if not all then flushAll() end
         return { 'chain', version, all and 0 or i - 1, deleted, v, unpack(out, 5, all and 4 or no) }
