@@ -55,24 +55,42 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 
 // allow is Allow without its counting.
 func (s *Store) allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
-	switch {
-	case strings.TrimSpace(key) == "" || len(key) > s.maxKeyBytes:
-		return engine.Decision{}, engine.ErrInvalidKey
-	case cost < 1:
-		return engine.Decision{}, engine.ErrInvalidCost
-	}
-	switch {
-	case s.closed.Load():
-		return engine.Decision{}, engine.ErrClosed
-	case ctx == nil:
-		return engine.Decision{}, engine.ErrNilContext
-	case ctx.Err() != nil:
-		return engine.Decision{}, ctx.Err()
+	if err := s.check(ctx, key, cost); err != nil {
+		return engine.Decision{}, err
 	}
 	if !s.ready.Load() {
 		return s.allowEarly(ctx, key, cost)
 	}
 	return s.allowOne(ctx, key, cost)
+}
+
+// usable is the error of a call on a closed store, or under a nil or ended
+// context, in that order; nil if there is none.
+func (s *Store) usable(ctx context.Context) error {
+	switch {
+	case s.closed.Load():
+		return engine.ErrClosed
+	case ctx == nil:
+		return engine.ErrNilContext
+	}
+	return ctx.Err()
+}
+
+// badKey reports whether key is not a valid key: blank, or too long.
+func (s *Store) badKey(key string) bool {
+	return strings.TrimSpace(key) == "" || len(key) > s.maxKeyBytes
+}
+
+// check is the error of one request before it goes to Redis: its key, its
+// cost, then the store and ctx (see usable).
+func (s *Store) check(ctx context.Context, key string, cost int64) error {
+	switch {
+	case s.badKey(key):
+		return engine.ErrInvalidKey
+	case cost < 1:
+		return engine.ErrInvalidCost
+	}
+	return s.usable(ctx)
 }
 
 // allowEarly is Allow on a store that has not yet read the prefix's state
@@ -138,17 +156,8 @@ func (s *Store) countInspect(n *atomic.Uint64, err error) {
 
 // inspect runs one Peek (mode "p") or Refund (mode "r").
 func (s *Store) inspect(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
-	switch {
-	case strings.TrimSpace(key) == "" || len(key) > s.maxKeyBytes:
-		return engine.Decision{}, engine.ErrInvalidKey
-	case tokens < 1:
-		return engine.Decision{}, engine.ErrInvalidCost
-	case s.closed.Load():
-		return engine.Decision{}, engine.ErrClosed
-	case ctx == nil:
-		return engine.Decision{}, engine.ErrNilContext
-	case ctx.Err() != nil:
-		return engine.Decision{}, ctx.Err()
+	if err := s.check(ctx, key, tokens); err != nil {
+		return engine.Decision{}, err
 	}
 	if err := s.need(ctx); err != nil {
 		return engine.Decision{}, err
@@ -185,26 +194,11 @@ func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []eng
 
 // allowBatch is AllowBatch, out long enough, without its counting.
 func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
-	fail := error(nil)
-	switch {
-	case s.closed.Load():
-		fail = engine.ErrClosed
-	case ctx == nil:
-		fail = engine.ErrNilContext
-	case ctx.Err() != nil:
-		fail = ctx.Err()
-	}
+	fail := s.usable(ctx)
 	items := make([]item, 0, len(reqs))
 	for i, r := range reqs {
 		out[i] = engine.Result{}
-		switch {
-		case strings.TrimSpace(r.Key) == "" || len(r.Key) > s.maxKeyBytes:
-			out[i].Err = engine.ErrInvalidKey
-		case r.Cost < 1:
-			out[i].Err = engine.ErrInvalidCost
-		case fail != nil:
-			out[i].Err = fail
-		default:
+		if out[i].Err = s.check(ctx, r.Key, r.Cost); out[i].Err == nil {
 			items = append(items, item{out: &out[i], key: r.Key, cost: r.Cost})
 		}
 	}
@@ -372,12 +366,12 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		}
 		for c, chunk := range chunks {
 			sk := s.shards[s.stateShard(chunk[0].shard)]
-			cmds[c] = s.decideCmd(ctx, via, s.callWords(sk, st, chunk, mode, nowArg, expiry), 3+len(chunk), eval)
+			cmds[c] = s.decideCmd(ctx, via, s.callWords(sk, st, chunk, mode, nowArg, expiry), keyBuckets-1+len(chunk), eval)
 		}
 		if pipe != nil {
 			_, _ = pipe.Exec(ctx) // each command keeps its own error
 		}
-		reload, noScript, noFunc, viaFunc, tryAgain := false, false, false, !eval && !s.noFunc.Load(), false
+		reload, load, viaFunc, tryAgain := false, false, !eval && !s.noFunc.Load(), false
 		var prepared, missing []int // shards met mid-cutover, and shards with no version
 		var lagging []lag           // shards behind the committed version
 		var behind []*item          // items of chunks that stopped for a chain
@@ -385,56 +379,36 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		for c, cmd := range cmds {
 			chunk := chunks[c]
 			reply, err := cmd.Slice()
-			switch {
-			case err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
-				noScript = true
-				todo = append(todo, chunk...)
-				continue
-			case err != nil && (redis.HasErrorPrefix(err, "TRYAGAIN") ||
-				s.cluster != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"))):
-				// A slot being migrated holds some of the call's keys on each
-				// side: the script did not run. go-redis follows MOVED and ASK
-				// itself, also for these commands it never retries, up to its
-				// MaxRedirects; one that still comes back (a slot moved more
-				// times than that while its slot map caught up) did not run
-				// either, and is sent again once go-redis has reloaded it.
-				tryAgain = true
-				todo = append(todo, chunk...)
-				continue
-			case err != nil && viaFunc && funcMissing(err):
-				noFunc = true
-				todo = append(todo, chunk...)
-				continue
-			case err != nil && viaFunc && funcRefused(err):
-				// the call did not run: send it again by EVALSHA
-				s.noFunc.Store(true)
-				noScript = true
-				todo = append(todo, chunk...)
-				continue
-			case err != nil && viaFunc && redis.HasErrorPrefix(err, "OOM"):
-				// Refused before it ran, as a FUNCTION that may write is: by
-				// EVALSHA the call runs and only its writes are refused, so a
-				// denial, or a peek, is still answered.
-				eval = true
-				todo = append(todo, chunk...)
-				continue
-			case err != nil && redis.HasErrorPrefix(err, "OOM") && (mode == "a" || mode == modeAll):
-				for _, it := range chunk {
-					*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
-					if it.over || it.cost > minCapacity(st.p.ShapeAt(it.idx)) {
-						it.out.Err = engine.ErrCostExceedsCapacity // checked before the key bound
+			if err != nil {
+				switch a := classify(err); {
+				case a == actWait && (s.cluster != nil || redis.HasErrorPrefix(err, "TRYAGAIN")):
+					tryAgain = true
+				case a == actLoad:
+					load = true
+				case a == actNoFunc && viaFunc:
+					s.noFunc.Store(true)
+					load = true
+				case a == actOOM && viaFunc:
+					eval = true
+				case a == actOOM && (mode == "a" || mode == modeAll):
+					for _, it := range chunk {
+						*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
+						if it.over || it.cost > minCapacity(st.p.ShapeAt(it.idx)) {
+							it.out.Err = engine.ErrCostExceedsCapacity // checked before the key bound
+						}
 					}
+					continue
+				default:
+					// Not sent again (see classify). A call that never left
+					// could be, but the slot map would send it to the same
+					// node until the reload asked here has landed.
+					s.nodeFailed(ctx, err) // each chunk's: the first failed may be another node's
+					if failed == nil {
+						failed = fmt.Errorf("%w: %w", ErrUnavailable, err)
+					}
+					continue
 				}
-				continue
-			case err != nil:
-				// Not sent again: a call whose reply was lost may have run.
-				// One that never left (a dial refused) could be, but the
-				// slot map would send it to the same node until the reload
-				// asked here has landed.
-				s.nodeFailed(ctx, err) // each chunk's: the first failed may be another node's
-				if failed == nil {
-					failed = fmt.Errorf("%w: %w", ErrUnavailable, err)
-				}
+				todo = append(todo, chunk...) // the script did not run: sent again
 				continue
 			}
 			r, err := parseReply(reply)
@@ -489,7 +463,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			}
 			return deleted, failed
 		}
-		if tryAgain && !noScript && !reload && len(behind) == 0 {
+		if tryAgain && !load && !reload && len(behind) == 0 {
 			// Only a migration stood in the way: wait for it, as long as the
 			// call's deadline allows, without counting an attempt.
 			attempt--
@@ -520,8 +494,8 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 				return deleted, err
 			}
 		}
-		if noScript || noFunc {
-			if err := s.loadDecide(ctx, noFunc); err != nil {
+		if load {
+			if err := s.loadDecide(ctx); err != nil {
 				if ctx.Err() != nil {
 					return deleted, ctx.Err()
 				}
@@ -536,6 +510,25 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 	}
 	return deleted, nil
 }
+
+// The decide script's key and argument positions, from 1 as in Lua: the
+// KEY and ARG tables at the top of decide.lua, which a test compares with
+// these.
+const (
+	keyPolicy = 1 + iota
+	keyHistory
+	keyPending
+	keyBuckets // the first bucket's
+)
+
+const (
+	argMode = 1 + iota
+	argVersion
+	argNow
+	argExpiry
+	argPer
+	argShapes // then each shape's cap and rate, then each bucket's words
+)
 
 // callWords is the decide script call of chunk, bound for the shard whose
 // keys sk are: callHead words left for decideCmd, the keys (policy,
@@ -584,21 +577,22 @@ func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, 
 	if one {
 		per = 1
 	}
-	a := make([]any, callHead+3+n+6+2*len(shapes)+per*n)
-	copy(a[callHead:], sk.words[:])
-	k, g := callHead+3, callHead+3+n
-	for _, it := range chunk {
-		a[k] = s.shards[it.shard].bucket + it.key
-		k++
+	nkeys := keyBuckets - 1 + n
+	a := make([]any, callHead+nkeys+argShapes+2*len(shapes)+per*n)
+	copy(a[callHead+keyPolicy-1:], sk.words[:])
+	for i, it := range chunk {
+		a[callHead+keyBuckets-1+i] = s.shards[it.shard].bucket + it.key
 	}
-	a[g], a[g+1], a[g+2], a[g+3], a[g+4], a[g+5] = word(mode), st.verWord, word(nowArg), word(expiry), per, len(shapes)
+	arg := a[callHead+nkeys-1:] // arg[argX] is ARGV[argX]
+	arg[argMode], arg[argVersion], arg[argNow], arg[argExpiry] = word(mode), st.verWord, word(nowArg), word(expiry)
+	arg[argPer], arg[argShapes] = per, len(shapes)
 	if repeats(chunk) {
-		a[g+3] = "0m"
+		arg[argExpiry] = "0m"
 		if expiry == "1" {
-			a[g+3] = "1m"
+			arg[argExpiry] = "1m"
 		}
 	}
-	g += 6
+	g := callHead + nkeys + argShapes
 	for _, x := range shapes {
 		la := st.args[x]
 		a[g], a[g+1] = la.capacity, la.rate
@@ -623,28 +617,19 @@ func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, 
 	return a
 }
 
-// word is w boxed, without allocating when it is one of the constant words
-// of a call's head (a string boxed anew allocates).
+// words are the constant words of a call's head, each boxed once (a string
+// boxed anew allocates); word is w boxed, from words if it is one.
+var words = func() map[string]any {
+	m := map[string]any{}
+	for _, w := range []string{"", "a", modeAll, "p", "r", "e", "c", "0", "1"} {
+		m[w] = w
+	}
+	return m
+}()
+
 func word(w string) any {
-	switch w {
-	case "":
-		return ""
-	case "a":
-		return "a"
-	case modeAll:
-		return modeAll
-	case "p":
-		return "p"
-	case "r":
-		return "r"
-	case "e":
-		return "e"
-	case "c":
-		return "c"
-	case "0":
-		return "0"
-	case "1":
-		return "1"
+	if v, ok := words[w]; ok {
+		return v
 	}
 	return w
 }

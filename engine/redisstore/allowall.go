@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"strings"
 
 	"github.com/tokenshard/tokenshard/engine"
 )
@@ -101,7 +100,7 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		return engine.Decision{}, -1, engine.ErrAllowAllSize
 	}
 	for i, r := range reqs {
-		if strings.TrimSpace(r.Key) == "" || len(r.Key) > s.maxKeyBytes {
+		if s.badKey(r.Key) {
 			return engine.Decision{}, i, engine.ErrInvalidKey
 		}
 	}
@@ -110,13 +109,8 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 			return engine.Decision{}, i, engine.ErrInvalidCost
 		}
 	}
-	switch {
-	case s.closed.Load():
-		return engine.Decision{}, -1, engine.ErrClosed
-	case ctx == nil:
-		return engine.Decision{}, -1, engine.ErrNilContext
-	case ctx.Err() != nil:
-		return engine.Decision{}, -1, ctx.Err()
+	if err := s.usable(ctx); err != nil {
+		return engine.Decision{}, -1, err
 	}
 	ready, early := s.ready.Load(), error(nil)
 	if !ready {

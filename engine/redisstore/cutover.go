@@ -66,13 +66,7 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	if err := next.Validate(); err != nil {
 		return err
 	}
-	if s.closed.Load() {
-		return engine.ErrClosed
-	}
-	if ctx == nil {
-		return engine.ErrNilContext
-	}
-	if err := ctx.Err(); err != nil {
+	if err := s.usable(ctx); err != nil {
 		return err
 	}
 	if err := s.need(ctx); err != nil {
@@ -180,13 +174,7 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 // over the keyspace. If ctx ends part-way, it returns the count so far with
 // the context's error.
 func (s *Store) EvictFull(ctx context.Context) (int, error) {
-	if s.closed.Load() {
-		return 0, engine.ErrClosed
-	}
-	if ctx == nil {
-		return 0, engine.ErrNilContext
-	}
-	if err := ctx.Err(); err != nil {
+	if err := s.usable(ctx); err != nil {
 		return 0, err
 	}
 	if err := s.need(ctx); err != nil {

@@ -26,7 +26,12 @@
 // it with EVALSHA instead, as it does for one call that Redis refuses for
 // lack of memory before it runs (a FUNCTION that may write is refused
 // whole; a script only at its first write, so a denial is still answered).
-// Either is loaded again after "Function not found" or NOSCRIPT. A call
+// Either is loaded again after "Function not found" or NOSCRIPT. Every key
+// the decide script touches is one of its declared keys, so it also runs
+// where undeclared keys are refused (DragonflyDB, which has no FUNCTION and
+// takes EVALSHA). FCALL is kept because it costs Redis less: the library's
+// functions are made once, at load, where a script sent with EVALSHA makes
+// them anew on every call. A call
 // answers in a few integers and strings per request. AllowBatch sends about
 // ChunkSize requests per script call and pipelines the calls: one round
 // trip per batch, and one more for each further ChunkSize requests of a
@@ -193,15 +198,14 @@
 // another's. A bucket of a key whose limit the fast path takes is written
 // compact, by either path (so a bucket the general path brings through a
 // cutover is on the fast path again at its next call): the byte 2, then
-// its whole tokens and the fraction in units as two little-endian doubles,
-// the last update's seconds and ns and the expiry it was given (in ms after
-// that update) as three little-endian 32-bit unsigned integers, then
-// "version capacity rate" as text; or, written without an expiry, the byte
-// 1, the tokens, fraction, seconds and ns as four doubles, then the same
-// text. Any other bucket is a string of decimals: "units last version
-// capacity rate" for its primary band, the rate "N" for N per second or
-// "N/P" for N per P ns, then the units of each further band (up to 39
-// digits each). The script reads both formats.
+// its whole tokens, the fraction in units and the last update's seconds as
+// three little-endian doubles, the update's ns and the expiry it was given
+// (in ms after that update; 0 if none is recorded) as two little-endian
+// 32-bit unsigned integers, then "version capacity rate" as text. Any
+// other bucket is a string of decimals: "units last version capacity rate"
+// for its primary band, the rate "N" for N per second or "N/P" for N per P
+// ns, then the units of each further band (up to 39 digits each). The
+// script reads both formats.
 //
 // # Redis Cluster
 //
@@ -320,41 +324,13 @@
 // meets it, so a call on it may decide under the old version after
 // another decided under the new.
 //
-// # Rolling upgrades
+// # Versions
 //
-// Stores built before key maps existed placed keys by an unseeded hash; on
-// a prefix they created, this store stores a seed of its own and looks for
-// each bucket in its new shard (the old ones expire on their own): do not
-// mix them on a prefix either.
-//
-// Stores built before virtual shards existed keep their buckets and policy
-// under other keys (Prefix + "policy", Prefix + "k:" + key): they do not
-// share a quota with this version's stores on the same prefix. Stop them
-// before starting this version on a prefix, or give it a new prefix; the
-// old keys are not read (their buckets expire on their own).
-//
-// A store that reads only decimal buckets (one built before the compact
-// format) fails its script call on a compact bucket, which its failure
-// rule answers (fail closed, by default): it never reads one as full, nor
-// admits or deletes on it. Likewise a store that reads only the compact
-// format of the byte 1 fails on a bucket of the byte 2, which this one
-// writes for every bucket with an expiry: a rolling upgrade answers by
-// the failure rule, in the older stores, every key a newer one has
-// written. Do not mix such stores with this one on a prefix either. This
-// store reads decimal buckets, so a bucket written by
-// its general path (a limit with bands, or beyond the fast path's), or by a
-// store of the same layout that predates the compact format, keeps its
-// balance.
-//
-// Stores built before rates of any period and bands existed cannot read a
-// policy whose Refill (the policy's or an override's) is other than per
-// second, or that has Bands, nor the buckets and history entries such a
-// policy writes. Install one only once every store on the prefix has been
-// upgraded. Plain policies (TokensPerSecond and no bands) are written as
-// they always were, so older and newer stores may share a prefix while
-// only plain policies are installed; an older store still reads an
-// override Match that is not valid UTF-8 with U+FFFD in place of its
-// invalid bytes, as it always did.
+// The layout of a prefix's keys and buckets belongs to this package's
+// version: stores of different versions must not share a prefix. Give a
+// new version a prefix of its own, or stop the older stores first. Each
+// version loads its own decide FUNCTION (named after the script's hash), so
+// stores of different versions may share a server on different prefixes.
 //
 // # Failures
 //

@@ -126,30 +126,25 @@ const PublishScript = publishSrc
 // PrepareScript is the text of a cluster cutover's prepare step.
 const PrepareScript = prepareSrc
 
-// Compact buckets (see decide.lua) start with one of two marks: T and F as
-// two little-endian doubles, then the last update's seconds and ns and the
-// expiry given (ms after the update's ms) as three little-endian uint32s,
-// then "version cap rate"; or, written with no expiry recorded, T, F, the
-// seconds and ns as four doubles, then the same.
-const (
-	compactMark  = 2
-	noExpiryMark = 1
-)
+// compactMark starts a compact bucket (see decide.lua): then T, F and the
+// last update's seconds as three little-endian doubles, its ns and the
+// expiry given (ms after the update's ms; 0 if none is recorded) as two
+// little-endian uint32s, then "version cap rate".
+const compactMark = 2
 
 // compactFields are a compact bucket's T, F, seconds and ns, its expiry
 // (ms; 0 if not recorded) and its tag, and whether raw is compact.
 func compactFields(raw string) (f [4]float64, expiry int64, tag string, ok bool) {
-	d := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[i : i+8]))) }
-	u := func(i int) float64 { return float64(binary.LittleEndian.Uint32([]byte(raw[i : i+4]))) }
-	switch {
-	case len(raw) >= 29 && raw[0] == compactMark:
-		f = [4]float64{d(1), d(9), u(17), u(21)}
-		expiry = int64(f[2])*1000 + int64(f[3])/1e6 + int64(u(25))
-		return f, expiry, raw[29:], true
-	case len(raw) >= 33 && raw[0] == noExpiryMark:
-		return [4]float64{d(1), d(9), d(17), d(25)}, 0, raw[33:], true
+	if len(raw) < 33 || raw[0] != compactMark {
+		return f, 0, "", false
 	}
-	return f, 0, "", false
+	d := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[i : i+8]))) }
+	u := func(i int) int64 { return int64(binary.LittleEndian.Uint32([]byte(raw[i : i+4]))) }
+	f = [4]float64{d(1), d(9), d(17), float64(u(25))}
+	if x := u(29); x > 0 {
+		expiry = int64(f[2])*1000 + int64(f[3])/1e6 + x
+	}
+	return f, expiry, raw[33:], true
 }
 
 // CompactExpiry is the expiry (ms) a compact bucket records, and whether it

@@ -84,3 +84,54 @@ func nodeLost(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
+
+// action is what exec does after a script call failed with an error.
+type action int
+
+const (
+	// actFail: the script may have run and its reply been lost, or the
+	// server refused it for a reason a resend would meet again (BUSY,
+	// LOADING, READONLY, MASTERDOWN, a context's deadline): never sent
+	// again; the failure rule answers.
+	actFail action = iota
+	// actLost: as actFail, and the node may be gone (a connection refused,
+	// reset, closed or timed out, EOF, CLUSTERDOWN): on a cluster the slot
+	// map is reloaded (see nodeFailed).
+	actLost
+	// actWait: the script did not run, a slot being migrated (TRYAGAIN, or
+	// a MOVED or ASK that go-redis, which follows them, could not settle):
+	// sent again after a pause, within the call's deadline.
+	actWait
+	// actLoad: the script or the FUNCTION is not loaded (NOSCRIPT, Function
+	// not found): loaded, and sent again.
+	actLoad
+	// actNoFunc: the server has no FUNCTION or refuses it (unknown command,
+	// NOPERM): the call goes by EVALSHA from then on.
+	actNoFunc
+	// actOOM: out of memory. A FUNCTION that may write is refused before it
+	// runs, so the call is sent again by EVALSHA, which runs it and refuses
+	// only its writes: a denial or a peek is still answered; a decision so
+	// refused answers engine.ErrKeyCapacity.
+	actOOM
+)
+
+// classify says what err, a script call's error, calls for.
+func classify(err error) action {
+	for _, c := range []struct {
+		prefix string
+		a      action
+	}{
+		{"TRYAGAIN", actWait}, {"MOVED", actWait}, {"ASK", actWait},
+		{"NOSCRIPT", actLoad}, {"Function not found", actLoad},
+		{"unknown command", actNoFunc}, {"NOPERM", actNoFunc},
+		{"OOM", actOOM},
+	} {
+		if redis.HasErrorPrefix(err, c.prefix) {
+			return c.a
+		}
+	}
+	if nodeLost(err) {
+		return actLost
+	}
+	return actFail
+}

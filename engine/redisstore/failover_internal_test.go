@@ -176,3 +176,47 @@ func TestNodeFailedAsksOnlyWhenItMay(t *testing.T) {
 		t.Fatal("a closed store asked a slot map reload")
 	}
 }
+
+// timeoutErr is a net.Error that timed out, as a read deadline gives.
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+// TestClassify: what exec does with each error Redis, the network or the
+// context gives a script call.
+func TestClassify(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want action
+	}{
+		{replyErr("MOVED 3999 127.0.0.1:6381"), actWait},
+		{replyErr("ASK 3999 127.0.0.1:6381"), actWait},
+		{replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), actWait},
+		{replyErr("NOSCRIPT No matching script. Please use EVAL."), actLoad},
+		{replyErr("ERR Function not found"), actLoad},
+		{replyErr("ERR unknown command 'FCALL', with args beginning with: "), actNoFunc},
+		{replyErr("NOPERM this user has no permissions to run the 'fcall' command"), actNoFunc},
+		{replyErr("OOM command not allowed when used memory > 'maxmemory'."), actOOM},
+		{replyErr("BUSY Redis is busy running a script."), actFail},
+		{replyErr("LOADING Redis is loading the dataset in memory"), actFail},
+		{replyErr("READONLY You can't write against a read only replica."), actFail},
+		{replyErr("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), actFail},
+		{replyErr("ERR user_script:1: Script attempted to access nonexistent global variable"), actFail},
+		{replyErr("CLUSTERDOWN The cluster is down"), actLost},
+		{context.DeadlineExceeded, actFail}, // the call's deadline: the script may have run
+		{context.Canceled, actFail},
+		{&net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, actLost},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, actLost},
+		{&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, actLost},
+		{io.EOF, actLost},
+		{io.ErrUnexpectedEOF, actLost},
+		{redis.ErrClosed, actFail},
+		{redis.ErrPoolTimeout, actFail},
+	} {
+		if got := classify(c.err); got != c.want {
+			t.Errorf("classify(%v) = %d, want %d", c.err, got, c.want)
+		}
+	}
+}

@@ -47,21 +47,21 @@ var (
 		"\nredis.register_function('" + decideFunc + "', call)\n"
 )
 
-// loadDecide loads the decide script on every master: with fn, the
-// FUNCTION library (where FUNCTION is missing, Redis 6.2, or refused, the
-// store sends EVALSHA from then on), and the script for EVALSHA, which the
-// store also sends where a FUNCTION cannot run (see exec).
-func (s *Store) loadDecide(ctx context.Context, fn bool) error {
+// loadDecide loads the decide script on every master: the FUNCTION library
+// (unless FUNCTION was refused: the store then sends EVALSHA from then on),
+// and the script for EVALSHA, which the store also sends where a FUNCTION
+// cannot run (see classify).
+func (s *Store) loadDecide(ctx context.Context) error {
 	ms, err := s.masters(ctx)
 	if err != nil {
 		return err
 	}
 	for _, m := range ms {
-		if fn && !s.noFunc.Load() {
+		if !s.noFunc.Load() {
 			err := m.Do(ctx, "FUNCTION", "LOAD", "REPLACE", decideFuncSrc).Err()
 			switch {
 			case err == nil:
-			case funcRefused(err):
+			case classify(err) == actNoFunc:
 				s.noFunc.Store(true)
 			default:
 				return err
@@ -72,15 +72,6 @@ func (s *Store) loadDecide(ctx context.Context, fn bool) error {
 		}
 	}
 	return nil
-}
-
-// funcMissing reports whether err says the decide FUNCTION must be loaded,
-// and funcRefused whether the server has no FUNCTION (Redis 6.2) or refuses
-// it: the store then sends EVALSHA.
-func funcMissing(err error) bool { return redis.HasErrorPrefix(err, "Function not found") }
-
-func funcRefused(err error) bool {
-	return redis.HasErrorPrefix(err, "unknown command") || redis.HasErrorPrefix(err, "NOPERM")
 }
 
 // decideCmd queues one call of the decide script on p: FCALL, or EVALSHA
