@@ -2,19 +2,23 @@ package shard
 
 import "github.com/tokenshard/tokenshard/msg"
 
-// serveData serves the single requests queued, if any, then one waiting
-// batch part, if any: one of each per turn, so neither kind starves the
-// other. It reports whether it served anything.
+// serveData serves the single requests queued, if any, then the batch
+// parts queued when it looks, up to partsPerTurn: so neither kind starves
+// the other, and callers sending parts together (AllowAll's holds among
+// them) are served in one turn, not one turn each. It reports whether it
+// served anything.
 func (s *Shard) serveData() bool {
 	served := s.serveAllows()
-	select {
-	case b := <-s.mb.batch:
-		s.serveBatch(b)
-		return true
-	default:
-		return served
+	n := min(len(s.mb.batch), partsPerTurn)
+	for range n {
+		s.serveBatch(<-s.mb.batch) // there: only this goroutine receives
 	}
+	return served || n > 0
 }
+
+// partsPerTurn bounds the batch parts one turn serves, and with them how
+// long control and single requests wait behind parts.
+const partsPerTurn = 8
 
 // serveBatch decides a batch part at one clock reading and answers it.
 func (s *Shard) serveBatch(b *msg.Batch) {
