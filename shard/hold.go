@@ -131,32 +131,18 @@ func (s *Shard) serveHold(b *msg.Batch) {
 }
 
 // tendHolds is the loop's holds step (see Shard.turn): it carries out the
-// commands the holds' callers sent, and serves the hold parts kept aside
-// once no sweep runs.
+// commands the holds' callers sent, then serves the waiting work whose keys
+// a hold ending freed, and the hold parts kept aside once no sweep runs.
 func (s *Shard) tendHolds() {
-	if len(s.holds.parts) != 0 {
-		s.pollHolds()
-	}
-	if s.holds.aside && !s.state.sweeping() {
+	if _, ended := s.pollHolds(); ended || (s.holds.aside && !s.state.sweeping()) {
 		s.replay(true)
 	}
 }
 
-// pollHolds carries out every command the holds' callers have sent, and
-// serves the waiting work whose keys a hold ending freed. It reports
-// whether it did anything.
-func (s *Shard) pollHolds() bool {
-	did, ended := s.pollHoldsOnly()
-	if ended {
-		s.replay(true)
-	}
-	return did
-}
-
-// pollHoldsOnly is pollHolds without serving the work a hold ending frees
-// (releaseHolds serves it, holds aside, once every hold has ended). It
-// reports whether it carried out a command, and whether a hold ended.
-func (s *Shard) pollHoldsOnly() (did, ended bool) {
+// pollHolds carries out every command the holds' callers have sent, serving
+// nothing. It reports whether it carried out a command, and whether a hold
+// ended.
+func (s *Shard) pollHolds() (did, ended bool) {
 	for i := 0; i < len(s.holds.parts); {
 		b := s.holds.parts[i]
 		select {
@@ -225,7 +211,7 @@ func (s *Shard) releaseHolds() {
 		s.dropHold(i)
 	}
 	for len(s.holds.parts) > 0 {
-		if did, _ := s.pollHoldsOnly(); !did {
+		if did, _ := s.pollHolds(); !did {
 			<-s.mb.holdSig // a caller's next command comes with a signal
 		}
 	}

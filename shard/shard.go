@@ -76,26 +76,25 @@ func (s *Shard) Run(stop <-chan struct{}) {
 //
 //  1. A prepared shard listens to publish, abort and stop alone: the
 //     cutover's barrier.
-//  2. Holds (hold.go), when there are any: the commands their callers
-//     sent, and hold parts kept aside, once no sweep runs.
-//  3. Control, when a sender waits on an input the shard may take: the pass
+//  2. Control, when a sender waits on an input the shard may take: the pass
 //     waits for that message (a sender that gives up wakes it) and serves
-//     nothing else first, so control never waits behind data. Skipped once
-//     right after a cutover, since back-to-back cutovers would otherwise
-//     starve data for as long as they kept coming.
-//  4. One slice of background work (task.go), so requests wait at most a
+//     nothing else first, so control never waits behind data; every hold
+//     ends before it is served. Skipped once right after a cutover, since
+//     back-to-back cutovers would otherwise starve data for as long as they
+//     kept coming.
+//  3. One slice of background work (task.go), so requests wait at most a
 //     slice.
-//  5. Data: every queued single request, then one batch part.
-//  6. With background work that can go on and no data served, a yield to
+//  4. Data: the holds' part of it first, when there are holds (hold.go):
+//     the commands their callers sent, and hold parts kept aside, once no
+//     sweep runs; then every queued single request, then the batch parts
+//     queued, up to partsPerTurn.
+//  5. With background work that can go on and no data served, a yield to
 //     the scheduler's global queue, where preempted callers wait; else,
 //     after serving data, one yield on this processor's queue, so callers
 //     about to send join the next group; else park until any input comes.
 func (s *Shard) turn() bool {
 	if s.state.isPrepared() {
 		return s.listen(s.inputs(barrier))
-	}
-	if len(s.holds.parts) != 0 || s.holds.aside {
-		s.tendHolds()
 	}
 	if !s.dataFirst && s.controlWaits() {
 		return s.listen(s.inputs(controlOnly))
@@ -112,6 +111,9 @@ func (s *Shard) turn() bool {
 			busy = !s.waiting()
 		}
 	}
+	if len(s.holds.parts) != 0 || s.holds.aside {
+		s.tendHolds()
+	}
 	if s.serveData() {
 		return true
 	}
@@ -126,8 +128,6 @@ func (s *Shard) turn() bool {
 		s.yieldFirst = false
 		yield.Local()
 		return true
-	case s.holds.aside && !s.state.sweeping():
-		return true // hold parts a sweep kept waiting: the next pass serves them
 	}
 	s.publishIfBehind()
 	if !s.mb.sleep() { // a sender that finds the shard about to park wakes it
@@ -231,7 +231,7 @@ func (s *Shard) listen(in inputs) bool {
 		s.state.abort()
 		s.dataFirst = true
 	case <-in.holdSig:
-		s.pollHolds()
+		s.tendHolds()
 	case c := <-in.free:
 		s.task.(*snapTask).copy(s, c)
 	case <-in.cancel:
