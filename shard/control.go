@@ -6,42 +6,128 @@ import (
 	"github.com/tokenshard/tokenshard/msg"
 )
 
-// Control messages go on unbuffered channels, one per kind, so a send that
-// completes means the shard has taken the message; each sender counts itself
-// in Mailbox.control while it waits, so a busy shard looks for control only
-// when there is some (see Shard.turn for their precedence).
+// Control messages are rare and administrative: a readiness check, a
+// cutover's prepare, a sweep, a snapshot. Each kind is a control: its gate
+// says when the loop may take it, and its serve is the one place the loop
+// acts on it. They go on unbuffered channels, one per gate, so a send that
+// completes means the shard has taken the message; a sender counts itself
+// in Mailbox.control, by gate, while it waits, so the loop looks for
+// control only when a sender waits on an input it may take (see
+// Shard.turn).
+//
+// Publish and abort are not controls: they are the cutover barrier's own
+// signals, the only inputs a prepared shard listens to.
+type control interface {
+	gate() gate
+	serve(s *Shard) // runs on the loop, once every hold has ended
+}
+
+// gate says when the loop may take a kind of control message; a gated
+// input is switched off (nil) while the shard may not take it.
+type gate uint8
+
+const (
+	always   gate = iota // whenever the shard is not prepared
+	roomy                // not while the policy history is full (a cutover)
+	unbusied             // not while background work runs (it would replay every cutover a bucket missed)
+	numGates
+)
+
+// gateBits is the width of one gate's count of senders in Mailbox.control.
+const gateBits = 16
+
+// send hands c to the shard and returns nil once the shard has taken it,
+// or the context's error or ErrClosed if it did not. The shard waits for a
+// sender it sees counted (see Shard.turn), so every sender, once it has
+// uncounted itself, wakes it: it may be waiting for this one, which gave
+// up or was already taken.
+func (m *Mailbox) send(ctx context.Context, c control) error {
+	one := int64(1) << (gateBits * c.gate())
+	m.control.Add(one)
+	var err error
+	select {
+	case m.ctl[c.gate()] <- c:
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-m.closing:
+		err = msg.ErrClosed
+	}
+	m.control.Add(-one)
+	m.poke()
+	return err
+}
+
+// poke wakes the shard if it waits, or makes its next wait return at once.
+func (m *Mailbox) poke() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// The kinds, each a message type of package msg (or none), the handler it
+// calls, and its gate. To add a kind, see the package doc.
+
+// readyCheck is taken only when the shard could take a prepare at once.
+type readyCheck struct{}
+
+func (readyCheck) gate() gate       { return roomy }
+func (readyCheck) serve(s *Shard)   {}
+func (c prepareCtl) gate() gate     { return roomy }
+func (c prepareCtl) serve(s *Shard) { c.Done <- s.state.prepare(s.clk.Now(), c.Next) }
+func (c sweepCtl) gate() gate       { return unbusied }
+func (c sweepCtl) serve(s *Shard)   { s.state.beginSweep(c.Soonest); s.task = &sweepTask{w: c.Sweep} }
+func (c snapCtl) gate() gate        { return unbusied }
+
+// serve answers the snapshot with the shard's reading and starts copying;
+// the loop copies a chunk whenever the writer has one free.
+func (c snapCtl) serve(s *Shard) {
+	s.state.beginSnapshot()
+	s.task = &snapTask{m: c.Snapshot}
+	c.Begin <- s.clk.Now()
+}
+
+type (
+	prepareCtl struct{ *msg.Prepare }
+	sweepCtl   struct{ *msg.Sweep }
+	snapCtl    struct{ *msg.Snapshot }
+)
 
 // WaitReady returns once the shard could take a prepare at once: a shard
 // whose policy history is full first finishes converting, serving requests
 // all the while. Asking every shard before preparing any keeps the cutover
 // barrier, during which prepared shards serve nothing, short. ctx and Close
 // end the wait.
-func (m *Mailbox) WaitReady(ctx context.Context) error {
-	m.control.Add(1)
-	defer m.control.Add(-1)
-	select {
-	case m.ready <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-m.closing:
-		return msg.ErrClosed
+func (m *Mailbox) WaitReady(ctx context.Context) error { return m.send(ctx, readyCheck{}) }
+
+// Prepare sends a cutover prepare and returns the shard's answer: nil or
+// ErrClockRegression; until Publish or Abort the shard serves nothing else.
+// ctx and Close end the wait for the shard to take it; once taken, it is
+// answered.
+func (m *Mailbox) Prepare(ctx context.Context, p *msg.Prepare) error {
+	if err := m.send(ctx, prepareCtl{p}); err != nil {
+		return err
 	}
+	return <-p.Done
 }
 
-// Prepare sends a cutover prepare and returns the shard's answer. ctx and
-// Close end the wait for the shard to take it; once taken, it is answered.
-func (m *Mailbox) Prepare(ctx context.Context, p *msg.Prepare) error {
-	m.control.Add(1)
-	defer m.control.Add(-1)
-	select {
-	case m.prepare <- p:
-		return <-p.Done
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-m.closing:
-		return msg.ErrClosed
+// Sweep sends a sweep and returns the shard's answer, or the context's error
+// or ErrClosed if the shard did not take it. The shard runs it a slice at a
+// time.
+func (m *Mailbox) Sweep(ctx context.Context, w *msg.Sweep) msg.SweepReply {
+	if err := m.send(ctx, sweepCtl{w}); err != nil {
+		return msg.SweepReply{Err: err}
 	}
+	return <-w.Done
+}
+
+// Snapshot hands s to the shard and returns its clock reading, or the
+// context's error or ErrClosed if the shard did not take it.
+func (m *Mailbox) Snapshot(ctx context.Context, s *msg.Snapshot) (int64, error) {
+	if err := m.send(ctx, snapCtl{s}); err != nil {
+		return 0, err
+	}
+	return <-s.Begin, nil
 }
 
 // Publish tells a prepared shard to switch. It returns false only if the
@@ -57,35 +143,5 @@ func (m *Mailbox) signal(ch chan struct{}) bool {
 		return true
 	case <-m.closing:
 		return false
-	}
-}
-
-// Sweep sends a sweep and returns the shard's answer, or the context's error
-// or ErrClosed if the shard did not take it.
-func (m *Mailbox) Sweep(ctx context.Context, w *msg.Sweep) msg.SweepReply {
-	m.control.Add(1)
-	defer m.control.Add(-1)
-	select {
-	case m.sweep <- w:
-		return <-w.Done
-	case <-ctx.Done():
-		return msg.SweepReply{Err: ctx.Err()}
-	case <-m.closing:
-		return msg.SweepReply{Err: msg.ErrClosed}
-	}
-}
-
-// Snapshot hands m to the shard and returns its clock reading, or the
-// context's error or ErrClosed if the shard did not take it.
-func (m *Mailbox) Snapshot(ctx context.Context, s *msg.Snapshot) (int64, error) {
-	m.control.Add(1)
-	defer m.control.Add(-1)
-	select {
-	case m.snap <- s:
-		return <-s.Begin, nil
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	case <-m.closing:
-		return 0, msg.ErrClosed
 	}
 }

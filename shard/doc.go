@@ -15,9 +15,11 @@
 // # Where things are
 //
 //   - shard.go: the loop. Shard.turn is one pass of it and states the
-//     precedence between kinds of work; inputs switches inputs off with nil
-//     channels.
-//   - serve.go: the data path: groups of single requests and batch parts.
+//     precedence between kinds of work; listen is its one select, and
+//     inputs switches inputs off with nil channels.
+//   - serve.go: the data path: groups of single requests and batch parts;
+//     serve is the one place a single request is decided.
+//   - hold.go, state_hold.go: AllowAll's holds on keys.
 //   - task.go: background work (sweeps, conversion passes, snapshots), run a
 //     slice at a time between messages behind one small interface.
 //   - counters.go: what a shard counts, published for Stats.
@@ -25,23 +27,27 @@
 //     restores; sweep.go: its resumable passes over the table.
 //   - table*.go: the bucket table (an extendible hash of Swiss-table
 //     segments): its layout, probing, directory and cache warming.
-//   - mailbox.go, queue.go, control.go: how requests reach the loop.
+//   - mailbox.go, queue.go: how requests reach the loop; control.go: the
+//     control kinds and how they are sent.
 //   - budget.go: the engine-wide key bound. hash*.go: the seeded key hash.
 //
 // # Adding a message kind
 //
-// A control message (one the coordinator sends, such as a sweep):
+// A control message (one the coordinator sends, such as a sweep) takes
+// three places:
 //
 //  1. msg: a struct for it, with a one-slot reply channel.
-//  2. Mailbox: a channel of it, made in NewMailbox, and a send method in
-//     control.go that counts itself in control while it waits, as Sweep does.
-//  3. State: the handler, taking the clock reading and the message's values,
-//     with tests that call it directly.
-//  4. Shard: the channel in inputs (switched off where it must wait), and a
-//     case in turn's control select and in park's select calling the
-//     handler. If it starts work to be done in slices, the handler sets
-//     Shard.task to a type implementing task (task.go) instead.
+//  2. State: the handler, taking the clock reading and the message's
+//     values, with tests that call it directly.
+//  3. control.go: a control type wrapping the message, whose gate says when
+//     the loop may take it (always, unless it must wait for a cutover's
+//     room or for background work to end) and whose serve calls the
+//     handler and replies, and a Mailbox method that sends it with send.
+//     If it starts work to be done in slices, serve sets Shard.task to a
+//     type implementing task (task.go).
 //
+// The loop needs no change: it listens on one channel per gate, and every
+// hold ends before serve runs. control_recipe_test.go adds a kind this way.
 // A data message goes through serveData instead, after control.
 //
 // # Ownership

@@ -26,11 +26,11 @@ type holdSet struct {
 	voted    map[*msg.Hold]bool
 	waiting  []waiter       // work naming a held or waiting key, oldest first
 	waitKeys map[string]int // the keys of waiting work, counted
-	// Hold parts may wait for no key: for the end of a sweep (afterSweep),
-	// or for the control message that made releaseHolds keep them aside
-	// (afterControl). Replay then serves them; any other waiting work
+	// aside: hold parts wait for no key, but for the end of a sweep or of
+	// the control message that made releaseHolds keep them aside; the loop
+	// replays them once no sweep runs (tendHolds). Any other waiting work
 	// waits on a hold, whose end replays it.
-	afterSweep, afterControl bool
+	aside bool
 }
 
 // waiter is work kept aside until its keys are free: a single request or a
@@ -98,7 +98,7 @@ func (s *Shard) serveHold(b *msg.Batch) {
 	}
 	if s.state.sweeping() && !s.stopping {
 		s.wait(waiter{part: b})
-		s.holds.afterSweep = true
+		s.holds.aside = true
 		return
 	}
 	h := b.Hold
@@ -130,21 +130,19 @@ func (s *Shard) serveHold(b *msg.Batch) {
 	s.holds.voted[h] = voted
 }
 
-// pollHolds carries out every command the holds' callers have sent, and
-// serves the waiting work whose keys a hold ending freed. It reports
-// whether it did anything.
-func (s *Shard) pollHolds() bool {
-	did, ended := s.pollHoldsOnly()
-	if ended {
+// tendHolds is the loop's holds step (see Shard.turn): it carries out the
+// commands the holds' callers sent, then serves the waiting work whose keys
+// a hold ending freed, and the hold parts kept aside once no sweep runs.
+func (s *Shard) tendHolds() {
+	if _, ended := s.pollHolds(); ended || (s.holds.aside && !s.state.sweeping()) {
 		s.replay(true)
 	}
-	return did
 }
 
-// pollHoldsOnly is pollHolds without serving the work a hold ending frees
-// (releaseHolds serves it, holds aside, once every hold has ended). It
-// reports whether it carried out a command, and whether a hold ended.
-func (s *Shard) pollHoldsOnly() (did, ended bool) {
+// pollHolds carries out every command the holds' callers have sent, serving
+// nothing. It reports whether it carried out a command, and whether a hold
+// ended.
+func (s *Shard) pollHolds() (did, ended bool) {
 	for i := 0; i < len(s.holds.parts); {
 		b := s.holds.parts[i]
 		select {
@@ -213,12 +211,12 @@ func (s *Shard) releaseHolds() {
 		s.dropHold(i)
 	}
 	for len(s.holds.parts) > 0 {
-		if did, _ := s.pollHoldsOnly(); !did {
+		if did, _ := s.pollHolds(); !did {
 			<-s.mb.holdSig // a caller's next command comes with a signal
 		}
 	}
 	s.replay(s.stopping)
-	s.holds.afterControl = len(s.holds.waiting) != 0 // hold parts, served next turn
+	s.holds.aside = len(s.holds.waiting) != 0 // hold parts, served by a later pass
 }
 
 // replay serves the waiting work whose keys are free, oldest first; work
@@ -226,7 +224,7 @@ func (s *Shard) releaseHolds() {
 // waits on, and so do hold parts unless holds is set.
 func (s *Shard) replay(holds bool) {
 	if holds {
-		s.holds.afterSweep, s.holds.afterControl = false, false
+		s.holds.aside = false
 	}
 	if len(s.holds.waiting) == 0 {
 		return
@@ -244,28 +242,14 @@ func (s *Shard) replay(holds bool) {
 		case stuck || (isHold && !holds):
 			s.wait(w)
 		case w.single != nil:
-			s.serveOne(w.single)
+			now := s.clk.Now()
+			s.ring(now)
+			s.serve(now, w.single, -1)
+			s.served()
 		case w.part.Hold != nil:
 			s.serveHold(w.part)
 		default:
 			s.serveBatch(w.part)
 		}
 	}
-}
-
-// serveOne decides one single request that waited, at its own reading.
-func (s *Shard) serveOne(a *msg.Single) {
-	now := s.clk.Now()
-	s.ring(now)
-	switch a.Op {
-	case msg.OpAllow:
-		s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
-	case msg.OpPeek:
-		s.state.peek(now, a.Key, a.Hash, &a.Reply)
-	default:
-		s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
-	}
-	s.count(now, a)
-	a.Finish()
-	s.served()
 }

@@ -53,16 +53,13 @@ type Mailbox struct {
 
 	batch chan *msg.Batch
 
-	// control counts the senders of control messages (readiness, prepare,
-	// sweep, snapshot) not yet done, so the busy shard looks for them only
-	// when there are any.
-	control atomic.Int32
-	ready   chan struct{} // taken only when the shard can prepare at once
-	prepare chan *msg.Prepare
+	// control counts the senders of control messages not yet done, by
+	// gate (gateBits each), so the busy shard looks for them only when one
+	// waits on an input it may take (control.go).
+	control atomic.Int64
+	ctl     [numGates]chan control
 	publish chan struct{}
 	abort   chan struct{}
-	sweep   chan *msg.Sweep
-	snap    chan *msg.Snapshot
 
 	closing <-chan struct{} // closed by the engine when Close starts
 
@@ -79,20 +76,20 @@ func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 	if size < 1 {
 		panic("shard: mailbox size must be at least 1")
 	}
-	return &Mailbox{
+	m := &Mailbox{
 		wake:    make(chan struct{}, 1),
 		holdSig: make(chan struct{}, 1),
 		size:    int64(size),
 		batch:   make(chan *msg.Batch, size),
-		ready:   make(chan struct{}),
-		prepare: make(chan *msg.Prepare),
 		publish: make(chan struct{}),
 		abort:   make(chan struct{}),
-		sweep:   make(chan *msg.Sweep),
-		snap:    make(chan *msg.Snapshot),
 		closing: closing,
 		drained: make(chan struct{}),
 	}
+	for g := range m.ctl {
+		m.ctl[g] = make(chan control)
+	}
+	return m
 }
 
 // SendBatch hands a batch part to the shard, which answers on b.Done. It

@@ -14,7 +14,7 @@ import (
 // slow writer holds them all), a steady stream of single requests, each
 // arriving while the shard decides the previous one, must not keep a queued
 // batch part waiting for as long as the writer is slow: every turn serves
-// the singles queued and one batch part.
+// the singles queued and the batch parts queued.
 func TestRunSnapshotServesBatches(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		clk := make(gateClock)

@@ -2,19 +2,23 @@ package shard
 
 import "github.com/tokenshard/tokenshard/msg"
 
-// serveData serves the single requests queued, if any, then one waiting
-// batch part, if any: one of each per turn, so neither kind starves the
-// other. It reports whether it served anything.
+// serveData serves the single requests queued, if any, then the batch
+// parts queued when it looks, up to partsPerTurn: so neither kind starves
+// the other, and callers sending parts together (AllowAll's holds among
+// them) are served in one turn, not one turn each. It reports whether it
+// served anything.
 func (s *Shard) serveData() bool {
 	served := s.serveAllows()
-	select {
-	case b := <-s.mb.batch:
-		s.serveBatch(b)
-		return true
-	default:
-		return served
+	n := min(len(s.mb.batch), partsPerTurn)
+	for range n {
+		s.serveBatch(<-s.mb.batch) // there: only this goroutine receives
 	}
+	return served || n > 0
 }
+
+// partsPerTurn bounds the batch parts one turn serves, and with them how
+// long control and single requests wait behind parts.
+const partsPerTurn = 8
 
 // serveBatch decides a batch part at one clock reading and answers it.
 func (s *Shard) serveBatch(b *msg.Batch) {
@@ -45,7 +49,8 @@ func (s *Shard) serveBatch(b *msg.Batch) {
 // each of a line the sender's core last wrote; deciding while walking
 // overlaps the next load with the work. Over a large table the walk warms
 // the cache for every request instead (see State.worthWarming), then
-// decides.
+// decides. Holds cost the group one test: only a shard with a hold or work
+// waiting on one looks at each key before deciding it (serveHeld).
 //
 // The group counts against the mailbox's size until it is served. Control
 // waits for at most one group: no more than the mailbox's size.
@@ -55,18 +60,43 @@ func (s *Shard) serveAllows() bool {
 		return false
 	}
 	s.yieldFirst = true
-	if d := uint64(s.mb.queued.Load()); d > s.stats.c[msg.HighWater] {
-		s.stats.c[msg.HighWater] = d
-	}
 	var n int
-	if a.Next != nil && !s.bare && s.state.worthWarming(2) {
+	switch {
+	case s.bare:
+		n = serveBare(a)
+	case s.holding():
+		n = s.serveHeld(a)
+	case a.Next != nil && s.state.worthWarming(2):
 		n = s.serveWarmed(a)
-	} else {
+	default:
 		n = s.serveWalking(a)
+	}
+	if uint64(n) > s.stats.c[msg.HighWater] {
+		s.stats.c[msg.HighWater] = uint64(n)
 	}
 	s.mb.taken(n)
 	s.served()
 	return true
+}
+
+// serve decides a at now, answers it and counts it: every path that
+// decides a single request comes here. w is a's place in the last warm
+// (see State.warmStart), or -1 for none.
+func (s *Shard) serve(now int64, a *msg.Single, w int) {
+	switch {
+	case a.Op != msg.OpAllow:
+		if a.Op == msg.OpPeek {
+			s.state.peek(now, a.Key, a.Hash, &a.Reply)
+		} else {
+			s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
+		}
+	case w < 0:
+		s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
+	default:
+		s.state.decideWarmed(w, now, a.Key, a.Hash, a.Cost, &a.Reply)
+	}
+	s.count(now, a)
+	a.Finish() // after this, a belongs to its sender again
 }
 
 // serveWalking decides the group whose newest request is a as it walks it,
@@ -78,28 +108,40 @@ func (s *Shard) serveWalking(a *msg.Single) int {
 	for a != nil {
 		next := a.Next
 		a.Next = nil // a pooled message must not keep others alive
-		n++
-		if s.bare {
-			a.Finish()
-			a = next
-			continue
-		}
-		if s.holding() && s.blocked(a.Key) {
+		s.serve(now, a, -1)
+		a, n = next, n+1
+	}
+	return n
+}
+
+// serveHeld is serveWalking on a shard with holds: a request whose key is
+// held, or has work waiting, waits behind it (hold.go).
+func (s *Shard) serveHeld(a *msg.Single) int {
+	now := s.clk.Now()
+	s.ring(now)
+	n := 0
+	for a != nil {
+		next := a.Next
+		a.Next = nil
+		if s.blocked(a.Key) {
 			s.wait(waiter{single: a}) // answered once the hold on its key ends
-			a = next
-			continue
+		} else {
+			s.serve(now, a, -1)
 		}
-		switch a.Op {
-		case msg.OpAllow:
-			s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
-		case msg.OpPeek:
-			s.state.peek(now, a.Key, a.Hash, &a.Reply)
-		default:
-			s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
-		}
-		s.count(now, a)
-		a.Finish() // after this, a belongs to its sender again
-		a = next
+		a, n = next, n+1
+	}
+	return n
+}
+
+// serveBare answers the group whose newest request is a without deciding
+// it (see Bare), and returns its size.
+func serveBare(a *msg.Single) int {
+	n := 0
+	for a != nil {
+		next := a.Next
+		a.Next = nil
+		a.Finish()
+		a, n = next, n+1
 	}
 	return n
 }
@@ -121,21 +163,7 @@ func (s *Shard) serveWarmed(a *msg.Single) int {
 	now := s.clk.Now()
 	s.ring(now)
 	for i, a := range g {
-		if s.holding() && s.blocked(a.Key) {
-			s.wait(waiter{single: a})
-			g[i] = nil
-			continue
-		}
-		switch a.Op {
-		case msg.OpAllow:
-			s.state.decideWarmed(i, now, a.Key, a.Hash, a.Cost, &a.Reply)
-		case msg.OpPeek:
-			s.state.peek(now, a.Key, a.Hash, &a.Reply)
-		default:
-			s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
-		}
-		s.count(now, a)
-		a.Finish()
+		s.serve(now, a, i)
 		g[i] = nil // the message goes back to its pool; do not keep it alive
 	}
 	s.state.unwarm()

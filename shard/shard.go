@@ -61,7 +61,7 @@ func (s *Shard) Run(stop <-chan struct{}) {
 	s.publish() // a restored shard starts with keys
 	defer s.drain()
 	defer s.endTask()
-	for s.turn(stop) {
+	for s.turn() {
 	}
 	// Requests kept aside for held keys were taken: they are answered, once
 	// the holds end.
@@ -69,113 +69,50 @@ func (s *Shard) Run(stop <-chan struct{}) {
 	s.releaseHolds()
 }
 
-// inputs are the channels one turn of the loop listens on. An input that is
-// switched off is nil, and a nil channel is never ready.
-type inputs struct {
-	prepare <-chan *msg.Prepare
-	ready   <-chan struct{}
-	sweep   <-chan *msg.Sweep
-	snap    <-chan *msg.Snapshot
-	// A snapshot that has no chunk to fill waits for the writer to hand
-	// one back, or to give up.
-	free   <-chan *msg.SnapChunk
-	cancel <-chan struct{}
-}
-
-// inputs switches the control inputs on and off: a shard whose policy
-// history is full takes no cutover (and answers no readiness check) until
-// its conversion pass is done, and a shard with background work in progress
-// takes no sweep or snapshot, whose slices would otherwise replay every
-// cutover a bucket missed.
-func (s *Shard) inputs() inputs {
-	mb := s.mb
-	in := inputs{prepare: mb.prepare, ready: mb.ready, sweep: mb.sweep, snap: mb.snap}
-	if s.state.historyFull() {
-		in.prepare, in.ready = nil, nil
-	}
-	if s.background() != nil {
-		in.sweep, in.snap = nil, nil
-	}
-	if t, ok := s.task.(*snapTask); ok && t.waiting {
-		in.free, in.cancel = t.m.Free, t.m.Cancel
-	}
-	return in
-}
-
 // turn is one pass of the loop; it reports false once stop has come. The
-// precedence between kinds of work is written here and nowhere else:
+// precedence between kinds of work is written here and nowhere else, and
+// listen's one select serves every input the pass waits on; inputs
+// switches off, with nil channels, what the shard may not take yet:
 //
-//  1. A prepared shard serves nothing but publish, abort and stop: the
+//  1. A prepared shard listens to publish, abort and stop alone: the
 //     cutover's barrier.
-//  2. Control messages, when a sender waits for one: cutovers and sweeps
-//     never wait behind data. Skipped once right after a cutover, since
+//  2. Control, when a sender waits on an input the shard may take: the pass
+//     waits for that message (a sender that gives up wakes it) and serves
+//     nothing else first, so control never waits behind data; every hold
+//     ends before it is served. Skipped once right after a cutover, since
 //     back-to-back cutovers would otherwise starve data for as long as they
 //     kept coming.
-//  3. One slice of background work (a sweep, a conversion pass, a snapshot
-//     chunk), so requests wait at most a slice.
-//  4. Data: every queued single request, then one batch part.
+//  3. One slice of background work (task.go), so requests wait at most a
+//     slice.
+//  4. Data: the holds' part of it first, when there are holds (hold.go):
+//     the commands their callers sent, and hold parts kept aside, once no
+//     sweep runs; then every queued single request, then the batch parts
+//     queued, up to partsPerTurn.
 //  5. With background work that can go on and no data served, a yield to
 //     the scheduler's global queue, where preempted callers wait; else,
 //     after serving data, one yield on this processor's queue, so callers
-//     about to send join the next group; else park until an input comes.
-func (s *Shard) turn(stop <-chan struct{}) bool {
-	mb := s.mb
+//     about to send join the next group; else park until any input comes.
+func (s *Shard) turn() bool {
 	if s.state.isPrepared() {
-		select {
-		case <-mb.publish:
-			s.publishCutover()
-		case <-mb.abort:
-			s.state.abort()
-		case <-stop:
-			s.state.abort()
-			return false
-		}
-		s.dataFirst = true
-		return true
+		return s.listen(s.inputs(barrier))
 	}
-	if len(s.holds.parts) != 0 {
-		s.pollHolds()
-	}
-	if s.holds.afterControl || (s.holds.afterSweep && !s.state.sweeping()) {
-		s.replay(true) // hold parts a control message or a sweep kept waiting
-	}
-	if !s.dataFirst && mb.control.Load() != 0 {
-		// Control senders count themselves in mb.control, so the loop
-		// pays for this select only when one waits. No control message
-		// waits on a hold: the holds end first (releaseHolds).
-		in := s.inputs()
-		select {
-		case p := <-in.prepare:
-			s.releaseHolds()
-			s.prepare(p)
-			return true
-		case <-in.ready:
-			s.releaseHolds()
-			return true
-		case w := <-in.sweep:
-			s.releaseHolds()
-			s.beginSweep(w)
-			return true
-		case m := <-in.snap:
-			s.releaseHolds()
-			s.beginSnapshot(m)
-			return true
-		default:
-		}
+	if !s.dataFirst && s.controlWaits() {
+		return s.listen(s.inputs(controlOnly))
 	}
 	s.dataFirst = false
 	busy := false
 	if t := s.background(); t != nil {
-		select {
-		case <-stop:
+		if s.stopped() {
 			return false
-		default:
 		}
 		if t.step(s) {
 			s.task = nil
 		} else {
 			busy = !s.waiting()
 		}
+	}
+	if len(s.holds.parts) != 0 || s.holds.aside {
+		s.tendHolds()
 	}
 	if s.serveData() {
 		return true
@@ -192,7 +129,141 @@ func (s *Shard) turn(stop <-chan struct{}) bool {
 		yield.Local()
 		return true
 	}
-	return s.park(s.inputs(), stop)
+	s.publishIfBehind()
+	if !s.mb.sleep() { // a sender that finds the shard about to park wakes it
+		return true
+	}
+	defer s.mb.awake()
+	return s.listen(s.inputs(parked))
+}
+
+// A pass listens in one of three modes (see turn).
+type mode uint8
+
+const (
+	barrier     mode = iota // prepared: publish, abort, stop
+	controlOnly             // the control inputs on, a sender's giving up, stop
+	parked                  // every input on
+)
+
+// inputs are the channels a pass listens on. An input that is switched off
+// is nil, and a nil channel is never ready.
+type inputs struct {
+	ctl            [numGates]<-chan control
+	publish, abort <-chan struct{}
+	wake, holdSig  <-chan struct{}
+	batch          <-chan *msg.Batch
+	// A snapshot that has no chunk to fill waits for the writer to hand
+	// one back, or to give up.
+	free   <-chan *msg.SnapChunk
+	cancel <-chan struct{}
+	stop   <-chan struct{}
+}
+
+// inputs switches the inputs of mode m on, each control gate only if the
+// shard may take its messages now (see may).
+func (s *Shard) inputs(m mode) inputs {
+	mb := s.mb
+	in := inputs{stop: s.stop}
+	if m == barrier {
+		in.publish, in.abort = mb.publish, mb.abort
+		return in
+	}
+	for g := range numGates {
+		if s.may(g) {
+			in.ctl[g] = mb.ctl[g]
+		}
+	}
+	in.wake = mb.wake
+	if m == controlOnly {
+		return in
+	}
+	in.batch, in.holdSig = mb.batch, mb.holdSig
+	if t, ok := s.task.(*snapTask); ok && t.waiting {
+		in.free, in.cancel = t.m.Free, t.m.Cancel
+	}
+	return in
+}
+
+// may reports whether the shard may take control messages of gate g now:
+// a shard whose policy history is full takes no cutover (and answers no
+// readiness check) until its conversion pass is done, and a shard with
+// background work in progress takes no sweep or snapshot, whose slices
+// would otherwise replay every cutover a bucket missed.
+func (s *Shard) may(g gate) bool {
+	switch g {
+	case roomy:
+		return !s.state.historyFull()
+	case unbusied:
+		return s.background() == nil
+	}
+	return true
+}
+
+// controlWaits reports whether a control sender waits on an input the
+// shard may take: one atomic load while none waits.
+func (s *Shard) controlWaits() bool {
+	c := s.mb.control.Load()
+	if c == 0 {
+		return false
+	}
+	for g := range numGates {
+		if c>>(gateBits*g)&(1<<gateBits-1) != 0 && s.may(g) {
+			return true
+		}
+	}
+	return false
+}
+
+// listen waits for one of in's inputs and serves it; it reports false if
+// stop came. It is the loop's one select.
+func (s *Shard) listen(in inputs) bool {
+	select {
+	case c := <-in.ctl[always]:
+		s.take(c)
+	case c := <-in.ctl[roomy]:
+		s.take(c)
+	case c := <-in.ctl[unbusied]:
+		s.take(c)
+	case <-in.publish:
+		s.publishCutover()
+	case <-in.abort:
+		s.state.abort()
+		s.dataFirst = true
+	case <-in.holdSig:
+		s.tendHolds()
+	case c := <-in.free:
+		s.task.(*snapTask).copy(s, c)
+	case <-in.cancel:
+		s.task = nil
+	case b := <-in.batch:
+		s.serveBatch(b)
+	case <-in.wake:
+	case <-in.stop:
+		if s.state.isPrepared() {
+			s.state.abort()
+		}
+		return false
+	}
+	return true
+}
+
+// take serves a control message: every hold ends first (releaseHolds), so
+// no control message waits on a hold.
+func (s *Shard) take(c control) {
+	s.releaseHolds()
+	c.serve(s)
+}
+
+// stopped reports whether stop has come, without waiting: background work
+// checks it before each slice.
+func (s *Shard) stopped() bool {
+	select {
+	case <-s.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // waiting reports whether the background work in progress waits for an
@@ -202,74 +273,13 @@ func (s *Shard) waiting() bool {
 	return ok && t.waiting
 }
 
-// park waits until any input arrives, having published the counters, and
-// serves it; it returns false if stop came. A sender that finds the shard
-// about to park wakes it (see Mailbox.sleep).
-func (s *Shard) park(in inputs, stop <-chan struct{}) bool {
-	if s.holds.afterSweep && !s.state.sweeping() {
-		// Hold parts that waited for a sweep now over: nothing else would
-		// wake the loop for them.
-		s.replay(true)
-		return true
-	}
-	s.publishIfBehind()
-	mb := s.mb
-	if !mb.sleep() {
-		return true
-	}
-	defer mb.awake()
-	select {
-	case p := <-in.prepare:
-		s.releaseHolds()
-		s.prepare(p)
-	case <-in.ready:
-		s.releaseHolds()
-	case w := <-in.sweep:
-		s.releaseHolds()
-		s.beginSweep(w)
-	case m := <-in.snap:
-		s.releaseHolds()
-		s.beginSnapshot(m)
-	case <-mb.holdSig:
-		s.pollHolds()
-	case c := <-in.free:
-		s.task.(*snapTask).copy(s, c)
-	case <-in.cancel:
-		s.task = nil
-	case <-mb.wake:
-	case b := <-mb.batch:
-		s.serveBatch(b)
-	case <-stop:
-		return false
-	}
-	return true
-}
-
-// prepare takes a cutover's reading and answers it; until publish or abort,
-// the loop serves nothing else.
-func (s *Shard) prepare(p *msg.Prepare) {
-	p.Done <- s.state.prepare(s.clk.Now(), p.Next)
-}
-
-// publishCutover switches to the prepared policy and counts it.
+// publishCutover switches to the prepared policy and counts it; the next
+// pass serves data before control.
 func (s *Shard) publishCutover() {
 	s.state.publish()
+	s.dataFirst = true
 	s.stats.add(msg.Cutovers, 1)
 	s.stats.unsaved++ // published at the next park, or with the next messages
-}
-
-// beginSweep starts a sliced sweep; the loop runs it a slice at a time.
-func (s *Shard) beginSweep(w *msg.Sweep) {
-	s.state.beginSweep(w.Soonest)
-	s.task = &sweepTask{w: w}
-}
-
-// beginSnapshot answers the snapshot with the shard's reading and starts
-// copying; the loop copies a chunk whenever the writer has one free.
-func (s *Shard) beginSnapshot(m *msg.Snapshot) {
-	s.state.beginSnapshot()
-	s.task = &snapTask{m: m}
-	m.Begin <- s.clk.Now()
 }
 
 // background returns the background work in progress, if any: a task the
