@@ -222,3 +222,18 @@ func TestSnapshotKeepsDebts(t *testing.T) {
 		assert.Equal(t, int64(14), rep.MaxDeficit, "b lacks 14 tokens of a band's capacity")
 	}
 }
+
+// TestChargeStats: a charge counts as an admitted decision, an error of a
+// charge as that error.
+func TestChargeStats(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: 2})
+	charge(t, e, "a", 3)
+	charge(t, e, "b", 30)
+	_, err := e.Charge(t.Context(), "a", 0)
+	require.ErrorIs(t, err, engine.ErrInvalidCost)
+	require.NoError(t, e.Close()) // the shards publish their counts as they stop
+	st := e.Stats()
+	assert.Equal(t, uint64(2), st.Total.Allowed)
+	assert.Zero(t, st.Total.Denied)
+	assert.Equal(t, uint64(1), st.Caller.InvalidCost)
+}
