@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -98,6 +99,10 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 	// The restoring goroutine owns the states until the shards start.
 	now := cfg.Clock.Now()
 	count := 0
+	// Past MaxKeys without DropFullest the answer is ErrKeyCapacity unless
+	// the stream is malformed, and a key repeated after the bound is: over
+	// holds every key read so far (the keys, not their states) to find one.
+	var over map[string]struct{}
 	for {
 		tag, err := d.byte("a bucket or the end")
 		if err != nil {
@@ -128,7 +133,19 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 		count++
 		if count > cfg.MaxKeys && !opts.DropFullest {
 			// The answer will be ErrKeyCapacity: read on to check the
-			// stream, but hold no more than MaxKeys keys meanwhile.
+			// stream, but hold no more than MaxKeys buckets meanwhile.
+			if over == nil {
+				over = make(map[string]struct{}, 2*cfg.MaxKeys)
+				for _, s := range shards {
+					s.State().Each(func(k string, _ int64, _ policy.Shape, _ []policy.Level) {
+						over[strings.Clone(k)] = struct{}{}
+					})
+				}
+			}
+			if _, dup := over[key]; dup {
+				return rep, d.fail("bucket %d: duplicate key %q", count-1, key)
+			}
+			over[key] = struct{}{}
 			continue
 		}
 		i, hash := e.shardOf(key)
