@@ -202,7 +202,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 		}
 		m.counts.decided.Add(1)
 		if d.Degraded {
-			m.degraded(w, m.settleable(r, t, false), d, next)
+			m.degraded(w, r, t, d, next)
 			return
 		}
 		m.setRateLimit(w.Header(), t.binding, d)
@@ -271,16 +271,16 @@ func (m *Middleware) decide(r *http.Request) (take, engine.Decision, error) {
 // function and answered with 503, Retry-After the decision's RetryAfter in
 // whole seconds, rounded up and at least 1, and never goes to the
 // WithDenied function, which answers limits. Under WithShadow the denial
-// goes to next.
-func (m *Middleware) degraded(w http.ResponseWriter, r *http.Request, d engine.Decision, next http.Handler) {
+// goes to next. Either way nothing was taken for Settle to settle.
+func (m *Middleware) degraded(w http.ResponseWriter, r *http.Request, t take, d engine.Decision, next http.Handler) {
 	m.counts.degraded.Add(1)
 	if d.Allowed {
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, m.settleable(r, t, false))
 		return
 	}
 	m.onError(r, fmt.Errorf("%w; retry after %v", ErrDegraded, d.RetryAfter))
 	if m.shadow {
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, m.settleable(r, t, false))
 		return
 	}
 	w.Header().Set(headerRetryAfter, strconv.FormatInt(max(ceilSeconds(d.RetryAfter), 1), 10))

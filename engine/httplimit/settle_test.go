@@ -234,6 +234,16 @@ func TestSettleDegraded(t *testing.T) {
 	res := get(t, srv, "X-User", "u", "Cost", "2", "Actual", "7")
 	require.Equal(t, http.StatusOK, res.status)
 	assert.Equal(t, []string{"not-taken"}, res.header.Values("Settled"))
+
+	// A denial by the failure rule, let through by a shadow middleware.
+	a.d = engine.Decision{Degraded: true, RetryAfter: time.Second, Version: 1, Limit: 10}
+	mw, err = httplimit.New(a, httplimit.WithKey(userKey), httplimit.WithCost(costHeader), httplimit.WithShadow())
+	require.NoError(t, err)
+	shadow := httptest.NewServer(mw.Handler(settling))
+	t.Cleanup(shadow.Close)
+	res = get(t, shadow, "X-User", "u", "Cost", "2", "Actual", "7")
+	require.Equal(t, http.StatusOK, res.status)
+	assert.Equal(t, []string{"not-taken"}, res.header.Values("Settled"))
 }
 
 // Settle still settles when the request's context has ended: a client
