@@ -39,8 +39,9 @@ var (
 // A call is settleable only when it passed through a Limiter with WithCost
 // and without WithPerMessage, whose stream spends per message and has no
 // one estimate; with the default cost of 1, give WithCost a function
-// returning 1 to settle. Settling is what it costs a call to reach its
-// handler: one allocation (the context that carries the estimate). Behind
+// returning 1 to settle. Carrying the estimate costs each call that
+// reaches the handler one allocation (its context), whether or not it is
+// settled. Behind
 // several such interceptors, Settle settles each one the call passed
 // through, innermost first.
 //

@@ -24,9 +24,9 @@ import (
 //
 // A request is settleable only when it passed through a Middleware built
 // with WithCost or WithKeys, whose cost is an estimate: with the default
-// cost of 1, give WithCost a function returning 1 to settle. Settling is
-// what it costs a request to reach its handler: two allocations (the
-// request, with its context, that carries the estimate). Behind several
+// cost of 1, give WithCost a function returning 1 to settle. Carrying the
+// estimate costs each request that reaches the handler two allocations
+// (the request, with its context), whether or not it is settled. Behind several
 // such middlewares, Settle settles each one the request passed through,
 // innermost first.
 //
