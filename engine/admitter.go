@@ -27,8 +27,15 @@ import (
 // of the AllowAlls were admitted). Where its share matters, send every
 // request for those keys through AllowAll, each with all the keys it is
 // limited by (see Engine.AllowAll).
+//
+// Charge and Refund settle a cost known only once the work is done: Charge
+// takes tokens without a decision, into a debt bounded by each band's
+// floor, and Refund gives back an over-estimate, capped at the capacity
+// (see Engine.Charge and Engine.Refund).
 type Admitter interface {
 	Allow(ctx context.Context, key string, cost int64) (Decision, error)
+	Charge(ctx context.Context, key string, tokens int64) (Decision, error)
+	Refund(ctx context.Context, key string, tokens int64) (Decision, error)
 	AllowBatch(ctx context.Context, reqs []Request, out []Result) error
 	AllowAll(ctx context.Context, reqs []Request) (Decision, int, error)
 	EvictFull(ctx context.Context) (int, error)

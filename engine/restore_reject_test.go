@@ -250,3 +250,44 @@ func TestRestoreConfig(t *testing.T) {
 		require.Nil(t, e)
 	}
 }
+
+// TestRestoreDuplicatePastMaxKeys: a key repeated after the snapshot has
+// passed MaxKeys is still a malformed snapshot, ErrInvalidSnapshot, and not
+// ErrKeyCapacity, whether it repeats a key held or one read past the bound;
+// without the repeat the same snapshot is ErrKeyCapacity.
+func TestRestoreDuplicatePastMaxKeys(t *testing.T) {
+	bucket := func(key string) rawBucket {
+		b := okSnap().Buckets[0]
+		b.Key = key
+		return b
+	}
+	restore := func(keys ...string) error {
+		s := okSnap()
+		s.Buckets = nil
+		for _, k := range keys {
+			s.Buckets = append(s.Buckets, bucket(k))
+		}
+		cfg := engine.Config{Policy: pol(1, 10, 2), Clock: clock.NewManual(int64(time.Hour)), Shards: 2, MaxKeys: 2}
+		e, rep, err := engine.Restore(cfg, bytes.NewReader(s.encode()), engine.RestoreOptions{})
+		require.Nil(t, e, "an error comes with no engine")
+		require.Equal(t, engine.RestoreReport{}, rep, "an error comes with no report")
+		return err
+	}
+	for _, tc := range []struct {
+		name string
+		keys []string
+		dup  string
+	}{
+		{"repeats a held key", []string{"a", "b", "c", "a"}, "a"},
+		{"repeats a key past the bound", []string{"a", "b", "c", "d", "c"}, "c"},
+		{"repeats the last held key", []string{"a", "b", "b"}, "b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := restore(tc.keys...)
+			require.ErrorIs(t, err, engine.ErrInvalidSnapshot)
+			require.NotErrorIs(t, err, engine.ErrKeyCapacity)
+			require.ErrorContains(t, err, `duplicate key "`+tc.dup+`"`)
+		})
+	}
+	require.ErrorIs(t, restore("a", "b", "c", "d"), engine.ErrKeyCapacity, "the same keys without a repeat")
+}

@@ -84,11 +84,14 @@ func (s *Shard) serveAllows() bool {
 // (see State.warmStart), or -1 for none.
 func (s *Shard) serve(now int64, a *msg.Single, w int) {
 	switch {
-	case a.Op != msg.OpAllow:
-		if a.Op == msg.OpPeek {
+	case a.Op != msg.OpAllow: // one test on the common path
+		switch a.Op {
+		case msg.OpPeek:
 			s.state.peek(now, a.Key, a.Hash, &a.Reply)
-		} else {
+		case msg.OpRefund:
 			s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
+		default:
+			s.state.charge(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		}
 	case w < 0:
 		s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)

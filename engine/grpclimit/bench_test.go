@@ -13,7 +13,8 @@ import (
 // BenchmarkUnary measures what the interceptor adds to a call: the
 // handler alone; the engine's Allow alone, for the same key; the handler
 // behind the limiter (default key from the peer address, cost 1, an engine
-// that always admits); and an exempt method, which only looks its name up.
+// that always admits), and with WithCost (the context carries the estimate
+// for Settle); and an exempt method, which only looks its name up.
 func BenchmarkUnary(b *testing.B) {
 	e, _ := newEngine(b, engine.Config{Policy: pol(1<<40, 1<<40)})
 	l := newLimiter(b, e, grpclimit.WithExempt(checkMethod))
@@ -42,6 +43,15 @@ func BenchmarkUnary(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := l.Unary(ctx, nil, limited, handler); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	costed := newLimiter(b, e, grpclimit.WithCost(func(context.Context, string) int64 { return 2 }))
+	b.Run("path=cost", func(b *testing.B) { // an estimate the handler may settle
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := costed.Unary(ctx, nil, limited, handler); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -81,6 +81,15 @@
 // RecvMsg return the refusal below, which the handler returns. Messages
 // the server sends are not charged.
 //
+// # Settling a cost known after the work
+//
+// WithCost's cost may be an estimate: the max_tokens of a model call. The
+// handler calls Settle with its context once the actual cost is known, and
+// the difference is charged (into debt if need be, repaid by the key's
+// later calls) or given back, once per call, unary or stream
+// (ExampleSettle). A stream under WithPerMessage has no one estimate, and
+// is not settled.
+//
 // # Exempt methods
 //
 // WithExempt names methods that are never decided nor charged, such as the

@@ -42,6 +42,7 @@ type Limiter struct {
 	fields     httplimit.Fields // WithHeaders' names (WithPolicyName)
 	onError    ErrorFunc        // nil: none
 	shadow     bool
+	settles    bool // WithCost without WithPerMessage: a call's cost is an estimate Settle can settle
 
 	shadowRefused, shadowDegraded, shadowErrors atomic.Uint64
 }
@@ -88,6 +89,7 @@ func New(e engine.Admitter, opts ...Option) (*Limiter, error) {
 		fields:     fields,
 		onError:    c.onError,
 		shadow:     c.shadow,
+		settles:    c.cost != nil && !c.perMessage,
 	}
 	l.reclaim, _ = e.(reclaimer)
 	return l, nil
@@ -100,7 +102,7 @@ func (l *Limiter) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	if _, ok := l.exempt[info.FullMethod]; ok {
 		return handler(ctx, req)
 	}
-	v := l.decide(ctx, info.FullMethod)
+	v, t := l.decide(ctx, info.FullMethod)
 	if v.status != nil {
 		if trailer := v.trailer(); trailer != nil {
 			_ = grpc.SetTrailer(ctx, trailer) // fails only outside a server call
@@ -109,6 +111,9 @@ func (l *Limiter) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	}
 	if v.md != nil {
 		_ = grpc.SetHeader(ctx, v.md)
+	}
+	if l.settles {
+		ctx = l.settleable(ctx, t)
 	}
 	return handler(ctx, req)
 }
@@ -135,7 +140,7 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		}
 		return handler(srv, &meteredStream{ServerStream: ss, l: l, method: info.FullMethod, key: key, cost: cost})
 	}
-	v := l.decide(ctx, info.FullMethod)
+	v, t := l.decide(ctx, info.FullMethod)
 	if v.status != nil {
 		if trailer := v.trailer(); trailer != nil {
 			ss.SetTrailer(trailer)
@@ -144,6 +149,11 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	}
 	if v.md != nil {
 		_ = ss.SetHeader(v.md) // fails only once headers are sent, which they are not yet
+	}
+	if l.settles {
+		s := &settledStream{ServerStream: ss}
+		l.settleInto(ctx, &s.ctx, t)
+		ss = s
 	}
 	return handler(srv, ss)
 }
@@ -198,14 +208,24 @@ func (v verdict) trailer() metadata.MD {
 	return v.md
 }
 
-// decide derives the call's key and cost, spends, and returns how to answer.
-func (l *Limiter) decide(ctx context.Context, method string) verdict {
+// take is what decide took for a call, for Settle: cost from key, or
+// nothing (taken false).
+type take struct {
+	key   string
+	cost  int64
+	taken bool
+}
+
+// decide derives the call's key and cost, spends, and returns how to answer
+// and what it took.
+func (l *Limiter) decide(ctx context.Context, method string) (verdict, take) {
 	key, cost, r := l.prepare(ctx, method)
 	if r.status != nil {
-		return l.judge(ctx, method, "", engine.Decision{}, false, r)
+		return l.judge(ctx, method, "", engine.Decision{}, false, r), take{}
 	}
 	d, r := l.spend(ctx, key, cost)
-	return l.judge(ctx, method, key, d, r.cause == nil, r)
+	t := take{key: key, cost: cost, taken: r.status == nil && !d.Degraded}
+	return l.judge(ctx, method, key, d, r.cause == nil, r), t
 }
 
 // judge turns a decision (decided: d is the engine's answer for key) and

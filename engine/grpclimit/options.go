@@ -72,7 +72,8 @@ func WithKey(f KeyFunc) Option {
 
 // WithCost replaces the default cost of 1 token per call with f. With
 // WithPerMessage, f is called once when a stream starts, and its cost is
-// spent for each message received.
+// spent for each message received. Without it, the cost may be an estimate
+// that the handler settles with Settle.
 func WithCost(f CostFunc) Option {
 	return func(c *config) error {
 		if f == nil {

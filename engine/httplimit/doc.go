@@ -59,6 +59,14 @@
 // request is denied and the one with the fewest tokens left when it is
 // admitted. WithKeys replaces WithKey, WithClientKey and WithCost.
 //
+// # Settling a cost known after the work
+//
+// Under WithCost or WithKeys a request's cost may be an estimate: the
+// max_tokens of a model call, the size of a response not yet written. Its
+// handler calls Settle once the actual cost is known, and the difference
+// is charged (into debt if need be, repaid by the key's later requests) or
+// given back, on the same keys (ExampleSettle).
+//
 // # Header fields
 //
 // Every decided request, admitted or denied, carries the RateLimit header

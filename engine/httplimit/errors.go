@@ -27,3 +27,21 @@ var (
 	// binding index outside the requests it was given. Answered with 500.
 	ErrAdmitterContract = errors.New("httplimit: the admitter broke its contract")
 )
+
+// Errors returned by Settle (see its list).
+var (
+	// ErrNotSettleable: the request did not pass through a Middleware with
+	// WithCost or WithKeys, so it has no estimate to settle.
+	ErrNotSettleable = errors.New("httplimit: the request has no estimate to settle")
+	// ErrNegativeActual: Settle was given an actual cost below 0.
+	ErrNegativeActual = errors.New("httplimit: actual cost below 0")
+	// ErrNotTaken: the middleware let the request through without taking
+	// its cost (WithShadow, a store's failure rule): there is nothing to
+	// settle.
+	ErrNotTaken = errors.New("httplimit: the request's cost was not taken")
+	// ErrUnevenEstimate: under WithKeys, the request's keys were given
+	// different costs, so no one difference settles them.
+	ErrUnevenEstimate = errors.New("httplimit: the request's keys were given different costs")
+	// ErrSettled: Settle was called for the request already.
+	ErrSettled = errors.New("httplimit: the request was settled already")
+)

@@ -44,6 +44,7 @@ type Middleware struct {
 	overload string // WithOverloadRetryAfter in seconds; "" when not given
 	onError  ErrorFunc
 	shadow   bool
+	settles  bool                                  // WithCost or WithKeys: a request's cost is an estimate Settle can settle
 	client   func(r *http.Request) (string, error) // the grouped client
 	counts   counts
 }
@@ -129,6 +130,7 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 		fields:  Fields{policyName: c.policyName},
 		onError: c.onError,
 		shadow:  c.shadow,
+		settles: c.cost != nil || c.keys != nil,
 	}
 	m.reclaim, _ = e.(reclaimer)
 	if c.overload > 0 {
@@ -187,12 +189,12 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 // WithShadow every request reaches next.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, d, err := m.decide(r)
+		t, d, err := m.decide(r)
 		if err != nil {
 			m.counts.errors.Add(1)
 			m.onError(r, err)
 			if m.shadow {
-				next.ServeHTTP(w, r)
+				next.ServeHTTP(w, m.settleable(r, t, false))
 				return
 			}
 			m.fail(w, err)
@@ -200,10 +202,10 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 		}
 		m.counts.decided.Add(1)
 		if d.Degraded {
-			m.degraded(w, r, d, next)
+			m.degraded(w, r, t, d, next)
 			return
 		}
-		m.setRateLimit(w.Header(), key, d)
+		m.setRateLimit(w.Header(), t.binding, d)
 		if !d.Allowed {
 			m.counts.refused.Add(1)
 			if !m.shadow {
@@ -211,45 +213,55 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 				return
 			}
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, m.settleable(r, t, d.Allowed))
 	})
 }
 
+// take is what decide asked of the engine for a request: the key whose
+// decision is reported (under WithKeys the binding request's), and for
+// Settle the key and cost (under WithKeys the requests).
+type take struct {
+	binding string
+	key     string
+	cost    int64
+	reqs    []engine.Request
+}
+
 // decide asks the engine about r: under WithKeys one AllowAll, the key
-// returned that of the binding request; else one Allow. An error is one
+// reported that of the binding request; else one Allow. An error is one
 // the request could not be decided for, ready for fail and the WithOnError
 // function.
-func (m *Middleware) decide(r *http.Request) (string, engine.Decision, error) {
+func (m *Middleware) decide(r *http.Request) (take, engine.Decision, error) {
 	if m.keys == nil {
 		key, err := m.key(r)
 		if err != nil {
-			return "", engine.Decision{}, err
+			return take{}, engine.Decision{}, err
 		}
 		cost := m.cost(r)
 		if cost < 1 {
-			return "", engine.Decision{}, fmt.Errorf("%w: %d", ErrCostBelowOne, cost)
+			return take{}, engine.Decision{}, fmt.Errorf("%w: %d", ErrCostBelowOne, cost)
 		}
 		d, err := m.engine.Allow(r.Context(), key, cost)
-		return key, d, err
+		return take{binding: key, key: key, cost: cost}, d, err
 	}
 	client, err := m.client(r)
 	if err != nil {
-		return "", engine.Decision{}, err
+		return take{}, engine.Decision{}, err
 	}
 	reqs, err := m.keys(r, client)
 	if err != nil {
-		return "", engine.Decision{}, fmt.Errorf("%w: %w", ErrKeyFunc, err)
+		return take{}, engine.Decision{}, fmt.Errorf("%w: %w", ErrKeyFunc, err)
 	}
 	d, at, err := m.engine.AllowAll(r.Context(), reqs)
 	switch {
 	case errors.Is(err, engine.ErrInvalidCost) && !errors.Is(err, engine.ErrCostExceedsCapacity):
-		return "", engine.Decision{}, fmt.Errorf("%w: %w", ErrCostBelowOne, err)
+		return take{}, engine.Decision{}, fmt.Errorf("%w: %w", ErrCostBelowOne, err)
 	case err != nil:
-		return "", engine.Decision{}, err
+		return take{}, engine.Decision{}, err
 	case at < 0 || at >= len(reqs):
-		return "", engine.Decision{}, fmt.Errorf("%w: AllowAll named request %d of %d", ErrAdmitterContract, at, len(reqs))
+		return take{}, engine.Decision{}, fmt.Errorf("%w: AllowAll named request %d of %d", ErrAdmitterContract, at, len(reqs))
 	}
-	return reqs[at].Key, d, nil
+	return take{binding: reqs[at].Key, reqs: reqs}, d, nil
 }
 
 // degraded answers a request that a store's failure rule decided
@@ -259,16 +271,16 @@ func (m *Middleware) decide(r *http.Request) (string, engine.Decision, error) {
 // function and answered with 503, Retry-After the decision's RetryAfter in
 // whole seconds, rounded up and at least 1, and never goes to the
 // WithDenied function, which answers limits. Under WithShadow the denial
-// goes to next.
-func (m *Middleware) degraded(w http.ResponseWriter, r *http.Request, d engine.Decision, next http.Handler) {
+// goes to next. Either way nothing was taken for Settle to settle.
+func (m *Middleware) degraded(w http.ResponseWriter, r *http.Request, t take, d engine.Decision, next http.Handler) {
 	m.counts.degraded.Add(1)
 	if d.Allowed {
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, m.settleable(r, t, false))
 		return
 	}
 	m.onError(r, fmt.Errorf("%w; retry after %v", ErrDegraded, d.RetryAfter))
 	if m.shadow {
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, m.settleable(r, t, false))
 		return
 	}
 	w.Header().Set(headerRetryAfter, strconv.FormatInt(max(ceilSeconds(d.RetryAfter), 1), 10))

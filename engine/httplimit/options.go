@@ -28,7 +28,8 @@ type ClientKeyFunc func(r *http.Request, client string) (string, error)
 // WithIPv6Prefix. An error, no requests or more than engine.MaxAllowAll, a
 // key the engine rejects or a cost below 1 is the server's failure,
 // answered with 500; a key whose costs add up above its capacity can never
-// be admitted, and is answered with 413.
+// be admitted, and is answered with 413. The middleware keeps the slice
+// for Settle: f must not change it once returned.
 type KeysFunc func(r *http.Request, client string) ([]engine.Request, error)
 
 // ErrorFunc observes a request the middleware answered with an error status
@@ -215,7 +216,8 @@ func WithIPv6Prefix(bits int) Option {
 	}
 }
 
-// WithCost replaces the default cost of 1 token per request with f.
+// WithCost replaces the default cost of 1 token per request with f. Its
+// cost may be an estimate that the handler settles with Settle.
 func WithCost(f CostFunc) Option {
 	return func(c *config) error {
 		if f == nil {

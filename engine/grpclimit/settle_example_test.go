@@ -1,0 +1,59 @@
+package grpclimit_test
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/grpclimit"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// Each tenant has a budget of 1,000 model tokens, refilled at 10 a second.
+// A call is admitted on an estimate, its "max-tokens" metadata, before the
+// model runs; the handler settles the usage the completion reports, prompt
+// included: an over-estimate is given back, an under-estimate charged, into
+// debt if need be. Here the interceptor is called directly, as a server
+// would, and no time passes.
+func ExampleSettle() {
+	e, err := engine.New(engine.Config{
+		Policy: policy.Policy{Version: 1, Capacity: 1000, Refill: policy.PerSecond(10)},
+		Clock:  clock.NewManual(0), // a server leaves Clock nil
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer e.Close()
+
+	var maxTokens int64 // what the call declares: read from its metadata by a real server
+	l, err := grpclimit.New(e,
+		grpclimit.WithKey(func(ctx context.Context, _, _ string) (string, error) {
+			return metadata.ValueFromIncomingContext(ctx, "tenant")[0], nil
+		}),
+		grpclimit.WithCost(func(context.Context, string) int64 { return maxTokens }))
+	if err != nil {
+		panic(err)
+	}
+	info := &grpc.UnaryServerInfo{FullMethod: "/llm.Completions/Create"}
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("tenant", "acme"))
+
+	for _, c := range []struct{ maxTokens, used int64 }{{500, 320}, {200, 350}, {300, 900}, {100, 0}} {
+		maxTokens = c.maxTokens
+		_, err := l.Unary(ctx, nil, info, func(ctx context.Context, _ any) (any, error) {
+			// ... the completion runs, and reports c.used tokens, prompt included
+			return nil, grpclimit.Settle(ctx, c.used)
+		})
+		d, _ := e.Peek(context.Background(), "acme")
+		fmt.Printf("estimate %d, used %d: %v, %d tokens left\n", c.maxTokens, c.used, status.Code(err), d.Remaining)
+	}
+	// Output:
+	// estimate 500, used 320: OK, 680 tokens left
+	// estimate 200, used 350: OK, 330 tokens left
+	// estimate 300, used 900: OK, -570 tokens left
+	// estimate 100, used 0: ResourceExhausted, -570 tokens left
+}
