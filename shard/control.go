@@ -34,6 +34,9 @@ const (
 )
 
 // gateBits is the width of one gate's count of senders in Mailbox.control.
+// The engine sends control messages from one coordinator at a time, so a
+// gate counts at most one sender; 2^16-1 leaves a direct caller of this
+// package room for as many as it could sensibly start.
 const gateBits = 16
 
 // send hands c to the shard and returns nil once the shard has taken it,

@@ -46,8 +46,9 @@
 //     If it starts work to be done in slices, serve sets Shard.task to a
 //     type implementing task (task.go).
 //
-// The loop needs no change: it listens on one channel per gate, and every
-// hold ends before serve runs. control_recipe_test.go adds a kind this way.
+// The loop needs no change for a kind that uses an existing gate: it
+// listens on one channel per gate, and every hold ends before serve runs.
+// A new gate needs its constant and a case in listen's select. control_recipe_test.go adds a kind this way.
 // A data message goes through serveData instead, after control.
 //
 // # Ownership

@@ -53,7 +53,8 @@ func (s *Shard) serveBatch(b *msg.Batch) {
 // waiting on one looks at each key before deciding it (serveHeld).
 //
 // The group counts against the mailbox's size until it is served. Control
-// waits for at most one group: no more than the mailbox's size.
+// waits for at most the pass in progress: a background slice, the holds'
+// step, one group and up to partsPerTurn batch parts.
 func (s *Shard) serveAllows() bool {
 	a := s.mb.take()
 	if a == nil {
