@@ -41,24 +41,28 @@ const gateBits = 16
 
 // send hands c to the shard and returns nil once the shard has taken it,
 // or the context's error or ErrClosed if it did not. The shard waits for a
-// sender it sees counted (see Shard.turn), so every sender, once it has
-// uncounted itself, wakes it: it may be waiting for this one, which gave
-// up or was already taken.
+// sender it sees counted (see Shard.turn). The shard uncounts a sender it
+// takes as it takes it (Shard.take), so its next pass does not wait for a
+// sender already served; a sender that gives up uncounts itself and wakes
+// the shard, which may be waiting for it.
 func (m *Mailbox) send(ctx context.Context, c control) error {
-	one := int64(1) << (gateBits * c.gate())
-	m.control.Add(one)
+	m.control.Add(gateOne(c.gate()))
 	var err error
 	select {
 	case m.ctl[c.gate()] <- c:
+		return nil
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-m.closing:
 		err = msg.ErrClosed
 	}
-	m.control.Add(-one)
+	m.control.Add(-gateOne(c.gate()))
 	m.poke()
 	return err
 }
+
+// gateOne is one sender on gate g in Mailbox.control.
+func gateOne(g gate) int64 { return int64(1) << (gateBits * g) }
 
 // poke wakes the shard if it waits, or makes its next wait return at once.
 func (m *Mailbox) poke() {

@@ -248,9 +248,11 @@ func (s *Shard) listen(in inputs) bool {
 	return true
 }
 
-// take serves a control message: every hold ends first (releaseHolds), so
-// no control message waits on a hold.
+// take serves a control message: it uncounts its sender (see
+// Mailbox.send), and every hold ends first (releaseHolds), so no control
+// message waits on a hold.
 func (s *Shard) take(c control) {
+	s.mb.control.Add(-gateOne(c.gate()))
 	s.releaseHolds()
 	c.serve(s)
 }
