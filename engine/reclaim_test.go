@@ -83,7 +83,12 @@ func TestReclaimByDefaultRealTime(t *testing.T) {
 	require.NoError(t, err)
 	defer e.Close()
 
-	require.Equal(t, maxKeys, flood(t, e, "flood", 10*maxKeys))
+	// On the real clock a flood bucket is full again 10 ms after its one
+	// request, so on a slow machine the pressure sweeps may already make
+	// room during the flood: at least the bound is created, never more
+	// than it at once.
+	require.GreaterOrEqual(t, flood(t, e, "flood", 10*maxKeys), maxKeys)
+	require.LessOrEqual(t, e.KeyCount(), maxKeys)
 	<-time.After(10 * time.Millisecond) // every flood bucket is full now
 	took := admitNew(t, e, "newcomer", 5*time.Second)
 	t.Logf("a new key was admitted %v after the flood's buckets were full", took)
