@@ -17,7 +17,7 @@ import (
 // TestAllowDoesNotAllocate holds the hot-path promise: deciding a request on
 // an existing key allocates nothing, allowed or denied, single or batched,
 // with or without overrides, whatever the rate's period and however many
-// bands.
+// bands; nor does charging one.
 func TestAllowDoesNotAllocate(t *testing.T) {
 	set, err := policy.NewOverrideSet(
 		policy.Override{Match: "alpha", Capacity: 1000, TokensPerSecond: 5},
@@ -90,6 +90,15 @@ func allocsPerDecision(t *testing.T, cfg engine.Config) {
 		}
 	}); n != 0 {
 		t.Errorf("AllowBatch on stack arrays: %v allocations per call, want 0", n)
+	}
+	// A charge, into debt and at the floor, is a single request like Allow.
+	if n := testing.AllocsPerRun(1000, func() {
+		i++
+		if d, err := e.Charge(ctx, keys[i%len(keys)], 700); err != nil || !d.Allowed {
+			t.Fatal(d, err)
+		}
+	}); n != 0 {
+		t.Errorf("Charge: %v allocations per call, want 0", n)
 	}
 	// Rejections are preallocated errors, not fmt.Errorf per request.
 	if n := testing.AllocsPerRun(100, func() {

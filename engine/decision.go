@@ -12,7 +12,9 @@ import (
 type Decision struct {
 	// Allowed reports whether the cost was taken from the bucket.
 	Allowed bool
-	// Remaining is the whole tokens left after the decision, floored.
+	// Remaining is the whole tokens left after the decision, floored: below
+	// zero for a bucket in debt (see Engine.Charge), down to minus the
+	// capacity.
 	Remaining int64
 	// RetryAfter is 0 when allowed; when denied, the time until the bucket
 	// would hold the cost at the current rate with no other callers, rounded
@@ -23,8 +25,8 @@ type Decision struct {
 	// Limit is the capacity of the band that decided (see Band): the key's
 	// own, from its override, or the policy's default.
 	Limit int64
-	// ResetAfter is the time until the bucket is full again, rounded up; 0
-	// when full.
+	// ResetAfter is the time until the bucket is full again, rounded up,
+	// repaying any debt first; 0 when full.
 	ResetAfter time.Duration
 	// Band names the band that bound the decision, for a key whose limit
 	// has several (see policy.BandSet): when denied, the band with the

@@ -51,6 +51,18 @@
 // with both durations saturated at math.MaxInt64. RetryAfter is an estimate,
 // not a reservation: other callers may spend the tokens first.
 //
+// # Debts
+//
+// Charge takes tokens without a decision, for a cost known after the work:
+// it may take a band below zero, down to minus its capacity (the rest is
+// forgiven), and units is then negative, a debt. Every formula above holds
+// as written: the refill repays the debt first, Remaining is negative,
+// RetryAfter and ResetAfter count the time to repay it, a bucket in debt is
+// not full and is never evicted, Refund repays it, a snapshot keeps it,
+// and a cutover keeps it, clamped to the new floor (minus the new
+// capacity) if that is shallower, a change of period rounding it toward
+// more debt, never less.
+//
 // # Bands
 //
 // A key's limit may have more bands than its primary one (the Capacity and
@@ -95,8 +107,8 @@
 // Decision, never an error. A call waiting for room in a full mailbox gets
 // ErrClosed if the engine closes and the context's error if its context
 // ends (ErrClosed if both); once a shard has taken the request, the call
-// returns its answer whatever the context does. Peek and Refund follow the
-// same order, less the steps that cannot apply to them; ReplacePolicy,
+// returns its answer whatever the context does. Peek, Refund and Charge
+// follow the same order, less the steps that cannot apply to them; ReplacePolicy,
 // EvictFull and Snapshot state their own.
 //
 // # Batches

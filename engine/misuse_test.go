@@ -115,6 +115,8 @@ func zeroEngineCases() []misuseCase {
 			engine.ErrNotInitialized, engine.Decision{}},
 		{"Refund", "valid request", func(e *engine.Engine) (any, error) { return e.Refund(bg, "k", 1) },
 			engine.ErrNotInitialized, engine.Decision{}},
+		{"Charge", "valid request", func(e *engine.Engine) (any, error) { return e.Charge(bg, "k", 1) },
+			engine.ErrNotInitialized, engine.Decision{}},
 		{"Wait", "valid request", func(e *engine.Engine) (any, error) { return e.Wait(bg, "k", 1) },
 			engine.ErrNotInitialized, engine.Decision{}},
 		{"AllowBatch", "every result gets the error", func(e *engine.Engine) (any, error) {
@@ -218,6 +220,8 @@ func nilContextCases() []misuseCase {
 			engine.ErrNilContext, engine.Decision{}},
 		{"Refund", "valid request", func(e *engine.Engine) (any, error) { return e.Refund(nilCtx, "k", 1) },
 			engine.ErrNilContext, engine.Decision{}},
+		{"Charge", "above every capacity", func(e *engine.Engine) (any, error) { return e.Charge(nilCtx, "k", 11) },
+			engine.ErrNilContext, engine.Decision{}},
 		{"Wait", "valid request", func(e *engine.Engine) (any, error) { return e.Wait(nilCtx, "k", 1) },
 			engine.ErrNilContext, engine.Decision{}},
 		{"AllowBatch", "like a done context", func(e *engine.Engine) (any, error) {
@@ -254,9 +258,10 @@ func TestMisuseNilContext(t *testing.T) {
 
 		require.NoError(t, e.Close())
 		// ErrNilContext went to the requests that passed the stateless
-		// checks: two of Allow, Peek, Refund, Wait and two of the batch.
+		// checks: two of Allow, Peek, Refund, Charge, Wait and two of the
+		// batch.
 		st := e.Stats()
-		require.Equal(t, uint64(7), st.Caller.Other, "nil contexts are counted as other errors")
+		require.Equal(t, uint64(8), st.Caller.Other, "nil contexts are counted as other errors")
 		require.Equal(t, uint64(2), st.Caller.InvalidKey)
 		require.Equal(t, uint64(2), st.Caller.InvalidCost)
 		require.Equal(t, st.Caller, st.Total.Errors, "no nil-context request reached a shard")

@@ -172,7 +172,7 @@ func dropFullest(e *Engine, shards []*shard.Shard, n int, rep *RestoreReport) {
 				if whole > x.whole || (whole == x.whole && frac > x.frac) {
 					x.whole, x.frac = whole, frac
 				}
-				x.deficitTok = max(x.deficitTok, sh.Band(j).Capacity-v.Tokens)
+				x.deficitTok = max(x.deficitTok, satDeficit(sh.Band(j).Capacity, v.Tokens))
 			}
 			all = append(all, x)
 		})
@@ -208,6 +208,15 @@ func deficitTokens(l policy.Limit, v policy.Level) (whole, frac uint64) {
 	// capacity - tokens - frac/per = (whole-1) + (per-frac)/per
 	f, _ := bits.Div64(per-v.Frac, 0, per) // (per-frac) < per
 	return whole - 1, f
+}
+
+// satDeficit is capacity - tokens for a balance in [-capacity, capacity],
+// saturated at math.MaxInt64: a debt against a capacity near it lacks more.
+func satDeficit(capacity, tokens int64) int64 {
+	if tokens < 0 && capacity > math.MaxInt64+tokens {
+		return math.MaxInt64
+	}
+	return capacity - tokens
 }
 
 // satAdd is a + b for b >= 0, saturated at math.MaxInt64.
@@ -514,9 +523,13 @@ func (d *snapReader) bucket(i, maxKeyBytes int, h *snapHeader, lv *[1 + policy.M
 	n = sh.Len()
 	for j := range n {
 		v := &lv[j]
-		if v.Tokens, err = d.int(0, fmt.Sprintf("bucket %d's band %d tokens", i, j)); err != nil {
+		// Two's complement: a debt reads as a negative count, which
+		// checkLevel holds to the band's floor.
+		var u uint64
+		if u, err = d.uvarint(fmt.Sprintf("bucket %d's band %d tokens", i, j)); err != nil {
 			return
 		}
+		v.Tokens = int64(u)
 		if v.Frac, err = d.uvarint(fmt.Sprintf("bucket %d's band %d units", i, j)); err != nil {
 			return
 		}
@@ -554,10 +567,14 @@ func (d *snapReader) bucketV1(i int, key string, v *policy.Level) (int64, policy
 	return last, sh, d.checkLevel(i, key, *lim, *v)
 }
 
-// checkLevel checks that v is a balance l can hold.
+// checkLevel checks that v is a balance l can hold: from minus its
+// capacity (the deepest debt) to its capacity.
 func (d *snapReader) checkLevel(i int, key string, l policy.Limit, v policy.Level) error {
 	if v.Frac >= uint64(l.Rate().Per) {
 		return d.fail("bucket %d (%q): %d units, want fewer than a token", i, key, v.Frac)
+	}
+	if v.Tokens < -l.Capacity {
+		return d.fail("bucket %d (%q): balance %d tokens is below its floor, minus its capacity %d", i, key, v.Tokens, l.Capacity)
 	}
 	if v.Tokens > l.Capacity || (v.Tokens == l.Capacity && v.Frac != 0) {
 		return d.fail("bucket %d (%q): balance %d tokens and %d units is above its capacity %d", i, key, v.Tokens, v.Frac, l.Capacity)

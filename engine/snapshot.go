@@ -29,8 +29,12 @@ import (
 //	          uvarint the index of the key's limit in the policy's limit
 //	          table (policy.Policy.Shapes: 0 the policy's own, then its
 //	          overrides' distinct limits in order); per band of that
-//	          limit, the primary first: uvarint whole tokens, uvarint
-//	          units (< the band's period in ns)
+//	          limit, the primary first: whole tokens, uvarint units (<
+//	          the band's period in ns). The whole tokens are the uvarint
+//	          of their 64-bit two's complement: a balance of zero or more
+//	          is its plain uvarint, a debt (a negative balance, down to
+//	          minus the band's capacity, units counting up from the
+//	          negative whole tokens) a uvarint of ten bytes.
 //	end       byte 0; uvarint bucket count
 //	checksum  8 bytes, little endian: xxhash64 of every byte before it
 //
@@ -216,7 +220,7 @@ func (sw *snapWriter) bucket(key []byte, last int64, limit policy.LimitIndex, lv
 	sw.varint(last)
 	sw.uvarint(uint64(limit))
 	for _, v := range lv {
-		sw.uvarint(uint64(v.Tokens))
+		sw.uvarint(uint64(v.Tokens)) // two's complement for a debt
 		sw.uvarint(v.Frac)
 	}
 	sw.flush(nil)

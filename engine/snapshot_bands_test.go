@@ -416,7 +416,10 @@ func TestRestoreRejectsV2(t *testing.T) {
 		{"units above a band's capacity", level(0, 1, rawLevel{5, 1}), "above its capacity 5", nil},
 		{"tokens above the primary's capacity", level(0, 0, rawLevel{11, 0}), "above its capacity 10", nil},
 		{"tokens above an override band's capacity", level(1, 1, rawLevel{101, 0}), "above its capacity 100", nil},
-		{"tokens above int64", level(0, 2, rawLevel{1 << 63, 0}), "band 2 tokens", nil},
+		// Whole tokens are two's complement: 1<<63 is math.MinInt64, a debt
+		// far below any floor.
+		{"tokens of 1<<63", level(0, 2, rawLevel{1 << 63, 0}), "below its floor, minus its capacity 20", nil},
+		{"a debt below the primary's floor", level(0, 0, rawLevel{1<<64 - 11, 0}), "balance -11 tokens is below its floor, minus its capacity 10", nil},
 		{"band capacity 0", band(func(b *rawBand) { b.Capacity = 0 }), "band 0", policy.ErrInvalid},
 		{"band refill tokens 0", band(func(b *rawBand) { b.Refill.Tokens = 0 }), "band 0", policy.ErrInvalid},
 		{"band refill period 0", band(func(b *rawBand) { b.Refill.Per = 0 }), "band 0", policy.ErrInvalid},

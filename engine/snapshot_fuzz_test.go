@@ -466,8 +466,9 @@ func (d *snapDecoder) bucketV1(b *rawBucket) (err error) {
 
 // bucketV2 reads the rest of a version 2 bucket: last update, the index of
 // its limit in the policy's limit table, and per band of that limit, the
-// primary first, whole tokens (at most the band's capacity) and units (below
-// the band's period in ns; none at capacity).
+// primary first, whole tokens (at most the band's capacity, at least minus
+// it: a debt, in two's complement) and units (below the band's period in
+// ns; none at capacity).
 func (d *snapDecoder) bucketV2(s *rawSnap, b *rawBucket) (err error) {
 	if b.Last, err = d.varint("last"); err != nil {
 		return err
@@ -484,7 +485,7 @@ func (d *snapDecoder) bucketV2(s *rawSnap, b *rawBucket) (err error) {
 	sh := s.shapes[b.Limit]
 	for i := range sh.Len() {
 		var v rawLevel
-		if v.Tokens, err = d.int(0, "band tokens"); err != nil {
+		if v.Tokens, err = d.uvarint("band tokens"); err != nil { // two's complement: a debt is negative
 			return err
 		}
 		if v.Units, err = d.uvarint("band units"); err != nil {
@@ -494,8 +495,10 @@ func (d *snapDecoder) bucketV2(s *rawSnap, b *rawBucket) (err error) {
 		if v.Units >= uint64(l.Rate().Per) {
 			return d.failf("band %d: units %d, period %d", i, v.Units, l.Rate().Per)
 		}
-		if v.Tokens > uint64(l.Capacity) || (v.Tokens == uint64(l.Capacity) && v.Units != 0) {
+		if tokens := int64(v.Tokens); tokens > l.Capacity || (tokens == l.Capacity && v.Units != 0) {
 			return d.failf("band %d: balance above capacity", i)
+		} else if tokens < -l.Capacity {
+			return d.failf("band %d: balance below the floor", i)
 		}
 		b.Levels = append(b.Levels, v)
 	}
@@ -577,10 +580,11 @@ func sameShape(a, b policy.Shape) bool {
 // of N tokens per P ns holds whole tokens plus units of 1/P token, and
 // earns elapsed*N/P tokens, up to its capacity.
 
-// tokensOf is v's balance in tokens under l.
+// tokensOf is v's balance in tokens under l; v.Tokens is two's complement,
+// negative for a debt (version 1 has none, and never reaches 1<<63).
 func tokensOf(v rawLevel, l policy.Limit) *big.Rat {
 	t := new(big.Rat).SetFrac(new(big.Int).SetUint64(v.Units), big.NewInt(int64(l.Rate().Per)))
-	return t.Add(t, new(big.Rat).SetInt(new(big.Int).SetUint64(v.Tokens)))
+	return t.Add(t, new(big.Rat).SetInt64(int64(v.Tokens)))
 }
 
 // refilled is t after elapsed ns (>= 0) of refill under l, at most l's
@@ -603,7 +607,8 @@ func capped(t *big.Rat, capacity int64) *big.Rat {
 // cutover) to next, by the cutover rule: the primary takes the primary's
 // balance and a band the balance of old's band of the same name; a balance
 // whose period changes is rounded down to a whole unit of the new period
-// (a multiple of 1/P tokens), then clamped to the new capacity; a band new
+// (a multiple of 1/P tokens; a debt toward more debt), then clamped to the
+// new capacity and to its floor, minus that capacity; a band new
 // in next starts full; old's other bands are dropped.
 func cutoverTokens(old policy.Shape, t []*big.Rat, next policy.Shape) []*big.Rat {
 	out := make([]*big.Rat, next.Len())
@@ -625,9 +630,13 @@ func cutoverTokens(old policy.Shape, t []*big.Rat, next policy.Shape) []*big.Rat
 		v := new(big.Rat).Set(t[src])
 		if per := int64(l.Rate().Per); per != int64(old.Band(src).Rate().Per) {
 			scaled := new(big.Rat).Mul(v, new(big.Rat).SetInt64(per))
-			v.SetFrac(new(big.Int).Quo(scaled.Num(), scaled.Denom()), big.NewInt(per))
+			v.SetFrac(new(big.Int).Div(scaled.Num(), scaled.Denom()), big.NewInt(per)) // Euclidean: floor
 		}
-		out[j] = capped(v, l.Capacity)
+		v = capped(v, l.Capacity)
+		if f := new(big.Rat).SetInt64(-l.Capacity); v.Cmp(f) < 0 {
+			v = f
+		}
+		out[j] = v
 	}
 	return out
 }
@@ -686,7 +695,7 @@ func ceilNs(t *big.Rat, l policy.Limit) time.Duration {
 	return time.Duration(q.Int64())
 }
 
-func floorTokens(t *big.Rat) int64 { return new(big.Int).Quo(t.Num(), t.Denom()).Int64() }
+func floorTokens(t *big.Rat) int64 { return new(big.Int).Div(t.Num(), t.Denom()).Int64() } // Euclidean: floor
 
 // decisionFor is the Decision for a request of cost on a key of shape sh
 // whose bands hold t tokens, in force as version, by the package doc's
@@ -806,6 +815,21 @@ func fuzzSeeds(tb testing.TB) map[string][]byte {
 	seeds["wall-far-back"] = rawSnap{Version: 1, Capacity: 10, Rate: 2, Wall: math.MinInt64, Reading: 7,
 		Buckets: []rawBucket{{Key: "k", Tokens: 1, Units: 5, Last: 3, Capacity: 10, Rate: 2}}}.encode()
 	seeds["crafted-v2"] = okSnapV2().encode()
+
+	// Debts: a key at its floor in every band, one in debt in the primary
+	// only, one repaying.
+	clk := clock.NewManual(int64(time.Second))
+	e, err := engine.New(engine.Config{Policy: b1, Shards: 2, Clock: clk})
+	require.NoError(tb, err)
+	defer func() { _ = e.Close() }()
+	_, _ = e.Charge(tb.Context(), "k0", math.MaxInt64)
+	_, _ = e.Charge(tb.Context(), "k1", 3)
+	_, _ = e.Charge(tb.Context(), "a1", 13)
+	clk.Advance(1500 * time.Millisecond)
+	_, _ = e.Charge(tb.Context(), "k2", 12)
+	var buf bytes.Buffer
+	require.NoError(tb, e.Snapshot(tb.Context(), &buf))
+	seeds["debts"] = buf.Bytes()
 	return seeds
 }
 

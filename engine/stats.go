@@ -16,7 +16,8 @@ import (
 // and Stats never waits for a shard. A reading may therefore lag a busy
 // shard by up to 64 messages; once traffic stops it is exact, and every
 // call is counted exactly once: Allowed + Denied + Peeks + Refunds +
-// Errors.Sum() equals the Allow, Peek and Refund calls made plus the
+// Errors.Sum() equals the Allow, Peek, Refund and Charge calls made (a
+// Charge's answer is an admission: it counts in Allowed) plus the
 // requests of AllowBatch calls (Wait counts as the Allow calls it makes)
 // plus the requests of the AllowAll calls that returned a Decision.
 //

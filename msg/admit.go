@@ -23,6 +23,7 @@ const (
 	OpAllow  Op = iota // decide Cost, spending it if allowed
 	OpPeek             // report the balance: change nothing, create nothing
 	OpRefund           // credit Cost tokens back, capped: create nothing
+	OpCharge           // take Cost tokens without a decision, into debt down to the floor
 )
 
 // Single asks a shard to act on one key, as Op says: decide a request

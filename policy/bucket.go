@@ -13,7 +13,10 @@ import (
 // balance of any band.
 //
 // The balance in units is Tokens*P + Frac; it never exceeds the capacity of
-// the Limit it is used with, so Tokens == Capacity implies Frac == 0.
+// the Limit it is used with, so Tokens == Capacity implies Frac == 0, and
+// never falls below minus that capacity. A negative balance, a debt (see
+// Level.Charge), has negative Tokens and a Frac that still counts up from
+// them, exactly as a Level's (debt.go says why every step stays in range).
 // Splitting whole tokens from the fraction keeps the record at 24 bytes
 // while the balance itself needs up to 95 bits.
 //
@@ -70,7 +73,8 @@ func (b *Bucket) Refill(l Limit, now int64) {
 		return
 	}
 	// Here add < deficit, so Frac+add < (capacity-Tokens)*P and the
-	// quotient below fits in 64 bits (bits.Div64 needs hi < divisor).
+	// quotient below is under capacity-Tokens <= 2^64-2, even in debt
+	// (bits.Div64 needs hi < divisor).
 	lo, carry := bits.Add64(addLo, uint64(b.Frac), 0)
 	var q, r uint64
 	switch hi := addHi + carry; {
@@ -186,19 +190,21 @@ func (b Bucket) Full(l Limit) bool {
 	return b.Tokens >= l.Capacity
 }
 
-// Clamp lowers the balance to capacity tokens if it is above; it never raises
-// it. Raising a limit therefore tops nobody up.
+// Clamp lowers the balance to capacity tokens if it is above; it raises it
+// only to -capacity, the floor of a debt, if it is below. Raising a limit
+// therefore tops nobody up, and a debt is kept.
 func (b *Bucket) Clamp(capacity int64) {
-	if b.Tokens >= capacity {
-		b.Tokens, b.Frac = capacity, 0
-	}
+	frac := uint64(b.Frac)
+	clampLevel(&b.Tokens, &frac, capacity)
+	b.Frac = uint32(frac)
 }
 
 // Credit gives tokens (>= 1) back to b, capped at l's capacity: the exact
 // refund of a cost that was over-estimated. Call Refill first, so the credit
-// lands at a known instant. Fractional credit is kept.
+// lands at a known instant. Fractional credit is kept; a debt is repaid
+// first.
 func (b *Bucket) Credit(l Limit, tokens int64) {
-	if tokens >= l.Capacity-b.Tokens { // no overflow: 0 <= Tokens <= Capacity
+	if uint64(tokens) >= headroom(b.Tokens, l.Capacity) {
 		b.Tokens, b.Frac = l.Capacity, 0
 		return
 	}
@@ -207,7 +213,8 @@ func (b *Bucket) Credit(l Limit, tokens int64) {
 
 // Cutover converts b from old to next at the cutover instant at: refill under
 // old up to at, move the fraction to next's unit if the period changes
-// (rounding down: see Level.Convert), then clamp to next's capacity. From
+// (rounding down: see Level.Convert), then clamp to next's capacity, and a
+// debt to next's floor (see Clamp). From
 // then on b refills under next. It requires at >= b.Last, and both periods
 // compact.
 func (b *Bucket) Cutover(old, next Limit, at int64) {
@@ -220,9 +227,9 @@ func (b *Bucket) Cutover(old, next Limit, at int64) {
 
 // deficit returns target*per minus the balance tokens*per + frac as a
 // 128-bit value; it requires tokens < target, or tokens == target with
-// frac == 0.
+// frac == 0, and tokens >= -MaxInt64 (any balance, debts included).
 func deficit(tokens int64, frac uint64, target int64, per uint64) (hi, lo uint64) {
-	hi, lo = bits.Mul64(uint64(target-tokens), per)
+	hi, lo = bits.Mul64(headroom(tokens, target), per)
 	lo, borrow := bits.Sub64(lo, frac, 0)
 	return hi - borrow, lo
 }

@@ -14,7 +14,11 @@
 // A key's limit is a Shape: its primary band and the bands of a BandSet,
 // decided at once by DecideLevels. A cutover carries each band over by name
 // (CutoverLevels); where a band's period changes its fraction moves to the
-// new unit rounding down (Level.Convert), the only rounding there is. There is no floating point and no
+// new unit rounding down (Level.Convert), the only rounding there is.
+// A charge (Level.Charge, ChargeLevels) takes tokens without a decision and
+// may leave a band in debt, down to minus its capacity; every operation
+// holds for such a balance, and debt.go says why its arithmetic stays in
+// range. There is no floating point and no
 // allocation here; every int64 capacity, rate, cost and time is legal up to
 // math.MaxInt64. Results that do not fit in int64 nanoseconds saturate at
 // math.MaxInt64, as documented on each function.

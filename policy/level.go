@@ -35,9 +35,14 @@ func (sh Shape) BandName(i int) string {
 func (sh Shape) Compact() bool { return sh.Bands.Len() == 0 && sh.Primary.Compact() }
 
 // Level is the balance of one band of any period: Tokens whole tokens plus
-// Frac units, one token being P units for a rate of N per P ns, so 0 <= Frac
-// < P, and Tokens == capacity implies Frac == 0. The bands of one key share
-// the instant they were brought up to date at, so a Level has none.
+// Frac units, one token being P units for a rate of N per P ns, so the
+// balance is Tokens*P + Frac units with 0 <= Frac < P, and Tokens is
+// floor(units / P). It lies between minus the capacity and the capacity:
+// -capacity <= Tokens <= capacity, and Tokens == capacity implies Frac == 0.
+// A negative balance is a debt (see Charge): Tokens is negative and Frac
+// still counts up from it, so -2.25 tokens at P = 4 is Tokens -3, Frac 3.
+// The bands of one key share the instant they were brought up to date at,
+// so a Level has none. The range argument is in debt.go.
 type Level struct {
 	Tokens int64
 	Frac   uint64
@@ -47,7 +52,8 @@ type Level struct {
 func FullLevel(l Limit) Level { return Level{Tokens: l.Capacity} }
 
 // Refill adds elapsed (>= 0) ns of refill under l, exactly, up to l's
-// capacity: units = min(capacity*P, units + elapsed*N).
+// capacity: units = min(capacity*P, units + elapsed*N). A debt is repaid
+// first: the refill is the same whatever the sign of the balance.
 func (v *Level) Refill(l Limit, elapsed int64) {
 	if v.Tokens >= l.Capacity {
 		v.Tokens, v.Frac = l.Capacity, 0
@@ -63,8 +69,8 @@ func (v *Level) Refill(l Limit, elapsed int64) {
 		v.Tokens, v.Frac = l.Capacity, 0
 		return
 	}
-	// add < deficit, so the quotient is below capacity-Tokens (see
-	// Bucket.Refill) and hi < per.
+	// add < deficit, so the quotient is below capacity-Tokens <= 2^64-2
+	// (see Bucket.Refill and debt.go) and hi < per.
 	lo, carry := bits.Add64(addLo, v.Frac, 0)
 	q, r := bits.Div64(addHi+carry, lo, per)
 	v.Tokens += int64(q)
@@ -72,20 +78,22 @@ func (v *Level) Refill(l Limit, elapsed int64) {
 }
 
 // RetryAfter is the ns until v holds cost tokens under l: ceil((cost*P -
-// units) / N), 0 if it already does, saturated at math.MaxInt64.
+// units) / N), 0 if it already does, saturated at math.MaxInt64. Any debt
+// is part of what is missing. cost may be any int64 >= 1.
 func (v Level) RetryAfter(l Limit, cost int64) int64 { return retryAfter(v.Tokens, v.Frac, l, cost) }
 
 // ResetAfter is the ns until v is full under l: ceil((capacity*P - units) /
-// N), 0 when full, saturated at math.MaxInt64.
+// N), 0 when full, saturated at math.MaxInt64: repaying any debt, then
+// refilling to the capacity.
 func (v Level) ResetAfter(l Limit) int64 { return resetAfter(v.Tokens, v.Frac, l) }
 
-// Full reports whether v holds l's capacity.
+// Full reports whether v holds l's capacity; a band in debt never does.
 func (v Level) Full(l Limit) bool { return v.Tokens >= l.Capacity }
 
 // Credit gives tokens (>= 1) back, capped at l's capacity; the fraction is
-// kept.
+// kept. It repays a debt first, like any credit.
 func (v *Level) Credit(l Limit, tokens int64) {
-	if tokens >= l.Capacity-v.Tokens {
+	if uint64(tokens) >= headroom(v.Tokens, l.Capacity) {
 		v.Tokens, v.Frac = l.Capacity, 0
 		return
 	}
@@ -95,14 +103,14 @@ func (v *Level) Credit(l Limit, tokens int64) {
 // Convert carries v, brought up to date under old, over to next: the
 // fraction moves to next's unit if the period changes, rounding down
 // (floor(Frac * Pnext / Pold): a cutover may lose part of a unit, never mint
-// one), then the balance is clamped to next's capacity, never raised.
+// one; the whole balance is floored, so a debt rounds toward more debt),
+// then the balance is clamped to next's capacity, never raised, and a debt
+// deeper than next's floor (minus its capacity) is raised to that floor.
 func (v *Level) Convert(old, next Limit) {
 	if po, pn := old.period(), next.period(); po != pn {
 		v.Frac = convertFrac(v.Frac, po, pn)
 	}
-	if v.Tokens >= next.Capacity {
-		v.Tokens, v.Frac = next.Capacity, 0
-	}
+	clampLevel(&v.Tokens, &v.Frac, next.Capacity)
 }
 
 // LevelOf returns b's balance as a Level.

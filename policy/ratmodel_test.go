@@ -24,7 +24,10 @@ import (
 //	RetryAfter: ceil((cost - balance) * P/N) ns, 0 if balance >= cost
 //	ResetAfter: ceil((capacity - balance) * P/N) ns, 0 when full
 //	Credit:     balance = min(capacity, balance + n)
-//	Convert:    balance = min(next capacity, floor(balance*Pnext)/Pnext)
+//	Charge:     balance = max(-capacity, balance - n)
+//	Convert:    balance = clamp(floor(balance*Pnext)/Pnext, -next capacity, next capacity)
+//
+// A balance may be negative, a debt, down to minus the capacity.
 //
 // Times saturate at math.MaxInt64.
 
@@ -49,14 +52,15 @@ func ratOfLevel(l policy.Limit, v policy.Level) *big.Rat {
 
 // levelOfRat converts a balance in tokens back to a Level of l: Tokens =
 // floor(x), Frac = (x - Tokens)*P. It panics unless x is a whole number of
-// l's units, non-negative, with whole tokens that fit in int64.
+// l's units, with whole tokens that fit in int64; a debt has negative
+// Tokens and 0 <= Frac < P.
 func levelOfRat(l policy.Limit, x *big.Rat) policy.Level {
 	_, p := ratRate(l)
 	units := new(big.Rat).Mul(x, new(big.Rat).SetInt(p))
-	if !units.IsInt() || units.Sign() < 0 {
+	if !units.IsInt() {
 		panic(fmt.Sprintf("levelOfRat: %v tokens is not a whole number of 1/%v", x, p))
 	}
-	tokens, frac := new(big.Int).QuoRem(units.Num(), p, new(big.Int))
+	tokens, frac := new(big.Int).DivMod(units.Num(), p, new(big.Int)) // Euclidean: floor for p > 0
 	if !tokens.IsInt64() {
 		panic(fmt.Sprintf("levelOfRat: %v whole tokens overflow int64", tokens))
 	}
@@ -84,10 +88,10 @@ func ratWait(l policy.Limit, x *big.Rat, target int64) int64 {
 	return saturate(ratCeil(ns))
 }
 
-// ratFloor returns floor(x) for x >= 0 as an int64.
+// ratFloor returns floor(x) as an int64.
 func ratFloor(x *big.Rat) int64 {
-	q := new(big.Int).Quo(x.Num(), x.Denom()) // truncation is floor for x >= 0
-	if x.Sign() < 0 || !q.IsInt64() {
+	q := new(big.Int).Div(x.Num(), x.Denom()) // Euclidean division: floor, as Denom > 0
+	if !q.IsInt64() {
 		panic(fmt.Sprintf("ratFloor(%v)", x))
 	}
 	return q.Int64()
@@ -103,13 +107,30 @@ func ratCeil(x *big.Rat) *big.Int {
 }
 
 // ratConvert is a cutover's carry from old to next: the balance rounded
-// down to a whole number of next's units, then clamped to next's capacity.
+// down (toward more debt) to a whole number of next's units, then clamped
+// to next's capacity and to its floor, minus that capacity.
 func ratConvert(next policy.Limit, x *big.Rat) *big.Rat {
 	_, p := ratRate(next)
 	pr := new(big.Rat).SetInt(p)
 	units := new(big.Rat).Mul(x, pr)
-	floored := new(big.Int).Quo(units.Num(), units.Denom())
-	return ratMin(ratTokens(next.Capacity), new(big.Rat).SetFrac(floored, p))
+	floored := new(big.Int).Div(units.Num(), units.Denom())
+	y := ratMin(ratTokens(next.Capacity), new(big.Rat).SetFrac(floored, p))
+	return ratMax(ratFloorOf(next), y)
+}
+
+// ratCharge returns max(-capacity, x - n).
+func ratCharge(l policy.Limit, x *big.Rat, n int64) *big.Rat {
+	return ratMax(ratFloorOf(l), new(big.Rat).Sub(x, ratTokens(n)))
+}
+
+// ratFloorOf returns the deepest debt a band of l may hold: -capacity.
+func ratFloorOf(l policy.Limit) *big.Rat { return ratTokens(-l.Capacity) }
+
+func ratMax(a, b *big.Rat) *big.Rat {
+	if a.Cmp(b) >= 0 {
+		return new(big.Rat).Set(a)
+	}
+	return new(big.Rat).Set(b)
 }
 
 // ratCredit returns min(capacity, x + n).
@@ -159,12 +180,12 @@ func ratDecide(sh policy.Shape, xs []*big.Rat, cost int64, take bool) (policy.Ou
 	return o, at
 }
 
-// requireLevel fails unless v is a valid Level of l (0 <= Tokens <=
-// capacity, Frac < P, Frac == 0 when full) whose balance is want.
+// requireLevel fails unless v is a valid Level of l (-capacity <= Tokens
+// <= capacity, Frac < P, Frac == 0 when full) whose balance is want.
 func requireLevel(t testing.TB, l policy.Limit, want *big.Rat, v policy.Level, msgAndArgs ...any) {
 	t.Helper()
 	_, p := ratRate(l)
-	require.GreaterOrEqual(t, v.Tokens, int64(0), msgAndArgs...)
+	require.GreaterOrEqual(t, v.Tokens, -l.Capacity, msgAndArgs...)
 	require.LessOrEqual(t, v.Tokens, l.Capacity, msgAndArgs...)
 	require.Less(t, new(big.Int).SetUint64(v.Frac).Cmp(p), 0, msgAndArgs...)
 	if v.Tokens == l.Capacity {
@@ -186,7 +207,9 @@ func TestRatModelSelfCheck(t *testing.T) {
 		require.Equal(t, v, levelOfRat(sevenPer3s, ratOfLevel(sevenPer3s, v)))
 	}
 	require.Panics(t, func() { levelOfRat(perSecond, big.NewRat(1, 3)) }, "a third is no whole number of 1e9 units")
-	require.Panics(t, func() { levelOfRat(perSecond, big.NewRat(-1, 1)) })
+	// A debt: Tokens is the floor, Frac counts up from it.
+	require.Equal(t, policy.Level{Tokens: -3, Frac: 750_000_000}, levelOfRat(perSecond, big.NewRat(-9, 4)))
+	require.Equal(t, policy.Level{Tokens: -1}, levelOfRat(perSecond, big.NewRat(-1, 1)))
 
 	// 1 s at 7 per 3 s is 7/3 tokens; 10 s fills capacity 10 from empty
 	// only at 30/7 s, so it clamps.
@@ -202,6 +225,8 @@ func TestRatModelSelfCheck(t *testing.T) {
 
 	require.Equal(t, int64(3), ratFloor(big.NewRat(7, 2)))
 	require.Equal(t, int64(0), ratFloor(big.NewRat(1, 3)))
+	require.Equal(t, int64(-1), ratFloor(big.NewRat(-1, 3)))
+	require.Equal(t, int64(-3), ratFloor(big.NewRat(-3, 1)))
 	require.Equal(t, "4", ratCeil(big.NewRat(7, 2)).String())
 	require.Equal(t, "3", ratCeil(big.NewRat(3, 1)).String())
 
@@ -211,6 +236,13 @@ func TestRatModelSelfCheck(t *testing.T) {
 	require.Equal(t, "1/2", ratConvert(perSecond, big.NewRat(1, 2)).RatString())
 	require.Equal(t, "10", ratConvert(perSecond, ratTokens(11)).RatString(), "clamped")
 	require.Equal(t, "10", ratCredit(perSecond, big.NewRat(19, 2), 1).RatString())
+	// A debt converts toward more debt and is clamped to the new floor.
+	require.Equal(t, "-1/1000000000", ratConvert(perSecond, big.NewRat(-1, 3_000_000_000)).RatString())
+	require.Equal(t, "-10", ratConvert(perSecond, ratTokens(-11)).RatString(), "clamped to the floor")
+	require.Equal(t, "-10", ratCharge(perSecond, ratTokens(2), 25).RatString(), "floored")
+	require.Equal(t, "-5/2", ratCharge(perSecond, big.NewRat(1, 2), 3).RatString())
+	// From -2 tokens at 2 per second, 1 token takes 1.5 s.
+	require.Equal(t, int64(1_500_000_000), ratWait(perSecond, ratTokens(-2), 1))
 }
 
 // levelRat returns the balance tokens + frac/P of a band of l.

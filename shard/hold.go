@@ -262,6 +262,8 @@ func (s *Shard) serveOne(a *msg.Single) {
 		s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
 	case msg.OpPeek:
 		s.state.peek(now, a.Key, a.Hash, &a.Reply)
+	case msg.OpCharge:
+		s.state.charge(now, a.Key, a.Hash, a.Cost, &a.Reply)
 	default:
 		s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
 	}

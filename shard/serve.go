@@ -94,6 +94,8 @@ func (s *Shard) serveWalking(a *msg.Single) int {
 			s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		case msg.OpPeek:
 			s.state.peek(now, a.Key, a.Hash, &a.Reply)
+		case msg.OpCharge:
+			s.state.charge(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		default:
 			s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		}
@@ -131,6 +133,8 @@ func (s *Shard) serveWarmed(a *msg.Single) int {
 			s.state.decideWarmed(i, now, a.Key, a.Hash, a.Cost, &a.Reply)
 		case msg.OpPeek:
 			s.state.peek(now, a.Key, a.Hash, &a.Reply)
+		case msg.OpCharge:
+			s.state.charge(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		default:
 			s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		}

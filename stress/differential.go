@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -43,6 +44,8 @@ const (
 	diffAllowAll            // AllowAll: all of reqs or none
 	diffPeek
 	diffRefund
+	diffCharge   // Charge: tokens taken without a decision, into debt
+	diffSnapshot // Snapshot, then Restore into a new engine in its place
 	diffNumKinds
 )
 
@@ -56,7 +59,7 @@ type diffOp struct {
 	kind     diffKind
 	t        int64
 	key      string
-	cost     int64            // Allow's cost, Refund's tokens
+	cost     int64            // Allow's cost, Refund's and Charge's tokens
 	reqs     []engine.Request // AllowBatch's and AllowAll's
 	next     policy.Policy
 	vAbs     bool
@@ -126,6 +129,19 @@ type diffInspector interface {
 	refund(key string, tokens int64) (engine.Decision, error)
 }
 
+// diffCharger is a target with Charge, and diffSnapshotter one that can
+// snapshot itself and carry on as the engine restored from it: the engine
+// and the model (for which it changes nothing: a restore at the reading of
+// the snapshot gives back every balance, debts included). Traces for the
+// Redis store have neither.
+type diffCharger interface {
+	charge(key string, tokens int64) (engine.Decision, error)
+}
+
+type diffSnapshotter interface {
+	snapshotRestore() error
+}
+
 // diffUnreachable is a target that could not be reached or could not serve
 // (Redis down, slow, loading, out of memory): the harness's trouble.
 type diffUnreachable struct{ err error }
@@ -145,6 +161,7 @@ func (c *diffClock) Now() int64 { return c.now.Load() }
 // diffEngine is a real engine behind diffTarget.
 type diffEngine struct {
 	e      *engine.Engine
+	cfg    engine.Config // what e was made with: snapshotRestore makes the next one
 	manual *clock.Manual // nil when back is used
 	back   *diffClock
 	c      *counters
@@ -165,7 +182,7 @@ func diffNewEngine(cfg diffConfig, c *counters) (diffTarget, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.e = e
+	d.e, d.cfg = e, ec
 	return d, nil
 }
 
@@ -246,6 +263,42 @@ func (d *diffEngine) refund(key string, tokens int64) (engine.Decision, error) {
 	return d.e.Refund(context.Background(), key, tokens)
 }
 
+func (d *diffEngine) charge(key string, tokens int64) (engine.Decision, error) {
+	dec, err := d.e.Charge(context.Background(), key, tokens)
+	if d.c != nil && err == nil {
+		d.c.charges.Add(1)
+		if dec.Remaining < 0 {
+			d.c.debts.Add(1)
+		}
+	}
+	return dec, err
+}
+
+// snapshotRestore snapshots the engine, closes it, and restores the
+// snapshot into a new engine of the same configuration and policy, on the
+// same clock, which replaces it. A trace has it only on a clock that never
+// steps back (see diffGen.op).
+func (d *diffEngine) snapshotRestore() error {
+	var buf bytes.Buffer
+	if err := d.e.Snapshot(context.Background(), &buf); err != nil {
+		return err
+	}
+	cfg := d.cfg
+	cfg.Policy = d.e.Policy()
+	if err := d.e.Close(); err != nil {
+		return err
+	}
+	e, _, err := engine.Restore(cfg, &buf, engine.RestoreOptions{})
+	if err != nil {
+		return err
+	}
+	d.e = e
+	if d.c != nil {
+		d.c.restores.Add(1)
+	}
+	return nil
+}
+
 func (d *diffEngine) evictFull() (int, error) { return d.e.EvictFull(context.Background()) }
 func (d *diffEngine) replacePolicy(next policy.Policy, expected int64) error {
 	return d.e.ReplacePolicy(context.Background(), next, expected)
@@ -279,6 +332,10 @@ func (d *diffModel) peek(key string) (engine.Decision, error) { return d.m.Peek(
 func (d *diffModel) refund(key string, tokens int64) (engine.Decision, error) {
 	return d.m.Refund(d.now, key, tokens)
 }
+func (d *diffModel) charge(key string, tokens int64) (engine.Decision, error) {
+	return d.m.Charge(d.now, key, tokens)
+}
+func (d *diffModel) snapshotRestore() error  { return nil }
 func (d *diffModel) evictFull() (int, error) { return d.m.EvictFull(d.now) }
 func (d *diffModel) replacePolicy(next policy.Policy, expected int64) error {
 	return d.m.ReplacePolicy(d.now, next, expected)
@@ -408,6 +465,18 @@ func diffApply(tg diffTarget, op diffOp) diffAnswer {
 		default:
 			a.result = diffDecision(t.refund(op.key, op.cost))
 		}
+	case diffCharge:
+		if t, ok := tg.(diffCharger); ok {
+			a.result = diffDecision(t.charge(op.key, op.cost))
+		} else {
+			a.result = "unsupported"
+		}
+	case diffSnapshot:
+		if t, ok := tg.(diffSnapshotter); ok {
+			a.result = diffErr(t.snapshotRestore())
+		} else {
+			a.result = "unsupported"
+		}
 	}
 	// Policy as it was given: a TokensPerSecond policy never comes back
 	// as its Refill, nor the other way round.
@@ -476,6 +545,10 @@ func (op diffOp) String() string {
 		return fmt.Sprintf("Peek(%s)", diffQuote(op.key))
 	case diffRefund:
 		return fmt.Sprintf("Refund(%s, %d)", diffQuote(op.key), op.cost)
+	case diffCharge:
+		return fmt.Sprintf("Charge(%s, %d)", diffQuote(op.key), op.cost)
+	case diffSnapshot:
+		return "Snapshot(), then Restore() into a new engine"
 	case diffEvict:
 		return "EvictFull()"
 	case diffCutover:

@@ -118,18 +118,25 @@ func diffGenerateFor(seed uint64, shardCounts []int, nops int, store bool) diffT
 	g.m = enginemodel.New(cfg.policy, cfg.maxKeys, cfg.maxKeyBytes)
 
 	// Weights of allow, batch, short batch, evict, cutover, keys,
-	// AllowAll, Peek and Refund; the cutover-heavy profile runs past the
-	// shard's 64-generation history. The Redis store has no AllowAll, and
-	// its target here no Peek or Refund.
+	// AllowAll, Peek, Refund, Charge and Snapshot; the cutover-heavy
+	// profile runs past the shard's 64-generation history, and cuts over
+	// keys in debt. The Redis store has no AllowAll, and its target here no
+	// Peek, Refund, Charge or Snapshot. A snapshot is restored at the
+	// reading it was taken at, so it needs a clock that never steps back
+	// (the restored shards have all observed that reading; the model has
+	// one observed time only for what it served).
 	profiles := [][diffNumKinds]int{
-		{45, 20, 2, 10, 10, 3, 15, 3, 6},
-		{35, 15, 1, 35, 10, 4, 10, 2, 4},
-		{15, 5, 1, 5, 70, 4, 5, 1, 2},
+		{45, 20, 2, 10, 10, 3, 15, 3, 6, 10, 2},
+		{35, 15, 1, 35, 10, 4, 10, 2, 4, 8, 2},
+		{15, 5, 1, 5, 70, 4, 5, 1, 2, 6, 1},
 	}
 	pi := r.IntN(len(profiles))
 	prof := profiles[pi]
 	if store {
-		prof[diffAllowAll], prof[diffPeek], prof[diffRefund] = 0, 0, 0
+		prof[diffAllowAll], prof[diffPeek], prof[diffRefund], prof[diffCharge] = 0, 0, 0, 0
+	}
+	if store || cfg.regress {
+		prof[diffSnapshot] = 0
 	}
 	if pi == 2 {
 		nops *= 2
@@ -188,6 +195,13 @@ func (g *diffGen) op(kind diffKind) diffOp {
 		}
 		d, err := g.m.Refund(g.t, op.key, op.cost)
 		g.mark(d, err)
+	case diffCharge:
+		op.key = g.key()
+		op.cost = g.chargeTokens(op.key)
+		d, err := g.m.Charge(g.t, op.key, op.cost)
+		g.mark(d, err)
+	case diffSnapshot:
+		// The model is its own snapshot: nothing changes.
 	case diffEvict:
 		_, _ = g.m.EvictFull(g.t)
 	case diffCutover:
@@ -273,6 +287,27 @@ func (g *diffGen) mark(d engine.Decision, err error) {
 	}
 	if len(g.marks) > 8 {
 		g.marks = slices.Delete(g.marks, 0, len(g.marks)-8)
+	}
+}
+
+// chargeTokens draws the tokens of a Charge on key: a few, about its least
+// capacity, a multiple of it (past the floor of its bands), anything up to
+// math.MaxInt64, or an invalid count.
+func (g *diffGen) chargeTokens(key string) int64 {
+	c := minCapacity(shapeOf(g.m.Policy(), key))
+	switch g.r.IntN(12) {
+	case 0:
+		return int64(g.r.IntN(2)) - 1 // 0 or -1: ErrInvalidCost
+	case 1, 2:
+		return 1 + g.r.Int64N(3)
+	case 3, 4:
+		return max(1, diffAdd(c, int64(g.r.IntN(3)-1)))
+	case 5, 6:
+		return diffAdd(c, diffAdd(c, int64(g.r.IntN(3)-1))) // about twice: a full bucket's floor
+	case 7:
+		return math.MaxInt64 - g.r.Int64N(2)
+	default:
+		return 1 + g.r.Int64N(min(c, math.MaxInt64/3)*3)
 	}
 }
 

@@ -23,7 +23,8 @@ import (
 func TestDiffSeeds(t *testing.T) {
 	seen := map[string]int{}
 	want := []string{"ErrInvalidKey", "ErrInvalidCost", "ErrCostExceedsCapacity", "ErrKeyCapacity", "ErrStalePolicy", "ErrClockRegression",
-		"ErrInvalidConfig", "ErrInvalidPolicy", "Allowed:false", "Allowed:true", "t=9223372036854775807 ", "AllowBatch(", "AllowAll(", "Peek(", "Refund("}
+		"ErrInvalidConfig", "ErrInvalidPolicy", "Allowed:false", "Allowed:true", "t=9223372036854775807 ", "AllowBatch(", "AllowAll(", "Peek(", "Refund(",
+		"Charge(", "Remaining:-", "Snapshot()"}
 	longest := 0
 	c := &counters{}
 	events := map[string]int{}
@@ -82,6 +83,7 @@ type diffFault struct {
 	bandAdmit bool // report a denial a band beside the primary bound as allowed
 	allLast   bool // name an AllowAll's last request as the binding one
 	allSome   bool // a refused AllowAll still takes from every key that holds its cost
+	debt      bool // a charge into debt reports one token less of debt than it took
 }
 
 // fake applies the band faults to one decision for key.
@@ -148,6 +150,18 @@ func (f *diffFault) refund(key string, tokens int64) (engine.Decision, error) {
 	return f.diffTarget.(diffInspector).refund(key, tokens)
 }
 
+func (f *diffFault) charge(key string, tokens int64) (engine.Decision, error) {
+	d, err := f.diffTarget.(diffCharger).charge(key, tokens)
+	if f.debt && err == nil && d.Remaining < 0 {
+		d.Remaining++
+	}
+	return d, err
+}
+
+func (f *diffFault) snapshotRestore() error {
+	return f.diffTarget.(diffSnapshotter).snapshotRestore()
+}
+
 func (f *diffFault) allowBatch(reqs []engine.Request, out []engine.Result) error {
 	err := f.diffTarget.allowBatch(reqs, out)
 	for i := range out {
@@ -208,6 +222,7 @@ func TestDiffShrink(t *testing.T) {
 		{"default limit reported", diffFault{limit: true}, 2, "Allow"},
 		{"AllowAll's binding request misnamed", diffFault{allLast: true}, 1, "AllowAll("},
 		{"AllowAll refused but taken in part", diffFault{allSome: true}, 3, ""},
+		{"debt rounded toward zero", diffFault{debt: true}, 1, "Charge("},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mk := func(cfg diffConfig, c *counters) (diffTarget, error) {

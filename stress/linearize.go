@@ -55,6 +55,7 @@ package main
 //     evicted (checked in unpartitioned histories).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -274,7 +275,8 @@ func linCapacity(rng *rand.Rand, cur policy.Policy, key string) int64 {
 
 // linCall is one planned engine call. kind uses the operation kinds:
 // linAllow (an AllowBatch when reqs is set), linAllowAll (of reqs),
-// linRefund (of cost tokens), linPeek, linCutover, linPass for EvictFull,
+// linRefund and linCharge (of cost tokens), linPeek, linCutover, linPass
+// for EvictFull,
 // linKeyCount and linPolicy.
 type linCall struct {
 	kind     linKind
@@ -299,18 +301,24 @@ type linRecorder struct {
 // linRecord runs spec's history on a fresh engine and returns it.
 func linRecord(spec *linSpec, rng *rand.Rand, c *counters) ([]porcupine.Operation, error) {
 	clk := clock.NewManual(spec.start)
-	e, err := engine.New(engine.Config{Policy: spec.pol, MaxKeys: spec.maxKeys, Shards: spec.shards, Clock: clk})
+	cfg := engine.Config{Policy: spec.pol, MaxKeys: spec.maxKeys, Shards: spec.shards, Clock: clk}
+	e, err := engine.New(cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer e.Close()
 	r := &linRecorder{e: e, spec: spec, c: c, shardOf: linShards(e, spec.keys)}
+	defer func() { _ = r.e.Close() }() // the engine in use at the end
 	r.groups = linGroups(rng, spec, r.shardOf)
 	ops := make([][]porcupine.Operation, spec.clients) // ops[w] is written only by client w
 	for round := range spec.rounds {
 		if round > 0 {
 			// No call is in flight: the previous round has been waited for.
 			clk.Advance(time.Duration(linSteps[rng.IntN(len(linSteps))]))
+			if rng.IntN(8) == 0 {
+				if err := r.restart(cfg); err != nil {
+					return nil, err
+				}
+			}
 		}
 		now := clk.Now()
 		plans := r.plan(rng)
@@ -331,9 +339,33 @@ func linRecord(spec *linSpec, rng *rand.Rand, c *counters) ([]porcupine.Operatio
 	for _, o := range ops {
 		h = append(h, o...)
 	}
-	c.holdsAborted.Add(int64(e.Stats().Total.HoldsAborted))
+	c.holdsAborted.Add(int64(r.e.Stats().Total.HoldsAborted))
 	linCountOverrides(spec, h, c)
 	return h, nil
+}
+
+// restart snapshots the engine between rounds, closes it, and goes on with
+// the engine Restore builds from the snapshot, under the policy in force, at
+// the same reading: every balance comes back as it was, debts included, so
+// the history needs no operation for it. The shards' counts of what was
+// held while it ran start again from zero.
+func (r *linRecorder) restart(cfg engine.Config) error {
+	var buf bytes.Buffer
+	if err := r.e.Snapshot(context.Background(), &buf); err != nil {
+		return err
+	}
+	r.c.holdsAborted.Add(int64(r.e.Stats().Total.HoldsAborted))
+	cfg.Policy = r.e.Policy()
+	if err := r.e.Close(); err != nil {
+		return err
+	}
+	e, _, err := engine.Restore(cfg, &buf, engine.RestoreOptions{})
+	if err != nil {
+		return err
+	}
+	r.e = e
+	r.c.restores.Add(1)
+	return nil
 }
 
 // linCountOverrides counts, for the summary and the tests, the decisions of
@@ -390,9 +422,12 @@ func (r *linRecorder) plan(rng *rand.Rand) [][]linCall {
 		for range 1 + rng.IntN(sp.perRound) {
 			var call linCall
 			switch k := rng.IntN(100); {
-			case k < 42:
+			case k < 36:
 				key := r.randKey(rng)
 				call = linCall{kind: linAllow, key: key, cost: linCost(rng, linCapacity(rng, cur, key))}
+			case k < 42:
+				key := r.randKey(rng)
+				call = linCall{kind: linCharge, key: key, cost: linChargeTokens(rng, linCapacity(rng, cur, key))}
 			case k < 53:
 				call = linCall{kind: linAllow, reqs: r.randBatch(rng, cur)}
 			case k < 67:
@@ -592,6 +627,24 @@ func linCost(rng *rand.Rand, capacity int64) int64 {
 	}
 }
 
+// linChargeTokens draws the tokens of a Charge: mostly a few, else about
+// the capacity, twice it (a full bucket taken to its floor), far past it,
+// or invalid.
+func linChargeTokens(rng *rand.Rand, capacity int64) int64 {
+	switch k := rng.IntN(20); {
+	case k < 10:
+		return 1 + rng.Int64N(3)
+	case k < 14:
+		return capacity
+	case k < 17:
+		return min(capacity, math.MaxInt64/2) * 2
+	case k < 19:
+		return math.MaxInt64
+	default:
+		return 0 // ErrInvalidCost
+	}
+}
+
 // linCutoverCall draws a ReplacePolicy aimed at cur: mostly one that can
 // succeed (clients racing with the same expected version: one wins), else
 // stale in each way, or invalid. Its overrides are new, cur's moved, or
@@ -665,15 +718,25 @@ func (r *linRecorder) do(w int, now int64, call linCall, ops []porcupine.Operati
 		r.c.record(d, err)
 		r.countAll(call.reqs, d, err)
 		add(&linInput{kind: linAllowAll, now: now, reqs: call.reqs}, &linOutput{res: []linResult{{d, err}}, n: at}, t0, t1)
-	case linRefund, linPeek:
+	case linRefund, linPeek, linCharge:
 		t0 := r.seq.Add(1)
 		var d engine.Decision
 		var err error
 		in := &linInput{kind: call.kind, now: now, key: call.key}
-		if call.kind == linRefund {
+		switch call.kind {
+		case linRefund:
 			d, err = r.e.Refund(ctx, call.key, call.cost)
 			in.costs = []int64{call.cost}
-		} else {
+		case linCharge:
+			d, err = r.e.Charge(ctx, call.key, call.cost)
+			in.costs = []int64{call.cost}
+			if err == nil {
+				r.c.charges.Add(1)
+				if d.Remaining < 0 {
+					r.c.debts.Add(1)
+				}
+			}
+		default:
 			d, err = r.e.Peek(ctx, call.key)
 		}
 		t1 := r.seq.Add(1)

@@ -88,7 +88,7 @@ func linVersions(h []porcupine.Operation) *Violation {
 	for _, op := range h {
 		in, out := op.Input.(*linInput), op.Output.(*linOutput)
 		switch in.kind {
-		case linAllow, linAllowAll, linRefund, linPeek:
+		case linAllow, linAllowAll, linRefund, linPeek, linCharge:
 			lo, hi := int64(math.MaxInt64), int64(math.MinInt64)
 			for _, r := range out.res {
 				if r.err == nil {

@@ -36,6 +36,7 @@ const (
 	linAllowAll                // an AllowAll call, whole: it is atomic over all its keys
 	linRefund                  // a Refund call
 	linPeek                    // a Peek call
+	linCharge                  // a Charge call
 )
 
 // linInput is an operation's invocation. Every operation of a history
@@ -44,8 +45,8 @@ const (
 type linInput struct {
 	kind     linKind
 	now      int64
-	key      string           // linAllow, linPass, linRefund, linPeek
-	costs    []int64          // linAllow; linRefund: the tokens, alone
+	key      string           // linAllow, linPass, linRefund, linPeek, linCharge
+	costs    []int64          // linAllow; linRefund, linCharge: the tokens, alone
 	batch    bool             // linAllow: the items come from an AllowBatch
 	reqs     []engine.Request // linAllowAll
 	next     policy.Policy
@@ -63,7 +64,7 @@ type linResult struct {
 
 // linOutput is an operation's response.
 type linOutput struct {
-	res []linResult   // linAllow, one per cost; linAllowAll, linRefund, linPeek: one
+	res []linResult   // linAllow, one per cost; linAllowAll, linRefund, linPeek, linCharge: one
 	err error         // linAllow: AllowBatch's own error; linCutover; linPass: EvictFull's error
 	n   int           // linPass: the count EvictFull returned; linKeyCount: the count; linAllowAll: the index
 	pol policy.Policy // linPolicy
@@ -228,7 +229,7 @@ func (sp *linSpec) partition(h []porcupine.Operation) [][]porcupine.Operation {
 	for _, op := range h {
 		in := op.Input.(*linInput)
 		switch in.kind {
-		case linAllow, linPass, linRefund, linPeek:
+		case linAllow, linPass, linRefund, linPeek, linCharge:
 			p := partOf(in.key)
 			parts[p] = append(parts[p], op)
 		case linAllowAll:
@@ -287,7 +288,7 @@ func linPartitionKey(part []porcupine.Operation) string {
 // for an operation on no key.
 func linKeyOf(in *linInput) string {
 	switch in.kind {
-	case linAllow, linPass, linRefund, linPeek:
+	case linAllow, linPass, linRefund, linPeek, linCharge:
 		return in.key
 	case linAllowAll:
 		if len(in.reqs) > 0 {
@@ -325,6 +326,19 @@ func (sp *linSpec) step(s *linState, in *linInput, out *linOutput) (bool, *linSt
 		}
 		if _, ok := m.Bucket(in.key); !ok {
 			return true, s // an untracked key: nothing to credit
+		}
+		return true, linNewState(m, s.tally)
+	case linCharge:
+		if len(out.res) != 1 {
+			return false, nil
+		}
+		m := s.m.Clone()
+		d, err := m.Charge(in.now, in.key, in.costs[0])
+		if d != out.res[0].d || linErrName(err) != linErrName(out.res[0].err) {
+			return false, nil
+		}
+		if err != nil {
+			return true, s // nothing changed
 		}
 		return true, linNewState(m, s.tally)
 	case linCutover:
@@ -514,6 +528,8 @@ func linDescribe(in *linInput, out *linOutput) string {
 		fmt.Fprintf(&b, "Refund(%q, %d) -> %s", in.key, in.costs[0], linResultString(out.res[0]))
 	case linPeek:
 		fmt.Fprintf(&b, "Peek(%q) -> %s", in.key, linResultString(out.res[0]))
+	case linCharge:
+		fmt.Fprintf(&b, "Charge(%q, %d) -> %s", in.key, in.costs[0], linResultString(out.res[0]))
 	case linCutover:
 		fmt.Fprintf(&b, "ReplacePolicy(%s, expected %d) -> %s", policyText(in.next), in.expected, linErrOrNil(out.err))
 	case linPass:

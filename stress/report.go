@@ -105,6 +105,9 @@ type counters struct {
 	allRefused   atomic.Int64 // AllowAll calls refused (decided, not an error)
 	allSpread    atomic.Int64 // decided AllowAll calls over keys of several shards, where a check knows it
 	holdsAborted atomic.Int64 // AllowAll holds given up for a cutover, sweep or Close (the call tried again), where a check reads them
+	charges      atomic.Int64 // Charge calls answered, where a check makes them
+	debts        atomic.Int64 // of those, charges that left the binding band in debt
+	restores     atomic.Int64 // engines restored from a snapshot mid-trace
 	peakHeap     atomic.Uint64
 	report       atomic.Pointer[string] // a measurement's table, printed after the summary
 }
@@ -308,6 +311,7 @@ func summarize(out io.Writer, o options, c *counters, done []outcome, took time.
 		{"bands added, dropped or reshaped by a cutover", c.bandMoves.Load()},
 		{"AllowAll admitted, refused (over several shards)", fmt.Sprintf("%d, %d (%d)", c.allAdmitted.Load(), c.allRefused.Load(), c.allSpread.Load())},
 		{"AllowAll holds given up to a cutover or sweep (the call tried again)", c.holdsAborted.Load()},
+		{"charges (leaving a debt), snapshot restores", fmt.Sprintf("%d (%d), %d", c.charges.Load(), c.debts.Load(), c.restores.Load())},
 		{"flood keys offered", c.floodKeys.Load()},
 		{"peak heap", fmt.Sprintf("%.1f MiB", float64(c.peakHeap.Load())/(1<<20))},
 	})

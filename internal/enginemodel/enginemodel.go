@@ -96,6 +96,13 @@ func (m *Model) Refund(now int64, key string, tokens int64) (engine.Decision, er
 	return decisionOf(d), engineErr(err)
 }
 
+// Charge takes tokens from key at now without a decision, as
+// model.Model.Charge does.
+func (m *Model) Charge(now int64, key string, tokens int64) (engine.Decision, error) {
+	d, err := m.m.Charge(now, key, tokens)
+	return decisionOf(d), engineErr(err)
+}
+
 // EvictIfFull removes key's bucket if it is full at now, as
 // model.Model.EvictIfFull does.
 func (m *Model) EvictIfFull(now int64, key string) (bool, error) {

@@ -66,13 +66,13 @@ func (b band) wait(t *big.Rat, target int64) time.Duration {
 
 var maxInt64 = big.NewInt(math.MaxInt64)
 
-// floor returns the greatest integer at most x >= 0.
-func floor(x *big.Rat) *big.Int { return new(big.Int).Quo(x.Num(), x.Denom()) }
+// floor returns the greatest integer at most x, a debt's included.
+func floor(x *big.Rat) *big.Int { return new(big.Int).Div(x.Num(), x.Denom()) } // Euclidean: floor, as Denom > 0
 
-// ceil returns the least integer at least x >= 0.
+// ceil returns the least integer at least x.
 func ceil(x *big.Rat) *big.Int {
-	q, r := new(big.Int).QuoRem(x.Num(), x.Denom(), new(big.Int))
-	if r.Sign() > 0 {
+	q, m := new(big.Int).DivMod(x.Num(), x.Denom(), new(big.Int))
+	if m.Sign() > 0 {
 		q.Add(q, big.NewInt(1))
 	}
 	return q

@@ -13,8 +13,9 @@
 // package engine, which the shards write too; package internal/enginemodel
 // wraps a Model to answer in the engine's types.
 //
-// Besides Allow and AllowBatch it answers Peek and Refund as the engine
-// does, and AllowAll, the all-or-nothing decision over several keys, as one
+// Besides Allow and AllowBatch it answers Peek, Refund and Charge (a cost
+// taken without a decision, which may leave a band in debt down to minus
+// its capacity) as the engine does, and AllowAll, the all-or-nothing decision over several keys, as one
 // step: the engine's AllowAll is linearizable, so its specification is a
 // single transition over every key it names.
 //

@@ -35,9 +35,10 @@ type Bucket struct {
 	//
 	// A band of rate N per P ns only ever holds a multiple of 1/P tokens:
 	// it starts at its whole capacity, a refill adds elapsed x N/P, a
-	// decision takes whole tokens, the cap is whole, and a cutover that
-	// changes the period rounds the balance down to a multiple of the new
-	// 1/P.
+	// decision or a charge takes whole tokens, the cap and the floor are
+	// whole, and a cutover that changes the period rounds the balance down
+	// to a multiple of the new 1/P. A balance may be negative, a debt (see
+	// Charge), down to minus the band's capacity.
 	Tokens []*big.Rat
 }
 
@@ -169,6 +170,56 @@ func (m *Model) Allow(now int64, key string, cost int64) (Decision, error) {
 		take(b, cost)
 	}
 	d := m.answer(bands, b, cost, allowed)
+	m.buckets[key] = b
+	m.last = now
+	return d, nil
+}
+
+// Charge takes tokens from key at now without a decision: it is never
+// denied for lack of tokens. It checks, in this order, that the key is
+// neither blank nor longer than the bound (ErrInvalidKey), that tokens is at
+// least 1 (ErrInvalidCost; no bound above: a cost known after the work may
+// exceed every capacity), that now is not before the latest reading an
+// operation succeeded at (ErrClockRegression), and that a new key finds
+// room under the key bound (ErrKeyCapacity); an error changes nothing. A
+// new key starts with every band full at now, and is then charged.
+//
+// Every band is refilled up to now, then loses tokens, down to minus its
+// capacity at most (its floor); what would go below the floor is forgiven.
+// The Decision is allowed and describes the band with the fewest whole
+// tokens left (ties to the lowest index): Remaining is floored and may be
+// negative, ResetAfter is the time to repay the debt and refill to full,
+// RetryAfter is 0.
+func (m *Model) Charge(now int64, key string, tokens int64) (Decision, error) {
+	if !m.validKey(key) {
+		return Decision{}, ErrInvalidKey
+	}
+	if tokens < 1 {
+		return Decision{}, ErrInvalidCost
+	}
+	if now < m.last {
+		return Decision{}, ErrClockRegression
+	}
+	bands := bandsOf(m.pol, key)
+	b, ok := m.buckets[key]
+	if ok {
+		b = b.clone()
+	} else {
+		if len(m.buckets) >= m.maxKeys {
+			return Decision{}, ErrKeyCapacity
+		}
+		b = full(bands, now)
+	}
+	refill(bands, &b, now)
+	n := new(big.Rat).SetInt64(tokens)
+	for i, bd := range bands {
+		t := b.bands[i]
+		t.Sub(t, n)
+		if f := new(big.Rat).SetInt64(-bd.capacity); t.Cmp(f) < 0 {
+			t.Set(f)
+		}
+	}
+	d := m.answer(bands, b, 1, true)
 	m.buckets[key] = b
 	m.last = now
 	return d, nil
@@ -310,9 +361,11 @@ func (m *Model) evictIfFull(now int64, key string) bool {
 // balance, and each other band the balance of the old limit's band of the
 // same name (the old primary is not a candidate). A carried balance whose
 // band's period changes is rounded down to a whole unit of the new period
-// (a multiple of 1/Per tokens), the one rounding the contract allows, and is
-// then clamped to the new capacity, never raised; a band new in next starts
-// full, and a band next does not have is dropped. So a cutover never hands
+// (a multiple of 1/Per tokens; a debt toward more debt), the one rounding
+// the contract allows, and is then clamped to the new capacity, never
+// raised, and a debt to the new floor (minus the new capacity) if it is
+// deeper; a band new in next starts full, and a band next does not have is
+// dropped. So a cutover never hands
 // out tokens, except through a new band, which only ever restricts.
 //
 // The errors come in this order: next's own Validate error (which wraps
@@ -349,6 +402,9 @@ func (m *Model) ReplacePolicy(now int64, next policy.Policy, expectedVersion int
 			}
 			if c := new(big.Rat).SetInt64(bd.capacity); t.Cmp(c) > 0 {
 				t.Set(c)
+			}
+			if f := new(big.Rat).SetInt64(-bd.capacity); t.Cmp(f) < 0 {
+				t.Set(f)
 			}
 			carried.bands[i] = t
 		}
