@@ -170,6 +170,14 @@ func (m *mutant) AllowAll(ctx context.Context, reqs []engine.Request) (engine.De
 	return d, at, err
 }
 
+func (m *mutant) Charge(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
+	return m.cur.Load().Charge(m.ctx(ctx), key, tokens)
+}
+
+func (m *mutant) Refund(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
+	return m.cur.Load().Refund(m.ctx(ctx), key, tokens)
+}
+
 func (m *mutant) EvictFull(ctx context.Context) (int, error) {
 	if m.fault == "evict-nothing" {
 		return 0, m.ctx(ctx).Err()
