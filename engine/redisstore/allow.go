@@ -634,7 +634,7 @@ func word(w string) any {
 	return w
 }
 
-// decided turns a script result of mode "a", "A", "p" or "r" into its
+// decided turns a script result of mode "a", "A", "p", "r" or "d" into its
 // Decision. AllowAll counts its own decisions, per request.
 func (s *Store) decided(it *item, st *state, mode string, code int64, x, y any) {
 	switch mode {
