@@ -43,7 +43,7 @@ func TestScriptDebtMatchesPolicy(t *testing.T) {
 	if testing.Short() {
 		traces = 40
 	}
-	var debts, floors int
+	var debts, floors, cuts int
 	for i := range traces {
 		p := policy.Policy{Version: 1, Capacity: pick(), Refill: rate()}
 		if r.IntN(3) == 0 {
@@ -57,19 +57,34 @@ func TestScriptDebtMatchesPolicy(t *testing.T) {
 		if err := p.Validate(); err != nil {
 			continue
 		}
+		next := func(version int64) policy.Policy {
+			q := policy.Policy{Version: version, Capacity: pick(), Refill: rate()}
+			if r.IntN(2) == 0 {
+				q.Capacity, q.Refill = 1+r.Int64N(1000), policy.Rate{Tokens: 1 + r.Int64N(100), Per: pers[r.IntN(len(pers))]}
+			}
+			if r.IntN(2) == 0 {
+				bs, err := policy.NewBands(policy.Band{Name: "b", Capacity: pick(), Refill: rate()})
+				require.NoError(t, err)
+				q.Bands = bs
+			}
+			return q
+		}
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
-			d, f := debtTrace(t, r, p, pick)
-			debts, floors = debts+d, floors+f
+			d, f, c := debtTrace(t, r, p, pick, next)
+			debts, floors, cuts = debts+d, floors+f, cuts+c
 		})
 	}
-	t.Logf("%d answers in debt, %d of them at a floor", debts, floors)
+	t.Logf("%d answers in debt, %d of them at a floor; %d cutovers of a key in debt", debts, floors, cuts)
+	require.Positive(t, cuts, "no cutover of a key in debt")
 	require.Positive(t, debts-floors, "no debt short of the floor was exercised")
 	require.Positive(t, floors, "no floor was exercised")
 }
 
 // debtTrace plays one random trace on a fresh store and checks each answer.
-// It returns how many answers were in debt, and how many at a floor.
-func debtTrace(t *testing.T, r *rand.Rand, p policy.Policy, pick func() int64) (debts, floors int) {
+// It returns how many answers were in debt, how many at a floor, and how
+// many cutovers met the key in debt.
+// next draws a policy to cut over to.
+func debtTrace(t *testing.T, r *rand.Rand, p policy.Policy, pick func() int64, next func(int64) policy.Policy) (debts, floors, cuts int) {
 	clk := &setClock{}
 	now := r.Int64N(1 << 62)
 	clk.now.Store(now)
@@ -86,6 +101,7 @@ func debtTrace(t *testing.T, r *rand.Rand, p policy.Policy, pick func() int64) (
 		minCap = min(minCap, sh.Band(i).Capacity)
 	}
 	var log []string
+	exists := false // whether the store has written the key's bucket
 	for step := range 40 {
 		switch r.IntN(4) {
 		case 0:
@@ -101,6 +117,32 @@ func debtTrace(t *testing.T, r *rand.Rand, p policy.Policy, pick func() int64) (
 		var got engine.Decision
 		var err error
 		var op string
+		if r.IntN(8) == 0 {
+			q := next(p.Version + 1)
+			if q.Validate() == nil {
+				require.NoError(t, s.ReplacePolicy(ctx, q, p.Version))
+				log = append(log, fmt.Sprintf("cutover at %d to %+v %+v", now, q, q.Bands))
+				nsh := q.Shape()
+				for _, v := range lv {
+					if v.Tokens < 0 {
+						cuts++
+						break
+					}
+				}
+				out := make([]policy.Level, nsh.Len())
+				policy.CutoverLevels(sh, lv, nsh, out)
+				if !exists { // a key never written is full under the new limit
+					for i := range out {
+						out[i] = policy.FullLevel(nsh.Band(i))
+					}
+				}
+				p, sh, lv = q, nsh, out
+				minCap = sh.Primary.Capacity
+				for i := 1; i < sh.Len(); i++ {
+					minCap = min(minCap, sh.Band(i).Capacity)
+				}
+			}
+		}
 		switch k := r.IntN(5); {
 		case k <= 1:
 			n := pick()
@@ -110,6 +152,7 @@ func debtTrace(t *testing.T, r *rand.Rand, p policy.Policy, pick func() int64) (
 			op = fmt.Sprintf("Charge %d at %d", n, now)
 			got, err = s.Charge(ctx, "k", n)
 			o, at = policy.ChargeLevels(sh, lv, n)
+			exists = true
 		case k <= 3:
 			n := 1 + r.Int64N(minCap)
 			if r.IntN(2) == 0 {
@@ -118,6 +161,7 @@ func debtTrace(t *testing.T, r *rand.Rand, p policy.Policy, pick func() int64) (
 			op = fmt.Sprintf("Allow %d at %d", n, now)
 			got, err = s.Allow(ctx, "k", n)
 			o, at = policy.DecideLevels(sh, lv, n)
+			exists = exists || o.Allowed
 		default:
 			n := pick()
 			op = fmt.Sprintf("Refund %d at %d", n, now)
@@ -129,7 +173,7 @@ func debtTrace(t *testing.T, r *rand.Rand, p policy.Policy, pick func() int64) (
 		}
 		log = append(log, op)
 		require.NoError(t, err, "policy %+v, ops %v", p, log)
-		want := engine.Decision{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: time.Duration(o.RetryAfter), Version: 1,
+		want := engine.Decision{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: time.Duration(o.RetryAfter), Version: p.Version,
 			Limit: sh.Band(at).Capacity, ResetAfter: time.Duration(o.ResetAfter), Band: sh.BandName(at)}
 		require.Equal(t, want, got, "step %d, policy %+v bands %+v, levels %+v, ops %v", step, p, p.Bands, lv, log)
 		if o.Remaining < 0 {
@@ -139,5 +183,5 @@ func debtTrace(t *testing.T, r *rand.Rand, p policy.Policy, pick func() int64) (
 			}
 		}
 	}
-	return debts, floors
+	return debts, floors, cuts
 }
