@@ -93,12 +93,13 @@
 -- force and nothing was done; "nopolicy" (nothing follows); "chain": bucket
 -- done+1 is behind a version with overrides that its chain lacks, and its
 -- version follows, then the results of the buckets before it (mode "A":
--- done is 0 and nothing was written). Results (modes "a", "A", "p", "r", "d"):
--- three per done bucket. A code: in "a" and "A", 1 allowed (in "A", would
--- be allowed alone), 0 denied, 2 cost above a band's capacity; in "p" and
--- "r", 1 if the bucket exists, else 0; in "d", the same, unused. Then the balance after the
--- operation: on the fast path T and F, two integers; on the general path
--- the units, one decimal per band joined by " ", and ""; for 2, "" and "".
+-- done is 0 and nothing was written). Results (modes "a", "A", "p", "r",
+-- "d"): three per done bucket. A code: in "a" and "A", 1 allowed (in "A",
+-- would be allowed alone), 0 denied, 2 cost above a band's capacity; in
+-- "p", "r" and "d", 1 if the bucket exists, else 0 (unused in "d"). Then
+-- the balance after the operation: on the fast path T and F, two integers
+-- (T negative in debt); on the general path the units, one decimal per band
+-- joined by " " ("-" in debt), and ""; for 2, "" and "".
 
 -- The protocol's positions, which the Go encoder is tested against.
 local KEY = { policy = 1, history = 2, pending = 3, buckets = 4 }
