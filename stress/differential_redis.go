@@ -134,7 +134,7 @@ func (d *diffRedis) allow(key string, cost int64) (engine.Decision, error) {
 func (d *diffRedis) charge(key string, tokens int64) (engine.Decision, error) {
 	dec, err := d.s.Charge(context.Background(), key, tokens)
 	d.unreachable(err) // ErrKeyCapacity: Redis out of memory; a degraded answer told onError
-	if err == nil && !dec.Degraded {
+	if d.c != nil && err == nil && !dec.Degraded {
 		d.c.charges.Add(1)
 		if dec.Remaining < 0 {
 			d.c.debts.Add(1)
