@@ -34,10 +34,14 @@ import (
 // (see Engine.Charge and Engine.Refund).
 type Admitter interface {
 	Allow(ctx context.Context, key string, cost int64) (Decision, error)
-	Charge(ctx context.Context, key string, tokens int64) (Decision, error)
-	Refund(ctx context.Context, key string, tokens int64) (Decision, error)
 	AllowBatch(ctx context.Context, reqs []Request, out []Result) error
 	AllowAll(ctx context.Context, reqs []Request) (Decision, int, error)
+	// Charge takes tokens from key without a decision, into debt if need
+	// be, each band down to minus its capacity (see Engine.Charge).
+	Charge(ctx context.Context, key string, tokens int64) (Decision, error)
+	// Refund credits tokens back to key, each band capped at its capacity
+	// (see Engine.Refund).
+	Refund(ctx context.Context, key string, tokens int64) (Decision, error)
 	EvictFull(ctx context.Context) (int, error)
 	ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error
 	Policy() policy.Policy

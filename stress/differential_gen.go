@@ -121,7 +121,7 @@ func diffGenerateFor(seed uint64, shardCounts []int, nops int, store bool) diffT
 	// AllowAll, Peek, Refund, Charge and Snapshot; the cutover-heavy
 	// profile runs past the shard's 64-generation history, and cuts over
 	// keys in debt. The Redis store has no AllowAll, and its target here no
-	// Peek, Refund, Charge or Snapshot. A snapshot is restored at the
+	// Snapshot. A snapshot is restored at the
 	// reading it was taken at, so it needs a clock that never steps back
 	// (the restored shards have all observed that reading; the model has
 	// one observed time only for what it served).
@@ -133,7 +133,7 @@ func diffGenerateFor(seed uint64, shardCounts []int, nops int, store bool) diffT
 	pi := r.IntN(len(profiles))
 	prof := profiles[pi]
 	if store {
-		prof[diffAllowAll], prof[diffPeek], prof[diffRefund], prof[diffCharge] = 0, 0, 0, 0
+		prof[diffAllowAll] = 0
 	}
 	if store || cfg.regress {
 		prof[diffSnapshot] = 0

@@ -131,6 +131,30 @@ func (d *diffRedis) allow(key string, cost int64) (engine.Decision, error) {
 	return dec, err
 }
 
+func (d *diffRedis) charge(key string, tokens int64) (engine.Decision, error) {
+	dec, err := d.s.Charge(context.Background(), key, tokens)
+	d.unreachable(err) // ErrKeyCapacity: Redis out of memory; a degraded answer told onError
+	if d.c != nil && err == nil && !dec.Degraded {
+		d.c.charges.Add(1)
+		if dec.Remaining < 0 {
+			d.c.debts.Add(1)
+		}
+	}
+	return dec, err
+}
+
+func (d *diffRedis) peek(key string) (engine.Decision, error) {
+	dec, err := d.s.Peek(context.Background(), key)
+	d.unreachable(err)
+	return dec, err
+}
+
+func (d *diffRedis) refund(key string, tokens int64) (engine.Decision, error) {
+	dec, err := d.s.Refund(context.Background(), key, tokens)
+	d.unreachable(err)
+	return dec, err
+}
+
 func (d *diffRedis) allowBatch(reqs []engine.Request, out []engine.Result) error {
 	err := d.s.AllowBatch(context.Background(), reqs, out)
 	if len(out) >= len(reqs) {

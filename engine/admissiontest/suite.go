@@ -85,6 +85,7 @@ var suite = []group{
 	{"Differential", differentialBehaviours},
 	{"Bands", bandBehaviours},
 	{"AllowAll", allowAllBehaviours},
+	{"Charge", chargeBehaviours},
 }
 
 // Run runs every behaviour test as a subtest of t.

@@ -390,10 +390,10 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 					load = true
 				case a == actOOM && viaFunc:
 					eval = true
-				case a == actOOM && (mode == "a" || mode == modeAll):
+				case a == actOOM && (mode == "a" || mode == modeAll || mode == modeCharge):
 					for _, it := range chunk {
 						*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
-						if it.over || it.cost > minCapacity(st.p.ShapeAt(it.idx)) {
+						if mode != modeCharge && (it.over || it.cost > minCapacity(st.p.ShapeAt(it.idx))) {
 							it.out.Err = engine.ErrCostExceedsCapacity // checked before the key bound
 						}
 					}
@@ -621,7 +621,7 @@ func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, 
 // boxed anew allocates); word is w boxed, from words if it is one.
 var words = func() map[string]any {
 	m := map[string]any{}
-	for _, w := range []string{"", "a", modeAll, "p", "r", "e", "c", "0", "1"} {
+	for _, w := range []string{"", "a", modeAll, "p", "r", modeCharge, "e", "c", "0", "1"} {
 		m[w] = w
 	}
 	return m
@@ -634,7 +634,7 @@ func word(w string) any {
 	return w
 }
 
-// decided turns a script result of mode "a", "A", "p" or "r" into its
+// decided turns a script result of mode "a", "A", "p", "r" or "d" into its
 // Decision. AllowAll counts its own decisions, per request.
 func (s *Store) decided(it *item, st *state, mode string, code int64, x, y any) {
 	switch mode {
@@ -673,6 +673,9 @@ func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) 
 	lv := buf[:sh.Len()]
 	if err := levels(sh, x, y, lv); err != nil {
 		return engine.Decision{}, err
+	}
+	if mode == modeCharge {
+		return chargeDecision(sh, lv), nil
 	}
 	if mode == "a" && plain(sh) {
 		// The one band of a rate per second, as the store always decided it.
@@ -719,7 +722,7 @@ func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) 
 func levels(sh policy.Shape, x, y any, lv []policy.Level) error {
 	if t, ok := x.(int64); ok {
 		f, ok := y.(int64)
-		if !ok || len(lv) != 1 || t < 0 || f < 0 || uint64(f) >= period(sh.Primary) {
+		if !ok || len(lv) != 1 || t < -sh.Primary.Capacity || f < 0 || uint64(f) >= period(sh.Primary) {
 			return fmt.Errorf("balance %v %v for %d bands", x, y, len(lv))
 		}
 		lv[0] = policy.Level{Tokens: t, Frac: uint64(f)}
@@ -732,7 +735,7 @@ func levels(sh policy.Shape, x, y any, lv []policy.Level) error {
 	rest := units
 	for i := range lv {
 		u, tail, _ := strings.Cut(rest, " ")
-		l, err := parseLevel(u, period(sh.Band(i)))
+		l, err := parseSigned(u, period(sh.Band(i)))
 		if err != nil {
 			return err
 		}

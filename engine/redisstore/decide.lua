@@ -53,6 +53,11 @@
 --   decimal, for any other shape: "units last version cap rate" (the
 --   primary band's units and its cap and rate under version), then
 --   " units" for each further band of the shape, in order.
+-- A balance may be below zero, a debt (mode "d"), never below minus its
+-- band's capacity: a compact bucket's T is then negative (|T| <= C <= 2^52,
+-- still exact, and 0 <= F < P as always: units T*P + F), a decimal's units
+-- carry a "-". On the general path a debt is the limbs of its magnitude
+-- with the field neg set (never for zero); only a band's units are signed.
 --
 -- ARGV (see ARG):
 --   mode: "a" decide; "e" bring up to date and delete if full (an eviction);
@@ -60,7 +65,10 @@
 --     expire at once rather than deleted, so that only EvictFull counts
 --     deletions); "p" bring up to date and write nothing (a peek); "r" bring
 --     up to date and credit cost tokens to every band, capped (a refund; a
---     missing bucket is full and stays missing); "A" decide all or nothing:
+--     missing bucket is full and stays missing); "d" bring up to date and
+--     debit cost tokens from every band, each down to minus its capacity at
+--     most, the rest forgiven (a charge, never denied: a missing bucket is
+--     created full, then charged); "A" decide all or nothing:
 --     every bucket is decided as in "a" (each with its key's summed cost: a
 --     key comes once) at the one instant, and written only if every one is
 --     admitted.
@@ -85,12 +93,13 @@
 -- force and nothing was done; "nopolicy" (nothing follows); "chain": bucket
 -- done+1 is behind a version with overrides that its chain lacks, and its
 -- version follows, then the results of the buckets before it (mode "A":
--- done is 0 and nothing was written). Results (modes "a", "A", "p", "r"):
--- three per done bucket. A code: in "a" and "A", 1 allowed (in "A", would
--- be allowed alone), 0 denied, 2 cost above a band's capacity; in "p" and
--- "r", 1 if the bucket exists, else 0. Then the balance after the
--- operation: on the fast path T and F, two integers; on the general path
--- the units, one decimal per band joined by " ", and ""; for 2, "" and "".
+-- done is 0 and nothing was written). Results (modes "a", "A", "p", "r",
+-- "d"): three per done bucket. A code: in "a" and "A", 1 allowed (in "A",
+-- would be allowed alone), 0 denied, 2 cost above a band's capacity; in
+-- "p", "r" and "d", 1 if the bucket exists, else 0 (unused in "d"). Then
+-- the balance after the operation: on the fast path T and F, two integers
+-- (T negative in debt); on the general path the units, one decimal per band
+-- joined by " " ("-" in debt), and ""; for 2, "" and "".
 
 -- The protocol's positions, which the Go encoder is tested against.
 local KEY = { policy = 1, history = 2, pending = 3, buckets = 4 }
@@ -128,9 +137,7 @@ end
 
 local function cmp(a, b)
   if #a ~= #b then return #a < #b and -1 or 1 end
-  for i = #a, 1, -1 do
-    if a[i] ~= b[i] then return a[i] < b[i] and -1 or 1 end
-  end
+  for i = #a, 1, -1 do if a[i] ~= b[i] then return a[i] < b[i] and -1 or 1 end end
   return 0
 end
 
@@ -140,8 +147,7 @@ local function add(a, b)
     local s = (a[i] or 0) + (b[i] or 0) + c
     if s >= B then r[i], c = s - B, 1 else r[i], c = s, 0 end
   end
-  if c > 0 then r[#r + 1] = c end
-  return r
+  if c > 0 then r[#r + 1] = c end return r
 end
 
 -- minus is a - b, for a >= b.
@@ -153,6 +159,16 @@ local function minus(a, b)
   end
   return norm(r)
 end
+
+-- sminus is a - b for a, b >= 0, signed; sadd is a + b and ssub a - b for
+-- a signed and b >= 0; sstr and sbig convert a signed number (see
+-- fdiv and smul, below div).
+local function neg(n) n.neg = true return n end
+local function sminus(a, b) if cmp(a, b) >= 0 then return minus(a, b) end return neg(minus(b, a)) end
+local function sadd(a, b) if a.neg then return sminus(b, a) end return add(a, b) end
+local function ssub(a, b) if a.neg then return neg(add(a, b)) end return sminus(a, b) end
+local function sstr(n) return (n.neg and '-' or '') .. str(n) end
+local function sbig(s) if byte(s, 1) == 45 then return neg(big(sub(s, 2))) end return big(s) end
 
 -- divmod is floor(a / p) and a - p*floor(a / p), exact for integers a and p
 -- below 2^53: the quotient estimated in floating point, then corrected.
@@ -197,12 +213,16 @@ local function div(a, b)
       while cmp(m, r) > 0 do d, m = d - 1, minus(m, b) end
       local m2 = add(m, b)
       while cmp(m2, r) <= 0 do d, m, m2 = d + 1, m2, add(m2, b) end
-      r = minus(r, m)
-      q[i] = d
+      r, q[i] = minus(r, m), d
     end
   end
   return norm(q)
 end
+
+-- fdiv is floor(a / p) for a signed and p >= 1: in debt, -ceil(|a| / p).
+local function fdiv(a, p) if a.neg then return neg(div(add(a, minus(p, { 1 })), p)) end return div(a, p) end
+-- smul is a * b for a signed and b >= 1.
+local function smul(a, b) local r = mul(a, b) r.neg = a.neg return r end
 
 -- gtS reports whether decimal a (no leading zeros) is above decimal b.
 local function gtS(a, b) return #a > #b or (#a == #b and a > b) end
@@ -258,17 +278,16 @@ end
 local function band(name, cap, rate)
   local n, p = match(rate, '^(%d+)/(%d+)$')
   if not n then n, p = rate, '1000000000' end
-  local pb = big(p)
-  return { name = name, cap = cap, p = p, pb = pb, n = big(n), nD = tonum(n), full = mul(big(cap), pb) }
+  local pb = big(p) -- low is the floor, -cap*P
+  return { name = name, cap = cap, p = p, pb = pb, n = big(n), nD = tonum(n), full = mul(big(cap), pb), low = neg(mul(big(cap), pb)) }
 end
 
 -- shapeOf parses a shape, once per call.
 local function shapeOf(cap, rate, bands)
   local k = cap .. ' ' .. rate .. ' ' .. bands
   shapes = shapes or {}
-  local sh = shapes[k]
-  if sh then return sh end
-  sh = { band('', cap, rate), min = cap }
+  if shapes[k] then return shapes[k] end
+  local sh = { band('', cap, rate), min = cap }
   for name, c, r in string.gmatch(bands, '(%x+):(%d+):([%d/]+)') do
     sh[#sh + 1] = band(name, c, r)
     if gtS(sh.min, c) then sh.min = c end
@@ -304,10 +323,9 @@ local function refill(lv, t, to, sh)
   local e = minus(to, t)
   for k = 1, #sh do
     local b = sh[k]
-    if cmp(lv[k], b.full) < 0 then
-      local u = add(lv[k], mul(e, b.n))
-      if cmp(u, b.full) > 0 then u = b.full end
-      lv[k] = u
+    if lv[k].neg or cmp(lv[k], b.full) < 0 then
+      local u = sadd(lv[k], mul(e, b.n))
+      lv[k] = not u.neg and cmp(u, b.full) > 0 and b.full or u
     end
   end
   return to
@@ -327,8 +345,8 @@ local function carry(old, lv, nxt)
     local u = b.full
     if j then
       u = lv[j]
-      if old[j].p ~= b.p then u = div(mul(u, b.pb), old[j].pb) end
-      if cmp(u, b.full) > 0 then u = b.full end
+      if old[j].p ~= b.p then u = fdiv(smul(u, b.pb), old[j].pb) end -- floor(u*Pnew/Pold): toward more debt
+      if cmp(u, b.full) > 0 then u = u.neg and b.low or b.full end -- clamped to [-cap*P, cap*P]
     end
     res[k] = u
   end
@@ -351,11 +369,7 @@ end
 -- shape's, or whose version is no longer retained (only a Redis that lost
 -- the policy keys), which restarts empty: a denial too many, never a free
 -- burst.
-local function emptied(sh)
-  local lv = {}
-  for k = 1, #sh do lv[k] = { 0 } end
-  return lv
-end
+local function emptied(sh) local lv = {} for k = 1, #sh do lv[k] = { 0 } end return lv end
 
 -- bring brings a written bucket of shape sh up to now through every cutover
 -- it missed. It returns the bands and the last update, or nil and the
@@ -433,12 +447,12 @@ local function readBucket(raw)
     local t, f, ls, lns = unpackS('<dddI', raw, 2)
     local v, c, r = match(sub(raw, 34), '^(%d+) (%d+) (%S+)$')
     local p = match(r or '', '/(%d+)$') or '1000000000'
-    local u = add(mul(big(format('%.0f', t)), big(p)), big(format('%.0f', f)))
-    return { u }, big(format('%.0f', ls) .. format('%09.0f', lns)), v, c, r
+    local m = mul(big(format('%.0f', t < 0 and -t or t)), big(p))
+    return { sadd(t < 0 and neg(m) or m, big(format('%.0f', f))) }, big(format('%.0f', ls) .. format('%09.0f', lns)), v, c, r
   end
-  local us, ts, v, c, r, rest = match(raw, '^(%d+) (%d+) (%d+) (%d+) (%S+)(.*)$')
-  local lv = { big(us) }
-  for u in string.gmatch(rest, '%d+') do lv[#lv + 1] = big(u) end
+  local us, ts, v, c, r, rest = match(raw, '^(%-?%d+) (%d+) (%d+) (%d+) (%S+)(.*)$')
+  local lv = { sbig(us) }
+  for u in string.gmatch(rest, '%-?%d+') do lv[#lv + 1] = sbig(u) end
   return lv, big(ts), v, c, r
 end
 
@@ -468,10 +482,9 @@ local function refillFast(T, F, ls, lns, C, N, P)
   local e = (nowSec - ls) * 1e9 + nowNs - lns -- below 2^53: at most 9e6 s (see one)
   if e <= 0 then return T, F, ls, lns end
   local q, r = divmod(e, P)
-  local g = q * N
-  if g >= C then return C, 0, nowSec, nowNs end
+  if q * N >= C - T then return C, 0, nowSec, nowNs end -- C - T <= 2C: exact
   local c, f = divmod(r * N + F, P) -- below P*N + P < 2^53
-  T = T + g + c
+  T = T + q * N + c
   if T >= C then return C, 0, nowSec, nowNs end
   return T, f, nowSec, nowNs
 end
@@ -489,10 +502,13 @@ local function fastOne(key, raw, cost, m, T, F, ls, lns, x)
   elseif mode == 'r' and raw then
     T = T + tonum(cost) -- above 2^53 only if over the capacity
     if T >= C then T, F = C, 0 end
+  elseif mode == 'd' then
+    local c = tonum(cost) -- inexact only above 2^53 >= T + C: then to the floor
+    if c > T + C then T, F = -C, 0 else T = T - c end
   end
   local ttf = T == C and 0 or ((C - T) * P - F) / N
   local lastMs = (ls == nowSec and lns == nowNs) and nowMs or ls * 1000 + floor(lns / 1e6)
-  if decide or mode == 'p' or mode == 'r' then
+  if mode ~= 'e' and mode ~= 'c' then
     out[no + 1], out[no + 2], out[no + 3], no = decide and code or (raw and 1 or 0), T, F, no + 3
   end
   if mode ~= 'a' or not memoOn then return code, ttf, lastMs, write, T, F, ls, lns end
@@ -516,13 +532,23 @@ local function applyGeneral(lv, sh, cost, raw)
   local cb, cu = big(cost), {}
   for k = 1, #sh do
     cu[k] = mul(cb, sh[k].pb)
-    if decide and cmp(lv[k], cu[k]) < 0 then return 0 end
+    if decide and (lv[k].neg or cmp(lv[k], cu[k]) < 0) then return 0 end
   end
   for k = 1, #sh do
-    local u = decide and minus(lv[k], cu[k]) or add(lv[k], cu[k])
-    lv[k] = cmp(u, sh[k].full) > 0 and sh[k].full or u
+    local u = decide and minus(lv[k], cu[k]) or sadd(lv[k], cu[k])
+    lv[k] = not u.neg and cmp(u, sh[k].full) > 0 and sh[k].full or u
   end
   return decide and 1 or 0
+end
+
+-- chargeGeneral takes cost from every band of lv (mode "d"), each down to
+-- minus its capacity at most: the rest is forgiven.
+local function chargeGeneral(lv, sh, cost)
+  for k = 1, #sh do
+    local u = ssub(lv[k], mul(big(cost), sh[k].pb))
+    lv[k] = u.neg and cmp(u, sh[k].full) > 0 and sh[k].low or u
+  end
+  return 1
 end
 
 -- slowOne is fastOne on the general path: limbs, bands, and the cutovers
@@ -540,23 +566,25 @@ local function slowOne(raw, cost, cap, rate, bands, chain)
     lv, t = bring(blv, bt, v, c, r, sh, chain)
     if not lv then return nil, t end
   end
-  local code = applyGeneral(lv, sh, cost, raw)
+  local code = mode == 'd' and chargeGeneral(lv, sh, cost) or applyGeneral(lv, sh, cost, raw)
   local p, ttf = {}, 0
   for k = 1, #sh do
-    p[k] = str(lv[k])
-    ttf = mmax(ttf, tod(minus(sh[k].full, lv[k])) / sh[k].nD)
+    p[k] = sstr(lv[k])
+    ttf = mmax(ttf, tod(lv[k].neg and add(sh[k].full, lv[k]) or minus(sh[k].full, lv[k])) / sh[k].nD)
   end
   local units, tS = table.concat(p, ' '), str(t)
-  if decide or mode == 'p' or mode == 'r' then emit(decide and code or (raw and 1 or 0), units, '') end
+  if mode ~= 'e' and mode ~= 'c' then emit(decide and code or (raw and 1 or 0), units, '') end
   if not sFast then
     local val = p[1] .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate
     if #p > 1 then val = val .. ' ' .. table.concat(p, ' ', 2) end
     return code, ttf, msOf(tS), val
   end
-  -- units = T*P + F exactly, T <= cap <= 2^52 and F < P < 2^52
-  local q = div(lv[1], sh[1].pb)
+  -- units = T*P + F exactly, |T| <= cap <= 2^52 and 0 <= F < P < 2^52
+  local u, pb = lv[1], sh[1].pb
+  local q = fdiv(u, pb) -- T
+  local f = q.neg and sadd(u, mul(q, pb)) or minus(u, mul(q, pb)) -- u - T*P
   local cS, cN = split(tS)
-  return code, ttf, msOf(tS), nil, tod(q), tod(minus(lv[1], mul(q, sh[1].pb))), cS, cN
+  return code, ttf, msOf(tS), nil, q.neg and -tod(q) or tod(q), tod(f), cS, cN
 end
 
 -- store writes what a bucket's operation left, as its mode says: mode "A"
@@ -564,15 +592,14 @@ end
 -- nothing; a new bucket left full needs no write).
 local function store(key, raw, code, ttf, write, val, lastMs, x, T, F, ls, lns)
   local del = false -- deleted as full (mode "e")
-  if decide then
+  if decide or mode == 'd' then -- a charge leaves a bucket below full: written
     write = write and (raw ~= nil or ttf > 0)
   elseif mode == 'p' then
     write = false -- a peek writes nothing
   elseif mode == 'r' or not raw then
     write = write and raw ~= nil -- a refund creates nothing; a bucket never written is full
   elseif mode == 'e' and ttf == 0 then
-    write, del = false, true
-    deleted = deleted + 1
+    write, del, deleted = false, true, deleted + 1
   end
   if all then
     refused = refused or code ~= 1
@@ -622,11 +649,10 @@ local function itemArgs(i)
   if per1 then return A[base + i] end
   local r = A[base + 2 * i]
   if r ~= aRef then
-    aRef = r
     local j = find(r, ';', 1, true)
     local k = tonum(j and sub(r, 1, j - 1) or r)
     aCap, aRate = A[ARG.shapes - 1 + 2 * k], A[ARG.shapes + 2 * k]
-    aChain = j and sub(r, j + 1) or ''
+    aChain, aRef = j and sub(r, j + 1) or '', r
   end
   return A[base + 2 * i - 1]
 end
@@ -634,11 +660,9 @@ end
 -- start sets the per-call state; it returns the reply if the call cannot
 -- run under the version it names.
 local function start(keys, argv)
-  K, A = keys, argv
-  mode = A[ARG.mode]
+  K, A, mode = keys, argv, argv[ARG.mode]
   expiry, memoOn = byte(A[ARG.expiry], 1) == 49, #A[ARG.expiry] > 1 -- "1..."; "..m"
-  all = mode == 'A' -- all or nothing: writes wait for every decision
-  decide = mode == 'a' or all
+  all, decide = mode == 'A', mode == 'a' or mode == 'A' -- "A": all or nothing, writes wait for every decision
   pending, history, shapes, nowS, now, tag, tagCap, tagRate = nil
   out, no, deleted, held, refused = { 0, 0, 0, 0 }, 4, 0, all and {}, false -- out[1..4]: the reply's head
   memo = memoOn and {} or NOMEMO
@@ -654,8 +678,7 @@ local function call(keys, argv)
   if not rcall then bind() end
   local early = start(keys, argv)
   if early then return early end
-  local kb = KEY.buckets - 1
-  local n = #K - kb
+  local kb, n = KEY.buckets - 1, #K - KEY.buckets + 1
   -- Distinct keys (no "m"): every bucket is read once, all in one MGET.
   local pre = n > 1 and not memoOn and rcall('MGET', unpack(K, KEY.buckets))
   for i = 1, n do
@@ -675,9 +698,7 @@ local function call(keys, argv)
   -- Mode "A": every bucket admitted, so every one is written. The first
   -- write is a SET: a Redis out of memory refuses it, and the call, before
   -- anything is written.
-  if all and not refused then
-    for k = 1, #held do put(unpack(held[k], 1, 10)) end
-  end
+  if all and not refused then for k = 1, #held do put(unpack(held[k], 1, 10)) end end
   flushAll()
   out[1], out[2], out[3], out[4] = 'ok', version, n, deleted -- the head the results left room for
   return out

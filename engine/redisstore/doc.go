@@ -2,10 +2,10 @@
 // a service whose replicas must share one quota per key: with per-process
 // buckets, N replicas admit N times the limit.
 //
-// A Store answers Allow, AllowBatch, AllowAll, Peek, Refund, EvictFull and
-// ReplacePolicy with the engine's meaning (the contract in package engine's
-// doc), rates of any period and bands included, and passes the same
-// behaviour suite (engine/admissiontest). Code written against
+// A Store answers Allow, AllowBatch, AllowAll, Peek, Refund, Charge,
+// EvictFull and ReplacePolicy with the engine's meaning (the contract in
+// package engine's doc), rates of any period, bands and debts included, and
+// passes the same behaviour suite (engine/admissiontest). Code written against
 // engine.Admitter, such as the engine/httplimit middleware, moves between the
 // two unchanged:
 //

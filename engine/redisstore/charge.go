@@ -1,0 +1,112 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// modeCharge is the script's mode of a Charge: bring the bucket up to date,
+// then take the tokens from every band, each down to minus its capacity.
+const modeCharge = "d"
+
+// Charge takes tokens (>= 1, else engine.ErrInvalidCost) from key without
+// a decision, with the meaning of engine.Engine.Charge: every band of the
+// key's bucket is brought up to the server's TIME and loses tokens, down
+// to minus its own capacity at most (the rest is forgiven), so a charge is
+// never denied and may leave the key in debt, which later requests repay
+// before any of them is admitted. Nothing is rounded. A key not in Redis
+// is created full, then charged. Its errors are Allow's but
+// engine.ErrCostExceedsCapacity: tokens may exceed every capacity; a Redis
+// out of memory is engine.ErrKeyCapacity.
+//
+// The Decision is allowed and describes the band with the fewest whole
+// tokens left (ties to the primary, then the bands in order): Remaining
+// may be negative, ResetAfter is the time to repay the debt and refill to
+// full. A bucket in debt is not full: EvictFull keeps it, and its expiry
+// covers the repayment and the refill.
+//
+// If Redis cannot answer by the context's deadline (or Config.Timeout, if
+// sooner), the charge cannot be known to be taken: whatever the fail-open
+// or fail-closed rule, the answer is allowed (a charge is never denied),
+// with nothing Remaining, marked engine.Decision.Degraded, and the error
+// is nil; Config.OnError is told and Stats counts it under Failures and
+// DegradedAllowed. A charge whose answer is lost may or may not have been
+// taken; it is never taken twice. The context's error is returned only if
+// it is done before the call starts, or canceled during it.
+func (s *Store) Charge(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
+	if err := s.check(ctx, key, tokens); err != nil {
+		s.errs[kindOf(err)].Add(1)
+		return engine.Decision{}, err
+	}
+	var out engine.Result
+	items := []item{{out: &out, key: key, cost: tokens}}
+	err := s.need(ctx)
+	if err == nil {
+		err = s.round(ctx, func(ctx context.Context) error {
+			_, err := s.exec(ctx, modeCharge, "", items)
+			return err
+		})
+	}
+	switch {
+	case err == nil && out.Err == nil:
+		return out.Decision, nil
+	case err == nil:
+		s.errs[kindOf(out.Err)].Add(1)
+		return engine.Decision{}, out.Err
+	case errors.Is(ctx.Err(), context.Canceled):
+		s.errs[kindContext].Add(1)
+		return engine.Decision{}, ctx.Err()
+	}
+	if s.onError != nil {
+		s.onError(err)
+	}
+	s.failedOpen.Add(1)
+	st := s.cur.Load()
+	_, idx := st.p.Resolve(key)
+	d := s.failDecision(st, st.p.ShapeAt(idx))
+	d.Allowed, d.RetryAfter = true, 0
+	return d, nil
+}
+
+// chargeDecision is the Decision of a charge, from the balances lv it
+// left: allowed, for the band with the fewest whole tokens (ties to the
+// lowest index), as policy.ChargeLevels describes it.
+func chargeDecision(sh policy.Shape, lv []policy.Level) engine.Decision {
+	at := 0
+	for i := 1; i < len(lv); i++ {
+		if lv[i].Tokens < lv[at].Tokens {
+			at = i
+		}
+	}
+	return engine.Decision{
+		Allowed:    true,
+		Remaining:  lv[at].Tokens,
+		Limit:      sh.Band(at).Capacity,
+		ResetAfter: durationOf(lv[at].ResetAfter(sh.Band(at))),
+		Band:       sh.BandName(at),
+	}
+}
+
+// parseSigned reads a band's units as the script writes them, a decimal
+// that carries a "-" in debt, as a level of period per: floor(units /
+// per) whole tokens and the remainder, 0 <= Frac < per.
+func parseSigned(units string, per uint64) (policy.Level, error) {
+	if len(units) < 2 || units[0] != '-' {
+		return parseLevel(units, per)
+	}
+	l, err := parseLevel(units[1:], per) // the magnitude
+	switch {
+	case err != nil:
+		return l, err
+	case l.Frac == 0:
+		return policy.Level{Tokens: -l.Tokens}, nil
+	case l.Tokens == math.MaxInt64:
+		return policy.Level{}, fmt.Errorf("balance %q overflows", units)
+	}
+	return policy.Level{Tokens: -l.Tokens - 1, Frac: per - l.Frac}, nil
+}
