@@ -28,7 +28,8 @@ const modeCharge = "d"
 // tokens left (ties to the primary, then the bands in order): Remaining
 // may be negative, ResetAfter is the time to repay the debt and refill to
 // full. A bucket in debt is not full: EvictFull keeps it, and its expiry
-// covers the repayment and the refill.
+// covers the repayment and the refill. Stats counts a charge as Allowed, as
+// the engine does.
 //
 // If Redis cannot answer by the context's deadline (or Config.Timeout, if
 // sooner), the charge cannot be known to be taken: whatever the fail-open
@@ -54,6 +55,7 @@ func (s *Store) Charge(ctx context.Context, key string, tokens int64) (engine.De
 	}
 	switch {
 	case err == nil && out.Err == nil:
+		s.allowed.Add(1) // as the engine counts it: a charge is an admission
 		return out.Decision, nil
 	case err == nil:
 		s.errs[kindOf(out.Err)].Add(1)

@@ -34,9 +34,11 @@ func TestChargeExpiryCoversDebt(t *testing.T) {
 			Policy: policy.Policy{Version: 1, Capacity: l.Capacity, TokensPerSecond: l.TokensPerSecond}})[0]
 		for _, tokens := range []int64{1, max(1, l.Capacity/2), l.Capacity, l.Capacity + min(max(1, l.Capacity/2), math.MaxInt64-l.Capacity), math.MaxInt64} {
 			key := fmt.Sprint("k", tokens)
+			allowed := s.Stats().Allowed
 			d, err := s.Charge(ctx, key, tokens)
 			require.NoError(t, err)
 			require.True(t, d.Allowed)
+			require.Equal(t, allowed+1, s.Stats().Allowed, "a charge counts as allowed")
 			require.GreaterOrEqual(t, d.Remaining, -l.Capacity, "%+v: the floor", l)
 			if tokens > l.Capacity && l.TokensPerSecond < 1e6 {
 				require.Negative(t, d.Remaining, "%+v, charged %d: in debt", l, tokens)
