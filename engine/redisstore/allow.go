@@ -101,22 +101,16 @@ func (s *Store) allowEarly(ctx context.Context, key string, cost int64) (engine.
 	if ok {
 		return s.allowOne(ctx, key, cost)
 	}
-	if errors.Is(ctx.Err(), context.Canceled) {
-		return engine.Decision{}, ctx.Err()
-	}
-	var out engine.Result
-	s.answerEarly([]item{{out: &out, key: key, cost: cost}}, err)
-	return out.Decision, out.Err
+	return s.failOne(ctx, key, cost, err)
 }
 
-// answerEarly answers items by the failure rule for a store that could not
-// read the prefix's state, and tells OnError the error of the attempt this
-// call made, if it made one.
-func (s *Store) answerEarly(items []item, err error) {
-	s.failAnswers(items)
-	if err != nil && s.onError != nil {
-		s.onError(err)
+// failOne is fail for one request.
+func (s *Store) failOne(ctx context.Context, key string, cost int64, err error) (engine.Decision, error) {
+	var out engine.Result
+	if err := s.fail(ctx, []item{{out: &out, key: key, cost: cost}}, err); err != nil {
+		return engine.Decision{}, err
 	}
+	return out.Decision, out.Err
 }
 
 // Peek reports key's balance now without changing it, with the meaning of
@@ -209,48 +203,39 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 		return nil
 	}
 	if ok, err := s.up(ctx); !ok {
-		if errors.Is(ctx.Err(), context.Canceled) {
-			for i := range items {
-				*items[i].out = engine.Result{Err: ctx.Err()}
-			}
-			return ctx.Err()
-		}
-		s.answerEarly(items, err)
-		return nil
+		return s.fail(ctx, items, err)
 	}
 	bctx, cancel := s.bound(ctx)
 	defer cancel()
 	return s.decide(ctx, bctx, items)
 }
 
-// decide runs items (mode "a") under bctx, ctx bounded, and answers each
-// undecided one by the failure rule, or with ctx's error if ctx was
-// canceled, which it returns.
+// decide runs items (mode "a") under bctx, ctx bounded, and answers the
+// undecided ones if it fails (see fail).
 func (s *Store) decide(ctx, bctx context.Context, items []item) error {
-	_, err := s.exec(bctx, "a", "", items)
-	if err == nil {
-		return nil
+	if _, err := s.exec(bctx, "a", "", items); err != nil {
+		return s.fail(ctx, items, err)
 	}
-	if errors.Is(ctx.Err(), context.Canceled) {
-		err = ctx.Err()
-		for i := range items {
-			if !items[i].done {
-				*items[i].out = engine.Result{Err: err}
-			}
-		}
-		return err
-	}
-	s.answerFailure(items, err)
 	return nil
 }
 
-// answerFailure answers every undecided item by the fail-open or
-// fail-closed rule, and tells OnError.
-func (s *Store) answerFailure(items []item, err error) {
+// fail answers every undecided item: with ctx's error, which it returns, if
+// ctx was canceled, else by the fail-open or fail-closed rule, telling
+// OnError err (the attempt's error, nil if this call made none).
+func (s *Store) fail(ctx context.Context, items []item, err error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		for i := range items {
+			if !items[i].done {
+				*items[i].out = engine.Result{Err: ctx.Err()}
+			}
+		}
+		return ctx.Err()
+	}
 	s.failAnswers(items)
-	if s.onError != nil {
+	if err != nil && s.onError != nil {
 		s.onError(err)
 	}
+	return nil
 }
 
 // failAnswers answers every undecided item by the fail-open or fail-closed
