@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -299,19 +300,18 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			s.nodeFailed(ctx, err)
 		}
 	}()
-	todo := make([]*item, 0, len(items))
-	for i := range items {
-		todo = append(todo, &items[i])
-	}
 	var st0 *state // weigh the requests (mode "A" is one call, whatever its work)
-	if len(todo) > 1 && mode != modeAll {
+	if len(items) > 1 && mode != modeAll {
 		st0 = s.cur.Load()
 	}
-	for i := range todo {
-		todo[i].shard = s.shard(todo[i].key)
+	todo := make([]*item, len(items))
+	for i := range items {
+		it := &items[i]
+		it.shard = s.shard(it.key)
 		if st0 != nil {
-			todo[i].w = weight(st0, todo[i].key)
+			it.w = weight(st0, it.key)
 		}
+		todo[i] = it
 	}
 	busy := 0         // rounds that met a slot being migrated (TRYAGAIN)
 	eval := false     // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
@@ -526,34 +526,13 @@ const (
 func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, expiry string) []any {
 	var inline [8]policy.LimitIndex
 	shapes := inline[:0] // the chunk's distinct shapes, in the order first met
-	var at map[policy.LimitIndex]int
-	one := true // every item has the first shape, and no chain
+	one := true          // every item has the first shape, and no chain
 	for _, it := range chunk {
 		_, it.idx = st.p.Resolve(it.key)
-		j := -1
-		if at != nil {
-			if v, ok := at[it.idx]; ok {
-				j = v
-			}
-		} else {
-			for i, x := range shapes {
-				if x == it.idx {
-					j = i
-					break
-				}
-			}
-		}
+		j := slices.Index(shapes, it.idx) // a chunk has few shapes: overrides are few
 		if j < 0 {
 			j = len(shapes)
 			shapes = append(shapes, it.idx)
-			if at != nil {
-				at[it.idx] = j
-			} else if len(shapes) > len(inline) {
-				at = make(map[policy.LimitIndex]int, len(chunk))
-				for i, x := range shapes {
-					at[x] = i
-				}
-			}
 		}
 		it.ref = j
 		one = one && j == 0 && it.chain == ""

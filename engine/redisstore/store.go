@@ -915,41 +915,33 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 	if err != nil {
 		return err
 	}
+	match := globEscape(s.prefix) + "{*}k:*"
 	for _, m := range ms {
-		if err := s.scanOne(ctx, m, f); err != nil {
-			return err
+		for cursor := uint64(0); ; {
+			bctx, cancel := s.bound(ctx)
+			keys, next, err := m.Scan(bctx, cursor, match, 512).Result()
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("%w: scanning: %w", ErrUnavailable, err)
+			}
+			buckets := keys[:0]
+			for _, k := range keys {
+				if _, ok := s.bucketKeyOf(k); ok {
+					buckets = append(buckets, k)
+				}
+			}
+			if err := f(buckets); err != nil { // also for an empty page: passes renew their lock per page
+				return err
+			}
+			if cursor = next; cursor == 0 {
+				break
+			}
 		}
 	}
 	return nil
-}
-
-// scanOne is scan on one server.
-func (s *Store) scanOne(ctx context.Context, rdb redis.UniversalClient, f func(keys []string) error) error {
-	match := globEscape(s.prefix) + "{*}k:*"
-	var cursor uint64
-	for {
-		bctx, cancel := s.bound(ctx)
-		keys, next, err := rdb.Scan(bctx, cursor, match, 512).Result()
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("%w: scanning: %w", ErrUnavailable, err)
-		}
-		buckets := keys[:0]
-		for _, k := range keys {
-			if _, ok := s.bucketKeyOf(k); ok {
-				buckets = append(buckets, k)
-			}
-		}
-		if err := f(buckets); err != nil { // also for an empty page: passes renew their lock per page
-			return err
-		}
-		if cursor = next; cursor == 0 {
-			return nil
-		}
-	}
 }
 
 // globEscape makes s match itself in a SCAN MATCH pattern: a backslash
