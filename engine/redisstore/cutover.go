@@ -280,23 +280,19 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 	}
 }
 
+// renew extends the cutover lock, then this holder's pending flags, in one
+// round trip; errLostLock if another process holds the lock.
 func (s *Store) renew(ctx context.Context, token string) error {
 	ttl := s.lockTTL.Milliseconds()
-	var ok int
-	var err error
-	if s.cluster == nil {
-		ok, err = s.rdb.Eval(ctx, refreshSrc, append([]string{s.kLock}, s.pendings()...), token, ttl, "1").Int()
-	} else {
-		// the lock, then this holder's pending flags, in one round trip
-		pipe := s.rdb.Pipeline()
-		lock := pipe.Eval(ctx, refreshSrc, []string{s.kLock}, token, ttl, "1")
-		for _, k := range s.shards {
-			pipe.Eval(ctx, refreshSrc, []string{k.pending}, token, ttl, "0")
-		}
-		_, err = pipe.Exec(ctx)
-		if err == nil {
-			ok, err = lock.Int()
-		}
+	pipe := s.rdb.Pipeline()
+	lock := pipe.Eval(ctx, refreshSrc, []string{s.kLock}, token, ttl, "1")
+	for _, k := range s.shards {
+		pipe.Eval(ctx, refreshSrc, []string{k.pending}, token, ttl, "0")
+	}
+	_, err := pipe.Exec(ctx)
+	ok := 0
+	if err == nil {
+		ok, err = lock.Int()
 	}
 	if err == nil && ok != 1 {
 		return errLostLock
@@ -329,9 +325,6 @@ func (s *Store) setPending(ctx context.Context, token string) error {
 // unlock releases the lock and the pending flags, even if ctx has ended.
 func (s *Store) unlock(ctx context.Context, token string) {
 	err := s.round(context.WithoutCancel(ctx), func(ctx context.Context) error {
-		if s.cluster == nil {
-			return s.rdb.Eval(ctx, releaseSrc, append([]string{s.kLock}, s.pendings()...), token, "1").Err()
-		}
 		pipe := s.rdb.Pipeline()
 		for _, k := range s.shards {
 			pipe.Eval(ctx, releaseSrc, []string{k.pending}, token, "0")
