@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -101,22 +102,16 @@ func (s *Store) allowEarly(ctx context.Context, key string, cost int64) (engine.
 	if ok {
 		return s.allowOne(ctx, key, cost)
 	}
-	if errors.Is(ctx.Err(), context.Canceled) {
-		return engine.Decision{}, ctx.Err()
-	}
-	var out engine.Result
-	s.answerEarly([]item{{out: &out, key: key, cost: cost}}, err)
-	return out.Decision, out.Err
+	return s.failOne(ctx, key, cost, err)
 }
 
-// answerEarly answers items by the failure rule for a store that could not
-// read the prefix's state, and tells OnError the error of the attempt this
-// call made, if it made one.
-func (s *Store) answerEarly(items []item, err error) {
-	s.failAnswers(items)
-	if err != nil && s.onError != nil {
-		s.onError(err)
+// failOne is fail for one request.
+func (s *Store) failOne(ctx context.Context, key string, cost int64, err error) (engine.Decision, error) {
+	var out engine.Result
+	if err := s.fail(ctx, []item{{out: &out, key: key, cost: cost}}, err); err != nil {
+		return engine.Decision{}, err
 	}
+	return out.Decision, out.Err
 }
 
 // Peek reports key's balance now without changing it, with the meaning of
@@ -209,48 +204,39 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 		return nil
 	}
 	if ok, err := s.up(ctx); !ok {
-		if errors.Is(ctx.Err(), context.Canceled) {
-			for i := range items {
-				*items[i].out = engine.Result{Err: ctx.Err()}
-			}
-			return ctx.Err()
-		}
-		s.answerEarly(items, err)
-		return nil
+		return s.fail(ctx, items, err)
 	}
 	bctx, cancel := s.bound(ctx)
 	defer cancel()
 	return s.decide(ctx, bctx, items)
 }
 
-// decide runs items (mode "a") under bctx, ctx bounded, and answers each
-// undecided one by the failure rule, or with ctx's error if ctx was
-// canceled, which it returns.
+// decide runs items (mode "a") under bctx, ctx bounded, and answers the
+// undecided ones if it fails (see fail).
 func (s *Store) decide(ctx, bctx context.Context, items []item) error {
-	_, err := s.exec(bctx, "a", "", items)
-	if err == nil {
-		return nil
+	if _, err := s.exec(bctx, "a", "", items); err != nil {
+		return s.fail(ctx, items, err)
 	}
-	if errors.Is(ctx.Err(), context.Canceled) {
-		err = ctx.Err()
-		for i := range items {
-			if !items[i].done {
-				*items[i].out = engine.Result{Err: err}
-			}
-		}
-		return err
-	}
-	s.answerFailure(items, err)
 	return nil
 }
 
-// answerFailure answers every undecided item by the fail-open or
-// fail-closed rule, and tells OnError.
-func (s *Store) answerFailure(items []item, err error) {
+// fail answers every undecided item: with ctx's error, which it returns, if
+// ctx was canceled, else by the fail-open or fail-closed rule, telling
+// OnError err (the attempt's error, nil if this call made none).
+func (s *Store) fail(ctx context.Context, items []item, err error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		for i := range items {
+			if !items[i].done {
+				*items[i].out = engine.Result{Err: ctx.Err()}
+			}
+		}
+		return ctx.Err()
+	}
 	s.failAnswers(items)
-	if s.onError != nil {
+	if err != nil && s.onError != nil {
 		s.onError(err)
 	}
+	return nil
 }
 
 // failAnswers answers every undecided item by the fail-open or fail-closed
@@ -314,19 +300,18 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			s.nodeFailed(ctx, err)
 		}
 	}()
-	todo := make([]*item, 0, len(items))
-	for i := range items {
-		todo = append(todo, &items[i])
-	}
 	var st0 *state // weigh the requests (mode "A" is one call, whatever its work)
-	if len(todo) > 1 && mode != modeAll {
+	if len(items) > 1 && mode != modeAll {
 		st0 = s.cur.Load()
 	}
-	for i := range todo {
-		todo[i].shard = s.shard(todo[i].key)
+	todo := make([]*item, len(items))
+	for i := range items {
+		it := &items[i]
+		it.shard = s.shard(it.key)
 		if st0 != nil {
-			todo[i].w = weight(st0, todo[i].key)
+			it.w = weight(st0, it.key)
 		}
+		todo[i] = it
 	}
 	busy := 0         // rounds that met a slot being migrated (TRYAGAIN)
 	eval := false     // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
@@ -541,34 +526,13 @@ const (
 func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, expiry string) []any {
 	var inline [8]policy.LimitIndex
 	shapes := inline[:0] // the chunk's distinct shapes, in the order first met
-	var at map[policy.LimitIndex]int
-	one := true // every item has the first shape, and no chain
+	one := true          // every item has the first shape, and no chain
 	for _, it := range chunk {
 		_, it.idx = st.p.Resolve(it.key)
-		j := -1
-		if at != nil {
-			if v, ok := at[it.idx]; ok {
-				j = v
-			}
-		} else {
-			for i, x := range shapes {
-				if x == it.idx {
-					j = i
-					break
-				}
-			}
-		}
+		j := slices.Index(shapes, it.idx) // a chunk has few shapes: overrides are few
 		if j < 0 {
 			j = len(shapes)
 			shapes = append(shapes, it.idx)
-			if at != nil {
-				at[it.idx] = j
-			} else if len(shapes) > len(inline) {
-				at = make(map[policy.LimitIndex]int, len(chunk))
-				for i, x := range shapes {
-					at[x] = i
-				}
-			}
 		}
 		it.ref = j
 		one = one && j == 0 && it.chain == ""

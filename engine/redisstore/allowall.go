@@ -112,11 +112,9 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	if err := s.usable(ctx); err != nil {
 		return engine.Decision{}, -1, err
 	}
-	ready, early := s.ready.Load(), error(nil)
-	if !ready {
-		if ready, early = s.up(ctx); !ready && errors.Is(ctx.Err(), context.Canceled) {
-			return engine.Decision{}, -1, ctx.Err()
-		}
+	ready, early := s.up(ctx)
+	if !ready && errors.Is(ctx.Err(), context.Canceled) {
+		return engine.Decision{}, -1, ctx.Err()
 	}
 	if ready && s.cluster != nil {
 		// one script call, so one slot: one virtual shard

@@ -1,8 +1,10 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -115,31 +117,15 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 			}
 			return w.done()
 		case expired || ctx.Err() != nil:
-			if w.state == queued {
-				for i, q := range c.queue {
-					if q == w {
-						c.queue = append(c.queue[:i], c.queue[i+1:]...)
-						break
-					}
-				}
+			if i := slices.Index(c.queue, w); i >= 0 && w.state == queued {
+				c.queue = slices.Delete(c.queue, i, i+1)
 			}
 			// A call that has it no longer answers or counts it, nor sends
 			// it if not yet sent: this caller answers, and counts, itself.
 			w.state = abandoned
 			c.mu.Unlock()
 			w.timer.Stop()
-			if errors.Is(ctx.Err(), context.Canceled) {
-				return engine.Decision{}, ctx.Err()
-			}
-			var out engine.Result
-			it := w.it
-			it.out = &out
-			err := ctx.Err()
-			if err == nil {
-				err = context.DeadlineExceeded
-			}
-			s.answerFailure([]item{it}, err)
-			return out.Decision, out.Err
+			return s.failOne(ctx, key, cost, cmp.Or(ctx.Err(), context.DeadlineExceeded))
 		}
 		c.mu.Unlock() // a token left over from a wake it did not need
 	}
@@ -178,9 +164,14 @@ var waiters = sync.Pool{New: func() any {
 	return &waiter{wake: make(chan struct{}, 1), timer: t}
 }}
 
-// done is w's answer; w goes back to waiters.
+// done is w's result as Allow returns it: its answer, or the context's
+// error of a caller canceled during the call that Redis did not answer; w
+// goes back to waiters.
 func (w *waiter) done() (engine.Decision, error) {
-	d, err := w.answer()
+	d, err := w.res.Decision, w.res.Err
+	if !w.it.done && errors.Is(w.parent.Err(), context.Canceled) {
+		d, err = engine.Decision{}, w.parent.Err()
+	}
 	w.timer.Stop() // no tick is received after Stop (Go 1.23 timers)
 	select {
 	case <-w.wake: // a token left over
@@ -189,15 +180,6 @@ func (w *waiter) done() (engine.Decision, error) {
 	w.it, w.res, w.parent, w.report = item{}, engine.Result{}, nil, nil
 	waiters.Put(w)
 	return d, err
-}
-
-// answer is w's result as Allow returns it: its answer, or the context's
-// error of a caller canceled during the call that Redis did not answer.
-func (w *waiter) answer() (engine.Decision, error) {
-	if !w.it.done && errors.Is(w.parent.Err(), context.Canceled) {
-		return engine.Decision{}, w.parent.Err()
-	}
-	return w.res.Decision, w.res.Err
 }
 
 // drain sends c's queued requests, up to ChunkSize per call, until the

@@ -143,9 +143,7 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	if err := s.publish(pctx, next, expectedVersion, blob, token, trim, lengthens); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.past[next.Version] = next
-	s.mu.Unlock()
+	s.remember(next)
 	s.adopt(next)
 
 	if lengthens {
@@ -188,10 +186,8 @@ func (s *Store) EvictFull(ctx context.Context) (int, error) {
 // leaves them to expire (or, in tests, to EvictFull). With a token, it
 // renews the cutover lock as it goes.
 func (s *Store) convertPass(ctx context.Context, mode, token string) (int, error) {
-	var at string
-	if s.now != nil {
-		at = strconv.FormatInt(s.now(), 10)
-	} else {
+	at := s.nowArg()
+	if at == "" {
 		var t time.Time
 		if err := s.round(ctx, func(ctx context.Context) (err error) {
 			t, err = s.rdb.Time(ctx).Result()
@@ -284,23 +280,19 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 	}
 }
 
+// renew extends the cutover lock, then this holder's pending flags, in one
+// round trip; errLostLock if another process holds the lock.
 func (s *Store) renew(ctx context.Context, token string) error {
 	ttl := s.lockTTL.Milliseconds()
-	var ok int
-	var err error
-	if s.cluster == nil {
-		ok, err = refreshScript.Run(ctx, s.rdb, append([]string{s.kLock}, s.pendings()...), token, ttl, "1").Int()
-	} else {
-		// the lock, then this holder's pending flags, in one round trip
-		pipe := s.rdb.Pipeline()
-		lock := pipe.Eval(ctx, refreshSrc, []string{s.kLock}, token, ttl, "1")
-		for _, k := range s.shards {
-			pipe.Eval(ctx, refreshSrc, []string{k.pending}, token, ttl, "0")
-		}
-		_, err = pipe.Exec(ctx)
-		if err == nil {
-			ok, err = lock.Int()
-		}
+	pipe := s.rdb.Pipeline()
+	lock := pipe.Eval(ctx, refreshSrc, []string{s.kLock}, token, ttl, "1")
+	for _, k := range s.shards {
+		pipe.Eval(ctx, refreshSrc, []string{k.pending}, token, ttl, "0")
+	}
+	_, err := pipe.Exec(ctx)
+	ok := 0
+	if err == nil {
+		ok, err = lock.Int()
 	}
 	if err == nil && ok != 1 {
 		return errLostLock
@@ -317,7 +309,7 @@ func (s *Store) renew(ctx context.Context, token string) error {
 func (s *Store) setPending(ctx context.Context, token string) error {
 	ttl := s.lockTTL.Milliseconds()
 	if s.cluster == nil {
-		ok, err := pendingScript.Run(ctx, s.rdb, append([]string{s.kLock}, s.pendings()...), token, ttl, "1").Int()
+		ok, err := s.rdb.Eval(ctx, pendingSrc, append([]string{s.kLock}, s.pendings()...), token, ttl, "1").Int()
 		if err == nil && ok != 1 {
 			return errLostLock // another process may be preparing its own cutover
 		}
@@ -326,25 +318,13 @@ func (s *Store) setPending(ctx context.Context, token string) error {
 	if err := s.renew(ctx, token); err != nil {
 		return err
 	}
-	all := s.allShards()
-	cmds, err := s.eachShard(ctx, all, pendingSrc, func(k shardKeys) []string { return []string{k.pending} }, token, ttl, "0")
-	if err != nil {
-		return err
-	}
-	for _, c := range cmds {
-		if err := c.Err(); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := s.eachShard(ctx, s.allShards(), pendingSrc, func(k shardKeys) []string { return []string{k.pending} }, token, ttl, "0")
+	return err
 }
 
 // unlock releases the lock and the pending flags, even if ctx has ended.
 func (s *Store) unlock(ctx context.Context, token string) {
 	err := s.round(context.WithoutCancel(ctx), func(ctx context.Context) error {
-		if s.cluster == nil {
-			return releaseScript.Run(ctx, s.rdb, append([]string{s.kLock}, s.pendings()...), token, "1").Err()
-		}
 		pipe := s.rdb.Pipeline()
 		for _, k := range s.shards {
 			pipe.Eval(ctx, releaseSrc, []string{k.pending}, token, "0")
@@ -414,17 +394,9 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 		})
 	}
 	if err != nil {
-		var vals []any
-		if s.round(ctx, func(ctx context.Context) (err error) {
-			vals, err = s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
+		// unknown, or not published: the caller may retry with the same expectedVersion
+		if v, nx, rerr := s.policyRecord(ctx); rerr != nil || (v != nv && !strings.HasPrefix(nx, nv+" ")) {
 			return err
-		}) != nil {
-			return err // unknown: the caller may retry with the same expectedVersion
-		}
-		v, _ := vals[0].(string)
-		nx, _ := vals[1].(string)
-		if v != nv && !strings.HasPrefix(nx, nv+" ") {
-			return err // not published: the caller may retry with the same expectedVersion
 		}
 		res = []any{"ok"}
 	}
@@ -443,51 +415,18 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 	if s.cluster == nil {
 		return nil
 	}
-	// Recorded: from here the cutover is made, by this call or, if it
-	// fails part-way, by the next store that meets it. Each attempt reads
-	// the global keys again: a step that finds a shard moved on tells only
-	// that someone else moved, not whether the cutover committed.
-	s.mu.Lock()
-	s.past[next.Version] = next
-	s.mu.Unlock()
+	// Recorded: from here the cutover is made, by this call (settle) or,
+	// if it fails part-way, by the next store that meets it. A lengthening
+	// cutover's record stays until its expiry pass (ReplacePolicy).
+	s.remember(next)
 	unfinished := fmt.Errorf("%w: the cutover to version %d is recorded but not finished; the next store to meet it finishes it", ErrUnavailable, next.Version)
-	for range 4 {
-		var vals []any
-		if err := s.round(ctx, func(ctx context.Context) (err error) {
-			vals, err = s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
-			return err
-		}); err != nil {
-			return fmt.Errorf("%w: %w", unfinished, err)
-		}
-		v, _ := vals[0].(string)
-		nx, _ := vals[1].(string)
-		if nx == "" || !strings.HasPrefix(nx, nv+" ") {
-			if v == nv {
-				return nil // finished, and ended, by another store
-			}
-			return unfinished
-		}
-		var published bool
-		err := s.round(ctx, func(ctx context.Context) (err error) {
-			published, err = s.finish(ctx, v, nx)
-			return err
-		})
-		switch {
-		case err == nil && published:
-			if !lengthens {
-				// a lengthening cutover ends after its expiry pass
-				if err := s.done(ctx, nv); err != nil && s.onError != nil {
-					s.onError(fmt.Errorf("redisstore: ending the cutover to version %s (the next ReplacePolicy ends it): %w", nv, err))
-				}
-			}
-			return nil
-		case err == nil:
-			return unfinished
-		case !errors.Is(err, errShardMoved):
-			return fmt.Errorf("%w: %w", unfinished, err)
-		}
+	if _, err := s.settle(ctx, ""); err != nil {
+		return fmt.Errorf("%w: %w", unfinished, err)
 	}
-	return unfinished
+	if v, _, err := s.policyRecord(ctx); err != nil || v != nv {
+		return unfinished
+	}
+	return nil
 }
 
 // safeCutover reports whether no bucket can take longer to fill under next

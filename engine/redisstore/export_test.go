@@ -121,10 +121,10 @@ func Queued(s *Store, key string) (queued, inFlight int) {
 
 // PublishScript is the text of a cluster cutover's publish step, for tests
 // that make one shard's publish fail.
-const PublishScript = publishSrc
+var PublishScript = publishSrc
 
 // PrepareScript is the text of a cluster cutover's prepare step.
-const PrepareScript = prepareSrc
+var PrepareScript = prepareSrc
 
 // compactMark starts a compact bucket (see decide.lua): then T, F and the
 // last update's seconds as three little-endian doubles, its ns and the

@@ -18,26 +18,6 @@ var decideLib string
 // decideSrc is decideLib as an EVALSHA script.
 var decideSrc = decideLib + "\nreturn call(KEYS, ARGV)\n"
 
-// timeLua is shared by the administrative scripts: the server's TIME in ns,
-// as a decimal string, or ARGV's override: Config.Clock's reading.
-const timeLua = `
-local function nowNs(override)
-  if override ~= '' then return override end
-  local tm = redis.call('TIME')
-  return tm[1] .. string.format('%06d', tonumber(tm[2])) .. '000'
-end
-`
-
-// bandsLua is the tail of a history entry: nothing for a default shape
-// without bands (the entry a plain policy always had), else its bands
-// after a space.
-const bandsLua = `
-local function bands(b)
-  if b == nil or b == '' then return '' end
-  return ' ' .. b
-end
-`
-
 // decideFunc is the FUNCTION that runs decideLib: its library and function
 // are named after the script's hash, so stores of different versions on
 // one server each load and call their own.

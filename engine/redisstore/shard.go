@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/bits"
 	"strconv"
 	"strings"
@@ -51,17 +52,9 @@ type shardKeys struct {
 // hashTag is the part of key Redis Cluster hashes: the text between the
 // first "{" and the first "}" after it, if that is not empty; else key.
 func hashTag(key string) string {
-	for i := 0; i < len(key); i++ {
-		if key[i] == '{' {
-			for j := i + 1; j < len(key); j++ {
-				if key[j] == '}' {
-					if j > i+1 {
-						return key[i+1 : j]
-					}
-					return key
-				}
-			}
-			return key
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
 		}
 	}
 	return key
@@ -101,12 +94,7 @@ func newSeed() string {
 
 // tagsArg is the stored form of the tags setting: "0" when the prefix
 // ignores "{...}" in keys, "1" when a key's tag picks its shard.
-func tagsArg(ignore bool) string {
-	if ignore {
-		return "0"
-	}
-	return "1"
-}
+func tagsArg(ignore bool) string { return flag(!ignore) }
 
 // parseKeyMap reads a key map as stored: the seed in hex and the tags
 // setting.
@@ -207,15 +195,12 @@ func shardTags(n int) []string {
 		return v.([]string)
 	}
 	tags := make([]string, n)
-	if n > evenTags {
-		for i := range n {
-			tags[i] = strconv.Itoa(i)
-		}
-		tagCache.Store(n, tags)
-		return tags
-	}
 	w := slots / n / 4
 	for i := range n {
+		if n > evenTags {
+			tags[i] = strconv.Itoa(i)
+			continue
+		}
 		lo := (2*i+1)*slots/(2*n) - w/2
 		for j := 0; ; j++ {
 			t := strconv.Itoa(i) + "-" + strconv.Itoa(j)
@@ -233,12 +218,9 @@ func shardTags(n int) []string {
 // blobs, lock): "g" and FNV-1a of the prefix in hex, so that the global keys
 // of different prefixes spread over the slots.
 func globalTag(prefix string) string {
-	h := uint32(2166136261)
-	for i := 0; i < len(prefix); i++ {
-		h ^= uint32(prefix[i])
-		h *= 16777619
-	}
-	return "g" + strconv.FormatUint(uint64(h), 16)
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(prefix))
+	return "g" + strconv.FormatUint(uint64(h.Sum32()), 16)
 }
 
 // globals sets the names of the prefix's global keys.
@@ -269,21 +251,14 @@ func (s *Store) shard(key string) int { return s.kmap.shardOf(key, len(s.shards)
 // user's key, reporting false for a key that is not a bucket of this
 // layout, or sits in a shard its key does not map to.
 func (s *Store) bucketKeyOf(rk string) (string, bool) {
-	if len(rk) < len(s.kBucket) || rk[:len(s.kBucket)] != s.kBucket {
+	rest, ok := strings.CutPrefix(rk, s.kBucket)
+	tag, rest, ok2 := strings.Cut(rest, "}")
+	i, ok3 := s.shardByTag[tag]
+	key, ok4 := strings.CutPrefix(rest, "k:")
+	if !ok || !ok2 || !ok3 || !ok4 {
 		return "", false
 	}
-	rest := rk[len(s.kBucket):]
-	for j := 0; j < len(rest); j++ {
-		if rest[j] == '}' {
-			i, ok := s.shardByTag[rest[:j]]
-			if !ok || len(rest) < j+3 || rest[j+1:j+3] != "k:" {
-				return "", false
-			}
-			key := rest[j+3:]
-			return key, s.shard(key) == i
-		}
-	}
-	return "", false
+	return key, s.shard(key) == i
 }
 
 // record is a parsed cluster cutover record (see intentSrc).
@@ -370,7 +345,8 @@ func (s *Store) finish(ctx context.Context, v, next string) (bool, error) {
 
 // settle finishes the cluster cutover recorded in the global keys, if any,
 // reading them again whenever a step finds that another finisher moved on.
-// Once every shard is published it ends the cutover (doneSrc), except that
+// Once every shard is published it ends the cutover (doneSrc; a failure
+// to end it goes to OnError, and the next ReplacePolicy ends it), except that
 // a lengthening cutover's record stays until every bucket's expiry is set
 // under the new version: with a lock token (the caller holds the cutover
 // lock: ReplacePolicy) it runs that pass itself, else it leaves the record
@@ -379,15 +355,10 @@ func (s *Store) finish(ctx context.Context, v, next string) (bool, error) {
 // left unpublished.
 func (s *Store) settle(ctx context.Context, token string) (bool, error) {
 	for range 4 {
-		var vals []any
-		if err := s.round(ctx, func(ctx context.Context) (err error) {
-			vals, err = s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
-			return err
-		}); err != nil {
+		v, next, err := s.policyRecord(ctx)
+		if err != nil {
 			return false, err
 		}
-		v, _ := vals[0].(string)
-		next, _ := vals[1].(string)
 		if v == "" || next == "" {
 			return false, nil
 		}
@@ -416,9 +387,26 @@ func (s *Store) settle(ctx context.Context, token string) (bool, error) {
 				return false, err
 			}
 		}
-		return false, s.done(ctx, rec.nv)
+		if err := s.done(ctx, rec.nv); err != nil && s.onError != nil {
+			s.onError(fmt.Errorf("redisstore: ending the cutover to version %s (the next ReplacePolicy ends it): %w", rec.nv, err))
+		}
+		return false, nil
 	}
 	return false, fmt.Errorf("%w: the cutover recorded in the prefix kept moving while it was finished", ErrUnavailable)
+}
+
+// policyRecord reads the version in force and the cluster cutover record
+// ("" for none) from the global keys.
+func (s *Store) policyRecord(ctx context.Context) (v, next string, err error) {
+	err = s.round(ctx, func(ctx context.Context) error {
+		vals, err := s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
+		if err == nil {
+			v, _ = vals[0].(string)
+			next, _ = vals[1].(string)
+		}
+		return err
+	})
+	return v, next, err
 }
 
 // done ends the committed and published cluster cutover to version nv.
@@ -438,11 +426,7 @@ func (s *Store) shardStep(ctx context.Context, which []int, src string, keys fun
 		return err
 	}
 	for j, c := range cmds {
-		v, err := c.Text()
-		if err != nil {
-			return fmt.Errorf("%w: a cutover step on virtual shard %d: %w", ErrUnavailable, which[j], err)
-		}
-		if v != "ok" {
+		if v, _ := c.Text(); v != "ok" {
 			return fmt.Errorf("%w: %w: virtual shard %d is at version %q", ErrUnavailable, errShardMoved, which[j], v)
 		}
 	}

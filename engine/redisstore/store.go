@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -382,10 +383,6 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := checkAddrs(cfg.Client); err != nil {
 		return nil, err
 	}
-	shards := cfg.VirtualShards
-	if shards == 0 {
-		shards = DefaultVirtualShards
-	}
 	var now func() int64
 	switch c := cfg.Clock.(type) {
 	case nil: // the server's TIME
@@ -397,31 +394,19 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	s := &Store{
 		rdb:         cfg.Client,
 		cluster:     cluster,
-		prefix:      cfg.Prefix,
-		maxKeyBytes: cfg.MaxKeyBytes,
+		prefix:      cmp.Or(cfg.Prefix, DefaultPrefix),
+		maxKeyBytes: cmp.Or(cfg.MaxKeyBytes, engine.DefaultMaxKeyBytes),
 		failOpen:    cfg.FailOpen,
-		failRetry:   cfg.FailRetryAfter,
-		timeout:     cfg.Timeout,
+		failRetry:   cmp.Or(cfg.FailRetryAfter, DefaultFailRetryAfter),
+		timeout:     cmp.Or(cfg.Timeout, DefaultTimeout),
 		onError:     cfg.OnError,
 		now:         now,
 		past:        map[int64]policy.Policy{},
 		cfgPolicy:   cfg.Policy,
-		cfgShards:   shards,
+		cfgShards:   cmp.Or(cfg.VirtualShards, DefaultVirtualShards),
 		cfgTags:     cfg.IgnoreKeyTags,
 	}
 	s.slotMap.clk = clock.NewMonotonic()
-	if s.prefix == "" {
-		s.prefix = DefaultPrefix
-	}
-	if s.maxKeyBytes == 0 {
-		s.maxKeyBytes = engine.DefaultMaxKeyBytes
-	}
-	if s.failRetry == 0 {
-		s.failRetry = DefaultFailRetryAfter
-	}
-	if s.timeout == 0 {
-		s.timeout = DefaultTimeout
-	}
 	s.lockTTL = max(minLockTTL, 3*s.timeout)
 	s.globals()
 	s.cur.Store(newState(cfg.Policy))
@@ -643,7 +628,7 @@ func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, 
 		return false, 0, kept, err
 	}
 	a := encodeShape(p.Shape())
-	res, err := installScript.Run(ctx, s.rdb, []string{s.kPolicy, s.kHistory, s.kBlobs},
+	res, err := s.rdb.Eval(ctx, installSrc, []string{s.kPolicy, s.kHistory, s.kBlobs},
 		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, seed, tags).StringSlice()
 	if err != nil {
 		return false, 0, kept, fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
@@ -679,54 +664,36 @@ func tail(p policy.Policy) string {
 // ensureShards installs the virtual shards (all of them for nil) that have
 // no version yet at the policy in force as this store last saw it, and
 // writes the prefix's key map into each shard's copy: at New, and when a
-// shard answers that it has none (its master lost its data). On one server
-// it is one script; on a cluster one per shard, pipelined.
+// shard answers that it has none (its master lost its data). It is one
+// script per shard, pipelined.
 func (s *Store) ensureShards(ctx context.Context, which []int) error {
 	if which == nil {
-		which = make([]int, len(s.shards))
-		for i := range which {
-			which[i] = i
-		}
+		which = s.allShards()
 	}
 	p := s.cur.Load().p
-	args := []any{p.Version, tail(p), s.nowArg(), s.seed, s.tags}
-	if s.cluster == nil {
-		keys := make([]string, 0, 2*len(which))
-		for _, i := range which {
-			keys = append(keys, s.shards[i].policy, s.shards[i].history)
-		}
-		if err := shardInstallScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
-			return fmt.Errorf("%w: installing the virtual shards: %w", ErrUnavailable, err)
-		}
-		return nil
-	}
-	cmds, err := s.eachShard(ctx, which, shardInstallSrc, func(k shardKeys) []string { return []string{k.policy, k.history} }, args...)
-	if err == nil {
-		for _, c := range cmds {
-			if err = c.Err(); err != nil {
-				break
-			}
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("%w: installing the virtual shards: %w", ErrUnavailable, err)
-	}
-	return nil
+	_, err := s.eachShard(ctx, which, shardInstallSrc, func(k shardKeys) []string { return []string{k.policy, k.history} },
+		p.Version, tail(p), s.nowArg(), s.seed, s.tags)
+	return err
 }
 
 // eachShard runs the script src once on each shard in which, with the keys
 // keys gives and args, pipelined (go-redis sends each node its own part).
-// The scripts are idempotent, so go-redis may retry them; each command
-// keeps its own error.
+// The scripts are idempotent, so go-redis may retry them. It returns the
+// commands, answered, or the first failure: the context's, or a shard's
+// (wrapping ErrUnavailable).
 func (s *Store) eachShard(ctx context.Context, which []int, src string, keys func(shardKeys) []string, args ...any) ([]*redis.Cmd, error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(which))
 	for j, i := range which {
 		cmds[j] = pipe.Eval(ctx, src, keys(s.shards[i]), args...)
 	}
-	_, err := pipe.Exec(ctx)
-	if err != nil && ctx.Err() != nil {
+	if _, err := pipe.Exec(ctx); err != nil && ctx.Err() != nil {
 		return cmds, ctx.Err()
+	}
+	for j, c := range cmds {
+		if err := c.Err(); err != nil {
+			return cmds, fmt.Errorf("%w: a script on virtual shard %d: %w", ErrUnavailable, which[j], err)
+		}
 	}
 	return cmds, nil
 }
@@ -745,8 +712,11 @@ func (s *Store) reload(ctx context.Context) error { return s.load(ctx, false, fa
 func (s *Store) load(ctx context.Context, all, published bool) error {
 	settled := false
 	for range 3 {
-		vals, err := s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
-		if err == nil && vals[0] == nil {
+		v, next, err := s.policyRecord(ctx)
+		if err != nil {
+			return err
+		}
+		if v == "" {
 			p, _, err := s.reinstallPolicy(ctx)
 			if err != nil {
 				return err
@@ -756,11 +726,7 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 			}
 			continue
 		}
-		if err != nil {
-			return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
-		}
-		v, _ := vals[0].(string)
-		if next, _ := vals[1].(string); next != "" && !settled && (published || !strings.HasPrefix(next, v+" ")) {
+		if next != "" && !settled && (published || !strings.HasPrefix(next, v+" ")) {
 			// A cutover recorded and not yet ended: finish it, or publish
 			// the shards it has not reached if it is committed. A
 			// committed cutover is in force whatever its shards: a shard
@@ -867,13 +833,18 @@ func (s *Store) policyAt(ctx context.Context, version int64) (policy.Policy, err
 	if err != nil {
 		return policy.Policy{}, fmt.Errorf("%w: stored policy version %d: %w", ErrUnavailable, version, err)
 	}
+	s.remember(p)
+	return p, nil
+}
+
+// remember keeps p, decoded, for policyAt.
+func (s *Store) remember(p policy.Policy) {
 	s.mu.Lock()
 	if len(s.past) >= 2*HistoryVersions {
 		clear(s.past) // versions come and go; a later miss only costs a read
 	}
-	s.past[version] = p
+	s.past[p.Version] = p
 	s.mu.Unlock()
-	return p, nil
 }
 
 // Policy returns the policy in force as this store last saw it: a cutover
@@ -944,41 +915,33 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 	if err != nil {
 		return err
 	}
+	match := globEscape(s.prefix) + "{*}k:*"
 	for _, m := range ms {
-		if err := s.scanOne(ctx, m, f); err != nil {
-			return err
+		for cursor := uint64(0); ; {
+			bctx, cancel := s.bound(ctx)
+			keys, next, err := m.Scan(bctx, cursor, match, 512).Result()
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("%w: scanning: %w", ErrUnavailable, err)
+			}
+			buckets := keys[:0]
+			for _, k := range keys {
+				if _, ok := s.bucketKeyOf(k); ok {
+					buckets = append(buckets, k)
+				}
+			}
+			if err := f(buckets); err != nil { // also for an empty page: passes renew their lock per page
+				return err
+			}
+			if cursor = next; cursor == 0 {
+				break
+			}
 		}
 	}
 	return nil
-}
-
-// scanOne is scan on one server.
-func (s *Store) scanOne(ctx context.Context, rdb redis.UniversalClient, f func(keys []string) error) error {
-	match := globEscape(s.prefix) + "{*}k:*"
-	var cursor uint64
-	for {
-		bctx, cancel := s.bound(ctx)
-		keys, next, err := rdb.Scan(bctx, cursor, match, 512).Result()
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("%w: scanning: %w", ErrUnavailable, err)
-		}
-		buckets := keys[:0]
-		for _, k := range keys {
-			if _, ok := s.bucketKeyOf(k); ok {
-				buckets = append(buckets, k)
-			}
-		}
-		if err := f(buckets); err != nil { // also for an empty page: passes renew their lock per page
-			return err
-		}
-		if cursor = next; cursor == 0 {
-			return nil
-		}
-	}
 }
 
 // globEscape makes s match itself in a SCAN MATCH pattern: a backslash
@@ -997,9 +960,4 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-func overridden(p policy.Policy) string {
-	if p.Overrides.Len() > 0 {
-		return "1"
-	}
-	return "0"
-}
+func overridden(p policy.Policy) string { return flag(p.Overrides.Len() > 0) }
