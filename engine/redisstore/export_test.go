@@ -1,9 +1,11 @@
 package redisstore
 
 import (
+	"context"
 	"encoding/binary"
 	"math"
 	"math/big"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,14 +50,32 @@ var opens sync.Map // prefix -> *Store
 
 func init() { opened = func(s *Store) { opens.Store(s.prefix, s) } }
 
-// opener is the last store New returned on prefix; it panics if there is
-// none, since no key map is known then.
+// opener is the last store New returned on prefix, brought up (see Up); it
+// panics if there is none, since no key map is known then.
 func opener(prefix string) *Store {
 	s, ok := opens.Load(prefix)
 	if !ok {
 		panic("redisstore test: no store was opened on prefix " + strconv.Quote(prefix) + ", so its key map is not known")
 	}
+	_ = Up(s.(*Store))
 	return s.(*Store)
+}
+
+// Up makes s reach Redis if it has not yet, trying again for up to 30 s,
+// and returns the last attempt's error if none succeeded. New gives up on
+// Redis after Config.Timeout and leaves the store to start on a later call,
+// as it is meant to; on a loaded machine that happens to stores the tests
+// then read the adopted key map or policy of.
+func Up(s *Store) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		err := s.need(ctx)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		runtime.Gosched() // another caller's attempt may be under way
+	}
 }
 
 // BucketKey is the Redis key of key's bucket under prefix, on which a store

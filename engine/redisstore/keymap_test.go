@@ -51,6 +51,9 @@ func TestKeyMapSharedByStores(t *testing.T) {
 					return
 				}
 				stores[i] = s
+				if err := redisstore.Up(s); err != nil {
+					t.Error(err)
+				}
 			})
 		}
 		wg.Wait()

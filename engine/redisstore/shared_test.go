@@ -33,6 +33,7 @@ func realStores(t *testing.T, addr string, n int, cfg redisstore.Config) []*redi
 		s, err := redisstore.New(context.Background(), c)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Close() })
+		require.NoError(t, redisstore.Up(s), "the store never reached the server")
 		stores[i] = s
 	}
 	t.Cleanup(func() { cleanPrefix(anyClient(t, addr), cfg.Prefix) })
