@@ -87,7 +87,7 @@ func TestChargeErrors(t *testing.T) {
 	assert.ErrorIs(t, err, engine.ErrInvalidKey, "the key before the cost")
 	_, err = e.Charge(t.Context(), "a", 0)
 	assert.ErrorIs(t, err, engine.ErrInvalidCost)
-	_, err = e.Charge(nil, "a", 1) //nolint:staticcheck // the nil context is the point
+	_, err = e.Charge(nilCtx, "a", 1)
 	assert.ErrorIs(t, err, engine.ErrNilContext)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
