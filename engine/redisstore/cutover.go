@@ -38,8 +38,9 @@ const minLockTTL = 10 * time.Second
 // every bucket up to the version in force (a pass over the keyspace).
 //
 // A bucket expires at its time-to-full under its own limit. A cutover that
-// could lengthen some bucket's time-to-full (it raises the capacity of a
-// band it keeps, or lowers its rate relative to its capacity) would let
+// could lengthen some bucket's time-to-full, from any balance, a debt
+// included (it raises the capacity of a band it keeps, or lowers its rate
+// relative to its capacity more than a debt's depth allows) would let
 // such a bucket expire before it is full, so it first clears every bucket's
 // expiry, publishes, then sets each bucket's expiry under the new policy
 // before it returns: two passes over the keyspace. Other cutovers need
@@ -436,10 +437,12 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 // in next starts full and one next drops no longer counts, so only the
 // bands next carries over can lengthen it. For a band moving from a to b (a
 // rate of N per P ns, so a capacity of C takes C*P/N ns to fill from empty)
-// that holds x tokens after the clamp (0 <= x <= b's C), the time-to-full
-// goes from (Ca-x)*Pa/Na to (Cb-x)*Pb/Nb; both are linear in x, so the
-// second is at most the first for every x exactly when it is at both ends:
-// Cb <= Ca and Cb*Pb*Na <= Ca*Pa*Nb. A change of period also rounds the
+// that holds x tokens after the clamp (-Cb <= x <= Cb: a debt reaches
+// down to minus the capacity), the time-to-full goes from (Ca-x)*Pa/Na to
+// (Cb-x)*Pb/Nb; both are linear in x, so the second is at most the first
+// for every x exactly when it is at both ends: Cb <= Ca at x = Cb, and
+// 2*Cb*Pb*Na <= (Ca+Cb)*Pa*Nb at x = -Cb. A deeper debt raised to -Cb by
+// the clamp only had longer to go. A change of period also rounds the
 // balance down by less than one unit, less than 1 ns of refill, which the
 // expiry's margin of a millisecond covers. Every pair of shapes is
 // checked, since a key may move from any of cur's to any of next's.
@@ -467,15 +470,19 @@ func safeCutover(cur, next policy.Policy) bool {
 }
 
 // fillsNoSlower reports whether band b takes at most as long to fill as
-// band a from every balance b can hold: Cb <= Ca and Cb*Pb*Na <= Ca*Pa*Nb.
+// band a from every balance b can hold, a debt included: Cb <= Ca and
+// 2*Cb*Pb*Na <= (Ca+Cb)*Pa*Nb.
 func fillsNoSlower(a, b policy.Limit) bool {
 	if b.Capacity > a.Capacity {
 		return false
 	}
 	ra, rb := a.Rate(), b.Rate()
-	lhs := new(big.Int).Mul(big.NewInt(b.Capacity), big.NewInt(int64(rb.Per)))
+	ca, cb := big.NewInt(a.Capacity), big.NewInt(b.Capacity)
+	lhs := new(big.Int).Lsh(cb, 1) // 2*Cb*Pb*Na
+	lhs.Mul(lhs, new(big.Int).SetUint64(uint64(rb.Per)))
 	lhs.Mul(lhs, big.NewInt(ra.Tokens))
-	rhs := new(big.Int).Mul(big.NewInt(a.Capacity), big.NewInt(int64(ra.Per)))
+	rhs := new(big.Int).Add(ca, cb) // (Ca+Cb)*Pa*Nb
+	rhs.Mul(rhs, new(big.Int).SetUint64(uint64(ra.Per)))
 	rhs.Mul(rhs, big.NewInt(rb.Tokens))
 	return lhs.Cmp(rhs) <= 0
 }

@@ -119,9 +119,10 @@
 // that could lengthen some bucket's time-to-full (a higher capacity of a
 // band it keeps, or a lower rate for its capacity) would let such a bucket
 // expire early, so it clears every expiry before it publishes and sets each
-// bucket's new one before it returns; a cutover that cannot (a higher rate,
-// a lower capacity, a band added, which starts full, or dropped) needs no
-// pass. See Store.ReplacePolicy.
+// bucket's new one before it returns; a cutover that cannot, from any
+// balance a band may hold, a debt of a full capacity included (a band kept
+// at a capacity no higher and a rate no lower, a band added, which starts
+// full, or dropped), needs no pass. See Store.ReplacePolicy.
 //
 // The store does not enforce a MaxKeys bound: expiry removes full buckets
 // but cannot bound the number of partly filled ones. Bound memory with

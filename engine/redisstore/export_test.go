@@ -200,3 +200,7 @@ func decimalBucket(raw string) string {
 	last.Add(last, big.NewInt(int64(f[3])))
 	return units.String() + " " + last.String() + " " + tag
 }
+
+// FillsNoSlower is fillsNoSlower: whether a cutover from band a to band b
+// may keep every bucket's expiry.
+var FillsNoSlower = fillsNoSlower
