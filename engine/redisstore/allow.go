@@ -608,6 +608,8 @@ func (s *Store) decided(it *item, st *state, mode string, code int64, x, y any) 
 		} else {
 			s.decisions.Add(1)
 		}
+	case modeCharge:
+		s.decisions.Add(1) // counted in Allowed, as the engine counts it
 	case modeAll:
 		mode = "a" // each key is answered as Allow would answer its summed cost
 	}

@@ -38,7 +38,9 @@ func TestChargeExpiryCoversDebt(t *testing.T) {
 			d, err := s.Charge(ctx, key, tokens)
 			require.NoError(t, err)
 			require.True(t, d.Allowed)
-			require.Equal(t, allowed+1, s.Stats().Allowed, "a charge counts as allowed")
+			st := s.Stats()
+			require.Equal(t, allowed+1, st.Allowed, "a charge counts as allowed")
+			require.Equal(t, st.Allowed+st.Denied, st.Decisions, "and as a decision Redis made")
 			require.GreaterOrEqual(t, d.Remaining, -l.Capacity, "%+v: the floor", l)
 			if tokens > l.Capacity && l.TokensPerSecond < 1e6 {
 				require.Negative(t, d.Remaining, "%+v, charged %d: in debt", l, tokens)

@@ -124,15 +124,16 @@ type Config struct {
 // (engine/promstats and engine/promstats/storestats export both alike).
 //
 // Every call is counted once, by what it returned: Allowed + Denied +
-// Failures + Peeks + Refunds + Errors.Sum() equals the Allow, Peek and
-// Refund calls that returned plus the requests of AllowBatch calls plus the
+// Failures + Peeks + Refunds + Errors.Sum() equals the Allow, Charge, Peek
+// and Refund calls that returned plus the requests of AllowBatch calls plus the
 // requests of the AllowAll calls that returned a Decision. Each request of
 // such an AllowAll is one decision, as on the engine: all Allowed when
 // Redis admitted the call, all Denied when it refused it (nothing was
 // taken from any key), all in Failures when the failure rule answered it.
 // AllowAll calls are counted apart too, in AllowAll, one per call.
 type Stats struct {
-	// Allowed and Denied count the requests Redis decided, by outcome.
+	// Allowed and Denied count the requests Redis decided, by outcome; a
+	// Charge Redis answered is Allowed, as on the engine.
 	Allowed, Denied uint64
 	// Failures counts the requests answered by the fail-open or fail-closed
 	// rule (each Decision marked Degraded), also before the store first
@@ -141,7 +142,7 @@ type Stats struct {
 	DegradedAllowed uint64 // of Failures, those admitted (fail open)
 	DegradedDenied  uint64 // of Failures, those denied (fail closed)
 	Peeks, Refunds  uint64 // Peek and Refund calls answered
-	// Errors counts the Allow, Peek and Refund calls and the AllowBatch
+	// Errors counts the Allow, Charge, Peek and Refund calls and the AllowBatch
 	// requests that ended with an error, by kind as engine.Errors: Other
 	// for any error of no other kind, such as engine.ErrNilContext or one
 	// wrapping ErrUnavailable (a Peek or Refund Redis did not answer, or a
