@@ -42,7 +42,7 @@ type Limiter struct {
 	fields     httplimit.Fields // WithHeaders' names (WithPolicyName)
 	onError    ErrorFunc        // nil: none
 	shadow     bool
-	settles    bool // WithCost without WithPerMessage: a call's cost is an estimate Settle can settle
+	settles    bool // WithCost: a call's cost is an estimate Settle can settle (not a stream's under WithPerMessage)
 
 	shadowRefused, shadowDegraded, shadowErrors atomic.Uint64
 }
@@ -89,7 +89,7 @@ func New(e engine.Admitter, opts ...Option) (*Limiter, error) {
 		fields:     fields,
 		onError:    c.onError,
 		shadow:     c.shadow,
-		settles:    c.cost != nil && !c.perMessage,
+		settles:    c.cost != nil,
 	}
 	l.reclaim, _ = e.(reclaimer)
 	return l, nil

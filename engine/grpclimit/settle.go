@@ -36,10 +36,10 @@ var (
 // below (engine.Admitter.Refund, capped at the capacity), on the same key.
 // Unary and stream calls alike are settled once for the whole call.
 //
-// A call is settleable only when it passed through a Limiter with WithCost
-// and without WithPerMessage, whose stream spends per message and has no
-// one estimate; with the default cost of 1, give WithCost a function
-// returning 1 to settle. Carrying the estimate costs each call that
+// A call is settleable only when it passed through a Limiter with WithCost:
+// a unary call always, a stream unless WithPerMessage makes it spend per
+// message, with no one estimate; with the default cost of 1, give WithCost
+// a function returning 1 to settle. Carrying the estimate costs each call that
 // reaches the handler one allocation (its context), whether or not it is
 // settled. Behind
 // several such interceptors, Settle settles each one the call passed

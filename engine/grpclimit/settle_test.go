@@ -213,6 +213,10 @@ func TestSettleNotSettleable(t *testing.T) {
 	require.ErrorIs(t, err, io.EOF)
 	assert.Equal(t, []string{"not-settleable"}, s.Trailer().Get("settled"))
 	assert.Equal(t, int64(9), balance(t, e, "c"))
+	settled, err = settleCall(t, perMessage, "user", "c", "cost", "2", "actual", "5")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"ok"}, settled, "WithPerMessage meters streams: a unary call has its one estimate")
+	assert.Equal(t, int64(9-5), balance(t, e, "c"))
 
 	shadow := serveSettle(t, metered(t, e, grpclimit.WithShadow()))
 	settled, err = settleCall(t, shadow, "user", "d", "cost", "4", "actual", "12")
