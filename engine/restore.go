@@ -27,9 +27,10 @@ type RestoreOptions struct {
 	// bucket is the same as an absent one, but a partly refilled one is
 	// not: its key starts over full. RestoreReport says how many such keys
 	// there were and how far from full. Without it, such a snapshot is
-	// ErrKeyCapacity, and Restore holds no more than MaxKeys keys while it
-	// reads on to check the stream. With it, every key is held until the
-	// end of the stream.
+	// ErrKeyCapacity, and Restore holds no more than MaxKeys buckets while
+	// it reads on to check the stream, but every key's name, to find a key
+	// written twice (ErrInvalidSnapshot). With it, every key is held until
+	// the end of the stream.
 	DropFullest bool
 }
 
@@ -133,7 +134,8 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 		count++
 		if count > cfg.MaxKeys && !opts.DropFullest {
 			// The answer will be ErrKeyCapacity: read on to check the
-			// stream, but hold no more than MaxKeys buckets meanwhile.
+			// stream, holding no more than MaxKeys buckets meanwhile, but
+			// every name, to find a key written twice.
 			if over == nil {
 				over = make(map[string]struct{}, 2*cfg.MaxKeys)
 				for _, s := range shards {
