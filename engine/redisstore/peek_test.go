@@ -52,7 +52,9 @@ func TestPeekRefundPlain(t *testing.T) {
 
 	_, err = s.Allow(ctx, "k", 10)
 	require.NoError(t, err)
-	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 4, Refill: policy.PerMinute(60)}, v1.Version))
+	// A cutover that lengthens no time-to-full, a debt's included, so that
+	// no pass brings the buckets up to version 2.
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 2, Refill: policy.PerMinute(60)}, v1.Version))
 	clk.Set(time.Second.Nanoseconds())
 	before, err := c.Get(ctx, redisstore.BucketKey(cfg.Prefix, "k")).Result()
 	require.NoError(t, err)
@@ -60,7 +62,7 @@ func TestPeekRefundPlain(t *testing.T) {
 	require.NoError(t, err)
 	// 0.75s under v2 at 1 per second on top of nothing at 0.25s (emptied
 	// then): 0.75 of a token, one token of 6e10 units.
-	require.Equal(t, engine.Decision{RetryAfter: 250 * time.Millisecond, Version: 2, Limit: 4, ResetAfter: 3250 * time.Millisecond}, d)
+	require.Equal(t, engine.Decision{RetryAfter: 250 * time.Millisecond, Version: 2, Limit: 2, ResetAfter: 1250 * time.Millisecond}, d)
 	after, err := c.Get(ctx, redisstore.BucketKey(cfg.Prefix, "k")).Result()
 	require.NoError(t, err)
 	require.Equal(t, before, after, "a peek across a cutover wrote the bucket")
