@@ -47,6 +47,9 @@ type item struct {
 // only if it is done before the call starts, or canceled during it.
 // Concurrent Allows share script calls (see the package doc).
 func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	if s.lease != nil {
+		return s.lease.allow(ctx, key, cost)
+	}
 	d, err := s.allow(ctx, key, cost)
 	var t tally
 	t.add(d, err)
@@ -122,7 +125,11 @@ func (s *Store) failOne(ctx context.Context, key string, cost int64, err error) 
 // decision, so when Redis cannot answer it returns an error wrapping
 // ErrUnavailable rather than the fail-open or fail-closed answer.
 func (s *Store) Peek(ctx context.Context, key string) (engine.Decision, error) {
-	d, err := s.inspect(ctx, "p", key, 1)
+	inspect := s.inspect
+	if s.lease != nil {
+		inspect = s.lease.peek
+	}
+	d, err := inspect(ctx, "p", key, 1)
 	s.countInspect(&s.peeks, err)
 	return d, err
 }
@@ -177,6 +184,9 @@ func (s *Store) inspect(ctx context.Context, mode, key string, tokens int64) (en
 func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
 	if len(out) < len(reqs) {
 		return engine.ErrInvalidConfig
+	}
+	if s.lease != nil {
+		return s.lease.allowBatch(ctx, reqs, out)
 	}
 	err := s.allowBatch(ctx, reqs, out)
 	var t tally

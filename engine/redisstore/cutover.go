@@ -67,6 +67,9 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	if err := next.Validate(); err != nil {
 		return err
 	}
+	if s.lease != nil && ctx != nil {
+		s.lease.flush(ctx) // unspent tokens go back under the version they were taken under
+	}
 	if err := s.usable(ctx); err != nil {
 		return err
 	}

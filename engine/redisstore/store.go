@@ -117,6 +117,12 @@ type Config struct {
 	// its construction, so they are neither the server's time nor
 	// deterministic.
 	Clock clock.Clock
+	// Leases, if not nil, turns leasing on: the store takes tokens of each
+	// busy key's global bucket in advance and spends them in the process,
+	// deciding a request its lease covers without Redis (see Leases and
+	// the package doc's Leases section). nil, the default, sends every
+	// decision to Redis.
+	Leases *Leases
 }
 
 // Stats counts what a Store did since New, in the terms of engine.Stats
@@ -160,6 +166,15 @@ type Stats struct {
 	// (engine.ErrCostExceedsCapacity, or a reply the store could not read).
 	Decisions uint64
 	Retries   uint64 // script calls repeated for a newer policy or a bucket's history
+	// Local counts the requests a lease decided in the process, without
+	// Redis (Config.Leases): they are counted in Allowed and Denied too.
+	Local uint64
+	// LeasedTokens counts the tokens Redis granted as leases,
+	// ReturnedTokens those given back unspent, and ForfeitedTokens those
+	// given up unspent: taken across a cutover that raised a capacity, or
+	// not returned because Redis did not answer. What was leased and is
+	// neither was spent, or is held.
+	LeasedTokens, ReturnedTokens, ForfeitedTokens uint64
 }
 
 // errKind indexes the store's error counters, in engine.Errors order.
@@ -289,6 +304,7 @@ type Store struct {
 	noFunc atomic.Bool  // FUNCTION refused: the decide script goes by EVALSHA
 
 	slotMap mapReloader // on a cluster: the reloads of the slot map asked after a lost node (nodeFailed)
+	lease   *leaser     // Config.Leases's layer; nil without leases
 }
 
 // state is one policy version as the store uses it.
@@ -384,6 +400,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := checkAddrs(cfg.Client); err != nil {
 		return nil, err
 	}
+	if err := checkLeases(cfg.Leases); err != nil {
+		return nil, err
+	}
 	var now func() int64
 	switch c := cfg.Clock.(type) {
 	case nil: // the server's TIME
@@ -427,6 +446,13 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		if s.onError != nil {
 			s.onError(err)
 		}
+	}
+	if cfg.Leases != nil {
+		clk := cfg.Clock
+		if clk == nil {
+			clk = clock.NewMonotonic()
+		}
+		s.lease = newLeaser(s, cfg.Leases, clk)
 	}
 	if opened != nil {
 		opened(s)
@@ -863,12 +889,22 @@ func (s *Store) Stats() Stats {
 		Decisions: s.decisions.Load(), Retries: s.retries.Load(),
 	}
 	st.Failures = st.DegradedAllowed + st.DegradedDenied
+	if l := s.lease; l != nil {
+		for _, q := range l.shards {
+			a, d := q.allowed.Load(), q.denied.Load()
+			st.Allowed, st.Denied, st.Local = st.Allowed+a, st.Denied+d, st.Local+a+d
+		}
+		st.LeasedTokens, st.ReturnedTokens, st.ForfeitedTokens = l.granted.Load(), l.returned.Load(), l.forfeited.Load()
+	}
 	return st
 }
 
 // Close makes every later call return engine.ErrClosed; calls already in
 // flight finish. It does not close the Redis client, and always returns nil.
 func (s *Store) Close() error {
+	if s.lease != nil {
+		s.lease.close()
+	}
 	s.closed.Store(true)
 	return nil
 }

@@ -1,0 +1,172 @@
+package redisstore_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// leased is a store with leases on, on its own prefix, at clk.
+func leased(t *testing.T, p policy.Policy, clk clock.Clock, pfx string) *redisstore.Store {
+	t.Helper()
+	return newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: &redisstore.Leases{}}, clk)
+}
+
+// drive admits until the store decides locally (a lease is held), and
+// returns the tokens it admitted.
+func warm(t *testing.T, s *redisstore.Store, key string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	var admitted int64
+	for i := 0; i < 10000 && s.Stats().Local == 0; i++ {
+		d, err := s.Allow(ctx, key, 1)
+		require.NoError(t, err)
+		if d.Allowed {
+			admitted++
+		}
+	}
+	require.NotZero(t, s.Stats().Local, "no lease was granted: %+v", s.Stats())
+	return admitted
+}
+
+func TestLeaseDecidesLocallyAndConserves(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1_000_000, TokensPerSecond: 1000}
+	pfx := prefix(t)
+	s := leased(t, p, clk, pfx)
+	ctx := context.Background()
+	admitted := warm(t, s, "k")
+	before := s.Stats()
+	for range 1000 {
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		admitted++
+	}
+	after := s.Stats()
+	require.Greater(t, after.Local-before.Local, uint64(900), "most requests were decided by Redis: %+v", after)
+	require.Less(t, after.Decisions-before.Decisions, uint64(100))
+	// The clock has not moved: what was admitted, what Redis holds and what
+	// the lease holds add up to the capacity, exactly.
+	pk, err := s.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, p.Capacity, admitted+pk.Remaining, "admitted %d, peek %+v, stats %+v", admitted, pk, after)
+	// Close gives the lease back: the bucket then holds every token not admitted.
+	require.NoError(t, s.Close())
+	st := s.Stats()
+	require.Equal(t, st.LeasedTokens, st.ReturnedTokens+uint64(admitted)-(st.Allowed-st.Local), "stats %+v", st)
+	s2 := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	pk, err = s2.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, p.Capacity-admitted, pk.Remaining)
+}
+
+func TestLeaseSmallKeyIsNeverLeased(t *testing.T) {
+	clk := clock.NewManual(0)
+	s := leased(t, policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1000}, clk, prefix(t))
+	ctx := context.Background()
+	for range 200 {
+		_, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		clk.Advance(time.Millisecond)
+	}
+	require.Zero(t, s.Stats().LeasedTokens)
+	require.Zero(t, s.Stats().Local)
+}
+
+func TestLeaseLocalAllowDoesNotAllocate(t *testing.T) {
+	clk := clock.NewManual(0)
+	s := leased(t, policy.Policy{Version: 1, Capacity: 1 << 40, TokensPerSecond: 1000}, clk, prefix(t))
+	ctx := context.Background()
+	warm(t, s, "k")
+	for range 10000 { // let the lease grow past what the measure spends
+		_, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+	}
+	local := s.Stats().Local
+	allocs := testing.AllocsPerRun(1000, func() { _, _ = s.Allow(ctx, "k", 1) })
+	require.Greater(t, s.Stats().Local-local, uint64(1000))
+	require.Zero(t, allocs)
+}
+
+// Several stores share one quota: whatever each admits, from its leases or
+// from Redis, all together never pass the capacity plus the refill.
+func TestLeaseStoresNeverOver(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 2000, TokensPerSecond: 500}
+	pfx := prefix(t)
+	stores := []*redisstore.Store{leased(t, p, clk, pfx), leased(t, p, clk, pfx), leased(t, p, clk, pfx)}
+	ctx := context.Background()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for _, s := range stores {
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 3000 {
+					d, err := s.Allow(ctx, "hot", 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if d.Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	for range 20 {
+		clk.Advance(10 * time.Millisecond) // 5 tokens each
+	}
+	wg.Wait()
+	elapsed := clk.Now()
+	bound := p.Capacity + elapsed*p.TokensPerSecond/int64(time.Second)
+	require.LessOrEqual(t, admitted.Load(), bound)
+	var leased uint64
+	for _, s := range stores {
+		leased += s.Stats().LeasedTokens
+	}
+	require.NotZero(t, leased, "the test leased nothing")
+}
+
+// A cutover that raises the capacity tops nobody up: the tokens a process
+// still holds stop counting, and the bucket is converted as it stands.
+func TestLeaseCutoverRaiseTopsNobodyUp(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	pfx := prefix(t)
+	s := leased(t, p, clk, pfx)
+	other := leased(t, p, clk, pfx)
+	ctx := context.Background()
+	admitted := warm(t, s, "k") + warm(t, other, "k")
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100_000, TokensPerSecond: 1}, 1))
+	for _, st := range []*redisstore.Store{s, other} {
+		for range 3000 {
+			d, err := st.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			if d.Allowed {
+				admitted++
+			}
+		}
+	}
+	require.LessOrEqual(t, admitted, p.Capacity, "the cutover minted tokens")
+}
+
+func TestLeaseConfigErrors(t *testing.T) {
+	_, err := redisstore.New(context.Background(), redisstore.Config{
+		Client: client(t, redisAddr(t)), Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1},
+		Leases: &redisstore.Leases{MaxAge: -time.Second},
+	})
+	require.ErrorIs(t, err, engine.ErrInvalidConfig)
+}
