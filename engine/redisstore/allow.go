@@ -142,7 +142,11 @@ func (s *Store) Peek(ctx context.Context, key string) (engine.Decision, error) {
 // refund, and fails like Peek. A refund whose answer is lost may or may not
 // have been credited; it is never credited twice.
 func (s *Store) Refund(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
-	d, err := s.inspect(ctx, "r", key, tokens)
+	inspect := s.inspect
+	if s.lease != nil {
+		inspect = s.lease.refund
+	}
+	d, err := inspect(ctx, "r", key, tokens)
 	s.countInspect(&s.refunds, err)
 	return d, err
 }

@@ -44,6 +44,9 @@ func (s *Store) Charge(ctx context.Context, key string, tokens int64) (engine.De
 		s.errs[kindOf(err)].Add(1)
 		return engine.Decision{}, err
 	}
+	if s.lease != nil {
+		s.lease.release(ctx, key)
+	}
 	var out engine.Result
 	items := []item{{out: &out, key: key, cost: tokens}}
 	err := s.need(ctx)

@@ -52,7 +52,9 @@ const (
 
 // errRemote is a lease shard's answer to a request it cannot decide: the
 // caller asks Redis, and with it for a lease of the Single's Cost tokens
-// if that is positive (for a peek, Cost is the tokens the lease holds).
+// if that is positive. The Decision's Remaining is what the lease held,
+// taken for the request: Redis is asked for the rest of its cost (for a
+// peek, the tokens are only reported).
 var errRemote = errors.New("redisstore: for redis")
 
 // closedLeases heads a closed lease shard's queue.
@@ -101,6 +103,7 @@ type leaseShard struct {
 type lease struct {
 	ver     int64        // the version the lease was taken under
 	shape   policy.Shape // the key's limit under ver
+	cap     int64        // the smallest band capacity: no cost above it is admissible
 	max     int64        // the most tokens a lease may hold
 	reserve int64        // a lease is asked for only while the bucket keeps this much
 	left    int64        // unspent tokens
@@ -120,14 +123,16 @@ type lease struct {
 }
 
 // post is what Redis answered about a key: a caller's request of cost
-// (0 for none), and a lease of asked tokens (0 for none), sent under
-// version ver.
+// (0 for none), of which the lease held held, and a lease of asked tokens
+// (0 for none), sent under version ver at clock reading at (no later than
+// Redis decided: its RetryAfter and ResetAfter count from then).
 type post struct {
-	key          string
-	ver          int64
-	cost, asked  int64
-	d, leaseD    engine.Decision
-	dErr, lseErr error
+	key               string
+	ver               int64
+	at                int64
+	cost, held, asked int64
+	d, leaseD         engine.Decision
+	dErr, lseErr      error
 }
 
 // job is the fetcher's work: a lease of n tokens to ask for (ver is the
@@ -223,6 +228,7 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 		return engine.Decision{}, err
 	}
 	d, want, err := l.ask(msg.OpAllow, key, cost)
+	held := d.Remaining
 	if err == engine.ErrClosed {
 		s.errs[kindClosed].Add(1)
 	}
@@ -230,11 +236,11 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 		return engine.Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
 			Version: d.Version, Limit: d.Limit, ResetAfter: d.ResetAfter, Band: d.Band}, err
 	}
-	p := post{key: key, ver: s.cur.Load().p.Version, cost: cost, asked: want}
+	p := post{key: key, ver: s.cur.Load().p.Version, at: l.clk.Now(), cost: cost, held: held, asked: want}
 	if want == 0 {
-		p.d, p.dErr = s.allow(ctx, key, cost)
+		p.d, p.dErr = s.allow(ctx, key, cost-held)
 	} else {
-		reqs := [2]engine.Request{{Key: key, Cost: cost}, {Key: key, Cost: want}}
+		reqs := [2]engine.Request{{Key: key, Cost: cost - held}, {Key: key, Cost: want}}
 		var out [2]engine.Result
 		if err := s.allowBatch(ctx, reqs[:], out[:]); err != nil {
 			out[0].Err, out[1].Err = err, err
@@ -243,6 +249,9 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 		if p.leaseD.Degraded {
 			s.countFailures(-1) // the failure rule's answer to a lease is no request's
 		}
+	}
+	if p.dErr == nil && !p.d.Allowed {
+		p.d.Remaining = satAdd(p.d.Remaining, held) // the tokens held go back to the lease
 	}
 	l.shardOf(key).post(p)
 	var t tally
@@ -254,19 +263,18 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 // allowBatch is AllowBatch in lease mode: each request as Allow decides
 // it, in order.
 func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
-	if err := l.s.usable(ctx); err != nil {
-		var t tally
-		for i := range reqs {
+	fail := l.s.usable(ctx)
+	var t tally
+	for i, r := range reqs {
+		if err := l.s.check(ctx, r.Key, r.Cost); err != nil {
 			out[i] = engine.Result{Err: err}
 			t.add(engine.Decision{}, err)
+		} else {
+			out[i].Decision, out[i].Err = l.allow(ctx, r.Key, r.Cost)
 		}
-		l.s.count(&t)
-		return err
 	}
-	for i, r := range reqs {
-		out[i].Decision, out[i].Err = l.allow(ctx, r.Key, r.Cost)
-	}
-	return nil
+	l.s.count(&t)
+	return fail
 }
 
 // peek is Peek in lease mode: Redis's answer, plus what this process's
@@ -284,6 +292,27 @@ func (l *leaser) peek(ctx context.Context, _, key string, _ int64) (engine.Decis
 		d.Remaining = satAdd(d.Remaining, held)
 	}
 	return d, err
+}
+
+// refund is Refund in lease mode: Redis credits the tokens, and a denial
+// the process keeps for the key no longer holds.
+func (l *leaser) refund(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
+	if err := l.s.check(ctx, key, tokens); err != nil {
+		return engine.Decision{}, err
+	}
+	if _, _, err := l.ask(msg.OpRefund, key, tokens); err != errRemote {
+		return engine.Decision{}, err
+	}
+	return l.s.inspect(ctx, mode, key, tokens)
+}
+
+// release gives key's lease back to Redis and forgets any denial the
+// process keeps for it: before a charge, which then takes its tokens from
+// the bucket as a whole.
+func (l *leaser) release(ctx context.Context, key string) {
+	if d, _, err := l.ask(msg.OpCharge, key, 1); err == errRemote && d.Remaining > 0 {
+		l.giveBack(ctx, key, d.Remaining)
+	}
 }
 
 // flush takes every lease back from the shards and returns its unspent
@@ -398,7 +427,7 @@ func (q *leaseShard) run() {
 		select {
 		case <-q.wake:
 		case p := <-q.posts:
-			q.settle(q.l.clk.Now(), p)
+			q.settle(p)
 		case reply := <-q.flush:
 			reply <- q.takeAll()
 		case <-tick.C:
@@ -435,15 +464,15 @@ func (q *leaseShard) serve(g *msg.Single) {
 		g.Next, prev, g = prev, g, g.Next
 	}
 	now := q.l.clk.Now()
+	for range len(q.posts) { // first, so that a caller's next request sees its last answer
+		q.settle(<-q.posts)
+	}
 	st := q.l.s.cur.Load()
 	for r := prev; r != nil; {
 		next := r.Next
 		q.decide(now, st, r)
 		r.Finish()
 		r = next
-	}
-	for range len(q.posts) {
-		q.settle(now, <-q.posts)
 	}
 	if now >= q.sweepAt {
 		q.sweep(now)
@@ -454,7 +483,7 @@ func (q *leaseShard) serve(g *msg.Single) {
 func (q *leaseShard) decide(now int64, st *state, r *msg.Single) {
 	k := q.keys[r.Key]
 	if k == nil {
-		if r.Op == msg.OpPeek {
+		if r.Op != msg.OpAllow {
 			r.Reply.Err, r.Cost = errRemote, 0
 			return
 		}
@@ -469,6 +498,12 @@ func (q *leaseShard) decide(now int64, st *state, r *msg.Single) {
 	switch {
 	case r.Op == msg.OpPeek:
 		r.Reply.Err, r.Cost = errRemote, k.left
+	case r.Op == msg.OpRefund: // the balance grows: a denial no longer holds
+		r.Reply.Err, k.deniedTill = errRemote, 0
+	case r.Op == msg.OpCharge: // the lease goes back before Redis charges the key
+		r.Reply.Err, r.Reply.Decision.Remaining, k.left, k.deniedTill = errRemote, k.left, 0, 0
+	case cost > k.cap:
+		r.Reply.Err = engine.ErrCostExceedsCapacity
 	case k.left >= cost:
 		k.left -= cost
 		k.used += cost
@@ -477,11 +512,12 @@ func (q *leaseShard) decide(now int64, st *state, r *msg.Single) {
 		if !k.fetch && 2*k.left < k.target {
 			q.topUp(now, r.Key, k)
 		}
-	case now < k.deniedTill && cost >= k.deniedCost:
+	case now < k.deniedTill && cost == k.deniedCost:
 		r.Reply.Decision = k.answer(now, false)
 		q.denied.Add(1)
 	default:
 		r.Reply.Err, r.Cost = errRemote, q.l.want(now, k, cost)
+		r.Reply.Decision.Remaining, k.left = k.left, 0
 		if r.Cost > 0 {
 			k.fetch = true
 		}
@@ -504,7 +540,7 @@ func (q *leaseShard) renew(key string, k *lease, st *state) {
 	_, idx := st.p.Resolve(key)
 	sh := st.p.ShapeAt(idx)
 	c := minCapacity(sh)
-	k.ver, k.shape, k.max, k.reserve = st.p.Version, sh, c/q.l.divisor, c-c/2
+	k.ver, k.shape, k.cap, k.max, k.reserve = st.p.Version, sh, c, c/q.l.divisor, c-c/2
 	k.remaining, k.resetAt, k.limit, k.band = c, 0, sh.Primary.Capacity, sh.Name
 	k.deniedTill, k.target = 0, 0
 }
@@ -578,7 +614,8 @@ func (q *leaseShard) send(j job) bool {
 }
 
 // settle takes in what Redis answered about a key.
-func (q *leaseShard) settle(now int64, p post) {
+func (q *leaseShard) settle(p post) {
+	now := p.at
 	n := granted(p)
 	q.l.granted.Add(uint64(n))
 	k := q.keys[p.key]
@@ -596,17 +633,27 @@ func (q *leaseShard) settle(now int64, p post) {
 			k.deniedTill, k.deniedCost = now+int64(p.d.RetryAfter), p.cost
 		}
 	}
+	if p.held > 0 && (p.dErr != nil || !p.d.Allowed) {
+		q.keep(p.key, k, p.held, p.ver) // the request did not spend them
+	}
 	if p.asked > 0 && p.lseErr == nil && !p.leaseD.Degraded {
 		k.learn(now, p.leaseD)
 	}
-	switch {
-	case n == 0:
-	case p.ver != k.ver:
-		q.l.forfeited.Add(uint64(n)) // taken across a cutover: given up, never topping anyone up
-	default:
-		k.left += n
+	if n > 0 {
+		q.keep(p.key, k, n, p.ver)
 		k.got = now
 	}
+}
+
+// keep adds n tokens taken under version ver to k's lease, or gives them up
+// if k has moved on to another version since: taken across a cutover,
+// returning them could top the key up.
+func (q *leaseShard) keep(key string, k *lease, n, ver int64) {
+	if ver != k.ver {
+		q.l.forfeited.Add(uint64(n))
+		return
+	}
+	k.left += n
 }
 
 // learn keeps what the global bucket answered.
@@ -673,6 +720,7 @@ func (q *leaseShard) fetcher() {
 			continue
 		}
 		out = append(out[:0], make([]engine.Result, len(asks))...)
+		at := q.l.clk.Now()
 		if err := s.allowBatch(context.Background(), reqs, out); err != nil {
 			for i := range out {
 				out[i].Err = err
@@ -682,14 +730,14 @@ func (q *leaseShard) fetcher() {
 			if out[i].Decision.Degraded {
 				s.countFailures(-1)
 			}
-			q.post(post{key: a.key, ver: a.ver, asked: a.n, leaseD: out[i].Decision, lseErr: out[i].Err})
+			q.post(post{key: a.key, ver: a.ver, at: at, asked: a.n, leaseD: out[i].Decision, lseErr: out[i].Err})
 		}
 	}
 }
 
-// satAdd is a+b, at most math.MaxInt64, for a, b >= 0.
+// satAdd is a+b, at most math.MaxInt64, for b >= 0 (a may be a debt).
 func satAdd(a, b int64) int64 {
-	if b > math.MaxInt64-a {
+	if a > 0 && b > math.MaxInt64-a {
 		return math.MaxInt64
 	}
 	return a + b
