@@ -338,6 +338,64 @@
 // version loads its own decide FUNCTION (named after the script's hash), so
 // stores of different versions may share a server on different prefixes.
 //
+// # Leases
+//
+// With Config.Leases set, a store takes whole tokens of a busy key's
+// bucket in advance, as a lease, and spends them in the process: a request
+// its lease covers is decided there, with no Redis call on its path, at
+// about the in-memory engine's cost (the leases live in goroutine-owned
+// shards, as the engine's buckets do, and a leased decision allocates
+// nothing). The protocol:
+//
+//   - Grant. A lease is an Allow of n tokens decided by the bucket like any
+//     other, so it takes n tokens of every band, under the version in
+//     force. A request the lease cannot cover takes what the lease holds and
+//     asks Redis for the rest of its cost; the same script call may ask for
+//     the next lease.
+//   - Top-up. When a lease falls below half its size, the next one is
+//     asked for in the background, so a key of steady demand does not wait
+//     on Redis.
+//   - Sizing. A lease holds what the process admitted on the key over the
+//     last Leases.Horizon (100 ms), at most the key's smallest band capacity
+//     divided by Leases.Divisor (16), and is asked for only while the
+//     bucket, at its last answer, keeps half its capacity besides; never
+//     fewer than 2 tokens, so a key of capacity under 32 is never leased.
+//     P processes hold at most P*capacity/Divisor of a key together.
+//   - Give-back. Unspent tokens are credited back exactly (a Refund, capped
+//     at capacity) once a lease has had no grant for Leases.MaxAge (1 s),
+//     before the store's own ReplacePolicy, on Close and before a Charge. A
+//     lease taken under a version that another process has since replaced
+//     ends when this store meets the new version (at its next call to
+//     Redis, within MaxAge): its tokens go back under the new limit if that
+//     raises no band's capacity, else they are given up, so that no
+//     cutover tops a key up.
+//   - Denials. A denial Redis gave is kept: the same cost on the same key
+//     is denied in the process until its RetryAfter has passed.
+//
+// Why it cannot over-admit: every token admitted anywhere was first taken
+// from the key's bucket by a script call, which decides as without leases;
+// a token is spent once, by the shard that holds it, or given back, never
+// both. So per key, the tokens admitted by every process together never
+// pass what the bucket gave out: its capacity, plus its exact refill since
+// it was created, plus refunds. A process that crashes loses its unspent
+// lease (the quota then under-admits by at most that, never over-admits).
+//
+// What it costs: while a process holds a lease, the bucket refills behind
+// it, so a burst may pass the capacity by the tokens the processes hold
+// (as it may with any limiter that spends locally); and a request the
+// lease cannot cover, on a key whose leases other processes hold, can be
+// denied with those tokens unspent. A kept denial can deny a request
+// others' refunds would have admitted, until its RetryAfter. A leased
+// answer's Decision is the bucket's as last heard: Remaining is the
+// bucket's whole tokens at its last answer plus what the lease holds,
+// ResetAfter counts from that answer, RetryAfter of a kept denial counts
+// down from the one Redis gave; Allowed, Version, Limit and Band are as
+// without leases. Stats.Local counts the leased decisions. AllowAll and
+// Charge go to Redis (Charge after the lease is given back); Peek adds
+// what the lease holds to Redis's answer; Refund goes to Redis and ends a
+// kept denial. With Redis unreachable, a process spends what it holds,
+// then answers by the failure rule, marked Degraded.
+//
 // # Failures
 //
 // A decision that Redis cannot give by the call's deadline (the context's,

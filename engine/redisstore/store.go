@@ -257,9 +257,11 @@ func (s *Store) count(t *tally) {
 
 // Store is an engine.Admitter whose buckets live in Redis, so that every
 // process using the same prefix shares one quota per key. It is safe for
-// concurrent use. The only goroutines it starts send single Allows that
-// queued behind others, and each exits once none is left, at the latest
-// when the last deadline among the requests it holds has passed.
+// concurrent use. The goroutines it starts send single Allows that queued
+// behind others, and each exits once none is left, at the latest when the
+// last deadline among the requests it holds has passed; with Config.Leases,
+// also two per GOMAXPROCS that own the leases, until Close, which must then
+// be called.
 type Store struct {
 	rdb         redis.UniversalClient
 	cluster     *redis.ClusterClient // rdb, on Redis Cluster; nil for one server
