@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -169,4 +170,41 @@ func TestLeaseConfigErrors(t *testing.T) {
 		Leases: &redisstore.Leases{MaxAge: -time.Second},
 	})
 	require.ErrorIs(t, err, engine.ErrInvalidConfig)
+}
+
+// Wait works in lease mode: it waits out a denial, kept in the process or
+// Redis's, on the store's clock.
+func TestLeaseWait(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 64, TokensPerSecond: 10}
+	s := leased(t, p, clk, prefix(t))
+	ctx := context.Background()
+	admitted := int64(0)
+	for range 200 {
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		if d.Allowed {
+			admitted++
+		}
+	}
+	require.LessOrEqual(t, admitted, p.Capacity)
+	done := make(chan engine.Decision)
+	go func() {
+		d, err := s.Wait(ctx, "k", 1)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- d
+	}()
+	for {
+		select {
+		case d := <-done:
+			require.True(t, d.Allowed)
+			require.GreaterOrEqual(t, clk.Now(), int64(100*time.Millisecond), "Wait admitted before a token refilled")
+			return
+		default:
+			clk.Advance(time.Millisecond)
+			runtime.Gosched()
+		}
+	}
 }

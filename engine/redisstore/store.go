@@ -273,6 +273,7 @@ type Store struct {
 	lockTTL     time.Duration
 	onError     func(error)
 	now         func() int64 // Config.Clock's Now, or nil for the server's TIME
+	clk         clock.Clock  // Config.Clock, for Wait
 
 	kPolicy, kHistory, kBlobs, kLock, kBucket string // global keys; kBucket starts every bucket's
 	shards                                    []shardKeys
@@ -423,6 +424,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		timeout:     cmp.Or(cfg.Timeout, DefaultTimeout),
 		onError:     cfg.OnError,
 		now:         now,
+		clk:         cfg.Clock,
 		past:        map[int64]policy.Policy{},
 		cfgPolicy:   cfg.Policy,
 		cfgShards:   cmp.Or(cfg.VirtualShards, DefaultVirtualShards),
