@@ -250,7 +250,7 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 			s.countFailures(-1) // the failure rule's answer to a lease is no request's
 		}
 	}
-	if p.dErr == nil && !p.d.Allowed {
+	if p.dErr == nil && !p.d.Allowed && !p.d.Degraded {
 		p.d.Remaining = satAdd(p.d.Remaining, held) // the tokens held go back to the lease
 	}
 	l.shardOf(key).post(p)
@@ -402,7 +402,7 @@ func (q *leaseShard) run() {
 	defer q.l.wg.Done()
 	defer close(q.exited)
 	defer close(q.jobs)
-	tick := time.NewTicker(time.Duration(q.l.maxAge / 4))
+	tick := time.NewTicker(time.Duration(max(q.l.maxAge/4, int64(time.Millisecond))))
 	defer tick.Stop()
 	for {
 		if g := q.head.Swap(nil); g != nil {
@@ -619,7 +619,10 @@ func (q *leaseShard) settle(p post) {
 	n := granted(p)
 	q.l.granted.Add(uint64(n))
 	k := q.keys[p.key]
-	if k == nil { // swept meanwhile: a call that asked for no lease
+	if k == nil { // swept meanwhile, in a call longer than MaxAge that asked for no lease
+		if unspent(p) {
+			q.send(job{key: p.key, n: p.held, give: true})
+		}
 		return
 	}
 	if p.asked > 0 {
@@ -633,7 +636,7 @@ func (q *leaseShard) settle(p post) {
 			k.deniedTill, k.deniedCost = now+int64(p.d.RetryAfter), p.cost
 		}
 	}
-	if p.held > 0 && (p.dErr != nil || !p.d.Allowed) {
+	if unspent(p) {
 		q.keep(p.key, k, p.held, p.ver) // the request did not spend them
 	}
 	if p.asked > 0 && p.lseErr == nil && !p.leaseD.Degraded {
@@ -643,6 +646,13 @@ func (q *leaseShard) settle(p post) {
 		q.keep(p.key, k, n, p.ver)
 		k.got = now
 	}
+}
+
+// unspent reports whether the tokens p's request took from the lease are
+// still the process's: Redis did not admit it (a failure rule's admission
+// took nothing from the bucket).
+func unspent(p post) bool {
+	return p.held > 0 && (p.dErr != nil || !p.d.Allowed || p.d.Degraded)
 }
 
 // keep adds n tokens taken under version ver to k's lease, or gives them up
