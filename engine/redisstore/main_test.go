@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"os"
 	"strings"
 	"testing"
 
@@ -61,6 +62,9 @@ func prefix(t testing.TB) string {
 	return p
 }
 
+// leaseMode makes newStore turn leases on (see TestCutoversLeased).
+var leaseMode = os.Getenv("TOKENSHARD_TEST_LEASES") != ""
+
 // newStore builds a store on a fresh prefix of the shared server, its time
 // driven by clk (Config.Clock).
 func newStore(t testing.TB, cfg redisstore.Config, clk clock.Clock) *redisstore.Store {
@@ -75,6 +79,9 @@ func newStore(t testing.TB, cfg redisstore.Config, clk clock.Clock) *redisstore.
 		cfg.Timeout = 5e9 // the race detector slows everything; a failure is a test failure anyway
 	}
 	cfg.Clock = clk
+	if leaseMode && cfg.Leases == nil {
+		cfg.Leases = &redisstore.Leases{}
+	}
 	s, err := redisstore.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("redisstore.New: %v", err)
