@@ -208,3 +208,34 @@ func TestLeaseWait(t *testing.T) {
 		}
 	}
 }
+
+// With Redis gone, a process spends what its lease holds, answered as
+// usual, and then answers by the failure rule, marked Degraded; Stats
+// counts the failure rule's answers only for requests, never for leases.
+func TestLeaseOutlivesRedis(t *testing.T) {
+	srv := startPrivate(t)
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1 << 30, TokensPerSecond: 1000}
+	s := newStore(t, redisstore.Config{Client: client(t, srv.Addr()), Policy: p, Leases: &redisstore.Leases{},
+		Timeout: 200 * time.Millisecond}, clk)
+	ctx := context.Background()
+	warm(t, s, "k")
+	srv.Kill()
+	local, degraded := 0, 0
+	for range 100_000 {
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		if d.Degraded {
+			require.False(t, d.Allowed, "fail closed")
+			degraded++
+			break
+		}
+		require.True(t, d.Allowed)
+		local++
+	}
+	require.Positive(t, local, "the lease was not spent")
+	require.Equal(t, 1, degraded, "the lease ran out and nothing answered by the failure rule")
+	st := s.Stats()
+	require.Equal(t, uint64(1), st.Failures, "%+v", st)
+	require.GreaterOrEqual(t, st.Local, uint64(local), "stats %+v", st)
+}
