@@ -15,6 +15,7 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/internal/yield"
 	shardmsg "github.com/tokenshard/tokenshard/internal/decision"
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
@@ -73,6 +74,7 @@ type leaser struct {
 	shards          []*leaseShard
 	pool            sync.Pool
 	quit            chan struct{}
+	ctl             atomic.Int32 // flushes and Closes under way, which busy shards look for
 	wg              sync.WaitGroup
 	closing         sync.Once
 
@@ -320,6 +322,8 @@ func (l *leaser) release(ctx context.Context, key string) {
 // cutover, and at Close.
 func (l *leaser) flush(ctx context.Context) {
 	reply := make(chan []gift, 1)
+	l.ctl.Add(1)
+	defer l.ctl.Add(-1)
 	for _, q := range l.shards {
 		select {
 		case q.flush <- reply:
@@ -349,6 +353,7 @@ func (l *leaser) close() {
 		ctx, cancel := context.WithTimeout(context.Background(), l.s.timeout)
 		l.flush(ctx)
 		cancel()
+		l.ctl.Add(1)
 		close(l.quit)
 		l.wg.Wait()
 	})
@@ -404,17 +409,25 @@ func (q *leaseShard) run() {
 	defer close(q.jobs)
 	tick := time.NewTicker(time.Duration(max(q.l.maxAge/4, int64(time.Millisecond))))
 	defer tick.Stop()
-	for {
+	for idle := false; ; {
 		if g := q.head.Swap(nil); g != nil {
 			q.serve(g)
-			select { // a busy shard looks for these between groups
-			case reply := <-q.flush:
-				reply <- q.takeAll()
-			case <-q.l.quit:
-				q.stop()
-				return
-			default:
+			if q.l.ctl.Load() != 0 { // a flush or Close waits: a busy shard looks between groups
+				select {
+				case reply := <-q.flush:
+					reply <- q.takeAll()
+				case <-q.l.quit:
+					q.stop()
+					return
+				default:
+				}
 			}
+			idle = false
+			continue
+		}
+		if !idle { // let callers about to send join the next group, rather than wake it
+			idle = true
+			yield.Local()
 			continue
 		}
 		q.sleeping.Store(true)
