@@ -83,8 +83,6 @@ func decodePolicy(blob string) (policy.Policy, error) {
 	return p, nil
 }
 
-// durationOf converts the policy package's saturated nanoseconds.
-func durationOf(ns int64) time.Duration { return time.Duration(ns) }
 
 // A shape (a key's whole limit, policy.Shape) travels to the decide script
 // as three strings, in the script's terms (see decide.lua's header), the

@@ -294,8 +294,7 @@ type Store struct {
 // state is one policy version as the store uses it.
 type state struct {
 	p       policy.Policy
-	ver     string // p.Version in decimal, as the script compares it
-	verWord any    // ver, boxed once
+	verWord any // p.Version in decimal, as the script compares it, boxed once
 	// args holds the decide script's capacity and rate arguments of
 	// every shape in p's limit table, by index, boxed once so that a
 	// request does not allocate them: a plain shape's capacity and tokens
@@ -308,18 +307,13 @@ type state struct {
 type limitArgs struct{ capacity, rate any }
 
 func newState(p policy.Policy) *state {
-	st := &state{p: p, ver: strconv.FormatInt(p.Version, 10)}
-	st.verWord = st.ver
-	shapes := p.Shapes()
-	st.args = make([]limitArgs, len(shapes))
-	for i, sh := range shapes {
-		a := &st.args[i]
-		a.capacity = sh.Primary.Capacity
+	st := &state{p: p, verWord: strconv.FormatInt(p.Version, 10)}
+	for _, sh := range p.Shapes() {
+		a := limitArgs{capacity: sh.Primary.Capacity, rate: encodeShape(sh).arg()}
 		if plain(sh) {
 			a.rate = sh.Primary.Rate().Tokens
-		} else {
-			a.rate = encodeShape(sh).arg()
 		}
+		st.args = append(st.args, a)
 	}
 	return st
 }
@@ -361,15 +355,32 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.Policy.Validate(); err != nil {
 		return nil, err
 	}
+	// A client whose TCP address is not host:port is refused: no attempt to
+	// connect could reach it. A Sentinel failover client's address is a
+	// placeholder (its dialer asks the sentinels), and a cluster client with
+	// ClusterSlots or a Dialer of its own is trusted with its addresses.
 	var cluster *redis.ClusterClient
+	var addrs []string
 	timeouts := false
 	switch c := cfg.Client.(type) {
 	case nil:
 		return nil, fmt.Errorf("%w: redisstore: Config.Client is nil", engine.ErrInvalidConfig)
 	case *redis.Client:
-		timeouts = c != nil && c.Options().ContextTimeoutEnabled
+		if c != nil {
+			o := c.Options()
+			timeouts = o.ContextTimeoutEnabled
+			if o.Network == "tcp" && o.Addr != "FailoverClient" {
+				addrs = []string{o.Addr}
+			}
+		}
 	case *redis.ClusterClient:
-		timeouts, cluster = c != nil && c.Options().ContextTimeoutEnabled, c
+		if c != nil {
+			o := c.Options()
+			timeouts, cluster = o.ContextTimeoutEnabled, c
+			if o.Dialer == nil && o.ClusterSlots == nil {
+				addrs = o.Addrs
+			}
+		}
 	default:
 		return nil, fmt.Errorf("%w: redisstore: Config.Client is a %T; want a *redis.Client or a *redis.ClusterClient", engine.ErrInvalidConfig, cfg.Client)
 	}
@@ -381,8 +392,10 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	case cfg.VirtualShards < 0 || cfg.VirtualShards > MaxVirtualShards:
 		return nil, fmt.Errorf("%w: redisstore: VirtualShards %d is not in [0, %d]", engine.ErrInvalidConfig, cfg.VirtualShards, MaxVirtualShards)
 	}
-	if err := checkAddrs(cfg.Client); err != nil {
-		return nil, err
+	for _, a := range addrs {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port", engine.ErrInvalidConfig, a)
+		}
 	}
 	var now func() int64
 	switch c := cfg.Clock.(type) {
@@ -424,38 +437,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		}
 		// Redis cannot be reached now: the store starts without it, and
 		// answers by the failure rule until a call reaches it (see up).
-		if s.onError != nil {
-			s.onError(err)
-		}
+		s.report(err)
 	}
 	if opened != nil {
 		opened(s)
 	}
 	return s, nil
-}
-
-// checkAddrs refuses a client whose TCP address is not host:port, which no
-// attempt to connect could reach. A Sentinel failover client's address is
-// a placeholder (its dialer asks the sentinels), and a cluster client with
-// ClusterSlots or a Dialer of its own is trusted with its addresses.
-func checkAddrs(c redis.UniversalClient) error {
-	var addrs []string
-	switch c := c.(type) {
-	case *redis.Client:
-		if o := c.Options(); o.Network == "tcp" && o.Addr != "FailoverClient" {
-			addrs = []string{o.Addr}
-		}
-	case *redis.ClusterClient:
-		if o := c.Options(); o.Dialer == nil && o.ClusterSlots == nil {
-			addrs = o.Addrs
-		}
-	}
-	for _, a := range addrs {
-		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
-			return fmt.Errorf("%w: redisstore: the client's address %q is not host:port", engine.ErrInvalidConfig, a)
-		}
-	}
-	return nil
 }
 
 // connect reads the prefix's key map, virtual shards and policy, installing
@@ -500,7 +487,7 @@ func (s *Store) connect(ctx context.Context) error {
 	}
 	s.kmap, s.seed, s.tags = kmap, kept[0], kept[1]
 	s.layout(stored)
-	s.queues = make([]combiner, s.queueCount())
+	s.queues = make([]combiner, len(s.shards))
 	// A policy another process installed is read even if its version is
 	// Config.Policy's: the two may differ. Loading also finishes a cutover
 	// an earlier process left half done.
@@ -600,15 +587,8 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// timeArgs are ARGV[3] and ARGV[4] of the decide script: the server's TIME
-// and expiries, or Config.Clock's reading and none.
-func (s *Store) timeArgs() (string, string) {
-	if s.now != nil {
-		return strconv.FormatInt(s.now(), 10), "0"
-	}
-	return "", "1"
-}
-
+// nowArg is the instant a script decides at: "" for the server's TIME, else
+// Config.Clock's reading.
 func (s *Store) nowArg() string {
 	if s.now != nil {
 		return strconv.FormatInt(s.now(), 10)
@@ -749,7 +729,12 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 		if err != nil {
 			return err
 		}
-		s.adopt(p)
+		// Redis is the authority: a version older than the cached one is
+		// adopted too (a Redis that restarted empty and got an older policy
+		// reinstalled), and a reload racing another can only cost a call one
+		// more round trip, since the script refuses any version but the one
+		// in force.
+		s.cur.Store(newState(p))
 		return nil
 	}
 	return fmt.Errorf("%w: the policy disappeared while it was read", ErrUnavailable)
@@ -807,15 +792,6 @@ func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, 
 		return p, kept, fmt.Errorf("%w: the prefix's global keys are lost and virtual shard %d holds policy version %d, newer than this store's %d: only a store that knows version %d can reinstall them", ErrUnavailable, at, newest, p.Version, newest)
 	}
 	return q, kept, nil
-}
-
-// adopt makes p the policy this store sends requests under. Redis is the
-// authority: a version older than the cached one is adopted too (a Redis
-// that restarted empty and got an older policy reinstalled), and a reload
-// racing another can only cost a call one more round trip, since the script
-// refuses any version but the one in force.
-func (s *Store) adopt(p policy.Policy) {
-	s.cur.Store(newState(p))
 }
 
 // policyAt returns the retained policy of a version, decoded once.
