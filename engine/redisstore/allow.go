@@ -627,22 +627,6 @@ func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) 
 	if mode == modeCharge {
 		return chargeDecision(sh, lv), nil
 	}
-	if mode == "a" && plain(sh) {
-		// The one band of a rate per second, as the store always decided it.
-		b := policy.Bucket{Tokens: lv[0].Tokens, Frac: uint32(lv[0].Frac)}
-		lim := sh.Primary
-		d := engine.Decision{
-			Allowed:    allowed,
-			Remaining:  b.Tokens,
-			Limit:      lim.Capacity,
-			ResetAfter: time.Duration(b.ResetAfter(lim)),
-			Band:       sh.Name,
-		}
-		if !d.Allowed {
-			d.RetryAfter = time.Duration(b.RetryAfter(lim, cost))
-		}
-		return d, nil
-	}
 	var o policy.Outcome
 	var at int
 	if mode == "a" {

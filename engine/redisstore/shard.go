@@ -274,7 +274,7 @@ func parseRecord(next string) (record, error) {
 // may be finished, whoever finishes it.
 func cutoverToken(nv string) string { return "c" + nv }
 
-// finish completes a cluster cutover that intentSrc recorded (next) while
+// finish completes a cluster cutover that intentSrc recorded (rec) while
 // version v is in force in the global keys, or only publishes its shards if
 // it is committed (v is its version): for a lengthening cutover it first
 // sets the cutover's pending flag in every shard, then it prepares every
@@ -285,12 +285,11 @@ func cutoverToken(nv string) string { return "c" + nv }
 // errShardMoved means another finisher or cutover moved on, and the caller
 // must read the global keys again before it goes on (never assume the
 // cutover committed).
-func (s *Store) finish(ctx context.Context, v, next string) (bool, error) {
-	rec, err := parseRecord(next)
-	if err != nil {
-		return false, err
+func (s *Store) finish(ctx context.Context, v string, rec record) (bool, error) {
+	all, token := s.allShards(), ""
+	if rec.lengthens == "1" {
+		token = cutoverToken(rec.nv)
 	}
-	all := s.allShards()
 	if v != rec.nv {
 		ov, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
@@ -303,9 +302,9 @@ func (s *Store) finish(ctx context.Context, v, next string) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if rec.lengthens == "1" {
+		if token != "" {
 			if err := s.shardStep(ctx, all, flagSrc, func(k shardKeys) []string { return []string{k.policy, k.pending} },
-				rec.nv, cutoverToken(rec.nv)); err != nil {
+				rec.nv, token); err != nil {
 				return false, err
 			}
 		}
@@ -323,11 +322,7 @@ func (s *Store) finish(ctx context.Context, v, next string) (bool, error) {
 		rec.at = res[1]
 	}
 	if rec.at == "-" {
-		return false, fmt.Errorf("%w: a committed cutover record without its instant %q", ErrUnavailable, next)
-	}
-	token := ""
-	if rec.lengthens == "1" {
-		token = cutoverToken(rec.nv)
+		return false, fmt.Errorf("%w: a committed cutover record without its instant (version %s)", ErrUnavailable, rec.nv)
 	}
 	if err := s.shardStep(ctx, all, publishSrc, func(k shardKeys) []string { return []string{k.policy, k.history, k.pending} },
 		rec.nv, rec.tail, rec.trim, rec.at, "", token); err != nil {
@@ -361,7 +356,7 @@ func (s *Store) settle(ctx context.Context, token string) (bool, error) {
 		}
 		var published bool
 		err = s.round(ctx, func(ctx context.Context) (err error) {
-			published, err = s.finish(ctx, v, next)
+			published, err = s.finish(ctx, v, rec)
 			return err
 		})
 		switch {

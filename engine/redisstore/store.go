@@ -602,8 +602,7 @@ func (s *Store) nowArg() string {
 // force and the key map in force (seed and tags), which one script call
 // sets if the prefix has none, so that every store adopts the first one's.
 // Once the store has read its key map (New), another in force is an error.
-func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, tags string) (bool, int, [2]string, error) {
-	var kept [2]string
+func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, tags string) (installed bool, n int, kept [2]string, err error) {
 	blob, err := encodePolicy(p)
 	if err != nil {
 		return false, 0, kept, err
@@ -611,24 +610,23 @@ func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, 
 	a := encodeShape(p.Shape())
 	res, err := s.rdb.Eval(ctx, installSrc, []string{s.kPolicy, s.kHistory, s.kBlobs},
 		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, seed, tags).StringSlice()
+	if err == nil && len(res) != 4 {
+		err = fmt.Errorf("reply %v", res)
+	}
 	if err != nil {
 		return false, 0, kept, fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
 	}
-	if len(res) != 4 {
-		return false, 0, kept, fmt.Errorf("%w: installing the policy: reply %v", ErrUnavailable, res)
-	}
-	n, err := strconv.Atoi(res[1])
-	if err != nil || n < 1 || n > MaxVirtualShards {
-		return false, 0, kept, fmt.Errorf("%w: the stored number of virtual shards %q", ErrUnavailable, res[1])
-	}
-	if s.shards != nil && n != len(s.shards) {
-		return false, 0, kept, fmt.Errorf("%w: the prefix was reinstalled with %d virtual shards, not %d", ErrUnavailable, n, len(s.shards))
-	}
+	n, err = strconv.Atoi(res[1])
 	kept = [2]string{res[2], res[3]}
-	if s.seed != "" && kept != [2]string{s.seed, s.tags} {
-		return false, 0, kept, fmt.Errorf("%w: the prefix was reinstalled with another key map than this store's", ErrUnavailable)
+	switch {
+	case err != nil || n < 1 || n > MaxVirtualShards:
+		err = fmt.Errorf("%w: the stored number of virtual shards %q", ErrUnavailable, res[1])
+	case s.shards != nil && n != len(s.shards):
+		err = fmt.Errorf("%w: the prefix was reinstalled with %d virtual shards, not %d", ErrUnavailable, n, len(s.shards))
+	case s.seed != "" && kept != [2]string{s.seed, s.tags}:
+		err = fmt.Errorf("%w: the prefix was reinstalled with another key map than this store's", ErrUnavailable)
 	}
-	return res[0] == "ok", n, kept, nil
+	return res[0] == "ok", n, kept, err
 }
 
 // tail is the part of p's history entry after the cutover instant: the
