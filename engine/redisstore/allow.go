@@ -753,7 +753,7 @@ func repeats(chunk []*item) bool {
 // stopped part-way (a chain to fetch) is sent again after the calls
 // pipelined behind it, so a key's later items wait for the round after its
 // earlier ones are done rather than ride in a call of their own. A call
-// then holds less than 2*ChunkSize of work (see chunked).
+// then holds less than 2*ChunkSize of work (see route).
 func perKey(items []*item) (now, later []*item) {
 	if weightOf(items) <= ChunkSize {
 		return items, nil

@@ -86,7 +86,7 @@ func (s *Store) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		s.allRefused.Add(1)
 	}
 	switch n := uint64(len(reqs)); {
-	case err != nil, d.Degraded: // no decision, or counted by countFailures
+	case err != nil, d.Degraded: // no decision, or counted by failResult
 	case d.Allowed:
 		s.allowed.Add(n)
 	default:

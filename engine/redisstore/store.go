@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -212,7 +213,7 @@ type tally struct {
 }
 
 // add counts one request's answer: an error by kind, a decision by outcome.
-// A Degraded answer is not counted here: countFailures counted it.
+// A Degraded answer is not counted here: failResult counted it.
 func (t *tally) add(d engine.Decision, err error) {
 	switch {
 	case err != nil:
@@ -522,10 +523,8 @@ func (s *Store) up(ctx context.Context) (bool, error) {
 	}
 	bctx, cancel := s.bound(ctx)
 	defer cancel()
-	if err := s.connect(bctx); err != nil {
-		return false, err
-	}
-	return true, nil
+	err := s.connect(bctx)
+	return err == nil, err
 }
 
 // need is up for a call that is not a decision: nil once the store is
@@ -770,12 +769,10 @@ func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, 
 		if kept[0] == "" && seed != "" && tags != "" {
 			kept = [2]string{seed, tags}
 		}
-		v, ok := vals[0].(string)
-		if !ok {
-			continue
-		}
-		// a prepared shard ("p" and the next) holds an older version
-		// still; the cutover it waits for is not known to have committed
+		// a shard with no version, or a prepared one ("p" and the next),
+		// counts for none: the latter holds an older version still, and the
+		// cutover it waits for is not known to have committed
+		v, _ := vals[0].(string)
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > newest {
 			newest, at = n, i
 		}
@@ -902,12 +899,10 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 				}
 				return fmt.Errorf("%w: scanning: %w", ErrUnavailable, err)
 			}
-			buckets := keys[:0]
-			for _, k := range keys {
-				if _, ok := s.bucketKeyOf(k); ok {
-					buckets = append(buckets, k)
-				}
-			}
+			buckets := slices.DeleteFunc(keys, func(k string) bool {
+				_, ok := s.bucketKeyOf(k)
+				return !ok
+			})
 			if err := f(buckets); err != nil { // also for an empty page: passes renew their lock per page
 				return err
 			}
