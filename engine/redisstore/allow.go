@@ -613,7 +613,8 @@ func (s *Store) decided(it *item, st *state, mode string, code int64, x, y any) 
 // decision is the Decision of a script result for a key of shape sh: for
 // mode "a", of the request of cost the script decided (allowed or
 // denied); for modes "p" and "r", of a request of one token taking nothing,
-// as the bands stand after the operation. x and y are the balance the
+// as the bands stand after the operation; for mode "d", of the charge, as
+// the bands stand after it. x and y are the balance the
 // script returned: whole tokens and the fraction (two integers, the fast
 // path's), or the units of each band as decimals and "". The binding band
 // is chosen by the policy package's rule (policy.DecideLevels), from the
@@ -624,12 +625,10 @@ func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) 
 	if err := levels(sh, x, y, lv); err != nil {
 		return engine.Decision{}, err
 	}
-	if mode == modeCharge {
-		return chargeDecision(sh, lv), nil
-	}
 	var o policy.Outcome
 	var at int
-	if mode == "a" {
+	switch mode {
+	case "a":
 		if allowed {
 			for i := range lv {
 				lv[i].Tokens += cost // the balances the decision saw
@@ -638,7 +637,16 @@ func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) 
 		if o, at = policy.DecideLevels(sh, lv, cost); o.Allowed != allowed {
 			return engine.Decision{}, fmt.Errorf("the script decided allowed=%v on balances %v %v that decide %v", allowed, x, y, o.Allowed)
 		}
-	} else {
+	case modeCharge:
+		// allowed, for the band with the fewest whole tokens left (ties to
+		// the lowest index), as policy.ChargeLevels describes it
+		for i := 1; i < len(lv); i++ {
+			if lv[i].Tokens < lv[at].Tokens {
+				at = i
+			}
+		}
+		o = policy.Outcome{Allowed: true, Remaining: lv[at].Tokens, ResetAfter: lv[at].ResetAfter(sh.Band(at))}
+	default:
 		o, at = policy.PeekLevels(sh, lv)
 	}
 	return engine.Decision{

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"time"
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/policy"
@@ -51,25 +50,6 @@ func (s *Store) chargeFailed(key string, err error) engine.Decision {
 	d := s.failResult(s.cur.Load(), &item{key: key}, 0).Decision
 	d.Allowed, d.RetryAfter = true, 0
 	return d
-}
-
-// chargeDecision is the Decision of a charge, from the balances lv it
-// left: allowed, for the band with the fewest whole tokens (ties to the
-// lowest index), as policy.ChargeLevels describes it.
-func chargeDecision(sh policy.Shape, lv []policy.Level) engine.Decision {
-	at := 0
-	for i := 1; i < len(lv); i++ {
-		if lv[i].Tokens < lv[at].Tokens {
-			at = i
-		}
-	}
-	return engine.Decision{
-		Allowed:    true,
-		Remaining:  lv[at].Tokens,
-		Limit:      sh.Band(at).Capacity,
-		ResetAfter: time.Duration(lv[at].ResetAfter(sh.Band(at))),
-		Band:       sh.BandName(at),
-	}
 }
 
 // parseSigned reads a band's units as the script writes them, a decimal
