@@ -1,13 +1,13 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -57,13 +57,15 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 	return d, err
 }
 
-// allow is Allow without its counting.
+// allow is Allow without its counting: decided by Redis if the store has
+// read the prefix's state or this call reads it (see up), else answered by
+// the failure rule.
 func (s *Store) allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
 	if err := s.check(ctx, key, cost); err != nil {
 		return engine.Decision{}, err
 	}
-	if !s.ready.Load() {
-		return s.allowEarly(ctx, key, cost)
+	if ok, err := s.up(ctx); !ok {
+		return s.failOne(ctx, key, cost, err)
 	}
 	return s.allowOne(ctx, key, cost)
 }
@@ -97,17 +99,6 @@ func (s *Store) check(ctx context.Context, key string, cost int64) error {
 	return s.usable(ctx)
 }
 
-// allowEarly is Allow on a store that has not yet read the prefix's state
-// (see up): decided by Redis if this call reaches it, else answered by the
-// failure rule.
-func (s *Store) allowEarly(ctx context.Context, key string, cost int64) (engine.Decision, error) {
-	ok, err := s.up(ctx)
-	if ok {
-		return s.allowOne(ctx, key, cost)
-	}
-	return s.failOne(ctx, key, cost, err)
-}
-
 // failOne is fail for one request.
 func (s *Store) failOne(ctx context.Context, key string, cost int64, err error) (engine.Decision, error) {
 	var out engine.Result
@@ -125,13 +116,7 @@ func (s *Store) failOne(ctx context.Context, key string, cost int64, err error) 
 // decision, so when Redis cannot answer it returns an error wrapping
 // ErrUnavailable rather than the fail-open or fail-closed answer.
 func (s *Store) Peek(ctx context.Context, key string) (engine.Decision, error) {
-	inspect := s.inspect
-	if s.lease != nil {
-		inspect = s.lease.peek
-	}
-	d, err := inspect(ctx, "p", key, 1)
-	s.countInspect(&s.peeks, err)
-	return d, err
+	return s.one(ctx, "p", key, 1)
 }
 
 // Refund credits tokens (>= 1, else engine.ErrInvalidCost) back to key,
@@ -142,41 +127,57 @@ func (s *Store) Peek(ctx context.Context, key string) (engine.Decision, error) {
 // refund, and fails like Peek. A refund whose answer is lost may or may not
 // have been credited; it is never credited twice.
 func (s *Store) Refund(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
-	inspect := s.inspect
-	if s.lease != nil {
-		inspect = s.lease.refund
-	}
-	d, err := inspect(ctx, "r", key, tokens)
-	s.countInspect(&s.refunds, err)
-	return d, err
+	return s.one(ctx, "r", key, tokens)
 }
 
-// countInspect counts a Peek or Refund: answered in n, or an error.
-func (s *Store) countInspect(n *atomic.Uint64, err error) {
+// one runs and counts one Peek (mode "p"), Refund ("r") or Charge
+// (modeCharge), each a script call of its own. A Peek or Refund Redis does
+// not answer is an error; a Charge is answered by chargeFailed.
+func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
+	if err := s.check(ctx, key, tokens); err != nil {
+		s.errs[kindOf(err)].Add(1)
+		return engine.Decision{}, err
+	}
+	var held int64
+	if s.lease != nil {
+		held = s.lease.before(ctx, mode, key)
+	}
+	d, err := s.call1(ctx, mode, key, tokens)
 	if err != nil {
 		s.errs[kindOf(err)].Add(1)
-	} else {
-		n.Add(1)
+		return engine.Decision{}, err
 	}
+	n := &s.allowed // a charge, as the engine counts it: an admission
+	switch mode {
+	case "p":
+		n = &s.peeks
+		d.Remaining = satAdd(d.Remaining, held) // what this process's lease holds
+	case "r":
+		n = &s.refunds
+	}
+	n.Add(1)
+	return d, nil
 }
 
-// inspect runs one Peek (mode "p") or Refund (mode "r").
-func (s *Store) inspect(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
-	if err := s.check(ctx, key, tokens); err != nil {
-		return engine.Decision{}, err
-	}
-	if err := s.need(ctx); err != nil {
-		return engine.Decision{}, err
-	}
+// call1 is one without its checks, its counting and the lease.
+func (s *Store) call1(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
 	var out engine.Result
-	items := []item{{out: &out, key: key, cost: tokens}}
-	if err := s.round(ctx, func(ctx context.Context) error {
-		_, err := s.exec(ctx, mode, "", items)
-		return err
-	}); err != nil {
-		return engine.Decision{}, err
+	err := s.need(ctx)
+	if err == nil {
+		err = s.round(ctx, func(ctx context.Context) error {
+			_, err := s.exec(ctx, mode, "", []item{{out: &out, key: key, cost: tokens}})
+			return err
+		})
 	}
-	return out.Decision, out.Err
+	switch {
+	case err != nil && mode == modeCharge && !errors.Is(ctx.Err(), context.Canceled):
+		return s.chargeFailed(key, err), nil
+	case err != nil && mode == modeCharge:
+		err = ctx.Err()
+	case err == nil:
+		err = out.Err
+	}
+	return out.Decision, err
 }
 
 // AllowBatch decides reqs[i] into out[i], with the same meaning as
@@ -211,11 +212,8 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 			items = append(items, item{out: &out[i], key: r.Key, cost: r.Cost})
 		}
 	}
-	if fail != nil {
+	if fail != nil || len(items) == 0 {
 		return fail
-	}
-	if len(items) == 0 {
-		return nil
 	}
 	if ok, err := s.up(ctx); !ok {
 		return s.fail(ctx, items, err)
@@ -247,67 +245,61 @@ func (s *Store) fail(ctx context.Context, items []item, err error) error {
 		return ctx.Err()
 	}
 	s.failAnswers(items)
+	s.report(err)
+	return nil
+}
+
+// report tells OnError err, if there is one to tell and an OnError to
+// tell it.
+func (s *Store) report(err error) {
 	if err != nil && s.onError != nil {
 		s.onError(err)
 	}
-	return nil
 }
 
 // failAnswers answers every undecided item by the fail-open or fail-closed
 // rule, and counts them.
 func (s *Store) failAnswers(items []item) {
 	st := s.cur.Load()
-	n := 0
 	for i := range items {
-		it := &items[i]
-		if it.done {
-			continue
+		if it := &items[i]; !it.done {
+			*it.out = s.failResult(st, it, 1)
 		}
-		_, idx := st.p.Resolve(it.key)
-		sh := st.p.ShapeAt(idx)
-		if it.cost > minCapacity(sh) {
-			// never admissible: an error, whatever Redis says
-			*it.out = engine.Result{Err: engine.ErrCostExceedsCapacity}
-			continue
-		}
-		n++
-		*it.out = engine.Result{Decision: s.failDecision(st, sh)}
 	}
-	s.countFailures(n)
 }
 
-// failDecision is the failure rule's answer for a key of shape sh under
-// st: admitted with nothing Remaining (fail open), or denied with
-// RetryAfter Config.FailRetryAfter (fail closed); Degraded either way.
-func (s *Store) failDecision(st *state, sh policy.Shape) engine.Decision {
+// failResult is the failure rule's answer to it under st, counted as n
+// requests: admitted with nothing Remaining (fail open), or denied with
+// RetryAfter Config.FailRetryAfter (fail closed); Degraded either way. A
+// cost no band of the key's shape holds is engine.ErrCostExceedsCapacity
+// (not counted), whatever Redis would say.
+func (s *Store) failResult(st *state, it *item, n uint64) engine.Result {
+	_, idx := st.p.Resolve(it.key)
+	sh := st.p.ShapeAt(idx)
+	if it.over || it.cost > minCapacity(sh) {
+		return engine.Result{Err: engine.ErrCostExceedsCapacity}
+	}
 	d := engine.Decision{Allowed: s.failOpen, Version: st.p.Version, Limit: sh.Primary.Capacity, Band: sh.Name, Degraded: true}
+	counter := &s.failedOpen
 	if !s.failOpen {
-		d.RetryAfter = s.failRetry
+		d.RetryAfter, counter = s.failRetry, &s.failedClosed
 	}
-	return d
-}
-
-// countFailures counts n requests answered by the failure rule.
-func (s *Store) countFailures(n int) {
-	if s.failOpen {
-		s.failedOpen.Add(uint64(n))
-	} else {
-		s.failedClosed.Add(uint64(n))
-	}
+	counter.Add(n)
+	return engine.Result{Decision: d}
 }
 
 // exec runs items through the decide script in mode "a" (decide), "A"
 // (decide all or nothing: items of distinct keys, in one chunk), "p"
-// (peek), "r" (refund), "e" (bring up to date; delete if full) or "c" (bring
-// up to date), at the server's TIME or, for modes "e" and "c", at the
-// instant at. It pipelines one call per chunk (see chunked) and repeats,
-// for the items not yet done, the calls that met a newer policy, a history
-// their bucket needs or a missing script. It returns how many buckets mode
-// "e" deleted, and the first error that stopped it: Redis's or the
-// context's. (A Redis out of memory answers modes "a" and "A" with
-// engine.ErrKeyCapacity per request.) A failure that may mean a lost node
-// has the cluster client reload its slot map (see nodeFailed); the call
-// is not sent again.
+// (peek), "r" (refund), "d" (charge), "e" (bring up to date; delete if
+// full) or "c" (bring up to date), at the server's TIME or, for modes "e"
+// and "c", at the instant at. It pipelines one call per chunk (see route)
+// and repeats, for the items not yet done, the calls that met a newer
+// policy, a history their bucket needs or a missing script. It returns how
+// many buckets mode "e" deleted, and the first error that stopped it:
+// Redis's or the context's. (A Redis out of memory answers modes "a", "A"
+// and "d" with engine.ErrKeyCapacity per request.) A failure that may mean
+// a lost node has the cluster client reload its slot map (see nodeFailed);
+// the call is not sent again.
 func (s *Store) exec(ctx context.Context, mode, at string, items []item) (deleted int, err error) {
 	defer func() {
 		if err != nil {
@@ -331,53 +323,27 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 	eval := false     // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
 	var later []*item // items held for a later round (see perKey)
 	for attempt := 0; len(todo) > 0 || len(later) > 0; attempt++ {
-		cont := attempt > 0 && len(todo) == 0 // only items held back: a round, not an attempt
-		if cont {
-			attempt--
-		}
-		if attempt == maxAttempts {
+		switch {
+		case attempt > 0 && len(todo) == 0:
+			attempt-- // only items held back: a round, not an attempt
+		case attempt == maxAttempts:
 			return deleted, fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
-		}
-		if attempt > 0 && !cont {
+		case attempt > 0:
 			s.retries.Add(1)
 		}
-		todo = append(todo, later...)
-		todo, later = perKey(todo)
+		todo, later = perKey(append(todo, later...))
 		st := s.cur.Load()
-		nowArg, expiry := s.timeArgs()
-		if at != "" {
-			nowArg = at
-		}
 		chunks := s.route(todo)
 		todo = todo[:0:0]
-		cmds := make([]*redis.Cmd, len(chunks))
-		// One call goes as a command, not a pipeline of one, which costs
-		// the client more: a Pipeline, its commands' slice and the
-		// pipeline's path through go-redis (on a ClusterClient a fan-out
-		// per node, about half as much again). A single Allow is most
-		// calls. go-redis follows MOVED and ASK for the command as for a
-		// pipeline's, and never resends it (noRetryCmd).
-		var pipe redis.Pipeliner
-		var via processor = s.rdb
-		if len(chunks) > 1 {
-			pipe = s.rdb.Pipeline()
-			via = pipe
-		}
-		for c, chunk := range chunks {
-			sk := s.shards[s.stateShard(chunk[0].shard)]
-			cmds[c] = s.decideCmd(ctx, via, s.callWords(sk, st, chunk, mode, nowArg, expiry), keyBuckets-1+len(chunk), eval)
-		}
-		if pipe != nil {
-			_, _ = pipe.Exec(ctx) // each command keeps its own error
-		}
-		reload, load, viaFunc, tryAgain := false, false, !eval && !s.noFunc.Load(), false
-		var prepared, missing []int // shards met mid-cutover, and shards with no version
-		var lagging []lag           // shards behind the committed version
-		var behind []*item          // items of chunks that stopped for a chain
-		var failed error            // the first chunk Redis failed; the others still count
+		cmds := s.send(ctx, st, chunks, mode, at, eval)
+		repair, load, reload, tryAgain, viaFunc := false, false, false, false, !eval && !s.noFunc.Load()
+		var missing []int  // shards with no version
+		var lagging []lag  // shards behind the committed version
+		var behind []*item // items of chunks that stopped for a chain
+		var failed error   // the first chunk Redis failed; the others still count
 		for c, cmd := range cmds {
-			chunk := chunks[c]
-			reply, err := cmd.Slice()
+			chunk, home := chunks[c], s.stateShard(chunks[c][0].shard)
+			raw, err := cmd.Slice()
 			if err != nil {
 				switch a := classify(err); {
 				case a == actWait && (s.cluster != nil || redis.HasErrorPrefix(err, "TRYAGAIN")):
@@ -402,19 +368,15 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 					// could be, but the slot map would send it to the same
 					// node until the reload asked here has landed.
 					s.nodeFailed(ctx, err) // each chunk's: the first failed may be another node's
-					if failed == nil {
-						failed = fmt.Errorf("%w: %w", ErrUnavailable, err)
-					}
+					failed = cmp.Or(failed, fmt.Errorf("%w: %w", ErrUnavailable, err))
 					continue
 				}
 				todo = append(todo, chunk...) // the script did not run: sent again
 				continue
 			}
-			r, err := parseReply(reply)
+			r, err := parseReply(raw)
 			if err != nil {
-				if failed == nil {
-					failed = err
-				}
+				failed = cmp.Or(failed, err)
 				continue
 			}
 			deleted += r.deleted
@@ -427,26 +389,24 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			rest := chunk[r.done:]
 			switch r.status {
 			case "ok":
-			case "stale", "nopolicy":
-				reload = true
-				todo = append(todo, rest...)
-				if r.status == "nopolicy" {
-					missing = append(missing, s.stateShard(chunk[0].shard))
-				} else if strings.HasPrefix(r.behind, "p") {
-					prepared = append(prepared, s.stateShard(chunk[0].shard))
+			case "nopolicy":
+				reload, todo, missing = true, append(todo, rest...), append(missing, home)
+			case "stale":
+				reload, todo = true, append(todo, rest...)
+				if strings.HasPrefix(r.behind, "p") { // mid-cutover: settled below
+					repair = true
 				} else if v, err := strconv.ParseInt(r.behind, 10, 64); err == nil && v < st.p.Version && s.cluster != nil {
 					// A shard behind the version this store has, which is
 					// committed (a store learns no other): one reinstalled
 					// while a cutover committed. Published to it below.
-					lagging = append(lagging, lag{s.stateShard(chunk[0].shard), r.behind})
+					lagging = append(lagging, lag{home, r.behind})
 				}
 			case "chain":
 				// Give every bucket left in the chunk its limits under every
 				// retained version with overrides (the script uses those after
 				// each bucket's own version): one more round trip, however many
 				// buckets are behind.
-				behind = append(behind, rest...)
-				todo = append(todo, rest...)
+				behind, todo = append(behind, rest...), append(todo, rest...)
 			default:
 				return deleted, fmt.Errorf("%w: unexpected script status %q", ErrUnavailable, r.status)
 			}
@@ -456,58 +416,85 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			// discard the decisions Redis made for the chunks after it
 			failed = s.chains(ctx, behind, st)
 		}
+		if failed == nil && tryAgain && !load && !reload && len(behind) == 0 {
+			// Only a migration stood in the way: wait for it, as long as the
+			// call's deadline allows, without counting an attempt.
+			attempt--
+			busy++
+			failed = sleep(ctx, time.Duration(min(busy, 20))*time.Millisecond)
+		}
+		if failed == nil && repair {
+			// A shard met mid-cutover (its version "p" and the next): the
+			// process that began it may have died, and the call cannot wait
+			// for it, so it finishes it, or only publishes it.
+			if _, err := s.settle(ctx, ""); !errors.Is(err, errShardMoved) {
+				failed = err
+			}
+		}
+		for _, l := range lagging {
+			if failed == nil {
+				failed = s.raise(ctx, l, st.p)
+			}
+		}
+		if failed == nil && len(missing) > 0 {
+			if failed = s.reload(ctx); failed == nil {
+				failed = s.ensureShards(ctx, missing)
+			}
+		}
+		if failed == nil && load {
+			failed = s.loadDecide(ctx)
+		}
+		if failed == nil && reload {
+			failed = s.reload(ctx)
+		}
 		if failed != nil {
 			if ctx.Err() != nil {
 				return deleted, ctx.Err()
 			}
 			return deleted, failed
 		}
-		if tryAgain && !load && !reload && len(behind) == 0 {
-			// Only a migration stood in the way: wait for it, as long as the
-			// call's deadline allows, without counting an attempt.
-			attempt--
-			busy++
-			t := time.NewTimer(time.Duration(min(busy, 20)) * time.Millisecond)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return deleted, ctx.Err()
-			case <-t.C:
-			}
-		}
-		if len(prepared) > 0 {
-			if err := s.repair(ctx); err != nil {
-				return deleted, err
-			}
-		}
-		for _, l := range lagging {
-			if err := s.raise(ctx, l, st.p); err != nil {
-				return deleted, err
-			}
-		}
-		if len(missing) > 0 {
-			if err := s.reload(ctx); err != nil {
-				return deleted, err
-			}
-			if err := s.ensureShards(ctx, missing); err != nil {
-				return deleted, err
-			}
-		}
-		if load {
-			if err := s.loadDecide(ctx); err != nil {
-				if ctx.Err() != nil {
-					return deleted, ctx.Err()
-				}
-				return deleted, fmt.Errorf("%w: loading the script: %w", ErrUnavailable, err)
-			}
-		}
-		if reload {
-			if err := s.reload(ctx); err != nil {
-				return deleted, err
-			}
-		}
 	}
 	return deleted, nil
+}
+
+// send queues one decide call per chunk, all under st, and sends them. One
+// call goes as a command, not a pipeline of one, which costs the client
+// more: a Pipeline, its commands' slice and the pipeline's path through
+// go-redis (on a ClusterClient a fan-out per node, about half as much
+// again). A single Allow is most calls. go-redis follows MOVED and ASK for
+// the command as for a pipeline's, and never resends it (noRetryCmd).
+func (s *Store) send(ctx context.Context, st *state, chunks [][]*item, mode, at string, eval bool) []*redis.Cmd {
+	nowArg, expiry := cmp.Or(at, s.nowArg()), "1" // the server's TIME, and expiries
+	if s.now != nil {
+		expiry = "0" // Config.Clock's readings, and no expiries
+	}
+	var pipe redis.Pipeliner
+	var via processor = s.rdb
+	if len(chunks) > 1 {
+		pipe = s.rdb.Pipeline()
+		via = pipe
+	}
+	cmds := make([]*redis.Cmd, len(chunks))
+	for c, chunk := range chunks {
+		sk := s.shards[s.stateShard(chunk[0].shard)]
+		cmds[c] = s.decideCmd(ctx, via, s.callWords(sk, st, chunk, mode, nowArg, expiry), keyBuckets-1+len(chunk), eval)
+	}
+	if pipe != nil {
+		_, _ = pipe.Exec(ctx) // each command keeps its own error
+	}
+	return cmds
+}
+
+// sleep waits d, or until ctx ends: then it returns ctx's error.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // The decide script's key and argument positions, from 1 as in Lua: the
@@ -643,7 +630,8 @@ func (s *Store) decided(it *item, st *state, mode string, code int64, x, y any) 
 // decision is the Decision of a script result for a key of shape sh: for
 // mode "a", of the request of cost the script decided (allowed or
 // denied); for modes "p" and "r", of a request of one token taking nothing,
-// as the bands stand after the operation. x and y are the balance the
+// as the bands stand after the operation; for mode "d", of the charge, as
+// the bands stand after it. x and y are the balance the
 // script returned: whole tokens and the fraction (two integers, the fast
 // path's), or the units of each band as decimals and "". The binding band
 // is chosen by the policy package's rule (policy.DecideLevels), from the
@@ -654,28 +642,10 @@ func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) 
 	if err := levels(sh, x, y, lv); err != nil {
 		return engine.Decision{}, err
 	}
-	if mode == modeCharge {
-		return chargeDecision(sh, lv), nil
-	}
-	if mode == "a" && plain(sh) {
-		// The one band of a rate per second, as the store always decided it.
-		b := policy.Bucket{Tokens: lv[0].Tokens, Frac: uint32(lv[0].Frac)}
-		lim := sh.Primary
-		d := engine.Decision{
-			Allowed:    allowed,
-			Remaining:  b.Tokens,
-			Limit:      lim.Capacity,
-			ResetAfter: durationOf(b.ResetAfter(lim)),
-			Band:       sh.Name,
-		}
-		if !d.Allowed {
-			d.RetryAfter = durationOf(b.RetryAfter(lim, cost))
-		}
-		return d, nil
-	}
 	var o policy.Outcome
 	var at int
-	if mode == "a" {
+	switch mode {
+	case "a":
 		if allowed {
 			for i := range lv {
 				lv[i].Tokens += cost // the balances the decision saw
@@ -684,15 +654,24 @@ func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) 
 		if o, at = policy.DecideLevels(sh, lv, cost); o.Allowed != allowed {
 			return engine.Decision{}, fmt.Errorf("the script decided allowed=%v on balances %v %v that decide %v", allowed, x, y, o.Allowed)
 		}
-	} else {
+	case modeCharge:
+		// allowed, for the band with the fewest whole tokens left (ties to
+		// the lowest index), as policy.ChargeLevels describes it
+		for i := 1; i < len(lv); i++ {
+			if lv[i].Tokens < lv[at].Tokens {
+				at = i
+			}
+		}
+		o = policy.Outcome{Allowed: true, Remaining: lv[at].Tokens, ResetAfter: lv[at].ResetAfter(sh.Band(at))}
+	default:
 		o, at = policy.PeekLevels(sh, lv)
 	}
 	return engine.Decision{
 		Allowed:    o.Allowed,
 		Remaining:  o.Remaining,
-		RetryAfter: durationOf(o.RetryAfter),
+		RetryAfter: time.Duration(o.RetryAfter),
 		Limit:      sh.Band(at).Capacity,
-		ResetAfter: durationOf(o.ResetAfter),
+		ResetAfter: time.Duration(o.ResetAfter),
 		Band:       sh.BandName(at),
 	}, nil
 }
@@ -728,18 +707,29 @@ func levels(sh policy.Shape, x, y any, lv []policy.Level) error {
 }
 
 // chains gives each item its own shapes under the retained versions that
-// carry overrides, but the one in force (the script has that one).
+// carry overrides, but the one in force (the script has that one). The
+// history list holds one entry per retained version, oldest first:
+// "version cutover cap rate overridden", then " bands" if the default
+// shape has bands.
 func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
-	entries, err := s.history(ctx)
+	raw, err := s.rdb.LRange(ctx, s.kHistory, 0, -1).Result()
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: reading the policy history: %w", ErrUnavailable, err)
 	}
 	var ps []policy.Policy
-	for _, e := range entries {
-		if !e.overridden || e.version == st.p.Version {
-			continue
+	for _, e := range raw {
+		f := strings.Fields(e)
+		if len(f) != 5 && len(f) != 6 {
+			return fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
 		}
-		p, err := s.policyAt(ctx, e.version)
+		v, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
+		}
+		if f[4] != "1" || v == st.p.Version {
+			continue // no overrides, or the version in force
+		}
+		p, err := s.policyAt(ctx, v)
 		if err != nil {
 			return err
 		}
@@ -788,7 +778,7 @@ func repeats(chunk []*item) bool {
 // stopped part-way (a chain to fetch) is sent again after the calls
 // pipelined behind it, so a key's later items wait for the round after its
 // earlier ones are done rather than ride in a call of their own. A call
-// then holds less than 2*ChunkSize of work (see chunked).
+// then holds less than 2*ChunkSize of work (see route).
 func perKey(items []*item) (now, later []*item) {
 	if weightOf(items) <= ChunkSize {
 		return items, nil
@@ -804,35 +794,6 @@ func perKey(items []*item) (now, later []*item) {
 		}
 	}
 	return now, later
-}
-
-// chunked splits items into script calls of about ChunkSize of work (see
-// weight), in order, with every item of a key in the chunk of its first:
-// chunks are pipelined, and one that stops part-way (a chain to fetch) is
-// sent again after the others, so a key must not have items in two of them
-// (a batch decides each key's requests in request order). A key's items (at
-// most ChunkSize of work, see perKey) make its chunk longer.
-func chunked(items []*item) [][]*item {
-	if weightOf(items) <= ChunkSize {
-		return [][]*item{items}
-	}
-	var chunks [][]*item
-	var work []int
-	home := make(map[string]int, len(items))
-	for _, it := range items {
-		c, ok := home[it.key]
-		if !ok {
-			if len(chunks) == 0 || work[len(work)-1] >= ChunkSize {
-				chunks = append(chunks, nil)
-				work = append(work, 0)
-			}
-			c = len(chunks) - 1
-			home[it.key] = c
-		}
-		chunks[c] = append(chunks[c], it)
-		work[c] += it.weight()
-	}
-	return chunks
 }
 
 // weight is about what a request of key costs the decide script, in
@@ -870,33 +831,6 @@ func weightOf(items []*item) int {
 	return w
 }
 
-// historyEntry is one retained version, as the history list holds it.
-type historyEntry struct {
-	version    int64
-	overridden bool
-}
-
-// history reads the retained versions, oldest first.
-func (s *Store) history(ctx context.Context) ([]historyEntry, error) {
-	raw, err := s.rdb.LRange(ctx, s.kHistory, 0, -1).Result()
-	if err != nil {
-		return nil, fmt.Errorf("%w: reading the policy history: %w", ErrUnavailable, err)
-	}
-	out := make([]historyEntry, len(raw))
-	for i, e := range raw {
-		f := strings.Fields(e)
-		if len(f) != 5 && len(f) != 6 { // 6: a default shape with bands
-			return nil, fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
-		}
-		v, perr := strconv.ParseInt(f[0], 10, 64)
-		if perr != nil {
-			return nil, fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
-		}
-		out[i] = historyEntry{version: v, overridden: f[4] == "1"}
-	}
-	return out, nil
-}
-
 // reply is a decide script's answer.
 type reply struct {
 	status  string
@@ -908,42 +842,38 @@ type reply struct {
 
 func parseReply(raw []any) (reply, error) {
 	var r reply
-	if len(raw) == 0 {
-		return r, fmt.Errorf("%w: empty script reply", ErrUnavailable)
+	ok := len(raw) > 0
+	if ok {
+		r.status, ok = raw[0].(string)
 	}
-	var ok bool
-	if r.status, ok = raw[0].(string); !ok {
-		return r, fmt.Errorf("%w: unexpected script reply %v", ErrUnavailable, raw)
-	}
-	if r.status == "stale" || r.status == "nopolicy" {
+	switch {
+	case ok && (r.status == "stale" || r.status == "nopolicy"):
 		if len(raw) > 1 {
 			r.behind, _ = raw[1].(string) // the shard's version
 		}
 		return r, nil
-	}
-	if len(raw) < 4 {
-		return r, fmt.Errorf("%w: short script reply %v", ErrUnavailable, raw)
-	}
-	done, ok1 := raw[2].(int64)
-	deleted, ok2 := raw[3].(int64)
-	r.done, r.deleted = int(done), int(deleted)
-	rest := raw[4:]
-	if r.status == "chain" {
-		if len(rest) == 0 {
-			return r, fmt.Errorf("%w: short script reply %v", ErrUnavailable, raw)
+	case ok && len(raw) >= 4:
+		done, ok1 := raw[2].(int64)
+		deleted, ok2 := raw[3].(int64)
+		r.done, r.deleted, r.results = int(done), int(deleted), raw[4:]
+		ok = ok1 && ok2 && done >= 0
+		if r.status == "chain" {
+			ok = ok && len(r.results) > 0
+			if ok {
+				r.behind, ok = r.results[0].(string)
+				r.results = r.results[1:]
+			}
 		}
-		r.behind, ok = rest[0].(string)
-		ok1 = ok1 && ok
-		rest = rest[1:]
+		ok = ok && (len(r.results) == 0 || len(r.results) == 3*r.done)
+		for i := 0; ok && i < len(r.results); i += 3 {
+			c, isCode := r.results[i].(int64)
+			ok = isCode && c >= codeDenied && c <= codeOverCap
+		}
+	default:
+		ok = false
 	}
-	r.results = rest
-	if !ok1 || !ok2 || done < 0 || (len(rest) != 0 && len(rest) != 3*r.done) {
+	if !ok {
 		return r, fmt.Errorf("%w: malformed script reply %v", ErrUnavailable, raw)
-	}
-	for i := 0; i < len(rest); i += 3 {
-		if c, ok := rest[i].(int64); !ok || c < codeDenied || c > codeOverCap {
-			return r, fmt.Errorf("%w: malformed script reply %v", ErrUnavailable, raw)
-		}
 	}
 	return r, nil
 }

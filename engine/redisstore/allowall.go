@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 
 	"github.com/tokenshard/tokenshard/engine"
 )
@@ -85,7 +86,7 @@ func (s *Store) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		s.allRefused.Add(1)
 	}
 	switch n := uint64(len(reqs)); {
-	case err != nil, d.Degraded: // no decision, or counted by countFailures
+	case err != nil, d.Degraded: // no decision, or counted by failResult
 	case d.Allowed:
 		s.allowed.Add(n)
 	default:
@@ -99,42 +100,35 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	if len(reqs) == 0 || len(reqs) > engine.MaxAllowAll {
 		return engine.Decision{}, -1, engine.ErrAllowAllSize
 	}
-	for i, r := range reqs {
-		if s.badKey(r.Key) {
-			return engine.Decision{}, i, engine.ErrInvalidKey
-		}
+	if i := slices.IndexFunc(reqs, func(r engine.Request) bool { return s.badKey(r.Key) }); i >= 0 {
+		return engine.Decision{}, i, engine.ErrInvalidKey
 	}
-	for i, r := range reqs {
-		if r.Cost < 1 {
-			return engine.Decision{}, i, engine.ErrInvalidCost
-		}
+	if i := slices.IndexFunc(reqs, func(r engine.Request) bool { return r.Cost < 1 }); i >= 0 {
+		return engine.Decision{}, i, engine.ErrInvalidCost
 	}
 	if err := s.usable(ctx); err != nil {
 		return engine.Decision{}, -1, err
 	}
-	ready, early := s.up(ctx)
+	ready, err := s.up(ctx)
 	if !ready && errors.Is(ctx.Err(), context.Canceled) {
 		return engine.Decision{}, -1, ctx.Err()
 	}
 	if ready && s.cluster != nil {
 		// one script call, so one slot: one virtual shard
 		sh := s.shard(reqs[0].Key)
-		for i, r := range reqs {
-			if s.shard(r.Key) != sh {
-				return engine.Decision{}, i, ErrCrossShard
-			}
+		if i := slices.IndexFunc(reqs, func(r engine.Request) bool { return s.shard(r.Key) != sh }); i >= 0 {
+			return engine.Decision{}, i, ErrCrossShard
 		}
 	}
 	// One item per key, in the order of the keys' first requests, its costs
 	// summed; of[i] is reqs[i]'s item, first[j] item j's first request.
 	items, of, first := make([]item, 0, len(reqs)), make([]int, len(reqs)), make([]int, 0, len(reqs))
+	res := make([]engine.Result, len(reqs))
 	for i, r := range reqs {
-		j := 0
-		for j < len(items) && items[j].key != r.Key {
-			j++
-		}
-		if j == len(items) {
-			items = append(items, item{key: r.Key})
+		j := slices.IndexFunc(items, func(it item) bool { return it.key == r.Key })
+		if j < 0 {
+			j = len(items)
+			items = append(items, item{key: r.Key, out: &res[j]})
 			first = append(first, i)
 		}
 		it := &items[j]
@@ -145,42 +139,33 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		}
 		of[i] = j
 	}
-	if !ready {
-		return s.allFailure(items, first, len(reqs), early)
-	}
-	res := make([]engine.Result, len(items))
-	for j := range items {
-		items[j].out = &res[j]
-	}
-
-	bctx, cancel := s.bound(ctx)
-	defer cancel()
-	if _, err := s.exec(bctx, modeAll, "", items); err != nil {
-		if errors.Is(ctx.Err(), context.Canceled) {
+	if ready {
+		bctx, cancel := s.bound(ctx)
+		_, err = s.exec(bctx, modeAll, "", items)
+		cancel()
+		if err != nil && errors.Is(ctx.Err(), context.Canceled) {
 			return engine.Decision{}, -1, ctx.Err()
 		}
+	}
+	if !ready || err != nil {
 		return s.allFailure(items, first, len(reqs), err)
 	}
 	// Errors in the rules' order: a cost no band can hold, then Redis out
 	// of memory (every item), then a reply the store could not read. Redis
 	// decided the call unless it was out of memory, as Allow counts.
-	for j := range res {
-		if res[j].Err == engine.ErrCostExceedsCapacity {
-			s.decisions.Add(uint64(len(reqs)))
-			return engine.Decision{}, first[j], engine.ErrCostExceedsCapacity
-		}
+	res = res[:len(items)]
+	if j := slices.IndexFunc(res, func(r engine.Result) bool { return r.Err == engine.ErrCostExceedsCapacity }); j >= 0 {
+		s.decisions.Add(uint64(len(reqs)))
+		return engine.Decision{}, first[j], engine.ErrCostExceedsCapacity
 	}
 	if res[0].Err == engine.ErrKeyCapacity {
 		return engine.Decision{}, 0, engine.ErrKeyCapacity
 	}
 	s.decisions.Add(uint64(len(reqs)))
-	admit := true
-	for j := range res {
-		if res[j].Err != nil {
-			return engine.Decision{}, -1, res[j].Err
-		}
-		admit = admit && res[j].Decision.Allowed
+	if j := slices.IndexFunc(res, func(r engine.Result) bool { return r.Err != nil }); j >= 0 {
+		return engine.Decision{}, -1, res[j].Err
 	}
+	admit := !slices.ContainsFunc(res, func(r engine.Result) bool { return !r.Decision.Allowed })
 	at := 0
 	for i := 1; i < len(reqs); i++ {
 		d, best := &res[of[i]].Decision, &res[of[at]].Decision
@@ -199,17 +184,11 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 func (s *Store) allFailure(items []item, first []int, n int, err error) (engine.Decision, int, error) {
 	st := s.cur.Load()
 	for j := range items {
-		_, idx := st.p.Resolve(items[j].key)
-		if items[j].over || items[j].cost > minCapacity(st.p.ShapeAt(idx)) {
-			return engine.Decision{}, first[j], engine.ErrCostExceedsCapacity
+		if r := s.failResult(st, &items[j], 0); r.Err != nil {
+			return engine.Decision{}, first[j], r.Err
 		}
 	}
-	_, idx := st.p.Resolve(items[0].key)
-	sh := st.p.ShapeAt(idx)
-	d := s.failDecision(st, sh)
-	s.countFailures(n)
-	if err != nil && s.onError != nil {
-		s.onError(err)
-	}
+	d := s.failResult(st, &items[0], uint64(n)).Decision
+	s.report(err)
 	return d, 0, nil
 }

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 
@@ -40,61 +39,17 @@ const modeCharge = "d"
 // taken; it is never taken twice. The context's error is returned only if
 // it is done before the call starts, or canceled during it.
 func (s *Store) Charge(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
-	if err := s.check(ctx, key, tokens); err != nil {
-		s.errs[kindOf(err)].Add(1)
-		return engine.Decision{}, err
-	}
-	if s.lease != nil {
-		s.lease.release(ctx, key)
-	}
-	var out engine.Result
-	items := []item{{out: &out, key: key, cost: tokens}}
-	err := s.need(ctx)
-	if err == nil {
-		err = s.round(ctx, func(ctx context.Context) error {
-			_, err := s.exec(ctx, modeCharge, "", items)
-			return err
-		})
-	}
-	switch {
-	case err == nil && out.Err == nil:
-		s.allowed.Add(1) // as the engine counts it: a charge is an admission
-		return out.Decision, nil
-	case err == nil:
-		s.errs[kindOf(out.Err)].Add(1)
-		return engine.Decision{}, out.Err
-	case errors.Is(ctx.Err(), context.Canceled):
-		s.errs[kindContext].Add(1)
-		return engine.Decision{}, ctx.Err()
-	}
-	if s.onError != nil {
-		s.onError(err)
-	}
-	s.failedOpen.Add(1)
-	st := s.cur.Load()
-	_, idx := st.p.Resolve(key)
-	d := s.failDecision(st, st.p.ShapeAt(idx))
-	d.Allowed, d.RetryAfter = true, 0
-	return d, nil
+	return s.one(ctx, modeCharge, key, tokens)
 }
 
-// chargeDecision is the Decision of a charge, from the balances lv it
-// left: allowed, for the band with the fewest whole tokens (ties to the
-// lowest index), as policy.ChargeLevels describes it.
-func chargeDecision(sh policy.Shape, lv []policy.Level) engine.Decision {
-	at := 0
-	for i := 1; i < len(lv); i++ {
-		if lv[i].Tokens < lv[at].Tokens {
-			at = i
-		}
-	}
-	return engine.Decision{
-		Allowed:    true,
-		Remaining:  lv[at].Tokens,
-		Limit:      sh.Band(at).Capacity,
-		ResetAfter: durationOf(lv[at].ResetAfter(sh.Band(at))),
-		Band:       sh.BandName(at),
-	}
+// chargeFailed is the answer to a charge of key Redis did not answer with
+// err (see Charge), counted and told to OnError.
+func (s *Store) chargeFailed(key string, err error) engine.Decision {
+	s.report(err)
+	s.failedOpen.Add(1)
+	d := s.failResult(s.cur.Load(), &item{key: key}, 0).Decision
+	d.Allowed, d.RetryAfter = true, 0
+	return d
 }
 
 // parseSigned reads a band's units as the script writes them, a decimal

@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math/bits"
@@ -83,9 +82,6 @@ func decodePolicy(blob string) (policy.Policy, error) {
 	return p, nil
 }
 
-// durationOf converts the policy package's saturated nanoseconds.
-func durationOf(ns int64) time.Duration { return time.Duration(ns) }
-
 // A shape (a key's whole limit, policy.Shape) travels to the decide script
 // as three strings, in the script's terms (see decide.lua's header), the
 // last two joined by a space when there are bands:
@@ -116,24 +112,12 @@ func plain(sh policy.Shape) bool {
 
 // encodeShape returns sh's script arguments.
 func encodeShape(sh policy.Shape) shapeArgs {
-	a := shapeArgs{rate: rateArg(sh.Primary.Rate())}
-	if sh.Bands == nil {
-		return a
-	}
-	var b strings.Builder
-	for i := range sh.Bands.Len() {
+	bands := make([]string, sh.Bands.Len())
+	for i := range bands {
 		band := sh.Bands.At(i)
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(hex.EncodeToString([]byte(band.Name)))
-		b.WriteByte(':')
-		b.WriteString(strconv.FormatInt(band.Capacity, 10))
-		b.WriteByte(':')
-		b.WriteString(rateArg(band.Refill))
+		bands[i] = fmt.Sprintf("%x:%d:%s", band.Name, band.Capacity, rateArg(band.Refill))
 	}
-	a.bands = b.String()
-	return a
+	return shapeArgs{rate: rateArg(sh.Primary.Rate()), bands: strings.Join(bands, ",")}
 }
 
 // arg is the rate and bands as one argument of the decide script: the rate

@@ -60,22 +60,14 @@ const (
 // queueFor is the combiner that key's single Allows join. On a cluster it
 // is the key's virtual shard's, so that a combined call touches one slot of
 // one master, and a master that is slow to answer holds up only its own
-// shards' calls; on one server it is the store's one. Every request of a
-// call must be one the script can decide together.
+// shards' calls; on one server it is the first, for every key (every call
+// goes to the same place). Every request of a call must be one the script
+// can decide together.
 func (s *Store) queueFor(key string) *combiner {
-	if len(s.queues) == 1 {
+	if s.cluster == nil {
 		return &s.queues[0]
 	}
 	return &s.queues[s.shard(key)]
-}
-
-// queueCount is how many combiners the store keeps: one per virtual shard
-// on a cluster, one on a single server (every call goes to the same place).
-func (s *Store) queueCount() int {
-	if s.cluster == nil {
-		return 1
-	}
-	return len(s.shards)
 }
 
 // allowOne decides one valid request through key's combiner.
@@ -112,9 +104,7 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 			// decided it, and counted it (or the failure rule did, and this
 			// caller reports the call's error)
 			c.mu.Unlock()
-			if w.report != nil && s.onError != nil {
-				s.onError(w.report)
-			}
+			s.report(w.report)
 			return w.done()
 		case expired || ctx.Err() != nil:
 			if i := slices.Index(c.queue, w); i >= 0 && w.state == queued {
@@ -136,8 +126,14 @@ func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.De
 // OnError, which runs on this goroutine.
 func (s *Store) allowAlone(ctx context.Context, c *combiner, key string, cost int64) (engine.Decision, error) {
 	defer func() {
+		// Requests queued behind this call go with a drainer that takes
+		// its place in flight; if none did, the place is free.
 		c.mu.Lock()
-		s.handOff(c)
+		if len(c.queue) == 0 {
+			c.inFlight--
+		} else {
+			go s.drain(c)
+		}
 		c.mu.Unlock()
 	}()
 	bctx, cancel := s.bound(ctx)
@@ -184,7 +180,7 @@ func (w *waiter) done() (engine.Decision, error) {
 
 // drain sends c's queued requests, up to ChunkSize per call, until the
 // queue is empty, on a goroutine of its own that holds the place in flight
-// of the call that started it (see handOff). A drainer is the only
+// of the call that started it (see allowAlone). A drainer is the only
 // goroutine a combiner starts; it lives only while callers wait, and every
 // call it makes ends by their deadlines. Under load a drainer sends the
 // next call as soon as its last one returns and the callers it answered
@@ -263,53 +259,38 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) bool {
 	if s.hook != nil {
 		s.hook(hookSent)
 	}
+	// Every caller still waiting is answered here, under the lock: the
+	// failure rule's answers below are in place before any of them wakes.
 	c.mu.Lock()
-	var live []item   // not answered by Redis, and still awaited
-	var first *waiter // the caller of live[0]
-	n := uint64(0)
+	var first *waiter // the first caller still waiting whom Redis did not answer
+	n, woke := uint64(0), false
 	for i, w := range send {
+		it := &items[i]
 		if w.state == abandoned {
-			continue // answered and counted by its caller
+			it.done = true // answered and counted by its caller
+			continue
 		}
-		w.it.done = items[i].done
+		w.it.done, w.state, woke = it.done, answered, true
+		select { // one token: answered
+		case w.wake <- struct{}{}:
+		default:
+		}
 		switch {
-		case items[i].counted:
+		case it.counted:
 			n++
-		case !items[i].done:
-			if first == nil {
-				first = w
-			}
-			live = append(live, items[i])
+		case !it.done && first == nil:
+			first = w
 		}
 	}
 	s.decisions.Add(n)
-	if err != nil && len(live) > 0 {
-		s.failAnswers(live) // into the waiters' results, before they wake
+	if err != nil && first != nil {
+		s.failAnswers(items) // into the waiters' results
 		// OnError runs on a caller's goroutine, as for a call of its own,
 		// not on this one, which goes on to the next call
 		first.report = err
 	}
-	woke := false
-	for _, w := range send {
-		if w.state == taken {
-			w.state = answered
-			signal(w)
-			woke = true
-		}
-	}
 	c.mu.Unlock()
 	return woke
-}
-
-// handOff ends a caller's own call, c.mu held: if requests queued behind
-// it, a drainer takes them on in its place in flight; if not, the place is
-// free.
-func (s *Store) handOff(c *combiner) {
-	if len(c.queue) == 0 {
-		c.inFlight--
-		return
-	}
-	go s.drain(c)
 }
 
 // Points in the combiner where a test hook (Store.hook) runs.
@@ -318,10 +299,3 @@ const (
 	hookTaken = "taken" // a drainer has taken a batch, before it looks at it
 	hookSent  = "sent"  // a batch's call has returned, before it is answered
 )
-
-func signal(w *waiter) {
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -64,14 +65,11 @@ const minLockTTL = 10 * time.Second
 // call that meets a prepared shard, or the next New or ReplacePolicy on the
 // prefix, finishes it.
 func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error {
-	if err := next.Validate(); err != nil {
+	if err := cmp.Or(next.Validate(), s.usable(ctx)); err != nil {
 		return err
 	}
-	if s.lease != nil && ctx != nil {
+	if s.lease != nil {
 		s.lease.flush(ctx) // unspent tokens go back under the version they were taken under
-	}
-	if err := s.usable(ctx); err != nil {
-		return err
 	}
 	if err := s.need(ctx); err != nil {
 		return err
@@ -148,7 +146,7 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		return err
 	}
 	s.remember(next)
-	s.adopt(next)
+	s.cur.Store(newState(next))
 
 	if lengthens {
 		// Published: from here the call completes, whatever its context
@@ -161,8 +159,8 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 			// runs the pass again first
 			err = s.done(pctx, strconv.FormatInt(next.Version, 10))
 		}
-		if err != nil && s.onError != nil {
-			s.onError(fmt.Errorf("redisstore: setting expiries after the cutover to version %d: %w", next.Version, err))
+		if err != nil {
+			s.report(fmt.Errorf("redisstore: setting expiries after the cutover to version %d: %w", next.Version, err))
 		}
 	}
 	return nil
@@ -273,12 +271,8 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 		if ok {
 			return token, nil
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return "", ctx.Err()
-		case <-t.C:
+		if err := sleep(ctx, wait); err != nil {
+			return "", err
 		}
 		wait = min(2*wait, 50*time.Millisecond)
 	}
@@ -313,7 +307,11 @@ func (s *Store) renew(ctx context.Context, token string) error {
 func (s *Store) setPending(ctx context.Context, token string) error {
 	ttl := s.lockTTL.Milliseconds()
 	if s.cluster == nil {
-		ok, err := s.rdb.Eval(ctx, pendingSrc, append([]string{s.kLock}, s.pendings()...), token, ttl, "1").Int()
+		keys := []string{s.kLock}
+		for _, k := range s.shards {
+			keys = append(keys, k.pending)
+		}
+		ok, err := s.rdb.Eval(ctx, pendingSrc, keys, token, ttl, "1").Int()
 		if err == nil && ok != 1 {
 			return errLostLock // another process may be preparing its own cutover
 		}
@@ -340,15 +338,6 @@ func (s *Store) unlock(ctx context.Context, token string) {
 	if err != nil && !errors.Is(err, redis.Nil) && s.onError != nil {
 		s.onError(fmt.Errorf("redisstore: releasing the cutover lock (it expires in %v): %w", s.lockTTL, err))
 	}
-}
-
-// pendings are every shard's pending flag.
-func (s *Store) pendings() []string {
-	out := make([]string, len(s.shards))
-	for i, k := range s.shards {
-		out[i] = k.pending
-	}
-	return out
 }
 
 func (s *Store) allShards() []int {

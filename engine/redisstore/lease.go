@@ -15,8 +15,8 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
-	"github.com/tokenshard/tokenshard/internal/yield"
 	shardmsg "github.com/tokenshard/tokenshard/internal/decision"
+	"github.com/tokenshard/tokenshard/internal/yield"
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -249,7 +249,7 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 		}
 		p.d, p.dErr, p.leaseD, p.lseErr = out[0].Decision, out[0].Err, out[1].Decision, out[1].Err
 		if p.leaseD.Degraded {
-			s.countFailures(-1) // the failure rule's answer to a lease is no request's
+			s.uncountFailure() // the failure rule's answer to a lease is no request's
 		}
 	}
 	if p.dErr == nil && !p.d.Allowed && !p.d.Degraded {
@@ -279,42 +279,28 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 	return fail
 }
 
-// peek is Peek in lease mode: Redis's answer, plus what this process's
-// lease on the key holds.
-func (l *leaser) peek(ctx context.Context, _, key string, _ int64) (engine.Decision, error) {
-	if err := l.s.check(ctx, key, 1); err != nil {
-		return engine.Decision{}, err
+// before readies key's lease for a Peek (mode "p": it returns the tokens
+// the lease holds, which the Peek adds to Redis's answer), a Refund ("r":
+// a denial the process keeps for the key no longer holds) or a Charge
+// (modeCharge: the lease goes back first, so that the charge takes its
+// tokens from the bucket as a whole).
+func (l *leaser) before(ctx context.Context, mode, key string) int64 {
+	op := msg.OpPeek
+	switch mode {
+	case "r":
+		op = msg.OpRefund
+	case modeCharge:
+		op = msg.OpCharge
 	}
-	_, held, err := l.ask(msg.OpPeek, key, 1)
-	if err != errRemote {
-		return engine.Decision{}, err
-	}
-	d, err := l.s.inspect(ctx, "p", key, 1)
-	if err == nil {
-		d.Remaining = satAdd(d.Remaining, held)
-	}
-	return d, err
-}
-
-// refund is Refund in lease mode: Redis credits the tokens, and a denial
-// the process keeps for the key no longer holds.
-func (l *leaser) refund(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
-	if err := l.s.check(ctx, key, tokens); err != nil {
-		return engine.Decision{}, err
-	}
-	if _, _, err := l.ask(msg.OpRefund, key, tokens); err != errRemote {
-		return engine.Decision{}, err
-	}
-	return l.s.inspect(ctx, mode, key, tokens)
-}
-
-// release gives key's lease back to Redis and forgets any denial the
-// process keeps for it: before a charge, which then takes its tokens from
-// the bucket as a whole.
-func (l *leaser) release(ctx context.Context, key string) {
-	if d, _, err := l.ask(msg.OpCharge, key, 1); err == errRemote && d.Remaining > 0 {
+	d, held, err := l.ask(op, key, 1)
+	switch {
+	case err != errRemote:
+	case op == msg.OpPeek:
+		return held
+	case op == msg.OpCharge && d.Remaining > 0:
 		l.giveBack(ctx, key, d.Remaining)
 	}
+	return 0
 }
 
 // flush takes every lease back from the shards and returns its unspent
@@ -337,7 +323,7 @@ func (l *leaser) flush(ctx context.Context) {
 
 // giveBack returns n unspent tokens of key to Redis.
 func (l *leaser) giveBack(ctx context.Context, key string, n int64) {
-	if _, err := l.s.inspect(ctx, "r", key, n); err != nil {
+	if _, err := l.s.call1(ctx, "r", key, n); err != nil {
 		l.forfeited.Add(uint64(n))
 		if l.s.onError != nil {
 			l.s.onError(fmt.Errorf("redisstore: returning a lease of %d tokens: %w", n, err))
@@ -751,10 +737,19 @@ func (q *leaseShard) fetcher() {
 		}
 		for i, a := range asks {
 			if out[i].Decision.Degraded {
-				s.countFailures(-1)
+				s.uncountFailure()
 			}
 			q.post(post{key: a.key, ver: a.ver, at: at, asked: a.n, leaseD: out[i].Decision, lseErr: out[i].Err})
 		}
+	}
+}
+
+// uncountFailure takes back the count of one failure rule's answer.
+func (s *Store) uncountFailure() {
+	if s.failOpen {
+		s.failedOpen.Add(^uint64(0))
+	} else {
+		s.failedClosed.Add(^uint64(0))
 	}
 }
 

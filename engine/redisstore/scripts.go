@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	_ "embed"
+	"errors"
+	"fmt"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -33,25 +35,22 @@ var (
 // cannot run (see classify).
 func (s *Store) loadDecide(ctx context.Context) error {
 	ms, err := s.masters(ctx)
-	if err != nil {
-		return err
-	}
-	for _, m := range ms {
+	for i := 0; err == nil && i < len(ms); i++ {
 		if !s.noFunc.Load() {
-			err := m.Do(ctx, "FUNCTION", "LOAD", "REPLACE", decideFuncSrc).Err()
-			switch {
-			case err == nil:
-			case classify(err) == actNoFunc:
+			err = ms[i].Do(ctx, "FUNCTION", "LOAD", "REPLACE", decideFuncSrc).Err()
+			if err != nil && classify(err) == actNoFunc {
 				s.noFunc.Store(true)
-			default:
-				return err
+				err = nil
 			}
 		}
-		if err := decideScript.Load(ctx, m).Err(); err != nil {
-			return err
+		if err == nil {
+			err = decideScript.Load(ctx, ms[i]).Err()
 		}
 	}
-	return nil
+	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrUnavailable) {
+		return fmt.Errorf("%w: loading the script: %w", ErrUnavailable, err)
+	}
+	return err
 }
 
 // decideCmd queues one call of the decide script on p: FCALL, or EVALSHA

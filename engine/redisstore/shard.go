@@ -11,7 +11,6 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -177,8 +176,6 @@ func crc16(s string) uint16 {
 	return crc
 }
 
-var tagCache sync.Map // int -> []string
-
 // evenTags is the most virtual shards whose tags are placed (shardTags);
 // more spread evenly enough by hashing alone.
 const evenTags = 64
@@ -191,9 +188,6 @@ const evenTags = 64
 // is "i": that many slots hashed at random spread evenly enough. Every
 // process computes the same tags.
 func shardTags(n int) []string {
-	if v, ok := tagCache.Load(n); ok {
-		return v.([]string)
-	}
 	tags := make([]string, n)
 	w := slots / n / 4
 	for i := range n {
@@ -210,7 +204,6 @@ func shardTags(n int) []string {
 			}
 		}
 	}
-	tagCache.Store(n, tags)
 	return tags
 }
 
@@ -281,7 +274,7 @@ func parseRecord(next string) (record, error) {
 // may be finished, whoever finishes it.
 func cutoverToken(nv string) string { return "c" + nv }
 
-// finish completes a cluster cutover that intentSrc recorded (next) while
+// finish completes a cluster cutover that intentSrc recorded (rec) while
 // version v is in force in the global keys, or only publishes its shards if
 // it is committed (v is its version): for a lengthening cutover it first
 // sets the cutover's pending flag in every shard, then it prepares every
@@ -292,12 +285,11 @@ func cutoverToken(nv string) string { return "c" + nv }
 // errShardMoved means another finisher or cutover moved on, and the caller
 // must read the global keys again before it goes on (never assume the
 // cutover committed).
-func (s *Store) finish(ctx context.Context, v, next string) (bool, error) {
-	rec, err := parseRecord(next)
-	if err != nil {
-		return false, err
+func (s *Store) finish(ctx context.Context, v string, rec record) (bool, error) {
+	all, token := s.allShards(), ""
+	if rec.lengthens == "1" {
+		token = cutoverToken(rec.nv)
 	}
-	all := s.allShards()
 	if v != rec.nv {
 		ov, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
@@ -310,9 +302,9 @@ func (s *Store) finish(ctx context.Context, v, next string) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if rec.lengthens == "1" {
+		if token != "" {
 			if err := s.shardStep(ctx, all, flagSrc, func(k shardKeys) []string { return []string{k.policy, k.pending} },
-				rec.nv, cutoverToken(rec.nv)); err != nil {
+				rec.nv, token); err != nil {
 				return false, err
 			}
 		}
@@ -330,11 +322,7 @@ func (s *Store) finish(ctx context.Context, v, next string) (bool, error) {
 		rec.at = res[1]
 	}
 	if rec.at == "-" {
-		return false, fmt.Errorf("%w: a committed cutover record without its instant %q", ErrUnavailable, next)
-	}
-	token := ""
-	if rec.lengthens == "1" {
-		token = cutoverToken(rec.nv)
+		return false, fmt.Errorf("%w: a committed cutover record without its instant (version %s)", ErrUnavailable, rec.nv)
 	}
 	if err := s.shardStep(ctx, all, publishSrc, func(k shardKeys) []string { return []string{k.policy, k.history, k.pending} },
 		rec.nv, rec.tail, rec.trim, rec.at, "", token); err != nil {
@@ -368,7 +356,7 @@ func (s *Store) settle(ctx context.Context, token string) (bool, error) {
 		}
 		var published bool
 		err = s.round(ctx, func(ctx context.Context) (err error) {
-			published, err = s.finish(ctx, v, next)
+			published, err = s.finish(ctx, v, rec)
 			return err
 		})
 		switch {
@@ -448,47 +436,40 @@ func (s *Store) stateShard(i int) int {
 	return i
 }
 
-// route splits items into script calls: on a cluster, per virtual shard
-// (one slot per call; go-redis pipelines each node's calls), each shard's
-// items split by chunked; on one server by chunked alone.
+// route splits items into script calls of about ChunkSize of work (see
+// weight), in order, each on one virtual shard on a cluster (one slot per
+// call; go-redis pipelines each node's calls), and with every item of a
+// key in the call of its first: calls are pipelined, and one that stops
+// part-way (a chain to fetch) is sent again after the others, so a key
+// must not have items in two of them (a batch decides each key's requests
+// in request order). A key's items (at most ChunkSize of work, see perKey)
+// make its call longer.
 func (s *Store) route(items []*item) [][]*item {
-	if s.cluster == nil {
-		return chunked(items)
-	}
-	first := items[0].shard
-	same := true
-	for _, it := range items[1:] {
-		if it.shard != first {
-			same = false
-			break
-		}
-	}
-	if same {
-		return chunked(items)
-	}
-	by := make(map[int][]*item)
-	var order []int
+	one := weightOf(items) <= ChunkSize
 	for _, it := range items {
-		if _, ok := by[it.shard]; !ok {
-			order = append(order, it.shard)
+		one = one && s.stateShard(it.shard) == s.stateShard(items[0].shard)
+	}
+	if one {
+		return [][]*item{items}
+	}
+	var chunks [][]*item
+	var work []int
+	home := make(map[string]int, len(items)) // a key's chunk
+	open := make(map[int]int)                // a shard's chunk being filled
+	for _, it := range items {
+		c, ok := home[it.key]
+		if !ok {
+			sh := s.stateShard(it.shard)
+			if c, ok = open[sh]; !ok || work[c] >= ChunkSize {
+				c = len(chunks)
+				chunks, work, open[sh] = append(chunks, nil), append(work, 0), c
+			}
+			home[it.key] = c
 		}
-		by[it.shard] = append(by[it.shard], it)
+		chunks[c] = append(chunks[c], it)
+		work[c] += it.weight()
 	}
-	var out [][]*item
-	for _, sh := range order {
-		out = append(out, chunked(by[sh])...)
-	}
-	return out
-}
-
-// repair finishes, or only publishes, the cutover a shard was met in the
-// middle of (its version "p" and the next): the process that began it may
-// have died, and the caller cannot wait for it.
-func (s *Store) repair(ctx context.Context) error {
-	if _, err := s.settle(ctx, ""); err != nil && !errors.Is(err, errShardMoved) {
-		return err
-	}
-	return nil
+	return chunks
 }
 
 // lag is a shard found behind the committed version: its index and version.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -227,7 +228,7 @@ type tally struct {
 }
 
 // add counts one request's answer: an error by kind, a decision by outcome.
-// A Degraded answer is not counted here: countFailures counted it.
+// A Degraded answer is not counted here: failResult counted it.
 func (t *tally) add(d engine.Decision, err error) {
 	switch {
 	case err != nil:
@@ -313,8 +314,7 @@ type Store struct {
 // state is one policy version as the store uses it.
 type state struct {
 	p       policy.Policy
-	ver     string // p.Version in decimal, as the script compares it
-	verWord any    // ver, boxed once
+	verWord any // p.Version in decimal, as the script compares it, boxed once
 	// args holds the decide script's capacity and rate arguments of
 	// every shape in p's limit table, by index, boxed once so that a
 	// request does not allocate them: a plain shape's capacity and tokens
@@ -327,18 +327,13 @@ type state struct {
 type limitArgs struct{ capacity, rate any }
 
 func newState(p policy.Policy) *state {
-	st := &state{p: p, ver: strconv.FormatInt(p.Version, 10)}
-	st.verWord = st.ver
-	shapes := p.Shapes()
-	st.args = make([]limitArgs, len(shapes))
-	for i, sh := range shapes {
-		a := &st.args[i]
-		a.capacity = sh.Primary.Capacity
+	st := &state{p: p, verWord: strconv.FormatInt(p.Version, 10)}
+	for _, sh := range p.Shapes() {
+		a := limitArgs{capacity: sh.Primary.Capacity, rate: encodeShape(sh).arg()}
 		if plain(sh) {
 			a.rate = sh.Primary.Rate().Tokens
-		} else {
-			a.rate = encodeShape(sh).arg()
 		}
+		st.args = append(st.args, a)
 	}
 	return st
 }
@@ -380,15 +375,32 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.Policy.Validate(); err != nil {
 		return nil, err
 	}
+	// A client whose TCP address is not host:port is refused: no attempt to
+	// connect could reach it. A Sentinel failover client's address is a
+	// placeholder (its dialer asks the sentinels), and a cluster client with
+	// ClusterSlots or a Dialer of its own is trusted with its addresses.
 	var cluster *redis.ClusterClient
+	var addrs []string
 	timeouts := false
 	switch c := cfg.Client.(type) {
 	case nil:
 		return nil, fmt.Errorf("%w: redisstore: Config.Client is nil", engine.ErrInvalidConfig)
 	case *redis.Client:
-		timeouts = c != nil && c.Options().ContextTimeoutEnabled
+		if c != nil {
+			o := c.Options()
+			timeouts = o.ContextTimeoutEnabled
+			if o.Network == "tcp" && o.Addr != "FailoverClient" {
+				addrs = []string{o.Addr}
+			}
+		}
 	case *redis.ClusterClient:
-		timeouts, cluster = c != nil && c.Options().ContextTimeoutEnabled, c
+		if c != nil {
+			o := c.Options()
+			timeouts, cluster = o.ContextTimeoutEnabled, c
+			if o.Dialer == nil && o.ClusterSlots == nil {
+				addrs = o.Addrs
+			}
+		}
 	default:
 		return nil, fmt.Errorf("%w: redisstore: Config.Client is a %T; want a *redis.Client or a *redis.ClusterClient", engine.ErrInvalidConfig, cfg.Client)
 	}
@@ -400,8 +412,10 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	case cfg.VirtualShards < 0 || cfg.VirtualShards > MaxVirtualShards:
 		return nil, fmt.Errorf("%w: redisstore: VirtualShards %d is not in [0, %d]", engine.ErrInvalidConfig, cfg.VirtualShards, MaxVirtualShards)
 	}
-	if err := checkAddrs(cfg.Client); err != nil {
-		return nil, err
+	for _, a := range addrs {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port", engine.ErrInvalidConfig, a)
+		}
 	}
 	if err := checkLeases(cfg.Leases); err != nil {
 		return nil, err
@@ -447,9 +461,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		}
 		// Redis cannot be reached now: the store starts without it, and
 		// answers by the failure rule until a call reaches it (see up).
-		if s.onError != nil {
-			s.onError(err)
-		}
+		s.report(err)
 	}
 	if cfg.Leases != nil {
 		clk := cfg.Clock
@@ -462,30 +474,6 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		opened(s)
 	}
 	return s, nil
-}
-
-// checkAddrs refuses a client whose TCP address is not host:port, which no
-// attempt to connect could reach. A Sentinel failover client's address is
-// a placeholder (its dialer asks the sentinels), and a cluster client with
-// ClusterSlots or a Dialer of its own is trusted with its addresses.
-func checkAddrs(c redis.UniversalClient) error {
-	var addrs []string
-	switch c := c.(type) {
-	case *redis.Client:
-		if o := c.Options(); o.Network == "tcp" && o.Addr != "FailoverClient" {
-			addrs = []string{o.Addr}
-		}
-	case *redis.ClusterClient:
-		if o := c.Options(); o.Dialer == nil && o.ClusterSlots == nil {
-			addrs = o.Addrs
-		}
-	}
-	for _, a := range addrs {
-		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
-			return fmt.Errorf("%w: redisstore: the client's address %q is not host:port", engine.ErrInvalidConfig, a)
-		}
-	}
-	return nil
 }
 
 // connect reads the prefix's key map, virtual shards and policy, installing
@@ -530,7 +518,7 @@ func (s *Store) connect(ctx context.Context) error {
 	}
 	s.kmap, s.seed, s.tags = kmap, kept[0], kept[1]
 	s.layout(stored)
-	s.queues = make([]combiner, s.queueCount())
+	s.queues = make([]combiner, len(s.shards))
 	// A policy another process installed is read even if its version is
 	// Config.Policy's: the two may differ. Loading also finishes a cutover
 	// an earlier process left half done.
@@ -565,10 +553,8 @@ func (s *Store) up(ctx context.Context) (bool, error) {
 	}
 	bctx, cancel := s.bound(ctx)
 	defer cancel()
-	if err := s.connect(bctx); err != nil {
-		return false, err
-	}
-	return true, nil
+	err := s.connect(bctx)
+	return err == nil, err
 }
 
 // need is up for a call that is not a decision: nil once the store is
@@ -630,15 +616,8 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// timeArgs are ARGV[3] and ARGV[4] of the decide script: the server's TIME
-// and expiries, or Config.Clock's reading and none.
-func (s *Store) timeArgs() (string, string) {
-	if s.now != nil {
-		return strconv.FormatInt(s.now(), 10), "0"
-	}
-	return "", "1"
-}
-
+// nowArg is the instant a script decides at: "" for the server's TIME, else
+// Config.Clock's reading.
 func (s *Store) nowArg() string {
 	if s.now != nil {
 		return strconv.FormatInt(s.now(), 10)
@@ -652,8 +631,7 @@ func (s *Store) nowArg() string {
 // force and the key map in force (seed and tags), which one script call
 // sets if the prefix has none, so that every store adopts the first one's.
 // Once the store has read its key map (New), another in force is an error.
-func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, tags string) (bool, int, [2]string, error) {
-	var kept [2]string
+func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, tags string) (installed bool, n int, kept [2]string, err error) {
 	blob, err := encodePolicy(p)
 	if err != nil {
 		return false, 0, kept, err
@@ -661,24 +639,23 @@ func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, 
 	a := encodeShape(p.Shape())
 	res, err := s.rdb.Eval(ctx, installSrc, []string{s.kPolicy, s.kHistory, s.kBlobs},
 		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, seed, tags).StringSlice()
+	if err == nil && len(res) != 4 {
+		err = fmt.Errorf("reply %v", res)
+	}
 	if err != nil {
 		return false, 0, kept, fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
 	}
-	if len(res) != 4 {
-		return false, 0, kept, fmt.Errorf("%w: installing the policy: reply %v", ErrUnavailable, res)
-	}
-	n, err := strconv.Atoi(res[1])
-	if err != nil || n < 1 || n > MaxVirtualShards {
-		return false, 0, kept, fmt.Errorf("%w: the stored number of virtual shards %q", ErrUnavailable, res[1])
-	}
-	if s.shards != nil && n != len(s.shards) {
-		return false, 0, kept, fmt.Errorf("%w: the prefix was reinstalled with %d virtual shards, not %d", ErrUnavailable, n, len(s.shards))
-	}
+	n, err = strconv.Atoi(res[1])
 	kept = [2]string{res[2], res[3]}
-	if s.seed != "" && kept != [2]string{s.seed, s.tags} {
-		return false, 0, kept, fmt.Errorf("%w: the prefix was reinstalled with another key map than this store's", ErrUnavailable)
+	switch {
+	case err != nil || n < 1 || n > MaxVirtualShards:
+		err = fmt.Errorf("%w: the stored number of virtual shards %q", ErrUnavailable, res[1])
+	case s.shards != nil && n != len(s.shards):
+		err = fmt.Errorf("%w: the prefix was reinstalled with %d virtual shards, not %d", ErrUnavailable, n, len(s.shards))
+	case s.seed != "" && kept != [2]string{s.seed, s.tags}:
+		err = fmt.Errorf("%w: the prefix was reinstalled with another key map than this store's", ErrUnavailable)
 	}
-	return res[0] == "ok", n, kept, nil
+	return res[0] == "ok", n, kept, err
 }
 
 // tail is the part of p's history entry after the cutover instant: the
@@ -779,7 +756,12 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 		if err != nil {
 			return err
 		}
-		s.adopt(p)
+		// Redis is the authority: a version older than the cached one is
+		// adopted too (a Redis that restarted empty and got an older policy
+		// reinstalled), and a reload racing another can only cost a call one
+		// more round trip, since the script refuses any version but the one
+		// in force.
+		s.cur.Store(newState(p))
 		return nil
 	}
 	return fmt.Errorf("%w: the policy disappeared while it was read", ErrUnavailable)
@@ -817,12 +799,10 @@ func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, 
 		if kept[0] == "" && seed != "" && tags != "" {
 			kept = [2]string{seed, tags}
 		}
-		v, ok := vals[0].(string)
-		if !ok {
-			continue
-		}
-		// a prepared shard ("p" and the next) holds an older version
-		// still; the cutover it waits for is not known to have committed
+		// a shard with no version, or a prepared one ("p" and the next),
+		// counts for none: the latter holds an older version still, and the
+		// cutover it waits for is not known to have committed
+		v, _ := vals[0].(string)
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > newest {
 			newest, at = n, i
 		}
@@ -837,15 +817,6 @@ func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, 
 		return p, kept, fmt.Errorf("%w: the prefix's global keys are lost and virtual shard %d holds policy version %d, newer than this store's %d: only a store that knows version %d can reinstall them", ErrUnavailable, at, newest, p.Version, newest)
 	}
 	return q, kept, nil
-}
-
-// adopt makes p the policy this store sends requests under. Redis is the
-// authority: a version older than the cached one is adopted too (a Redis
-// that restarted empty and got an older policy reinstalled), and a reload
-// racing another can only cost a call one more round trip, since the script
-// refuses any version but the one in force.
-func (s *Store) adopt(p policy.Policy) {
-	s.cur.Store(newState(p))
 }
 
 // policyAt returns the retained policy of a version, decoded once.
@@ -968,12 +939,10 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 				}
 				return fmt.Errorf("%w: scanning: %w", ErrUnavailable, err)
 			}
-			buckets := keys[:0]
-			for _, k := range keys {
-				if _, ok := s.bucketKeyOf(k); ok {
-					buckets = append(buckets, k)
-				}
-			}
+			buckets := slices.DeleteFunc(keys, func(k string) bool {
+				_, ok := s.bucketKeyOf(k)
+				return !ok
+			})
 			if err := f(buckets); err != nil { // also for an empty page: passes renew their lock per page
 				return err
 			}
