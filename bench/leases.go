@@ -191,9 +191,6 @@ func leases(out io.Writer, cfg config) (err error) {
 		}
 	}()
 	times := leaseTimesFor(cfg.quick)
-	if _, err := rateSHA(ctx, rdb); err != nil {
-		return fmt.Errorf("leases: loading redis_rate's script: %w", err)
-	}
 	// Every bucket exists, below full, before the first round.
 	names := keyNames(leaseKeys)
 	for _, kind := range []string{kindLeased, kindStore} {
@@ -208,7 +205,7 @@ func leases(out io.Writer, cfg config) (err error) {
 	}
 	rp := &ratePeer{rdb: rdb, limit: gcraLimit(leasePolicy), pfx: leasePrefix(prefix, kindRedisRate)}
 	if rp.sha, err = rateSHA(ctx, rdb); err != nil {
-		return err
+		return fmt.Errorf("leases: loading redis_rate's script: %w", err)
 	}
 	if err := rp.prespend(ctx, names); err != nil {
 		return fmt.Errorf("leases: prespending redis_rate's keys: %w", err)
