@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -20,7 +21,14 @@ func (s stopRedis) Run() int { defer redistest.Stop(); return s.m.Run() }
 
 // TestMain fails the package if a contender leaves a goroutine behind
 // (go-limiter's sweeper, the engine's shards, a go-redis client not closed).
-func TestMain(m *testing.M) { goleak.VerifyTestMain(stopRedis{m}) }
+// A test binary run with leaseWorkerEnv set is a worker of the leases part
+// (TestLeasesPart), as the command is.
+func TestMain(m *testing.M) {
+	if code, worker := leaseWorkerMain(); worker {
+		os.Exit(code)
+	}
+	goleak.VerifyTestMain(stopRedis{m})
+}
 
 var (
 	keySetsMu sync.Mutex

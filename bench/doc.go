@@ -34,6 +34,29 @@
 //
 //	go run ./bench -parts envoyrls -redis 127.0.0.1:6379
 //
+// With -parts leases (only when named; it needs -redis or -redis-cluster,
+// and says it was skipped without), tables measure engine/redisstore's
+// leases (Config.Leases, at their defaults) as a service's replicas use
+// them: in separate processes, this binary run again as its workers, each
+// with its own limiter, all on one Redis and the same 16 keys, whose quota
+// (capacity 2^40) is far above the demand, so every request is admitted.
+// First the latency of one Allow from one goroutine per process (p50, p99,
+// p99.9), at 1 and 4 processes, leased beside the in-process engine and
+// the store without leases; then decisions per second of 4 processes of 16
+// goroutines, leased, without leases, redis_rate and the engine, with the
+// share decided locally, and the Redis CPU (INFO CPU) and script calls
+// (INFO commandstats) per admitted decision over the same window; then
+// whether each goal of leases is met: p50 within 2x the engine's and p99
+// under 50 µs, 20x redis_rate's and 10x the store's decisions per second
+// without leases, and at most 1/20 of its Redis CPU per admitted decision.
+// About a minute (each cell the median of 3 rounds of a second), 5 seconds
+// with -quick. With -cpuprofile PREFIX each worker writes a CPU profile of
+// its window (the last round's):
+//
+//	go run ./bench -parts leases -redis 127.0.0.1:6379
+//	go run ./bench -parts leases -redis 127.0.0.1:6379 -cpuprofile /tmp/lease
+//	go tool pprof -top /tmp/lease.leased.4x16.0.pprof
+//
 // The same benchmark bodies run under `go test -bench . ./bench`, for
 // benchstat.
 //

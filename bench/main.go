@@ -19,18 +19,22 @@ import (
 )
 
 func main() {
+	if code, worker := leaseWorkerMain(); worker { // the leases part's worker process
+		os.Exit(code)
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 type config struct {
-	quick     bool
-	benchtime time.Duration // how long one measurement of a cell runs
-	rounds    int           // measurements of each cell; the table shows their median
-	cpus      []int
-	keys      int       // keys for the memory and stall measurements
-	procs     int       // GOMAXPROCS when the run began: the Redis section's
-	redisAddr string    // the Redis server to measure redisstore on (a cluster's masters, joined by commas); "" skips it
-	prog      *progress // what is being measured, on stderr; nil reports nothing
+	quick      bool
+	benchtime  time.Duration // how long one measurement of a cell runs
+	rounds     int           // measurements of each cell; the table shows their median
+	cpus       []int
+	keys       int       // keys for the memory and stall measurements
+	procs      int       // GOMAXPROCS when the run began: the Redis section's
+	redisAddr  string    // the Redis server to measure redisstore on (a cluster's masters, joined by commas); "" skips it
+	cpuProfile string    // where the leases part's workers write CPU profiles of their windows; "" for none
+	prog       *progress // what is being measured, on stderr; nil reports nothing
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -39,9 +43,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var cfg config
 	var cpus, parts, redisCluster string
 	fs.BoolVar(&cfg.quick, "quick", false, "shorter runs and smaller key sets (under 30 s)")
-	fs.StringVar(&parts, "parts", "decisions,memory,latency,allowall,redis", "which tables to measure, comma-separated; envoyrls (the Envoy RLS on the engine) runs only when named")
+	fs.StringVar(&parts, "parts", "decisions,memory,latency,allowall,redis", "which tables to measure, comma-separated; envoyrls (the Envoy RLS on the engine) and leases (redisstore's leases, with -redis) run only when named")
 	fs.StringVar(&cfg.redisAddr, "redis", "", "measure redisstore on the Redis server at this address (host:port), under a fresh key prefix it deletes afterwards; \"\" skips the Redis table")
 	fs.StringVar(&redisCluster, "redis-cluster", "", "measure redisstore on the Redis Cluster whose masters are at these addresses (host:port,host:port,...), as -redis does on one server")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "the leases part's worker processes write a CPU profile of each window to `PREFIX`.<kind>.<processes>x<goroutines>.<process>.pprof (the last round's)")
 	fs.StringVar(&cpus, "cpu", "1,2", "GOMAXPROCS values to measure, comma-separated")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -78,11 +83,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		runtime.Version(), runtime.NumCPU(), map[bool]string{true: "quick", false: "full"}[cfg.quick])
 	tables := map[string]func(io.Writer, config) error{
 		"decisions": infallible(decisions), "memory": infallible(memory), "latency": infallible(latencies),
-		"allowall": infallible(allowAll), "redis": redisSection, "envoyrls": envoyRLS,
+		"allowall": infallible(allowAll), "redis": redisSection, "envoyrls": envoyRLS, "leases": leases,
 	}
 	for _, p := range strings.Split(parts, ",") {
 		if _, ok := tables[strings.TrimSpace(p)]; !ok {
-			fmt.Fprintf(stderr, "bench: unknown part %q (have decisions, memory, latency, allowall, redis, envoyrls)\n", p)
+			fmt.Fprintf(stderr, "bench: unknown part %q (have decisions, memory, latency, allowall, redis, envoyrls, leases)\n", p)
 			return 2
 		}
 	}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenshard/tokenshard/internal/redistest"
+)
+
+// tableRows returns the rows of the tables in out whose lines have cols
+// columns, each as its first n cells joined by "/", the header rows left
+// out.
+func tableRows(out string, cols, n int) []string {
+	var rows []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Split(line, "|")
+		if len(f) != cols+2 {
+			continue
+		}
+		for i := range f {
+			f[i] = strings.TrimSpace(f[i])
+		}
+		if f[1] == strings.ToUpper(f[1]) && strings.ContainsAny(f[1], "ABCDEFGHIJKLMNOPQRSTUVWXYZ") {
+			continue // a header
+		}
+		rows = append(rows, strings.Join(f[1:1+n], "/"))
+	}
+	return rows
+}
+
+// TestLeasesPart runs `bench -quick -parts leases` on a private Redis with
+// tiny windows, its workers this test binary run again (TestMain): every
+// table and row there, every request admitted with no failure or error,
+// a verdict on every goal, and every key it wrote deleted. The figures are
+// not checked: the run is too short, and the machine may be busy.
+func TestLeasesPart(t *testing.T) {
+	addr := redistest.Addr(t)
+	old := leaseTimesFor
+	leaseTimesFor = func(bool) leaseTimes {
+		return leaseTimes{warm: 20 * time.Millisecond, window: 50 * time.Millisecond, rounds: 1}
+	}
+	t.Cleanup(func() { leaseTimesFor = old })
+	var out bytes.Buffer
+	if code := run([]string{"-quick", "-parts", "leases", "-redis", addr}, &out, &out); code != 0 {
+		t.Fatalf("bench -parts leases exited %d:\n%s", code, out.String())
+	}
+	got := out.String()
+
+	var want []string
+	for _, p := range leaseLatencyProcs {
+		for _, r := range leaseLatencyRows {
+			want = append(want, fmt.Sprintf("%d/%s", p, r.name))
+		}
+	}
+	if rows := tableRows(got, 9, 2); !slices.Equal(rows, want) {
+		t.Errorf("latency rows\n%s\nwant\n%s\noutput:\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"), got)
+	}
+	want = want[:0]
+	for _, r := range leaseThroughputRows {
+		want = append(want, r.name+"/100.0%")
+	}
+	if rows := tableRows(got, 8, 3); len(rows) != len(want) {
+		t.Errorf("throughput rows\n%s\nwant\n%s\noutput:\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"), got)
+	} else {
+		for i, r := range rows {
+			name, _, _ := strings.Cut(r, "/")
+			_, admitted, _ := strings.Cut(r[len(name)+1:], "/")
+			if name+"/"+admitted != want[i] {
+				t.Errorf("throughput row %d is %q, want contender and admitted %q", i, r, want[i])
+			}
+		}
+	}
+	goals := tableRows(got, 3, 3)
+	if len(goals) != 2*len(leaseLatencyProcs)+3 {
+		t.Errorf("%d goal rows, want %d:\n%s", len(goals), 2*len(leaseLatencyProcs)+3, got)
+	}
+	for _, g := range goals {
+		if !strings.HasSuffix(g, "/yes") && !strings.HasSuffix(g, "/NO") {
+			t.Errorf("goal row %q has no verdict", g)
+		}
+	}
+	for _, w := range []string{"LATENCY OF ONE ALLOW", "DECISIONS PER SECOND, 4 PROCESSES X 16 GOROUTINES", "GOALS OF LEASES"} {
+		if !strings.Contains(strings.ToUpper(got), w) {
+			t.Errorf("output lacks %q:\n%s", w, got)
+		}
+	}
+	if strings.Contains(got, "WARNING") || strings.Contains(got, "skipped") {
+		t.Errorf("the run met refusals, failures or errors, or skipped Redis:\n%s", got)
+	}
+	_, after, ok := strings.Cut(got, "deleted the ")
+	_, after, _ = strings.Cut(after, "keys under ")
+	prefix, _, _ := strings.Cut(after, " ")
+	if !ok || !strings.HasPrefix(prefix, "tsbench:") {
+		t.Fatalf("output does not name the deleted prefix:\n%s", got)
+	}
+	rdb, err := newRedisClient(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	for _, p := range []string{prefix, rateKeyPrefix + prefix} {
+		if n, err := deletePrefix(context.Background(), rdb, p); err != nil || n != 0 {
+			t.Errorf("%d keys were left under %s (err %v)", n, p, err)
+		}
+	}
+}
+
+// TestLeasesPartSkipped: without -redis the part says how to run it.
+func TestLeasesPartSkipped(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"-quick", "-parts", "leases"}, &out, &out); code != 0 {
+		t.Fatalf("bench -parts leases exited %d:\n%s", code, out.String())
+	}
+	if !strings.Contains(out.String(), "leases: skipped; measure redisstore's leases with -redis ADDR") {
+		t.Errorf("output does not say the part was skipped:\n%s", out.String())
+	}
+}
