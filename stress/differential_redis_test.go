@@ -187,7 +187,7 @@ func TestDiffRedisCommand(t *testing.T) {
 	buf.Reset()
 	code = run(context.Background(), []string{"-check", "flood", "-redis", addr}, &buf, &buf)
 	assert.Equal(t, 2, code, "-redis without the differential check")
-	assert.Contains(t, buf.String(), "-redis applies only to the differential check")
+	assert.Contains(t, buf.String(), "-redis applies only to the differential and leases checks")
 
 	buf.Reset()
 	code = run(context.Background(), []string{"-check", "differential", "-redis", addr + "," + addr}, &buf, &buf)

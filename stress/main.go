@@ -42,6 +42,23 @@
 //
 //	go run ./stress -check durability
 //
+// A sixth, -check leases, is left out of -check all too, since it needs
+// Redis: on the server -redis names, or on a redis-server it starts on a
+// free port, four stores in lease mode (engine/redisstore's
+// Config.Leases), each with its own client, decide at the server's TIME
+// over hot keys (asked far above any rate) and warm keys (asked in
+// bursts), while the policy is cut over every -cutover-every (at least
+// 200ms), capacity and rate raised and lowered, and halfway one store is
+// killed (its client closed, its leases lost). Before each cutover and at
+// the end, every key's admissions, all stores' together, must be within
+// what its bucket can have given out since it was created: its capacity
+// then plus the refill, read on the server's TIME, plus for the warm keys,
+// whose buckets may fill and expire, the capacity raises; so no lease and
+// no cutover ever tops a key up. It reports the tokens each store leased,
+// returned and forfeited:
+//
+//	go run ./stress -check leases -duration 10s
+//
 // It prints a progress line every second (a progress bar on a terminal) and a
 // summary table, and exits with status 1 on the first violated invariant,
 // explaining it.
@@ -88,6 +105,7 @@ var checks = []check{
 	{"conservation", runConservation},
 	{"flood", runFlood},
 	{"durability", runDurability}, // not in "all": it starts redis-servers on fixed ports
+	{"leases", runLeases},         // not in "all": it needs Redis (-redis, or a redis-server it starts)
 }
 
 func main() {
@@ -119,7 +137,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed (0 = from the time; printed either way)")
 	fs.StringVar(&names, "check", "all", "comma-separated checks: "+checkNames()+", or all")
 	fs.StringVar(&o.redis, "redis", "", "Redis `host:port`: the differential check replays its traces on a Redis store there\n"+
-		"instead of the engine (fresh key prefixes, deleted after each trace); other checks still use engines")
+		"instead of the engine (fresh key prefixes, deleted after each trace), and the leases check runs its stores there\n"+
+		"instead of on a redis-server of its own; other checks still use engines")
 	fs.StringVar(&o.redisCluster, "redis-cluster", "", "Redis Cluster masters `host:port,host:port,...`: as -redis, on a cluster")
 	fs.IntVar(&o.dur.keys, "durability-keys", 1000, "durability: keys drained before a crash, and loaded through a failover")
 	fs.IntVar(&o.dur.runs, "durability-runs", 5, "durability: failovers measured with and without WAIT, each on a fresh cluster (0 = none)")
@@ -148,7 +167,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		if n == "all" {
 			o.checks = nil
 			for _, c := range checks {
-				if c.name != "durability" {
+				if c.name != "durability" && c.name != "leases" {
 					o.checks = append(o.checks, c.name)
 				}
 			}
@@ -181,8 +200,13 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
-	if (o.redis != "" || o.redisCluster != "") && !slices.Contains(o.checks, "differential") {
-		err := fmt.Errorf("stress: -redis applies only to the differential check, as -redis-cluster does; add -check differential")
+	if o.redis != "" && !slices.Contains(o.checks, "differential") && !slices.Contains(o.checks, "leases") {
+		err := fmt.Errorf("stress: -redis applies only to the differential and leases checks; add -check differential or -check leases")
+		fmt.Fprintln(stderr, err)
+		return o, err
+	}
+	if o.redisCluster != "" && !slices.Contains(o.checks, "differential") {
+		err := fmt.Errorf("stress: -redis-cluster applies only to the differential check; add -check differential")
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
