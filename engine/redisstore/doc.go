@@ -362,8 +362,9 @@
 //     fewer than 2 tokens, so a key of capacity under 32 is never leased.
 //     P processes hold at most P*capacity/Divisor of a key together.
 //   - Give-back. Unspent tokens are credited back exactly (a Refund, capped
-//     at capacity) once a lease has had no grant for Leases.MaxAge (1 s),
-//     before the store's own ReplacePolicy, on Close and before a Charge. A
+//     at capacity) once the key has had no request for two Horizons, or
+//     its lease no grant for Leases.MaxAge (1 s), before the store's own
+//     ReplacePolicy, on Close and before a Charge. A
 //     lease taken under a version that another process has since replaced
 //     ends when this store meets the new version (at its next call to
 //     Redis, within MaxAge): its tokens go back under the new limit if that

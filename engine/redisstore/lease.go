@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,10 +38,10 @@ type Leases struct {
 	// last Horizon. 0 means DefaultLeaseHorizon.
 	Horizon time.Duration
 	// MaxAge is how long a lease is kept without a grant: then its unspent
-	// tokens go back to the global bucket. It bounds how long a key that
-	// went idle keeps tokens from the other processes, and how long a lease
-	// taken before another process's cutover may still be spent here. 0
-	// means DefaultLeaseMaxAge.
+	// tokens go back to the global bucket, as they do once its key has had
+	// no request for two Horizons (or MaxAge, if shorter). It bounds how
+	// long a lease taken before another process's cutover may still be
+	// spent here. 0 means DefaultLeaseMaxAge.
 	MaxAge time.Duration
 }
 
@@ -69,6 +70,7 @@ type leaser struct {
 	clk             clock.Clock
 	divisor         int64
 	horizon, maxAge int64
+	idle            int64 // a lease whose key had no request for this long goes back: 2 Horizons, at most MaxAge
 	yields          int
 	seed            maphash.Seed
 	shards          []*leaseShard
@@ -172,6 +174,7 @@ func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
 	if l.maxAge == 0 {
 		l.maxAge = int64(DefaultLeaseMaxAge)
 	}
+	l.idle = min(2*l.horizon, l.maxAge)
 	l.pool.New = func() any { return &msg.Single{Done: make(chan struct{}, 1)} }
 	l.shards = make([]*leaseShard, runtime.GOMAXPROCS(0))
 	for i := range l.shards {
@@ -298,7 +301,7 @@ func (l *leaser) before(ctx context.Context, mode, key string) int64 {
 	case op == msg.OpPeek:
 		return held
 	case op == msg.OpCharge && d.Remaining > 0:
-		l.giveBack(ctx, key, d.Remaining)
+		l.giveBack(ctx, []gift{{key, d.Remaining}})
 	}
 	return 0
 }
@@ -313,24 +316,44 @@ func (l *leaser) flush(ctx context.Context) {
 	for _, q := range l.shards {
 		select {
 		case q.flush <- reply:
-			for _, g := range <-reply {
-				l.giveBack(ctx, g.key, g.n)
-			}
+			l.giveBack(ctx, <-reply)
 		case <-q.exited:
 		}
 	}
 }
 
-// giveBack returns n unspent tokens of key to Redis.
-func (l *leaser) giveBack(ctx context.Context, key string, n int64) {
-	if _, err := l.s.call1(ctx, "r", key, n); err != nil {
-		l.forfeited.Add(uint64(n))
-		if l.s.onError != nil {
-			l.s.onError(fmt.Errorf("redisstore: returning a lease of %d tokens: %w", n, err))
-		}
+// giveBack returns unspent tokens to Redis, exactly, capped at capacity:
+// one script call per virtual shard, pipelined. What Redis does not take
+// is given up, and OnError told.
+func (l *leaser) giveBack(ctx context.Context, gs []gift) {
+	if len(gs) == 0 {
 		return
 	}
-	l.returned.Add(uint64(n))
+	s := l.s
+	items, outs := make([]item, len(gs)), make([]engine.Result, len(gs))
+	for i, g := range gs {
+		items[i] = item{out: &outs[i], key: g.key, cost: g.n}
+	}
+	err := s.need(ctx)
+	if err == nil {
+		err = s.round(ctx, func(ctx context.Context) error {
+			_, err := s.exec(ctx, "r", "", items)
+			return err
+		})
+	}
+	for i, it := range items {
+		if !it.done || outs[i].Err != nil {
+			l.lost(it.cost, cmp.Or(outs[i].Err, err))
+		} else {
+			l.returned.Add(uint64(it.cost))
+		}
+	}
+}
+
+// lost counts n tokens given up, and tells OnError why.
+func (l *leaser) lost(n int64, why error) {
+	l.forfeited.Add(uint64(n))
+	l.s.report(fmt.Errorf("redisstore: %d leased tokens given up: %w", n, why))
 }
 
 // close returns every lease and stops the shards and fetchers.
@@ -393,7 +416,7 @@ func (q *leaseShard) run() {
 	defer q.l.wg.Done()
 	defer close(q.exited)
 	defer close(q.jobs)
-	tick := time.NewTicker(time.Duration(max(q.l.maxAge/4, int64(time.Millisecond))))
+	tick := time.NewTicker(time.Duration(max(q.l.idle/2, int64(time.Millisecond))))
 	defer tick.Stop()
 	for idle := false; ; {
 		if g := q.head.Swap(nil); g != nil {
@@ -606,7 +629,7 @@ func (q *leaseShard) send(j job) bool {
 		return true
 	default:
 		if j.give {
-			q.l.forfeited.Add(uint64(j.n))
+			q.l.lost(j.n, errors.New("the lease shard's queue to Redis is full"))
 		}
 		return false
 	}
@@ -673,11 +696,11 @@ func (k *lease) learn(now int64, d engine.Decision) {
 // sweep gives back the leases kept MaxAge without a grant, and forgets
 // the keys that have been idle as long.
 func (q *leaseShard) sweep(now int64) {
-	q.sweepAt = now + q.l.maxAge/4
+	q.sweepAt = now + q.l.idle/2
 	for key, k := range q.keys {
 		switch {
 		case k.fetch:
-		case k.left > 0 && now-k.got >= q.l.maxAge:
+		case k.left > 0 && (now-k.got >= q.l.maxAge || now-k.seen >= q.l.idle):
 			if q.send(job{key: key, n: k.left, give: true}) {
 				k.left = 0
 			}
@@ -707,16 +730,17 @@ func (q *leaseShard) fetcher() {
 	var asks []job
 	var reqs []engine.Request
 	var out []engine.Result
+	gives := map[string]int64{}
 	for j := range q.jobs {
 		asks, reqs = asks[:0], reqs[:0]
 		for more := true; more; {
 			if j.give {
-				q.l.giveBack(context.Background(), j.key, j.n)
+				gives[j.key] += j.n
 			} else {
 				asks = append(asks, j)
 				reqs = append(reqs, engine.Request{Key: j.key, Cost: j.n})
 			}
-			if len(asks) == ChunkSize {
+			if len(asks) == ChunkSize || len(gives) == ChunkSize {
 				break
 			}
 			select {
@@ -724,6 +748,14 @@ func (q *leaseShard) fetcher() {
 			default:
 				more = false
 			}
+		}
+		if len(gives) > 0 {
+			gs := make([]gift, 0, len(gives))
+			for k, n := range gives {
+				gs = append(gs, gift{k, n})
+			}
+			clear(gives)
+			q.l.giveBack(context.Background(), gs)
 		}
 		if len(asks) == 0 {
 			continue

@@ -165,6 +165,8 @@ type Stats struct {
 	// Decisions counts the requests Redis decided, as Allowed + Denied
 	// does, and also those Redis answered with an error
 	// (engine.ErrCostExceedsCapacity, or a reply the store could not read).
+	// With Config.Leases it counts the leases Redis decided too, and
+	// Allowed + Denied the requests decided in the process (Local).
 	Decisions uint64
 	Retries   uint64 // script calls repeated for a newer policy or a bucket's history
 	// Local counts the requests a lease decided in the process, without
