@@ -16,9 +16,7 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
-	shardmsg "github.com/tokenshard/tokenshard/internal/decision"
 	"github.com/tokenshard/tokenshard/internal/yield"
-	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -53,14 +51,69 @@ const (
 )
 
 // errRemote is a lease shard's answer to a request it cannot decide: the
-// caller asks Redis, and with it for a lease of the Single's Cost tokens
-// if that is positive. The Decision's Remaining is what the lease held,
-// taken for the request: Redis is asked for the rest of its cost (for a
-// peek, the tokens are only reported).
+// caller asks Redis (see lreq).
 var errRemote = errors.New("redisstore: for redis")
 
+// What a caller asks of a key's lease shard.
+const (
+	opAllow  uint8 = iota // decide cost from the lease, or send the caller to Redis
+	opPeek                // report the tokens the lease holds
+	opRefund              // the balance grows: forget a denial kept for the key
+	opCharge              // hand the lease over, to give back before a charge
+)
+
+// lreq is one request to a lease shard: the caller fills op, key and cost,
+// pushes it and waits; the shard writes the answer and finishes it. With
+// err errRemote, held is what the lease held, taken for the request (opAllow:
+// Redis is asked for the rest of its cost; opPeek, opCharge: the tokens),
+// ver the version it was taken under, and want the lease to ask for with
+// the request (0 for none).
+type lreq struct {
+	op         uint8
+	key        string
+	cost       int64
+	d          engine.Decision
+	err        error
+	held, want int64
+	ver        int64
+
+	next  *lreq         // link in the shard's queue
+	stage atomic.Uint32 // reqPending, reqDone or reqParked
+	done  chan struct{} // one-slot buffer, made once per pooled request
+}
+
+// The stages of an lreq's answer: the caller and the shard each move it
+// with one atomic step, so the shard wakes a caller only if it parked.
+const (
+	reqPending uint32 = iota
+	reqDone
+	reqParked
+)
+
+// finish publishes the answer; the shard must not touch r after it.
+func (r *lreq) finish() {
+	if r.stage.Swap(reqDone) == reqParked {
+		r.done <- struct{}{}
+	}
+}
+
+// wait returns once the shard has finished r, yielding the processor up to
+// yields times before it parks (a yield is cheaper than a park and a wake,
+// and the shard usually answers within one or two).
+func (r *lreq) wait(yields int) {
+	for range yields {
+		yield.Local()
+		if r.stage.Load() == reqDone {
+			return
+		}
+	}
+	if r.stage.CompareAndSwap(reqPending, reqParked) {
+		<-r.done
+	}
+}
+
 // closedLeases heads a closed lease shard's queue.
-var closedLeases = new(msg.Single)
+var closedLeases = new(lreq)
 
 // leaser is the store's lease layer: the keys' leases, spread over
 // goroutine-owned shards like the engine's, each with a fetcher goroutine
@@ -88,7 +141,7 @@ type leaser struct {
 // reach an engine shard; Redis's answers about its keys on posts.
 type leaseShard struct {
 	l        *leaser
-	head     atomic.Pointer[msg.Single]
+	head     atomic.Pointer[lreq]
 	sleeping atomic.Bool
 	wake     chan struct{} // one-slot buffer
 	posts    chan post
@@ -98,6 +151,7 @@ type leaseShard struct {
 
 	keys    map[string]*lease
 	sweepAt int64
+	pending int // posts owed to this shard: callers sent to Redis, leases asked of the fetcher
 
 	allowed, denied atomic.Uint64 // requests decided here (written by run only)
 }
@@ -139,8 +193,9 @@ type post struct {
 	dErr, lseErr      error
 }
 
-// job is the fetcher's work: a lease of n tokens to ask for (ver is the
-// version it is asked under), or, if give, n tokens to give back.
+// job is the fetcher's work: a lease of n tokens to ask for, or, if give,
+// n tokens to give back; ver is the version they are asked, or were taken,
+// under.
 type job struct {
 	key  string
 	n    int64
@@ -148,10 +203,11 @@ type job struct {
 	give bool
 }
 
-// gift is a lease taken back from a shard, to return to Redis.
+// gift is a lease taken back from a shard, to return to Redis: n tokens
+// taken under version ver.
 type gift struct {
-	key string
-	n   int64
+	key    string
+	n, ver int64
 }
 
 func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
@@ -161,7 +217,7 @@ func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
 		divisor: max(cfg.Divisor, 0),
 		horizon: int64(cfg.Horizon),
 		maxAge:  int64(cfg.MaxAge),
-		yields:  msg.WaitYields(runtime.GOMAXPROCS(0)),
+		yields:  2,
 		seed:    maphash.MakeSeed(),
 		quit:    make(chan struct{}),
 	}
@@ -175,7 +231,10 @@ func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
 		l.maxAge = int64(DefaultLeaseMaxAge)
 	}
 	l.idle = min(2*l.horizon, l.maxAge)
-	l.pool.New = func() any { return &msg.Single{Done: make(chan struct{}, 1)} }
+	if runtime.GOMAXPROCS(0) > 1 {
+		l.yields = 5 // the engine's choice for a caller waiting on a shard on another processor
+	}
+	l.pool.New = func() any { return &lreq{done: make(chan struct{}, 1)} }
 	l.shards = make([]*leaseShard, runtime.GOMAXPROCS(0))
 	for i := range l.shards {
 		q := &leaseShard{
@@ -207,21 +266,23 @@ func (l *leaser) shardOf(key string) *leaseShard {
 	return l.shards[maphash.String(l.seed, key)%uint64(len(l.shards))]
 }
 
-// ask hands one request to its key's shard and waits for the answer.
-func (l *leaser) ask(op msg.Op, key string, cost int64) (shardmsg.Decision, int64, error) {
+// ask hands one request to its key's shard and waits for the answer, which
+// it copies to out; out.err is engine.ErrClosed if the layer is closed.
+func (l *leaser) ask(op uint8, key string, cost int64, out *lreq) {
 	q := l.shardOf(key)
-	r := l.pool.Get().(*msg.Single)
-	r.Op, r.Key, r.Cost, r.Reply = op, key, cost, msg.Reply{}
-	r.Arm()
+	r := l.pool.Get().(*lreq)
+	*out = lreq{}
+	r.op, r.key, r.cost, r.d, r.err, r.held, r.want = op, key, cost, engine.Decision{}, nil, 0, 0
+	r.stage.Store(reqPending)
 	if !q.push(r) {
 		l.pool.Put(r)
-		return shardmsg.Decision{}, 0, engine.ErrClosed
+		out.err = engine.ErrClosed
+		return
 	}
-	r.Wait(l.yields)
-	d, n, err := r.Reply.Decision, r.Cost, r.Reply.Err
-	r.Key = ""
+	r.wait(l.yields)
+	out.d, out.err, out.held, out.want, out.ver = r.d, r.err, r.held, r.want, r.ver
+	r.key = ""
 	l.pool.Put(r)
-	return d, n, err
 }
 
 // allow is Allow in lease mode: decided by the key's lease if it covers
@@ -230,18 +291,19 @@ func (l *leaser) ask(op msg.Op, key string, cost int64) (shardmsg.Decision, int6
 func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
 	s := l.s
 	if err := s.check(ctx, key, cost); err != nil {
+		s.errs[kindOf(err)].Add(1)
 		return engine.Decision{}, err
 	}
-	d, want, err := l.ask(msg.OpAllow, key, cost)
-	held := d.Remaining
-	if err == engine.ErrClosed {
-		s.errs[kindClosed].Add(1)
+	var a lreq
+	l.ask(opAllow, key, cost, &a)
+	if a.err != nil && a.err != errRemote {
+		s.errs[kindOf(a.err)].Add(1)
 	}
-	if err != errRemote {
-		return engine.Decision{Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter,
-			Version: d.Version, Limit: d.Limit, ResetAfter: d.ResetAfter, Band: d.Band}, err
+	if a.err != errRemote {
+		return a.d, a.err
 	}
-	p := post{key: key, ver: s.cur.Load().p.Version, at: l.clk.Now(), cost: cost, held: held, asked: want}
+	held, want := a.held, a.want
+	p := post{key: key, ver: a.ver, at: l.clk.Now(), cost: cost, held: held, asked: want}
 	if want == 0 {
 		p.d, p.dErr = s.allow(ctx, key, cost-held)
 	} else {
@@ -288,20 +350,21 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 // (modeCharge: the lease goes back first, so that the charge takes its
 // tokens from the bucket as a whole).
 func (l *leaser) before(ctx context.Context, mode, key string) int64 {
-	op := msg.OpPeek
+	op := opPeek
 	switch mode {
 	case "r":
-		op = msg.OpRefund
+		op = opRefund
 	case modeCharge:
-		op = msg.OpCharge
+		op = opCharge
 	}
-	d, held, err := l.ask(op, key, 1)
+	var a lreq
+	l.ask(op, key, 1, &a)
 	switch {
-	case err != errRemote:
-	case op == msg.OpPeek:
-		return held
-	case op == msg.OpCharge && d.Remaining > 0:
-		l.giveBack(ctx, []gift{{key, d.Remaining}})
+	case a.err != errRemote:
+	case op == opPeek:
+		return a.held
+	case op == opCharge && a.held > 0:
+		l.giveBack(ctx, []gift{{key, a.held, a.ver}})
 	}
 	return 0
 }
@@ -323,19 +386,32 @@ func (l *leaser) flush(ctx context.Context) {
 }
 
 // giveBack returns unspent tokens to Redis, exactly, capped at capacity:
-// one script call per virtual shard, pipelined. What Redis does not take
-// is given up, and OnError told.
+// one script call per virtual shard, pipelined. Tokens taken under a
+// version no longer in force (the store reads which first) go back only if
+// the key's limit in force raises none of its bands' capacities: else they
+// are given up, since returned under the higher capacity they could fill
+// the bucket past the one they were taken under. A cutover published
+// between that read and the call is not seen: its tokens are credited under
+// it. What Redis does not take is given up, and OnError told.
 func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 	if len(gs) == 0 {
 		return
 	}
 	s := l.s
-	items, outs := make([]item, len(gs)), make([]engine.Result, len(gs))
-	for i, g := range gs {
-		items[i] = item{out: &outs[i], key: g.key, cost: g.n}
-	}
 	err := s.need(ctx)
 	if err == nil {
+		err = s.reload(ctx)
+	}
+	st := s.cur.Load()
+	items, outs := make([]item, 0, len(gs)), make([]engine.Result, len(gs))
+	for _, g := range gs {
+		if err == nil && g.ver != st.p.Version && l.raised(ctx, g, st) {
+			l.forfeited.Add(uint64(g.n))
+			continue
+		}
+		items = append(items, item{out: &outs[len(items)], key: g.key, cost: g.n})
+	}
+	if err == nil && len(items) > 0 {
 		err = s.round(ctx, func(ctx context.Context) error {
 			_, err := s.exec(ctx, "r", "", items)
 			return err
@@ -348,6 +424,18 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 			l.returned.Add(uint64(it.cost))
 		}
 	}
+}
+
+// raised reports whether g's key has, under st, a band of higher capacity
+// than under the version g was taken under (true if that is unknown).
+func (l *leaser) raised(ctx context.Context, g gift, st *state) bool {
+	old, err := l.s.policyAt(ctx, g.ver)
+	if err != nil {
+		return true
+	}
+	_, oi := old.Resolve(g.key)
+	_, ni := st.p.Resolve(g.key)
+	return raises(old.ShapeAt(oi), st.p.ShapeAt(ni))
 }
 
 // lost counts n tokens given up, and tells OnError why.
@@ -369,13 +457,13 @@ func (l *leaser) close() {
 }
 
 // push queues r for the shard, false if it is closed.
-func (q *leaseShard) push(r *msg.Single) bool {
+func (q *leaseShard) push(r *lreq) bool {
 	for {
 		h := q.head.Load()
 		if h == closedLeases {
 			return false
 		}
-		r.Next = h
+		r.next = h
 		if q.head.CompareAndSwap(h, r) {
 			break
 		}
@@ -473,17 +561,20 @@ func (q *leaseShard) stop() {
 	if g := q.head.Swap(closedLeases); g != nil {
 		q.serve(g)
 	}
-	for _, g := range q.takeAll() {
-		q.send(job{key: g.key, n: g.n, give: true})
+	for q.pending > 0 { // callers and the fetcher still owe answers: their grants and held tokens go back too
+		q.settle(<-q.posts)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), q.l.s.timeout)
+	q.l.giveBack(ctx, q.takeAll())
+	cancel()
 }
 
 // serve decides a group of requests taken from the queue, newest first,
 // in the order they came, then the answers Redis sent meanwhile.
-func (q *leaseShard) serve(g *msg.Single) {
-	var prev *msg.Single
+func (q *leaseShard) serve(g *lreq) {
+	var prev *lreq
 	for g != nil {
-		g.Next, prev, g = prev, g, g.Next
+		g.next, prev, g = prev, g, g.next
 	}
 	now := q.l.clk.Now()
 	for range len(q.posts) { // first, so that a caller's next request sees its last answer
@@ -491,9 +582,9 @@ func (q *leaseShard) serve(g *msg.Single) {
 	}
 	st := q.l.s.cur.Load()
 	for r := prev; r != nil; {
-		next := r.Next
+		next := r.next
 		q.decide(now, st, r)
-		r.Finish()
+		r.finish()
 		r = next
 	}
 	if now >= q.sweepAt {
@@ -502,45 +593,46 @@ func (q *leaseShard) serve(g *msg.Single) {
 }
 
 // decide answers one request from the key's lease, or sends it to Redis.
-func (q *leaseShard) decide(now int64, st *state, r *msg.Single) {
-	k := q.keys[r.Key]
+func (q *leaseShard) decide(now int64, st *state, r *lreq) {
+	k := q.keys[r.key]
 	if k == nil {
-		if r.Op != msg.OpAllow {
-			r.Reply.Err, r.Cost = errRemote, 0
+		if r.op != opAllow {
+			r.err = errRemote
 			return
 		}
 		k = &lease{from: now}
-		q.keys[strings.Clone(r.Key)] = k
-		q.renew(r.Key, k, st)
+		q.keys[strings.Clone(r.key)] = k
+		q.renew(r.key, k, st)
 	} else if k.ver != st.p.Version {
-		q.end(r.Key, k, st)
+		q.end(r.key, k, st)
 	}
 	k.seen = now
-	cost := r.Cost
+	cost := r.cost
 	switch {
-	case r.Op == msg.OpPeek:
-		r.Reply.Err, r.Cost = errRemote, k.left
-	case r.Op == msg.OpRefund: // the balance grows: a denial no longer holds
-		r.Reply.Err, k.deniedTill = errRemote, 0
-	case r.Op == msg.OpCharge: // the lease goes back before Redis charges the key
-		r.Reply.Err, r.Reply.Decision.Remaining, k.left, k.deniedTill = errRemote, k.left, 0, 0
+	case r.op == opPeek:
+		r.err, r.held = errRemote, k.left
+	case r.op == opRefund: // the balance grows: a denial no longer holds
+		r.err, k.deniedTill = errRemote, 0
+	case r.op == opCharge: // the lease goes back before Redis charges the key
+		r.err, r.held, r.ver, k.left, k.deniedTill = errRemote, k.left, k.ver, 0, 0
 	case cost > k.cap:
-		r.Reply.Err = engine.ErrCostExceedsCapacity
+		r.err = engine.ErrCostExceedsCapacity
 	case k.left >= cost:
 		k.left -= cost
 		k.used += cost
-		r.Reply.Decision = k.answer(now, true)
+		r.d = k.answer(now, true)
 		q.allowed.Add(1)
 		if !k.fetch && 2*k.left < k.target {
-			q.topUp(now, r.Key, k)
+			q.topUp(now, r.key, k)
 		}
 	case now < k.deniedTill && cost == k.deniedCost:
-		r.Reply.Decision = k.answer(now, false)
+		r.d = k.answer(now, false)
 		q.denied.Add(1)
 	default:
-		r.Reply.Err, r.Cost = errRemote, q.l.want(now, k, cost)
-		r.Reply.Decision.Remaining, k.left = k.left, 0
-		if r.Cost > 0 {
+		r.err, r.want, r.held, r.ver = errRemote, q.l.want(now, k, cost), k.left, k.ver
+		k.left = 0
+		q.pending++ // the caller posts Redis's answer
+		if r.want > 0 {
 			k.fetch = true
 		}
 	}
@@ -548,8 +640,8 @@ func (q *leaseShard) decide(now int64, st *state, r *msg.Single) {
 
 // answer is a decision the lease gives: Remaining and ResetAfter are
 // estimates, from the global bucket's last answer and the lease's tokens.
-func (k *lease) answer(now int64, allowed bool) shardmsg.Decision {
-	d := shardmsg.Decision{Allowed: allowed, Remaining: satAdd(k.remaining, k.left), Version: k.ver,
+func (k *lease) answer(now int64, allowed bool) engine.Decision {
+	d := engine.Decision{Allowed: allowed, Remaining: satAdd(k.remaining, k.left), Version: k.ver,
 		Limit: k.limit, ResetAfter: time.Duration(max(0, k.resetAt-now)), Band: k.band}
 	if !allowed {
 		d.RetryAfter = time.Duration(k.deniedTill - now)
@@ -571,25 +663,22 @@ func (q *leaseShard) renew(key string, k *lease, st *state) {
 // the new limit raises a band's capacity (returned under the new one,
 // they could fill a bucket past the old: the process gives them up).
 func (q *leaseShard) end(key string, k *lease, st *state) {
-	old := k.shape
-	q.renew(key, k, st)
 	if k.left > 0 {
-		if raises(old, k.shape) {
-			q.l.forfeited.Add(uint64(k.left))
-		} else {
-			q.send(job{key: key, n: k.left, give: true})
-		}
+		q.send(job{key: key, n: k.left, ver: k.ver, give: true})
 		k.left = 0
 	}
+	q.renew(key, k, st)
 }
 
-// raises reports whether next gives some band of prev a higher capacity.
+// raises reports whether next gives some band of prev a higher capacity,
+// paired as the cutover pairs them: primary to primary, bands by name.
 func raises(prev, next policy.Shape) bool {
-	for i := range next.Len() {
-		for j := range prev.Len() {
-			if next.BandName(i) == prev.BandName(j) && next.Band(i).Capacity > prev.Band(j).Capacity {
-				return true
-			}
+	if next.Primary.Capacity > prev.Primary.Capacity {
+		return true
+	}
+	for i := 1; i < next.Len(); i++ {
+		if j := prev.Bands.Index(next.BandName(i)); j >= 0 && next.Band(i).Capacity > prev.Band(j+1).Capacity {
+			return true
 		}
 	}
 	return false
@@ -617,7 +706,9 @@ func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 // topUp asks the fetcher for the next lease of a key whose lease runs low.
 func (q *leaseShard) topUp(now int64, key string, k *lease) {
 	if n := q.l.want(now, k, 0); n > 0 {
-		k.fetch = q.send(job{key: key, n: n, ver: k.ver})
+		if k.fetch = q.send(job{key: key, n: n, ver: k.ver}); k.fetch {
+			q.pending++
+		}
 	}
 }
 
@@ -637,20 +728,21 @@ func (q *leaseShard) send(j job) bool {
 
 // settle takes in what Redis answered about a key.
 func (q *leaseShard) settle(p post) {
+	q.pending--
 	now := p.at
 	n := granted(p)
 	q.l.granted.Add(uint64(n))
 	k := q.keys[p.key]
 	if k == nil { // swept meanwhile, in a call longer than MaxAge that asked for no lease
 		if unspent(p) {
-			q.send(job{key: p.key, n: p.held, give: true})
+			q.send(job{key: p.key, n: p.held, ver: p.ver, give: true})
 		}
 		return
 	}
 	if p.asked > 0 {
 		k.fetch = false
 	}
-	if p.cost > 0 && p.dErr == nil && !p.d.Degraded {
+	if p.cost > 0 && p.dErr == nil && !p.d.Degraded && p.ver == k.ver { // an answer under an older version says nothing of this one
 		k.learn(now, p.d)
 		if p.d.Allowed {
 			k.used += p.cost
@@ -661,7 +753,7 @@ func (q *leaseShard) settle(p post) {
 	if unspent(p) {
 		q.keep(p.key, k, p.held, p.ver) // the request did not spend them
 	}
-	if p.asked > 0 && p.lseErr == nil && !p.leaseD.Degraded {
+	if p.asked > 0 && p.lseErr == nil && !p.leaseD.Degraded && p.ver == k.ver {
 		k.learn(now, p.leaseD)
 	}
 	if n > 0 {
@@ -682,7 +774,7 @@ func unspent(p post) bool {
 // returning them could top the key up.
 func (q *leaseShard) keep(key string, k *lease, n, ver int64) {
 	if ver != k.ver {
-		q.l.forfeited.Add(uint64(n))
+		q.send(job{key: key, n: n, ver: ver, give: true})
 		return
 	}
 	k.left += n
@@ -701,7 +793,7 @@ func (q *leaseShard) sweep(now int64) {
 		switch {
 		case k.fetch:
 		case k.left > 0 && (now-k.got >= q.l.maxAge || now-k.seen >= q.l.idle):
-			if q.send(job{key: key, n: k.left, give: true}) {
+			if q.send(job{key: key, n: k.left, ver: k.ver, give: true}) {
 				k.left = 0
 			}
 		case k.left == 0 && now-k.seen >= q.l.maxAge && now >= k.deniedTill:
@@ -715,7 +807,7 @@ func (q *leaseShard) takeAll() []gift {
 	var gs []gift
 	for key, k := range q.keys {
 		if k.left > 0 {
-			gs = append(gs, gift{key, k.left})
+			gs = append(gs, gift{key, k.left, k.ver})
 			k.left = 0
 		}
 	}
@@ -730,12 +822,12 @@ func (q *leaseShard) fetcher() {
 	var asks []job
 	var reqs []engine.Request
 	var out []engine.Result
-	gives := map[string]int64{}
+	gives := map[gift]int64{} // n 0: the tokens, by key and version
 	for j := range q.jobs {
 		asks, reqs = asks[:0], reqs[:0]
 		for more := true; more; {
 			if j.give {
-				gives[j.key] += j.n
+				gives[gift{key: j.key, ver: j.ver}] += j.n
 			} else {
 				asks = append(asks, j)
 				reqs = append(reqs, engine.Request{Key: j.key, Cost: j.n})
@@ -751,8 +843,8 @@ func (q *leaseShard) fetcher() {
 		}
 		if len(gives) > 0 {
 			gs := make([]gift, 0, len(gives))
-			for k, n := range gives {
-				gs = append(gs, gift{k, n})
+			for g, n := range gives {
+				gs = append(gs, gift{g.key, n, g.ver})
 			}
 			clear(gives)
 			q.l.giveBack(context.Background(), gs)
