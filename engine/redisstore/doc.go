@@ -367,9 +367,10 @@
 //     ReplacePolicy, on Close and before a Charge. A
 //     lease taken under a version that another process has since replaced
 //     ends when this store meets the new version (at its next call to
-//     Redis, within MaxAge): its tokens go back under the new limit if that
-//     raises no band's capacity, else they are given up, so that no
-//     cutover tops a key up.
+//     Redis, within MaxAge; a give-back reads the version in force first):
+//     its tokens go back under the new limit if that raises no band's
+//     capacity, else they are given up, so that no cutover tops a key up
+//     (but for one published between that read and the give-back).
 //   - Denials. A denial Redis gave is kept: the same cost on the same key
 //     is denied in the process until its RetryAfter has passed.
 //
@@ -391,11 +392,14 @@
 // bucket's whole tokens at its last answer plus what the lease holds,
 // ResetAfter counts from that answer, RetryAfter of a kept denial counts
 // down from the one Redis gave; Allowed, Version, Limit and Band are as
-// without leases. Stats.Local counts the leased decisions. AllowAll and
-// Charge go to Redis (Charge after the lease is given back); Peek adds
-// what the lease holds to Redis's answer; Refund goes to Redis and ends a
-// kept denial. With Redis unreachable, a process spends what it holds,
-// then answers by the failure rule, marked Degraded.
+// without leases. Stats.Local counts the leased decisions. AllowBatch
+// decides its requests one by one, each as Allow would (so a request its
+// lease cannot cover is a round trip of its own); AllowAll and Charge go
+// to Redis (Charge after the lease is given back); Peek adds what the
+// lease holds to Redis's answer; Refund goes to Redis and ends a kept
+// denial. With Redis unreachable, a process spends what it holds, then
+// answers by the failure rule, marked Degraded. Close waits for the calls
+// to Redis the leases still await, then gives every lease back.
 //
 // # Failures
 //
