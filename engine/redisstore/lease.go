@@ -67,7 +67,8 @@ const (
 // err errRemote, held is what the lease held, taken for the request (opAllow:
 // Redis is asked for the rest of its cost; opPeek, opCharge: the tokens),
 // ver the version it was taken under, and want the lease to ask for with
-// the request (0 for none).
+// the request (0 for none). With back, the caller first gives back that
+// many tokens taken under version bver, so that Redis decides with them.
 type lreq struct {
 	op         uint8
 	key        string
@@ -76,6 +77,7 @@ type lreq struct {
 	err        error
 	held, want int64
 	ver        int64
+	back, bver int64 // a lease the key's cutover ended, to give back first (see end)
 
 	next  *lreq         // link in the shard's queue
 	stage atomic.Uint32 // reqPending, reqDone or reqParked
@@ -272,7 +274,7 @@ func (l *leaser) ask(op uint8, key string, cost int64, out *lreq) {
 	q := l.shardOf(key)
 	r := l.pool.Get().(*lreq)
 	*out = lreq{}
-	r.op, r.key, r.cost, r.d, r.err, r.held, r.want = op, key, cost, engine.Decision{}, nil, 0, 0
+	r.op, r.key, r.cost, r.d, r.err, r.held, r.want, r.back = op, key, cost, engine.Decision{}, nil, 0, 0, 0
 	r.stage.Store(reqPending)
 	if !q.push(r) {
 		l.pool.Put(r)
@@ -280,7 +282,7 @@ func (l *leaser) ask(op uint8, key string, cost int64, out *lreq) {
 		return
 	}
 	r.wait(l.yields)
-	out.d, out.err, out.held, out.want, out.ver = r.d, r.err, r.held, r.want, r.ver
+	out.d, out.err, out.held, out.want, out.ver, out.back, out.bver = r.d, r.err, r.held, r.want, r.ver, r.back, r.bver
 	r.key = ""
 	l.pool.Put(r)
 }
@@ -296,6 +298,9 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 	}
 	var a lreq
 	l.ask(opAllow, key, cost, &a)
+	if a.back > 0 {
+		l.giveBack(ctx, []gift{{key, a.back, a.bver}})
+	}
 	if a.err != nil && a.err != errRemote {
 		s.errs[kindOf(a.err)].Add(1)
 	}
@@ -359,6 +364,9 @@ func (l *leaser) before(ctx context.Context, mode, key string) int64 {
 	}
 	var a lreq
 	l.ask(op, key, 1, &a)
+	if a.back > 0 {
+		l.giveBack(ctx, []gift{{key, a.back, a.bver}})
+	}
 	switch {
 	case a.err != errRemote:
 	case op == opPeek:
@@ -604,7 +612,9 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		q.keys[strings.Clone(r.key)] = k
 		q.renew(r.key, k, st)
 	} else if k.ver != st.p.Version {
-		q.end(r.key, k, st)
+		r.back, r.bver = k.left, k.ver
+		k.left = 0
+		q.renew(r.key, k, st)
 	}
 	k.seen = now
 	cost := r.cost
@@ -657,17 +667,6 @@ func (q *leaseShard) renew(key string, k *lease, st *state) {
 	k.ver, k.shape, k.cap, k.max, k.reserve = st.p.Version, sh, c, c/q.l.divisor, c-c/2
 	k.remaining, k.resetAt, k.limit, k.band = c, 0, sh.Primary.Capacity, sh.Name
 	k.deniedTill, k.target = 0, 0
-}
-
-// end closes k's lease at a cutover: its unspent tokens go back, unless
-// the new limit raises a band's capacity (returned under the new one,
-// they could fill a bucket past the old: the process gives them up).
-func (q *leaseShard) end(key string, k *lease, st *state) {
-	if k.left > 0 {
-		q.send(job{key: key, n: k.left, ver: k.ver, give: true})
-		k.left = 0
-	}
-	q.renew(key, k, st)
 }
 
 // raises reports whether next gives some band of prev a higher capacity,
