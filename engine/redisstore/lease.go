@@ -77,7 +77,7 @@ type lreq struct {
 	err        error
 	held, want int64
 	ver        int64
-	back, bver int64 // a lease the key's cutover ended, to give back first (see end)
+	back, bver int64 // a lease a cutover of the key ended, to give back first
 
 	next  *lreq         // link in the shard's queue
 	stage atomic.Uint32 // reqPending, reqDone or reqParked
