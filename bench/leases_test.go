@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -92,22 +91,7 @@ func TestLeasesPart(t *testing.T) {
 	if strings.Contains(got, "WARNING") || strings.Contains(got, "skipped") {
 		t.Errorf("the run met refusals, failures or errors, or skipped Redis:\n%s", got)
 	}
-	_, after, ok := strings.Cut(got, "deleted the ")
-	_, after, _ = strings.Cut(after, "keys under ")
-	prefix, _, _ := strings.Cut(after, " ")
-	if !ok || !strings.HasPrefix(prefix, "tsbench:") {
-		t.Fatalf("output does not name the deleted prefix:\n%s", got)
-	}
-	rdb, err := newRedisClient(context.Background(), addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
-	for _, p := range []string{prefix, rateKeyPrefix + prefix} {
-		if n, err := deletePrefix(context.Background(), rdb, p); err != nil || n != 0 {
-			t.Errorf("%d keys were left under %s (err %v)", n, p, err)
-		}
-	}
+	requireNothingLeft(t, got, addr, rateKeyPrefix)
 }
 
 // TestLeasesPartSkipped: without -redis the part says how to run it.

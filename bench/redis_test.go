@@ -81,9 +81,21 @@ func TestRedisSection(t *testing.T) {
 	if strings.Contains(got, "WARNING") || !strings.Contains(got, "with 0 failures") {
 		t.Errorf("the run met failures or errors:\n%s", got)
 	}
-	// The prefix is printed in the last line; nothing may be left under it.
+	// The prefix is printed in the last line; nothing may be left under it,
+	// nor under redis_rate's.
+	requireNothingLeft(t, got, addr, rateKeyPrefix)
+}
+
+// requireNothingLeft reads from a Redis part's output the prefix it says it
+// deleted ("keys under PREFIX"), and checks that no key is left under it,
+// nor under each of more followed by it.
+func requireNothingLeft(t *testing.T, got, addr string, more ...string) {
+	t.Helper()
 	_, after, ok := strings.Cut(got, "keys under ")
-	prefix, _, _ := strings.Cut(after, ";")
+	prefix := after
+	if i := strings.IndexAny(after, " ;"); i >= 0 {
+		prefix = after[:i]
+	}
 	if !ok || !strings.HasPrefix(prefix, "tsbench:") {
 		t.Fatalf("output does not name the deleted prefix:\n%s", got)
 	}
@@ -92,8 +104,10 @@ func TestRedisSection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rdb.Close()
-	if n, err := deletePrefix(context.Background(), rdb, prefix); err != nil || n != 0 {
-		t.Errorf("%d keys were left under %s (err %v)", n, prefix, err)
+	for _, m := range append([]string{""}, more...) {
+		if n, err := deletePrefix(context.Background(), rdb, m+prefix); err != nil || n != 0 {
+			t.Errorf("%d keys were left under %s (err %v)", n, m+prefix, err)
+		}
 	}
 }
 
