@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/internal/decision"
 	"github.com/tokenshard/tokenshard/msg"
 )
 
@@ -24,7 +25,7 @@ func TestRunHoldIsPerKey(t *testing.T) {
 
 	part := func(key string, cost int64) *msg.Batch {
 		return &msg.Batch{Items: []msg.Item{{Key: key, Hash: testHasher.Sum(key), Cost: cost}},
-			Out: make([]msg.Reply, 1), Done: make(chan int, 1), Hold: msg.NewHold()}
+			Out: make([]msg.Reply, 1), Done: make(chan int, 1), Hold: &msg.Hold{Snaps: make([]msg.Snap, 1)}}
 	}
 	b := part("a", 4)
 	require.NoError(t, l.mb.SendBatch(context.Background(), b))
@@ -54,13 +55,14 @@ func TestRunHoldIsPerKey(t *testing.T) {
 	default:
 	}
 
-	b.Hold.In <- msg.HoldCmd{Op: msg.HoldEval, T: 0}
-	l.mb.SignalHold()
-	require.False(t, (<-b.Hold.Out).Aborted)
-	require.True(t, b.Out[0].Decision.Allowed)
+	require.True(t, b.Hold.Claim(), "nothing made the shard give the hold up")
+	var d decision.Decision
+	b.Hold.Snaps[0].Decide(0, 4, b.Hold.Version, &d)
+	require.True(t, d.Allowed)
+	assert.Equal(t, int64(6), d.Remaining)
 	ok, _ := budget.ReserveN(1) // the caller's reservation for the new key a
 	require.True(t, ok)
-	b.Hold.In <- msg.HoldCmd{Op: msg.HoldCommit, T: 0, Admit: true}
+	require.True(t, b.Hold.End(msg.HoldCommit, 0, true))
 	l.mb.SignalHold()
 	r := <-waiting
 	require.NoError(t, r.Err)
