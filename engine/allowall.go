@@ -133,17 +133,17 @@ func (e *Engine) allowAllCall(ctx context.Context, reqs []Request) (Decision, in
 
 // allCall is one AllowAll's parts: per shard its distinct keys with summed
 // costs, in shard order, and for every request its part and item. It is
-// pooled: every part an attempt sends is answered on done before the
-// attempt returns, and what a shard may still read once the caller has
+// pooled: every part an attempt sends is answered before the attempt
+// returns, and what a shard may still read once the caller has
 // moved on (the parts as sent, and the items, which never change) is made
 // anew for each call.
 type allCall struct {
 	parts []allPart
 	at    [][2]int // at[i]: the part and the item of reqs[i]
 	// The parts' first and over, in windows of these.
-	first []int
-	over  []bool
-	done  chan int // buffered for MaxAllowAll parts
+	first   []int
+	over    []bool
+	answers *msg.Answers
 }
 
 type allPart struct {
@@ -162,7 +162,7 @@ type allPart struct {
 func (e *Engine) newAllCall(reqs []Request) *allCall {
 	c, _ := e.allCalls.Get().(*allCall)
 	if c == nil {
-		c = &allCall{done: make(chan int, MaxAllowAll)}
+		c = &allCall{answers: msg.NewAnswers()}
 	}
 	n := len(reqs)
 	var shards [MaxAllowAll]int
@@ -314,22 +314,26 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 	var sendErr error
 	for k := range c.parts {
 		p, m, w := &c.parts[k], &ms[k], len(c.parts[k].items)
-		m.h = msg.Hold{Try: try, Requests: p.reqs, Snaps: snaps[:w:w]}
-		m.b = msg.Batch{Items: p.items, Out: outs[:w:w], Part: k, Done: c.done, Hold: &m.h}
+		m.h = msg.Hold{Try: try, Answers: c.answers, Requests: p.reqs, Snaps: snaps[:w:w]}
+		m.b = msg.Batch{Items: p.items, Out: outs[:w:w], Part: k, Hold: &m.h}
 		p.m, outs, snaps = &m.b, outs[w:], snaps[w:]
+		c.answers.Expect(1)
 		if sendErr = e.mailboxes[p.shard].SendBatch(ctx, p.m); sendErr != nil {
+			c.answers.Expect(-1)
 			break
 		}
 		sent++
 		if !try {
-			if answer(msg.AwaitPart(c.done, e.waitYields)); closed {
+			c.answers.Wait(e.waitYields) // a shard always answers a part it took
+			if answer(k); closed {
 				break
 			}
 		}
 	}
 	if try {
-		for range sent { // a shard always answers a part it took
-			answer(msg.AwaitPart(c.done, e.waitYields))
+		c.answers.Wait(e.waitYields)
+		for k := range sent {
+			answer(k)
 		}
 	}
 	switch {

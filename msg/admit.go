@@ -119,6 +119,16 @@ type Batch struct {
 	Hold   *Hold    // set: the part of an all-or-nothing decision (see Hold)
 }
 
+// Answer tells the sender that b is answered: on its Hold's Answers for a
+// hold part, else on Done. The shard must not touch b after it.
+func (b *Batch) Answer() {
+	if b.Hold != nil && b.Hold.Answers != nil {
+		b.Hold.Answers.Answer()
+		return
+	}
+	b.Done <- b.Part
+}
+
 // AwaitPart receives the next part number on done, a batch call's Done,
 // yielding up to yields times (see WaitYields) before it blocks. A caller
 // that blocks at once parks, and the shard that answers must then wake it

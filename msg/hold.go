@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tokenshard/tokenshard/internal/decision"
+	"github.com/tokenshard/tokenshard/internal/yield"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -41,8 +42,11 @@ type Hold struct {
 	// Busy, so a caller may send every part at once: no two such calls
 	// ever wait on each other.
 	Try, Busy bool
-	Now       int64 // the shard's reading when it took the hold
-	Version   int64 // of the policy the shard checked the part under
+	// Answers is told when the shard has answered the part, in the place
+	// of the Batch's Done.
+	Answers *Answers
+	Now     int64 // the shard's reading when it took the hold
+	Version int64 // of the policy the shard checked the part under
 	// Fresh lists the items whose keys the shard does not track. The key
 	// bound's room for them is the caller's to reserve, once it knows the
 	// call is admitted, so that no other call ever finds the bound full for
@@ -101,6 +105,56 @@ func (h *Hold) End(op HoldOp, T int64, admit bool) bool {
 		}
 		if h.step.CompareAndSwap(v, uint32(op)) {
 			return true
+		}
+	}
+}
+
+// Answers counts the parts a caller waits for, so that the shards answer
+// with one atomic step each and the caller wakes at most once, where a
+// channel would take a lock per part on both sides. The caller calls
+// Expect before sending and Wait after; each shard calls Answer once per
+// part it took. It is internal to tokenshard: only packages engine and
+// shard use it.
+type Answers struct {
+	left atomic.Int64  // parts not yet answered, plus parked once the caller parks
+	wake chan struct{} // one slot: the last Answer wakes a parked caller
+}
+
+const parked = 1 << 32
+
+// NewAnswers returns Answers expecting nothing.
+func NewAnswers() *Answers { return &Answers{wake: make(chan struct{}, 1)} }
+
+// Expect adds n (which may be negative, for parts that were never sent)
+// to the parts awaited.
+func (a *Answers) Expect(n int) { a.left.Add(int64(n)) }
+
+// Answer tells the caller one part is answered. The shard must not touch
+// the part after it.
+func (a *Answers) Answer() {
+	if a.left.Add(-1) == parked {
+		a.wake <- struct{}{}
+	}
+}
+
+// Wait returns once every part expected is answered, yielding up to
+// yields times before it parks (see WaitYields).
+func (a *Answers) Wait(yields int) {
+	for range yields {
+		if a.left.Load() == 0 {
+			return
+		}
+		yield.Local()
+	}
+	for {
+		v := a.left.Load()
+		if v == 0 {
+			return
+		}
+		if a.left.CompareAndSwap(v, v|parked) {
+			<-a.wake
+			a.left.Store(0)
+			return
 		}
 	}
 }

@@ -102,7 +102,7 @@ func (s *Shard) serveHold(b *msg.Batch) {
 	switch {
 	case h.Try && (blocked || sweeping):
 		h.Busy = true // waits for nothing: the caller holds in order instead
-		b.Done <- b.Part
+		b.Answer()
 		return
 	case blocked:
 		s.wait(waiter{part: b})
@@ -114,7 +114,7 @@ func (s *Shard) serveHold(b *msg.Batch) {
 	}
 	if s.stopping {
 		b.Closed = true // taken at the end: the call ends with ErrClosed, having taken nothing
-		b.Done <- b.Part
+		b.Answer()
 		return
 	}
 	now := s.clk.Now()
@@ -127,7 +127,7 @@ func (s *Shard) serveHold(b *msg.Batch) {
 		s.holds.parts = append(s.holds.parts, b)
 		s.stats.add(msg.Holds, 1)
 	}
-	b.Done <- b.Part
+	b.Answer()
 	s.served()
 }
 
@@ -161,6 +161,29 @@ func (s *Shard) endHolds() (ended bool) {
 	return ended
 }
 
+// holdEnded reports whether a hold's caller has ended it: endHolds has
+// work.
+func (s *Shard) holdEnded() bool {
+	for _, b := range s.holds.parts {
+		if op := b.Hold.Step(); op == msg.HoldCommit || op == msg.HoldAbort {
+			return true
+		}
+	}
+	return false
+}
+
+// waitHolds parks until a hold's caller may have ended it. As at the
+// loop's park, the shard announces it sleeps, then looks at the holds; a
+// caller ends its hold, then looks whether the shard sleeps (SignalHold):
+// one of them sees the other.
+func (s *Shard) waitHolds() {
+	s.mb.sleeping.Store(true)
+	if !s.holdEnded() {
+		<-s.mb.wake
+	}
+	s.mb.sleeping.Store(false)
+}
+
 // releaseHolds ends every hold, for a control message or stop: those still
 // pending are given up at once (their callers' Claim fails, and they try
 // again); for the claimed ones it waits on their callers, who end them
@@ -184,7 +207,7 @@ func (s *Shard) releaseHolds() {
 		return true
 	})
 	for s.endHolds(); len(s.holds.parts) > 0; s.endHolds() {
-		<-s.mb.holdSig // a caller's end comes with a signal
+		s.waitHolds()
 	}
 	s.replay(s.stopping)
 	s.holds.aside = len(s.holds.waiting) != 0 // hold parts, served by a later pass
