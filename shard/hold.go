@@ -189,7 +189,7 @@ func (s *Shard) waitHolds() {
 // again); for the claimed ones it waits on their callers, who end them
 // without waiting on anything. Then it serves the waiting work, but takes
 // no new hold: the control message comes first, and a hold taken now could
-// wait on it (a prepared shard evaluates nothing). Waiting hold parts are
+// wait on it (a prepared shard holds nothing). Waiting hold parts are
 // served by a later turn (or answered Closed at stop).
 //
 // It waits for claimed holds' callers without watching stop or the control

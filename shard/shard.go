@@ -85,7 +85,7 @@ func (s *Shard) Run(stop <-chan struct{}) {
 //  3. One slice of background work (task.go), so requests wait at most a
 //     slice.
 //  4. Data: the holds' part of it first, when there are holds (hold.go):
-//     the commands their callers sent, and hold parts kept aside, once no
+//     the ends their callers sent, and hold parts kept aside, once no
 //     sweep runs; then every queued single request, then the batch parts
 //     queued, up to partsPerTurn.
 //  5. With background work that can go on and no data served, a yield to
