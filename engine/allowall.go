@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"math"
@@ -171,35 +170,35 @@ func (e *Engine) newAllCall(reqs []Request) *allCall {
 		c = &allCall{answers: msg.NewAnswers()}
 	}
 	n := len(reqs)
-	var shards [MaxAllowAll]int
 	var hashes [MaxAllowAll]uint64
+	var partOf [MaxAllowAll]int // the shard of each request, then its part
 	// The global order of holds: by shard.
-	byShard := func(p allPart, s int) int { return cmp.Compare(p.shard, s) }
-	c.parts = c.parts[:0]
+	var order [MaxAllowAll]int
+	shards := order[:0]
 	for i, r := range reqs {
-		shards[i], hashes[i] = e.shardOf(r.Key)
-		if k, found := slices.BinarySearchFunc(c.parts, shards[i], byShard); !found {
-			c.parts = slices.Insert(c.parts, k, allPart{shard: shards[i]})
+		partOf[i], hashes[i] = e.shardOf(r.Key)
+		if k, found := slices.BinarySearch(shards, partOf[i]); !found {
+			shards = slices.Insert(shards, k, partOf[i])
 		}
 	}
 	// Each part's items get a window as long as its requests.
 	var count [MaxAllowAll]int
 	for i := range n {
-		k, _ := slices.BinarySearchFunc(c.parts, shards[i], byShard)
-		count[k]++
+		partOf[i], _ = slices.BinarySearch(shards, partOf[i])
+		count[partOf[i]]++
 	}
+	c.parts = slices.Grow(c.parts[:0], len(shards))[:len(shards)]
 	items := make([]msg.Item, n) // a shard may read them after the call
 	c.first, c.over = slices.Grow(c.first[:0], n)[:n], slices.Grow(c.over[:0], n)[:n]
 	c.at = slices.Grow(c.at[:0], n)[:n]
 	off := 0
 	for k := range c.parts {
-		p := &c.parts[k]
 		w := count[k]
-		p.items, p.first, p.over = items[off:off:off+w], c.first[off:off:off+w], c.over[off:off:off+w]
+		c.parts[k] = allPart{shard: shards[k], items: items[off : off : off+w], first: c.first[off : off : off+w], over: c.over[off : off : off+w]}
 		off += w
 	}
 	for i, r := range reqs {
-		k, _ := slices.BinarySearchFunc(c.parts, shards[i], byShard)
+		k := partOf[i]
 		p := &c.parts[k]
 		j := slices.IndexFunc(p.items, func(it msg.Item) bool { return it.Key == r.Key })
 		if j < 0 {

@@ -17,7 +17,7 @@ import (
 // Done, as for any part, with Now and Version set and an error, if any, in
 // Out: ErrCostExceedsCapacity for the first item whose key cannot ever hold
 // its cost, else ErrClockRegression. With no error it holds the part's
-// keys, and Snaps holds a copy of each item's bucket as of Now: requests
+// keys, and Snaps holds a copy of each item's bucket: requests
 // for those keys wait until the hold ends, and every other key is served
 // meanwhile. Nothing else touches a held bucket, so the caller can tell
 // from Snaps what deciding every item at any later instant T would answer
@@ -159,8 +159,9 @@ func (a *Answers) Wait(yields int) {
 	}
 }
 
-// Snap is a held bucket as of the hold's reading, or for a key not
-// tracked, the full bucket it would get.
+// Snap is a held bucket's levels as of its last update (Last, at or
+// before the hold's reading), or for a key not tracked, the full bucket it
+// would get.
 type Snap struct {
 	Shape  policy.Shape
 	Levels [1 + policy.MaxBands]policy.Level // Shape.Len() of them

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -68,4 +69,109 @@ func TestRunHoldIsPerKey(t *testing.T) {
 	require.NoError(t, r.Err)
 	assert.False(t, r.Decision.Allowed, "decided after the commit took 4 of a's 10")
 	assert.Equal(t, int64(6), r.Decision.Remaining)
+}
+
+// holdPart returns a hold part over keys, cost 1 each, answered on its own
+// Answers, expecting its answer.
+func holdPart(try bool, keys ...string) *msg.Batch {
+	b := &msg.Batch{Out: make([]msg.Reply, len(keys)),
+		Hold: &msg.Hold{Try: try, Answers: msg.NewAnswers(), Snaps: make([]msg.Snap, len(keys))}}
+	for _, k := range keys {
+		b.Items = append(b.Items, msg.Item{Key: k, Hash: testHasher.Sum(k), Cost: 1})
+	}
+	b.Hold.Answers.Expect(1)
+	return b
+}
+
+// sendHold sends b and waits for the shard's answer.
+func sendHold(t *testing.T, l *loop, b *msg.Batch) {
+	t.Helper()
+	require.NoError(t, l.mb.SendBatch(context.Background(), b))
+	b.Hold.Answers.Wait(1)
+}
+
+// TestRunTryHoldBusy: a Try part that names a held key waits for nothing:
+// it is answered Busy at once, holding none of its keys, and the key it
+// did not hold stays free for others.
+func TestRunTryHoldBusy(t *testing.T) {
+	clk := make(gateClock, 64)
+	for range 64 {
+		clk <- 0
+	}
+	l := startLoop(p1, clk, NewBudget(10))
+	defer l.close()
+
+	held := holdPart(true, "a")
+	sendHold(t, l, held)
+	require.False(t, held.Hold.Busy, "a was free")
+	require.NoError(t, held.Out[0].Err)
+
+	busy := holdPart(true, "b", "a")
+	sendHold(t, l, busy)
+	assert.True(t, busy.Hold.Busy, "a is held by another part")
+
+	got := <-allowAsync(t, l.mb, "b", 1)
+	require.NoError(t, got.Err)
+	assert.True(t, got.Decision.Allowed, "b was not held by the busy part")
+	assert.Equal(t, int64(9), got.Decision.Remaining)
+
+	require.True(t, held.Hold.End(msg.HoldAbort, 0, false))
+	l.mb.SignalHold()
+	again := holdPart(true, "b", "a")
+	sendHold(t, l, again)
+	assert.False(t, again.Hold.Busy, "a is free once the hold ends")
+	require.True(t, again.Hold.End(msg.HoldAbort, 0, false))
+	l.mb.SignalHold()
+}
+
+// TestRunControlEndsHolds: a control message makes the shard give a
+// pending hold up at once (the caller's Claim then fails, and the key is
+// free), but wait for a claimed one until its caller ends it.
+func TestRunControlEndsHolds(t *testing.T) {
+	clk := make(gateClock, 64)
+	for range 64 {
+		clk <- 0
+	}
+	budget := NewBudget(10)
+	l := startLoop(p1, clk, budget)
+	defer l.close()
+	ctx := context.Background()
+
+	// A prepare is answered once served: every hold has ended by then.
+	prepare := func() error {
+		next := p1
+		next.Version = 2
+		return l.mb.Prepare(ctx, &msg.Prepare{Next: next, Done: make(chan error, 1)})
+	}
+	pending := holdPart(false, "a")
+	sendHold(t, l, pending)
+	require.NoError(t, prepare())
+	require.True(t, l.mb.Abort())
+	assert.False(t, pending.Hold.Claim(), "the shard gave the pending hold up")
+	assert.Equal(t, msg.HoldGivenUp, pending.Hold.Step())
+	assert.False(t, pending.Hold.End(msg.HoldAbort, 0, false), "nothing is left to end")
+	got := <-allowAsync(t, l.mb, "a", 1)
+	require.NoError(t, got.Err)
+	assert.Equal(t, int64(9), got.Decision.Remaining, "a was free, and nothing was taken from it")
+
+	claimed := holdPart(false, "a")
+	sendHold(t, l, claimed)
+	require.True(t, claimed.Hold.Claim())
+	ready := make(chan error, 1)
+	go func() { ready <- prepare() }()
+	for l.mb.control.Load() != 0 { // until the shard has taken the control message
+		runtime.Gosched()
+	}
+	select {
+	case err := <-ready:
+		t.Fatalf("the control message was served before the claimed hold ended (%v)", err)
+	default:
+	}
+	require.True(t, claimed.Hold.End(msg.HoldCommit, 0, true))
+	l.mb.SignalHold()
+	require.NoError(t, <-ready)
+	require.True(t, l.mb.Abort())
+	got = <-allowAsync(t, l.mb, "a", 1)
+	require.NoError(t, got.Err)
+	assert.Equal(t, int64(7), got.Decision.Remaining, "the commit took 1 before the control message")
 }
