@@ -139,16 +139,53 @@ func (e *Engine) allowAllCall(ctx context.Context, reqs []Request) (Decision, in
 // allCall is one AllowAll's parts: per shard its distinct keys with summed
 // costs, in shard order, and for every request its part and item. It is
 // pooled: every part an attempt sends is answered before the attempt
-// returns, and what a shard may still read once the caller has
-// moved on (the parts as sent, and the items, which never change) is made
-// anew for each call.
+// returns, and what a shard may still read once the caller has moved on
+// (the parts as sent) is reused only once it is done with it.
 type allCall struct {
 	parts []allPart
 	at    [][2]int // at[i]: the part and the item of reqs[i]
-	// The parts' first and over, in windows of these.
+	// The parts' items, first and over, in windows of these. A part as
+	// sent carries a copy of its items (see sentParts).
+	items   []msg.Item
 	first   []int
 	over    []bool
 	answers *msg.Answers
+	// Two sets of parts, used in turn: a shard releases a hold's part at
+	// its next turn after the end, which comes before it answers the next
+	// attempt's.
+	sent [2]sentParts
+	turn int
+}
+
+// sentParts are the parts an attempt sends, with their answers' room.
+// The memory is the shards' until they Release every part (see
+// allPart.m): an attempt that finds it still in use makes new.
+type sentParts struct {
+	parts []sentPart
+	items []msg.Item
+	outs  []msg.Reply
+	snaps []msg.Snap
+}
+
+type sentPart struct {
+	b msg.Batch
+	h msg.Hold
+}
+
+// take returns room for parts parts of items items in all.
+func (s *sentParts) take(parts, items int) ([]sentPart, []msg.Item, []msg.Reply, []msg.Snap) {
+	free := cap(s.parts) >= parts && cap(s.outs) >= items
+	for i := range s.parts {
+		free = free && s.parts[i].h.Released()
+	}
+	if !free {
+		s.parts = make([]sentPart, parts, max(parts, 4))
+		s.items = make([]msg.Item, items, max(items, 4))
+		s.outs = make([]msg.Reply, items, max(items, 4))
+		s.snaps = make([]msg.Snap, items, max(items, 4))
+	}
+	s.parts = s.parts[:parts]
+	return s.parts, s.items[:items], s.outs[:items], s.snaps[:items]
 }
 
 type allPart struct {
@@ -157,9 +194,9 @@ type allPart struct {
 	first []int  // first[j]: the first request of item j
 	over  []bool // over[j]: item j's costs add up past math.MaxInt64, above any capacity
 	reqs  int    // the requests whose keys are the part's: its decisions (see msg.Hold)
-	// m is the part as sent in the attempt in progress: a new one each
-	// attempt, since a shard may still be reading the last one's after the
-	// caller has moved on (nobody waits for a hold's end); held: it holds.
+	// m is the part as sent in the attempt in progress: never one a shard
+	// may still be reading, as it may after the caller has moved on
+	// (nobody waits for a hold's end); held: it holds.
 	m    *msg.Batch
 	held bool
 }
@@ -188,7 +225,8 @@ func (e *Engine) newAllCall(reqs []Request) *allCall {
 		count[partOf[i]]++
 	}
 	c.parts = slices.Grow(c.parts[:0], len(shards))[:len(shards)]
-	items := make([]msg.Item, n) // a shard may read them after the call
+	c.items = slices.Grow(c.items[:0], n)[:n]
+	items := c.items
 	c.first, c.over = slices.Grow(c.first[:0], n)[:n], slices.Grow(c.over[:0], n)[:n]
 	c.at = slices.Grow(c.at[:0], n)[:n]
 	off := 0
@@ -218,9 +256,11 @@ func (e *Engine) newAllCall(reqs []Request) *allCall {
 	return c
 }
 
-// free returns c to the pool, keeping no key or part alive.
+// free returns c to the pool, keeping no key or part alive but those of
+// the parts as sent, which the shards may still hold.
 func (e *Engine) free(c *allCall) {
 	clear(c.parts[:cap(c.parts)])
+	clear(c.items[:cap(c.items)])
 	e.allCalls.Put(c)
 }
 
@@ -306,22 +346,15 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 		p.held = true
 		T = max(T, p.m.Hold.Now)
 	}
-	// The parts as sent, made together: a new set each attempt (see
-	// allPart.m).
-	type sentPart struct {
-		b msg.Batch
-		h msg.Hold
-	}
-	ms := make([]sentPart, len(c.parts))
-	outs := make([]msg.Reply, len(c.at))
-	snaps := make([]msg.Snap, len(c.at))
+	c.turn ^= 1
+	ms, items, outs, snaps := c.sent[c.turn].take(len(c.parts), len(c.at))
 	sent := 0
 	var sendErr error
 	for k := range c.parts {
 		p, m, w := &c.parts[k], &ms[k], len(c.parts[k].items)
-		m.h = msg.Hold{Try: try, Answers: c.answers, Requests: p.reqs, Snaps: snaps[:w:w]}
-		m.b = msg.Batch{Items: p.items, Out: outs[:w:w], Part: k, Hold: &m.h}
-		p.m, outs, snaps = &m.b, outs[w:], snaps[w:]
+		m.h = msg.Hold{Try: try, Answers: c.answers, Requests: p.reqs, Snaps: snaps[:w:w], Fresh: m.h.Fresh[:0]}
+		m.b = msg.Batch{Items: items[:copy(items, p.items):w], Out: outs[:w:w], Part: k, Hold: &m.h}
+		p.m, items, outs, snaps = &m.b, items[w:], outs[w:], snaps[w:]
 		c.answers.Expect(1)
 		if sendErr = e.mailboxes[p.shard].SendBatch(ctx, p.m); sendErr != nil {
 			c.answers.Expect(-1)

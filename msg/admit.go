@@ -121,10 +121,15 @@ type Batch struct {
 }
 
 // Answer tells the sender that b is answered: on its Hold's Answers for a
-// hold part, else on Done. The shard must not touch b after it.
+// hold part, else on Done. The shard must not touch b after it, unless it
+// holds b's keys (Hold.Keep).
 func (b *Batch) Answer() {
-	if b.Hold != nil && b.Hold.Answers != nil {
-		b.Hold.Answers.Answer()
+	if h := b.Hold; h != nil && h.Answers != nil {
+		a := h.Answers
+		if !h.kept {
+			h.Release()
+		}
+		a.Answer()
 		return
 	}
 	b.Done <- b.Part

@@ -64,7 +64,21 @@ type Hold struct {
 	T     int64 // the instant every part is decided at
 	Admit bool  // take every item's cost (else take nothing)
 	step  atomic.Uint32
+
+	kept     bool        // the shard's: it holds the keys (Keep)
+	released atomic.Bool // the shard is done with the part (Release)
 }
+
+// Keep is the shard's, before it answers: it holds the part's keys, and
+// will Release the part once the hold ends.
+func (h *Hold) Keep() { h.kept = true }
+
+// Release is the shard's last touch of a part: from then on the caller may
+// reuse its memory.
+func (h *Hold) Release() { h.released.Store(true) }
+
+// Released reports whether the shard is done with the part.
+func (h *Hold) Released() bool { return h.released.Load() }
 
 // HoldOp is where a hold stands: its Step. It is internal to tokenshard:
 // only packages engine and shard use it.

@@ -126,6 +126,7 @@ func (s *Shard) serveHold(b *msg.Batch) {
 		s.state.holdSnap(now, b.Items, h.Snaps)
 		s.holds.parts = append(s.holds.parts, b)
 		s.stats.add(msg.Holds, 1)
+		h.Keep()
 	}
 	b.Answer()
 	s.served()
@@ -156,6 +157,7 @@ func (s *Shard) endHolds() (ended bool) {
 			continue
 		}
 		s.holds.parts = slices.Delete(s.holds.parts, i, i+1)
+		b.Hold.Release()
 		ended = true
 	}
 	return ended
@@ -204,6 +206,7 @@ func (s *Shard) releaseHolds() {
 		}
 		s.state.holdRelease(b.Items)
 		s.stats.add(msg.HoldsAborted, 1)
+		b.Hold.Release()
 		return true
 	})
 	for s.endHolds(); len(s.holds.parts) > 0; s.endHolds() {
