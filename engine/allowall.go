@@ -71,12 +71,13 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // touches while they are held, so the call decides every key at the latest
 // of the shards' readings without asking them again, and then admits or
 // refuses them all. A cutover, sweep, snapshot or Close that reaches a
-// shard before the call has every answer makes it give its holds up, so
-// they never wait on a hold; after that, they wait only for the call's own
-// next step, which waits on nothing. The call then starts over once,
-// holding the coordinator those need, so nothing but Close can interrupt
-// it again. AllowAll allocates a little per call: about 500 bytes per
-// shard.
+// shard before the call has claimed its hold there (which it does once it
+// has every answer) makes it give the hold up, so they never wait on a
+// hold; after that, they wait only for the call's own next step, which
+// waits on nothing. The call then starts over once, holding the
+// coordinator those need, so nothing but Close can interrupt it again.
+// AllowAll does not allocate once warm, except for a call that has to
+// start over.
 func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (Decision, int, error) {
 	if e.uninitialized() {
 		return Decision{}, -1, ErrNotInitialized
@@ -150,9 +151,9 @@ type allCall struct {
 	first   []int
 	over    []bool
 	answers *msg.Answers
-	// Two sets of parts, used in turn: a shard releases a hold's part at
-	// its next turn after the end, which comes before it answers the next
-	// attempt's.
+	// Two sets of parts, used in turn: a shard releases a hold's part once
+	// it has carried out its end, usually before it answers the next
+	// attempt's, and a set still in use is replaced.
 	sent [2]sentParts
 	turn int
 }
@@ -178,11 +179,12 @@ func (s *sentParts) take(parts, items int) ([]sentPart, []msg.Item, []msg.Reply,
 	for i := range s.parts {
 		free = free && s.parts[i].h.Released()
 	}
-	if !free {
-		s.parts = make([]sentPart, parts, max(parts, 4))
-		s.items = make([]msg.Item, items, max(items, 4))
-		s.outs = make([]msg.Reply, items, max(items, 4))
-		s.snaps = make([]msg.Snap, items, max(items, 4))
+	if !free { // as large as any call before, so calls of varied shapes reuse it
+		n, m := max(items, cap(s.outs), 4), max(parts, cap(s.parts), 4)
+		s.parts = make([]sentPart, parts, m)
+		s.items = make([]msg.Item, items, n)
+		s.outs = make([]msg.Reply, items, n)
+		s.snaps = make([]msg.Snap, items, n)
 	}
 	s.parts = s.parts[:parts]
 	return s.parts, s.items[:items], s.outs[:items], s.snaps[:items]

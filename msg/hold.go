@@ -13,8 +13,8 @@ import (
 // keys of several shards (engine's AllowAll). Its Items are distinct keys,
 // each with the sum of its requests' costs.
 //
-// The shard checks the part at its reading and answers on the Batch's
-// Done, as for any part, with Now and Version set and an error, if any, in
+// The shard checks the part at its reading and answers it (Batch.Answer,
+// through Answers), with Now and Version set and an error, if any, in
 // Out: ErrCostExceedsCapacity for the first item whose key cannot ever hold
 // its cost, else ErrClockRegression. With no error it holds the part's
 // keys, and Snaps holds a copy of each item's bucket: requests
@@ -143,8 +143,8 @@ func NewAnswers() *Answers { return &Answers{wake: make(chan struct{}, 1)} }
 // to the parts awaited.
 func (a *Answers) Expect(n int) { a.left.Add(int64(n)) }
 
-// Answer tells the caller one part is answered. The shard must not touch
-// the part after it.
+// Answer tells the caller one part is answered (see Batch.Answer for when
+// the shard may still touch the part).
 func (a *Answers) Answer() {
 	if a.left.Add(-1) == parked {
 		a.wake <- struct{}{}

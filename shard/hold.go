@@ -34,6 +34,9 @@ type holdSet struct {
 	// replays them once no sweep runs (tendHolds). Any other waiting work
 	// waits on a hold, whose end replays it.
 	aside bool
+	// ended: a hold ended outside tendHolds (see serveHold), and the work
+	// waiting on its keys is yet to be served.
+	ended bool
 }
 
 // waiter is work kept aside until its keys are free: a single request or a
@@ -98,6 +101,11 @@ func (w waiter) keys() []string {
 // (the pass would then miss a bucket that stays full).
 func (s *Shard) serveHold(b *msg.Batch) {
 	h := b.Hold
+	// A caller that holds the same keys call after call has ended its last
+	// hold before it sent this part, often before this turn looked.
+	if s.partBlocked(b) && s.endHolds() {
+		s.holds.ended = true // the next turn serves the work those ends freed
+	}
 	blocked, sweeping := s.partBlocked(b), s.state.sweeping() && !s.stopping
 	switch {
 	case h.Try && (blocked || sweeping):
@@ -136,7 +144,8 @@ func (s *Shard) serveHold(b *msg.Batch) {
 // ends the holds' callers sent, then serves the waiting work whose keys a
 // hold ending freed, and the hold parts kept aside once no sweep runs.
 func (s *Shard) tendHolds() {
-	if s.endHolds() || (s.holds.aside && !s.state.sweeping()) {
+	if s.endHolds() || s.holds.ended || (s.holds.aside && !s.state.sweeping()) {
+		s.holds.ended = false
 		s.replay(true)
 	}
 }

@@ -175,3 +175,95 @@ func TestRunControlEndsHolds(t *testing.T) {
 	require.NoError(t, got.Err)
 	assert.Equal(t, int64(7), got.Decision.Remaining, "the commit took 1 before the control message")
 }
+
+// TestRunHoldReleases: the shard releases a hold part (its caller may then
+// reuse the part's memory) on every way it ends, and not while it holds
+// the part's keys.
+func TestRunHoldReleases(t *testing.T) {
+	clk := make(gateClock, 256)
+	for range 256 {
+		clk <- 0
+	}
+	l := startLoop(p1, clk, NewBudget(100))
+	ctx := context.Background()
+	settle := func() { // a served single request: the shard has had a turn since
+		<-allowAsync(t, l.mb, "zz", 1)
+	}
+
+	held := holdPart(true, "a")
+	sendHold(t, l, held)
+	assert.False(t, held.Hold.Released(), "kept: not released")
+	busy := holdPart(true, "a")
+	sendHold(t, l, busy)
+	assert.True(t, busy.Hold.Busy)
+	assert.True(t, busy.Hold.Released(), "busy: released at its answer")
+	bad := holdPart(false, "b")
+	bad.Items[0].Cost = 1000
+	sendHold(t, l, bad)
+	assert.Error(t, bad.Out[0].Err)
+	assert.True(t, bad.Hold.Released(), "refused: released at its answer")
+
+	require.True(t, held.Hold.End(msg.HoldAbort, 0, false))
+	l.mb.SignalHold()
+	settle()
+	assert.True(t, held.Hold.Released(), "aborted: released")
+
+	c := holdPart(true, "a")
+	sendHold(t, l, c)
+	require.True(t, c.Hold.Claim())
+	require.True(t, c.Hold.End(msg.HoldCommit, 0, true))
+	l.mb.SignalHold()
+	settle()
+	assert.True(t, c.Hold.Released(), "committed: released")
+
+	g := holdPart(false, "a")
+	sendHold(t, l, g)
+	next := p1
+	next.Version = 2
+	require.NoError(t, l.mb.Prepare(ctx, &msg.Prepare{Next: next, Done: make(chan error, 1)}))
+	assert.True(t, g.Hold.Released(), "given up: released")
+	require.True(t, l.mb.Abort())
+
+	// Held at stop: a claimed hold is waited for, a pending one given up.
+	p := holdPart(true, "p")
+	sendHold(t, l, p)
+	cl := holdPart(true, "q")
+	sendHold(t, l, cl)
+	require.True(t, cl.Hold.Claim())
+	closed := make(chan struct{})
+	go func() { l.close(); close(closed) }()
+	require.True(t, cl.Hold.End(msg.HoldAbort, 0, false))
+	l.mb.SignalHold()
+	<-closed
+	assert.True(t, p.Hold.Released(), "pending at stop: released")
+	assert.True(t, cl.Hold.Released(), "claimed at stop: released")
+}
+
+// TestRunTryAfterOwnEnd: a caller that holds the same key call after call
+// ends its hold and at once sends its next Try part; a parked shard serves
+// the part as it wakes, before its turn looks at the holds, and must carry
+// out the end first rather than answer Busy for the caller's own ended
+// hold.
+func TestRunTryAfterOwnEnd(t *testing.T) {
+	clk := make(gateClock, 64)
+	for range 64 {
+		clk <- 0
+	}
+	l := startLoop(p1, clk, NewBudget(10))
+	defer l.close()
+	for range 20 {
+		first := holdPart(true, "a")
+		sendHold(t, l, first)
+		require.False(t, first.Hold.Busy)
+		for !l.mb.sleeping.Load() { // until the shard is about to park
+			runtime.Gosched()
+		}
+		require.True(t, first.Hold.Claim())
+		require.True(t, first.Hold.End(msg.HoldCommit, 0, true)) // no signal: the next part wakes it
+		next := holdPart(true, "a")
+		sendHold(t, l, next)
+		require.False(t, next.Hold.Busy, "the shard answered Busy for a hold its caller had ended")
+		require.True(t, next.Hold.End(msg.HoldAbort, 0, false))
+		l.mb.SignalHold()
+	}
+}

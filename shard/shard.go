@@ -111,7 +111,7 @@ func (s *Shard) turn() bool {
 			busy = !s.waiting()
 		}
 	}
-	if len(s.holds.parts) != 0 || s.holds.aside {
+	if len(s.holds.parts) != 0 || s.holds.aside || s.holds.ended {
 		s.tendHolds()
 	}
 	if s.serveData() {
