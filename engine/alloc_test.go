@@ -112,3 +112,41 @@ func allocsPerDecision(t *testing.T, cfg engine.Config) {
 		t.Errorf("rejections: %v allocations per call, want 0", n)
 	}
 }
+
+// TestAllowAllDoesNotAllocate: once warm, AllowAll allocates nothing, for
+// one shape of call repeated and for shapes that take turns (many shards
+// with few keys each, one shard with many keys, a few of each).
+func TestAllowAllDoesNotAllocate(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 1<<40, 1<<40), Shards: 16})
+	ctx := context.Background()
+	var wide, narrow []engine.Request // 8 keys on 8 shards; 60 keys on shard 0
+	seen := map[int]bool{}
+	for i := 0; len(wide) < 8 || len(narrow) < 60; i++ {
+		k := fmt.Sprintf("k%d", i)
+		switch s := e.ShardOf(k); {
+		case s == 0 && len(narrow) < 60:
+			narrow = append(narrow, engine.Request{Key: k, Cost: 1})
+		case s != 0 && !seen[s] && len(wide) < 8:
+			seen[s] = true
+			wide = append(wide, engine.Request{Key: k, Cost: 1})
+		}
+	}
+	for name, calls := range map[string][][]engine.Request{
+		"one shape": {wide[:3]},
+		"shapes":    {wide, narrow, wide[:3]},
+	} {
+		round := func() {
+			for _, reqs := range calls {
+				if _, _, err := e.AllowAll(ctx, reqs); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for range 20 {
+			round() // warm: the pool, the parts as sent, the shards' maps
+		}
+		if a := testing.AllocsPerRun(200, round); a != 0 {
+			t.Errorf("%s: %v allocations per round", name, a)
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"runtime"
 	"slices"
 
 	"github.com/tokenshard/tokenshard/msg"
@@ -60,18 +59,25 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // keys), still takes each token as it refills, ahead of the calls that
 // need more.
 //
-// How: the call's keys are held, shard by shard, one shard at a time in
-// the order of their numbers, so concurrent calls cannot deadlock,
-// whichever keys they share. A held key's requests wait until the call
-// ends; every other key, on every shard, is served meanwhile, and so are
-// other AllowAlls over other keys. With every key held, each shard decides
-// its keys at the latest of their readings, and the call admits or
+// How: the call's keys are held on every shard at once, each shard holding
+// its keys only if none is held by another call (or waited on) and no
+// sweep runs there. If one shard finds its keys busy, the call ends what
+// it holds and holds them again one shard at a time, in the order of their
+// numbers, waiting on each; so concurrent calls cannot deadlock, whichever
+// keys they share, and a call that gives way always completes. A held
+// key's requests wait until the call ends; every other key, on every
+// shard, is served meanwhile, and so are other AllowAlls over other keys.
+// Each shard answers with a copy of its held buckets, which nothing else
+// touches while they are held, so the call decides every key at the latest
+// of the shards' readings without asking them again, and then admits or
 // refuses them all. A cutover, sweep, snapshot or Close that reaches a
-// shard before that instant makes it give its holds up, so they never wait
-// on a hold; after it, they wait only for the call's own next step. The
-// call then starts over once, holding the coordinator those need, so
-// nothing but Close can interrupt it again; while a sweep runs on a shard,
-// no hold is taken there. AllowAll allocates a little per shard it holds.
+// shard before the call has claimed its hold there (which it does once it
+// has every answer) makes it give the hold up, so they never wait on a
+// hold; after that, they wait only for the call's own next step, which
+// waits on nothing. The call then starts over once, holding the
+// coordinator those need, so nothing but Close can interrupt it again.
+// AllowAll does not allocate once warm, except for a call that has to
+// start over.
 func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (Decision, int, error) {
 	if e.uninitialized() {
 		return Decision{}, -1, ErrNotInitialized
@@ -112,6 +118,7 @@ func (e *Engine) allowAllCall(ctx context.Context, reqs []Request) (Decision, in
 		return Decision{}, -1, err
 	}
 	c := e.newAllCall(reqs)
+	defer e.free(c)
 	if d, i, err, again := e.allowAll(ctx, c, reqs); !again {
 		return d, i, err
 	}
@@ -131,73 +138,132 @@ func (e *Engine) allowAllCall(ctx context.Context, reqs []Request) (Decision, in
 }
 
 // allCall is one AllowAll's parts: per shard its distinct keys with summed
-// costs, in shard order, and for every request its part and item.
+// costs, in shard order, and for every request its part and item. It is
+// pooled: every part an attempt sends is answered before the attempt
+// returns, and what a shard may still read once the caller has moved on
+// (the parts as sent) is reused only once it is done with it.
 type allCall struct {
 	parts []allPart
 	at    [][2]int // at[i]: the part and the item of reqs[i]
-	done  chan int
-	held  []bool
+	// The parts' items, first and over, in windows of these. A part as
+	// sent carries a copy of its items (see sentParts).
+	items   []msg.Item
+	first   []int
+	over    []bool
+	answers *msg.Answers
+	// Two sets of parts, used in turn: a shard releases a hold's part once
+	// it has carried out its end, usually before it answers the next
+	// attempt's, and a set still in use is replaced.
+	sent [2]sentParts
+	turn int
+}
+
+// sentParts are the parts an attempt sends, with their answers' room.
+// The memory is the shards' until they Release every part (see
+// allPart.m): an attempt that finds it still in use makes new.
+type sentParts struct {
+	parts []sentPart
+	items []msg.Item
+	outs  []msg.Reply
+	snaps []msg.Snap
+}
+
+type sentPart struct {
+	b msg.Batch
+	h msg.Hold
+}
+
+// take returns room for parts parts of items items in all.
+func (s *sentParts) take(parts, items int) ([]sentPart, []msg.Item, []msg.Reply, []msg.Snap) {
+	free := cap(s.parts) >= parts && cap(s.outs) >= items
+	for i := range s.parts {
+		free = free && s.parts[i].h.Released()
+	}
+	if !free { // as large as any call before, so calls of varied shapes reuse it
+		n, m := max(items, cap(s.outs), 4), max(parts, cap(s.parts), 4)
+		s.parts = make([]sentPart, parts, m)
+		s.items = make([]msg.Item, items, n)
+		s.outs = make([]msg.Reply, items, n)
+		s.snaps = make([]msg.Snap, items, n)
+	}
+	s.parts = s.parts[:parts]
+	return s.parts, s.items[:items], s.outs[:items], s.snaps[:items]
 }
 
 type allPart struct {
 	shard int
 	items []msg.Item
-	// m is the part as sent in the attempt in progress: a new one each
-	// attempt, since a shard may still be reading the last one's after the
-	// caller has moved on (nobody waits for a hold's end).
-	m     *msg.Batch
 	first []int  // first[j]: the first request of item j
 	over  []bool // over[j]: item j's costs add up past math.MaxInt64, above any capacity
 	reqs  int    // the requests whose keys are the part's: its decisions (see msg.Hold)
+	// m is the part as sent in the attempt in progress: never one a shard
+	// may still be reading, as it may after the caller has moved on
+	// (nobody waits for a hold's end); held: it holds.
+	m    *msg.Batch
+	held bool
 }
 
 func (e *Engine) newAllCall(reqs []Request) *allCall {
-	c := &allCall{at: make([][2]int, len(reqs))}
-	byShard := map[int]int{} // shard -> part
+	c, _ := e.allCalls.Get().(*allCall)
+	if c == nil {
+		c = &allCall{answers: msg.NewAnswers()}
+	}
+	n := len(reqs)
+	var hashes [MaxAllowAll]uint64
+	var partOf [MaxAllowAll]int // the shard of each request, then its part
+	// The global order of holds: by shard.
+	var order [MaxAllowAll]int
+	shards := order[:0]
 	for i, r := range reqs {
-		s, h := e.shardOf(r.Key)
-		p, ok := byShard[s]
-		if !ok {
-			p = len(c.parts)
-			byShard[s] = p
-			c.parts = append(c.parts, allPart{shard: s})
+		partOf[i], hashes[i] = e.shardOf(r.Key)
+		if k, found := slices.BinarySearch(shards, partOf[i]); !found {
+			shards = slices.Insert(shards, k, partOf[i])
 		}
-		part := &c.parts[p]
-		j := slices.IndexFunc(part.items, func(it msg.Item) bool { return it.Key == r.Key })
+	}
+	// Each part's items get a window as long as its requests.
+	var count [MaxAllowAll]int
+	for i := range n {
+		partOf[i], _ = slices.BinarySearch(shards, partOf[i])
+		count[partOf[i]]++
+	}
+	c.parts = slices.Grow(c.parts[:0], len(shards))[:len(shards)]
+	c.items = slices.Grow(c.items[:0], n)[:n]
+	items := c.items
+	c.first, c.over = slices.Grow(c.first[:0], n)[:n], slices.Grow(c.over[:0], n)[:n]
+	c.at = slices.Grow(c.at[:0], n)[:n]
+	off := 0
+	for k := range c.parts {
+		w := count[k]
+		c.parts[k] = allPart{shard: shards[k], items: items[off : off : off+w], first: c.first[off : off : off+w], over: c.over[off : off : off+w]}
+		off += w
+	}
+	for i, r := range reqs {
+		k := partOf[i]
+		p := &c.parts[k]
+		j := slices.IndexFunc(p.items, func(it msg.Item) bool { return it.Key == r.Key })
 		if j < 0 {
-			j = len(part.items)
-			part.items = append(part.items, msg.Item{Key: r.Key, Hash: h})
-			part.first = append(part.first, i)
-			part.over = append(part.over, false)
+			j = len(p.items)
+			p.items = append(p.items, msg.Item{Key: r.Key, Hash: hashes[i]})
+			p.first = append(p.first, i)
+			p.over = append(p.over, false)
 		}
-		part.reqs++
-		it := &part.items[j]
+		p.reqs++
+		it := &p.items[j]
 		if it.Cost > math.MaxInt64-r.Cost {
-			part.over[j] = true
+			p.over[j] = true
 		}
 		it.Cost = satAdd(it.Cost, r.Cost)
-		c.at[i] = [2]int{p, j}
+		c.at[i] = [2]int{k, j}
 	}
-	// The global order of holds: by shard.
-	order := make([]int, len(c.parts))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int { return c.parts[a].shard - c.parts[b].shard })
-	sorted := make([]allPart, len(c.parts))
-	where := make([]int, len(c.parts))
-	for k, p := range order {
-		sorted[k] = c.parts[p]
-		where[p] = k
-	}
-	c.parts = sorted
-	for i := range c.at {
-		c.at[i][0] = where[c.at[i][0]]
-	}
-	c.done = make(chan int, len(c.parts))
-	c.held = make([]bool, len(c.parts))
-
 	return c
+}
+
+// free returns c to the pool, keeping no key or part alive but those of
+// the parts as sent, which the shards may still hold.
+func (e *Engine) free(c *allCall) {
+	clear(c.parts[:cap(c.parts)])
+	clear(c.items[:cap(c.items)])
+	e.allCalls.Put(c)
 }
 
 // holdErrRank orders the errors a shard answers a hold with, as the
@@ -214,40 +280,52 @@ func holdErrRank(err error) int {
 
 // allowAll is one attempt. again reports that a shard gave its hold up, or
 // that the shards checked the call under different policy versions, and
-// nothing was decided.
+// nothing was decided. It first sends every part at once, each waiting for
+// nothing; if a shard answers that one of its keys is busy, it ends what it
+// holds and holds the parts one at a time, in shard order.
 func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d Decision, at int, err error, again bool) {
-	held := c.held[:len(c.parts)]
-	clear(held)
-	// end sends Commit or Abort to every shard still held. None is waited
-	// for: a held shard acts on it before any later message.
+	if len(c.parts) > 1 {
+		if d, at, err, again, busy := e.hold(ctx, c, reqs, true); !busy {
+			return d, at, err, again
+		}
+	}
+	d, at, err, again, _ = e.hold(ctx, c, reqs, false)
+	return d, at, err, again
+}
+
+// hold is one attempt, its parts sent at once with try (busy: a shard
+// found a key busy, and nothing was decided), else one at a time.
+func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool) (d Decision, at int, err error, again, busy bool) {
+	for k := range c.parts {
+		c.parts[k].held = false
+	}
+	// end ends every hold still held. None is waited for: a held shard
+	// acts on it before it serves the held keys again.
 	end := func(op msg.HoldOp, T int64, admit bool) {
-		for k, ok := range held {
-			if ok {
-				c.parts[k].m.Hold.In <- msg.HoldCmd{Op: op, T: T, Admit: admit}
-				e.mailboxes[c.parts[k].shard].SignalHold()
+		for k := range c.parts {
+			if p := &c.parts[k]; p.held && p.m.Hold.End(op, T, admit) {
+				e.mailboxes[p.shard].SignalHold()
 			}
 		}
 	}
-	// Phase 1: hold each shard in turn, in shard order, so that no two
-	// calls ever wait on each other's holds in a cycle. A shard that
-	// refuses its part holds nothing; the others are held on, so the error
-	// the rules put first is the one returned. The last shard, told the
-	// latest reading so far, evaluates at once.
+	// Phase 1: hold every part. With try, all are sent at once and none
+	// waits on a key, so no two calls wait on each other; else each shard
+	// in turn, in shard order, so that no two calls ever wait on each
+	// other's holds in a cycle. A shard that refuses its part holds
+	// nothing; the others are held on, so the error the rules put first is
+	// the one returned.
 	var T int64
 	errAt, errRank := -1, 3
-	last := len(c.parts) - 1
-	for k := range c.parts {
+	closed := false
+	answer := func(k int) {
 		p := &c.parts[k]
-		p.m = &msg.Batch{Items: p.items, Out: make([]msg.Reply, len(p.items)), Part: k, Done: c.done, Hold: msg.NewHold()}
-		p.m.Hold.Last, p.m.Hold.T, p.m.Hold.Requests = k == last, T, p.reqs
-		if err := e.mailboxes[p.shard].SendBatch(ctx, p.m); err != nil {
-			end(msg.HoldAbort, 0, false)
-			return Decision{}, -1, err, false
-		}
-		msg.AwaitPart(c.done, e.waitYields) // a shard always answers a part it took
-		if p.m.Closed {
-			end(msg.HoldAbort, 0, false)
-			return Decision{}, -1, ErrClosed, false
+		switch {
+		case p.m.Closed:
+			closed = true
+			return
+		case p.m.Hold.Busy:
+			busy = true
+			return
 		}
 		for j, over := range p.over {
 			if over {
@@ -265,49 +343,85 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 			if r := holdErrRank(p.m.Out[j].Err); r < errRank || (r == errRank && i < errAt) {
 				errAt, errRank, err = i, r, p.m.Out[j].Err
 			}
-			continue
+			return
 		}
-		held[k] = true
+		p.held = true
 		T = max(T, p.m.Hold.Now)
 	}
-	if errAt >= 0 {
+	c.turn ^= 1
+	ms, items, outs, snaps := c.sent[c.turn].take(len(c.parts), len(c.at))
+	sent := 0
+	var sendErr error
+	for k := range c.parts {
+		p, m, w := &c.parts[k], &ms[k], len(c.parts[k].items)
+		m.h = msg.Hold{Try: try, Answers: c.answers, Requests: p.reqs, Snaps: snaps[:w:w], Fresh: m.h.Fresh[:0]}
+		m.b = msg.Batch{Items: items[:copy(items, p.items):w], Out: outs[:w:w], Part: k, Hold: &m.h}
+		p.m, items, outs, snaps = &m.b, items[w:], outs[w:], snaps[w:]
+		c.answers.Expect(1)
+		if sendErr = e.mailboxes[p.shard].SendBatch(ctx, p.m); sendErr != nil {
+			c.answers.Expect(-1)
+			break
+		}
+		sent++
+		if !try {
+			c.answers.Wait(e.waitYields) // a shard always answers a part it took
+			if answer(k); closed {
+				break
+			}
+		}
+	}
+	if try {
+		c.answers.Wait(e.waitYields)
+		for k := range sent {
+			answer(k)
+		}
+	}
+	switch {
+	case sendErr != nil:
+		end(msg.HoldAbort, 0, false)
+		return Decision{}, -1, sendErr, false, false
+	case closed:
+		end(msg.HoldAbort, 0, false)
+		return Decision{}, -1, ErrClosed, false, false
+	case busy:
+		end(msg.HoldAbort, 0, false)
+		return Decision{}, -1, nil, false, true
+	case errAt >= 0:
 		end(msg.HoldAbort, 0, false)
 		if !c.sameVersion() {
 			// The shards judged the call under different versions: no one
 			// instant saw this error. Try again.
-			return Decision{}, -1, nil, true
+			return Decision{}, -1, nil, true, false
 		}
-		return Decision{}, errAt, err, false
+		return Decision{}, errAt, err, false, false
 	}
-	// Phase 2: the other parts decided at T, taken by nothing yet. A
-	// shard that gave its hold up answers so; then nothing is taken
+	// Phase 2: claim every hold. A shard that gave its hold up (for a
+	// control message or Close) holds nothing: then nothing is taken
 	// anywhere and the call starts over.
-	T = max(T, c.parts[last].m.Hold.T) // what the last part evaluated at
-	for k := range last {
-		c.parts[k].m.Hold.In <- msg.HoldCmd{Op: msg.HoldEval, T: T}
-		e.mailboxes[c.parts[k].shard].SignalHold()
-	}
-	aborted := false
-	for k := range last {
-		if r := await(c.parts[k].m.Hold.Out, e.waitYields); r.Aborted {
-			held[k], aborted = false, true
+	for k := range c.parts {
+		if p := &c.parts[k]; !p.m.Hold.Claim() {
+			p.held, again = false, true
 		}
 	}
-	if aborted || !c.sameVersion() {
+	if again || !c.sameVersion() {
 		end(msg.HoldAbort, 0, false)
-		return Decision{}, -1, nil, true
+		return Decision{}, -1, nil, true, false
 	}
-	// Phase 3: all or nothing. From Eval's answers to Commit, nothing here
-	// may wait on anything (a context, another shard, a blocking
-	// reservation): a shard ending its holds for a control message or Close
-	// waits for this step (see shard's releaseHolds). Every key is held, so
-	// this instant is the call's: the key bound's room for its new keys is taken now, and only
-	// if it is admitted, so no other call ever meets a bound filled by keys
-	// that are never created.
+	// Phase 3: all or nothing. From the claims to the end, nothing here may
+	// wait on anything (a context, another shard, a blocking reservation):
+	// a shard ending its holds for a control message or Close waits for
+	// this step (see shard's releaseHolds). Every key is held, so T, the
+	// latest of the holds' readings, is the call's instant: every item is
+	// decided at T from the copy of its bucket its shard sent, which
+	// nothing has touched since. The key bound's room for the call's new
+	// keys is taken now, and only if it is admitted, so no other call ever
+	// meets a bound filled by keys that are never created.
 	admit := true
 	for k := range c.parts {
-		for _, r := range c.parts[k].m.Out {
-			admit = admit && r.Decision.Allowed
+		p := &c.parts[k]
+		for j := range p.items {
+			p.m.Hold.Snaps[j].Decide(T, p.items[j].Cost, p.m.Hold.Version, &p.m.Out[j].Decision)
+			admit = admit && p.m.Out[j].Decision.Allowed
 		}
 	}
 	if n := c.fresh(); n > 0 {
@@ -322,7 +436,7 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 		if !ok {
 			end(msg.HoldAbort, 0, false)
 			at := c.pastBound(int(room))
-			return Decision{}, at, ErrKeyCapacity, false
+			return Decision{}, at, ErrKeyCapacity, false, false
 		}
 	}
 	end(msg.HoldCommit, T, admit)
@@ -336,7 +450,7 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 	}
 	d.set(best)
 	d.Allowed = admit
-	return d, at, nil, false
+	return d, at, nil, false, false
 }
 
 // sameVersion reports whether every part was checked under one policy
@@ -372,18 +486,4 @@ func (c *allCall) pastBound(room int) int {
 	}
 	slices.Sort(firsts)
 	return firsts[min(room, len(firsts)-1)]
-}
-
-// await receives from ch, yielding up to yields times first (as
-// msg.AwaitPart does).
-func await(ch <-chan msg.HoldReply, yields int) msg.HoldReply {
-	for range yields {
-		select {
-		case r := <-ch:
-			return r
-		default:
-		}
-		runtime.Gosched()
-	}
-	return <-ch
 }

@@ -59,8 +59,9 @@ type Engine struct {
 	reclaim        reclaimer      // background sweeps; set by build
 	events         chan msg.Event // sampled decisions on their way to Config.Events
 
-	allows  sync.Pool // *msg.Single with its reply channel
-	batches sync.Pool // *batchCall
+	allows   sync.Pool // *msg.Single with its reply channel
+	batches  sync.Pool // *batchCall
+	allCalls sync.Pool // *allCall
 }
 
 // New validates cfg, fills its defaults and starts the engine's goroutines:

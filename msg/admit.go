@@ -106,7 +106,8 @@ type Item struct {
 }
 
 // Batch asks a shard to decide Items in order at one clock reading, writing
-// Out[i] for Items[i], then to send Part on Done. A shard that stops before
+// Out[i] for Items[i], then to Answer: send Part on Done (a hold part tells
+// its Hold's Answers instead). A shard that stops before
 // taking the part answers every item ErrClosed and sets Closed, so the sender
 // knows the part was not decided. It is internal to tokenshard: only packages
 // engine and shard use it.
@@ -115,8 +116,23 @@ type Batch struct {
 	Out    []Reply
 	Part   int
 	Closed bool
-	Done   chan int // buffered for every part of one call, so no shard blocks
+	Done   chan int // buffered for every part of one call, so no shard blocks; nil for a hold part
 	Hold   *Hold    // set: the part of an all-or-nothing decision (see Hold)
+}
+
+// Answer tells the sender that b is answered: on its Hold's Answers for a
+// hold part, else on Done. The shard must not touch b after it, unless it
+// holds b's keys (Hold.Keep).
+func (b *Batch) Answer() {
+	if h := b.Hold; h != nil && h.Answers != nil {
+		a := h.Answers
+		if !h.kept {
+			h.Release()
+		}
+		a.Answer()
+		return
+	}
+	b.Done <- b.Part
 }
 
 // AwaitPart receives the next part number on done, a batch call's Done,

@@ -1,6 +1,10 @@
 package shard
 
-import "github.com/tokenshard/tokenshard/msg"
+import (
+	"slices"
+
+	"github.com/tokenshard/tokenshard/msg"
+)
 
 // Holds: the shard's side of an all-or-nothing decision (msg.Hold). A hold
 // is on keys, not on the shard: while a part is held, requests for its keys
@@ -9,21 +13,20 @@ import "github.com/tokenshard/tokenshard/msg"
 // other keys. A part or request that names a held key, or a key with work
 // already waiting, waits behind it, so each key's requests keep their order.
 //
-// The caller's commands come on each hold's In, announced on the mailbox's
-// hold signal; the loop looks at every hold's In at each turn and when the
-// signal wakes it.
+// A hold's caller ends it through the hold's Step (msg.Hold), announced on
+// the mailbox's hold signal; the loop looks at every hold's Step at each
+// turn and when the signal wakes it.
 //
-// Before the caller's Eval, a control message or stop makes the shard give
-// every such hold up at once (answered Aborted on Out); after Eval, it waits
-// for the caller alone, who sends Commit or Abort without waiting on
-// anything. So a cutover, sweep, snapshot or Close never waits on a hold
-// that waits on it. Holds are taken in shard order by every caller, so two
-// calls never wait on each other in a cycle.
+// A control message or stop makes the shard give every pending hold up at
+// once; a hold its caller has claimed, it waits for, and that caller ends
+// it without waiting on anything. So a cutover, sweep, snapshot or Close
+// never waits on a hold that waits on it. A part that waits for its keys
+// comes from a caller holding in shard order; a Try part waits for nothing
+// (answered Busy), so two calls never wait on each other in a cycle.
 
 // holdSet is the holds the shard keeps and the work waiting on their keys.
 type holdSet struct {
-	parts    []*msg.Batch // held parts, each with its Hold
-	voted    map[*msg.Hold]bool
+	parts    []*msg.Batch   // held parts, each with its Hold
 	waiting  []waiter       // work naming a held or waiting key, oldest first
 	waitKeys map[string]int // the keys of waiting work, counted
 	// aside: hold parts wait for no key, but for the end of a sweep or of
@@ -31,6 +34,9 @@ type holdSet struct {
 	// replays them once no sweep runs (tendHolds). Any other waiting work
 	// waits on a hold, whose end replays it.
 	aside bool
+	// ended: a hold ended outside tendHolds (see serveHold), and the work
+	// waiting on its keys is yet to be served.
+	ended bool
 }
 
 // waiter is work kept aside until its keys are free: a single request or a
@@ -83,28 +89,40 @@ func (w waiter) keys() []string {
 }
 
 // serveHold serves b, a hold part: unless one of its keys is blocked, or a
-// sweep is in progress (then it waits), it checks the part at its reading
-// and answers; then, unless that failed, it holds the part's keys until
-// the caller commits or aborts. The last part of a call evaluates at once.
+// sweep is in progress (then it waits, or a Try part is answered Busy at
+// once, holding nothing), it checks the part at its reading, copies its
+// buckets into the Hold's Snaps and answers; then, unless the check failed,
+// it holds the part's keys until the caller ends the hold or the shard
+// gives it up.
 //
 // No hold is taken while a sweep runs: every sweep begins with a control
 // message, which ends the holds first, so a sweep never meets a held key,
 // which it could neither judge (the call may yet take from it) nor skip
 // (the pass would then miss a bucket that stays full).
 func (s *Shard) serveHold(b *msg.Batch) {
-	if s.partBlocked(b) {
+	h := b.Hold
+	// A caller that holds the same keys call after call has ended its last
+	// hold before it sent this part, often before this turn looked.
+	if s.partBlocked(b) && s.endHolds() {
+		s.holds.ended = true // the next turn serves the work those ends freed
+	}
+	blocked, sweeping := s.partBlocked(b), s.state.sweeping() && !s.stopping
+	switch {
+	case h.Try && (blocked || sweeping):
+		h.Busy = true // waits for nothing: the caller holds in order instead
+		b.Answer()
+		return
+	case blocked:
 		s.wait(waiter{part: b})
 		return
-	}
-	if s.state.sweeping() && !s.stopping {
+	case sweeping:
 		s.wait(waiter{part: b})
 		s.holds.aside = true
 		return
 	}
-	h := b.Hold
 	if s.stopping {
 		b.Closed = true // taken at the end: the call ends with ErrClosed, having taken nothing
-		b.Done <- b.Part
+		b.Answer()
 		return
 	}
 	now := s.clk.Now()
@@ -112,108 +130,96 @@ func (s *Shard) serveHold(b *msg.Batch) {
 	h.Now = now
 	h.Version = s.state.policyInForce().Version
 	ok := s.state.holdBegin(now, b.Items, b.Out, &h.Fresh)
-	voted := ok && h.Last
-	if voted {
-		h.T = max(h.T, now)
-		s.state.holdEval(h.T, b.Items, b.Out)
+	if ok {
+		s.state.holdSnap(now, b.Items, h.Snaps)
+		s.holds.parts = append(s.holds.parts, b)
+		s.stats.add(msg.Holds, 1)
+		h.Keep()
 	}
-	b.Done <- b.Part
+	b.Answer()
 	s.served()
-	if !ok {
-		return
-	}
-	s.stats.add(msg.Holds, 1)
-	if s.holds.voted == nil {
-		s.holds.voted = map[*msg.Hold]bool{}
-	}
-	s.holds.parts = append(s.holds.parts, b)
-	s.holds.voted[h] = voted
 }
 
 // tendHolds is the loop's holds step (see Shard.turn): it carries out the
-// commands the holds' callers sent, then serves the waiting work whose keys
-// a hold ending freed, and the hold parts kept aside once no sweep runs.
+// ends the holds' callers sent, then serves the waiting work whose keys a
+// hold ending freed, and the hold parts kept aside once no sweep runs.
 func (s *Shard) tendHolds() {
-	if _, ended := s.pollHolds(); ended || (s.holds.aside && !s.state.sweeping()) {
+	if s.endHolds() || s.holds.ended || (s.holds.aside && !s.state.sweeping()) {
+		s.holds.ended = false
 		s.replay(true)
 	}
 }
 
-// pollHolds carries out every command the holds' callers have sent, serving
-// nothing. It reports whether it carried out a command, and whether a hold
-// ended.
-func (s *Shard) pollHolds() (did, ended bool) {
+// endHolds carries out every end the holds' callers have sent, serving
+// nothing, and reports whether it ended a hold.
+func (s *Shard) endHolds() (ended bool) {
 	for i := 0; i < len(s.holds.parts); {
 		b := s.holds.parts[i]
-		select {
-		case c := <-b.Hold.In:
-			did = true
-			if s.holdStep(b, c) {
-				s.dropHold(i)
-				ended = true
-				continue
-			}
-		default:
-		}
-		i++
-	}
-	return did, ended
-}
-
-// holdStep carries out c for b and reports whether the hold ended.
-func (s *Shard) holdStep(b *msg.Batch, c msg.HoldCmd) bool {
-	h := b.Hold
-	switch c.Op {
-	case msg.HoldEval:
-		s.state.holdEval(c.T, b.Items, b.Out)
-		s.holds.voted[h] = true
-		h.Out <- msg.HoldReply{}
-		return false
-	case msg.HoldCommit:
-		s.state.holdCommit(c.T, b.Items, c.Admit)
-		s.countHold(h, c.Admit)
-	default:
-		s.state.holdRelease(b.Items)
-	}
-	h.Out <- msg.HoldReply{} // the slot is free: the caller took Eval's answer, or none was sent
-	return true
-}
-
-// dropHold forgets the ith held part.
-func (s *Shard) dropHold(i int) {
-	delete(s.holds.voted, s.holds.parts[i].Hold)
-	s.holds.parts = append(s.holds.parts[:i], s.holds.parts[i+1:]...)
-}
-
-// releaseHolds ends every hold, for a control message or stop: those not
-// yet evaluated are given up at once (their callers hear Aborted and try
-// again); for the others it waits on their callers, who send Commit or
-// Abort without waiting on anything. Then it serves the waiting work, but
-// takes no new hold: the control message comes first, and a hold taken now
-// could wait on it (a prepared shard evaluates nothing). Waiting hold
-// parts are served by a later turn (or answered Closed at stop).
-//
-// It waits for evaluated holds' callers without watching stop or the
-// control message's sender: that is sound only because a caller, once it
-// has its Eval answers, sends Commit or Abort without waiting on anything
-// (engine's allowAll keeps it so: no context, no blocking reservation, no
-// other shard's answer in between).
-func (s *Shard) releaseHolds() {
-	for i := 0; i < len(s.holds.parts); {
-		b := s.holds.parts[i]
-		if s.holds.voted[b.Hold] {
+		switch h := b.Hold; h.Step() {
+		case msg.HoldCommit:
+			s.state.holdCommit(h.T, b.Items, h.Admit)
+			s.countHold(h, h.Admit)
+		case msg.HoldAbort:
+			s.state.holdRelease(b.Items)
+		default: // pending, or claimed: its end is on its way
 			i++
 			continue
 		}
-		s.state.holdRelease(b.Items)
-		b.Hold.Out <- msg.HoldReply{Aborted: true} // the slot is free: Eval's answer was never sent
-		s.stats.add(msg.HoldsAborted, 1)
-		s.dropHold(i)
+		s.holds.parts = slices.Delete(s.holds.parts, i, i+1)
+		b.Hold.Release()
+		ended = true
 	}
-	for len(s.holds.parts) > 0 {
-		if did, _ := s.pollHolds(); !did {
-			<-s.mb.holdSig // a caller's next command comes with a signal
+	return ended
+}
+
+// holdEnded reports whether a hold's caller has ended it: endHolds has
+// work.
+func (s *Shard) holdEnded() bool {
+	for _, b := range s.holds.parts {
+		if op := b.Hold.Step(); op == msg.HoldCommit || op == msg.HoldAbort {
+			return true
 		}
+	}
+	return false
+}
+
+// waitHolds parks until a hold's caller may have ended it. As at the
+// loop's park, the shard announces it sleeps, then looks at the holds; a
+// caller ends its hold, then looks whether the shard sleeps (SignalHold):
+// one of them sees the other.
+func (s *Shard) waitHolds() {
+	s.mb.sleeping.Store(true)
+	if !s.holdEnded() {
+		<-s.mb.wake
+	}
+	s.mb.sleeping.Store(false)
+}
+
+// releaseHolds ends every hold, for a control message or stop: those still
+// pending are given up at once (their callers' Claim fails, and they try
+// again); for the claimed ones it waits on their callers, who end them
+// without waiting on anything. Then it serves the waiting work, but takes
+// no new hold: the control message comes first, and a hold taken now could
+// wait on it (a prepared shard holds nothing). Waiting hold parts are
+// served by a later turn (or answered Closed at stop).
+//
+// It waits for claimed holds' callers without watching stop or the control
+// message's sender: that is sound only because a caller, once it has
+// claimed its holds, ends them without waiting on anything (engine's
+// allowAll keeps it so: no context, no blocking reservation, no other
+// shard's answer in between).
+func (s *Shard) releaseHolds() {
+	s.holds.parts = slices.DeleteFunc(s.holds.parts, func(b *msg.Batch) bool {
+		if !b.Hold.GiveUp() {
+			return false
+		}
+		s.state.holdRelease(b.Items)
+		s.stats.add(msg.HoldsAborted, 1)
+		b.Hold.Release()
+		return true
+	})
+	for s.endHolds(); len(s.holds.parts) > 0; s.endHolds() {
+		s.waitHolds()
 	}
 	s.replay(s.stopping)
 	s.holds.aside = len(s.holds.waiting) != 0 // hold parts, served by a later pass

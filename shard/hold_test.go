@@ -2,11 +2,13 @@ package shard
 
 import (
 	"context"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/internal/decision"
 	"github.com/tokenshard/tokenshard/msg"
 )
 
@@ -24,7 +26,7 @@ func TestRunHoldIsPerKey(t *testing.T) {
 
 	part := func(key string, cost int64) *msg.Batch {
 		return &msg.Batch{Items: []msg.Item{{Key: key, Hash: testHasher.Sum(key), Cost: cost}},
-			Out: make([]msg.Reply, 1), Done: make(chan int, 1), Hold: msg.NewHold()}
+			Out: make([]msg.Reply, 1), Done: make(chan int, 1), Hold: &msg.Hold{Snaps: make([]msg.Snap, 1)}}
 	}
 	b := part("a", 4)
 	require.NoError(t, l.mb.SendBatch(context.Background(), b))
@@ -54,16 +56,214 @@ func TestRunHoldIsPerKey(t *testing.T) {
 	default:
 	}
 
-	b.Hold.In <- msg.HoldCmd{Op: msg.HoldEval, T: 0}
-	l.mb.SignalHold()
-	require.False(t, (<-b.Hold.Out).Aborted)
-	require.True(t, b.Out[0].Decision.Allowed)
+	require.True(t, b.Hold.Claim(), "nothing made the shard give the hold up")
+	var d decision.Decision
+	b.Hold.Snaps[0].Decide(0, 4, b.Hold.Version, &d)
+	require.True(t, d.Allowed)
+	assert.Equal(t, int64(6), d.Remaining)
 	ok, _ := budget.ReserveN(1) // the caller's reservation for the new key a
 	require.True(t, ok)
-	b.Hold.In <- msg.HoldCmd{Op: msg.HoldCommit, T: 0, Admit: true}
+	require.True(t, b.Hold.End(msg.HoldCommit, 0, true))
 	l.mb.SignalHold()
 	r := <-waiting
 	require.NoError(t, r.Err)
 	assert.False(t, r.Decision.Allowed, "decided after the commit took 4 of a's 10")
 	assert.Equal(t, int64(6), r.Decision.Remaining)
+}
+
+// holdPart returns a hold part over keys, cost 1 each, answered on its own
+// Answers, expecting its answer.
+func holdPart(try bool, keys ...string) *msg.Batch {
+	b := &msg.Batch{Out: make([]msg.Reply, len(keys)),
+		Hold: &msg.Hold{Try: try, Answers: msg.NewAnswers(), Snaps: make([]msg.Snap, len(keys))}}
+	for _, k := range keys {
+		b.Items = append(b.Items, msg.Item{Key: k, Hash: testHasher.Sum(k), Cost: 1})
+	}
+	b.Hold.Answers.Expect(1)
+	return b
+}
+
+// sendHold sends b and waits for the shard's answer.
+func sendHold(t *testing.T, l *loop, b *msg.Batch) {
+	t.Helper()
+	require.NoError(t, l.mb.SendBatch(context.Background(), b))
+	b.Hold.Answers.Wait(1)
+}
+
+// TestRunTryHoldBusy: a Try part that names a held key waits for nothing:
+// it is answered Busy at once, holding none of its keys, and the key it
+// did not hold stays free for others.
+func TestRunTryHoldBusy(t *testing.T) {
+	clk := make(gateClock, 64)
+	for range 64 {
+		clk <- 0
+	}
+	l := startLoop(p1, clk, NewBudget(10))
+	defer l.close()
+
+	held := holdPart(true, "a")
+	sendHold(t, l, held)
+	require.False(t, held.Hold.Busy, "a was free")
+	require.NoError(t, held.Out[0].Err)
+
+	busy := holdPart(true, "b", "a")
+	sendHold(t, l, busy)
+	assert.True(t, busy.Hold.Busy, "a is held by another part")
+
+	got := <-allowAsync(t, l.mb, "b", 1)
+	require.NoError(t, got.Err)
+	assert.True(t, got.Decision.Allowed, "b was not held by the busy part")
+	assert.Equal(t, int64(9), got.Decision.Remaining)
+
+	require.True(t, held.Hold.End(msg.HoldAbort, 0, false))
+	l.mb.SignalHold()
+	again := holdPart(true, "b", "a")
+	sendHold(t, l, again)
+	assert.False(t, again.Hold.Busy, "a is free once the hold ends")
+	require.True(t, again.Hold.End(msg.HoldAbort, 0, false))
+	l.mb.SignalHold()
+}
+
+// TestRunControlEndsHolds: a control message makes the shard give a
+// pending hold up at once (the caller's Claim then fails, and the key is
+// free), but wait for a claimed one until its caller ends it.
+func TestRunControlEndsHolds(t *testing.T) {
+	clk := make(gateClock, 64)
+	for range 64 {
+		clk <- 0
+	}
+	budget := NewBudget(10)
+	l := startLoop(p1, clk, budget)
+	defer l.close()
+	ctx := context.Background()
+
+	// A prepare is answered once served: every hold has ended by then.
+	prepare := func() error {
+		next := p1
+		next.Version = 2
+		return l.mb.Prepare(ctx, &msg.Prepare{Next: next, Done: make(chan error, 1)})
+	}
+	pending := holdPart(false, "a")
+	sendHold(t, l, pending)
+	require.NoError(t, prepare())
+	require.True(t, l.mb.Abort())
+	assert.False(t, pending.Hold.Claim(), "the shard gave the pending hold up")
+	assert.Equal(t, msg.HoldGivenUp, pending.Hold.Step())
+	assert.False(t, pending.Hold.End(msg.HoldAbort, 0, false), "nothing is left to end")
+	got := <-allowAsync(t, l.mb, "a", 1)
+	require.NoError(t, got.Err)
+	assert.Equal(t, int64(9), got.Decision.Remaining, "a was free, and nothing was taken from it")
+
+	claimed := holdPart(false, "a")
+	sendHold(t, l, claimed)
+	require.True(t, claimed.Hold.Claim())
+	ready := make(chan error, 1)
+	go func() { ready <- prepare() }()
+	for l.mb.control.Load() != 0 { // until the shard has taken the control message
+		runtime.Gosched()
+	}
+	select {
+	case err := <-ready:
+		t.Fatalf("the control message was served before the claimed hold ended (%v)", err)
+	default:
+	}
+	require.True(t, claimed.Hold.End(msg.HoldCommit, 0, true))
+	l.mb.SignalHold()
+	require.NoError(t, <-ready)
+	require.True(t, l.mb.Abort())
+	got = <-allowAsync(t, l.mb, "a", 1)
+	require.NoError(t, got.Err)
+	assert.Equal(t, int64(7), got.Decision.Remaining, "the commit took 1 before the control message")
+}
+
+// TestRunHoldReleases: the shard releases a hold part (its caller may then
+// reuse the part's memory) on every way it ends, and not while it holds
+// the part's keys.
+func TestRunHoldReleases(t *testing.T) {
+	clk := make(gateClock, 256)
+	for range 256 {
+		clk <- 0
+	}
+	l := startLoop(p1, clk, NewBudget(100))
+	ctx := context.Background()
+	settle := func() { // a served single request: the shard has had a turn since
+		<-allowAsync(t, l.mb, "zz", 1)
+	}
+
+	held := holdPart(true, "a")
+	sendHold(t, l, held)
+	assert.False(t, held.Hold.Released(), "kept: not released")
+	busy := holdPart(true, "a")
+	sendHold(t, l, busy)
+	assert.True(t, busy.Hold.Busy)
+	assert.True(t, busy.Hold.Released(), "busy: released at its answer")
+	bad := holdPart(false, "b")
+	bad.Items[0].Cost = 1000
+	sendHold(t, l, bad)
+	assert.Error(t, bad.Out[0].Err)
+	assert.True(t, bad.Hold.Released(), "refused: released at its answer")
+
+	require.True(t, held.Hold.End(msg.HoldAbort, 0, false))
+	l.mb.SignalHold()
+	settle()
+	assert.True(t, held.Hold.Released(), "aborted: released")
+
+	c := holdPart(true, "a")
+	sendHold(t, l, c)
+	require.True(t, c.Hold.Claim())
+	require.True(t, c.Hold.End(msg.HoldCommit, 0, true))
+	l.mb.SignalHold()
+	settle()
+	assert.True(t, c.Hold.Released(), "committed: released")
+
+	g := holdPart(false, "a")
+	sendHold(t, l, g)
+	next := p1
+	next.Version = 2
+	require.NoError(t, l.mb.Prepare(ctx, &msg.Prepare{Next: next, Done: make(chan error, 1)}))
+	assert.True(t, g.Hold.Released(), "given up: released")
+	require.True(t, l.mb.Abort())
+
+	// Held at stop: a claimed hold is waited for, a pending one given up.
+	p := holdPart(true, "p")
+	sendHold(t, l, p)
+	cl := holdPart(true, "q")
+	sendHold(t, l, cl)
+	require.True(t, cl.Hold.Claim())
+	closed := make(chan struct{})
+	go func() { l.close(); close(closed) }()
+	require.True(t, cl.Hold.End(msg.HoldAbort, 0, false))
+	l.mb.SignalHold()
+	<-closed
+	assert.True(t, p.Hold.Released(), "pending at stop: released")
+	assert.True(t, cl.Hold.Released(), "claimed at stop: released")
+}
+
+// TestRunTryAfterOwnEnd: a caller that holds the same key call after call
+// ends its hold and at once sends its next Try part; a parked shard serves
+// the part as it wakes, before its turn looks at the holds, and must carry
+// out the end first rather than answer Busy for the caller's own ended
+// hold.
+func TestRunTryAfterOwnEnd(t *testing.T) {
+	clk := make(gateClock, 64)
+	for range 64 {
+		clk <- 0
+	}
+	l := startLoop(p1, clk, NewBudget(10))
+	defer l.close()
+	for range 20 {
+		first := holdPart(true, "a")
+		sendHold(t, l, first)
+		require.False(t, first.Hold.Busy)
+		for !l.mb.sleeping.Load() { // until the shard is about to park
+			runtime.Gosched()
+		}
+		require.True(t, first.Hold.Claim())
+		require.True(t, first.Hold.End(msg.HoldCommit, 0, true)) // no signal: the next part wakes it
+		next := holdPart(true, "a")
+		sendHold(t, l, next)
+		require.False(t, next.Hold.Busy, "the shard answered Busy for a hold its caller had ended")
+		require.True(t, next.Hold.End(msg.HoldAbort, 0, false))
+		l.mb.SignalHold()
+	}
 }

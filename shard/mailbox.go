@@ -38,11 +38,10 @@ type Mailbox struct {
 	head   atomic.Pointer[msg.Single] // closedQueue once closed
 	queued atomic.Int64
 	left   *msg.Single // what Close took from the queue, for the final drain
-	// sleeping is set by the shard just before it parks; the sender that
-	// clears it sends the wake-up.
+	// sleeping is set by the shard just before it parks; the sender (or
+	// hold's caller) that clears it sends the wake-up.
 	sleeping atomic.Bool
 	wake     chan struct{} // one-slot buffer
-	holdSig  chan struct{} // one-slot buffer: a hold's caller sent a command (SignalHold)
 
 	size int64 // how many single requests may wait; more block
 	// Senders that find the queue full wait for room on room, which the
@@ -78,7 +77,6 @@ func NewMailbox(size int, closing <-chan struct{}) *Mailbox {
 	}
 	m := &Mailbox{
 		wake:    make(chan struct{}, 1),
-		holdSig: make(chan struct{}, 1),
 		size:    int64(size),
 		batch:   make(chan *msg.Batch, size),
 		publish: make(chan struct{}),
@@ -116,13 +114,19 @@ func (m *Mailbox) SendBatch(ctx context.Context, b *msg.Batch) error {
 	return err
 }
 
-// SignalHold tells the shard that a command waits on a hold's In: call it
-// after each send there. It never blocks: a signal already pending serves
-// for this one too, since the shard then looks at every hold.
-func (m *Mailbox) SignalHold() {
-	select {
-	case m.holdSig <- struct{}{}:
-	default:
+// SignalHold tells the shard that a hold's caller has ended it (msg.Hold):
+// call it after each End. It never blocks, and wakes the shard only if it
+// is parked: a shard that is not looks at every hold before it parks (see
+// sleep and waitHolds).
+func (m *Mailbox) SignalHold() { m.wakeUp() }
+
+// wakeUp wakes the shard if it announced that it is about to park.
+func (m *Mailbox) wakeUp() {
+	if m.sleeping.Load() && m.sleeping.CompareAndSwap(true, false) {
+		select {
+		case m.wake <- struct{}{}:
+		default: // a wake-up is already pending
+		}
 	}
 }
 

@@ -43,12 +43,7 @@ func (m *Mailbox) SendSingle(ctx context.Context, a *msg.Single) error {
 			break
 		}
 	}
-	if m.sleeping.Load() && m.sleeping.CompareAndSwap(true, false) {
-		select {
-		case m.wake <- struct{}{}:
-		default: // a wake-up is already pending
-		}
-	}
+	m.wakeUp()
 	return nil
 }
 

@@ -34,7 +34,7 @@ func (s *Shard) serveBatch(b *msg.Batch) {
 	s.ring(now)
 	s.state.batch(now, b)
 	s.countBatch(now, b)
-	b.Done <- b.Part
+	b.Answer()
 	s.served()
 	s.yieldFirst = true
 }

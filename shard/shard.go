@@ -85,7 +85,7 @@ func (s *Shard) Run(stop <-chan struct{}) {
 //  3. One slice of background work (task.go), so requests wait at most a
 //     slice.
 //  4. Data: the holds' part of it first, when there are holds (hold.go):
-//     the commands their callers sent, and hold parts kept aside, once no
+//     the ends their callers sent, and hold parts kept aside, once no
 //     sweep runs; then every queued single request, then the batch parts
 //     queued, up to partsPerTurn.
 //  5. With background work that can go on and no data served, a yield to
@@ -111,7 +111,7 @@ func (s *Shard) turn() bool {
 			busy = !s.waiting()
 		}
 	}
-	if len(s.holds.parts) != 0 || s.holds.aside {
+	if len(s.holds.parts) != 0 || s.holds.aside || s.holds.ended {
 		s.tendHolds()
 	}
 	if s.serveData() {
@@ -134,6 +134,9 @@ func (s *Shard) turn() bool {
 		return true
 	}
 	defer s.mb.awake()
+	if s.holdEnded() { // so does a hold's caller ending it (SignalHold)
+		return true
+	}
 	return s.listen(s.inputs(parked))
 }
 
@@ -151,7 +154,7 @@ const (
 type inputs struct {
 	ctl            [numGates]<-chan control
 	publish, abort <-chan struct{}
-	wake, holdSig  <-chan struct{}
+	wake           <-chan struct{}
 	batch          <-chan *msg.Batch
 	// A snapshot that has no chunk to fill waits for the writer to hand
 	// one back, or to give up.
@@ -178,7 +181,7 @@ func (s *Shard) inputs(m mode) inputs {
 	if m == controlOnly {
 		return in
 	}
-	in.batch, in.holdSig = mb.batch, mb.holdSig
+	in.batch = mb.batch
 	if t, ok := s.task.(*snapTask); ok && t.waiting {
 		in.free, in.cancel = t.m.Free, t.m.Cancel
 	}
@@ -230,8 +233,6 @@ func (s *Shard) listen(in inputs) bool {
 	case <-in.abort:
 		s.state.abort()
 		s.dataFirst = true
-	case <-in.holdSig:
-		s.tendHolds()
 	case c := <-in.free:
 		s.task.(*snapTask).copy(s, c)
 	case <-in.cancel:
@@ -327,7 +328,7 @@ func (s *Shard) drain() {
 			}
 			s.stats.add(msg.ErrorCounter(msg.KindClosed), uint64(len(b.Items)))
 			b.Closed = true
-			b.Done <- b.Part
+			b.Answer()
 		default:
 			return
 		}

@@ -1,16 +1,14 @@
 package shard
 
 import (
-	"time"
-
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
 // The State's side of a hold (msg.Hold): one shard's part of an
 // all-or-nothing decision. holdBegin checks the part and lists its new keys;
-// holdEval answers what deciding every item at T would give, changing no
-// answer; holdCommit decides them all at T, or none. Items are distinct
+// holdSnap copies its buckets for the caller, who decides from them what
+// every item at T would answer; holdCommit decides them all at T, or none. Items are distinct
 // keys with summed costs. The key bound's room for new keys is reserved by
 // the caller, and only for a call it admits.
 
@@ -62,48 +60,34 @@ func (s *State) isHeld(key string) bool {
 	return ok
 }
 
-// holdEval writes into out what deciding each item at T (>= the hold's
-// reading) would answer, changing no answer: the buckets are refilled on
-// copies, and new keys are not created.
-func (s *State) holdEval(T int64, items []msg.Item, out []msg.Reply) {
+// holdSnap copies into snaps each item's bucket as of now, the hold's
+// reading, for the caller to decide at its instant (msg.Snap.Decide); a key
+// not tracked gets the full bucket it would be created with. It changes
+// nothing.
+func (s *State) holdSnap(now int64, items []msg.Item, snaps []msg.Snap) {
 	g := &s.gens[len(s.gens)-1]
 	var buf [maxLevels]policy.Level
 	for i, it := range items {
+		sn := &snaps[i]
 		b := s.tab.find(it.Hash, it.Key)
-		var in *limitInfo
-		var lv []policy.Level
-		last := T
 		if b == nil {
-			in = &g.limits[g.pol.Overrides.Resolve(it.Key)]
-			lv = buf[:in.shape.Len()]
-			for j := range lv {
-				lv[j] = policy.FullLevel(in.shape.Band(j))
+			in := &g.limits[g.pol.Overrides.Resolve(it.Key)]
+			sn.Shape, sn.Last = in.shape, now
+			for j := range in.shape.Len() {
+				sn.Levels[j] = policy.FullLevel(in.shape.Band(j))
 			}
-		} else {
-			in = &g.limits[b.Limit] // brought up by holdBegin
-			lv = s.load(b, in, &buf)
-			last = b.Last
+			continue
 		}
-		if T > last {
-			policy.RefillLevels(in.shape, lv, T-last)
-		}
-		o, band := policy.DecideLevels(in.shape, lv, it.Cost)
-		d := &out[i].Decision
-		d.Allowed = o.Allowed
-		d.Remaining = o.Remaining
-		d.RetryAfter = time.Duration(o.RetryAfter)
-		d.Version = g.pol.Version
-		d.Limit = in.shape.Band(band).Capacity
-		d.ResetAfter = time.Duration(o.ResetAfter)
-		d.Band = in.shape.BandName(band)
-		out[i].Err = nil
+		in := &g.limits[b.Limit] // brought up by holdBegin
+		sn.Shape, sn.Last = in.shape, b.Last
+		copy(sn.Levels[:], s.load(b, in, &buf))
 	}
 }
 
 // holdCommit ends the hold at T: with admit, every item is decided at T
-// (as holdEval answered, every one allowed), its new keys created in the
+// (as the caller found from holdSnap's copies, every one allowed), its new keys created in the
 // room the caller reserved in the key bound; without, nothing is taken. It
-// writes no answer: the caller has holdEval's, and may be reading them.
+// writes no answer: the caller has its own, and may be reading them.
 //
 // Other keys may have been decided at later readings while these were held:
 // T is the call's instant, not this shard's latest, and the held buckets

@@ -19,8 +19,18 @@ func holdItems(s *State, kv ...any) []msg.Item {
 	return items
 }
 
-// TestStateHold: Eval answers what decide would, changes nothing, and a
-// commit decides exactly that, creating the new keys in room the caller
+// decideAt decides items at T from the copies holdSnap makes at now, as a
+// hold's caller does.
+func decideAt(s *State, now, T int64, items []msg.Item, out []msg.Reply) {
+	snaps := make([]msg.Snap, len(items))
+	s.holdSnap(now, items, snaps)
+	for i := range items {
+		snaps[i].Decide(T, items[i].Cost, s.policyInForce().Version, &out[i].Decision)
+	}
+}
+
+// TestStateHold: the copies holdSnap makes decide at a later instant as
+// the shard would, taking nothing, and a commit decides exactly that, creating the new keys in room the caller
 // reserved; a refusal changes nothing; holdBegin lists the new keys and
 // its errors come in rule order.
 func TestStateHold(t *testing.T) {
@@ -37,11 +47,11 @@ func TestStateHold(t *testing.T) {
 	require.True(t, s.holdBegin(1e9, items, out, &fresh))
 	assert.Equal(t, []int{1}, fresh, "b is new")
 	assert.Equal(t, int64(1), budget.Count(), "the shard reserves nothing")
-	s.holdEval(2e9, items, out)
+	decideAt(s, 1e9, 2e9, items, out)
 	want := []msg.Reply{ref.allow(2e9, "a", 3), ref.allow(2e9, "b", 2)}
 	assert.Equal(t, want, out)
 	got, _ := s.bucket("a")
-	assert.Equal(t, int64(6), got.Tokens, "Eval takes nothing")
+	assert.Equal(t, int64(6), got.Tokens, "the copies take nothing")
 	ok, _ := budget.ReserveN(1) // the caller's reservation for b
 	require.True(t, ok)
 	s.holdCommit(2e9, items, true)
@@ -57,7 +67,7 @@ func TestStateHold(t *testing.T) {
 	// A refusal: nothing taken, nothing created.
 	items = holdItems(s, "c", 1, "a", 10)
 	require.True(t, s.holdBegin(3e9, items, out, &fresh))
-	s.holdEval(3e9, items, out)
+	decideAt(s, 3e9, 3e9, items, out)
 	assert.False(t, out[1].Decision.Allowed)
 	s.holdCommit(3e9, items, false)
 	_, tracked := s.bucket("c")
