@@ -16,10 +16,7 @@ import (
 // served, and one for a waits until the hold ends, then is decided after
 // the commit.
 func TestRunHoldIsPerKey(t *testing.T) {
-	clk := make(gateClock, 64)
-	for range 64 {
-		clk <- 0 // every reading the shard takes: the test needs no gate here
-	}
+	clk := zeroClock(64)
 	budget := NewBudget(10)
 	l := startLoop(p1, clk, budget)
 	defer l.close()
@@ -94,10 +91,7 @@ func sendHold(t *testing.T, l *loop, b *msg.Batch) {
 // it is answered Busy at once, holding none of its keys, and the key it
 // did not hold stays free for others.
 func TestRunTryHoldBusy(t *testing.T) {
-	clk := make(gateClock, 64)
-	for range 64 {
-		clk <- 0
-	}
+	clk := zeroClock(64)
 	l := startLoop(p1, clk, NewBudget(10))
 	defer l.close()
 
@@ -128,10 +122,7 @@ func TestRunTryHoldBusy(t *testing.T) {
 // pending hold up at once (the caller's Claim then fails, and the key is
 // free), but wait for a claimed one until its caller ends it.
 func TestRunControlEndsHolds(t *testing.T) {
-	clk := make(gateClock, 64)
-	for range 64 {
-		clk <- 0
-	}
+	clk := zeroClock(64)
 	budget := NewBudget(10)
 	l := startLoop(p1, clk, budget)
 	defer l.close()
@@ -180,10 +171,7 @@ func TestRunControlEndsHolds(t *testing.T) {
 // reuse the part's memory) on every way it ends, and not while it holds
 // the part's keys.
 func TestRunHoldReleases(t *testing.T) {
-	clk := make(gateClock, 256)
-	for range 256 {
-		clk <- 0
-	}
+	clk := zeroClock(256)
 	l := startLoop(p1, clk, NewBudget(100))
 	ctx := context.Background()
 	settle := func() { // a served single request: the shard has had a turn since
@@ -245,10 +233,7 @@ func TestRunHoldReleases(t *testing.T) {
 // out the end first rather than answer Busy for the caller's own ended
 // hold.
 func TestRunTryAfterOwnEnd(t *testing.T) {
-	clk := make(gateClock, 64)
-	for range 64 {
-		clk <- 0
-	}
+	clk := zeroClock(64)
 	l := startLoop(p1, clk, NewBudget(10))
 	defer l.close()
 	for range 20 {
@@ -266,4 +251,14 @@ func TestRunTryAfterOwnEnd(t *testing.T) {
 		require.True(t, next.Hold.End(msg.HoldAbort, 0, false))
 		l.mb.SignalHold()
 	}
+}
+
+// zeroClock returns a gate clock that reads 0 n times: for tests that need
+// no gate.
+func zeroClock(n int) gateClock {
+	clk := make(gateClock, n)
+	for range n {
+		clk <- 0
+	}
+	return clk
 }
