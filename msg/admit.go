@@ -107,10 +107,10 @@ type Item struct {
 
 // Batch asks a shard to decide Items in order at one clock reading, writing
 // Out[i] for Items[i], then to Answer: send Part on Done (a hold part tells
-// its Hold's Answers instead). A shard that stops before
-// taking the part answers every item ErrClosed and sets Closed, so the sender
-// knows the part was not decided. It is internal to tokenshard: only packages
-// engine and shard use it.
+// its Hold's Answers instead). A shard that stops before taking the part
+// answers every item ErrClosed and sets Closed, so the sender knows the
+// part was not decided. It is internal to tokenshard: only packages engine
+// and shard use it.
 type Batch struct {
 	Items  []Item
 	Out    []Reply

@@ -13,9 +13,9 @@ import (
 // other keys. A part or request that names a held key, or a key with work
 // already waiting, waits behind it, so each key's requests keep their order.
 //
-// A hold's caller ends it through the hold's Step (msg.Hold), announced on
-// the mailbox's hold signal; the loop looks at every hold's Step at each
-// turn and when the signal wakes it.
+// A hold's caller ends it through the hold's Step (msg.Hold), then calls
+// the mailbox's SignalHold, which wakes the shard if it is parked; the loop
+// looks at every hold's Step at each turn and before it parks.
 //
 // A control message or stop makes the shard give every pending hold up at
 // once; a hold its caller has claimed, it waits for, and that caller ends
