@@ -395,7 +395,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 				reload, todo = true, append(todo, rest...)
 				if strings.HasPrefix(r.behind, "p") { // mid-cutover: settled below
 					repair = true
-				} else if v, err := strconv.ParseInt(r.behind, 10, 64); err == nil && v < st.p.Version && s.cluster != nil {
+				} else if v, err := strconv.ParseInt(r.behind, 10, 64); err == nil && v < st.p.Version {
 					// A shard behind the version this store has, which is
 					// committed (a store learns no other): one reinstalled
 					// while a cutover committed. Published to it below.
@@ -897,18 +897,4 @@ func (noRetryCmd) NoRetry() bool { return true }
 // a client, which sends it at once.
 type processor interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
-}
-
-// evalShaOnce queues EVALSHA of sc on p (or sends it, on a client), never
-// retried by go-redis.
-func evalShaOnce(ctx context.Context, p processor, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
-	a := make([]any, 0, 3+len(keys)+len(args))
-	a = append(a, "evalsha", sc.Hash(), len(keys))
-	for _, k := range keys {
-		a = append(a, k)
-	}
-	a = append(a, args...)
-	cmd := redis.NewCmd(ctx, a...)
-	_ = p.Process(ctx, noRetryCmd{cmd})
-	return cmd
 }
