@@ -33,6 +33,7 @@ type item struct {
 	combined bool // a single Allow sent with others: its combiner counts its decision
 	counted  bool // decided by Redis in mode "a"
 	over     bool // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
+	lease    bool // a lease asked for: the failure rule's answer counts as no request's
 	w        int  // the request's work in the script, in fast-path requests (see weight); 0 counts as 1
 	ref      int  // its shape's place among its call's shapes (see callWords)
 }
@@ -193,7 +194,7 @@ func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []eng
 	if s.lease != nil {
 		return s.lease.allowBatch(ctx, reqs, out)
 	}
-	err := s.allowBatch(ctx, reqs, out)
+	err := s.allowBatch(ctx, reqs, out, len(reqs))
 	var t tally
 	for i := range reqs {
 		t.add(out[i].Decision, out[i].Err)
@@ -202,14 +203,16 @@ func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []eng
 	return err
 }
 
-// allowBatch is AllowBatch, out long enough, without its counting.
-func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
+// allowBatch is AllowBatch, out long enough, without its counting; the
+// requests from reqs[leases] on ask for leases, whose failure rule's
+// answers count as no request's.
+func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result, leases int) error {
 	fail := s.usable(ctx)
 	items := make([]item, 0, len(reqs))
 	for i, r := range reqs {
 		out[i] = engine.Result{}
 		if out[i].Err = s.check(ctx, r.Key, r.Cost); out[i].Err == nil {
-			items = append(items, item{out: &out[i], key: r.Key, cost: r.Cost})
+			items = append(items, item{out: &out[i], key: r.Key, cost: r.Cost, lease: i >= leases})
 		}
 	}
 	if fail != nil || len(items) == 0 {
@@ -258,12 +261,16 @@ func (s *Store) report(err error) {
 }
 
 // failAnswers answers every undecided item by the fail-open or fail-closed
-// rule, and counts them.
+// rule, and counts those that are not leases.
 func (s *Store) failAnswers(items []item) {
 	st := s.cur.Load()
 	for i := range items {
 		if it := &items[i]; !it.done {
-			*it.out = s.failResult(st, it, 1)
+			n := uint64(1)
+			if it.lease {
+				n = 0
+			}
+			*it.out = s.failResult(st, it, n)
 		}
 	}
 }
