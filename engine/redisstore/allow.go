@@ -328,7 +328,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 	}
 	busy := 0         // rounds that met a slot being migrated (TRYAGAIN)
 	eval := false     // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
-	var later []*item // items held for a later round (see perKey)
+	var later []*item // items held for a later round (see route)
 	for attempt := 0; len(todo) > 0 || len(later) > 0; attempt++ {
 		switch {
 		case attempt > 0 && len(todo) == 0:
@@ -338,10 +338,10 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		case attempt > 0:
 			s.retries.Add(1)
 		}
-		todo, later = perKey(append(todo, later...))
 		st := s.cur.Load()
-		chunks := s.route(todo)
-		todo = todo[:0:0]
+		var chunks [][]*item
+		chunks, later = s.route(append(todo, later...))
+		todo = nil
 		cmds := s.send(ctx, st, chunks, mode, at, eval)
 		repair, load, reload, tryAgain, viaFunc := false, false, false, false, !eval && !s.noFunc.Load()
 		var missing []int  // shards with no version
@@ -777,30 +777,6 @@ func repeats(chunk []*item) bool {
 		seen[it.key] = struct{}{}
 	}
 	return false
-}
-
-// perKey bounds the work of one script call: it keeps in items each key's
-// first items up to ChunkSize of work (see weight) and returns the others,
-// in order, for a later round. A key's items are decided in request order, and a call
-// stopped part-way (a chain to fetch) is sent again after the calls
-// pipelined behind it, so a key's later items wait for the round after its
-// earlier ones are done rather than ride in a call of their own. A call
-// then holds less than 2*ChunkSize of work (see route).
-func perKey(items []*item) (now, later []*item) {
-	if weightOf(items) <= ChunkSize {
-		return items, nil
-	}
-	n := make(map[string]int)
-	now = items[:0:0]
-	for _, it := range items {
-		if n[it.key] < ChunkSize {
-			n[it.key] += it.weight()
-			now = append(now, it)
-		} else {
-			later = append(later, it)
-		}
-	}
-	return now, later
 }
 
 // weight is about what a request of key costs the decide script, in

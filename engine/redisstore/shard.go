@@ -442,34 +442,43 @@ func (s *Store) stateShard(i int) int {
 // key in the call of its first: calls are pipelined, and one that stops
 // part-way (a chain to fetch) is sent again after the others, so a key
 // must not have items in two of them (a batch decides each key's requests
-// in request order). A key's items (at most ChunkSize of work, see perKey)
-// make its call longer.
-func (s *Store) route(items []*item) [][]*item {
+// in request order). A key's items make its call longer, up to ChunkSize
+// of work: its items past that are returned in later, in order, for a
+// later round, so that they wait for the round after its earlier ones are
+// done rather than ride in a call of their own. A call then holds less
+// than 2*ChunkSize of work.
+func (s *Store) route(items []*item) (chunks [][]*item, later []*item) {
 	one := weightOf(items) <= ChunkSize
 	for _, it := range items {
 		one = one && s.stateShard(it.shard) == s.stateShard(items[0].shard)
 	}
 	if one {
-		return [][]*item{items}
+		return [][]*item{items}, nil
 	}
-	var chunks [][]*item
 	var work []int
-	home := make(map[string]int, len(items)) // a key's chunk
-	open := make(map[int]int)                // a shard's chunk being filled
+	keys := make(map[string][2]int, len(items)) // a key's chunk, and its work in this round
+	open := make(map[int]int)                   // a shard's chunk being filled
 	for _, it := range items {
-		c, ok := home[it.key]
+		k, ok := keys[it.key]
+		if k[1] >= ChunkSize {
+			later = append(later, it)
+			continue
+		}
 		if !ok {
 			sh := s.stateShard(it.shard)
-			if c, ok = open[sh]; !ok || work[c] >= ChunkSize {
+			c, ok := open[sh]
+			if !ok || work[c] >= ChunkSize {
 				c = len(chunks)
 				chunks, work, open[sh] = append(chunks, nil), append(work, 0), c
 			}
-			home[it.key] = c
+			k[0] = c
 		}
-		chunks[c] = append(chunks[c], it)
-		work[c] += it.weight()
+		k[1] += it.weight()
+		keys[it.key] = k
+		chunks[k[0]] = append(chunks[k[0]], it)
+		work[k[0]] += it.weight()
 	}
-	return chunks
+	return chunks, later
 }
 
 // lag is a shard found behind the committed version: its index and version.
