@@ -133,7 +133,8 @@ func (s *Store) Refund(ctx context.Context, key string, tokens int64) (engine.De
 
 // one runs and counts one Peek (mode "p"), Refund ("r") or Charge
 // (modeCharge), each a script call of its own. A Peek or Refund Redis does
-// not answer is an error; a Charge is answered by chargeFailed.
+// not answer is an error; a Charge is answered by chargeFailed, which
+// counts it.
 func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
 	if err := s.check(ctx, key, tokens); err != nil {
 		s.errs[kindOf(err)].Add(1)
@@ -143,12 +144,25 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	if s.lease != nil {
 		held = s.lease.before(ctx, mode, key)
 	}
-	d, err := s.call1(ctx, mode, key, tokens)
-	if err != nil {
+	var out engine.Result
+	err := s.need(ctx)
+	if err == nil {
+		err = s.round(ctx, func(ctx context.Context) error {
+			_, err := s.exec(ctx, mode, "", []item{{out: &out, key: key, cost: tokens}})
+			return err
+		})
+	}
+	if err != nil && mode == modeCharge {
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			return s.chargeFailed(key, err), nil
+		}
+		err = ctx.Err()
+	}
+	if err = cmp.Or(err, out.Err); err != nil {
 		s.errs[kindOf(err)].Add(1)
 		return engine.Decision{}, err
 	}
-	n := &s.allowed // a charge, as the engine counts it: an admission
+	d, n := out.Decision, &s.allowed // a charge, as the engine counts it: an admission
 	switch mode {
 	case "p":
 		n = &s.peeks
@@ -158,27 +172,6 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	}
 	n.Add(1)
 	return d, nil
-}
-
-// call1 is one without its checks, its counting and the lease.
-func (s *Store) call1(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
-	var out engine.Result
-	err := s.need(ctx)
-	if err == nil {
-		err = s.round(ctx, func(ctx context.Context) error {
-			_, err := s.exec(ctx, mode, "", []item{{out: &out, key: key, cost: tokens}})
-			return err
-		})
-	}
-	switch {
-	case err != nil && mode == modeCharge && !errors.Is(ctx.Err(), context.Canceled):
-		return s.chargeFailed(key, err), nil
-	case err != nil && mode == modeCharge:
-		err = ctx.Err()
-	case err == nil:
-		err = out.Err
-	}
-	return out.Decision, err
 }
 
 // AllowBatch decides reqs[i] into out[i], with the same meaning as
