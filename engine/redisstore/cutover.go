@@ -56,9 +56,10 @@ const minLockTTL = 10 * time.Second
 // wrapping ErrUnavailable, and Policy (or any later call) tells.
 //
 // Each virtual shard keeps its own copy of the version in force, and the
-// publish is the package doc's four steps: record the cutover in the global keys
-// (the compare-and-set, under the lock), prepare every shard (each then
-// refuses every caller), commit in the global keys, publish every shard.
+// publish is the package doc's four steps: record the cutover in the
+// global keys (the compare-and-set, under the lock), prepare every shard
+// (each then refuses every caller), commit in the global keys, publish
+// every shard.
 // Once recorded the cutover is made: if a later step fails, the call
 // returns an error wrapping ErrUnavailable that says so, and the next store
 // call that meets a prepared shard, or the next New or ReplacePolicy on the
