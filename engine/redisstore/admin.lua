@@ -1,6 +1,6 @@
 -- The administrative scripts: installing a prefix and its virtual shards,
--- the cutover (atomic on one server, two-phase on a cluster: see
--- cutover.go), and the lock's pending flags. A history entry is "version
+-- the cutover (in two phases: see cutover.go), and the lock's pending
+-- flags. A history entry is "version
 -- cutover cap rate overridden[ bands]" (see decide.lua); its tail is what
 -- follows the cutover instant. Each script is the section after its
 -- "-- script: name" line, run with this prelude before it.
@@ -64,42 +64,7 @@ for i = 1, #KEYS, 2 do
 end
 return n
 
--- script: replaceAll
--- replaceAll is the cutover on one server, atomic: it publishes the next
--- policy if the caller still holds the cutover lock and expectedVersion is
--- in force (a compare-and-set), recording the cutover instant in the global
--- history and in every virtual shard's, all at one TIME; with trim, it
--- first drops every retained version but the one in force (the caller has
--- brought every bucket up to it).
--- KEYS: policy hash, history list, blobs hash, lock, then each shard's
--- policy hash, history list and pending flag.
--- ARGV: expected, next version, cap, rate, overridden, blob, time override,
--- lock token, trim, bands. Reply {"ok", instant}, {"stale", version},
--- {"lock"} or {"nopolicy"}.
-local cur = redis.call('HGET', KEYS[1], 'v')
-if not cur then return {'nopolicy'} end
-if redis.call('GET', KEYS[4]) ~= ARGV[8] then return {'lock'} end
-local nv = ARGV[2]
-if cur ~= ARGV[1] or #nv < #cur or (#nv == #cur and nv <= cur) then return {'stale', cur} end
-local now = nowNs(ARGV[7])
-if ARGV[9] == '1' then
-  local old = redis.call('LRANGE', KEYS[2], 0, -2)
-  for _, e in ipairs(old) do redis.call('HDEL', KEYS[3], string.match(e, '^(%d+)')) end
-  redis.call('LTRIM', KEYS[2], -1, -1)
-end
-local e = nv .. ' ' .. now .. ' ' .. ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. ARGV[5] .. bands(ARGV[10])
-redis.call('RPUSH', KEYS[2], e)
-redis.call('HSET', KEYS[3], nv, ARGV[6])
-redis.call('HSET', KEYS[1], 'v', nv)
-for i = 5, #KEYS, 3 do
-  if ARGV[9] == '1' then redis.call('LTRIM', KEYS[i + 1], -1, -1) end
-  redis.call('RPUSH', KEYS[i + 1], e)
-  redis.call('HSET', KEYS[i], 'v', nv)
-  redis.call('HDEL', KEYS[i + 2], ARGV[8])
-end
-return {'ok', now}
-
--- A cluster cutover's record, in field next of the global policy hash, is
+-- A cutover's record, in field next of the global policy hash, is
 -- "next trim lengthens instant tail": the next version, "1" if the cutover
 -- trims the history, "1" if it may lengthen a bucket's time-to-full (see
 -- ReplacePolicy), the cutover instant ("-" until the commit sets it) and the
@@ -108,7 +73,7 @@ return {'ok', now}
 -- version); doneSrc then removes it.
 
 -- script: intent
--- intent is a cluster cutover's first step, on the global keys: if the
+-- intent is a cutover's first step, on the global keys: if the
 -- caller holds the lock, expectedVersion is in force and no other cutover's
 -- record is left unfinished, it records the next version's blob and the
 -- cutover to make, which from then on any store may finish.
@@ -130,7 +95,7 @@ redis.call('HSET', KEYS[1], 'next', nv .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' 
 return {'ok'}
 
 -- script: prepare
--- prepare is a cluster cutover's second step, on one virtual shard: its
+-- prepare is a cutover's second step, on one virtual shard: its
 -- version becomes "p" and the next version, which the decide script
 -- refuses to every caller ("stale"), until the shard is published. A shard
 -- with no version (its master lost its data) is first installed at the old
@@ -151,7 +116,7 @@ redis.call('HSET', KEYS[1], 'v', 'p' .. ARGV[2])
 return 'ok'
 
 -- script: commit
--- commit is a cluster cutover's third step, on the global keys, once
+-- commit is a cutover's third step, on the global keys, once
 -- every shard is prepared: the next version recorded by intentSrc is in
 -- force from here on, its cutover instant this step's TIME, kept in the
 -- record so that every shard is published as of that one instant. KEYS:
@@ -172,7 +137,7 @@ redis.call('HSET', KEYS[1], 'v', w, 'next', w .. ' ' .. trim .. ' ' .. len .. ' 
 return {'ok', at}
 
 -- script: publish
--- publish is a cluster cutover's last step, on one prepared virtual
+-- publish is a cutover's last step, on one prepared virtual
 -- shard: the next version is in force there from the cutover instant,
 -- which its buckets replay. KEYS: the shard's policy hash, history list and
 -- pending flag. ARGV: next version, its entry's tail, trim, the cutover
@@ -194,7 +159,7 @@ if ARGV[6] ~= '' then redis.call('HDEL', KEYS[3], ARGV[6]) end
 return 'ok'
 
 -- script: flag
--- flag sets a lengthening cluster cutover's own pending token in one
+-- flag sets a lengthening cutover's own pending token in one
 -- virtual shard, with no expiry, unless the shard is already published (a
 -- flag set after the publish would stay). KEYS: the shard's policy hash and
 -- pending flag. ARGV: next version, token. Reply "ok".
@@ -204,7 +169,7 @@ redis.call('PERSIST', KEYS[2])
 return 'ok'
 
 -- script: done
--- done ends a cluster cutover, on the global keys, once every shard is
+-- done ends a cutover, on the global keys, once every shard is
 -- published (and a lengthening cutover's expiry pass is done): it removes
 -- the record if it is still that committed cutover's. KEYS: policy hash.
 -- ARGV: the version. Reply 1 if it did.

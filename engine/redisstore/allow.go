@@ -33,6 +33,7 @@ type item struct {
 	combined bool // a single Allow sent with others: its combiner counts its decision
 	counted  bool // decided by Redis in mode "a"
 	over     bool // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
+	lease    bool // a lease asked for: the failure rule's answer counts as no request's
 	w        int  // the request's work in the script, in fast-path requests (see weight); 0 counts as 1
 	ref      int  // its shape's place among its call's shapes (see callWords)
 }
@@ -132,7 +133,8 @@ func (s *Store) Refund(ctx context.Context, key string, tokens int64) (engine.De
 
 // one runs and counts one Peek (mode "p"), Refund ("r") or Charge
 // (modeCharge), each a script call of its own. A Peek or Refund Redis does
-// not answer is an error; a Charge is answered by chargeFailed.
+// not answer is an error; a Charge is answered by chargeFailed, which
+// counts it.
 func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
 	if err := s.check(ctx, key, tokens); err != nil {
 		s.errs[kindOf(err)].Add(1)
@@ -142,12 +144,25 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	if s.lease != nil {
 		held = s.lease.before(ctx, mode, key)
 	}
-	d, err := s.call1(ctx, mode, key, tokens)
-	if err != nil {
+	var out engine.Result
+	err := s.need(ctx)
+	if err == nil {
+		err = s.round(ctx, func(ctx context.Context) error {
+			_, err := s.exec(ctx, mode, "", []item{{out: &out, key: key, cost: tokens}})
+			return err
+		})
+	}
+	if err != nil && mode == modeCharge {
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			return s.chargeFailed(key, err), nil
+		}
+		err = ctx.Err()
+	}
+	if err = cmp.Or(err, out.Err); err != nil {
 		s.errs[kindOf(err)].Add(1)
 		return engine.Decision{}, err
 	}
-	n := &s.allowed // a charge, as the engine counts it: an admission
+	d, n := out.Decision, &s.allowed // a charge, as the engine counts it: an admission
 	switch mode {
 	case "p":
 		n = &s.peeks
@@ -157,27 +172,6 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	}
 	n.Add(1)
 	return d, nil
-}
-
-// call1 is one without its checks, its counting and the lease.
-func (s *Store) call1(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
-	var out engine.Result
-	err := s.need(ctx)
-	if err == nil {
-		err = s.round(ctx, func(ctx context.Context) error {
-			_, err := s.exec(ctx, mode, "", []item{{out: &out, key: key, cost: tokens}})
-			return err
-		})
-	}
-	switch {
-	case err != nil && mode == modeCharge && !errors.Is(ctx.Err(), context.Canceled):
-		return s.chargeFailed(key, err), nil
-	case err != nil && mode == modeCharge:
-		err = ctx.Err()
-	case err == nil:
-		err = out.Err
-	}
-	return out.Decision, err
 }
 
 // AllowBatch decides reqs[i] into out[i], with the same meaning as
@@ -193,7 +187,7 @@ func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []eng
 	if s.lease != nil {
 		return s.lease.allowBatch(ctx, reqs, out)
 	}
-	err := s.allowBatch(ctx, reqs, out)
+	err := s.allowBatch(ctx, reqs, out, len(reqs))
 	var t tally
 	for i := range reqs {
 		t.add(out[i].Decision, out[i].Err)
@@ -202,14 +196,16 @@ func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []eng
 	return err
 }
 
-// allowBatch is AllowBatch, out long enough, without its counting.
-func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
+// allowBatch is AllowBatch, out long enough, without its counting; the
+// requests from reqs[leases] on ask for leases, whose failure rule's
+// answers count as no request's.
+func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result, leases int) error {
 	fail := s.usable(ctx)
 	items := make([]item, 0, len(reqs))
 	for i, r := range reqs {
 		out[i] = engine.Result{}
 		if out[i].Err = s.check(ctx, r.Key, r.Cost); out[i].Err == nil {
-			items = append(items, item{out: &out[i], key: r.Key, cost: r.Cost})
+			items = append(items, item{out: &out[i], key: r.Key, cost: r.Cost, lease: i >= leases})
 		}
 	}
 	if fail != nil || len(items) == 0 {
@@ -258,12 +254,16 @@ func (s *Store) report(err error) {
 }
 
 // failAnswers answers every undecided item by the fail-open or fail-closed
-// rule, and counts them.
+// rule, and counts those that are not leases.
 func (s *Store) failAnswers(items []item) {
 	st := s.cur.Load()
 	for i := range items {
 		if it := &items[i]; !it.done {
-			*it.out = s.failResult(st, it, 1)
+			n := uint64(1)
+			if it.lease {
+				n = 0
+			}
+			*it.out = s.failResult(st, it, n)
 		}
 	}
 }
@@ -321,7 +321,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 	}
 	busy := 0         // rounds that met a slot being migrated (TRYAGAIN)
 	eval := false     // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
-	var later []*item // items held for a later round (see perKey)
+	var later []*item // items held for a later round (see route)
 	for attempt := 0; len(todo) > 0 || len(later) > 0; attempt++ {
 		switch {
 		case attempt > 0 && len(todo) == 0:
@@ -331,10 +331,10 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		case attempt > 0:
 			s.retries.Add(1)
 		}
-		todo, later = perKey(append(todo, later...))
 		st := s.cur.Load()
-		chunks := s.route(todo)
-		todo = todo[:0:0]
+		var chunks [][]*item
+		chunks, later = s.route(append(todo, later...))
+		todo = nil
 		cmds := s.send(ctx, st, chunks, mode, at, eval)
 		repair, load, reload, tryAgain, viaFunc := false, false, false, false, !eval && !s.noFunc.Load()
 		var missing []int  // shards with no version
@@ -395,7 +395,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 				reload, todo = true, append(todo, rest...)
 				if strings.HasPrefix(r.behind, "p") { // mid-cutover: settled below
 					repair = true
-				} else if v, err := strconv.ParseInt(r.behind, 10, 64); err == nil && v < st.p.Version && s.cluster != nil {
+				} else if v, err := strconv.ParseInt(r.behind, 10, 64); err == nil && v < st.p.Version {
 					// A shard behind the version this store has, which is
 					// committed (a store learns no other): one reinstalled
 					// while a cutover committed. Published to it below.
@@ -772,30 +772,6 @@ func repeats(chunk []*item) bool {
 	return false
 }
 
-// perKey bounds the work of one script call: it keeps in items each key's
-// first items up to ChunkSize of work (see weight) and returns the others,
-// in order, for a later round. A key's items are decided in request order, and a call
-// stopped part-way (a chain to fetch) is sent again after the calls
-// pipelined behind it, so a key's later items wait for the round after its
-// earlier ones are done rather than ride in a call of their own. A call
-// then holds less than 2*ChunkSize of work (see route).
-func perKey(items []*item) (now, later []*item) {
-	if weightOf(items) <= ChunkSize {
-		return items, nil
-	}
-	n := make(map[string]int)
-	now = items[:0:0]
-	for _, it := range items {
-		if n[it.key] < ChunkSize {
-			n[it.key] += it.weight()
-			now = append(now, it)
-		} else {
-			later = append(later, it)
-		}
-	}
-	return now, later
-}
-
 // weight is about what a request of key costs the decide script, in
 // requests of the fast path (~1 us each): a limit beyond the fast path
 // (limbs) about 8, each band of a limit with bands about 5 (measured with
@@ -897,18 +873,4 @@ func (noRetryCmd) NoRetry() bool { return true }
 // a client, which sends it at once.
 type processor interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
-}
-
-// evalShaOnce queues EVALSHA of sc on p (or sends it, on a client), never
-// retried by go-redis.
-func evalShaOnce(ctx context.Context, p processor, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
-	a := make([]any, 0, 3+len(keys)+len(args))
-	a = append(a, "evalsha", sc.Hash(), len(keys))
-	for _, k := range keys {
-		a = append(a, k)
-	}
-	a = append(a, args...)
-	cmd := redis.NewCmd(ctx, a...)
-	_ = p.Process(ctx, noRetryCmd{cmd})
-	return cmd
 }

@@ -61,7 +61,7 @@ func TestChargeExpiryCoversDebt(t *testing.T) {
 // TestChargeFailure: a charge Redis cannot answer is not an error: it is
 // answered allowed (a charge is never denied), with nothing Remaining,
 // marked Degraded, under either failure rule; OnError is told and Stats
-// counts it as a degraded admission.
+// counts it as a degraded admission, and only as that.
 func TestChargeFailure(t *testing.T) {
 	for _, failOpen := range []bool{true, false} {
 		srv := startPrivate(t)
@@ -81,6 +81,7 @@ func TestChargeFailure(t *testing.T) {
 		after := s.Stats()
 		require.Equal(t, before.Failures+1, after.Failures)
 		require.Equal(t, before.DegradedAllowed+1, after.DegradedAllowed)
+		require.Equal(t, before.Allowed, after.Allowed, "counted once, as a failure")
 		_, err = s.Charge(context.Background(), "k", 0)
 		require.ErrorIs(t, err, engine.ErrInvalidCost, "checked before Redis")
 		require.Equal(t, after.Errors.InvalidCost+1, s.Stats().Errors.InvalidCost)

@@ -55,11 +55,11 @@ const minLockTTL = 10 * time.Second
 // version is in force, the outcome is unknown: the call returns an error
 // wrapping ErrUnavailable, and Policy (or any later call) tells.
 //
-// Each virtual shard keeps its own copy of the version in force. On one
-// server the publish moves every copy in one script. On Redis Cluster it
-// is the package doc's four steps: record the cutover in the global keys
-// (the compare-and-set, under the lock), prepare every shard (each then
-// refuses every caller), commit in the global keys, publish every shard.
+// Each virtual shard keeps its own copy of the version in force, and the
+// publish is the package doc's four steps: record the cutover in the
+// global keys (the compare-and-set, under the lock), prepare every shard
+// (each then refuses every caller), commit in the global keys, publish
+// every shard.
 // Once recorded the cutover is made: if a later step fails, the call
 // returns an error wrapping ErrUnavailable that says so, and the next store
 // call that meets a prepared shard, or the next New or ReplacePolicy on the
@@ -84,13 +84,11 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	}
 	defer s.unlock(ctx, token)
 
-	if s.cluster != nil {
-		// A cutover left unfinished (by a process that died, or a master
-		// away at one of its steps) is finished first, its expiry pass
-		// included: intentSrc records no other until it is.
-		if _, err := s.settle(ctx, token); err != nil {
-			return fmt.Errorf("%w: an earlier cutover could not be finished: %w", ErrUnavailable, err)
-		}
+	// A cutover left unfinished (by a process that died, or a master away
+	// at one of its steps) is finished first, its expiry pass included:
+	// intentSrc records no other until it is.
+	if _, err := s.settle(ctx, token); err != nil {
+		return fmt.Errorf("%w: an earlier cutover could not be finished: %w", ErrUnavailable, err)
 	}
 	if err := s.round(ctx, s.reload); err != nil {
 		return err
@@ -123,11 +121,11 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	}
 
 	if s.cluster != nil {
-		// A cluster cutover, once recorded, prepares every shard, and the
-		// prepared ones refuse every call until all are: a master known
-		// to be down would stop every shard, not only its own. So every
-		// master must answer first (one that fails later, during the
-		// steps, leaves the cutover to be finished when it is back).
+		// A cutover, once recorded, prepares every shard, and the prepared
+		// ones refuse every call until all are: a master known to be down
+		// would stop every shard, not only its own. So every master must
+		// answer first (one that fails later, during the steps, leaves the
+		// cutover to be finished when it is back).
 		if err := s.round(ctx, func(ctx context.Context) error {
 			return s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
 		}); err != nil {
@@ -152,9 +150,14 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		// Published: from here the call completes, whatever its context
 		// (engine.Engine.ReplacePolicy's rule). A bucket whose expiry this
 		// pass does not set keeps none until it is next touched, which costs
-		// memory, never correctness.
-		_, err := s.convertPass(pctx, "c", token)
-		if err == nil && s.cluster != nil {
+		// memory, never correctness. Every shard is published, so this
+		// holder's pending flags go first: else the pass and the calls
+		// meanwhile would write buckets without expiry.
+		err := s.release(pctx, token, false)
+		if err == nil {
+			_, err = s.convertPass(pctx, "c", token)
+		}
+		if err == nil {
 			// ends the cutover; left recorded, the next ReplacePolicy
 			// runs the pass again first
 			err = s.done(pctx, strconv.FormatInt(next.Version, 10))
@@ -300,8 +303,9 @@ func (s *Store) renew(ctx context.Context, token string) error {
 
 // setPending sets this holder's pending flag in every virtual shard, if it
 // still holds the lock, so that the decide script writes buckets without
-// expiry until the cutover is published. On a cluster the lock is checked
-// first, then the flags are set: a holder whose lock expired in between
+// expiry until the cutover is published: on one server with the lock
+// checked in the same script; on a cluster the lock is checked first, then
+// the flags are set (another slot): a holder whose lock expired in between
 // adds its own token, which costs memory (buckets written without expiry
 // until it expires), never tokens, and cannot remove the next holder's.
 func (s *Store) setPending(ctx context.Context, token string) error {
@@ -326,18 +330,25 @@ func (s *Store) setPending(ctx context.Context, token string) error {
 
 // unlock releases the lock and the pending flags, even if ctx has ended.
 func (s *Store) unlock(ctx context.Context, token string) {
-	err := s.round(context.WithoutCancel(ctx), func(ctx context.Context) error {
+	err := s.release(context.WithoutCancel(ctx), token, true)
+	if err != nil && !errors.Is(err, redis.Nil) {
+		s.report(fmt.Errorf("redisstore: releasing the cutover lock (it expires in %v): %w", s.lockTTL, err))
+	}
+}
+
+// release drops this holder's pending flags and, with lock, the lock.
+func (s *Store) release(ctx context.Context, token string, lock bool) error {
+	return s.round(ctx, func(ctx context.Context) error {
 		pipe := s.rdb.Pipeline()
 		for _, k := range s.shards {
 			pipe.Eval(ctx, releaseSrc, []string{k.pending}, token, "0")
 		}
-		pipe.Eval(ctx, releaseSrc, []string{s.kLock}, token, "1")
+		if lock {
+			pipe.Eval(ctx, releaseSrc, []string{s.kLock}, token, "1")
+		}
 		_, err := pipe.Exec(ctx)
 		return err
 	})
-	if err != nil && !errors.Is(err, redis.Nil) && s.onError != nil {
-		s.onError(fmt.Errorf("redisstore: releasing the cutover lock (it expires in %v): %w", s.lockTTL, err))
-	}
 }
 
 func (s *Store) allShards() []int {
@@ -350,42 +361,17 @@ func (s *Store) allShards() []int {
 
 // publish makes next the policy in force, expectedVersion permitting, once
 // the caller holds the lock and every pass before it is done; ctx has no
-// cancellation. On one server it is one script, atomic: every shard's copy
-// moves at once. On a cluster it is the two-phase cutover (see ReplacePolicy).
+// cancellation. It is the two-phase cutover (see ReplacePolicy).
 func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion int64, blob, token string, trim, lengthens bool) error {
 	nv := strconv.FormatInt(next.Version, 10)
+	// Intent: idempotent (it writes nothing a second run would not), so
+	// go-redis may retry it.
 	var res []any
-	var err error
-	if s.cluster == nil {
-		a := encodeShape(next.Shape())
-		err = s.round(ctx, func(ctx context.Context) (err error) {
-			keys := []string{s.kPolicy, s.kHistory, s.kBlobs, s.kLock}
-			for _, k := range s.shards {
-				keys = append(keys, k.policy, k.history, k.pending)
-			}
-			args := []any{expectedVersion, next.Version, next.Capacity, a.rate, overridden(next), blob, s.nowArg(), token, flag(trim), a.bands}
-			for range 2 { // once more after NOSCRIPT
-				pipe := s.rdb.Pipeline()
-				cmd := evalShaOnce(ctx, pipe, replaceAllScript, keys, args...)
-				_, _ = pipe.Exec(ctx)
-				if res, err = cmd.Slice(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
-					return err
-				}
-				if err := replaceAllScript.Load(ctx, s.rdb).Err(); err != nil {
-					return err
-				}
-			}
-			return err
-		})
-	} else {
-		// Intent: idempotent (it writes nothing a second run would not), so
-		// go-redis may retry it.
-		err = s.round(ctx, func(ctx context.Context) (err error) {
-			res, err = s.rdb.Eval(ctx, intentSrc, []string{s.kPolicy, s.kBlobs, s.kLock},
-				expectedVersion, nv, tail(next), blob, token, flag(trim), flag(lengthens)).Slice()
-			return err
-		})
-	}
+	err := s.round(ctx, func(ctx context.Context) (err error) {
+		res, err = s.rdb.Eval(ctx, intentSrc, []string{s.kPolicy, s.kBlobs, s.kLock},
+			expectedVersion, nv, tail(next), blob, token, flag(trim), flag(lengthens)).Slice()
+		return err
+	})
 	if err != nil {
 		// unknown, or not published: the caller may retry with the same expectedVersion
 		if v, nx, rerr := s.policyRecord(ctx); rerr != nil || (v != nv && !strings.HasPrefix(nx, nv+" ")) {
@@ -404,9 +390,6 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 		return fmt.Errorf("%w: an earlier cutover (%v) is not finished; nothing changed", ErrUnavailable, res[1:])
 	default:
 		return fmt.Errorf("%w: the policy vanished from Redis during the cutover (%v)", ErrUnavailable, res)
-	}
-	if s.cluster == nil {
-		return nil
 	}
 	// Recorded: from here the cutover is made, by this call (settle) or,
 	// if it fails part-way, by the next store that meets it. A lengthening

@@ -244,3 +244,30 @@ func TestClusterGlobalLostNotReinstalledOlder(t *testing.T) {
 	require.Equal(t, int64(3), d.Version)
 	require.Equal(t, f, b.Stats().Failures)
 }
+
+// TestClusterLengtheningSetsExpiries: on a cluster as on one server, a
+// lengthening cutover's pass gives every bucket an expiry under the new
+// policy before ReplacePolicy returns: the caller's pending flags go once
+// every shard is published, before the pass.
+func TestClusterLengtheningSetsExpiries(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	p := prefix(t)
+	ctx := context.Background()
+	s := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}})[0]
+	keys := make([]string, 32) // over several shards, so over every master
+	for i := range keys {
+		keys[i] = fmt.Sprint("k", i)
+		d, err := s.Allow(ctx, keys[i], 5) // full again in 5 s
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100, TokensPerSecond: 1}, 1)) // lengthens
+	cc := clusterClient(t, addrs)
+	for _, k := range keys {
+		require.Greater(t, cc.PTTL(ctx, redisstore.BucketKey(p, k)).Val(), 10*time.Second, "%s after the lengthening cutover: no expiry, or the old one", k)
+	}
+	_, _, pendings := redisstore.ShardStateKeys(p)
+	for _, k := range pendings {
+		require.Zero(t, cc.Exists(ctx, k).Val(), "the pending flags are cleared")
+	}
+}

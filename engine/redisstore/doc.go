@@ -261,9 +261,11 @@
 // master's last writes (replication is asynchronous) gives their tokens
 // again, as in a failover on one server (see Policies).
 //
-// A cutover moves every shard's copy of the version. On one server one
-// script moves them all at once, as it always has. On a cluster no script
-// can, so a cutover has four steps, each conditional and idempotent:
+// A cutover moves every shard's copy of the version. On a cluster no
+// script can move them all at once, so a cutover has four steps, each
+// conditional and idempotent, on one server as on a cluster (there every
+// call reads one shard's copy, so its calls pause only from that shard's
+// prepare to its publish):
 //
 //  1. record: under the lock, if the expected version is in force and no
 //     earlier cutover is left unfinished, the next policy and the cutover
@@ -293,8 +295,8 @@
 // is back and a call finishes the cutover.
 //
 // A lengthening cutover (see Store.ReplacePolicy) says so in its record.
-// Its pending flag is set in every shard after the lock is checked, not
-// with it (a different slot): a holder whose lock expired in between adds
+// On a cluster its pending flag is set in every shard after the lock is
+// checked, not with it (a different slot): a holder whose lock expired in between adds
 // a flag of its own, which costs memory (buckets written without expiry
 // until the flag expires), never tokens. Every finisher also sets the
 // cutover's own flag in each shard not yet published, before it prepares

@@ -54,12 +54,13 @@ const (
 // caller asks Redis (see lreq).
 var errRemote = errors.New("redisstore: for redis")
 
-// What a caller asks of a key's lease shard.
+// What a caller asks of a key's lease shard, named by the decide script's
+// mode of the call it comes from.
 const (
-	opAllow  uint8 = iota // decide cost from the lease, or send the caller to Redis
-	opPeek                // report the tokens the lease holds
-	opRefund              // the balance grows: forget a denial kept for the key
-	opCharge              // hand the lease over, to give back before a charge
+	opAllow  = "a"        // decide cost from the lease, or send the caller to Redis
+	opPeek   = "p"        // report the tokens the lease holds
+	opRefund = "r"        // the balance grows: forget a denial kept for the key
+	opCharge = modeCharge // hand the lease over, to give back before a charge
 )
 
 // lreq is one request to a lease shard: the caller fills op, key and cost,
@@ -70,7 +71,7 @@ const (
 // the request (0 for none). With back, the caller first gives back that
 // many tokens taken under version bver, so that Redis decides with them.
 type lreq struct {
-	op         uint8
+	op         string
 	key        string
 	cost       int64
 	d          engine.Decision
@@ -216,21 +217,12 @@ func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
 	l := &leaser{
 		s:       s,
 		clk:     clk,
-		divisor: max(cfg.Divisor, 0),
-		horizon: int64(cfg.Horizon),
-		maxAge:  int64(cfg.MaxAge),
+		divisor: cmp.Or(cfg.Divisor, DefaultLeaseDivisor), // New refuses a negative field
+		horizon: int64(cmp.Or(cfg.Horizon, DefaultLeaseHorizon)),
+		maxAge:  int64(cmp.Or(cfg.MaxAge, DefaultLeaseMaxAge)),
 		yields:  2,
 		seed:    maphash.MakeSeed(),
 		quit:    make(chan struct{}),
-	}
-	if l.divisor == 0 {
-		l.divisor = DefaultLeaseDivisor
-	}
-	if l.horizon == 0 {
-		l.horizon = int64(DefaultLeaseHorizon)
-	}
-	if l.maxAge == 0 {
-		l.maxAge = int64(DefaultLeaseMaxAge)
 	}
 	l.idle = min(2*l.horizon, l.maxAge)
 	if runtime.GOMAXPROCS(0) > 1 {
@@ -270,7 +262,7 @@ func (l *leaser) shardOf(key string) *leaseShard {
 
 // ask hands one request to its key's shard and waits for the answer, which
 // it copies to out; out.err is engine.ErrClosed if the layer is closed.
-func (l *leaser) ask(op uint8, key string, cost int64, out *lreq) {
+func (l *leaser) ask(op, key string, cost int64, out *lreq) {
 	q := l.shardOf(key)
 	r := l.pool.Get().(*lreq)
 	*out = lreq{}
@@ -314,13 +306,10 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 	} else {
 		reqs := [2]engine.Request{{Key: key, Cost: cost - held}, {Key: key, Cost: want}}
 		var out [2]engine.Result
-		if err := s.allowBatch(ctx, reqs[:], out[:]); err != nil {
+		if err := s.allowBatch(ctx, reqs[:], out[:], 1); err != nil {
 			out[0].Err, out[1].Err = err, err
 		}
 		p.d, p.dErr, p.leaseD, p.lseErr = out[0].Decision, out[0].Err, out[1].Decision, out[1].Err
-		if p.leaseD.Degraded {
-			s.uncountFailure() // the failure rule's answer to a lease is no request's
-		}
 	}
 	if p.dErr == nil && !p.d.Allowed && !p.d.Degraded {
 		p.d.Remaining = satAdd(p.d.Remaining, held) // the tokens held go back to the lease
@@ -354,14 +343,7 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 // a denial the process keeps for the key no longer holds) or a Charge
 // (modeCharge: the lease goes back first, so that the charge takes its
 // tokens from the bucket as a whole).
-func (l *leaser) before(ctx context.Context, mode, key string) int64 {
-	op := opPeek
-	switch mode {
-	case "r":
-		op = opRefund
-	case modeCharge:
-		op = opCharge
-	}
+func (l *leaser) before(ctx context.Context, op, key string) int64 {
 	var a lreq
 	l.ask(op, key, 1, &a)
 	if a.back > 0 {
@@ -853,26 +835,14 @@ func (q *leaseShard) fetcher() {
 		}
 		out = append(out[:0], make([]engine.Result, len(asks))...)
 		at := q.l.clk.Now()
-		if err := s.allowBatch(context.Background(), reqs, out); err != nil {
+		if err := s.allowBatch(context.Background(), reqs, out, 0); err != nil {
 			for i := range out {
 				out[i].Err = err
 			}
 		}
 		for i, a := range asks {
-			if out[i].Decision.Degraded {
-				s.uncountFailure()
-			}
 			q.post(post{key: a.key, ver: a.ver, at: at, asked: a.n, leaseD: out[i].Decision, lseErr: out[i].Err})
 		}
-	}
-}
-
-// uncountFailure takes back the count of one failure rule's answer.
-func (s *Store) uncountFailure() {
-	if s.failOpen {
-		s.failedOpen.Add(^uint64(0))
-	} else {
-		s.failedClosed.Add(^uint64(0))
 	}
 }
 

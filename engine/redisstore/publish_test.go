@@ -28,15 +28,16 @@ func TestPublishThenContextEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ac := client(t, addr)
-	// The replace script (the store's only script with five keys) runs in
-	// Redis; then the caller's context is canceled before its reply is
-	// read, as a context ending while the reply is in flight.
+	// The cutover's record (the intent script, the store's only one with
+	// three keys the last of which is the lock) is written in Redis; then
+	// the caller's context is canceled before its reply is read, as a
+	// context ending while the reply is in flight.
 	var fired atomic.Bool
-	ac.AddHook(hook{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
-		err := next(ctx, cmds)
-		if len(cmds) == 1 && len(scriptKeys(cmds[0])) == 4+3*redisstore.DefaultVirtualShards && err == nil && !fired.Swap(true) {
+	ac.AddHook(hook{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		err := next(ctx, cmd)
+		if k := scriptKeys(cmd); len(k) == 3 && k[2] == redisstore.GlobalKey(p, "lock") && err == nil && !fired.Swap(true) {
 			cancel()
-			cmds[0].SetErr(context.Canceled)
+			cmd.SetErr(context.Canceled)
 			return context.Canceled
 		}
 		return err

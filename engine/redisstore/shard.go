@@ -254,7 +254,7 @@ func (s *Store) bucketKeyOf(rk string) (string, bool) {
 	return key, s.shard(key) == i
 }
 
-// record is a parsed cluster cutover record (see intentSrc).
+// record is a parsed cutover record (see intentSrc).
 type record struct {
 	nv, trim, lengthens, at, tail string
 }
@@ -267,14 +267,14 @@ func parseRecord(next string) (record, error) {
 	return record{nv: f[0], trim: f[1], lengthens: f[2], at: f[3], tail: f[4]}, nil
 }
 
-// cutoverToken is the pending token a lengthening cluster cutover to
+// cutoverToken is the pending token a lengthening cutover to
 // version nv sets in every shard before it prepares any, kept until the
 // shard is published: every finisher sets and removes the same one, so
 // that no shard writes an expiry under the old version once the cutover
 // may be finished, whoever finishes it.
 func cutoverToken(nv string) string { return "c" + nv }
 
-// finish completes a cluster cutover that intentSrc recorded (rec) while
+// finish completes a cutover that intentSrc recorded (rec) while
 // version v is in force in the global keys, or only publishes its shards if
 // it is committed (v is its version): for a lengthening cutover it first
 // sets the cutover's pending flag in every shard, then it prepares every
@@ -331,7 +331,7 @@ func (s *Store) finish(ctx context.Context, v string, rec record) (bool, error) 
 	return true, nil
 }
 
-// settle finishes the cluster cutover recorded in the global keys, if any,
+// settle finishes the cutover recorded in the global keys, if any,
 // reading them again whenever a step finds that another finisher moved on.
 // Once every shard is published it ends the cutover (doneSrc; a failure
 // to end it goes to OnError, and the next ReplacePolicy ends it), except that
@@ -383,7 +383,7 @@ func (s *Store) settle(ctx context.Context, token string) (bool, error) {
 	return false, fmt.Errorf("%w: the cutover recorded in the prefix kept moving while it was finished", ErrUnavailable)
 }
 
-// policyRecord reads the version in force and the cluster cutover record
+// policyRecord reads the version in force and the cutover record
 // ("" for none) from the global keys.
 func (s *Store) policyRecord(ctx context.Context) (v, next string, err error) {
 	err = s.round(ctx, func(ctx context.Context) error {
@@ -397,7 +397,7 @@ func (s *Store) policyRecord(ctx context.Context) (v, next string, err error) {
 	return v, next, err
 }
 
-// done ends the committed and published cluster cutover to version nv.
+// done ends the committed and published cutover to version nv.
 func (s *Store) done(ctx context.Context, nv string) error {
 	return s.round(ctx, func(ctx context.Context) error {
 		return s.rdb.Eval(ctx, doneSrc, []string{s.kPolicy}, nv).Err()
@@ -425,10 +425,10 @@ func (s *Store) shardStep(ctx context.Context, which []int, src string, keys fun
 var errShardMoved = errors.New("a virtual shard moved on")
 
 // stateShard is the shard whose copy of the policy state a script call on
-// shard i reads: its own on a cluster. On one server every shard's copy is
-// written by the same scripts at once, so they are all alike, and every
-// call reads shard 0's: a call may then hold keys of any shards (a batch
-// is not split per shard, and AllowAll takes keys of any shards).
+// shard i reads: its own on a cluster. On one server every call reads
+// shard 0's (every copy moves in the same pipelines, a cutover's steps
+// included): a call may then hold keys of any shards (a batch is not
+// split per shard, and AllowAll takes keys of any shards).
 func (s *Store) stateShard(i int) int {
 	if s.cluster == nil {
 		return 0
@@ -442,34 +442,43 @@ func (s *Store) stateShard(i int) int {
 // key in the call of its first: calls are pipelined, and one that stops
 // part-way (a chain to fetch) is sent again after the others, so a key
 // must not have items in two of them (a batch decides each key's requests
-// in request order). A key's items (at most ChunkSize of work, see perKey)
-// make its call longer.
-func (s *Store) route(items []*item) [][]*item {
+// in request order). A key's items make its call longer, up to ChunkSize
+// of work: its items past that are returned in later, in order, for a
+// later round, so that they wait for the round after its earlier ones are
+// done rather than ride in a call of their own. A call then holds less
+// than 2*ChunkSize of work.
+func (s *Store) route(items []*item) (chunks [][]*item, later []*item) {
 	one := weightOf(items) <= ChunkSize
 	for _, it := range items {
 		one = one && s.stateShard(it.shard) == s.stateShard(items[0].shard)
 	}
 	if one {
-		return [][]*item{items}
+		return [][]*item{items}, nil
 	}
-	var chunks [][]*item
 	var work []int
-	home := make(map[string]int, len(items)) // a key's chunk
-	open := make(map[int]int)                // a shard's chunk being filled
+	keys := make(map[string][2]int, len(items)) // a key's chunk, and its work in this round
+	open := make(map[int]int)                   // a shard's chunk being filled
 	for _, it := range items {
-		c, ok := home[it.key]
+		k, ok := keys[it.key]
+		if k[1] >= ChunkSize {
+			later = append(later, it)
+			continue
+		}
 		if !ok {
 			sh := s.stateShard(it.shard)
-			if c, ok = open[sh]; !ok || work[c] >= ChunkSize {
+			c, ok := open[sh]
+			if !ok || work[c] >= ChunkSize {
 				c = len(chunks)
 				chunks, work, open[sh] = append(chunks, nil), append(work, 0), c
 			}
-			home[it.key] = c
+			k[0] = c
 		}
-		chunks[c] = append(chunks[c], it)
-		work[c] += it.weight()
+		k[1] += it.weight()
+		keys[it.key] = k
+		chunks[k[0]] = append(chunks[k[0]], it)
+		work[k[0]] += it.weight()
 	}
-	return chunks
+	return chunks, later
 }
 
 // lag is a shard found behind the committed version: its index and version.

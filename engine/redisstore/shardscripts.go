@@ -3,8 +3,6 @@ package redisstore
 import (
 	_ "embed"
 	"strings"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // adminLib holds the administrative scripts, each in its own section: see
@@ -28,7 +26,6 @@ func adminScript(name string) string {
 var (
 	installSrc      = adminScript("install")
 	shardInstallSrc = adminScript("shardInstall")
-	replaceAllSrc   = adminScript("replaceAll")
 	intentSrc       = adminScript("intent")
 	prepareSrc      = adminScript("prepare")
 	commitSrc       = adminScript("commit")
@@ -38,6 +35,4 @@ var (
 	pendingSrc      = adminScript("pending")
 	refreshSrc      = adminScript("refresh")
 	releaseSrc      = adminScript("release")
-
-	replaceAllScript = redis.NewScript(replaceAllSrc) // sent by EVALSHA, never retried
 )

@@ -487,24 +487,22 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 func (s *Store) connect(ctx context.Context) error {
 	s.shards, s.shardByTag, s.kmap, s.seed, s.tags, s.queues = nil, nil, keyMap{}, "", "", nil
 	seed, tags := newSeed(), tagsArg(s.cfgTags)
-	if s.cluster != nil {
-		// The global keys lost while shards survive (their master lost
-		// its data): never reinstall them below a shard's version, nor
-		// with another key map than the shards' buckets were placed by.
-		n, err := s.rdb.Exists(ctx, s.kPolicy).Result()
+	// The global keys lost while shards survive (on a cluster, their
+	// master lost its data): never reinstall them below a shard's version,
+	// nor with another key map than the shards' buckets were placed by.
+	n, err := s.rdb.Exists(ctx, s.kPolicy).Result()
+	if err != nil {
+		return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
+	}
+	if n == 0 {
+		s.layout(s.cfgShards)
+		_, kept, err := s.reinstallPolicy(ctx)
+		s.shards, s.shardByTag = nil, nil
 		if err != nil {
-			return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
+			return err
 		}
-		if n == 0 {
-			s.layout(s.cfgShards)
-			_, kept, err := s.reinstallPolicy(ctx)
-			s.shards, s.shardByTag = nil, nil
-			if err != nil {
-				return err
-			}
-			if kept[0] != "" {
-				seed, tags = kept[0], kept[1]
-			}
+		if kept[0] != "" {
+			seed, tags = kept[0], kept[1]
 		}
 	}
 	installed, stored, kept, err := s.install(ctx, s.cfgPolicy, s.cfgShards, seed, tags)
@@ -713,7 +711,7 @@ func (s *Store) eachShard(ctx context.Context, which []int, src string, keys fun
 func (s *Store) reload(ctx context.Context) error { return s.load(ctx, false, false) }
 
 // load is reload; with all, it also reads a policy of the version this
-// store already has. It finishes a cluster cutover recorded and not yet
+// store already has. It finishes a cutover recorded and not yet
 // committed; with published, also one committed whose shards are not all
 // published (New). A call's reload leaves that to the call that meets an
 // unpublished shard: the version in force is the committed one whatever
@@ -770,8 +768,8 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 }
 
 // reinstallPolicy is the policy to reinstall the prefix's global keys at
-// once they are lost: the one this store is at, or on a cluster, if a
-// virtual shard that survived (on another master) holds a newer version,
+// once they are lost: the one this store is at, or, if a virtual shard
+// that survived (on a cluster, on another master) holds a newer version,
 // that one, whose policy this store must know: else it fails, and no store
 // reinstalls the keys until one that knows it does (a global older than a
 // shard would make every call on that shard answer "stale" for good). It
@@ -781,9 +779,6 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, error) {
 	p := s.cur.Load().p
 	var kept [2]string
-	if s.cluster == nil {
-		return p, kept, nil // one server: its shards went with the global keys
-	}
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.SliceCmd, len(s.shards))
 	for i, k := range s.shards {
