@@ -12,6 +12,7 @@ import (
 // engine passes, on the store through a real Redis, its time driven by the
 // suite's clock through the scripts (Config.Clock).
 func TestAdmission(t *testing.T) {
+	exactBalances(t)
 	admissiontest.Run(t, func(t *testing.T, s admissiontest.Setup) engine.Admitter {
 		return newStore(t, redisstore.Config{Policy: s.Policy}, s.Clock)
 	})

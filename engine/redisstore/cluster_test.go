@@ -41,6 +41,7 @@ func clusterClient(t testing.TB, addrs []string) *redis.ClusterClient {
 // prefix of one virtual shard, where every key is co-located as a {tag}
 // would put them.
 func TestAdmissionCluster(t *testing.T) {
+	exactBalances(t)
 	c := clusterClient(t, redistest.ClusterAddrs(t))
 	admissiontest.Run(t, func(t *testing.T, s admissiontest.Setup) engine.Admitter {
 		cfg := redisstore.Config{Client: c, Policy: s.Policy}

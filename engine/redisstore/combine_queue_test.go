@@ -156,6 +156,7 @@ func TestCombinedGiveUpDuringCall(t *testing.T) {
 // every call is counted once, as a decision or a failure, and the tokens
 // Redis took cover every admission its callers were told of.
 func TestCombinedAllowsStress(t *testing.T) {
+	exactBalances(t)
 	const capacity, goroutines, per = 1 << 40, 16, 60
 	s := newStore(t, redisstore.Config{
 		Policy:  policy.Policy{Version: 1, Capacity: capacity, TokensPerSecond: 1},

@@ -34,6 +34,7 @@ func requireCompact(t *testing.T, cfg redisstore.Config, key, tag string, units 
 // through the cutover, writes the fast path's format, exactly (every
 // token and unit of the balance, checked against math/big).
 func TestCompactAfterCutover(t *testing.T) {
+	exactBalances(t)
 	for _, rate := range []policy.Rate{policy.PerSecond(1000), policy.PerMinute(1000)} {
 		t.Run(fmt.Sprint(rate.Per), func(t *testing.T) {
 			const capacity = 2_000_000

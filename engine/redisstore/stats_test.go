@@ -20,6 +20,7 @@ import (
 // each error by kind, each failure answer as a failure, each AllowAll call
 // once; and the counts add up to the calls and requests made.
 func TestStatsCountEveryCall(t *testing.T) {
+	exactBalances(t)
 	c := client(t, redisAddr(t))
 	var failing atomic.Bool
 	c.AddHook(failPipelines(&failing))
