@@ -119,7 +119,7 @@ func (e *Engine) allowAllCall(ctx context.Context, reqs []Request) (Decision, in
 	}
 	c := e.newAllCall(reqs)
 	defer e.free(c)
-	if d, i, err, again := e.allowAll(ctx, c, reqs); !again {
+	if d, i, again, err := e.allowAll(ctx, c, reqs); !again {
 		return d, i, err
 	}
 	// A cutover, sweep or snapshot made a shard give its hold up. Try again
@@ -129,7 +129,7 @@ func (e *Engine) allowAllCall(ctx context.Context, reqs []Request) (Decision, in
 		if err := e.acquire(ctx); err != nil {
 			return Decision{}, -1, err
 		}
-		d, i, err, again := e.allowAll(ctx, c, reqs)
+		d, i, again, err := e.allowAll(ctx, c, reqs)
 		e.release()
 		if !again {
 			return d, i, err
@@ -283,19 +283,19 @@ func holdErrRank(err error) int {
 // nothing was decided. It first sends every part at once, each waiting for
 // nothing; if a shard answers that one of its keys is busy, it ends what it
 // holds and holds the parts one at a time, in shard order.
-func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d Decision, at int, err error, again bool) {
+func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d Decision, at int, again bool, err error) {
 	if len(c.parts) > 1 {
-		if d, at, err, again, busy := e.hold(ctx, c, reqs, true); !busy {
-			return d, at, err, again
+		if d, at, again, busy, err := e.hold(ctx, c, reqs, true); !busy {
+			return d, at, again, err
 		}
 	}
-	d, at, err, again, _ = e.hold(ctx, c, reqs, false)
-	return d, at, err, again
+	d, at, again, _, err = e.hold(ctx, c, reqs, false)
+	return d, at, again, err
 }
 
 // hold is one attempt, its parts sent at once with try (busy: a shard
 // found a key busy, and nothing was decided), else one at a time.
-func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool) (d Decision, at int, err error, again, busy bool) {
+func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool) (d Decision, at int, again, busy bool, err error) {
 	for k := range c.parts {
 		c.parts[k].held = false
 	}
@@ -379,21 +379,21 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 	switch {
 	case sendErr != nil:
 		end(msg.HoldAbort, 0, false)
-		return Decision{}, -1, sendErr, false, false
+		return Decision{}, -1, false, false, sendErr
 	case closed:
 		end(msg.HoldAbort, 0, false)
-		return Decision{}, -1, ErrClosed, false, false
+		return Decision{}, -1, false, false, ErrClosed
 	case busy:
 		end(msg.HoldAbort, 0, false)
-		return Decision{}, -1, nil, false, true
+		return Decision{}, -1, false, true, nil
 	case errAt >= 0:
 		end(msg.HoldAbort, 0, false)
 		if !c.sameVersion() {
 			// The shards judged the call under different versions: no one
 			// instant saw this error. Try again.
-			return Decision{}, -1, nil, true, false
+			return Decision{}, -1, true, false, nil
 		}
-		return Decision{}, errAt, err, false, false
+		return Decision{}, errAt, false, false, err
 	}
 	// Phase 2: claim every hold. A shard that gave its hold up (for a
 	// control message or Close) holds nothing: then nothing is taken
@@ -405,7 +405,7 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 	}
 	if again || !c.sameVersion() {
 		end(msg.HoldAbort, 0, false)
-		return Decision{}, -1, nil, true, false
+		return Decision{}, -1, true, false, nil
 	}
 	// Phase 3: all or nothing. From the claims to the end, nothing here may
 	// wait on anything (a context, another shard, a blocking reservation):
@@ -436,7 +436,7 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 		if !ok {
 			end(msg.HoldAbort, 0, false)
 			at := c.pastBound(int(room))
-			return Decision{}, at, ErrKeyCapacity, false, false
+			return Decision{}, at, false, false, ErrKeyCapacity
 		}
 	}
 	end(msg.HoldCommit, T, admit)
@@ -450,7 +450,7 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 	}
 	d.set(best)
 	d.Allowed = admit
-	return d, at, nil, false, false
+	return d, at, false, false, nil
 }
 
 // sameVersion reports whether every part was checked under one policy
