@@ -67,7 +67,7 @@ func (d *Decision) set(w *decision.Decision) {
 	d.Version = w.Version
 	d.Limit = w.Limit
 	d.ResetAfter = w.ResetAfter
-	d.Band = w.Band
+	d.Band = w.Band.String()
 }
 
 // Request is one admission request of a batch.

@@ -178,6 +178,7 @@ func (a *Answers) Wait(yields int) {
 // would get.
 type Snap struct {
 	Shape  policy.Shape
+	Names  []decision.Name                   // the Shape's band names, interned (Decision.Band)
 	Levels [1 + policy.MaxBands]policy.Level // Shape.Len() of them
 	Last   int64                             // the levels' instant
 }
@@ -198,6 +199,6 @@ func (s *Snap) Decide(T, cost, version int64, d *decision.Decision) {
 		Version:    version,
 		Limit:      s.Shape.Band(band).Capacity,
 		ResetAfter: time.Duration(o.ResetAfter),
-		Band:       s.Shape.BandName(band),
+		Band:       s.Names[band],
 	}
 }

@@ -61,7 +61,7 @@ func (s *State) charge(now int64, key string, h uint64, tokens int64, r *msg.Rep
 		d.Remaining = o.Remaining
 		d.Limit = in.lim.Capacity
 		d.ResetAfter = time.Duration(o.ResetAfter)
-		d.Band = in.shape.Name
+		d.Band = in.names[0]
 		return
 	}
 	lv := s.levels.levels(b.Frac, in.n)
@@ -73,5 +73,5 @@ func (s *State) charge(now int64, key string, h uint64, tokens int64, r *msg.Rep
 	d.Remaining = o.Remaining
 	d.Limit = in.shape.Band(band).Capacity
 	d.ResetAfter = time.Duration(o.ResetAfter)
-	d.Band = in.shape.BandName(band)
+	d.Band = in.names[band]
 }

@@ -41,7 +41,7 @@ func TestChargeState(t *testing.T) {
 	assert.Equal(t, 12*time.Second, r.Decision.ResetAfter)
 	r = s.chargeKey(0, "banded", 30)
 	require.NoError(t, r.Err)
-	assert.Equal(t, "daily", r.Decision.Band)
+	assert.Equal(t, "daily", r.Decision.Band.String())
 	assert.Equal(t, int64(-10), r.Decision.Remaining)
 	assert.Equal(t, int64(20), r.Decision.Limit)
 	s.checkInvariants(t, "after the charges")

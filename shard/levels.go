@@ -80,15 +80,17 @@ type limitInfo struct {
 	maxCost int64        // the least capacity of any band: no request may cost more
 	n       int          // the levels of a key of this limit in the store; 0: its Bucket holds it
 	shape   policy.Shape
+	names   []decision.Name // band i's name, interned once here rather than per decision
 }
 
 func limitInfos(p policy.Policy) []limitInfo {
 	shapes := p.Shapes()
 	out := make([]limitInfo, len(shapes))
 	for i, sh := range shapes {
-		in := limitInfo{lim: sh.Primary, maxCost: sh.Primary.Capacity, shape: sh}
-		for j := 1; j < sh.Len(); j++ {
+		in := limitInfo{lim: sh.Primary, maxCost: sh.Primary.Capacity, shape: sh, names: make([]decision.Name, sh.Len())}
+		for j := range sh.Len() {
 			in.maxCost = min(in.maxCost, sh.Band(j).Capacity)
+			in.names[j] = decision.NameOf(sh.BandName(j))
 		}
 		if !sh.Compact() {
 			in.n = sh.Len()
@@ -133,7 +135,7 @@ func (s *State) decideExt(b *policy.Bucket, in *limitInfo, now, cost int64, d *d
 	d.RetryAfter = time.Duration(o.RetryAfter)
 	d.Limit = in.shape.Band(band).Capacity
 	d.ResetAfter = time.Duration(o.ResetAfter)
-	d.Band = in.shape.BandName(band)
+	d.Band = in.names[band]
 }
 
 // reportLevels writes the answer of Peek and Refund for levels lv of limit
@@ -147,7 +149,7 @@ func (s *State) reportLevels(lv []policy.Level, in *limitInfo, r *msg.Reply) {
 	d.Version = s.gens[len(s.gens)-1].pol.Version
 	d.Limit = in.shape.Band(band).Capacity
 	d.ResetAfter = time.Duration(o.ResetAfter)
-	d.Band = in.shape.BandName(band)
+	d.Band = in.names[band]
 	r.Err = nil
 }
 

@@ -65,7 +65,7 @@ func (m *eagerBands) allow(now int64, key string, cost int64) msg.Reply {
 	m.refill(k, now)
 	o, band := policy.DecideLevels(sh, k.lv, cost)
 	return msg.Reply{Decision: decision.Decision{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: time.Duration(o.RetryAfter),
-		Version: m.pol.Version, Limit: sh.Band(band).Capacity, ResetAfter: time.Duration(o.ResetAfter), Band: sh.BandName(band)}}
+		Version: m.pol.Version, Limit: sh.Band(band).Capacity, ResetAfter: time.Duration(o.ResetAfter), Band: decision.NameOf(sh.BandName(band))}}
 }
 
 func (m *eagerBands) peek(now int64, key string) msg.Reply {
@@ -89,7 +89,7 @@ func (m *eagerBands) peek(now int64, key string) msg.Reply {
 	}
 	o, band := policy.PeekLevels(sh, lv)
 	return msg.Reply{Decision: decision.Decision{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: time.Duration(o.RetryAfter),
-		Version: m.pol.Version, Limit: sh.Band(band).Capacity, ResetAfter: time.Duration(o.ResetAfter), Band: sh.BandName(band)}}
+		Version: m.pol.Version, Limit: sh.Band(band).Capacity, ResetAfter: time.Duration(o.ResetAfter), Band: decision.NameOf(sh.BandName(band))}}
 }
 
 func (m *eagerBands) refund(now int64, key string, n int64) msg.Reply {

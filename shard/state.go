@@ -164,7 +164,7 @@ func (s *State) decideFound(now int64, key string, h uint64, cost int64, r *msg.
 	d.RetryAfter = time.Duration(o.RetryAfter)
 	d.Limit = in.lim.Capacity
 	d.ResetAfter = time.Duration(o.ResetAfter)
-	d.Band = in.shape.Name
+	d.Band = in.names[0]
 }
 
 // peek answers a request of one token for key, hashed h, at now, into r,

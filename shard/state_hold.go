@@ -72,14 +72,14 @@ func (s *State) holdSnap(now int64, items []msg.Item, snaps []msg.Snap) {
 		b := s.tab.find(it.Hash, it.Key)
 		if b == nil {
 			in := &g.limits[g.pol.Overrides.Resolve(it.Key)]
-			sn.Shape, sn.Last = in.shape, now
+			sn.Shape, sn.Names, sn.Last = in.shape, in.names, now
 			for j := range in.shape.Len() {
 				sn.Levels[j] = policy.FullLevel(in.shape.Band(j))
 			}
 			continue
 		}
 		in := &g.limits[b.Limit] // brought up by holdBegin
-		sn.Shape, sn.Last = in.shape, b.Last
+		sn.Shape, sn.Names, sn.Last = in.shape, in.names, b.Last
 		copy(sn.Levels[:], s.load(b, in, &buf))
 	}
 }

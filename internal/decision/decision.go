@@ -12,7 +12,10 @@
 // is a field of engine.Decision, of the same type, and is copied.
 package decision
 
-import "time"
+import (
+	"time"
+	"unique"
+)
 
 // Decision is the answer to one admission request, as a shard or the model
 // writes it: the fields of engine.Decision that they set, with the same
@@ -27,5 +30,29 @@ type Decision struct {
 	Version    int64
 	Limit      int64
 	ResetAfter time.Duration
-	Band       string
+	Band       Name
+}
+
+// Name is a band's name (engine.Decision.Band) as a Decision carries it:
+// interned, so that it takes one word where a string takes two, and a
+// single request's message, reply included, fits in two cache lines (see
+// msg.Single). The zero Name is "". Names made from equal strings are
+// equal, so Decisions compare as they did with a string.
+type Name struct{ h unique.Handle[string] }
+
+// NameOf interns s. It may allocate: call it when a policy is installed,
+// not per decision.
+func NameOf(s string) Name {
+	if s == "" {
+		return Name{}
+	}
+	return Name{unique.Make(s)}
+}
+
+// String returns the name.
+func (n Name) String() string {
+	if n == (Name{}) {
+		return ""
+	}
+	return n.h.Value()
 }

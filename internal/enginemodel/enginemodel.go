@@ -157,6 +157,6 @@ func engineErr(err error) error {
 func decisionOf(d model.Decision) engine.Decision {
 	return engine.Decision{
 		Allowed: d.Allowed, Remaining: d.Remaining, RetryAfter: d.RetryAfter, Version: d.Version,
-		Limit: d.Limit, ResetAfter: d.ResetAfter, Band: d.Band,
+		Limit: d.Limit, ResetAfter: d.ResetAfter, Band: d.Band.String(),
 	}
 }

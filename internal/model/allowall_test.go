@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/internal/decision"
 	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -83,7 +84,7 @@ func TestAllowAllBands(t *testing.T) {
 	m := model.New(p, 0, 0)
 	d, at, err := m.AllowAll(0, reqs("j", 1, "k", 2, "k", 1))
 	require.NoError(t, err)
-	assert.Equal(t, model.Decision{Allowed: true, Remaining: 0, Version: 7, Limit: 3, ResetAfter: 24 * time.Hour, Band: "daily"}, d)
+	assert.Equal(t, model.Decision{Allowed: true, Remaining: 0, Version: 7, Limit: 3, ResetAfter: 24 * time.Hour, Band: decision.NameOf("daily")}, d)
 	assert.Equal(t, 1, at)
 	assert.Equal(t, []string{"2", "0"}, tokens(t, m, "k"))
 	assert.Equal(t, []string{"4", "2"}, tokens(t, m, "j"))
@@ -93,7 +94,7 @@ func TestAllowAllBands(t *testing.T) {
 	d, at, err = m.AllowAll(sec, reqs("j", 1, "k", 1))
 	require.NoError(t, err)
 	assert.Equal(t, model.Decision{Remaining: 0, RetryAfter: 28799 * time.Second, Version: 7, Limit: 3,
-		ResetAfter: (86400 - 1) * time.Second, Band: "daily"}, d)
+		ResetAfter: (86400 - 1) * time.Second, Band: decision.NameOf("daily")}, d)
 	assert.Equal(t, 1, at)
 	assert.Equal(t, []string{"4", "2"}, tokens(t, m, "j"), "refused: j keeps its tokens")
 }
@@ -302,7 +303,7 @@ func TestPeekRefund(t *testing.T) {
 	allow(t, bm, 0, "k", 2)
 	d, err = bm.Refund(0, "k", 1)
 	require.NoError(t, err)
-	assert.Equal(t, model.Decision{Allowed: true, Remaining: 1, Version: 1, Limit: 2, ResetAfter: time.Second, Band: "b"}, d)
+	assert.Equal(t, model.Decision{Allowed: true, Remaining: 1, Version: 1, Limit: 2, ResetAfter: time.Second, Band: decision.NameOf("b")}, d)
 	assert.Equal(t, []string{"4", "1"}, tokens(t, bm, "k"))
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/internal/decision"
 	"github.com/tokenshard/tokenshard/internal/model"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -85,7 +86,7 @@ func TestWorkedExampleDailyBand(t *testing.T) {
 			require.True(t, d.Allowed, "t=%ds request %d", s, i+1)
 			// The primary holds the fewest whole tokens, or ties with
 			// daily at t=3 s: the primary either way.
-			assert.Equal(t, "", d.Band, "t=%ds request %d", s, i+1)
+			assert.Equal(t, "", d.Band.String(), "t=%ds request %d", s, i+1)
 			assert.Equal(t, 4-i, d.Remaining, "t=%ds request %d", s, i+1)
 			assert.Equal(t, int64(5), d.Limit)
 			assert.Equal(t, time.Duration(i+1)*200*time.Millisecond, d.ResetAfter)
@@ -95,7 +96,7 @@ func TestWorkedExampleDailyBand(t *testing.T) {
 
 	d := allow(t, m, 4*sec, "k", 1)
 	assert.Equal(t, model.Decision{Remaining: 0, RetryAfter: 4316 * time.Second, Version: 1, Limit: 20,
-		ResetAfter: 86396 * time.Second, Band: "daily"}, d)
+		ResetAfter: 86396 * time.Second, Band: decision.NameOf("daily")}, d)
 	assert.Equal(t, []string{"5", "1/1080"}, tokens(t, m, "k"), "a denial takes nothing, and every band refilled to 4 s")
 
 	// Raising daily's capacity tops nobody up.
@@ -105,7 +106,7 @@ func TestWorkedExampleDailyBand(t *testing.T) {
 	assert.Equal(t, []string{"5", "1/1080"}, tokens(t, m, "k"))
 	d = allow(t, m, 4*sec, "k", 1)
 	assert.Equal(t, model.Decision{RetryAfter: 4316 * time.Second, Version: 2, Limit: 100,
-		ResetAfter: (5*86400 - 4) * time.Second, Band: "daily"}, d)
+		ResetAfter: (5*86400 - 4) * time.Second, Band: decision.NameOf("daily")}, d)
 
 	// Its rate too, in the same period: still no top-up, the wait shorter.
 	faster := policy.Policy{Version: 3, Capacity: 5, TokensPerSecond: 5,
@@ -181,7 +182,7 @@ func TestCutoverPeriodRoundsDown(t *testing.T) {
 	require.NoError(t, m.ReplacePolicy(2, policy.Policy{Version: 2, Capacity: 100, TokensPerSecond: 1, Bands: bands(2)}, 1))
 	assert.Equal(t, "1/2", tokens(t, m, "k")[1])
 	d := allow(t, m, 2, "k", 1)
-	assert.Equal(t, model.Decision{Remaining: 0, RetryAfter: 1, Version: 2, Limit: 10, ResetAfter: 19, Band: "b"}, d)
+	assert.Equal(t, model.Decision{Remaining: 0, RetryAfter: 1, Version: 2, Limit: 10, ResetAfter: 19, Band: decision.NameOf("b")}, d)
 }
 
 // awkwardStep is one request of TestAwkwardRates and its whole answer.
@@ -324,9 +325,9 @@ func TestBandsAtomic(t *testing.T) {
 	assert.ErrorIs(t, err, model.ErrCostExceedsCapacity, "within the primary's 10, above b's 3")
 	assert.Zero(t, m.KeyCount())
 	d := allow(t, m, 0, "k", 3)
-	assert.Equal(t, model.Decision{Allowed: true, Remaining: 0, Version: 1, Limit: 3, ResetAfter: 3 * time.Second, Band: "b"}, d)
+	assert.Equal(t, model.Decision{Allowed: true, Remaining: 0, Version: 1, Limit: 3, ResetAfter: 3 * time.Second, Band: decision.NameOf("b")}, d)
 	d = allow(t, m, 0, "k", 1)
-	assert.Equal(t, model.Decision{RetryAfter: time.Second, Version: 1, Limit: 3, ResetAfter: 3 * time.Second, Band: "b"}, d)
+	assert.Equal(t, model.Decision{RetryAfter: time.Second, Version: 1, Limit: 3, ResetAfter: 3 * time.Second, Band: decision.NameOf("b")}, d)
 	assert.Equal(t, []string{"7", "0"}, tokens(t, m, "k"), "the primary kept its 7")
 	d = allow(t, m, 500*ms, "k", 1)
 	assert.False(t, d.Allowed)
@@ -338,14 +339,14 @@ func TestBandsAtomic(t *testing.T) {
 		policy.Band{Name: "b", Capacity: 2, Refill: policy.PerSecond(1)},
 		policy.Band{Name: "c", Capacity: 2, Refill: policy.PerSecond(1)})}
 	m = model.New(ties, 0, 0)
-	assert.Equal(t, "", allow(t, m, 0, "k", 2).Band, "allowed, all tied: the primary")
-	assert.Equal(t, "", allow(t, m, 0, "k", 1).Band, "denied, all tied: the primary")
+	assert.Equal(t, "", allow(t, m, 0, "k", 2).Band.String(), "allowed, all tied: the primary")
+	assert.Equal(t, "", allow(t, m, 0, "k", 1).Band.String(), "denied, all tied: the primary")
 	ties.Capacity = 5
 	m = model.New(ties, 0, 0)
 	d = allow(t, m, 0, "k", 2)
-	assert.Equal(t, "b", d.Band, "b and c tie below the primary: the first")
+	assert.Equal(t, "b", d.Band.String(), "b and c tie below the primary: the first")
 	assert.Equal(t, int64(2), d.Limit)
-	assert.Equal(t, "b", allow(t, m, 0, "k", 1).Band)
+	assert.Equal(t, "b", allow(t, m, 0, "k", 1).Band.String())
 
 	// A band other than the primary binds a denial by its wait; the
 	// longest wait binds though another band holds fewer tokens.
@@ -354,9 +355,9 @@ func TestBandsAtomic(t *testing.T) {
 		policy.Band{Name: "slow", Capacity: 10, Refill: policy.PerMinute(1)})}
 	m = model.New(slow, 0, 0)
 	d = allow(t, m, 0, "k", 2)
-	assert.Equal(t, model.Decision{Allowed: true, Version: 1, Limit: 2, ResetAfter: 20 * time.Millisecond, Band: "fast"}, d)
+	assert.Equal(t, model.Decision{Allowed: true, Version: 1, Limit: 2, ResetAfter: 20 * time.Millisecond, Band: decision.NameOf("fast")}, d)
 	d = allow(t, m, 0, "k", 2)
-	assert.Equal(t, model.Decision{RetryAfter: 20 * time.Millisecond, Version: 1, Limit: 2, ResetAfter: 20 * time.Millisecond, Band: "fast"}, d)
+	assert.Equal(t, model.Decision{RetryAfter: 20 * time.Millisecond, Version: 1, Limit: 2, ResetAfter: 20 * time.Millisecond, Band: decision.NameOf("fast")}, d)
 	d = allow(t, m, 20*ms, "k", 2)
 	assert.Equal(t, model.Decision{Allowed: true, Version: 1, Limit: 4, ResetAfter: 3980 * time.Millisecond}, d,
 		"the primary (1/50) and fast (0) tie at 0 whole tokens: the primary")
@@ -399,16 +400,16 @@ func TestBandsAndOverrides(t *testing.T) {
 	assert.Equal(t, policy.Limit{Capacity: 2, Refill: policy.PerMinute(60)}, model.LimitOf(p, "gold"), "Refill carried")
 
 	d := allow(t, m, 0, "gold", 2)
-	assert.Equal(t, model.Decision{Allowed: true, Version: 1, Limit: 2, ResetAfter: 2 * time.Second, Band: "gold"}, d)
+	assert.Equal(t, model.Decision{Allowed: true, Version: 1, Limit: 2, ResetAfter: 2 * time.Second, Band: decision.NameOf("gold")}, d)
 	assert.Equal(t, []string{"0"}, tokens(t, m, "gold"), "no daily band for an override")
 	d = allow(t, m, 0, "t1", 2)
-	assert.Equal(t, model.Decision{Allowed: true, Version: 1, Limit: 2, ResetAfter: time.Hour, Band: "hourly"}, d)
+	assert.Equal(t, model.Decision{Allowed: true, Version: 1, Limit: 2, ResetAfter: time.Hour, Band: decision.NameOf("hourly")}, d)
 	d = allow(t, m, 0, "t1", 1)
-	assert.Equal(t, model.Decision{RetryAfter: 30 * time.Minute, Version: 1, Limit: 2, ResetAfter: time.Hour, Band: "hourly"}, d)
+	assert.Equal(t, model.Decision{RetryAfter: 30 * time.Minute, Version: 1, Limit: 2, ResetAfter: time.Hour, Band: decision.NameOf("hourly")}, d)
 	_, err := m.Allow(0, "t1", 3)
 	assert.ErrorIs(t, err, model.ErrCostExceedsCapacity)
 	d = allow(t, m, 0, "x", 1)
-	assert.Equal(t, "", d.Band)
+	assert.Equal(t, "", d.Band.String())
 	assert.Equal(t, []string{"4", "19"}, tokens(t, m, "x"))
 
 	// v2: gold falls to the default (its primary carries over, clamped to
@@ -424,7 +425,7 @@ func TestBandsAndOverrides(t *testing.T) {
 	assert.Equal(t, []string{"1", "7", "1/1800"}, tokens(t, m, "t1"), "primary 0+1 (cap 1), daily new, hourly 1 s of 2/h")
 	assert.Equal(t, []string{"5", "82081/4320"}, tokens(t, m, "x"), "primary refilled to 5 under the old cap, daily 19 + 1/4320 carried")
 	d = allow(t, m, sec, "x", 1)
-	assert.Equal(t, "ex", d.Band)
+	assert.Equal(t, "ex", d.Band.String())
 }
 
 // The model's invariants hold over random histories of awkward rates and

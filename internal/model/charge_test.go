@@ -45,13 +45,13 @@ func TestChargeWorkedExamples(t *testing.T) {
 	m = model.New(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 5, Bands: daily}, 0, 0)
 	d, err = m.Charge(0, "new", 30)
 	require.NoError(t, err)
-	assert.Equal(t, "daily", d.Band)
+	assert.Equal(t, "daily", d.Band.String())
 	assert.Equal(t, int64(-10), d.Remaining)
 	assert.Equal(t, int64(20), d.Limit)
 	assert.Equal(t, tokens(t, m, "new"), []string{"-5", "-10"})
 	d, _ = m.Allow(0, "new", 1)
 	assert.False(t, d.Allowed)
-	assert.Equal(t, "daily", d.Band)
+	assert.Equal(t, "daily", d.Band.String())
 	assert.Equal(t, 47_520*time.Second, d.RetryAfter, "11 tokens at one per 4,320 s")
 }
 

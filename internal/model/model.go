@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"strings"
 
+	"github.com/tokenshard/tokenshard/internal/decision"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -260,7 +261,7 @@ func (m *Model) answer(bands []band, b bucket, cost int64, allowed bool) Decisio
 		Version:    m.pol.Version,
 		Limit:      bd.capacity,
 		ResetAfter: bd.wait(t, bd.capacity),
-		Band:       bd.name,
+		Band:       decision.NameOf(bd.name),
 	}
 	if !allowed {
 		d.RetryAfter = bd.wait(t, cost)
