@@ -5,6 +5,7 @@ go 1.26.0
 replace github.com/tokenshard/tokenshard => ../..
 
 require (
+	github.com/dchest/siphash v1.2.3
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
 	github.com/tokenshard/tokenshard v0.0.0-00010101000000-000000000000

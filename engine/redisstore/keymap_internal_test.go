@@ -4,14 +4,20 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"strconv"
+	"strings"
 	"testing"
 )
 
 // TestSipHashVectors: sipHash is SipHash-2-4, by the reference key
 // 00 01 .. 0f and messages 00 01 .. (n-1) bytes long (the empty message's
 // and the 15-byte one's are the reference's own; the others were computed
-// with github.com/dchest/siphash), over every tail length.
+// with github.com/dchest/siphash, which sipHash now calls), over every
+// tail length; and it copies no key, however long.
 func TestSipHashVectors(t *testing.T) {
+	long := strings.Repeat("k", 1000)
+	if n := testing.AllocsPerRun(100, func() { sipHash(1, 2, long) }); n != 0 {
+		t.Errorf("sipHash of a %d-byte key allocates %v times", len(long), n)
+	}
 	const k0, k1 = 0x0706050403020100, 0x0f0e0d0c0b0a0908
 	msg := make([]byte, 64)
 	for i := range msg {
