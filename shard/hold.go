@@ -138,6 +138,7 @@ func (s *Shard) serveHold(b *msg.Batch) {
 	}
 	b.Answer()
 	s.served()
+	s.yieldFirst = true // the caller's end, or another part, may come before a park would end
 }
 
 // tendHolds is the loop's holds step (see Shard.turn): it carries out the
