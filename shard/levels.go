@@ -80,18 +80,28 @@ type limitInfo struct {
 	maxCost int64        // the least capacity of any band: no request may cost more
 	n       int          // the levels of a key of this limit in the store; 0: its Bucket holds it
 	shape   policy.Shape
-	names   []decision.Name // band i's name, interned once here rather than per decision
+	names   []decision.Name // band i's name, made once here rather than per decision
 }
 
 func limitInfos(p policy.Policy) []limitInfo {
 	shapes := p.Shapes()
 	out := make([]limitInfo, len(shapes))
+	count := 0
+	for _, sh := range shapes {
+		count += sh.Len()
+	}
+	// Every limit's band names, in one array of each (a cutover builds
+	// this in its pause, for up to policy.MaxLimits limits): strs keeps
+	// the strings that names point to.
+	strs, names := make([]string, count), make([]decision.Name, count)
 	for i, sh := range shapes {
-		in := limitInfo{lim: sh.Primary, maxCost: sh.Primary.Capacity, shape: sh, names: make([]decision.Name, sh.Len())}
+		in := limitInfo{lim: sh.Primary, maxCost: sh.Primary.Capacity, shape: sh, names: names[:sh.Len():sh.Len()]}
 		for j := range sh.Len() {
 			in.maxCost = min(in.maxCost, sh.Band(j).Capacity)
-			in.names[j] = decision.NameOf(sh.BandName(j))
+			strs[j] = sh.BandName(j)
+			in.names[j] = decision.NameAt(&strs[j])
 		}
+		strs, names = strs[sh.Len():], names[sh.Len():]
 		if !sh.Compact() {
 			in.n = sh.Len()
 		}

@@ -1,13 +1,19 @@
 package decision
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 func TestName(t *testing.T) {
 	if NameOf("") != (Name{}) || (Name{}).String() != "" {
 		t.Error(`"" is not the zero Name`)
 	}
-	b := []byte("daily")
-	if a, c := NameOf("daily"), NameOf(string(b)); a != c || a.String() != "daily" || a == NameOf("hourly") {
-		t.Errorf("NameOf(%q) = %v, NameOf of an equal string %v: want equal, and unequal to another", "daily", a, c)
+	s := "daily"
+	if n := NameAt(&s); n.String() != "daily" || n == (Name{}) {
+		t.Errorf("NameAt(%q).String() = %q", s, n.String())
+	}
+	if got := fmt.Sprintf("%#v", NameOf("daily")); got != `decision.NameOf("daily")` {
+		t.Errorf("%%#v of a Name = %s", got)
 	}
 }
