@@ -33,10 +33,11 @@ const (
 // only packages engine and shard use it.
 //
 // Its fields fill exactly 128 bytes, the size class whose objects start on
-// a 128-byte boundary, so that each message lies on two cache lines, both of which its sender and the shard write:
-// a message of 144 bytes lay on three, and at two processors a single call
-// took 10 to 14% longer (package bench's peers: one hot key, 100,000
-// uniform keys, 1M Zipf keys). TestSingleFitsTwoLines keeps it so.
+// a 128-byte boundary, so that each message lies on two cache lines, both
+// of which its sender and the shard write: a message of 144 bytes lay on
+// three, and at two processors a single call took 10 to 14% longer
+// (package bench's peers: one hot key, 100,000 uniform keys, 1M Zipf
+// keys). TestSingleFitsTwoLines keeps it so.
 type Single struct {
 	Op    Op
 	stage atomic.Uint32 // stagePending, stageDone or stageParked

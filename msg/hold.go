@@ -178,7 +178,7 @@ func (a *Answers) Wait(yields int) {
 // would get.
 type Snap struct {
 	Shape  policy.Shape
-	Names  []decision.Name                   // the Shape's band names, interned (Decision.Band)
+	Names  []decision.Name                   // the Shape's band names (Decision.Band), made once per limit
 	Levels [1 + policy.MaxBands]policy.Level // Shape.Len() of them
 	Last   int64                             // the levels' instant
 }

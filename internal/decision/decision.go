@@ -21,9 +21,10 @@ import (
 // Decision is the answer to one admission request, as a shard or the model
 // writes it: the fields of engine.Decision that they set, with the same
 // names, types (but Band's: see Name) and meaning (engine.Decision's
-// documentation is the contract). An error always comes with the zero Decision, and a denial is
-// a Decision with Allowed false, never an error. It is internal to
-// tokenshard: package engine converts it to engine.Decision.
+// documentation is the contract). An error always comes with the zero
+// Decision, and a denial is a Decision with Allowed false, never an error.
+// It is internal to tokenshard: package engine converts it to
+// engine.Decision.
 type Decision struct {
 	Allowed    bool
 	Remaining  int64
