@@ -69,7 +69,8 @@
 // value; the match stops where the tree does, and a limit applies only if the
 // descriptor's last entry reaches a limited entry. Then every matched limit
 // whose name another matched limit of the request lists in replaces is
-// dropped, as if unmatched. An unknown domain matches nothing.
+// dropped, as if unmatched; an unlimited one is not (it has no limit to
+// drop), as in envoyproxy/ratelimit. An unknown domain matches nothing.
 //
 // The cost of a descriptor is its own hits_addend when set, else the
 // request's, where 0 (not set) means 1. A descriptor hits_addend of 0 means

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 	"strings"
 	"sync"
@@ -250,8 +251,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 	}
 	for i := range items {
+		// An unlimited descriptor stays unlimited whoever names it, as
+		// envoyproxy/ratelimit has it: only limits are replaced.
 		it := &items[i]
-		if it.node != nil && it.node.limit.name != "" && replacing[it.node.limit.name] {
+		if it.kind != kindUnlimited && it.node != nil && it.node.limit.name != "" && replacing[it.node.limit.name] {
 			it.kind = kindNone
 		}
 	}
@@ -354,10 +357,22 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 		it.d, it.known = d, true
 		if over && !it.over && d.Remaining < sums[it.key] {
 			// Refused with the others: its own bucket lacks its cost too.
-			it.over, it.retry = true, d.RetryAfter
+			it.over, it.retry = true, waitFor(d, sums[it.key], it.node.limit)
 		}
 	}
 	return over, nil
+}
+
+// waitFor is how long the bucket of limit l, reported by d (a Peek), takes
+// to hold n tokens, n above what it holds and at most its capacity: its time
+// to full less the time its last capacity - n tokens take to refill. It is
+// never short: d.ResetAfter is rounded up and the time subtracted down, so it
+// is at most 2 ns long.
+func waitFor(d engine.Decision, n int64, l *limit) time.Duration {
+	rpu := uint64(l.requestsPerUnit)
+	hi, lo := bits.Mul64(rpu-uint64(n), uint64(unitDuration[l.unit]))
+	last, _ := bits.Div64(hi, lo, rpu) // (rpu - n) * unit / rpu < unit: no overflow
+	return max(d.ResetAfter-time.Duration(last), 0)
 }
 
 // allowAll is a.AllowAll, or for requests of one key the Allow of their

@@ -54,6 +54,7 @@ func Run(t *testing.T, f Factory) {
 		{"BadRequests", BadRequests},
 		{"ZeroAndUnlimited", ZeroAndUnlimited},
 		{"CheckOnlyOverChargesNothing", CheckOnlyOverChargesNothing},
+		{"RetryAfterCoversEveryCost", RetryAfterCoversEveryCost},
 		{"ConcurrentAllOrNothing", ConcurrentAllOrNothing},
 	}
 	for _, c := range cases {
@@ -267,7 +268,8 @@ func SharedWildcardBuckets(t *testing.T, f Factory) {
 }
 
 // Replaces: a limit named in another matched limit's replaces is dropped,
-// reported as no limit, and not charged.
+// reported as no limit, and not charged; an unlimited descriptor so named
+// stays unlimited.
 func Replaces(t *testing.T, f Factory) {
 	h := Start(t, f, ReplacesYAML)
 	resp := h.Ask(Req("replaces", 0, D("api=v1"), D("user=u1")))
@@ -289,6 +291,9 @@ func Replaces(t *testing.T, f Factory) {
 	resp = h.Ask(Req("replaces", 0, D("api=v1")))
 	a.remaining = 8
 	check(t, "api after", resp.Statuses[0], a)
+	// vip names free too, but an unlimited descriptor stays unlimited.
+	resp = h.Ask(Req("replaces", 0, D("free=z"), D("vip=gold")))
+	check(t, "free, named by vip", resp.Statuses[0], want{unlimited: true})
 }
 
 // FreshKeyAdmitsExactlyTheLimit: a fresh key admits requests_per_unit, the
@@ -579,6 +584,30 @@ func CheckOnlyOverChargesNothing(t *testing.T, f Factory) {
 	check(t, "not charged", resp.Statuses[1], lim(ok, 12, minute, 12))
 	if got := header(resp.ResponseHeadersToAdd, "Retry-After"); got != "3600" {
 		t.Errorf("Retry-After %q, want 3600", got)
+	}
+}
+
+// RetryAfterCoversEveryCost: a request refused is told to come back once
+// every bucket holds its cost, however it was refused: by a check-only
+// descriptor over the limit (nothing is decided then) or by a bucket short
+// of its cost.
+func RetryAfterCoversEveryCost(t *testing.T, f Factory) {
+	h := Start(t, f, TreeYAML)
+	h.Ask(Req("storefront", 4, D("tenant=acme", "client=k"))) // empty: a token every 250 ms
+	h.Ask(Req("storefront", 12, D("region=k")))               // empty: a token every 5 s
+	for _, first := range []uint64{0, 1} {
+		// The client's bucket needs 1 token (250 ms), the region's 10 (50 s).
+		resp := h.Ask(Req("storefront", 0, DH(first, "tenant=acme", "client=k"), DH(10, "region=k")))
+		if resp.OverallCode != over {
+			t.Fatalf("hits_addend %d first: overall %v, want OVER_LIMIT", first, resp.OverallCode)
+		}
+		check(t, fmt.Sprintf("hits_addend %d: region", first), resp.Statuses[1], lim(over, 12, minute, 0))
+		if got := header(resp.ResponseHeadersToAdd, "Retry-After"); got != "50" {
+			t.Errorf("hits_addend %d first: Retry-After %q, want 50", first, got)
+		}
+		if got := header(resp.ResponseHeadersToAdd, "RateLimit"); !strings.HasSuffix(got, ";t=50") {
+			t.Errorf("hits_addend %d first: RateLimit %q, want t=50", first, got)
+		}
 	}
 }
 

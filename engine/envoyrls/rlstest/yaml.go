@@ -204,13 +204,16 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 28}
 `
 
-	// ReplacesYAML has a limit, vip, that replaces another, api.
+	// ReplacesYAML has a limit, vip, that replaces another, api, and
+	// names an unlimited one, free.
 	ReplacesYAML = `domain: replaces
 descriptors:
   - key: api
     rate_limit: {unit: minute, requests_per_unit: 10, name: api}
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 3, name: user}
+  - key: free
+    rate_limit: {unlimited: true, name: free}
   - key: vip
     rate_limit:
       unit: minute
@@ -218,6 +221,7 @@ descriptors:
       name: vip
       replaces:
         - name: api
+        - name: free
 `
 
 	// CollideYAML gives each (a, b) pair of values a bucket of 2 a minute.
