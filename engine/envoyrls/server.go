@@ -366,8 +366,8 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 // waitFor is how long the bucket of limit l, reported by d (a Peek), takes
 // to hold n tokens, n above what it holds and at most its capacity: its time
 // to full less the time its last capacity - n tokens take to refill. It is
-// never short: d.ResetAfter is rounded up and the time subtracted down, so it
-// is at most 2 ns long.
+// never short, and at most 2 ns too long: d.ResetAfter is rounded up, and the
+// time subtracted down.
 func waitFor(d engine.Decision, n int64, l *limit) time.Duration {
 	rpu := uint64(l.requestsPerUnit)
 	hi, lo := bits.Mul64(rpu-uint64(n), uint64(unitDuration[l.unit]))
