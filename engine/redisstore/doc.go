@@ -250,13 +250,16 @@
 // neither marks failing nor reloads on a connection error of a command it
 // does not retry, as every script call is. So when a call fails on a
 // connection error (a dial refused or timed out, a connection reset or
-// timed out) or CLUSTERDOWN, the store asks the client to reload its slot
-// map (ClusterClient.ReloadState), at most once per 100 ms however many
-// calls fail, and go-redis reloads it on a goroutine of its own, at most
-// once per 200 ms. Calls on the lost master's shards are decided again
-// within a few hundred milliseconds of the promotion, under load; the
-// first call after a quiet spell may still meet the old slot map, and the
-// failure rule. The call that failed is not sent again: its reply, not its
+// timed out), CLUSTERDOWN, or a deadline that passed without a reply (all
+// a master that hangs rather than dies gives), the store asks the client to
+// reload its slot map (ClusterClient.ReloadState), at most once per 100 ms
+// however many calls fail, and go-redis reloads it on a goroutine of its
+// own, at most once per 200 ms. Calls on the lost master's shards are
+// decided again within a few hundred milliseconds of the promotion, under
+// load; the first call after a quiet spell may still meet the old slot map,
+// and the failure rule. A reload that asks a hung master first waits for
+// the client's ReadTimeout (ClusterOptions.ReadTimeout, 3 s by default)
+// before it asks another node: set it to a second or so to bound that. The call that failed is not sent again: its reply, not its
 // request, may be what was lost. A replica that had not received its
 // master's last writes (replication is asynchronous) gives their tokens
 // again, as in a failover on one server (see Policies).

@@ -39,8 +39,10 @@ func (m *mapReloader) due(now int64) bool {
 }
 
 // nodeFailed asks the cluster client to reload its slot map, if err (a
-// failure of a call under ctx) may mean that a node has gone, and no reload
-// was asked in the last slotMapEvery. It reports whether it asked.
+// failure of a call under ctx) may mean that a node has gone or hangs (see
+// nodeLost; a deadline that passed without an answer too, which is all a
+// hung node gives), and no reload was asked in the last slotMapEvery. It
+// reports whether it asked.
 //
 // go-redis reloads the slot map by itself only when a node answers MOVED or
 // ASK, and every ClusterStateReloadInterval (a minute by default): a master
@@ -53,7 +55,8 @@ func (m *mapReloader) due(now int64) bool {
 // that failed is not sent again (it may have run); the next calls go
 // where the new slot map says.
 func (s *Store) nodeFailed(ctx context.Context, err error) bool {
-	if err == nil || s.cluster == nil || s.closed.Load() || errors.Is(ctx.Err(), context.Canceled) || !nodeLost(err) {
+	if err == nil || s.cluster == nil || s.closed.Load() || errors.Is(ctx.Err(), context.Canceled) ||
+		!nodeLost(err) && !errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	if !s.slotMap.due(s.slotMap.clk.Now()) {

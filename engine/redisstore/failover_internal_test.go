@@ -139,7 +139,9 @@ func TestSlotMapReloadStorm(t *testing.T) {
 
 // TestNodeFailedAsksOnlyWhenItMay: no reload is asked on one server, by a
 // closed store, for a caller's cancellation, or for an error that is not a
-// lost node; and none of those holds off the next one that may.
+// lost node; and none of those holds off the next one that may. A deadline
+// that passed asks one: a node that hangs (stopped, not dead) gives nothing
+// else, and the slot map must move to its replica once it is promoted.
 func TestNodeFailedAsksOnlyWhenItMay(t *testing.T) {
 	lost := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
 	ctx := context.Background()
@@ -160,8 +162,9 @@ func TestNodeFailedAsksOnlyWhenItMay(t *testing.T) {
 	}{
 		{ctx, nil},
 		{ctx, replyErr("NOSCRIPT No matching script")},
-		{ctx, context.DeadlineExceeded},
+		{ctx, replyErr("BUSY Redis is busy running a script.")},
 		{canceled, lost},
+		{canceled, context.DeadlineExceeded},
 	} {
 		if s.nodeFailed(c.ctx, c.err) {
 			t.Fatalf("nodeFailed(%v) asked a reload", c.err)
@@ -169,6 +172,10 @@ func TestNodeFailedAsksOnlyWhenItMay(t *testing.T) {
 	}
 	if !s.nodeFailed(ctx, lost) {
 		t.Fatal("a lost node asked no reload")
+	}
+	s.slotMap.next.Store(0)
+	if !s.nodeFailed(ctx, fmt.Errorf("%w: %w", ErrUnavailable, context.DeadlineExceeded)) {
+		t.Fatal("a deadline passed without an answer asked no reload")
 	}
 	s.slotMap.next.Store(0)
 	s.closed.Store(true)

@@ -27,8 +27,16 @@ import (
 // reload of its slot map, a minute later), and no key admits more than its
 // credit across the failover (the capacity, plus the rate times the span
 // of its calls). The killed node is started again and rejoins as a
-// replica, so the cluster is whole for the next run.
+// replica, so the cluster is whole for the next run. A master that hangs
+// (SIGSTOP: it accepts connections and answers nothing, so calls end at
+// their deadlines rather than on a refused connection) is failed over the
+// same way, and continued at the end.
 func TestClusterReplicaPromoted(t *testing.T) {
+	t.Run("killed", func(t *testing.T) { testPromoted(t, false) })
+	t.Run("hung", func(t *testing.T) { testPromoted(t, true) })
+}
+
+func testPromoted(t *testing.T, hang bool) {
 	const (
 		capacity  = 100
 		rate      = 10 // tokens per second per key: a bucket takes 10 s to refill, longer than the failover
@@ -38,7 +46,9 @@ func TestClusterReplicaPromoted(t *testing.T) {
 		resumeBy  = 5 * time.Second         // after the promotion
 	)
 	rc := redistest.GetReplicaCluster(t)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs(), ContextTimeoutEnabled: true})
+	// A slot map reload that asks a hung node first waits for ReadTimeout
+	// (3 s by default) before it asks the next (see the package doc).
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs(), ContextTimeoutEnabled: true, ReadTimeout: time.Second})
 	t.Cleanup(func() { _ = cc.Close() })
 	ctx := context.Background()
 	p := prefix(t)
@@ -198,7 +208,11 @@ func TestClusterReplicaPromoted(t *testing.T) {
 	require.Zero(t, s.Stats().Failures, "failures before the kill")
 
 	killed := time.Now()
-	rc.Kill(t, victim)
+	if hang {
+		rc.Hang(t, victim)
+	} else {
+		rc.Kill(t, victim)
+	}
 	var promoted time.Time
 	pollUntil(t, 20*time.Second, "the replica "+replica+" promoted", func() bool {
 		role, err := rc.Role(replica)
@@ -280,18 +294,22 @@ func TestClusterReplicaPromoted(t *testing.T) {
 		over += max(0, tl.admitted-bound)
 		closest = max(closest, tl.admitted-bound)
 	}
-	t.Logf("killed %s: its replica %s promoted %v later; its %d virtual shards decided again at most %v after the promotion; "+
+	t.Logf("failed %s (hung: %v): its replica %s promoted %v later; its %d virtual shards decided again at most %v after the promotion; "+
 		"%d calls on them answered by the failure rule, the last %v after the promotion; %d tokens over the credit bound across its keys (the closest key admitted %+d against its bound)",
-		victim, replica, promoted.Sub(killed).Round(time.Millisecond), len(victimShards), worst.Round(time.Millisecond),
+		victim, hang, replica, promoted.Sub(killed).Round(time.Millisecond), len(victimShards), worst.Round(time.Millisecond),
 		failures, lastFailure.Sub(promoted).Round(time.Millisecond), over, closest)
 
 	// Whole again for the next run: the killed node rejoins, as a replica
 	// of the one promoted in its place.
-	rc.Restart(t, victim)
+	if hang {
+		rc.Resume(t, victim)
+	} else {
+		rc.Restart(t, victim)
+	}
 	rc.WaitHealthy(t)
 	role, err := rc.Role(victim)
 	require.NoError(t, err)
-	require.Equal(t, "slave", role, "the killed master, restarted")
+	require.Equal(t, "slave", role, "the failed master, back")
 }
 
 func later(a, b time.Time) time.Time {

@@ -45,6 +45,7 @@ type ReplicaCluster struct {
 
 	mu     sync.Mutex
 	killed map[string]daemon // killed nodes of a cluster this package did not start: how to start them again
+	hung   map[string]int    // stopped nodes (Hang), by address: their process IDs
 }
 
 // daemon is how to start again a node this package did not start: its
@@ -67,7 +68,7 @@ func GetReplicaCluster(t testing.TB) *ReplicaCluster {
 	if err != nil {
 		skipOrFail(t, err.Error()+".")
 	}
-	c := &ReplicaCluster{cli: cli, killed: map[string]daemon{}}
+	c := &ReplicaCluster{cli: cli, killed: map[string]daemon{}, hung: map[string]int{}}
 	if env := os.Getenv(envReplicaClusterAddrs); env != "" {
 		c.addrs = strings.Split(env, ",")
 		if len(c.addrs) != 2*ClusterMasters {
@@ -258,6 +259,44 @@ func (c *ReplicaCluster) Kill(t testing.TB, addr string) {
 			t.Fatalf("redistest: %s still accepts connections %v after SIGKILL", addr, readyTimeout)
 		}
 		time.Sleep(pollEvery) // a process dying, not a test's timing
+	}
+}
+
+// Hang stops the node at addr with SIGSTOP, as a machine that froze: its
+// connections stay open and new ones are accepted, but it answers nothing.
+// Resume continues it (a cleanup does, if the test has not); a master the
+// cluster failed over meanwhile then rejoins as a replica.
+func (c *ReplicaCluster) Hang(t testing.TB, addr string) {
+	t.Helper()
+	info, err := c.info(addr, "server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(info["process_id"])
+	if err != nil || pid <= 1 {
+		t.Fatalf("redistest: %s: INFO server process_id %q", addr, info["process_id"])
+	}
+	c.mu.Lock()
+	c.hung[addr] = pid
+	c.mu.Unlock()
+	t.Cleanup(func() { c.Resume(t, addr) })
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("redistest: stopping %s (pid %d): %v", addr, pid, err)
+	}
+}
+
+// Resume continues the node at addr that Hang stopped; any other node is
+// left alone.
+func (c *ReplicaCluster) Resume(t testing.TB, addr string) {
+	t.Helper()
+	c.mu.Lock()
+	pid, ok := c.hung[addr]
+	delete(c.hung, addr)
+	c.mu.Unlock()
+	if ok {
+		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+			t.Errorf("redistest: continuing %s (pid %d): %v", addr, pid, err)
+		}
 	}
 }
 
