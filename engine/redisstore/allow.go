@@ -65,6 +65,12 @@ func (s *Store) allow(ctx context.Context, key string, cost int64) (engine.Decis
 	if err := s.check(ctx, key, cost); err != nil {
 		return engine.Decision{}, err
 	}
+	return s.decideOne(ctx, key, cost)
+}
+
+// decideOne is allow for a request checked: a deadline that passed since is
+// answered by the failure rule.
+func (s *Store) decideOne(ctx context.Context, key string, cost int64) (engine.Decision, error) {
 	if ok, err := s.up(ctx); !ok {
 		return s.failOne(ctx, key, cost, err)
 	}
@@ -89,15 +95,20 @@ func (s *Store) badKey(key string) bool {
 }
 
 // check is the error of one request before it goes to Redis: its key, its
-// cost, then the store and ctx (see usable).
+// cost (see checkReq), then the store and ctx (see usable).
 func (s *Store) check(ctx context.Context, key string, cost int64) error {
+	return cmp.Or(s.checkReq(key, cost), s.usable(ctx))
+}
+
+// checkReq is the error of a request's key or cost, nil if both are valid.
+func (s *Store) checkReq(key string, cost int64) error {
 	switch {
 	case s.badKey(key):
 		return engine.ErrInvalidKey
 	case cost < 1:
 		return engine.ErrInvalidCost
 	}
-	return s.usable(ctx)
+	return nil
 }
 
 // failOne is fail for one request.
@@ -211,6 +222,12 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 	if fail != nil || len(items) == 0 {
 		return fail
 	}
+	return s.decideItems(ctx, items)
+}
+
+// decideItems decides items (mode "a"), checked, under ctx bounded by the
+// store's Timeout, answering the undecided ones if it fails (see fail).
+func (s *Store) decideItems(ctx context.Context, items []item) error {
 	if ok, err := s.up(ctx); !ok {
 		return s.fail(ctx, items, err)
 	}

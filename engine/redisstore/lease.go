@@ -288,8 +288,23 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 		s.errs[kindOf(err)].Add(1)
 		return engine.Decision{}, err
 	}
+	return l.decide(ctx, s.deadline(ctx), key, cost)
+}
+
+// decide is allow for a request checked, whose call ends by dl (see
+// Store.deadline): every exchange with Redis it makes shares that deadline
+// (a lease given back first, then the decision), and one that passes on
+// the way is answered by the failure rule, as Allow's is. A request its
+// lease decides makes none, and allocates nothing.
+func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int64) (engine.Decision, error) {
+	s := l.s
 	var a lreq
 	l.ask(opAllow, key, cost, &a)
+	if a.back > 0 || a.err == errRemote {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl)
+		defer cancel()
+	}
 	if a.back > 0 {
 		l.giveBack(ctx, []gift{{key, a.back, a.bver}})
 	}
@@ -302,11 +317,11 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 	held, want := a.held, a.want
 	p := post{key: key, ver: a.ver, at: l.clk.Now(), cost: cost, held: held, asked: want}
 	if want == 0 {
-		p.d, p.dErr = s.allow(ctx, key, cost-held)
+		p.d, p.dErr = s.decideOne(ctx, key, cost-held)
 	} else {
-		reqs := [2]engine.Request{{Key: key, Cost: cost - held}, {Key: key, Cost: want}}
 		var out [2]engine.Result
-		if err := s.allowBatch(ctx, reqs[:], out[:], 1); err != nil {
+		items := []item{{out: &out[0], key: key, cost: cost - held}, {out: &out[1], key: key, cost: want, lease: true}}
+		if err := s.decideItems(ctx, items); err != nil {
 			out[0].Err, out[1].Err = err, err
 		}
 		p.d, p.dErr, p.leaseD, p.lseErr = out[0].Decision, out[0].Err, out[1].Decision, out[1].Err
@@ -325,13 +340,14 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 // it, in order.
 func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
 	fail := l.s.usable(ctx)
+	dl := l.s.deadline(ctx) // one deadline for the batch, as without leases
 	var t tally
 	for i, r := range reqs {
-		if err := l.s.check(ctx, r.Key, r.Cost); err != nil {
+		if err := cmp.Or(l.s.checkReq(r.Key, r.Cost), fail); err != nil {
 			out[i] = engine.Result{Err: err}
 			t.add(engine.Decision{}, err)
 		} else {
-			out[i].Decision, out[i].Err = l.allow(ctx, r.Key, r.Cost)
+			out[i].Decision, out[i].Err = l.decide(ctx, dl, r.Key, r.Cost)
 		}
 	}
 	l.s.count(&t)
