@@ -152,16 +152,23 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 		return engine.Decision{}, err
 	}
 	var held int64
+	rctx := ctx // with leases, the lease's give-back and the call share one deadline
 	if s.lease != nil {
-		held = s.lease.before(ctx, mode, key)
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithDeadline(ctx, s.deadline(ctx))
+		defer cancel()
+		held = s.lease.before(rctx, mode, key)
 	}
 	var out engine.Result
-	err := s.need(ctx)
+	err := s.need(rctx)
 	if err == nil {
-		err = s.round(ctx, func(ctx context.Context) error {
+		err = s.round(rctx, func(ctx context.Context) error {
 			_, err := s.exec(ctx, mode, "", []item{{out: &out, key: key, cost: tokens}})
 			return err
 		})
+	}
+	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		err = fmt.Errorf("%w: %w", ErrUnavailable, err) // the store's Timeout, not the caller's deadline
 	}
 	if err != nil && mode == modeCharge {
 		if !errors.Is(ctx.Err(), context.Canceled) {

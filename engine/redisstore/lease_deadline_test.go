@@ -15,12 +15,12 @@ import (
 
 // TestLeaseCallEndsByItsDeadline: a leased store whose lease on a key was
 // taken before another process's cutover gives it back before it asks Redis
-// for the key's next decision. With Redis stalled (CLIENT PAUSE), that
-// give-back and the decision share the call's deadline: Allow and
-// AllowBatch end by it (the context's, or Config.Timeout if sooner) with the
-// failure rule's Degraded answer and a nil error, as without leases, never
-// with the context's error. On a server of its own: the pause would stall
-// every test on a shared one.
+// for the key's next decision (or charge). With Redis stalled (CLIENT
+// PAUSE), that give-back and the decision share the call's deadline: Allow,
+// AllowBatch and Charge end by it (the context's, or Config.Timeout if
+// sooner) with the failure rule's Degraded answer and a nil error, as
+// without leases, never with the context's error. On a server of its own:
+// the pause would stall every test on a shared one.
 func TestLeaseCallEndsByItsDeadline(t *testing.T) {
 	addr := redistest.Start(t).Addr()
 	admin := client(t, addr)
@@ -29,11 +29,12 @@ func TestLeaseCallEndsByItsDeadline(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		deadline time.Duration // the caller's, 0 for none
-		batch    bool
+		call     string
 	}{
-		{"Allow, no deadline", 0, false},
-		{"Allow, deadline", 150 * time.Millisecond, false},
-		{"AllowBatch, deadline", 150 * time.Millisecond, true},
+		{"Allow, no deadline", 0, "allow"},
+		{"Allow, deadline", 150 * time.Millisecond, "allow"},
+		{"AllowBatch, deadline", 150 * time.Millisecond, "batch"},
+		{"Charge, no deadline", 0, "charge"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			pol := policy.Policy{Version: 1, Capacity: 320, TokensPerSecond: 10}
@@ -62,14 +63,17 @@ func TestLeaseCallEndsByItsDeadline(t *testing.T) {
 			defer cancel()
 			start := time.Now()
 			var d engine.Decision
-			if c.batch {
+			switch c.call {
+			case "batch":
 				out := make([]engine.Result, 2)
 				err = leased.AllowBatch(cctx, []engine.Request{{Key: "hot", Cost: 1}, {Key: "hot", Cost: 1}}, out)
 				require.NoError(t, err)
 				require.NoError(t, out[1].Err, "the batch's second request")
 				require.True(t, out[1].Decision.Degraded, "the batch's second request: %+v", out[1].Decision)
 				d, err = out[0].Decision, out[0].Err
-			} else {
+			case "charge":
+				d, err = leased.Charge(cctx, "hot", 1)
+			default:
 				d, err = leased.Allow(cctx, "hot", 1)
 			}
 			took := time.Since(start)
