@@ -96,10 +96,18 @@ func TestLeaseLocalAllowDoesNotAllocate(t *testing.T) {
 		_, err := s.Allow(ctx, "k", 1)
 		require.NoError(t, err)
 	}
-	local := s.Stats().Local
-	allocs := testing.AllocsPerRun(1000, func() { _, _ = s.Allow(ctx, "k", 1) })
-	require.Greater(t, s.Stats().Local-local, uint64(1000))
-	require.Zero(t, allocs)
+	// A measure counts only if every call in it was local (1000 and the
+	// warm-up call): on a loaded machine the lease's top-up may come late
+	// and a call go to Redis, so a few measures are allowed.
+	for try := 0; ; try++ {
+		local := s.Stats().Local
+		allocs := testing.AllocsPerRun(1000, func() { _, _ = s.Allow(ctx, "k", 1) })
+		if s.Stats().Local-local == 1001 {
+			require.Zero(t, allocs)
+			return
+		}
+		require.Less(t, try, 5, "no measure of 1000 Allows was all local")
+	}
 }
 
 // Several stores share one quota: whatever each admits, from its leases or
