@@ -171,6 +171,6 @@ func (e *Engine) ReplacePolicy(ctx context.Context, next policy.Policy, expected
 	for _, mb := range e.mailboxes {
 		mb.Publish()
 	}
-	e.reclaim.cutOver(e.clk.Now())
+	e.reclaim.fillsSooner(e.clk.Now())
 	return nil
 }

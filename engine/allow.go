@@ -78,7 +78,11 @@ func (e *Engine) Peek(ctx context.Context, key string) (Decision, error) {
 // or evicted because it was full) changes nothing. It answers like Peek,
 // with the balance after the refund.
 func (e *Engine) Refund(ctx context.Context, key string, tokens int64) (Decision, error) {
-	return e.single(ctx, msg.OpRefund, key, tokens)
+	d, err := e.single(ctx, msg.OpRefund, key, tokens)
+	if err == nil {
+		e.reclaim.fillsSooner(e.clk.Now()) // the bucket may now be full, before the last sweep said any would be
+	}
+	return d, err
 }
 
 // nilContext is the error for a call given a nil context, in the place of

@@ -27,7 +27,9 @@ const (
 	// duration has passed since it ended, so under a flood of new keys that
 	// never stops, sweeping takes at most a tenth of the time; and a sweep
 	// that evicted nothing waits until the first bucket it kept is full,
-	// since no earlier sweep could evict anything.
+	// since no earlier sweep could evict anything, unless a cutover or a
+	// refund, which can fill buckets sooner, comes meanwhile: then it waits
+	// PressureSweepGap from that at most.
 	PressureSweepGap = 250 * time.Millisecond
 )
 
@@ -42,10 +44,15 @@ type reclaimer struct {
 	alarm *shard.Alarm
 
 	// next is the clock reading before which no pressure sweep starts, and
-	// took the duration of the last one: ReclaimAfter reads them. Written
-	// only under the coordinator.
+	// took the duration of the last one: ReclaimAfter reads them. A
+	// pressure sweep sets them, under the coordinator; a cutover or a
+	// refund brings next forward (sooner), never back.
 	next, took atomic.Int64
 	kick       chan struct{} // one slot: next moved earlier
+	// sooner is set when a cutover or a refund may have filled buckets
+	// sooner than the sweep in progress can see, so that it does not put
+	// the next off until the first bucket it kept is full.
+	sooner atomic.Bool
 }
 
 // configure sets up the background sweeps cfg asks for (cfg has its
@@ -145,6 +152,7 @@ func (e *Engine) background(pressure bool) (evicted int, ok bool) {
 	}
 	defer e.release()
 	start := e.clk.Now()
+	e.reclaim.sooner.Store(false)
 	r, err := e.sweep(context.Background(), pressure)
 	if errors.Is(err, ErrClosed) {
 		return r.evicted, false
@@ -159,9 +167,10 @@ func (e *Engine) background(pressure bool) (evicted int, ok bool) {
 		end := e.clk.Now()
 		took := max(end-start, 0)
 		next := max(satAdd(start, int64(PressureSweepGap)), satAdd(end, 9*took))
-		if r.evicted == 0 && err == nil {
-			// Nothing was freed, so nothing was created since: no bucket
-			// is full before the first one the sweep kept.
+		if r.evicted == 0 && err == nil && !e.reclaim.sooner.Load() {
+			// Nothing was freed, so nothing was created since, and
+			// nothing was refunded: no bucket is full before the first
+			// one the sweep kept.
 			next = max(next, r.soonest)
 		}
 		e.reclaim.took.Store(took)
@@ -170,15 +179,17 @@ func (e *Engine) background(pressure bool) (evicted int, ok bool) {
 	return r.evicted, true
 }
 
-// cutOver brings the pressure schedule forward after a cutover, which may
-// make buckets full sooner than the last sweep found: the next pressure
-// sweep may start PressureSweepGap after the cutover at the latest. The
-// caller holds the coordinator.
-func (r *reclaimer) cutOver(now int64) {
+// fillsSooner brings the pressure schedule forward after a cutover or a
+// refund, which may make buckets full sooner than the last sweep found: the
+// next pressure sweep may start PressureSweepGap after now at the latest.
+func (r *reclaimer) fillsSooner(now int64) {
 	if !r.pressure {
 		return
 	}
-	r.next.Store(min(r.next.Load(), satAdd(now, int64(PressureSweepGap))))
+	r.sooner.Store(true)
+	at := satAdd(now, int64(PressureSweepGap))
+	for n := r.next.Load(); n > at && !r.next.CompareAndSwap(n, at); n = r.next.Load() {
+	}
 	select {
 	case r.kick <- struct{}{}:
 	default:
@@ -188,11 +199,11 @@ func (r *reclaimer) cutOver(now int64) {
 // ReclaimAfter estimates how long from now until a key slot can next be
 // free when the key table is full (ErrKeyCapacity): until the next pressure
 // sweep can end, which is no sooner than the first tracked bucket the last
-// one kept is full again. ok is false when no background sweep runs
-// (Config.SweepEvery), so only EvictFull can free a slot. It is an estimate,
-// not a promise: other new keys may take a slot first, and refunds or a
-// cutover can fill buckets sooner. It never blocks, and answers after Close
-// with the last schedule.
+// one kept is full again, or PressureSweepGap after a cutover or a refund
+// since, which can fill buckets sooner. ok is false when no background
+// sweep runs (Config.SweepEvery), so only EvictFull can free a slot. It is
+// an estimate, not a promise: other new keys may take a slot first. It
+// never blocks, and answers after Close with the last schedule.
 func (e *Engine) ReclaimAfter() (d time.Duration, ok bool) {
 	if e == nil || !e.reclaim.pressure {
 		return 0, false

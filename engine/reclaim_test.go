@@ -299,3 +299,46 @@ func TestPressureScheduleAfterCutover(t *testing.T) {
 		assert.Zero(t, e.KeyCount())
 	})
 }
+
+// TestPressureScheduleAfterRefund: refunds that fill buckets sooner than the
+// last pressure sweep found bring the waiting sweep forward, as a cutover
+// does, so a full key table recovers without waiting for the periodic sweep.
+func TestPressureScheduleAfterRefund(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ms = int64(time.Millisecond)
+		clk := clock.NewManual(0)
+		e, err := engine.New(engine.Config{Policy: pol(1, 1000, 1), MaxKeys: 2, Shards: 2, Clock: clk, SweepEvery: time.Hour})
+		require.NoError(t, err)
+		defer e.Close()
+		ctx := context.Background()
+		for _, k := range []string{"a", "b"} {
+			_, err = e.Allow(ctx, k, 1000) // full at 1,000 s
+			require.NoError(t, err)
+		}
+		_, err = e.Allow(ctx, "c", 1)
+		require.ErrorIs(t, err, engine.ErrKeyCapacity)
+		synctest.Wait() // the pressure sweep ran, and found nothing full before 1,000 s
+		d, _ := e.ReclaimAfter()
+		require.Equal(t, 1000*time.Second, d)
+		_, err = e.Allow(ctx, "c", 1) // a sweep now waits
+		require.ErrorIs(t, err, engine.ErrKeyCapacity)
+		synctest.Wait()
+
+		clk.Set(100 * ms)
+		for _, k := range []string{"a", "b"} {
+			d, err := e.Refund(ctx, k, 1000)
+			require.NoError(t, err)
+			require.Equal(t, int64(1000), d.Remaining, "%s full again", k)
+		}
+		synctest.Wait()
+		d, _ = e.ReclaimAfter()
+		assert.Equal(t, engine.PressureSweepGap, d, "the refunds brought the sweep forward")
+
+		clk.Set(100*ms + int64(engine.PressureSweepGap)) // the waiting sweep's time has come
+		synctest.Wait()
+		assert.Equal(t, uint64(2), e.Stats().PressureSweeps)
+		assert.Zero(t, e.KeyCount(), "both were full, and are gone")
+		_, err = e.Allow(ctx, "c", 1)
+		require.NoError(t, err)
+	})
+}
