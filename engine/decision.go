@@ -30,8 +30,10 @@ type Decision struct {
 	ResetAfter time.Duration
 	// Band names the band that bound the decision, for a key whose limit
 	// has several (see policy.BandSet): when denied, the band with the
-	// longest wait; when allowed, the one with the fewest whole tokens
-	// left; ties go to the primary band, then to the bands in order.
+	// longest wait (as RetryAfter reports it, saturated at math.MaxInt64,
+	// so waits past 292 years tie); when allowed, the one with the fewest
+	// whole tokens left; ties go to the primary band, then to the bands in
+	// order.
 	// Remaining, Limit and ResetAfter describe that band. The primary band
 	// is named by the key's override (its Name), "" for the policy's own
 	// limit: a key with one band always has Band == "" or its override's

@@ -75,9 +75,10 @@
 // ErrCostExceedsCapacity. RetryAfter is the time until every band holds the
 // cost: the longest of the bands' waits. Decision.Band names the band that
 // bound the decision, and Remaining, Limit and ResetAfter are that band's:
-// on a denial the band with the longest wait, when allowed the band with the
-// fewest whole tokens left, ties going to the primary band and then to the
-// bands in order. The primary band is named by its override's Name, or ""
+// on a denial the band with the longest wait (as reported: saturated, so
+// waits past 292 years tie), when allowed the band with the fewest whole
+// tokens left, ties going to the primary band and then to the bands in
+// order. The primary band is named by its override's Name, or ""
 // for the policy's own limit, so a key of one band always decides with Band
 // "" or its override's Name. A key is full, for eviction, only when every
 // band is full.

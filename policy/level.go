@@ -140,8 +140,10 @@ func FullLevels(sh Shape, lv []Level) bool {
 //
 // It returns the binding band's index and an Outcome describing it: on a
 // denial the band with the longest wait (RetryAfter is the time until every
-// band holds cost), when allowed the band with the fewest whole tokens
-// left; ties go to the lowest index, the primary first. Remaining and
+// band holds cost; waits are compared as Level.RetryAfter reports them,
+// saturated, so two past math.MaxInt64 ns tie), when allowed the band with
+// the fewest whole tokens left; ties go to the lowest index, the primary
+// first. Remaining and
 // ResetAfter are that band's.
 func DecideLevels(sh Shape, lv []Level, cost int64) (Outcome, int) {
 	allowed := true
