@@ -117,9 +117,8 @@ type diffTarget interface {
 }
 
 // diffAllAllower is a target with AllowAll, and diffInspector one with
-// Peek and Refund: the engine and the model. Traces for a target without
-// them (the Redis store's: diffGenerateStore) have none of those
-// operations; a replay that meets one anyway answers "unsupported".
+// Peek and Refund: the engine, the model and the Redis store. A replay on a
+// target without one answers "unsupported".
 type diffAllAllower interface {
 	allowAll(reqs []engine.Request) (engine.Decision, int, error)
 }
@@ -301,7 +300,21 @@ func (d *diffEngine) snapshotRestore() error {
 
 func (d *diffEngine) evictFull() (int, error) { return d.e.EvictFull(context.Background()) }
 func (d *diffEngine) replacePolicy(next policy.Policy, expected int64) error {
-	return d.e.ReplacePolicy(context.Background(), next, expected)
+	err := d.e.ReplacePolicy(context.Background(), next, expected)
+	diffCountCutover(d.c, err)
+	return err
+}
+
+// diffCountCutover counts a target's ReplacePolicy for the report: a
+// success, or a refusal as stale.
+func diffCountCutover(c *counters, err error) {
+	switch {
+	case c == nil:
+	case err == nil:
+		c.cutovers.Add(1)
+	case errors.Is(err, engine.ErrStalePolicy):
+		c.stale.Add(1)
+	}
 }
 func (d *diffEngine) keyCount() int         { return d.e.KeyCount() }
 func (d *diffEngine) policy() policy.Policy { return d.e.Policy() }

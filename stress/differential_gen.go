@@ -120,8 +120,8 @@ func diffGenerateFor(seed uint64, shardCounts []int, nops int, store bool) diffT
 	// Weights of allow, batch, short batch, evict, cutover, keys,
 	// AllowAll, Peek, Refund, Charge and Snapshot; the cutover-heavy
 	// profile runs past the shard's 64-generation history, and cuts over
-	// keys in debt. The Redis store has no AllowAll, and its target here no
-	// Snapshot. A snapshot is restored at the
+	// keys in debt. The Redis store's target has no Snapshot (and on a
+	// cluster its runner drops AllowAll). A snapshot is restored at the
 	// reading it was taken at, so it needs a clock that never steps back
 	// (the restored shards have all observed that reading; the model has
 	// one observed time only for what it served).
@@ -132,9 +132,6 @@ func diffGenerateFor(seed uint64, shardCounts []int, nops int, store bool) diffT
 	}
 	pi := r.IntN(len(profiles))
 	prof := profiles[pi]
-	if store {
-		prof[diffAllowAll] = 0
-	}
 	if store || cfg.regress {
 		prof[diffSnapshot] = 0
 	}

@@ -23,8 +23,9 @@
 //     host:port the traces are replayed on the Redis store
 //     (engine/redisstore) at that server instead of the engine, in the
 //     configurations the two share (no key bound, a clock that never steps
-//     back, and no AllowAll, Peek or Refund); -redis-cluster host:port,...
-//     does the same on a Redis Cluster;
+//     back, no snapshots); -redis-cluster host:port,... does the same on a
+//     Redis Cluster, without AllowAll (which takes keys of one virtual
+//     shard there);
 //   - conservation: many goroutines of Allow, AllowBatch and AllowAll over a
 //     skewed key set under the real monotonic clock, while a coordinator cuts
 //     over policies (stale attempts included) and sweeps; no key is ever
