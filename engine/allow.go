@@ -79,7 +79,7 @@ func (e *Engine) Peek(ctx context.Context, key string) (Decision, error) {
 // with the balance after the refund.
 func (e *Engine) Refund(ctx context.Context, key string, tokens int64) (Decision, error) {
 	d, err := e.single(ctx, msg.OpRefund, key, tokens)
-	if err == nil {
+	if err == nil && e.reclaim.pressure {
 		e.reclaim.fillsSooner(e.clk.Now()) // the bucket may now be full, before the last sweep said any would be
 	}
 	return d, err

@@ -224,14 +224,7 @@ func (c *ReplicaCluster) Kill(t testing.TB, addr string) {
 			c.WaitHealthy(t)
 		}
 	})
-	info, err := c.info(addr, "server")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(info["process_id"])
-	if err != nil || pid <= 1 {
-		t.Fatalf("redistest: %s: INFO server process_id %q", addr, info["process_id"])
-	}
+	pid, info := c.process(t, addr)
 	d := daemon{exe: info["executable"], conf: info["config_file"]}
 	if d.exe == "" || d.conf == "" {
 		t.Fatalf("redistest: %s was not started from a configuration file (INFO server: executable %q, config_file %q): "+
@@ -262,11 +255,9 @@ func (c *ReplicaCluster) Kill(t testing.TB, addr string) {
 	}
 }
 
-// Hang stops the node at addr with SIGSTOP, as a machine that froze: its
-// connections stay open and new ones are accepted, but it answers nothing.
-// Resume continues it (a cleanup does, if the test has not); a master the
-// cluster failed over meanwhile then rejoins as a replica.
-func (c *ReplicaCluster) Hang(t testing.TB, addr string) {
+// process returns the process ID of the node at addr and its INFO server
+// section, failing the test if it cannot read them.
+func (c *ReplicaCluster) process(t testing.TB, addr string) (int, map[string]string) {
 	t.Helper()
 	info, err := c.info(addr, "server")
 	if err != nil {
@@ -276,6 +267,16 @@ func (c *ReplicaCluster) Hang(t testing.TB, addr string) {
 	if err != nil || pid <= 1 {
 		t.Fatalf("redistest: %s: INFO server process_id %q", addr, info["process_id"])
 	}
+	return pid, info
+}
+
+// Hang stops the node at addr with SIGSTOP, as a machine that froze: its
+// connections stay open and new ones are accepted, but it answers nothing.
+// Resume continues it (a cleanup does, if the test has not); a master the
+// cluster failed over meanwhile then rejoins as a replica.
+func (c *ReplicaCluster) Hang(t testing.TB, addr string) {
+	t.Helper()
+	pid, _ := c.process(t, addr)
 	c.mu.Lock()
 	c.hung[addr] = pid
 	c.mu.Unlock()
