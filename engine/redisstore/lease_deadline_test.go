@@ -52,7 +52,7 @@ func TestLeaseCallEndsByItsDeadline(t *testing.T) {
 			require.NoError(t, err)
 			require.EqualValues(t, 2, leased.Policy().Version)
 
-			require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", "1500", "ALL").Err())
+			require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", "700", "ALL").Err())
 			t.Cleanup(func() { admin.Do(ctx, "CLIENT", "UNPAUSE") })
 			cctx, cancel := ctx, context.CancelFunc(func() {})
 			bound := timeout
