@@ -128,11 +128,12 @@ type diffInspector interface {
 	refund(key string, tokens int64) (engine.Decision, error)
 }
 
-// diffCharger is a target with Charge, and diffSnapshotter one that can
-// snapshot itself and carry on as the engine restored from it: the engine
-// and the model (for which it changes nothing: a restore at the reading of
-// the snapshot gives back every balance, debts included). Traces for the
-// Redis store have neither.
+// diffCharger is a target with Charge (the engine, the model and the Redis
+// store), and diffSnapshotter one that can snapshot itself and carry on as
+// the engine restored from it: the engine and the model (for which it
+// changes nothing: a restore at the reading of the snapshot gives back
+// every balance, debts included). Traces for the Redis store have no
+// snapshots.
 type diffCharger interface {
 	charge(key string, tokens int64) (engine.Decision, error)
 }
@@ -305,6 +306,11 @@ func (d *diffEngine) replacePolicy(next policy.Policy, expected int64) error {
 	return err
 }
 
+func (d *diffEngine) keyCount() int         { return d.e.KeyCount() }
+func (d *diffEngine) policy() policy.Policy { return d.e.Policy() }
+func (d *diffEngine) close() error          { return d.e.Close() }
+func (d *diffEngine) failed() error         { return nil }
+
 // diffCountCutover counts a target's ReplacePolicy for the report: a
 // success, or a refusal as stale.
 func diffCountCutover(c *counters, err error) {
@@ -316,10 +322,6 @@ func diffCountCutover(c *counters, err error) {
 		c.stale.Add(1)
 	}
 }
-func (d *diffEngine) keyCount() int         { return d.e.KeyCount() }
-func (d *diffEngine) policy() policy.Policy { return d.e.Policy() }
-func (d *diffEngine) close() error          { return d.e.Close() }
-func (d *diffEngine) failed() error         { return nil }
 
 // diffModel is the specification behind diffTarget.
 type diffModel struct {
