@@ -184,7 +184,7 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	switch mode {
 	case "p":
 		n = &s.peeks
-		d.Remaining = satAdd(d.Remaining, held) // what this process's lease holds
+		d.Remaining = min(satAdd(d.Remaining, held), d.Limit) // and what this process's lease holds
 	case "r":
 		n = &s.refunds
 	}
@@ -731,27 +731,16 @@ func levels(sh policy.Shape, x, y any, lv []policy.Level) error {
 }
 
 // chains gives each item its own shapes under the retained versions that
-// carry overrides, but the one in force (the script has that one). The
-// history list holds one entry per retained version, oldest first:
-// "version cutover cap rate overridden", then " bands" if the default
-// shape has bands.
+// carry overrides, but the one in force (the script has that one).
 func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
-	raw, err := s.rdb.LRange(ctx, s.kHistory, 0, -1).Result()
+	vs, overridden, err := s.history(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: reading the policy history: %w", ErrUnavailable, err)
+		return err
 	}
 	var ps []policy.Policy
-	for _, e := range raw {
-		f := strings.Fields(e)
-		if len(f) != 5 && len(f) != 6 {
-			return fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
-		}
-		v, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
-		}
-		if f[4] != "1" || v == st.p.Version {
-			continue // no overrides, or the version in force
+	for i, v := range vs {
+		if !overridden[i] || v == st.p.Version {
+			continue
 		}
 		p, err := s.policyAt(ctx, v)
 		if err != nil {
@@ -772,6 +761,29 @@ func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
 		it.chain = b.String()
 	}
 	return nil
+}
+
+// history reads the retained versions, oldest first, and whether each
+// carries overrides. The history list holds one entry per retained
+// version: "version cutover cap rate overridden", then " bands" if the
+// default shape has bands.
+func (s *Store) history(ctx context.Context) (vs []int64, overridden []bool, err error) {
+	raw, err := s.rdb.LRange(ctx, s.kHistory, 0, -1).Result()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: reading the policy history: %w", ErrUnavailable, err)
+	}
+	for _, e := range raw {
+		f := strings.Fields(e)
+		if len(f) != 5 && len(f) != 6 {
+			return nil, nil, fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
+		}
+		v, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
+		}
+		vs, overridden = append(vs, v), append(overridden, f[4] == "1")
+	}
+	return vs, overridden, nil
 }
 
 // repeats reports whether a key comes more than once in chunk.

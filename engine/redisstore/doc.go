@@ -373,9 +373,12 @@
 //     lease taken under a version that another process has since replaced
 //     ends when this store meets the new version (at its next call to
 //     Redis, within MaxAge; a give-back reads the version in force first):
-//     its tokens go back under the new limit if that raises no band's
-//     capacity, else they are given up, so that no cutover tops a key up
-//     (but for one published between that read and the give-back).
+//     its tokens go back under the new limit if no version since the one
+//     they were taken under (that one included) gives a band of the new
+//     limit less capacity, or lacks it: else a cutover on the way would
+//     have clamped or dropped them, and they are given up, so that no
+//     cutover tops a key up (but for one published between that read and
+//     the give-back).
 //   - Denials. A denial Redis gave is kept: the same cost on the same key
 //     is denied in the process until its RetryAfter has passed.
 //
@@ -394,17 +397,19 @@
 // denied with those tokens unspent. A kept denial can deny a request
 // others' refunds would have admitted, until its RetryAfter. A leased
 // answer's Decision is the bucket's as last heard: Remaining is the
-// bucket's whole tokens at its last answer plus what the lease holds,
+// bucket's whole tokens at its last answer plus what the lease holds (at
+// most Limit, which the sum passes once the bucket refilled behind it),
 // ResetAfter counts from that answer, RetryAfter of a kept denial counts
 // down from the one Redis gave; Allowed, Version, Limit and Band are as
 // without leases. Stats.Local counts the leased decisions. AllowBatch
 // decides its requests one by one, each as Allow would (so a request its
 // lease cannot cover is a round trip of its own); AllowAll and Charge go
 // to Redis (Charge after the lease is given back); Peek adds what the
-// lease holds to Redis's answer; Refund goes to Redis and ends a kept
-// denial. With Redis unreachable, a process spends what it holds, then
-// answers by the failure rule, marked Degraded. Close waits for the calls
-// to Redis the leases still await, then gives every lease back.
+// lease holds to Redis's answer (at most Limit); Refund goes to Redis and
+// ends a kept denial. With Redis unreachable, a process spends what it
+// holds, then answers by the failure rule, marked Degraded. Close waits
+// for the calls to Redis the leases still await, then gives every lease
+// back.
 //
 // # Failures
 //

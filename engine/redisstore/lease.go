@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/bits"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -394,11 +395,11 @@ func (l *leaser) flush(ctx context.Context) {
 // giveBack returns unspent tokens to Redis, exactly, capped at capacity:
 // one script call per virtual shard, pipelined. Tokens taken under a
 // version no longer in force (the store reads which first) go back only if
-// the key's limit in force raises none of its bands' capacities: else they
-// are given up, since returned under the higher capacity they could fill
-// the bucket past the one they were taken under. A cutover published
-// between that read and the call is not seen: its tokens are credited under
-// it. What Redis does not take is given up, and OnError told.
+// no cutover since could have clamped or dropped them (see raised): else
+// they are given up, since returned under a higher capacity they could
+// fill the bucket past what the cutovers left it. A cutover published
+// between that read and the call is not seen: its tokens are credited
+// under it. What Redis does not take is given up, and OnError told.
 func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 	if len(gs) == 0 {
 		return
@@ -409,11 +410,17 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 		err = s.reload(ctx)
 	}
 	st := s.cur.Load()
+	var retained []int64 // read at the first gift of an older version
 	items, outs := make([]item, 0, len(gs)), make([]engine.Result, len(gs))
 	for _, g := range gs {
-		if err == nil && g.ver != st.p.Version && l.raised(ctx, g, st) {
-			l.forfeited.Add(uint64(g.n))
-			continue
+		if err == nil && g.ver != st.p.Version {
+			if retained == nil {
+				retained, _, _ = s.history(ctx) // unread: every such gift is given up
+			}
+			if l.raised(ctx, g, st, retained) {
+				l.forfeited.Add(uint64(g.n))
+				continue
+			}
 		}
 		items = append(items, item{out: &outs[len(items)], key: g.key, cost: g.n})
 	}
@@ -432,16 +439,32 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 	}
 }
 
-// raised reports whether g's key has, under st, a band of higher capacity
-// than under the version g was taken under (true if that is unknown).
-func (l *leaser) raised(ctx context.Context, g gift, st *state) bool {
-	old, err := l.s.policyAt(ctx, g.ver)
-	if err != nil {
+// raised reports whether returning g under st could top its key up: some
+// version from the one g was taken under up to st's, in retained (the
+// retained versions, oldest first), would raise a band of the key's limit
+// under st (see raises), so that a cutover on the way clamped or dropped
+// what the lease kept out of the bucket. True if that is unknown: g's
+// version or st's not retained, or a policy that could not be read.
+func (l *leaser) raised(ctx context.Context, g gift, st *state, retained []int64) bool {
+	from := slices.Index(retained, g.ver)
+	if from < 0 {
 		return true
 	}
-	_, oi := old.Resolve(g.key)
 	_, ni := st.p.Resolve(g.key)
-	return raises(old.ShapeAt(oi), st.p.ShapeAt(ni))
+	next := st.p.ShapeAt(ni)
+	for _, v := range retained[from:] {
+		if v == st.p.Version {
+			return false
+		}
+		old, err := l.s.policyAt(ctx, v)
+		if err != nil {
+			return true
+		}
+		if _, oi := old.Resolve(g.key); raises(old.ShapeAt(oi), next) {
+			return true
+		}
+	}
+	return true
 }
 
 // lost counts n tokens given up, and tells OnError why.
@@ -649,7 +672,7 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 // answer is a decision the lease gives: Remaining and ResetAfter are
 // estimates, from the global bucket's last answer and the lease's tokens.
 func (k *lease) answer(now int64, allowed bool) engine.Decision {
-	d := engine.Decision{Allowed: allowed, Remaining: satAdd(k.remaining, k.left), Version: k.ver,
+	d := engine.Decision{Allowed: allowed, Remaining: min(satAdd(k.remaining, k.left), k.limit), Version: k.ver,
 		Limit: k.limit, ResetAfter: time.Duration(max(0, k.resetAt-now)), Band: k.band}
 	if !allowed {
 		d.RetryAfter = time.Duration(k.deniedTill - now)
@@ -668,13 +691,14 @@ func (q *leaseShard) renew(key string, k *lease, st *state) {
 }
 
 // raises reports whether next gives some band of prev a higher capacity,
-// paired as the cutover pairs them: primary to primary, bands by name.
+// paired as the cutover pairs them (primary to primary, bands by name), or
+// has a band prev lacks: the cutover starts it full.
 func raises(prev, next policy.Shape) bool {
 	if next.Primary.Capacity > prev.Primary.Capacity {
 		return true
 	}
 	for i := 1; i < next.Len(); i++ {
-		if j := prev.Bands.Index(next.BandName(i)); j >= 0 && next.Band(i).Capacity > prev.Band(j+1).Capacity {
+		if j := prev.Bands.Index(next.BandName(i)); j < 0 || next.Band(i).Capacity > prev.Band(j+1).Capacity {
 			return true
 		}
 	}
@@ -754,7 +778,10 @@ func (q *leaseShard) settle(p post) {
 		k.learn(now, p.leaseD)
 	}
 	if n > 0 {
-		q.keep(p.key, k, n, p.ver)
+		// taken under the version Redis decided the grant at: a cutover
+		// since the lease was asked for moves it past p.ver, and then the
+		// tokens go back under it, not under p.ver (see giveBack)
+		q.keep(p.key, k, n, p.leaseD.Version)
 		k.got = now
 	}
 }
@@ -766,9 +793,8 @@ func unspent(p post) bool {
 	return p.held > 0 && (p.dErr != nil || !p.d.Allowed || p.d.Degraded)
 }
 
-// keep adds n tokens taken under version ver to k's lease, or gives them up
-// if k has moved on to another version since: taken across a cutover,
-// returning them could top the key up.
+// keep adds n tokens taken under version ver to k's lease, or, if k is
+// under another version, has the fetcher give them back (see giveBack).
 func (q *leaseShard) keep(key string, k *lease, n, ver int64) {
 	if ver != k.ver {
 		q.send(job{key: key, n: n, ver: ver, give: true})

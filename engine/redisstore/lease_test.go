@@ -263,21 +263,11 @@ func TestLeaseGiveBackAfterOthersRaise(t *testing.T) {
 	a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: lz}, clk)
 	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
 	ctx := context.Background()
-	warm(t, a, "k")
-	for range 300 {
-		_, err := a.Allow(ctx, "k", 1)
-		require.NoError(t, err)
-	}
-	pa, err := a.Peek(ctx, "k")
-	require.NoError(t, err)
-	pb, err := b.Peek(ctx, "k")
-	require.NoError(t, err)
-	held := pa.Remaining - pb.Remaining
-	require.Positive(t, held, "a holds no lease")
+	held := holding(t, a, b, "k", 300)
 	clk.Advance(200 * time.Second) // the bucket refills to full behind the lease
 	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100_000, TokensPerSecond: 10}, 1))
 	require.NoError(t, a.Close()) // gives the v1 lease back
-	pb, err = b.Peek(ctx, "k")
+	pb, err := b.Peek(ctx, "k")
 	require.NoError(t, err)
 	require.LessOrEqual(t, pb.Remaining, p.Capacity, "a give-back under the raised version topped the key up by %d (held %d)", pb.Remaining-p.Capacity, held)
 }
@@ -297,4 +287,126 @@ func TestLeaseAllowErrorsCounted(t *testing.T) {
 		require.Error(t, err)
 		require.Equal(t, uint64(3), s.Stats().Errors.Sum(), "leases %v: %+v", lz != nil, s.Stats().Errors)
 	}
+}
+
+// A lease taken before other processes' cutovers goes back only if no
+// version since could have clamped or dropped its tokens: judged against
+// the version in force alone, a limit lowered and raised again, or a band
+// added, let it top the key up past what the cutovers left the bucket. The
+// clock never moves, so every balance is exact.
+func TestLeaseGiveBackAcrossCutovers(t *testing.T) {
+	day, err := policy.NewBands(policy.Band{Name: "day", Capacity: 300, Refill: policy.PerDay(300)})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name    string
+		cutover []policy.Policy // made by another process, in order
+		spend   int64           // then admitted by that process
+		atCall  bool            // the lease ends at a's next call on the key, not at Close
+		left    int64           // the key's tokens after the lease is settled
+	}{
+		// clamped to 100 at v2, carried into v3 as 100
+		{name: "lowered then raised", left: 100, cutover: []policy.Policy{
+			{Version: 2, Capacity: 100, TokensPerSecond: 1}, {Version: 3, Capacity: 1000, TokensPerSecond: 1}}},
+		// the same, and a's call takes one of the 100
+		{name: "lowered then raised, at a call", atCall: true, left: 99, cutover: []policy.Policy{
+			{Version: 2, Capacity: 100, TokensPerSecond: 1}, {Version: 3, Capacity: 1000, TokensPerSecond: 1}}},
+		// the band starts full (300); the other process takes 250 of it
+		{name: "a band added", spend: 250, left: 50, cutover: []policy.Policy{
+			{Version: 2, Capacity: 1000, TokensPerSecond: 1, Bands: day}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewManual(0)
+			p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+			pfx := prefix(t)
+			lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour} // no sweep during the test
+			a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: lz}, clk)
+			b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+			ctx := context.Background()
+			holding(t, a, b, "k", 100)
+			for _, next := range tc.cutover {
+				require.NoError(t, b.ReplacePolicy(ctx, next, next.Version-1))
+			}
+			drain(t, b, "k", tc.spend)
+			if tc.atCall {
+				_, err := a.Allow(ctx, "other", 1) // a's next call to Redis: it meets the version in force
+				require.NoError(t, err)
+				d, err := a.Allow(ctx, "k", 1) // ends the lease, which goes back (or not) first
+				require.NoError(t, err)
+				require.True(t, d.Allowed)
+			}
+			require.NoError(t, a.Close())
+			st := a.Stats()
+			require.NotZero(t, st.ForfeitedTokens, "%+v", st)
+			require.Equal(t, tc.left, drain(t, b, "k", -1), "the key's tokens after the lease: %+v", st)
+		})
+	}
+}
+
+// drain admits requests of one token on key until n are admitted, or, for
+// n < 0, until one is denied, and returns how many were admitted. The
+// clock must stand still.
+func drain(t *testing.T, s *redisstore.Store, key string, n int64) int64 {
+	t.Helper()
+	var admitted int64
+	for ; admitted != n; admitted++ {
+		d, err := s.Allow(context.Background(), key, 1)
+		require.NoError(t, err)
+		require.False(t, d.Degraded)
+		if !d.Allowed {
+			require.Negative(t, n, "denied after %d", admitted)
+			break
+		}
+	}
+	return admitted
+}
+
+// holding admits n requests of one token on key through a, a store with
+// leases, then more until a's lease holds tokens (it may be spent, its
+// next one on the way), and returns them: what a's Peek reports beyond
+// b's, a store without leases on the same prefix.
+func holding(t *testing.T, a, b *redisstore.Store, key string, n int) int64 {
+	t.Helper()
+	ctx := context.Background()
+	warm(t, a, key)
+	for i := 0; i < n+1000; i++ {
+		if i >= n {
+			pa, err := a.Peek(ctx, key)
+			require.NoError(t, err)
+			pb, err := b.Peek(ctx, key)
+			require.NoError(t, err)
+			if held := pa.Remaining - pb.Remaining; held > 0 {
+				return held
+			}
+		}
+		_, err := a.Allow(ctx, key, 1)
+		require.NoError(t, err)
+	}
+	t.Fatalf("a's lease on %q held nothing: %+v", key, a.Stats())
+	return 0
+}
+
+// A leased answer's Remaining is at most its Limit: the bucket's tokens at
+// its last answer plus the lease's pass the capacity once the bucket has
+// refilled behind the lease and a top-up reported it full.
+func TestLeaseRemainingAtMostLimit(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 10}
+	pfx := prefix(t)
+	lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour} // no sweep during the test
+	a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: lz}, clk)
+	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	holding(t, a, b, "k", 100)
+	clk.Advance(200 * time.Second) // the bucket refills to full behind the lease
+	ctx := context.Background()
+	local := a.Stats().Local
+	for range 500 {
+		d, err := a.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.LessOrEqual(t, d.Remaining, d.Limit, "%+v", d)
+	}
+	require.Greater(t, a.Stats().Local-local, uint64(400), "the lease decided too few")
+	d, err := a.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.LessOrEqual(t, d.Remaining, d.Limit, "%+v", d)
 }

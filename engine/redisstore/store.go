@@ -139,8 +139,9 @@ type Config struct {
 // taken from any key), all in Failures when the failure rule answered it.
 // AllowAll calls are counted apart too, in AllowAll, one per call.
 type Stats struct {
-	// Allowed and Denied count the requests Redis decided, by outcome; a
-	// Charge Redis answered is Allowed, as on the engine.
+	// Allowed and Denied count the requests Redis decided, by outcome, and
+	// with Config.Leases those a lease decided in the process too (Local);
+	// a Charge Redis answered is Allowed, as on the engine.
 	Allowed, Denied uint64
 	// Failures counts the requests answered by the fail-open or fail-closed
 	// rule (each Decision marked Degraded), also before the store first
@@ -174,8 +175,9 @@ type Stats struct {
 	Local uint64
 	// LeasedTokens counts the tokens Redis granted as leases,
 	// ReturnedTokens those given back unspent, and ForfeitedTokens those
-	// given up unspent: taken across a cutover that raised a capacity, or
-	// not returned because Redis did not answer. What was leased and is
+	// given up unspent: taken across cutovers that could have clamped them
+	// (see the package doc's Leases section), or not returned because Redis
+	// did not answer. What was leased and is
 	// neither was spent, or is held.
 	LeasedTokens, ReturnedTokens, ForfeitedTokens uint64
 }

@@ -32,7 +32,8 @@
 // decisions_total counts every request once, as promstats does: each
 // Allow, each request of an AllowBatch, and each request of an AllowAll
 // that returned a Decision, all with the call's outcome. "allowed" and
-// "denied" are Redis's decisions (redisstore.Stats.Allowed and Denied);
+// "denied" are Redis's decisions, and with redisstore.Config.Leases also
+// those a lease made in the process (redisstore.Stats.Allowed and Denied);
 // "degraded_allowed" and "degraded_denied" are the answers of the failure
 // rule, marked engine.Decision.Degraded, when Redis could not decide
 // (fail open and fail closed; redisstore.Stats.DegradedAllowed and
@@ -54,7 +55,8 @@
 // store_decisions_total is the Redis side of the work: it counts the
 // requests Redis decided as decisions_total's "allowed" and "denied" do,
 // and also those it answered with an error, such as a cost above every
-// capacity.
+// capacity; with leases, the leases Redis decided too, and not the
+// requests a lease decided in the process.
 //
 // Since the names are promstats', one registry holds an engine's Collector
 // and a store's only under a label that tells them apart, for example a
