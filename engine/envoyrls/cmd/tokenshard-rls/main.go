@@ -26,7 +26,9 @@
 // under -redis-prefix, shared by every replica on that prefix. A replica
 // that starts with a configuration other than the prefix's installs its own
 // (the last to start or reload wins, as with files deployed one replica at a
-// time). Decisions that Redis cannot give are answered with a gRPC
+// time); one that starts while Redis is down makes that check once Redis
+// answers, within about a second. Decisions that Redis cannot give are
+// answered with a gRPC
 // Unavailable error (the store marks them Degraded), so Envoy's
 // failure_mode_deny decides.
 package main
@@ -44,6 +46,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -66,6 +69,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stderr, hooks{})
 	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tokenshard-rls:", err)
 		if errors.Is(err, errUsage) {
@@ -77,12 +83,15 @@ func main() {
 
 var errUsage = errors.New("usage")
 
-// hooks let tests drive the command: poll replaces the -poll ticker,
-// ready is told the listeners' addresses, reloaded each reload's outcome.
+// hooks let tests drive the command: poll replaces the -poll ticker and
+// retry the ticker of a replica started while Redis was down (see
+// settleStart), ready is told the listeners' addresses, reloaded each
+// reload's outcome and settled each retry's.
 type hooks struct {
-	poll     <-chan time.Time
-	ready    func(grpcAddr, metricsAddr string)
-	reloaded func(error)
+	poll, retry <-chan time.Time
+	ready       func(grpcAddr, metricsAddr string)
+	reloaded    func(error)
+	settled     func(reached bool, err error)
 }
 
 type options struct {
@@ -107,6 +116,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown")
 	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return o, err // -h: the usage, printed, is the answer
+		}
 		return o, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	switch {
@@ -118,6 +130,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("%w: -redis and -redis-cluster exclude each other", errUsage)
 	case o.poll <= 0:
 		return o, fmt.Errorf("%w: -poll must be positive", errUsage)
+	case o.drain < 0 || o.timeout < 0:
+		return o, fmt.Errorf("%w: -drain and -redis-timeout must not be negative", errUsage)
 	}
 	return o, nil
 }
@@ -215,6 +229,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	reg.MustRegister(reloads, answers)
 
 	var a engine.Admitter
+	var store *redisstore.Store
+	var made, unreached atomic.Bool // New returned; it could not reach Redis
 	switch {
 	case o.redisAddr != "" || o.redisCluster != "":
 		var client redis.UniversalClient
@@ -224,9 +240,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 			client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(o.redisCluster, ","), ContextTimeoutEnabled: true})
 		}
 		defer func() { _ = client.Close() }()
-		store, err := redisstore.New(ctx, redisstore.Config{
+		store, err = redisstore.New(ctx, redisstore.Config{
 			Client: client, Prefix: o.pfx, Policy: p, Timeout: o.timeout,
+			OnError: func(error) { // New reports here that it started without Redis
+				if !made.Load() {
+					unreached.Store(true)
+				}
+			},
 		})
+		made.Store(true)
 		if err != nil {
 			return fmt.Errorf("redis store: %w", err)
 		}
@@ -297,6 +319,19 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 		defer t.Stop()
 		poll = t.C
 	}
+	// A store started without Redis reports the policy it was given, so
+	// NewServer could not compare it with the prefix's: that check is made
+	// once the store reaches Redis, tried every second (nil once made).
+	var retry <-chan time.Time
+	if unreached.Load() {
+		retry = hk.retry
+		if retry == nil {
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			retry = t.C
+		}
+	}
+	live := cfgs // the configuration served
 	var serveErr error
 	received := 0
 loop:
@@ -307,6 +342,19 @@ loop:
 		case serveErr = <-done:
 			received++
 			break loop
+		case <-retry:
+			reached, err := settleStart(ctx, store, srv, live)
+			switch {
+			case !reached:
+			case err != nil:
+				fmt.Fprintf(stderr, "tokenshard-rls: reached Redis; installing the configuration's policy: %v (tried again in a second)\n", err)
+			default:
+				retry = nil
+				fmt.Fprintf(stderr, "tokenshard-rls: reached Redis, policy version %d\n", a.Policy().Version)
+			}
+			if hk.settled != nil {
+				hk.settled(reached, err)
+			}
 		case <-poll:
 			next, err := readDir(o.dir)
 			if err == nil && next.digest == snap.digest {
@@ -317,7 +365,7 @@ loop:
 				if cfgs, err = next.parse(); err != nil {
 					snap = next // an invalid file is reported once, not every poll
 				} else if err = srv.Reload(ctx, cfgs...); err == nil {
-					snap = next
+					snap, live = next, cfgs
 				} // else a failed Reload (Redis away, another replica's cutover) is tried again at the next poll
 			}
 			if err != nil {
@@ -378,6 +426,18 @@ func countAnswers(answers *prometheus.CounterVec) grpc.UnaryServerInterceptor {
 		}
 		return resp, err
 	}
+}
+
+// settleStart makes, for a store started without Redis, the check New
+// makes against the prefix: once the store has reached Redis (a Peek
+// answers) and adopted the prefix's policy, it installs the policy of cfgs
+// if that is another (srv.Reload), as a replica started with Redis up
+// would have. reached is false while the store has not reached Redis.
+func settleStart(ctx context.Context, store *redisstore.Store, srv *envoyrls.Server, cfgs []*envoyrls.Config) (reached bool, err error) {
+	if _, err := store.Peek(ctx, "tokenshard-rls:probe"); err != nil {
+		return false, nil
+	}
+	return true, srv.Reload(ctx, cfgs...)
 }
 
 // install installs the policy of cfgs on a at the next version.

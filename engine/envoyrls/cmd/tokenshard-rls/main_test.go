@@ -51,6 +51,8 @@ type command struct {
 	stderr   *syncBuffer
 	poll     chan time.Time
 	reloaded chan error
+	retry    chan time.Time // the retries of a command started without Redis
+	settled  chan settled
 	cancel   context.CancelFunc
 	exited   chan error
 	rls      rlsv3.RateLimitServiceClient
@@ -69,6 +71,7 @@ func startCommand(t *testing.T, extra ...string) *command {
 	c := &command{
 		t: t, dir: t.TempDir(), stderr: &syncBuffer{},
 		poll: make(chan time.Time), reloaded: make(chan error, 1), exited: make(chan error, 1),
+		retry: make(chan time.Time), settled: make(chan settled, 1),
 	}
 	c.write("limits.yaml", limitsYAML)
 	ready := make(chan [2]string, 1)
@@ -80,6 +83,8 @@ func startCommand(t *testing.T, extra ...string) *command {
 			poll:     c.poll,
 			ready:    func(g, m string) { ready <- [2]string{g, m} },
 			reloaded: func(err error) { c.reloaded <- err },
+			retry:    c.retry,
+			settled:  func(reached bool, err error) { c.settled <- settled{reached, err} },
 		})
 	}()
 	var addrs [2]string
@@ -101,6 +106,12 @@ func startCommand(t *testing.T, extra ...string) *command {
 		c.stop()
 	})
 	return c
+}
+
+// settled is the outcome of a retry of a command started without Redis.
+type settled struct {
+	reached bool
+	err     error
 }
 
 func (c *command) write(name, data string) {
@@ -304,5 +315,59 @@ func TestCommandInstallsItsConfiguration(t *testing.T) {
 	}
 	if v := store.Policy().Version; v != 2 {
 		t.Errorf("version %d on the prefix, want 2", v)
+	}
+}
+
+// TestCommandStartedWithoutRedis: a replica started while Redis is down
+// cannot compare its configuration with the prefix's, whose policy its
+// store does not yet know. Once Redis answers and the prefix holds another
+// configuration's policy (an earlier deployment's, written back before the
+// replica reaches it), the replica installs its own, as it would have at
+// start: it enforces the limits it reports.
+func TestCommandStartedWithoutRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Kill()
+	prefix := "envoyrls-cmd-down:"
+	c := startCommand(t, "-redis", srv.Addr(), "-redis-prefix", prefix)
+
+	srv.Restart(t)
+	old, err := envoyrls.Policy(1, rlstest.Parse(t, rlstest.TreeYAML)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	store, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, Policy: old})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+
+	// The command's store tries again at each retry; go-redis's dialer may
+	// hold new connections off for up to a second after the refusals.
+	pace := time.NewTicker(20 * time.Millisecond)
+	defer pace.Stop()
+	for tries := 0; ; tries++ {
+		c.retry <- time.Time{}
+		r := <-c.settled
+		if r.err != nil {
+			t.Fatalf("settling the start: %v; stderr: %s", r.err, c.stderr)
+		}
+		if r.reached {
+			break
+		}
+		if tries == 500 {
+			t.Fatalf("the command's store did not reach Redis; stderr: %s", c.stderr)
+		}
+		<-pace.C
+	}
+	for i, want := range []string{"OK", "OK", "OVER_LIMIT"} { // 2 a minute
+		resp := c.ask("gw", "route=/x")
+		if overall(resp) != want || resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != 2 {
+			t.Fatalf("request %d: %v, want %s under the command's limit", i+1, resp, want)
+		}
+	}
+	if !strings.Contains(c.stderr.String(), "reached Redis, policy version 2") {
+		t.Errorf("stderr does not say the command reached Redis: %s", c.stderr)
 	}
 }
