@@ -30,12 +30,13 @@ type item struct {
 	idx      policy.LimitIndex // the shape, resolved under the state the chunk was sent with
 	shard    int               // the key's virtual shard
 	done     bool
-	combined bool // a single Allow sent with others: its combiner counts its decision
-	counted  bool // decided by Redis in mode "a"
-	over     bool // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
-	lease    bool // a lease asked for: the failure rule's answer counts as no request's
-	w        int  // the request's work in the script, in fast-path requests (see weight); 0 counts as 1
-	ref      int  // its shape's place among its call's shapes (see callWords)
+	combined bool  // a single Allow sent with others: its combiner counts its decision
+	counted  bool  // decided by Redis in mode "a"
+	over     bool  // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
+	lease    bool  // a lease asked for: the failure rule's answer counts as no request's
+	pin      int64 // mode "r": refunded under this version only, else answered errMoved (0: any)
+	w        int   // the request's work in the script, in fast-path requests (see weight); 0 counts as 1
+	ref      int   // its shape's place among its call's shapes (see callWords)
 }
 
 // Allow decides one request, with the same meaning as engine.Engine.Allow,
@@ -356,6 +357,9 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			s.retries.Add(1)
 		}
 		st := s.cur.Load()
+		if todo, later = unpinned(todo, st), unpinned(later, st); len(todo)+len(later) == 0 {
+			break
+		}
 		var chunks [][]*item
 		chunks, later = s.route(append(todo, later...))
 		todo = nil
@@ -479,6 +483,21 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		}
 	}
 	return deleted, nil
+}
+
+// errMoved answers an item pinned to a version no longer in force.
+var errMoved = errors.New("redisstore: the policy version moved on")
+
+// unpinned is items less those pinned to a version other than st's, which
+// it answers errMoved.
+func unpinned(items []*item, st *state) []*item {
+	return slices.DeleteFunc(items, func(it *item) bool {
+		if it.pin == 0 || it.pin == st.p.Version {
+			return false
+		}
+		*it.out, it.done = engine.Result{Err: errMoved}, true
+		return true
+	})
 }
 
 // send queues one decide call per chunk, all under st, and sends them. One

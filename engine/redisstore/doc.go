@@ -377,8 +377,8 @@
 //     they were taken under (that one included) gives a band of the new
 //     limit less capacity, or lacks it: else a cutover on the way would
 //     have clamped or dropped them, and they are given up, so that no
-//     cutover tops a key up (but for one published between that read and
-//     the give-back).
+//     cutover tops a key up (a give-back that meets a cutover published
+//     since that read is judged again).
 //   - Denials. A denial Redis gave is kept: the same cost on the same key
 //     is denied in the process until its RetryAfter has passed.
 //

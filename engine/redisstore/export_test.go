@@ -119,15 +119,18 @@ func Seed(s *Store) string { return s.seed }
 // decimal format of any bucket.
 var DecimalBucket = decimalBucket
 
-// Points of the combiner where a hook set by SetCombineHook runs.
+// Points of the combiner and of a lease's give-back where a hook set by
+// SetCombineHook runs.
 const (
-	HookAlone = hookAlone
-	HookTaken = hookTaken
-	HookSent  = hookSent
+	HookAlone    = hookAlone
+	HookTaken    = hookTaken
+	HookSent     = hookSent
+	HookGiveBack = hookGiveBack
 )
 
-// SetCombineHook makes s run hook(point) at the combiner's points, from
-// the caller's goroutine. Set it before s is used concurrently.
+// SetCombineHook makes s run hook(point) at the combiner's points and a
+// lease's give-back's, from the caller's goroutine. Set it before s is
+// used concurrently.
 func SetCombineHook(s *Store, hook func(point string)) { s.hook = hook }
 
 // Queued is how many single Allows for key wait in its combiner, and how

@@ -397,44 +397,55 @@ func (l *leaser) flush(ctx context.Context) {
 // version no longer in force (the store reads which first) go back only if
 // no cutover since could have clamped or dropped them (see raised): else
 // they are given up, since returned under a higher capacity they could
-// fill the bucket past what the cutovers left it. A cutover published
-// between that read and the call is not seen: its tokens are credited
-// under it. What Redis does not take is given up, and OnError told.
+// fill the bucket past what the cutovers left it. Each refund is made
+// under the version it was judged at only: one that meets a cutover
+// published since is judged again. What Redis does not take is given up,
+// and OnError told.
 func (l *leaser) giveBack(ctx context.Context, gs []gift) {
-	if len(gs) == 0 {
-		return
-	}
 	s := l.s
-	err := s.need(ctx)
-	if err == nil {
-		err = s.reload(ctx)
-	}
-	st := s.cur.Load()
-	var retained []int64 // read at the first gift of an older version
-	items, outs := make([]item, 0, len(gs)), make([]engine.Result, len(gs))
-	for _, g := range gs {
-		if err == nil && g.ver != st.p.Version {
-			if retained == nil {
-				retained, _, _ = s.history(ctx) // unread: every such gift is given up
-			}
-			if l.raised(ctx, g, st, retained) {
-				l.forfeited.Add(uint64(g.n))
-				continue
-			}
+	for try := 0; len(gs) > 0; try++ {
+		err := s.need(ctx)
+		if err == nil {
+			err = s.reload(ctx)
 		}
-		items = append(items, item{out: &outs[len(items)], key: g.key, cost: g.n})
-	}
-	if err == nil && len(items) > 0 {
-		err = s.round(ctx, func(ctx context.Context) error {
-			_, err := s.exec(ctx, "r", "", items)
-			return err
-		})
-	}
-	for i, it := range items {
-		if !it.done || outs[i].Err != nil {
-			l.lost(it.cost, cmp.Or(outs[i].Err, err))
-		} else {
-			l.returned.Add(uint64(it.cost))
+		if err == nil && try == maxAttempts {
+			err = fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
+		}
+		st := s.cur.Load()
+		var retained []int64 // read at the first gift of an older version
+		items, outs, from := make([]item, 0, len(gs)), make([]engine.Result, len(gs)), make([]gift, 0, len(gs))
+		for _, g := range gs {
+			if err == nil && g.ver != st.p.Version {
+				if retained == nil {
+					retained, _, _ = s.history(ctx) // unread: every such gift is given up
+				}
+				if l.raised(ctx, g, st, retained) {
+					l.forfeited.Add(uint64(g.n))
+					continue
+				}
+			}
+			items = append(items, item{out: &outs[len(items)], key: g.key, cost: g.n, pin: st.p.Version})
+			from = append(from, g)
+		}
+		if s.hook != nil {
+			s.hook(hookGiveBack)
+		}
+		if err == nil && len(items) > 0 {
+			err = s.round(ctx, func(ctx context.Context) error {
+				_, err := s.exec(ctx, "r", "", items)
+				return err
+			})
+		}
+		gs = nil
+		for i, it := range items {
+			switch {
+			case errors.Is(outs[i].Err, errMoved):
+				gs = append(gs, from[i]) // judged again under the version now in force
+			case !it.done || outs[i].Err != nil:
+				l.lost(it.cost, cmp.Or(outs[i].Err, err))
+			default:
+				l.returned.Add(uint64(it.cost))
+			}
 		}
 	}
 }

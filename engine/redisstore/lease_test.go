@@ -410,3 +410,32 @@ func TestLeaseRemainingAtMostLimit(t *testing.T) {
 	require.NoError(t, err)
 	require.LessOrEqual(t, d.Remaining, d.Limit, "%+v", d)
 }
+
+// A give-back that meets a cutover published after it read the version in
+// force is judged again under the new one: a limit lowered and raised
+// again between that read and the refund does not let the lease top the
+// key up.
+func TestLeaseGiveBackMeetsCutover(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	pfx := prefix(t)
+	lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour} // no sweep during the test
+	a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: lz}, clk)
+	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	holding(t, a, b, "k", 100)
+	var once sync.Once
+	redisstore.SetCombineHook(a, func(point string) {
+		if point != redisstore.HookGiveBack {
+			return
+		}
+		once.Do(func() {
+			ctx := context.Background()
+			require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100, TokensPerSecond: 1}, 1))
+			require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 3, Capacity: 1000, TokensPerSecond: 1}, 2))
+		})
+	})
+	require.NoError(t, a.Close()) // gives the v1 lease back, judged under v1
+	st := a.Stats()
+	require.NotZero(t, st.ForfeitedTokens, "%+v", st)
+	require.Equal(t, int64(100), drain(t, b, "k", -1), "the key's tokens after the lease: %+v", st)
+}
