@@ -286,8 +286,10 @@ type Store struct {
 	kmap                                      keyMap // how keys map to shards, as stored with the prefix
 	seed, tags                                string // kmap as stored; "" until New has read it
 
-	cur    atomic.Pointer[state] // the policy in force, as last seen
-	closed atomic.Bool
+	cur       atomic.Pointer[state] // the policy in force, as last seen
+	closed    atomic.Bool
+	closing   chan struct{} // closed by Close: releases Wait
+	closeOnce sync.Once
 
 	mu   sync.Mutex              // guards past
 	past map[int64]policy.Policy // decoded policies of retained versions
@@ -444,6 +446,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		now:         now,
 		clk:         cfg.Clock,
 		past:        map[int64]policy.Policy{},
+		closing:     make(chan struct{}),
 		cfgPolicy:   cfg.Policy,
 		cfgShards:   cmp.Or(cfg.VirtualShards, DefaultVirtualShards),
 		cfgTags:     cfg.IgnoreKeyTags,
@@ -874,12 +877,14 @@ func (s *Store) Stats() Stats {
 }
 
 // Close makes every later call return engine.ErrClosed; calls already in
-// flight finish. It does not close the Redis client, and always returns nil.
+// flight finish, but a Wait returns ErrClosed. It does not close the Redis
+// client, and always returns nil.
 func (s *Store) Close() error {
 	if s.lease != nil {
 		s.lease.close()
 	}
 	s.closed.Store(true)
+	s.closeOnce.Do(func() { close(s.closing) })
 	return nil
 }
 

@@ -17,7 +17,8 @@ import (
 // Config.FailRetryAfter. It never waits past ctx's deadline: a RetryAfter
 // that ends after it returns at once an error wrapping
 // engine.ErrWouldExceedDeadline, having spent nothing. If ctx ends while
-// waiting it returns ctx's error; Allow's errors are returned as they are.
+// waiting it returns ctx's error, and engine.ErrClosed if the store closes;
+// Allow's errors are returned as they are.
 // It waits on Config.Clock if that is a clock.Sleeper (clock.Manual is),
 // else on a real timer, and leaves no timer behind.
 func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decision, error) {
@@ -38,6 +39,9 @@ func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decisi
 		case <-ctx.Done():
 			stop()
 			return engine.Decision{}, ctx.Err()
+		case <-s.closing:
+			stop()
+			return engine.Decision{}, engine.ErrClosed
 		}
 	}
 }
