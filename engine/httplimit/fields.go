@@ -43,7 +43,9 @@ func NewFields(policyName string) (Fields, error) {
 //
 // RateLimit is one item, for the band that bound the decision (d.Band, ""
 // or the override's Name for the primary), under the name it has in
-// RateLimit-Policy. r is d.Remaining, that band's whole tokens left. t is
+// RateLimit-Policy. r is d.Remaining, that band's whole tokens left: 0 for
+// a band in debt (a negative Remaining: see engine.Engine.Charge), and at
+// most the largest integer a structured field holds. t is
 // ceil(d.ResetAfter), the time until that band is full, when admitted; when
 // denied it is the Retry-After value (ceil(d.RetryAfter), at least 1),
 // because the draft says a Retry-After SHOULD NOT point earlier than the

@@ -46,12 +46,14 @@ import (
 //     holds what enforcement would), and a request a store's failure rule
 //     admitted (engine.Decision.Degraded: no bucket was consulted). A
 //     request a shadow middleware admitted took its cost as under
-//     enforcement, and is settled as under enforcement.
+//     enforcement, and is settled as under enforcement. A later call says
+//     ErrNotTaken again.
 //   - ErrUnevenEstimate: under WithKeys, the keys were given different
 //     costs. Nothing is settled, and it stays so: a second call says
 //     ErrSettled.
 //   - ErrSettled: the request was settled already, whatever that call
-//     returned; a charge is never taken twice.
+//     returned (but ErrNotTaken, which stays); a charge is never taken
+//     twice.
 //   - the admitter's error for a key, wrapped with the key (a closed
 //     engine, a store that cannot be reached): the other keys are settled
 //     all the same, and the errors joined.
