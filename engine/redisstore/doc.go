@@ -392,9 +392,11 @@
 //
 // What it costs: while a process holds a lease, the bucket refills behind
 // it, so a burst may pass the capacity by the tokens the processes hold
-// (as it may with any limiter that spends locally); and a request the
-// lease cannot cover, on a key whose leases other processes hold, can be
-// denied with those tokens unspent. A kept denial can deny a request
+// (as it may with any limiter that spends locally); in the same way, a
+// debt floored at minus the capacity (by a Charge, or a cutover's clamp)
+// is floored without the tokens the processes hold, which then go back to
+// it; and a request the lease cannot cover, on a key whose leases other
+// processes hold, can be denied with those tokens unspent. A kept denial can deny a request
 // others' refunds would have admitted, until its RetryAfter. A leased
 // answer's Decision is the bucket's as last heard: Remaining is the
 // bucket's whole tokens at its last answer plus what the lease holds (at

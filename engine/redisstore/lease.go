@@ -376,9 +376,8 @@ func (l *leaser) before(ctx context.Context, op, key string) int64 {
 	return 0
 }
 
-// flush takes every lease back from the shards and returns its unspent
-// tokens to Redis under the version they were taken under: before a
-// cutover, and at Close.
+// flush takes every lease back from the shards and gives its unspent
+// tokens back to Redis (see giveBack): before a cutover, and at Close.
 func (l *leaser) flush(ctx context.Context) {
 	reply := make(chan []gift, 1)
 	l.ctl.Add(1)
@@ -404,28 +403,10 @@ func (l *leaser) flush(ctx context.Context) {
 func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 	s := l.s
 	for try := 0; len(gs) > 0; try++ {
-		err := s.need(ctx)
-		if err == nil {
-			err = s.reload(ctx)
-		}
-		if err == nil && try == maxAttempts {
-			err = fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
-		}
-		st := s.cur.Load()
-		var retained []int64 // read at the first gift of an older version
-		items, outs, from := make([]item, 0, len(gs)), make([]engine.Result, len(gs)), make([]gift, 0, len(gs))
-		for _, g := range gs {
-			if err == nil && g.ver != st.p.Version {
-				if retained == nil {
-					retained, _, _ = s.history(ctx) // unread: every such gift is given up
-				}
-				if l.raised(ctx, g, st, retained) {
-					l.forfeited.Add(uint64(g.n))
-					continue
-				}
-			}
-			items = append(items, item{out: &outs[len(items)], key: g.key, cost: g.n, pin: st.p.Version})
-			from = append(from, g)
+		items, from, err := l.judge(ctx, gs, try)
+		outs := make([]engine.Result, len(items))
+		for i := range items {
+			items[i].out = &outs[i]
 		}
 		if s.hook != nil {
 			s.hook(hookGiveBack)
@@ -448,6 +429,46 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 			}
 		}
 	}
+}
+
+// judge is one try of giveBack: it reads the version in force and returns
+// the gifts to refund under it, as items pinned to it (out unset), and the
+// gift of each, having given up those a cutover since could have clamped
+// or dropped (see raised). err, if not nil, is why none can be refunded
+// now: then every gift is returned.
+func (l *leaser) judge(ctx context.Context, gs []gift, try int) (items []item, from []gift, err error) {
+	s := l.s
+	if err = s.need(ctx); err == nil {
+		err = s.round(ctx, s.reload)
+	}
+	if err == nil && try == maxAttempts {
+		err = fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
+	}
+	st := s.cur.Load()
+	var retained []int64 // read at the first gift of an older version
+	var unread error
+	items, from = make([]item, 0, len(gs)), make([]gift, 0, len(gs))
+	for _, g := range gs {
+		if err == nil && g.ver != st.p.Version {
+			if retained == nil && unread == nil {
+				unread = s.round(ctx, func(ctx context.Context) (err error) {
+					retained, _, err = s.history(ctx)
+					return err
+				})
+			}
+			switch {
+			case unread != nil:
+				l.lost(g.n, unread)
+				continue
+			case l.raised(ctx, g, st, retained):
+				l.forfeited.Add(uint64(g.n))
+				continue
+			}
+		}
+		items = append(items, item{key: g.key, cost: g.n, pin: st.p.Version})
+		from = append(from, g)
+	}
+	return items, from, err
 }
 
 // raised reports whether returning g under st could top its key up: some

@@ -303,12 +303,16 @@ func TestLeaseGiveBackAcrossCutovers(t *testing.T) {
 		spend   int64           // then admitted by that process
 		atCall  bool            // the lease ends at a's next call on the key, not at Close
 		left    int64           // the key's tokens after the lease is settled
+		// less up to slack: a top-up a's fetcher had in flight, if Redis
+		// granted it under v2, is given up (v2 lowered the limit), at most
+		// a lease: 1000/16 tokens
+		slack int64
 	}{
 		// clamped to 100 at v2, carried into v3 as 100
-		{name: "lowered then raised", left: 100, cutover: []policy.Policy{
+		{name: "lowered then raised", left: 100, slack: 62, cutover: []policy.Policy{
 			{Version: 2, Capacity: 100, TokensPerSecond: 1}, {Version: 3, Capacity: 1000, TokensPerSecond: 1}}},
 		// the same, and a's call takes one of the 100
-		{name: "lowered then raised, at a call", atCall: true, left: 99, cutover: []policy.Policy{
+		{name: "lowered then raised, at a call", atCall: true, left: 99, slack: 62, cutover: []policy.Policy{
 			{Version: 2, Capacity: 100, TokensPerSecond: 1}, {Version: 3, Capacity: 1000, TokensPerSecond: 1}}},
 		// the band starts full (300); the other process takes 250 of it
 		{name: "a band added", spend: 250, left: 50, cutover: []policy.Policy{
@@ -337,7 +341,9 @@ func TestLeaseGiveBackAcrossCutovers(t *testing.T) {
 			require.NoError(t, a.Close())
 			st := a.Stats()
 			require.NotZero(t, st.ForfeitedTokens, "%+v", st)
-			require.Equal(t, tc.left, drain(t, b, "k", -1), "the key's tokens after the lease: %+v", st)
+			left := drain(t, b, "k", -1)
+			require.LessOrEqual(t, left, tc.left, "the lease topped the key up: %+v", st)
+			require.GreaterOrEqual(t, left, tc.left-tc.slack, "%+v", st)
 		})
 	}
 }
@@ -437,5 +443,9 @@ func TestLeaseGiveBackMeetsCutover(t *testing.T) {
 	require.NoError(t, a.Close()) // gives the v1 lease back, judged under v1
 	st := a.Stats()
 	require.NotZero(t, st.ForfeitedTokens, "%+v", st)
-	require.Equal(t, int64(100), drain(t, b, "k", -1), "the key's tokens after the lease: %+v", st)
+	// 100, less a top-up in flight that Redis granted under v2 (at most a
+	// lease: 1000/16), given up
+	left := drain(t, b, "k", -1)
+	require.LessOrEqual(t, left, int64(100), "the lease topped the key up: %+v", st)
+	require.GreaterOrEqual(t, left, int64(100-62), "%+v", st)
 }

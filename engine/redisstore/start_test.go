@@ -125,15 +125,17 @@ func TestStartWithoutRedis(t *testing.T) {
 			_, err = s.Allow(ctx, "k", 4)
 			require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "known without Redis")
 
+			// ErrNotReady, which wraps ErrUnavailable
 			_, err = s.Peek(ctx, "k")
+			require.ErrorIs(t, err, redisstore.ErrNotReady)
 			require.ErrorIs(t, err, redisstore.ErrUnavailable)
 			_, err = s.Refund(ctx, "k", 1)
-			require.ErrorIs(t, err, redisstore.ErrUnavailable)
+			require.ErrorIs(t, err, redisstore.ErrNotReady)
 			_, err = s.KeyCount(ctx)
-			require.ErrorIs(t, err, redisstore.ErrUnavailable)
+			require.ErrorIs(t, err, redisstore.ErrNotReady)
 			_, err = s.EvictFull(ctx)
-			require.ErrorIs(t, err, redisstore.ErrUnavailable)
-			require.ErrorIs(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1), redisstore.ErrUnavailable)
+			require.ErrorIs(t, err, redisstore.ErrNotReady)
+			require.ErrorIs(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1), redisstore.ErrNotReady)
 
 			st := s.Stats()
 			require.Zero(t, st.Decisions)

@@ -46,6 +46,13 @@ const (
 // fail-open or fail-closed answer instead, marked engine.Decision.Degraded.
 var ErrUnavailable = errors.New("redisstore: redis unavailable")
 
+// ErrNotReady wraps ErrUnavailable in the error of a call that is not a
+// decision on a store started without Redis that has not yet read the
+// prefix's state (see New). Until it has, its Policy is Config.Policy,
+// which need not be the prefix's: a program that compares the two (as
+// envoyrls's command does) waits for a call that does not return it.
+var ErrNotReady = fmt.Errorf("%w: the store has not reached Redis yet", ErrUnavailable)
+
 // Config configures New. Client and Policy are required.
 type Config struct {
 	// Client is the connection to Redis: a *redis.Client (one server, or a
@@ -356,7 +363,7 @@ var _ engine.Admitter = (*Store)(nil)
 // still returns a working Store, and tells cfg.OnError why. Until the store
 // has read the prefix's state, every decision is answered by the failure
 // rule, marked engine.Decision.Degraded, and Peek, Refund, ReplacePolicy,
-// EvictFull and KeyCount return an error wrapping ErrUnavailable; Policy
+// EvictFull and KeyCount return an error wrapping ErrNotReady; Policy
 // is cfg.Policy. Each call first tries again to read that state, one call
 // at a time (the others, meanwhile, are answered at once without Redis),
 // so the first call after Redis answers is decided by it, with the
@@ -563,18 +570,15 @@ func (s *Store) up(ctx context.Context) (bool, error) {
 }
 
 // need is up for a call that is not a decision: nil once the store is
-// ready, else an error wrapping ErrUnavailable.
+// ready, else an error wrapping ErrNotReady.
 func (s *Store) need(ctx context.Context) error {
-	ok, err := s.up(ctx)
-	switch {
+	switch ok, err := s.up(ctx); {
 	case ok:
 		return nil
-	case err == nil:
-		return fmt.Errorf("%w: the store has not reached Redis yet", ErrUnavailable)
-	case errors.Is(err, ErrUnavailable):
-		return err
+	case err != nil:
+		return fmt.Errorf("%w: %w", ErrNotReady, err)
 	}
-	return fmt.Errorf("%w: the store has not reached Redis yet: %w", ErrUnavailable, err)
+	return ErrNotReady
 }
 
 // unreachable reports whether err, from New's first attempt to reach

@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -34,7 +35,12 @@ func TestWaitReleasedByClose(t *testing.T) {
 			runtime.Gosched()
 		}
 		require.NoError(t, s.Close())
-		require.ErrorIs(t, <-done, engine.ErrClosed, "leases %v", lz != nil)
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, engine.ErrClosed, "leases %v", lz != nil)
+		case <-time.After(10 * time.Second): // real time: the clock stands still
+			t.Fatalf("Wait still blocked 10 s after Close (leases %v)", lz != nil)
+		}
 		require.Zero(t, clk.Waiting(), "the wait left its timer")
 	}
 }
