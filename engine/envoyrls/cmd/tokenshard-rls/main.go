@@ -16,10 +16,11 @@
 // domain each (package envoyrls says what is read and what is refused). Every
 // -poll the files are read again; when their names or contents changed they
 // are parsed and installed with envoyrls.Server.Reload, an exact cutover that
-// tops nobody up. A file that does not parse, or a reload that fails, keeps
-// the last good configuration and is reported on stderr, once; a reload
-// that fails (Redis away, or another replica's cutover meanwhile) is tried
-// again at the next poll. SIGINT or SIGTERM stops it: health turns
+// tops nobody up. A file that does not parse keeps the last good
+// configuration and is reported on stderr once (so is a directory that
+// cannot be read, until it can); a reload that fails (Redis away, or
+// another replica's cutover meanwhile) keeps it too, and is reported and
+// tried again at every poll. SIGINT or SIGTERM stops it: health turns
 // NOT_SERVING, requests in flight finish (up to -drain), and it exits 0.
 //
 // With -redis or -redis-cluster, the buckets and the policy live in Redis
@@ -27,7 +28,8 @@
 // that starts with a configuration other than the prefix's installs its own
 // (the last to start or reload wins, as with files deployed one replica at a
 // time); one that starts while Redis is down makes that check once Redis
-// answers, within about a second. Decisions that Redis cannot give are
+// answers, within about a second (so after an outage the last replica to
+// reach Redis wins). Decisions that Redis cannot give are
 // answered with a gRPC
 // Unavailable error (the store marks them Degraded), so Envoy's
 // failure_mode_deny decides.
@@ -46,7 +48,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -230,7 +231,6 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 
 	var a engine.Admitter
 	var store *redisstore.Store
-	var made, unreached atomic.Bool // New returned; it could not reach Redis
 	switch {
 	case o.redisAddr != "" || o.redisCluster != "":
 		var client redis.UniversalClient
@@ -242,13 +242,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 		defer func() { _ = client.Close() }()
 		store, err = redisstore.New(ctx, redisstore.Config{
 			Client: client, Prefix: o.pfx, Policy: p, Timeout: o.timeout,
-			OnError: func(error) { // New reports here that it started without Redis
-				if !made.Load() {
-					unreached.Store(true)
-				}
-			},
 		})
-		made.Store(true)
 		if err != nil {
 			return fmt.Errorf("redis store: %w", err)
 		}
@@ -284,6 +278,10 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	if err != nil {
 		return err
 	}
+	// A store started without Redis reports the policy it was given, so
+	// NewServer could not compare it with the prefix's: that check is owed
+	// until the store reaches Redis (see settleStart).
+	owed := store != nil && !reached(ctx, store)
 
 	gl, err := net.Listen("tcp", o.grpcAddr)
 	if err != nil {
@@ -319,11 +317,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 		defer t.Stop()
 		poll = t.C
 	}
-	// A store started without Redis reports the policy it was given, so
-	// NewServer could not compare it with the prefix's: that check is made
-	// once the store reaches Redis, tried every second (nil once made).
-	var retry <-chan time.Time
-	if unreached.Load() {
+	var retry <-chan time.Time // while the check is owed: every second
+	if owed {
 		retry = hk.retry
 		if retry == nil {
 			t := time.NewTicker(time.Second)
@@ -331,7 +326,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 			retry = t.C
 		}
 	}
-	live := cfgs // the configuration served
+	live := cfgs     // the configuration served
+	unreadable := "" // the error of the last poll that could not read -config
 	var serveErr error
 	received := 0
 loop:
@@ -357,8 +353,16 @@ loop:
 			}
 		case <-poll:
 			next, err := readDir(o.dir)
-			if err == nil && next.digest == snap.digest {
-				continue
+			switch {
+			case err != nil && err.Error() == unreadable:
+				continue // reported once, as an invalid file is
+			case err != nil:
+				unreadable = err.Error()
+			default:
+				unreadable = ""
+				if next.digest == snap.digest {
+					continue
+				}
 			}
 			if err == nil {
 				var cfgs []*envoyrls.Config
@@ -432,12 +436,19 @@ func countAnswers(answers *prometheus.CounterVec) grpc.UnaryServerInterceptor {
 // makes against the prefix: once the store has reached Redis (a Peek
 // answers) and adopted the prefix's policy, it installs the policy of cfgs
 // if that is another (srv.Reload), as a replica started with Redis up
-// would have. reached is false while the store has not reached Redis.
-func settleStart(ctx context.Context, store *redisstore.Store, srv *envoyrls.Server, cfgs []*envoyrls.Config) (reached bool, err error) {
-	if _, err := store.Peek(ctx, "tokenshard-rls:probe"); err != nil {
+// would have. ok is false while the store has not reached Redis.
+func settleStart(ctx context.Context, store *redisstore.Store, srv *envoyrls.Server, cfgs []*envoyrls.Config) (ok bool, err error) {
+	if !reached(ctx, store) {
 		return false, nil
 	}
 	return true, srv.Reload(ctx, cfgs...)
+}
+
+// reached reports whether store has read the prefix's state: a Peek does
+// not say redisstore.ErrNotReady.
+func reached(ctx context.Context, store *redisstore.Store) bool {
+	_, err := store.Peek(ctx, "tokenshard-rls:probe")
+	return !errors.Is(err, redisstore.ErrNotReady)
 }
 
 // install installs the policy of cfgs on a at the next version.

@@ -348,7 +348,11 @@ func TestCommandStartedWithoutRedis(t *testing.T) {
 	pace := time.NewTicker(20 * time.Millisecond)
 	defer pace.Stop()
 	for tries := 0; ; tries++ {
-		c.retry <- time.Time{}
+		select {
+		case c.retry <- time.Time{}:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the command does not retry; stderr: %s", c.stderr)
+		}
 		r := <-c.settled
 		if r.err != nil {
 			t.Fatalf("settling the start: %v; stderr: %s", r.err, c.stderr)
@@ -369,5 +373,44 @@ func TestCommandStartedWithoutRedis(t *testing.T) {
 	}
 	if !strings.Contains(c.stderr.String(), "reached Redis, policy version 2") {
 		t.Errorf("stderr does not say the command reached Redis: %s", c.stderr)
+	}
+}
+
+// TestCommandDirectoryGone: a -config directory that cannot be read is
+// reported once, as an invalid file is, not at every poll; once it is back
+// with a change, the change is installed.
+func TestCommandDirectoryGone(t *testing.T) {
+	c := startCommand(t)
+	moved := c.dir + ".away"
+	if err := os.Rename(c.dir, moved); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.reload(); err == nil {
+		t.Fatal("reload of a missing directory: no error")
+	}
+	// The same error: neither reported nor counted again. The second send
+	// is taken once the first poll is done.
+	c.poll <- time.Time{}
+	c.poll <- time.Time{}
+	// Back, whole, with a change: a poll under way may install it, and the
+	// next one finds nothing new; the outcome is the same.
+	changed := strings.Replace(limitsYAML, "requests_per_unit: 2", "requests_per_unit: 10", 1)
+	if err := os.WriteFile(filepath.Join(moved, "limits.yaml"), []byte(changed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(moved, c.dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.reload(); err != nil {
+		t.Fatalf("reload once the directory is back: %v\n%s", err, c.stderr)
+	}
+	if n := strings.Count(c.stderr.String(), "reload: "); n != 1 {
+		t.Errorf("%d reload errors reported, want 1:\n%s", n, c.stderr)
+	}
+	if m := c.scrape(); !strings.Contains(m, `tokenshard_rls_reloads_total{result="error"} 1`) {
+		t.Errorf("reload errors counted:\n%s", m)
+	}
+	if got := c.ask("gw", "route=/x").GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 10 {
+		t.Errorf("limit %d after the directory came back, want 10", got)
 	}
 }
