@@ -415,3 +415,19 @@ func TestAllowAllDecisions(t *testing.T) {
 	assert.Zero(t, st.Total.Errors.Sum(), "AllowAll's errors are counted per call, in AllowAll")
 	assert.Equal(t, engine.AllowAllStats{Admitted: 1, Refused: 1, Errors: engine.Errors{InvalidCost: 1}}, st.AllowAll)
 }
+
+// TestAllowAllRefusedAtExactRoom: a refused AllowAll whose new keys exactly
+// fill the room left under MaxKeys is a refusal, not ErrKeyCapacity (room
+// for every new key exists), and creates no key.
+func TestAllowAllRefusedAtExactRoom(t *testing.T) {
+	ctx := context.Background()
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: 2, MaxKeys: 2})
+	d, err := e.Allow(ctx, "a", 10) // drain a; one slot left
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	d, at, err := e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 1}, {Key: "b", Cost: 1}})
+	require.NoError(t, err, "one new key, one free slot: room for it")
+	assert.False(t, d.Allowed)
+	assert.Equal(t, 0, at)
+	assert.Equal(t, 1, e.KeyCount(), "a refused call creates nothing")
+}

@@ -237,3 +237,34 @@ func TestChargeStats(t *testing.T) {
 	assert.Zero(t, st.Total.Denied)
 	assert.Equal(t, uint64(1), st.Caller.InvalidCost)
 }
+
+// TestChargeAfterElapsedTimeBandsAndLongPeriods: a Charge on a key kept in
+// the level store (bands, or a period too long for a compact bucket) after
+// time has passed refills it once: the next decision does not refill the
+// same interval again.
+func TestChargeAfterElapsedTimeBandsAndLongPeriods(t *testing.T) {
+	ctx := context.Background()
+	daily, err := policy.NewBands(policy.Band{Name: "daily", Capacity: 1000, Refill: policy.PerDay(1000)})
+	require.NoError(t, err)
+	for name, p := range map[string]policy.Policy{
+		"bands":     {Version: 1, Capacity: 10, TokensPerSecond: 2, Bands: daily},
+		"perMinute": {Version: 1, Capacity: 10, Refill: policy.Rate{Tokens: 120, Per: time.Minute}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e, clk := newEngine(t, engine.Config{Policy: p, Shards: 1})
+			d, err := e.Allow(ctx, "k", 10)
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			clk.Set(int64(time.Second)) // 2 tokens refilled in the primary band
+			d, err = e.Charge(ctx, "k", 1)
+			require.NoError(t, err)
+			assert.Equal(t, int64(1), d.Remaining)
+			d, err = e.Peek(ctx, "k") // same instant: nothing more to refill
+			require.NoError(t, err)
+			assert.Equal(t, int64(1), d.Remaining)
+			d, err = e.Allow(ctx, "k", 2)
+			require.NoError(t, err)
+			assert.False(t, d.Allowed, "1 token left, 2 asked")
+		})
+	}
+}

@@ -85,3 +85,20 @@ func TestStateHold(t *testing.T) {
 	assert.False(t, ok)
 	assert.Equal(t, int64(1), room)
 }
+
+// TestHoldCommitKeepsLatestReading: a hold committed at T, earlier than a
+// reading the shard observed for another key while the hold was held, does
+// not move the shard's latest reading back: a request read before that
+// later reading is still ErrClockRegression.
+func TestHoldCommitKeepsLatestReading(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	s := newState(p, NewBudget(10), &testHasher)
+	items := holdItems(s, "a", 1)
+	out := make([]msg.Reply, 1)
+	var fresh []int
+	require.True(t, s.holdBegin(1e9, items, out, &fresh))
+	require.NoError(t, s.allow(5e9, "other", 1).Err) // served while "a" is held
+	s.holdCommit(2e9, items, true)                   // the call's instant T < 5e9
+	assert.Equal(t, msg.ErrClockRegression, s.allow(3e9, "other", 1).Err,
+		"3e9 is older than 5e9, which the shard has already observed")
+}

@@ -267,3 +267,36 @@ func TestBudgetFullSignals(t *testing.T) {
 	default:
 	}
 }
+
+// TestSweepSparesKeysChargedIntoBeing: a key that Charge creates while a
+// sweep is in progress survives that sweep even once it is full again,
+// exactly as a key Allow creates does.
+func TestSweepSparesKeysChargedIntoBeing(t *testing.T) {
+	const sec = int64(time.Second)
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
+	budget := NewBudget(1000)
+	s := newState(p, budget, &testHasher)
+	s.tab.maxGroups = 1
+	defer s.abandon()
+	for i := range 80 {
+		require.NoError(t, s.allow(9*sec, fmt.Sprintf("deep%d", i), 10).Err)
+	}
+	s.beginSweep(false)
+	now, born := 10*sec, 0
+	for {
+		done, err := s.sweepSlice(now, 3)
+		require.NoError(t, err)
+		if done {
+			break
+		}
+		require.NoError(t, s.chargeKey(now, fmt.Sprintf("cborn%d", born), 1).Err)
+		born++
+		now += sec / 10 // each charged key is full again 5 slices later
+	}
+	got := s.endSweep(nil)
+	assert.Zero(t, got.Evicted)
+	for i := range born {
+		_, ok := s.bucket(fmt.Sprintf("cborn%d", i))
+		assert.True(t, ok, "cborn%d was created after the pass began and must survive it", i)
+	}
+}
