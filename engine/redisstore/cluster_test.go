@@ -664,3 +664,28 @@ func TestClusterShardBehindIsRaised(t *testing.T) {
 	require.Zero(t, s.Stats().Failures)
 	require.Equal(t, "2", cc.HGet(ctx, policies[sh], "v").Val())
 }
+
+// A prefix may hold braces, but for a first "{" closed at once (New
+// refuses that one): a tag in the prefix puts every key in its slot, and
+// a "{" left open, or a stray "}", leaves the store's own tags to place
+// the keys. Each works on a cluster as on one server.
+func TestClusterPrefixWithBraces(t *testing.T) {
+	ctx := context.Background()
+	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
+	for _, tail := range []string{"app{t}:", "a{b:", "}{:", "{"} {
+		s := newStore(t, redisstore.Config{Client: clusterClient(t, redistest.ClusterAddrs(t)), Prefix: prefix(t) + tail, Policy: pol}, clock.NewManual(0))
+		for i, want := range []bool{true, true, true, false} {
+			d, err := s.Allow(ctx, "k", 1)
+			require.NoError(t, err, "prefix tail %q", tail)
+			require.False(t, d.Degraded, "prefix tail %q", tail)
+			require.Equal(t, want, d.Allowed, "prefix tail %q, request %d", tail, i)
+		}
+		out := make([]engine.Result, 3)
+		require.NoError(t, s.AllowBatch(ctx, []engine.Request{{Key: "a", Cost: 1}, {Key: "b", Cost: 3}, {Key: "a", Cost: 3}}, out))
+		require.Equal(t, []bool{true, true, false}, []bool{out[0].Decision.Allowed, out[1].Decision.Allowed, out[2].Decision.Allowed}, "prefix tail %q: %+v", tail, out)
+		require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1), "prefix tail %q", tail)
+		d, err := s.Allow(ctx, "b", 1)
+		require.NoError(t, err)
+		require.Equal(t, engine.Decision{RetryAfter: time.Second, Version: 2, Limit: 5, ResetAfter: 5 * time.Second}, d, "prefix tail %q", tail)
+	}
+}

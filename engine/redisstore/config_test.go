@@ -47,6 +47,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"Monotonic clock", redisstore.Config{Policy: good, Client: ok, Clock: clock.NewMonotonic()}, engine.ErrInvalidConfig},
 		{"an address without a port", redisstore.Config{Policy: good, Client: noPort}, engine.ErrInvalidConfig},
 		{"a cluster address without a port", redisstore.Config{Policy: good, Client: clusterNoPort}, engine.ErrInvalidConfig},
+		// Redis Cluster would hash each key whole, so no script's keys would
+		// share a slot; refused on one server too, so that moving to a
+		// cluster does not break it
+		{"a prefix whose first { is closed at once", redisstore.Config{Policy: good, Client: ok, Prefix: "app{}:"}, engine.ErrInvalidConfig},
+		{"a prefix of {}", redisstore.Config{Policy: good, Client: ok, Prefix: "x}{}{a}"}, engine.ErrInvalidConfig},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := redisstore.New(context.Background(), tc.cfg)

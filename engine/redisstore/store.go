@@ -64,7 +64,9 @@ type Config struct {
 	Client redis.UniversalClient
 	// Prefix starts every key the store writes; "" means DefaultPrefix.
 	// It may hold any bytes: it need not be UTF-8, and a NUL or a glob
-	// character is matched literally when the store scans its buckets.
+	// character is matched literally when the store scans its buckets. But
+	// its first "{", if it has one, may not be followed at once by "}":
+	// Redis Cluster would hash each key whole, so New refuses it.
 	// Stores that share a prefix share their buckets and their policy; no
 	// prefix may begin with another store's ("a:" and "a:k:" would meet).
 	Prefix string
@@ -424,6 +426,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: negative MaxKeyBytes, FailRetryAfter or Timeout", engine.ErrInvalidConfig)
 	case cfg.VirtualShards < 0 || cfg.VirtualShards > MaxVirtualShards:
 		return nil, fmt.Errorf("%w: redisstore: VirtualShards %d is not in [0, %d]", engine.ErrInvalidConfig, cfg.VirtualShards, MaxVirtualShards)
+	case emptyTag(cfg.Prefix):
+		return nil, fmt.Errorf("%w: redisstore: Config.Prefix %q closes its first \"{\" at once: Redis Cluster would hash each key whole, and a script's keys would not share a slot", engine.ErrInvalidConfig, cfg.Prefix)
 	}
 	for _, a := range addrs {
 		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
@@ -601,6 +605,14 @@ func unreachable(err error) bool {
 		return false
 	}
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout)
+}
+
+// emptyTag reports whether prefix's first "{" is followed at once by "}":
+// Redis Cluster then hashes a key by the whole of it, not by the tag the
+// store writes after the prefix.
+func emptyTag(prefix string) bool {
+	i := strings.IndexByte(prefix, '{')
+	return i >= 0 && i+1 < len(prefix) && prefix[i+1] == '}'
 }
 
 // opened, if set, is called with every store New returns: the tests use it
