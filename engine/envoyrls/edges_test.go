@@ -1,0 +1,113 @@
+package envoyrls_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
+	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
+)
+
+// Rules of the server's answers that the suite's cases do not reach:
+// whole-second waits hide rounding, and no case overlaps a wildcard's
+// prefix and suffix. The clock stays at 0 throughout (rlstest's Manual
+// clock).
+const edgesYAML = `domain: k
+descriptors:
+  - key: a
+    value: "ab*ba"
+    rate_limit: {unit: minute, requests_per_unit: 1, name: pal}
+  - key: s
+    rate_limit: {unit: minute, requests_per_unit: 7, name: seven}
+  - key: x
+    rate_limit: {unit: minute, requests_per_unit: 1, name: x1}
+  - key: y
+    rate_limit: {unit: minute, requests_per_unit: 1, name: y1}
+  - key: p
+    rate_limit: {unit: minute, requests_per_unit: 3, name: first}
+  - key: q
+    rate_limit: {unit: minute, requests_per_unit: 3, name: second}
+`
+
+func hdr(hs []*corev3.HeaderValue, key string) string {
+	for _, h := range hs {
+		if h.GetKey() == key {
+			return h.GetValue()
+		}
+	}
+	return ""
+}
+
+// "A '*' in a value is a wildcard matching any run of bytes": "ab*ba"
+// needs at least 4 bytes, so "aba" (prefix and suffix overlapping) does not
+// match it, and must not crash the server either.
+func TestWildcardNeedsPrefixAndSuffix(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("a=aba")))
+	if st := resp.Statuses[0]; st.GetCurrentLimit() != nil {
+		t.Errorf(`"aba" matched "ab*ba": %v`, st)
+	}
+	resp = h.Ask(rlstest.Req("k", 0, rlstest.D("a=abba")))
+	if st := resp.Statuses[0]; st.GetCurrentLimit().GetName() != "pal" {
+		t.Errorf(`"abba" did not match "ab*ba": %v`, st)
+	}
+}
+
+// the header fields are for "the one with the fewest tokens left; the
+// first on a tie".
+func TestHeaderFieldsFirstOnATie(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("p=1"), rlstest.D("q=1")))
+	if got := hdr(resp.ResponseHeadersToAdd, "RateLimit"); !strings.HasPrefix(got, `"first";`) {
+		t.Errorf("RateLimit %q, want the first descriptor's (\"first\") on a tie", got)
+	}
+}
+
+// Retry-After is "the seconds until every bucket of the request holds
+// its cost": 7 a minute refills one token in 8.571 s, so 9, never 8.
+func TestRetryAfterRoundsUp(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	for range 7 {
+		h.Ask(rlstest.Req("k", 0, rlstest.D("s=u")))
+	}
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("s=u")))
+	if resp.OverallCode != rlstest.OverLimit {
+		t.Fatalf("8th of 7/minute: %v", resp.OverallCode)
+	}
+	if got := hdr(resp.ResponseHeadersToAdd, "Retry-After"); got != "9" {
+		t.Errorf("Retry-After %q, want 9 (ceil of 60/7 s)", got)
+	}
+	if got := hdr(resp.ResponseHeadersToAdd, "RateLimit"); !strings.HasSuffix(got, ";t=9") {
+		t.Errorf("RateLimit %q, want t=9", got)
+	}
+}
+
+// "for a refused request every descriptor's bucket is judged; those
+// whose bucket holds their cost are OK, though nothing was taken". x holds
+// exactly its cost (1 of 1); y is empty.
+func TestRefusedRequestExactCostIsOK(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	h.Ask(rlstest.Req("k", 0, rlstest.D("y=1"))) // empties y
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("x=1"), rlstest.D("y=1")))
+	if resp.OverallCode != rlstest.OverLimit {
+		t.Fatalf("overall %v, want OVER_LIMIT", resp.OverallCode)
+	}
+	if c := resp.Statuses[0].GetCode(); c != rlstest.OK {
+		t.Errorf("x (holds exactly its cost): %v, want OK", c)
+	}
+	if c := resp.Statuses[1].GetCode(); c != rlstest.OverLimit {
+		t.Errorf("y (empty): %v, want OVER_LIMIT", c)
+	}
+}
+
+// duration_until_reset is "the time until its bucket is full again,
+// rounded up to the nanosecond": one token of 7 a minute is ceil(60e9/7) ns.
+func TestDurationUntilResetToTheNanosecond(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("s=v")))
+	if got, want := resp.Statuses[0].GetDurationUntilReset().AsDuration(), 8571428572*time.Nanosecond; got != want {
+		t.Errorf("duration_until_reset %v, want %v", got, want)
+	}
+}
