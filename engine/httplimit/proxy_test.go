@@ -200,3 +200,25 @@ func TestForwardedOpenQuoteRotatingClient(t *testing.T) {
 	assert.Equal(t, 1, e.KeyCount())
 	assert.Equal(t, int64(0), remaining(t, e, "203.0.113.9"))
 }
+
+// ClientIPFrom, as ClientIP, reads the proxy header only when the direct
+// peer is trusted: an untrusted peer's lines are the client's own words,
+// and the peer itself is the client.
+func TestClientIPFromUntrustedPeer(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	untrusted, proxy := netip.MustParseAddr("203.0.113.7"), netip.MustParseAddr("10.1.2.3")
+	for _, tc := range []struct {
+		h      httplimit.ProxyHeader
+		values []string
+	}{
+		{httplimit.XForwardedFor, []string{"198.51.100.1"}},
+		{httplimit.Forwarded, []string{"for=198.51.100.1"}},
+	} {
+		if got := httplimit.ClientIPFrom(untrusted, tc.h, tc.values, trusted); got != untrusted {
+			t.Errorf("header %v from an untrusted peer: %v, want the peer %v", tc.h, got, untrusted)
+		}
+		if got, want := httplimit.ClientIPFrom(proxy, tc.h, tc.values, trusted), netip.MustParseAddr("198.51.100.1"); got != want {
+			t.Errorf("header %v from a trusted proxy: %v, want %v", tc.h, got, want)
+		}
+	}
+}
