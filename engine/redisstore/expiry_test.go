@@ -263,3 +263,25 @@ func TestPendingCutoverWritesNoExpiry(t *testing.T) {
 	readBucket(t, c, redisstore.BucketKey(p, "k")).checkExpiry(t, "after the flag is gone")
 	require.True(t, strings.HasPrefix(redisstore.DecimalBucket(c.Get(ctx, redisstore.BucketKey(p, "k")).Val()), "8"))
 }
+
+// TestExpiryLaterWriteNeedsLaterExpiry: a compact bucket whose time-to-full
+// is under 16 ms records no slack, so a write just after, which takes
+// more tokens than refilled meanwhile, needs an expiry a ms or two later
+// than the recorded one: it must set it (the bucket expires at its
+// time-to-full or later, never earlier), not keep the recorded one.
+func TestExpiryLaterWriteNeedsLaterExpiry(t *testing.T) {
+	c, p, s := timeStore(t, policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1000}) // a token a ms
+	ctx := context.Background()
+	for i := range 20 {
+		for _, second := range []int64{2, 3} {
+			name := fmt.Sprintf("k%d-%d", i, second)
+			d, err := s.Allow(ctx, name, 5) // 5 ms to full
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			d, err = s.Allow(ctx, name, second) // about 5+second ms to full: 1 or 2 ms past the recorded expiry
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			readBucket(t, c, redisstore.BucketKey(p, name)).checkExpiry(t, name)
+		}
+	}
+}

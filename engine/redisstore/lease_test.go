@@ -449,3 +449,63 @@ func TestLeaseGiveBackMeetsCutover(t *testing.T) {
 	require.LessOrEqual(t, left, int64(100), "the lease topped the key up: %+v", st)
 	require.GreaterOrEqual(t, left, int64(100-62), "%+v", st)
 }
+
+// TestLeaseNeverPastItsBound: a process's lease on a key, with what it
+// has asked for and not yet received, never holds more than the key's
+// capacity divided by Leases.Divisor (Leases.Divisor's doc; "P processes
+// hold at most P*capacity/Divisor of a key together"). The clock stands
+// still, so the bucket, what was admitted and what the process holds add
+// up to the capacity exactly: a store without leases on the prefix reads
+// the bucket, and the rest is held.
+func TestLeaseNeverPastItsBound(t *testing.T) {
+	exactBalances(t)
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 16000, TokensPerSecond: 1}
+	const bound = 16000 / redisstore.DefaultLeaseDivisor
+	pfx := prefix(t)
+	s := leased(t, p, clk, pfx)
+	plain := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	ctx := context.Background()
+	var admitted, most int64
+	for i := range 4000 {
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "request %d", i)
+		admitted++
+		if i%50 == 0 {
+			time.Sleep(time.Millisecond) // paces the loop so that top-ups land in between: the bound holds with them
+		}
+		pk, err := plain.Peek(ctx, "k")
+		require.NoError(t, err)
+		held := p.Capacity - admitted - pk.Remaining
+		most = max(most, held)
+		require.LessOrEqual(t, held, int64(bound), "after %d admitted the process holds (or awaits) %d tokens", admitted, held)
+	}
+	require.Positive(t, most, "no lease was ever held")
+	require.Positive(t, s.Stats().Local)
+}
+
+// TestLeaseKeptDenialOnlyForItsCost: with leases, a denial Redis gave is
+// kept for the same cost on the key only ("the same cost on the same key
+// is denied in the process until its RetryAfter has passed"); a larger
+// cost is decided by Redis, with its own RetryAfter (the engine's rule:
+// ceil((cost - balance) / rate)), not the smaller cost's.
+func TestLeaseKeptDenialOnlyForItsCost(t *testing.T) {
+	clk := clock.NewManual(0)
+	s := leased(t, policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, clk, prefix(t))
+	ctx := context.Background()
+	d, err := s.Allow(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	d, err = s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Equal(t, time.Second, d.RetryAfter)
+	d, err = s.Allow(ctx, "k", 5)
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Equal(t, 5*time.Second, d.RetryAfter, "a cost of 5 on an empty bucket at 1/s")
+	d, err = s.Allow(ctx, "k", 1) // the first denial, still kept
+	require.NoError(t, err)
+	require.Equal(t, time.Second, d.RetryAfter)
+}

@@ -132,3 +132,30 @@ func TestFailureCostAboveBandCapacity(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.Decision{Allowed: true, Version: 1, Limit: 50, Band: "gold", Degraded: true}, d)
 }
+
+// TestRefundLandingOnCapacityDropsFraction: a refund that brings a
+// compact bucket to exactly its capacity in whole tokens, with a fraction
+// of a token on top, is capped: the fraction is dropped, never kept above
+// full (where a drain at the same instant would keep it as credit).
+func TestRefundLandingOnCapacityDropsFraction(t *testing.T) {
+	exactBalances(t)
+	ctx := context.Background()
+	clk := clock.NewManual(0)
+	s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}}, clk)
+	d, err := s.Allow(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	clk.Set(250 * time.Millisecond.Nanoseconds()) // half a token
+	d, err = s.Refund(ctx, "k", 10)               // 10.5 tokens, capped at 10
+	require.NoError(t, err)
+	require.Equal(t, engine.Decision{Allowed: true, Remaining: 10, Version: 1, Limit: 10}, d, "capped at the capacity")
+	d, err = s.Allow(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.Equal(t, 5*time.Second, d.ResetAfter, "empty: 10 tokens at 2/s")
+	clk.Set(500 * time.Millisecond.Nanoseconds()) // half a token since the drain
+	d, err = s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, engine.Decision{RetryAfter: 250 * time.Millisecond, Version: 1, Limit: 10, ResetAfter: 4750 * time.Millisecond}, d,
+		"half a token refilled since the drain; the refund's fraction above full was not kept")
+}
