@@ -258,10 +258,7 @@ func TestLeaseOutlivesRedis(t *testing.T) {
 func TestLeaseGiveBackAfterOthersRaise(t *testing.T) {
 	clk := clock.NewManual(0)
 	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 10}
-	pfx := prefix(t)
-	lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour} // no sweep during the test
-	a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: lz}, clk)
-	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	a, b := leasedBeside(t, p, clk)
 	ctx := context.Background()
 	held := holding(t, a, b, "k", 300)
 	clk.Advance(200 * time.Second) // the bucket refills to full behind the lease
@@ -321,10 +318,7 @@ func TestLeaseGiveBackAcrossCutovers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := clock.NewManual(0)
 			p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
-			pfx := prefix(t)
-			lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour} // no sweep during the test
-			a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: lz}, clk)
-			b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+			a, b := leasedBeside(t, p, clk)
 			ctx := context.Background()
 			holding(t, a, b, "k", 100)
 			for _, next := range tc.cutover {
@@ -397,10 +391,7 @@ func holding(t *testing.T, a, b *redisstore.Store, key string, n int) int64 {
 func TestLeaseRemainingAtMostLimit(t *testing.T) {
 	clk := clock.NewManual(0)
 	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 10}
-	pfx := prefix(t)
-	lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour} // no sweep during the test
-	a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: lz}, clk)
-	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	a, b := leasedBeside(t, p, clk)
 	holding(t, a, b, "k", 100)
 	clk.Advance(200 * time.Second) // the bucket refills to full behind the lease
 	ctx := context.Background()
@@ -424,10 +415,7 @@ func TestLeaseRemainingAtMostLimit(t *testing.T) {
 func TestLeaseGiveBackMeetsCutover(t *testing.T) {
 	clk := clock.NewManual(0)
 	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
-	pfx := prefix(t)
-	lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour} // no sweep during the test
-	a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: lz}, clk)
-	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	a, b := leasedBeside(t, p, clk)
 	holding(t, a, b, "k", 100)
 	var once sync.Once
 	redisstore.SetCombineHook(a, func(point string) {
@@ -508,4 +496,14 @@ func TestLeaseKeptDenialOnlyForItsCost(t *testing.T) {
 	d, err = s.Allow(ctx, "k", 1) // the first denial, still kept
 	require.NoError(t, err)
 	require.Equal(t, time.Second, d.RetryAfter)
+}
+
+// leasedBeside returns two stores on a prefix of their own at clk: a with
+// leases that no sweep gives back during a test, and b without, which
+// reads and changes the buckets as another process would.
+func leasedBeside(t *testing.T, p policy.Policy, clk clock.Clock) (a, b *redisstore.Store) {
+	t.Helper()
+	pfx := prefix(t)
+	lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour}
+	return newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: lz}, clk), newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
 }
