@@ -435,7 +435,8 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 // the gifts to refund under it, as items pinned to it (out unset), and the
 // gift of each, having given up those a cutover since could have clamped
 // or dropped (see raised). err, if not nil, is why none can be refunded
-// now: then every gift is returned.
+// now: every gift not given up is then in items, for giveBack to count as
+// lost.
 func (l *leaser) judge(ctx context.Context, gs []gift, try int) (items []item, from []gift, err error) {
 	s := l.s
 	if err = s.need(ctx); err == nil {

@@ -186,8 +186,7 @@ type Stats struct {
 	// ReturnedTokens those given back unspent, and ForfeitedTokens those
 	// given up unspent: taken across cutovers that could have clamped them
 	// (see the package doc's Leases section), or not returned because Redis
-	// did not answer. What was leased and is
-	// neither was spent, or is held.
+	// did not answer. What was leased and is neither was spent, or is held.
 	LeasedTokens, ReturnedTokens, ForfeitedTokens uint64
 }
 

@@ -29,9 +29,8 @@
 // (the last to start or reload wins, as with files deployed one replica at a
 // time); one that starts while Redis is down makes that check once Redis
 // answers, within about a second (so after an outage the last replica to
-// reach Redis wins). Decisions that Redis cannot give are
-// answered with a gRPC
-// Unavailable error (the store marks them Degraded), so Envoy's
+// reach Redis wins). Decisions that Redis cannot give are answered with a
+// gRPC Unavailable error (the store marks them Degraded), so Envoy's
 // failure_mode_deny decides.
 package main
 
@@ -339,9 +338,9 @@ loop:
 			received++
 			break loop
 		case <-retry:
-			reached, err := settleStart(ctx, store, srv, live)
+			ok, err := settleStart(ctx, store, srv, live)
 			switch {
-			case !reached:
+			case !ok:
 			case err != nil:
 				fmt.Fprintf(stderr, "tokenshard-rls: reached Redis; installing the configuration's policy: %v (tried again in a second)\n", err)
 			default:
@@ -349,7 +348,7 @@ loop:
 				fmt.Fprintf(stderr, "tokenshard-rls: reached Redis, policy version %d\n", a.Policy().Version)
 			}
 			if hk.settled != nil {
-				hk.settled(reached, err)
+				hk.settled(ok, err)
 			}
 		case <-poll:
 			next, err := readDir(o.dir)
@@ -432,10 +431,10 @@ func countAnswers(answers *prometheus.CounterVec) grpc.UnaryServerInterceptor {
 	}
 }
 
-// settleStart makes, for a store started without Redis, the check New
-// makes against the prefix: once the store has reached Redis (a Peek
-// answers) and adopted the prefix's policy, it installs the policy of cfgs
-// if that is another (srv.Reload), as a replica started with Redis up
+// settleStart makes, for a store started without Redis, the comparison
+// with the prefix's policy that NewServer could not: once the store has
+// reached Redis and adopted the prefix's policy, it installs the policy of
+// cfgs if that is another (srv.Reload), as a replica started with Redis up
 // would have. ok is false while the store has not reached Redis.
 func settleStart(ctx context.Context, store *redisstore.Store, srv *envoyrls.Server, cfgs []*envoyrls.Config) (ok bool, err error) {
 	if !reached(ctx, store) {
