@@ -52,25 +52,20 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 	if s.lease != nil {
 		return s.lease.allow(ctx, key, cost)
 	}
-	d, err := s.allow(ctx, key, cost)
+	var d engine.Decision
+	err := s.check(ctx, key, cost)
+	if err == nil {
+		d, err = s.decideOne(ctx, key, cost)
+	}
 	var t tally
 	t.add(d, err)
 	s.count(&t)
 	return d, err
 }
 
-// allow is Allow without its counting: decided by Redis if the store has
-// read the prefix's state or this call reads it (see up), else answered by
-// the failure rule.
-func (s *Store) allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
-	if err := s.check(ctx, key, cost); err != nil {
-		return engine.Decision{}, err
-	}
-	return s.decideOne(ctx, key, cost)
-}
-
-// decideOne is allow for a request checked: a deadline that passed since is
-// answered by the failure rule.
+// decideOne decides a checked request without counting it: by Redis if the
+// store has read the prefix's state or this call reads it (see up), else by
+// the failure rule (as also when the deadline passed since the check).
 func (s *Store) decideOne(ctx context.Context, key string, cost int64) (engine.Decision, error) {
 	if ok, err := s.up(ctx); !ok {
 		return s.failOne(ctx, key, cost, err)
@@ -114,10 +109,8 @@ func (s *Store) checkReq(key string, cost int64) error {
 
 // failOne is fail for one request.
 func (s *Store) failOne(ctx context.Context, key string, cost int64, err error) (engine.Decision, error) {
-	var out engine.Result
-	if err := s.fail(ctx, []item{{out: &out, key: key, cost: cost}}, err); err != nil {
-		return engine.Decision{}, err
-	}
+	var out engine.Result // a canceled ctx's error, if fail returns it
+	_ = s.fail(ctx, []item{{out: &out, key: key, cost: cost}}, err)
 	return out.Decision, out.Err
 }
 
