@@ -35,7 +35,7 @@ type item struct {
 	over     bool  // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
 	lease    bool  // a lease asked for: the failure rule's answer counts as no request's
 	pin      int64 // mode "r": refunded under this version only, else answered errMoved (0: any)
-	w        int   // the request's work in the script, in fast-path requests (see weight); 0 counts as 1
+	w        int   // the request's work in the script, in fast-path requests (see weight)
 	ref      int   // its shape's place among its call's shapes (see callWords)
 }
 
@@ -331,7 +331,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 	todo := make([]*item, len(items))
 	for i := range items {
 		it := &items[i]
-		it.shard = s.shard(it.key)
+		it.shard, it.w = s.shard(it.key), 1
 		if st0 != nil {
 			it.w = weight(st0, it.key)
 		}
@@ -837,22 +837,6 @@ func weight(st *state, key string) int {
 		return 8
 	}
 	return 1
-}
-
-func (it *item) weight() int { return max(it.w, 1) }
-
-// weightOf is the work of items, up to just past ChunkSize.
-func weightOf(items []*item) int {
-	if len(items) <= 1 {
-		return len(items)
-	}
-	w := 0
-	for _, it := range items {
-		if w += it.weight(); w > ChunkSize {
-			break
-		}
-	}
-	return w
 }
 
 // reply is a decide script's answer.

@@ -411,9 +411,10 @@ func (s *Store) stateShard(i int) int {
 // done rather than ride in a call of their own. A call then holds less
 // than 2*ChunkSize of work.
 func (s *Store) route(items []*item) (chunks [][]*item, later []*item) {
-	one := weightOf(items) <= ChunkSize
+	w, one := 0, true
 	for _, it := range items {
-		one = one && s.stateShard(it.shard) == s.stateShard(items[0].shard)
+		w += it.w
+		one = one && w <= ChunkSize && s.stateShard(it.shard) == s.stateShard(items[0].shard)
 	}
 	if one {
 		return [][]*item{items}, nil
@@ -436,10 +437,10 @@ func (s *Store) route(items []*item) (chunks [][]*item, later []*item) {
 			}
 			k[0] = c
 		}
-		k[1] += it.weight()
+		k[1] += it.w
 		keys[it.key] = k
 		chunks[k[0]] = append(chunks[k[0]], it)
-		work[k[0]] += it.weight()
+		work[k[0]] += it.w
 	}
 	return chunks, later
 }
