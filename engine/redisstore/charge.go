@@ -2,11 +2,8 @@ package redisstore
 
 import (
 	"context"
-	"fmt"
-	"math"
 
 	"github.com/tokenshard/tokenshard/engine"
-	"github.com/tokenshard/tokenshard/policy"
 )
 
 // modeCharge is the script's mode of a Charge: bring the bucket up to date,
@@ -50,23 +47,4 @@ func (s *Store) chargeFailed(key string, err error) engine.Decision {
 	d := s.failResult(s.cur.Load(), &item{key: key}, 0).Decision
 	d.Allowed, d.RetryAfter = true, 0
 	return d
-}
-
-// parseSigned reads a band's units as the script writes them, a decimal
-// that carries a "-" in debt, as a level of period per: floor(units /
-// per) whole tokens and the remainder, 0 <= Frac < per.
-func parseSigned(units string, per uint64) (policy.Level, error) {
-	if len(units) < 2 || units[0] != '-' {
-		return parseLevel(units, per)
-	}
-	l, err := parseLevel(units[1:], per) // the magnitude
-	switch {
-	case err != nil:
-		return l, err
-	case l.Frac == 0:
-		return policy.Level{Tokens: -l.Tokens}, nil
-	case l.Tokens == math.MaxInt64:
-		return policy.Level{}, fmt.Errorf("balance %q overflows", units)
-	}
-	return policy.Level{Tokens: -l.Tokens - 1, Frac: per - l.Frac}, nil
 }

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/bits"
 	"strconv"
 	"strings"
@@ -150,15 +151,20 @@ func minCapacity(sh policy.Shape) int64 {
 // period returns band l's units per token, P ns.
 func period(l policy.Limit) uint64 { return uint64(l.Rate().Per) }
 
-// parseLevel reads one band's balance in units (a decimal string below
-// capacity*P <= 2^126) as whole tokens and the fraction, one token being
-// per units.
-func parseLevel(units string, per uint64) (policy.Level, error) {
+// parseSigned reads one band's balance in units as the script writes it, a
+// decimal of magnitude below capacity*P <= 2^126 that carries a "-" in
+// debt, as a level of period per: floor(units / per) whole tokens and the
+// remainder, 0 <= Frac < per.
+func parseSigned(units string, per uint64) (policy.Level, error) {
+	mag, neg := units, len(units) > 1 && units[0] == '-'
+	if neg {
+		mag = units[1:]
+	}
 	var hi, lo uint64
-	for i := range len(units) {
-		d := units[i] - '0'
+	for i := range len(mag) {
+		d := mag[i] - '0'
 		if d > 9 {
-			return policy.Level{}, fmt.Errorf("malformed balance %q", units)
+			return policy.Level{}, fmt.Errorf("malformed balance %q", mag)
 		}
 		h1, l1 := bits.Mul64(lo, 10)
 		h2, l2 := bits.Mul64(hi, 10)
@@ -166,15 +172,22 @@ func parseLevel(units string, per uint64) (policy.Level, error) {
 		lo, c = bits.Add64(l1, uint64(d), 0)
 		hi, c = bits.Add64(h1, l2, c)
 		if h2 != 0 || c != 0 {
-			return policy.Level{}, fmt.Errorf("balance %q overflows", units)
+			return policy.Level{}, fmt.Errorf("balance %q overflows", mag)
 		}
 	}
-	if units == "" || hi >= per {
-		return policy.Level{}, fmt.Errorf("malformed balance %q", units)
+	if mag == "" || hi >= per {
+		return policy.Level{}, fmt.Errorf("malformed balance %q", mag)
 	}
 	q, r := bits.Div64(hi, lo, per)
-	if q > 1<<63-1 {
+	switch {
+	case q > math.MaxInt64:
+		return policy.Level{}, fmt.Errorf("balance %q overflows", mag)
+	case !neg:
+		return policy.Level{Tokens: int64(q), Frac: r}, nil
+	case r == 0:
+		return policy.Level{Tokens: -int64(q)}, nil
+	case q == math.MaxInt64:
 		return policy.Level{}, fmt.Errorf("balance %q overflows", units)
 	}
-	return policy.Level{Tokens: int64(q), Frac: r}, nil
+	return policy.Level{Tokens: -int64(q) - 1, Frac: per - r}, nil
 }
