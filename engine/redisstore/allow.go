@@ -638,17 +638,13 @@ func word(w string) any {
 // decided turns a script result of mode "a", "A", "p", "r" or "d" into its
 // Decision. AllowAll counts its own decisions, per request.
 func (s *Store) decided(it *item, st *state, mode string, code int64, x, y any) {
-	switch mode {
-	case "a":
-		if it.combined {
-			it.counted = true
-		} else {
-			s.decisions.Add(1)
-		}
-	case modeCharge:
-		s.decisions.Add(1) // counted in Allowed, as the engine counts it
-	case modeAll:
+	switch {
+	case mode == modeAll:
 		mode = "a" // each key is answered as Allow would answer its summed cost
+	case mode == "a" && it.combined:
+		it.counted = true
+	case mode == "a" || mode == modeCharge: // a charge is counted in Allowed, as the engine counts it
+		s.decisions.Add(1)
 	}
 	if code == codeOverCap {
 		*it.out = engine.Result{Err: engine.ErrCostExceedsCapacity}
