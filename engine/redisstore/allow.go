@@ -324,15 +324,12 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			s.nodeFailed(ctx, err)
 		}
 	}()
-	var st0 *state // weigh the requests (mode "A" is one call, whatever its work)
-	if len(items) > 1 && mode != modeAll {
-		st0 = s.cur.Load()
-	}
+	st0, weigh := s.cur.Load(), len(items) > 1 && mode != modeAll // mode "A" is one call, whatever its work
 	todo := make([]*item, len(items))
 	for i := range items {
 		it := &items[i]
 		it.shard, it.w = s.shard(it.key), 1
-		if st0 != nil {
+		if weigh {
 			it.w = weight(st0, it.key)
 		}
 		todo[i] = it
@@ -355,127 +352,159 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		}
 		var chunks [][]*item
 		chunks, later = s.route(append(todo, later...))
-		todo = nil
 		cmds := s.send(ctx, st, chunks, mode, at, eval)
-		repair, load, reload, tryAgain, viaFunc := false, false, false, false, !eval && !s.noFunc.Load()
-		var missing []int  // shards with no version
-		var lagging []lag  // shards behind the committed version
-		var behind []*item // items of chunks that stopped for a chain
-		var failed error   // the first chunk Redis failed; the others still count
+		p := pass{viaFunc: !eval && !s.noFunc.Load()}
 		for c, cmd := range cmds {
-			chunk, home := chunks[c], s.stateShard(chunks[c][0].shard)
-			raw, err := cmd.Slice()
-			if err != nil {
-				switch a := classify(err); {
-				case a == actWait && (s.cluster != nil || redis.HasErrorPrefix(err, "TRYAGAIN")):
-					tryAgain = true
-				case a == actLoad:
-					load = true
-				case a == actNoFunc && viaFunc:
-					s.noFunc.Store(true)
-					load = true
-				case a == actOOM && viaFunc:
-					eval = true
-				case a == actOOM && (mode == "a" || mode == modeAll || mode == modeCharge):
-					for _, it := range chunk {
-						*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
-						if mode != modeCharge && (it.over || it.cost > minCapacity(st.p.ShapeAt(it.idx))) {
-							it.out.Err = engine.ErrCostExceedsCapacity // checked before the key bound
-						}
-					}
-					continue
-				default:
-					// Not sent again (see classify). A call that never left
-					// could be, but the slot map would send it to the same
-					// node until the reload asked here has landed.
-					s.nodeFailed(ctx, err) // each chunk's: the first failed may be another node's
-					failed = cmp.Or(failed, fmt.Errorf("%w: %w", ErrUnavailable, err))
-					continue
-				}
-				todo = append(todo, chunk...) // the script did not run: sent again
-				continue
-			}
-			r, err := parseReply(raw)
-			if err != nil {
-				failed = cmp.Or(failed, err)
-				continue
-			}
-			deleted += r.deleted
-			for i, it := range chunk[:r.done] {
-				if it.out != nil {
-					s.decided(it, st, mode, r.results[3*i].(int64), r.results[3*i+1], r.results[3*i+2])
-				}
-				it.done = true
-			}
-			rest := chunk[r.done:]
-			switch r.status {
-			case "ok":
-			case "nopolicy":
-				reload, todo, missing = true, append(todo, rest...), append(missing, home)
-			case "stale":
-				reload, todo = true, append(todo, rest...)
-				if strings.HasPrefix(r.behind, "p") { // mid-cutover: settled below
-					repair = true
-				} else if v, err := strconv.ParseInt(r.behind, 10, 64); err == nil && v < st.p.Version {
-					// A shard behind the version this store has, which is
-					// committed (a store learns no other): one reinstalled
-					// while a cutover committed. Published to it below.
-					lagging = append(lagging, lag{home, r.behind})
-				}
-			case "chain":
-				// Give every bucket left in the chunk its limits under every
-				// retained version with overrides (the script uses those after
-				// each bucket's own version): one more round trip, however many
-				// buckets are behind.
-				behind, todo = append(behind, rest...), append(todo, rest...)
-			default:
-				return deleted, fmt.Errorf("%w: unexpected script status %q", ErrUnavailable, r.status)
+			if err := s.read(ctx, st, mode, chunks[c], cmd, &p); err != nil {
+				return deleted + p.deleted, err
 			}
 		}
-		if failed == nil && len(behind) > 0 {
-			// after every chunk's answer is taken: a failure here must not
-			// discard the decisions Redis made for the chunks after it
-			failed = s.chains(ctx, behind, st)
-		}
-		if failed == nil && tryAgain && !load && !reload && len(behind) == 0 {
+		deleted, todo, eval = deleted+p.deleted, p.todo, eval || p.eval
+		if p.failed == nil && p.tryAgain && !p.load && !p.reload && len(p.behind) == 0 {
 			// Only a migration stood in the way: wait for it, as long as the
 			// call's deadline allows, without counting an attempt.
 			attempt--
 			busy++
-			failed = sleep(ctx, time.Duration(min(busy, 20))*time.Millisecond)
+			p.failed = sleep(ctx, time.Duration(min(busy, 20))*time.Millisecond)
+		} else if p.failed == nil {
+			p.failed = s.mend(ctx, st, &p)
 		}
-		if failed == nil && repair {
-			// A shard met mid-cutover (its version "p" and the next): the
-			// process that began it may have died, and the call cannot wait
-			// for it, so it finishes it, or only publishes it.
-			if _, err := s.settle(ctx, ""); !errors.Is(err, errShardMoved) {
-				failed = err
-			}
-		}
-		for _, l := range lagging {
-			if failed == nil {
-				failed = s.raise(ctx, l, st.p)
-			}
-		}
-		if failed == nil && len(missing) > 0 {
-			if failed = s.reload(ctx); failed == nil {
-				failed = s.ensureShards(ctx, missing)
-			}
-		}
-		if failed == nil && load {
-			failed = s.loadDecide(ctx)
-		}
-		if failed == nil && reload {
-			failed = s.reload(ctx)
-		}
-		if failed != nil {
-			if ctx.Err() != nil {
-				return deleted, ctx.Err()
-			}
-			return deleted, failed
+		if p.failed != nil {
+			return deleted, cmp.Or(ctx.Err(), p.failed)
 		}
 	}
 	return deleted, nil
+}
+
+// pass is what one round of exec's calls met: the items Redis did not
+// decide, to be sent again, and what stood in their way: a slot being
+// migrated (tryAgain), a shard mid-cutover (repair), a script not loaded
+// (load), a newer policy or a shard without one (reload).
+type pass struct {
+	todo    []*item // the items to send again
+	behind  []*item // those of chunks that stopped for a chain
+	missing []int   // shards with no version
+	lagging []lag   // shards behind the committed version
+	failed  error   // the first chunk Redis failed; the others still count
+	deleted int     // buckets mode "e" deleted
+	viaFunc bool    // the round's calls went by FCALL
+	eval    bool    // FCALL met a Redis out of memory: send EVALSHA from now on
+
+	tryAgain, repair, load, reload bool
+}
+
+// read takes one chunk's reply to cmd, under st, into p: it answers the
+// items Redis decided, and notes the others, to be sent again, with what
+// stopped them, or the chunk's failure. Only a status it does not know is
+// an error.
+func (s *Store) read(ctx context.Context, st *state, mode string, chunk []*item, cmd *redis.Cmd, p *pass) error {
+	raw, err := cmd.Slice()
+	if err != nil {
+		switch a := classify(err); {
+		case a == actWait && (s.cluster != nil || redis.HasErrorPrefix(err, "TRYAGAIN")):
+			p.tryAgain = true
+		case a == actLoad:
+			p.load = true
+		case a == actNoFunc && p.viaFunc:
+			s.noFunc.Store(true)
+			p.load = true
+		case a == actOOM && p.viaFunc:
+			p.eval = true
+		case a == actOOM && (mode == "a" || mode == modeAll || mode == modeCharge):
+			for _, it := range chunk {
+				*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
+				if mode != modeCharge && (it.over || it.cost > minCapacity(st.p.ShapeAt(it.idx))) {
+					it.out.Err = engine.ErrCostExceedsCapacity // checked before the key bound
+				}
+			}
+			return nil
+		default:
+			// Not sent again (see classify). A call that never left
+			// could be, but the slot map would send it to the same
+			// node until the reload asked here has landed.
+			s.nodeFailed(ctx, err) // each chunk's: the first failed may be another node's
+			p.failed = cmp.Or(p.failed, fmt.Errorf("%w: %w", ErrUnavailable, err))
+			return nil
+		}
+		p.todo = append(p.todo, chunk...) // the script did not run: sent again
+		return nil
+	}
+	r, err := parseReply(raw)
+	if err != nil {
+		p.failed = cmp.Or(p.failed, err)
+		return nil
+	}
+	p.deleted += r.deleted
+	for i, it := range chunk[:r.done] {
+		if it.out != nil {
+			s.decided(it, st, mode, r.results[3*i].(int64), r.results[3*i+1], r.results[3*i+2])
+		}
+		it.done = true
+	}
+	rest, home := chunk[r.done:], s.stateShard(chunk[0].shard)
+	switch r.status {
+	case "ok":
+		return nil
+	case "nopolicy":
+		p.reload, p.missing = true, append(p.missing, home)
+	case "stale":
+		p.reload = true
+		if strings.HasPrefix(r.behind, "p") { // mid-cutover: settled by mend
+			p.repair = true
+		} else if v, err := strconv.ParseInt(r.behind, 10, 64); err == nil && v < st.p.Version {
+			// A shard behind the version this store has, which is
+			// committed (a store learns no other): one reinstalled
+			// while a cutover committed. Published to it by mend.
+			p.lagging = append(p.lagging, lag{home, r.behind})
+		}
+	case "chain":
+		// Give every bucket left in the chunk its limits under every
+		// retained version with overrides (the script uses those after
+		// each bucket's own version): one more round trip, however many
+		// buckets are behind.
+		p.behind = append(p.behind, rest...)
+	default:
+		return fmt.Errorf("%w: unexpected script status %q", ErrUnavailable, r.status)
+	}
+	p.todo = append(p.todo, rest...)
+	return nil
+}
+
+// mend sets right, in this order and up to the first error, what a round
+// of calls under st met before its items are sent again: chains to fetch,
+// a shard mid-cutover, shards lagging or missing, a script not loaded, a
+// newer policy. It runs after every chunk's answer is taken: a failure
+// here must not discard the decisions Redis made for the chunks after it.
+func (s *Store) mend(ctx context.Context, st *state, p *pass) error {
+	var err error
+	if len(p.behind) > 0 {
+		err = s.chains(ctx, p.behind, st)
+	}
+	if err == nil && p.repair {
+		// A shard met mid-cutover (its version "p" and the next): the
+		// process that began it may have died, and the call cannot wait
+		// for it, so it finishes it, or only publishes it.
+		if _, e := s.settle(ctx, ""); !errors.Is(e, errShardMoved) {
+			err = e
+		}
+	}
+	for _, l := range p.lagging {
+		if err == nil {
+			err = s.raise(ctx, l, st.p)
+		}
+	}
+	if err == nil && len(p.missing) > 0 {
+		if err = s.reload(ctx); err == nil {
+			err = s.ensureShards(ctx, p.missing)
+		}
+	}
+	if err == nil && p.load {
+		err = s.loadDecide(ctx)
+	}
+	if err == nil && p.reload {
+		err = s.reload(ctx)
+	}
+	return err
 }
 
 // errMoved answers an item pinned to a version no longer in force.
