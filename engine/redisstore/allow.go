@@ -810,15 +810,13 @@ func (s *Store) history(ctx context.Context) (vs []int64, overridden []bool, err
 		return nil, nil, fmt.Errorf("%w: reading the policy history: %w", ErrUnavailable, err)
 	}
 	for _, e := range raw {
-		f := strings.Fields(e)
-		if len(f) != 5 && len(f) != 6 {
-			return nil, nil, fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
+		if f := strings.Fields(e); len(f) == 5 || len(f) == 6 {
+			if v, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+				vs, overridden = append(vs, v), append(overridden, f[4] == "1")
+				continue
+			}
 		}
-		v, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
-		}
-		vs, overridden = append(vs, v), append(overridden, f[4] == "1")
+		return nil, nil, fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
 	}
 	return vs, overridden, nil
 }

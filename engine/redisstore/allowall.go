@@ -110,9 +110,6 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		return engine.Decision{}, -1, err
 	}
 	ready, err := s.up(ctx)
-	if !ready && errors.Is(ctx.Err(), context.Canceled) {
-		return engine.Decision{}, -1, ctx.Err()
-	}
 	if ready && s.cluster != nil {
 		// one script call, so one slot: one virtual shard
 		sh := s.shard(reqs[0].Key)
@@ -143,11 +140,11 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		bctx, cancel := s.bound(ctx)
 		_, err = s.exec(bctx, modeAll, "", items)
 		cancel()
-		if err != nil && errors.Is(ctx.Err(), context.Canceled) {
+	}
+	if !ready || err != nil { // up's error, or exec's
+		if errors.Is(ctx.Err(), context.Canceled) {
 			return engine.Decision{}, -1, ctx.Err()
 		}
-	}
-	if !ready || err != nil {
 		return s.allFailure(items, first, len(reqs), err)
 	}
 	// Errors in the rules' order: a cost no band can hold, then Redis out
