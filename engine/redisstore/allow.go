@@ -228,19 +228,15 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 
 // decideItems decides items (mode "a"), checked, under ctx bounded by the
 // store's Timeout, answering the undecided ones if it fails (see fail).
+// It is the path of a batch, and of a single Allow sent alone.
 func (s *Store) decideItems(ctx context.Context, items []item) error {
-	if ok, err := s.up(ctx); !ok {
-		return s.fail(ctx, items, err)
+	ok, err := s.up(ctx)
+	if ok {
+		bctx, cancel := s.bound(ctx)
+		defer cancel()
+		_, err = s.exec(bctx, "a", "", items)
 	}
-	bctx, cancel := s.bound(ctx)
-	defer cancel()
-	return s.decide(ctx, bctx, items)
-}
-
-// decide runs items (mode "a") under bctx, ctx bounded, and answers the
-// undecided ones if it fails (see fail).
-func (s *Store) decide(ctx, bctx context.Context, items []item) error {
-	if _, err := s.exec(bctx, "a", "", items); err != nil {
+	if !ok || err != nil {
 		return s.fail(ctx, items, err)
 	}
 	return nil

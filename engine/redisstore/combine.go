@@ -136,14 +136,11 @@ func (s *Store) allowAlone(ctx context.Context, c *combiner, key string, cost in
 		}
 		c.mu.Unlock()
 	}()
-	bctx, cancel := s.bound(ctx)
-	defer cancel()
-	var out engine.Result
-	items := []item{{out: &out, key: key, cost: cost}}
 	if s.hook != nil {
 		s.hook(hookAlone)
 	}
-	if err := s.decide(ctx, bctx, items); err != nil {
+	var out engine.Result
+	if err := s.decideItems(ctx, []item{{out: &out, key: key, cost: cost}}); err != nil {
 		return engine.Decision{}, err
 	}
 	return out.Decision, out.Err
