@@ -63,16 +63,6 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 	return d, err
 }
 
-// decideOne decides a checked request without counting it: by Redis if the
-// store has read the prefix's state or this call reads it (see up), else by
-// the failure rule (as also when the deadline passed since the check).
-func (s *Store) decideOne(ctx context.Context, key string, cost int64) (engine.Decision, error) {
-	if ok, err := s.up(ctx); !ok {
-		return s.failOne(ctx, key, cost, err)
-	}
-	return s.allowOne(ctx, key, cost)
-}
-
 // usable is the error of a call on a closed store, or under a nil or ended
 // context, in that order; nil if there is none.
 func (s *Store) usable(ctx context.Context) error {

@@ -70,8 +70,14 @@ func (s *Store) queueFor(key string) *combiner {
 	return &s.queues[s.shard(key)]
 }
 
-// allowOne decides one valid request through key's combiner.
-func (s *Store) allowOne(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+// decideOne decides a checked request without counting it, through key's
+// combiner: by Redis if the store has read the prefix's state or this call
+// reads it (see up), else by the failure rule (as also when the deadline
+// passed since the check).
+func (s *Store) decideOne(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	if ok, err := s.up(ctx); !ok {
+		return s.failOne(ctx, key, cost, err)
+	}
 	c := s.queueFor(key)
 	c.mu.Lock()
 	if c.inFlight < maxInFlight && len(c.queue) == 0 {
