@@ -278,8 +278,7 @@ func (s *Store) failAnswers(items []item) {
 // cost no band of the key's shape holds is engine.ErrCostExceedsCapacity
 // (not counted), whatever Redis would say.
 func (s *Store) failResult(st *state, it *item, n uint64) engine.Result {
-	_, idx := st.p.Resolve(it.key)
-	sh := st.p.ShapeAt(idx)
+	sh := st.p.ShapeAt(st.p.Overrides.Resolve(it.key))
 	if it.over || it.cost > minCapacity(sh) {
 		return engine.Result{Err: engine.ErrCostExceedsCapacity}
 	}
@@ -474,10 +473,8 @@ func (s *Store) mend(ctx context.Context, st *state, p *pass) error {
 			err = e
 		}
 	}
-	for _, l := range p.lagging {
-		if err == nil {
-			err = s.raise(ctx, l, st.p)
-		}
+	for i := 0; err == nil && i < len(p.lagging); i++ {
+		err = s.raise(ctx, p.lagging[i], st.p)
 	}
 	if err == nil && len(p.missing) > 0 {
 		if err = s.reload(ctx); err == nil {
@@ -580,7 +577,7 @@ func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, 
 	shapes := inline[:0] // the chunk's distinct shapes, in the order first met
 	one := true          // every item has the first shape, and no chain
 	for _, it := range chunk {
-		_, it.idx = st.p.Resolve(it.key)
+		it.idx = st.p.Overrides.Resolve(it.key)
 		j := slices.Index(shapes, it.idx) // a chunk has few shapes: overrides are few
 		if j < 0 {
 			j = len(shapes)
@@ -774,8 +771,7 @@ func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
 	for _, it := range items {
 		var b strings.Builder
 		for _, p := range ps {
-			_, idx := p.Resolve(it.key)
-			sh := p.ShapeAt(idx)
+			sh := p.ShapeAt(p.Overrides.Resolve(it.key))
 			if b.Len() > 0 {
 				b.WriteByte(';')
 			}
@@ -836,8 +832,7 @@ func repeats(chunk []*item) bool {
 // bands). So a call of ChunkSize of work holds Redis about 0.3 ms. A
 // bucket that replays cutovers it missed costs more than its weight.
 func weight(st *state, key string) int {
-	_, idx := st.p.Resolve(key)
-	sh := st.p.ShapeAt(idx)
+	sh := st.p.ShapeAt(st.p.Overrides.Resolve(key))
 	if sh.Bands != nil {
 		return 5 * sh.Len()
 	}
