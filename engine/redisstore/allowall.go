@@ -118,15 +118,15 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		}
 	}
 	// One item per key, in the order of the keys' first requests, its costs
-	// summed; of[i] is reqs[i]'s item, first[j] item j's first request.
-	items, of, first := make([]item, 0, len(reqs)), make([]int, len(reqs)), make([]int, 0, len(reqs))
+	// summed; of[i] is reqs[i]'s item (so item j's first request is the
+	// first i with of[i] == j).
+	items, of := make([]item, 0, len(reqs)), make([]int, len(reqs))
 	res := make([]engine.Result, len(reqs))
 	for i, r := range reqs {
 		j := slices.IndexFunc(items, func(it item) bool { return it.key == r.Key })
 		if j < 0 {
 			j = len(items)
 			items = append(items, item{key: r.Key, out: &res[j]})
-			first = append(first, i)
 		}
 		it := &items[j]
 		if it.cost > math.MaxInt64-r.Cost {
@@ -145,7 +145,7 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return engine.Decision{}, -1, ctx.Err()
 		}
-		return s.allFailure(items, first, len(reqs), err)
+		return s.allFailure(items, of, err)
 	}
 	// Errors in the rules' order: a cost no band can hold, then Redis out
 	// of memory (every item), then a reply the store could not read. Redis
@@ -153,7 +153,7 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	res = res[:len(items)]
 	if j := slices.IndexFunc(res, func(r engine.Result) bool { return r.Err == engine.ErrCostExceedsCapacity }); j >= 0 {
 		s.decisions.Add(uint64(len(reqs)))
-		return engine.Decision{}, first[j], engine.ErrCostExceedsCapacity
+		return engine.Decision{}, slices.Index(of, j), engine.ErrCostExceedsCapacity
 	}
 	if res[0].Err == engine.ErrKeyCapacity {
 		return engine.Decision{}, 0, engine.ErrKeyCapacity
@@ -175,17 +175,18 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	return d, at, nil
 }
 
-// allFailure answers an AllowAll of n requests that Redis could not
-// decide: by the failure rule, for the call as a whole, unless a key's
-// summed cost is above its capacity under the policy last seen.
-func (s *Store) allFailure(items []item, first []int, n int, err error) (engine.Decision, int, error) {
+// allFailure answers an AllowAll that Redis could not decide, of[i] its
+// request i's item: by the failure rule, for the call as a whole (counted
+// as len(of) requests), unless a key's summed cost is above its capacity
+// under the policy last seen.
+func (s *Store) allFailure(items []item, of []int, err error) (engine.Decision, int, error) {
 	st := s.cur.Load()
 	for j := range items {
 		if r := s.failResult(st, &items[j], 0); r.Err != nil {
-			return engine.Decision{}, first[j], r.Err
+			return engine.Decision{}, slices.Index(of, j), r.Err
 		}
 	}
-	d := s.failResult(st, &items[0], uint64(n)).Decision
+	d := s.failResult(st, &items[0], uint64(len(of))).Decision
 	s.report(err)
 	return d, 0, nil
 }
