@@ -242,9 +242,8 @@ func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
 			keys:   map[string]*lease{},
 		}
 		l.shards[i] = q
-		l.wg.Add(2)
-		go q.run()
-		go q.fetcher()
+		l.wg.Go(q.run)
+		l.wg.Go(q.fetcher)
 	}
 	return l
 }
@@ -563,7 +562,6 @@ func granted(p post) int64 {
 // run is the shard's goroutine: it serves queued requests, Redis's
 // answers, flushes and the sweep of old leases, until the leaser closes.
 func (q *leaseShard) run() {
-	defer q.l.wg.Done()
 	defer close(q.exited)
 	defer close(q.jobs)
 	tick := time.NewTicker(time.Duration(max(q.l.idle/2, int64(time.Millisecond))))
@@ -873,7 +871,6 @@ func (q *leaseShard) takeAll() []gift {
 // fetcher sends the shard's jobs to Redis: the leases asked for in one
 // batch call, the leases given back one call each.
 func (q *leaseShard) fetcher() {
-	defer q.l.wg.Done()
 	s := q.l.s
 	var asks []job
 	var reqs []engine.Request
