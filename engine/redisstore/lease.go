@@ -163,18 +163,17 @@ type leaseShard struct {
 // lease is what one process holds of one key's global bucket, and what it
 // last heard of it.
 type lease struct {
-	ver     int64        // the version the lease was taken under
-	shape   policy.Shape // the key's limit under ver
-	cap     int64        // the smallest band capacity: no cost above it is admissible
-	max     int64        // the most tokens a lease may hold
-	reserve int64        // a lease is asked for only while the bucket keeps this much
-	left    int64        // unspent tokens
-	target  int64        // the tokens the next lease should hold; 0 until demand asks
-	used    int64        // tokens admitted on the key since from
-	from    int64        // clock reading where used began counting
-	got     int64        // reading of the last grant
-	seen    int64        // reading of the last request
-	fetch   bool         // a lease is being asked for
+	ver     int64 // the version the lease was taken under
+	cap     int64 // the smallest band capacity: no cost above it is admissible
+	max     int64 // the most tokens a lease may hold
+	reserve int64 // a lease is asked for only while the bucket keeps this much
+	left    int64 // unspent tokens
+	target  int64 // the tokens the next lease should hold; 0 until demand asks
+	used    int64 // tokens admitted on the key since from
+	from    int64 // clock reading where used began counting
+	got     int64 // reading of the last grant
+	seen    int64 // reading of the last request
+	fetch   bool  // a lease is being asked for
 
 	remaining  int64 // the global bucket's whole tokens at its last answer
 	resetAt    int64 // reading at which it would be full, by that answer
@@ -716,7 +715,7 @@ func (q *leaseShard) renew(key string, k *lease, st *state) {
 	_, idx := st.p.Resolve(key)
 	sh := st.p.ShapeAt(idx)
 	c := minCapacity(sh)
-	k.ver, k.shape, k.cap, k.max, k.reserve = st.p.Version, sh, c, c/q.l.divisor, c-c/2
+	k.ver, k.cap, k.max, k.reserve = st.p.Version, c, c/q.l.divisor, c-c/2
 	k.remaining, k.resetAt, k.limit, k.band = c, 0, sh.Primary.Capacity, sh.Name
 	k.deniedTill, k.target = 0, 0
 }
