@@ -744,7 +744,11 @@ func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 		return 0
 	}
 	if el := now - k.from; el > l.horizon {
-		k.used, k.from = mulDiv(k.used, l.horizon, el), now-l.horizon
+		// used scaled to the last Horizon, used*horizon/el rounded down:
+		// the product takes 128 bits, and the quotient is below used
+		hi, lo := bits.Mul64(uint64(k.used), uint64(l.horizon))
+		used, _ := bits.Div64(hi, lo, uint64(el))
+		k.used, k.from = int64(used), now-l.horizon
 	}
 	k.target = min(k.used, k.max)
 	if w := min(k.target, k.max-k.left, k.remaining-cost-k.reserve); w >= 2 {
@@ -923,15 +927,4 @@ func satAdd(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return a + b
-}
-
-// mulDiv is a*b/c rounded down, at most math.MaxInt64, for a, b >= 0 and
-// c > 0.
-func mulDiv(a, b, c int64) int64 {
-	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	if hi >= uint64(c) {
-		return math.MaxInt64
-	}
-	q, _ := bits.Div64(hi, lo, uint64(c))
-	return int64(min(q, math.MaxInt64))
 }
