@@ -65,25 +65,31 @@ const (
 )
 
 // lreq is one request to a lease shard: the caller fills op, key and cost,
-// pushes it and waits; the shard writes the answer and finishes it. With
-// err errRemote, held is what the lease held, taken for the request (opAllow:
-// Redis is asked for the rest of its cost; opPeek, opCharge: the tokens),
-// ver the version it was taken under, and want the lease to ask for with
-// the request (0 for none). With back, the caller first gives back that
-// many tokens taken under version bver, so that Redis decides with them.
+// pushes it and waits; the shard writes the reply and finishes it.
 type lreq struct {
-	op         string
-	key        string
-	cost       int64
-	d          engine.Decision
-	err        error
-	held, want int64
-	ver        int64
-	back, bver int64 // a lease a cutover of the key ended, to give back first
+	op   string
+	key  string
+	cost int64
+	lreply
 
 	next  *lreq         // link in the shard's queue
 	stage atomic.Uint32 // reqPending, reqDone or reqParked
 	done  chan struct{} // one-slot buffer, made once per pooled request
+}
+
+// lreply is a lease shard's answer to an lreq. With err errRemote, held is
+// what the lease held, taken for the request (opAllow: Redis is asked for
+// the rest of its cost; opPeek: the tokens), ver the version it was taken
+// under, and want the lease to ask for with the request (0 for none). With
+// back, the caller first gives back that many tokens taken under version
+// bver, so that Redis decides with them: a lease a cutover of the key
+// ended, or for opCharge the key's lease.
+type lreply struct {
+	d          engine.Decision
+	err        error
+	held, want int64
+	ver        int64
+	back, bver int64
 }
 
 // The stages of an lreq's answer: the caller and the shard each move it
@@ -259,23 +265,22 @@ func (l *leaser) shardOf(key string) *leaseShard {
 	return l.shards[maphash.String(l.seed, key)%uint64(len(l.shards))]
 }
 
-// ask hands one request to its key's shard and waits for the answer, which
-// it copies to out; out.err is engine.ErrClosed if the layer is closed.
-func (l *leaser) ask(op, key string, cost int64, out *lreq) {
+// ask hands one request to its key's shard and waits for the reply, whose
+// err is engine.ErrClosed if the layer is closed.
+func (l *leaser) ask(op, key string, cost int64) lreply {
 	q := l.shardOf(key)
 	r := l.pool.Get().(*lreq)
-	*out = lreq{}
-	r.op, r.key, r.cost, r.d, r.err, r.held, r.want, r.back = op, key, cost, engine.Decision{}, nil, 0, 0, 0
+	r.op, r.key, r.cost, r.lreply = op, key, cost, lreply{}
 	r.stage.Store(reqPending)
 	if !q.push(r) {
 		l.pool.Put(r)
-		out.err = engine.ErrClosed
-		return
+		return lreply{err: engine.ErrClosed}
 	}
 	r.wait(l.yields)
-	out.d, out.err, out.held, out.want, out.ver, out.back, out.bver = r.d, r.err, r.held, r.want, r.ver, r.back, r.bver
+	a := r.lreply
 	r.key = ""
 	l.pool.Put(r)
+	return a
 }
 
 // allow is Allow in lease mode: decided by the key's lease if it covers
@@ -297,8 +302,7 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 // lease decides makes none, and allocates nothing.
 func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int64) (engine.Decision, error) {
 	s := l.s
-	var a lreq
-	l.ask(opAllow, key, cost, &a)
+	a := l.ask(opAllow, key, cost)
 	if a.back > 0 || a.err == errRemote {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, dl)
@@ -359,19 +363,11 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 // (modeCharge: the lease goes back first, so that the charge takes its
 // tokens from the bucket as a whole).
 func (l *leaser) before(ctx context.Context, op, key string) int64 {
-	var a lreq
-	l.ask(op, key, 1, &a)
+	a := l.ask(op, key, 1)
 	if a.back > 0 {
 		l.giveBack(ctx, []gift{{key, a.back, a.bver}})
 	}
-	switch {
-	case a.err != errRemote:
-	case op == opPeek:
-		return a.held
-	case op == opCharge && a.held > 0:
-		l.giveBack(ctx, []gift{{key, a.held, a.ver}})
-	}
-	return 0
+	return a.held // 0 but for a Peek's
 }
 
 // flush takes every lease back from the shards and gives its unspent
@@ -675,7 +671,10 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 	case r.op == opRefund: // the balance grows: a denial no longer holds
 		r.err, k.deniedTill = errRemote, 0
 	case r.op == opCharge: // the lease goes back before Redis charges the key
-		r.err, r.held, r.ver, k.left, k.deniedTill = errRemote, k.left, k.ver, 0, 0
+		if r.back == 0 { // else a cutover just ended it: back is the lease
+			r.back, r.bver = k.left, k.ver
+		}
+		r.err, k.left, k.deniedTill = errRemote, 0, 0
 	case cost > k.cap:
 		r.err = engine.ErrCostExceedsCapacity
 	case k.left >= cost:
