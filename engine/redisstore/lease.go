@@ -56,12 +56,13 @@ const (
 var errRemote = errors.New("redisstore: for redis")
 
 // What a caller asks of a key's lease shard, named by the decide script's
-// mode of the call it comes from.
+// mode of the call it comes from; or of a whole shard, opFlush.
 const (
 	opAllow  = "a"        // decide cost from the lease, or send the caller to Redis
 	opPeek   = "p"        // report the tokens the lease holds
 	opRefund = "r"        // the balance grows: forget a denial kept for the key
 	opCharge = modeCharge // hand the lease over, to give back before a charge
+	opFlush  = "flush"    // hand every lease of the shard over (see leaser.flush)
 )
 
 // lreq is one request to a lease shard: the caller fills op, key and cost,
@@ -90,6 +91,7 @@ type lreply struct {
 	held, want int64
 	ver        int64
 	back, bver int64
+	gifts      []gift // opFlush: every lease the shard held
 }
 
 // The stages of an lreq's answer: the caller and the shard each move it
@@ -139,7 +141,6 @@ type leaser struct {
 	shards          []*leaseShard
 	pool            sync.Pool
 	quit            chan struct{}
-	ctl             atomic.Int32 // flushes and Closes under way, which busy shards look for
 	wg              sync.WaitGroup
 	closing         sync.Once
 
@@ -147,17 +148,17 @@ type leaser struct {
 }
 
 // leaseShard owns the leases of its keys: only its goroutine (run) reads
-// or writes keys. Requests reach it on a lock-free take-all queue, as they
-// reach an engine shard; Redis's answers about its keys on posts.
+// or writes keys. Requests (flushes too) reach it on a lock-free take-all
+// queue, as they reach an engine shard; Redis's answers about its keys on
+// posts.
 type leaseShard struct {
 	l        *leaser
 	head     atomic.Pointer[lreq]
 	sleeping atomic.Bool
 	wake     chan struct{} // one-slot buffer
 	posts    chan post
-	flush    chan chan []gift // a caller takes every lease back (see leaser.flush)
-	jobs     chan job         // to the fetcher
-	exited   chan struct{}    // closed when run returns
+	jobs     chan job      // to the fetcher
+	exited   chan struct{} // closed when run returns
 
 	keys    map[string]*lease
 	sweepAt int64
@@ -241,7 +242,6 @@ func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
 			l:      l,
 			wake:   make(chan struct{}, 1),
 			posts:  make(chan post, 256),
-			flush:  make(chan chan []gift),
 			jobs:   make(chan job, 1024),
 			exited: make(chan struct{}),
 			keys:   map[string]*lease{},
@@ -265,10 +265,9 @@ func (l *leaser) shardOf(key string) *leaseShard {
 	return l.shards[maphash.String(l.seed, key)%uint64(len(l.shards))]
 }
 
-// ask hands one request to its key's shard and waits for the reply, whose
-// err is engine.ErrClosed if the layer is closed.
-func (l *leaser) ask(op, key string, cost int64) lreply {
-	q := l.shardOf(key)
+// ask hands one request to q, its key's shard, and waits for the reply,
+// whose err is engine.ErrClosed if the shard is closed.
+func (l *leaser) ask(q *leaseShard, op, key string, cost int64) lreply {
 	r := l.pool.Get().(*lreq)
 	r.op, r.key, r.cost, r.lreply = op, key, cost, lreply{}
 	r.stage.Store(reqPending)
@@ -278,7 +277,7 @@ func (l *leaser) ask(op, key string, cost int64) lreply {
 	}
 	r.wait(l.yields)
 	a := r.lreply
-	r.key = ""
+	r.key, r.gifts = "", nil
 	l.pool.Put(r)
 	return a
 }
@@ -302,7 +301,7 @@ func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Deci
 // lease decides makes none, and allocates nothing.
 func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int64) (engine.Decision, error) {
 	s := l.s
-	a := l.ask(opAllow, key, cost)
+	a := l.ask(l.shardOf(key), opAllow, key, cost)
 	if a.back > 0 || a.err == errRemote {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, dl)
@@ -363,7 +362,7 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 // (modeCharge: the lease goes back first, so that the charge takes its
 // tokens from the bucket as a whole).
 func (l *leaser) before(ctx context.Context, op, key string) int64 {
-	a := l.ask(op, key, 1)
+	a := l.ask(l.shardOf(key), op, key, 1)
 	if a.back > 0 {
 		l.giveBack(ctx, []gift{{key, a.back, a.bver}})
 	}
@@ -371,17 +370,11 @@ func (l *leaser) before(ctx context.Context, op, key string) int64 {
 }
 
 // flush takes every lease back from the shards and gives its unspent
-// tokens back to Redis (see giveBack): before a cutover, and at Close.
+// tokens back to Redis (see giveBack): before a cutover, and at Close. A
+// shard that is closed gives its leases back itself (see stop).
 func (l *leaser) flush(ctx context.Context) {
-	reply := make(chan []gift, 1)
-	l.ctl.Add(1)
-	defer l.ctl.Add(-1)
 	for _, q := range l.shards {
-		select {
-		case q.flush <- reply:
-			l.giveBack(ctx, <-reply)
-		case <-q.exited:
-		}
+		l.giveBack(ctx, l.ask(q, opFlush, "", 0).gifts)
 	}
 }
 
@@ -506,7 +499,6 @@ func (l *leaser) close() {
 		ctx, cancel := context.WithTimeout(context.Background(), l.s.timeout)
 		l.flush(ctx)
 		cancel()
-		l.ctl.Add(1)
 		close(l.quit)
 		l.wg.Wait()
 	})
@@ -555,7 +547,7 @@ func granted(p post) int64 {
 }
 
 // run is the shard's goroutine: it serves queued requests, Redis's
-// answers, flushes and the sweep of old leases, until the leaser closes.
+// answers and the sweep of old leases, until the leaser closes.
 func (q *leaseShard) run() {
 	defer close(q.exited)
 	defer close(q.jobs)
@@ -564,15 +556,11 @@ func (q *leaseShard) run() {
 	for idle := false; ; {
 		if g := q.head.Swap(nil); g != nil {
 			q.serve(g)
-			if q.l.ctl.Load() != 0 { // a flush or Close waits: a busy shard looks between groups
-				select {
-				case reply := <-q.flush:
-					reply <- q.takeAll()
-				case <-q.l.quit:
-					q.stop()
-					return
-				default:
-				}
+			select { // a busy shard looks for a Close between groups
+			case <-q.l.quit:
+				q.stop()
+				return
+			default:
 			}
 			idle = false
 			continue
@@ -593,8 +581,6 @@ func (q *leaseShard) run() {
 		case <-q.wake:
 		case p := <-q.posts:
 			q.settle(p)
-		case reply := <-q.flush:
-			reply <- q.takeAll()
 		case <-tick.C:
 			q.sweep(q.l.clk.Now())
 		case <-q.l.quit:
@@ -647,8 +633,13 @@ func (q *leaseShard) serve(g *lreq) {
 	}
 }
 
-// decide answers one request from the key's lease, or sends it to Redis.
+// decide answers one request from the key's lease, or sends it to Redis;
+// a flush, with every lease.
 func (q *leaseShard) decide(now int64, st *state, r *lreq) {
+	if r.op == opFlush {
+		r.gifts = q.takeAll()
+		return
+	}
 	k := q.keys[r.key]
 	if k == nil {
 		if r.op != opAllow {
@@ -858,7 +849,7 @@ func (q *leaseShard) sweep(now int64) {
 	}
 }
 
-// takeAll takes every lease back, for flush.
+// takeAll takes every lease back, for a flush or stop.
 func (q *leaseShard) takeAll() []gift {
 	var gs []gift
 	for key, k := range q.keys {
