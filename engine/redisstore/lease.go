@@ -777,11 +777,11 @@ func (q *leaseShard) settle(p post) {
 	now := p.at
 	n := granted(p)
 	q.l.granted.Add(uint64(n))
-	k := q.keys[p.key]
-	if k == nil { // swept meanwhile, in a call longer than MaxAge that asked for no lease
-		if unspent(p) {
-			q.send(job{key: p.key, n: p.held, ver: p.ver, give: true})
-		}
+	k := q.keys[p.key] // nil if swept meanwhile, in a call longer than MaxAge that asked for no lease
+	if unspent(p) {
+		q.keep(p.key, k, p.held, p.ver) // the request did not spend them
+	}
+	if k == nil {
 		return
 	}
 	if p.asked > 0 {
@@ -794,9 +794,6 @@ func (q *leaseShard) settle(p post) {
 		} else {
 			k.deniedTill, k.deniedCost = now+int64(p.d.RetryAfter), p.cost
 		}
-	}
-	if unspent(p) {
-		q.keep(p.key, k, p.held, p.ver) // the request did not spend them
 	}
 	if p.asked > 0 && p.lseErr == nil && !p.leaseD.Degraded && p.ver == k.ver {
 		k.learn(now, p.leaseD)
@@ -818,9 +815,10 @@ func unspent(p post) bool {
 }
 
 // keep adds n tokens taken under version ver to k's lease, or, if k is
-// under another version, has the fetcher give them back (see giveBack).
+// under another version or nil (its key forgotten), has the fetcher give
+// them back (see giveBack).
 func (q *leaseShard) keep(key string, k *lease, n, ver int64) {
-	if ver != k.ver {
+	if k == nil || ver != k.ver {
 		q.send(job{key: key, n: n, ver: ver, give: true})
 		return
 	}
