@@ -156,9 +156,8 @@ type leaseShard struct {
 	head     atomic.Pointer[lreq]
 	sleeping atomic.Bool
 	wake     chan struct{} // one-slot buffer
-	posts    chan post
+	posts    chan post     // every post is owed (see pending): stop takes them all
 	jobs     chan job      // to the fetcher
-	exited   chan struct{} // closed when run returns
 
 	keys    map[string]*lease
 	sweepAt int64
@@ -239,12 +238,11 @@ func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
 	l.shards = make([]*leaseShard, runtime.GOMAXPROCS(0))
 	for i := range l.shards {
 		q := &leaseShard{
-			l:      l,
-			wake:   make(chan struct{}, 1),
-			posts:  make(chan post, 256),
-			jobs:   make(chan job, 1024),
-			exited: make(chan struct{}),
-			keys:   map[string]*lease{},
+			l:     l,
+			wake:  make(chan struct{}, 1),
+			posts: make(chan post, 256),
+			jobs:  make(chan job, 1024),
+			keys:  map[string]*lease{},
 		}
 		l.shards[i] = q
 		l.wg.Go(q.run)
@@ -331,7 +329,7 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 	if p.dErr == nil && !p.d.Allowed && !p.d.Degraded {
 		p.d.Remaining = satAdd(p.d.Remaining, held) // the tokens held go back to the lease
 	}
-	l.shardOf(key).post(p)
+	l.shardOf(key).posts <- p
 	var t tally
 	t.add(p.d, p.dErr)
 	s.count(&t)
@@ -525,19 +523,6 @@ func (q *leaseShard) push(r *lreq) bool {
 	return true
 }
 
-// post hands Redis's answer to the shard, or, once it has exited, returns
-// a granted lease at once.
-func (q *leaseShard) post(p post) {
-	select {
-	case q.posts <- p:
-	case <-q.exited:
-		if n := granted(p); n > 0 {
-			q.l.granted.Add(uint64(n))
-			q.l.forfeited.Add(uint64(n)) // the store is closing: Redis keeps it
-		}
-	}
-}
-
 // granted is the lease p's call took from Redis.
 func granted(p post) int64 {
 	if p.asked > 0 && p.lseErr == nil && p.leaseD.Allowed && !p.leaseD.Degraded {
@@ -549,7 +534,6 @@ func granted(p post) int64 {
 // run is the shard's goroutine: it serves queued requests, Redis's
 // answers and the sweep of old leases, until the leaser closes.
 func (q *leaseShard) run() {
-	defer close(q.exited)
 	defer close(q.jobs)
 	tick := time.NewTicker(time.Duration(max(q.l.idle/2, int64(time.Millisecond))))
 	defer tick.Stop()
@@ -904,7 +888,7 @@ func (q *leaseShard) fetcher() {
 			}
 		}
 		for i, a := range asks {
-			q.post(post{key: a.key, ver: a.ver, at: at, asked: a.n, leaseD: out[i].Decision, lseErr: out[i].Err})
+			q.posts <- post{key: a.key, ver: a.ver, at: at, asked: a.n, leaseD: out[i].Decision, lseErr: out[i].Err}
 		}
 	}
 }
