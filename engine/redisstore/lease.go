@@ -314,20 +314,19 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 	if a.err != errRemote {
 		return a.d, a.err
 	}
-	held, want := a.held, a.want
-	p := post{key: key, ver: a.ver, at: l.clk.Now(), cost: cost, held: held, asked: want}
-	if want == 0 {
-		p.d, p.dErr = s.decideOne(ctx, key, cost-held)
+	p := post{key: key, ver: a.ver, at: l.clk.Now(), cost: cost, held: a.held, asked: a.want}
+	if a.want == 0 {
+		p.d, p.dErr = s.decideOne(ctx, key, cost-a.held)
 	} else {
 		var out [2]engine.Result
-		items := []item{{out: &out[0], key: key, cost: cost - held}, {out: &out[1], key: key, cost: want, lease: true}}
+		items := []item{{out: &out[0], key: key, cost: cost - a.held}, {out: &out[1], key: key, cost: a.want, lease: true}}
 		if err := s.decideItems(ctx, items); err != nil {
 			out[0].Err, out[1].Err = err, err
 		}
 		p.d, p.dErr, p.leaseD, p.lseErr = out[0].Decision, out[0].Err, out[1].Decision, out[1].Err
 	}
 	if p.dErr == nil && !p.d.Allowed && !p.d.Degraded {
-		p.d.Remaining = satAdd(p.d.Remaining, held) // the tokens held go back to the lease
+		p.d.Remaining = satAdd(p.d.Remaining, a.held) // the tokens held go back to the lease
 	}
 	l.shardOf(key).posts <- p
 	var t tally
@@ -521,14 +520,6 @@ func (q *leaseShard) push(r *lreq) bool {
 		}
 	}
 	return true
-}
-
-// granted is the lease p's call took from Redis.
-func granted(p post) int64 {
-	if p.asked > 0 && p.lseErr == nil && p.leaseD.Allowed && !p.leaseD.Degraded {
-		return p.asked
-	}
-	return 0
 }
 
 // run is the shard's goroutine: it serves queued requests, Redis's
@@ -734,10 +725,9 @@ func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 
 // topUp asks the fetcher for the next lease of a key whose lease runs low.
 func (q *leaseShard) topUp(now int64, key string, k *lease) {
-	if n := q.l.want(now, k, 0); n > 0 {
-		if k.fetch = q.send(job{key: key, n: n, ver: k.ver}); k.fetch {
-			q.pending++
-		}
+	if n := q.l.want(now, k, 0); n > 0 && q.send(job{key: key, n: n, ver: k.ver}) {
+		k.fetch = true
+		q.pending++
 	}
 }
 
@@ -759,11 +749,16 @@ func (q *leaseShard) send(j job) bool {
 func (q *leaseShard) settle(p post) {
 	q.pending--
 	now := p.at
-	n := granted(p)
+	var n int64 // the lease Redis granted
+	if p.asked > 0 && p.lseErr == nil && p.leaseD.Allowed && !p.leaseD.Degraded {
+		n = p.asked
+	}
 	q.l.granted.Add(uint64(n))
 	k := q.keys[p.key] // nil if swept meanwhile, in a call longer than MaxAge that asked for no lease
-	if unspent(p) {
-		q.keep(p.key, k, p.held, p.ver) // the request did not spend them
+	// the tokens the request took from the lease are still the process's if
+	// Redis did not admit it (a failure rule's admission took nothing)
+	if p.held > 0 && (p.dErr != nil || !p.d.Allowed || p.d.Degraded) {
+		q.keep(p.key, k, p.held, p.ver)
 	}
 	if k == nil {
 		return
@@ -789,13 +784,6 @@ func (q *leaseShard) settle(p post) {
 		q.keep(p.key, k, n, p.leaseD.Version)
 		k.got = now
 	}
-}
-
-// unspent reports whether the tokens p's request took from the lease are
-// still the process's: Redis did not admit it (a failure rule's admission
-// took nothing from the bucket).
-func unspent(p post) bool {
-	return p.held > 0 && (p.dErr != nil || !p.d.Allowed || p.d.Degraded)
 }
 
 // keep adds n tokens taken under version ver to k's lease, or, if k is
