@@ -202,21 +202,18 @@ type post struct {
 	dErr, lseErr      error
 }
 
-// job is the fetcher's work: a lease of n tokens to ask for, or, if give,
-// n tokens to give back; ver is the version they are asked, or were taken,
-// under.
-type job struct {
-	key  string
-	n    int64
-	ver  int64
-	give bool
-}
-
 // gift is a lease taken back from a shard, to return to Redis: n tokens
-// taken under version ver.
+// of key taken under version ver.
 type gift struct {
 	key    string
 	n, ver int64
+}
+
+// job is the fetcher's work: if give, a gift to give back, else a lease of
+// n tokens of key to ask for under version ver.
+type job struct {
+	gift
+	give bool
 }
 
 func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
@@ -725,7 +722,7 @@ func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 
 // topUp asks the fetcher for the next lease of a key whose lease runs low.
 func (q *leaseShard) topUp(now int64, key string, k *lease) {
-	if n := q.l.want(now, k, 0); n > 0 && q.send(job{key: key, n: n, ver: k.ver}) {
+	if n := q.l.want(now, k, 0); n > 0 && q.send(job{gift: gift{key, n, k.ver}}) {
 		k.fetch = true
 		q.pending++
 	}
@@ -791,7 +788,7 @@ func (q *leaseShard) settle(p post) {
 // them back (see giveBack).
 func (q *leaseShard) keep(key string, k *lease, n, ver int64) {
 	if k == nil || ver != k.ver {
-		q.send(job{key: key, n: n, ver: ver, give: true})
+		q.send(job{gift{key, n, ver}, true})
 		return
 	}
 	k.left += n
@@ -810,7 +807,7 @@ func (q *leaseShard) sweep(now int64) {
 		switch {
 		case k.fetch:
 		case k.left > 0 && (now-k.got >= q.l.maxAge || now-k.seen >= q.l.idle):
-			if q.send(job{key: key, n: k.left, ver: k.ver, give: true}) {
+			if q.send(job{gift{key, k.left, k.ver}, true}) {
 				k.left = 0
 			}
 		case k.left == 0 && now-k.seen >= q.l.maxAge && now >= k.deniedTill:
