@@ -385,10 +385,6 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 	s := l.s
 	for try := 0; len(gs) > 0; try++ {
 		items, from, err := l.judge(ctx, gs, try)
-		outs := make([]engine.Result, len(items))
-		for i := range items {
-			items[i].out = &outs[i]
-		}
 		if s.hook != nil {
 			s.hook(hookGiveBack)
 		}
@@ -401,10 +397,10 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 		gs = nil
 		for i, it := range items {
 			switch {
-			case errors.Is(outs[i].Err, errMoved):
+			case errors.Is(it.out.Err, errMoved):
 				gs = append(gs, from[i]) // judged again under the version now in force
-			case !it.done || outs[i].Err != nil:
-				l.lost(it.cost, cmp.Or(outs[i].Err, err))
+			case !it.done || it.out.Err != nil:
+				l.lost(it.cost, cmp.Or(it.out.Err, err))
 			default:
 				l.returned.Add(uint64(it.cost))
 			}
@@ -413,11 +409,11 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 }
 
 // judge is one try of giveBack: it reads the version in force and returns
-// the gifts to refund under it, as items pinned to it (out unset), and the
-// gift of each, having given up those a cutover since could have clamped
-// or dropped (see raised). err, if not nil, is why none can be refunded
-// now: every gift not given up is then in items, for giveBack to count as
-// lost.
+// the gifts to refund under it, as items pinned to it (each with an out of
+// its own), and the gift of each, having given up those a cutover since
+// could have clamped or dropped (see raised). err, if not nil, is why none
+// can be refunded now: every gift not given up is then in items, for
+// giveBack to count as lost.
 func (l *leaser) judge(ctx context.Context, gs []gift, try int) (items []item, from []gift, err error) {
 	s := l.s
 	if err = s.need(ctx); err == nil {
@@ -430,6 +426,7 @@ func (l *leaser) judge(ctx context.Context, gs []gift, try int) (items []item, f
 	var retained []int64 // read at the first gift of an older version
 	var unread error
 	items, from = make([]item, 0, len(gs)), make([]gift, 0, len(gs))
+	outs := make([]engine.Result, len(gs))
 	for _, g := range gs {
 		if err == nil && g.ver != st.p.Version {
 			if retained == nil && unread == nil {
@@ -447,7 +444,7 @@ func (l *leaser) judge(ctx context.Context, gs []gift, try int) (items []item, f
 				continue
 			}
 		}
-		items = append(items, item{key: g.key, cost: g.n, pin: st.p.Version})
+		items = append(items, item{out: &outs[len(items)], key: g.key, cost: g.n, pin: st.p.Version})
 		from = append(from, g)
 	}
 	return items, from, err
