@@ -565,8 +565,8 @@ func (q *leaseShard) run() {
 	}
 }
 
-// stop closes the queue, serves what it held and hands every lease to the
-// fetcher to give back, which it does before it exits.
+// stop closes the queue, serves what it held, takes in every answer still
+// owed to the shard and gives every lease back.
 func (q *leaseShard) stop() {
 	if g := q.head.Swap(closedLeases); g != nil {
 		q.serve(g)
