@@ -296,11 +296,12 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) bool {
 	return woke
 }
 
-// Points in the combiner, and in a lease's give-back, where a test hook
-// (Store.hook) runs.
+// Points in the combiner, and in a lease's give-back and flush, where a
+// test hook (Store.hook) runs.
 const (
-	hookAlone    = "alone"    // a caller that found its queue free, before its call
-	hookTaken    = "taken"    // a drainer has taken a batch, before it looks at it
-	hookSent     = "sent"     // a batch's call has returned, before it is answered
-	hookGiveBack = "giveback" // a give-back has judged its leases, before it sends them
+	hookAlone      = "alone"      // a caller that found its queue free, before its call
+	hookTaken      = "taken"      // a drainer has taken a batch, before it looks at it
+	hookSent       = "sent"       // a batch's call has returned, before it is answered
+	hookGiveBack   = "giveback"   // a give-back has judged its leases, before it sends them
+	hookFlushWaits = "flushwaits" // a flush met a closed lease shard, before it waits for Close
 )

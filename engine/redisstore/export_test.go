@@ -119,17 +119,29 @@ func Seed(s *Store) string { return s.seed }
 // decimal format of any bucket.
 var DecimalBucket = decimalBucket
 
-// Points of the combiner and of a lease's give-back where a hook set by
-// SetCombineHook runs.
+// Points of the combiner and of a lease's give-back and flush where a hook
+// set by SetCombineHook runs.
 const (
-	HookAlone    = hookAlone
-	HookTaken    = hookTaken
-	HookSent     = hookSent
-	HookGiveBack = hookGiveBack
+	HookAlone      = hookAlone
+	HookTaken      = hookTaken
+	HookSent       = hookSent
+	HookGiveBack   = hookGiveBack
+	HookFlushWaits = hookFlushWaits
 )
 
+// LeasesClosed reports whether every lease shard of s has closed its
+// queue (Close has reached them).
+func LeasesClosed(s *Store) bool {
+	for _, q := range s.lease.shards {
+		if q.head.Load() != closedLeases {
+			return false
+		}
+	}
+	return true
+}
+
 // SetCombineHook makes s run hook(point) at the combiner's points and a
-// lease's give-back's, from the caller's goroutine. Set it before s is
+// lease's give-back's and flush's, from the caller's goroutine. Set it before s is
 // used concurrently.
 func SetCombineHook(s *Store, hook func(point string)) { s.hook = hook }
 

@@ -365,10 +365,20 @@ func (l *leaser) before(ctx context.Context, op, key string) int64 {
 
 // flush takes every lease back from the shards and gives its unspent
 // tokens back to Redis (see giveBack): before a cutover, and at Close. A
-// shard that is closed gives its leases back itself (see stop).
+// shard that is closed gives its leases back itself (see stop), so flush
+// then waits until every shard and fetcher has: a cutover racing Close
+// must not publish before them.
 func (l *leaser) flush(ctx context.Context) {
 	for _, q := range l.shards {
-		l.giveBack(ctx, l.ask(q, opFlush, "", 0).gifts)
+		a := l.ask(q, opFlush, "", 0)
+		if a.err != nil { // closed: Close is under way
+			if l.s.hook != nil {
+				l.s.hook(hookFlushWaits)
+			}
+			l.wg.Wait()
+			return
+		}
+		l.giveBack(ctx, a.gifts)
 	}
 }
 

@@ -7,7 +7,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -66,4 +68,79 @@ func TestLeaseCloseUnderLoadReturnsAll(t *testing.T) {
 	}
 	st := a.Stats()
 	require.Equal(t, int64(keys)*p.Capacity, admitted.Load()+held, "tokens neither admitted nor back in Redis; stats %+v", st)
+}
+
+// A ReplacePolicy that meets a Close under way waits until the closing
+// lease shards have given their leases back: under the version they were
+// taken under, not judged against the one it publishes (which raises the
+// capacity, so they would be given up).
+func TestLeaseReplacePolicyWaitsForClose(t *testing.T) {
+	clk := clock.NewManual(0)
+	var armed atomic.Bool
+	blocked, release := make(chan struct{}), make(chan struct{})
+	c := client(t, redisAddr(t))
+	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		if !armed.CompareAndSwap(true, false) {
+			return next(ctx, cmds)
+		}
+		close(blocked)
+		<-release
+		err := errors.New("test: the call failed")
+		for _, cmd := range cmds {
+			cmd.SetErr(err)
+		}
+		return err
+	}))
+	p1 := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	s := newStore(t, redisstore.Config{Client: c, Policy: p1, Leases: &redisstore.Leases{}}, clk)
+	waits := make(chan struct{})
+	var once sync.Once
+	redisstore.SetCombineHook(s, func(point string) {
+		if point == redisstore.HookFlushWaits {
+			once.Do(func() { close(waits) })
+		}
+	})
+	ctx := context.Background()
+	for range 2 { // the second asks for a lease too
+		d, err := s.Allow(ctx, "k", 10)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	require.Eventually(t, func() bool { return s.Stats().LeasedTokens > 0 }, 5*time.Second, time.Millisecond)
+
+	// A request the lease cannot cover takes what it holds to Redis, whose
+	// call hangs: Close then waits for its answer.
+	armed.Store(true)
+	allowed := make(chan struct{})
+	go func() {
+		defer close(allowed)
+		_, _ = s.Allow(ctx, "k", 50)
+	}()
+	<-blocked
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_ = s.Close()
+	}()
+	require.Eventually(t, func() bool { return redisstore.LeasesClosed(s) }, 5*time.Second, time.Millisecond)
+
+	replaced := make(chan error, 1)
+	go func() {
+		replaced <- s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 2000, TokensPerSecond: 1}, 1)
+	}()
+	select {
+	case <-waits:
+	case err := <-replaced:
+		close(release)
+		<-allowed
+		<-closed
+		t.Fatalf("ReplacePolicy returned (%v) while Close still owed a give-back", err)
+	}
+	close(release)
+	<-allowed
+	<-closed
+	t.Logf("ReplacePolicy: %v", <-replaced)
+	st := s.Stats()
+	require.Zero(t, st.ForfeitedTokens, "stats %+v", st)
+	require.Equal(t, st.LeasedTokens, st.ReturnedTokens, "stats %+v", st)
 }
