@@ -335,3 +335,57 @@ func TestAllowAllTwoStoresConcurrent(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, d.Allowed, "s is empty: %+v", d)
 }
+
+// TestAllowAllErrorAtKeysFirstRequest: a key's summed cost above its
+// capacity is reported at the key's first request, not at the key's place
+// among the distinct keys, whether Redis answers or not; and a call the
+// failure rule answers counts each of its requests, a key's repeats too.
+func TestAllowAllErrorAtKeysFirstRequest(t *testing.T) {
+	c := client(t, redisAddr(t))
+	var failing atomic.Bool
+	c.AddHook(failPipelines(&failing))
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	s := newStore(t, redisstore.Config{Client: c, Policy: p}, clock.NewManual(0))
+	ctx := context.Background()
+	over := []engine.Request{{Key: "a", Cost: 1}, {Key: "a", Cost: 1}, {Key: "b", Cost: 6}, {Key: "b", Cost: 5}}
+	for _, down := range []bool{false, true} {
+		failing.Store(down)
+		_, at, err := s.AllowAll(ctx, over)
+		require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "Redis down: %t", down)
+		require.Equal(t, 2, at, "b's first request; Redis down: %t", down)
+	}
+	d, at, err := s.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 1}, {Key: "a", Cost: 1}, {Key: "b", Cost: 1}})
+	require.NoError(t, err)
+	require.True(t, d.Degraded)
+	require.Zero(t, at)
+	require.Equal(t, uint64(3), s.Stats().Failures, "one failure per request")
+}
+
+// TestAllowAllCanceledMidCall: a call whose context is canceled while
+// Redis decides it returns the context's error at index -1, not the
+// failure rule's answer.
+func TestAllowAllCanceledMidCall(t *testing.T) {
+	c := client(t, redisAddr(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var armed atomic.Bool
+	c.AddHook(decideHook(func(hctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		if !armed.Load() {
+			return next(hctx, cmds)
+		}
+		cancel()
+		for _, cmd := range cmds {
+			cmd.SetErr(context.Canceled)
+		}
+		return context.Canceled
+	}))
+	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}}, clock.NewManual(0))
+	_, err := s.Allow(context.Background(), "a", 1) // the store has read the prefix's state
+	require.NoError(t, err)
+	armed.Store(true)
+	d, at, err := s.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 1}, {Key: "b", Cost: 1}})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, -1, at)
+	require.Zero(t, d)
+	require.Zero(t, s.Stats().Failures)
+}
