@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -503,4 +504,79 @@ func leasedBeside(t *testing.T, p policy.Policy, clk clock.Clock) (a, b *redisst
 	pfx := prefix(t)
 	lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour}
 	return newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: lz}, clk), newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+}
+
+// TestLeaseChargeGivesTheLeaseBackFirst: a Charge on a leased key first
+// gives the key's lease back, so that the charge takes its tokens from the
+// bucket as a whole, and none of the lease's tokens is lost: also when a
+// cutover has just ended the lease, which then goes back under the version
+// it was taken under. The clock stands still and the cutover raises no
+// band, so after Close the bucket holds every token not admitted or
+// charged, exactly.
+func TestLeaseChargeGivesTheLeaseBackFirst(t *testing.T) {
+	for _, cutover := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cutover=%t", cutover), func(t *testing.T) {
+			clk := clock.NewManual(0)
+			p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+			a, b := leasedBeside(t, p, clk)
+			ctx := context.Background()
+			admitted := warm(t, a, "k")
+			for held := int64(0); held <= 0; {
+				d, err := a.Allow(ctx, "k", 1)
+				require.NoError(t, err)
+				if d.Allowed {
+					admitted++
+				}
+				pa, err := a.Peek(ctx, "k")
+				require.NoError(t, err)
+				pb, err := b.Peek(ctx, "k")
+				require.NoError(t, err)
+				held = pa.Remaining - pb.Remaining
+				require.Less(t, admitted, p.Capacity/2, "a's lease on k held nothing: %+v", a.Stats())
+			}
+			if cutover {
+				require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 1000, TokensPerSecond: 1}, 1))
+				_, err := a.Allow(ctx, "other", 1) // a's next call to Redis: it meets the version in force
+				require.NoError(t, err)
+			}
+			d, err := a.Charge(ctx, "k", 5)
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			require.False(t, d.Degraded)
+			require.NoError(t, a.Close())
+			st := a.Stats()
+			require.Zero(t, st.ForfeitedTokens, "%+v", st)
+			pk, err := b.Peek(ctx, "k")
+			require.NoError(t, err)
+			require.Equal(t, p.Capacity-admitted-5, pk.Remaining, "the lease's tokens were lost: %+v", st)
+		})
+	}
+}
+
+// TestLeaseWantScalesDemandToHorizon: the lease asked for with a request
+// Redis decides is the key's demand over the last Horizon: the tokens
+// admitted since demand began counting, scaled down by Horizon/elapsed
+// (rounded down) once more than a Horizon has passed, which then counts
+// from a Horizon back. One nanosecond past it, 1000 tokens weigh 999.
+func TestLeaseWantScalesDemandToHorizon(t *testing.T) {
+	clk := clock.NewManual(0)
+	// a bound (capacity/16) and a reserve (capacity/2) far above the demand
+	s := leased(t, policy.Policy{Version: 1, Capacity: 1 << 20, TokensPerSecond: 1}, clk, prefix(t))
+	ctx := context.Background()
+	allow := func(cost int64) {
+		t.Helper()
+		d, err := s.Allow(ctx, "k", cost)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	allow(1000) // no demand yet: no lease
+	require.Zero(t, s.Stats().LeasedTokens)
+	clk.Advance(redisstore.DefaultLeaseHorizon + 1)
+	allow(1) // 1000 over a Horizon and 1ns
+	require.Eventually(t, func() bool { return s.Stats().LeasedTokens != 0 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, uint64(999), s.Stats().LeasedTokens)
+	clk.Advance(1)
+	allow(1000) // beyond the lease: 999 + 1 over a Horizon and 1ns again
+	require.Eventually(t, func() bool { return s.Stats().LeasedTokens != 999 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, uint64(2*999), s.Stats().LeasedTokens)
 }
