@@ -136,6 +136,17 @@ func TestLeaseReplacePolicyWaitsForClose(t *testing.T) {
 		<-closed
 		t.Fatalf("ReplacePolicy returned (%v) while Close still owed a give-back", err)
 	}
+	// The hook runs before the flush waits: give a ReplacePolicy that went
+	// on regardless the time to return (a few round trips) before the
+	// give-back can happen. It passes whatever the delay if the flush waits.
+	select {
+	case err := <-replaced:
+		close(release)
+		<-allowed
+		<-closed
+		t.Fatalf("ReplacePolicy returned (%v) past the flush while Close still owed a give-back", err)
+	case <-time.After(100 * time.Millisecond):
+	}
 	close(release)
 	<-allowed
 	<-closed
@@ -143,4 +154,62 @@ func TestLeaseReplacePolicyWaitsForClose(t *testing.T) {
 	st := s.Stats()
 	require.Zero(t, st.ForfeitedTokens, "stats %+v", st)
 	require.Equal(t, st.LeasedTokens, st.ReturnedTokens, "stats %+v", st)
+}
+
+// A lease shard that forgot a key while a request on it was at Redis (the
+// sweep, past MaxAge) still gets back the tokens the request took from the
+// key's lease, if Redis did not admit it: given back to Redis, not lost.
+func TestLeaseForgottenKeyGetsHeldTokensBack(t *testing.T) {
+	clk := clock.NewManual(0)
+	var armed atomic.Bool
+	blocked, release := make(chan struct{}), make(chan struct{})
+	c := client(t, redisAddr(t))
+	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		if !armed.CompareAndSwap(true, false) {
+			return next(ctx, cmds)
+		}
+		close(blocked)
+		<-release
+		err := errors.New("test: the call failed")
+		for _, cmd := range cmds {
+			cmd.SetErr(err)
+		}
+		return err
+	}))
+	// capacity 1000: a lease at most 62, asked for only while the bucket
+	// keeps 500 more than the request's cost
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	s := newStore(t, redisstore.Config{Client: c, Policy: p, Leases: &redisstore.Leases{}}, clk)
+	ctx := context.Background()
+	for _, cost := range []int64{480, 1} { // the second brings a lease of 1000-480-1-500 = 19
+		d, err := s.Allow(ctx, "k", cost)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	require.Eventually(t, func() bool { return s.Stats().LeasedTokens != 0 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, uint64(19), s.Stats().LeasedTokens)
+
+	// A request the lease cannot cover takes its 19 tokens to Redis (and
+	// asks for no lease: the bucket keeps too little), whose call hangs
+	// while the key is forgotten.
+	armed.Store(true)
+	allowed := make(chan struct{})
+	go func() {
+		defer close(allowed)
+		_, _ = s.Allow(ctx, "k", 20)
+	}()
+	<-blocked
+	clk.Advance(redisstore.DefaultLeaseMaxAge)
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_ = s.Close() // its flush sweeps the key away; it waits for the call's answer
+	}()
+	require.Eventually(t, func() bool { return redisstore.LeasesClosed(s) }, 5*time.Second, time.Millisecond)
+	close(release) // the call fails: the failure rule denies, and the 19 tokens are the process's still
+	<-allowed
+	<-closed
+	st := s.Stats()
+	require.Zero(t, st.ForfeitedTokens, "stats %+v", st)
+	require.Equal(t, uint64(19), st.ReturnedTokens, "stats %+v", st)
 }
