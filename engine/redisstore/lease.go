@@ -336,7 +336,10 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 // it, in order.
 func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
 	fail := l.s.usable(ctx)
-	dl := l.s.deadline(ctx) // one deadline for the batch, as without leases
+	var dl time.Time // one deadline for the batch, as without leases
+	if fail == nil {
+		dl = l.s.deadline(ctx) // ctx is not nil
+	}
 	var t tally
 	for i, r := range reqs {
 		if err := cmp.Or(l.s.checkReq(r.Key, r.Cost), fail); err != nil {

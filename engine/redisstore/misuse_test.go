@@ -15,6 +15,14 @@ import (
 // the literal, so that staticcheck (SA1012) keeps flagging real code.
 var nilCtx context.Context
 
+// TestNilContextLeased is TestNilContext on a store with leases, whose
+// calls take another path to the same answers.
+func TestNilContextLeased(t *testing.T) {
+	defer func(was bool) { leaseMode = was }(leaseMode)
+	leaseMode = true
+	TestNilContext(t)
+}
+
 // TestNilContext: every call that takes a context answers a nil one with
 // engine.ErrNilContext, after the checks that need no context and after
 // engine.ErrClosed, without reaching Redis and changing nothing.
