@@ -76,21 +76,8 @@ func TestLeaseCloseUnderLoadReturnsAll(t *testing.T) {
 // capacity, so they would be given up).
 func TestLeaseReplacePolicyWaitsForClose(t *testing.T) {
 	clk := clock.NewManual(0)
-	var armed atomic.Bool
-	blocked, release := make(chan struct{}), make(chan struct{})
 	c := client(t, redisAddr(t))
-	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
-		if !armed.CompareAndSwap(true, false) {
-			return next(ctx, cmds)
-		}
-		close(blocked)
-		<-release
-		err := errors.New("test: the call failed")
-		for _, cmd := range cmds {
-			cmd.SetErr(err)
-		}
-		return err
-	}))
+	h := hangNextCall(c)
 	p1 := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
 	s := newStore(t, redisstore.Config{Client: c, Policy: p1, Leases: &redisstore.Leases{}}, clk)
 	waits := make(chan struct{})
@@ -110,13 +97,13 @@ func TestLeaseReplacePolicyWaitsForClose(t *testing.T) {
 
 	// A request the lease cannot cover takes what it holds to Redis, whose
 	// call hangs: Close then waits for its answer.
-	armed.Store(true)
+	h.armed.Store(true)
 	allowed := make(chan struct{})
 	go func() {
 		defer close(allowed)
 		_, _ = s.Allow(ctx, "k", 50)
 	}()
-	<-blocked
+	<-h.blocked
 	closed := make(chan struct{})
 	go func() {
 		defer close(closed)
@@ -131,7 +118,7 @@ func TestLeaseReplacePolicyWaitsForClose(t *testing.T) {
 	select {
 	case <-waits:
 	case err := <-replaced:
-		close(release)
+		close(h.release)
 		<-allowed
 		<-closed
 		t.Fatalf("ReplacePolicy returned (%v) while Close still owed a give-back", err)
@@ -141,13 +128,13 @@ func TestLeaseReplacePolicyWaitsForClose(t *testing.T) {
 	// give-back can happen. It passes whatever the delay if the flush waits.
 	select {
 	case err := <-replaced:
-		close(release)
+		close(h.release)
 		<-allowed
 		<-closed
 		t.Fatalf("ReplacePolicy returned (%v) past the flush while Close still owed a give-back", err)
 	case <-time.After(100 * time.Millisecond):
 	}
-	close(release)
+	close(h.release)
 	<-allowed
 	<-closed
 	t.Logf("ReplacePolicy: %v", <-replaced)
@@ -161,21 +148,8 @@ func TestLeaseReplacePolicyWaitsForClose(t *testing.T) {
 // key's lease, if Redis did not admit it: given back to Redis, not lost.
 func TestLeaseForgottenKeyGetsHeldTokensBack(t *testing.T) {
 	clk := clock.NewManual(0)
-	var armed atomic.Bool
-	blocked, release := make(chan struct{}), make(chan struct{})
 	c := client(t, redisAddr(t))
-	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
-		if !armed.CompareAndSwap(true, false) {
-			return next(ctx, cmds)
-		}
-		close(blocked)
-		<-release
-		err := errors.New("test: the call failed")
-		for _, cmd := range cmds {
-			cmd.SetErr(err)
-		}
-		return err
-	}))
+	h := hangNextCall(c)
 	// capacity 1000: a lease at most 62, asked for only while the bucket
 	// keeps 500 more than the request's cost
 	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
@@ -192,13 +166,13 @@ func TestLeaseForgottenKeyGetsHeldTokensBack(t *testing.T) {
 	// A request the lease cannot cover takes its 19 tokens to Redis (and
 	// asks for no lease: the bucket keeps too little), whose call hangs
 	// while the key is forgotten.
-	armed.Store(true)
+	h.armed.Store(true)
 	allowed := make(chan struct{})
 	go func() {
 		defer close(allowed)
 		_, _ = s.Allow(ctx, "k", 20)
 	}()
-	<-blocked
+	<-h.blocked
 	clk.Advance(redisstore.DefaultLeaseMaxAge)
 	closed := make(chan struct{})
 	go func() {
@@ -206,10 +180,34 @@ func TestLeaseForgottenKeyGetsHeldTokensBack(t *testing.T) {
 		_ = s.Close() // its flush sweeps the key away; it waits for the call's answer
 	}()
 	require.Eventually(t, func() bool { return redisstore.LeasesClosed(s) }, 5*time.Second, time.Millisecond)
-	close(release) // the call fails: the failure rule denies, and the 19 tokens are the process's still
+	close(h.release) // the call fails: the failure rule denies, and the 19 tokens are the process's still
 	<-allowed
 	<-closed
 	st := s.Stats()
 	require.Zero(t, st.ForfeitedTokens, "stats %+v", st)
 	require.Equal(t, uint64(19), st.ReturnedTokens, "stats %+v", st)
+}
+
+// hungCall makes the next call of the decide script on a client, once
+// armed, close blocked and wait until release is closed, then fail.
+type hungCall struct {
+	armed            atomic.Bool
+	blocked, release chan struct{}
+}
+
+func hangNextCall(c *redis.Client) *hungCall {
+	h := &hungCall{blocked: make(chan struct{}), release: make(chan struct{})}
+	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		if !h.armed.CompareAndSwap(true, false) {
+			return next(ctx, cmds)
+		}
+		close(h.blocked)
+		<-h.release
+		err := errors.New("test: the call failed")
+		for _, cmd := range cmds {
+			cmd.SetErr(err)
+		}
+		return err
+	}))
+	return h
 }
