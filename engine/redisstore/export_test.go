@@ -141,8 +141,8 @@ func LeasesClosed(s *Store) bool {
 }
 
 // SetCombineHook makes s run hook(point) at the combiner's points and a
-// lease's give-back's and flush's, from the caller's goroutine. Set it before s is
-// used concurrently.
+// lease's give-back's and flush's, from the caller's goroutine. Set it
+// before s is used concurrently.
 func SetCombineHook(s *Store, hook func(point string)) { s.hook = hook }
 
 // Queued is how many single Allows for key wait in its combiner, and how

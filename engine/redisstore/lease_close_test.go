@@ -115,12 +115,11 @@ func TestLeaseReplacePolicyWaitsForClose(t *testing.T) {
 	go func() {
 		replaced <- s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 2000, TokensPerSecond: 1}, 1)
 	}()
+	end := func() { close(h.release); <-allowed; <-closed }
 	select {
 	case <-waits:
 	case err := <-replaced:
-		close(h.release)
-		<-allowed
-		<-closed
+		end()
 		t.Fatalf("ReplacePolicy returned (%v) while Close still owed a give-back", err)
 	}
 	// The hook runs before the flush waits: give a ReplacePolicy that went
@@ -128,15 +127,11 @@ func TestLeaseReplacePolicyWaitsForClose(t *testing.T) {
 	// give-back can happen. It passes whatever the delay if the flush waits.
 	select {
 	case err := <-replaced:
-		close(h.release)
-		<-allowed
-		<-closed
+		end()
 		t.Fatalf("ReplacePolicy returned (%v) past the flush while Close still owed a give-back", err)
 	case <-time.After(100 * time.Millisecond):
 	}
-	close(h.release)
-	<-allowed
-	<-closed
+	end()
 	t.Logf("ReplacePolicy: %v", <-replaced)
 	st := s.Stats()
 	require.Zero(t, st.ForfeitedTokens, "stats %+v", st)
