@@ -652,7 +652,7 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		r.err = engine.ErrCostExceedsCapacity
 	case k.left >= cost:
 		k.left -= cost
-		k.used += cost
+		k.used = satAdd(k.used, cost)
 		r.d = k.answer(now, true)
 		q.allowed.Add(1)
 		if !k.fetch && 2*k.left < k.target {
@@ -776,7 +776,7 @@ func (q *leaseShard) settle(p post) {
 	if p.cost > 0 && p.dErr == nil && !p.d.Degraded && p.ver == k.ver { // an answer under an older version says nothing of this one
 		k.learn(now, p.d)
 		if p.d.Allowed {
-			k.used += p.cost
+			k.used = satAdd(k.used, p.cost)
 		} else {
 			k.deniedTill, k.deniedCost = now+int64(p.d.RetryAfter), p.cost
 		}

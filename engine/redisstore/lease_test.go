@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -579,4 +580,25 @@ func TestLeaseWantScalesDemandToHorizon(t *testing.T) {
 	allow(1000) // beyond the lease: 999 + 1 over a Horizon and 1ns again
 	require.Eventually(t, func() bool { return s.Stats().LeasedTokens != 999 }, 5*time.Second, time.Millisecond)
 	require.Equal(t, uint64(2*999), s.Stats().LeasedTokens)
+}
+
+// TestLeaseDemandSaturates: a key's demand is counted without wrapping.
+// Two admissions of the whole int64 range within a Horizon are a demand of
+// math.MaxInt64, not a negative one: once Redis has answered that the
+// bucket is full again, the next request asks for the largest lease
+// (capacity/16).
+func TestLeaseDemandSaturates(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: math.MaxInt64, TokensPerSecond: math.MaxInt64}
+	lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour}
+	s := newStore(t, redisstore.Config{Policy: p, Prefix: prefix(t), Leases: lz}, clk)
+	ctx := context.Background()
+	for _, cost := range []int64{math.MaxInt64, math.MaxInt64, 1, 1} {
+		d, err := s.Allow(ctx, "k", cost)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		clk.Advance(time.Second) // the bucket full again
+	}
+	require.Eventually(t, func() bool { return s.Stats().LeasedTokens != 0 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, uint64(math.MaxInt64/16), s.Stats().LeasedTokens)
 }
