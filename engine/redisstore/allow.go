@@ -49,6 +49,9 @@ type item struct {
 // only if it is done before the call starts, or canceled during it.
 // Concurrent Allows share script calls (see the package doc).
 func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	if s.uninitialized() {
+		return engine.Decision{}, engine.ErrNotInitialized
+	}
 	if s.lease != nil {
 		return s.lease.allow(ctx, key, cost)
 	}
@@ -131,6 +134,9 @@ func (s *Store) Refund(ctx context.Context, key string, tokens int64) (engine.De
 // not answer is an error; a Charge is answered by chargeFailed, which
 // counts it.
 func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
+	if s.uninitialized() {
+		return engine.Decision{}, engine.ErrNotInitialized
+	}
 	if err := s.check(ctx, key, tokens); err != nil {
 		s.errs[kindOf(err)].Add(1)
 		return engine.Decision{}, err
@@ -183,7 +189,10 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 // sends the rest in further rounds). Redis failures are answered per
 // request as Allow's are.
 func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
-	if len(out) < len(reqs) {
+	switch {
+	case s.uninitialized():
+		return engine.ErrNotInitialized
+	case len(out) < len(reqs):
 		return engine.ErrInvalidConfig
 	}
 	if s.lease != nil {

@@ -76,6 +76,9 @@ const aboveInt64 = "9223372036854775808"
 // some: the script runs whole or not at all. A context canceled during the
 // call returns its error, and the call, likewise, took every cost or none.
 func (s *Store) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Decision, int, error) {
+	if s.uninitialized() {
+		return engine.Decision{}, -1, engine.ErrNotInitialized
+	}
 	d, at, err := s.allowAll(ctx, reqs)
 	switch {
 	case err != nil:

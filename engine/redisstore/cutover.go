@@ -65,6 +65,9 @@ const minLockTTL = 10 * time.Second
 // call that meets a prepared shard, or the next New or ReplacePolicy on the
 // prefix, finishes it.
 func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error {
+	if s.uninitialized() {
+		return engine.ErrNotInitialized
+	}
 	if err := cmp.Or(next.Validate(), s.usable(ctx)); err != nil {
 		return err
 	}
@@ -177,6 +180,9 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 // over the keyspace. If ctx ends part-way, it returns the count so far with
 // the context's error.
 func (s *Store) EvictFull(ctx context.Context) (int, error) {
+	if s.uninitialized() {
+		return 0, engine.ErrNotInitialized
+	}
 	if err := s.usable(ctx); err != nil {
 		return 0, err
 	}

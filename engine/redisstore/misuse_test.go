@@ -74,3 +74,35 @@ func TestNilContext(t *testing.T) {
 	require.ErrorIs(t, s.ReplacePolicy(nilCtx, policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1),
 		engine.ErrClosed, "ReplacePolicy after Close")
 }
+
+// TestZeroStore: a zero Store, and the nil *Store a New that failed
+// returns, answer every call with engine.ErrNotInitialized, as a zero
+// engine.Engine does, and never panic.
+func TestZeroStore(t *testing.T) {
+	ctx := context.Background()
+	reqs := []engine.Request{{Key: "k", Cost: 1}}
+	for _, s := range []*redisstore.Store{{}, nil} {
+		_, err := s.Allow(ctx, "k", 1)
+		require.ErrorIs(t, err, engine.ErrNotInitialized)
+		_, err = s.Charge(ctx, "k", 1)
+		require.ErrorIs(t, err, engine.ErrNotInitialized)
+		_, err = s.Peek(ctx, "k")
+		require.ErrorIs(t, err, engine.ErrNotInitialized)
+		_, err = s.Refund(ctx, "k", 1)
+		require.ErrorIs(t, err, engine.ErrNotInitialized)
+		_, err = s.Wait(ctx, "k", 1)
+		require.ErrorIs(t, err, engine.ErrNotInitialized)
+		require.ErrorIs(t, s.AllowBatch(ctx, reqs, make([]engine.Result, 1)), engine.ErrNotInitialized)
+		_, at, err := s.AllowAll(ctx, reqs)
+		require.ErrorIs(t, err, engine.ErrNotInitialized)
+		require.Equal(t, -1, at)
+		require.ErrorIs(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}, 1), engine.ErrNotInitialized)
+		_, err = s.EvictFull(ctx)
+		require.ErrorIs(t, err, engine.ErrNotInitialized)
+		_, err = s.KeyCount(ctx)
+		require.ErrorIs(t, err, engine.ErrNotInitialized)
+		require.Zero(t, s.Policy())
+		require.Zero(t, s.Stats())
+		require.NoError(t, s.Close())
+	}
+}

@@ -274,7 +274,9 @@ func (s *Store) count(t *tally) {
 // behind others, and each exits once none is left, at the latest when the
 // last deadline among the requests it holds has passed; with Config.Leases,
 // also two per GOMAXPROCS that own the leases, until Close, which must then
-// be called.
+// be called. A zero Store or a nil *Store is not one: every call returns
+// engine.ErrNotInitialized, Policy and Stats their zero values, and Close
+// nil, as a zero engine.Engine's do.
 type Store struct {
 	rdb         redis.UniversalClient
 	cluster     *redis.ClusterClient // rdb, on Redis Cluster; nil for one server
@@ -618,6 +620,9 @@ func emptyTag(prefix string) bool {
 // to find a prefix's key map.
 var opened func(*Store)
 
+// uninitialized reports whether s is a zero Store or nil, not one New made.
+func (s *Store) uninitialized() bool { return s == nil || s.rdb == nil }
+
 // deadline is when a call under ctx must end: ctx's deadline, or the
 // store's Timeout from now if that is sooner.
 func (s *Store) deadline(ctx context.Context) time.Time {
@@ -869,10 +874,18 @@ func (s *Store) remember(p policy.Policy) {
 // Policy returns the policy in force as this store last saw it: a cutover
 // made by another process shows from this store's next call on. Until the
 // store has first reached Redis (see New) it is Config.Policy.
-func (s *Store) Policy() policy.Policy { return s.cur.Load().p }
+func (s *Store) Policy() policy.Policy {
+	if s.uninitialized() {
+		return policy.Policy{}
+	}
+	return s.cur.Load().p
+}
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
+	if s.uninitialized() {
+		return Stats{}
+	}
 	st := Stats{
 		Allowed: s.allowed.Load(), Denied: s.denied.Load(),
 		DegradedAllowed: s.failedOpen.Load(), DegradedDenied: s.failedClosed.Load(),
@@ -895,6 +908,9 @@ func (s *Store) Stats() Stats {
 // flight finish, but a Wait returns ErrClosed. It does not close the Redis
 // client, and always returns nil.
 func (s *Store) Close() error {
+	if s.uninitialized() {
+		return nil
+	}
 	if s.lease != nil {
 		s.lease.close()
 	}
@@ -909,6 +925,9 @@ func (s *Store) Close() error {
 // maxmemory does, and a decision that Redis refuses for lack of memory
 // returns engine.ErrKeyCapacity. A nil ctx is engine.ErrNilContext.
 func (s *Store) KeyCount(ctx context.Context) (int, error) {
+	if s.uninitialized() {
+		return 0, engine.ErrNotInitialized
+	}
 	if ctx == nil {
 		return 0, engine.ErrNilContext
 	}
