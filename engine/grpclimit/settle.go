@@ -49,7 +49,8 @@ var (
 // also after the call's context has ended: it keeps the context's values
 // but not its cancellation. Errors:
 //   - ErrNotSettleable: ctx is not a call's through such a Limiter (an
-//     exempt method, a context built by hand). Nothing is settled.
+//     exempt method, a context built by hand, a nil ctx). Nothing is
+//     settled.
 //   - ErrNegativeActual: actual < 0. Nothing is settled, and the call may
 //     still be.
 //   - ErrNotTaken: the Limiter let the call through without taking its
@@ -64,6 +65,9 @@ var (
 //   - the admitter's error, wrapped with the key (a closed engine, a store
 //     that cannot be reached).
 func Settle(ctx context.Context, actual int64) error {
+	if ctx == nil {
+		return ErrNotSettleable
+	}
 	s, _ := ctx.Value(settleKey{}).(*settleState)
 	if s == nil {
 		return ErrNotSettleable

@@ -191,6 +191,8 @@ func TestSettleStream(t *testing.T) {
 // is ErrNotTaken; one it admitted is settled.
 func TestSettleNotSettleable(t *testing.T) {
 	require.ErrorIs(t, grpclimit.Settle(t.Context(), 3), grpclimit.ErrNotSettleable)
+	var nilCtx context.Context // a variable, not a literal nil: the misuse tested, which vet would flag
+	require.ErrorIs(t, grpclimit.Settle(nilCtx, 3), grpclimit.ErrNotSettleable)
 
 	e, _ := newEngine(t, engine.Config{Policy: pol(10, 1)})
 	exempt := serveSettle(t, metered(t, e, grpclimit.WithExempt("/grpc.testing.TestService/EmptyCall")))

@@ -35,8 +35,8 @@ import (
 // Settle still settles, with the context's values but not its cancellation.
 // Errors:
 //   - ErrNotSettleable: r did not pass through such a middleware (a request
-//     built by hand, a handler outside it), or through one without WithCost
-//     or WithKeys. Nothing is settled.
+//     built by hand, a handler outside it, a nil r), or through one without
+//     WithCost or WithKeys. Nothing is settled.
 //   - ErrNegativeActual: actual < 0. Nothing is settled, and the request
 //     may still be.
 //   - ErrNotTaken: the middleware let the request through without taking
@@ -58,6 +58,9 @@ import (
 //     engine, a store that cannot be reached): the other keys are settled
 //     all the same, and the errors joined.
 func Settle(r *http.Request, actual int64) error {
+	if r == nil {
+		return ErrNotSettleable
+	}
 	s, _ := r.Context().Value(settleKey{}).(*settleState)
 	if s == nil {
 		return ErrNotSettleable

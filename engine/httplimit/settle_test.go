@@ -154,8 +154,9 @@ func TestSettleConcurrent(t *testing.T) {
 
 // Outside a middleware that took an estimate, Settle is
 // ErrNotSettleable and charges nothing: a request built by hand, and one
-// through a middleware of the default cost.
+// through a middleware of the default cost; and a nil request.
 func TestSettleOutside(t *testing.T) {
+	require.ErrorIs(t, httplimit.Settle(nil, 5), httplimit.ErrNotSettleable)
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	require.ErrorIs(t, httplimit.Settle(r, 5), httplimit.ErrNotSettleable)
 	require.ErrorIs(t, httplimit.Settle(r, -1), httplimit.ErrNotSettleable, "no estimate comes first")
