@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -525,21 +526,71 @@ func (s *Store) send(ctx context.Context, st *state, chunks [][]*item, mode, at 
 	if s.now != nil {
 		expiry = "0" // Config.Clock's readings, and no expiries
 	}
-	var pipe redis.Pipeliner
-	var via processor = s.rdb
-	if len(chunks) > 1 {
-		pipe = s.rdb.Pipeline()
-		via = pipe
-	}
 	cmds := make([]*redis.Cmd, len(chunks))
-	for c, chunk := range chunks {
-		sk := s.shards[s.stateShard(chunk[0].shard)]
-		cmds[c] = s.decideCmd(ctx, via, s.callWords(sk, st, chunk, mode, nowArg, expiry), keyBuckets-1+len(chunk), eval)
+	queue := func(via processor, c int) {
+		sk := s.shards[s.stateShard(chunks[c][0].shard)]
+		cmds[c] = s.decideCmd(ctx, via, s.callWords(sk, st, chunks[c], mode, nowArg, expiry), keyBuckets-1+len(chunks[c]), eval)
 	}
-	if pipe != nil {
+	if len(chunks) == 1 {
+		queue(s.rdb, 0)
+		return cmds
+	}
+	pipeline := func(group []int) { // nil: every chunk
+		pipe := s.rdb.Pipeline()
+		for c := range chunks {
+			if group == nil {
+				queue(pipe, c)
+			}
+		}
+		for _, c := range group {
+			queue(pipe, c)
+		}
 		_, _ = pipe.Exec(ctx) // each command keeps its own error
 	}
+	groups := s.byMaster(ctx, chunks)
+	if groups == nil {
+		pipeline(nil)
+		return cmds
+	}
+	// One pipeline per master, each in a goroutine of its own: go-redis
+	// ends a cluster pipeline that retries a master it cannot reach by
+	// giving every command the last error, the other masters' replies too,
+	// which would then be answered by the failure rule though their
+	// scripts ran.
+	var wg sync.WaitGroup
+	for _, group := range groups {
+		wg.Go(func() { pipeline(group) })
+	}
+	wg.Wait()
 	return cmds
+}
+
+// byMaster groups the indexes of chunks by the master that holds their
+// virtual shard, as the cluster's slot map says now; nil if they are all
+// on one (or on one server, or the slot map cannot be had).
+func (s *Store) byMaster(ctx context.Context, chunks [][]*item) [][]int {
+	if s.cluster == nil {
+		return nil
+	}
+	var groups [][]int
+	at := map[*redis.Client]int{}
+	for c, chunk := range chunks {
+		m, err := s.cluster.MasterForKey(ctx, s.shards[s.stateShard(chunk[0].shard)].policy)
+		if err != nil {
+			return nil
+		}
+		g, ok := at[m]
+		if !ok {
+			g = len(groups)
+			at[m] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], c)
+	}
+	if len(groups) == 1 {
+		return nil
+	}
+	return groups
 }
 
 // sleep waits d, or until ctx ends: then it returns ctx's error.

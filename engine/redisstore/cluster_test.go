@@ -482,6 +482,17 @@ func TestClusterMasterKilled(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "a shard on a live master is still decided")
 		require.Equal(t, f, s.Stats().Failures)
+		// also in a batch that has keys on the dead master: go-redis gives
+		// every command of a cluster pipeline the error that ends its
+		// retries, the live masters' replies too
+		out := make([]engine.Result, 2)
+		require.NoError(t, s.AllowBatch(ctx, []engine.Request{{Key: victim, Cost: 1}, {Key: alive, Cost: 1}}, out))
+		require.Equal(t, failOpen, out[0].Decision.Allowed, "the failure rule")
+		require.True(t, out[0].Decision.Degraded)
+		require.False(t, out[1].Decision.Degraded, "a shard on a live master is still decided in a batch")
+		require.True(t, out[1].Decision.Allowed)
+		require.Equal(t, f+1, s.Stats().Failures)
+		f = s.Stats().Failures
 		// a cutover is refused before it prepares any shard: the live
 		// masters' shards go on deciding under the version in force
 		require.ErrorIs(t, s.ReplacePolicy(ctx, policy.Policy{Version: pol.Version + 1, Capacity: 50, TokensPerSecond: 1}, pol.Version), redisstore.ErrUnavailable)
