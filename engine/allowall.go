@@ -195,7 +195,7 @@ type allPart struct {
 	items []msg.Item
 	first []int  // first[j]: the first request of item j
 	over  []bool // over[j]: item j's costs add up past math.MaxInt64, above any capacity
-	reqs  int    // the requests whose keys are the part's: its decisions (see msg.Hold)
+	reqs  int    // the requests whose keys are the part's: its decisions (see Stats)
 	// m is the part as sent in the attempt in progress: never one a shard
 	// may still be reading, as it may after the caller has moved on
 	// (nobody waits for a hold's end); held: it holds.
@@ -354,7 +354,7 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 	var sendErr error
 	for k := range c.parts {
 		p, m, w := &c.parts[k], &ms[k], len(c.parts[k].items)
-		m.h = msg.Hold{Try: try, Answers: c.answers, Requests: p.reqs, Snaps: snaps[:w:w], Fresh: m.h.Fresh[:0]}
+		m.h = msg.Hold{Try: try, Answers: c.answers, Snaps: snaps[:w:w], Fresh: m.h.Fresh[:0]}
 		m.b = msg.Batch{Items: items[:copy(items, p.items):w], Out: outs[:w:w], Part: k, Hold: &m.h}
 		p.m, items, outs, snaps = &m.b, items[w:], outs[w:], snaps[w:]
 		c.answers.Expect(1)
@@ -440,6 +440,10 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 		}
 	}
 	end(msg.HoldCommit, T, admit)
+	for k := range c.parts { // counted before the call returns, for its caller's Stats
+		p := &c.parts[k]
+		e.allDecided[p.shard].add(admit, p.reqs)
+	}
 	at = 0
 	best := &c.parts[c.at[0][0]].m.Out[c.at[0][1]].Decision
 	for i := 1; i < len(reqs); i++ {

@@ -32,6 +32,7 @@ type Engine struct {
 	hasher      shard.Hasher // seeded at random per engine; routes keys and indexes shard tables
 	mailboxes   []*shard.Mailbox
 	shards      []*shard.Shard // for their published counters only
+	allDecided  []allDecided   // by shard: the decisions AllowAll calls made there
 	budget      *shard.Budget
 	// AllowAll's counts (see Stats.AllowAll).
 	allAdmitted, allRefused atomic.Uint64
@@ -131,6 +132,7 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 		}
 	}
 	e.shards = shards
+	e.allDecided = make([]allDecided, len(shards))
 	return e, shards
 }
 

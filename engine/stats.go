@@ -11,11 +11,13 @@ import (
 // before a request reached a shard, and in total.
 //
 // Each shard counts what it decides in plain fields of its own goroutine and
-// publishes them (atomic stores) whenever it is about to park and every 64
-// messages while it is busy, so counting costs the hot path almost nothing
-// and Stats never waits for a shard. A reading may therefore lag a busy
-// shard by up to 64 messages; once traffic stops it is exact, and every
-// call is counted exactly once: Allowed + Denied + Peeks + Refunds +
+// publishes the count of an answer (an atomic store) before it answers, so
+// Stats never waits for a shard, and a reading taken after a call has
+// returned counts that call and every call that returned before it. (The
+// levels and the counts of background work, Keys, MailboxHighWater,
+// Cutovers, Sweeps, Evicted, EventsDropped, Holds and HoldsAborted, are
+// published when the shard is about to park and every 64 messages while
+// it is busy.) Every call is counted exactly once: Allowed + Denied + Peeks + Refunds +
 // Errors.Sum() equals the Allow, Peek, Refund and Charge calls made (a
 // Charge's answer is an admission: it counts in Allowed) plus the
 // requests of AllowBatch calls (Wait counts as the Allow calls it makes)
@@ -27,9 +29,8 @@ import (
 // and all Denied when it is refused (nothing was taken from any key, the
 // keys that held their cost included). An AllowAll of 3 requests that is
 // refused adds 3 to Denied, and a request that names a key already named
-// counts again, as in AllowBatch. A shard counts them when it carries out
-// the call's commit, which may come just after AllowAll has returned. An
-// AllowAll that ends with an error counts no decision and no error there:
+// counts again, as in AllowBatch. The call counts them itself, before it
+// returns. An AllowAll that ends with an error counts no decision and no error there:
 // its calls, and their outcomes and errors, are counted apart in
 // AllowAll, one per call.
 type Stats struct {
@@ -122,6 +123,22 @@ func errorsOf(n *[msg.NumErrKinds]uint64) Errors {
 	}
 }
 
+// allDecided counts a shard's decisions made by AllowAll calls. A call
+// counts its own as it ends, before it returns, so that its caller's Stats
+// see them; a cache line each, so calls on other shards do not share it.
+type allDecided struct {
+	allowed, denied atomic.Uint64
+	_               [48]byte
+}
+
+func (a *allDecided) add(admit bool, n int) {
+	if admit {
+		a.allowed.Add(uint64(n))
+	} else {
+		a.denied.Add(uint64(n))
+	}
+}
+
 // callerErrors counts errors raised before a request reaches a shard, in
 // stripes so concurrent callers seldom share a cache line.
 type callerErrors [16]struct {
@@ -159,6 +176,8 @@ func (e *Engine) Stats() Stats {
 	depth := int64(0)
 	for i, s := range e.shards {
 		c := s.Counters()
+		c[msg.Allowed] += e.allDecided[i].allowed.Load()
+		c[msg.Denied] += e.allDecided[i].denied.Load()
 		d := int64(e.mailboxes[i].Depth())
 		st.Shards[i] = shardStats(&c, d)
 		total.Add(&c)

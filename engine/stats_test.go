@@ -117,6 +117,83 @@ func TestStatsAddUp(t *testing.T) {
 	}
 }
 
+// TestStatsCountACallBeforeItReturns: a call is counted by the time it
+// returns, so Stats read right after it (no Close, no idle shard) counts it
+// and every call that returned before: after each call of one goroutine,
+// Stats equals what it saw, exactly; with 8 goroutines, what each saw is
+// never ahead of Stats, and the totals match once they have all returned.
+func TestStatsCountACallBeforeItReturns(t *testing.T) {
+	e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 3, MaxKeys: 40, Clock: clock.NewManual(0)})
+	require.NoError(t, err)
+	defer e.Close()
+	counted := func() (decided, errs uint64) {
+		st := e.Stats()
+		return st.Total.Allowed + st.Total.Denied, st.Total.Errors.Sum()
+	}
+	// call makes call i of goroutine g on key, and tallies what it returned.
+	call := func(got *tally, g, i int) {
+		ctx := context.Background()
+		key := fmt.Sprintf("k%d", (g*7+i)%60) // 60 keys, 40 fit
+		switch i % 6 {
+		case 0:
+			got.add(e.Allow(ctx, key, 1+int64(i%7))) // 6 and 7: above capacity
+		case 1:
+			got.add(e.Charge(ctx, key, 2))
+		case 2:
+			reqs := []engine.Request{{Key: key, Cost: 1}, {Key: key + "x", Cost: 9}, {Key: key, Cost: 2}}
+			out := make([]engine.Result, len(reqs))
+			_ = e.AllowBatch(ctx, reqs, out)
+			for _, r := range out {
+				got.add(r.Decision, r.Err)
+			}
+		case 3:
+			reqs := []engine.Request{{Key: key, Cost: 1}, {Key: "k0", Cost: 1}, {Key: key, Cost: 1}}
+			d, _, err := e.AllowAll(ctx, reqs)
+			if err == nil { // each request is a decision; a failed call is counted apart
+				for range reqs {
+					got.add(d, nil)
+				}
+			}
+		default:
+			got.add(e.Allow(ctx, key, 1))
+		}
+	}
+	var one tally
+	for i := range 300 {
+		call(&one, 0, i)
+		decided, errs := counted()
+		require.Equal(t, one.allowed+one.denied, decided, "call %d", i)
+		require.Equal(t, one.errs.Sum(), errs, "call %d", i)
+	}
+	var all tally
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			var mine tally
+			for i := range 300 {
+				call(&mine, g+1, i)
+				decided, errs := counted()
+				if decided+errs < one.sent+mine.sent {
+					t.Errorf("goroutine %d, call %d: Stats count %d, the calls returned %d at least", g, i, decided+errs, one.sent+mine.sent)
+					return
+				}
+			}
+			all.mu.Lock()
+			defer all.mu.Unlock()
+			all.allowed, all.denied, all.sent = all.allowed+mine.allowed, all.denied+mine.denied, all.sent+mine.sent
+		})
+	}
+	wg.Wait()
+	decided, errs := counted()
+	assert.Equal(t, one.sent+all.sent, decided+errs)
+	assert.Equal(t, one.allowed+one.denied+all.allowed+all.denied, decided)
+	assert.NotZero(t, one.errs.KeyCapacity, "the key bound was reached")
+	assert.NotZero(t, one.errs.InvalidCost, "costs above capacity were refused")
+	st := e.Stats().AllowAll
+	assert.NotZero(t, st.Admitted)
+	assert.NotZero(t, st.Refused)
+}
+
 // TestStatsAfterClose: requests refused after Close are counted, and Stats
 // keeps answering with the final counts.
 func TestStatsAfterClose(t *testing.T) {

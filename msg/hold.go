@@ -54,10 +54,6 @@ type Hold struct {
 	// room the caller reserved.
 	Fresh []int
 	Snaps []Snap // one per item, made by the caller
-	// Requests is how many of the call's requests name the part's keys
-	// (more than its Items when a key is named twice): the decisions the
-	// shard counts, all allowed or all denied, when it carries out Commit.
-	Requests int
 
 	// The caller's End: written before Step moves to HoldCommit or
 	// HoldAbort, read by the shard after it sees that.

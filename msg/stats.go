@@ -49,8 +49,8 @@ func KindOf(err error) ErrKind {
 type Counter int
 
 const (
-	Allowed       Counter = iota // requests decided and admitted, an AllowAll's at its Commit
-	Denied                       // requests decided and refused, an AllowAll's at its Commit
+	Allowed       Counter = iota // requests decided and admitted (an AllowAll's are counted by its caller)
+	Denied                       // requests decided and refused (an AllowAll's are counted by its caller)
 	Peeks                        // Peek calls answered
 	Refunds                      // Refund calls answered
 	Cutovers                     // cutovers published

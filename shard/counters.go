@@ -8,9 +8,10 @@ import (
 )
 
 // counters is what a shard counts (see msg.Counter), in plain fields of the
-// loop's own, and as other goroutines may read them: the loop stores its
-// counts in pub when it is about to park, and every publishEvery messages
-// while it is busy, so reading never slows the loop.
+// loop's own, and as other goroutines may read them: the loop stores the
+// count of an answer in pub before it answers, so a caller's Stats after
+// its call counts it, and the rest when it is about to park and every
+// publishEvery messages while it is busy; reading never slows the loop.
 type counters struct {
 	c       msg.Counters // owned by the loop
 	pub     [msg.NumCounters]atomic.Uint64
@@ -72,30 +73,32 @@ func (s *Shard) served() {
 	}
 }
 
-// count tallies one answer to a single request, and samples it.
+// count tallies one answer to a single request, publishes that count
+// before the request is answered, so a caller's Stats after its call sees
+// it, and samples the answer.
 func (s *Shard) count(now int64, a *msg.Single) {
 	r := &a.Reply
-	c := &s.stats.c
+	k := msg.Denied
 	switch {
 	case r.Err != nil:
-		c[msg.ErrorCounter(msg.KindOf(r.Err))]++
+		k = msg.ErrorCounter(msg.KindOf(r.Err))
 	case a.Op == msg.OpPeek:
-		c[msg.Peeks]++
-		return
+		k = msg.Peeks
 	case a.Op == msg.OpRefund:
-		c[msg.Refunds]++
-		return
+		k = msg.Refunds
 	case r.Decision.Allowed:
-		c[msg.Allowed]++
-	default:
-		c[msg.Denied]++
+		k = msg.Allowed
 	}
-	if s.stats.events != nil {
+	st := &s.stats
+	st.c[k]++
+	st.pub[k].Store(st.c[k])
+	if st.events != nil && k != msg.Peeks && k != msg.Refunds {
 		s.sample(now, a.Key, a.Cost, r)
 	}
 }
 
-// countBatch tallies the answers to a batch part, and samples them.
+// countBatch tallies the answers to a batch part, publishes those counts
+// before the part is answered (as count does), and samples them.
 func (s *Shard) countBatch(now int64, b *msg.Batch) {
 	c := &s.stats.c
 	for i := range b.Items {
@@ -112,18 +115,7 @@ func (s *Shard) countBatch(now int64, b *msg.Batch) {
 			s.sample(now, b.Items[i].Key, b.Items[i].Cost, r)
 		}
 	}
-}
-
-// countHold tallies a committed hold part's requests: each is a decision,
-// allowed if the call admitted them all, else denied (none was charged).
-// They are published like a served part's counts.
-func (s *Shard) countHold(h *msg.Hold, admit bool) {
-	if admit {
-		s.stats.c[msg.Allowed] += uint64(h.Requests)
-	} else {
-		s.stats.c[msg.Denied] += uint64(h.Requests)
-	}
-	s.served()
+	s.publish()
 }
 
 // sample sends one decision in every st.every to events, never waiting.

@@ -4,9 +4,10 @@
 //
 // Collecting never blocks admission. Stats reads counters the shards publish
 // with atomic stores; it takes no lock and sends no message to a shard, so a
-// scrape neither waits for a busy shard nor makes a request wait. A reading
-// may lag a busy shard by a few messages (engine.Stats says how many) and
-// is exact once the engine is closed.
+// scrape neither waits for a busy shard nor makes a request wait. A scrape
+// made after a call has returned counts it; the gauges and the counts of
+// background work may lag a busy shard by a few messages (engine.Stats says
+// which and how many).
 //
 // # Metrics
 //
@@ -43,8 +44,7 @@
 // program calls Allow per key or AllowAll over its keys. The call itself
 // is counted once more, apart, in allowall_calls_total. A failed AllowAll
 // counts no decision, and its error is in allowall_errors_total, not in
-// errors_total. The shards count an AllowAll's decisions when they carry
-// out its commit, which may come just after it has returned.
+// errors_total.
 //
 // The error kinds are "invalid_key", "invalid_cost", "closed", "context",
 // "clock_regression", "key_capacity" and "other", as in engine.Errors, and
