@@ -81,11 +81,11 @@ func (h *Hold) Released() bool { return h.released.Load() }
 type HoldOp uint32
 
 const (
-	HoldPending HoldOp = iota // held; the shard may give it up
-	HoldClaimed               // the caller will End it: the shard waits
+	holdPending HoldOp = iota // held; the shard may give it up
+	holdClaimed               // the caller will End it: the shard waits
 	HoldCommit                // the caller's End: decide at T, admitting or not
 	HoldAbort                 // the caller's End: take nothing
-	HoldGivenUp               // the shard gave it up: nothing is held
+	holdGivenUp               // the shard gave it up: nothing is held
 )
 
 // Step returns where h stands.
@@ -94,13 +94,13 @@ func (h *Hold) Step() HoldOp { return HoldOp(h.step.Load()) }
 // Claim is the caller's: it reports whether h was still pending, and if
 // so the shard now waits for its End.
 func (h *Hold) Claim() bool {
-	return h.step.CompareAndSwap(uint32(HoldPending), uint32(HoldClaimed))
+	return h.step.CompareAndSwap(uint32(holdPending), uint32(holdClaimed))
 }
 
 // GiveUp is the shard's: it reports whether h was still pending, and if so
 // the caller's Claim fails and the shard drops the hold.
 func (h *Hold) GiveUp() bool {
-	return h.step.CompareAndSwap(uint32(HoldPending), uint32(HoldGivenUp))
+	return h.step.CompareAndSwap(uint32(holdPending), uint32(holdGivenUp))
 }
 
 // End is the caller's last word, op HoldCommit (only on a claimed hold) or
@@ -110,7 +110,7 @@ func (h *Hold) End(op HoldOp, T int64, admit bool) bool {
 	h.T, h.Admit = T, admit
 	for {
 		v := h.step.Load()
-		if HoldOp(v) == HoldGivenUp {
+		if HoldOp(v) == holdGivenUp {
 			return false
 		}
 		if h.step.CompareAndSwap(v, uint32(op)) {
