@@ -59,8 +59,10 @@
 // refused one in its trailer metadata, beside the pushback trailer, since
 // a header would end the trailers-only response that grpc-go needs to
 // retry. A stream has them once, as decided when it starts, in the header
-// it sends with its first message; with WithPerMessage only its first
-// refused message has them, in the trailer. A degraded answer,
+// it sends with its first message; with WithPerMessage, as decided for the
+// first message received, in the header (unless the handler has sent it
+// before it received one), and as decided for its first refused message,
+// in the trailer. A degraded answer,
 // or an error, has none.
 //
 // # Shadow mode

@@ -231,6 +231,14 @@ func WithOnError(f ErrorFunc) Option {
 // without it. Only the call's context ending is still answered, as the
 // client is gone. It is for measuring a limit on live traffic before
 // enforcing it.
+//
+// Beside an enforcing Limiter, chain the shadow's interceptor after the
+// enforcing one's (grpc.ChainUnaryInterceptor(enforcing.Unary,
+// shadow.Unary)), so that it runs inside it, as httplimit's shadow
+// middleware does: a call the enforcing Limiter refuses then never
+// reaches the shadow, and with WithHeaders its refusal stays
+// trailers-only, which grpc-go clients need to retry it. The shadow's
+// fields are sent as values of their own beside the enforcing one's.
 func WithShadow() Option {
 	return func(c *config) error {
 		c.shadow = true

@@ -49,14 +49,19 @@ func TestServerShadow(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, d.Remaining)
 
-	// per message
+	// per message: the header has the fields as the first message left the
+	// bucket, and nothing is refused, so there is no refusal's trailer
 	e, _ = newEngine(t, engine.Config{Policy: pol(2, 1)})
-	l = newLimiter(t, e, grpclimit.WithShadow(), grpclimit.WithPerMessage())
+	l = newLimiter(t, e, grpclimit.WithShadow(), grpclimit.WithPerMessage(), grpclimit.WithHeaders())
 	conn = serve(t, l, nil)
 	s := duplex(t, conn)
 	require.NoError(t, echo(s, 5))
 	require.NoError(t, finish(s))
 	require.Equal(t, grpclimit.ShadowStats{Refused: 3}, l.ShadowStats())
+	header, err := s.Header()
+	require.NoError(t, err)
+	require.Equal(t, []string{`"default";q=2;w=2`, `"default";r=1;t=1`}, rateLimit(header))
+	require.Empty(t, rateLimit(s.Trailer()))
 }
 
 // TestServerShadowErrors: under WithShadow a degraded denial and an engine

@@ -13,22 +13,29 @@ type meteredStream struct {
 	key    string
 	cost   int64
 	pushed bool // a refusal's trailer was set: a second pushback value would stop grpc-go retrying
+	headed bool // an admission's fields were set in the header, which goes once
 }
 
 // RecvMsg receives a message into m and spends its cost. A message the
 // bucket cannot pay for is dropped and the refusal returned; an error of
 // the underlying stream (io.EOF at the end) is returned as it is, and
-// charges nothing. The RateLimit fields of WithHeaders go only with the
-// first refusal, in the trailer: the header is sent once, and cannot
-// follow each message.
+// charges nothing. The RateLimit fields of WithHeaders go with the first
+// message let through, in the header, unless the handler has sent it
+// already, and with the first refusal, in the trailer: each is sent once,
+// and cannot follow every message.
 func (s *meteredStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
 	ctx := s.Context()
 	d, r := s.l.spend(ctx, s.key, s.cost)
-	v := s.l.judge(ctx, s.method, s.key, d, r.status != nil && r.cause == nil, r) // fields only for a refusal
-	if v.status != nil && !s.pushed {
+	fields := r.cause == nil && (r.status != nil || !s.headed) // a bucket's answer whose fields can still go
+	v := s.l.judge(ctx, s.method, s.key, d, fields, r)
+	switch {
+	case v.status == nil && v.md != nil:
+		s.headed = true
+		_ = s.SetHeader(v.md) // fails once the handler has sent the header
+	case v.status != nil && !s.pushed:
 		if trailer := v.trailer(); trailer != nil {
 			s.pushed = true
 			s.SetTrailer(trailer)

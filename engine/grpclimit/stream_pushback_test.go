@@ -46,8 +46,8 @@ func (stubbornService) FullDuplexCall(s grpc.BidiStreamingServer[testgrpc.Stream
 	}
 }
 
-// TestPerMessageOnePushback: "with WithPerMessage only its first
-// refused message has them [the RateLimit fields], in the trailer"; and a
+// TestPerMessageOnePushback: with WithPerMessage the RateLimit fields go
+// "as decided for its first refused message, in the trailer"; and a
 // second pushback value would stop grpc-go retrying (gRFC A6 ignores a
 // pushback trailer with more than one value). A stream refused twice has
 // one of each in its trailer.
