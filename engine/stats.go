@@ -125,7 +125,7 @@ func errorsOf(n *[msg.NumErrKinds]uint64) Errors {
 
 // allDecided counts a shard's decisions made by AllowAll calls. A call
 // counts its own as it ends, before it returns, so that its caller's Stats
-// see them; a cache line each, so calls on other shards do not share it.
+// see them; padded, so that calls on other shards seldom share its line.
 type allDecided struct {
 	allowed, denied atomic.Uint64
 	_               [48]byte

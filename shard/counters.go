@@ -30,6 +30,13 @@ const publishEvery = 64
 
 func (c *counters) add(k msg.Counter, n uint64) { c.c[k] += n }
 
+// bump adds n to counter k and publishes it: before an answer, so that its
+// caller's Stats count it.
+func (c *counters) bump(k msg.Counter, n uint64) {
+	c.c[k] += n
+	c.pub[k].Store(c.c[k])
+}
+
 // Sample makes the shard send one decision in every n (n >= 1) to events,
 // without blocking: when events is full the decision is dropped and
 // counted. Call it before Run.
@@ -90,8 +97,7 @@ func (s *Shard) count(now int64, a *msg.Single) {
 		k = msg.Allowed
 	}
 	st := &s.stats
-	st.c[k]++
-	st.pub[k].Store(st.c[k])
+	st.bump(k, 1)
 	if st.events != nil && k != msg.Peeks && k != msg.Refunds {
 		s.sample(now, a.Key, a.Cost, r)
 	}

@@ -159,7 +159,7 @@ func (s *Shard) endHolds() (ended bool) {
 		switch h := b.Hold; h.Step() {
 		case msg.HoldCommit:
 			s.state.holdCommit(h.T, b.Items, h.Admit)
-			s.served() // its decisions are the caller's to count (msg.Hold)
+			s.served() // its decisions are the caller's to count (engine's Stats)
 		case msg.HoldAbort:
 			s.state.holdRelease(b.Items)
 		default: // pending, or claimed: its end is on its way

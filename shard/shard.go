@@ -314,7 +314,7 @@ func (s *Shard) drain() {
 			next := a.Next
 			a.Next = nil
 			a.Reply = msg.Reply{Err: msg.ErrClosed}
-			s.stats.add(msg.ErrorCounter(msg.KindClosed), 1)
+			s.stats.bump(msg.ErrorCounter(msg.KindClosed), 1)
 			a.Finish()
 			a, n = next, n+1
 		}
@@ -326,7 +326,7 @@ func (s *Shard) drain() {
 			for i := range b.Out[:len(b.Items)] {
 				b.Out[i] = msg.Reply{Err: msg.ErrClosed}
 			}
-			s.stats.add(msg.ErrorCounter(msg.KindClosed), uint64(len(b.Items)))
+			s.stats.bump(msg.ErrorCounter(msg.KindClosed), uint64(len(b.Items)))
 			b.Closed = true
 			b.Answer()
 		default:
