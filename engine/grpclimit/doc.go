@@ -59,10 +59,10 @@
 // refused one in its trailer metadata, beside the pushback trailer, since
 // a header would end the trailers-only response that grpc-go needs to
 // retry. A stream has them once, as decided when it starts, in the header
-// it sends with its first message; with WithPerMessage, as decided for the
-// first message received, in the header (unless the handler has sent it
-// before it received one), and as decided for its first refused message,
-// in the trailer. A degraded answer,
+// it sends with its first message; with WithPerMessage, as the first
+// message a bucket let through left it, in the header when the handler
+// first sends (so a stream refused before that stays trailers-only), and
+// as its first refused message left it, in the trailer. A degraded answer,
 // or an error, has none.
 //
 // # Shadow mode

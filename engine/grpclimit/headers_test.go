@@ -2,15 +2,22 @@ package grpclimit_test
 
 import (
 	"context"
+	"errors"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -169,4 +176,74 @@ func TestServerHeadersPerMessage(t *testing.T) {
 	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
 	require.Equal(t, []string{`"default";q=2;w=2`, `"default";r=0;t=1`}, rateLimit(s.Trailer()))
 	require.Equal(t, []string{"1000"}, pushback(s.Trailer()))
+}
+
+// TestPerMessageHeaderWaitsForTheHandler: with WithPerMessage the fields
+// of the first message let through go in the header once, when the
+// handler first sends: a client stream the handler answers after reading
+// it all has one value of each, as the first message left the bucket,
+// also in shadow mode, where every message is let through.
+func TestPerMessageHeaderWaitsForTheHandler(t *testing.T) {
+	for _, shadow := range []bool{false, true} {
+		e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
+		opts := []grpclimit.Option{grpclimit.WithPerMessage(), grpclimit.WithHeaders()}
+		n := 3
+		if shadow {
+			opts, n = append(opts, grpclimit.WithShadow()), 8 // 3 would-be refusals
+		}
+		conn := serve(t, newLimiter(t, e, opts...), nil)
+		cs, err := testgrpc.NewTestServiceClient(conn).StreamingInputCall(t.Context())
+		require.NoError(t, err)
+		for range n {
+			require.NoError(t, cs.Send(&testgrpc.StreamingInputCallRequest{}))
+		}
+		_, err = cs.CloseAndRecv()
+		require.NoError(t, err)
+		header, err := cs.Header()
+		require.NoError(t, err)
+		require.Equal(t, []string{`"default";q=5;w=5`, `"default";r=4;t=1`}, rateLimit(header), "shadow %v", shadow)
+		require.Empty(t, rateLimit(cs.Trailer()), "shadow %v", shadow)
+	}
+}
+
+// TestPerMessageRefusalBeforeReplyIsRetried: a stream admitted for its
+// first message and refused for its second, before the handler has sent
+// anything, ends trailers-only, so grpc-go's retry policy retries it (each
+// retry is refused at once: the clock stands still); had the first
+// message's fields been set in the header at once, the header would have
+// gone before the refusal, and the client would not retry.
+func TestPerMessageRefusalBeforeReplyIsRetried(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 1000)}) // a pushback of 1 ms
+	l := newLimiter(t, e, grpclimit.WithPerMessage(), grpclimit.WithHeaders())
+	var attempts atomic.Int32
+	count := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		attempts.Add(1)
+		return h(srv, ss)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer(grpc.ChainStreamInterceptor(count, l.Stream))
+	testgrpc.RegisterTestServiceServer(srv, testService{})
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = srv.Serve(lis) })
+	const serviceConfig = `{"methodConfig": [{
+		"name": [{"service": "grpc.testing.TestService"}],
+		"retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+			"backoffMultiplier": 1.0, "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}
+	}]}`
+	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(serviceConfig))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(); srv.Stop(); wg.Wait() })
+
+	cs, err := testgrpc.NewTestServiceClient(conn).StreamingInputCall(t.Context())
+	require.NoError(t, err)
+	for range 2 {
+		if err := cs.Send(&testgrpc.StreamingInputCallRequest{}); err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+	}
+	_, err = cs.CloseAndRecv()
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	require.Equal(t, int32(3), attempts.Load(), "the refusal was retried")
 }

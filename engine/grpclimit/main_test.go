@@ -66,13 +66,24 @@ func retryDelay(t *testing.T, err error) (int64, bool) {
 
 // testService is the tiny service the network tests call besides health:
 // EmptyCall answers, FullDuplexCall echoes every message until the client
-// closes its side.
+// closes its side, StreamingInputCall reads every message and then
+// answers once (or returns the first error).
 type testService struct {
 	testgrpc.UnimplementedTestServiceServer
 }
 
 func (testService) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
 	return &testgrpc.Empty{}, nil
+}
+
+func (testService) StreamingInputCall(s grpc.ClientStreamingServer[testgrpc.StreamingInputCallRequest, testgrpc.StreamingInputCallResponse]) error {
+	for {
+		if _, err := s.Recv(); errors.Is(err, io.EOF) {
+			return s.SendAndClose(&testgrpc.StreamingInputCallResponse{})
+		} else if err != nil {
+			return err
+		}
+	}
 }
 
 func (testService) FullDuplexCall(s grpc.BidiStreamingServer[testgrpc.StreamingOutputCallRequest, testgrpc.StreamingOutputCallResponse]) error {
