@@ -558,9 +558,10 @@ func (s *Store) send(ctx context.Context, st *state, chunks [][]*item, mode, at 
 	// which would then be answered by the failure rule though their
 	// scripts ran.
 	var wg sync.WaitGroup
-	for _, group := range groups {
+	for _, group := range groups[1:] {
 		wg.Go(func() { pipeline(group) })
 	}
+	pipeline(groups[0])
 	wg.Wait()
 	return cmds
 }
@@ -573,17 +574,15 @@ func (s *Store) byMaster(ctx context.Context, chunks [][]*item) [][]int {
 		return nil
 	}
 	var groups [][]int
-	at := map[*redis.Client]int{}
+	var masters []*redis.Client // of groups, in order: a few, so searched
 	for c, chunk := range chunks {
 		m, err := s.cluster.MasterForKey(ctx, s.shards[s.stateShard(chunk[0].shard)].policy)
 		if err != nil {
 			return nil
 		}
-		g, ok := at[m]
-		if !ok {
-			g = len(groups)
-			at[m] = g
-			groups = append(groups, nil)
+		g := slices.Index(masters, m)
+		if g < 0 {
+			g, masters, groups = len(groups), append(masters, m), append(groups, nil)
 		}
 		groups[g] = append(groups[g], c)
 	}
