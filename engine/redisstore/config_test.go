@@ -29,6 +29,14 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	t.Cleanup(func() { _ = noPort.Close() })
 	clusterNoPort := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1", "localhost"}, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = clusterNoPort.Close() })
+	// a port no dial can use: refused, not taken for a server that is down
+	badPort := func(addr string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	clusterBadPort := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1", "127.0.0.1:abc"}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = clusterBadPort.Close() })
 	var nilClient *redis.Client
 	for _, tc := range []struct {
 		name string
@@ -47,6 +55,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"Monotonic clock", redisstore.Config{Policy: good, Client: ok, Clock: clock.NewMonotonic()}, engine.ErrInvalidConfig},
 		{"an address without a port", redisstore.Config{Policy: good, Client: noPort}, engine.ErrInvalidConfig},
 		{"a cluster address without a port", redisstore.Config{Policy: good, Client: clusterNoPort}, engine.ErrInvalidConfig},
+		{"port 99999", redisstore.Config{Policy: good, Client: badPort("127.0.0.1:99999")}, engine.ErrInvalidConfig},
+		{"port 0", redisstore.Config{Policy: good, Client: badPort("127.0.0.1:0")}, engine.ErrInvalidConfig},
+		{"port -1", redisstore.Config{Policy: good, Client: badPort("127.0.0.1:-1")}, engine.ErrInvalidConfig},
+		{"port 6379x", redisstore.Config{Policy: good, Client: badPort(":6379x")}, engine.ErrInvalidConfig},
+		{"a cluster address with port abc", redisstore.Config{Policy: good, Client: clusterBadPort}, engine.ErrInvalidConfig},
 		// Redis Cluster would hash each key whole, so no script's keys would
 		// share a slot; refused on one server too, so that moving to a
 		// cluster does not break it

@@ -336,3 +336,53 @@ func TestStartWithoutRedisConcurrent(t *testing.T) {
 	require.Equal(t, uint64(spent.Load()), st.Decisions)
 	require.Equal(t, uint64(degraded.Load()), st.Failures)
 }
+
+// TestStartWhileRedisCannotServe: a server that answers but cannot serve
+// the store now is an outage, not a configuration error: busy with a
+// script (BUSY), or taking writes no replica acknowledges under
+// WaitForReplicas. New returns a store that answers by the failure rule,
+// and Redis decides once it can.
+func TestStartWhileRedisCannotServe(t *testing.T) {
+	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
+	ctx := context.Background()
+	t.Run("busy", func(t *testing.T) {
+		srv := startPrivate(t)
+		admin := client(t, srv.Addr())
+		require.NoError(t, admin.ConfigSet(ctx, "busy-reply-threshold", "50").Err())
+		looping := client(t, srv.Addr())
+		var wg sync.WaitGroup
+		t.Cleanup(func() { _ = admin.ScriptKill(context.Background()).Err(); wg.Wait() })
+		wg.Go(func() { // a script that loops until SCRIPT KILL ends it
+			_ = looping.Eval(context.Background(), "while true do end", nil).Err()
+		})
+		for !redis.HasErrorPrefix(admin.Ping(ctx).Err(), "BUSY") {
+			time.Sleep(5 * time.Millisecond) // polling a real server
+		}
+		var log errorLog
+		s, err := redisstore.New(ctx, redisstore.Config{Client: client(t, srv.Addr()), Prefix: prefix(t), Policy: pol,
+			Clock: clock.NewManual(0), OnError: log.add})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		require.ErrorContains(t, log.all()[0], "BUSY")
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.Equal(t, failRule(false), d)
+		require.NoError(t, admin.ScriptKill(ctx).Err())
+		d = untilDecided(t, s, "k", failRule(false))
+		require.True(t, d.Allowed)
+		require.Equal(t, int64(2), d.Remaining)
+	})
+	t.Run("not replicated", func(t *testing.T) {
+		srv := startPrivate(t) // no replica
+		c := client(t, srv.Addr())
+		require.NoError(t, redisstore.WaitForReplicas(c, 1, 20*time.Millisecond))
+		var log errorLog
+		s, err := redisstore.New(ctx, redisstore.Config{Client: c, Prefix: prefix(t), Policy: pol, OnError: log.add})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		require.ErrorIs(t, log.all()[0], redisstore.ErrNotReplicated)
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.Equal(t, failRule(false), d)
+	})
+}

@@ -362,8 +362,9 @@ var _ engine.Admitter = (*Store)(nil)
 // the policy in force before it sends Redis any request.
 //
 // If Redis cannot be reached (a connection refused, reset or timed out, no
-// reply by the deadline, a server still loading or a cluster down), New
-// still returns a working Store, and tells cfg.OnError why. Until the store
+// reply by the deadline, a server still loading, busy with a script or out
+// of memory, a cluster down, or writes no replica acknowledged under
+// WaitForReplicas), New still returns a working Store, and tells cfg.OnError why. Until the store
 // has read the prefix's state, every decision is answered by the failure
 // rule, marked engine.Decision.Degraded, and Peek, Refund, ReplacePolicy,
 // EvictFull and KeyCount return an error wrapping ErrNotReady; Policy
@@ -377,8 +378,9 @@ var _ engine.Admitter = (*Store)(nil)
 //
 // Errors: engine.ErrNilContext for a nil ctx, engine.ErrInvalidPolicy,
 // engine.ErrInvalidConfig (no client, a client without
-// ContextTimeoutEnabled, an address that is not host:port, a negative
-// duration or bound, a *clock.Monotonic Clock), ErrKeyTags when
+// ContextTimeoutEnabled, an address that is not host:port with a port a
+// dial can use, a negative duration or bound, a *clock.Monotonic Clock),
+// ErrKeyTags when
 // cfg.IgnoreKeyTags differs from the prefix's setting, the context's error
 // when ctx is canceled, or an error wrapping ErrUnavailable when Redis
 // answered in a way no later attempt would change (a plain client on a
@@ -431,7 +433,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: Config.Prefix %q closes its first \"{\" at once: Redis Cluster would hash each key whole, and a script's keys would not share a slot", engine.ErrInvalidConfig, cfg.Prefix)
 	}
 	for _, a := range addrs {
-		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+		if !hostPort(a) {
 			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port", engine.ErrInvalidConfig, a)
 		}
 	}
@@ -586,17 +588,29 @@ func (s *Store) need(ctx context.Context) error {
 	return ErrNotReady
 }
 
+// hostPort reports whether addr is host:port with a port a dial can use:
+// 1 to 65535, or a service name the system knows.
+func hostPort(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		return false
+	}
+	n, err := net.DefaultResolver.LookupPort(context.Background(), "tcp", port)
+	return err == nil && n > 0
+}
+
 // unreachable reports whether err, from New's first attempt to reach
-// Redis, means that Redis cannot be reached now (a connection refused,
-// reset or timed out, a deadline passed with no reply, a server still
-// loading its data or a cluster not serving), rather than that it answered
-// in a way a later attempt would answer too (a reply of the wrong kind of
-// server, a prefix set up otherwise).
+// Redis, means that Redis cannot serve the store now (a connection
+// refused, reset or timed out, a deadline passed with no reply, a server
+// loading its data, busy with a script or out of memory, a cluster not
+// serving, writes no replica acknowledged under WaitForReplicas), rather
+// than that it answered in a way a later attempt would answer too (a reply
+// of the wrong kind of server, a prefix set up otherwise).
 func unreachable(err error) bool {
-	if nodeLost(err) {
+	if nodeLost(err) || errors.Is(err, ErrNotReplicated) {
 		return true
 	}
-	for _, p := range []string{"LOADING", "MASTERDOWN", "TRYAGAIN"} {
+	for _, p := range []string{"LOADING", "MASTERDOWN", "TRYAGAIN", "BUSY", "OOM"} {
 		if redis.HasErrorPrefix(err, p) {
 			return true
 		}
