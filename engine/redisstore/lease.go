@@ -227,7 +227,7 @@ func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
 		seed:    maphash.MakeSeed(),
 		quit:    make(chan struct{}),
 	}
-	l.idle = min(2*l.horizon, l.maxAge)
+	l.idle = min(satAdd(l.horizon, l.horizon), l.maxAge)
 	if runtime.GOMAXPROCS(0) > 1 {
 		l.yields = 5 // the engine's choice for a caller waiting on a shard on another processor
 	}
@@ -715,14 +715,19 @@ func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 	if k.fetch || k.max < 2 {
 		return 0
 	}
+	// The demand over the last Horizon: used, counted since from, scaled
+	// to a Horizon once it counts over more. The count itself is scaled
+	// (and from moved to a Horizon ago) only once it covers two: so its
+	// rounding down loses at most a token a Horizon. Scaled at every
+	// request, a slow steady demand would round down to nothing for good.
+	demand := k.used
 	if el := now - k.from; el > l.horizon {
-		// used scaled to the last Horizon, used*horizon/el rounded down:
-		// the product takes 128 bits, and the quotient is below used
-		hi, lo := bits.Mul64(uint64(k.used), uint64(l.horizon))
-		used, _ := bits.Div64(hi, lo, uint64(el))
-		k.used, k.from = int64(used), now-l.horizon
+		demand = scale(k.used, l.horizon, el)
+		if el-l.horizon > l.horizon {
+			k.used, k.from = demand, now-l.horizon
+		}
 	}
-	k.target = min(k.used, k.max)
+	k.target = min(demand, k.max)
 	if w := min(k.target, k.max-k.left, k.remaining-cost-k.reserve); w >= 2 {
 		return w
 	}
@@ -886,6 +891,14 @@ func (q *leaseShard) fetcher() {
 			q.posts <- post{key: a.key, ver: a.ver, at: at, asked: a.n, leaseD: out[i].Decision, lseErr: out[i].Err}
 		}
 	}
+}
+
+// scale is n*h/el rounded down, for 0 <= n and 0 <= h < el: the product
+// takes 128 bits, and the quotient is below n.
+func scale(n, h, el int64) int64 {
+	hi, lo := bits.Mul64(uint64(n), uint64(h))
+	q, _ := bits.Div64(hi, lo, uint64(el))
+	return int64(q)
 }
 
 // satAdd is a+b, at most math.MaxInt64, for b >= 0 (a may be a debt).

@@ -557,8 +557,9 @@ func TestLeaseChargeGivesTheLeaseBackFirst(t *testing.T) {
 // TestLeaseWantScalesDemandToHorizon: the lease asked for with a request
 // Redis decides is the key's demand over the last Horizon: the tokens
 // admitted since demand began counting, scaled down by Horizon/elapsed
-// (rounded down) once more than a Horizon has passed, which then counts
-// from a Horizon back. One nanosecond past it, 1000 tokens weigh 999.
+// (rounded down) once more than a Horizon has passed. One nanosecond past
+// it, 1000 tokens weigh 999; the count goes on from the same start (it is
+// rescaled only once it covers two Horizons).
 func TestLeaseWantScalesDemandToHorizon(t *testing.T) {
 	clk := clock.NewManual(0)
 	// a bound (capacity/16) and a reserve (capacity/2) far above the demand
@@ -577,9 +578,9 @@ func TestLeaseWantScalesDemandToHorizon(t *testing.T) {
 	require.Eventually(t, func() bool { return s.Stats().LeasedTokens != 0 }, 5*time.Second, time.Millisecond)
 	require.Equal(t, uint64(999), s.Stats().LeasedTokens)
 	clk.Advance(1)
-	allow(1000) // beyond the lease: 999 + 1 over a Horizon and 1ns again
+	allow(1000) // beyond the lease: 1,001 over a Horizon and 2ns, scaled to 1,000
 	require.Eventually(t, func() bool { return s.Stats().LeasedTokens != 999 }, 5*time.Second, time.Millisecond)
-	require.Equal(t, uint64(2*999), s.Stats().LeasedTokens)
+	require.Equal(t, uint64(999+1000), s.Stats().LeasedTokens)
 }
 
 // TestLeaseDemandSaturates: a key's demand is counted without wrapping.
@@ -601,4 +602,47 @@ func TestLeaseDemandSaturates(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return s.Stats().LeasedTokens != 0 }, 5*time.Second, time.Millisecond)
 	require.Equal(t, uint64(math.MaxInt64/16), s.Stats().LeasedTokens)
+}
+
+// TestLeaseSteadyDemandAfterPause: a key that one caller takes up again
+// after a pause longer than a Horizon, at a steady 10,000 requests a
+// second, is leased within a Horizon and then decided in the process. Its
+// demand count used to be scaled down at every request once it counted
+// over more than a Horizon, and rounding down kept it at nothing.
+func TestLeaseSteadyDemandAfterPause(t *testing.T) {
+	clk := clock.NewManual(0)
+	s := leased(t, policy.Policy{Version: 1, Capacity: 1 << 30, TokensPerSecond: 1 << 20}, clk, prefix(t))
+	ctx := context.Background()
+	allow := func() {
+		t.Helper()
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	allow()
+	clk.Advance(redisstore.DefaultLeaseHorizon * 3 / 2)
+	for range 10_000 { // one second
+		allow()
+		clk.Advance(100 * time.Microsecond)
+	}
+	st := s.Stats()
+	require.Greater(t, st.Local, uint64(8_000), "%+v", st)
+}
+
+// TestLeaseLongHorizon: a Horizon as long as a Duration goes does not
+// overflow the idle time after which a lease goes back (two Horizons, at
+// most MaxAge): leases are kept, and requests decided in the process.
+func TestLeaseLongHorizon(t *testing.T) {
+	clk := clock.NewManual(0)
+	s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 1 << 30, TokensPerSecond: 1000}, Prefix: prefix(t),
+		Leases: &redisstore.Leases{Horizon: math.MaxInt64}}, clk)
+	ctx := context.Background()
+	for range 10_000 {
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	st := s.Stats()
+	require.Greater(t, st.Local, uint64(9_000), "%+v", st)
+	require.Zero(t, st.ReturnedTokens, "no lease went back: the key was never idle")
 }
