@@ -552,7 +552,8 @@ func (s *Store) send(ctx context.Context, st *state, chunks [][]*item, mode, at 
 		pipeline(nil)
 		return cmds
 	}
-	// One pipeline per master, each in a goroutine of its own: go-redis
+	// One pipeline per master, all at once (the first on this goroutine,
+	// each other in one of its own): go-redis
 	// ends a cluster pipeline that retries a master it cannot reach by
 	// giving every command the last error, the other masters' replies too,
 	// which would then be answered by the failure rule though their

@@ -386,3 +386,20 @@ func TestStartWhileRedisCannotServe(t *testing.T) {
 		require.Equal(t, failRule(false), d)
 	})
 }
+
+// TestStartWaitRefused: a WAIT that an ACL refuses is a reply every later
+// attempt gets too, not an outage: New fails with it, rather than start a
+// store that would answer by the failure rule for ever.
+func TestStartWaitRefused(t *testing.T) {
+	srv := startPrivate(t)
+	ctx := context.Background()
+	admin := client(t, srv.Addr())
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "nowait", "on", ">pw", "~*", "&*", "+@all", "-wait").Err())
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "nowait", Password: "pw", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	require.NoError(t, redisstore.WaitForReplicas(c, 1, 20*time.Millisecond))
+	s, err := redisstore.New(ctx, redisstore.Config{Client: c, Prefix: prefix(t), Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}})
+	require.ErrorIs(t, err, redisstore.ErrNotReplicated)
+	require.ErrorContains(t, err, "NOPERM")
+	require.Nil(t, s)
+}

@@ -363,8 +363,9 @@ var _ engine.Admitter = (*Store)(nil)
 //
 // If Redis cannot be reached (a connection refused, reset or timed out, no
 // reply by the deadline, a server still loading, busy with a script or out
-// of memory, a cluster down, or writes no replica acknowledged under
-// WaitForReplicas), New still returns a working Store, and tells cfg.OnError why. Until the store
+// of memory, a cluster down, or writes too few replicas acknowledged
+// under WaitForReplicas, as on a server whose replica is away), New still
+// returns a working Store, and tells cfg.OnError why. Until the store
 // has read the prefix's state, every decision is answered by the failure
 // rule, marked engine.Decision.Degraded, and Peek, Refund, ReplacePolicy,
 // EvictFull and KeyCount return an error wrapping ErrNotReady; Policy
@@ -433,7 +434,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: Config.Prefix %q closes its first \"{\" at once: Redis Cluster would hash each key whole, and a script's keys would not share a slot", engine.ErrInvalidConfig, cfg.Prefix)
 	}
 	for _, a := range addrs {
-		if !hostPort(a) {
+		if !hostPort(ctx, a) {
 			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port", engine.ErrInvalidConfig, a)
 		}
 	}
@@ -590,12 +591,12 @@ func (s *Store) need(ctx context.Context) error {
 
 // hostPort reports whether addr is host:port with a port a dial can use:
 // 1 to 65535, or a service name the system knows.
-func hostPort(addr string) bool {
+func hostPort(ctx context.Context, addr string) bool {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil || port == "" {
 		return false
 	}
-	n, err := net.DefaultResolver.LookupPort(context.Background(), "tcp", port)
+	n, err := net.DefaultResolver.LookupPort(ctx, "tcp", port)
 	return err == nil && n > 0
 }
 
@@ -603,11 +604,12 @@ func hostPort(addr string) bool {
 // Redis, means that Redis cannot serve the store now (a connection
 // refused, reset or timed out, a deadline passed with no reply, a server
 // loading its data, busy with a script or out of memory, a cluster not
-// serving, writes no replica acknowledged under WaitForReplicas), rather
-// than that it answered in a way a later attempt would answer too (a reply
-// of the wrong kind of server, a prefix set up otherwise).
+// serving, writes too few replicas acknowledged under WaitForReplicas),
+// rather than that it answered in a way a later attempt would answer too
+// (a reply of the wrong kind of server, a prefix set up otherwise, a WAIT
+// the server or an ACL refuses).
 func unreachable(err error) bool {
-	if nodeLost(err) || errors.Is(err, ErrNotReplicated) {
+	if nodeLost(err) {
 		return true
 	}
 	for _, p := range []string{"LOADING", "MASTERDOWN", "TRYAGAIN", "BUSY", "OOM"} {
@@ -619,7 +621,7 @@ func unreachable(err error) bool {
 	if errors.As(err, &reply) {
 		return false
 	}
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout)
+	return errors.Is(err, ErrNotReplicated) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout)
 }
 
 // emptyTag reports whether prefix's first "{" is followed at once by "}":
