@@ -247,3 +247,51 @@ func TestPerMessageRefusalBeforeReplyIsRetried(t *testing.T) {
 	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
 	require.Equal(t, int32(3), attempts.Load(), "the refusal was retried")
 }
+
+// TestHeadersKeepFailuresRetryable: with WithHeaders, a call the limiter
+// admits and its handler fails (UNAVAILABLE, before any reply) stays
+// trailers-only, with the RateLimit fields in its trailer, so a client's
+// retry policy retries it, unary or stream. Set before the handler ran,
+// the header went out with the failure, and grpc-go did not retry.
+func TestHeadersKeepFailuresRetryable(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(100, 1)})
+	l := newLimiter(t, e, grpclimit.WithHeaders())
+	var unary, streams atomic.Int32
+	failUnary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		unary.Add(1)
+		return nil, status.Error(codes.Unavailable, "the handler failed")
+	}
+	failStream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		streams.Add(1)
+		return status.Error(codes.Unavailable, "the handler failed")
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(l.Unary, failUnary), grpc.ChainStreamInterceptor(l.Stream, failStream))
+	testgrpc.RegisterTestServiceServer(srv, testService{})
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = srv.Serve(lis) })
+	const serviceConfig = `{"methodConfig": [{
+		"name": [{"service": "grpc.testing.TestService"}],
+		"retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+			"backoffMultiplier": 1.0, "retryableStatusCodes": ["UNAVAILABLE"]}
+	}]}`
+	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(serviceConfig))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(); srv.Stop(); wg.Wait() })
+	client := testgrpc.NewTestServiceClient(conn)
+
+	var header, trailer metadata.MD
+	_, err = client.EmptyCall(t.Context(), &testgrpc.Empty{}, grpc.Header(&header), grpc.Trailer(&trailer))
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Equal(t, int32(3), unary.Load(), "the failure was retried")
+	require.Empty(t, rateLimit(header))
+	require.Equal(t, []string{`"default";q=100;w=100`, `"default";r=97;t=3`}, rateLimit(trailer), "the last attempt's fields")
+
+	s := duplex(t, conn)
+	_, err = s.Recv()
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Equal(t, int32(3), streams.Load(), "the failure was retried")
+	require.Equal(t, []string{`"default";q=100;w=100`, `"default";r=94;t=6`}, rateLimit(s.Trailer()))
+}

@@ -109,13 +109,18 @@ func (l *Limiter) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 		}
 		return nil, v.status
 	}
-	if v.md != nil {
-		_ = grpc.SetHeader(ctx, v.md)
-	}
 	if l.settles {
 		ctx = l.settleable(ctx, t)
 	}
-	return handler(ctx, req)
+	resp, err := handler(ctx, req)
+	if v.md != nil { // set now: a header set before would end a failure's trailers-only response
+		if err != nil {
+			_ = grpc.SetTrailer(ctx, v.md)
+		} else {
+			_ = grpc.SetHeader(ctx, v.md) // fails only if the handler sent the header itself
+		}
+	}
+	return resp, err
 }
 
 // Stream is a grpc.StreamServerInterceptor. By default it decides the
@@ -138,7 +143,7 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			}
 			return handler(srv, ss) // shadow: nothing to spend without a key or cost
 		}
-		return handler(srv, &meteredStream{ServerStream: ss, l: l, method: info.FullMethod, key: key, cost: cost})
+		return handler(srv, &meteredStream{heldHeader: heldHeader{ServerStream: ss}, l: l, method: info.FullMethod, key: key, cost: cost})
 	}
 	v, t := l.decide(ctx, info.FullMethod)
 	if v.status != nil {
@@ -147,15 +152,23 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		}
 		return v.status
 	}
+	var held *heldHeader
 	if v.md != nil {
-		_ = ss.SetHeader(v.md) // fails only once headers are sent, which they are not yet
+		md := v.md // not &v.md, which would move v to the heap at every call
+		held = &heldHeader{ServerStream: ss}
+		held.fields.Store(&md)
+		ss = held
 	}
 	if l.settles {
 		s := &settledStream{ServerStream: ss}
 		l.settleInto(ctx, &s.ctx, t)
 		ss = s
 	}
-	return handler(srv, ss)
+	err := handler(srv, ss)
+	if held != nil {
+		held.end(err)
+	}
+	return err
 }
 
 // ShadowStats counts the decisions that WithShadow let through which would

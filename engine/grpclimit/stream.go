@@ -7,23 +7,67 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
+// heldHeader is a server stream that holds RateLimit fields for its header
+// until the handler first sends, then sets them: set earlier, the header
+// would go out before a refusal or a failure that came later and end the
+// trailers-only response grpc-go needs to retry the call. The handler may
+// send on another goroutine than the one that stores the fields, so both
+// are atomics; a send that races the store goes without them, as if the
+// handler had sent first.
+type heldHeader struct {
+	grpc.ServerStream
+	fields atomic.Pointer[metadata.MD]
+	sent   atomic.Bool
+}
+
+// SendHeader sends the header, with the fields held, if any.
+func (h *heldHeader) SendHeader(md metadata.MD) error {
+	h.header()
+	return h.ServerStream.SendHeader(md)
+}
+
+// SendMsg sends m, after the header with the fields held, if any.
+func (h *heldHeader) SendMsg(m any) error {
+	h.header()
+	return h.ServerStream.SendMsg(m)
+}
+
+// header sets the fields held in the header, on the first send.
+func (h *heldHeader) header() {
+	if h.sent.Swap(true) {
+		return
+	}
+	if md := h.fields.Load(); md != nil {
+		_ = h.ServerStream.SetHeader(*md) // fails only if the handler sent the header itself
+	}
+}
+
+// end is the handler's return with err, for a stream decided once: fields
+// it never sent go in the header if it succeeded, else in the trailer, so
+// that the failure stays trailers-only.
+func (h *heldHeader) end(err error) {
+	if h.sent.Swap(true) {
+		return
+	}
+	if md := h.fields.Load(); md != nil {
+		if err != nil {
+			h.ServerStream.SetTrailer(*md)
+		} else {
+			_ = h.ServerStream.SetHeader(*md)
+		}
+	}
+}
+
 // meteredStream is a server stream that spends its call's cost for each
 // message it receives (WithPerMessage). RecvMsg runs on one goroutine at a
-// time, as grpc allows, and pushed is written there; the handler may send
-// from another, so fields and sent, which a send reads, are atomics.
+// time, as grpc allows, and pushed is written there.
 type meteredStream struct {
-	grpc.ServerStream
+	heldHeader
 	l      *Limiter
 	method string
 	key    string
 	cost   int64
 	pushed bool // a refusal's trailer was set: a second pushback value would stop grpc-go retrying
-	// fields are the RateLimit fields of the first message let through,
-	// held until the handler first sends (sent), then set in the header:
-	// set earlier, a header would go before a later refusal and end the
-	// trailers-only response grpc-go needs to retry it.
-	fields atomic.Pointer[metadata.MD]
-	sent   atomic.Bool
 }
 
 // RecvMsg receives a message into m and spends its cost. A message the
@@ -43,7 +87,8 @@ func (s *meteredStream) RecvMsg(m any) error {
 	v := s.l.judge(ctx, s.method, s.key, d, r.cause == nil && (refused || first), r)
 	switch {
 	case v.status == nil && v.md != nil && first:
-		s.fields.Store(&v.md)
+		md := v.md // not &v.md, which would move v to the heap at every message
+		s.fields.Store(&md)
 	case v.status != nil && !s.pushed:
 		if trailer := v.trailer(); trailer != nil {
 			s.pushed = true
@@ -51,26 +96,4 @@ func (s *meteredStream) RecvMsg(m any) error {
 		}
 	}
 	return v.status
-}
-
-// SendHeader sends the header, with the fields RecvMsg holds, if any.
-func (s *meteredStream) SendHeader(md metadata.MD) error {
-	s.header()
-	return s.ServerStream.SendHeader(md)
-}
-
-// SendMsg sends m, after the header with the fields RecvMsg holds, if any.
-func (s *meteredStream) SendMsg(m any) error {
-	s.header()
-	return s.ServerStream.SendMsg(m)
-}
-
-// header sets the fields RecvMsg holds in the header, on the first send.
-func (s *meteredStream) header() {
-	if s.sent.Swap(true) {
-		return
-	}
-	if md := s.fields.Load(); md != nil {
-		_ = s.ServerStream.SetHeader(*md) // fails only if the handler sent the header itself
-	}
 }
