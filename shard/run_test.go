@@ -29,6 +29,7 @@ func (g gateClock) Now() int64 { return <-g }
 // does: closing, then the mailbox, then stop.
 type loop struct {
 	mb      *Mailbox
+	s       *Shard // for its published counters
 	closing chan struct{}
 	stop    chan struct{}
 	exited  chan struct{}
@@ -38,6 +39,7 @@ func startLoop(p policy.Policy, clk gateClock, budget *Budget) *loop {
 	l := &loop{closing: make(chan struct{}), stop: make(chan struct{}), exited: make(chan struct{})}
 	l.mb = NewMailbox(8, l.closing)
 	s := New(p, clk, budget, l.mb, &testHasher)
+	l.s = s
 	go func() {
 		defer close(l.exited)
 		s.Run(l.stop)
@@ -169,6 +171,48 @@ func TestRunStopDrains(t *testing.T) {
 		assert.ErrorIs(t, l.mb.SendSingle(context.Background(), &msg.Single{Key: "a", Hash: testHasher.Sum("a"), Cost: 1, Done: make(chan struct{}, 1)}), msg.ErrClosed)
 		assert.False(t, l.mb.Publish(), "nobody left to publish to")
 		l.mb.Close() // idempotent
+	})
+}
+
+// TestRunStopDrainCountsBeforeAnswers: the drain at Close publishes the
+// count of each ErrClosed answer before it gives the answer, so a caller
+// that has its answer reads it in Stats. The second part's Done is
+// unbuffered and not received: the drain blocks answering it, after the
+// five singles and the first part were answered and before it ends.
+func TestRunStopDrainCountsBeforeAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := make(gateClock)
+		l := startLoop(p1, clk, NewBudget(10))
+		prep := make(chan error, 1)
+		go func() { // a prepared shard takes no data: what is sent stays queued for the drain
+			prep <- l.mb.Prepare(context.Background(), &msg.Prepare{Next: policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}, Done: make(chan error, 1)})
+		}()
+		clk <- 0
+		require.NoError(t, <-prep)
+		var replies []<-chan msg.Reply
+		for range 5 {
+			replies = append(replies, allowAsync(t, l.mb, "a", 1))
+		}
+		part := func(key string) *msg.Batch {
+			return &msg.Batch{Items: []msg.Item{{Key: key, Hash: testHasher.Sum(key), Cost: 1}, {Key: key + "x", Hash: testHasher.Sum(key + "x"), Cost: 1}},
+				Out: make([]msg.Reply, 2), Done: make(chan int)}
+		}
+		first, second := part("b"), part("c")
+		require.NoError(t, l.mb.SendBatch(context.Background(), first))
+		require.NoError(t, l.mb.SendBatch(context.Background(), second))
+		synctest.Wait() // everything is queued
+
+		closed := make(chan struct{})
+		go func() { l.close(); close(closed) }()
+		for _, r := range replies {
+			require.ErrorIs(t, (<-r).Err, msg.ErrClosed)
+		}
+		<-first.Done
+		synctest.Wait() // the drain is blocked answering the second part
+		c := l.s.Counters()
+		assert.Equal(t, uint64(5+2+2), c[msg.ErrorCounter(msg.KindClosed)], "counted before their answers")
+		<-second.Done
+		<-closed
 	})
 }
 
