@@ -325,7 +325,8 @@ func loadLimit(m *yaml.Node) (*limit, error) {
 			unitNode = v
 		case "requests_per_unit":
 			var n uint32
-			if err := v.Decode(&n); err != nil || v.Kind != yaml.ScalarNode {
+			var f float64 // yaml.v3 decodes 1.5 into a uint32 as 1: a fraction is refused here
+			if err := v.Decode(&n); err != nil || v.Kind != yaml.ScalarNode || v.Decode(&f) != nil || f != float64(n) {
 				return fieldErr(ErrFieldType, v, k, fmt.Sprintf("not a whole number from 0 to %d", uint32(math.MaxUint32)))
 			}
 			l.requestsPerUnit, hasRequests = n, true

@@ -57,6 +57,8 @@ func TestParseConfigRefuses(t *testing.T) {
 			envoyrls.ErrShareThreshold, 3, "share_threshold"},
 		{"negative requests", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
 			envoyrls.ErrFieldType, 4, "requests_per_unit"},
+		{"a fraction of a request", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1.5}\n",
+			envoyrls.ErrFieldType, 4, "requests_per_unit"},
 		{"word for a bool", "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n", envoyrls.ErrFieldType, 4, "shadow_mode"},
 		{"field twice", "domain: d\ndomain: e\n", envoyrls.ErrFieldType, 2, "domain"},
 		{"quota_mode", "domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n", envoyrls.ErrUnsupported, 4, "quota_mode"},
