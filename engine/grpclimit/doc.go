@@ -56,16 +56,18 @@
 // each band of the key's limit; r is the whole tokens left, and t the
 // seconds until the bucket is full or, on a refusal, until it can pay
 // (at least 1). An admitted call has them in its header metadata, or in
-// its trailer metadata if its handler fails without having sent a header;
-// a refused one in its trailer metadata, beside the pushback trailer. A
-// header would end the trailers-only response that grpc-go needs to retry
-// a call, so the fields are set in it only once the handler has answered
-// (a unary call) or first sends (a stream). A stream has them once, as
-// decided when it starts; with WithPerMessage, as the first
-// message a bucket let through left it, in the header when the handler
-// first sends (so a stream refused before that stays trailers-only), and
-// as its first refused message left it, in the trailer. A degraded answer,
-// or an error, has none.
+// its trailer metadata if its handler fails, or sent the header before
+// they were set (with grpc.SendHeader, say); a refused one in its trailer
+// metadata, beside the pushback trailer. A header would end the
+// trailers-only response that grpc-go needs to retry a call, so the
+// fields are set in it only once the handler has answered (a unary call)
+// or first sends (a stream). A stream has them once, as decided when it
+// starts; with WithPerMessage, as the first message a bucket let through
+// left it, in the header when the handler first sends after that (so a
+// stream refused before that stays trailers-only) or else at its end, and
+// as its first refused message left it, in the trailer (a stream refused
+// before it sent a header has only those). A degraded answer, or an
+// error, has none.
 //
 // # Shadow mode
 //
@@ -106,7 +108,7 @@
 //
 //   - Admitted: the handler runs and its status is the call's; with
 //     WithHeaders its header metadata has the RateLimit fields (its
-//     trailer metadata, if the handler fails before it sends a header).
+//     trailer metadata, if the handler fails or sent the header itself).
 //   - Denied: codes.ResourceExhausted, with a google.rpc.RetryInfo detail
 //     (errdetails.RetryInfo, read with status.FromError and Details) and the
 //     grpc-retry-pushback-ms trailer of gRFC A6 (PushbackTrailer). Both carry

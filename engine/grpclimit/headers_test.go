@@ -295,3 +295,113 @@ func TestHeadersKeepFailuresRetryable(t *testing.T) {
 	require.Equal(t, int32(3), streams.Load(), "the failure was retried")
 	require.Equal(t, []string{`"default";q=100;w=100`, `"default";r=94;t=6`}, rateLimit(s.Trailer()))
 }
+
+// TestHeaderFieldsWhateverTheHandlerDoes: the RateLimit fields of an
+// admitted call reach the client once, whatever its handler does with the
+// header: sent through grpc.SendHeader, which the limiter's stream does
+// not see, or before the first message was decided, they go in the
+// trailer; a metered stream whose handler fails or ends without sending
+// has them too; and a stream refused before it sent has only the
+// refusal's.
+func TestHeaderFieldsWhateverTheHandlerDoes(t *testing.T) {
+	sendHeader := func(ctx context.Context) error { return grpc.SendHeader(ctx, metadata.Pairs("x", "1")) }
+	recv := func(ss grpc.ServerStream) error { return ss.RecvMsg(new(testgrpc.StreamingOutputCallRequest)) }
+	send := func(ss grpc.ServerStream) error { return ss.SendMsg(&testgrpc.StreamingOutputCallResponse{}) }
+	unavailable := status.Error(codes.Unavailable, "the handler failed")
+	for _, c := range []struct {
+		name            string
+		perMessage      bool
+		capacity        int64
+		messages        int
+		unary           grpc.UnaryHandler // nil: a stream
+		stream          func(grpc.ServerStream) error
+		code            codes.Code
+		header, trailer []string
+	}{{
+		name: "unary sends its header", capacity: 5,
+		unary:   func(ctx context.Context, _ any) (any, error) { return &testgrpc.Empty{}, sendHeader(ctx) },
+		trailer: []string{`"default";q=5;w=5`, `"default";r=4;t=1`},
+	}, {
+		name: "stream sends its header", capacity: 5,
+		stream:  func(ss grpc.ServerStream) error { return sendHeader(ss.Context()) },
+		trailer: []string{`"default";q=5;w=5`, `"default";r=4;t=1`},
+	}, {
+		name: "metered stream sends its header", perMessage: true, capacity: 5, messages: 1,
+		stream:  func(ss grpc.ServerStream) error { return errors.Join(recv(ss), sendHeader(ss.Context())) },
+		trailer: []string{`"default";q=5;w=5`, `"default";r=4;t=1`},
+	}, {
+		name: "metered stream fails", perMessage: true, capacity: 5, messages: 1,
+		stream:  func(ss grpc.ServerStream) error { return errors.Join(recv(ss), unavailable) },
+		code:    codes.Unavailable,
+		trailer: []string{`"default";q=5;w=5`, `"default";r=4;t=1`},
+	}, {
+		name: "metered stream ends without sending", perMessage: true, capacity: 5, messages: 1,
+		stream: recv,
+		header: []string{`"default";q=5;w=5`, `"default";r=4;t=1`},
+	}, {
+		name: "metered stream sends first", perMessage: true, capacity: 5, messages: 1,
+		stream:  func(ss grpc.ServerStream) error { return errors.Join(send(ss), recv(ss)) },
+		trailer: []string{`"default";q=5;w=5`, `"default";r=4;t=1`},
+	}, {
+		name: "metered stream refused before it sent", perMessage: true, capacity: 2, messages: 3,
+		stream:  func(ss grpc.ServerStream) error { return errors.Join(recv(ss), recv(ss), recv(ss)) },
+		code:    codes.ResourceExhausted,
+		trailer: []string{`"default";q=2;w=2`, `"default";r=0;t=1`},
+	}} {
+		t.Run(c.name, func(t *testing.T) {
+			e, _ := newEngine(t, engine.Config{Policy: pol(c.capacity, 1)})
+			opts := []grpclimit.Option{grpclimit.WithHeaders()}
+			if c.perMessage {
+				opts = append(opts, grpclimit.WithPerMessage())
+			}
+			l := newLimiter(t, e, opts...)
+			handleUnary := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, _ grpc.UnaryHandler) (any, error) {
+				return c.unary(ctx, req)
+			}
+			handleStream := func(_ any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, _ grpc.StreamHandler) error {
+				return c.stream(ss)
+			}
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			srv := grpc.NewServer(grpc.ChainUnaryInterceptor(l.Unary, handleUnary), grpc.ChainStreamInterceptor(l.Stream, handleStream))
+			testgrpc.RegisterTestServiceServer(srv, testService{})
+			var wg sync.WaitGroup
+			wg.Go(func() { _ = srv.Serve(lis) })
+			conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = conn.Close(); srv.Stop(); wg.Wait() })
+
+			var header, trailer metadata.MD
+			if c.unary != nil {
+				_, err = testgrpc.NewTestServiceClient(conn).EmptyCall(t.Context(), &testgrpc.Empty{}, grpc.Header(&header), grpc.Trailer(&trailer))
+			} else {
+				s := duplex(t, conn)
+				for range c.messages {
+					if err := s.Send(&testgrpc.StreamingOutputCallRequest{}); err != nil && !errors.Is(err, io.EOF) {
+						t.Fatal(err)
+					}
+				}
+				require.NoError(t, s.CloseSend())
+				for err == nil {
+					_, err = s.Recv()
+				}
+				if errors.Is(err, io.EOF) {
+					err = nil
+				}
+				header, _ = s.Header()
+				trailer = s.Trailer()
+			}
+			require.Equal(t, c.code, status.Code(err), "%v", err)
+			require.Equal(t, c.header, nilIfEmpty(rateLimit(header)), "header")
+			require.Equal(t, c.trailer, nilIfEmpty(rateLimit(trailer)), "trailer")
+		})
+	}
+}
+
+// nilIfEmpty is s, or nil if it is empty.
+func nilIfEmpty(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}

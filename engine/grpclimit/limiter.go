@@ -113,12 +113,11 @@ func (l *Limiter) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 		ctx = l.settleable(ctx, t)
 	}
 	resp, err := handler(ctx, req)
-	if v.md != nil { // set now: a header set before would end a failure's trailers-only response
-		if err != nil {
-			_ = grpc.SetTrailer(ctx, v.md)
-		} else {
-			_ = grpc.SetHeader(ctx, v.md) // fails only if the handler sent the header itself
-		}
+	// Set now: a header set before would end a failure's trailers-only
+	// response. SetHeader fails if the handler sent the header itself; the
+	// fields then go in the trailer. Both fail only outside a server call.
+	if v.md != nil && (err != nil || grpc.SetHeader(ctx, v.md) != nil) {
+		_ = grpc.SetTrailer(ctx, v.md)
 	}
 	return resp, err
 }
@@ -143,7 +142,12 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			}
 			return handler(srv, ss) // shadow: nothing to spend without a key or cost
 		}
-		return handler(srv, &meteredStream{heldHeader: heldHeader{ServerStream: ss}, l: l, method: info.FullMethod, key: key, cost: cost})
+		ms := &meteredStream{heldHeader: heldHeader{ServerStream: ss}, l: l, method: info.FullMethod, key: key, cost: cost}
+		err := handler(srv, ms)
+		if !ms.pushed { // else the trailer has the later fields of a refusal
+			ms.end(err)
+		}
+		return err
 	}
 	v, t := l.decide(ctx, info.FullMethod)
 	if v.status != nil {

@@ -175,8 +175,8 @@ func WithTrustedProxies(prefixes ...netip.Prefix) Option {
 // WithHeaders sends the RateLimit fields that httplimit writes, with the
 // same values, as metadata: "ratelimit-policy" and "ratelimit" (see the
 // package documentation). An admitted call carries them in its header
-// metadata (in its trailer metadata if the handler fails before it sends a
-// header), a call a bucket denied in its trailer metadata, beside the
+// metadata (in its trailer metadata if the handler fails, or sent the
+// header itself), a call a bucket denied in its trailer metadata, beside the
 // pushback trailer, so that a refusal or a failure stays a trailers-only
 // response, which grpc-go clients need to retry it. A grpc-go client reads them with
 // grpc.Header and grpc.Trailer. Answers that are not a bucket's carry none:

@@ -12,8 +12,8 @@ import (
 // would go out before a refusal or a failure that came later and end the
 // trailers-only response grpc-go needs to retry the call. The handler may
 // send on another goroutine than the one that stores the fields, so both
-// are atomics; a send that races the store goes without them, as if the
-// handler had sent first.
+// are atomics, and the fields are taken by a swap: they go once, in the
+// header if it is still to send, else in the trailer at the end.
 type heldHeader struct {
 	grpc.ServerStream
 	fields atomic.Pointer[metadata.MD]
@@ -34,27 +34,23 @@ func (h *heldHeader) SendMsg(m any) error {
 
 // header sets the fields held in the header, on the first send.
 func (h *heldHeader) header() {
-	if h.sent.Swap(true) {
-		return
-	}
-	if md := h.fields.Load(); md != nil {
-		_ = h.ServerStream.SetHeader(*md) // fails only if the handler sent the header itself
+	if !h.sent.Swap(true) {
+		h.set(false)
 	}
 }
 
-// end is the handler's return with err, for a stream decided once: fields
-// it never sent go in the header if it succeeded, else in the trailer, so
-// that the failure stays trailers-only.
-func (h *heldHeader) end(err error) {
-	if h.sent.Swap(true) {
-		return
-	}
-	if md := h.fields.Load(); md != nil {
-		if err != nil {
-			h.ServerStream.SetTrailer(*md)
-		} else {
-			_ = h.ServerStream.SetHeader(*md)
-		}
+// end is the handler's return with err: fields still held go in the
+// header if it succeeded and the header is still to send, else in the
+// trailer, so that a failure stays trailers-only.
+func (h *heldHeader) end(err error) { h.set(err != nil) }
+
+// set takes the fields held, if any, and sets them in the header, or in
+// the trailer if failed or the header went already (the handler sent it
+// through grpc.SendHeader, which this stream does not see, or sent before
+// the fields were known).
+func (h *heldHeader) set(failed bool) {
+	if md := h.fields.Swap(nil); md != nil && (failed || h.ServerStream.SetHeader(*md) != nil) {
+		h.ServerStream.SetTrailer(*md)
 	}
 }
 
@@ -67,6 +63,7 @@ type meteredStream struct {
 	method string
 	key    string
 	cost   int64
+	held   bool // the first message a bucket let through has set the fields
 	pushed bool // a refusal's trailer was set: a second pushback value would stop grpc-go retrying
 }
 
@@ -74,20 +71,21 @@ type meteredStream struct {
 // bucket cannot pay for is dropped and the refusal returned; an error of
 // the underlying stream (io.EOF at the end) is returned as it is, and
 // charges nothing. The RateLimit fields of WithHeaders go once each: as
-// the first message a bucket let through left it, in the header the
-// handler first sends, and as the first refusal left it, in the trailer.
+// the first message a bucket let through left it, held for the header
+// (see heldHeader), and as the first refusal left it, in the trailer.
 func (s *meteredStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
 	ctx := s.Context()
 	d, r := s.l.spend(ctx, s.key, s.cost)
-	first := s.fields.Load() == nil && !s.sent.Load()
+	first := !s.held
 	refused := r.status != nil && !s.l.shadow && !s.pushed // a refusal whose trailer is still to set
 	v := s.l.judge(ctx, s.method, s.key, d, r.cause == nil && (refused || first), r)
 	switch {
 	case v.status == nil && v.md != nil && first:
 		md := v.md // not &v.md, which would move v to the heap at every message
+		s.held = true
 		s.fields.Store(&md)
 	case v.status != nil && !s.pushed:
 		if trailer := v.trailer(); trailer != nil {
