@@ -31,9 +31,13 @@ var ErrNotReplicated = errors.New("redisstore: the write was not acknowledged by
 // It costs a round trip to the replicas on every call, and availability:
 // while a master has fewer replicas than asked for (after a failover,
 // until the lost node rejoins as a replica), every decision on its keys
-// is the failure rule's. It does not guard against what WAIT cannot: with
-// more than one replica per master, a failover may promote a replica that
-// was not among those that acknowledged.
+// is the failure rule's. So is every decision if replicas is more than
+// the deployment has: WAIT cannot tell a replica away from one that never
+// was, and New starts the store degraded rather than fail, so the count
+// is yours to check (OnError reports each ErrNotReplicated). It does not
+// guard against what WAIT cannot: with more than one replica per master,
+// a failover may promote a replica that was not among those that
+// acknowledged.
 //
 // Call it before the client's first command, on a client that serves the
 // store alone: it adds a go-redis hook to c (a *redis.ClusterClient's to

@@ -227,3 +227,37 @@ func TestClassify(t *testing.T) {
 		}
 	}
 }
+
+// TestUnreachable: which errors of New's first attempt start the store
+// degraded (Redis cannot serve it now) and which fail New (an answer every
+// later attempt would get too).
+func TestUnreachable(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{replyErr("LOADING Redis is loading the dataset in memory"), true},
+		{replyErr("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), true},
+		{replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), true},
+		{replyErr("BUSY Redis is busy running a script."), true},
+		{replyErr("OOM command not allowed when used memory > 'maxmemory'."), true},
+		{replyErr("NOREPLICAS Not enough good replicas to write."), true},
+		{replyErr("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), true},
+		{replyErr("CLUSTERDOWN The cluster is down"), true},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
+		{&net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, true},
+		{io.EOF, true},
+		{context.DeadlineExceeded, true},
+		{redis.ErrPoolTimeout, true},
+		{fmt.Errorf("%w: WAIT 1 20 answered 0", ErrNotReplicated), true},
+		{fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, replyErr("NOPERM User has no permissions to run the 'wait' command")), false},
+		{replyErr("READONLY You can't write against a read only replica."), false},
+		{replyErr("ERR unknown command 'FUNCTION', with args beginning with: "), false},
+		{replyErr("NOPERM this user has no permissions to run the 'fcall' command"), false},
+		{context.Canceled, false},
+	} {
+		if got := unreachable(c.err); got != c.want {
+			t.Errorf("unreachable(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}

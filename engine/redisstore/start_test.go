@@ -339,9 +339,10 @@ func TestStartWithoutRedisConcurrent(t *testing.T) {
 
 // TestStartWhileRedisCannotServe: a server that answers but cannot serve
 // the store now is an outage, not a configuration error: busy with a
-// script (BUSY), or taking writes no replica acknowledges under
-// WaitForReplicas. New returns a store that answers by the failure rule,
-// and Redis decides once it can.
+// script (BUSY), refusing writes for want of replicas
+// (min-replicas-to-write: NOREPLICAS), or taking writes no replica
+// acknowledges under WaitForReplicas. New returns a store that answers by
+// the failure rule, and Redis decides once it can.
 func TestStartWhileRedisCannotServe(t *testing.T) {
 	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
 	ctx := context.Background()
@@ -368,6 +369,24 @@ func TestStartWhileRedisCannotServe(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, failRule(false), d)
 		require.NoError(t, admin.ScriptKill(ctx).Err())
+		d = untilDecided(t, s, "k", failRule(false))
+		require.True(t, d.Allowed)
+		require.Equal(t, int64(2), d.Remaining)
+	})
+	t.Run("too few replicas to write", func(t *testing.T) {
+		srv := startPrivate(t) // no replica
+		admin := client(t, srv.Addr())
+		require.NoError(t, admin.ConfigSet(ctx, "min-replicas-to-write", "1").Err())
+		var log errorLog
+		s, err := redisstore.New(ctx, redisstore.Config{Client: client(t, srv.Addr()), Prefix: prefix(t), Policy: pol,
+			Clock: clock.NewManual(0), OnError: log.add})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		require.ErrorContains(t, log.all()[0], "NOREPLICAS")
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.Equal(t, failRule(false), d)
+		require.NoError(t, admin.ConfigSet(ctx, "min-replicas-to-write", "0").Err())
 		d = untilDecided(t, s, "k", failRule(false))
 		require.True(t, d.Allowed)
 		require.Equal(t, int64(2), d.Remaining)

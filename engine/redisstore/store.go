@@ -361,20 +361,21 @@ var _ engine.Admitter = (*Store)(nil)
 // prefix has none; it reads the key map, the number of virtual shards and
 // the policy in force before it sends Redis any request.
 //
-// If Redis cannot be reached (a connection refused, reset or timed out, no
-// reply by the deadline, a server still loading, busy with a script or out
-// of memory, a cluster down, or writes too few replicas acknowledged
-// under WaitForReplicas, as on a server whose replica is away), New still
-// returns a working Store, and tells cfg.OnError why. Until the store
-// has read the prefix's state, every decision is answered by the failure
-// rule, marked engine.Decision.Degraded, and Peek, Refund, ReplacePolicy,
-// EvictFull and KeyCount return an error wrapping ErrNotReady; Policy
-// is cfg.Policy. Each call first tries again to read that state, one call
-// at a time (the others, meanwhile, are answered at once without Redis),
-// so the first call after Redis answers is decided by it, with the
-// prefix's key map and policy adopted as New would have; go-redis's dialer
-// may hold off new connections for up to a second after repeated refusals.
-// An attempt that then meets a prefix set up otherwise (ErrKeyTags) is
+// If Redis cannot be reached (a connection refused, reset or timed out,
+// no reply by the deadline, a server still loading, busy with a script,
+// out of memory or refusing writes (NOREPLICAS, MISCONF), a cluster down,
+// or writes too few replicas acknowledged under WaitForReplicas, as on a
+// server whose replica is away), New still returns a working Store, and
+// tells cfg.OnError why. Until the store has read the prefix's state,
+// every decision is answered by the failure rule, marked
+// engine.Decision.Degraded, and Peek, Refund, ReplacePolicy, EvictFull
+// and KeyCount return an error wrapping ErrNotReady; Policy is
+// cfg.Policy. Each call first tries again to read that state, one call at
+// a time (the others, meanwhile, are answered at once without Redis), so
+// the first call after Redis answers is decided by it, with the prefix's
+// key map and policy adopted as New would have; go-redis's dialer may
+// hold off new connections for up to a second after repeated refusals. An
+// attempt that then meets a prefix set up otherwise (ErrKeyTags) is
 // reported to OnError, and the store keeps answering by the failure rule.
 //
 // Errors: engine.ErrNilContext for a nil ctx, engine.ErrInvalidPolicy,
@@ -397,7 +398,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	// A client whose TCP address is not host:port is refused: no attempt to
 	// connect could reach it. A Sentinel failover client's address is a
 	// placeholder (its dialer asks the sentinels), and a cluster client with
-	// ClusterSlots or a Dialer of its own is trusted with its addresses.
+	// ClusterSlots or a Dialer of its own is trusted with its addresses (a
+	// plain client's options always have a Dialer: go-redis sets its own).
 	var cluster *redis.ClusterClient
 	var addrs []string
 	timeouts := false
@@ -435,7 +437,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	for _, a := range addrs {
 		if !hostPort(ctx, a) {
-			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port", engine.ErrInvalidConfig, a)
+			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port with a port a dial can use", engine.ErrInvalidConfig, a)
 		}
 	}
 	if err := checkLeases(cfg.Leases); err != nil {
@@ -603,16 +605,17 @@ func hostPort(ctx context.Context, addr string) bool {
 // unreachable reports whether err, from New's first attempt to reach
 // Redis, means that Redis cannot serve the store now (a connection
 // refused, reset or timed out, a deadline passed with no reply, a server
-// loading its data, busy with a script or out of memory, a cluster not
-// serving, writes too few replicas acknowledged under WaitForReplicas),
-// rather than that it answered in a way a later attempt would answer too
-// (a reply of the wrong kind of server, a prefix set up otherwise, a WAIT
-// the server or an ACL refuses).
+// loading its data, busy with a script, out of memory or refusing writes
+// (too few replicas for min-replicas-to-write, a failed snapshot), a
+// cluster not serving, writes too few replicas acknowledged under
+// WaitForReplicas), rather than that it answered in a way a later attempt
+// would answer too (a reply of the wrong kind of server, a prefix set up
+// otherwise, a WAIT the server or an ACL refuses).
 func unreachable(err error) bool {
 	if nodeLost(err) {
 		return true
 	}
-	for _, p := range []string{"LOADING", "MASTERDOWN", "TRYAGAIN", "BUSY", "OOM"} {
+	for _, p := range []string{"LOADING", "MASTERDOWN", "TRYAGAIN", "BUSY", "OOM", "NOREPLICAS", "MISCONF"} {
 		if redis.HasErrorPrefix(err, p) {
 			return true
 		}
