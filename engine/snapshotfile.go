@@ -14,7 +14,10 @@ import (
 // there, never a truncated one: it writes a temporary file in the same
 // directory, syncs it to disk, renames it over path and syncs the
 // directory. On an error the temporary file is removed and path is left as
-// it was. The file is created with mode 0600: it holds every tracked key.
+// it was; a process killed while writing leaves it behind, named
+// ".<base of path>.tmp-<random>", for you to delete when no SnapshotFile
+// of path is running (each call writes its own, and removes no other). The
+// file is created with mode 0600: it holds every tracked key.
 //
 // For a restart, stop admitting (http.Server's Shutdown, say), then call
 // SnapshotFile, then Close; RestoreFile reads the file on the next start.
