@@ -9,7 +9,11 @@
 // engine.Admitter, such as the engine/httplimit middleware, moves between the
 // two unchanged:
 //
-//	rdb := redis.NewClient(&redis.Options{Addr: "redis:6379", ContextTimeoutEnabled: true})
+//	rdb := redis.NewClient(&redis.Options{
+//		Addr:                  "redis:6379",
+//		ContextTimeoutEnabled: true, // required: a call never outlives its deadline
+//		DialerRetries:         1,    // while Redis is down, answer at once (see Failures)
+//	})
 //	store, err := redisstore.New(ctx, redisstore.Config{
 //		Client: rdb,
 //		Policy: policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 10},
@@ -426,6 +430,15 @@
 // resumes by itself when Redis returns. Calls that are not decisions return
 // an error wrapping ErrUnavailable instead; a pass over the keyspace bounds
 // each exchange, not the whole pass.
+//
+// How soon the failure rule answers is the client's to say. go-redis dials
+// a connection up to five times, 100 ms apart, by default
+// (Options.DialerRetries, DialerRetryTimeout): while the server refuses
+// connections, every decision then waits out its whole deadline, 250 ms
+// by default, before it is answered. With DialerRetries: 1 it is answered
+// as soon as the dial is refused, in well under a millisecond on loopback;
+// a server that does not answer at all (a host gone, a network cut) still
+// costs the deadline, or the client's DialTimeout if shorter.
 //
 // A store may start while Redis is unreachable: New returns it, and it
 // answers every decision by the failure rule until a call reaches Redis

@@ -232,11 +232,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	var store *redisstore.Store
 	switch {
 	case o.redisAddr != "" || o.redisCluster != "":
+		// One dial per attempt: go-redis's default, 5 dials 100 ms apart,
+		// would hold every answer for the whole -redis-timeout while Redis
+		// is down, where Envoy has long given up waiting (its default
+		// timeout is 20 ms).
 		var client redis.UniversalClient
 		if o.redisAddr != "" {
-			client = redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true})
+			client = redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true, DialerRetries: 1})
 		} else {
-			client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(o.redisCluster, ","), ContextTimeoutEnabled: true})
+			client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(o.redisCluster, ","), ContextTimeoutEnabled: true, DialerRetries: 1})
 		}
 		defer func() { _ = client.Close() }()
 		store, err = redisstore.New(ctx, redisstore.Config{

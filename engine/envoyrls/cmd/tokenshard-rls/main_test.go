@@ -16,8 +16,10 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/tokenshard/tokenshard/engine/envoyrls"
 	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
@@ -412,5 +414,30 @@ func TestCommandDirectoryGone(t *testing.T) {
 	}
 	if got := c.ask("gw", "route=/x").GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 10 {
 		t.Errorf("limit %d after the directory came back, want 10", got)
+	}
+}
+
+// TestCommandRedisDownAnswersAtOnce: with Redis gone, the command answers
+// Unavailable at once, not after its Redis timeout: Envoy, whose own
+// timeout is 20 ms by default, can then apply its failure mode on the
+// command's answer rather than on its own deadline.
+func TestCommandRedisDownAnswersAtOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	c := startCommand(t, "-redis", srv.Addr(), "-redis-prefix", "envoyrls-cmd-gone:", "-redis-timeout", "5s")
+	if got := overall(c.ask("gw", "route=/x")); got != "OK" {
+		t.Fatalf("with Redis up: %s", got)
+	}
+	srv.Kill()
+	defer srv.Restart(t)
+	for i := range 3 {
+		start := time.Now()
+		_, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req("gw", 0, rlstest.D("route=/x")))
+		took := time.Since(start)
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("request %d with Redis down: %v, want Unavailable", i+1, err)
+		}
+		if took > 200*time.Millisecond { // go-redis's default dial retries take 400 ms
+			t.Errorf("request %d with Redis down took %v; want a few milliseconds", i+1, took)
+		}
 	}
 }
