@@ -107,9 +107,9 @@
 //   - A key with no override is under P.
 //   - A key whose override (policy.OverrideSet.Lookup) has a Name is under
 //     that Name, unless it is another quota's: P while the override's quota
-//     differs from the default's, or a derived name (below) of a quota other
-//     than its own. Such a Name is not used; the override is named as if it
-//     had none.
+//     differs from the default's, or a derived name (below), with or
+//     without a suffix "-1", "-2", ..., of a quota other than its own. Such
+//     a Name is not used; the override is named as if it had none.
 //   - A key whose override has no Name is under P when the override's quota
 //     is the default's, and otherwise under its derived name.
 //   - The derived name of a rate per second is "P-<capacity>-<tokens>":

@@ -2,6 +2,7 @@ package httplimit
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tokenshard/tokenshard/policy"
@@ -144,8 +145,22 @@ func (f Fields) nameFits(name string, own, def quota) bool {
 
 // parseDerived returns the quota that name is the derived name of, as
 // appendDerived writes it (every number in canonical decimal, the period
-// in its one form), and false when it is not one.
+// in its one form), with or without the suffix "-k" appendPrimaryName adds
+// when a band has the name, and false when it is not one.
 func (f Fields) parseDerived(name string) (quota, bool) {
+	if q, ok := f.parseUnsuffixed(name); ok {
+		return q, true
+	}
+	if i := strings.LastIndexByte(name, '-'); i >= 0 {
+		if _, ok := parsePositive(name[i+1:]); ok {
+			return f.parseUnsuffixed(name[:i])
+		}
+	}
+	return quota{}, false
+}
+
+// parseUnsuffixed is parseDerived for a name as appendDerived writes it.
+func (f Fields) parseUnsuffixed(name string) (quota, bool) {
 	p := f.policyName
 	if len(name) <= len(p)+1 || name[:len(p)] != p || name[len(p)] != '-' {
 		return quota{}, false

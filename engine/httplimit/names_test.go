@@ -35,12 +35,14 @@ func TestQuotaNames(t *testing.T) {
 		policy.Override{Match: "gold:*", Capacity: 50, TokensPerSecond: 5, Name: "gold"},
 		policy.Override{Match: "platinum", Capacity: 50, TokensPerSecond: 5, Name: "platinum"}, // gold's limit, its own name
 		policy.Override{Match: "silver", Capacity: 20, TokensPerSecond: 2},
-		policy.Override{Match: "bronze*", Capacity: 20, TokensPerSecond: 2},                       // silver's limit: one derived name
-		policy.Override{Match: "plain", Capacity: 100, TokensPerSecond: 1},                        // the default's limit
-		policy.Override{Match: "impostor", Capacity: 7, TokensPerSecond: 1, Name: "api"},          // the policy name, another quota
-		policy.Override{Match: "fake-derived", Capacity: 8, TokensPerSecond: 1, Name: "api-20-2"}, // silver's derived name
-		policy.Override{Match: "own-derived", Capacity: 9, TokensPerSecond: 3, Name: "api-9-3"},   // its own: kept
-		policy.Override{Match: "not-derived", Capacity: 9, TokensPerSecond: 4, Name: "api-09-4"},  // not canonical: a plain name
+		policy.Override{Match: "bronze*", Capacity: 20, TokensPerSecond: 2},                          // silver's limit: one derived name
+		policy.Override{Match: "plain", Capacity: 100, TokensPerSecond: 1},                           // the default's limit
+		policy.Override{Match: "impostor", Capacity: 7, TokensPerSecond: 1, Name: "api"},             // the policy name, another quota
+		policy.Override{Match: "fake-derived", Capacity: 8, TokensPerSecond: 1, Name: "api-20-2"},    // silver's derived name
+		policy.Override{Match: "fake-suffixed", Capacity: 8, TokensPerSecond: 2, Name: "api-20-2-1"}, // silver's, were a band named api-20-2
+		policy.Override{Match: "own-derived", Capacity: 9, TokensPerSecond: 3, Name: "api-9-3"},      // its own: kept
+		policy.Override{Match: "own-suffixed", Capacity: 9, TokensPerSecond: 5, Name: "api-9-5-2"},   // its own: kept
+		policy.Override{Match: "not-derived", Capacity: 9, TokensPerSecond: 4, Name: "api-09-4"},     // not canonical: a plain name
 		policy.Override{Match: "quoted", Capacity: 3, TokensPerSecond: 1, Name: `say "hi" \ bye`},
 	)
 	require.NoError(t, err)
@@ -60,7 +62,9 @@ func TestQuotaNames(t *testing.T) {
 		{"plain", `"api";q=100;w=100`, `"api";r=99;t=1`},
 		{"impostor", `"api-7-1";q=7;w=7`, `"api-7-1";r=6;t=1`},
 		{"fake-derived", `"api-8-1";q=8;w=8`, `"api-8-1";r=7;t=1`},
+		{"fake-suffixed", `"api-8-2";q=8;w=4`, `"api-8-2";r=7;t=1`},
 		{"own-derived", `"api-9-3";q=9;w=3`, `"api-9-3";r=8;t=1`},
+		{"own-suffixed", `"api-9-5-2";q=9;w=2`, `"api-9-5-2";r=8;t=1`},
 		{"not-derived", `"api-09-4";q=9;w=3`, `"api-09-4";r=8;t=1`},
 		{"quoted", `"say \"hi\" \\ bye";q=3;w=3`, `"say \"hi\" \\ bye";r=2;t=1`},
 	} {
