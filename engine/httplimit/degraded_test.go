@@ -99,3 +99,48 @@ func TestNotDegradedIsALimit(t *testing.T) {
 	assert.NotEmpty(t, rec.Header().Values("RateLimit"))
 	assert.Equal(t, []string{"1"}, rec.Header().Values("Retry-After"))
 }
+
+// TestErrorAnswersCarryNoOuterFields: an answer that is no bucket's
+// decision (a full key table's 503, a degraded denial's 503) has no
+// RateLimit fields, even under a middleware that set its own first, a
+// shadow one or an enforcing one: they would describe another quota than
+// the one that answered. A degraded admission keeps the outer fields: the
+// request passed that limit.
+func TestErrorAnswersCarryNoOuterFields(t *testing.T) {
+	full, _ := newEngine(t, engine.Config{Policy: pol(10, 1), MaxKeys: 1})
+	_, err := full.Allow(context.Background(), "someone-else", 1) // the key table is now full
+	require.NoError(t, err)
+	denying := degradedAdmitter{d: engine.Decision{Degraded: true, RetryAfter: time.Second, Version: 1, Limit: 10}}
+	admitting := degradedAdmitter{d: engine.Decision{Degraded: true, Allowed: true, Version: 1, Limit: 10}}
+	for _, c := range []struct {
+		name   string
+		inner  engine.Admitter
+		code   int
+		fields bool
+	}{
+		{"a full key table", full, http.StatusServiceUnavailable, false},
+		{"a degraded denial", denying, http.StatusServiceUnavailable, false},
+		{"a degraded admission", admitting, http.StatusOK, true},
+	} {
+		for _, shadow := range []bool{false, true} {
+			outerEngine, _ := newEngine(t, engine.Config{Policy: pol(10, 1)})
+			opts := []httplimit.Option{httplimit.WithPolicyName("outer")}
+			if shadow {
+				opts = append(opts, httplimit.WithShadow())
+			}
+			outer, err := httplimit.New(outerEngine, opts...)
+			require.NoError(t, err)
+			inner, err := httplimit.New(c.inner)
+			require.NoError(t, err)
+			w := httptest.NewRecorder()
+			outer.Handler(inner.Handler(ok)).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+			require.Equal(t, c.code, w.Code, "%s, shadow outer %v", c.name, shadow)
+			if c.fields {
+				require.Equal(t, []string{`"outer";r=9;t=1`}, w.Header().Values("RateLimit"), "%s, shadow outer %v", c.name, shadow)
+			} else {
+				require.Empty(t, w.Header().Values("RateLimit"), "%s, shadow outer %v", c.name, shadow)
+				require.Empty(t, w.Header().Values("RateLimit-Policy"), "%s, shadow outer %v", c.name, shadow)
+			}
+		}
+	}
+}

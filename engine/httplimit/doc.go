@@ -144,12 +144,14 @@
 //   - Denied by a store's failure rule (engine.Decision.Degraded: a Redis
 //     store, failing closed, that cannot reach Redis): 503 Service
 //     Unavailable, Retry-After the decision's RetryAfter in whole seconds
-//     rounded up and at least 1, and no RateLimit fields, as no bucket was
-//     consulted: the outage is the server's, not the client's limit. The
+//     rounded up and at least 1, and no RateLimit fields (an outer
+//     middleware's are removed), as no bucket was consulted: the outage is
+//     the server's, not the client's limit. The
 //     WithDenied function is not called, since it answers limits
 //     (ErrDegraded).
 //   - Admitted by a store's failure rule (Degraded, failing open): the
-//     wrapped handler's response, without RateLimit fields.
+//     wrapped handler's response, without RateLimit fields of this
+//     middleware's (an outer middleware's stay: the request passed it).
 //   - Key bound reached (engine.ErrKeyCapacity): 503 Service Unavailable and
 //     no RateLimit fields, as there is no decision; a full key table is the
 //     server's overload, not the client's fault. Retry-After is

@@ -266,7 +266,8 @@ func (m *Middleware) decide(r *http.Request) (take, engine.Decision, error) {
 
 // degraded answers a request that a store's failure rule decided
 // (engine.Decision.Degraded): no bucket was consulted, so no RateLimit
-// field is set. An admission goes to next; a denial is the server's
+// field is set (a denial removes any an outer middleware set). An
+// admission goes to next; a denial is the server's
 // outage, not the client's limit, so it is given to the WithOnError
 // function and answered with 503, Retry-After the decision's RetryAfter in
 // whole seconds, rounded up and at least 1, and never goes to the
@@ -283,8 +284,18 @@ func (m *Middleware) degraded(w http.ResponseWriter, r *http.Request, t take, d 
 		next.ServeHTTP(w, m.settleable(r, t, false))
 		return
 	}
-	w.Header().Set(headerRetryAfter, strconv.FormatInt(max(ceilSeconds(d.RetryAfter), 1), 10))
+	h := w.Header()
+	clearFields(h)
+	h.Set(headerRetryAfter, strconv.FormatInt(max(ceilSeconds(d.RetryAfter), 1), 10))
 	http.Error(w, bodyDegraded, http.StatusServiceUnavailable)
+}
+
+// clearFields removes the RateLimit fields an outer middleware set from an
+// answer that is no bucket's decision: they would describe another quota
+// than the one that answered.
+func clearFields(h http.Header) {
+	delete(h, headerPolicy)
+	delete(h, headerRateLimit)
 }
 
 // fail answers a request that could not be decided, for err.
@@ -294,6 +305,7 @@ func (m *Middleware) degraded(w http.ResponseWriter, r *http.Request, t take, d 
 // in the background. An engine that never frees a slot by itself gets none,
 // since any figure would be a guess the client would act on.
 func (m *Middleware) fail(w http.ResponseWriter, err error) {
+	clearFields(w.Header())
 	switch {
 	case errors.Is(err, ErrKeyFunc) && m.keys != nil, errors.Is(err, engine.ErrAllowAllSize):
 		http.Error(w, bodyKeys, http.StatusInternalServerError)

@@ -174,8 +174,8 @@ func WithOnError(f ErrorFunc) Option {
 // is decided and spends its cost as it would under enforcement, so the
 // buckets hold what they would, and the RateLimit fields report it, but no
 // request is refused. A request the limit would deny reaches the wrapped
-// handler with its fields (r=0, t the time until it would be admitted) and
-// no Retry-After, and is counted in Stats().Refused. A request the
+// handler with its fields (r the tokens left, fewer than its cost; t the
+// time until it would be admitted) and no Retry-After, and is counted in Stats().Refused. A request the
 // middleware could not decide (see WithOnError) reaches the handler too,
 // without fields, counted in Stats().Errors and given to the WithOnError
 // function; so is a denial by a store's failure rule, counted in
@@ -190,7 +190,8 @@ func WithOnError(f ErrorFunc) Option {
 // enforcing one (ExampleWithShadow): the enforced items come first and are
 // unchanged, and the shadow one sees the requests the enforced limit
 // admitted. Outside the enforcing one, it would see every request, but the
-// enforcing middleware would replace its items.
+// enforcing middleware would replace its items, and remove them from an
+// answer that is not a decision (a 503, 413 or 500).
 func WithShadow() Option {
 	return func(c *config) error {
 		c.shadow = true
