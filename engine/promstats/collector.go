@@ -93,7 +93,9 @@ var metrics = [numMetrics]struct {
 }
 
 // New returns a Collector of e's Stats. It returns ErrInvalidOption
-// (wrapped) for a nil e or a nil Option. A zero Engine's metrics are all 0.
+// (wrapped) for a nil e or a nil Option. A zero Engine's metrics are all
+// 0; it has no shards, so under WithShardLabels it sends no per-shard
+// gauge.
 func New(e *engine.Engine, opts ...Option) (*Collector, error) {
 	if e == nil {
 		return nil, fmt.Errorf("%w: nil engine", ErrInvalidOption)
