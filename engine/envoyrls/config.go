@@ -283,7 +283,10 @@ func (c *Config) loadDescriptor(m *yaml.Node) (*node, *yaml.Node, error) {
 			}
 		case "metadata":
 			// Dynamic metadata for the response, which this server does not
-			// send; any YAML is accepted, as envoyproxy/ratelimit accepts it.
+			// send; any mapping is accepted, as envoyproxy/ratelimit accepts it.
+			if !isNull(v) && v.Kind != yaml.MappingNode {
+				err = fieldErr(ErrFieldType, v, k, "not a mapping")
+			}
 		default:
 			err = fieldErr(ErrUnknownField, kn, k, "not a field of a descriptor")
 		}
@@ -324,9 +327,13 @@ func loadLimit(m *yaml.Node) (*limit, error) {
 			unit, err = str(k, v)
 			unitNode = v
 		case "requests_per_unit":
+			if isNull(v) {
+				return nil // as if not given: refused below, where a 0 must be written
+			}
 			var n uint32
-			var f float64 // yaml.v3 decodes 1.5 into a uint32 as 1: a fraction is refused here
-			if err := v.Decode(&n); err != nil || v.Kind != yaml.ScalarNode || v.Decode(&f) != nil || f != float64(n) {
+			// yaml.v3 decodes 1.5 or 5.0 into a uint32; envoyproxy/ratelimit
+			// refuses any float
+			if err := v.Decode(&n); err != nil || v.Kind != yaml.ScalarNode || v.ShortTag() == "!!float" {
 				return fieldErr(ErrFieldType, v, k, fmt.Sprintf("not a whole number from 0 to %d", uint32(math.MaxUint32)))
 			}
 			l.requestsPerUnit, hasRequests = n, true
@@ -422,13 +429,13 @@ func deref(v *yaml.Node) *yaml.Node {
 
 func isNull(v *yaml.Node) bool { return v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" }
 
-// str reads a scalar as a string: a number or a word is its text, as
-// envoyproxy/ratelimit reads it; null is "".
+// str reads a scalar as a string: an integer or a word is its text, as
+// envoyproxy/ratelimit reads it; null is ""; a float is refused, as there.
 func str(field string, v *yaml.Node) (string, error) {
 	if isNull(v) {
 		return "", nil
 	}
-	if v.Kind != yaml.ScalarNode {
+	if v.Kind != yaml.ScalarNode || v.ShortTag() == "!!float" {
 		return "", fieldErr(ErrFieldType, v, field, "not a string")
 	}
 	return v.Value, nil

@@ -29,19 +29,20 @@
 // envoyproxy/ratelimit and change no decision here; metadata is read and
 // not used, as envoyproxy/ratelimit does not use it unless told to.
 //
-// What envoyproxy/ratelimit refuses is refused: YAML that does not parse,
-// an empty domain, a descriptor without a key, two descriptors of one level
-// with the same key and value, an unknown unit, unlimited with a unit,
-// a replaces entry that is empty or names its own limit, share_threshold
-// on a value without '*', a key that is not a string, a list of anything
-// but mappings, and an unknown field. It also refuses an unknown field where
-// envoyproxy/ratelimit lets a known name of another level pass ("unit" at
-// the top), a field given twice, a value of the wrong kind, a rate_limit
-// without requests_per_unit (envoyproxy/ratelimit reads it as 0 and refuses
-// every request: here a 0 must be written), quota_mode: true, which this
-// server does not implement, and more than 100,000 descriptors (aliases
-// expanded). Every error names the line and
-// the field and wraps ErrInvalidConfig.
+// What envoyproxy/ratelimit refuses is refused: YAML that does not parse, an
+// empty domain, a descriptor without a key, two descriptors of one level
+// with the same key and value, an unknown unit, unlimited with a unit, a
+// replaces entry that is empty or names its own limit, share_threshold on a
+// value without '*', a key that is not a string, a list of anything but
+// mappings, a float (a number with a fraction or an exponent, 5.0 too),
+// metadata that is not a mapping, and an unknown field. It also refuses an
+// unknown field where envoyproxy/ratelimit lets a known name of another
+// level pass ("unit" at the top), a field given twice, a value of the wrong
+// kind, a rate_limit without requests_per_unit or with an empty one
+// (envoyproxy/ratelimit reads it as 0 and refuses every request: here a 0
+// must be written), quota_mode: true, which this server does not implement,
+// and more than 100,000 descriptors (aliases expanded). Every error names
+// the line and the field and wraps ErrInvalidConfig.
 //
 // # Limits
 //
@@ -74,8 +75,13 @@
 //
 // The cost of a descriptor is its own hits_addend when set, else the
 // request's, where 0 (not set) means 1. A descriptor hits_addend of 0 means
-// check only, as in envoyproxy/ratelimit: the descriptor is over the limit
-// if its bucket holds less than one token, and nothing is taken from it.
+// check only, as in envoyproxy/ratelimit: nothing is taken from its
+// bucket, and the descriptor is over the limit if the bucket holds less
+// than one token (with a limit of 0, always). envoyproxy/ratelimit, whose
+// counters go on counting refused hits, calls a check over only once more
+// hits than the limit were counted: a check of a window used up exactly,
+// or of a limit of 0, is OK there and over here, where a refused request
+// takes nothing.
 //
 // The limited descriptors not in shadow mode are decided together with one
 // engine.Admitter.AllowAll: either each one's cost is taken from its bucket
@@ -84,7 +90,8 @@
 // descriptors of a request that one of them refuses, here a refused request
 // costs nothing. A descriptor whose cost is above its limit, or whose limit
 // is 0, can never pass: the request is refused without asking the admitter.
-// At most engine.MaxAllowAll descriptors of a request may be limited.
+// At most engine.MaxAllowAll descriptors of a request may be limited
+// (check-only and shadow ones included: each costs the admitter a call).
 //
 // A descriptor in shadow_mode is decided on its own, with Allow's meaning
 // (its cost is taken if its bucket holds it, whatever the others' answer),

@@ -250,6 +250,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			it.key = bucketKey(n.rule, vals)
 		}
 	}
+	limited := 0
 	for i := range items {
 		// An unlimited descriptor stays unlimited whoever names it, as
 		// envoyproxy/ratelimit has it: only limits are replaced.
@@ -257,6 +258,14 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		if it.kind != kindUnlimited && it.node != nil && it.node.limit.name != "" && replacing[it.node.limit.name] {
 			it.kind = kindNone
 		}
+		if it.kind == kindEnforced || it.kind == kindShadow {
+			limited++
+		}
+	}
+	if limited > engine.MaxAllowAll {
+		// Each costs the admitter work (a check or a shadow descriptor a
+		// call of its own): a request's is bounded.
+		return nil, status.Errorf(codes.InvalidArgument, "%v: %d limited descriptors, at most %d", ErrBadRequest, limited, engine.MaxAllowAll)
 	}
 	over, err := s.decideEnforced(ctx, items)
 	if err != nil {
@@ -291,9 +300,6 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 			reqs = append(reqs, engine.Request{Key: it.key, Cost: it.cost})
 			idx = append(idx, i)
 		}
-	}
-	if len(reqs) > engine.MaxAllowAll {
-		return false, status.Errorf(codes.InvalidArgument, "%v: %d limited descriptors, at most %d", ErrBadRequest, len(reqs), engine.MaxAllowAll)
 	}
 	for _, i := range idx {
 		it := &items[i]
@@ -358,6 +364,13 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 		if over && !it.over && d.Remaining < sums[it.key] {
 			// Refused with the others: its own bucket lacks its cost too.
 			it.over, it.retry = true, waitFor(d, sums[it.key], it.node.limit)
+		}
+	}
+	for _, i := range checks {
+		// A check of a bucket the request charged reports it after the
+		// charge; a refused request charged none.
+		if d, ok := peeked[items[i].key]; ok && !over {
+			items[i].d = d
 		}
 	}
 	return over, nil

@@ -54,6 +54,7 @@ func Run(t *testing.T, f Factory) {
 		{"BadRequests", BadRequests},
 		{"ZeroAndUnlimited", ZeroAndUnlimited},
 		{"CheckOnlyOverChargesNothing", CheckOnlyOverChargesNothing},
+		{"CheckOnlyReportsAfterTheCharge", CheckOnlyReportsAfterTheCharge},
 		{"RetryAfterCoversEveryCost", RetryAfterCoversEveryCost},
 		{"ConcurrentAllOrNothing", ConcurrentAllOrNothing},
 	}
@@ -523,9 +524,11 @@ func KeysDoNotCollide(t *testing.T, f Factory) {
 // BadRequests: what the server refuses, as gRPC errors.
 func BadRequests(t *testing.T, f Factory) {
 	h := Start(t, f, TreeYAML)
-	many := Req("storefront", 0)
+	many, manyChecks := Req("storefront", 0), Req("storefront", 0)
 	for i := range 65 {
 		many.Descriptors = append(many.Descriptors, D(fmt.Sprintf("region=%d", i)))
+		// each a Peek of its own: limited descriptors, though they charge nothing
+		manyChecks.Descriptors = append(manyChecks.Descriptors, DH(0, fmt.Sprintf("region=%d", i)))
 	}
 	overridden := D("region=x")
 	overridden.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: rlv3type.RateLimitUnit_SECOND}
@@ -536,6 +539,7 @@ func BadRequests(t *testing.T, f Factory) {
 		{Req("", 0, D("region=x")), codes.InvalidArgument},
 		{Req("storefront", 0), codes.InvalidArgument},
 		{many, codes.InvalidArgument},
+		{manyChecks, codes.InvalidArgument},
 		{Req("storefront", 0, overridden), codes.Unimplemented},
 	} {
 		if _, err := h.Client.ShouldRateLimit(context.Background(), c.req); status.Code(err) != c.code {
@@ -585,6 +589,19 @@ func CheckOnlyOverChargesNothing(t *testing.T, f Factory) {
 	if got := header(resp.ResponseHeadersToAdd, "Retry-After"); got != "3600" {
 		t.Errorf("Retry-After %q, want 3600", got)
 	}
+}
+
+// CheckOnlyReportsAfterTheCharge: a check-only descriptor of a bucket the
+// same request charges reports the bucket after the charge, as every
+// descriptor of the request does.
+func CheckOnlyReportsAfterTheCharge(t *testing.T, f Factory) {
+	h := Start(t, f, TreeYAML)
+	resp := h.Ask(Req("storefront", 0, DH(0, "region=q"), DH(3, "region=q")))
+	if resp.OverallCode != ok {
+		t.Fatalf("overall %v, want OK", resp.OverallCode)
+	}
+	check(t, "check only", resp.Statuses[0], lim(ok, 12, minute, 9))
+	check(t, "charged", resp.Statuses[1], lim(ok, 12, minute, 9))
 }
 
 // RetryAfterCoversEveryCost: a request refused is told to come back once
