@@ -21,7 +21,9 @@
 // cannot be read, until it can); a reload that fails (Redis away, or
 // another replica's cutover meanwhile) keeps it too, and is reported and
 // tried again at every poll. SIGINT or SIGTERM stops it: health turns
-// NOT_SERVING, requests in flight finish (up to -drain), and it exits 0.
+// NOT_SERVING, requests in flight finish (up to -drain; then their clients
+// are cut off, and a request waiting on Redis ends within -redis-timeout),
+// and it exits 0.
 //
 // With -redis or -redis-cluster, the buckets and the policy live in Redis
 // under -redis-prefix, shared by every replica on that prefix. A replica
@@ -113,7 +115,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.pfx, "redis-prefix", "tokenshard-rls:", "prefix of every Redis key")
 	fs.DurationVar(&o.timeout, "redis-timeout", 0, "bound on each Redis exchange (0: the store's default)")
 	fs.DurationVar(&o.poll, "poll", 5*time.Second, "how often the configuration directory is read for changes")
-	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown")
+	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown, before their clients are cut off (one waiting on Redis then ends within -redis-timeout)")
 	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
