@@ -343,6 +343,12 @@ func TestHeaderFieldsWhateverTheHandlerDoes(t *testing.T) {
 		stream:  func(ss grpc.ServerStream) error { return errors.Join(send(ss), recv(ss)) },
 		trailer: []string{`"default";q=5;w=5`, `"default";r=4;t=1`},
 	}, {
+		// the admitted message's fields at the end, beside the refusal's
+		name: "metered stream sends, then is refused", perMessage: true, capacity: 2, messages: 3,
+		stream:  func(ss grpc.ServerStream) error { return errors.Join(send(ss), recv(ss), recv(ss), recv(ss)) },
+		code:    codes.ResourceExhausted,
+		trailer: []string{`"default";q=2;w=2`, `"default";q=2;w=2`, `"default";r=0;t=1`, `"default";r=1;t=1`},
+	}, {
 		name: "metered stream refused before it sent", perMessage: true, capacity: 2, messages: 3,
 		stream:  func(ss grpc.ServerStream) error { return errors.Join(recv(ss), recv(ss), recv(ss)) },
 		code:    codes.ResourceExhausted,

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -144,7 +145,9 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		}
 		ms := &meteredStream{heldHeader: heldHeader{ServerStream: ss}, l: l, method: info.FullMethod, key: key, cost: cost}
 		err := handler(srv, ms)
-		if !ms.pushed { // else the trailer has the later fields of a refusal
+		if !ms.pushed || ms.sent.Load() {
+			// Refused before it sent, a stream has only the refusal's
+			// fields: its response stays trailers-only, for a retry.
 			ms.end(err)
 		}
 		return err
@@ -335,7 +338,12 @@ func peerIP(ctx context.Context) (netip.Addr, bool) {
 		a = addr.AddrPort().Addr()
 	case *net.UDPAddr:
 		a = addr.AddrPort().Addr()
+	case *net.UnixAddr:
+		return netip.Addr{}, false // its name is a path the client may choose: "203.0.113.7:1", say
 	default:
+		if strings.HasPrefix(addr.Network(), "unix") {
+			return netip.Addr{}, false
+		}
 		ap, err := netip.ParseAddrPort(addr.String())
 		if err != nil {
 			return netip.Addr{}, false

@@ -4,13 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -72,7 +79,9 @@ func TestStatusMapping(t *testing.T) {
 		{"denied", stub{d: engine.Decision{RetryAfter: 1500 * time.Millisecond}}, codes.ResourceExhausted, 1500},
 		{"denied/rounded up", stub{d: engine.Decision{RetryAfter: 1500*time.Millisecond + 1}}, codes.ResourceExhausted, 1501},
 		{"denied/at least 1ms", stub{d: engine.Decision{RetryAfter: 1}}, codes.ResourceExhausted, 1},
-		{"denied/saturated", stub{d: engine.Decision{RetryAfter: time.Duration(1<<63 - 1)}}, codes.ResourceExhausted, (1<<63-1)/int64(time.Millisecond) + 1},
+		// at most the longest Duration in ms: grpc-go multiplies the
+		// pushback by a millisecond, and one more would overflow
+		{"denied/saturated", stub{d: engine.Decision{RetryAfter: time.Duration(1<<63 - 1)}}, codes.ResourceExhausted, (1<<63 - 1) / int64(time.Millisecond)},
 		{"key capacity/no estimate", capacity, codes.Unavailable, 0},
 		{"key capacity/no sweeper", reclaiming{capacity, time.Second, false}, codes.Unavailable, 0},
 		{"key capacity/estimate", reclaiming{capacity, 250*time.Millisecond + 1, true}, codes.Unavailable, 251},
@@ -252,4 +261,60 @@ func TestExemptDirect(t *testing.T) {
 	require.NoError(t, e.Close())
 	_, err = call(ctx, l, checkMethod)
 	require.NoError(t, err, "an exempt method does not depend on the engine")
+}
+
+// TestSaturatedPushbackIsHonoured: a refusal whose wait is the longest
+// Duration (the engine's saturation) tells a grpc-go client with a retry
+// policy to wait, not to retry at once: a pushback one millisecond longer
+// overflows in grpc-go to a wait below 0.
+func TestSaturatedPushbackIsHonoured(t *testing.T) {
+	for _, d := range []engine.Decision{
+		{RetryAfter: math.MaxInt64, Version: 1, Limit: 5},
+		{Degraded: true, RetryAfter: math.MaxInt64, Version: 1, Limit: 5},
+	} {
+		var attempts atomic.Int32
+		count := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			attempts.Add(1)
+			return h(ctx, req)
+		}
+		const retry = `{"methodConfig": [{"name": [{"service": "grpc.health.v1.Health"}],
+			"retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+			"backoffMultiplier": 1.0, "retryableStatusCodes": ["RESOURCE_EXHAUSTED", "UNAVAILABLE"]}}]}`
+		conn := serve(t, newLimiter(t, stub{d: d}), []grpc.UnaryServerInterceptor{count}, grpc.WithDefaultServiceConfig(retry))
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond) // the client waits for it
+		_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		require.Error(t, err)
+		require.Equal(t, int32(1), attempts.Load(), "degraded %v: %v", d.Degraded, err)
+	}
+}
+
+// TestUnixPeerHasNoIP: a peer on a Unix socket has no IP address, though
+// the name of its socket, which the client chooses, reads as one: WithKey's
+// function is told client "", and it is not keyed as that address.
+func TestUnixPeerHasNoIP(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir) // the client's socket, "203.0.113.7:1", is made here
+	e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
+	clients := make(chan string, 1)
+	l := newLimiter(t, e, grpclimit.WithKey(func(_ context.Context, _ string, client string) (string, error) {
+		clients <- client
+		return "unix", nil
+	}))
+	lis, err := net.Listen("unix", filepath.Join(dir, "srv.sock"))
+	require.NoError(t, err)
+	srv := grpc.NewServer(grpc.UnaryInterceptor(l.Unary))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = srv.Serve(lis) })
+	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+		d := net.Dialer{LocalAddr: &net.UnixAddr{Name: "203.0.113.7:1", Net: "unix"}}
+		return d.DialContext(ctx, "unix", filepath.Join(dir, "srv.sock"))
+	}
+	conn, err := grpc.NewClient("passthrough:///x", grpc.WithContextDialer(dialer), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(); srv.Stop(); wg.Wait() })
+	_, err = healthpb.NewHealthClient(conn).Check(t.Context(), &healthpb.HealthCheckRequest{})
+	require.NoError(t, err)
+	require.Equal(t, "", <-clients)
 }

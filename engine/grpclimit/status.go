@@ -3,6 +3,7 @@ package grpclimit
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	"time"
 
@@ -105,11 +106,13 @@ func retryable(c codes.Code, msg string, ms int64) error {
 	return st.Err()
 }
 
-// ceilMillis returns d in whole milliseconds, rounded up and at least 1,
-// so a refusal never says "retry now".
+// ceilMillis returns d in whole milliseconds, rounded up, at least 1 (so a
+// refusal never says "retry now") and at most the longest Duration's
+// (grpc-go multiplies the pushback by a millisecond: one more overflows
+// to a wait below 0, and the client retries at once).
 func ceilMillis(d time.Duration) int64 {
 	ms := int64(d / time.Millisecond)
-	if d%time.Millisecond > 0 {
+	if d%time.Millisecond > 0 && ms < math.MaxInt64/int64(time.Millisecond) {
 		ms++
 	}
 	return max(ms, 1)
