@@ -179,7 +179,7 @@ func TestRefillQuotaNames(t *testing.T) {
 		{"odd", `"default-5-3/1500ms";q=5;w=3`, `"default-5-3/1500ms";r=4;t=1`},
 		{"tiny", `"default-2-1/1ns";q=2;w=1`, `"default-2-1/1ns";r=1;t=1`},
 		{"micro", `"default-2-1/2us";q=2;w=1`, `"default-2-1/2us";r=1;t=1`},
-		{"longest", `"default-1-1/9223372036854775807ns";q=1;w=9223372037`, `"default-1-1/9223372036854775807ns";r=0;t=9223372037`},
+		{"longest", `"default-1-1/9223372036854775807ns";q=1;w=9223372037`, `"default-1-1/9223372036854775807ns";r=0;t=9223372036`}, // t, a wait, is the longest Duration in whole seconds: one more overflows a client that multiplies it by a second
 		{"per-second", `"default-7-2";q=7;w=4`, `"default-7-2";r=6;t=1`},
 		{"as-default", `"default";q=100;w=100`, `"default";r=99;t=1`},
 		{"own", `"default-10-5/1h";q=10;w=7200`, `"default-10-5/1h";r=9;t=720`},

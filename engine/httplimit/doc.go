@@ -139,10 +139,12 @@
 //
 //   - Admitted: the wrapped handler's response, with the fields above.
 //   - Denied: 429 Too Many Requests, Retry-After the retry estimate in whole
-//     seconds rounded up (a 1.2 s or a 2 s estimate is "2"), and the fields
-//     above with t equal to Retry-After: the draft says a Retry-After should
-//     not point earlier than the end of the effective window. WithDenied
-//     replaces the status and body, not the header fields.
+//     seconds rounded up (a 1.2 s or a 2 s estimate is "2"; at most
+//     9223372036, the longest time.Duration, so that a client multiplying
+//     it by a second does not overflow), and the fields above with t equal
+//     to Retry-After: the draft says a Retry-After should not point earlier
+//     than the end of the effective window. WithDenied replaces the status
+//     and body, not the header fields.
 //   - Denied by a store's failure rule (engine.Decision.Degraded: a Redis
 //     store, failing closed, that cannot reach Redis): 503 Service
 //     Unavailable, Retry-After the decision's RetryAfter in whole seconds

@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -30,13 +31,16 @@ const maxSFInteger = 999_999_999_999_999
 func sfInteger(v int64) int64 { return min(max(v, 0), maxSFInteger) }
 
 // ceilSeconds is d in whole seconds, rounded up: 1.2s and 2s are both 2.
-// Negative and zero durations are 0.
+// Negative and zero durations are 0, and none is above the longest
+// Duration's whole seconds: a client that multiplies a Retry-After by a
+// second (time.Duration(n) * time.Second) would overflow to a wait below
+// 0, and retry at once.
 func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
 	s := int64(d / time.Second)
-	if d%time.Second != 0 {
+	if d%time.Second != 0 && s < math.MaxInt64/int64(time.Second) {
 		s++
 	}
 	return s
