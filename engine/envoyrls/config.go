@@ -54,7 +54,7 @@ var (
 	// (100,000, aliases expanded).
 	ErrTooLarge = fmt.Errorf("%w: too many descriptors", ErrInvalidConfig)
 	// ErrUnsupported: a setting this server does not implement
-	// (quota_mode: true).
+	// (quota_mode: true, a YAML merge key).
 	ErrUnsupported = fmt.Errorf("%w: unsupported setting", ErrInvalidConfig)
 )
 
@@ -405,6 +405,9 @@ func eachField(m *yaml.Node, f func(k string, kn, v *yaml.Node) error) error {
 	seen := map[string]bool{}
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		kn, v := m.Content[i], deref(m.Content[i+1])
+		if kn.Kind == yaml.ScalarNode && kn.ShortTag() == "!!merge" {
+			return fieldErr(ErrUnsupported, kn, kn.Value, "merge keys are not supported: write the fields out")
+		}
 		if kn.Kind != yaml.ScalarNode || kn.ShortTag() != "!!str" {
 			return fieldErr(ErrNonStringKey, kn, kn.Value, "config error, key is not of type string")
 		}

@@ -65,6 +65,8 @@ func TestParseConfigRefuses(t *testing.T) {
 			envoyrls.ErrMissingRequests, 5, "requests_per_unit"},
 		{"requests_per_unit null", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: ~}\n",
 			envoyrls.ErrMissingRequests, 4, "requests_per_unit"},
+		{"a merge key", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {<<: {unit: second}, requests_per_unit: 1}\n",
+			envoyrls.ErrUnsupported, 4, "<<"},
 		{"a float as a value", "domain: d\ndescriptors:\n  - key: k\n    value: 1.5\n", envoyrls.ErrFieldType, 4, "value"},
 		{"metadata not a mapping", "domain: d\ndescriptors:\n  - key: k\n    metadata: [1, 2]\n", envoyrls.ErrFieldType, 4, "metadata"},
 		{"word for a bool", "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n", envoyrls.ErrFieldType, 4, "shadow_mode"},

@@ -41,7 +41,8 @@
 // kind, a rate_limit without requests_per_unit or with an empty one
 // (envoyproxy/ratelimit reads it as 0 and refuses every request: here a 0
 // must be written), quota_mode: true, which this server does not implement,
-// and more than 100,000 descriptors (aliases expanded). Every error names
+// a YAML merge key (<<), which envoyproxy/ratelimit's YAML library
+// resolves, and more than 100,000 descriptors (aliases expanded). Every error names
 // the line and the field and wraps ErrInvalidConfig.
 //
 // # Limits
