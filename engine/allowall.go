@@ -430,8 +430,7 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 		if admit {
 			ok, room = e.budget.ReserveN(int64(n))
 		} else {
-			room = e.budget.Room()
-			ok = room >= int64(n)
+			ok, room = e.budget.Fits(int64(n)) // refused either way: a pressure sweep if it lacked room
 		}
 		if !ok {
 			end(msg.HoldAbort, 0, false)

@@ -27,9 +27,10 @@ const (
 	// duration has passed since it ended, so under a flood of new keys that
 	// never stops, sweeping takes at most a tenth of the time; and a sweep
 	// that evicted nothing waits until the first bucket it kept is full,
-	// since no earlier sweep could evict anything, unless a cutover or a
-	// refund, which can fill buckets sooner, comes meanwhile: then it waits
-	// PressureSweepGap from that at most.
+	// since no earlier sweep could evict anything, unless a cutover, a
+	// refund or new keys taking the table's last free slot, which can fill
+	// buckets sooner, come meanwhile: then it waits PressureSweepGap from
+	// that at most.
 	PressureSweepGap = 250 * time.Millisecond
 )
 
@@ -48,7 +49,10 @@ type reclaimer struct {
 	// pressure sweep sets them, under the coordinator; a cutover or a
 	// refund brings next forward (sooner), never back.
 	next, took atomic.Int64
-	kick       chan struct{} // one slot: next moved earlier
+	// base is next without the wait for the first bucket kept to be full:
+	// the spacing alone (see PressureSweepGap).
+	base atomic.Int64
+	kick chan struct{} // one slot: next moved earlier
 	// sooner is set when a cutover or a refund may have filled buckets
 	// sooner than the sweep in progress can see, so that it does not put
 	// the next off until the first bucket it kept is full.
@@ -104,6 +108,7 @@ func (e *Engine) sweeper() {
 	}
 	for {
 		full, wait, stop := e.budget.Full(), (<-chan struct{})(nil), func() {}
+		filled := e.budget.Filled()
 		if pending {
 			d := time.Duration(r.next.Load() - e.clk.Now())
 			if d <= 0 {
@@ -135,6 +140,9 @@ func (e *Engine) sweeper() {
 			}
 		case <-full:
 			pending = r.pressure
+		case <-filled:
+			stop()
+			r.unseen()
 		case <-r.kick:
 			stop()
 		case <-wait:
@@ -167,16 +175,29 @@ func (e *Engine) background(pressure bool) (evicted int, ok bool) {
 		end := e.clk.Now()
 		took := max(end-start, 0)
 		next := max(satAdd(start, int64(PressureSweepGap)), satAdd(end, 9*took))
+		e.reclaim.base.Store(next)
 		if r.evicted == 0 && err == nil && !e.reclaim.sooner.Load() {
-			// Nothing was freed, so nothing was created since, and
-			// nothing was refunded: no bucket is full before the first
-			// one the sweep kept.
+			// Nothing was freed or refunded: no bucket the sweep saw is
+			// full before the first one it kept. Keys it did not see
+			// (created in room left, or since) bring the wait back to
+			// base once they fill the table (unseen).
 			next = max(next, r.soonest)
 		}
 		e.reclaim.took.Store(took)
 		e.reclaim.next.Store(next)
 	}
 	return r.evicted, true
+}
+
+// unseen undoes the last pressure sweep's wait for the first bucket it
+// kept to be full, keeping its spacing (PressureSweepGap, nine times its
+// duration): keys it never saw have taken the table's last free slot, and
+// one of their buckets may be full sooner. The sweeper calls it, between
+// sweeps.
+func (r *reclaimer) unseen() {
+	at := r.base.Load()
+	for n := r.next.Load(); n > at && !r.next.CompareAndSwap(n, at); n = r.next.Load() {
+	}
 }
 
 // fillsSooner brings the pressure schedule forward after a cutover or a

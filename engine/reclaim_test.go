@@ -342,3 +342,68 @@ func TestPressureScheduleAfterRefund(t *testing.T) {
 		require.NoError(t, err)
 	})
 }
+
+// TestPressureScheduleAfterNewKeys: a pressure sweep that evicted nothing
+// waits for the first bucket it kept to be full, but not for keys it never
+// saw: one created in the room the failed call left (an AllowAll needing
+// two slots of one) fills the table, and its bucket, full a second later,
+// is reclaimed then, not when the sweep's buckets refill.
+func TestPressureScheduleAfterNewKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const sec = int64(time.Second)
+		clk := clock.NewManual(0)
+		e, err := engine.New(engine.Config{Policy: pol(1, 10, 1), MaxKeys: 3, Shards: 2, Clock: clk, SweepEvery: time.Hour})
+		require.NoError(t, err)
+		defer e.Close()
+		ctx := context.Background()
+		for _, k := range []string{"a", "b"} {
+			_, err = e.Allow(ctx, k, 10) // full at 10 s
+			require.NoError(t, err)
+		}
+		_, _, err = e.AllowAll(ctx, []engine.Request{{Key: "x", Cost: 1}, {Key: "y", Cost: 1}})
+		require.ErrorIs(t, err, engine.ErrKeyCapacity)
+		synctest.Wait()
+		require.Equal(t, uint64(1), e.Stats().PressureSweeps)
+		d, _ := e.ReclaimAfter()
+		require.Equal(t, 10*time.Second, d, "nothing the sweep saw is full before 10 s")
+
+		_, err = e.Allow(ctx, "f", 1) // the last slot: full at 1 s
+		require.NoError(t, err)
+		synctest.Wait()
+		d, _ = e.ReclaimAfter()
+		assert.Equal(t, engine.PressureSweepGap, d, "a key the sweep never saw may be full sooner")
+
+		clk.Set(1 * sec) // f is full
+		_, err = e.Allow(ctx, "z", 1)
+		require.ErrorIs(t, err, engine.ErrKeyCapacity)
+		synctest.Wait()
+		assert.Equal(t, uint64(2), e.Stats().PressureSweeps)
+		_, err = e.Allow(ctx, "z", 1)
+		require.NoError(t, err, "f was full, and its slot reclaimed")
+	})
+}
+
+// TestRefusedAllowAllStartsPressureSweep: an AllowAll refused by a bucket
+// that would also have needed a slot the key table lacks met the bound, as
+// a new key does: it starts a pressure sweep, so the table recovers, and a
+// caller retrying after ReclaimAfter does not spin.
+func TestRefusedAllowAllStartsPressureSweep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewManual(0)
+		e, err := engine.New(engine.Config{Policy: pol(1, 10, 1), MaxKeys: 2, Shards: 2, Clock: clk, SweepEvery: time.Hour})
+		require.NoError(t, err)
+		defer e.Close()
+		ctx := context.Background()
+		_, err = e.Allow(ctx, "a", 10) // empty: refuses the AllowAll, full at 10 s
+		require.NoError(t, err)
+		_, err = e.Allow(ctx, "b", 1) // full at 1 s
+		require.NoError(t, err)
+		synctest.Wait()
+		_, _, err = e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 1}, {Key: "new", Cost: 1}})
+		require.ErrorIs(t, err, engine.ErrKeyCapacity)
+		synctest.Wait()
+		assert.Equal(t, uint64(1), e.Stats().PressureSweeps)
+		d, _ := e.ReclaimAfter()
+		assert.Equal(t, time.Second, d, "b is the first bucket full")
+	})
+}
