@@ -10,7 +10,8 @@ import (
 // order: ErrNotInitialized (a zero Engine), ErrInvalidKey, ErrInvalidCost
 // (cost < 1), ErrClosed, ErrNilContext or the context's error, then from the
 // key's shard ErrCostExceedsCapacity (cost above the key's own capacity: its
-// override's, or the default; errors.Is matches it to ErrInvalidCost too),
+// override's, or the default, and with bands the least band's; errors.Is
+// matches it to ErrInvalidCost too),
 // ErrClockRegression and ErrKeyCapacity. An error changes nothing. A denial
 // is not an error: it is a Decision with Allowed false and a RetryAfter
 // estimate.

@@ -39,7 +39,7 @@ type Config struct {
 	// front, so a large bound costs nothing until it is used.
 	MaxKeys int
 	// Shards is the number of shard goroutines; 0 means GOMAXPROCS. Any
-	// positive count is used as given.
+	// positive count up to 65536 is used as given.
 	Shards int
 	// Clock is the time source; nil means clock.NewMonotonic().
 	Clock clock.Clock
@@ -75,7 +75,7 @@ type Config struct {
 	// EventEvery is the sampling period; 0 means DefaultEventEvery.
 	EventEvery int
 	// EventBuffer is how many sampled events may wait for Events; 0 means
-	// DefaultEventBuffer.
+	// DefaultEventBuffer. At most 1<<24.
 	EventBuffer int
 }
 
@@ -91,6 +91,13 @@ type Event struct {
 	Reading  int64
 }
 
+// The bounds of Config.Shards and Config.EventBuffer: far above any use,
+// and below what make refuses (a panic, where New promises an error).
+const (
+	maxShards      = 1 << 16
+	maxEventBuffer = 1 << 24
+)
+
 // withDefaults validates c and fills its defaults.
 func (c Config) withDefaults() (Config, error) {
 	if err := c.Policy.Validate(); err != nil {
@@ -99,14 +106,14 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.MaxKeys < 0:
 		return c, fmt.Errorf("%w: MaxKeys %d is negative", ErrInvalidConfig, c.MaxKeys)
-	case c.Shards < 0:
-		return c, fmt.Errorf("%w: Shards %d is negative", ErrInvalidConfig, c.Shards)
+	case c.Shards < 0 || c.Shards > maxShards:
+		return c, fmt.Errorf("%w: Shards %d is not in [0, %d]", ErrInvalidConfig, c.Shards, maxShards)
 	case c.MaxKeyBytes < 0:
 		return c, fmt.Errorf("%w: MaxKeyBytes %d is negative", ErrInvalidConfig, c.MaxKeyBytes)
 	case c.EventEvery < 0:
 		return c, fmt.Errorf("%w: EventEvery %d is negative", ErrInvalidConfig, c.EventEvery)
-	case c.EventBuffer < 0:
-		return c, fmt.Errorf("%w: EventBuffer %d is negative", ErrInvalidConfig, c.EventBuffer)
+	case c.EventBuffer < 0 || c.EventBuffer > maxEventBuffer:
+		return c, fmt.Errorf("%w: EventBuffer %d is not in [0, %d]", ErrInvalidConfig, c.EventBuffer, maxEventBuffer)
 	}
 	if c.MaxKeys == 0 {
 		c.MaxKeys = DefaultMaxKeys

@@ -98,8 +98,9 @@
 //
 // and then by the key's shard, at its clock reading:
 //
-//  6. ErrCostExceedsCapacity: the cost is above the key's own capacity. It
-//     wraps ErrInvalidCost, so errors.Is matches either.
+//  6. ErrCostExceedsCapacity: the cost is above the key's own capacity
+//     (with bands, the least band's). It wraps ErrInvalidCost, so errors.Is
+//     matches either.
 //  7. ErrClockRegression: the reading is earlier than the latest one the
 //     shard has acted on.
 //  8. ErrKeyCapacity: the key is not tracked and Config.MaxKeys keys are.

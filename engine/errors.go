@@ -16,8 +16,8 @@ var (
 	// key's own capacity (ErrCostExceedsCapacity, which wraps it).
 	ErrInvalidCost = msg.ErrInvalidCost
 	// ErrCostExceedsCapacity: the cost is above the key's own capacity under
-	// the policy in force (its override's, or the default), so no wait would
-	// ever admit it. It wraps ErrInvalidCost: errors.Is(err, ErrInvalidCost)
+	// the policy in force (its override's, or the default; with bands, the
+	// least of its bands' capacities), so no wait would ever admit it. It wraps ErrInvalidCost: errors.Is(err, ErrInvalidCost)
 	// holds for it, and Stats counts it as an invalid cost.
 	ErrCostExceedsCapacity = msg.ErrCostExceedsCapacity
 	// ErrKeyCapacity: the key is new and Config.MaxKeys keys are tracked.

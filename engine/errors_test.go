@@ -380,6 +380,10 @@ func TestErrorsNew(t *testing.T) {
 		{"Shards -1", engine.Config{Policy: valid, Shards: -1}, engine.ErrInvalidConfig},
 		{"Shards MinInt", engine.Config{Policy: valid, Shards: math.MinInt}, engine.ErrInvalidConfig},
 		{"MaxKeyBytes -1", engine.Config{Policy: valid, MaxKeyBytes: -1}, engine.ErrInvalidConfig},
+		// make would panic: New answers an error instead
+		{"Shards MaxInt", engine.Config{Policy: valid, Shards: math.MaxInt}, engine.ErrInvalidConfig},
+		{"Shards 65537", engine.Config{Policy: valid, Shards: 1<<16 + 1}, engine.ErrInvalidConfig},
+		{"EventBuffer MaxInt", engine.Config{Policy: valid, Events: func(engine.Event) {}, EventBuffer: math.MaxInt}, engine.ErrInvalidConfig},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.cfg.Clock == nil {

@@ -423,7 +423,7 @@ func TestRestoreRejectsV2(t *testing.T) {
 		{"band capacity 0", band(func(b *rawBand) { b.Capacity = 0 }), "band 0", policy.ErrInvalid},
 		{"band refill tokens 0", band(func(b *rawBand) { b.Refill.Tokens = 0 }), "band 0", policy.ErrInvalid},
 		{"band refill period 0", band(func(b *rawBand) { b.Refill.Per = 0 }), "band 0", policy.ErrInvalid},
-		{"band blank name", band(func(b *rawBand) { b.Name = "" }), "blank name", policy.ErrInvalid},
+		{"band empty name", band(func(b *rawBand) { b.Name = "" }), "empty name", policy.ErrInvalid},
 		{"band name not printable", band(func(b *rawBand) { b.Name = "da\nily" }), "printable ASCII", policy.ErrInvalid},
 		{"band name too long", band(func(b *rawBand) { b.Name = strings.Repeat("n", policy.MaxNameBytes+1) }), "at most 64", nil},
 		{"band capacity above int64", band(func(b *rawBand) { b.Capacity = 1 << 63 }), "band 0 capacity", nil},

@@ -12,12 +12,14 @@ import (
 // SnapshotFile writes a snapshot (see Snapshot) to the file at path so that
 // a crash at any moment leaves either the previous file or the new one
 // there, never a truncated one: it writes a temporary file in the same
-// directory, syncs it to disk, renames it over path and syncs the
-// directory. On an error the temporary file is removed and path is left as
-// it was; a process killed while writing leaves it behind, named
-// ".<base of path>.tmp-<random>", for you to delete when no SnapshotFile
-// of path is running (each call writes its own, and removes no other). The
-// file is created with mode 0600: it holds every tracked key.
+// directory, syncs it to disk, renames it over path and syncs the directory.
+// On an error before the rename the temporary file is removed and path is
+// left as it was (an error syncing the directory after it leaves the new
+// file at path, perhaps not yet durable); a process killed while writing
+// leaves its temporary file behind, named ".<base of path>.tmp-<random>",
+// for you to delete when no SnapshotFile of path is running (each call
+// writes its own, and removes no other). The file is created with mode 0600:
+// it holds every tracked key.
 //
 // For a restart, stop admitting (http.Server's Shutdown, say), then call
 // SnapshotFile, then Close; RestoreFile reads the file on the next start.

@@ -38,7 +38,7 @@ type BandSet struct {
 
 // NewBands validates bands and builds their set. It returns nil for no
 // bands, and an error wrapping ErrInvalid that names the first bad band for
-// a blank, repeated or non-printable Name, a Capacity below 1, a Refill with
+// an empty, repeated or non-printable Name, a Capacity below 1, a Refill with
 // Tokens or Per below 1, or more than MaxBands bands.
 func NewBands(bands ...Band) (*BandSet, error) {
 	if len(bands) == 0 {
@@ -53,7 +53,7 @@ func NewBands(bands ...Band) (*BandSet, error) {
 			return nil, fmt.Errorf("%w: band %d: %s", ErrInvalid, i, err)
 		}
 		if b.Name == "" {
-			return nil, fmt.Errorf("%w: band %d: blank name", ErrInvalid, i)
+			return nil, fmt.Errorf("%w: band %d: empty name", ErrInvalid, i)
 		}
 		for j := range i {
 			if s.bands[j].Name == b.Name {

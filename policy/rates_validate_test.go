@@ -161,7 +161,7 @@ func TestNewBandsRejects(t *testing.T) {
 		in   []policy.Band
 		want []string
 	}{
-		{"blank name", with(func(b *policy.Band) { b.Name = "" }), []string{"band 1", "blank name"}},
+		{"blank name", with(func(b *policy.Band) { b.Name = "" }), []string{"band 1", "empty name"}},
 		{"repeated name", with(func(b *policy.Band) { b.Name = "first" }), []string{`band 1 ("first")`, "name is band 0's"}},
 		{"newline", with(func(b *policy.Band) { b.Name = "dai\nly" }), []string{"band 1", `name "dai\nly" has byte 0xa at 3, want printable ASCII`}},
 		{"NUL", with(func(b *policy.Band) { b.Name = "\x00" }), []string{"band 1", "byte 0x0 at 0"}},
