@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
@@ -220,21 +217,8 @@ func TestPerMessageRefusalBeforeReplyIsRetried(t *testing.T) {
 		attempts.Add(1)
 		return h(srv, ss)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := grpc.NewServer(grpc.ChainStreamInterceptor(count, l.Stream))
-	testgrpc.RegisterTestServiceServer(srv, testService{})
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = srv.Serve(lis) })
-	const serviceConfig = `{"methodConfig": [{
-		"name": [{"service": "grpc.testing.TestService"}],
-		"retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
-			"backoffMultiplier": 1.0, "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}
-	}]}`
-	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
-		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(serviceConfig))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(); srv.Stop(); wg.Wait() })
+	conn := serveWith(t, []grpc.ServerOption{grpc.ChainStreamInterceptor(count, l.Stream)}, testService{},
+		retrying("grpc.testing.TestService", 3, "RESOURCE_EXHAUSTED"))
 
 	cs, err := testgrpc.NewTestServiceClient(conn).StreamingInputCall(t.Context())
 	require.NoError(t, err)
@@ -265,25 +249,12 @@ func TestHeadersKeepFailuresRetryable(t *testing.T) {
 		streams.Add(1)
 		return status.Error(codes.Unavailable, "the handler failed")
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(l.Unary, failUnary), grpc.ChainStreamInterceptor(l.Stream, failStream))
-	testgrpc.RegisterTestServiceServer(srv, testService{})
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = srv.Serve(lis) })
-	const serviceConfig = `{"methodConfig": [{
-		"name": [{"service": "grpc.testing.TestService"}],
-		"retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
-			"backoffMultiplier": 1.0, "retryableStatusCodes": ["UNAVAILABLE"]}
-	}]}`
-	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
-		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(serviceConfig))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(); srv.Stop(); wg.Wait() })
+	conn := serveWith(t, []grpc.ServerOption{grpc.ChainUnaryInterceptor(l.Unary, failUnary), grpc.ChainStreamInterceptor(l.Stream, failStream)},
+		testService{}, retrying("grpc.testing.TestService", 3, "UNAVAILABLE"))
 	client := testgrpc.NewTestServiceClient(conn)
 
 	var header, trailer metadata.MD
-	_, err = client.EmptyCall(t.Context(), &testgrpc.Empty{}, grpc.Header(&header), grpc.Trailer(&trailer))
+	_, err := client.EmptyCall(t.Context(), &testgrpc.Empty{}, grpc.Header(&header), grpc.Trailer(&trailer))
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 	require.Equal(t, int32(3), unary.Load(), "the failure was retried")
 	require.Empty(t, rateLimit(header))
@@ -367,17 +338,11 @@ func TestHeaderFieldsWhateverTheHandlerDoes(t *testing.T) {
 			handleStream := func(_ any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, _ grpc.StreamHandler) error {
 				return c.stream(ss)
 			}
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			require.NoError(t, err)
-			srv := grpc.NewServer(grpc.ChainUnaryInterceptor(l.Unary, handleUnary), grpc.ChainStreamInterceptor(l.Stream, handleStream))
-			testgrpc.RegisterTestServiceServer(srv, testService{})
-			var wg sync.WaitGroup
-			wg.Go(func() { _ = srv.Serve(lis) })
-			conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = conn.Close(); srv.Stop(); wg.Wait() })
+			conn := serveWith(t, []grpc.ServerOption{grpc.ChainUnaryInterceptor(l.Unary, handleUnary), grpc.ChainStreamInterceptor(l.Stream, handleStream)},
+				testService{})
 
 			var header, trailer metadata.MD
+			var err error
 			if c.unary != nil {
 				_, err = testgrpc.NewTestServiceClient(conn).EmptyCall(t.Context(), &testgrpc.Empty{}, grpc.Header(&header), grpc.Trailer(&trailer))
 			} else {

@@ -277,10 +277,8 @@ func TestSaturatedPushbackIsHonoured(t *testing.T) {
 			attempts.Add(1)
 			return h(ctx, req)
 		}
-		const retry = `{"methodConfig": [{"name": [{"service": "grpc.health.v1.Health"}],
-			"retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
-			"backoffMultiplier": 1.0, "retryableStatusCodes": ["RESOURCE_EXHAUSTED", "UNAVAILABLE"]}}]}`
-		conn := serve(t, newLimiter(t, stub{d: d}), []grpc.UnaryServerInterceptor{count}, grpc.WithDefaultServiceConfig(retry))
+		conn := serve(t, newLimiter(t, stub{d: d}), []grpc.UnaryServerInterceptor{count},
+			retrying("grpc.health.v1.Health", 5, "RESOURCE_EXHAUSTED", "UNAVAILABLE"))
 		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond) // the client waits for it
 		_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()

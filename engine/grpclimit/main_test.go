@@ -2,7 +2,9 @@ package grpclimit_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -106,14 +108,20 @@ func (testService) FullDuplexCall(s grpc.BidiStreamingServer[testgrpc.StreamingO
 // the connection closed when the test ends.
 func serve(t *testing.T, l *grpclimit.Limiter, first []grpc.UnaryServerInterceptor, dialOpts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
+	return serveWith(t, []grpc.ServerOption{grpc.ChainUnaryInterceptor(append(first, l.Unary)...), grpc.StreamInterceptor(l.Stream)},
+		testService{}, dialOpts...)
+}
+
+// serveWith runs a gRPC server made with opts on a loopback listener, with
+// the health service and svc as the test service, and returns a client
+// connection to it made with dialOpts; both end with the test.
+func serveWith(t *testing.T, opts []grpc.ServerOption, svc testgrpc.TestServiceServer, dialOpts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(append(first, l.Unary)...),
-		grpc.StreamInterceptor(l.Stream),
-	)
+	srv := grpc.NewServer(opts...)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
-	testgrpc.RegisterTestServiceServer(srv, testService{})
+	testgrpc.RegisterTestServiceServer(srv, svc)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = srv.Serve(lis) })
 	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
@@ -125,6 +133,16 @@ func serve(t *testing.T, l *grpclimit.Limiter, first []grpc.UnaryServerIntercept
 		wg.Wait()
 	})
 	return conn
+}
+
+// retrying is the service config of a client whose retry policy makes up
+// to attempts attempts of every call to service, 1 ms apart unless a
+// pushback says otherwise, when it ends with one of codes.
+func retrying(service string, attempts int, codes ...string) grpc.DialOption {
+	retryable, _ := json.Marshal(codes) // strings: never fails
+	return grpc.WithDefaultServiceConfig(fmt.Sprintf(`{"methodConfig": [{"name": [{"service": %q}],
+		"retryPolicy": {"maxAttempts": %d, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+		"backoffMultiplier": 1.0, "retryableStatusCodes": %s}}]}`, service, attempts, retryable))
 }
 
 // newLimiter is grpclimit.New that fails the test on an error.

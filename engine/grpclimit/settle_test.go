@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -92,19 +89,7 @@ func pairs(key string, values []string) []string {
 // serveSettle runs settleService on loopback behind l and returns a client.
 func serveSettle(t *testing.T, l *grpclimit.Limiter) testgrpc.TestServiceClient {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := grpc.NewServer(grpc.UnaryInterceptor(l.Unary), grpc.StreamInterceptor(l.Stream))
-	testgrpc.RegisterTestServiceServer(srv, settleService{})
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = srv.Serve(lis) })
-	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = conn.Close()
-		srv.Stop()
-		wg.Wait()
-	})
+	conn := serveWith(t, []grpc.ServerOption{grpc.UnaryInterceptor(l.Unary), grpc.StreamInterceptor(l.Stream)}, settleService{})
 	return testgrpc.NewTestServiceClient(conn)
 }
 

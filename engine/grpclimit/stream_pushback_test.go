@@ -3,14 +3,11 @@ package grpclimit_test
 import (
 	"errors"
 	"io"
-	"net"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
@@ -54,15 +51,7 @@ func (stubbornService) FullDuplexCall(s grpc.BidiStreamingServer[testgrpc.Stream
 func TestPerMessageOnePushback(t *testing.T) {
 	e, _ := newEngine(t, engine.Config{Policy: pol(1, 1)})
 	l := newLimiter(t, e, grpclimit.WithPerMessage(), grpclimit.WithHeaders())
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := grpc.NewServer(grpc.StreamInterceptor(l.Stream))
-	testgrpc.RegisterTestServiceServer(srv, stubbornService{})
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = srv.Serve(lis) })
-	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(); srv.Stop(); wg.Wait() })
+	conn := serveWith(t, []grpc.ServerOption{grpc.StreamInterceptor(l.Stream)}, stubbornService{})
 
 	s, err := testgrpc.NewTestServiceClient(conn).FullDuplexCall(t.Context())
 	require.NoError(t, err)
