@@ -46,8 +46,9 @@ type item struct {
 // Config.Timeout, if sooner), the answer follows the fail-open or
 // fail-closed rule, marked engine.Decision.Degraded, and the error is nil
 // (so also before the store has first reached Redis: see New); the
-// context's error is returned
-// only if it is done before the call starts, or canceled during it.
+// context's error is returned only if it is done before the request goes
+// to Redis, or canceled while it waits to: once sent, Redis may take its
+// cost, so the request waits for Redis's answer (until its deadline).
 // Concurrent Allows share script calls (see the package doc).
 func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
 	if s.uninitialized() {

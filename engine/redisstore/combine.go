@@ -95,13 +95,13 @@ func (s *Store) decideOne(ctx context.Context, key string, cost int64) (engine.D
 	w.timer.Reset(clock.Until(w.deadline))
 	c.queue = append(c.queue, w)
 	c.mu.Unlock()
-	expired := false
+	expired, done := false, ctx.Done()
 	for {
 		select {
 		case <-w.wake:
 		case <-w.timer.C:
 			expired = true
-		case <-ctx.Done():
+		case <-done:
 		}
 		c.mu.Lock()
 		switch {
@@ -112,6 +112,11 @@ func (s *Store) decideOne(ctx context.Context, key string, cost int64) (engine.D
 			c.mu.Unlock()
 			s.report(w.report)
 			return w.done()
+		case w.state == taken && !expired && ctx.Err() != nil:
+			// Canceled in a call already sent: Redis may take its cost,
+			// so it waits for the answer, until its deadline, as a call
+			// of its own does (go-redis does not cut a read short).
+			done = nil
 		case expired || ctx.Err() != nil:
 			if i := slices.Index(c.queue, w); i >= 0 && w.state == queued {
 				c.queue = slices.Delete(c.queue, i, i+1)

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -205,4 +208,76 @@ func requireResumes(t *testing.T, s *redisstore.Store) {
 		d, err := s.Allow(context.Background(), "k", 1)
 		return err == nil && d.Allowed
 	}, 10*time.Second, 50*time.Millisecond)
+}
+
+// cancelCtx is a context whose Done closes when the test says: the
+// combiner's waiter is canceled at the very point the test picks.
+type cancelCtx struct {
+	context.Context
+	done chan struct{}
+}
+
+func (c *cancelCtx) Done() <-chan struct{} { return c.done }
+
+func (c *cancelCtx) Err() error {
+	select {
+	case <-c.done:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+
+// TestCombinedCancelAfterSend: a single Allow merged into a call that has
+// gone to Redis, whose context then ends, is answered by Redis, as an
+// Allow in a call of its own is: Redis took its cost, and answering
+// context.Canceled would tell its caller that nothing was spent.
+func TestCombinedCancelAfterSend(t *testing.T) {
+	s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}, Timeout: 5 * time.Second}, clock.NewManual(0))
+	release := make(chan struct{})
+	w := &cancelCtx{Context: context.Background(), done: make(chan struct{})}
+	type answer struct {
+		d   engine.Decision
+		err error
+	}
+	answered := make(chan answer, 1)
+	redisstore.SetCombineHook(s, func(point string) {
+		switch point {
+		case redisstore.HookAlone:
+			<-release
+		case redisstore.HookSent: // the call with w has returned; w is not answered yet
+			select {
+			case <-w.done:
+			default:
+				close(w.done)
+				select { // time for a waiter that would give up to do so
+				case a := <-answered:
+					answered <- a
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		}
+	})
+	ctx := context.Background()
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { _, err := s.Allow(ctx, "k", 1); errs <- err }()
+	}
+	for q, f := redisstore.Queued(s, "k"); q != 0 || f != 2; q, f = redisstore.Queued(s, "k") {
+		runtime.Gosched() // polling the combiner until both calls are in flight
+	}
+	go func() { d, err := s.Allow(w, "k", 10); answered <- answer{d, err} }()
+	for q, _ := redisstore.Queued(s, "k"); q != 1; q, _ = redisstore.Queued(s, "k") {
+		runtime.Gosched()
+	}
+	close(release)
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	a := <-answered
+	redisstore.SetCombineHook(s, nil)
+	require.NoError(t, a.err, "Redis answered it")
+	require.True(t, a.d.Allowed)
+	p, err := s.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, int64(88), p.Remaining, "every cost taken was answered")
 }

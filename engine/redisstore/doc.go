@@ -29,7 +29,10 @@
 // FCALL; where FUNCTION is missing (Redis 6.2) or refused, the store sends
 // it with EVALSHA instead, as it does for one call that Redis refuses for
 // lack of memory before it runs (a FUNCTION that may write is refused
-// whole; a script only at its first write, so a denial is still answered).
+// whole; a script only at its first write, so a call whose requests are
+// all denials is still answered; in a call that also writes, every
+// request answers engine.ErrKeyCapacity, concurrent single Allows shared
+// into one call included).
 // Either is loaded again after "Function not found" or NOSCRIPT. Every key
 // the decide script touches is one of its declared keys, so it also runs
 // where undeclared keys are refused (DragonflyDB, which has no FUNCTION and
@@ -63,8 +66,9 @@
 // again at once go in it rather than in the call after. A caller waits
 // only until its own deadline: one whose deadline passes first gets the
 // failure rule below (a request not yet sent is then not sent), and one
-// whose context is canceled returns its error; neither cuts a shared call
-// short for the others. Each request is answered and counted in Stats
+// whose context is canceled before its request is sent returns its error
+// (once sent, Redis may take its cost: it waits for the answer, as a call
+// of its own does); neither cuts a shared call short for the others. Each request is answered and counted in Stats
 // once: by Redis's answer if the call returns before its caller gives up,
 // else by the failure rule.
 //
@@ -152,7 +156,12 @@
 // If Redis loses everything (a restart without persistence), buckets start
 // full again and the first store to call reinstalls the newest policy it
 // knows, which may be older than the one in force before (a store that had
-// not yet seen the last cutover). A failover to a replica that missed the
+// not yet seen the last cutover). A store made by New after the loss and
+// before every running store has called again draws a new key map, while
+// the running ones keep theirs: a key then has a bucket under each map,
+// and the prefix admits up to twice its limit until the older processes
+// restart. After such a loss, restart every process on the prefix, or
+// start none until each running one has made a call. A failover to a replica that missed the
 // last writes (replication is asynchronous) loses their decisions the same
 // way. Where that matters, run Redis with appendonly yes (a kill -9 then
 // loses nothing with appendfsync everysec or always; without it, every

@@ -113,8 +113,9 @@ const (
 	actNoFunc
 	// actOOM: out of memory. A FUNCTION that may write is refused before it
 	// runs, so the call is sent again by EVALSHA, which runs it and refuses
-	// only its writes: a denial or a peek is still answered; a decision so
-	// refused answers engine.ErrKeyCapacity.
+	// only its writes: a call of denials or peeks alone is still answered;
+	// a call that writes fails whole, and each of its decisions answers
+	// engine.ErrKeyCapacity.
 	actOOM
 )
 
