@@ -2,7 +2,6 @@ package httplimit
 
 import (
 	"iter"
-	"net"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -72,25 +71,16 @@ func (h ProxyHeader) String() string {
 //
 // Addresses are returned without zone, and IPv4-mapped IPv6 addresses (and
 // prefixes) are taken as IPv4. It fails with ErrNoClientIP only when
-// RemoteAddr holds no address, or r came over a Unix socket (its
-// RemoteAddr is a path the client chooses, whatever it reads as).
+// RemoteAddr holds no address.
 func ClientIP(r *http.Request, h ProxyHeader, trusted []netip.Prefix) (netip.Addr, error) {
 	peer, ok := parseHop(r.RemoteAddr)
-	if !ok || unixSocket(r) {
+	if !ok {
 		return netip.Addr{}, ErrNoClientIP
 	}
 	if (h != XForwardedFor && h != Forwarded) || !isTrusted(peer, trusted) {
 		return peer, nil // the header is not read at all
 	}
 	return ClientIPFrom(peer, h, r.Header.Values(h.String()), trusted), nil
-}
-
-// unixSocket reports whether r came over a Unix socket, whose RemoteAddr
-// is the path of the client's socket: the client chooses it, and may name
-// it like an address ("203.0.113.7:1").
-func unixSocket(r *http.Request) bool {
-	a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	return ok && strings.HasPrefix(a.Network(), "unix")
 }
 
 // ClientIPFrom is the walk of ClientIP for a transport other than HTTP/1

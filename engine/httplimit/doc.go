@@ -25,9 +25,11 @@
 // fill the engine's key table. WithIPv6Prefix chooses another length, from
 // /32 to /128 ("2001:db8::7/128" keys each address alone).
 //
-// The client's address comes from RemoteAddr; a request over a Unix socket
-// has none (ErrNoClientIP), whatever its RemoteAddr reads as: it is the path
-// of the client's socket, which the client names. Forwarded headers are
+// The client's address comes from RemoteAddr. Over a Unix socket that is the
+// path of the client's socket, which the client names, and may read as an
+// address ("203.0.113.7:1"): where untrusted local processes can reach the
+// socket, key by something else (WithKey), or have a middleware before this
+// one set RemoteAddr from what your proxy reports. Forwarded headers are
 // ignored unless WithTrustedProxies names the proxies in front of the server
 // and the header they write (X-Forwarded-For or RFC 7239 Forwarded; with no
 // prefixes it trusts nothing, as if not given); then the client is the

@@ -8,9 +8,8 @@ var (
 	// ErrInvalidOption: New was given a nil engine or an option it cannot
 	// use; the wrapping error names which one.
 	ErrInvalidOption = errors.New("httplimit: invalid option")
-	// ErrNoClientIP: the request has no client IP address: it came over a
-	// Unix socket, or its RemoteAddr holds none (a handler rewrote it).
-	// Returned by ClientIP,
+	// ErrNoClientIP: the request's RemoteAddr holds no IP address (a Unix
+	// socket listener, or a handler that rewrote it). Returned by ClientIP,
 	// and so by the default key function, which answers 500.
 	ErrNoClientIP = errors.New("httplimit: no client IP in request")
 	// ErrKeyFunc: the WithKey, WithClientKey or WithKeys function returned

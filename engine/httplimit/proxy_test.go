@@ -3,12 +3,9 @@ package httplimit_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -224,38 +221,4 @@ func TestClientIPFromUntrustedPeer(t *testing.T) {
 			t.Errorf("header %v from a trusted proxy: %v, want %v", tc.h, got, want)
 		}
 	}
-}
-
-// TestUnixSocketHasNoClientIP: a request over a Unix socket has no client
-// IP, though the name of the client's socket, which the client chooses,
-// reads as one: the default key answers 500 (ErrNoClientIP), rather than
-// key the request as 203.0.113.7 and spend that client's quota.
-func TestUnixSocketHasNoClientIP(t *testing.T) {
-	dir := t.TempDir()
-	t.Chdir(dir) // the client's socket, "203.0.113.7:1", is made here
-	e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
-	errs := make(chan error, 1)
-	mw, err := httplimit.New(e, httplimit.WithOnError(func(_ *http.Request, err error) { errs <- err }))
-	require.NoError(t, err)
-	remotes := make(chan string, 1)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		remotes <- r.RemoteAddr
-		mw.Handler(ok).ServeHTTP(w, r)
-	})}
-	lis, err := net.Listen("unix", filepath.Join(dir, "srv.sock"))
-	require.NoError(t, err)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = srv.Serve(lis) })
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		d := net.Dialer{LocalAddr: &net.UnixAddr{Name: "203.0.113.7:1", Net: "unix"}}
-		return d.DialContext(ctx, "unix", filepath.Join(dir, "srv.sock"))
-	}}
-	t.Cleanup(func() { tr.CloseIdleConnections(); _ = srv.Close(); wg.Wait() })
-	resp, err := (&http.Client{Transport: tr}).Get("http://unix/")
-	require.NoError(t, err)
-	_ = resp.Body.Close()
-	require.Equal(t, "203.0.113.7:1", <-remotes, "the socket's name reads as an address")
-	require.Equal(t, http.StatusInternalServerError, resp.StatusCode)
-	require.ErrorIs(t, <-errs, httplimit.ErrNoClientIP)
-	require.Equal(t, int64(5), remaining(t, e, "203.0.113.7"), "nothing spent under the address")
 }
