@@ -47,8 +47,9 @@ type item struct {
 // fail-closed rule, marked engine.Decision.Degraded, and the error is nil
 // (so also before the store has first reached Redis: see New); the
 // context's error is returned only if it is done before the request goes
-// to Redis, or canceled while it waits to: once sent, Redis may take its
-// cost, so the request waits for Redis's answer (until its deadline).
+// to Redis, or canceled while it waits to: once taken into a call, Redis
+// may take its cost, so the request waits for Redis's answer (until its
+// deadline), or, if the call fails, returns the context's error.
 // Concurrent Allows share script calls (see the package doc).
 func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
 	if s.uninitialized() {

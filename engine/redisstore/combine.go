@@ -168,14 +168,11 @@ var waiters = sync.Pool{New: func() any {
 	return &waiter{wake: make(chan struct{}, 1), timer: t}
 }}
 
-// done is w's result as Allow returns it: its answer, or the context's
-// error of a caller canceled during the call that Redis did not answer; w
-// goes back to waiters.
+// done is w's result as Allow returns it: its answer (for a caller
+// canceled during a call that Redis did not answer, the context's error:
+// see sendCombined); w goes back to waiters.
 func (w *waiter) done() (engine.Decision, error) {
 	d, err := w.res.Decision, w.res.Err
-	if !w.it.done && errors.Is(w.parent.Err(), context.Canceled) {
-		d, err = engine.Decision{}, w.parent.Err()
-	}
 	w.timer.Stop() // no tick is received after Stop (Go 1.23 timers)
 	select {
 	case <-w.wake: // a token left over
@@ -286,6 +283,11 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) bool {
 		switch {
 		case it.counted:
 			n++
+		case !it.done && errors.Is(w.parent.Err(), context.Canceled):
+			// Not decided by Redis, and its caller canceled: it answers
+			// the context's error, uncounted but as an error, as a call
+			// of its own does (see fail), not the failure rule.
+			*it.out, it.done = engine.Result{Err: w.parent.Err()}, true
 		case !it.done && first == nil:
 			first = w
 		}

@@ -281,3 +281,51 @@ func TestCombinedCancelAfterSend(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(88), p.Remaining, "every cost taken was answered")
 }
+
+// TestCombinedCancelDuringFailedCall: a merged Allow canceled during a
+// call that fails answers the context's error, counted once, as an error,
+// as an Allow in a call of its own does: not also a failure-rule answer
+// in Failures, nor a report to OnError.
+func TestCombinedCancelDuringFailedCall(t *testing.T) {
+	c := client(t, redisAddr(t))
+	var failing atomic.Bool
+	c.AddHook(failPipelines(&failing))
+	var reports atomic.Int32
+	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}, Timeout: 5 * time.Second,
+		OnError: func(error) { reports.Add(1) }}, clock.NewManual(0))
+	release := make(chan struct{})
+	w := &cancelCtx{Context: context.Background(), done: make(chan struct{})}
+	errs, alone := make(chan error, 2), make(chan error, 2)
+	redisstore.SetCombineHook(s, func(point string) {
+		switch point {
+		case redisstore.HookAlone:
+			<-release
+		case redisstore.HookTaken: // the call with w, about to be sent: it alone fails
+			alone <- <-errs
+			alone <- <-errs
+			close(w.done)
+			failing.Store(true)
+		}
+	})
+	ctx := context.Background()
+	for range 2 {
+		go func() { _, err := s.Allow(ctx, "k", 1); errs <- err }()
+	}
+	for q, f := redisstore.Queued(s, "k"); q != 0 || f != 2; q, f = redisstore.Queued(s, "k") {
+		runtime.Gosched() // polling the combiner until both calls are in flight
+	}
+	answered := make(chan error, 1)
+	go func() { _, err := s.Allow(w, "k", 10); answered <- err }()
+	for q, _ := redisstore.Queued(s, "k"); q != 1; q, _ = redisstore.Queued(s, "k") {
+		runtime.Gosched()
+	}
+	close(release)
+	require.ErrorIs(t, <-answered, context.Canceled)
+	require.NoError(t, <-alone)
+	require.NoError(t, <-alone)
+	redisstore.SetCombineHook(s, nil)
+	st := s.Stats()
+	require.Zero(t, st.Failures, "not answered by the failure rule")
+	require.Equal(t, uint64(1), st.Errors.Sum(), "counted once, as an error")
+	require.Zero(t, reports.Load())
+}

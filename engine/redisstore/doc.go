@@ -66,9 +66,10 @@
 // again at once go in it rather than in the call after. A caller waits
 // only until its own deadline: one whose deadline passes first gets the
 // failure rule below (a request not yet sent is then not sent), and one
-// whose context is canceled before its request is sent returns its error
-// (once sent, Redis may take its cost: it waits for the answer, as a call
-// of its own does); neither cuts a shared call short for the others. Each request is answered and counted in Stats
+// whose context is canceled before its request is taken into a call
+// returns its error (once taken, Redis may take its cost: it waits for the
+// answer, as a call of its own does); neither cuts a shared call short for
+// the others. Each request is answered and counted in Stats
 // once: by Redis's answer if the call returns before its caller gives up,
 // else by the failure rule.
 //
