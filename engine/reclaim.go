@@ -27,10 +27,11 @@ const (
 	// duration has passed since it ended, so under a flood of new keys that
 	// never stops, sweeping takes at most a tenth of the time; and a sweep
 	// that evicted nothing waits until the first bucket it kept is full,
-	// since no earlier sweep could evict anything, unless a cutover, a
-	// refund or new keys taking the table's last free slot, which can fill
-	// buckets sooner, come meanwhile: then it waits PressureSweepGap from
-	// that at most.
+	// since no earlier sweep could evict anything, unless a cutover or a
+	// refund, which can fill buckets sooner, comes meanwhile: then it waits
+	// PressureSweepGap from that at most; or new keys the sweep did not see
+	// take the table's last free slot: then it waits only for the spacing
+	// above.
 	PressureSweepGap = 250 * time.Millisecond
 )
 
@@ -159,6 +160,12 @@ func (e *Engine) background(pressure bool) (evicted int, ok bool) {
 		return 0, false // only Close makes acquire fail here
 	}
 	defer e.release()
+	if pressure {
+		select { // keys that took the last slot before this sweep are keys it sees
+		case <-e.budget.Filled():
+		default:
+		}
+	}
 	start := e.clk.Now()
 	e.reclaim.sooner.Store(false)
 	r, err := e.sweep(context.Background(), pressure)
@@ -221,7 +228,8 @@ func (r *reclaimer) fillsSooner(now int64) {
 // free when the key table is full (ErrKeyCapacity): until the next pressure
 // sweep can end, which is no sooner than the first tracked bucket the last
 // one kept is full again, or PressureSweepGap after a cutover or a refund
-// since, which can fill buckets sooner. ok is false when no background
+// since, which can fill buckets sooner, or the spacing alone once keys it
+// did not see have filled the table. ok is false when no background
 // sweep runs (Config.SweepEvery), so only EvictFull can free a slot. It is
 // an estimate, not a promise: other new keys may take a slot first. It
 // never blocks, and answers after Close with the last schedule.

@@ -407,3 +407,36 @@ func TestRefusedAllowAllStartsPressureSweep(t *testing.T) {
 		assert.Equal(t, time.Second, d, "b is the first bucket full")
 	})
 }
+
+// TestPressureSweepSeesKeysThatFilledTableBeforeIt: a key that takes the
+// table's last slot while a pressure sweep waits for the coordinator is a
+// key that sweep sees: the sweep, finding nothing full, still puts the next
+// off until the first bucket it kept is full.
+func TestPressureSweepSeesKeysThatFilledTableBeforeIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewManual(0)
+		e, err := engine.New(engine.Config{Policy: pol(1, 10, 1), MaxKeys: 3, Shards: 2, Clock: clk, SweepEvery: time.Hour})
+		require.NoError(t, err)
+		defer e.Close()
+		ctx := context.Background()
+		for _, k := range []string{"a", "b"} {
+			_, err = e.Allow(ctx, k, 10) // full at 10 s
+			require.NoError(t, err)
+		}
+		w := newBlockingWriter(nil)
+		snapped := make(chan error, 1)
+		go func() { snapped <- e.Snapshot(ctx, w) }() // holds the coordinator until unblocked
+		synctest.Wait()
+		_, _, err = e.AllowAll(ctx, []engine.Request{{Key: "x", Cost: 1}, {Key: "y", Cost: 1}})
+		require.ErrorIs(t, err, engine.ErrKeyCapacity) // a pressure sweep waits for the coordinator
+		_, err = e.Allow(ctx, "c", 10)                 // the last slot, while it waits: full at 10 s
+		require.NoError(t, err)
+		synctest.Wait()
+		close(w.release)
+		require.NoError(t, <-snapped)
+		synctest.Wait()
+		assert.Equal(t, uint64(1), e.Stats().PressureSweeps)
+		d, _ := e.ReclaimAfter()
+		assert.Equal(t, 10*time.Second, d, "the sweep saw c: nothing is full before 10 s")
+	})
+}
