@@ -351,16 +351,9 @@ func TestPressureScheduleAfterRefund(t *testing.T) {
 func TestPressureScheduleAfterNewKeys(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const sec = int64(time.Second)
-		clk := clock.NewManual(0)
-		e, err := engine.New(engine.Config{Policy: pol(1, 10, 1), MaxKeys: 3, Shards: 2, Clock: clk, SweepEvery: time.Hour})
-		require.NoError(t, err)
-		defer e.Close()
+		e, clk := drained(t, 3, "a", "b")
 		ctx := context.Background()
-		for _, k := range []string{"a", "b"} {
-			_, err = e.Allow(ctx, k, 10) // full at 10 s
-			require.NoError(t, err)
-		}
-		_, _, err = e.AllowAll(ctx, []engine.Request{{Key: "x", Cost: 1}, {Key: "y", Cost: 1}})
+		_, _, err := e.AllowAll(ctx, []engine.Request{{Key: "x", Cost: 1}, {Key: "y", Cost: 1}})
 		require.ErrorIs(t, err, engine.ErrKeyCapacity)
 		synctest.Wait()
 		require.Equal(t, uint64(1), e.Stats().PressureSweeps)
@@ -389,14 +382,9 @@ func TestPressureScheduleAfterNewKeys(t *testing.T) {
 // caller retrying after ReclaimAfter does not spin.
 func TestRefusedAllowAllStartsPressureSweep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		clk := clock.NewManual(0)
-		e, err := engine.New(engine.Config{Policy: pol(1, 10, 1), MaxKeys: 2, Shards: 2, Clock: clk, SweepEvery: time.Hour})
-		require.NoError(t, err)
-		defer e.Close()
+		e, _ := drained(t, 2, "a") // a is empty: it refuses the AllowAll
 		ctx := context.Background()
-		_, err = e.Allow(ctx, "a", 10) // empty: refuses the AllowAll, full at 10 s
-		require.NoError(t, err)
-		_, err = e.Allow(ctx, "b", 1) // full at 1 s
+		_, err := e.Allow(ctx, "b", 1) // full at 1 s
 		require.NoError(t, err)
 		synctest.Wait()
 		_, _, err = e.AllowAll(ctx, []engine.Request{{Key: "a", Cost: 1}, {Key: "new", Cost: 1}})
@@ -414,20 +402,13 @@ func TestRefusedAllowAllStartsPressureSweep(t *testing.T) {
 // off until the first bucket it kept is full.
 func TestPressureSweepSeesKeysThatFilledTableBeforeIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		clk := clock.NewManual(0)
-		e, err := engine.New(engine.Config{Policy: pol(1, 10, 1), MaxKeys: 3, Shards: 2, Clock: clk, SweepEvery: time.Hour})
-		require.NoError(t, err)
-		defer e.Close()
+		e, _ := drained(t, 3, "a", "b")
 		ctx := context.Background()
-		for _, k := range []string{"a", "b"} {
-			_, err = e.Allow(ctx, k, 10) // full at 10 s
-			require.NoError(t, err)
-		}
 		w := newBlockingWriter(nil)
 		snapped := make(chan error, 1)
 		go func() { snapped <- e.Snapshot(ctx, w) }() // holds the coordinator until unblocked
 		synctest.Wait()
-		_, _, err = e.AllowAll(ctx, []engine.Request{{Key: "x", Cost: 1}, {Key: "y", Cost: 1}})
+		_, _, err := e.AllowAll(ctx, []engine.Request{{Key: "x", Cost: 1}, {Key: "y", Cost: 1}})
 		require.ErrorIs(t, err, engine.ErrKeyCapacity) // a pressure sweep waits for the coordinator
 		_, err = e.Allow(ctx, "c", 10)                 // the last slot, while it waits: full at 10 s
 		require.NoError(t, err)
@@ -439,4 +420,20 @@ func TestPressureSweepSeesKeysThatFilledTableBeforeIt(t *testing.T) {
 		d, _ := e.ReclaimAfter()
 		assert.Equal(t, 10*time.Second, d, "the sweep saw c: nothing is full before 10 s")
 	})
+}
+
+// drained starts an engine of MaxKeys maxKeys whose buckets hold 10 tokens
+// refilled at 1 a second, with pressure sweeps on a Manual clock at 0,
+// closed when the test ends, and drains keys: each full again at 10 s.
+func drained(t *testing.T, maxKeys int, keys ...string) (*engine.Engine, *clock.Manual) {
+	t.Helper()
+	clk := clock.NewManual(0)
+	e, err := engine.New(engine.Config{Policy: pol(1, 10, 1), MaxKeys: maxKeys, Shards: 2, Clock: clk, SweepEvery: time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	for _, k := range keys {
+		_, err = e.Allow(context.Background(), k, 10)
+		require.NoError(t, err)
+	}
+	return e, clk
 }
