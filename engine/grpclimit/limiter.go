@@ -338,10 +338,9 @@ func peerIP(ctx context.Context) (netip.Addr, bool) {
 		a = addr.AddrPort().Addr()
 	case *net.UDPAddr:
 		a = addr.AddrPort().Addr()
-	case *net.UnixAddr:
-		return netip.Addr{}, false // its name is a path the client may choose: "203.0.113.7:1", say
 	default:
 		if strings.HasPrefix(addr.Network(), "unix") {
+			// its name is a path the client may choose: "203.0.113.7:1", say
 			return netip.Addr{}, false
 		}
 		ap, err := netip.ParseAddrPort(addr.String())

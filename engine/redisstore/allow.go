@@ -539,8 +539,8 @@ func (s *Store) send(ctx context.Context, st *state, chunks [][]*item, mode, at 
 	}
 	pipeline := func(group []int) { // nil: every chunk
 		pipe := s.rdb.Pipeline()
-		for c := range chunks {
-			if group == nil {
+		if group == nil {
+			for c := range chunks {
 				queue(pipe, c)
 			}
 		}
@@ -555,11 +555,10 @@ func (s *Store) send(ctx context.Context, st *state, chunks [][]*item, mode, at 
 		return cmds
 	}
 	// One pipeline per master, all at once (the first on this goroutine,
-	// each other in one of its own): go-redis
-	// ends a cluster pipeline that retries a master it cannot reach by
-	// giving every command the last error, the other masters' replies too,
-	// which would then be answered by the failure rule though their
-	// scripts ran.
+	// each other in one of its own): go-redis ends a cluster pipeline that
+	// retries a master it cannot reach by giving every command the last
+	// error, the other masters' replies too, which would then be answered
+	// by the failure rule though their scripts ran.
 	var wg sync.WaitGroup
 	for _, group := range groups[1:] {
 		wg.Go(func() { pipeline(group) })
