@@ -145,11 +145,13 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 		return engine.Decision{}, err
 	}
 	var held int64
-	rctx := ctx // with leases, the lease's give-back and the call share one deadline
-	if s.lease != nil {
+	rctx := ctx // with leases, the lease's give-back and the call share one deadline, as do reaching Redis and the call
+	if s.lease != nil || !s.ready.Load() {
 		var cancel context.CancelFunc
 		rctx, cancel = context.WithDeadline(ctx, s.deadline(ctx))
 		defer cancel()
+	}
+	if s.lease != nil {
 		held = s.lease.before(rctx, mode, key)
 	}
 	var out engine.Result
@@ -232,10 +234,10 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 // store's Timeout, answering the undecided ones if it fails (see fail).
 // It is the path of a batch, and of a single Allow sent alone.
 func (s *Store) decideItems(ctx context.Context, items []item) error {
-	ok, err := s.up(ctx)
+	bctx, cancel := s.bound(ctx) // one deadline for reaching Redis and deciding
+	defer cancel()
+	ok, err := s.up(bctx)
 	if ok {
-		bctx, cancel := s.bound(ctx)
-		defer cancel()
 		_, err = s.exec(bctx, "a", "", items)
 	}
 	if !ok || err != nil {

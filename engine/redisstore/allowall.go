@@ -112,7 +112,9 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	if err := s.usable(ctx); err != nil {
 		return engine.Decision{}, -1, err
 	}
-	ready, err := s.up(ctx)
+	bctx, cancel := s.bound(ctx) // one deadline for reaching Redis and deciding
+	defer cancel()
+	ready, err := s.up(bctx)
 	if ready && s.cluster != nil {
 		// one script call, so one slot: one virtual shard
 		sh := s.shard(reqs[0].Key)
@@ -140,9 +142,7 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		of[i] = j
 	}
 	if ready {
-		bctx, cancel := s.bound(ctx)
 		_, err = s.exec(bctx, modeAll, "", items)
-		cancel()
 	}
 	if !ready || err != nil { // up's error, or exec's
 		if errors.Is(ctx.Err(), context.Canceled) {

@@ -75,6 +75,11 @@ func (s *Store) queueFor(key string) *combiner {
 // reads it (see up), else by the failure rule (as also when the deadline
 // passed since the check).
 func (s *Store) decideOne(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	if !s.ready.Load() { // one deadline for reaching Redis and deciding
+		var cancel context.CancelFunc
+		ctx, cancel = s.bound(ctx)
+		defer cancel()
+	}
 	if ok, err := s.up(ctx); !ok {
 		return s.failOne(ctx, key, cost, err)
 	}

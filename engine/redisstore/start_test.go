@@ -1,11 +1,15 @@
 package redisstore_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -421,4 +425,101 @@ func TestStartWaitRefused(t *testing.T) {
 	require.ErrorIs(t, err, redisstore.ErrNotReplicated)
 	require.ErrorContains(t, err, "NOPERM")
 	require.Nil(t, s)
+}
+
+// slowRedis is a go-redis hook: while down, every command fails as a
+// refused connection does; once up, the commands named in slow each take
+// delay longer (or until their context ends), as a server that is slow to
+// answer.
+type slowRedis struct {
+	up    atomic.Bool
+	slow  map[string]bool
+	delay time.Duration
+}
+
+func (h *slowRedis) wait(ctx context.Context, cmds []redis.Cmder) error {
+	if !h.up.Load() {
+		return &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}
+	if !slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return h.slow[c.Name()] }) {
+		return nil
+	}
+	t := time.NewTimer(h.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (h *slowRedis) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *slowRedis) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if err := h.wait(ctx, []redis.Cmder{cmd}); err != nil {
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *slowRedis) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if err := h.wait(ctx, cmds); err != nil {
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestStartWithoutRedisOneDeadline: the first call of a store started
+// without Redis reads the prefix's state and then makes its own exchange
+// under one deadline, Config.Timeout's: with Redis slow to answer both, it
+// is answered by the failure rule by then, not after a Timeout each.
+func TestStartWithoutRedisOneDeadline(t *testing.T) {
+	const timeout = 600 * time.Millisecond
+	calls := map[string]func(s *redisstore.Store) (engine.Decision, error){
+		"Allow": func(s *redisstore.Store) (engine.Decision, error) { return s.Allow(context.Background(), "k", 1) },
+		"AllowBatch": func(s *redisstore.Store) (engine.Decision, error) {
+			out := make([]engine.Result, 1)
+			err := s.AllowBatch(context.Background(), []engine.Request{{Key: "k", Cost: 1}}, out)
+			return out[0].Decision, cmp.Or(err, out[0].Err)
+		},
+		"AllowAll": func(s *redisstore.Store) (engine.Decision, error) {
+			d, _, err := s.AllowAll(context.Background(), []engine.Request{{Key: "k", Cost: 1}})
+			return d, err
+		},
+		"Peek": func(s *redisstore.Store) (engine.Decision, error) { return s.Peek(context.Background(), "k") },
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			// Reading the prefix's state begins with EXISTS, and each
+			// takes 0.6 Timeout: both together pass it.
+			h := &slowRedis{slow: map[string]bool{"exists": true, "fcall": true, "evalsha": true}, delay: timeout * 6 / 10}
+			c := client(t, redisAddr(t))
+			c.AddHook(h)
+			s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix(t),
+				Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: timeout})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = s.Close() })
+			h.up.Store(true)
+			start := time.Now()
+			d, err := call(s)
+			took := time.Since(start)
+			if name == "Peek" {
+				require.ErrorIs(t, err, redisstore.ErrUnavailable)
+			} else {
+				require.NoError(t, err)
+				require.True(t, d.Degraded, "%+v", d)
+			}
+			require.Less(t, took, timeout*3/2, "one Timeout, with room for a slow machine, not two")
+			require.GreaterOrEqual(t, took, timeout*6/10, "it waited for Redis")
+		})
+	}
 }
