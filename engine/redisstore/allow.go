@@ -259,8 +259,18 @@ func (s *Store) fail(ctx context.Context, items []item, err error) error {
 		return ctx.Err()
 	}
 	s.failAnswers(items)
-	s.report(err)
+	s.report(unavailable(err))
 	return nil
+}
+
+// unavailable is err, a failure the failure rule answered for, as OnError
+// is told it: wrapping ErrUnavailable (a deadline that passed then says
+// where), unless it already does or is ErrNotReplicated or ErrKeyTags.
+func unavailable(err error) error {
+	if err == nil || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNotReplicated) || errors.Is(err, ErrKeyTags) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
 // report tells OnError err, if there is one to tell and an OnError to

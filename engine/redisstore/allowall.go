@@ -190,6 +190,6 @@ func (s *Store) allFailure(items []item, of []int, err error) (engine.Decision, 
 		}
 	}
 	d := s.failResult(st, &items[0], uint64(len(of))).Decision
-	s.report(err)
+	s.report(unavailable(err))
 	return d, 0, nil
 }

@@ -302,7 +302,7 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) bool {
 		s.failAnswers(items) // into the waiters' results
 		// OnError runs on a caller's goroutine, as for a call of its own,
 		// not on this one, which goes on to the next call
-		first.report = err
+		first.report = unavailable(err)
 	}
 	c.mu.Unlock()
 	return woke

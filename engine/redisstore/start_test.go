@@ -523,3 +523,33 @@ func TestStartWithoutRedisOneDeadline(t *testing.T) {
 		})
 	}
 }
+
+// TestOnErrorSaysWhere: a decision whose deadline passes while Redis is
+// slow to answer is answered by the failure rule, and OnError is told an
+// error that wraps ErrUnavailable (and the deadline), not a bare
+// "context deadline exceeded" that names nothing.
+func TestOnErrorSaysWhere(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	h := &slowRedis{slow: map[string]bool{"fcall": true, "evalsha": true}, delay: time.Minute}
+	h.up.Store(true)
+	c := client(t, redisAddr(t))
+	var log errorLog
+	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1},
+		Timeout: timeout, OnError: log.add}, nil)
+	c.AddHook(h)
+	ctx := context.Background()
+	d, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, d.Degraded)
+	out := make([]engine.Result, 2)
+	require.NoError(t, s.AllowBatch(ctx, []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}}, out))
+	d, _, err = s.AllowAll(ctx, []engine.Request{{Key: "k", Cost: 1}})
+	require.NoError(t, err)
+	require.True(t, d.Degraded)
+	errs := log.all()
+	require.Len(t, errs, 3, "one per call")
+	for _, err := range errs {
+		require.ErrorIs(t, err, redisstore.ErrUnavailable)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	}
+}

@@ -90,8 +90,9 @@ type Config struct {
 	Timeout time.Duration
 	// OnError, if set, is called from the calling goroutine (for a call
 	// that single Allows shared, from one of theirs) with every Redis
-	// failure that was answered by the fail-open or fail-closed rule, and
-	// with failures a call could not return: the expiry pass after a
+	// failure that was answered by the fail-open or fail-closed rule (an
+	// error wrapping ErrUnavailable, or ErrNotReplicated or ErrKeyTags),
+	// and with failures a call could not return: the expiry pass after a
 	// published cutover, releasing the cutover lock, and each failed
 	// attempt to read the prefix's state of a store started without Redis
 	// (see New). It must not block.
