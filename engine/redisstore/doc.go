@@ -382,7 +382,8 @@
 //     P processes hold at most P*capacity/Divisor of a key together.
 //   - Give-back. Unspent tokens are credited back exactly (a Refund, capped
 //     at capacity) once the key has had no request for two Horizons, or
-//     its lease no grant for Leases.MaxAge (1 s), before the store's own
+//     its lease no grant for Leases.MaxAge (1 s) (if the process's queue
+//     to Redis is full then, at the next sweep), before the store's own
 //     ReplacePolicy, on Close and before a Charge. A
 //     lease taken under a version that another process has since replaced
 //     ends when this store meets the new version (at its next call to

@@ -174,6 +174,7 @@ type lease struct {
 	max     int64 // the most tokens a lease may hold
 	reserve int64 // a lease is asked for only while the bucket keeps this much
 	left    int64 // unspent tokens
+	out     int64 // tokens taken from left by requests Redis is deciding: they may come back
 	target  int64 // the tokens the next lease should hold; 0 until demand asks
 	used    int64 // tokens admitted on the key since from
 	from    int64 // clock reading where used began counting
@@ -322,14 +323,15 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 		}
 		p.d, p.dErr, p.leaseD, p.lseErr = out[0].Decision, out[0].Err, out[1].Decision, out[1].Err
 	}
-	if p.dErr == nil && !p.d.Allowed && !p.d.Degraded {
-		p.d.Remaining = satAdd(p.d.Remaining, a.held) // the tokens held go back to the lease
+	d := p.d // the shard learns the bucket's own balance
+	if p.dErr == nil && !d.Allowed && !d.Degraded {
+		d.Remaining = satAdd(d.Remaining, a.held) // the tokens held go back to the lease
 	}
 	l.shardOf(key).posts <- p
 	var t tally
-	t.add(p.d, p.dErr)
+	t.add(d, p.dErr)
 	s.count(&t)
-	return p.d, p.dErr
+	return d, p.dErr
 }
 
 // allowBatch is AllowBatch in lease mode: each request as Allow decides
@@ -648,8 +650,9 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 			r.back, r.bver = k.left, k.ver
 		}
 		r.err, k.left, k.deniedTill = errRemote, 0, 0
-	case cost > k.cap:
-		r.err = engine.ErrCostExceedsCapacity
+	case cost > k.cap: // under the policy as last seen: Redis, under the one in force, answers
+		r.err, r.ver = errRemote, k.ver
+		q.pending++
 	case k.left >= cost:
 		k.left -= cost
 		k.used = satAdd(k.used, cost)
@@ -663,7 +666,7 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		q.denied.Add(1)
 	default:
 		r.err, r.want, r.held, r.ver = errRemote, q.l.want(now, k, cost), k.left, k.ver
-		k.left = 0
+		k.left, k.out = 0, k.out+k.left
 		q.pending++ // the caller posts Redis's answer
 		if r.want > 0 {
 			k.fetch = true
@@ -709,8 +712,9 @@ func raises(prev, next policy.Shape) bool {
 
 // want is the lease to ask for with a request of cost (0 for a top-up): as
 // much as the key's demand in this process over the last Horizon, within
-// the lease's bound, leaving the global bucket (as last heard) its reserve;
-// 0 if that is under 2 tokens or a lease is being asked for.
+// the lease's bound (less what it holds, in the process and in requests
+// Redis is deciding), leaving the global bucket (as last heard) its
+// reserve; 0 if that is under 2 tokens or a lease is being asked for.
 func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 	if k.fetch || k.max < 2 {
 		return 0
@@ -728,7 +732,11 @@ func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 		}
 	}
 	k.target = min(demand, k.max)
-	if w := min(k.target, k.max-k.left, k.remaining-cost-k.reserve); w >= 2 {
+	room := int64(0) // what the bucket keeps over its reserve, less cost: no overflow, whatever its debt
+	if k.remaining > k.reserve {
+		room = k.remaining - k.reserve
+	}
+	if w := min(k.target, k.max-k.left-k.out, room-cost); w >= 2 {
 		return w
 	}
 	k.target = 0 // asks again at the next request Redis decides
@@ -743,16 +751,12 @@ func (q *leaseShard) topUp(now int64, key string, k *lease) {
 	}
 }
 
-// send queues j for the fetcher, false if its queue is full (a lease not
-// asked for, or given up).
+// send queues j for the fetcher, false if its queue is full.
 func (q *leaseShard) send(j job) bool {
 	select {
 	case q.jobs <- j:
 		return true
 	default:
-		if j.give {
-			q.l.lost(j.n, errors.New("the lease shard's queue to Redis is full"))
-		}
 		return false
 	}
 }
@@ -766,7 +770,10 @@ func (q *leaseShard) settle(p post) {
 		n = p.asked
 	}
 	q.l.granted.Add(uint64(n))
-	k := q.keys[p.key] // nil if swept meanwhile, in a call longer than MaxAge that asked for no lease
+	k := q.keys[p.key] // nil if swept meanwhile, in a call longer than MaxAge that held and asked nothing
+	if k != nil {
+		k.out -= p.held
+	}
 	// the tokens the request took from the lease are still the process's if
 	// Redis did not admit it (a failure rule's admission took nothing)
 	if p.held > 0 && (p.dErr != nil || !p.d.Allowed || p.d.Degraded) {
@@ -803,7 +810,9 @@ func (q *leaseShard) settle(p post) {
 // them back (see giveBack).
 func (q *leaseShard) keep(key string, k *lease, n, ver int64) {
 	if k == nil || ver != k.ver {
-		q.send(job{gift{key, n, ver}, true})
+		if !q.send(job{gift{key, n, ver}, true}) {
+			q.l.lost(n, errors.New("the lease shard's queue to Redis is full"))
+		}
 		return
 	}
 	k.left += n
@@ -822,10 +831,10 @@ func (q *leaseShard) sweep(now int64) {
 		switch {
 		case k.fetch:
 		case k.left > 0 && (now-k.got >= q.l.maxAge || now-k.seen >= q.l.idle):
-			if q.send(job{gift{key, k.left, k.ver}, true}) {
+			if q.send(job{gift{key, k.left, k.ver}, true}) { // else kept, for the next sweep
 				k.left = 0
 			}
-		case k.left == 0 && now-k.seen >= q.l.maxAge && now >= k.deniedTill:
+		case k.left == 0 && k.out == 0 && now-k.seen >= q.l.maxAge && now >= k.deniedTill:
 			delete(q.keys, key)
 		}
 	}

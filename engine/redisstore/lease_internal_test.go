@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -20,4 +21,32 @@ func TestLeaseRaisesPairsPrimaries(t *testing.T) {
 	prev := policy.Shape{Name: "", Primary: lim(100)}
 	next := policy.Shape{Name: "gold", Primary: lim(10_000)}
 	require.True(t, raises(prev, next))
+}
+
+// A sweep that cannot queue a lease's give-back (the fetcher's queue full,
+// Redis slow) keeps the lease for the next sweep: it is neither given up
+// nor counted as such, once per sweep, while the process still holds it.
+func TestLeaseSweepKeepsWhatItCannotQueue(t *testing.T) {
+	l := &leaser{idle: 10, maxAge: 10}
+	q := &leaseShard{l: l, jobs: make(chan job, 1), keys: map[string]*lease{"k": {ver: 1, left: 5}}}
+	q.jobs <- job{} // the queue is full
+	for now := int64(100); now < 200; now += 10 {
+		q.sweep(now)
+	}
+	require.Zero(t, l.forfeited.Load())
+	require.Equal(t, int64(5), q.keys["k"].left, "still held")
+	<-q.jobs
+	q.sweep(300)
+	require.Zero(t, q.keys["k"].left)
+	require.Equal(t, job{gift{"k", 5, 1}, true}, <-q.jobs)
+}
+
+// A bucket in debt near the int64 edge keeps nothing over its reserve: no
+// lease is asked for (remaining - cost - reserve must not wrap).
+func TestLeaseWantInDeepDebt(t *testing.T) {
+	l := &leaser{horizon: 100}
+	k := &lease{max: math.MaxInt64 / 16, reserve: math.MaxInt64 - math.MaxInt64/2, remaining: -math.MaxInt64, used: 1 << 40}
+	require.Zero(t, l.want(50, k, 4))
+	k.remaining = math.MaxInt64 // and a full one leases what the demand asks
+	require.Equal(t, int64(1<<40), l.want(50, k, 4))
 }

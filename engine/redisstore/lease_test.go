@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -645,4 +646,98 @@ func TestLeaseLongHorizon(t *testing.T) {
 	st := s.Stats()
 	require.Greater(t, st.Local, uint64(9_000), "%+v", st)
 	require.Zero(t, st.ReturnedTokens, "no lease went back: the key was never idle")
+}
+
+// TestLeaseBoundCountsTokensAtRedis: the bound holds while a request that
+// the lease could not cover is at Redis with the lease's tokens: a request
+// meanwhile asks only for what the bound leaves, so that when Redis denies
+// the first and its tokens come back, the process holds no more than
+// capacity/Divisor (here 62 of 1,000).
+func TestLeaseBoundCountsTokensAtRedis(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	const bound = 1000 / redisstore.DefaultLeaseDivisor
+	c := client(t, redisAddr(t))
+	var armed atomic.Bool
+	blocked, release := make(chan struct{}), make(chan struct{})
+	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		if armed.CompareAndSwap(true, false) {
+			close(blocked)
+			<-release
+		}
+		return next(ctx, cmds)
+	}))
+	pfx := prefix(t)
+	a := newStore(t, redisstore.Config{Client: c, Policy: p, Prefix: pfx, Leases: &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour}}, clk)
+	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	ctx := context.Background()
+	allow := func(s *redisstore.Store, cost int64, allowed bool) {
+		t.Helper()
+		d, err := s.Allow(ctx, "k", cost)
+		require.NoError(t, err)
+		require.Equal(t, allowed, d.Allowed, "%+v", d)
+	}
+	allow(a, 60, true) // a demand of 60, decided by Redis
+	allow(a, 2, true)  // decided by Redis, with a lease of 60 (the demand)
+	allow(b, 1000-62-60-200, true)
+	// The bucket keeps 200; a asks for 600 with its 60, and no lease (the
+	// bucket, as a last heard it, keeps too little). Its call is held.
+	armed.Store(true)
+	denied := make(chan error)
+	go func() {
+		d, err := a.Allow(ctx, "k", 600)
+		if err == nil && d.Allowed {
+			err = fmt.Errorf("admitted: %+v", d)
+		}
+		denied <- err
+	}()
+	<-blocked
+	allow(a, 1, true) // a lease, of what the bound leaves with the 60 at Redis
+	close(release)
+	require.NoError(t, <-denied)
+	pk, err := b.Peek(ctx, "k")
+	require.NoError(t, err)
+	var local int64 // the lease's tokens, spent in the process
+	var first engine.Decision
+	for {
+		before := a.Stats().Local
+		d, err := a.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		if a.Stats().Local == before || !d.Allowed {
+			break
+		}
+		if local++; local == 1 {
+			first = d
+		}
+	}
+	require.LessOrEqual(t, local, int64(bound), "the process held more than capacity/Divisor")
+	require.GreaterOrEqual(t, local, int64(60), "the 60 came back to the lease")
+	// The first local answer's Remaining: the bucket as Redis last told it
+	// (the clock stands still, so as it is), and the lease after it, the
+	// 60 counted once.
+	require.Equal(t, pk.Remaining+local-1, first.Remaining)
+}
+
+// TestLeaseCostAboveAnOldCapacity: a cost above the capacity of the policy
+// a store with leases last saw is sent to Redis, which answers under the
+// policy in force, as a store without leases does; it is not refused in
+// the process.
+func TestLeaseCostAboveAnOldCapacity(t *testing.T) {
+	clk := clock.NewManual(0)
+	p1 := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
+	pfx := prefix(t)
+	a := newStore(t, redisstore.Config{Policy: p1, Prefix: pfx, Leases: &redisstore.Leases{}}, clk)
+	other := newStore(t, redisstore.Config{Policy: p1, Prefix: pfx}, clk)
+	ctx := context.Background()
+	for _, cost := range []int64{2, 1} { // a lease on k, under version 1
+		_, err := a.Allow(ctx, "k", cost)
+		require.NoError(t, err)
+	}
+	require.NoError(t, other.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 1000, TokensPerSecond: 1}, 1))
+	d, err := a.Allow(ctx, "j", 500) // a new key: a full bucket under version 2
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "%+v", d)
+	require.Equal(t, int64(2), d.Version)
+	_, err = a.Allow(ctx, "j", 1001)
+	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "above the capacity in force")
 }
