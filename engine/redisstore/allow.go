@@ -337,12 +337,13 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 	todo := make([]*item, len(items))
 	for i := range items {
 		it := &items[i]
-		it.shard, it.w = s.shard(it.key), 1
+		it.w = 1
 		if weigh {
 			it.w = weight(st0, it.key)
 		}
 		todo[i] = it
 	}
+	var km *keyMap    // the key map the items' shards are of
 	busy := 0         // rounds that met a slot being migrated (TRYAGAIN)
 	eval := false     // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
 	var later []*item // items held for a later round (see route)
@@ -359,9 +360,18 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		if todo, later = unpinned(todo, st), unpinned(later, st); len(todo)+len(later) == 0 {
 			break
 		}
+		if m := s.kmap.Load(); m != km { // the first round, or a key map adopted (see syncKeyMap)
+			km = m
+			for _, it := range todo {
+				it.shard = km.shardOf(it.key, len(s.shards))
+			}
+			for _, it := range later {
+				it.shard = km.shardOf(it.key, len(s.shards))
+			}
+		}
 		var chunks [][]*item
 		chunks, later = s.route(append(todo, later...))
-		cmds := s.send(ctx, st, chunks, mode, at, eval)
+		cmds := s.send(ctx, st, km, chunks, mode, at, eval)
 		p := pass{viaFunc: !eval && !s.noFunc.Load()}
 		for c, cmd := range cmds {
 			if err := s.read(ctx, st, mode, chunks[c], cmd, &p); err != nil {
@@ -454,7 +464,7 @@ func (s *Store) read(ctx context.Context, st *state, mode string, chunk []*item,
 	switch r.status {
 	case "ok":
 		return nil
-	case "nopolicy":
+	case "nopolicy", "keymap": // no policy, or a key map not the caller's: see syncKeyMap
 		p.reload, p.missing = true, append(p.missing, home)
 	case "stale":
 		p.reload = true
@@ -502,6 +512,9 @@ func (s *Store) mend(ctx context.Context, st *state, p *pass) error {
 	}
 	if err == nil && len(p.missing) > 0 {
 		if err = s.reload(ctx); err == nil {
+			err = s.syncKeyMap(ctx) // before a shard's copy is written
+		}
+		if err == nil {
 			err = s.ensureShards(ctx, p.missing)
 		}
 	}
@@ -535,7 +548,7 @@ func unpinned(items []*item, st *state) []*item {
 // go-redis (on a ClusterClient a fan-out per node, about half as much
 // again). A single Allow is most calls. go-redis follows MOVED and ASK for
 // the command as for a pipeline's, and never resends it (noRetryCmd).
-func (s *Store) send(ctx context.Context, st *state, chunks [][]*item, mode, at string, eval bool) []*redis.Cmd {
+func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*item, mode, at string, eval bool) []*redis.Cmd {
 	nowArg, expiry := cmp.Or(at, s.nowArg()), "1" // the server's TIME, and expiries
 	if s.now != nil {
 		expiry = "0" // Config.Clock's readings, and no expiries
@@ -543,7 +556,7 @@ func (s *Store) send(ctx context.Context, st *state, chunks [][]*item, mode, at 
 	cmds := make([]*redis.Cmd, len(chunks))
 	queue := func(via processor, c int) {
 		sk := s.shards[s.stateShard(chunks[c][0].shard)]
-		cmds[c] = s.decideCmd(ctx, via, s.callWords(sk, st, chunks[c], mode, nowArg, expiry), keyBuckets-1+len(chunks[c]), eval)
+		cmds[c] = s.decideCmd(ctx, via, s.callWords(sk, st, km, chunks[c], mode, nowArg, expiry), keyBuckets-1+len(chunks[c]), eval)
 	}
 	if len(chunks) == 1 {
 		queue(s.rdb, 0)
@@ -634,18 +647,19 @@ const (
 	argNow
 	argExpiry
 	argPer
+	argSeed   // the key map's seed: the shard refuses a call whose keys another map placed
 	argShapes // then each shape's cap and rate, then each bucket's words
 )
 
 // callWords is the decide script call of chunk, bound for the shard whose
 // keys sk are: callHead words left for decideCmd, the keys (policy,
 // history, pending flag, then each item's bucket), and the arguments: mode,
-// version, instant, expiry, the words per item, the chunk's distinct
-// shapes and each one's capacity and rate argument, in the order first met,
+// version, instant, expiry, the words per item, km's seed (the map the
+// items' shards are of), the chunk's distinct shapes and each one's capacity and rate argument, in the order first met,
 // then each item's words: its cost, then, unless every item has the first
 // shape and no chain, its shape's number, followed by ";" and its chain if
 // it has one. It resolves each item's shape (it.idx) under st.
-func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, expiry string) []any {
+func (s *Store) callWords(sk shardKeys, st *state, km *keyMap, chunk []*item, mode, nowArg, expiry string) []any {
 	var inline [8]policy.LimitIndex
 	shapes := inline[:0] // the chunk's distinct shapes, in the order first met
 	one := true          // every item has the first shape, and no chain
@@ -671,7 +685,7 @@ func (s *Store) callWords(sk shardKeys, st *state, chunk []*item, mode, nowArg, 
 	}
 	arg := a[callHead+nkeys-1:] // arg[argX] is ARGV[argX]
 	arg[argMode], arg[argVersion], arg[argNow], arg[argExpiry] = word(mode), st.verWord, word(nowArg), word(expiry)
-	arg[argPer], arg[argShapes] = per, len(shapes)
+	arg[argPer], arg[argSeed], arg[argShapes] = per, km.word, len(shapes)
 	if repeats(chunk) {
 		arg[argExpiry] = "0m"
 		if expiry == "1" {
@@ -932,7 +946,7 @@ func parseReply(raw []any) (reply, error) {
 		r.status, ok = raw[0].(string)
 	}
 	switch {
-	case ok && (r.status == "stale" || r.status == "nopolicy"):
+	case ok && (r.status == "stale" || r.status == "nopolicy" || r.status == "keymap"):
 		if len(raw) > 1 {
 			r.behind, _ = raw[1].(string) // the shard's version
 		}

@@ -80,6 +80,8 @@
 --     followed by "m" when a key comes more than once in the call: mode "a"
 --     then reads and writes each such bucket once.
 --   per: 1 or 2, the words per bucket.
+--   seed: the seed of the key map the client placed the keys by; a shard
+--     whose copy (field seed of its policy hash) differs refuses the call.
 --   shapes: S, how many shapes the buckets have; then each shape's cap and
 --     "rate[ bands]".
 --   Then the words of each bucket: its cost and, if per is 2, its shape's
@@ -90,7 +92,8 @@
 -- Reply: {status, version in force, done, deleted, ...}: done counts the
 -- buckets decided or brought up to date, deleted those deleted as full
 -- (mode "e"). status "ok": the results follow; "stale": version is not in
--- force and nothing was done; "nopolicy" (nothing follows); "chain": bucket
+-- force and nothing was done; "nopolicy" and "keymap" (seed is not the
+-- shard's): nothing follows, nothing was done; "chain": bucket
 -- done+1 is behind a version with overrides that its chain lacks, and its
 -- version follows, then the results of the buckets before it (mode "A":
 -- done is 0 and nothing was written). Results (modes "a", "A", "p", "r",
@@ -103,7 +106,7 @@
 
 -- The protocol's positions, which the Go encoder is tested against.
 local KEY = { policy = 1, history = 2, pending = 3, buckets = 4 }
-local ARG = { mode = 1, version = 2, now = 3, expiry = 4, per = 5, shapes = 6 }
+local ARG = { mode = 1, version = 2, now = 3, expiry = 4, per = 5, seed = 6, shapes = 7 }
 
 -- The library functions of every request's path, as upvalues: in a
 -- FUNCTION library a global is looked up through the library's own
@@ -616,9 +619,8 @@ end
 -- returns nil and a version when the bucket needs a chain.
 local function one(i, key, cost, cap, chain, pre)
   local rate, m = sRate, memoOn and memo[key] or nil
-  if m and not (sFast and m.tag == tag and cap == tagCap and rate == tagRate) then
-    m = flush(m) -- a bucket this call holds, met off the fast path: written first
-  end
+  -- a bucket this call holds, met off the fast path, is written first
+  if m and not (sFast and m.tag == tag and cap == tagCap and rate == tagRate) then m = flush(m) end
   local raw, T, F, ls, lns, x
   if m then
     raw, T, F, ls, lns, x = m.raw, m[1], m[2], m[3], m[4], m.x
@@ -668,8 +670,10 @@ local function start(keys, argv)
   memo = memoOn and {} or NOMEMO
   base, per1 = ARG.shapes + 2 * tonum(A[ARG.shapes]), A[ARG.per] == '1'
   aRef, aCap, aRate, aChain = nil, A[ARG.shapes + 1], A[ARG.shapes + 2], ''
-  version = rcall('HGET', K[KEY.policy], 'v')
+  local m = rcall('HMGET', K[KEY.policy], 'v', 'seed')
+  version = m[1]
   if not version then return { 'nopolicy' } end
+  if m[2] ~= A[ARG.seed] then return { 'keymap' } end -- another key map placed the caller's keys
   if version ~= A[ARG.version] then return { 'stale', version } end
   clock(A[ARG.now])
 end

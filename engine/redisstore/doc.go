@@ -158,11 +158,13 @@
 // full again and the first store to call reinstalls the newest policy it
 // knows, which may be older than the one in force before (a store that had
 // not yet seen the last cutover). A store made by New after the loss and
-// before every running store has called again draws a new key map, while
-// the running ones keep theirs: a key then has a bucket under each map,
-// and the prefix admits up to twice its limit until the older processes
-// restart. After such a loss, restart every process on the prefix, or
-// start none until each running one has made a call. A failover to a replica that missed the
+// before every running store has called again draws a new key map; each
+// virtual shard holds a copy of the map in force and refuses a call whose
+// keys another map placed, so a running store adopts the new map at its
+// next call, and a key keeps one bucket. (A prefix set up anew with
+// another number of virtual shards, Config.VirtualShards, cannot be
+// adopted: the running store's calls are then answered by the failure
+// rule, and OnError says to restart the process.) A failover to a replica that missed the
 // last writes (replication is asynchronous) loses their decisions the same
 // way. Where that matters, run Redis with appendonly yes (a kill -9 then
 // loses nothing with appendfsync everysec or always; without it, every

@@ -113,7 +113,7 @@ func ShardOf(prefix, key string) int { return opener(prefix).shard(key) }
 func ShardOfStore(s *Store, key string) int { return s.shard(key) }
 
 // Seed is the seed of s's key map, in hex as Redis stores it.
-func Seed(s *Store) string { return s.seed }
+func Seed(s *Store) string { return s.kmap.Load().seed }
 
 // DecimalBucket is decimalBucket, for the tests that read buckets: the
 // decimal format of any bucket.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/internal/redistest"
@@ -230,5 +231,47 @@ func TestIgnoreKeyTags(t *testing.T) {
 		require.Equal(t, "1", anyClient(t, addr).HGet(ctx, redisstore.GlobalKey(q, "policy"), "tags").Val())
 		_, err = redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: q, Policy: keymapPolicy, IgnoreKeyTags: true})
 		require.ErrorIs(t, err, redisstore.ErrKeyTags, "a store that ignores tags on a prefix that honours them")
+	})
+}
+
+// TestKeyMapAdoptedAfterLoss: Redis loses the prefix's state (a restart
+// without persistence), and a store started then sets the prefix up anew
+// with a seed of its own before a running store has called again. The
+// running store's next call is refused by the shard it meets (its seed is
+// not the shard's), adopts the prefix's key map and is sent again under
+// it: every key keeps one bucket, so the two stores together admit its
+// capacity, not twice it. The clock stands still.
+func TestKeyMapAdoptedAfterLoss(t *testing.T) {
+	onBoth(t, func(t *testing.T, addr string) {
+		ctx := context.Background()
+		p := prefix(t)
+		pol := policy.Policy{Version: 1, Capacity: 8, TokensPerSecond: 1}
+		clk := clock.NewManual(0)
+		cfg := redisstore.Config{Prefix: p, Policy: pol, Clock: clk}
+		old := realStores(t, addr, 1, cfg)[0]
+		_, err := old.Allow(ctx, "warm", 1)
+		require.NoError(t, err)
+		cleanPrefix(anyClient(t, addr), p) // the loss
+		fresh := realStores(t, addr, 1, cfg)[0]
+		require.NotEqual(t, redisstore.Seed(old), redisstore.Seed(fresh), "the new store drew its own seed")
+
+		const keys = 64
+		for i := range keys {
+			k := fmt.Sprint("key:", i)
+			admitted := 0
+			for _, s := range []*redisstore.Store{old, fresh, old, fresh} {
+				for {
+					d, err := s.Allow(ctx, k, 1)
+					require.NoError(t, err)
+					if !d.Allowed {
+						break
+					}
+					admitted++
+				}
+			}
+			require.Equal(t, int(pol.Capacity), admitted, "key %q: one bucket, shared", k)
+		}
+		require.Equal(t, redisstore.Seed(fresh), redisstore.Seed(old), "the running store adopted the prefix's map")
+		sameMapping(t, old, fresh, 1000)
 	})
 }

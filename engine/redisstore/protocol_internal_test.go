@@ -31,7 +31,7 @@ func luaTable(t *testing.T, name string) map[string]int {
 func TestProtocolPositions(t *testing.T) {
 	require.Equal(t, map[string]int{"policy": keyPolicy, "history": keyHistory, "pending": keyPending, "buckets": keyBuckets},
 		luaTable(t, "KEY"))
-	require.Equal(t, map[string]int{"mode": argMode, "version": argVersion, "now": argNow, "expiry": argExpiry, "per": argPer, "shapes": argShapes},
+	require.Equal(t, map[string]int{"mode": argMode, "version": argVersion, "now": argNow, "expiry": argExpiry, "per": argPer, "seed": argSeed, "shapes": argShapes},
 		luaTable(t, "ARG"))
 }
 
@@ -47,6 +47,8 @@ func TestCallWords(t *testing.T) {
 	sk := shardKeys{policy: "P", history: "H", pending: "N", bucket: "b:"}
 	sk.words = [3]any{sk.policy, sk.history, sk.pending}
 	s := &Store{shards: []shardKeys{sk}}
+	km, err := parseKeyMap("000102030405060708090a0b0c0d0e0f", "1")
+	require.NoError(t, err)
 	for _, c := range []struct {
 		name  string
 		p     policy.Policy
@@ -58,7 +60,7 @@ func TestCallWords(t *testing.T) {
 			[]any{2, int64(10), int64(3), int64(20), int64(5), int64(3), 1, int64(4), "2;6 1 1", int64(1), 1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			a := s.callWords(sk, newState(c.p), c.chunk, "a", "", "1")
+			a := s.callWords(sk, newState(c.p), &km, c.chunk, "a", "", "1")
 			n := keys["buckets"] - 1 + len(c.chunk)
 			kw, aw := a[callHead:callHead+n], a[callHead+n:]
 			require.Equal(t, "P", kw[keys["policy"]-1])
@@ -80,6 +82,7 @@ func TestCallWords(t *testing.T) {
 				per = 2
 			}
 			require.Equal(t, per, aw[args["per"]-1])
+			require.Equal(t, "000102030405060708090a0b0c0d0e0f", aw[args["seed"]-1])
 			require.Equal(t, c.want, aw[args["shapes"]-1:])
 		})
 	}

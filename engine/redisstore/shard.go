@@ -75,6 +75,8 @@ func hashTag(key string) string {
 type keyMap struct {
 	k0, k1     uint64 // the seed, as SipHash's two key words (little-endian)
 	ignoreTags bool   // hash the whole key, "{...}" or not
+	seed, tags string // as stored
+	word       any    // seed, boxed once: the decide script's argument
 }
 
 // seedBytes is the length of a prefix's seed: SipHash's 128-bit key.
@@ -103,11 +105,12 @@ func parseKeyMap(seed, tags string) (keyMap, error) {
 	if err != nil || len(b) != seedBytes || (tags != "0" && tags != "1") {
 		return keyMap{}, fmt.Errorf("%w: the stored key map (seed %q, tags %q)", ErrUnavailable, seed, tags)
 	}
-	return keyMap{k0: binary.LittleEndian.Uint64(b), k1: binary.LittleEndian.Uint64(b[8:]), ignoreTags: tags == "0"}, nil
+	return keyMap{k0: binary.LittleEndian.Uint64(b), k1: binary.LittleEndian.Uint64(b[8:]), ignoreTags: tags == "0",
+		seed: seed, tags: tags, word: seed}, nil
 }
 
 // shardOf is key's virtual shard among n under m.
-func (m keyMap) shardOf(key string, n int) int {
+func (m *keyMap) shardOf(key string, n int) int {
 	t := key
 	if !m.ignoreTags {
 		t = hashTag(key)
@@ -201,7 +204,7 @@ func (s *Store) layout(n int) {
 }
 
 // shard is key's virtual shard, under the prefix's key map.
-func (s *Store) shard(key string) int { return s.kmap.shardOf(key, len(s.shards)) }
+func (s *Store) shard(key string) int { return s.kmap.Load().shardOf(key, len(s.shards)) }
 
 // bucketKeyOf parses a bucket's Redis key (one SCAN returned) into the
 // user's key, reporting false for a key that is not a bucket of this

@@ -67,6 +67,7 @@ func TestShardTagsSpread(t *testing.T) {
 // key, whatever its bytes, and a key in the wrong shard is not taken.
 func TestBucketKeyRoundTrip(t *testing.T) {
 	s := &Store{prefix: "p{x:"}
+	s.kmap.Store(&keyMap{})
 	s.globals()
 	s.layout(DefaultVirtualShards)
 	for i := range 200 {

@@ -294,8 +294,7 @@ type Store struct {
 	kPolicy, kHistory, kBlobs, kLock, kBucket string // global keys; kBucket starts every bucket's
 	shards                                    []shardKeys
 	shardByTag                                map[string]int
-	kmap                                      keyMap // how keys map to shards, as stored with the prefix
-	seed, tags                                string // kmap as stored; "" until New has read it
+	kmap                                      atomic.Pointer[keyMap] // how keys map to shards, as stored with the prefix; nil until New has read it (see syncKeyMap)
 
 	cur       atomic.Pointer[state] // the policy in force, as last seen
 	closed    atomic.Bool
@@ -508,7 +507,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 // the calls read once ready is set. An attempt that fails starts afresh the
 // next time.
 func (s *Store) connect(ctx context.Context) error {
-	s.shards, s.shardByTag, s.kmap, s.seed, s.tags, s.queues = nil, nil, keyMap{}, "", "", nil
+	s.shards, s.shardByTag, s.queues = nil, nil, nil
+	s.kmap.Store(nil)
 	seed, tags := newSeed(), tagsArg(s.cfgTags)
 	// The global keys lost while shards survive (on a cluster, their
 	// master lost its data): never reinstall them below a shard's version,
@@ -532,14 +532,9 @@ func (s *Store) connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if kept[1] != tagsArg(s.cfgTags) {
-		return fmt.Errorf("%w: Config.IgnoreKeyTags is %v", ErrKeyTags, s.cfgTags)
-	}
-	kmap, err := parseKeyMap(kept[0], kept[1])
-	if err != nil {
+	if err := s.adopt(kept); err != nil {
 		return err
 	}
-	s.kmap, s.seed, s.tags = kmap, kept[0], kept[1]
 	s.layout(stored)
 	s.queues = make([]combiner, len(s.shards))
 	// A policy another process installed is read even if its version is
@@ -675,7 +670,8 @@ func (s *Store) nowArg() string {
 // keyMap), and reports whether it did, the number of virtual shards in
 // force and the key map in force (seed and tags), which one script call
 // sets if the prefix has none, so that every store adopts the first one's.
-// Once the store has read its key map (New), another in force is an error.
+// Once the store has its virtual shards (New), another number in force is
+// an error.
 func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, tags string) (installed bool, n int, kept [2]string, err error) {
 	blob, err := encodePolicy(p)
 	if err != nil {
@@ -697,10 +693,50 @@ func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, 
 		err = fmt.Errorf("%w: the stored number of virtual shards %q", ErrUnavailable, res[1])
 	case s.shards != nil && n != len(s.shards):
 		err = fmt.Errorf("%w: the prefix was reinstalled with %d virtual shards, not %d", ErrUnavailable, n, len(s.shards))
-	case s.seed != "" && kept != [2]string{s.seed, s.tags}:
-		err = fmt.Errorf("%w: the prefix was reinstalled with another key map than this store's", ErrUnavailable)
 	}
 	return res[0] == "ok", n, kept, err
+}
+
+// adopt makes the key map kept (seed and tags, as stored) this store's,
+// unless it already is: at New, and when a call finds the prefix set up
+// with another (see syncKeyMap). A map whose tags setting is not
+// Config.IgnoreKeyTags's is ErrKeyTags.
+func (s *Store) adopt(kept [2]string) error {
+	if kept[1] != tagsArg(s.cfgTags) {
+		return fmt.Errorf("%w: Config.IgnoreKeyTags is %v", ErrKeyTags, s.cfgTags)
+	}
+	if m := s.kmap.Load(); m != nil && m.seed == kept[0] {
+		return nil
+	}
+	m, err := parseKeyMap(kept[0], kept[1])
+	if err == nil {
+		s.kmap.Store(&m)
+	}
+	return err
+}
+
+// syncKeyMap adopts the key map stored with the prefix if it is not this
+// store's: after Redis lost the prefix's state, a store started since may
+// have set the prefix up anew, with a seed of its own, before this one
+// reinstalled it. Calls under the old map meet the decide script's check
+// (status "keymap") and are sent again under the new one, so that a key
+// keeps one bucket. A prefix set up anew with another number of virtual
+// shards cannot be adopted by a running store: that is an error.
+func (s *Store) syncKeyMap(ctx context.Context) error {
+	vals, err := s.rdb.HMGet(ctx, s.kPolicy, "shards", "seed", "tags").Result()
+	if err != nil {
+		return fmt.Errorf("%w: reading the key map: %w", ErrUnavailable, err)
+	}
+	n, _ := vals[0].(string)
+	seed, _ := vals[1].(string)
+	tags, _ := vals[2].(string)
+	switch {
+	case seed == "": // lost again: the next call reinstalls it
+		return nil
+	case n != strconv.Itoa(len(s.shards)):
+		return fmt.Errorf("%w: the prefix was set up anew with %s virtual shards, not this store's %d: restart the process", ErrUnavailable, n, len(s.shards))
+	}
+	return s.adopt([2]string{seed, tags})
 }
 
 // tail is the part of p's history entry after the cutover instant: the
@@ -723,9 +759,9 @@ func (s *Store) ensureShards(ctx context.Context, which []int) error {
 	if which == nil {
 		which = s.allShards()
 	}
-	p := s.cur.Load().p
+	p, m := s.cur.Load().p, s.kmap.Load()
 	_, err := s.eachShard(ctx, which, shardInstallSrc, func(k shardKeys) []string { return []string{k.policy, k.history} },
-		p.Version, tail(p), s.nowArg(), s.seed, s.tags)
+		p.Version, tail(p), s.nowArg(), m.seed, m.tags)
 	return err
 }
 
@@ -774,7 +810,12 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 			if err != nil {
 				return err
 			}
-			if _, _, _, err := s.install(ctx, p, len(s.shards), s.seed, s.tags); err != nil {
+			m := s.kmap.Load()
+			_, _, kept, err := s.install(ctx, p, len(s.shards), m.seed, m.tags)
+			if err == nil {
+				err = s.adopt(kept) // another store's, if it reinstalled the prefix first
+			}
+			if err != nil {
 				return err
 			}
 			continue
