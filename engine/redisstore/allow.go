@@ -368,6 +368,9 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			for _, it := range later {
 				it.shard = km.shardOf(it.key, len(s.shards))
 			}
+			if mode == modeAll && s.cluster != nil && slices.ContainsFunc(todo, func(it *item) bool { return it.shard != todo[0].shard }) {
+				return deleted, ErrCrossShard // under a key map adopted since AllowAll checked: one call cannot take them
+			}
 		}
 		var chunks [][]*item
 		chunks, later = s.route(append(todo, later...))

@@ -115,10 +115,14 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	bctx, cancel := s.bound(ctx) // one deadline for reaching Redis and deciding
 	defer cancel()
 	ready, err := s.up(bctx)
-	if ready && s.cluster != nil {
-		// one script call, so one slot: one virtual shard
+	// One script call, so on a cluster one slot: one virtual shard, under
+	// the key map now and under one exec may adopt (see syncKeyMap).
+	cross := func() int {
 		sh := s.shard(reqs[0].Key)
-		if i := slices.IndexFunc(reqs, func(r engine.Request) bool { return s.shard(r.Key) != sh }); i >= 0 {
+		return slices.IndexFunc(reqs, func(r engine.Request) bool { return s.shard(r.Key) != sh })
+	}
+	if ready && s.cluster != nil {
+		if i := cross(); i >= 0 {
 			return engine.Decision{}, i, ErrCrossShard
 		}
 	}
@@ -143,6 +147,9 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	}
 	if ready {
 		_, err = s.exec(bctx, modeAll, "", items)
+	}
+	if errors.Is(err, ErrCrossShard) {
+		return engine.Decision{}, max(cross(), 0), ErrCrossShard
 	}
 	if !ready || err != nil { // up's error, or exec's
 		if errors.Is(ctx.Err(), context.Canceled) {

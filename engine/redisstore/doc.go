@@ -162,9 +162,10 @@
 // virtual shard holds a copy of the map in force and refuses a call whose
 // keys another map placed, so a running store adopts the new map at its
 // next call, and a key keeps one bucket. (A prefix set up anew with
-// another number of virtual shards, Config.VirtualShards, cannot be
-// adopted: the running store's calls are then answered by the failure
-// rule, and OnError says to restart the process.) A failover to a replica that missed the
+// another number of virtual shards, Config.VirtualShards, or another
+// Config.IgnoreKeyTags cannot be adopted: the running store's decisions
+// are then answered by the failure rule, and OnError says why; restart
+// the process with the prefix's settings.) A failover to a replica that missed the
 // last writes (replication is asynchronous) loses their decisions the same
 // way. Where that matters, run Redis with appendonly yes (a kill -9 then
 // loses nothing with appendfsync everysec or always; without it, every

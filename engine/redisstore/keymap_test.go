@@ -275,3 +275,176 @@ func TestKeyMapAdoptedAfterLoss(t *testing.T) {
 		sameMapping(t, old, fresh, 1000)
 	})
 }
+
+// adoptedBeside is a store on a prefix that Redis then lost, and a store
+// started after the loss, which set the prefix up anew with a seed of its
+// own; the first has made no call since. The clock stands still.
+func adoptedBeside(t *testing.T, addr string, pol policy.Policy) (old, fresh *redisstore.Store, p string) {
+	t.Helper()
+	p = prefix(t)
+	cfg := redisstore.Config{Prefix: p, Policy: pol, Clock: clock.NewManual(0)}
+	old = realStores(t, addr, 1, cfg)[0]
+	_, err := old.Allow(context.Background(), "warm", 1)
+	require.NoError(t, err)
+	cleanPrefix(anyClient(t, addr), p) // the loss
+	fresh = realStores(t, addr, 1, cfg)[0]
+	require.NotEqual(t, redisstore.Seed(old), redisstore.Seed(fresh))
+	return old, fresh, p
+}
+
+// TestKeyMapAdoptedAllOrNothing: on a cluster, an AllowAll over keys that
+// share a virtual shard under the running store's old key map, but not
+// under the prefix's, adopts the prefix's map and is ErrCrossShard, as a
+// call under that map is; it takes nothing from any key.
+func TestKeyMapAdoptedAllOrNothing(t *testing.T) {
+	addr := clusterAddr(t)
+	ctx := context.Background()
+	pol := policy.Policy{Version: 1, Capacity: 8, TokensPerSecond: 1}
+	old, fresh, _ := adoptedBeside(t, addr, pol)
+	x, y := "x", ""
+	for i := 0; y == ""; i++ {
+		if k := fmt.Sprint("y", i); redisstore.ShardOfStore(old, x) == redisstore.ShardOfStore(old, k) &&
+			redisstore.ShardOfStore(fresh, x) != redisstore.ShardOfStore(fresh, k) {
+			y = k
+		}
+	}
+	_, at, err := old.AllowAll(ctx, []engine.Request{{Key: x, Cost: 1}, {Key: y, Cost: 1}})
+	require.ErrorIs(t, err, redisstore.ErrCrossShard)
+	require.Equal(t, 1, at)
+	require.Equal(t, redisstore.Seed(fresh), redisstore.Seed(old), "adopted")
+	for _, k := range []string{x, y} {
+		d, err := fresh.Peek(ctx, k)
+		require.NoError(t, err)
+		require.Equal(t, pol.Capacity, d.Remaining, "nothing taken from %q", k)
+	}
+}
+
+// TestKeyMapStaleStoreReinstallsShardsMap: a running store that has not
+// yet adopted the prefix's new key map meets the loss of the global keys
+// alone (on a cluster, their master restarted empty): it reinstalls them
+// with the map the surviving shards hold, not its own, and adopts it, so a
+// bucket drained under that map is found.
+func TestKeyMapStaleStoreReinstallsShardsMap(t *testing.T) {
+	addr := clusterAddr(t)
+	ctx := context.Background()
+	pol := policy.Policy{Version: 1, Capacity: 8, TokensPerSecond: 1}
+	old, fresh, p := adoptedBeside(t, addr, pol)
+	d, err := fresh.Allow(ctx, "k", pol.Capacity)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	cc := anyClient(t, addr)
+	for _, name := range []string{"policy", "history", "blobs"} {
+		require.NoError(t, cc.Del(ctx, redisstore.GlobalKey(p, name)).Err())
+	}
+	d, err = old.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed, "k's drained bucket is found")
+	require.Equal(t, redisstore.Seed(fresh), cc.HGet(ctx, redisstore.GlobalKey(p, "policy"), "seed").Val())
+	require.Equal(t, redisstore.Seed(fresh), redisstore.Seed(old))
+}
+
+// TestKeyMapAdoptedUnderLoad: many callers of a running store meet the
+// prefix's new key map at once (single Allows through the combiner, and
+// batches), with leases on or off: none is answered by the failure rule,
+// and no key admits more than its capacity between the two stores.
+func TestKeyMapAdoptedUnderLoad(t *testing.T) {
+	for _, leases := range []bool{false, true} {
+		t.Run(fmt.Sprint("leases=", leases), func(t *testing.T) {
+			addr := redisAddr(t)
+			ctx := context.Background()
+			p := prefix(t)
+			pol := policy.Policy{Version: 1, Capacity: 20, TokensPerSecond: 1}
+			cfg := redisstore.Config{Prefix: p, Policy: pol, Clock: clock.NewManual(0)}
+			if leases {
+				cfg.Leases = &redisstore.Leases{}
+			}
+			old := realStores(t, addr, 1, cfg)[0]
+			_, err := old.Allow(ctx, "warm", 1)
+			require.NoError(t, err)
+			cleanPrefix(anyClient(t, addr), p)
+			fresh := realStores(t, addr, 1, cfg)[0]
+			const keys = 16
+			var mu sync.Mutex
+			admitted := map[string]int64{}
+			var wg sync.WaitGroup
+			for g := range 8 {
+				wg.Go(func() {
+					for r := range 40 {
+						k := fmt.Sprint("key:", (g+r)%keys)
+						s := old
+						if r%3 == 0 {
+							s = fresh
+						}
+						if g%2 == 0 {
+							d, err := s.Allow(ctx, k, 1)
+							if err != nil || d.Degraded {
+								t.Errorf("Allow: %+v %v", d, err)
+								return
+							}
+							if d.Allowed {
+								mu.Lock()
+								admitted[k]++
+								mu.Unlock()
+							}
+						} else {
+							out := make([]engine.Result, 2)
+							k2 := fmt.Sprint("key:", (g+r+5)%keys)
+							if err := s.AllowBatch(ctx, []engine.Request{{Key: k, Cost: 1}, {Key: k2, Cost: 1}}, out); err != nil {
+								t.Errorf("AllowBatch: %v", err)
+								return
+							}
+							for i, kk := range []string{k, k2} {
+								if out[i].Err != nil || out[i].Decision.Degraded {
+									t.Errorf("AllowBatch %d: %+v", i, out[i])
+									return
+								}
+								if out[i].Decision.Allowed {
+									mu.Lock()
+									admitted[kk]++
+									mu.Unlock()
+								}
+							}
+						}
+					}
+				})
+			}
+			wg.Wait()
+			require.Equal(t, redisstore.Seed(fresh), redisstore.Seed(old))
+			for k, n := range admitted {
+				require.LessOrEqual(t, n, pol.Capacity, "key %q", k)
+			}
+		})
+	}
+}
+
+// TestKeyMapShardCopyWithoutSeed: a shard's policy hash with a version and
+// no copy of the key map (as a cutover's prepare writes a shard whose
+// master lost it) costs a call a round, in which the store writes the
+// copy: no call is answered by the failure rule.
+func TestKeyMapShardCopyWithoutSeed(t *testing.T) {
+	onBoth(t, func(t *testing.T, addr string) {
+		ctx := context.Background()
+		p := prefix(t)
+		s := realStores(t, addr, 1, redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 8, TokensPerSecond: 1}})[0]
+		cc := anyClient(t, addr)
+		policies, _, _ := redisstore.ShardStateKeys(p)
+		for _, k := range policies {
+			require.NoError(t, cc.HDel(ctx, k, "seed", "tags").Err())
+		}
+		read := map[int]bool{} // the shards whose copies the calls read: on one server, shard 0's alone
+		for i := range 40 {
+			k := fmt.Sprint("k", i)
+			d, err := s.Allow(ctx, k, 1)
+			require.NoError(t, err)
+			require.False(t, d.Degraded)
+			if strings.Contains(addr, ",") {
+				read[redisstore.ShardOfStore(s, k)] = true
+			} else {
+				read[0] = true
+			}
+		}
+		for i := range read {
+			require.Equal(t, redisstore.Seed(s), cc.HGet(ctx, policies[i], "seed").Val(), "shard %d's copy is written again", i)
+		}
+	})
+}

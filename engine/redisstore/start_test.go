@@ -524,32 +524,49 @@ func TestStartWithoutRedisOneDeadline(t *testing.T) {
 	}
 }
 
-// TestOnErrorSaysWhere: a decision whose deadline passes while Redis is
-// slow to answer is answered by the failure rule, and OnError is told an
-// error that wraps ErrUnavailable (and the deadline), not a bare
-// "context deadline exceeded" that names nothing.
+// TestOnErrorSaysWhere: a decision whose deadline (the store's Timeout,
+// or the caller's) passes while Redis is slow to answer is answered by the
+// failure rule, and OnError is told an error that wraps ErrUnavailable (and
+// the deadline), not a bare "context deadline exceeded" that names
+// nothing: Allow, AllowBatch, AllowAll and Charge alike.
 func TestOnErrorSaysWhere(t *testing.T) {
-	const timeout = 200 * time.Millisecond
-	h := &slowRedis{slow: map[string]bool{"fcall": true, "evalsha": true}, delay: time.Minute}
-	h.up.Store(true)
-	c := client(t, redisAddr(t))
-	var log errorLog
-	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1},
-		Timeout: timeout, OnError: log.add}, nil)
-	c.AddHook(h)
-	ctx := context.Background()
-	d, err := s.Allow(ctx, "k", 1)
-	require.NoError(t, err)
-	require.True(t, d.Degraded)
-	out := make([]engine.Result, 2)
-	require.NoError(t, s.AllowBatch(ctx, []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}}, out))
-	d, _, err = s.AllowAll(ctx, []engine.Request{{Key: "k", Cost: 1}})
-	require.NoError(t, err)
-	require.True(t, d.Degraded)
-	errs := log.all()
-	require.Len(t, errs, 3, "one per call")
-	for _, err := range errs {
-		require.ErrorIs(t, err, redisstore.ErrUnavailable)
-		require.ErrorIs(t, err, context.DeadlineExceeded)
+	for _, c := range []struct {
+		name            string
+		timeout, caller time.Duration
+	}{{"Timeout", 200 * time.Millisecond, 0}, {"caller's deadline", 5 * time.Second, 200 * time.Millisecond}} {
+		t.Run(c.name, func(t *testing.T) {
+			h := &slowRedis{slow: map[string]bool{"fcall": true, "evalsha": true}, delay: time.Minute}
+			h.up.Store(true)
+			cl := client(t, redisAddr(t))
+			var log errorLog
+			s := newStore(t, redisstore.Config{Client: cl, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1},
+				Timeout: c.timeout, OnError: log.add}, nil)
+			cl.AddHook(h)
+			ctx := func() context.Context {
+				if c.caller == 0 {
+					return context.Background()
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), c.caller)
+				t.Cleanup(cancel)
+				return ctx
+			}
+			d, err := s.Allow(ctx(), "k", 1)
+			require.NoError(t, err)
+			require.True(t, d.Degraded)
+			out := make([]engine.Result, 2)
+			require.NoError(t, s.AllowBatch(ctx(), []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}}, out))
+			d, _, err = s.AllowAll(ctx(), []engine.Request{{Key: "k", Cost: 1}})
+			require.NoError(t, err)
+			require.True(t, d.Degraded)
+			d, err = s.Charge(ctx(), "k", 1)
+			require.NoError(t, err)
+			require.True(t, d.Degraded)
+			errs := log.all()
+			require.Len(t, errs, 4, "one per call")
+			for i, err := range errs {
+				require.ErrorIs(t, err, redisstore.ErrUnavailable, "call %d", i)
+				require.ErrorIs(t, err, context.DeadlineExceeded, "call %d", i)
+			}
+		})
 	}
 }

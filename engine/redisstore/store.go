@@ -806,14 +806,17 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 			return err
 		}
 		if v == "" {
-			p, _, err := s.reinstallPolicy(ctx)
+			p, kept, err := s.reinstallPolicy(ctx)
 			if err != nil {
 				return err
 			}
-			m := s.kmap.Load()
-			_, _, kept, err := s.install(ctx, p, len(s.shards), m.seed, m.tags)
+			if kept[0] == "" { // else the map the surviving shards' buckets were placed by
+				m := s.kmap.Load()
+				kept = [2]string{m.seed, m.tags}
+			}
+			_, _, kept, err = s.install(ctx, p, len(s.shards), kept[0], kept[1])
 			if err == nil {
-				err = s.adopt(kept) // another store's, if it reinstalled the prefix first
+				err = s.adopt(kept) // the shards', or another store's if it reinstalled the prefix first
 			}
 			if err != nil {
 				return err
