@@ -165,17 +165,17 @@
 // another number of virtual shards, Config.VirtualShards, or another
 // Config.IgnoreKeyTags cannot be adopted: the running store's decisions
 // are then answered by the failure rule, and OnError says why; restart
-// the process with the prefix's settings.) A failover to a replica that missed the
-// last writes (replication is asynchronous) loses their decisions the same
-// way. Where that matters, run Redis with appendonly yes (a kill -9 then
-// loses nothing with appendfsync everysec or always; without it, every
-// bucket drained since the last snapshot is full again), and against a
-// failover give the store a client passed to WaitForReplicas, so that no
-// decision counts before a replica holds it. The repository's README has
-// the measured figures and the command that measures them. A
-// bucket whose version Redis no longer retains (only if the policy keys
-// alone were lost) restarts empty at the current cutover: a denial too
-// many, never a free burst.
+// the process with the prefix's settings.) A failover to a replica that
+// missed the last writes (replication is asynchronous) loses their
+// decisions as a restart without persistence does. Where that matters,
+// run Redis with appendonly yes (a kill -9 then loses nothing with
+// appendfsync everysec or always; without it, every bucket drained since
+// the last snapshot is full again), and against a failover give the store
+// a client passed to WaitForReplicas, so that no decision counts before a
+// replica holds it. The repository's README has the measured figures and
+// the command that measures them. A bucket whose version Redis no longer
+// retains (only if the policy keys alone were lost) restarts empty at the
+// current cutover: a denial too many, never a free burst.
 //
 // Keys are Prefix + "{" + tag + "}" + name. The prefix's global keys share
 // one tag, "g" and a hash of the prefix: "policy" (the version in force,
