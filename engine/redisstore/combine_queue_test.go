@@ -226,14 +226,7 @@ func (h delayHook) wait(ctx context.Context) error {
 	if !h.armed.Load() {
 		return nil
 	}
-	t := time.NewTimer(h.d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return redisstore.Sleep(ctx, h.d)
 }
 
 func (delayHook) DialHook(next redis.DialHook) redis.DialHook { return next }

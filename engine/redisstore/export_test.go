@@ -219,3 +219,7 @@ func decimalBucket(raw string) string {
 // FillsNoSlower is fillsNoSlower: whether a cutover from band a to band b
 // may keep every bucket's expiry.
 var FillsNoSlower = fillsNoSlower
+
+// Sleep waits d, or until ctx ends, and then returns ctx's error: a slow
+// server, for the tests' hooks.
+func Sleep(ctx context.Context, d time.Duration) error { return sleep(ctx, d) }

@@ -444,14 +444,7 @@ func (h *slowRedis) wait(ctx context.Context, cmds []redis.Cmder) error {
 	if !slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return h.slow[c.Name()] }) {
 		return nil
 	}
-	t := time.NewTimer(h.delay)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return redisstore.Sleep(ctx, h.delay)
 }
 
 func (h *slowRedis) DialHook(next redis.DialHook) redis.DialHook { return next }
