@@ -145,7 +145,9 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 		return engine.Decision{}, err
 	}
 	var held int64
-	rctx := ctx // with leases, the lease's give-back and the call share one deadline, as do reaching Redis and the call
+	// One deadline for the lease's give-back, reaching Redis (a store
+	// started without it) and the call.
+	rctx := ctx
 	if s.lease != nil || !s.ready.Load() {
 		var cancel context.CancelFunc
 		rctx, cancel = context.WithDeadline(ctx, s.deadline(ctx))
@@ -658,10 +660,11 @@ const (
 // keys sk are: callHead words left for decideCmd, the keys (policy,
 // history, pending flag, then each item's bucket), and the arguments: mode,
 // version, instant, expiry, the words per item, km's seed (the map the
-// items' shards are of), the chunk's distinct shapes and each one's capacity and rate argument, in the order first met,
-// then each item's words: its cost, then, unless every item has the first
-// shape and no chain, its shape's number, followed by ";" and its chain if
-// it has one. It resolves each item's shape (it.idx) under st.
+// items' shards are of), the chunk's distinct shapes and each one's
+// capacity and rate argument, in the order first met, then each item's
+// words: its cost, then, unless every item has the first shape and no
+// chain, its shape's number, followed by ";" and its chain if it has one.
+// It resolves each item's shape (it.idx) under st.
 func (s *Store) callWords(sk shardKeys, st *state, km *keyMap, chunk []*item, mode, nowArg, expiry string) []any {
 	var inline [8]policy.LimitIndex
 	shapes := inline[:0] // the chunk's distinct shapes, in the order first met

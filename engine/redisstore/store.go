@@ -294,7 +294,7 @@ type Store struct {
 	kPolicy, kHistory, kBlobs, kLock, kBucket string // global keys; kBucket starts every bucket's
 	shards                                    []shardKeys
 	shardByTag                                map[string]int
-	kmap                                      atomic.Pointer[keyMap] // how keys map to shards, as stored with the prefix; nil until New has read it (see syncKeyMap)
+	kmap                                      atomic.Pointer[keyMap] // how keys map to shards, as the prefix stores it; nil until read (see syncKeyMap)
 
 	cur       atomic.Pointer[state] // the policy in force, as last seen
 	closed    atomic.Bool
