@@ -523,6 +523,7 @@ func TestStartWithoutRedisOneDeadline(t *testing.T) {
 // the deadline), not a bare "context deadline exceeded" that names
 // nothing: Allow, AllowBatch, AllowAll and Charge alike.
 func TestOnErrorSaysWhere(t *testing.T) {
+	exactBalances(t) // counts OnError's calls, one per call: with leases AllowBatch decides its requests one by one
 	for _, c := range []struct {
 		name            string
 		timeout, caller time.Duration
