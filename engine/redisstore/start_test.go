@@ -447,27 +447,27 @@ func (h *slowRedis) wait(ctx context.Context, cmds []redis.Cmder) error {
 	return redisstore.Sleep(ctx, h.delay)
 }
 
-func (h *slowRedis) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *slowRedis) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if err := h.wait(ctx, []redis.Cmder{cmd}); err != nil {
-			cmd.SetErr(err)
-			return err
+// hook is h as a go-redis hook (see hook_test.go).
+func (h *slowRedis) hook() hook {
+	fail := func(err error, cmds ...redis.Cmder) error {
+		for _, c := range cmds {
+			c.SetErr(err)
 		}
-		return next(ctx, cmd)
+		return err
 	}
-}
-
-func (h *slowRedis) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if err := h.wait(ctx, cmds); err != nil {
-			for _, c := range cmds {
-				c.SetErr(err)
+	return hook{
+		process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			if err := h.wait(ctx, []redis.Cmder{cmd}); err != nil {
+				return fail(err, cmd)
 			}
-			return err
-		}
-		return next(ctx, cmds)
+			return next(ctx, cmd)
+		},
+		pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			if err := h.wait(ctx, cmds); err != nil {
+				return fail(err, cmds...)
+			}
+			return next(ctx, cmds)
+		},
 	}
 }
 
@@ -496,7 +496,7 @@ func TestStartWithoutRedisOneDeadline(t *testing.T) {
 			// takes 0.6 Timeout: both together pass it.
 			h := &slowRedis{slow: map[string]bool{"exists": true, "fcall": true, "evalsha": true}, delay: timeout * 6 / 10}
 			c := client(t, redisAddr(t))
-			c.AddHook(h)
+			c.AddHook(h.hook())
 			s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix(t),
 				Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: timeout})
 			require.NoError(t, err)
@@ -535,7 +535,7 @@ func TestOnErrorSaysWhere(t *testing.T) {
 			var log errorLog
 			s := newStore(t, redisstore.Config{Client: cl, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1},
 				Timeout: c.timeout, OnError: log.add}, nil)
-			cl.AddHook(h)
+			cl.AddHook(h.hook())
 			ctx := func() context.Context {
 				if c.caller == 0 {
 					return context.Background()
