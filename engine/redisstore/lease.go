@@ -175,6 +175,7 @@ type lease struct {
 	reserve int64 // a lease is asked for only while the bucket keeps this much
 	left    int64 // unspent tokens
 	out     int64 // tokens taken from left by requests Redis is deciding: they may come back
+	back    int64 // tokens given back and not yet credited: out of the bucket still
 	target  int64 // the tokens the next lease should hold; 0 until demand asks
 	used    int64 // tokens admitted on the key since from
 	from    int64 // clock reading where used began counting
@@ -193,7 +194,9 @@ type lease struct {
 // post is what Redis answered about a key: a caller's request of cost
 // (0 for none), of which the lease held held, and a lease of asked tokens
 // (0 for none), sent under version ver at clock reading at (no later than
-// Redis decided: its RetryAfter and ResetAfter count from then).
+// Redis decided: its RetryAfter and ResetAfter count from then). A post
+// with back says instead that those gifts, each owed a post of its own,
+// are back (credited or given up).
 type post struct {
 	key               string
 	ver               int64
@@ -201,6 +204,7 @@ type post struct {
 	cost, held, asked int64
 	d, leaseD         engine.Decision
 	dErr, lseErr      error
+	back              []gift
 }
 
 // gift is a lease taken back from a shard, to return to Redis: n tokens
@@ -210,11 +214,11 @@ type gift struct {
 	n, ver int64
 }
 
-// job is the fetcher's work: if give, a gift to give back, else a lease of
-// n tokens of key to ask for under version ver.
+// job is the fetcher's work: if give, a gift to give back (owed a post
+// if owed), else a lease of n tokens of key to ask for under version ver.
 type job struct {
 	gift
-	give bool
+	give, owed bool
 }
 
 func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
@@ -304,7 +308,7 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 		defer cancel()
 	}
 	if a.back > 0 {
-		l.giveBack(ctx, []gift{{key, a.back, a.bver}})
+		l.giveBackOwed(ctx, []gift{{key, a.back, a.bver}})
 	}
 	if a.err != nil && a.err != errRemote {
 		s.errs[kindOf(a.err)].Add(1)
@@ -363,7 +367,7 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 func (l *leaser) before(ctx context.Context, op, key string) int64 {
 	a := l.ask(l.shardOf(key), op, key, 1)
 	if a.back > 0 {
-		l.giveBack(ctx, []gift{{key, a.back, a.bver}})
+		l.giveBackOwed(ctx, []gift{{key, a.back, a.bver}})
 	}
 	return a.held // 0 but for a Peek's
 }
@@ -383,7 +387,16 @@ func (l *leaser) flush(ctx context.Context) {
 			l.wg.Wait()
 			return
 		}
-		l.giveBack(ctx, a.gifts)
+		l.giveBackOwed(ctx, a.gifts)
+	}
+}
+
+// giveBackOwed is giveBack for gifts a lease shard counts as on their way
+// back: it then tells their shard they are back.
+func (l *leaser) giveBackOwed(ctx context.Context, gs []gift) {
+	if len(gs) > 0 {
+		l.giveBack(ctx, gs)
+		l.shardOf(gs[0].key).posts <- post{back: gs}
 	}
 }
 
@@ -590,7 +603,7 @@ func (q *leaseShard) stop() {
 		q.settle(<-q.posts)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), q.l.s.timeout)
-	q.l.giveBack(ctx, q.takeAll())
+	q.l.giveBack(ctx, q.takeAll(false))
 	cancel()
 }
 
@@ -621,7 +634,7 @@ func (q *leaseShard) serve(g *lreq) {
 // a flush, with every lease.
 func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 	if r.op == opFlush {
-		r.gifts = q.takeAll()
+		r.gifts = q.takeAll(true)
 		return
 	}
 	k := q.keys[r.key]
@@ -635,6 +648,7 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		q.renew(r.key, k, st)
 	} else if k.ver != st.p.Version {
 		r.back, r.bver = k.left, k.ver
+		q.owe(k, k.left)
 		k.left = 0
 		q.renew(r.key, k, st)
 	}
@@ -648,6 +662,7 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 	case r.op == opCharge: // the lease goes back before Redis charges the key
 		if r.back == 0 { // else a cutover just ended it: back is the lease
 			r.back, r.bver = k.left, k.ver
+			q.owe(k, k.left)
 		}
 		r.err, k.left, k.deniedTill = errRemote, 0, 0
 	case cost > k.cap: // under the policy as last seen: Redis, under the one in force, answers
@@ -671,6 +686,16 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		if r.want > 0 {
 			k.fetch = true
 		}
+	}
+}
+
+// owe counts n tokens taken from k's lease to give back as on their way:
+// out of the bucket, they count against the lease's bound until the post
+// that says they are back (see giveBackOwed).
+func (q *leaseShard) owe(k *lease, n int64) {
+	if n > 0 {
+		k.back += n
+		q.pending++
 	}
 }
 
@@ -712,8 +737,8 @@ func raises(prev, next policy.Shape) bool {
 
 // want is the lease to ask for with a request of cost (0 for a top-up): as
 // much as the key's demand in this process over the last Horizon, within
-// the lease's bound (less what it holds, in the process and in requests
-// Redis is deciding), leaving the global bucket (as last heard) its
+// the lease's bound (less what it holds: in the process, in requests Redis
+// is deciding and on its way back), leaving the global bucket (as last heard) its
 // reserve; 0 if that is under 2 tokens or a lease is being asked for.
 func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 	if k.fetch || k.max < 2 {
@@ -736,7 +761,7 @@ func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 	if k.remaining > k.reserve {
 		room = k.remaining - k.reserve
 	}
-	if w := min(k.target, k.max-k.left-k.out, room-cost); w >= 2 {
+	if w := min(k.target, k.max-k.left-k.out-k.back, room-cost); w >= 2 {
 		return w
 	}
 	k.target = 0 // asks again at the next request Redis decides
@@ -763,6 +788,15 @@ func (q *leaseShard) send(j job) bool {
 
 // settle takes in what Redis answered about a key.
 func (q *leaseShard) settle(p post) {
+	if p.back != nil {
+		q.pending -= len(p.back)
+		for _, g := range p.back {
+			if k := q.keys[g.key]; k != nil { // kept while back > 0 (see sweep)
+				k.back -= g.n
+			}
+		}
+		return
+	}
 	q.pending--
 	now := p.at
 	var n int64 // the lease Redis granted
@@ -810,8 +844,10 @@ func (q *leaseShard) settle(p post) {
 // them back (see giveBack).
 func (q *leaseShard) keep(key string, k *lease, n, ver int64) {
 	if k == nil || ver != k.ver {
-		if !q.send(job{gift{key, n, ver}, true}) {
+		if !q.send(job{gift{key, n, ver}, true, k != nil}) {
 			q.l.lost(n, errors.New("the lease shard's queue to Redis is full"))
+		} else if k != nil {
+			q.owe(k, n)
 		}
 		return
 	}
@@ -831,21 +867,25 @@ func (q *leaseShard) sweep(now int64) {
 		switch {
 		case k.fetch:
 		case k.left > 0 && (now-k.got >= q.l.maxAge || now-k.seen >= q.l.idle):
-			if q.send(job{gift{key, k.left, k.ver}, true}) { // else kept, for the next sweep
+			if q.send(job{gift{key, k.left, k.ver}, true, true}) { // else kept, for the next sweep
+				q.owe(k, k.left)
 				k.left = 0
 			}
-		case k.left == 0 && k.out == 0 && now-k.seen >= q.l.maxAge && now >= k.deniedTill:
+		case k.left == 0 && k.out == 0 && k.back == 0 && now-k.seen >= q.l.maxAge && now >= k.deniedTill:
 			delete(q.keys, key)
 		}
 	}
 }
 
-// takeAll takes every lease back, for a flush or stop.
-func (q *leaseShard) takeAll() []gift {
+// takeAll takes every lease back, for a flush (owed: see owe) or stop.
+func (q *leaseShard) takeAll(owed bool) []gift {
 	var gs []gift
 	for key, k := range q.keys {
 		if k.left > 0 {
 			gs = append(gs, gift{key, k.left, k.ver})
+			if owed {
+				q.owe(k, k.left)
+			}
 			k.left = 0
 		}
 	}
@@ -860,11 +900,15 @@ func (q *leaseShard) fetcher() {
 	var reqs []engine.Request
 	var out []engine.Result
 	gives := map[gift]int64{} // n 0: the tokens, by key and version
+	var owed []gift           // the gifts of gives owed a post (see owe)
 	for j := range q.jobs {
 		asks, reqs = asks[:0], reqs[:0]
 		for more := true; more; {
 			if j.give {
 				gives[gift{key: j.key, ver: j.ver}] += j.n
+				if j.owed {
+					owed = append(owed, j.gift)
+				}
 			} else {
 				asks = append(asks, j)
 				reqs = append(reqs, engine.Request{Key: j.key, Cost: j.n})
@@ -885,6 +929,10 @@ func (q *leaseShard) fetcher() {
 			}
 			clear(gives)
 			q.l.giveBack(context.Background(), gs)
+			if owed != nil {
+				q.posts <- post{back: owed}
+				owed = nil
+			}
 		}
 		if len(asks) == 0 {
 			continue

@@ -38,7 +38,28 @@ func TestLeaseSweepKeepsWhatItCannotQueue(t *testing.T) {
 	<-q.jobs
 	q.sweep(300)
 	require.Zero(t, q.keys["k"].left)
-	require.Equal(t, job{gift{"k", 5, 1}, true}, <-q.jobs)
+	require.Equal(t, job{gift{"k", 5, 1}, true, true}, <-q.jobs)
+	// On their way back, the tokens still count against the bound, and keep
+	// the key, until the fetcher's post says they are back.
+	require.Equal(t, int64(5), q.keys["k"].back)
+	require.Equal(t, 1, q.pending)
+	q.sweep(400)
+	require.Contains(t, q.keys, "k")
+	q.settle(post{back: []gift{{"k", 5, 1}}})
+	require.Zero(t, q.keys["k"].back)
+	require.Zero(t, q.pending)
+	q.sweep(500)
+	require.NotContains(t, q.keys, "k")
+}
+
+// The tokens of a lease on their way back to Redis count against the
+// bound as those it holds do: the next lease asked for is what is left.
+func TestLeaseWantCountsTokensGoingBack(t *testing.T) {
+	l := &leaser{horizon: 100}
+	k := &lease{max: 62, reserve: 500, remaining: 1000, used: 1000, back: 50}
+	require.Equal(t, int64(12), l.want(50, k, 1))
+	k.back = 61
+	require.Zero(t, l.want(50, k, 1), "one token is no lease")
 }
 
 // A bucket in debt near the int64 edge keeps nothing over its reserve: no

@@ -718,6 +718,43 @@ func TestLeaseBoundCountsTokensAtRedis(t *testing.T) {
 	require.Equal(t, pk.Remaining+local-1, first.Remaining)
 }
 
+// TestLeaseBoundCountsTokensGoingBack: a lease given back (here before a
+// Charge) is out of the bucket until Redis has credited it, and counts
+// against the process's bound until then: requests meanwhile get a lease
+// of what the bound leaves, not a whole new one ("P processes hold at most
+// P*capacity/Divisor of a key together"). Before, the process held 62 and
+// had 58 on their way back: 120 out of the bucket on its account. The
+// clock stands still, so what a has admitted, what is out of the bucket
+// on its account and the bucket add up to the capacity.
+func TestLeaseBoundCountsTokensGoingBack(t *testing.T) {
+	exactBalances(t)
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	const bound = 1000 / redisstore.DefaultLeaseDivisor
+	a, b := leasedBeside(t, p, clk)
+	ctx := context.Background()
+	require.Positive(t, holding(t, a, b, "k", 100))
+	var most int64
+	var giving atomic.Bool
+	redisstore.SetCombineHook(a, func(point string) {
+		if point != redisstore.HookGiveBack || !giving.CompareAndSwap(false, true) {
+			return
+		}
+		for range 200 { // the Charge's give-back is on its way: spend
+			_, err := a.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			pk, err := b.Peek(ctx, "k")
+			require.NoError(t, err)
+			most = max(most, p.Capacity-int64(a.Stats().Allowed)-pk.Remaining)
+		}
+	})
+	_, err := a.Charge(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, giving.Load(), "no give-back")
+	require.Positive(t, most)
+	require.LessOrEqual(t, most, int64(bound), "out of the bucket on the process's account")
+}
+
 // TestLeaseCostAboveAnOldCapacity: a cost above the capacity of the policy
 // a store with leases last saw is sent to Redis, which answers under the
 // policy in force, as a store without leases does; it is not refused in
