@@ -110,17 +110,53 @@ func (l *Limiter) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 		}
 		return nil, v.status
 	}
+	var held *heldMD
+	if v.md != nil {
+		held = &heldMD{parent: heldFrom(ctx)}
+		held.md.Store(&v.md)
+		ctx = context.WithValue(ctx, heldMDKey{}, held)
+	}
 	if l.settles {
 		ctx = l.settleable(ctx, t)
 	}
 	resp, err := handler(ctx, req)
-	// Set now: a header set before would end a failure's trailers-only
-	// response. SetHeader fails if the handler sent the header itself; the
-	// fields then go in the trailer. Both fail only outside a server call.
-	if v.md != nil && (err != nil || grpc.SetHeader(ctx, v.md) != nil) {
-		_ = grpc.SetTrailer(ctx, v.md)
+	if held != nil {
+		held.set(ctx, err != nil)
 	}
 	return resp, err
+}
+
+// heldMD is an admitted unary call's RateLimit fields, held until its
+// handler has answered: a header set before would end a failure's
+// trailers-only response. It is carried in the handler's context, so that
+// a Limiter chained inside (a shadow one) sets the fields of the Limiters
+// outside it before its own: the outer, enforced, values come first, as
+// httplimit's enforced items do. The fields are taken by a swap, once.
+type heldMD struct {
+	md     atomic.Pointer[metadata.MD]
+	parent *heldMD // an outer Limiter's, or nil
+}
+
+// heldMDKey is the context key of a call's innermost heldMD.
+type heldMDKey struct{}
+
+// heldFrom returns the heldMD ctx carries, or nil.
+func heldFrom(ctx context.Context) *heldMD {
+	h, _ := ctx.Value(heldMDKey{}).(*heldMD)
+	return h
+}
+
+// set sets the fields still held by the outer Limiters, outermost first,
+// then h's: in the header, or in the trailer if the handler failed or sent
+// the header itself (SetHeader then fails). Both fail only outside a
+// server call.
+func (h *heldMD) set(ctx context.Context, failed bool) {
+	if h.parent != nil {
+		h.parent.set(ctx, failed)
+	}
+	if md := h.md.Swap(nil); md != nil && (failed || grpc.SetHeader(ctx, *md) != nil) {
+		_ = grpc.SetTrailer(ctx, *md)
+	}
 }
 
 // Stream is a grpc.StreamServerInterceptor. By default it decides the

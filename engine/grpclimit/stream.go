@@ -49,6 +49,7 @@ func (h *heldHeader) end(err error) { h.set(err != nil) }
 // through grpc.SendHeader, which this stream does not see, or sent before
 // the fields were known).
 func (h *heldHeader) set(failed bool) {
+	setOuter(h.ServerStream, failed)
 	if md := h.fields.Swap(nil); md != nil && (failed || h.ServerStream.SetHeader(*md) != nil) {
 		h.ServerStream.SetTrailer(*md)
 	}
@@ -94,4 +95,24 @@ func (s *meteredStream) RecvMsg(m any) error {
 		}
 	}
 	return v.status
+}
+
+// heldSetter is a stream of a Limiter that may hold RateLimit fields: a
+// Limiter chained inside it has it set them (set's failed) before its own,
+// so that the outer, enforced, values come first, as httplimit's enforced
+// items do (see heldMD for unary calls).
+type heldSetter interface {
+	setHeld(failed bool)
+}
+
+func (h *heldHeader) setHeld(failed bool) { h.set(failed) }
+
+func (s *settledStream) setHeld(failed bool) { setOuter(s.ServerStream, failed) }
+
+// setOuter sets the fields that ss, an outer Limiter's stream, still
+// holds, if it is one.
+func setOuter(ss grpc.ServerStream, failed bool) {
+	if o, ok := ss.(heldSetter); ok {
+		o.setHeld(failed)
+	}
 }
