@@ -105,6 +105,7 @@ func (l *Limiter) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	}
 	v, t := l.decide(ctx, info.FullMethod)
 	if v.status != nil {
+		heldFrom(ctx).drop()
 		if trailer := v.trailer(); trailer != nil {
 			_ = grpc.SetTrailer(ctx, trailer) // fails only outside a server call
 		}
@@ -146,6 +147,16 @@ func heldFrom(ctx context.Context) *heldMD {
 	return h
 }
 
+// drop discards the fields h and the Limiters outside it still hold, for
+// a refusal by a Limiter inside them: as httplimit's middleware replaces or
+// removes an outer one's, a refusal carries only the fields of the Limiter
+// that refused (none for a store's failure rule or an error). h may be nil.
+func (h *heldMD) drop() {
+	for ; h != nil; h = h.parent {
+		h.md.Store(nil)
+	}
+}
+
 // set sets the fields still held by the outer Limiters, outermost first,
 // then h's: in the header, or in the trailer if the handler failed or sent
 // the header itself (SetHeader then fails). Both fail only outside a
@@ -172,6 +183,7 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		key, cost, r := l.prepare(ctx, info.FullMethod)
 		if r.status != nil {
 			if v := l.judge(ctx, info.FullMethod, "", engine.Decision{}, false, r); v.status != nil {
+				dropOuter(ss)
 				if trailer := v.trailer(); trailer != nil {
 					ss.SetTrailer(trailer)
 				}
@@ -190,6 +202,7 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	}
 	v, t := l.decide(ctx, info.FullMethod)
 	if v.status != nil {
+		dropOuter(ss)
 		if trailer := v.trailer(); trailer != nil {
 			ss.SetTrailer(trailer)
 		}
