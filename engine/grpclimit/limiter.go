@@ -113,9 +113,10 @@ func (l *Limiter) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	}
 	var held *heldMD
 	if v.md != nil {
-		held = &heldMD{parent: heldFrom(ctx)}
-		held.md.Store(&v.md)
-		ctx = context.WithValue(ctx, heldMDKey{}, held)
+		c := &heldCtx{Context: ctx, fields: v.md}
+		c.h.parent = heldFrom(ctx)
+		c.h.md.Store(&c.fields)
+		ctx, held = c, &c.h
 	}
 	if l.settles {
 		ctx = l.settleable(ctx, t)
@@ -140,6 +141,20 @@ type heldMD struct {
 
 // heldMDKey is the context key of a call's innermost heldMD.
 type heldMDKey struct{}
+
+// heldCtx carries a heldMD and its fields in one allocation.
+type heldCtx struct {
+	context.Context
+	h      heldMD
+	fields metadata.MD
+}
+
+func (c *heldCtx) Value(k any) any {
+	if _, ok := k.(heldMDKey); ok {
+		return &c.h
+	}
+	return c.Context.Value(k)
+}
 
 // heldFrom returns the heldMD ctx carries, or nil.
 func heldFrom(ctx context.Context) *heldMD {
