@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/grpclimit"
 )
 
 // degradedAdmitter answers every Allow with d, as a store's failure rule
@@ -61,4 +62,38 @@ func TestServerDegraded(t *testing.T) {
 	conn = serve(t, newLimiter(t, limited), nil)
 	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+}
+
+// TestServerDegradedInsideEnforcing: a degraded denial by a Limiter
+// chained inside another that admitted the call carries no RateLimit
+// fields, the outer one's included, as httplimit removes an outer
+// middleware's: they describe a quota that did not answer. For a call and
+// for a stream; the pushback stays.
+func TestServerDegradedInsideEnforcing(t *testing.T) {
+	ctx := t.Context()
+	e, _ := newEngine(t, engine.Config{Policy: pol(4, 1)})
+	outer := newLimiter(t, e, grpclimit.WithHeaders())
+	inner := newLimiter(t, degradedAdmitter{d: engine.Decision{Degraded: true, RetryAfter: 1500 * time.Millisecond, Version: 1, Limit: 5}},
+		grpclimit.WithHeaders())
+	conn := serveWith(t, []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(outer.Unary, inner.Unary),
+		grpc.ChainStreamInterceptor(outer.Stream, inner.Stream),
+	}, testService{})
+
+	var header, trailer metadata.MD
+	_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer))
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Empty(t, rateLimit(header))
+	require.Empty(t, rateLimit(trailer))
+	require.Equal(t, []string{"1500"}, pushback(trailer))
+
+	stream, err := testgrpc.NewTestServiceClient(conn).FullDuplexCall(ctx)
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	header, err = stream.Header()
+	require.NoError(t, err)
+	require.Empty(t, rateLimit(header))
+	require.Empty(t, rateLimit(stream.Trailer()))
+	require.Equal(t, []string{"1500"}, pushback(stream.Trailer()))
 }

@@ -69,6 +69,13 @@
 // before it sent a header has only those). A degraded answer, or an
 // error, has none.
 //
+// Behind several Limiters with WithHeaders (an enforcing one and a shadow
+// one chained inside it, or two limits), each admitting Limiter's fields
+// are values of their own, the outermost Limiter's first. A refusal by an
+// inner Limiter carries only its own fields, and none for a degraded
+// answer or an error: the outer ones' are dropped, as httplimit's
+// middleware replaces or removes an outer middleware's.
+//
 // # Shadow mode
 //
 // WithShadow measures a limit on live traffic before enforcing it: every

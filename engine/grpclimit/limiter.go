@@ -105,22 +105,84 @@ func (l *Limiter) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	}
 	v, t := l.decide(ctx, info.FullMethod)
 	if v.status != nil {
+		heldFrom(ctx).drop()
 		if trailer := v.trailer(); trailer != nil {
 			_ = grpc.SetTrailer(ctx, trailer) // fails only outside a server call
 		}
 		return nil, v.status
 	}
+	var held *heldMD
+	if v.md != nil {
+		c := &heldCtx{Context: ctx, fields: v.md}
+		c.h.parent = heldFrom(ctx)
+		c.h.md.Store(&c.fields)
+		ctx, held = c, &c.h
+	}
 	if l.settles {
 		ctx = l.settleable(ctx, t)
 	}
 	resp, err := handler(ctx, req)
-	// Set now: a header set before would end a failure's trailers-only
-	// response. SetHeader fails if the handler sent the header itself; the
-	// fields then go in the trailer. Both fail only outside a server call.
-	if v.md != nil && (err != nil || grpc.SetHeader(ctx, v.md) != nil) {
-		_ = grpc.SetTrailer(ctx, v.md)
+	if held != nil {
+		held.set(ctx, err != nil)
 	}
 	return resp, err
+}
+
+// heldMD is an admitted unary call's RateLimit fields, held until its
+// handler has answered: a header set before would end a failure's
+// trailers-only response. It is carried in the handler's context, so that
+// a Limiter chained inside (a shadow one) sets the fields of the Limiters
+// outside it before its own: the outer, enforced, values come first, as
+// httplimit's enforced items do. The fields are taken by a swap, once.
+type heldMD struct {
+	md     atomic.Pointer[metadata.MD]
+	parent *heldMD // an outer Limiter's, or nil
+}
+
+// heldMDKey is the context key of a call's innermost heldMD.
+type heldMDKey struct{}
+
+// heldCtx carries a heldMD and its fields in one allocation.
+type heldCtx struct {
+	context.Context
+	h      heldMD
+	fields metadata.MD
+}
+
+func (c *heldCtx) Value(k any) any {
+	if _, ok := k.(heldMDKey); ok {
+		return &c.h
+	}
+	return c.Context.Value(k)
+}
+
+// heldFrom returns the heldMD ctx carries, or nil.
+func heldFrom(ctx context.Context) *heldMD {
+	h, _ := ctx.Value(heldMDKey{}).(*heldMD)
+	return h
+}
+
+// drop discards the fields h and the Limiters outside it still hold, for
+// a refusal by a Limiter inside them: as httplimit's middleware replaces or
+// removes an outer one's, a refusal carries only the fields of the Limiter
+// that refused (none for a store's failure rule or an error). h may be nil.
+func (h *heldMD) drop() {
+	for ; h != nil; h = h.parent {
+		h.md.Store(nil)
+	}
+}
+
+// set sets the fields still held by the outer Limiters, outermost first,
+// then h's: in the header, or in the trailer if the handler failed or sent
+// the header itself (SetHeader then fails). Both fail only outside a
+// server call.
+func (h *heldMD) set(ctx context.Context, failed bool) {
+	if h.parent != nil {
+		h.parent.set(ctx, failed)
+	}
+	if md := h.md.Swap(nil); md != nil && (failed || grpc.SetHeader(ctx, *md) != nil) {
+		_ = grpc.SetTrailer(ctx, *md)
+	}
 }
 
 // Stream is a grpc.StreamServerInterceptor. By default it decides the
@@ -136,6 +198,7 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		key, cost, r := l.prepare(ctx, info.FullMethod)
 		if r.status != nil {
 			if v := l.judge(ctx, info.FullMethod, "", engine.Decision{}, false, r); v.status != nil {
+				dropOuter(ss)
 				if trailer := v.trailer(); trailer != nil {
 					ss.SetTrailer(trailer)
 				}
@@ -154,6 +217,7 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	}
 	v, t := l.decide(ctx, info.FullMethod)
 	if v.status != nil {
+		dropOuter(ss)
 		if trailer := v.trailer(); trailer != nil {
 			ss.SetTrailer(trailer)
 		}

@@ -239,7 +239,8 @@ func WithOnError(f ErrorFunc) Option {
 // middleware does: a call the enforcing Limiter refuses then never
 // reaches the shadow, and with WithHeaders its refusal stays
 // trailers-only, which grpc-go clients need to retry it. The shadow's
-// fields are sent as values of their own beside the enforcing one's.
+// fields are sent as values of their own after the enforcing one's, so the
+// first value of each key is the enforced limit's.
 func WithShadow() Option {
 	return func(c *config) error {
 		c.shadow = true

@@ -151,3 +151,42 @@ func TestShadowContextEnded(t *testing.T) {
 	require.Len(t, errs, 1)
 	require.ErrorIs(t, errs[0], context.Canceled)
 }
+
+// TestServerShadowInsideEnforcing: a shadow Limiter chained inside an
+// enforcing one, each with WithHeaders, adds its fields after the
+// enforcing one's, so the first value of each key is the enforced limit's,
+// as httplimit's enforced items come first: for a unary call, for a
+// stream, and for a stream the enforcing Limiter also settles. A call the
+// enforcing Limiter refuses never reaches the shadow.
+func TestServerShadowInsideEnforcing(t *testing.T) {
+	ctx := t.Context()
+	for _, settles := range []bool{false, true} {
+		enforced, _ := newEngine(t, engine.Config{Policy: pol(4, 1)})
+		candidate, _ := newEngine(t, engine.Config{Policy: pol(2, 1)})
+		opts := []grpclimit.Option{grpclimit.WithHeaders(), grpclimit.WithPolicyName("api")}
+		if settles {
+			opts = append(opts, grpclimit.WithCost(func(context.Context, string) int64 { return 1 }))
+		}
+		enf := newLimiter(t, enforced, opts...)
+		sh := newLimiter(t, candidate, grpclimit.WithHeaders(), grpclimit.WithPolicyName("candidate"), grpclimit.WithShadow())
+		conn := serveWith(t, []grpc.ServerOption{
+			grpc.ChainUnaryInterceptor(enf.Unary, sh.Unary),
+			grpc.ChainStreamInterceptor(enf.Stream, sh.Stream),
+		}, testService{})
+
+		var header metadata.MD
+		_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header))
+		require.NoError(t, err)
+		require.Equal(t, []string{`"api";q=4;w=4`, `"candidate";q=2;w=2`}, header.Get(grpclimit.PolicyHeader), "settles %v", settles)
+		require.Equal(t, []string{`"api";r=3;t=1`, `"candidate";r=1;t=1`}, header.Get(grpclimit.RateLimitHeader), "settles %v", settles)
+
+		s := duplex(t, conn)
+		require.NoError(t, echo(s, 1))
+		require.NoError(t, finish(s))
+		header, err = s.Header()
+		require.NoError(t, err)
+		require.Equal(t, []string{`"api";q=4;w=4`, `"candidate";q=2;w=2`}, header.Get(grpclimit.PolicyHeader), "settles %v", settles)
+		require.Equal(t, []string{`"api";r=2;t=2`, `"candidate";r=0;t=2`}, header.Get(grpclimit.RateLimitHeader), "settles %v", settles)
+		require.Equal(t, grpclimit.ShadowStats{}, sh.ShadowStats())
+	}
+}

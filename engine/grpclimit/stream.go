@@ -49,6 +49,7 @@ func (h *heldHeader) end(err error) { h.set(err != nil) }
 // through grpc.SendHeader, which this stream does not see, or sent before
 // the fields were known).
 func (h *heldHeader) set(failed bool) {
+	setOuter(h.ServerStream, failed)
 	if md := h.fields.Swap(nil); md != nil && (failed || h.ServerStream.SetHeader(*md) != nil) {
 		h.ServerStream.SetTrailer(*md)
 	}
@@ -88,10 +89,49 @@ func (s *meteredStream) RecvMsg(m any) error {
 		s.held = true
 		s.fields.Store(&md)
 	case v.status != nil && !s.pushed:
+		dropOuter(s.ServerStream)
 		if trailer := v.trailer(); trailer != nil {
 			s.pushed = true
 			s.SetTrailer(trailer)
 		}
 	}
 	return v.status
+}
+
+// heldSetter is a stream of a Limiter that may hold RateLimit fields: a
+// Limiter chained inside it has it set them (set's failed) before its own,
+// so that the outer, enforced, values come first, as httplimit's enforced
+// items do (see heldMD for unary calls).
+// dropHeld discards them and those of the Limiters outside, for a refusal
+// by a Limiter inside (see heldMD.drop).
+type heldSetter interface {
+	setHeld(failed bool)
+	dropHeld()
+}
+
+func (h *heldHeader) setHeld(failed bool) { h.set(failed) }
+
+func (h *heldHeader) dropHeld() {
+	h.fields.Store(nil)
+	dropOuter(h.ServerStream)
+}
+
+func (s *settledStream) setHeld(failed bool) { setOuter(s.ServerStream, failed) }
+
+func (s *settledStream) dropHeld() { dropOuter(s.ServerStream) }
+
+// setOuter sets the fields that ss, an outer Limiter's stream, still
+// holds, if it is one.
+func setOuter(ss grpc.ServerStream, failed bool) {
+	if o, ok := ss.(heldSetter); ok {
+		o.setHeld(failed)
+	}
+}
+
+// dropOuter discards the fields that ss, an outer Limiter's stream, and
+// those outside it still hold, if it is one.
+func dropOuter(ss grpc.ServerStream) {
+	if o, ok := ss.(heldSetter); ok {
+		o.dropHeld()
+	}
 }
