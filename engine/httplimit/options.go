@@ -247,18 +247,20 @@ func WithDenied(f DeniedFunc) Option {
 // in prefixes report in header h, as ClientIP describes: only when the
 // direct peer is one of them, and never an entry written in front of the
 // right-most untrusted address. Without this option, or with no prefixes,
-// no proxy is trusted and no header is read: the client is RemoteAddr.
-// IPv4-mapped IPv6 prefixes are taken as the IPv4 prefixes they map. The
-// client so found, grouped by WithIPv6Prefix, is the default key and what
-// a WithClientKey function is given; a WithKey function is given neither.
+// no proxy is trusted and no header is read: the client is RemoteAddr (h
+// may then be 0, as an unset setting leaves it). IPv4-mapped IPv6
+// prefixes are taken as the IPv4 prefixes they map. The client so found,
+// grouped by WithIPv6Prefix, is the default key and what a WithClientKey
+// function is given; a WithKey function is given neither. Given more than
+// once, the last one counts.
 func WithTrustedProxies(h ProxyHeader, prefixes ...netip.Prefix) Option {
 	return func(c *config) error {
-		if h != XForwardedFor && h != Forwarded {
-			return fmt.Errorf("%w: WithTrustedProxies: header %d is neither XForwardedFor nor Forwarded", ErrInvalidOption, int(h))
-		}
 		if len(prefixes) == 0 { // trusts nothing: as if it were not given
 			c.header, c.trusted = 0, nil
 			return nil
+		}
+		if h != XForwardedFor && h != Forwarded {
+			return fmt.Errorf("%w: WithTrustedProxies: header %d is neither XForwardedFor nor Forwarded", ErrInvalidOption, int(h))
 		}
 		trusted := make([]netip.Prefix, len(prefixes))
 		for i, p := range prefixes {

@@ -367,6 +367,7 @@ func TestTrustedProxiesNone(t *testing.T) {
 		"no prefixes":       {httplimit.WithTrustedProxies(httplimit.XForwardedFor)},
 		"no prefixes after": {httplimit.WithTrustedProxies(httplimit.XForwardedFor, loopbackProxies...), httplimit.WithTrustedProxies(httplimit.XForwardedFor)},
 		"Forwarded":         {httplimit.WithTrustedProxies(httplimit.Forwarded)},
+		"unset":             {httplimit.WithTrustedProxies(0)}, // a setting left empty: no if needed
 	} {
 		t.Run(name, func(t *testing.T) {
 			e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
@@ -377,8 +378,8 @@ func TestTrustedProxiesNone(t *testing.T) {
 			assert.Equal(t, 1, e.KeyCount())
 		})
 	}
-	_, err := httplimit.New(newEngineOnly(t), httplimit.WithTrustedProxies(0))
-	assert.ErrorIs(t, err, httplimit.ErrInvalidOption, "the header is still checked")
+	_, err := httplimit.New(newEngineOnly(t), httplimit.WithTrustedProxies(0, loopbackProxies...))
+	assert.ErrorIs(t, err, httplimit.ErrInvalidOption, "proxies trusted with no header to read")
 }
 
 func newEngineOnly(t *testing.T) *engine.Engine {
