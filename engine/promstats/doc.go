@@ -35,10 +35,11 @@
 //	tokenshard_holds_aborted_total            counter  holds given up for a cutover, sweep, snapshot or Close
 //
 // decisions_total counts every decision, whichever call made it, as
-// engine.Stats does: each Allow (Wait's too), each request of an
-// AllowBatch, and each request of an AllowAll that returned a Decision,
-// all "allowed" when the call was admitted and all "denied" when it was
-// refused (it took nothing from any key); a request that names a key
+// engine.Stats does: each Allow (Wait's too), each Charge (never refused,
+// so always "allowed": httplimit's Settle adds one when it charges), each
+// request of an AllowBatch, and each request of an AllowAll that returned
+// a Decision, all "allowed" when the call was admitted and all "denied"
+// when it was refused (it took nothing from any key); a request that names a key
 // already named counts again. So an AllowAll of 3 requests adds 3, and a
 // dashboard built on decisions_total sees the same traffic whether a
 // program calls Allow per key or AllowAll over its keys. The call itself

@@ -30,7 +30,8 @@
 //	tokenshard_store_retries_total            counter  script calls repeated for a newer policy or a bucket's history
 //
 // decisions_total counts every request once, as promstats does: each
-// Allow, each request of an AllowBatch, and each request of an AllowAll
+// Allow, each Charge ("allowed", or "degraded_allowed" when Redis could
+// not take it), each request of an AllowBatch, and each request of an AllowAll
 // that returned a Decision, all with the call's outcome. "allowed" and
 // "denied" are Redis's decisions, and with redisstore.Config.Leases also
 // those a lease made in the process (redisstore.Stats.Allowed and Denied);
