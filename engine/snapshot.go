@@ -23,8 +23,10 @@ import (
 //	policy    uvarint Version, Capacity; rate; bands; uvarint override
 //	          count; per override: string Match, string Name, uvarint
 //	          Capacity; rate; bands
-//	wall      varint Unix nanoseconds when the snapshot began
-//	reading   varint clock reading when it began
+//	wall      varint Unix nanoseconds once every shard has begun its copy
+//	          (after reading: restore counts the downtime from it, so
+//	          never more than there was)
+//	reading   varint clock reading when the first shard began
 //	buckets   per bucket: byte 1; string key; varint last update reading;
 //	          uvarint the index of the key's limit in the policy's limit
 //	          table (policy.Policy.Shapes: 0 the policy's own, then its
