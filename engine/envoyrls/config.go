@@ -1,8 +1,10 @@
 package envoyrls
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"time"
@@ -54,7 +56,7 @@ var (
 	// (100,000, aliases expanded).
 	ErrTooLarge = fmt.Errorf("%w: too many descriptors", ErrInvalidConfig)
 	// ErrUnsupported: a setting this server does not implement
-	// (quota_mode: true, a YAML merge key).
+	// (quota_mode: true, a YAML merge key, a second YAML document).
 	ErrUnsupported = fmt.Errorf("%w: unsupported setting", ErrInvalidConfig)
 )
 
@@ -136,9 +138,25 @@ type node struct {
 // error wraps one of the Err values above (and so ErrInvalidConfig) and names
 // the line and the field.
 func ParseConfig(data []byte) (*Config, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: %v", ErrSyntax, err)
+	}
+	// One domain a file: a document after the first is refused, not
+	// dropped unread (an empty one, a trailing "---", is nothing).
+	for {
+		var more yaml.Node
+		err := dec.Decode(&more)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrSyntax, err)
+		}
+		if len(more.Content) > 0 && !isNull(more.Content[0]) {
+			return nil, fieldErr(ErrUnsupported, more.Content[0], "---", "a second YAML document: one domain a file")
+		}
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 {
 		return nil, fmt.Errorf("%w: line 1: field \"domain\": the document is empty", ErrEmptyDomain)

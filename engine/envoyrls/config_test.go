@@ -73,6 +73,11 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"field twice", "domain: d\ndomain: e\n", envoyrls.ErrFieldType, 2, "domain"},
 		{"quota_mode", "domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n", envoyrls.ErrUnsupported, 4, "quota_mode"},
 		{"rate_limit a list", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: [1]\n", envoyrls.ErrFieldType, 4, "rate_limit"},
+		// One domain a file: a second document would be dropped unread,
+		// its limits never applied, or its YAML never checked.
+		{"a second domain in the file", "domain: a\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: 1}}\n---\ndomain: b\n",
+			envoyrls.ErrUnsupported, 5, "---"},
+		{"a second document that does not parse", "domain: a\n---\ndomain: \"b\n", envoyrls.ErrSyntax, 3, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -106,6 +111,8 @@ func TestParseConfigAccepts(t *testing.T) {
 			"  - {key: h, rate_limit: {unlimited: true}}\n" +
 			"  - {key: i, rate_limit: {unit: second, requests_per_unit: 0}}\n",
 		"domain: d\ndescriptors:\n  - key: a\n    rate_limit: &l {unit: second, requests_per_unit: 1}\n  - key: b\n    rate_limit: *l\n",
+		"---\ndomain: d\n...\n",
+		"domain: d\n---\n# nothing after the marker\n",
 	} {
 		c, err := envoyrls.ParseConfig([]byte(y))
 		if err != nil {

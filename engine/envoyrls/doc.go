@@ -42,7 +42,9 @@
 // (envoyproxy/ratelimit reads it as 0 and refuses every request: here a 0
 // must be written), quota_mode: true, which this server does not implement,
 // a YAML merge key (<<), which envoyproxy/ratelimit's YAML library
-// resolves, and more than 100,000 descriptors (aliases expanded). Every error names
+// resolves, a second YAML document in the input (one domain a file: it
+// would otherwise be dropped unread, as envoyproxy/ratelimit drops it), and
+// more than 100,000 descriptors (aliases expanded). Every error names
 // the line and the field and wraps ErrInvalidConfig.
 //
 // # Limits

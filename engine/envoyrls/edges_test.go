@@ -111,3 +111,30 @@ func TestDurationUntilResetToTheNanosecond(t *testing.T) {
 		t.Errorf("duration_until_reset %v, want %v", got, want)
 	}
 }
+
+// "A descriptor of a request with more than one limited descriptor reports
+// its bucket as Peek reads it just after the decision": a check-only shadow
+// descriptor of a bucket that a shadow descriptor of the same request
+// charges reports the bucket after the charge, as an enforced one does
+// (rlstest's CheckOnlyReportsAfterTheCharge), wherever it stands.
+func TestShadowCheckOnlyReportsAfterTheCharge(t *testing.T) {
+	const yaml = `domain: sh
+descriptors:
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, name: s5}
+`
+	h := rlstest.Start(t, newEngine, yaml)
+	resp := h.Ask(rlstest.Req("sh", 0, rlstest.DH(0, "s=1"), rlstest.DH(2, "s=1")))
+	for i, st := range resp.Statuses {
+		if st.GetLimitRemaining() != 3 {
+			t.Errorf("status %d: limit_remaining %d, want 3 (5 less the 2 charged)", i, st.GetLimitRemaining())
+		}
+	}
+	resp = h.Ask(rlstest.Req("sh", 0, rlstest.DH(2, "s=1"), rlstest.DH(0, "s=1")))
+	for i, st := range resp.Statuses {
+		if st.GetLimitRemaining() != 1 {
+			t.Errorf("second request, status %d: limit_remaining %d, want 1", i, st.GetLimitRemaining())
+		}
+	}
+}

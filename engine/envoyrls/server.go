@@ -404,7 +404,7 @@ func (s *Server) allowAll(ctx context.Context, reqs []engine.Request, sums map[s
 // decideShadow decides the shadow-mode descriptors, each on its own.
 func (s *Server) decideShadow(ctx context.Context, items []item) error {
 	var reqs []engine.Request
-	var idx []int
+	var idx, checks []int
 	for i := range items {
 		it := &items[i]
 		if it.kind != kindShadow || it.node.limit.requestsPerUnit == 0 {
@@ -416,6 +416,7 @@ func (s *Server) decideShadow(ctx context.Context, items []item) error {
 				return err
 			}
 			it.d, it.known, it.over = d, true, !d.Allowed
+			checks = append(checks, i)
 			continue
 		}
 		reqs = append(reqs, engine.Request{Key: it.key, Cost: it.cost})
@@ -437,6 +438,20 @@ func (s *Server) decideShadow(ctx context.Context, items []item) error {
 			return answerErr(ctx, r.Decision, r.Err, it.key)
 		default:
 			it.d, it.known, it.over = r.Decision, true, !r.Decision.Allowed
+		}
+	}
+	// A check of a bucket the batch charged reports it after the charge, as
+	// an enforced one does: the batch decides in order, so its last decision
+	// of a key is the key's balance after all of them.
+	last := map[string]engine.Decision{}
+	for _, i := range idx {
+		if it := &items[i]; it.known {
+			last[it.key] = it.d
+		}
+	}
+	for _, i := range checks {
+		if d, ok := last[items[i].key]; ok {
+			items[i].d = d
 		}
 	}
 	return nil

@@ -456,15 +456,34 @@ func reached(ctx context.Context, store *redisstore.Store) bool {
 	return !errors.Is(err, redisstore.ErrNotReady)
 }
 
-// install installs the policy of cfgs on a at the next version.
+// install installs the policy of cfgs on a at the next version. When
+// another replica moved the version on meanwhile (replicas of one
+// deployment starting at once all find the earlier deployment's policy), it
+// reads the prefix's policy again: if that is already cfgs', there is
+// nothing to do, else it tries once more over the version it found, as
+// envoyrls.Server.Reload does.
 func install(ctx context.Context, a engine.Admitter, cfgs []*envoyrls.Config) error {
-	cur := a.Policy()
-	next, err := envoyrls.Policy(cur.Version+1, cfgs...)
-	if err != nil {
-		return err
+	for attempt := 0; ; attempt++ {
+		cur := a.Policy()
+		next, err := envoyrls.Policy(cur.Version+1, cfgs...)
+		if err != nil {
+			return err
+		}
+		err = a.ReplacePolicy(ctx, next, cur.Version)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, engine.ErrStalePolicy) || attempt > 0 {
+			return fmt.Errorf("installing the configuration's policy over version %d: %w", cur.Version, err)
+		}
+		// A Peek makes a store load the version it has not met yet.
+		if pk, ok := a.(envoyrls.Peeker); ok {
+			if _, err := pk.Peek(ctx, "tokenshard-rls:probe"); err != nil {
+				return fmt.Errorf("installing the configuration's policy: %w", err)
+			}
+		}
+		if _, err := envoyrls.NewServer(a, cfgs...); err == nil {
+			return nil // the other replica installed these very limits
+		}
 	}
-	if err := a.ReplacePolicy(ctx, next, cur.Version); err != nil {
-		return fmt.Errorf("installing the configuration's policy over version %d: %w", cur.Version, err)
-	}
-	return nil
 }
