@@ -443,6 +443,9 @@ func (s *Server) decideShadow(ctx context.Context, items []item) error {
 	// A check of a bucket the batch charged reports it after the charge, as
 	// an enforced one does: the batch decides in order, so its last decision
 	// of a key is the key's balance after all of them.
+	if len(checks) == 0 {
+		return nil
+	}
 	last := map[string]engine.Decision{}
 	for _, i := range idx {
 		if it := &items[i]; it.known {
