@@ -25,7 +25,9 @@
 // are second, minute, hour, day, week, month (30 days) and year (365 days), in
 // any case. A '*' in a value is a wildcard matching any run of bytes; with
 // share_threshold every value it matches shares one bucket, without it each
-// value has its own. detailed_metric and value_to_metric name metrics in
+// value has its own. That is a superset of envoyproxy/ratelimit's rule:
+// there only a trailing '*' is a wildcard (a prefix match), and a '*'
+// elsewhere is a literal byte, which here it is not. detailed_metric and value_to_metric name metrics in
 // envoyproxy/ratelimit and change no decision here; metadata is read and
 // not used, as envoyproxy/ratelimit does not use it unless told to.
 //
