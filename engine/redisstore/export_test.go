@@ -223,3 +223,17 @@ var FillsNoSlower = fillsNoSlower
 // Sleep waits d, or until ctx ends, and then returns ctx's error: a slow
 // server, for the tests' hooks.
 func Sleep(ctx context.Context, d time.Duration) error { return sleep(ctx, d) }
+
+// LeaseDebts reports, once s is closed (its lease shards and fetchers have
+// ended), what they still count: posts owed, posts left unread, and over
+// every key the tokens held, out at Redis and on their way back.
+func LeaseDebts(s *Store) (pending, unread int, left, out, back int64) {
+	for _, q := range s.lease.shards {
+		pending += q.pending
+		unread += len(q.posts)
+		for _, k := range q.keys {
+			left, out, back = left+k.left, out+k.out, back+k.back
+		}
+	}
+	return pending, unread, left, out, back
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -205,4 +206,212 @@ func hangNextCall(c *redis.Client) *hungCall {
 		return err
 	}))
 	return h
+}
+
+// requireSettled checks a closed leased store owes nothing: every post its
+// lease shards counted came, none came uncounted, and no key holds tokens
+// or counts any as out or on their way back.
+func requireSettled(t *testing.T, s *redisstore.Store) {
+	t.Helper()
+	pending, unread, left, out, back := redisstore.LeaseDebts(s)
+	require.Zero(t, pending, "posts owed")
+	require.Zero(t, unread, "posts left unread")
+	require.Zero(t, left, "tokens held")
+	require.Zero(t, out, "tokens out")
+	require.Zero(t, back, "tokens on their way back")
+}
+
+// Close while a Charge's give-back is at Redis waits for it: the shard
+// counts it as owed, takes its post, then closes; nothing is lost.
+func TestLeaseCloseWaitsForChargeGiveBack(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	a, b := leasedBeside(t, p, clk)
+	ctx := context.Background()
+	held := holding(t, a, b, "k", 100)
+	require.Positive(t, held)
+	var armed atomic.Bool
+	armed.Store(true)
+	redisstore.SetCombineHook(a, func(point string) {
+		if point == redisstore.HookGiveBack && armed.CompareAndSwap(true, false) {
+			closed := make(chan struct{})
+			go func() { defer close(closed); _ = a.Close() }()
+			require.Eventually(t, func() bool { return redisstore.LeasesClosed(a) }, 5*time.Second, time.Millisecond)
+			select {
+			case <-closed:
+				t.Error("Close returned with the Charge's give-back on its way")
+			case <-time.After(20 * time.Millisecond): // passes whatever the delay if Close waits
+			}
+		}
+	})
+	d, err := a.Charge(ctx, "k", 5)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.NoError(t, a.Close())
+	requireSettled(t, a)
+	st := a.Stats()
+	require.Zero(t, st.ForfeitedTokens, "%+v", st)
+}
+
+// Leased load with everything that hands tokens back at once: Charges,
+// cutovers by another store, the store's own ReplacePolicy (flushes),
+// sweeps as the clock moves, Peeks and Refunds, then Close under load
+// racing a ReplacePolicy. Close returns, leaves no goroutine, and every
+// post the shards counted came, none uncounted.
+func TestLeaseGiveBacksSettleUnderLoad(t *testing.T) {
+	for round := range 3 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			clk := clock.NewManual(0)
+			p := policy.Policy{Version: 1, Capacity: 2000, TokensPerSecond: 1000}
+			pfx := prefix(t)
+			a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: &redisstore.Leases{}}, clk)
+			b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+			ctx := context.Background()
+			var ver atomic.Int64
+			ver.Store(1)
+			replace := func(s *redisstore.Store) error {
+				v := ver.Load()
+				err := s.ReplacePolicy(ctx, policy.Policy{Version: v + 1, Capacity: 2000 - 100*(v%3), TokensPerSecond: 1000}, v)
+				if err == nil {
+					ver.CompareAndSwap(v, v+1)
+				}
+				return err
+			}
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for g := range 6 {
+				wg.Go(func() {
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						key := fmt.Sprintf("k%d", (i+g)%8)
+						var err error
+						switch i % 50 {
+						case 7:
+							_, err = a.Charge(ctx, key, 3)
+						case 19:
+							_, err = a.Peek(ctx, key)
+						case 31:
+							_, err = a.Refund(ctx, key, 2)
+						default:
+							_, err = a.Allow(ctx, key, 1+int64(i%3))
+						}
+						if errors.Is(err, engine.ErrClosed) {
+							return
+						}
+						if err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				})
+			}
+			cutovers := make(chan struct{})
+			go func() { // cutovers by another process, and by a itself, under the load
+				defer close(cutovers)
+				for i := 0; i < 6; i++ {
+					s := b
+					if i%2 == 1 {
+						s = a
+					}
+					if err := replace(s); err != nil && !errors.Is(err, engine.ErrStalePolicy) {
+						t.Error(err)
+					}
+					for n := a.Stats().Allowed + 300; a.Stats().Allowed < n; {
+						runtime.Gosched() // some load between cutovers
+					}
+					clk.Advance(300 * time.Millisecond) // sweeps: leases idle, or kept MaxAge
+				}
+			}()
+			<-cutovers
+			replaced := make(chan error, 1)
+			go func() { replaced <- replace(a) }()
+			require.NoError(t, a.Close())
+			close(stop)
+			wg.Wait()
+			if err := <-replaced; err != nil && !errors.Is(err, engine.ErrClosed) && !errors.Is(err, engine.ErrStalePolicy) {
+				t.Logf("ReplacePolicy racing Close: %v", err)
+			}
+			requireSettled(t, a)
+			t.Logf("stats %+v", a.Stats())
+		})
+	}
+}
+
+// Close while the fetcher gives a swept lease back waits for it too: the
+// shard counts the fetcher's give-back as owed until its post.
+func TestLeaseCloseWaitsForSweptGiveBack(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	a, b := leasedBeside(t, p, clk)
+	ctx := context.Background()
+	require.Positive(t, holding(t, a, b, "k", 100))
+	var armed atomic.Bool
+	armed.Store(true)
+	swept := make(chan struct{})
+	redisstore.SetCombineHook(a, func(point string) {
+		if point == redisstore.HookGiveBack && armed.CompareAndSwap(true, false) {
+			defer close(swept)
+			closed := make(chan struct{})
+			go func() { defer close(closed); _ = a.Close() }()
+			require.Eventually(t, func() bool { return redisstore.LeasesClosed(a) }, 5*time.Second, time.Millisecond)
+			select {
+			case <-closed:
+				t.Error("Close returned with the sweep's give-back on its way")
+			case <-time.After(20 * time.Millisecond): // passes whatever the delay if Close waits
+			}
+		}
+	})
+	clk.Advance(time.Hour) // MaxAge without a grant: the next serve sweeps the lease
+	_, err := a.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	<-swept
+	require.NoError(t, a.Close())
+	requireSettled(t, a)
+	st := a.Stats()
+	require.Zero(t, st.ForfeitedTokens, "%+v", st)
+}
+
+// A give-back Redis refuses is given up, and still settled: the shard
+// takes its post (the tokens count against the bound no more) and Close
+// owes nothing.
+func TestLeaseFailedGiveBackSettles(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	c := client(t, redisAddr(t))
+	var failing atomic.Bool
+	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		if !failing.Load() {
+			return next(ctx, cmds)
+		}
+		err := errors.New("test: refused")
+		for _, cmd := range cmds {
+			cmd.SetErr(err)
+		}
+		return err
+	}))
+	pfx := prefix(t)
+	lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour}
+	a := newStore(t, redisstore.Config{Client: c, Policy: p, Prefix: pfx, Leases: lz}, clk)
+	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	ctx := context.Background()
+	held := holding(t, a, b, "k", 100)
+	failing.Store(true)
+	_, err := a.Charge(ctx, "k", 5) // its give-back fails: given up
+	require.NoError(t, err)
+	failing.Store(false)
+	require.GreaterOrEqual(t, a.Stats().ForfeitedTokens, uint64(held))
+	// The next request Redis decides brings a whole lease: the tokens given
+	// up count against the bound no more.
+	leased := a.Stats().LeasedTokens
+	d, err := a.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.Eventually(t, func() bool { return a.Stats().LeasedTokens != leased }, 5*time.Second, time.Millisecond)
+	require.Equal(t, uint64(p.Capacity/redisstore.DefaultLeaseDivisor), a.Stats().LeasedTokens-leased)
+	require.NoError(t, a.Close())
+	requireSettled(t, a)
 }
