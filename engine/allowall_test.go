@@ -431,3 +431,36 @@ func TestAllowAllRefusedAtExactRoom(t *testing.T) {
 	assert.Equal(t, 0, at)
 	assert.Equal(t, 1, e.KeyCount(), "a refused call creates nothing")
 }
+
+// TestAllowAllKeyCapacityNamesFirstKeyPastRoom: at the key bound, AllowAll
+// fails with ErrKeyCapacity at the first new key, in request order, past
+// the room the bound has: tracked keys and repeats of a new key take no
+// room of their own. Nothing changes.
+func TestAllowAllKeyCapacityNamesFirstKeyPastRoom(t *testing.T) {
+	ctx := context.Background()
+	for _, shards := range []int{1, 4} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: shards, MaxKeys: 3})
+			_, err := e.Allow(ctx, "old", 4)
+			require.NoError(t, err)
+			before := peekKeys(t, e, []string{"old"})
+			// Room for 2 new keys: w and x fit, y (request 4) is past it.
+			reqs := []engine.Request{{Key: "w", Cost: 1}, {Key: "old", Cost: 1}, {Key: "w", Cost: 1}, {Key: "x", Cost: 1}, {Key: "y", Cost: 1}, {Key: "z", Cost: 1}}
+			d, at, err := e.AllowAll(ctx, reqs)
+			require.ErrorIs(t, err, engine.ErrKeyCapacity)
+			assert.Equal(t, 4, at, "y is the first new key past the room of 2")
+			assert.Equal(t, engine.Decision{}, d)
+			assert.Equal(t, 1, e.KeyCount(), "no key created")
+			assert.Equal(t, before, peekKeys(t, e, []string{"old"}), "nothing taken")
+
+			// With no room at all, the first new key is at fault.
+			_, err = e.Allow(ctx, "a", 1)
+			require.NoError(t, err)
+			_, err = e.Allow(ctx, "b", 1)
+			require.NoError(t, err)
+			_, at, err = e.AllowAll(ctx, []engine.Request{{Key: "old", Cost: 1}, {Key: "c", Cost: 1}})
+			require.ErrorIs(t, err, engine.ErrKeyCapacity)
+			assert.Equal(t, 1, at)
+		})
+	}
+}
