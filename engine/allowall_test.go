@@ -464,3 +464,56 @@ func TestAllowAllKeyCapacityNamesFirstKeyPastRoom(t *testing.T) {
 		})
 	}
 }
+
+// firstReadAhead is a Manual clock whose first reading after arm is ahead
+// of it by ahead; every other reading is the Manual's own. An AllowAll over
+// keys of several shards then finds its holds at different readings.
+type firstReadAhead struct {
+	*clock.Manual
+	armed atomic.Bool
+	ahead int64
+}
+
+func (c *firstReadAhead) arm(ahead time.Duration) {
+	c.ahead = int64(ahead)
+	c.armed.Store(true)
+}
+
+func (c *firstReadAhead) Now() int64 {
+	if c.armed.CompareAndSwap(true, false) {
+		return c.Manual.Now() + c.ahead
+	}
+	return c.Manual.Now()
+}
+
+// TestAllowAllDecidesAtLatestHoldReading: when the shards holding an
+// AllowAll's keys read the clock at different instants, the call is
+// decided at the latest of those readings, whichever shard took it: keys
+// that hold their cost only at that reading are admitted, with the
+// balances of that instant. Deciding earlier would put the call before a
+// reading a shard had already taken.
+func TestAllowAllDecidesAtLatestHoldReading(t *testing.T) {
+	ctx := context.Background()
+	for trial := range 20 {
+		shards := 2 + trial%3
+		clk := &firstReadAhead{Manual: clock.NewManual(0)}
+		e, _ := newEngine(t, engine.Config{Policy: pol(1, 1, 1), Shards: shards, Clock: clk})
+		keys := keysOnShards(t, e, shards)
+		var reqs []engine.Request
+		for _, k := range keys {
+			d, err := e.Allow(ctx, k, 1) // drained at 0, one token again at 1s
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			reqs = append(reqs, engine.Request{Key: k, Cost: 1})
+		}
+		clk.Set(int64(500 * time.Millisecond))
+		clk.arm(500 * time.Millisecond) // one shard's hold reads 1s, the others 0.5s
+		d, _, err := e.AllowAll(ctx, reqs)
+		require.NoError(t, err)
+		require.False(t, clk.armed.Load(), "a shard took the reading ahead")
+		assert.True(t, d.Allowed, "trial %d (%d shards): at 1s, the latest reading, every key holds its token", trial, shards)
+		assert.Equal(t, int64(0), d.Remaining, "trial %d", trial)
+		assert.Equal(t, time.Second, d.ResetAfter, "trial %d: empty at 1s", trial)
+		require.NoError(t, e.Close())
+	}
+}
