@@ -431,3 +431,89 @@ func TestAllowAllRefusedAtExactRoom(t *testing.T) {
 	assert.Equal(t, 0, at)
 	assert.Equal(t, 1, e.KeyCount(), "a refused call creates nothing")
 }
+
+// TestAllowAllKeyCapacityNamesFirstKeyPastRoom: at the key bound, AllowAll
+// fails with ErrKeyCapacity at the first new key, in request order, past
+// the room the bound has: tracked keys and repeats of a new key take no
+// room of their own. Nothing changes.
+func TestAllowAllKeyCapacityNamesFirstKeyPastRoom(t *testing.T) {
+	ctx := context.Background()
+	for _, shards := range []int{1, 4} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: shards, MaxKeys: 3})
+			_, err := e.Allow(ctx, "old", 4)
+			require.NoError(t, err)
+			before := peekKeys(t, e, []string{"old"})
+			// Room for 2 new keys: w and x fit, y (request 4) is past it.
+			reqs := []engine.Request{{Key: "w", Cost: 1}, {Key: "old", Cost: 1}, {Key: "w", Cost: 1}, {Key: "x", Cost: 1}, {Key: "y", Cost: 1}, {Key: "z", Cost: 1}}
+			d, at, err := e.AllowAll(ctx, reqs)
+			require.ErrorIs(t, err, engine.ErrKeyCapacity)
+			assert.Equal(t, 4, at, "y is the first new key past the room of 2")
+			assert.Equal(t, engine.Decision{}, d)
+			assert.Equal(t, 1, e.KeyCount(), "no key created")
+			assert.Equal(t, before, peekKeys(t, e, []string{"old"}), "nothing taken")
+
+			// With no room at all, the first new key is at fault.
+			_, err = e.Allow(ctx, "a", 1)
+			require.NoError(t, err)
+			_, err = e.Allow(ctx, "b", 1)
+			require.NoError(t, err)
+			_, at, err = e.AllowAll(ctx, []engine.Request{{Key: "old", Cost: 1}, {Key: "c", Cost: 1}})
+			require.ErrorIs(t, err, engine.ErrKeyCapacity)
+			assert.Equal(t, 1, at)
+		})
+	}
+}
+
+// firstReadAhead is a Manual clock whose first reading after arm is ahead
+// of it by ahead; every other reading is the Manual's own. An AllowAll over
+// keys of several shards then finds its holds at different readings.
+type firstReadAhead struct {
+	*clock.Manual
+	armed atomic.Bool
+	ahead int64
+}
+
+func (c *firstReadAhead) arm(ahead time.Duration) {
+	c.ahead = int64(ahead)
+	c.armed.Store(true)
+}
+
+func (c *firstReadAhead) Now() int64 {
+	if c.armed.CompareAndSwap(true, false) {
+		return c.Manual.Now() + c.ahead
+	}
+	return c.Manual.Now()
+}
+
+// TestAllowAllDecidesAtLatestHoldReading: when the shards holding an
+// AllowAll's keys read the clock at different instants, the call is
+// decided at the latest of those readings, whichever shard took it: keys
+// that hold their cost only at that reading are admitted, with the
+// balances of that instant. Deciding earlier would put the call before a
+// reading a shard had already taken.
+func TestAllowAllDecidesAtLatestHoldReading(t *testing.T) {
+	ctx := context.Background()
+	for trial := range 20 {
+		shards := 2 + trial%3
+		clk := &firstReadAhead{Manual: clock.NewManual(0)}
+		e, _ := newEngine(t, engine.Config{Policy: pol(1, 1, 1), Shards: shards, Clock: clk})
+		keys := keysOnShards(t, e, shards)
+		var reqs []engine.Request
+		for _, k := range keys {
+			d, err := e.Allow(ctx, k, 1) // drained at 0, one token again at 1s
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			reqs = append(reqs, engine.Request{Key: k, Cost: 1})
+		}
+		clk.Set(int64(500 * time.Millisecond))
+		clk.arm(500 * time.Millisecond) // one shard's hold reads 1s, the others 0.5s
+		d, _, err := e.AllowAll(ctx, reqs)
+		require.NoError(t, err)
+		require.False(t, clk.armed.Load(), "a shard took the reading ahead")
+		assert.True(t, d.Allowed, "trial %d (%d shards): at 1s, the latest reading, every key holds its token", trial, shards)
+		assert.Equal(t, int64(0), d.Remaining, "trial %d", trial)
+		assert.Equal(t, time.Second, d.ResetAfter, "trial %d: empty at 1s", trial)
+		require.NoError(t, e.Close())
+	}
+}

@@ -271,3 +271,24 @@ func TestOverrideSetBandsByContent(t *testing.T) {
 		policy.Override{Match: "z", Name: "gold", Capacity: 5, TokensPerSecond: 1, Bands: c})
 	require.ErrorIs(t, err, policy.ErrInvalid, "one name, two limits")
 }
+
+// TestResolvePatternRunsDoNotOverlap: the literal runs of a pattern match
+// in order and without overlap, so a run given twice needs two
+// occurrences in the key.
+func TestResolvePatternRunsDoNotOverlap(t *testing.T) {
+	set, err := policy.NewOverrideSet(ov("a*x*x*b", 3, 3), ov("*ab*ab*", 4, 4))
+	require.NoError(t, err)
+	p := policy.Policy{Version: 1, Capacity: 50, TokensPerSecond: 5, Overrides: set}
+	for key, want := range map[string]int64{
+		"axb":    50, // one x: the second run has nothing left to match
+		"axxb":   3,
+		"ax-x-b": 3,
+		"xaby":   50, // one ab
+		"xabab":  4,
+		"abab":   4,
+		"aba":    50,
+	} {
+		lim, _ := p.Resolve(key)
+		assert.Equal(t, want, lim.Capacity, "key %q", key)
+	}
+}

@@ -370,6 +370,9 @@ func TestRatesWindowSeconds(t *testing.T) {
 		{policy.PerSecond(1), maxInt64, maxInt64},
 		{policy.Rate{Tokens: maxInt64, Per: maxInt64}, maxInt64, 9_223_372_037},
 		{policy.Rate{Tokens: maxInt64, Per: 1}, maxInt64, 1},
+		// capacity x Per = 2^65-1: the first step's ceiling, 2^64, carries
+		// into the high word.
+		{policy.Rate{Tokens: 2, Per: 31}, 1_190_112_520_884_487_201, 18_446_744_074},
 	} {
 		name := fmt.Sprintf("%v/capacity=%d", tc.rate, tc.capacity)
 		got := tc.rate.WindowSeconds(tc.capacity)

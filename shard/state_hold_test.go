@@ -102,3 +102,44 @@ func TestHoldCommitKeepsLatestReading(t *testing.T) {
 	assert.Equal(t, msg.ErrClockRegression, s.allow(3e9, "other", 1).Err,
 		"3e9 is older than 5e9, which the shard has already observed")
 }
+
+// TestHoldCommitAfterLaterReadingTakesEveryCost: a hold committed at T,
+// earlier than a reading the shard observed for another key while the hold
+// was held, still takes every item's cost at T and creates its new keys:
+// an admitted call pays on every shard (all or nothing), whatever the
+// shard served meanwhile.
+func TestHoldCommitAfterLaterReadingTakesEveryCost(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	budget := NewBudget(10)
+	s := newState(p, budget, &testHasher)
+	ref := newState(p, NewBudget(10), &testHasher)
+	require.NoError(t, s.allow(0, "a", 10).Err)
+	require.NoError(t, ref.allow(0, "a", 10).Err)
+
+	items := holdItems(s, "a", 1, "b", 3)
+	out := make([]msg.Reply, len(items))
+	var fresh []int
+	require.True(t, s.holdBegin(1e9, items, out, &fresh))
+	decideAt(s, 1e9, 2e9, items, out)
+	require.True(t, out[0].Decision.Allowed && out[1].Decision.Allowed, "the copies admit both at T")
+	require.NoError(t, s.allow(5e9, "other", 1).Err) // served while the keys are held
+	ok, _ := budget.ReserveN(1)                      // the caller's room for b
+	require.True(t, ok)
+	s.holdCommit(2e9, items, true) // the call's instant T < 5e9
+
+	// The reference decides the same requests at T, one by one.
+	require.True(t, ref.allow(2e9, "a", 1).Decision.Allowed)
+	require.True(t, ref.allow(2e9, "b", 3).Decision.Allowed)
+	require.NoError(t, ref.allow(5e9, "other", 1).Err)
+	for _, k := range []string{"a", "b", "other"} {
+		var g, w msg.Reply
+		s.peek(6e9, k, s.hasher.Sum(k), &g)
+		ref.peek(6e9, k, ref.hasher.Sum(k), &w)
+		assert.Equal(t, w, g, "key %s after the commit", k)
+	}
+	got, tracked := s.bucket("a")
+	require.True(t, tracked)
+	assert.Equal(t, policy.Bucket{Tokens: 1, Last: 2e9}, got, "a paid its token at T: 2 refilled by 2e9, 1 taken")
+	assert.Equal(t, int64(3), budget.Count(), "a, b and other")
+	s.checkInvariants(t, "after a commit behind the shard's latest reading")
+}

@@ -368,3 +368,51 @@ func TestDropStaleKeepsCount(t *testing.T) {
 	s.checkInvariants(t, "after dropping a stale bucket")
 	assert.Len(t, s.gens, 1, "the history is dropped once no bucket needs it")
 }
+
+// TestPeekAndRefundClockRegression: Peek and Refund take the shard's reading
+// like any request: one older than the latest reading a request observed is
+// ErrClockRegression, for a tracked key of either form (a Bucket alone, or
+// bands in the level store) and for a key not tracked, and changes nothing.
+// A refund that succeeds records its reading, so a request read before it
+// is ErrClockRegression in turn.
+func TestPeekAndRefundClockRegression(t *testing.T) {
+	daily, err := policy.NewBands(policy.Band{Name: "daily", Capacity: 100, Refill: policy.PerDay(100)})
+	require.NoError(t, err)
+	ov, err := policy.NewOverrideSet(policy.Override{Match: "plain", Capacity: 10, TokensPerSecond: 1})
+	require.NoError(t, err)
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1, Bands: daily, Overrides: ov}
+	s := newState(p, NewBudget(10), &testHasher)
+	for _, k := range []string{"plain", "banded"} {
+		require.NoError(t, s.allow(5e9, k, 4).Err)
+	}
+	snapshot := func() map[string]msg.Reply {
+		out := map[string]msg.Reply{}
+		for _, k := range []string{"plain", "banded", "unknown"} {
+			var r msg.Reply
+			s.peek(5e9, k, s.hasher.Sum(k), &r)
+			require.NoError(t, r.Err)
+			out[k] = r
+		}
+		return out
+	}
+	before := snapshot()
+	for _, k := range []string{"plain", "banded", "unknown"} {
+		var r msg.Reply
+		s.peek(4e9, k, s.hasher.Sum(k), &r)
+		assert.Equal(t, msg.Reply{Err: msg.ErrClockRegression}, r, "peek %s at an older reading", k)
+		r = msg.Reply{}
+		s.refund(4e9, k, s.hasher.Sum(k), 3, &r)
+		assert.Equal(t, msg.Reply{Err: msg.ErrClockRegression}, r, "refund %s at an older reading", k)
+	}
+	assert.Equal(t, before, snapshot(), "the errors changed nothing")
+	assert.Equal(t, int64(2), s.budget.Count())
+	s.checkInvariants(t, "after the regressions")
+
+	for _, k := range []string{"plain", "banded"} {
+		var r msg.Reply
+		s.refund(7e9, k, s.hasher.Sum(k), 1, &r)
+		require.NoError(t, r.Err, "refund %s", k)
+		assert.Equal(t, msg.ErrClockRegression, s.allow(6e9, k, 1).Err,
+			"6e9 is older than 7e9, which the refund of %s observed", k)
+	}
+}
