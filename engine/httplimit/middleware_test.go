@@ -3,6 +3,7 @@ package httplimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -124,6 +125,40 @@ func TestDeniedHeaders(t *testing.T) {
 			assert.Equal(t, http.StatusOK, res.status, "after Retry-After")
 			assert.Equal(t, 1, reached)
 		})
+	}
+}
+
+// A limit's denial never says "retry now", whatever the Admitter's
+// RetryAfter: an Admitter (a store, a wrapper) that denies with a
+// RetryAfter of 0 or below gets Retry-After 1 and a RateLimit t of 1, and
+// so does the same denial under WithShadow, which reports t and sends no
+// Retry-After. A client reading 0 would retry at once, in a loop.
+func TestDeniedNeverRetryNow(t *testing.T) {
+	for _, retryAfter := range []time.Duration{0, -time.Second} {
+		d := engine.Decision{RetryAfter: retryAfter, Version: 1, Limit: 10} // denied, not Degraded
+		for _, shadow := range []bool{false, true} {
+			var opts []httplimit.Option
+			if shadow {
+				opts = append(opts, httplimit.WithShadow())
+			}
+			mw, err := httplimit.New(degradedAdmitter{d: d}, opts...)
+			require.NoError(t, err)
+			h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.WriteHeader(http.StatusNoContent)
+			}))
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+			name := fmt.Sprintf("RetryAfter %v, shadow %v", retryAfter, shadow)
+			if shadow {
+				require.Equal(t, http.StatusNoContent, rec.Code, name)
+				assert.Empty(t, rec.Header().Values("Retry-After"), name)
+			} else {
+				require.Equal(t, http.StatusTooManyRequests, rec.Code, name)
+				assert.Equal(t, []string{"1"}, rec.Header().Values("Retry-After"), name)
+			}
+			assert.Equal(t, []string{`"default";q=10;w=10`}, rec.Header().Values("RateLimit-Policy"), name)
+			assert.Equal(t, []string{`"default";r=0;t=1`}, rec.Header().Values("RateLimit"), name)
+		}
 	}
 }
 
