@@ -2,6 +2,8 @@ package grpclimit_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"testing"
 	"time"
 
@@ -96,4 +98,47 @@ func TestServerDegradedInsideEnforcing(t *testing.T) {
 	require.Empty(t, rateLimit(header))
 	require.Empty(t, rateLimit(stream.Trailer()))
 	require.Equal(t, []string{"1500"}, pushback(stream.Trailer()))
+}
+
+// TestPerMessageRefusalInsideEnforcing: a WithPerMessage Limiter chained
+// inside an enforcing one that admitted the stream, each with WithHeaders,
+// answers a refused message with its own fields only, and an error (its key
+// function fails) with none: the outer Limiter's held fields are dropped,
+// as httplimit's middleware replaces or removes an outer middleware's, since
+// they describe a quota that did not refuse. The refusal stays
+// trailers-only, with its pushback.
+func TestPerMessageRefusalInsideEnforcing(t *testing.T) {
+	ctx := t.Context()
+	outerEngine, _ := newEngine(t, engine.Config{Policy: pol(4, 1)})
+	outer := newLimiter(t, outerEngine, grpclimit.WithHeaders(), grpclimit.WithPolicyName("api"))
+
+	innerEngine, _ := newEngine(t, engine.Config{Policy: pol(1, 1)})
+	inner := newLimiter(t, innerEngine, grpclimit.WithHeaders(), grpclimit.WithPolicyName("messages"), grpclimit.WithPerMessage())
+	conn := serveWith(t, []grpc.ServerOption{grpc.ChainStreamInterceptor(outer.Stream, inner.Stream)}, testService{})
+	cs, err := testgrpc.NewTestServiceClient(conn).StreamingInputCall(ctx)
+	require.NoError(t, err)
+	for range 2 { // the first message is admitted, the second refused
+		if err := cs.Send(&testgrpc.StreamingInputCallRequest{}); err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+	}
+	_, err = cs.CloseAndRecv()
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	header, err := cs.Header()
+	require.NoError(t, err)
+	require.Empty(t, rateLimit(header), "trailers-only")
+	require.Equal(t, []string{`"messages";q=1;w=1`, `"messages";r=0;t=1`}, rateLimit(cs.Trailer()), "the refusing Limiter's fields alone")
+	require.Equal(t, []string{"1000"}, pushback(cs.Trailer()))
+
+	failing := newLimiter(t, innerEngine, grpclimit.WithHeaders(), grpclimit.WithPerMessage(),
+		grpclimit.WithKey(func(context.Context, string, string) (string, error) { return "", errors.New("no tenant") }))
+	conn = serveWith(t, []grpc.ServerOption{grpc.ChainStreamInterceptor(outer.Stream, failing.Stream)}, testService{})
+	cs, err = testgrpc.NewTestServiceClient(conn).StreamingInputCall(ctx)
+	require.NoError(t, err)
+	_, err = cs.CloseAndRecv()
+	require.Equal(t, codes.Internal, status.Code(err), "%v", err)
+	header, err = cs.Header()
+	require.NoError(t, err)
+	require.Empty(t, rateLimit(header), "an error carries no fields")
+	require.Empty(t, rateLimit(cs.Trailer()), "an error carries no fields, the outer Limiter's included")
 }
