@@ -386,3 +386,27 @@ func newEngineOnly(t *testing.T) *engine.Engine {
 	e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
 	return e
 }
+
+// A shadow middleware adds its items to the fields already on the
+// response as one valid List each: a blank field line an outer handler
+// left there is an empty List, not an empty member before the shadow's
+// items (a leading comma no structured-field parser accepts).
+func TestShadowAfterBlankField(t *testing.T) {
+	candidate, _ := newEngine(t, engine.Config{Policy: pol(2, 1)})
+	shadow, err := httplimit.New(candidate, httplimit.WithShadow(), httplimit.WithPolicyName("candidate"))
+	require.NoError(t, err)
+	blank := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header()["Ratelimit-Policy"] = []string{""}
+			w.Header()["Ratelimit"] = []string{" "}
+			next.ServeHTTP(w, r)
+		})
+	}
+	srv := httptest.NewServer(blank(shadow.Handler(ok)))
+	t.Cleanup(srv.Close)
+	res := get(t, srv)
+	require.Equal(t, http.StatusOK, res.status)
+	checkDraftFields(t, res.header, res.status)
+	assert.Equal(t, []string{`"candidate";q=2;w=2`}, res.header.Values("RateLimit-Policy"))
+	assert.Equal(t, []string{`"candidate";r=1;t=1`}, res.header.Values("RateLimit"))
+}
