@@ -17,10 +17,14 @@ import (
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/grpclimit"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
 // degradedAdmitter answers every Allow with d, as a store's failure rule
-// would; the embedded Admitter (nil) is never called.
+// would, under a policy of 5 tokens at 1 a second (so a Limiter that wrongly
+// wrote RateLimit fields for a degraded answer fails an assertion rather
+// than crashing the test binary); the embedded Admitter (nil) is never
+// called.
 type degradedAdmitter struct {
 	engine.Admitter
 	d engine.Decision
@@ -29,6 +33,8 @@ type degradedAdmitter struct {
 func (a degradedAdmitter) Allow(context.Context, string, int64) (engine.Decision, error) {
 	return a.d, nil
 }
+
+func (degradedAdmitter) Policy() policy.Policy { return pol(5, 1) }
 
 // TestServerDegraded: over a real connection, a denial by a store's failure
 // rule is Unavailable (the server's outage, not ResourceExhausted), with
