@@ -225,3 +225,25 @@ func TestSettleDegraded(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"not-taken"}, settled)
 }
+
+// Settle still settles once the call's context has ended (the client hung
+// up, or its deadline passed): the work was done, so it is paid for, with
+// the context's values but not its cancellation. 10 tokens, 1 taken,
+// settled at 9: 1 left.
+func TestSettleAfterCancel(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(10, 1)})
+	l := newLimiter(t, e, grpclimit.WithCost(func(context.Context, string) int64 { return 1 }))
+	ctx, cancel := context.WithCancel(from("192.0.2.1:1"))
+	defer cancel()
+	var settled error
+	_, err := l.Unary(ctx, nil, &grpc.UnaryServerInfo{FullMethod: "/grpc.testing.TestService/EmptyCall"},
+		func(ctx context.Context, _ any) (any, error) {
+			cancel()
+			<-ctx.Done()
+			settled = grpclimit.Settle(ctx, 9)
+			return nil, nil
+		})
+	require.NoError(t, err)
+	require.NoError(t, settled)
+	assert.Equal(t, int64(1), balance(t, e, "192.0.2.1"))
+}
