@@ -368,7 +368,11 @@ func TestLeaseCloseWaitsForSweptGiveBack(t *testing.T) {
 	clk.Advance(time.Hour) // MaxAge without a grant: the next serve sweeps the lease
 	_, err := a.Allow(ctx, "k", 1)
 	require.NoError(t, err)
-	<-swept
+	select {
+	case <-swept:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sweep gave nothing back")
+	}
 	require.NoError(t, a.Close())
 	requireSettled(t, a)
 	st := a.Stats()
