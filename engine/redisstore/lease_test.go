@@ -778,3 +778,104 @@ func TestLeaseCostAboveAnOldCapacity(t *testing.T) {
 	_, err = a.Allow(ctx, "j", 1001)
 	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "above the capacity in force")
 }
+
+// TestLeaseRefundEndsKeptDenial: a denial Redis gave is kept in the
+// process until its RetryAfter, but a Refund goes to Redis and ends it: the
+// bucket then holds the refunded tokens, and the same request, at the same
+// instant, is admitted.
+func TestLeaseRefundEndsKeptDenial(t *testing.T) {
+	clk := clock.NewManual(0)
+	s := leased(t, policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, clk, prefix(t))
+	ctx := context.Background()
+	d, err := s.Allow(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	d, err = s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Equal(t, time.Second, d.RetryAfter)
+	r, err := s.Refund(ctx, "k", 5)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), r.Remaining)
+	d, err = s.Allow(ctx, "k", 1) // the clock has not moved: only the refund admits it
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "a denial kept past a Refund that made room: %+v", d)
+	require.Equal(t, int64(4), d.Remaining)
+}
+
+// TestLeasePeekAtMostLimit: Peek adds what the process's lease holds to
+// Redis's answer, at most Limit: once the bucket has refilled to full
+// behind a lease, the sum passes the capacity, and Peek reports the
+// capacity, never more.
+func TestLeasePeekAtMostLimit(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 10}
+	a, b := leasedBeside(t, p, clk)
+	held := holding(t, a, b, "k", 100)
+	require.Positive(t, held)
+	clk.Advance(200 * time.Second) // the bucket refills to full behind the lease
+	ctx := context.Background()
+	pb, err := b.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, p.Capacity, pb.Remaining, "the bucket alone is full")
+	pa, err := a.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, p.Capacity, pa.Remaining, "a full bucket plus a lease of %d: %+v", held, pa)
+	require.Equal(t, p.Capacity, pa.Limit)
+}
+
+// TestLeaseResetAfterNeverNegative: a leased answer's ResetAfter counts
+// down from the bucket's last answer; once that much time has passed, the
+// bucket is full as far as the process knows, and ResetAfter is 0, never
+// below.
+func TestLeaseResetAfterNeverNegative(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 10}
+	a, b := leasedBeside(t, p, clk)
+	holding(t, a, b, "k", 100)
+	clk.Advance(200 * time.Second) // past any ResetAfter the bucket gave
+	ctx := context.Background()
+	local := a.Stats().Local
+	d, err := a.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.Equal(t, local+1, a.Stats().Local, "the lease did not decide")
+	require.GreaterOrEqual(t, d.ResetAfter, time.Duration(0), "%+v", d)
+}
+
+// TestLeaseFailOpenGrantsNothing: with Redis gone and the store failing
+// open, the failure rule admits the requests it answers, marked Degraded,
+// and a lease asked for meanwhile (with a request, or as a top-up) is
+// "admitted" by the same rule; but no bucket gave those tokens, so they
+// must not become a lease the process spends as its own. Every answer not
+// marked Degraded is a token taken from the bucket: the clock stands still,
+// so those answers together never pass the capacity.
+func TestLeaseFailOpenGrantsNothing(t *testing.T) {
+	srv := startPrivate(t)
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	// Each call to the dead server fails at its one dial, at once. A pool
+	// larger than the dials that fail keeps go-redis from starting its
+	// background redial loop, which outlives a short test by a second.
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, DialerRetries: 1, PoolSize: 1 << 16})
+	t.Cleanup(func() { _ = c.Close() })
+	s := newStore(t, redisstore.Config{Client: c, Policy: p, Leases: &redisstore.Leases{}, FailOpen: true,
+		Timeout: 200 * time.Millisecond}, clk)
+	ctx := context.Background()
+	admitted := warm(t, s, "k") // admitted by the bucket, directly or by a lease
+	srv.Kill()
+	var local, degraded int64
+	for range 5000 {
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "fail open")
+		if d.Degraded {
+			degraded++
+		} else {
+			local++
+		}
+	}
+	require.Positive(t, degraded, "the lease never ran out")
+	require.LessOrEqual(t, admitted+local, p.Capacity,
+		"answers not marked Degraded past what the bucket gave: %d before Redis went, %d after (stats %+v)", admitted, local, s.Stats())
+}
