@@ -95,7 +95,9 @@ type Config struct {
 	// and with failures a call could not return: the expiry pass after a
 	// published cutover, releasing the cutover lock, and each failed
 	// attempt to read the prefix's state of a store started without Redis
-	// (see New). It must not block.
+	// (see New). It must not block or panic: with Leases, a panic there
+	// can leave tokens a lease shard waits to hear of, and Close then
+	// waits for good.
 	OnError func(error)
 	// VirtualShards is how many virtual shards the prefix's buckets are
 	// spread over, each in one hash slot of its own (see the package doc);
