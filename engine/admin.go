@@ -113,7 +113,8 @@ func (e *Engine) sweep(ctx context.Context, estimate bool) (sweepResult, error) 
 // first, serving requests meanwhile, and the wait honours ctx. So once any call
 // has seen the new version no later call sees the old one, and every call
 // that starts after ReplacePolicy returns sees the new version. A context
-// that ends before publish aborts everywhere; once publish has begun,
+// that ends before publish aborts everywhere, and so does a Close that starts
+// before it (then ReplacePolicy returns ErrClosed); once publish has begun,
 // ReplacePolicy completes and returns nil. Concurrent calls with the same
 // expectedVersion: exactly one succeeds.
 func (e *Engine) ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error {
@@ -153,7 +154,13 @@ func (e *Engine) ReplacePolicy(ctx context.Context, next policy.Policy, expected
 		}
 		prepared++
 	}
-	if err == nil {
+	switch {
+	case err != nil:
+	case e.closed.Load():
+		// Close came before publish: the prepared shards stop unchanged,
+		// so the cutover aborts, as it would had a prepare met Close.
+		err = ErrClosed
+	default:
 		err = ctx.Err() // the last chance to abort
 	}
 	if err != nil {

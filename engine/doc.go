@@ -163,9 +163,9 @@
 // starts full, so it only ever restricts; a band the policy no longer has is
 // dropped. No caller sees
 // the new version and then the old one, and every call that starts after
-// ReplacePolicy returns sees the new version. A context that ends before
-// publish aborts the cutover everywhere; once publish has begun, the
-// cutover completes. Restore applies the same rule to a snapshot taken
+// ReplacePolicy returns sees the new version. A context that ends, or a
+// Close that starts, before publish aborts the cutover everywhere; once
+// publish has begun, the cutover completes. Restore applies the same rule to a snapshot taken
 // under another policy.
 //
 // # Close
