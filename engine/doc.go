@@ -161,12 +161,11 @@
 // rounding down (floor(units*Pnew/Pold): a cutover may lose part of a unit,
 // never mint one), the only rounding anywhere; a band new in the policy
 // starts full, so it only ever restricts; a band the policy no longer has is
-// dropped. No caller sees
-// the new version and then the old one, and every call that starts after
-// ReplacePolicy returns sees the new version. A context that ends, or a
-// Close that starts, before publish aborts the cutover everywhere; once
-// publish has begun, the cutover completes. Restore applies the same rule to a snapshot taken
-// under another policy.
+// dropped. No caller sees the new version and then the old one, and every
+// call that starts after ReplacePolicy returns sees the new version. A
+// context that ends, or a Close that starts, before publish aborts the
+// cutover everywhere; once publish has begun, the cutover completes.
+// Restore applies the same rule to a snapshot taken under another policy.
 //
 // # Close
 //
