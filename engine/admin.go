@@ -43,7 +43,8 @@ func (e *Engine) release() { <-e.admin }
 // between slices, so a sweep over a million keys holds no request up for
 // more than one slice; each bucket is judged at the clock reading of the
 // slice that reaches it. Shards are swept one after another. If ctx ends
-// part-way, EvictFull returns the count so far with the context's error. A
+// part-way, the shard sweeping finishes the slice in progress and starts no
+// other, and EvictFull returns the count so far with the context's error. A
 // slice whose clock reading stepped back ends that shard's pass (what earlier
 // slices removed stays removed and is counted), and EvictFull returns
 // ErrClockRegression once every other shard is done. After Close, or if
@@ -72,7 +73,7 @@ type sweepResult struct {
 // sweep runs one pass over every shard; the caller holds the coordinator.
 // With estimate set, each shard also finds when its first kept bucket is full.
 func (e *Engine) sweep(ctx context.Context, estimate bool) (sweepResult, error) {
-	w := &msg.Sweep{Done: make(chan msg.SweepReply, 1), Soonest: estimate}
+	w := &msg.Sweep{Done: make(chan msg.SweepReply, 1), Soonest: estimate, Stop: ctx.Done()}
 	res := sweepResult{soonest: math.MaxInt64}
 	var regression error
 	for _, mb := range e.mailboxes {
@@ -84,6 +85,8 @@ func (e *Engine) sweep(ctx context.Context, estimate bool) (sweepResult, error) 
 		switch {
 		case r.Err == ErrClockRegression:
 			regression = r.Err
+		case r.Err == msg.ErrSweepStopped:
+			return res, ctx.Err() // Stop is ctx.Done(), closed: never nil
 		case r.Err != nil:
 			return res, r.Err
 		default:

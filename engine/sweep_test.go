@@ -94,6 +94,41 @@ func TestEvictFullContextEndsPartWay(t *testing.T) {
 	assert.Zero(t, e.KeyCount())
 }
 
+// TestEvictFullContextEndsInsideShardPass: on one shard holding several
+// slices of full buckets, the context ends during the pass's first slice.
+// The pass stops before its next slice: EvictFull returns what it removed
+// so far with the context's error, instead of finishing the pass and
+// returning nil, and what it did not reach is still tracked.
+func TestEvictFullContextEndsInsideShardPass(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	clk := &cancelOnRead{cancel: cancel}
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 2), Clock: clk, Shards: 1})
+	keys := 8 * shard.SliceSize
+	reqs := make([]engine.Request, keys)
+	for i := range reqs {
+		reqs[i] = engine.Request{Key: fmt.Sprintf("k%d", i), Cost: 1}
+	}
+	out := make([]engine.Result, keys)
+	require.NoError(t, e.AllowBatch(context.Background(), reqs, out))
+	for _, r := range out {
+		require.NoError(t, r.Err)
+	}
+	clk.Set(int64(time.Second)) // every bucket is full
+	clk.armed.Store(true)       // the first slice's reading ends the context
+
+	n, err := e.EvictFull(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Positive(t, n, "the slice that was running finishes and counts")
+	assert.Less(t, n, keys, "no slice starts once the context has ended")
+	assert.Equal(t, keys-n, e.KeyCount(), "what was not reported evicted is still tracked")
+
+	n2, err := e.EvictFull(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, keys-n, n2, "the rest is still judged, and full")
+	assert.Zero(t, e.KeyCount())
+}
+
 // stepClock advances one second every time it is read, so time passes
 // between the slices of a sweep and between requests. It closes started at
 // read number startAt.

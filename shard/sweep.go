@@ -168,7 +168,8 @@ func (s *State) abandon() {
 }
 
 // endSweep finishes the pass and returns what it evicted, with err (from
-// sweepSlice, or ErrClosed when the shard stops part-way).
+// sweepSlice, ErrClosed when the shard stops part-way, or ErrSweepStopped
+// when the caller does).
 func (s *State) endSweep(err error) msg.SweepReply {
 	p := s.pass
 	if err != nil {

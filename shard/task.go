@@ -17,10 +17,18 @@ type task interface {
 }
 
 // sweepTask is a sweep (EvictFull, or a background sweep): each slice judges
-// its buckets at a fresh clock reading, and the end answers the sweep.
+// its buckets at a fresh clock reading, and the end answers the sweep. A
+// caller that stops waiting (Sweep.Stop) ends it before its next slice, so
+// a context bounds a pass over a large table to the slice in progress.
 type sweepTask struct{ w *msg.Sweep }
 
 func (t *sweepTask) step(s *Shard) bool {
+	select {
+	case <-t.w.Stop: // nil for a caller that never stops: never ready
+		t.end(s, msg.ErrSweepStopped)
+		return true
+	default:
+	}
 	done, err := s.state.sweepSlice(s.clk.Now(), SliceSize)
 	if done {
 		t.end(s, err)
