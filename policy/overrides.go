@@ -22,7 +22,8 @@ import (
 // band (Decision.Band). It is printable ASCII (0x20 to 0x7E), at most
 // MaxNameBytes long, no band of Bands may have it, and overrides with
 // different limits may not share one; overrides with the same limit may
-// ("gold" for every tenant on one plan).
+// ("gold" for every tenant on one plan), TokensPerSecond n and Refill
+// PerSecond(n) being one rate.
 type Override struct {
 	Match           string
 	Capacity        int64
@@ -122,7 +123,7 @@ func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
 		if o.Name != "" {
 			if j, ok := named[o.Name]; !ok {
 				named[o.Name] = i
-			} else if f := s.overrides[j]; f.limit() != o.limit() || f.Bands.id() != o.Bands.id() {
+			} else if f := s.overrides[j]; !sameLimit(f, o) {
 				return nil, fmt.Errorf("%w: override %d (%q): Name %q is override %d's, whose limit differs", ErrInvalid, i, o.Match, o.Name, j)
 			}
 		}
@@ -147,6 +148,13 @@ func NewOverrideSet(overrides ...Override) (*OverrideSet, error) {
 		s.patterns = append(s.patterns, pattern{parts: strings.Split(o.Match, "*"), at: int32(i)})
 	}
 	return s, nil
+}
+
+// sameLimit reports whether a and b give a key the same limit, and so may
+// share a Name: the same Capacity, Bands and rate, TokensPerSecond n being
+// the same rate as Refill PerSecond(n).
+func sameLimit(a, b Override) bool {
+	return a.Capacity == b.Capacity && a.limit().Rate() == b.limit().Rate() && a.Bands.id() == b.Bands.id()
 }
 
 func (o Override) validate() error {
@@ -194,8 +202,8 @@ func (s *OverrideSet) Resolve(key string) LimitIndex {
 // Lookup returns the override key resolves to, by Resolve's rule, and true;
 // or the zero Override and false when key gets the policy's default. Use it
 // for what the limit alone does not say, such as the override's Match:
-// overrides that share a limit and a name share its LimitIndex. A nil set
-// finds none.
+// overrides that share a limit, written alike, and a name share its
+// LimitIndex. A nil set finds none.
 func (s *OverrideSet) Lookup(key string) (Override, bool) {
 	if i := s.find(key); i >= 0 {
 		return s.overrides[i], true

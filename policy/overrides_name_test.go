@@ -134,3 +134,29 @@ func FuzzLookupAgreesWithResolve(f *testing.F) {
 		}
 	})
 }
+
+// TestOverrideNameSharedAcrossRateForms: TokensPerSecond n is exactly
+// Refill PerSecond(n), so two overrides that write one limit in the two
+// forms have the same limit and may share a Name; a rate that differs
+// (60 per minute is not written as a rate per second) still may not.
+func TestOverrideNameSharedAcrossRateForms(t *testing.T) {
+	in := []policy.Override{
+		{Match: "a", Name: "gold", Capacity: 5, TokensPerSecond: 10},
+		{Match: "b*", Name: "gold", Capacity: 5, Refill: policy.PerSecond(10)},
+	}
+	set, err := policy.NewOverrideSet(in...)
+	require.NoError(t, err, "one limit in two forms is one limit")
+	assert.Equal(t, in, set.Overrides(), "each kept as given")
+	p := policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1, Overrides: set}
+	_, a := p.Resolve("a")
+	_, b := p.Resolve("bee")
+	assert.Equal(t, "gold", p.ShapeAt(a).Name)
+	assert.Equal(t, "gold", p.ShapeAt(b).Name)
+	assert.Equal(t, in[0].TokensPerSecond, p.LimitAt(a).TokensPerSecond, "the limit as given")
+	assert.Equal(t, in[1].Refill, p.LimitAt(b).Refill, "the limit as given")
+
+	_, err = policy.NewOverrideSet(in[0], policy.Override{Match: "c", Name: "gold", Capacity: 5, Refill: policy.PerSecond(11)})
+	require.ErrorIs(t, err, policy.ErrInvalid, "another rate")
+	_, err = policy.NewOverrideSet(in[0], policy.Override{Match: "c", Name: "gold", Capacity: 5, Refill: policy.PerMinute(600)})
+	require.ErrorIs(t, err, policy.ErrInvalid, "another period is another rate")
+}
