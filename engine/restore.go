@@ -305,19 +305,25 @@ func (d *snapReader) byte(what string) (byte, error) {
 	return c, nil
 }
 
-// bytes reads exactly n bytes into a reused buffer.
+// bytes reads exactly n bytes into a reused buffer. It grows the buffer at
+// most a MiB ahead of what has arrived, so a corrupt length ends at the
+// stream's end instead of allocating what it claims.
 func (d *snapReader) bytes(n int, what string) ([]byte, error) {
 	d.hash()
-	if cap(d.scratch) < n {
-		d.scratch = make([]byte, n)
-	}
-	b := d.scratch[:n]
-	if _, err := io.ReadFull(d.br, b); err != nil {
-		if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
-			d.ioErr = err
+	b := d.scratch[:0]
+	for len(b) < n {
+		next := min(n, len(b)+1<<20)
+		b = slices.Grow(b, next-len(b))
+		k, err := io.ReadFull(d.br, b[len(b):next])
+		b = b[:len(b)+k]
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				d.ioErr = err
+			}
+			return nil, d.truncated(what, err)
 		}
-		return nil, d.truncated(what, err)
 	}
+	d.scratch = b
 	_, _ = d.sum.Write(b)
 	return b, nil
 }
@@ -389,7 +395,7 @@ func (d *snapReader) header() (snapHeader, error) {
 	var os []policy.Override
 	for i := range n {
 		what := fmt.Sprintf("override %d's", i)
-		match, err := d.string(what+" Match", maxMatchBytes)
+		match, err := d.string(what+" Match", math.MaxInt64) // any Match a policy takes
 		if err != nil {
 			return h, err
 		}

@@ -2,9 +2,13 @@ package engine_test
 
 import (
 	"bytes"
+	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"math"
+	"runtime"
+	"strings"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -290,4 +294,39 @@ func TestRestoreDuplicatePastMaxKeys(t *testing.T) {
 		})
 	}
 	require.ErrorIs(t, restore("a", "b", "c", "d"), engine.ErrKeyCapacity, "the same keys without a repeat")
+}
+
+// TestRestoreLongMatch: Restore reads every policy Snapshot writes, an
+// override's Match of more than a MiB included, and a Match length that
+// claims more than the stream holds costs no more memory than the stream.
+func TestRestoreLongMatch(t *testing.T) {
+	match := strings.Repeat("m", 1<<20+1)
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2,
+		Overrides: overrides(t, policy.Override{Match: match, Capacity: 3, TokensPerSecond: 1})}
+	e, _ := newEngine(t, engine.Config{Policy: p, MaxKeyBytes: 2 << 20})
+	allow(t, e, match, 2)
+	data := takeSnapshot(t, e)
+	r, _, err := engine.Restore(engine.Config{Policy: p, MaxKeyBytes: 2 << 20, Clock: clock.NewManual(0)}, bytes.NewReader(data), engine.RestoreOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	o := r.Policy().Overrides.Overrides()
+	require.Len(t, o, 1)
+	assert.Equal(t, match, o[0].Match)
+	d, err := r.Peek(context.Background(), match)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), d.Remaining)
+
+	s := okSnap()
+	s.Overrides = []rawOverride{{Match: "abc", Capacity: 5, Rate: 1}}
+	body := s.body()
+	at := bytes.Index(body, []byte("\x03abc"))
+	require.GreaterOrEqual(t, at, 0)
+	lie := append(binary.AppendUvarint(bytes.Clone(body[:at]), 1<<40), body[at+1:]...)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err = restoreErr(t, seal(lie), engine.Config{})
+	runtime.ReadMemStats(&after)
+	require.ErrorIs(t, err, engine.ErrInvalidSnapshot)
+	assert.Contains(t, err.Error(), "truncated")
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(16<<20), "bytes allocated for a %d-byte stream", len(lie))
 }

@@ -58,10 +58,6 @@ const (
 	// snapChunks is how many chunks (of about shard.SliceSize slots each)
 	// a shard may have in flight to the writer.
 	snapChunks = 2
-
-	// maxMatchBytes bounds an override's Match in a snapshot, so a corrupt
-	// length cannot make Restore allocate without bound.
-	maxMatchBytes = 1 << 20
 )
 
 // ErrInvalidSnapshot is returned (wrapped, saying what was wrong) by Restore
