@@ -38,8 +38,9 @@ type BandSet struct {
 
 // NewBands validates bands and builds their set. It returns nil for no
 // bands, and an error wrapping ErrInvalid that names the first bad band for
-// an empty, repeated or non-printable Name, a Capacity below 1, a Refill with
-// Tokens or Per below 1, or more than MaxBands bands.
+// an empty, repeated or non-printable Name or one over MaxNameBytes, a
+// Capacity below 1, a Refill with Tokens or Per below 1, or more than
+// MaxBands bands.
 func NewBands(bands ...Band) (*BandSet, error) {
 	if len(bands) == 0 {
 		return nil, nil
