@@ -198,6 +198,9 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
 	switch {
 	case s.uninitialized():
+		for i := range min(len(reqs), len(out)) {
+			out[i] = engine.Result{Err: engine.ErrNotInitialized} // as a zero engine.Engine's
+		}
 		return engine.ErrNotInitialized
 	case len(out) < len(reqs):
 		return engine.ErrInvalidConfig
