@@ -275,6 +275,9 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 			ok, err = s.rdb.SetNX(ctx, s.kLock, token, s.lockTTL).Result()
 			return err
 		}); err != nil {
+			// Its reply lost, the SET may have taken the lock: left held,
+			// it would stop every cutover on the prefix for its TTL.
+			s.unlock(ctx, token)
 			return "", err
 		}
 		if ok {
