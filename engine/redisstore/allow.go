@@ -164,7 +164,7 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 			return err
 		})
 	}
-	if err != nil && ctx.Err() == nil && rctx.Err() != nil && !errors.Is(err, ErrUnavailable) {
+	if err != nil && ended(ctx) == nil && ended(rctx) != nil && !errors.Is(err, ErrUnavailable) {
 		err = fmt.Errorf("%w: %w", ErrUnavailable, err) // the store's Timeout, not the caller's deadline
 	}
 	if err != nil && mode == modeCharge {
