@@ -164,7 +164,7 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 			return err
 		})
 	}
-	if err != nil && ctx.Err() == nil && rctx.Err() != nil && !errors.Is(err, ErrUnavailable) {
+	if err != nil && ended(ctx) == nil && ended(rctx) != nil && !errors.Is(err, ErrUnavailable) {
 		err = fmt.Errorf("%w: %w", ErrUnavailable, err) // the store's Timeout, not the caller's deadline
 	}
 	if err != nil && mode == modeCharge {
@@ -198,6 +198,9 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
 	switch {
 	case s.uninitialized():
+		for i := range min(len(reqs), len(out)) {
+			out[i] = engine.Result{Err: engine.ErrNotInitialized} // as a zero engine.Engine's
+		}
 		return engine.ErrNotInitialized
 	case len(out) < len(reqs):
 		return engine.ErrInvalidConfig

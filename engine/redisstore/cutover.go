@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -252,12 +253,22 @@ func (s *Store) round(ctx context.Context, f func(ctx context.Context) error) er
 	switch {
 	case err == nil:
 		return nil
-	case ctx.Err() != nil:
-		return ctx.Err()
+	case ended(ctx) != nil:
+		return ended(ctx)
 	case errors.Is(err, ErrUnavailable), errors.Is(err, errLostLock):
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// ended is ctx's error, or context.DeadlineExceeded once its deadline has
+// passed: go-redis gives a connection the context's deadline, which may
+// fire (an i/o timeout) before the context's own timer does.
+func ended(ctx context.Context) error {
+	if d, ok := ctx.Deadline(); ok && ctx.Err() == nil && clock.Until(d) <= 0 {
+		return context.DeadlineExceeded
+	}
+	return ctx.Err()
 }
 
 var errLostLock = fmt.Errorf("%w: lost the cutover lock", ErrUnavailable)
@@ -275,6 +286,9 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 			ok, err = s.rdb.SetNX(ctx, s.kLock, token, s.lockTTL).Result()
 			return err
 		}); err != nil {
+			// Its reply lost, the SET may have taken the lock: left held,
+			// it would stop every cutover on the prefix for its TTL.
+			s.unlock(ctx, token)
 			return "", err
 		}
 		if ok {

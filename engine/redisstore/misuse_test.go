@@ -93,6 +93,15 @@ func TestZeroStore(t *testing.T) {
 		_, err = s.Wait(ctx, "k", 1)
 		require.ErrorIs(t, err, engine.ErrNotInitialized)
 		require.ErrorIs(t, s.AllowBatch(ctx, reqs, make([]engine.Result, 1)), engine.ErrNotInitialized)
+		// out may hold an earlier batch's answers: each is overwritten with
+		// the error, as a zero engine.Engine does, so none reads as admitted.
+		out := []engine.Result{{Decision: engine.Decision{Allowed: true, Remaining: 3, Version: 1, Limit: 5}}}
+		require.ErrorIs(t, s.AllowBatch(ctx, reqs, out), engine.ErrNotInitialized)
+		require.Equal(t, []engine.Result{{Err: engine.ErrNotInitialized}}, out, "AllowBatch on a zero Store writes its error into out")
+		two := []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}}
+		out = []engine.Result{{Decision: engine.Decision{Allowed: true}}} // short: the room it has
+		require.ErrorIs(t, s.AllowBatch(ctx, two, out), engine.ErrNotInitialized)
+		require.Equal(t, []engine.Result{{Err: engine.ErrNotInitialized}}, out, "AllowBatch on a zero Store, out short")
 		_, at, err := s.AllowAll(ctx, reqs)
 		require.ErrorIs(t, err, engine.ErrNotInitialized)
 		require.Equal(t, -1, at)

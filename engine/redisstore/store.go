@@ -1038,8 +1038,8 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 			keys, next, err := m.Scan(bctx, cursor, match, 512).Result()
 			cancel()
 			if err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
+				if err := ended(ctx); err != nil {
+					return err
 				}
 				return fmt.Errorf("%w: scanning: %w", ErrUnavailable, err)
 			}
