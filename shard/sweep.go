@@ -172,7 +172,7 @@ func (s *State) abandon() {
 // when the caller does).
 func (s *State) endSweep(err error) msg.SweepReply {
 	p := s.pass
-	if err != nil {
+	if !p.done {
 		s.unmarkBorn() // the walk did not reach them all
 	}
 	s.pass = nil
@@ -186,12 +186,26 @@ func (s *State) endSweep(err error) msg.SweepReply {
 
 // unmarkBorn clears the born mark of every key, for a sweep that ends before
 // its walk reached them; the next sweep judges them like any other.
-func (s *State) unmarkBorn() {
-	for seg := range s.tab.segments() {
+func (s *State) unmarkBorn() { s.unmarkSlice(math.MaxInt) }
+
+// unmarkSlice goes on with the sweep's walk over about n slots, judging
+// nothing: it only clears born marks, which only keys at or past the cursor
+// carry. It reports done when the walk has reached the end.
+func (s *State) unmarkSlice(n int) (done bool) {
+	p := s.pass
+	for visited := 0; visited < n; {
+		seg, next, last := s.tab.segmentAt(p.cursor)
+		visited += seg.nslot
 		for j := range seg.nslot {
 			seg.at(j).meta &^= bornBit
 		}
+		p.cursor = next
+		if last {
+			p.done = true // keys created from now on are not ahead of it
+			return true
+		}
 	}
+	return false
 }
 
 // bucket returns key's bucket and whether it is tracked, for tests.

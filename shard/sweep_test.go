@@ -300,3 +300,41 @@ func TestSweepSparesKeysChargedIntoBeing(t *testing.T) {
 		assert.True(t, ok, "cborn%d was created after the pass began and must survive it", i)
 	}
 }
+
+// TestStoppedSweepUnmarksInSlices: a sweep its caller stops judges nothing
+// more, and clears the marks of the keys born during it a slice at a time,
+// with requests served between slices: no one slice walks the table. Keys
+// born ahead of the cursor are then judged by the next sweep like any other.
+func TestStoppedSweepUnmarksInSlices(t *testing.T) {
+	const sec, keys = int64(time.Second), 200
+	s := newState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}, NewBudget(1000), &testHasher)
+	s.tab.maxGroups = 1 // many small segments, so a slice of 3 slots is one of them
+	defer s.abandon()
+	for i := range keys {
+		require.NoError(t, s.allow(0, fmt.Sprintf("full%d", i), 1).Err) // full again by 0.5 s
+	}
+	s.beginSweep(false)
+	done, err := s.sweepSlice(sec, 3)
+	require.NoError(t, err)
+	require.False(t, done)
+	evicted := keys - int(s.budget.Count())
+	born, slices := 0, 0
+	for {
+		done := s.unmarkSlice(3)
+		slices++
+		s.checkInvariants(t, "unmark slice %d", slices)
+		if done {
+			break
+		}
+		require.NoError(t, s.allow(sec, fmt.Sprintf("born%d", born), 1).Err)
+		born++
+	}
+	assert.Greater(t, slices, 10, "the walk that judges nothing is sliced too")
+	assert.Equal(t, int64(keys-evicted+born), s.budget.Count(), "a stopped sweep evicts nothing more")
+	got := s.endSweep(msg.ErrSweepStopped)
+	assert.ErrorIs(t, got.Err, msg.ErrSweepStopped)
+	assert.Equal(t, evicted, got.Evicted)
+	s.checkInvariants(t, "the stopped pass ended")
+	assert.Equal(t, keys-evicted+born, sweepAll(s, 10*sec).Evicted, "every key, the born ones too, full ten seconds on")
+	assert.Zero(t, s.budget.Count())
+}

@@ -18,16 +18,29 @@ type task interface {
 
 // sweepTask is a sweep (EvictFull, or a background sweep): each slice judges
 // its buckets at a fresh clock reading, and the end answers the sweep. A
-// caller that stops waiting (Sweep.Stop) ends it before its next slice, so
-// a context bounds a pass over a large table to the slice in progress.
-type sweepTask struct{ w *msg.Sweep }
+// caller that stops waiting (Sweep.Stop) ends the judging before the next
+// slice: the rest of the walk only clears the marks of keys born during the
+// sweep, a slice at a time, so a context bounds the pass to the slice in
+// progress and a walk that judges nothing.
+type sweepTask struct {
+	w       *msg.Sweep
+	stopped bool
+}
 
 func (t *sweepTask) step(s *Shard) bool {
-	select {
-	case <-t.w.Stop: // nil for a caller that never stops: never ready
-		t.end(s, msg.ErrSweepStopped)
-		return true
-	default:
+	if !t.stopped {
+		select {
+		case <-t.w.Stop: // nil for a caller that never stops: never ready
+			t.stopped = true
+		default:
+		}
+	}
+	if t.stopped {
+		done := s.state.unmarkSlice(SliceSize)
+		if done {
+			t.end(s, msg.ErrSweepStopped)
+		}
+		return done
 	}
 	done, err := s.state.sweepSlice(s.clk.Now(), SliceSize)
 	if done {
