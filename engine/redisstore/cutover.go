@@ -284,6 +284,12 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 		var ok bool
 		if err := s.round(ctx, func(ctx context.Context) (err error) {
 			ok, err = s.rdb.SetNX(ctx, s.kLock, token, s.lockTTL).Result()
+			if err == nil && !ok {
+				// go-redis sends a SET again after a lost reply: the
+				// holder may be this very call.
+				held, gerr := s.rdb.Get(ctx, s.kLock).Result()
+				ok = gerr == nil && held == token
+			}
 			return err
 		}); err != nil {
 			// Its reply lost, the SET may have taken the lock: left held,

@@ -52,3 +52,33 @@ func TestLockReplyLostReleasesLock(t *testing.T) {
 	require.NoError(t, other.ReplacePolicy(rctx, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 1}, 1),
 		"the next cutover waits for a lock nobody holds")
 }
+
+// TestLockSetSentTwiceTakesLock: go-redis sends a command again when its
+// reply is lost on the way (an EOF), so the SET NX of the cutover lock can
+// reach Redis twice: the second finds the lock taken, by this very call.
+// The call knows its own token and goes on; before, it waited for its own
+// lock until its context ended, leaving it held for the lock's TTL.
+func TestLockSetSentTwiceTakesLock(t *testing.T) {
+	addr := redisAddr(t)
+	p := prefix(t)
+	p1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	ac := client(t, addr)
+	lockKey := redisstore.GlobalKey(p, "lock")
+	var fired atomic.Bool
+	ac.AddHook(hook{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		err := next(ctx, cmd)
+		if a := cmd.Args(); cmd.Name() == "set" && len(a) > 1 && a[1] == lockKey && err == nil && !fired.Swap(true) {
+			return next(ctx, cmd) // the first reply lost, the SET sent again
+		}
+		return err
+	}})
+	admin, err := redisstore.New(context.Background(), redisstore.Config{Client: ac, Prefix: p, Policy: p1, Timeout: time.Second})
+	require.NoError(t, err)
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	require.NoError(t, admin.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 1}, 1))
+	require.True(t, fired.Load(), "the SET was sent twice")
+	require.Equal(t, int64(2), admin.Policy().Version)
+	require.Zero(t, client(t, addr).Exists(context.Background(), lockKey).Val(), "the lock is released")
+}
