@@ -443,7 +443,7 @@ func (d *snapReader) string(what string, max int64) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if size > max {
+	if max = min(max, math.MaxInt); size > max { // MaxInt: int is 32 bits on some platforms
 		return "", d.fail("%s is %d bytes, at most %d", what, size, max)
 	}
 	b, err := d.bytes(int(size), what)
