@@ -33,8 +33,12 @@ import (
 //     must remove exactly the flood keys (KeyCount before - residents); the
 //     residents are still tracked with their exact balance: never handed a
 //     fresh burst;
+//  3b. a new key charged so that floodEdge's wait later it is exactly one
+//     unit short of full must survive EvictFull, and one nanosecond later
+//     be the only key EvictFull removes;
 //  4. every other round the policy alternates between a small and a larger
-//     capacity: raising it must top no resident up.
+//     capacity: raising it must top no resident up; the residents are then
+//     drained again.
 //
 // The live heap after a GC must not grow with the keys offered: it stays
 // within floodHeapSlack of what it was after the first round.
@@ -235,7 +239,15 @@ func (f *floodRun) round(ctx context.Context, r int) (v *Violation, complete boo
 		return v, false
 	}
 
-	// 4. Alternate the policy; a raise must top nobody up.
+	// 3b. The edge of full: a key one unit short of full survives a sweep,
+	// and one nanosecond later it is evicted.
+	if v := f.edge(r); v != nil {
+		return v, false
+	}
+
+	// 4. Alternate the policy; a raise must top nobody up. Then drain the
+	// residents again (the edge's wait refilled them), so each round starts
+	// with them under a token.
 	if r%2 == 1 {
 		f.shape = 1 - f.shape
 		next := policy.Policy{Version: f.pol.Version + 1, Capacity: floodShapes[f.shape].Capacity, TokensPerSecond: floodShapes[f.shape].TokensPerSecond}
@@ -249,6 +261,9 @@ func (f *floodRun) round(ctx context.Context, r int) (v *Violation, complete boo
 			b.units = min(b.units, next.Capacity*consUnits)
 		}
 		f.pol = next
+	}
+	if v := f.touchResidents("draining again", func(b *floodBucket) int64 { return b.units / consUnits }); v != nil {
+		return v, false
 	}
 	return nil, true
 }
@@ -345,4 +360,57 @@ func (f *floodRun) offer(ctx context.Context, r int, next *atomic.Int64, p *floo
 			return
 		}
 	}
+}
+
+// floodEdge returns, for policy p, a cost and a wait such that a full
+// bucket charged cost is exactly one unit short of full wait ns later
+// (cost*UnitsPerToken-1 is a multiple of the rate), and one nanosecond
+// after that full again; ok is false if no cost up to the capacity does.
+func floodEdge(p policy.Policy) (cost, wait int64, ok bool) {
+	for cost = 1; cost <= p.Capacity; cost++ {
+		if (cost*consUnits-1)%p.TokensPerSecond == 0 {
+			return cost, (cost*consUnits - 1) / p.TokensPerSecond, true
+		}
+	}
+	return 0, 0, false
+}
+
+// edge checks round r's sweep at the edge of full: a new key charged so
+// that, after floodEdge's wait, it is one unit short of full must survive
+// a sweep, and one nanosecond later it must be the one key the next sweep
+// evicts (the residents are far from full). A sweep that judges by whole
+// tokens, or rounds a balance up, evicts it early and hands out a fresh
+// bucket it never earned.
+func (f *floodRun) edge(r int) *Violation {
+	cost, wait, ok := floodEdge(f.pol)
+	if !ok {
+		return f.violation("", "floodEdge", fmt.Sprintf("a cost for %+v", f.pol), "none")
+	}
+	key := "edge/" + strconv.Itoa(r)
+	now := f.clk.Now()
+	b := floodBucket{units: f.pol.Capacity * consUnits, last: now}
+	want := b.decide(f.pol, now, cost)
+	d, err := f.eng.Allow(context.Background(), key, cost)
+	f.c.record(d, err)
+	if err != nil || d != want {
+		return f.violation(key, fmt.Sprintf("Allow(cost %d) on a new key", cost), fmt.Sprintf("%+v", want), fmt.Sprintf("%+v, %v", d, err))
+	}
+	f.clk.Advance(time.Duration(wait))
+	for _, step := range []struct {
+		advance time.Duration
+		evicted int
+		state   string
+	}{{0, 0, "one unit short of full"}, {1, 1, "full"}} {
+		f.clk.Advance(step.advance)
+		n, err := f.eng.EvictFull(context.Background())
+		f.c.evictions.Add(int64(n))
+		if err != nil || n != step.evicted {
+			return f.violation(key, fmt.Sprintf("EvictFull with %s %s and %d depleted residents", key, step.state, floodResidents),
+				fmt.Sprintf("%d evicted", step.evicted), fmt.Sprintf("%d evicted, %v", n, err))
+		}
+		if n, want := f.eng.KeyCount(), floodResidents+1-step.evicted; n != want {
+			return f.violation(key, fmt.Sprintf("KeyCount after EvictFull with %s %s", key, step.state), strconv.Itoa(want), strconv.Itoa(n))
+		}
+	}
+	return nil
 }

@@ -49,3 +49,23 @@ func TestFloodBucket(t *testing.T) {
 	b = floodBucket{}
 	assert.Equal(t, time.Duration(333_333_334), b.decide(q, 0, 1).RetryAfter)
 }
+
+// TestFloodEdge checks floodEdge against the flood's model for both shapes:
+// the bucket it describes is one unit short of full after the wait, and
+// full a nanosecond later, so the edge sweeps have exact answers.
+func TestFloodEdge(t *testing.T) {
+	for _, l := range floodShapes {
+		p := policy.Policy{Version: 1, Capacity: l.Capacity, TokensPerSecond: l.TokensPerSecond}
+		cost, wait, ok := floodEdge(p)
+		require.True(t, ok, "%+v", l)
+		b := floodBucket{units: p.Capacity * consUnits}
+		require.True(t, b.decide(p, 0, cost).Allowed, "%+v", l)
+		b.refill(p, wait)
+		assert.Equal(t, p.Capacity*consUnits-1, b.units, "%+v: units after the wait", l)
+		b.refill(p, wait+1)
+		assert.Equal(t, p.Capacity*consUnits, b.units, "%+v: units a nanosecond later", l)
+		// The residents stay far from full through the edge: drained to
+		// under a token, they gain under capacity-1 tokens in the wait.
+		assert.Less(t, (wait+1)*p.TokensPerSecond, (p.Capacity-1)*consUnits, "%+v", l)
+	}
+}
