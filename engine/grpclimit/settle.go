@@ -14,8 +14,8 @@ import (
 // Errors returned by Settle (see its list). Test for them with errors.Is.
 var (
 	// ErrNotSettleable: the call did not pass through a Limiter with
-	// WithCost (and without WithPerMessage), so it has no estimate to
-	// settle.
+	// WithCost (for a stream, one without WithPerMessage, which spends
+	// per message), so it has no estimate to settle.
 	ErrNotSettleable = errors.New("grpclimit: the call has no estimate to settle")
 	// ErrNegativeActual: Settle was given an actual cost below 0.
 	ErrNegativeActual = errors.New("grpclimit: actual cost below 0")

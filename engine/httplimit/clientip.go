@@ -60,7 +60,9 @@ func (h ProxyHeader) String() string {
 // that entry is read, since the chain beyond it cannot be checked.
 //
 // Not an address: garbage, an empty entry, RFC 7239's "unknown", an
-// obfuscated identifier, a Forwarded element without for=. A Forwarded
+// obfuscated identifier, a Forwarded element without for=. An obfuscated
+// port does not hide the address before it: for="192.0.2.43:_hidden" is
+// 192.0.2.43. A Forwarded
 // element does not parse when it is not token=value pairs separated by
 // ";", each value a token or a quoted-string with balanced quotes and
 // complete backslash escapes, or when it has two for= parameters; an
@@ -235,7 +237,7 @@ func lastForwardedElement(line string, end int) (hop string, ok bool, next int) 
 			if hasFor {
 				return "", false, 0
 			}
-			hop, hasFor = value, true
+			hop, hasFor = withoutObfuscatedPort(value), true
 		}
 		i = skipOWSLeft(line, i)
 		switch {
@@ -246,6 +248,27 @@ func lastForwardedElement(line string, end int) (hop string, ok bool, next int) 
 		}
 		i--
 	}
+}
+
+// withoutObfuscatedPort returns a Forwarded node without its port when
+// the port is obfuscated (RFC 7239's obfport, "_" and one or more of
+// ALPHA, DIGIT, ".", "_" and "-"), as in "192.0.2.43:_hidden" or
+// "[2001:db8::17]:_p": the address is still the one the proxy saw. Any
+// other node is returned as it is.
+func withoutObfuscatedPort(node string) string {
+	i := strings.LastIndexByte(node, ':')
+	if i < 0 || len(node) < i+3 || node[i+1] != '_' {
+		return node
+	}
+	for _, c := range []byte(node[i+2:]) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return node
+		}
+	}
+	if name := node[:i]; strings.HasPrefix(name, "[") && strings.HasSuffix(name, "]") || !strings.Contains(name, ":") {
+		return name
+	}
+	return node
 }
 
 // lastPair parses the pair that ends at line[end-1], right to left: its

@@ -222,3 +222,29 @@ func TestClientIPFromUntrustedPeer(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardedObfuscatedPort: RFC 7239 lets a proxy hide the port of a
+// node it names by address ("192.0.2.43:_hidden", node-port = obfport).
+// The address is still the one the trusted proxy saw, so it is the
+// client; only an obfuscated node name is not an address. Read as a
+// malformed entry, every client of such a proxy would share its key.
+func TestForwardedObfuscatedPort(t *testing.T) {
+	trusted := []netip.Prefix{mustPrefix("127.0.0.1/32"), mustPrefix("10.0.0.0/8")}
+	for _, c := range []struct{ line, want string }{
+		{`for="192.0.2.43:_hidden"`, "192.0.2.43"},
+		{`for=192.0.2.43:_hidden`, "192.0.2.43"},
+		{`for="[2001:db8:cafe::17]:_p.1-x"`, "2001:db8:cafe::17"},
+		{`for=6.6.6.6, for="192.0.2.43:_a", for="10.0.0.2:_b"`, "192.0.2.43"},
+		{`for="192.0.2.43:_"`, "127.0.0.1"},    // obfport needs a character after "_"
+		{`for="192.0.2.43:_a b"`, "127.0.0.1"}, // and only these characters
+		{`for="_hidden:_port"`, "127.0.0.1"},   // an obfuscated node is no address
+		{`for="2001:db8::17:_p"`, "127.0.0.1"}, // an IPv6 node with a port is bracketed
+	} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = "127.0.0.1:1"
+		r.Header.Set("Forwarded", c.line)
+		got, err := httplimit.ClientIP(r, httplimit.Forwarded, trusted)
+		require.NoError(t, err)
+		assert.Equal(t, c.want, got.String(), c.line)
+	}
+}
