@@ -62,11 +62,11 @@ func (h ProxyHeader) String() string {
 // Not an address: garbage, an empty entry, RFC 7239's "unknown", an
 // obfuscated identifier, a Forwarded element without for=. An obfuscated
 // port does not hide the address before it: for="192.0.2.43:_hidden" is
-// 192.0.2.43. A Forwarded
-// element does not parse when it is not token=value pairs separated by
-// ";", each value a token or a quoted-string with balanced quotes and
-// complete backslash escapes, or when it has two for= parameters; an
-// unquoted value may also hold ":", "[" and "]", which some proxies leave
+// 192.0.2.43. A Forwarded element does not parse when it is not
+// token=value pairs separated by ";", each value a token or a
+// quoted-string with balanced quotes and complete backslash escapes, or
+// when it has two for= parameters; an unquoted value may also hold ":",
+// "[" and "]", which some proxies leave
 // unquoted (for=192.0.2.1:80, for=2001:db8::1). An X-Forwarded-For entry is
 // the text between two commas: an address, optionally in brackets or with
 // a port.
