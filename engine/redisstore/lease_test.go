@@ -879,3 +879,94 @@ func TestLeaseFailOpenGrantsNothing(t *testing.T) {
 	require.LessOrEqual(t, admitted+local, p.Capacity,
 		"answers not marked Degraded past what the bucket gave: %d before Redis went, %d after (stats %+v)", admitted, local, s.Stats())
 }
+
+// A lease holds tokens of every band: with the clock still, one leased
+// process admits at most the tightest band's capacity, and once its leases
+// are back every band holds exactly its capacity less what was admitted.
+func TestLeaseBandsConserve(t *testing.T) {
+	clk := clock.NewManual(0)
+	day, err := policy.NewBands(policy.Band{Name: "day", Capacity: 800, Refill: policy.PerDay(800)})
+	require.NoError(t, err)
+	p := policy.Policy{Version: 1, Capacity: 5000, TokensPerSecond: 5000, Bands: day}
+	pfx := prefix(t)
+	s := leased(t, p, clk, pfx)
+	ctx := context.Background()
+	var admitted int64
+	for range 2000 {
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		if d.Allowed {
+			admitted++
+		}
+	}
+	require.NotZero(t, s.Stats().Local, "stats %+v", s.Stats())
+	require.LessOrEqual(t, admitted, int64(800))
+	require.NoError(t, s.Close())
+	plain := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	pk, err := plain.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, 800-admitted, pk.Remaining, "day band after give-back; admitted %d stats %+v", admitted, s.Stats())
+	t.Logf("admitted %d, stats %+v", admitted, s.Stats())
+}
+
+// AllowBatch in lease mode decides request by request as Allow would, and
+// never passes a key's bound.
+func TestLeaseAllowBatchConserves(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 640, TokensPerSecond: 640}
+	pfx := prefix(t)
+	s := leased(t, p, clk, pfx)
+	ctx := context.Background()
+	keys := []string{"a", "b", "c"}
+	admitted := map[string]int64{}
+	reqs := make([]engine.Request, 0, 30)
+	for range 10 {
+		for _, k := range keys {
+			reqs = append(reqs, engine.Request{Key: k, Cost: 1})
+		}
+	}
+	out := make([]engine.Result, len(reqs))
+	for range 40 {
+		require.NoError(t, s.AllowBatch(ctx, reqs, out))
+		for i, r := range out {
+			require.NoError(t, r.Err)
+			if r.Decision.Allowed {
+				admitted[reqs[i].Key]++
+			}
+		}
+	}
+	require.NoError(t, s.Close())
+	plain := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	for _, k := range keys {
+		require.LessOrEqual(t, admitted[k], int64(640))
+		pk, err := plain.Peek(ctx, k)
+		require.NoError(t, err)
+		require.Equal(t, 640-admitted[k], pk.Remaining, "key %s", k)
+	}
+	t.Logf("admitted %v, stats %+v", admitted, s.Stats())
+}
+
+// A key whose smallest band is small is never leased, however large its
+// primary capacity.
+func TestLeaseSmallBandIsNeverLeased(t *testing.T) {
+	clk := clock.NewManual(0)
+	b, err := policy.NewBands(policy.Band{Name: "minute", Capacity: 20, Refill: policy.PerMinute(20)})
+	require.NoError(t, err)
+	p := policy.Policy{Version: 1, Capacity: 100000, TokensPerSecond: 100000, Bands: b}
+	s := leased(t, p, clk, prefix(t))
+	ctx := context.Background()
+	var admitted int64
+	for i := range 200 {
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		if d.Allowed {
+			admitted++
+		}
+		if i%20 == 19 {
+			clk.Advance(3 * time.Second)
+		}
+	}
+	st := s.Stats()
+	require.Zero(t, st.LeasedTokens, "stats %+v", st)
+	t.Logf("admitted %d", admitted)
+}
