@@ -33,7 +33,11 @@
 // answers, within about a second (so after an outage the last replica to
 // reach Redis wins). Decisions that Redis cannot give are answered with a
 // gRPC Unavailable error (the store marks them Degraded), so Envoy's
-// failure_mode_deny decides.
+// failure_mode_deny decides. With -leases each replica takes tokens of a
+// hot key from Redis in advance and decides the requests they cover
+// without Redis (redisstore.Leases, with its defaults): the limits stay
+// exact across replicas, and unspent tokens go back when a key goes idle,
+// at a reload and at shutdown.
 package main
 
 import (
@@ -101,6 +105,7 @@ type options struct {
 	redisAddr, redisCluster, pfx string
 	poll, drain, timeout         time.Duration
 	maxKeys                      int
+	leases                       bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -117,6 +122,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.poll, "poll", 5*time.Second, "how often the configuration directory is read for changes")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown, before their clients are cut off (one waiting on Redis then ends within -redis-timeout)")
 	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys)")
+	fs.BoolVar(&o.leases, "leases", false, "with -redis or -redis-cluster: take tokens of hot keys in advance and decide them in the process (redisstore.Leases, defaults)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err // -h: the usage, printed, is the answer
@@ -130,6 +136,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("%w: -config DIR is required", errUsage)
 	case o.redisAddr != "" && o.redisCluster != "":
 		return o, fmt.Errorf("%w: -redis and -redis-cluster exclude each other", errUsage)
+	case o.leases && o.redisAddr == "" && o.redisCluster == "":
+		return o, fmt.Errorf("%w: -leases needs -redis or -redis-cluster", errUsage)
 	case o.poll <= 0:
 		return o, fmt.Errorf("%w: -poll must be positive", errUsage)
 	case o.drain < 0 || o.timeout < 0:
@@ -245,9 +253,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 			client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(o.redisCluster, ","), ContextTimeoutEnabled: true, DialerRetries: 1})
 		}
 		defer func() { _ = client.Close() }()
-		store, err = redisstore.New(ctx, redisstore.Config{
-			Client: client, Prefix: o.pfx, Policy: p, Timeout: o.timeout,
-		})
+		cfg := redisstore.Config{Client: client, Prefix: o.pfx, Policy: p, Timeout: o.timeout}
+		if o.leases {
+			cfg.Leases = &redisstore.Leases{}
+		}
+		store, err = redisstore.New(ctx, cfg)
 		if err != nil {
 			return fmt.Errorf("redis store: %w", err)
 		}

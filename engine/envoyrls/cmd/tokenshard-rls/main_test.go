@@ -182,6 +182,36 @@ func TestCommandRedis(t *testing.T) {
 	testCommand(t, "-redis", addr, "-redis-prefix", prefix)
 }
 
+// TestCommandRedisLeased is TestCommand on a Redis store with -leases, and
+// a limit large enough to be leased admits exactly its requests_per_unit.
+func TestCommandRedisLeased(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := "envoyrls-cmd-leased-test:" + time.Now().Format("150405.000000000") + ":"
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = c.Close() })
+	deleteKeys(t, c, prefix)
+	testCommand(t, "-redis", addr, "-redis-prefix", prefix, "-leases")
+
+	deleteKeys(t, c, prefix)
+	cmd := startCommand(t, "-redis", addr, "-redis-prefix", prefix, "-leases")
+	cmd.write("limits.yaml", strings.Replace(limitsYAML, "unit: minute, requests_per_unit: 2", "unit: hour, requests_per_unit: 1000", 1))
+	if err := cmd.reload(); err != nil {
+		t.Fatalf("reload: %v\n%s", err, cmd.stderr)
+	}
+	ok := 0
+	for range 1100 {
+		if overall(cmd.ask("gw", "route=/hot")) == "OK" {
+			ok++
+		}
+	}
+	if ok != 1000 {
+		t.Errorf("a fresh key admitted %d of 1100 requests, want exactly 1000", ok)
+	}
+	if err := cmd.stop(); err != nil {
+		t.Errorf("run after cancel: %v", err)
+	}
+}
+
 // TestCommandRedisCluster is TestCommand on a Redis Cluster.
 func TestCommandRedisCluster(t *testing.T) {
 	if testing.Short() {
@@ -278,6 +308,7 @@ func TestCommandRefusesAtStart(t *testing.T) {
 	}{
 		{[]string{}, errUsage},
 		{[]string{"-config", dir, "-redis", "x:1", "-redis-cluster", "y:1"}, errUsage},
+		{[]string{"-config", dir, "-leases"}, errUsage},
 		{[]string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, envoyrls.ErrUnknownField},
 	} {
 		if err := run(context.Background(), c.args, &stderr, hooks{}); !errors.Is(err, c.want) {
