@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"net"
 
 	"github.com/redis/go-redis/v9"
 
@@ -14,9 +15,17 @@ import (
 type hook struct {
 	process  func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error
 	pipeline func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error
+	dial     func(ctx context.Context, network, addr string, next redis.DialHook) (net.Conn, error)
 }
 
-func (h hook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h hook) DialHook(next redis.DialHook) redis.DialHook {
+	if h.dial == nil {
+		return next
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return h.dial(ctx, network, addr, next)
+	}
+}
 
 func (h hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	if h.process == nil {

@@ -564,3 +564,28 @@ func TestOnErrorSaysWhere(t *testing.T) {
 		})
 	}
 }
+
+// TestStartWithoutRedisDialsOncePerCall: while a store started without
+// Redis tries again at each call, each try dials once (with DialerRetries
+// 1), so the failure rule answers at once: go-redis's command retries,
+// each after a backoff, would hold every call for about 100 ms.
+func TestStartWithoutRedisDialsOncePerCall(t *testing.T) {
+	srv := downServer(t)
+	var dials atomic.Int64
+	c := quickClient(t, srv.Addr())
+	c.AddHook(hook{dial: func(ctx context.Context, network, addr string, next redis.DialHook) (net.Conn, error) {
+		dials.Add(1)
+		return next(ctx, network, addr)
+	}})
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix(t),
+		Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, OnError: func(error) {}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	const calls = 10
+	for range calls {
+		d, err := s.Allow(context.Background(), "k", 1)
+		require.NoError(t, err)
+		require.True(t, d.Degraded)
+	}
+	require.LessOrEqual(t, dials.Load(), int64(calls+1), "New and each call dial once")
+}

@@ -515,7 +515,12 @@ func (s *Store) connect(ctx context.Context) error {
 	// The global keys lost while shards survive (on a cluster, their
 	// master lost its data): never reinstall them below a shard's version,
 	// nor with another key map than the shards' buckets were placed by.
-	n, err := s.rdb.Exists(ctx, s.kPolicy).Result()
+	// Sent once: go-redis's own retries, with their backoff, would hold
+	// every call of a store started without Redis for about 100 ms, and the
+	// next call tries again anyway.
+	probe := redis.NewCmd(ctx, "exists", s.kPolicy)
+	_ = s.rdb.Process(ctx, noRetryCmd{probe})
+	n, err := probe.Int64()
 	if err != nil {
 		return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
 	}
