@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -72,7 +73,9 @@ func (e *Engine) SnapshotFile(ctx context.Context, path string) (err error) {
 // fresh start would hand every client a full bucket.
 //
 // Errors, with no engine: those of New (first boot) or Restore, and the
-// file system's other than the file not existing.
+// file system's other than the file not existing. An ErrInvalidSnapshot
+// names the file; an operator who would rather start empty than fix it
+// moves it away.
 func RestoreFile(cfg Config, path string, opts RestoreOptions) (*Engine, RestoreReport, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -86,5 +89,9 @@ func RestoreFile(cfg Config, path string, opts RestoreOptions) (*Engine, Restore
 		return nil, RestoreReport{}, err
 	}
 	defer f.Close()
-	return Restore(cfg, f, opts)
+	e, rep, err := Restore(cfg, f, opts)
+	if errors.Is(err, ErrInvalidSnapshot) {
+		err = fmt.Errorf("%s: %w", path, err)
+	}
+	return e, rep, err
 }

@@ -129,6 +129,7 @@ func TestRestoreFileCorrupt(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("not a snapshot"), 0o600))
 	e, _, err := engine.RestoreFile(engine.Config{Policy: fileTestPolicy}, path, engine.RestoreOptions{})
 	require.ErrorIs(t, err, engine.ErrInvalidSnapshot)
+	require.ErrorContains(t, err, path, "the error names the file")
 	require.Nil(t, e)
 
 	var zero *engine.Engine
