@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"testing"
@@ -252,4 +253,50 @@ func TestEventsCallingTheEngine(t *testing.T) {
 			assert.ErrorIs(t, err, engine.ErrClosed)
 		}
 	}
+}
+
+// TestEventsConfigBounds: EventEvery and EventBuffer out of range are
+// ErrInvalidConfig, with or without Events; EventEvery has no upper bound.
+func TestEventsConfigBounds(t *testing.T) {
+	f := func(engine.Event) {}
+	for _, cfg := range []engine.Config{
+		{EventEvery: -1}, {EventEvery: math.MinInt}, {EventEvery: -1, Events: f},
+		{EventBuffer: -1}, {EventBuffer: math.MinInt}, {EventBuffer: 1<<24 + 1, Events: f},
+	} {
+		cfg.Policy, cfg.Clock = pol(1, 5, 1), clock.NewManual(0)
+		e, err := engine.New(cfg)
+		assert.ErrorIs(t, err, engine.ErrInvalidConfig, "EventEvery %d, EventBuffer %d", cfg.EventEvery, cfg.EventBuffer)
+		assert.Nil(t, e)
+	}
+	var log eventLog
+	e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Clock: clock.NewManual(0), Shards: 1, EventEvery: math.MaxInt, EventBuffer: 1, Events: log.add})
+	require.NoError(t, err)
+	for range 10 {
+		_, err := e.Allow(context.Background(), "k", 1)
+		require.NoError(t, err)
+	}
+	require.NoError(t, e.Close())
+	assert.Empty(t, log.get())
+}
+
+// TestStatsZeroEngine: a zero or nil Engine counts nothing, before and after Close.
+func TestStatsZeroEngine(t *testing.T) {
+	var e engine.Engine
+	_, err := e.Allow(context.Background(), "k", 1)
+	require.ErrorIs(t, err, engine.ErrNotInitialized)
+	assert.Equal(t, engine.Stats{}, e.Stats())
+	var nilEngine *engine.Engine
+	assert.Equal(t, engine.Stats{}, nilEngine.Stats())
+	assert.NoError(t, nilEngine.Close())
+	assert.Equal(t, engine.Stats{}, nilEngine.Stats(), "after Close too")
+}
+
+// TestStatsBatchShortOut: an AllowBatch whose out is too short decides
+// nothing and counts nothing, as Stats says.
+func TestStatsBatchShortOut(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1), Shards: 2})
+	err := e.AllowBatch(context.Background(), []engine.Request{{Key: "a", Cost: 1}, {Key: "", Cost: 1}}, make([]engine.Result, 1))
+	require.ErrorIs(t, err, engine.ErrInvalidConfig)
+	st := e.Stats()
+	assert.Zero(t, st.Total.Allowed+st.Total.Denied+st.Total.Errors.Sum())
 }
