@@ -300,3 +300,83 @@ func TestStatsBatchShortOut(t *testing.T) {
 	st := e.Stats()
 	assert.Zero(t, st.Total.Allowed+st.Total.Denied+st.Total.Errors.Sum())
 }
+
+// TestStatsExactPerKind: after each call returns, Stats counts it in its
+// own field, kind by kind, with no idle shard and no Close: Peek, Refund,
+// each error kind from the caller's side and from the shard's, and an
+// AllowBatch's requests.
+func TestStatsExactPerKind(t *testing.T) {
+	clk := newErrsClock(int64(time.Hour))
+	e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 3, MaxKeys: 2, Clock: clk, Events: func(engine.Event) {}, EventEvery: 1, EventBuffer: 1})
+	require.NoError(t, err)
+	defer e.Close()
+	ctx := context.Background()
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	var want engine.ShardStats
+	check := func(what string) {
+		t.Helper()
+		st := e.Stats().Total
+		got := engine.ShardStats{Allowed: st.Allowed, Denied: st.Denied, Errors: st.Errors, Peeks: st.Peeks, Refunds: st.Refunds}
+		require.Equal(t, want, got, what)
+	}
+	_, _ = e.Allow(ctx, "a", 1)
+	want.Allowed++
+	check("allow")
+	_, _ = e.Allow(ctx, "a", 5)
+	want.Denied++
+	check("denied")
+	_, _ = e.Peek(ctx, "a")
+	want.Peeks++
+	check("peek")
+	_, _ = e.Refund(ctx, "a", 1)
+	want.Refunds++
+	check("refund")
+	_, _ = e.Refund(ctx, "zz", 1) // not tracked: answered all the same
+	want.Refunds++
+	check("refund of an untracked key")
+	_, _ = e.Charge(ctx, "a", 9)
+	want.Allowed++
+	check("charge")
+	_, _ = e.Allow(ctx, "a", 6)
+	want.Errors.InvalidCost++
+	check("cost above capacity")
+	_, _ = e.Refund(ctx, "a", 0)
+	want.Errors.InvalidCost++
+	check("refund of 0")
+	_, _ = e.Peek(ctx, " ")
+	want.Errors.InvalidKey++
+	check("peek of a blank key")
+	_, _ = e.Peek(canceled, "a")
+	want.Errors.Context++
+	check("peek, context done")
+	_, _ = e.Allow(nil, "a", 1) //nolint:staticcheck // a nil context is counted as Other
+	want.Errors.Other++
+	check("nil context")
+	_, _ = e.Allow(ctx, "b", 1)
+	_, _ = e.Allow(ctx, "c", 1)
+	_, _ = e.Allow(ctx, "d", 1)
+	want.Allowed++ // a and b fit, c and d do not
+	want.Errors.KeyCapacity += 2
+	check("key capacity")
+	out := make([]engine.Result, 4)
+	require.NoError(t, e.AllowBatch(ctx, []engine.Request{{Key: "a", Cost: 1}, {Key: "", Cost: 1}, {Key: "a", Cost: -1}, {Key: "a", Cost: 7}}, out))
+	want.Errors.InvalidKey++
+	want.Errors.InvalidCost += 2
+	if out[0].Decision.Allowed {
+		want.Allowed++
+	} else {
+		want.Denied++
+	}
+	check("batch")
+	clk.Set(0)
+	_, _ = e.Peek(ctx, "a")
+	_, _ = e.Refund(ctx, "a", 1)
+	_, _ = e.Allow(ctx, "a", 1)
+	want.Errors.ClockRegression += 3
+	check("clock regression")
+	require.NoError(t, e.Close())
+	_, _ = e.Refund(ctx, "a", 1)
+	want.Errors.Closed++
+	check("refund after Close")
+}
