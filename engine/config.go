@@ -67,15 +67,25 @@ type Config struct {
 	// Events, if set, is called with one decision in every EventEvery,
 	// sampled by the shards, as an audit trail: from one goroutine of the
 	// engine, one event at a time, through a buffer of EventBuffer events.
+	// Each shard counts its own decisions and samples every EventEvery-th:
+	// those of Allow (Wait's included), Charge and AllowBatch's requests,
+	// and the errors the shard answers them with (ErrCostExceedsCapacity,
+	// ErrClockRegression, ErrKeyCapacity). Nothing else is sampled: not
+	// Peek or Refund, not AllowAll's decisions (Stats counts them), not the
+	// errors raised before a request reaches a shard (a bad key or cost, a
+	// done context, ErrClosed).
+	//
 	// Admission never waits for it: when the buffer is full the event is
 	// dropped and counted in Stats. Close delivers what is still buffered
 	// (up to EventBuffer calls) before it returns, so f must not block for
-	// long; it must not call Close.
+	// long; it must not call Close. It may call the engine's other methods.
+	// A panic in f is not recovered: it ends the program.
 	Events func(Event)
 	// EventEvery is the sampling period; 0 means DefaultEventEvery.
 	EventEvery int
 	// EventBuffer is how many sampled events may wait for Events; 0 means
-	// DefaultEventBuffer. At most 1<<24.
+	// DefaultEventBuffer. At most 1<<24. With Events set, New allocates the
+	// buffer whole: 112 bytes an event on 64-bit platforms, 1.75 GiB at 1<<24.
 	EventBuffer int
 }
 

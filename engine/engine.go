@@ -66,11 +66,12 @@ type Engine struct {
 }
 
 // New validates cfg, fills its defaults and starts the engine's goroutines:
-// one per shard, and a sweeper unless cfg asks for none (see
-// Config.SweepEvery). It returns
-// ErrInvalidPolicy (wrapped, naming the field) for an invalid policy and
-// ErrInvalidConfig for a negative field. New allocates in proportion to the
-// shard count, not to MaxKeys.
+// one per shard, a sweeper unless cfg asks for none (see
+// Config.SweepEvery), and one that delivers events if Config.Events is set.
+// It returns ErrInvalidPolicy (wrapped, naming the field) for an invalid
+// policy and ErrInvalidConfig (wrapped, naming the field) for a field out
+// of its range. New allocates in proportion to the shard count and to
+// EventBuffer (see Config.EventBuffer), not to MaxKeys.
 func New(cfg Config) (*Engine, error) { return newEngine(cfg, false) }
 
 // newEngine is New; a bare engine's shards answer every single request with

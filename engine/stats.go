@@ -20,7 +20,8 @@ import (
 // it is busy.) Every call is counted exactly once: Allowed + Denied + Peeks + Refunds +
 // Errors.Sum() equals the Allow, Peek, Refund and Charge calls made (a
 // Charge's answer is an admission: it counts in Allowed) plus the
-// requests of AllowBatch calls (Wait counts as the Allow calls it makes)
+// requests of AllowBatch calls (Wait counts as the Allow calls it makes;
+// an AllowBatch whose out is too short decides nothing and counts nothing)
 // plus the requests of the AllowAll calls that returned a Decision.
 //
 // Every decision is counted in Allowed or Denied, an AllowAll's too: each

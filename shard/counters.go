@@ -82,7 +82,8 @@ func (s *Shard) served() {
 
 // count tallies one answer to a single request, publishes that count
 // before the request is answered, so a caller's Stats after its call sees
-// it, and samples the answer.
+// it, and samples the answer if it is a decision's (an Allow's or a
+// Charge's, error or not).
 func (s *Shard) count(now int64, a *msg.Single) {
 	r := &a.Reply
 	k := msg.Denied
@@ -98,7 +99,9 @@ func (s *Shard) count(now int64, a *msg.Single) {
 	}
 	st := &s.stats
 	st.bump(k, 1)
-	if st.events != nil && k != msg.Peeks && k != msg.Refunds {
+	// Peeks and refunds are not decisions, failed or not: an event for one
+	// would report a request no caller made.
+	if st.events != nil && a.Op != msg.OpPeek && a.Op != msg.OpRefund {
 		s.sample(now, a.Key, a.Cost, r)
 	}
 }
