@@ -47,6 +47,11 @@ type RestoreReport struct {
 	// Fresh reports that RestoreFile found no snapshot file and started a
 	// new, empty engine (the first boot). Restore never sets it.
 	Fresh bool
+	// Version is the version of the policy the snapshot was taken under.
+	// Above cfg.Policy.Version, the engine restored answers with a lower
+	// version than the old one did: its configuration is older than the
+	// policy the old engine was last given.
+	Version int64
 }
 
 // Restore builds an engine from cfg and a snapshot written by Snapshot, and
@@ -90,7 +95,7 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 	}
 	// The wall time first, then the reading the buckets are brought to:
 	// the time between the two is then owed once, not twice.
-	var rep RestoreReport
+	rep := RestoreReport{Version: h.pol.Version}
 	if wall := clock.Wall(cfg.Clock).UnixNano(); wall > h.wall {
 		rep.Elapsed = time.Duration(wall - h.wall)
 		if rep.Elapsed < 0 { // the difference overflows: centuries

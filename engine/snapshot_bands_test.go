@@ -147,7 +147,7 @@ func roundTripBands(t *testing.T, shards, into int, seed uint64) {
 	// The restoring clock reads what the old one did: no wall time passed.
 	sameClk := clock.NewManual(f.now)
 	same, rep := restored(t, engine.Config{Policy: v2, Shards: into, MaxKeys: maxKeys, Clock: sameClk}, data, engine.RestoreOptions{})
-	assert.Equal(t, engine.RestoreReport{Restored: maxKeys}, rep)
+	assert.Equal(t, engine.RestoreReport{Restored: maxKeys, Version: 2}, rep)
 	assert.Equal(t, v2, same.Policy())
 	f.es, f.clks = append(f.es, same), append(f.clks, sameClk)
 	f.requirePeeksEqual(tracked)
@@ -157,7 +157,7 @@ func roundTripBands(t *testing.T, shards, into int, seed uint64) {
 	const later = 90*time.Second + 7
 	laterClk := clock.NewManual(f.now + int64(later))
 	after, rep := restored(t, engine.Config{Policy: v2, Shards: into, MaxKeys: maxKeys, Clock: laterClk}, data, engine.RestoreOptions{})
-	assert.Equal(t, engine.RestoreReport{Restored: maxKeys, Elapsed: later}, rep)
+	assert.Equal(t, engine.RestoreReport{Restored: maxKeys, Elapsed: later, Version: 2}, rep)
 	f.at(f.now + int64(later))
 	f.es, f.clks = append(f.es, after), append(f.clks, laterClk)
 	f.requirePeeksEqual(tracked)
@@ -235,7 +235,7 @@ func TestRestoreCutoverBands(t *testing.T) {
 			data := takeSnapshot(t, old) // wall and reading 3 s
 
 			e, rep := restored(t, engine.Config{Policy: cutNew, Shards: shards, Clock: clock.NewManual(int64(at))}, data, engine.RestoreOptions{})
-			assert.Equal(t, engine.RestoreReport{Restored: 3, Elapsed: 1}, rep)
+			assert.Equal(t, engine.RestoreReport{Restored: 3, Elapsed: 1, Version: 1}, rep)
 			s, err := decodeSnap(takeSnapshot(t, e), engine.DefaultMaxKeyBytes)
 			require.NoError(t, err)
 			got := map[string][]rawLevel{}
@@ -316,7 +316,7 @@ func TestRestoreVersion1(t *testing.T) {
 		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
 			// One second after the snapshot.
 			e, rep := restored(t, engine.Config{Policy: own, Shards: shards, Clock: clock.NewManual(int64(6 * time.Second))}, data, engine.RestoreOptions{})
-			assert.Equal(t, engine.RestoreReport{Restored: 3, Elapsed: time.Second}, rep)
+			assert.Equal(t, engine.RestoreReport{Restored: 3, Elapsed: time.Second, Version: 4}, rep)
 			// a: 3.25 + 2 s at 2 per second; vip:b: 1 s at 4; c: 26, clamped to 10.
 			assert.Equal(t, engine.Decision{Allowed: true, Remaining: 6, Version: 4, Limit: 10, ResetAfter: 1875 * ms}, allow(t, e, "a", 1))
 			assert.Equal(t, engine.Decision{Allowed: true, Remaining: 3, Version: 4, Limit: 20, ResetAfter: 4250 * ms}, allow(t, e, "vip:b", 1))
@@ -352,7 +352,7 @@ func TestRestoreVersion2Crafted(t *testing.T) {
 	p, err := s.policy()
 	require.NoError(t, err)
 	e, rep := restored(t, engine.Config{Policy: p, Shards: 2, Clock: clock.NewManual(int64(7 * time.Second))}, s.encode(), engine.RestoreOptions{})
-	assert.Equal(t, engine.RestoreReport{Restored: 2, Elapsed: 2 * time.Second}, rep)
+	assert.Equal(t, engine.RestoreReport{Restored: 2, Elapsed: 2 * time.Second, Version: 3}, rep)
 	got, err := decodeSnap(takeSnapshot(t, e), engine.DefaultMaxKeyBytes)
 	require.NoError(t, err)
 	levels := map[string][]rawLevel{}

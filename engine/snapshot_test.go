@@ -219,7 +219,7 @@ func roundTrip(t *testing.T, shards, into int, seed uint64) {
 	// and the model's absolute readings stay valid for both engines.
 	newClk := clock.NewManual(f.now)
 	e, rep := restored(t, engine.Config{Policy: v2, Shards: into, MaxKeys: maxKeys, Clock: newClk}, data, engine.RestoreOptions{})
-	assert.Equal(t, engine.RestoreReport{Restored: maxKeys}, rep)
+	assert.Equal(t, engine.RestoreReport{Restored: maxKeys, Version: 2}, rep)
 	assert.Equal(t, maxKeys, e.KeyCount())
 	assert.Equal(t, v2, e.Policy())
 
@@ -301,7 +301,7 @@ func TestRestoreNoFreeTokens(t *testing.T) {
 				t.Run(c.name, func(t *testing.T) {
 					newClk := clock.NewManual(int64(c.at))
 					e, rep := restored(t, engine.Config{Policy: p, Shards: shards, Clock: newClk}, data, engine.RestoreOptions{})
-					assert.Equal(t, engine.RestoreReport{Restored: 3, Elapsed: c.elapsed}, rep)
+					assert.Equal(t, engine.RestoreReport{Restored: 3, Elapsed: c.elapsed, Version: 1}, rep)
 					for _, w := range c.wants {
 						assert.Equal(t, w.d, allow(t, e, w.key, w.cost), "%s: Allow(%q, %d)", c.name, w.key, w.cost)
 					}
@@ -451,7 +451,7 @@ func TestRestorePolicyChange(t *testing.T) {
 
 			newClk := clock.NewManual(int64(1500 * ms))
 			e, rep := restored(t, engine.Config{Policy: v2, Shards: shards, Clock: newClk}, data, engine.RestoreOptions{})
-			assert.Equal(t, engine.RestoreReport{Restored: 4, Elapsed: 1500 * ms}, rep)
+			assert.Equal(t, engine.RestoreReport{Restored: 4, Elapsed: 1500 * ms, Version: 1}, rep)
 			assert.Equal(t, v2, e.Policy())
 			require.NoError(t, m.ReplacePolicy(int64(1500*ms), v2, 1))
 
@@ -542,6 +542,7 @@ func TestRestoreMaxKeys(t *testing.T) {
 			} {
 				cfg := engine.Config{Policy: p, Shards: shards, MaxKeys: c.maxKeys, Clock: clock.NewManual(int64(c.at))}
 				e, rep := restored(t, cfg, data, engine.RestoreOptions{DropFullest: true})
+				c.want.Version = 1 // the snapshot's policy
 				require.Equal(t, c.want, rep, "MaxKeys %d at %v", c.maxKeys, c.at)
 				require.Equal(t, 7-len(c.dropped), e.KeyCount())
 				for k, want := range c.decision {
@@ -574,4 +575,21 @@ func TestRestoreWallFarBack(t *testing.T) {
 	e, rep := restored(t, engine.Config{Policy: pol(1, 10, 2), Shards: 1, Clock: clock.NewManual(int64(time.Hour))}, s.encode(), engine.RestoreOptions{})
 	assert.Equal(t, time.Duration(math.MaxInt64), rep.Elapsed)
 	assert.Equal(t, engine.Decision{Allowed: true, Remaining: 9, Version: 1, Limit: 10, ResetAfter: 500 * time.Millisecond}, allow(t, e, "a", 1))
+}
+
+// TestRestoreReportsSnapshotVersion: a snapshot taken after a cutover and
+// restored under the older configuration says so: its report carries the
+// version the old engine was last given, above the one the new engine
+// answers with.
+func TestRestoreReportsSnapshotVersion(t *testing.T) {
+	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
+	old, _ := newEngine(t, engine.Config{Policy: v1})
+	require.NoError(t, old.ReplacePolicy(context.Background(), policy.Policy{Version: 3, Capacity: 3, TokensPerSecond: 2}, 1))
+	allow(t, old, "k", 1)
+	e, rep := restored(t, engine.Config{Policy: v1, Clock: clock.NewManual(0)}, takeSnapshot(t, old), engine.RestoreOptions{})
+	assert.Equal(t, int64(3), rep.Version)
+	assert.Equal(t, int64(1), e.Policy().Version)
+	d, err := e.Peek(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), d.Remaining, "restored under v1 from v3's balance, no top-up")
 }
