@@ -60,13 +60,20 @@ func (h *heldHeader) set(failed bool) {
 // time, as grpc allows, and pushed is written there.
 type meteredStream struct {
 	heldHeader
-	l      *Limiter
-	method string
-	key    string
-	cost   int64
-	held   bool // the first message a bucket let through has set the fields
-	pushed bool // a refusal's trailer was set: a second pushback value would stop grpc-go retrying
+	l       *Limiter
+	method  string
+	key     string
+	cost    int64
+	held    bool        // the first message a bucket let through has set the fields
+	pushed  bool        // a refusal's trailer was set: a second pushback value would stop grpc-go retrying
+	refused atomic.Bool // a message was refused, by the bucket, a store's failure rule or an error
 }
+
+// trailersOnly reports whether a message was refused before the header
+// was sent: the response then stays trailers-only, for a retry, and
+// carries only the refusal's fields (none for a degraded answer or an
+// error), so the fields held are dropped.
+func (s *meteredStream) trailersOnly() bool { return s.refused.Load() && !s.sent.Load() }
 
 // RecvMsg receives a message into m and spends its cost. A message the
 // bucket cannot pay for is dropped and the refusal returned; an error of
@@ -88,11 +95,14 @@ func (s *meteredStream) RecvMsg(m any) error {
 		md := v.md // not &v.md, which would move v to the heap at every message
 		s.held = true
 		s.fields.Store(&md)
-	case v.status != nil && !s.pushed:
-		dropOuter(s.ServerStream)
-		if trailer := v.trailer(); trailer != nil {
-			s.pushed = true
-			s.SetTrailer(trailer)
+	case v.status != nil:
+		s.refused.Store(true)
+		if !s.pushed {
+			dropOuter(s.ServerStream)
+			if trailer := v.trailer(); trailer != nil {
+				s.pushed = true
+				s.SetTrailer(trailer)
+			}
 		}
 	}
 	return v.status

@@ -1,0 +1,67 @@
+package grpclimit_test
+
+import (
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/grpclimit"
+)
+
+// runStream opens a FullDuplexCall on a server whose stream interceptors
+// are chain, with handle in place of the service, sends messages messages,
+// closes its side and reads to the end; it returns the stream's code, its
+// header and its trailer.
+func runStream(t *testing.T, chain []grpc.StreamServerInterceptor, messages int, handle func(grpc.ServerStream) error) (codes.Code, metadata.MD, metadata.MD) {
+	t.Helper()
+	handler := func(_ any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, _ grpc.StreamHandler) error {
+		return handle(ss)
+	}
+	conn := serveWith(t, []grpc.ServerOption{grpc.ChainStreamInterceptor(append(chain, handler)...)}, testService{})
+	s := duplex(t, conn)
+	for range messages {
+		if err := s.Send(&testgrpc.StreamingOutputCallRequest{}); err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+	}
+	require.NoError(t, s.CloseSend())
+	var err error
+	for err == nil {
+		_, err = s.Recv()
+	}
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	header, _ := s.Header()
+	return status.Code(err), header, s.Trailer()
+}
+
+// TestPerMessageErrorCarriesNoFields: a metered stream whose second
+// message meets an engine error (the engine closed under it) before the
+// handler sent anything is answered Unavailable with no RateLimit fields
+// at all, as a degraded refusal is: "an error has none", and a stream
+// refused before it sent a header has only the refusal's. The first
+// message's admitted fields must not appear in the trailer.
+func TestPerMessageErrorCarriesNoFields(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
+	l := newLimiter(t, e, grpclimit.WithHeaders(), grpclimit.WithPerMessage())
+	recv := func(ss grpc.ServerStream) error { return ss.RecvMsg(new(testgrpc.StreamingOutputCallRequest)) }
+	code, header, trailer := runStream(t, []grpc.StreamServerInterceptor{l.Stream}, 2, func(ss grpc.ServerStream) error {
+		if err := recv(ss); err != nil {
+			return err
+		}
+		_ = e.Close()
+		return recv(ss)
+	})
+	require.Equal(t, codes.Unavailable, code)
+	require.Empty(t, rateLimit(header))
+	require.Empty(t, rateLimit(trailer), "an error carries no fields")
+}
