@@ -234,7 +234,7 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		ss = s
 	}
 	err := handler(srv, ss)
-	if held != nil {
+	if held != nil && !held.trailersOnly() {
 		held.end(err)
 	}
 	return err

@@ -73,7 +73,11 @@ type meteredStream struct {
 // was sent: the response then stays trailers-only, for a retry, and
 // carries only the refusal's fields (none for a degraded answer or an
 // error), so the fields held are dropped.
-func (s *meteredStream) trailersOnly() bool { return s.refused.Load() && !s.sent.Load() }
+// A Limiter chained outside may have refused one: its refusal is the
+// whole answer then, as one chained inside (see dropHeld).
+func (s *meteredStream) trailersOnly() bool {
+	return s.refused.Load() && !s.sent.Load() || s.heldHeader.trailersOnly()
+}
 
 // RecvMsg receives a message into m and spends its cost. A message the
 // bucket cannot pay for is dropped and the refusal returned; an error of
@@ -113,10 +117,13 @@ func (s *meteredStream) RecvMsg(m any) error {
 // so that the outer, enforced, values come first, as httplimit's enforced
 // items do (see heldMD for unary calls).
 // dropHeld discards them and those of the Limiters outside, for a refusal
-// by a Limiter inside (see heldMD.drop).
+// by a Limiter inside (see heldMD.drop). trailersOnly reports a refusal
+// outside, before the header went, for which a Limiter inside drops its
+// own at the end.
 type heldSetter interface {
 	setHeld(failed bool)
 	dropHeld()
+	trailersOnly() bool
 }
 
 func (h *heldHeader) setHeld(failed bool) { h.set(failed) }
@@ -126,7 +133,11 @@ func (h *heldHeader) dropHeld() {
 	dropOuter(h.ServerStream)
 }
 
+func (h *heldHeader) trailersOnly() bool { return outerTrailersOnly(h.ServerStream) }
+
 func (s *settledStream) setHeld(failed bool) { setOuter(s.ServerStream, failed) }
+
+func (s *settledStream) trailersOnly() bool { return outerTrailersOnly(s.ServerStream) }
 
 func (s *settledStream) dropHeld() { dropOuter(s.ServerStream) }
 
@@ -144,4 +155,11 @@ func dropOuter(ss grpc.ServerStream) {
 	if o, ok := ss.(heldSetter); ok {
 		o.dropHeld()
 	}
+}
+
+// outerTrailersOnly reports whether ss, an outer Limiter's stream, or one
+// outside it refused a message before the header was sent.
+func outerTrailersOnly(ss grpc.ServerStream) bool {
+	o, ok := ss.(heldSetter)
+	return ok && o.trailersOnly()
 }

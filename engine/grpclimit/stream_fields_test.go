@@ -16,6 +16,18 @@ import (
 	"github.com/tokenshard/tokenshard/engine/grpclimit"
 )
 
+// readAll receives every message of ss, and returns the first error but
+// io.EOF.
+func readAll(ss grpc.ServerStream) error {
+	for {
+		if err := ss.RecvMsg(new(testgrpc.StreamingOutputCallRequest)); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
+}
+
 // runStream opens a FullDuplexCall on a server whose stream interceptors
 // are chain, with handle in place of the service, sends messages messages,
 // closes its side and reads to the end; it returns the stream's code, its
@@ -64,4 +76,35 @@ func TestPerMessageErrorCarriesNoFields(t *testing.T) {
 	require.Equal(t, codes.Unavailable, code)
 	require.Empty(t, rateLimit(header))
 	require.Empty(t, rateLimit(trailer), "an error carries no fields")
+}
+
+// TestPerMessageOuterRefusalCarriesOnlyItsFields: a metered Limiter that
+// refuses a message, before the handler sent anything, answers with its
+// own refusal's fields only, also when a Limiter chained inside it holds
+// fields of its own (a shadow candidate, metered or not, or a second
+// metered limit): the refusal stays trailers-only and carries neither the
+// refusing Limiter's admitted fields nor the inner one's, as httplimit's
+// refusal carries the refusing limit's alone.
+func TestPerMessageOuterRefusalCarriesOnlyItsFields(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		inner []grpclimit.Option
+	}{
+		{"inner metered shadow", []grpclimit.Option{grpclimit.WithPerMessage(), grpclimit.WithShadow()}},
+		{"inner metered", []grpclimit.Option{grpclimit.WithPerMessage()}},
+		{"inner shadow", []grpclimit.Option{grpclimit.WithShadow()}},
+		{"inner", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			outerEngine, _ := newEngine(t, engine.Config{Policy: pol(1, 1)})
+			innerEngine, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
+			outer := newLimiter(t, outerEngine, grpclimit.WithHeaders(), grpclimit.WithPerMessage(), grpclimit.WithPolicyName("api"))
+			inner := newLimiter(t, innerEngine, append(c.inner, grpclimit.WithHeaders(), grpclimit.WithPolicyName("candidate"))...)
+			code, header, trailer := runStream(t, []grpc.StreamServerInterceptor{outer.Stream, inner.Stream}, 3, readAll)
+			require.Equal(t, codes.ResourceExhausted, code)
+			require.Empty(t, rateLimit(header), "trailers-only")
+			require.Equal(t, []string{`"api";q=1;w=1`, `"api";r=0;t=1`}, rateLimit(trailer), "the refusal's fields alone")
+			require.Equal(t, []string{"1000"}, pushback(trailer))
+		})
+	}
 }
