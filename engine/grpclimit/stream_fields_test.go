@@ -108,3 +108,20 @@ func TestPerMessageOuterRefusalCarriesOnlyItsFields(t *testing.T) {
 		})
 	}
 }
+
+// TestPerMessageKeepsTheTransportStream: a metered stream's handler still
+// reaches grpc's own transport stream through its context, which
+// grpc.ClientSupportedCompressors and grpc.SetSendCompressor require (they
+// fail on any wrapper): the reason a header sent with grpc.SendHeader(ctx)
+// is not seen by the Limiter.
+func TestPerMessageKeepsTheTransportStream(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
+	l := newLimiter(t, e, grpclimit.WithHeaders(), grpclimit.WithPerMessage())
+	code, _, _ := runStream(t, []grpc.StreamServerInterceptor{l.Stream}, 1, func(ss grpc.ServerStream) error {
+		if _, err := grpc.ClientSupportedCompressors(ss.Context()); err != nil {
+			return status.Error(codes.Internal, err.Error())
+		}
+		return errors.Join(grpc.SetSendCompressor(ss.Context(), "identity"), readAll(ss))
+	})
+	require.Equal(t, codes.OK, code)
+}
