@@ -67,7 +67,12 @@
 // stream refused before that stays trailers-only) or else at its end, and
 // as its first refused message left it, in the trailer (a stream refused
 // before it sent a header has only those). A degraded answer, or an
-// error, has none.
+// error, has none. Only a header sent on the stream (SendMsg, SendHeader)
+// counts as sent there: grpc.SendHeader(ctx) goes past the Limiter's
+// stream, which cannot see it (wrapping the context's transport stream
+// would break grpc.SetSendCompressor), so a stream that sent its header
+// that way and is then refused loses the admitted fields. A handler of a
+// metered stream that sends its header should do so on the stream.
 //
 // Behind several Limiters with WithHeaders (an enforcing one and a shadow
 // one chained inside it, or two limits), each admitting Limiter's fields

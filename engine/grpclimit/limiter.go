@@ -208,9 +208,7 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		}
 		ms := &meteredStream{heldHeader: heldHeader{ServerStream: ss}, l: l, method: info.FullMethod, key: key, cost: cost}
 		err := handler(srv, ms)
-		if !ms.pushed || ms.sent.Load() {
-			// Refused before it sent, a stream has only the refusal's
-			// fields: its response stays trailers-only, for a retry.
+		if !ms.trailersOnly() {
 			ms.end(err)
 		}
 		return err
@@ -236,7 +234,7 @@ func (l *Limiter) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		ss = s
 	}
 	err := handler(srv, ss)
-	if held != nil {
+	if held != nil && !held.trailersOnly() {
 		held.end(err)
 	}
 	return err

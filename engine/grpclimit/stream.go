@@ -60,12 +60,23 @@ func (h *heldHeader) set(failed bool) {
 // time, as grpc allows, and pushed is written there.
 type meteredStream struct {
 	heldHeader
-	l      *Limiter
-	method string
-	key    string
-	cost   int64
-	held   bool // the first message a bucket let through has set the fields
-	pushed bool // a refusal's trailer was set: a second pushback value would stop grpc-go retrying
+	l       *Limiter
+	method  string
+	key     string
+	cost    int64
+	held    bool        // the first message a bucket let through has set the fields
+	pushed  bool        // a refusal's trailer was set: a second pushback value would stop grpc-go retrying
+	refused atomic.Bool // a message was refused, by the bucket, a store's failure rule or an error
+}
+
+// trailersOnly reports whether a message was refused before the header
+// was sent: the response then stays trailers-only, for a retry, and
+// carries only the refusal's fields (none for a degraded answer or an
+// error), so the fields held are dropped.
+// A Limiter chained outside may have refused one: its refusal is the
+// whole answer then, as one chained inside (see dropHeld).
+func (s *meteredStream) trailersOnly() bool {
+	return s.refused.Load() && !s.sent.Load() || s.heldHeader.trailersOnly()
 }
 
 // RecvMsg receives a message into m and spends its cost. A message the
@@ -88,11 +99,14 @@ func (s *meteredStream) RecvMsg(m any) error {
 		md := v.md // not &v.md, which would move v to the heap at every message
 		s.held = true
 		s.fields.Store(&md)
-	case v.status != nil && !s.pushed:
-		dropOuter(s.ServerStream)
-		if trailer := v.trailer(); trailer != nil {
-			s.pushed = true
-			s.SetTrailer(trailer)
+	case v.status != nil:
+		s.refused.Store(true)
+		if !s.pushed {
+			dropOuter(s.ServerStream)
+			if trailer := v.trailer(); trailer != nil {
+				s.pushed = true
+				s.SetTrailer(trailer)
+			}
 		}
 	}
 	return v.status
@@ -103,10 +117,13 @@ func (s *meteredStream) RecvMsg(m any) error {
 // so that the outer, enforced, values come first, as httplimit's enforced
 // items do (see heldMD for unary calls).
 // dropHeld discards them and those of the Limiters outside, for a refusal
-// by a Limiter inside (see heldMD.drop).
+// by a Limiter inside (see heldMD.drop). trailersOnly reports a refusal
+// outside, before the header went, for which a Limiter inside drops its
+// own at the end.
 type heldSetter interface {
 	setHeld(failed bool)
 	dropHeld()
+	trailersOnly() bool
 }
 
 func (h *heldHeader) setHeld(failed bool) { h.set(failed) }
@@ -116,7 +133,11 @@ func (h *heldHeader) dropHeld() {
 	dropOuter(h.ServerStream)
 }
 
+func (h *heldHeader) trailersOnly() bool { return outerTrailersOnly(h.ServerStream) }
+
 func (s *settledStream) setHeld(failed bool) { setOuter(s.ServerStream, failed) }
+
+func (s *settledStream) trailersOnly() bool { return outerTrailersOnly(s.ServerStream) }
 
 func (s *settledStream) dropHeld() { dropOuter(s.ServerStream) }
 
@@ -134,4 +155,11 @@ func dropOuter(ss grpc.ServerStream) {
 	if o, ok := ss.(heldSetter); ok {
 		o.dropHeld()
 	}
+}
+
+// outerTrailersOnly reports whether ss, an outer Limiter's stream, or one
+// outside it refused a message before the header was sent.
+func outerTrailersOnly(ss grpc.ServerStream) bool {
+	o, ok := ss.(heldSetter)
+	return ok && o.trailersOnly()
 }
