@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -75,6 +76,28 @@ func TestContendersAgree(t *testing.T) {
 		inst.close()
 		if got != 3 {
 			t.Errorf("%s admitted %d of 5 requests against a bucket of 3", c.name, got)
+		}
+	}
+}
+
+// TestGoLimiterInterval: go-limiter's bucket is p's, and one too large for
+// its per-interval refill (admitAll's, 2^40 tokens a second) gets an
+// interval no run reaches, so it stays full instead of refilling nothing
+// after its first second and denying every later request. (Capacity
+// seconds in nanoseconds overflowed there, and go-limiter took the
+// negative interval for its 1 s default.)
+func TestGoLimiterInterval(t *testing.T) {
+	for _, c := range []struct {
+		p    policy.Policy
+		want time.Duration
+	}{
+		{policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 2}, 1500 * time.Millisecond},
+		{mostlyDenied, time.Second},
+		{admitAll, 24 * time.Hour},
+		{policy.Policy{Version: 1, Capacity: 1 << 40, TokensPerSecond: 1}, 24 * time.Hour},
+	} {
+		if got := goLimiterInterval(c.p); got != c.want {
+			t.Errorf("goLimiterInterval(%+v) = %v, want %v", c.p, got, c.want)
 		}
 	}
 }

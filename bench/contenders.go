@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"sync"
 	"time"
 
@@ -277,10 +278,7 @@ func (d storeDecider) decide(keys []string) int {
 }
 
 func goLimiter(p policy.Policy, _ int) instance {
-	// go-limiter counts tokens per interval: Capacity tokens refilled over
-	// Capacity/rate seconds is the same bucket.
-	interval := time.Duration(p.Capacity) * time.Second / time.Duration(p.TokensPerSecond)
-	s, err := memorystore.New(&memorystore.Config{Tokens: uint64(p.Capacity), Interval: interval, SweepInterval: time.Hour})
+	s, err := memorystore.New(&memorystore.Config{Tokens: uint64(p.Capacity), Interval: goLimiterInterval(p), SweepInterval: time.Hour})
 	if err != nil {
 		panic(err)
 	}
@@ -288,6 +286,23 @@ func goLimiter(p policy.Policy, _ int) instance {
 		forWorker: func() decider { return storeDecider{s} },
 		close:     func() { _ = s.Close(context.Background()) },
 	}
+}
+
+// goLimiterInterval is the Interval that makes go-limiter's bucket p's:
+// it counts tokens per interval, so Capacity tokens refilled over
+// Capacity/rate seconds is the same bucket. But at each new interval it
+// adds intervals x Interval/Tokens tokens, which for a bucket of more
+// tokens than the interval has nanoseconds rounds to none: such a bucket,
+// one no run empties, gets an interval no run reaches, and so stays full
+// as it does in every other contender. (Capacity seconds in nanoseconds
+// also overflows int64 there.)
+func goLimiterInterval(p policy.Policy) time.Duration {
+	const never = 24 * time.Hour
+	hi, lo := bits.Mul64(uint64(p.Capacity), uint64(time.Second))
+	if hi != 0 || lo/uint64(p.TokensPerSecond) > uint64(never) || uint64(p.Capacity) > lo/uint64(p.TokensPerSecond) {
+		return never
+	}
+	return time.Duration(lo / uint64(p.TokensPerSecond))
 }
 
 // floorDecider is the exact arithmetic on a plain map from one goroutine

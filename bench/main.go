@@ -116,16 +116,16 @@ func calibrate(rg *rig, d time.Duration) int {
 }
 
 // measure times calls decide calls of rg, and returns the nanoseconds and
-// the allocations (rounded down) per decision.
-func measure(rg *rig, calls int) (ns float64, allocs int64) {
+// the allocations (rounded down) per decision, and the share admitted.
+func measure(rg *rig, calls int) (ns float64, allocs int64, admitted float64) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	start := time.Now()
-	rg.run(calls)
+	allowed := rg.run(calls)
 	took := time.Since(start)
 	runtime.ReadMemStats(&after)
 	decisions := calls * rg.c.batch
-	return float64(took.Nanoseconds()) / float64(decisions), int64(after.Mallocs-before.Mallocs) / int64(decisions)
+	return float64(took.Nanoseconds()) / float64(decisions), int64(after.Mallocs-before.Mallocs) / int64(decisions), float64(allowed) / float64(decisions)
 }
 
 // median returns the median of v, which it sorts.
@@ -150,7 +150,7 @@ func decisions(out io.Writer, cfg config) {
 		allocs int64
 	}
 	results := map[string]map[string]cell{} // contender -> column -> cell
-	var columns []string
+	var columns, warnings []string
 	ncols := len(scenarios) * len(cfg.cpus)
 	cells, done := ncols*len(contenders), 0 // for the progress line
 	for _, s := range scenarios {
@@ -189,16 +189,26 @@ func decisions(out io.Writer, cfg config) {
 			}
 			ns := make([][]float64, len(contenders))
 			allocs := make([]int64, len(contenders))
+			admitted := make([]float64, len(contenders))
+			for i := range admitted {
+				admitted[i] = 1
+			}
 			for round := range cfg.rounds {
 				for i, c := range contenders {
 					cfg.prog.show("measuring %d/%d: %s / %s (%s), round %d/%d",
 						done+i+1, cells, s.name, c.name, cores(cpu), round+1, cfg.rounds)
-					t, a := measure(rigs[i], calls[i])
+					t, a, ok := measure(rigs[i], calls[i])
 					ns[i] = append(ns[i], t)
 					allocs[i] = max(allocs[i], a)
+					admitted[i] = min(admitted[i], ok)
 				}
 			}
 			for i, c := range contenders {
+				if s.policy == admitAll && admitted[i] < 1 {
+					// Denying is cheaper than admitting: such a cell is no
+					// comparison with the others.
+					warnings = append(warnings, fmt.Sprintf("%s / %s admitted %.1f%% of its decisions in a round, where every contender should admit all", c.name, col, 100*admitted[i]))
+				}
 				rigs[i].close()
 				if results[c.name] == nil {
 					results[c.name] = map[string]cell{}
@@ -238,6 +248,9 @@ func decisions(out io.Writer, cfg config) {
 		t.AppendRow(append(row, allocs))
 	}
 	t.Render()
+	for _, w := range warnings {
+		fmt.Fprintln(out, "decisions: WARNING:", w)
+	}
 }
 
 // memory prints retained heap bytes per tracked key.

@@ -79,45 +79,50 @@ func (r *rig) bench(b *testing.B) {
 }
 
 // run makes calls decide calls of r's batch size: from one goroutine for a
-// sequential contender, else as decideParallel does.
-func (r *rig) run(calls int) {
+// sequential contender, else as decideParallel does. It returns how many
+// of the decisions admitted.
+func (r *rig) run(calls int) (allowed int64) {
 	r.ready()
 	c := r.c
 	if !c.sequential {
-		decideParallel(calls, r.ks, c.batch, r.inst.forWorker)
-		return
+		return decideParallel(calls, r.ks, c.batch, r.inst.forWorker)
 	}
 	d, cur := r.inst.forWorker(), newDrawCursor(r.ks, 0, c.batch)
 	for range calls {
-		d.decide(cur.next())
+		allowed += int64(d.decide(cur.next()))
 	}
+	return allowed
 }
 
 // decideParallel makes calls decide calls of batch draws of ks each from 8
 // goroutines per core, as a busy server runs, each with its own decider
 // from newDecider and its own place in the draws, taking calls from a
-// shared count up to 100 at a time.
-func decideParallel(calls int, ks *keySet, batch int, newDecider func() decider) {
+// shared count up to 100 at a time. It returns how many of the decisions
+// admitted.
+func decideParallel(calls int, ks *keySet, batch int, newDecider func() decider) int64 {
 	workers := parallelism * runtime.GOMAXPROCS(0)
 	grain := int64(max(1, min(100, calls/(workers*10))))
-	var left atomic.Int64
+	var left, allowed atomic.Int64
 	left.Store(int64(calls))
 	var wg sync.WaitGroup
 	for w := range workers {
 		d, cur := newDecider(), newDrawCursor(ks, (w+1)*104_729, batch)
 		wg.Go(func() {
+			mine := 0
+			defer func() { allowed.Add(int64(mine)) }()
 			for {
 				n := min(grain, left.Add(-grain)+grain)
 				if n <= 0 {
 					return
 				}
 				for range n {
-					d.decide(cur.next())
+					mine += d.decide(cur.next())
 				}
 			}
 		})
 	}
 	wg.Wait()
+	return allowed.Load()
 }
 
 // drawCursor walks ks.draws in runs of batch keys from a start, wrapping

@@ -135,6 +135,22 @@ func newRedisStore(ctx context.Context, rdb redis.UniversalClient, prefix string
 	return redisstore.New(ctx, redisstore.Config{Client: rdb, Prefix: prefix, Policy: p, Timeout: redisTimeout})
 }
 
+// maxTopUp is how many keys a scenario may have for topUp to run before
+// each store run: its hot keys. A scenario of many keys spends a few
+// tokens of each per run, far from draining any.
+const maxTopUp = 64
+
+// topUp brings the store's buckets of names back to where prespend left
+// them: full (a refund caps at capacity), then pre-spent again.
+func topUp(ctx context.Context, a engine.Admitter, names []string) error {
+	for _, k := range names {
+		if _, err := a.Refund(ctx, k, a.Policy().Capacity); err != nil {
+			return err
+		}
+	}
+	return prespend(ctx, a, names)
+}
+
 // prespend makes one decision for every key of ks, costing redisHeadroom
 // tokens (at most the capacity), so that every bucket exists and, under
 // redisAdmit, outlives the run. It returns the first error any request met.
