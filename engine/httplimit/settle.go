@@ -27,8 +27,10 @@ import (
 // cost of 1, give WithCost a function returning 1 to settle. Carrying the
 // estimate costs each request that reaches the handler two allocations
 // (the request, with its context), whether or not it is settled. Behind several
-// such middlewares, Settle settles each one the request passed through,
-// innermost first.
+// such middlewares, Settle settles each one the request passed through that
+// took its cost, innermost first, and joins their errors; one that took
+// nothing (a shadow one that would have denied it) is passed over, and
+// Settle is ErrNotTaken only when none took a cost.
 //
 // It runs at most once per request and is safe to call from any goroutine,
 // also after the client has gone: the request's context may have ended, and
@@ -72,9 +74,19 @@ func Settle(r *http.Request, actual int64) error {
 	if s.parent == nil {
 		return s.settle(ctx, actual)
 	}
+	// Only the middlewares that took a cost are settled, and only their
+	// errors joined: ErrNotTaken says nothing was charged, so it is the
+	// answer only when none took one.
 	var errs []error
+	taken := false
 	for ; s != nil; s = s.parent {
-		errs = append(errs, s.settle(ctx, actual))
+		if s.taken {
+			taken = true
+			errs = append(errs, s.settle(ctx, actual))
+		}
+	}
+	if !taken {
+		return ErrNotTaken
 	}
 	return errors.Join(errs...)
 }

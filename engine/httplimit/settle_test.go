@@ -287,3 +287,46 @@ func TestSettleNested(t *testing.T) {
 	assert.Equal(t, int64(4), balance(t, outerE, "u"), "10 - 3 - 3")
 	assert.Equal(t, int64(4), balance(t, innerE, "u"), "10 - 1 - 5")
 }
+
+// Behind an enforcing middleware, a shadow one that would have denied the
+// request took nothing, but the enforcing one took its estimate: Settle
+// settles that one and is not ErrNotTaken, which says nothing was charged
+// (nor, joined to it, would it hide a real error of the enforcing one from
+// a handler that takes ErrNotTaken as benign). A second call is
+// ErrSettled. Behind middlewares none of which took a cost, it is
+// ErrNotTaken.
+func TestSettleNestedShadowWouldDeny(t *testing.T) {
+	outerE, _ := newEngine(t, engine.Config{Policy: pol(10, 1)})
+	innerE, _ := newEngine(t, engine.Config{Policy: pol(3, 1)})
+	outer, err := httplimit.New(outerE, httplimit.WithKey(userKey), httplimit.WithCost(costHeader))
+	require.NoError(t, err)
+	inner, err := httplimit.New(innerE, httplimit.WithKey(userKey), httplimit.WithCost(costHeader),
+		httplimit.WithShadow(), httplimit.WithPolicyName("candidate"))
+	require.NoError(t, err)
+	srv := httptest.NewServer(outer.Handler(inner.Handler(settling)))
+	t.Cleanup(srv.Close)
+
+	res := get(t, srv, "X-User", "u", "Cost", "2")
+	require.Equal(t, `"default";r=8;t=2, "candidate";r=1;t=2`, res.header.Get("RateLimit"))
+	res = get(t, srv, "X-User", "u", "Cost", "2", "Actual", "1", "Actual", "1")
+	require.Equal(t, http.StatusOK, res.status)
+	assert.Equal(t, `"default";r=6;t=4, "candidate";r=1;t=1`, res.header.Get("RateLimit"), "the candidate would deny")
+	assert.Equal(t, []string{"ok", "settled"}, res.header.Values("Settled"))
+	assert.Equal(t, int64(7), balance(t, outerE, "u"), "10 - 2 - 2 + 1")
+	assert.Equal(t, int64(1), balance(t, innerE, "u"), "nothing taken")
+
+	// Both shadow, both would deny: nothing was taken anywhere.
+	a, _ := newEngine(t, engine.Config{Policy: pol(1, 1)})
+	b, _ := newEngine(t, engine.Config{Policy: pol(1, 1)})
+	sa, err := httplimit.New(a, httplimit.WithKey(userKey), httplimit.WithCost(costHeader), httplimit.WithShadow())
+	require.NoError(t, err)
+	sb, err := httplimit.New(b, httplimit.WithKey(userKey), httplimit.WithCost(costHeader), httplimit.WithShadow())
+	require.NoError(t, err)
+	both := httptest.NewServer(sa.Handler(sb.Handler(settling)))
+	t.Cleanup(both.Close)
+	res = get(t, both, "X-User", "u", "Cost", "2", "Actual", "5", "Actual", "5")
+	require.Equal(t, http.StatusOK, res.status)
+	assert.Equal(t, []string{"not-taken", "not-taken"}, res.header.Values("Settled"))
+	assert.Equal(t, int64(1), balance(t, a, "u"))
+	assert.Equal(t, int64(1), balance(t, b, "u"))
+}
