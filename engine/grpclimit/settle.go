@@ -41,9 +41,11 @@ var (
 // message, with no one estimate; with the default cost of 1, give WithCost
 // a function returning 1 to settle. Carrying the estimate costs each call that
 // reaches the handler one allocation (its context), whether or not it is
-// settled. Behind
-// several such interceptors, Settle settles each one the call passed
-// through, innermost first.
+// settled. Behind several such interceptors, Settle settles each one the
+// call passed through that took its cost, innermost first, and joins their
+// errors; one that took nothing (a shadow one that would have refused the
+// call) is passed over, and Settle is ErrNotTaken only when none took a
+// cost.
 //
 // It runs at most once per call and is safe to call from any goroutine,
 // also after the call's context has ended: it keeps the context's values
@@ -79,9 +81,19 @@ func Settle(ctx context.Context, actual int64) error {
 	if s.parent == nil {
 		return s.settle(ctx, actual)
 	}
+	// Only the Limiters that took a cost are settled, and only their
+	// errors joined: ErrNotTaken says nothing was charged, so it is the
+	// answer only when none took one.
 	var errs []error
+	taken := false
 	for ; s != nil; s = s.parent {
-		errs = append(errs, s.settle(ctx, actual))
+		if s.take.taken {
+			taken = true
+			errs = append(errs, s.settle(ctx, actual))
+		}
+	}
+	if !taken {
+		return ErrNotTaken
 	}
 	return errors.Join(errs...)
 }

@@ -247,3 +247,33 @@ func TestSettleAfterCancel(t *testing.T) {
 	require.NoError(t, settled)
 	assert.Equal(t, int64(1), balance(t, e, "192.0.2.1"))
 }
+
+// Behind an enforcing Limiter and a shadow one chained inside it, a call
+// the shadow would have refused took nothing there, but the enforcing one
+// took its estimate: Settle settles that one and is not ErrNotTaken, which
+// says nothing was charged; a second Settle is ErrSettled. With neither
+// taking a cost, it is ErrNotTaken.
+func TestSettleNestedShadowWouldRefuse(t *testing.T) {
+	enforced, _ := newEngine(t, engine.Config{Policy: pol(10, 1)})
+	shadowed, _ := newEngine(t, engine.Config{Policy: pol(10, 1)})
+	_, err := shadowed.Allow(t.Context(), "u", 8)
+	require.NoError(t, err)
+	outer, inner := metered(t, enforced), metered(t, shadowed, grpclimit.WithShadow())
+	conn := serveWith(t, []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(outer.Unary, inner.Unary),
+		grpc.ChainStreamInterceptor(outer.Stream, inner.Stream),
+	}, settleService{})
+	c := testgrpc.NewTestServiceClient(conn)
+	settled, err := settleCall(t, c, "user", "u", "cost", "4", "actual", "6", "actual", "6")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"ok", "settled"}, settled)
+	assert.Equal(t, int64(10-6), balance(t, enforced, "u"))
+	assert.Equal(t, int64(2), balance(t, shadowed, "u"), "the shadow took nothing and settles nothing")
+
+	degraded := degradedAdmitter{d: engine.Decision{Degraded: true, Allowed: true, Version: 1, Limit: 5}}
+	outer, inner = metered(t, degraded), metered(t, shadowed, grpclimit.WithShadow())
+	conn = serveWith(t, []grpc.ServerOption{grpc.ChainUnaryInterceptor(outer.Unary, inner.Unary)}, settleService{})
+	settled, err = settleCall(t, testgrpc.NewTestServiceClient(conn), "user", "u", "cost", "4", "actual", "6")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"not-taken"}, settled, "neither took a cost")
+}
