@@ -424,9 +424,10 @@
 // without leases. Stats.Local counts the leased decisions. AllowBatch
 // decides its requests one by one, each as Allow would (so a request its
 // lease cannot cover is a round trip of its own); AllowAll and Charge go
-// to Redis (Charge after the lease is given back); Peek adds what the
-// lease holds to Redis's answer (at most Limit); Refund goes to Redis and
-// ends a kept denial. With Redis unreachable, a process spends what it
+// to Redis (AllowAll without the tokens this process's leases hold, so it
+// may deny what a lease would have covered; Charge after the lease is
+// given back); Peek adds what the lease holds to Redis's answer (at most
+// Limit); Refund goes to Redis and ends a kept denial. With Redis unreachable, a process spends what it
 // holds, then answers by the failure rule, marked Degraded. Close waits
 // for the calls to Redis the leases still await, then gives every lease
 // back.

@@ -392,10 +392,18 @@ func (l *leaser) flush(ctx context.Context) {
 }
 
 // giveBackOwed is giveBack for gifts a lease shard counts as on their way
-// back: it then tells their shard they are back.
+// back: it then tells their shard they are back. The tokens are the
+// process's, not the caller's: a caller canceled meanwhile does not make
+// the process give them up (ctx's deadline still bounds the give-back).
 func (l *leaser) giveBackOwed(ctx context.Context, gs []gift) {
 	if len(gs) > 0 {
-		l.giveBack(ctx, gs)
+		gctx := context.WithoutCancel(ctx)
+		if dl, ok := ctx.Deadline(); ok {
+			var cancel context.CancelFunc
+			gctx, cancel = context.WithDeadline(gctx, dl)
+			defer cancel()
+		}
+		l.giveBack(gctx, gs)
 		l.shardOf(gs[0].key).posts <- post{back: gs}
 	}
 }
