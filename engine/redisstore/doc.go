@@ -427,8 +427,9 @@
 // to Redis (AllowAll without the tokens this process's leases hold, so it
 // may deny what a lease would have covered; Charge after the lease is
 // given back); Peek adds what the lease holds to Redis's answer (at most
-// Limit); Refund goes to Redis and ends a kept denial. With Redis unreachable, a process spends what it
-// holds, then answers by the failure rule, marked Degraded. Close waits
+// Limit); Refund goes to Redis and ends a kept denial. With Redis
+// unreachable, a process spends what it holds, then answers by the
+// failure rule, marked Degraded. Close waits
 // for the calls to Redis the leases still await, then gives every lease
 // back.
 //
