@@ -3,6 +3,8 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -103,4 +105,70 @@ func TestWaitForReplicasCluster(t *testing.T) {
 	err := two.Eval(ctx, "return redis.call('SET', KEYS[1], 'x')", []string{"tswait:{a}"}).Err()
 	assert.True(t, errors.Is(err, redisstore.ErrNotReplicated), "one replica of two: %v", err)
 	assert.NoError(t, cc.Del(ctx, "tswait:{a}").Err())
+}
+
+// TestWaitForReplicasOneMasterShort: a store started while one master has
+// fewer replicas than WaitForReplicas asks (after a failover, until the
+// lost node rejoins) answers by the failure rule the keys of that master
+// only, as WaitForReplicas says; the others are decided. Before, the
+// setup writes New makes on every virtual shard failed there, and the
+// store answered every key by the failure rule. One virtual shard stands
+// for that master: a hook fails its script calls with ErrNotReplicated,
+// after they ran, as WAIT does.
+func TestWaitForReplicasOneMasterShort(t *testing.T) {
+	addr := redisAddr(t)
+	p := prefix(t)
+	policies, _, _ := redisstore.ShardStateKeys(p)
+	short := strings.TrimSuffix(policies[3], "p") // "prefix{tag}": the shard's keys
+	c := client(t, addr)
+	fail := func(cmd redis.Cmder) {
+		if n := cmd.Name(); n != "eval" && n != "evalsha" && n != "fcall" || cmd.Err() != nil {
+			return
+		}
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.HasPrefix(s, short) {
+				cmd.SetErr(fmt.Errorf("%w: one master short of replicas", redisstore.ErrNotReplicated))
+				return
+			}
+		}
+	}
+	c.AddHook(hook{
+		process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			err := next(ctx, cmd)
+			if err == nil {
+				fail(cmd)
+				err = cmd.Err()
+			}
+			return err
+		},
+		pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			err := next(ctx, cmds)
+			for _, cmd := range cmds {
+				fail(cmd)
+			}
+			return err
+		},
+	})
+	var log errorLog
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: p, Clock: clock.NewManual(0),
+		Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, OnError: log.add})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	require.NotEmpty(t, log.all())
+	require.ErrorIs(t, log.all()[0], redisstore.ErrNotReplicated)
+	var onShort, elsewhere string
+	for i := 0; onShort == "" || elsewhere == ""; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if redisstore.ShardOfStore(s, k) == 3 {
+			onShort = k
+		} else {
+			elsewhere = k
+		}
+	}
+	d, err := s.Allow(context.Background(), elsewhere, 1)
+	require.NoError(t, err)
+	assert.Equal(t, engine.Decision{Allowed: true, Remaining: 2, Version: 1, Limit: 3, ResetAfter: time.Second}, d, "a key of a master with its replicas")
+	d, err = s.Allow(context.Background(), onShort, 1)
+	require.NoError(t, err)
+	assert.True(t, d.Degraded, "a key of the master short of replicas")
 }

@@ -685,8 +685,13 @@ func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, 
 		return false, 0, kept, err
 	}
 	a := encodeShape(p.Shape())
-	res, err := s.rdb.Eval(ctx, installSrc, []string{s.kPolicy, s.kHistory, s.kBlobs},
-		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, seed, tags).StringSlice()
+	cmd := s.rdb.Eval(ctx, installSrc, []string{s.kPolicy, s.kHistory, s.kBlobs},
+		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, seed, tags)
+	if shortOfReplicas(cmd.Err()) {
+		s.report(cmd.Err()) // it ran, on a master short of replicas (see unreplicated)
+		cmd.SetErr(nil)
+	}
+	res, err := cmd.StringSlice()
 	if err == nil && len(res) != 4 {
 		err = fmt.Errorf("reply %v", res)
 	}
@@ -767,9 +772,37 @@ func (s *Store) ensureShards(ctx context.Context, which []int) error {
 		which = s.allShards()
 	}
 	p, m := s.cur.Load().p, s.kmap.Load()
-	_, err := s.eachShard(ctx, which, shardInstallSrc, func(k shardKeys) []string { return []string{k.policy, k.history} },
+	cmds, err := s.eachShard(ctx, which, shardInstallSrc, func(k shardKeys) []string { return []string{k.policy, k.history} },
 		p.Version, tail(p), s.nowArg(), m.seed, m.tags)
+	if shortOfReplicas(err) && unreplicated(cmds) {
+		s.report(err)
+		return nil
+	}
 	return err
+}
+
+// unreplicated reports whether every command of cmds that failed ran, on a
+// master short of the replicas WaitForReplicas asks: the writes of an
+// idempotent setup are there, and only that master's keys' decisions are
+// the failure rule's, each saying so, as WaitForReplicas documents; taken
+// for a failure, one master short of replicas would leave a store starting
+// then with every key answered by the failure rule.
+func unreplicated(cmds []*redis.Cmd) bool {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && !shortOfReplicas(err) {
+			return false
+		}
+	}
+	return true
+}
+
+// shortOfReplicas reports whether err is a script call's that ran but
+// whose WAIT fewer replicas acknowledged than asked, or that did not come
+// back, rather than one the server refused (an ACL without WAIT): a reply
+// every later attempt would get too.
+func shortOfReplicas(err error) bool {
+	var reply redis.Error
+	return errors.Is(err, ErrNotReplicated) && !errors.As(err, &reply)
 }
 
 // eachShard runs the script src once on each shard in which, with the keys
