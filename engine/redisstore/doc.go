@@ -260,7 +260,12 @@
 // the other masters agree that it failed (after the cluster's node timeout)
 // and elect the replica: about two to three seconds in all with a node
 // timeout of one second. Until then the failure rule answers the calls on
-// its shards, and the other masters' shards decide as before. go-redis
+// its shards, and the other masters' shards decide as before, provided the
+// cluster serves while some slots have no master: Redis's default
+// cluster-require-full-coverage yes makes every master answer CLUSTERDOWN
+// once a dead master's slots are uncovered (for good without a replica;
+// about a second during a failover), and with it every shard answers by
+// the failure rule. Set it to no on every node. go-redis
 // moves a slot to a new master when a node answers MOVED, which a dead one
 // never does, or at its periodic reload of the slot map
 // (ClusterOptions.ClusterStateReloadInterval, a minute by default), and it
@@ -443,7 +448,9 @@
 // limit (engine/httplimit answers a degraded denial 503 Service
 // Unavailable, engine/grpclimit Unavailable); Config.OnError and Stats see
 // every such answer. A decision never waits past its deadline, and service
-// resumes by itself when Redis returns. Calls that are not decisions return
+// resumes by itself when Redis returns (within about a second: go-redis's
+// dialer holds off new connections for up to a second after repeated
+// refusals). Calls that are not decisions return
 // an error wrapping ErrUnavailable instead; a pass over the keyspace bounds
 // each exchange, not the whole pass.
 //
