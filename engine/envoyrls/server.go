@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
 // Server errors. NewServer and Reload wrap them with the facts; a request's
@@ -72,6 +73,7 @@ type Server struct {
 // state is one generation of configurations, by domain.
 type state struct {
 	domains map[string]*Config
+	want    policy.Policy // Policy(configs), its version aside: see CheckPolicy
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
@@ -118,9 +120,26 @@ func NewServer(a engine.Admitter, configs ...*Config) (*Server, error) {
 		return nil, fmt.Errorf("%w: version %d has %d overrides, the configurations need %d",
 			ErrPolicyMismatch, cur.Version, cur.Overrides.Len(), want.Overrides.Len())
 	}
+	st.want = want
 	s := &Server{a: a, peek: pk}
 	s.st.Store(st)
 	return s, nil
+}
+
+// CheckPolicy reports, with an error wrapping ErrPolicyMismatch, that the
+// admitter's policy no longer gives every key the limit the server's
+// configurations do: on a store shared with other processes, one of them
+// installed its own (a replica started or reloaded with other files; the
+// last to do so wins). The server then answers with its configurations'
+// limits and names while the admitter enforces the other policy's, until
+// Reload brings the two together. It is nil when they agree. The policy is
+// the admitter's as it last saw it: a store meets another process's
+// cutover at its next call.
+func (s *Server) CheckPolicy() error {
+	if cur := s.a.Policy(); !samePolicy(cur, s.st.Load().want) {
+		return fmt.Errorf("%w: version %d, in force, is another configuration's", ErrPolicyMismatch, cur.Version)
+	}
+	return nil
 }
 
 // Reload makes configs the server's configurations. If their policy differs
@@ -156,6 +175,7 @@ func (s *Server) Reload(ctx context.Context, configs ...*Config) error {
 		if err != nil {
 			return err
 		}
+		st.want = want
 		if samePolicy(cur, want) {
 			break
 		}

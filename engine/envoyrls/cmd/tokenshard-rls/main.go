@@ -8,9 +8,10 @@
 // (grpc.health.v1, SERVING once the configuration is loaded, NOT_SERVING while
 // shutting down) on -grpc, and Prometheus metrics on -metrics at /metrics:
 // the engine's (engine/promstats) or the store's (engine/promstats/storestats),
-// tokenshard_rls_requests_total{answer="ok"|"over_limit"|"error"} and
-// tokenshard_rls_reloads_total{result="ok"|"error"}. Both listen on
-// loopback unless told otherwise.
+// tokenshard_rls_requests_total{answer="ok"|"over_limit"|"error"},
+// tokenshard_rls_reloads_total{result="ok"|"error"} and
+// tokenshard_rls_foreign_policy (see below). Both listen on loopback
+// unless told otherwise.
 //
 // The configuration is every *.yaml and *.yml file directly in DIR, one
 // domain each (package envoyrls says what is read and what is refused). Every
@@ -31,7 +32,11 @@
 // (the last to start or reload wins, as with files deployed one replica at a
 // time); one that starts while Redis is down makes that check once Redis
 // answers, within about a second (so after an outage the last replica to
-// reach Redis wins). Decisions that Redis cannot give are answered with a
+// reach Redis wins). A replica whose configuration is not the prefix's
+// policy, since another installed its own, enforces the prefix's limits
+// but reports its own configuration's in its answers: at each -poll it
+// checks (envoyrls.Server.CheckPolicy), says so on stderr once, and sets
+// tokenshard_rls_foreign_policy to 1 until its files match again. Decisions that Redis cannot give are answered with a
 // gRPC Unavailable error (the store marks them Degraded), so Envoy's
 // failure_mode_deny decides. With -leases each replica takes tokens of a
 // hot key from Redis in advance and decides the requests they cover
@@ -236,7 +241,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	for _, a := range []string{"ok", "over_limit", "error"} {
 		answers.WithLabelValues(a)
 	}
-	reg.MustRegister(reloads, answers)
+	foreign := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: promstats.Namespace, Name: "rls_foreign_policy",
+		Help: "1 while the Redis prefix's policy is another replica's configuration, not this one's: the limits enforced are the prefix's, those reported this replica's.",
+	})
+	reg.MustRegister(reloads, answers, foreign)
 
 	var a engine.Admitter
 	var store *redisstore.Store
@@ -343,6 +352,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	}
 	live := cfgs     // the configuration served
 	unreadable := "" // the error of the last poll that could not read -config
+	mismatch := ""   // what the last poll's CheckPolicy said, reported once
 	var serveErr error
 	received := 0
 loop:
@@ -367,6 +377,24 @@ loop:
 				hk.settled(ok, err)
 			}
 		case <-poll:
+			if store != nil && retry == nil {
+				// Another replica may have installed its configuration
+				// (the last to start or reload wins): say so, once.
+				m := ""
+				if err := srv.CheckPolicy(); err != nil {
+					m = err.Error()
+				}
+				switch {
+				case m == mismatch:
+				case m != "":
+					foreign.Set(1)
+					fmt.Fprintf(stderr, "tokenshard-rls: %v: another replica installed its configuration; this one enforces it and reports its own limits until its files match (or it reloads)\n", m)
+				default:
+					foreign.Set(0)
+					fmt.Fprintf(stderr, "tokenshard-rls: the prefix's policy is this configuration's again, version %d\n", a.Policy().Version)
+				}
+				mismatch = m
+			}
 			next, err := readDir(o.dir)
 			switch {
 			case err != nil && err.Error() == unreadable:

@@ -168,3 +168,54 @@ func TestReplicasReload(t *testing.T) {
 		t.Errorf("replica a: %v; replica b: %v; want one bucket of 36 left at 6 then 5", ra.Statuses[0], rb.Statuses[0])
 	}
 }
+
+// TestCommandReportsAnotherReplicasPolicy: during a rolling deploy a
+// replica whose files are older than another's enforces the prefix's
+// policy, the other's, while its answers report its own limits: it says
+// so once on stderr and in tokenshard_rls_foreign_policy, and says so
+// again once its files match.
+func TestCommandReportsAnotherReplicasPolicy(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := fmt.Sprintf("envoyrls-foreign:%d:", time.Now().UnixNano())
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = c.Close() })
+	deleteKeys(t, c, prefix)
+	old := startCommand(t, "-redis", addr, "-redis-prefix", prefix)
+	newer := startCommand(t, "-redis", addr, "-redis-prefix", prefix)
+	raised := strings.Replace(limitsYAML, "requests_per_unit: 2", "requests_per_unit: 50", 1)
+	newer.write("limits.yaml", raised)
+	if err := newer.reload(); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	old.ask("gw", "route=/a") // its store meets the new version
+	polled := func(c *command) {
+		c.poll <- time.Time{}
+		c.poll <- time.Time{} // taken once the first poll is done
+	}
+	polled(old)
+	if s := old.stderr.String(); !strings.Contains(s, "another replica installed its configuration") {
+		t.Errorf("stderr does not report the other replica's policy:\n%s", s)
+	}
+	if m := old.scrape(); !strings.Contains(m, "tokenshard_rls_foreign_policy 1") {
+		t.Errorf("metrics lack the foreign policy:\n%s", m)
+	}
+	if n := strings.Count(old.stderr.String(), "another replica installed"); n != 1 {
+		t.Errorf("reported %d times, want once", n)
+	}
+	polled(newer)
+	if strings.Contains(newer.stderr.String(), "another replica installed") {
+		t.Errorf("the replica whose configuration is in force reports it as another's:\n%s", newer.stderr)
+	}
+
+	old.write("limits.yaml", raised)
+	if err := old.reload(); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	polled(old)
+	if s := old.stderr.String(); !strings.Contains(s, "is this configuration's again") {
+		t.Errorf("stderr does not report the match:\n%s", s)
+	}
+	if m := old.scrape(); !strings.Contains(m, "tokenshard_rls_foreign_policy 0") {
+		t.Errorf("metrics still show a foreign policy:\n%s", m)
+	}
+}

@@ -1,0 +1,56 @@
+package envoyrls_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/envoyrls"
+	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
+)
+
+// TestCheckPolicy: a server agrees with its admitter's policy until
+// another process (here a ReplacePolicy on the same engine, as a replica
+// on the same Redis prefix does) installs another configuration's, and
+// again once a Reload brings its configurations to that policy.
+func TestCheckPolicy(t *testing.T) {
+	cfgs := rlstest.Parse(t, rlstest.TreeYAML)
+	p, err := envoyrls.Policy(1, cfgs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(engine.Config{Policy: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	srv, err := envoyrls.NewServer(e, cfgs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.CheckPolicy(); err != nil {
+		t.Fatalf("a fresh server: %v", err)
+	}
+	other := rlstest.Parse(t, strings.Replace(rlstest.TreeYAML, "requests_per_unit: 12\n", "requests_per_unit: 36\n", 1))
+	next, err := envoyrls.Policy(2, other...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ReplacePolicy(context.Background(), next, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.CheckPolicy(); !errors.Is(err, envoyrls.ErrPolicyMismatch) {
+		t.Fatalf("after another configuration's cutover: %v, want ErrPolicyMismatch", err)
+	}
+	if err := srv.Reload(context.Background(), other...); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.CheckPolicy(); err != nil {
+		t.Fatalf("after a reload to that configuration: %v", err)
+	}
+	if v := e.Policy().Version; v != 2 {
+		t.Errorf("version %d: the reload found the policy in force and made no cutover", v)
+	}
+}
