@@ -350,7 +350,7 @@ func TestStatsExactPerKind(t *testing.T) {
 	_, _ = e.Peek(canceled, "a")
 	want.Errors.Context++
 	check("peek, context done")
-	var nilCtx context.Context // a variable, not a literal nil: the misuse tested, which vet would flag
+	var nilCtx context.Context     // a variable, not a literal nil: the misuse tested, which vet would flag
 	_, _ = e.Allow(nilCtx, "a", 1) // a nil context is counted as Other
 	want.Errors.Other++
 	check("nil context")
