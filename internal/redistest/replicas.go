@@ -236,7 +236,7 @@ func (c *ReplicaCluster) Kill(t testing.TB, addr string) {
 	c.mu.Lock()
 	c.killed[addr] = d
 	c.mu.Unlock()
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+	if err := kill(pid); err != nil {
 		t.Fatalf("redistest: killing %s (pid %d): %v", addr, pid, err)
 	}
 	deadline := time.Now().Add(readyTimeout)
@@ -281,7 +281,7 @@ func (c *ReplicaCluster) Hang(t testing.TB, addr string) {
 	c.hung[addr] = pid
 	c.mu.Unlock()
 	t.Cleanup(func() { c.Resume(t, addr) })
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+	if err := freeze(pid); err != nil {
 		t.Fatalf("redistest: stopping %s (pid %d): %v", addr, pid, err)
 	}
 }
@@ -295,7 +295,7 @@ func (c *ReplicaCluster) Resume(t testing.TB, addr string) {
 	delete(c.hung, addr)
 	c.mu.Unlock()
 	if ok {
-		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		if err := thaw(pid); err != nil {
 			t.Errorf("redistest: continuing %s (pid %d): %v", addr, pid, err)
 		}
 	}
