@@ -321,7 +321,7 @@ func TestRestoreLongMatch(t *testing.T) {
 	body := s.body()
 	at := bytes.Index(body, []byte("\x03abc"))
 	require.GreaterOrEqual(t, at, 0)
-	lie := append(binary.AppendUvarint(bytes.Clone(body[:at]), 1<<40), body[at+1:]...)
+	lie := append(binary.AppendUvarint(bytes.Clone(body[:at]), 1<<30), body[at+1:]...)
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	err = restoreErr(t, seal(lie), engine.Config{})
@@ -329,4 +329,10 @@ func TestRestoreLongMatch(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrInvalidSnapshot)
 	assert.Contains(t, err.Error(), "truncated")
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(16<<20), "bytes allocated for a %d-byte stream", len(lie))
+
+	// A length no int can hold, on any platform, is refused as such.
+	huge := append(binary.AppendUvarint(bytes.Clone(body[:at]), 1<<63), body[at+1:]...)
+	err = restoreErr(t, seal(huge), engine.Config{})
+	require.ErrorIs(t, err, engine.ErrInvalidSnapshot)
+	assert.Contains(t, err.Error(), "Match")
 }

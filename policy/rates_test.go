@@ -402,5 +402,5 @@ func TestRatesHelpers(t *testing.T) {
 	assert.False(t, policy.Rate{Per: 1}.IsZero())
 	assert.False(t, policy.Rate{Tokens: 1}.IsZero())
 	assert.Equal(t, "100/1m0s", policy.PerMinute(100).String())
-	assert.Equal(t, math.MaxInt64, int(policy.Rate{Tokens: maxInt64, Per: 1}.Tokens))
+	assert.Equal(t, int64(math.MaxInt64), int64(policy.Rate{Tokens: maxInt64, Per: 1}.Tokens))
 }
