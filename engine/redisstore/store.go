@@ -43,7 +43,9 @@ const (
 // ErrUnavailable wraps what Redis answered, or failed to, when a call that
 // is not a decision (New, ReplacePolicy, EvictFull, KeyCount, Peek,
 // Refund) could not complete. Decisions never return it: they get the
-// fail-open or fail-closed answer instead, marked engine.Decision.Degraded.
+// fail-open or fail-closed answer instead, marked engine.Decision.Degraded
+// (a Wait whose deadline comes before a fail-closed answer's RetryAfter
+// returns engine.ErrWouldExceedDeadline wrapping it).
 var ErrUnavailable = errors.New("redisstore: redis unavailable")
 
 // ErrNotReady wraps ErrUnavailable in the error of a call that is not a
