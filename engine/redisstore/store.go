@@ -558,7 +558,16 @@ func (s *Store) connect(ctx context.Context) error {
 		return err
 	}
 	if err := s.ensureShards(ctx, nil); err != nil {
-		return err
+		if s.cluster == nil || !unreachable(err) {
+			return err
+		}
+		// A master away (the prefix's global keys, read above, are on
+		// another): its shards are set up by the first call that meets one
+		// with no version or key map once it is back (status "nopolicy",
+		// see mend), as after a master lost its data, and the other
+		// masters' keys are decided meanwhile, as by a store that was
+		// running when the master went away.
+		s.report(err)
 	}
 	s.ready.Store(true)
 	return nil
