@@ -25,10 +25,11 @@ var (
 	ErrKeyFunc = errors.New("grpclimit: the key function failed")
 	// ErrCostFunc: the WithCost function returned a cost below 1.
 	ErrCostFunc = errors.New("grpclimit: the cost function returned less than 1")
-	// ErrDegraded: a store's failure rule denied the call
-	// (engine.Decision.Degraded), as a store failing closed does when it
-	// cannot reach its backing server.
-	ErrDegraded = errors.New("grpclimit: the store's failure rule denied the call")
+	// ErrDegraded: a store's failure rule answered instead of a bucket
+	// (engine.Decision.Degraded), as a store does when it cannot reach its
+	// backing server: it denied the call (failing closed), or it answered
+	// a charge of Settle, which may not have been taken.
+	ErrDegraded = errors.New("grpclimit: answered by the store's failure rule")
 )
 
 // callError is the error the function of WithOnError is given: status

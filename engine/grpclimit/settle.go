@@ -65,7 +65,10 @@ var (
 //   - ErrSettled: the call was settled already, whatever that call
 //     returned; a charge is never taken twice.
 //   - the admitter's error, wrapped with the key (a closed engine, a store
-//     that cannot be reached).
+//     that cannot be reached). A charge that a store's failure rule
+//     answered (engine.Decision.Degraded: Redis could not tell whether it
+//     was taken; it is never taken twice) is such an error too, wrapping
+//     ErrDegraded.
 func Settle(ctx context.Context, actual int64) error {
 	if ctx == nil {
 		return ErrNotSettleable
@@ -157,7 +160,12 @@ func (s *settleState) settle(ctx context.Context, actual int64) error {
 	var err error
 	switch {
 	case diff > 0:
-		_, err = s.engine.Charge(ctx, s.take.key, diff)
+		// A charge a store's failure rule answered may not have been taken:
+		// ErrDegraded, as a Refund Redis did not answer is an error.
+		var d engine.Decision
+		if d, err = s.engine.Charge(ctx, s.take.key, diff); err == nil && d.Degraded {
+			err = fmt.Errorf("%w: the charge of %d may not have been taken", ErrDegraded, diff)
+		}
 	case diff < 0:
 		_, err = s.engine.Refund(ctx, s.take.key, -diff)
 	}

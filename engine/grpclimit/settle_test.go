@@ -30,6 +30,7 @@ func settleName(err error) string {
 		{grpclimit.ErrNegativeActual, "negative"},
 		{grpclimit.ErrNotTaken, "not-taken"},
 		{grpclimit.ErrSettled, "settled"},
+		{grpclimit.ErrDegraded, "degraded"},
 	} {
 		if errors.Is(err, e.err) {
 			return e.name
@@ -276,4 +277,26 @@ func TestSettleNestedShadowWouldRefuse(t *testing.T) {
 	settled, err = settleCall(t, testgrpc.NewTestServiceClient(conn), "user", "u", "cost", "4", "actual", "6")
 	require.NoError(t, err)
 	assert.Equal(t, []string{"not-taken"}, settled, "neither took a cost")
+}
+
+// chargeLost is an engine whose Charge the store's failure rule answers, as
+// a Redis store's does once Redis is gone after the call was admitted:
+// allowed, marked Degraded, with a nil error, and nothing known taken.
+type chargeLost struct{ *engine.Engine }
+
+func (chargeLost) Charge(context.Context, string, int64) (engine.Decision, error) {
+	return engine.Decision{Allowed: true, Degraded: true, Version: 1, Limit: 10}, nil
+}
+
+// A call a bucket admitted, whose Settle's charge the store's failure rule
+// answers (Redis gone meanwhile), is not settled as far as anyone knows:
+// Settle says so with ErrDegraded, as it says a Refund that Redis did not
+// answer, rather than nil; it is still settled once.
+func TestSettleChargeDegraded(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(10, 1)})
+	c := serveSettle(t, metered(t, chargeLost{e}))
+	settled, err := settleCall(t, c, "user", "u", "cost", "2", "actual", "7", "actual", "7")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"degraded", "settled"}, settled)
+	assert.Equal(t, int64(8), balance(t, e, "u"), "the estimate, taken by the bucket")
 }

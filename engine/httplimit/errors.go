@@ -19,10 +19,11 @@ var (
 	// ErrCostBelowOne: the WithCost function, or a request of a WithKeys
 	// function, gave a cost below 1. Answered with 500.
 	ErrCostBelowOne = errors.New("httplimit: cost below 1")
-	// ErrDegraded: a store's failure rule denied the request
-	// (engine.Decision.Degraded), answered with 503; the wrapping error
-	// gives the decision's RetryAfter.
-	ErrDegraded = errors.New("httplimit: denied by the store's failure rule")
+	// ErrDegraded: a store's failure rule answered instead of a bucket
+	// (engine.Decision.Degraded): it denied the request, answered with
+	// 503, the wrapping error giving the decision's RetryAfter; or it
+	// answered a charge of Settle, which may not have been taken.
+	ErrDegraded = errors.New("httplimit: answered by the store's failure rule")
 	// ErrAdmitterContract: the engine.Admitter answered AllowAll with a
 	// binding index outside the requests it was given. Answered with 500.
 	ErrAdmitterContract = errors.New("httplimit: the admitter broke its contract")

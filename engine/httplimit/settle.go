@@ -58,7 +58,10 @@ import (
 //     twice.
 //   - the admitter's error for a key, wrapped with the key (a closed
 //     engine, a store that cannot be reached): the other keys are settled
-//     all the same, and the errors joined.
+//     all the same, and the errors joined. A charge that a store's failure
+//     rule answered (engine.Decision.Degraded: Redis could not tell whether
+//     it was taken; it is never taken twice) is such an error too,
+//     wrapping ErrDegraded.
 func Settle(r *http.Request, actual int64) error {
 	if r == nil {
 		return ErrNotSettleable
@@ -163,10 +166,16 @@ func (s *settleState) settle(ctx context.Context, actual int64) error {
 }
 
 // settleKeyBy charges diff to key, or refunds -diff when it is negative.
+// A charge that a store's failure rule answered (engine.Decision.Degraded:
+// Redis could not say it was taken) is ErrDegraded, as a Refund Redis did
+// not answer is an error: nil says the key was settled.
 func settleKeyBy(ctx context.Context, a engine.Admitter, key string, diff int64) error {
 	var err error
 	if diff > 0 {
-		_, err = a.Charge(ctx, key, diff)
+		var d engine.Decision
+		if d, err = a.Charge(ctx, key, diff); err == nil && d.Degraded {
+			err = fmt.Errorf("%w: the charge of %d may not have been taken", ErrDegraded, diff)
+		}
 	} else {
 		_, err = a.Refund(ctx, key, -diff)
 	}

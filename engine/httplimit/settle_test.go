@@ -330,3 +330,37 @@ func TestSettleNestedShadowWouldDeny(t *testing.T) {
 	assert.Equal(t, int64(1), balance(t, a, "u"))
 	assert.Equal(t, int64(1), balance(t, b, "u"))
 }
+
+// chargeLost is an engine whose Charge the store's failure rule answers, as
+// a Redis store's does once Redis is gone after the request was admitted:
+// allowed, marked Degraded, with a nil error, and nothing known taken.
+type chargeLost struct{ *engine.Engine }
+
+func (chargeLost) Charge(context.Context, string, int64) (engine.Decision, error) {
+	return engine.Decision{Allowed: true, Degraded: true, Version: 1, Limit: 10}, nil
+}
+
+// A request a bucket admitted, whose Settle's charge the store's failure
+// rule answers (Redis gone meanwhile), is not settled as far as anyone
+// knows: Settle says so with ErrDegraded, as it says a Refund that Redis
+// did not answer, rather than nil; it is still settled once.
+func TestSettleChargeDegraded(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(10, 1)})
+	mw, err := httplimit.New(chargeLost{e}, httplimit.WithKey(userKey), httplimit.WithCost(costHeader))
+	require.NoError(t, err)
+	var errs []error
+	h := mw.Handler(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		errs = append(errs, httplimit.Settle(r, 7), httplimit.Settle(r, 7))
+	}))
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-User", "u")
+	r.Header.Set("Cost", "2")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	require.Equal(t, http.StatusOK, w.Code)
+	require.Len(t, errs, 2)
+	assert.ErrorIs(t, errs[0], httplimit.ErrDegraded)
+	assert.ErrorContains(t, errs[0], `"u"`)
+	assert.ErrorIs(t, errs[1], httplimit.ErrSettled)
+	assert.Equal(t, int64(8), balance(t, e, "u"), "the estimate, taken by the bucket")
+}

@@ -37,6 +37,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 	clusterBadPort := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1", "127.0.0.1:abc"}, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = clusterBadPort.Close() })
+	clusterNoAddrs := redis.NewClusterClient(&redis.ClusterOptions{ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = clusterNoAddrs.Close() })
+	clusterBadHost := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1", "redis 2:6379"}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = clusterBadHost.Close() })
 	var nilClient *redis.Client
 	for _, tc := range []struct {
 		name string
@@ -60,6 +64,15 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"port -1", redisstore.Config{Policy: good, Client: badPort("127.0.0.1:-1")}, engine.ErrInvalidConfig},
 		{"port 6379x", redisstore.Config{Policy: good, Client: badPort(":6379x")}, engine.ErrInvalidConfig},
 		{"a cluster address with port abc", redisstore.Config{Policy: good, Client: clusterBadPort}, engine.ErrInvalidConfig},
+		// a host no dial can reach, whatever the network does: refused, not
+		// taken for a server that is down (which would start a store that
+		// answers by the failure rule for ever)
+		{"a host with a space", redisstore.Config{Policy: good, Client: badPort("redis host:6379")}, engine.ErrInvalidConfig},
+		{"a host led by a space", redisstore.Config{Policy: good, Client: badPort(" 127.0.0.1:6379")}, engine.ErrInvalidConfig},
+		{"two hosts in one address", redisstore.Config{Policy: good, Client: badPort("a,b:6379")}, engine.ErrInvalidConfig},
+		{"a host with a slash", redisstore.Config{Policy: good, Client: badPort("redis/0:6379")}, engine.ErrInvalidConfig},
+		{"a cluster address with a space", redisstore.Config{Policy: good, Client: clusterBadHost}, engine.ErrInvalidConfig},
+		{"a cluster client with no address", redisstore.Config{Policy: good, Client: clusterNoAddrs}, engine.ErrInvalidConfig},
 		// Redis Cluster would hash each key whole, so no script's keys would
 		// share a slot; refused on one server too, so that moving to a
 		// cluster does not break it

@@ -473,5 +473,8 @@
 // Cluster (see Redis Cluster above). On a cluster, a master that is down
 // answers its shards' calls by the failure rule, until it is back or its
 // replica has taken its place, and the other masters' shards decide as
-// before.
+// before; so does a store started while the master is down, on a prefix
+// set up before, provided the master that holds the prefix's global keys
+// answers (a new prefix waits for every master: a lost master's shards
+// could hold a newer version than the store would install).
 package redisstore

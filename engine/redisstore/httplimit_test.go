@@ -104,3 +104,33 @@ func TestMiddlewareOnStoreWithoutRedis(t *testing.T) {
 		require.Empty(t, rec.Header().Values("RateLimit-Policy"))
 	}
 }
+
+// TestSettleOnStoreRedisGone: a request Redis admitted, whose handler then
+// settles an under-estimate after Redis has gone, is told so: the charge,
+// which the store's failure rule answers (Degraded, with a nil error), is
+// ErrDegraded, not nil, which would say the key was settled.
+func TestSettleOnStoreRedisGone(t *testing.T) {
+	srv := startPrivate(t)
+	ctx := context.Background()
+	s, err := redisstore.New(ctx, redisstore.Config{Client: quickClient(t, srv.Addr()), Prefix: prefix(t),
+		Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, Clock: clock.NewManual(0)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	mw, err := httplimit.New(s, httplimit.WithKey(func(*http.Request) (string, error) { return "u", nil }),
+		httplimit.WithCost(func(*http.Request) int64 { return 3 }))
+	require.NoError(t, err)
+	var settled error
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		srv.Kill()
+		settled = httplimit.Settle(r, 5)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	require.Equal(t, http.StatusNoContent, rec.Code, "Redis admitted the request")
+	require.ErrorIs(t, settled, httplimit.ErrDegraded)
+	require.Equal(t, uint64(1), s.Stats().DegradedAllowed, "the charge, answered by the failure rule")
+
+	srv.Restart(t) // so that go-redis's dialer, retrying in the background, ends
+	untilDecided(t, s, "u", engine.Decision{Version: 1, Limit: 10, RetryAfter: redisstore.DefaultFailRetryAfter, Degraded: true})
+}

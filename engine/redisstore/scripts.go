@@ -32,25 +32,37 @@ var (
 // loadDecide loads the decide script on every master: the FUNCTION library
 // (unless FUNCTION was refused: the store then sends EVALSHA from then on),
 // and the script for EVALSHA, which the store also sends where a FUNCTION
-// cannot run (see classify).
+// cannot run (see classify). On a cluster a master that cannot be reached
+// (see nodeLost) is passed over, and OnError told: a call on its shards
+// fails anyway, and once it is back the first call there meets the script
+// missing and loads it; failing here would leave every other master's
+// calls to the failure rule while one master is away.
 func (s *Store) loadDecide(ctx context.Context) error {
 	ms, err := s.masters(ctx)
 	for i := 0; err == nil && i < len(ms); i++ {
-		if !s.noFunc.Load() {
-			err = ms[i].Do(ctx, "FUNCTION", "LOAD", "REPLACE", decideFuncSrc).Err()
-			if err != nil && classify(err) == actNoFunc {
-				s.noFunc.Store(true)
-				err = nil
-			}
-		}
-		if err == nil {
-			err = decideScript.Load(ctx, ms[i]).Err()
+		err = s.loadOn(ctx, ms[i])
+		if err != nil && s.cluster != nil && nodeLost(err) && ctx.Err() == nil {
+			s.report(fmt.Errorf("%w: loading the script on a master that is away: %w", ErrUnavailable, err))
+			err = nil
 		}
 	}
 	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrUnavailable) {
 		return fmt.Errorf("%w: loading the script: %w", ErrUnavailable, err)
 	}
 	return err
+}
+
+// loadOn loads the decide script on one master m (see loadDecide).
+func (s *Store) loadOn(ctx context.Context, m redis.UniversalClient) error {
+	if !s.noFunc.Load() {
+		switch err := m.Do(ctx, "FUNCTION", "LOAD", "REPLACE", decideFuncSrc).Err(); {
+		case err != nil && classify(err) == actNoFunc:
+			s.noFunc.Store(true)
+		case err != nil:
+			return err
+		}
+	}
+	return decideScript.Load(ctx, m).Err()
 }
 
 // decideCmd queues one call of the decide script on p: FCALL, or EVALSHA

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,7 +44,9 @@ const (
 // ErrUnavailable wraps what Redis answered, or failed to, when a call that
 // is not a decision (New, ReplacePolicy, EvictFull, KeyCount, Peek,
 // Refund) could not complete. Decisions never return it: they get the
-// fail-open or fail-closed answer instead, marked engine.Decision.Degraded.
+// fail-open or fail-closed answer instead, marked engine.Decision.Degraded
+// (a Wait whose deadline comes before a fail-closed answer's RetryAfter
+// returns engine.ErrWouldExceedDeadline wrapping it).
 var ErrUnavailable = errors.New("redisstore: redis unavailable")
 
 // ErrNotReady wraps ErrUnavailable in the error of a call that is not a
@@ -382,8 +385,9 @@ var _ engine.Admitter = (*Store)(nil)
 //
 // Errors: engine.ErrNilContext for a nil ctx, engine.ErrInvalidPolicy,
 // engine.ErrInvalidConfig (no client, a client without
-// ContextTimeoutEnabled, an address that is not host:port with a port a
-// dial can use, a negative duration or bound, a *clock.Monotonic Clock),
+// ContextTimeoutEnabled, an address that is not host:port with a host
+// name or IP address and a port a dial can use, a cluster client with no
+// address, a negative duration or bound, a *clock.Monotonic Clock),
 // ErrKeyTags when
 // cfg.IgnoreKeyTags differs from the prefix's setting, the context's error
 // when ctx is canceled, or an error wrapping ErrUnavailable when Redis
@@ -421,6 +425,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			o := c.Options()
 			timeouts, cluster = o.ContextTimeoutEnabled, c
 			if o.Dialer == nil && o.ClusterSlots == nil {
+				if len(o.Addrs) == 0 {
+					return nil, fmt.Errorf("%w: redisstore: the cluster client has no address (ClusterOptions.Addrs)", engine.ErrInvalidConfig)
+				}
 				addrs = o.Addrs
 			}
 		}
@@ -439,7 +446,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	for _, a := range addrs {
 		if !hostPort(ctx, a) {
-			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port with a port a dial can use", engine.ErrInvalidConfig, a)
+			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port with a host name or IP address and a port a dial can use", engine.ErrInvalidConfig, a)
 		}
 	}
 	if err := checkLeases(cfg.Leases); err != nil {
@@ -551,7 +558,16 @@ func (s *Store) connect(ctx context.Context) error {
 		return err
 	}
 	if err := s.ensureShards(ctx, nil); err != nil {
-		return err
+		if s.cluster == nil || !unreachable(err) {
+			return err
+		}
+		// A master away (the prefix's global keys, read above, are on
+		// another): its shards are set up by the first call that meets one
+		// with no version or key map once it is back (status "nopolicy",
+		// see mend), as after a master lost its data, and the other
+		// masters' keys are decided meanwhile, as by a store that was
+		// running when the master went away.
+		s.report(err)
 	}
 	s.ready.Store(true)
 	return nil
@@ -594,15 +610,35 @@ func (s *Store) need(ctx context.Context) error {
 	return ErrNotReady
 }
 
-// hostPort reports whether addr is host:port with a port a dial can use:
-// 1 to 65535, or a service name the system knows.
+// hostPort reports whether addr is host:port with a host a dial can look
+// up (none, an IP address, or a name of letters, digits, '-', '_' and '.')
+// and a port a dial can use: 1 to 65535, or a service name the system
+// knows.
 func hostPort(ctx context.Context, addr string) bool {
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil || port == "" {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" || !hostName(host) {
 		return false
 	}
 	n, err := net.DefaultResolver.LookupPort(ctx, "tcp", port)
 	return err == nil && n > 0
+}
+
+// hostName reports whether host may name a host: empty (the local
+// system), an IP address (with its zone, if any), or a name of letters,
+// digits, '-', '_' and '.'. A space, a comma or a slash in it is an
+// address written wrong, which no later attempt to connect would reach.
+func hostName(host string) bool {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	for i := range len(host) {
+		switch c := host[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_', c == '.':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // unreachable reports whether err, from New's first attempt to reach

@@ -16,7 +16,9 @@ import (
 // denial (Redis unreachable, fail closed) is waited out the same way, for
 // Config.FailRetryAfter. It never waits past ctx's deadline: a RetryAfter
 // that ends after it returns at once an error wrapping
-// engine.ErrWouldExceedDeadline, having spent nothing. If ctx ends while
+// engine.ErrWouldExceedDeadline, having spent nothing; when that RetryAfter
+// is the failure rule's, the error wraps ErrUnavailable too, so that a
+// caller can tell an outage from the key's limit. If ctx ends while
 // waiting it returns ctx's error, and engine.ErrClosed if the store closes;
 // Allow's errors are returned as they are.
 // It waits on Config.Clock if that is a clock.Sleeper (clock.Manual is),
@@ -29,6 +31,9 @@ func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decisi
 		}
 		if deadline, ok := ctx.Deadline(); ok {
 			if left := clock.Until(deadline); d.RetryAfter > left {
+				if d.Degraded { // the outage's wait, not the key's limit
+					return engine.Decision{}, fmt.Errorf("%w: %w: the failure rule's retry after %v, deadline in %v", engine.ErrWouldExceedDeadline, ErrUnavailable, d.RetryAfter, left)
+				}
 				return engine.Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", engine.ErrWouldExceedDeadline, d.RetryAfter, left)
 			}
 		}

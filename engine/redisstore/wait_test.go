@@ -44,3 +44,35 @@ func TestWaitReleasedByClose(t *testing.T) {
 		require.Zero(t, clk.Waiting(), "the wait left its timer")
 	}
 }
+
+// A Wait whose deadline comes before the failure rule's RetryAfter (Redis
+// unreachable, fail closed) says the outage, not a limit: its error wraps
+// ErrUnavailable besides engine.ErrWouldExceedDeadline, with leases as
+// without. One that a bucket's denial ends wraps ErrWouldExceedDeadline
+// alone.
+func TestWaitDegradedSaysUnavailable(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 10, Refill: policy.PerHour(10)}
+	for _, lz := range []*redisstore.Leases{nil, {}} {
+		srv := downServer(t)
+		s, err := redisstore.New(context.Background(), redisstore.Config{Client: quickClient(t, srv.Addr()), Prefix: prefix(t),
+			Policy: p, Leases: lz, Clock: clock.NewManual(0)})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		_, err = s.Wait(ctx, "k", 1)
+		cancel()
+		require.ErrorIs(t, err, engine.ErrWouldExceedDeadline, "leases %v", lz != nil)
+		require.ErrorIs(t, err, redisstore.ErrUnavailable, "leases %v", lz != nil)
+
+		srv.Restart(t)
+		untilDecided(t, s, "k", engine.Decision{Version: 1, Limit: 10, RetryAfter: redisstore.DefaultFailRetryAfter, Degraded: true})
+		d, err := s.Allow(context.Background(), "k", 9)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+		_, err = s.Wait(ctx, "k", 1) // six minutes to the next token
+		cancel()
+		require.ErrorIs(t, err, engine.ErrWouldExceedDeadline, "leases %v", lz != nil)
+		require.NotErrorIs(t, err, redisstore.ErrUnavailable, "a bucket's denial (leases %v)", lz != nil)
+	}
+}

@@ -1,0 +1,105 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/internal/redistest"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// TestClusterStartOneMasterDown: a store started while one master of a
+// cluster is down (cluster-require-full-coverage no, as the package doc
+// asks), on a prefix an earlier store set up, decides the keys of the
+// other masters by Redis at once, as a store running before the master
+// died does, and answers the dead master's keys by the failure rule; once
+// the master is back, its keys are decided by Redis too.
+func TestClusterStartOneMasterDown(t *testing.T) {
+	c := redistest.StartCluster(t)
+	ctx := context.Background()
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = admin.Close() })
+	owner := slotOwners(t, admin)
+	p := prefix(t)
+	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
+	first, err := redisstore.New(ctx, redisstore.Config{Client: admin, Prefix: p, Policy: pol})
+	require.NoError(t, err)
+	require.NoError(t, first.Close())
+
+	// the master to kill: one that holds no global key
+	global := owner(redisstore.GlobalKey(p, "policy"))
+	dead := -1
+	for i, a := range c.Addrs() {
+		if a != global {
+			dead = i
+			break
+		}
+	}
+	deadAddr := c.Addrs()[dead]
+	c.Node(dead).Kill()
+	live := c.Addrs()[(dead+1)%len(c.Addrs())]
+	if live == deadAddr || live == global {
+		live = global
+	}
+	host, port, _ := strings.Cut(live, ":")
+	require.Eventually(t, func() bool { // the others agree that it failed, and serve
+		out := c.CLI(t, "-h", host, "-p", port, "cluster", "nodes")
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, deadAddr) && strings.Contains(l, " master,fail ") {
+				return true
+			}
+		}
+		return false
+	}, 15*time.Second, 50*time.Millisecond) // a real cluster converging
+
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true, DialerRetries: 1})
+	t.Cleanup(func() { _ = cc.Close() })
+	var log errorLog
+	s, err := redisstore.New(ctx, redisstore.Config{Client: cc, Prefix: p, Policy: pol, OnError: log.add, Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	decided, degraded := 0, 0
+	for i := range 60 {
+		key := fmt.Sprint("k", i)
+		d, err := s.Allow(ctx, key, 1)
+		require.NoError(t, err)
+		onDead := owner(redisstore.BucketKey(p, key)) == deadAddr
+		require.Equal(t, onDead, d.Degraded, "key %s on the dead master: %v; %v", key, onDead, log.all())
+		if d.Degraded {
+			degraded++
+		} else {
+			require.True(t, d.Allowed)
+			require.Equal(t, int64(2), d.Remaining)
+			decided++
+		}
+	}
+	require.Positive(t, decided)
+	require.Positive(t, degraded)
+
+	c.Node(dead).Restart(t)
+	c.Wait(t)
+	for i := range 60 {
+		key := fmt.Sprint("k", i)
+		if owner(redisstore.BucketKey(p, key)) != deadAddr {
+			continue
+		}
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			d, err := s.Allow(ctx, key, 1)
+			require.NoError(t, err)
+			if !d.Degraded {
+				require.True(t, d.Allowed)
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "key %s still degraded 15 s after its master came back: %v", key, log.all())
+			time.Sleep(5 * time.Millisecond) // polling a real server
+		}
+	}
+}
