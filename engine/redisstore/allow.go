@@ -55,17 +55,15 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 	if s.uninitialized() {
 		return engine.Decision{}, engine.ErrNotInitialized
 	}
-	if s.lease != nil {
-		return s.lease.allow(ctx, key, cost)
-	}
 	var d engine.Decision
 	err := s.check(ctx, key, cost)
-	if err == nil {
+	switch {
+	case err == nil && s.lease != nil:
+		return s.lease.decide(ctx, s.deadline(ctx), key, cost) // which counts it
+	case err == nil:
 		d, err = s.decideOne(ctx, key, cost)
 	}
-	var t tally
-	t.add(d, err)
-	s.count(&t)
+	s.countOne(d, err)
 	return d, err
 }
 

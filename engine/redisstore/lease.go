@@ -282,23 +282,14 @@ func (l *leaser) ask(q *leaseShard, op, key string, cost int64) lreply {
 	return a
 }
 
-// allow is Allow in lease mode: decided by the key's lease if it covers
-// cost or a denial of Redis still holds, else by Redis, which may grant
-// the next lease in the same call.
-func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
-	s := l.s
-	if err := s.check(ctx, key, cost); err != nil {
-		s.errs[kindOf(err)].Add(1)
-		return engine.Decision{}, err
-	}
-	return l.decide(ctx, s.deadline(ctx), key, cost)
-}
-
-// decide is allow for a request checked, whose call ends by dl (see
-// Store.deadline): every exchange with Redis it makes shares that deadline
-// (a lease given back first, then the decision), and one that passes on
-// the way is answered by the failure rule, as Allow's is. A request its
-// lease decides makes none, and allocates nothing.
+// decide is Allow in lease mode, counted, for a request checked, whose
+// call ends by dl (see Store.deadline): decided by the key's lease if it
+// covers cost or a denial of Redis still holds, else by Redis, which may
+// grant the next lease in the same call. Every exchange with Redis it
+// makes shares that deadline (a lease given back first, then the
+// decision), and one that passes on the way is answered by the failure
+// rule, as Allow's is. A request its lease decides makes none, and
+// allocates nothing.
 func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int64) (engine.Decision, error) {
 	s := l.s
 	a := l.ask(l.shardOf(key), opAllow, key, cost)
@@ -332,9 +323,7 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 		d.Remaining = satAdd(d.Remaining, a.held) // the tokens held go back to the lease
 	}
 	l.shardOf(key).posts <- p
-	var t tally
-	t.add(d, p.dErr)
-	s.count(&t)
+	s.countOne(d, p.dErr)
 	return d, p.dErr
 }
 

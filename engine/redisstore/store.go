@@ -271,6 +271,13 @@ func (s *Store) count(t *tally) {
 	}
 }
 
+// countOne counts one request's answer (see tally.add).
+func (s *Store) countOne(d engine.Decision, err error) {
+	var t tally
+	t.add(d, err)
+	s.count(&t)
+}
+
 // Store is an engine.Admitter whose buckets live in Redis, so that every
 // process using the same prefix shares one quota per key. It is safe for
 // concurrent use. The goroutines it starts send single Allows that queued
