@@ -253,14 +253,6 @@ func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
 	return l
 }
 
-// checkLeases is the error of a Leases New refuses, nil if there is none.
-func checkLeases(c *Leases) error {
-	if c != nil && (c.Divisor < 0 || c.Horizon < 0 || c.MaxAge < 0) {
-		return fmt.Errorf("%w: redisstore: negative Leases field", engine.ErrInvalidConfig)
-	}
-	return nil
-}
-
 func (l *leaser) shardOf(key string) *leaseShard {
 	return l.shards[maphash.String(l.seed, key)%uint64(len(l.shards))]
 }

@@ -449,8 +449,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port with a port a dial can use", engine.ErrInvalidConfig, a)
 		}
 	}
-	if err := checkLeases(cfg.Leases); err != nil {
-		return nil, err
+	if l := cfg.Leases; l != nil && (l.Divisor < 0 || l.Horizon < 0 || l.MaxAge < 0) {
+		return nil, fmt.Errorf("%w: redisstore: negative Leases field", engine.ErrInvalidConfig)
 	}
 	var now func() int64
 	switch c := cfg.Clock.(type) {
