@@ -556,7 +556,7 @@ func unpinned(items []*item, st *state) []*item {
 // the command as for a pipeline's, and never resends it (noRetryCmd).
 func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*item, mode, at string, eval bool) []*redis.Cmd {
 	nowArg, expiry := cmp.Or(at, s.nowArg()), "1" // the server's TIME, and expiries
-	if s.now != nil {
+	if s.clk != nil {
 		expiry = "0" // Config.Clock's readings, and no expiries
 	}
 	cmds := make([]*redis.Cmd, len(chunks))

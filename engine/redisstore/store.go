@@ -297,8 +297,7 @@ type Store struct {
 	timeout     time.Duration
 	lockTTL     time.Duration
 	onError     func(error)
-	now         func() int64 // Config.Clock's Now, or nil for the server's TIME
-	clk         clock.Clock  // Config.Clock, for Wait
+	clk         clock.Clock // Config.Clock, or nil for the server's TIME
 
 	kPolicy, kHistory, kBlobs, kLock, kBucket string // global keys; kBucket starts every bucket's
 	shards                                    []shardKeys
@@ -452,13 +451,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if l := cfg.Leases; l != nil && (l.Divisor < 0 || l.Horizon < 0 || l.MaxAge < 0) {
 		return nil, fmt.Errorf("%w: redisstore: negative Leases field", engine.ErrInvalidConfig)
 	}
-	var now func() int64
-	switch c := cfg.Clock.(type) {
-	case nil: // the server's TIME
-	case *clock.Monotonic:
+	if _, ok := cfg.Clock.(*clock.Monotonic); ok {
 		return nil, fmt.Errorf("%w: redisstore: Config.Clock is a clock.Monotonic, whose readings count from its construction; leave it nil for the server's TIME", engine.ErrInvalidConfig)
-	default:
-		now = c.Now
 	}
 	s := &Store{
 		rdb:         cfg.Client,
@@ -469,7 +463,6 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		failRetry:   cmp.Or(cfg.FailRetryAfter, DefaultFailRetryAfter),
 		timeout:     cmp.Or(cfg.Timeout, DefaultTimeout),
 		onError:     cfg.OnError,
-		now:         now,
 		clk:         cfg.Clock,
 		past:        map[int64]policy.Policy{},
 		closing:     make(chan struct{}),
@@ -673,8 +666,8 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 // nowArg is the instant a script decides at: "" for the server's TIME, else
 // Config.Clock's reading.
 func (s *Store) nowArg() string {
-	if s.now != nil {
-		return strconv.FormatInt(s.now(), 10)
+	if s.clk != nil {
+		return strconv.FormatInt(s.clk.Now(), 10)
 	}
 	return ""
 }
