@@ -255,7 +255,7 @@ func (s *Store) round(ctx context.Context, f func(ctx context.Context) error) er
 		return nil
 	case ended(ctx) != nil:
 		return ended(ctx)
-	case errors.Is(err, ErrUnavailable), errors.Is(err, errLostLock):
+	case errors.Is(err, ErrUnavailable): // errLostLock too
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)

@@ -688,7 +688,7 @@ func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, 
 	cmd := s.rdb.Eval(ctx, installSrc, []string{s.kPolicy, s.kHistory, s.kBlobs},
 		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, seed, tags)
 	if shortOfReplicas(cmd.Err()) {
-		s.report(cmd.Err()) // it ran, on a master short of replicas (see unreplicated)
+		s.report(cmd.Err()) // it ran, on a master short of replicas (see ensureShards)
 		cmd.SetErr(nil)
 	}
 	res, err := cmd.StringSlice()
@@ -755,7 +755,7 @@ func (s *Store) syncKeyMap(ctx context.Context) error {
 // default shape's cap and rate, overridden, and its bands if any.
 func tail(p policy.Policy) string {
 	a := encodeShape(p.Shape())
-	t := strconv.FormatInt(p.Capacity, 10) + " " + fmt.Sprint(a.rate) + " " + overridden(p)
+	t := strconv.FormatInt(p.Capacity, 10) + " " + a.rate + " " + overridden(p)
 	if a.bands != "" {
 		t += " " + a.bands
 	}
@@ -774,26 +774,17 @@ func (s *Store) ensureShards(ctx context.Context, which []int) error {
 	p, m := s.cur.Load().p, s.kmap.Load()
 	cmds, err := s.eachShard(ctx, which, shardInstallSrc, func(k shardKeys) []string { return []string{k.policy, k.history} },
 		p.Version, tail(p), s.nowArg(), m.seed, m.tags)
-	if shortOfReplicas(err) && unreplicated(cmds) {
+	// Every command that failed ran, on a master short of the replicas
+	// WaitForReplicas asks: the writes of an idempotent setup are there, and
+	// only that master's keys' decisions are the failure rule's, each saying
+	// so, as WaitForReplicas documents; taken for a failure, one master short
+	// of replicas would leave a store starting then with every key answered
+	// by the failure rule.
+	if shortOfReplicas(err) && !slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return c.Err() != nil && !shortOfReplicas(c.Err()) }) {
 		s.report(err)
 		return nil
 	}
 	return err
-}
-
-// unreplicated reports whether every command of cmds that failed ran, on a
-// master short of the replicas WaitForReplicas asks: the writes of an
-// idempotent setup are there, and only that master's keys' decisions are
-// the failure rule's, each saying so, as WaitForReplicas documents; taken
-// for a failure, one master short of replicas would leave a store starting
-// then with every key answered by the failure rule.
-func unreplicated(cmds []*redis.Cmd) bool {
-	for _, c := range cmds {
-		if err := c.Err(); err != nil && !shortOfReplicas(err) {
-			return false
-		}
-	}
-	return true
 }
 
 // shortOfReplicas reports whether err is a script call's that ran but
