@@ -148,7 +148,7 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	rctx := ctx
 	if s.lease != nil || !s.ready.Load() {
 		var cancel context.CancelFunc
-		rctx, cancel = context.WithDeadline(ctx, s.deadline(ctx))
+		rctx, cancel = context.WithTimeout(ctx, s.timeout)
 		defer cancel()
 	}
 	if s.lease != nil {
@@ -237,7 +237,7 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 // store's Timeout, answering the undecided ones if it fails (see fail).
 // It is the path of a batch, and of a single Allow sent alone.
 func (s *Store) decideItems(ctx context.Context, items []item) error {
-	bctx, cancel := s.bound(ctx) // one deadline for reaching Redis and deciding
+	bctx, cancel := context.WithTimeout(ctx, s.timeout) // one deadline for reaching Redis and deciding
 	defer cancel()
 	ok, err := s.up(bctx)
 	if ok {

@@ -246,7 +246,7 @@ func (s *Store) persistPass(ctx context.Context, token string) error {
 // round runs one exchange with Redis under the store's Timeout, and tells
 // the context's end from Redis's failure.
 func (s *Store) round(ctx context.Context, f func(ctx context.Context) error) error {
-	bctx, cancel := s.bound(ctx)
+	bctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	err := f(bctx)
 	s.nodeFailed(ctx, err) // a lost node: reload the slot map (nil is no failure)

@@ -362,9 +362,7 @@ func (l *leaser) flush(ctx context.Context) {
 	for _, q := range l.shards {
 		a := l.ask(q, opFlush, "", 0)
 		if a.err != nil { // closed: Close is under way
-			if l.s.hook != nil {
-				l.s.hook(hookFlushWaits)
-			}
+			l.s.atHook(hookFlushWaits)
 			l.wg.Wait()
 			return
 		}
@@ -402,9 +400,7 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 	s := l.s
 	for try := 0; len(gs) > 0; try++ {
 		items, from, err := l.judge(ctx, gs, try)
-		if s.hook != nil {
-			s.hook(hookGiveBack)
-		}
+		s.atHook(hookGiveBack)
 		if err == nil && len(items) > 0 {
 			err = s.round(ctx, func(ctx context.Context) error {
 				_, err := s.exec(ctx, "r", "", items)

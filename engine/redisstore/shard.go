@@ -340,8 +340,8 @@ func (s *Store) settle(ctx context.Context, token string) (bool, error) {
 				return false, err
 			}
 		}
-		if err := s.done(ctx, rec.nv); err != nil && s.onError != nil {
-			s.onError(fmt.Errorf("redisstore: ending the cutover to version %s (the next ReplacePolicy ends it): %w", rec.nv, err))
+		if err := s.done(ctx, rec.nv); err != nil {
+			s.report(fmt.Errorf("redisstore: ending the cutover to version %s (the next ReplacePolicy ends it): %w", rec.nv, err))
 		}
 		return false, nil
 	}

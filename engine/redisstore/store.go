@@ -475,7 +475,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	s.globals()
 	s.cur.Store(newState(cfg.Policy))
 
-	bctx, cancel := s.bound(ctx)
+	bctx, cancel := context.WithTimeout(ctx, s.timeout)
 	err := s.connect(bctx)
 	cancel()
 	if err != nil {
@@ -576,7 +576,7 @@ func (s *Store) up(ctx context.Context) (bool, error) {
 	if s.ready.Load() { // another caller's attempt ended meanwhile
 		return true, nil
 	}
-	bctx, cancel := s.bound(ctx)
+	bctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	err := s.connect(bctx)
 	return err == nil, err
@@ -653,14 +653,6 @@ func (s *Store) deadline(ctx context.Context) time.Time {
 		return d
 	}
 	return dl
-}
-
-// bound gives ctx the store's Timeout unless it already ends sooner.
-func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	if d, ok := ctx.Deadline(); ok && clock.Until(d) <= s.timeout {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, s.timeout)
 }
 
 // nowArg is the instant a script decides at: "" for the server's TIME, else
@@ -1063,7 +1055,7 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 	match := globEscape(s.prefix) + "{*}k:*"
 	for _, m := range ms {
 		for cursor := uint64(0); ; {
-			bctx, cancel := s.bound(ctx)
+			bctx, cancel := context.WithTimeout(ctx, s.timeout)
 			keys, next, err := m.Scan(bctx, cursor, match, 512).Result()
 			cancel()
 			if err != nil {
