@@ -474,8 +474,7 @@ func (l *leaser) raised(ctx context.Context, g gift, st *state, retained []int64
 	if from < 0 {
 		return true
 	}
-	_, ni := st.p.Resolve(g.key)
-	next := st.p.ShapeAt(ni)
+	next := st.p.ShapeAt(st.p.Overrides.Resolve(g.key))
 	for _, v := range retained[from:] {
 		if v == st.p.Version {
 			return false
@@ -484,7 +483,7 @@ func (l *leaser) raised(ctx context.Context, g gift, st *state, retained []int64
 		if err != nil {
 			return true
 		}
-		if _, oi := old.Resolve(g.key); raises(old.ShapeAt(oi), next) {
+		if raises(old.ShapeAt(old.Overrides.Resolve(g.key)), next) {
 			return true
 		}
 	}
@@ -697,8 +696,7 @@ func (k *lease) answer(now int64, allowed bool) engine.Decision {
 
 // renew sets k for the version in force, st, holding nothing.
 func (q *leaseShard) renew(key string, k *lease, st *state) {
-	_, idx := st.p.Resolve(key)
-	sh := st.p.ShapeAt(idx)
+	sh := st.p.ShapeAt(st.p.Overrides.Resolve(key))
 	c := minCapacity(sh)
 	k.ver, k.cap, k.max, k.reserve = st.p.Version, c, c/q.l.divisor, c-c/2
 	k.remaining, k.resetAt, k.limit, k.band = c, 0, sh.Primary.Capacity, sh.Name
