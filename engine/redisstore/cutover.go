@@ -3,8 +3,6 @@ package redisstore
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/big"
@@ -276,9 +274,7 @@ var errLostLock = fmt.Errorf("%w: lost the cutover lock", ErrUnavailable)
 // lock takes the prefix's cutover lock, waiting for another holder as long
 // as ctx allows, and returns the token that proves it.
 func (s *Store) lock(ctx context.Context) (string, error) {
-	var raw [16]byte
-	_, _ = rand.Read(raw[:])
-	token := hex.EncodeToString(raw[:])
+	token := newSeed() // 16 random bytes in hex, as a prefix's seed is
 	wait := time.Millisecond
 	for {
 		var ok bool
