@@ -55,17 +55,15 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 	if s.uninitialized() {
 		return engine.Decision{}, engine.ErrNotInitialized
 	}
-	if s.lease != nil {
-		return s.lease.allow(ctx, key, cost)
-	}
 	var d engine.Decision
 	err := s.check(ctx, key, cost)
-	if err == nil {
+	switch {
+	case err == nil && s.lease != nil:
+		return s.lease.decide(ctx, s.deadline(ctx), key, cost) // which counts it
+	case err == nil:
 		d, err = s.decideOne(ctx, key, cost)
 	}
-	var t tally
-	t.add(d, err)
-	s.count(&t)
+	s.countOne(d, err)
 	return d, err
 }
 
@@ -150,7 +148,7 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	rctx := ctx
 	if s.lease != nil || !s.ready.Load() {
 		var cancel context.CancelFunc
-		rctx, cancel = context.WithDeadline(ctx, s.deadline(ctx))
+		rctx, cancel = context.WithTimeout(ctx, s.timeout)
 		defer cancel()
 	}
 	if s.lease != nil {
@@ -239,7 +237,7 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 // store's Timeout, answering the undecided ones if it fails (see fail).
 // It is the path of a batch, and of a single Allow sent alone.
 func (s *Store) decideItems(ctx context.Context, items []item) error {
-	bctx, cancel := s.bound(ctx) // one deadline for reaching Redis and deciding
+	bctx, cancel := context.WithTimeout(ctx, s.timeout) // one deadline for reaching Redis and deciding
 	defer cancel()
 	ok, err := s.up(bctx)
 	if ok {
@@ -558,7 +556,7 @@ func unpinned(items []*item, st *state) []*item {
 // the command as for a pipeline's, and never resends it (noRetryCmd).
 func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*item, mode, at string, eval bool) []*redis.Cmd {
 	nowArg, expiry := cmp.Or(at, s.nowArg()), "1" // the server's TIME, and expiries
-	if s.now != nil {
+	if s.clk != nil {
 		expiry = "0" // Config.Clock's readings, and no expiries
 	}
 	cmds := make([]*redis.Cmd, len(chunks))
@@ -570,28 +568,19 @@ func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*ite
 		queue(s.rdb, 0)
 		return cmds
 	}
-	pipeline := func(group []int) { // nil: every chunk
+	pipeline := func(group []int) {
 		pipe := s.rdb.Pipeline()
-		if group == nil {
-			for c := range chunks {
-				queue(pipe, c)
-			}
-		}
 		for _, c := range group {
 			queue(pipe, c)
 		}
 		_, _ = pipe.Exec(ctx) // each command keeps its own error
-	}
-	groups := s.byMaster(ctx, chunks)
-	if groups == nil {
-		pipeline(nil)
-		return cmds
 	}
 	// One pipeline per master, all at once (the first on this goroutine,
 	// each other in one of its own): go-redis ends a cluster pipeline that
 	// retries a master it cannot reach by giving every command the last
 	// error, the other masters' replies too, which would then be answered
 	// by the failure rule though their scripts ran.
+	groups := s.byMaster(ctx, chunks)
 	var wg sync.WaitGroup
 	for _, group := range groups[1:] {
 		wg.Go(func() { pipeline(group) })
@@ -602,27 +591,21 @@ func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*ite
 }
 
 // byMaster groups the indexes of chunks by the master that holds their
-// virtual shard, as the cluster's slot map says now; nil if they are all
-// on one (or on one server, or the slot map cannot be had).
+// virtual shard, as the cluster's slot map says now: one group on one
+// server, and one for the chunks whose master the slot map cannot tell.
 func (s *Store) byMaster(ctx context.Context, chunks [][]*item) [][]int {
-	if s.cluster == nil {
-		return nil
-	}
 	var groups [][]int
 	var masters []*redis.Client // of groups, in order: a few, so searched
 	for c, chunk := range chunks {
-		m, err := s.cluster.MasterForKey(ctx, s.shards[s.stateShard(chunk[0].shard)].policy)
-		if err != nil {
-			return nil
+		var m *redis.Client // nil: one server, or no slot map to be had
+		if s.cluster != nil {
+			m, _ = s.cluster.MasterForKey(ctx, s.shards[s.stateShard(chunk[0].shard)].policy)
 		}
 		g := slices.Index(masters, m)
 		if g < 0 {
 			g, masters, groups = len(groups), append(masters, m), append(groups, nil)
 		}
 		groups[g] = append(groups[g], c)
-	}
-	if len(groups) == 1 {
-		return nil
 	}
 	return groups
 }

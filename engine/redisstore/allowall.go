@@ -112,7 +112,7 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	if err := s.usable(ctx); err != nil {
 		return engine.Decision{}, -1, err
 	}
-	bctx, cancel := s.bound(ctx) // one deadline for reaching Redis and deciding
+	bctx, cancel := context.WithTimeout(ctx, s.timeout) // one deadline for reaching Redis and deciding
 	defer cancel()
 	ready, err := s.up(bctx)
 	// One script call, so on a cluster one slot: one virtual shard, under

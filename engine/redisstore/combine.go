@@ -77,7 +77,7 @@ func (s *Store) queueFor(key string) *combiner {
 func (s *Store) decideOne(ctx context.Context, key string, cost int64) (engine.Decision, error) {
 	if !s.ready.Load() { // one deadline for reaching Redis and deciding
 		var cancel context.CancelFunc
-		ctx, cancel = s.bound(ctx)
+		ctx, cancel = context.WithTimeout(ctx, s.timeout)
 		defer cancel()
 	}
 	if ok, err := s.up(ctx); !ok {
@@ -152,9 +152,7 @@ func (s *Store) allowAlone(ctx context.Context, c *combiner, key string, cost in
 		}
 		c.mu.Unlock()
 	}()
-	if s.hook != nil {
-		s.hook(hookAlone)
-	}
+	s.atHook(hookAlone)
 	var out engine.Result
 	if err := s.decideItems(ctx, []item{{out: &out, key: key, cost: cost}}); err != nil {
 		return engine.Decision{}, err
@@ -236,9 +234,7 @@ func (s *Store) drain(c *combiner) {
 // caller giving up (the failure rule), or the call's end (Redis's answer,
 // or the failure rule for a request the call did not decide).
 func (s *Store) sendCombined(c *combiner, batch []*waiter) bool {
-	if s.hook != nil {
-		s.hook(hookTaken)
-	}
+	s.atHook(hookTaken)
 	// Callers that gave up since the batch was taken have their answer:
 	// sending them would only spend their tokens.
 	c.mu.Lock()
@@ -266,9 +262,7 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) bool {
 	}
 	_, err := s.exec(cctx, "a", "", items)
 	cancel()
-	if s.hook != nil {
-		s.hook(hookSent)
-	}
+	s.atHook(hookSent)
 	// Every caller still waiting is answered here, under the lock: the
 	// failure rule's answers below are in place before any of them wakes.
 	c.mu.Lock()
@@ -306,6 +300,13 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) bool {
 	}
 	c.mu.Unlock()
 	return woke
+}
+
+// atHook runs the test hook, if any, at point.
+func (s *Store) atHook(point string) {
+	if s.hook != nil {
+		s.hook(point)
+	}
 }
 
 // Points in the combiner, and in a lease's give-back and flush, where a

@@ -3,8 +3,6 @@ package redisstore
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/big"
@@ -246,7 +244,7 @@ func (s *Store) persistPass(ctx context.Context, token string) error {
 // round runs one exchange with Redis under the store's Timeout, and tells
 // the context's end from Redis's failure.
 func (s *Store) round(ctx context.Context, f func(ctx context.Context) error) error {
-	bctx, cancel := s.bound(ctx)
+	bctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	err := f(bctx)
 	s.nodeFailed(ctx, err) // a lost node: reload the slot map (nil is no failure)
@@ -255,7 +253,7 @@ func (s *Store) round(ctx context.Context, f func(ctx context.Context) error) er
 		return nil
 	case ended(ctx) != nil:
 		return ended(ctx)
-	case errors.Is(err, ErrUnavailable), errors.Is(err, errLostLock):
+	case errors.Is(err, ErrUnavailable): // errLostLock too
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -276,9 +274,7 @@ var errLostLock = fmt.Errorf("%w: lost the cutover lock", ErrUnavailable)
 // lock takes the prefix's cutover lock, waiting for another holder as long
 // as ctx allows, and returns the token that proves it.
 func (s *Store) lock(ctx context.Context) (string, error) {
-	var raw [16]byte
-	_, _ = rand.Read(raw[:])
-	token := hex.EncodeToString(raw[:])
+	token := newSeed() // 16 random bytes in hex, as a prefix's seed is
 	wait := time.Millisecond
 	for {
 		var ok bool

@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -83,7 +83,7 @@ func scripted(cmd redis.Cmder) bool {
 }
 
 func (h *waitHook) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) { return next(ctx, network, addr) }
+	return next
 }
 
 func (h *waitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -100,13 +100,7 @@ func (h *waitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *waitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		n := 0
-		for _, c := range cmds {
-			if scripted(c) {
-				n++
-			}
-		}
-		if n == 0 {
+		if !slices.ContainsFunc(cmds, scripted) {
 			return next(ctx, cmds)
 		}
 		wait := redis.NewIntCmd(ctx, "wait", h.replicas, h.timeout.Milliseconds())

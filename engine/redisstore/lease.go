@@ -253,14 +253,6 @@ func newLeaser(s *Store, cfg *Leases, clk clock.Clock) *leaser {
 	return l
 }
 
-// checkLeases is the error of a Leases New refuses, nil if there is none.
-func checkLeases(c *Leases) error {
-	if c != nil && (c.Divisor < 0 || c.Horizon < 0 || c.MaxAge < 0) {
-		return fmt.Errorf("%w: redisstore: negative Leases field", engine.ErrInvalidConfig)
-	}
-	return nil
-}
-
 func (l *leaser) shardOf(key string) *leaseShard {
 	return l.shards[maphash.String(l.seed, key)%uint64(len(l.shards))]
 }
@@ -282,23 +274,14 @@ func (l *leaser) ask(q *leaseShard, op, key string, cost int64) lreply {
 	return a
 }
 
-// allow is Allow in lease mode: decided by the key's lease if it covers
-// cost or a denial of Redis still holds, else by Redis, which may grant
-// the next lease in the same call.
-func (l *leaser) allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
-	s := l.s
-	if err := s.check(ctx, key, cost); err != nil {
-		s.errs[kindOf(err)].Add(1)
-		return engine.Decision{}, err
-	}
-	return l.decide(ctx, s.deadline(ctx), key, cost)
-}
-
-// decide is allow for a request checked, whose call ends by dl (see
-// Store.deadline): every exchange with Redis it makes shares that deadline
-// (a lease given back first, then the decision), and one that passes on
-// the way is answered by the failure rule, as Allow's is. A request its
-// lease decides makes none, and allocates nothing.
+// decide is Allow in lease mode, counted, for a request checked, whose
+// call ends by dl (see Store.deadline): decided by the key's lease if it
+// covers cost or a denial of Redis still holds, else by Redis, which may
+// grant the next lease in the same call. Every exchange with Redis it
+// makes shares that deadline (a lease given back first, then the
+// decision), and one that passes on the way is answered by the failure
+// rule, as Allow's is. A request its lease decides makes none, and
+// allocates nothing.
 func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int64) (engine.Decision, error) {
 	s := l.s
 	a := l.ask(l.shardOf(key), opAllow, key, cost)
@@ -332,9 +315,7 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 		d.Remaining = satAdd(d.Remaining, a.held) // the tokens held go back to the lease
 	}
 	l.shardOf(key).posts <- p
-	var t tally
-	t.add(d, p.dErr)
-	s.count(&t)
+	s.countOne(d, p.dErr)
 	return d, p.dErr
 }
 
@@ -381,9 +362,7 @@ func (l *leaser) flush(ctx context.Context) {
 	for _, q := range l.shards {
 		a := l.ask(q, opFlush, "", 0)
 		if a.err != nil { // closed: Close is under way
-			if l.s.hook != nil {
-				l.s.hook(hookFlushWaits)
-			}
+			l.s.atHook(hookFlushWaits)
 			l.wg.Wait()
 			return
 		}
@@ -421,9 +400,7 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 	s := l.s
 	for try := 0; len(gs) > 0; try++ {
 		items, from, err := l.judge(ctx, gs, try)
-		if s.hook != nil {
-			s.hook(hookGiveBack)
-		}
+		s.atHook(hookGiveBack)
 		if err == nil && len(items) > 0 {
 			err = s.round(ctx, func(ctx context.Context) error {
 				_, err := s.exec(ctx, "r", "", items)
@@ -497,8 +474,7 @@ func (l *leaser) raised(ctx context.Context, g gift, st *state, retained []int64
 	if from < 0 {
 		return true
 	}
-	_, ni := st.p.Resolve(g.key)
-	next := st.p.ShapeAt(ni)
+	next := st.p.ShapeAt(st.p.Overrides.Resolve(g.key))
 	for _, v := range retained[from:] {
 		if v == st.p.Version {
 			return false
@@ -507,7 +483,7 @@ func (l *leaser) raised(ctx context.Context, g gift, st *state, retained []int64
 		if err != nil {
 			return true
 		}
-		if _, oi := old.Resolve(g.key); raises(old.ShapeAt(oi), next) {
+		if raises(old.ShapeAt(old.Overrides.Resolve(g.key)), next) {
 			return true
 		}
 	}
@@ -720,8 +696,7 @@ func (k *lease) answer(now int64, allowed bool) engine.Decision {
 
 // renew sets k for the version in force, st, holding nothing.
 func (q *leaseShard) renew(key string, k *lease, st *state) {
-	_, idx := st.p.Resolve(key)
-	sh := st.p.ShapeAt(idx)
+	sh := st.p.ShapeAt(st.p.Overrides.Resolve(key))
 	c := minCapacity(sh)
 	k.ver, k.cap, k.max, k.reserve = st.p.Version, c, c/q.l.divisor, c-c/2
 	k.remaining, k.resetAt, k.limit, k.band = c, 0, sh.Primary.Capacity, sh.Name

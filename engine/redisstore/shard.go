@@ -45,7 +45,6 @@ const slots = 16384
 // its buckets' keys.
 type shardKeys struct {
 	policy, history, pending, bucket string
-	tag                              string // between the braces
 	words                            [3]any // policy, history and pending, boxed once: a script call's first keys
 }
 
@@ -196,7 +195,7 @@ func (s *Store) layout(n int) {
 	s.shardByTag = make(map[string]int, n)
 	for i, t := range tags {
 		b := s.prefix + "{" + t + "}"
-		k := shardKeys{policy: b + "p", history: b + "h", pending: b + "n", bucket: b + "k:", tag: t}
+		k := shardKeys{policy: b + "p", history: b + "h", pending: b + "n", bucket: b + "k:"}
 		k.words = [3]any{k.policy, k.history, k.pending}
 		s.shards[i] = k
 		s.shardByTag[t] = i
@@ -341,8 +340,8 @@ func (s *Store) settle(ctx context.Context, token string) (bool, error) {
 				return false, err
 			}
 		}
-		if err := s.done(ctx, rec.nv); err != nil && s.onError != nil {
-			s.onError(fmt.Errorf("redisstore: ending the cutover to version %s (the next ReplacePolicy ends it): %w", rec.nv, err))
+		if err := s.done(ctx, rec.nv); err != nil {
+			s.report(fmt.Errorf("redisstore: ending the cutover to version %s (the next ReplacePolicy ends it): %w", rec.nv, err))
 		}
 		return false, nil
 	}

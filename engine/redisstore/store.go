@@ -274,6 +274,13 @@ func (s *Store) count(t *tally) {
 	}
 }
 
+// countOne counts one request's answer (see tally.add).
+func (s *Store) countOne(d engine.Decision, err error) {
+	var t tally
+	t.add(d, err)
+	s.count(&t)
+}
+
 // Store is an engine.Admitter whose buckets live in Redis, so that every
 // process using the same prefix shares one quota per key. It is safe for
 // concurrent use. The goroutines it starts send single Allows that queued
@@ -293,8 +300,7 @@ type Store struct {
 	timeout     time.Duration
 	lockTTL     time.Duration
 	onError     func(error)
-	now         func() int64 // Config.Clock's Now, or nil for the server's TIME
-	clk         clock.Clock  // Config.Clock, for Wait
+	clk         clock.Clock // Config.Clock, or nil for the server's TIME
 
 	kPolicy, kHistory, kBlobs, kLock, kBucket string // global keys; kBucket starts every bucket's
 	shards                                    []shardKeys
@@ -449,16 +455,11 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port with a host name or IP address and a port a dial can use", engine.ErrInvalidConfig, a)
 		}
 	}
-	if err := checkLeases(cfg.Leases); err != nil {
-		return nil, err
+	if l := cfg.Leases; l != nil && (l.Divisor < 0 || l.Horizon < 0 || l.MaxAge < 0) {
+		return nil, fmt.Errorf("%w: redisstore: negative Leases field", engine.ErrInvalidConfig)
 	}
-	var now func() int64
-	switch c := cfg.Clock.(type) {
-	case nil: // the server's TIME
-	case *clock.Monotonic:
+	if _, ok := cfg.Clock.(*clock.Monotonic); ok {
 		return nil, fmt.Errorf("%w: redisstore: Config.Clock is a clock.Monotonic, whose readings count from its construction; leave it nil for the server's TIME", engine.ErrInvalidConfig)
-	default:
-		now = c.Now
 	}
 	s := &Store{
 		rdb:         cfg.Client,
@@ -469,7 +470,6 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		failRetry:   cmp.Or(cfg.FailRetryAfter, DefaultFailRetryAfter),
 		timeout:     cmp.Or(cfg.Timeout, DefaultTimeout),
 		onError:     cfg.OnError,
-		now:         now,
 		clk:         cfg.Clock,
 		past:        map[int64]policy.Policy{},
 		closing:     make(chan struct{}),
@@ -482,7 +482,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	s.globals()
 	s.cur.Store(newState(cfg.Policy))
 
-	bctx, cancel := s.bound(ctx)
+	bctx, cancel := context.WithTimeout(ctx, s.timeout)
 	err := s.connect(bctx)
 	cancel()
 	if err != nil {
@@ -592,7 +592,7 @@ func (s *Store) up(ctx context.Context) (bool, error) {
 	if s.ready.Load() { // another caller's attempt ended meanwhile
 		return true, nil
 	}
-	bctx, cancel := s.bound(ctx)
+	bctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	err := s.connect(bctx)
 	return err == nil, err
@@ -691,19 +691,11 @@ func (s *Store) deadline(ctx context.Context) time.Time {
 	return dl
 }
 
-// bound gives ctx the store's Timeout unless it already ends sooner.
-func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	if d, ok := ctx.Deadline(); ok && clock.Until(d) <= s.timeout {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, s.timeout)
-}
-
 // nowArg is the instant a script decides at: "" for the server's TIME, else
 // Config.Clock's reading.
 func (s *Store) nowArg() string {
-	if s.now != nil {
-		return strconv.FormatInt(s.now(), 10)
+	if s.clk != nil {
+		return strconv.FormatInt(s.clk.Now(), 10)
 	}
 	return ""
 }
@@ -724,7 +716,7 @@ func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, 
 	cmd := s.rdb.Eval(ctx, installSrc, []string{s.kPolicy, s.kHistory, s.kBlobs},
 		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, seed, tags)
 	if shortOfReplicas(cmd.Err()) {
-		s.report(cmd.Err()) // it ran, on a master short of replicas (see unreplicated)
+		s.report(cmd.Err()) // it ran, on a master short of replicas (see ensureShards)
 		cmd.SetErr(nil)
 	}
 	res, err := cmd.StringSlice()
@@ -791,7 +783,7 @@ func (s *Store) syncKeyMap(ctx context.Context) error {
 // default shape's cap and rate, overridden, and its bands if any.
 func tail(p policy.Policy) string {
 	a := encodeShape(p.Shape())
-	t := strconv.FormatInt(p.Capacity, 10) + " " + fmt.Sprint(a.rate) + " " + overridden(p)
+	t := strconv.FormatInt(p.Capacity, 10) + " " + a.rate + " " + overridden(p)
 	if a.bands != "" {
 		t += " " + a.bands
 	}
@@ -810,26 +802,17 @@ func (s *Store) ensureShards(ctx context.Context, which []int) error {
 	p, m := s.cur.Load().p, s.kmap.Load()
 	cmds, err := s.eachShard(ctx, which, shardInstallSrc, func(k shardKeys) []string { return []string{k.policy, k.history} },
 		p.Version, tail(p), s.nowArg(), m.seed, m.tags)
-	if shortOfReplicas(err) && unreplicated(cmds) {
+	// Every command that failed ran, on a master short of the replicas
+	// WaitForReplicas asks: the writes of an idempotent setup are there, and
+	// only that master's keys' decisions are the failure rule's, each saying
+	// so, as WaitForReplicas documents; taken for a failure, one master short
+	// of replicas would leave a store starting then with every key answered
+	// by the failure rule.
+	if shortOfReplicas(err) && !slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return c.Err() != nil && !shortOfReplicas(c.Err()) }) {
 		s.report(err)
 		return nil
 	}
 	return err
-}
-
-// unreplicated reports whether every command of cmds that failed ran, on a
-// master short of the replicas WaitForReplicas asks: the writes of an
-// idempotent setup are there, and only that master's keys' decisions are
-// the failure rule's, each saying so, as WaitForReplicas documents; taken
-// for a failure, one master short of replicas would leave a store starting
-// then with every key answered by the failure rule.
-func unreplicated(cmds []*redis.Cmd) bool {
-	for _, c := range cmds {
-		if err := c.Err(); err != nil && !shortOfReplicas(err) {
-			return false
-		}
-	}
-	return true
 }
 
 // shortOfReplicas reports whether err is a script call's that ran but
@@ -1108,7 +1091,7 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 	match := globEscape(s.prefix) + "{*}k:*"
 	for _, m := range ms {
 		for cursor := uint64(0); ; {
-			bctx, cancel := s.bound(ctx)
+			bctx, cancel := context.WithTimeout(ctx, s.timeout)
 			keys, next, err := m.Scan(bctx, cursor, match, 512).Result()
 			cancel()
 			if err != nil {
