@@ -589,3 +589,52 @@ func TestStartWithoutRedisDialsOncePerCall(t *testing.T) {
 	}
 	require.LessOrEqual(t, dials.Load(), int64(calls+1), "New and each call dial once")
 }
+
+// TestRetriedConnectKeepsNewerVersion: a store's first connection read the
+// prefix's newer policy (version 2, installed by another store) and then
+// failed setting up the virtual shards, so it started without Redis. The
+// prefix's global keys are then lost while the shards, at version 2,
+// survive. The store's next attempt reinstalls them at version 2, the
+// version it read and the shards hold, never at its Config.Policy's
+// version 1 below them: every call on the shards would then answer stale.
+func TestRetriedConnectKeepsNewerVersion(t *testing.T) {
+	addr := redisAddr(t)
+	p := prefix(t)
+	ctx := context.Background()
+	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	a := newStore(t, redisstore.Config{Client: client(t, addr), Prefix: p, Policy: v1}, nil)
+	require.NoError(t, a.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 1}, 1))
+
+	var failing atomic.Bool
+	failing.Store(true)
+	bc := client(t, addr)
+	bc.AddHook(hook{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		if !failing.Load() || slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() != "eval" }) {
+			return next(ctx, cmds)
+		}
+		for _, c := range cmds { // the virtual shards' setup: lost, as to a timeout
+			c.SetErr(context.DeadlineExceeded)
+		}
+		return context.DeadlineExceeded
+	}})
+	b, err := redisstore.New(ctx, redisstore.Config{Client: bc, Prefix: p, Policy: v1})
+	require.NoError(t, err, "started without Redis")
+	t.Cleanup(func() { _ = b.Close() })
+	failing.Store(false)
+	for _, name := range []string{"policy", "history", "blobs", "lock"} {
+		require.NoError(t, bc.Del(ctx, redisstore.GlobalKey(p, name)).Err())
+	}
+
+	d, err := b.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, d.Degraded, "decided by Redis")
+	require.True(t, d.Allowed)
+	require.Equal(t, int64(2), d.Version)
+	v, err := bc.HGet(ctx, redisstore.GlobalKey(p, "policy"), "v").Result()
+	require.NoError(t, err)
+	require.Equal(t, "2", v, "the global keys reinstalled at the shards' version")
+	d, err = a.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, d.Degraded)
+	require.Equal(t, int64(2), d.Version)
+}

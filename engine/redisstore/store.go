@@ -531,9 +531,10 @@ func (s *Store) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
 	}
+	pol := s.cfgPolicy
 	if n == 0 {
 		s.layout(s.cfgShards)
-		_, kept, err := s.reinstallPolicy(ctx)
+		q, kept, err := s.reinstallPolicy(ctx)
 		s.shards, s.shardByTag = nil, nil
 		if err != nil {
 			return err
@@ -541,8 +542,13 @@ func (s *Store) connect(ctx context.Context) error {
 		if kept[0] != "" {
 			seed, tags = kept[0], kept[1]
 		}
+		// An earlier attempt may have read a newer version than Config's
+		// before it failed: the newest known is the floor.
+		if q.Version > pol.Version {
+			pol = q
+		}
 	}
-	installed, stored, kept, err := s.install(ctx, s.cfgPolicy, s.cfgShards, seed, tags)
+	installed, stored, kept, err := s.install(ctx, pol, s.cfgShards, seed, tags)
 	if err != nil {
 		return err
 	}
