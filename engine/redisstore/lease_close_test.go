@@ -387,8 +387,11 @@ func TestLeaseFailedGiveBackSettles(t *testing.T) {
 	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
 	c := client(t, redisAddr(t))
 	var failing atomic.Bool
+	var calls atomic.Int64 // decide calls in flight
 	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
 		if !failing.Load() {
+			calls.Add(1)
+			defer calls.Add(-1)
 			return next(ctx, cmds)
 		}
 		err := errors.New("test: refused")
@@ -403,6 +406,20 @@ func TestLeaseFailedGiveBackSettles(t *testing.T) {
 	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
 	ctx := context.Background()
 	held := holding(t, a, b, "k", 100)
+	// A top-up holding's requests started must be over, answered and taken
+	// in, or it would fail below, or land after the count of leases taken.
+	require.Eventually(t, func() bool {
+		if calls.Load() != 0 {
+			return false
+		}
+		leased := a.Stats().LeasedTokens
+		for range 2 { // through the lease's shard, and Redis
+			if _, err := a.Peek(ctx, "k"); err != nil {
+				return false
+			}
+		}
+		return calls.Load() == 0 && a.Stats().LeasedTokens == leased
+	}, 5*time.Second, time.Millisecond)
 	failing.Store(true)
 	_, err := a.Charge(ctx, "k", 5) // its give-back fails: given up
 	require.NoError(t, err)
