@@ -364,20 +364,17 @@ func drain(t *testing.T, s *redisstore.Store, key string, n int64) int64 {
 }
 
 // holding admits n requests of one token on key through a, a store with
-// leases, then more until a's lease holds tokens (it may be spent, its
-// next one on the way), and returns them: what a's Peek reports beyond
-// b's, a store without leases on the same prefix.
+// leases, then more until a's lease holds tokens, and returns them: what
+// a's Peek reports beyond b's, a store without leases on the same prefix.
+// A top-up those requests started has landed by then (see leaseLanded).
 func holding(t *testing.T, a, b *redisstore.Store, key string, n int) int64 {
 	t.Helper()
 	ctx := context.Background()
 	warm(t, a, key)
 	for i := 0; i < n+1000; i++ {
 		if i >= n {
-			pa, err := a.Peek(ctx, key)
-			require.NoError(t, err)
-			pb, err := b.Peek(ctx, key)
-			require.NoError(t, err)
-			if held := pa.Remaining - pb.Remaining; held > 0 {
+			leaseLanded(t, a, b, key)
+			if held := peek(t, a, key).Remaining - peek(t, b, key).Remaining; held > 0 {
 				return held
 			}
 		}
@@ -386,6 +383,38 @@ func holding(t *testing.T, a, b *redisstore.Store, key string, n int) int64 {
 	}
 	t.Fatalf("a's lease on %q held nothing: %+v", key, a.Stats())
 	return 0
+}
+
+// leaseLanded waits until no top-up of a's lease on key is on its way: the
+// bucket (as b, a store without leases, reads it) and the tokens a has
+// been granted stay the same over several round trips through a's lease
+// shard and Redis. The clock must stand still. A test that goes on with a
+// top-up in flight would meet it at a moment of the scheduler's choosing:
+// failing, or landing after a count, or keeping a sweep off the key.
+func leaseLanded(t *testing.T, a, b *redisstore.Store, key string) {
+	t.Helper()
+	ctx := context.Background()
+	require.Eventually(t, func() bool {
+		leased := a.Stats().LeasedTokens
+		before, err := b.Peek(ctx, key)
+		if err != nil {
+			return false
+		}
+		for range 3 {
+			if _, err := a.Peek(ctx, key); err != nil {
+				return false
+			}
+		}
+		after, err := b.Peek(ctx, key)
+		return err == nil && after.Remaining == before.Remaining && a.Stats().LeasedTokens == leased
+	}, 10*time.Second, time.Millisecond, "a top-up of %q stayed on its way", key)
+}
+
+func peek(t *testing.T, s *redisstore.Store, key string) engine.Decision {
+	t.Helper()
+	d, err := s.Peek(context.Background(), key)
+	require.NoError(t, err)
+	return d
 }
 
 // A leased answer's Remaining is at most its Limit: the bucket's tokens at
