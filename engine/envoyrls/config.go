@@ -119,9 +119,9 @@ type node struct {
 	line       int
 	limit      *limit // nil: no rate_limit here
 
-	exact     map[string]*node // children by key "\x00" value (value non-empty)
-	wildcards []*node          // children whose value has '*', in order
-	defaults  map[string]*node // children with no value, by key
+	exact     map[entryKey]*node // children by key and value (value non-empty)
+	wildcards []*node            // children whose value has '*', in order
+	defaults  map[string]*node   // children with no value, by key
 
 	// For a node with a limit: its bucket key's fixed part, and whether
 	// the key also carries request values (a default entry, or a wildcard
@@ -131,6 +131,11 @@ type node struct {
 	variable bool
 	depth    int
 }
+
+// entryKey is an entry's key and value, as a map key: two strings, not one
+// joined by a separator, since keys and values may hold any byte (a
+// separator in one would let a descriptor reach another entry).
+type entryKey struct{ key, value string }
 
 // ParseConfig reads one domain's configuration in envoyproxy/ratelimit's YAML
 // format (the package doc lists the fields). It refuses what that server
@@ -253,9 +258,9 @@ func (c *Config) loadLevel(parent *node, seq *yaml.Node) error {
 			parent.defaults[n.key] = n
 		default:
 			if parent.exact == nil {
-				parent.exact = map[string]*node{}
+				parent.exact = map[entryKey]*node{}
 			}
-			parent.exact[n.key+"\x00"+n.value] = n
+			parent.exact[entryKey{n.key, n.value}] = n
 			if n.wildcard != nil {
 				parent.wildcards = append(parent.wildcards, n)
 			}
