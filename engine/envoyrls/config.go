@@ -53,7 +53,8 @@ var (
 	// refuses every request; here 0 must be written.
 	ErrMissingRequests = fmt.Errorf("%w: rate_limit without requests_per_unit", ErrInvalidConfig)
 	// ErrTooLarge: more descriptors than one configuration may have
-	// (100,000, aliases expanded).
+	// (100,000, aliases expanded), or more replaces entries (100,000 in
+	// all, aliases expanded).
 	ErrTooLarge = fmt.Errorf("%w: too many descriptors", ErrInvalidConfig)
 	// ErrUnsupported: a setting this server does not implement
 	// (quota_mode: true, a YAML merge key, a second YAML document).
@@ -89,12 +90,18 @@ type Config struct {
 	root   *node
 	rules  []*node // every node with a rate_limit, in document order
 	count  int     // descriptors read so far
+	nrepl  int     // replaces entries read so far
 }
 
 // maxDescriptors bounds the descriptors of one configuration, aliases
 // expanded, so that a file of nested aliases cannot take the process's
 // memory.
 const maxDescriptors = 100_000
+
+// maxReplaces bounds the replaces entries of one configuration, aliases
+// expanded: one rate_limit with a long replaces list, named by an alias from
+// every descriptor, would otherwise be read and held once per descriptor.
+const maxReplaces = 100_000
 
 // Domain returns the configuration's domain.
 func (c *Config) Domain() string { return c.domain }
@@ -290,7 +297,7 @@ func (c *Config) loadDescriptor(m *yaml.Node) (*node, *yaml.Node, error) {
 		case "descriptors":
 			children = v
 		case "rate_limit":
-			n.limit, err = loadLimit(v)
+			n.limit, err = c.loadLimit(v)
 		case "shadow_mode":
 			n.shadow, err = boolean(k, v)
 		case "share_threshold":
@@ -335,7 +342,7 @@ func (c *Config) loadDescriptor(m *yaml.Node) (*node, *yaml.Node, error) {
 }
 
 // loadLimit reads a rate_limit mapping.
-func loadLimit(m *yaml.Node) (*limit, error) {
+func (c *Config) loadLimit(m *yaml.Node) (*limit, error) {
 	if m.Kind != yaml.MappingNode {
 		return nil, fieldErr(ErrFieldType, m, "rate_limit", "not a mapping")
 	}
@@ -375,6 +382,9 @@ func loadLimit(m *yaml.Node) (*limit, error) {
 				e = deref(e)
 				if e.Kind != yaml.MappingNode {
 					return fieldErr(ErrFieldType, e, k, "yaml file contains list of type other than map")
+				}
+				if c.nrepl++; c.nrepl > maxReplaces {
+					return fieldErr(ErrTooLarge, e, k, fmt.Sprintf("more than %d replaces entries, aliases expanded", maxReplaces))
 				}
 				name := ""
 				if err := eachField(e, func(k string, kn, v *yaml.Node) error {
