@@ -53,8 +53,10 @@ var (
 	// refuses every request; here 0 must be written.
 	ErrMissingRequests = fmt.Errorf("%w: rate_limit without requests_per_unit", ErrInvalidConfig)
 	// ErrTooLarge: more descriptors than one configuration may have
-	// (100,000, aliases expanded), or more replaces entries (100,000 in
-	// all, aliases expanded).
+	// (100,000, aliases expanded), more replaces entries (100,000 in all),
+	// or paths that add up to more than 64 MiB (a descriptor's path being
+	// its own and its ancestors' keys and values, escaped; aliases
+	// expanded).
 	ErrTooLarge = fmt.Errorf("%w: too many descriptors", ErrInvalidConfig)
 	// ErrUnsupported: a setting this server does not implement
 	// (quota_mode: true, a YAML merge key, a second YAML document).
@@ -91,6 +93,7 @@ type Config struct {
 	rules  []*node // every node with a rate_limit, in document order
 	count  int     // descriptors read so far
 	nrepl  int     // replaces entries read so far
+	nbytes int     // bytes of the paths built so far
 }
 
 // maxDescriptors bounds the descriptors of one configuration, aliases
@@ -102,6 +105,12 @@ const maxDescriptors = 100_000
 // expanded: one rate_limit with a long replaces list, named by an alias from
 // every descriptor, would otherwise be read and held once per descriptor.
 const maxReplaces = 100_000
+
+// maxPathBytes bounds the bytes of all descriptors' paths together, aliases
+// expanded: each descriptor holds its path, which repeats its ancestors', so
+// an alias nesting a list in itself, 50 bytes of YAML, would otherwise build
+// 100,000 levels and 15 GB of paths before the descriptor bound stops it.
+const maxPathBytes = 64 << 20
 
 // Domain returns the configuration's domain.
 func (c *Config) Domain() string { return c.domain }
@@ -252,6 +261,9 @@ func (c *Config) loadLevel(parent *node, seq *yaml.Node) error {
 			seg += "=" + escape(n.value)
 		}
 		n.variable = n.variable || parent.variable
+		if c.nbytes += len(parent.path) + len(seg); c.nbytes > maxPathBytes {
+			return fieldErr(ErrTooLarge, item, "descriptors", fmt.Sprintf("paths of more than %d bytes, aliases expanded", maxPathBytes))
+		}
 		n.path = parent.path + seg
 		if n.limit != nil {
 			n.rule = ruleKey(c.tag, n.path)

@@ -251,3 +251,29 @@ func TestParseConfigReplacesBomb(t *testing.T) {
 		t.Errorf("121,000 replaces entries through aliases: %v", err)
 	}
 }
+
+// TestParseConfigPathBomb: each descriptor holds its path, its ancestors'
+// keys and values with its own, so deep nesting costs the square of its
+// depth; past 64 MiB of paths the configuration is refused. 400 levels of
+// 1,000-byte keys are 80 MB of paths from 400 KB of YAML; a list that an
+// alias nests in itself, 50 bytes, is 100,000 levels deep (15 GB of paths,
+// two minutes, before the bound).
+func TestParseConfigPathBomb(t *testing.T) {
+	key := strings.Repeat("k", 1000)
+	var b strings.Builder
+	b.WriteString("domain: d\ndescriptors: ")
+	for range 400 {
+		b.WriteString("[{key: " + key + ", descriptors: ")
+	}
+	b.WriteString("[]")
+	for range 400 {
+		b.WriteString("}]")
+	}
+	b.WriteString("\n")
+	if _, err := envoyrls.ParseConfig([]byte(b.String())); !errors.Is(err, envoyrls.ErrTooLarge) {
+		t.Fatalf("80 MB of paths: %v", err)
+	}
+	if _, err := envoyrls.ParseConfig([]byte("domain: d\ndescriptors: &a\n  - {key: k, descriptors: *a}\n")); !errors.Is(err, envoyrls.ErrTooLarge) {
+		t.Errorf("a list nested in itself: %v", err)
+	}
+}
