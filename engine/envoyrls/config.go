@@ -53,7 +53,10 @@ var (
 	// refuses every request; here 0 must be written.
 	ErrMissingRequests = fmt.Errorf("%w: rate_limit without requests_per_unit", ErrInvalidConfig)
 	// ErrTooLarge: more descriptors than one configuration may have
-	// (100,000, aliases expanded).
+	// (100,000, aliases expanded), more replaces entries (100,000 in all),
+	// or paths that add up to more than 64 MiB (a descriptor's path being
+	// its own and its ancestors' keys and values, escaped; aliases
+	// expanded).
 	ErrTooLarge = fmt.Errorf("%w: too many descriptors", ErrInvalidConfig)
 	// ErrUnsupported: a setting this server does not implement
 	// (quota_mode: true, a YAML merge key, a second YAML document).
@@ -89,12 +92,25 @@ type Config struct {
 	root   *node
 	rules  []*node // every node with a rate_limit, in document order
 	count  int     // descriptors read so far
+	nrepl  int     // replaces entries read so far
+	nbytes int     // bytes of the paths built so far
 }
 
 // maxDescriptors bounds the descriptors of one configuration, aliases
 // expanded, so that a file of nested aliases cannot take the process's
 // memory.
 const maxDescriptors = 100_000
+
+// maxReplaces bounds the replaces entries of one configuration, aliases
+// expanded: one rate_limit with a long replaces list, named by an alias from
+// every descriptor, would otherwise be read and held once per descriptor.
+const maxReplaces = 100_000
+
+// maxPathBytes bounds the bytes of all descriptors' paths together, aliases
+// expanded: each descriptor holds its path, which repeats its ancestors', so
+// an alias nesting a list in itself, 50 bytes of YAML, would otherwise build
+// 100,000 levels and 15 GB of paths before the descriptor bound stops it.
+const maxPathBytes = 64 << 20
 
 // Domain returns the configuration's domain.
 func (c *Config) Domain() string { return c.domain }
@@ -119,9 +135,9 @@ type node struct {
 	line       int
 	limit      *limit // nil: no rate_limit here
 
-	exact     map[string]*node // children by key "\x00" value (value non-empty)
-	wildcards []*node          // children whose value has '*', in order
-	defaults  map[string]*node // children with no value, by key
+	exact     map[entryKey]*node // children by key and value (value non-empty)
+	wildcards []*node            // children whose value has '*', in order
+	defaults  map[string]*node   // children with no value, by key
 
 	// For a node with a limit: its bucket key's fixed part, and whether
 	// the key also carries request values (a default entry, or a wildcard
@@ -131,6 +147,11 @@ type node struct {
 	variable bool
 	depth    int
 }
+
+// entryKey is an entry's key and value, as a map key: two strings, not one
+// joined by a separator, since keys and values may hold any byte (a
+// separator in one would let a descriptor reach another entry).
+type entryKey struct{ key, value string }
 
 // ParseConfig reads one domain's configuration in envoyproxy/ratelimit's YAML
 // format (the package doc lists the fields). It refuses what that server
@@ -240,6 +261,9 @@ func (c *Config) loadLevel(parent *node, seq *yaml.Node) error {
 			seg += "=" + escape(n.value)
 		}
 		n.variable = n.variable || parent.variable
+		if c.nbytes += len(parent.path) + len(seg); c.nbytes > maxPathBytes {
+			return fieldErr(ErrTooLarge, item, "descriptors", fmt.Sprintf("paths of more than %d bytes, aliases expanded", maxPathBytes))
+		}
 		n.path = parent.path + seg
 		if n.limit != nil {
 			n.rule = ruleKey(c.tag, n.path)
@@ -253,9 +277,9 @@ func (c *Config) loadLevel(parent *node, seq *yaml.Node) error {
 			parent.defaults[n.key] = n
 		default:
 			if parent.exact == nil {
-				parent.exact = map[string]*node{}
+				parent.exact = map[entryKey]*node{}
 			}
-			parent.exact[n.key+"\x00"+n.value] = n
+			parent.exact[entryKey{n.key, n.value}] = n
 			if n.wildcard != nil {
 				parent.wildcards = append(parent.wildcards, n)
 			}
@@ -285,7 +309,7 @@ func (c *Config) loadDescriptor(m *yaml.Node) (*node, *yaml.Node, error) {
 		case "descriptors":
 			children = v
 		case "rate_limit":
-			n.limit, err = loadLimit(v)
+			n.limit, err = c.loadLimit(v)
 		case "shadow_mode":
 			n.shadow, err = boolean(k, v)
 		case "share_threshold":
@@ -330,7 +354,7 @@ func (c *Config) loadDescriptor(m *yaml.Node) (*node, *yaml.Node, error) {
 }
 
 // loadLimit reads a rate_limit mapping.
-func loadLimit(m *yaml.Node) (*limit, error) {
+func (c *Config) loadLimit(m *yaml.Node) (*limit, error) {
 	if m.Kind != yaml.MappingNode {
 		return nil, fieldErr(ErrFieldType, m, "rate_limit", "not a mapping")
 	}
@@ -370,6 +394,9 @@ func loadLimit(m *yaml.Node) (*limit, error) {
 				e = deref(e)
 				if e.Kind != yaml.MappingNode {
 					return fieldErr(ErrFieldType, e, k, "yaml file contains list of type other than map")
+				}
+				if c.nrepl++; c.nrepl > maxReplaces {
+					return fieldErr(ErrTooLarge, e, k, fmt.Sprintf("more than %d replaces entries, aliases expanded", maxReplaces))
 				}
 				name := ""
 				if err := eachField(e, func(k string, kn, v *yaml.Node) error {

@@ -46,8 +46,10 @@
 // a YAML merge key (<<), which envoyproxy/ratelimit's YAML library
 // resolves, a second YAML document in the input (one domain a file: it
 // would otherwise be dropped unread, as envoyproxy/ratelimit drops it), and
-// more than 100,000 descriptors (aliases expanded). Every error names
-// the line and the field and wraps ErrInvalidConfig.
+// more than 100,000 descriptors, 100,000 replaces entries or 64 MiB of
+// paths (a descriptor's keys and values and its ancestors', escaped), aliases
+// expanded. Every error names the line and the field and wraps
+// ErrInvalidConfig.
 //
 // # Limits
 //

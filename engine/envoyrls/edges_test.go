@@ -138,3 +138,26 @@ descriptors:
 		}
 	}
 }
+
+// "the entry with the same key and value": keys and values may hold any
+// byte, a NUL too (YAML writes it "\0"), and two entries whose key and
+// value join alike around one (key "a\0b" value "c", key "a" value "b\0c")
+// are two entries: each descriptor reaches its own, and neither takes the
+// other's place in the tree.
+func TestEntryKeyAndValueAreNotJoined(t *testing.T) {
+	h := rlstest.Start(t, newEngine, `domain: nul
+descriptors:
+  - key: "a\0b"
+    value: c
+    rate_limit: {unit: minute, requests_per_unit: 1, name: first}
+  - key: a
+    value: "b\0c"
+    rate_limit: {unit: minute, requests_per_unit: 2, name: second}
+`)
+	for _, c := range []struct{ key, value, want string }{{"a\x00b", "c", "first"}, {"a", "b\x00c", "second"}} {
+		resp := h.Ask(rlstest.Req("nul", 0, rlstest.D(c.key+"="+c.value)))
+		if got := resp.Statuses[0].GetCurrentLimit().GetName(); got != c.want {
+			t.Errorf("key %q value %q: limit %q, want %q", c.key, c.value, got, c.want)
+		}
+	}
+}

@@ -643,7 +643,7 @@ func (c *Config) match(entries []*rlv3.RateLimitDescriptor_Entry) (*node, []stri
 	var vals []string
 	for i, e := range entries {
 		k, v := e.GetKey(), e.GetValue()
-		next := parent.exact[k+"\x00"+v]
+		next := parent.exact[entryKey{k, v}]
 		if next == nil {
 			for _, w := range parent.wildcards {
 				if w.key == k && wildcardMatch(w.wildcard, v) {
