@@ -234,7 +234,8 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	cfg := s.st.Load().domains[req.GetDomain()]
 	items := make([]item, len(descs))
-	var replacing map[string]bool
+	var replacing map[string]bool // limit names replaced
+	var replaced map[*limit]bool  // entries whose replaces are in replacing
 	for i, d := range descs {
 		if d.GetLimit() != nil {
 			return nil, status.Errorf(codes.Unimplemented, "%v: descriptor %d", ErrLimitOverride, i)
@@ -252,11 +253,14 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			continue
 		}
 		it.node = n
-		for _, r := range n.limit.replaces {
+		if len(n.limit.replaces) > 0 && !replaced[n.limit] { // once per entry, however many descriptors name it
 			if replacing == nil {
-				replacing = map[string]bool{}
+				replacing, replaced = map[string]bool{}, map[*limit]bool{}
 			}
-			replacing[r] = true
+			replaced[n.limit] = true
+			for _, r := range n.limit.replaces {
+				replacing[r] = true
+			}
 		}
 		switch {
 		case n.limit.unlimited:
