@@ -431,8 +431,10 @@
 // lease cannot cover is a round trip of its own); AllowAll and Charge go
 // to Redis (AllowAll without the tokens this process's leases hold, so it
 // may deny what a lease would have covered; Charge after the lease is
-// given back); Peek adds what the lease holds to Redis's answer (at most
-// Limit); Refund goes to Redis and ends a kept denial. With Redis
+// given back); Peek and Refund go to Redis (a Refund ends a kept denial)
+// and add what the lease holds to its answer: to Remaining, at most
+// Limit, and, while the lease holds a token, Allowed with no RetryAfter,
+// since a request of one token would take it from the lease. With Redis
 // unreachable, a process spends what it holds, then answers by the
 // failure rule, marked Degraded. Close waits
 // for the calls to Redis the leases still await, then gives every lease

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -822,4 +823,47 @@ func TestParityZero(t *testing.T) {
 		pr.replace(ctx, policy.Policy{}, 1)
 		pr.close()
 	}
+}
+
+// TestParityLeasedPeek: a Peek or Refund of a key whose lease holds
+// tokens counts them: Allowed (a request of one token would pass, as the
+// Allow that follows shows) and Remaining, even where the bucket in Redis
+// is empty (an AllowAll, which goes to Redis without the lease's tokens,
+// emptied it). The clock stands still, so the lease's tokens are exactly
+// what Redis's answer lacks.
+func TestParityLeasedPeek(t *testing.T) {
+	exactBalances(t)
+	p := policy.Policy{Version: 1, Capacity: 32, TokensPerSecond: 1}
+	pr := newParity(t, p)
+	e, leased := pr.subs[0].a, pr.subs[2].a.(*redisstore.Store)
+	pr.subs = slices.Delete(pr.subs, 1, 2) // the engine and the leased store
+	live, _ := parityContexts(t)
+	sameBalance := func(what string, want, got outcome) {
+		t.Helper()
+		require.Equal(t, want.D.Remaining, got.D.Remaining, "%s: Remaining of the leased store", what)
+		require.Equal(t, want.D.RetryAfter, got.D.RetryAfter, "%s: RetryAfter of the leased store", what)
+	}
+	peek := func(what string) {
+		t.Helper()
+		want := pr.peek(live, "k")
+		d, err := leased.Peek(live, "k")
+		sameBalance("Peek "+what, want, outcome{D: d, Err: err})
+	}
+	pr.allow(live, "k", 2) // Redis: 30 left, and 2 of demand
+	pr.allow(live, "k", 2) // Redis: 28 left, and a lease of 2 asked for in the same call: 26
+	peek("with a lease")
+	require.Equal(t, uint64(2), leased.Stats().LeasedTokens, "the setup: a lease of 2 tokens")
+	pr.allowAll(live, []engine.Request{{Key: "k", Cost: 26}}) // Redis: 0 left; the lease keeps its 2
+	peek("of an empty bucket, the lease holding 2")
+	de, errE := e.Refund(live, "k", 1)
+	dl, errL := leased.Refund(live, "k", 1)
+	require.NoError(t, errE)
+	require.NoError(t, errL)
+	require.Equal(t, estimated(de), estimated(dl), "Refund of 1 to an empty bucket, the lease holding 2")
+	sameBalance("Refund of 1 to an empty bucket, the lease holding 2", outcome{D: de}, outcome{D: dl})
+	pr.allow(live, "k", 1)
+	peek("the lease holding 1")
+	pr.allow(live, "k", 2) // the lease's 1 and the bucket's 1
+	pr.allow(live, "k", 1)
+	peek("of an empty bucket, and no lease")
 }
