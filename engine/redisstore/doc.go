@@ -425,8 +425,11 @@
 // bucket's whole tokens at its last answer plus what the lease holds (at
 // most Limit, which the sum passes once the bucket refilled behind it),
 // ResetAfter counts from that answer, RetryAfter of a kept denial counts
-// down from the one Redis gave; Allowed, Version, Limit and Band are as
-// without leases. Stats.Local counts the leased decisions. AllowBatch
+// down from the one Redis gave; Allowed and Version are as without
+// leases, and so are Limit and Band for a key of one band; for a key of
+// several they name the band that bound the bucket's last answer, which
+// may no longer be the one that binds, since bands refill at their own
+// rates. Stats.Local counts the leased decisions. AllowBatch
 // decides its requests one by one, each as Allow would (so a request its
 // lease cannot cover is a round trip of its own); AllowAll and Charge go
 // to Redis (AllowAll without the tokens this process's leases hold, so it

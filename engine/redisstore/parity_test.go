@@ -867,3 +867,34 @@ func TestParityLeasedPeek(t *testing.T) {
 	pr.allow(live, "k", 1)
 	peek("of an empty bucket, and no lease")
 }
+
+// TestParityLeasedBand: a leased answer's Band and Limit are those of the
+// bucket's last answer from Redis (package doc, Leases). A key of two
+// bands, the primary (40, refilled in 10 ms) and "slow" (41, one a
+// second): after two requests of 2 the primary binds (36 against 37) and
+// a lease of 2 is granted; 10 ms later the primary is full again, so the
+// engine's next request binds at "slow" (36 against 39), while the lease
+// decides it as the primary last bound.
+func TestParityLeasedBand(t *testing.T) {
+	exactBalances(t)
+	slow, err := policy.NewBands(policy.Band{Name: "slow", Capacity: 41, Refill: policy.PerSecond(1)})
+	require.NoError(t, err)
+	p := policy.Policy{Version: 1, Capacity: 40, Refill: policy.Rate{Tokens: 40, Per: 10 * time.Millisecond}, Bands: slow}
+	pr := newParity(t, p)
+	e, leased := pr.subs[0].a, pr.subs[2].a.(*redisstore.Store)
+	pr.subs = slices.Delete(pr.subs, 1, 2) // the engine and the leased store
+	live, _ := parityContexts(t)
+	pr.allow(live, "k", 2)
+	require.Equal(t, "", pr.allow(live, "k", 2).D.Band, "the primary binds at 36, against slow's 37")
+	pr.peek(live, "k") // settles the grant
+	require.Equal(t, uint64(2), leased.Stats().LeasedTokens, "the setup: a lease of 2 tokens")
+	pr.clk.Advance(10 * time.Millisecond)
+	de, err := e.Allow(live, "k", 1)
+	require.NoError(t, err)
+	dl, err := leased.Allow(live, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), leased.Stats().Local, "the lease decided")
+	require.Equal(t, []any{true, int64(1), "slow", int64(41)}, []any{de.Allowed, de.Version, de.Band, de.Limit}, "the engine")
+	require.Equal(t, []any{true, int64(1), "", int64(40)}, []any{dl.Allowed, dl.Version, dl.Band, dl.Limit},
+		"the leased store: the band of the bucket's last answer")
+}
