@@ -179,9 +179,12 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	switch mode {
 	case "p":
 		n = &s.peeks
-		d.Remaining = min(satAdd(d.Remaining, held), d.Limit) // and what this process's lease holds
 	case "r":
 		n = &s.refunds
+	}
+	if held > 0 { // a Peek's or a Refund's: what this process's lease holds counts
+		d.Remaining = min(satAdd(d.Remaining, held), d.Limit)
+		d.Allowed, d.RetryAfter = true, 0 // a request of one token would take it from the lease
 	}
 	n.Add(1)
 	return d, nil

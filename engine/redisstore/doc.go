@@ -425,14 +425,19 @@
 // bucket's whole tokens at its last answer plus what the lease holds (at
 // most Limit, which the sum passes once the bucket refilled behind it),
 // ResetAfter counts from that answer, RetryAfter of a kept denial counts
-// down from the one Redis gave; Allowed, Version, Limit and Band are as
-// without leases. Stats.Local counts the leased decisions. AllowBatch
+// down from the one Redis gave; Allowed and Version are as without
+// leases, and so are Limit and Band for a key of one band; for a key of
+// several they name the band that bound the bucket's last answer, which
+// may no longer be the one that binds, since bands refill at their own
+// rates. Stats.Local counts the leased decisions. AllowBatch
 // decides its requests one by one, each as Allow would (so a request its
 // lease cannot cover is a round trip of its own); AllowAll and Charge go
 // to Redis (AllowAll without the tokens this process's leases hold, so it
 // may deny what a lease would have covered; Charge after the lease is
-// given back); Peek adds what the lease holds to Redis's answer (at most
-// Limit); Refund goes to Redis and ends a kept denial. With Redis
+// given back); Peek and Refund go to Redis (a Refund ends a kept denial)
+// and add what the lease holds to its answer: to Remaining, at most
+// Limit, and, while the lease holds a token, Allowed with no RetryAfter,
+// since a request of one token would take it from the lease. With Redis
 // unreachable, a process spends what it holds, then answers by the
 // failure rule, marked Degraded. Close waits
 // for the calls to Redis the leases still await, then gives every lease

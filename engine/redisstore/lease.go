@@ -80,11 +80,12 @@ type lreq struct {
 
 // lreply is a lease shard's answer to an lreq. With err errRemote, held is
 // what the lease held, taken for the request (opAllow: Redis is asked for
-// the rest of its cost; opPeek: the tokens), ver the version it was taken
-// under, and want the lease to ask for with the request (0 for none). With
-// back, the caller first gives back that many tokens taken under version
-// bver, so that Redis decides with them: a lease a cutover of the key
-// ended, or for opCharge the key's lease.
+// the rest of its cost; opPeek and opRefund: the tokens, which the lease
+// keeps), ver the version it was taken under, and want the lease to ask
+// for with the request (0 for none). With back, the caller first gives
+// back that many tokens taken under version bver, so that Redis decides
+// with them: a lease a cutover of the key ended, or for opCharge the
+// key's lease.
 type lreply struct {
 	d          engine.Decision
 	err        error
@@ -342,15 +343,15 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 
 // before readies key's lease for a Peek (mode "p": it returns the tokens
 // the lease holds, which the Peek adds to Redis's answer), a Refund ("r":
-// a denial the process keeps for the key no longer holds) or a Charge
-// (modeCharge: the lease goes back first, so that the charge takes its
-// tokens from the bucket as a whole).
+// likewise, and a denial the process keeps for the key no longer holds) or
+// a Charge (modeCharge: the lease goes back first, so that the charge
+// takes its tokens from the bucket as a whole).
 func (l *leaser) before(ctx context.Context, op, key string) int64 {
 	a := l.ask(l.shardOf(key), op, key, 1)
 	if a.back > 0 {
 		l.giveBackOwed(ctx, []gift{{key, a.back, a.bver}})
 	}
-	return a.held // 0 but for a Peek's
+	return a.held // 0 but for a Peek's or a Refund's
 }
 
 // flush takes every lease back from the shards and gives its unspent
@@ -642,7 +643,7 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 	case r.op == opPeek:
 		r.err, r.held = errRemote, k.left
 	case r.op == opRefund: // the balance grows: a denial no longer holds
-		r.err, k.deniedTill = errRemote, 0
+		r.err, r.held, k.deniedTill = errRemote, k.left, 0
 	case r.op == opCharge: // the lease goes back before Redis charges the key
 		if r.back == 0 { // else a cutover just ended it: back is the lease
 			r.back, r.bver = k.left, k.ver
