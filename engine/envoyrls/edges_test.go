@@ -190,7 +190,7 @@ func TestReplacesOncePerEntry(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("2,000 limited descriptors: %v, want InvalidArgument", err)
 	}
-	if took > time.Second {
+	if took > 3*time.Second { // 9 s when each descriptor read the list; tens of ms now
 		t.Errorf("one request took %v", took)
 	}
 }

@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/redis/go-redis/v9"
 
@@ -392,7 +392,7 @@ var _ engine.Admitter = (*Store)(nil)
 // Errors: engine.ErrNilContext for a nil ctx, engine.ErrInvalidPolicy,
 // engine.ErrInvalidConfig (no client, a client without
 // ContextTimeoutEnabled, an address that is not host:port with a host
-// name or IP address and a port a dial can use, a cluster client with no
+// free of blanks, commas and slashes and a port a dial can use, a cluster client with no
 // address, a negative duration or bound, a *clock.Monotonic Clock),
 // ErrKeyTags when
 // cfg.IgnoreKeyTags differs from the prefix's setting, the context's error
@@ -452,7 +452,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	for _, a := range addrs {
 		if !hostPort(ctx, a) {
-			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port with a host name or IP address and a port a dial can use", engine.ErrInvalidConfig, a)
+			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port with a host free of blanks, commas and slashes and a port a dial can use", engine.ErrInvalidConfig, a)
 		}
 	}
 	if l := cfg.Leases; l != nil && (l.Divisor < 0 || l.Horizon < 0 || l.MaxAge < 0) {
@@ -616,10 +616,9 @@ func (s *Store) need(ctx context.Context) error {
 	return ErrNotReady
 }
 
-// hostPort reports whether addr is host:port with a host a dial can look
-// up (none, an IP address, or a name of letters, digits, '-', '_' and '.')
-// and a port a dial can use: 1 to 65535, or a service name the system
-// knows.
+// hostPort reports whether addr is host:port with a host that may name
+// one (see hostName) and a port a dial can use: 1 to 65535, or a service
+// name the system knows.
 func hostPort(ctx context.Context, addr string) bool {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil || port == "" || !hostName(host) {
@@ -629,22 +628,15 @@ func hostPort(ctx context.Context, addr string) bool {
 	return err == nil && n > 0
 }
 
-// hostName reports whether host may name a host: empty (the local
-// system), an IP address (with its zone, if any), or a name of letters,
-// digits, '-', '_' and '.'. A space, a comma or a slash in it is an
-// address written wrong, which no later attempt to connect would reach.
+// hostName reports whether host may name a host: no blank, control
+// character, comma or slash in it, which only an address written wrong
+// has (a list of addresses in one, a stray blank, a URL's path) and no
+// later attempt to connect would reach. Anything else may be a name the
+// client's Dialer resolves.
 func hostName(host string) bool {
-	if _, err := netip.ParseAddr(host); err == nil {
-		return true
-	}
-	for i := range len(host) {
-		switch c := host[i]; {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_', c == '.':
-		default:
-			return false
-		}
-	}
-	return true
+	return !strings.ContainsFunc(host, func(r rune) bool {
+		return r == ',' || r == '/' || unicode.IsSpace(r) || unicode.IsControl(r)
+	})
 }
 
 // unreachable reports whether err, from New's first attempt to reach
