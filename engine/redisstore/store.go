@@ -994,7 +994,9 @@ func (s *Store) remember(p policy.Policy) {
 
 // Policy returns the policy in force as this store last saw it: a cutover
 // made by another process shows from this store's next call on. Until the
-// store has first reached Redis (see New) it is Config.Policy.
+// store has first read the prefix's policy from Redis (see New) it is
+// Config.Policy; a first connection that read it and then failed leaves
+// the version it read, which the next one keeps as its floor.
 func (s *Store) Policy() policy.Policy {
 	if s.uninitialized() {
 		return policy.Policy{}
