@@ -90,16 +90,6 @@ func TestClusterStartOneMasterDown(t *testing.T) {
 		if owner(redisstore.BucketKey(p, key)) != deadAddr {
 			continue
 		}
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			d, err := s.Allow(ctx, key, 1)
-			require.NoError(t, err)
-			if !d.Degraded {
-				require.True(t, d.Allowed)
-				break
-			}
-			require.True(t, time.Now().Before(deadline), "key %s still degraded 15 s after its master came back: %v", key, log.all())
-			time.Sleep(5 * time.Millisecond) // polling a real server
-		}
+		require.True(t, untilDecided(t, s, key, failRule(false)).Allowed, "key %s", key)
 	}
 }
