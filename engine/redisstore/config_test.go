@@ -107,7 +107,9 @@ func TestNewAdoptsStoredPolicy(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.Decision{Allowed: false, RetryAfter: time.Second, Version: 3, Limit: 7, ResetAfter: 7 * time.Second}, d)
 	require.Equal(t, int64(3), second.Policy().Version)
-	require.ErrorIs(t, second.ReplacePolicy(context.Background(), policy.Policy{Version: 4, Capacity: 7, TokensPerSecond: 1}, 2), engine.ErrStalePolicy)
+	err = second.ReplacePolicy(context.Background(), policy.Policy{Version: 4, Capacity: 7, TokensPerSecond: 1}, 2)
+	require.ErrorIs(t, err, engine.ErrStalePolicy)
+	require.ErrorContains(t, err, "version in force 3", "the version to retry with, as the engine says it")
 	require.Positive(t, second.Stats().Retries)
 }
 

@@ -97,7 +97,7 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	}
 	cur := s.cur.Load().p
 	if expectedVersion != cur.Version || next.Version <= cur.Version {
-		return engine.ErrStalePolicy
+		return staleErr(expectedVersion, next.Version, cur.Version)
 	}
 	var retained int64
 	if err := s.round(ctx, func(ctx context.Context) (err error) {
@@ -373,6 +373,13 @@ func (s *Store) release(ctx context.Context, token string, lock bool) error {
 	})
 }
 
+// staleErr is ReplacePolicy's ErrStalePolicy, saying the versions as the
+// engine's does, so a caller can tell which it should retry with.
+func staleErr(expected, next, inForce int64) error {
+	return fmt.Errorf("%w: expected version %d, next version %d, version in force %d",
+		engine.ErrStalePolicy, expected, next, inForce)
+}
+
 func (s *Store) allShards() []int {
 	all := make([]int, len(s.shards))
 	for i := range all {
@@ -405,7 +412,9 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 	switch status {
 	case "ok":
 	case "stale":
-		return engine.ErrStalePolicy
+		v, _ := res[len(res)-1].(string) // {"stale", version in force}
+		inForce, _ := strconv.ParseInt(v, 10, 64)
+		return staleErr(expectedVersion, next.Version, inForce)
 	case "lock":
 		return fmt.Errorf("%w: the cutover lock expired before the cutover was published; nothing changed", ErrUnavailable)
 	case "busy":
