@@ -31,8 +31,9 @@ var (
 	// ErrClosed: the engine is closed, or closed before the request reached
 	// its shard.
 	ErrClosed = msg.ErrClosed
-	// ErrInvalidConfig: a negative Config field, or an AllowBatch out slice
-	// shorter than its requests.
+	// ErrInvalidConfig: a Config field out of its range (a negative one,
+	// Shards above 65536, EventBuffer above 1<<24), or an AllowBatch out
+	// slice shorter than its requests.
 	ErrInvalidConfig = msg.ErrInvalidConfig
 	// ErrInvalidPolicy is policy.ErrInvalid: the policy fails Validate.
 	ErrInvalidPolicy = policy.ErrInvalid
