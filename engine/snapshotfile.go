@@ -70,15 +70,22 @@ func (e *Engine) SnapshotFile(ctx context.Context, path string) (err error) {
 // no file exists there (the first boot), it starts a new, empty engine with
 // New(cfg) and says so with RestoreReport.Fresh. A file that exists but
 // cannot be read or does not check out is an error, never a fresh start: a
-// fresh start would hand every client a full bucket.
+// fresh start would hand every client a full bucket. So is a path whose
+// directory does not exist (a volume not mounted, a misspelt path), where
+// no SnapshotFile could ever write: the first boot needs the directory.
 //
 // Errors, with no engine: those of New (first boot) or Restore, and the
-// file system's other than the file not existing. An ErrInvalidSnapshot
-// names the file; an operator who would rather start empty than fix it
-// moves it away.
+// file system's other than the file not existing (its directory's
+// included). An ErrInvalidSnapshot names the file; an operator who would
+// rather start empty than fix it moves it away.
 func RestoreFile(cfg Config, path string, opts RestoreOptions) (*Engine, RestoreReport, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
+		// No directory is a misconfiguration (a volume not mounted, a
+		// misspelt path) that SnapshotFile would meet only at shutdown.
+		if _, err := os.Stat(filepath.Dir(path)); err != nil {
+			return nil, RestoreReport{}, fmt.Errorf("engine: no snapshot directory for %s, not a first boot: %w", path, err)
+		}
 		e, err := New(cfg)
 		if err != nil {
 			return nil, RestoreReport{}, err

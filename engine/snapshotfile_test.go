@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -43,6 +44,15 @@ func TestRestoreFileFirstBoot(t *testing.T) {
 	e2, _, err := engine.RestoreFile(engine.Config{}, path, engine.RestoreOptions{})
 	require.ErrorIs(t, err, engine.ErrInvalidPolicy)
 	require.Nil(t, e2)
+
+	// No directory is no first boot: a volume not mounted would otherwise
+	// hand every key a full bucket at each start, unseen until the
+	// snapshot at shutdown fails.
+	unmounted := filepath.Join(t.TempDir(), "volume", "limits.snap")
+	e3, _, err := engine.RestoreFile(engine.Config{Policy: fileTestPolicy}, unmounted, engine.RestoreOptions{})
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	require.ErrorContains(t, err, unmounted)
+	require.Nil(t, e3)
 }
 
 func TestSnapshotFileRoundTrip(t *testing.T) {
