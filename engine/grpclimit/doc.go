@@ -4,7 +4,7 @@
 // codes.ResourceExhausted and the time to wait, which grpc-go clients with
 // a retry policy honour by themselves.
 //
-//	l, err := grpclimit.New(e, grpclimit.WithExempt("/grpc.health.v1.Health/Check"))
+//	l, err := grpclimit.New(e, grpclimit.WithExempt("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"))
 //	srv := grpc.NewServer(grpc.UnaryInterceptor(l.Unary), grpc.StreamInterceptor(l.Stream))
 //
 // # Keys
@@ -114,7 +114,11 @@
 // health service ("/grpc.health.v1.Health/Check", ".../Watch") and server
 // reflection ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"):
 // a load balancer's probes must not spend a client's quota, nor be refused
-// when the limiter is at capacity.
+// when the limiter is at capacity. Exempt Watch too: a grpc-go client with
+// client-side health checking (healthCheckConfig in its service config)
+// opens a Watch stream on each connection, which then spends a token of
+// the client's quota, and if refused marks the connection failed, so the
+// client's every call fails Unavailable rather than ResourceExhausted.
 //
 // # Status codes
 //

@@ -32,7 +32,7 @@ func ExampleLimiter_Unary() {
 	}
 	defer e.Close()
 
-	l, err := grpclimit.New(e, grpclimit.WithExempt("/grpc.health.v1.Health/Check"))
+	l, err := grpclimit.New(e, grpclimit.WithExempt("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"))
 	if err != nil {
 		panic(err)
 	}

@@ -2,6 +2,7 @@ package grpclimit_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"google.golang.org/grpc"
@@ -33,7 +34,13 @@ func ExampleSettle() {
 	var maxTokens int64 // what the call declares: read from its metadata by a real server
 	l, err := grpclimit.New(e,
 		grpclimit.WithKey(func(ctx context.Context, _, _ string) (string, error) {
-			return metadata.ValueFromIncomingContext(ctx, "tenant")[0], nil
+			// Any client can leave the metadata out: index it unchecked and
+			// such a call panics, which grpc-go does not recover.
+			tenant := metadata.ValueFromIncomingContext(ctx, "tenant")
+			if len(tenant) == 0 {
+				return "", errors.New("no tenant metadata")
+			}
+			return tenant[0], nil
 		}),
 		grpclimit.WithCost(func(context.Context, string) int64 { return maxTokens }))
 	if err != nil {
@@ -51,9 +58,14 @@ func ExampleSettle() {
 		d, _ := e.Peek(context.Background(), "acme")
 		fmt.Printf("estimate %d, used %d: %v, %d tokens left\n", c.maxTokens, c.used, status.Code(err), d.Remaining)
 	}
+
+	// A call without the tenant metadata has no key: refused, not a crash.
+	_, err = l.Unary(context.Background(), nil, info, func(context.Context, any) (any, error) { return nil, nil })
+	fmt.Println("no tenant:", status.Code(err))
 	// Output:
 	// estimate 500, used 320: OK, 680 tokens left
 	// estimate 200, used 350: OK, 330 tokens left
 	// estimate 300, used 900: OK, -570 tokens left
 	// estimate 100, used 0: ResourceExhausted, -570 tokens left
+	// no tenant: Internal
 }
