@@ -157,7 +157,9 @@
 //     engine rejects the key as blank or too long) or a cost below 1:
 //     codes.Internal, with a message saying the server could not derive a
 //     rate-limit key (or cost). These are the server's configuration
-//     failing.
+//     failing. A key function that answers with a gRPC status of its own
+//     (status.Error: InvalidArgument for a call without the metadata its
+//     key needs, Unauthenticated) refuses the call with that status.
 //   - The call's context ended before the engine decided: codes.Canceled or
 //     codes.DeadlineExceeded, as status.FromContextError gives them, and
 //     nothing spent.

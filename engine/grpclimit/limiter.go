@@ -355,7 +355,11 @@ func (l *Limiter) prepare(ctx context.Context, method string) (string, int64, re
 	case l.key != nil:
 		k, err := l.key(ctx, method, client)
 		if err != nil {
-			return "", 0, refusal{status: errNoKey, cause: fmt.Errorf("%w: %w", ErrKeyFunc, err)}
+			st := errNoKey
+			if s, ok := status.FromError(err); ok && s.Code() != codes.OK {
+				st = s.Err() // the key function's own refusal: InvalidArgument, Unauthenticated
+			}
+			return "", 0, refusal{status: st, cause: fmt.Errorf("%w: %w", ErrKeyFunc, err)}
 		}
 		key = k
 	case client == "":

@@ -3,6 +3,7 @@ package grpclimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -49,6 +50,7 @@ func (l *errorLog) take() []error {
 func TestServerOnError(t *testing.T) {
 	ctx := t.Context()
 	keyErr := errors.New("no tenant")
+	keyStatus := status.Error(codes.Unauthenticated, "who is the tenant?")
 	for _, tc := range []struct {
 		name  string
 		admit func(t *testing.T) engine.Admitter
@@ -78,6 +80,12 @@ func TestServerOnError(t *testing.T) {
 			e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
 			return e
 		}, []grpclimit.Option{grpclimit.WithKey(func(context.Context, string, string) (string, error) { return "", keyErr })}, codes.Internal, keyErr},
+		{"key function's own status", func(t *testing.T) engine.Admitter {
+			e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
+			return e
+		}, []grpclimit.Option{grpclimit.WithKey(func(context.Context, string, string) (string, error) {
+			return "", fmt.Errorf("tenant lookup: %w", keyStatus)
+		})}, codes.Unauthenticated, keyStatus},
 		{"cost below 1", func(t *testing.T) engine.Admitter {
 			e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
 			return e
@@ -93,7 +101,7 @@ func TestServerOnError(t *testing.T) {
 			require.Equal(t, tc.code, status.Code(errs[0]), "the status answered: %v", errs[0])
 			require.Equal(t, status.Convert(err).Message(), status.Convert(errs[0]).Message())
 			require.ErrorIs(t, errs[0], tc.cause)
-			if tc.cause == keyErr {
+			if tc.cause == keyErr || tc.cause == keyStatus {
 				require.ErrorIs(t, errs[0], grpclimit.ErrKeyFunc)
 			}
 		})

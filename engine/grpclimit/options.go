@@ -14,9 +14,12 @@ import (
 // (metadata.FromIncomingContext). client is the default key, the peer's
 // address (or the client WithTrustedProxies finds behind it) grouped as
 // httplimit.ClientKey says ("203.0.113.7", "2001:db8:1:2::/64"), or ""
-// when the peer has no IP address. An error, or a key the engine
-// rejects (blank, or longer than its MaxKeyBytes), refuses the call with
-// codes.Internal.
+// when the peer has no IP address. An error that carries a gRPC status
+// (status.Error, wrapped or not) refuses the call with that status: a key
+// function's own answer to a call that lacks what its key needs
+// (codes.InvalidArgument, codes.Unauthenticated). Any other error, or a
+// key the engine rejects (blank, or longer than its MaxKeyBytes), refuses
+// the call with codes.Internal.
 type KeyFunc func(ctx context.Context, fullMethod string, client string) (string, error)
 
 // CostFunc returns the tokens a call spends (see WithCost). A cost below 1

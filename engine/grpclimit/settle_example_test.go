@@ -2,10 +2,10 @@ package grpclimit_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -35,10 +35,11 @@ func ExampleSettle() {
 	l, err := grpclimit.New(e,
 		grpclimit.WithKey(func(ctx context.Context, _, _ string) (string, error) {
 			// Any client can leave the metadata out: index it unchecked and
-			// such a call panics, which grpc-go does not recover.
+			// such a call panics, which grpc-go does not recover. A status
+			// error is the call's answer; any other error is Internal.
 			tenant := metadata.ValueFromIncomingContext(ctx, "tenant")
 			if len(tenant) == 0 {
-				return "", errors.New("no tenant metadata")
+				return "", status.Error(codes.InvalidArgument, "no tenant metadata")
 			}
 			return tenant[0], nil
 		}),
@@ -67,5 +68,5 @@ func ExampleSettle() {
 	// estimate 200, used 350: OK, 330 tokens left
 	// estimate 300, used 900: OK, -570 tokens left
 	// estimate 100, used 0: ResourceExhausted, -570 tokens left
-	// no tenant: Internal
+	// no tenant: InvalidArgument
 }
