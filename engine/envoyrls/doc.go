@@ -25,11 +25,12 @@
 // are second, minute, hour, day, week, month (30 days) and year (365 days), in
 // any case. A '*' in a value is a wildcard matching any run of bytes; with
 // share_threshold every value it matches shares one bucket, without it each
-// value has its own. That is a superset of envoyproxy/ratelimit's rule:
-// there only a trailing '*' is a wildcard (a prefix match), and a '*'
-// elsewhere is a literal byte, which here it is not. detailed_metric and value_to_metric name metrics in
-// envoyproxy/ratelimit and change no decision here; metadata is read and
-// not used, as envoyproxy/ratelimit does not use it unless told to.
+// value has its own. That is envoyproxy/ratelimit's rule since it took
+// '*' anywhere in a value (its releases before that took only a trailing
+// '*', a prefix match, and read a '*' elsewhere as a literal byte).
+// detailed_metric and value_to_metric name metrics in envoyproxy/ratelimit
+// and change no decision here; metadata is read and not used, as
+// envoyproxy/ratelimit does not use it unless told to.
 //
 // What envoyproxy/ratelimit refuses is refused: YAML that does not parse, an
 // empty domain, a descriptor without a key, two descriptors of one level
