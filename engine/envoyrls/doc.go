@@ -41,7 +41,9 @@
 // metadata that is not a mapping, and an unknown field. It also refuses an
 // unknown field where envoyproxy/ratelimit lets a known name of another
 // level pass ("unit" at the top), a field given twice, a value of the wrong
-// kind, a rate_limit without requests_per_unit or with an empty one
+// kind (a plain y, yes, on, n, no or off, in the cases YAML 1.1 allows, is
+// a boolean, as envoyproxy/ratelimit's YAML library reads it; quoted, a
+// string), a rate_limit without requests_per_unit or with an empty one
 // (envoyproxy/ratelimit reads it as 0 and refuses every request: here a 0
 // must be written), quota_mode: true, which this server does not implement,
 // a YAML merge key (<<), which envoyproxy/ratelimit's YAML library
