@@ -489,7 +489,19 @@ func str(field string, v *yaml.Node) (string, error) {
 	return v.Value, nil
 }
 
+// yaml11Bools are the plain scalars that envoyproxy/ratelimit's YAML library
+// (yaml.v2, YAML 1.1) reads as booleans and this one (YAML 1.2) as strings.
+var yaml11Bools = map[string]bool{
+	"y": true, "Y": true, "yes": true, "Yes": true, "YES": true, "on": true, "On": true, "ON": true,
+	"n": false, "N": false, "no": false, "No": false, "NO": false, "off": false, "Off": false, "OFF": false,
+}
+
 func boolean(field string, v *yaml.Node) (bool, error) {
+	if v.Kind == yaml.ScalarNode && v.Style == 0 && v.Tag == "!!str" {
+		if b, ok := yaml11Bools[v.Value]; ok {
+			return b, nil // plain, as envoyproxy/ratelimit reads it; a quoted "yes" is a string there too
+		}
+	}
 	var b bool
 	if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!bool" || v.Decode(&b) != nil {
 		return false, fieldErr(ErrFieldType, v, field, "not true or false")

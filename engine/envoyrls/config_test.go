@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -124,6 +125,32 @@ func TestParseConfigAccepts(t *testing.T) {
 		if _, err := envoyrls.Policy(1, c); err != nil {
 			t.Errorf("Policy(%.40q): %v", y, err)
 		}
+	}
+}
+
+// TestParseConfigYAML11Booleans: envoyproxy/ratelimit reads its files with
+// yaml.v2, where a plain yes, on or y (and no, off, n) is a boolean, so a
+// file of it that writes shadow_mode: yes or unlimited: on is read, with
+// that meaning; a quoted "yes" is a string there, and refused as here.
+func TestParseConfigYAML11Booleans(t *testing.T) {
+	h := rlstest.Start(t, newEngine, "domain: d\ndescriptors:\n"+
+		"  - key: s\n    shadow_mode: yes\n    detailed_metric: On\n    rate_limit: {unit: minute, requests_per_unit: 0}\n"+
+		"  - key: u\n    shadow_mode: off\n    rate_limit: {unlimited: Y}\n"+
+		"  - key: w\n    value: a*\n    share_threshold: YES\n    value_to_metric: n\n    quota_mode: NO\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	resp := h.Ask(rlstest.Req("d", 0, rlstest.D("s=x"), rlstest.D("u=x"), rlstest.D("w=a1")))
+	if resp.OverallCode != rlstest.OK {
+		t.Errorf("overall %v: shadow_mode: yes not read as true", resp.OverallCode)
+	}
+	if got := resp.Statuses[1].GetLimitRemaining(); got != math.MaxUint32 {
+		t.Errorf("unlimited: Y: limit_remaining %d, want unlimited", got)
+	}
+	resp = h.Ask(rlstest.Req("d", 0, rlstest.D("w=a2")))
+	if resp.OverallCode != rlstest.OverLimit {
+		t.Errorf("share_threshold: YES: a second value of a* %v, want OVER_LIMIT (one shared bucket)", resp.OverallCode)
+	}
+	_, err := envoyrls.ParseConfig([]byte("domain: d\ndescriptors:\n  - key: k\n    shadow_mode: \"yes\"\n"))
+	if !errors.Is(err, envoyrls.ErrFieldType) {
+		t.Errorf("a quoted \"yes\": %v, want ErrFieldType", err)
 	}
 }
 

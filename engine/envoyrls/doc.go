@@ -25,11 +25,12 @@
 // are second, minute, hour, day, week, month (30 days) and year (365 days), in
 // any case. A '*' in a value is a wildcard matching any run of bytes; with
 // share_threshold every value it matches shares one bucket, without it each
-// value has its own. That is a superset of envoyproxy/ratelimit's rule:
-// there only a trailing '*' is a wildcard (a prefix match), and a '*'
-// elsewhere is a literal byte, which here it is not. detailed_metric and value_to_metric name metrics in
-// envoyproxy/ratelimit and change no decision here; metadata is read and
-// not used, as envoyproxy/ratelimit does not use it unless told to.
+// value has its own. That is envoyproxy/ratelimit's rule since it took
+// '*' anywhere in a value (its releases before that took only a trailing
+// '*', a prefix match, and read a '*' elsewhere as a literal byte).
+// detailed_metric and value_to_metric name metrics in envoyproxy/ratelimit
+// and change no decision here; metadata is read and not used, as
+// envoyproxy/ratelimit does not use it unless told to.
 //
 // What envoyproxy/ratelimit refuses is refused: YAML that does not parse, an
 // empty domain, a descriptor without a key, two descriptors of one level
@@ -40,7 +41,9 @@
 // metadata that is not a mapping, and an unknown field. It also refuses an
 // unknown field where envoyproxy/ratelimit lets a known name of another
 // level pass ("unit" at the top), a field given twice, a value of the wrong
-// kind, a rate_limit without requests_per_unit or with an empty one
+// kind (a plain y, yes, on, n, no or off, in the cases YAML 1.1 allows, is
+// a boolean, as envoyproxy/ratelimit's YAML library reads it; quoted, a
+// string), a rate_limit without requests_per_unit or with an empty one
 // (envoyproxy/ratelimit reads it as 0 and refuses every request: here a 0
 // must be written), quota_mode: true, which this server does not implement,
 // a YAML merge key (<<), which envoyproxy/ratelimit's YAML library

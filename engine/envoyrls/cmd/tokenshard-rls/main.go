@@ -6,7 +6,7 @@
 //
 // It serves envoy.service.ratelimit.v3.RateLimitService and gRPC health
 // (grpc.health.v1, SERVING once the configuration is loaded, NOT_SERVING while
-// shutting down) on -grpc, and Prometheus metrics on -metrics at /metrics:
+// shutting down, when a Watch is told so and ended) on -grpc, and Prometheus metrics on -metrics at /metrics:
 // the engine's (engine/promstats) or the store's (engine/promstats/storestats),
 // tokenshard_rls_requests_total{answer="ok"|"over_limit"|"error"},
 // tokenshard_rls_reloads_total{result="ok"|"error"} and
@@ -319,7 +319,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers)))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
-	healthpb.RegisterHealthServer(gs, hs)
+	stopping := make(chan struct{})
+	healthpb.RegisterHealthServer(gs, endingHealth{hs, stopping})
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	mux := http.NewServeMux()
@@ -429,6 +430,7 @@ loop:
 	}
 
 	hs.Shutdown()
+	close(stopping) // ends the health Watch streams, which GracefulStop would wait for
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
 	select {
@@ -453,6 +455,62 @@ loop:
 	}
 	fmt.Fprintln(stderr, "tokenshard-rls: stopped")
 	return nil
+}
+
+// endingHealth is the health service whose Watch streams end when stopping
+// closes, after NOT_SERVING: health.Server's Shutdown only sends
+// NOT_SERVING and leaves them open, so one client watching health (gRPC's
+// client-side health checking keeps a Watch open) would hold GracefulStop,
+// and every request in flight with it, until -drain cuts them off.
+type endingHealth struct {
+	*health.Server
+	stopping <-chan struct{}
+}
+
+func (h endingHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-h.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	ws := &watchStream{Health_WatchServer: stream, ctx: ctx, last: -1}
+	err := h.Server.Watch(req, ws)
+	select {
+	case <-h.stopping:
+		if stream.Context().Err() != nil {
+			return err // the client left
+		}
+		if ws.last != healthpb.HealthCheckResponse_NOT_SERVING {
+			if err := stream.Send(&healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_NOT_SERVING}); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		return err
+	}
+}
+
+// watchStream is a Watch stream whose context ends when the command stops;
+// it remembers the last status sent.
+type watchStream struct {
+	healthpb.Health_WatchServer
+	ctx  context.Context
+	last healthpb.HealthCheckResponse_ServingStatus
+}
+
+func (s *watchStream) Context() context.Context { return s.ctx }
+
+func (s *watchStream) Send(r *healthpb.HealthCheckResponse) error {
+	err := s.Health_WatchServer.Send(r)
+	if err == nil {
+		s.last = r.GetStatus()
+	}
+	return err
 }
 
 // countAnswers counts each ShouldRateLimit answer in answers.

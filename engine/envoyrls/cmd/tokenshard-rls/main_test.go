@@ -472,3 +472,36 @@ func TestCommandRedisDownAnswersAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandStopEndsHealthWatch: at SIGTERM a health Watch stream is told
+// NOT_SERVING and then ended, so that a client watching health (gRPC's
+// client-side health checking keeps one open) does not hold the stop for
+// the whole -drain.
+func TestCommandStopEndsHealthWatch(t *testing.T) {
+	c := startCommand(t, "-drain", "30s")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w, err := c.health.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := w.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("first status: %v, %v", r, err)
+	}
+	c.cancel()
+	if r, err := w.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("status at stop: %v, %v", r, err)
+	}
+	if r, err := w.Recv(); err != io.EOF {
+		t.Errorf("after NOT_SERVING: %v, %v; want the stream ended (EOF)", r, err)
+	}
+	select {
+	case err := <-c.exited:
+		close(c.exited)
+		if err != nil {
+			t.Errorf("run: %v", err)
+		}
+	case <-time.After(15 * time.Second): // -drain is 30 s
+		t.Fatal("run still draining for an open health Watch")
+	}
+}
