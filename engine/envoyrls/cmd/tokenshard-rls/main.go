@@ -14,12 +14,13 @@
 // unless told otherwise.
 //
 // The configuration is every *.yaml and *.yml file directly in DIR, one
-// domain each (package envoyrls says what is read and what is refused). Every
+// domain each (package envoyrls says what is read and what is refused); a
+// directory without one is an error, not a service that limits nothing. Every
 // -poll the files are read again; when their names or contents changed they
 // are parsed and installed with envoyrls.Server.Reload, an exact cutover that
 // tops nobody up. A file that does not parse keeps the last good
 // configuration and is reported on stderr once (so is a directory that
-// cannot be read, until it can); a reload that fails (Redis away, or
+// cannot be read or holds no file, until that changes); a reload that fails (Redis away, or
 // another replica's cutover meanwhile) keeps it too, and is reported and
 // tried again at every poll. SIGINT or SIGTERM stops it: health turns
 // NOT_SERVING, requests in flight finish (up to -drain; then their clients
@@ -184,9 +185,21 @@ func readDir(dir string) (snapshot, error) {
 		fmt.Fprintf(h, "%d:%s%d:", len(e.Name()), e.Name(), len(b))
 		h.Write(b)
 	}
+	if len(s.names) == 0 {
+		// Not an empty configuration: a service with no limits answers OK
+		// to everything, and a misplaced -config would do that unseen.
+		hint := ""
+		if fi, err := os.Stat(filepath.Join(dir, "config")); err == nil && fi.IsDir() {
+			hint = fmt.Sprintf(" (envoyproxy/ratelimit's runtime layout keeps them in %s: give that to -config)", filepath.Join(dir, "config"))
+		}
+		return s, fmt.Errorf("%w in %s%s", errNoConfig, dir, hint)
+	}
 	copy(s.digest[:], h.Sum(nil))
 	return s, nil
 }
+
+// errNoConfig is a -config directory without a configuration file.
+var errNoConfig = errors.New("no configuration file (*.yaml, *.yml)")
 
 // parse parses every file of s; the error names the file.
 func (s snapshot) parse() ([]*envoyrls.Config, error) {

@@ -301,6 +301,15 @@ func TestCommandRefusesAtStart(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte("domain: d\nbogus: 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// envoyproxy/ratelimit's runtime root, its files one level down: no
+	// limits at all unless refused.
+	runtimeRoot := t.TempDir()
+	if err := os.Mkdir(filepath.Join(runtimeRoot, "config"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(runtimeRoot, "config", "a.yaml"), []byte(limitsYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	var stderr syncBuffer
 	for _, c := range []struct {
 		args []string
@@ -310,6 +319,7 @@ func TestCommandRefusesAtStart(t *testing.T) {
 		{[]string{"-config", dir, "-redis", "x:1", "-redis-cluster", "y:1"}, errUsage},
 		{[]string{"-config", dir, "-leases"}, errUsage},
 		{[]string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, envoyrls.ErrUnknownField},
+		{[]string{"-config", runtimeRoot, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, errNoConfig},
 	} {
 		if err := run(context.Background(), c.args, &stderr, hooks{}); !errors.Is(err, c.want) {
 			t.Errorf("run(%q): %v, want %v", c.args, err, c.want)
@@ -445,6 +455,23 @@ func TestCommandDirectoryGone(t *testing.T) {
 	}
 	if got := c.ask("gw", "route=/x").GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 10 {
 		t.Errorf("limit %d after the directory came back, want 10", got)
+	}
+}
+
+// TestCommandEmptiedDirectory: a -config directory left without a file (a
+// volume unmounted, a deploy gone wrong) keeps the last good
+// configuration, as a directory that cannot be read does, rather than
+// serve no limits at all.
+func TestCommandEmptiedDirectory(t *testing.T) {
+	c := startCommand(t)
+	if err := os.Remove(filepath.Join(c.dir, "limits.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.reload(); !errors.Is(err, errNoConfig) {
+		t.Fatalf("reload of an empty directory: %v, want errNoConfig", err)
+	}
+	if got := c.ask("gw", "route=/x").GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 2 {
+		t.Errorf("limit %d after the directory emptied, want the last good configuration's 2", got)
 	}
 }
 
