@@ -384,3 +384,47 @@ func ExampleWithShadow() {
 	// 429 "api";r=0;t=1
 	// {Decided:4 Refused:2 Degraded:0 Errors:0}
 }
+
+// A JSON API answers a limit's denial in JSON: the function sets the
+// Content-Type, then writes the status, then the body. It must write the
+// status itself; a body written without it goes out as 200. The header
+// fields are already on w when it is called, so the RateLimit fields and
+// Retry-After go out with its answer unchanged.
+func ExampleWithDenied() {
+	e, err := engine.New(engine.Config{
+		Policy: policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1},
+		Clock:  clock.NewManual(0),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer e.Close()
+
+	mw, err := httplimit.New(e, httplimit.WithDenied(func(w http.ResponseWriter, _ *http.Request, d engine.Decision) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"error":       "rate_limited",
+			"retry_after": w.Header().Get("Retry-After"),
+		})
+	}))
+	if err != nil {
+		panic(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "{}\n")
+	}))
+
+	for range 2 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/orders", nil))
+		fmt.Print(rec.Code, " ", rec.Header().Get("RateLimit"), " ", rec.Body.String())
+		if rec.Code == http.StatusTooManyRequests {
+			fmt.Println(rec.Header().Get("Content-Type"), "Retry-After:", rec.Header().Get("Retry-After"))
+		}
+	}
+	// Output:
+	// 200 "default";r=0;t=1 {}
+	// 429 "default";r=0;t=1 {"error":"rate_limited","retry_after":"1"}
+	// application/json Retry-After: 1
+}

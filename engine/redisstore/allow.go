@@ -68,7 +68,10 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 }
 
 // usable is the error of a call on a closed store, or under a nil or ended
-// context, in that order; nil if there is none.
+// context, in that order; nil if there is none. A context whose deadline
+// has passed has ended (see ended), even before its timer has fired: sent,
+// its request would meet go-redis's connection deadline at once, and be
+// answered by the failure rule as though Redis could not be reached.
 func (s *Store) usable(ctx context.Context) error {
 	switch {
 	case s.closed.Load():
@@ -76,7 +79,7 @@ func (s *Store) usable(ctx context.Context) error {
 	case ctx == nil:
 		return engine.ErrNilContext
 	}
-	return ctx.Err()
+	return ended(ctx)
 }
 
 // badKey reports whether key is not a valid key: blank, or too long.

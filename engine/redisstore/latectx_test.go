@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -41,4 +42,33 @@ func TestDeadlineMidPassIsTheContexts(t *testing.T) {
 		require.NoError(t, s.ReplacePolicy(cctx, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 1}, 1), "nothing was left held")
 		cancel()
 	}
+}
+
+// TestPastDeadlineBeforeTheCallIsTheContexts: a request whose context's
+// deadline has passed before the call, its timer not yet fired (a server's
+// request deadline, in the instant before Go's timer goroutine runs), never
+// goes to Redis: Allow, AllowAll and Charge return context.DeadlineExceeded,
+// as for a context already done, not a decision of the failure rule that
+// says, falsely, that Redis could not be reached.
+func TestPastDeadlineBeforeTheCallIsTheContexts(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	var reported []error
+	s := realStores(t, redisAddr(t), 1, redisstore.Config{Policy: p, OnError: func(err error) { reported = append(reported, err) }})[0]
+	_, err := s.Allow(context.Background(), "k", 1)
+	require.NoError(t, err)
+	ctx := lateCtx{context.Background()}
+
+	d, err := s.Allow(ctx, "k", 1)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "Allow: %+v", d)
+	d, _, err = s.AllowAll(ctx, []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}})
+	require.ErrorIs(t, err, context.DeadlineExceeded, "AllowAll: %+v", d)
+	d, err = s.Charge(ctx, "k", 1)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "Charge: %+v", d)
+
+	require.Empty(t, reported, "Redis was never unreachable")
+	st := s.Stats()
+	require.Zero(t, st.Failures)
+	got, err := s.Peek(context.Background(), "k")
+	require.NoError(t, err)
+	require.Equal(t, int64(9), got.Remaining, "nothing was taken")
 }
