@@ -136,6 +136,11 @@ func WithClientKey(f ClientKeyFunc) Option {
 // When the client address cannot be found (ErrNoClientIP), f is not called
 // and the request is answered with 500. WithKeys excludes WithKey,
 // WithClientKey and WithCost, which it replaces.
+//
+// On a store whose AllowAll takes only keys that share a shard (the Redis
+// store on Redis Cluster, whose redisstore.ErrCrossShard is answered with
+// 500), give a request's keys one hash tag, as in "{" + client + "}:login"
+// and "{" + client + "}", so that they always do.
 func WithKeys(f KeysFunc) Option {
 	return func(c *config) error {
 		if f == nil {
