@@ -206,8 +206,8 @@ func (s *Store) AllowBatch(ctx context.Context, reqs []engine.Request, out []eng
 			out[i] = engine.Result{Err: engine.ErrNotInitialized} // as a zero engine.Engine's
 		}
 		return engine.ErrNotInitialized
-	case len(out) < len(reqs):
-		return engine.ErrInvalidConfig
+	case len(out) < len(reqs): // in the engine's words
+		return fmt.Errorf("%w: len(out) %d < len(reqs) %d", engine.ErrInvalidConfig, len(out), len(reqs))
 	}
 	if s.lease != nil {
 		return s.lease.allowBatch(ctx, reqs, out)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/policy"
@@ -114,4 +115,24 @@ func TestZeroStore(t *testing.T) {
 		require.Zero(t, s.Stats())
 		require.NoError(t, s.Close())
 	}
+}
+
+// TestAllowBatchShortOut: an out shorter than reqs is the engine's error,
+// in the engine's words (how many of each), and nothing is decided.
+func TestAllowBatchShortOut(t *testing.T) {
+	ctx := context.Background()
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	s := newStore(t, redisstore.Config{Policy: p}, clock.NewManual(1))
+	e, err := engine.New(engine.Config{Policy: p})
+	require.NoError(t, err)
+	defer func() { _ = e.Close() }()
+
+	reqs := []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}}
+	want := e.AllowBatch(ctx, reqs, make([]engine.Result, 1))
+	err = s.AllowBatch(ctx, reqs, make([]engine.Result, 1))
+	require.ErrorIs(t, err, engine.ErrInvalidConfig)
+	require.EqualError(t, err, want.Error(), "the engine's message, which says the lengths")
+	n, err := s.KeyCount(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing decided")
 }

@@ -184,7 +184,7 @@ type Stats struct {
 	// With Config.Leases it counts the leases Redis decided too, and
 	// Allowed + Denied the requests decided in the process (Local).
 	Decisions uint64
-	Retries   uint64 // script calls repeated for a newer policy or a bucket's history
+	Retries   uint64 // script calls sent again: a newer policy, a bucket's history, a script Redis lacked
 	// Local counts the requests a lease decided in the process, without
 	// Redis (Config.Leases): they are counted in Allowed and Denied too.
 	Local uint64

@@ -41,7 +41,7 @@ func New(s *redisstore.Store) (*Collector, error) {
 		allCalls:  vocab.AllowAllCalls.Desc(),
 		allErrs:   vocab.AllowAllErrors.Desc(),
 		scripted:  own("decisions_total", "Requests the Redis script decided, those it answered with an error included."),
-		retries:   own("retries_total", "Script calls repeated for a newer policy or a bucket's history."),
+		retries:   own("retries_total", "Script calls sent again: a newer policy, a bucket's history, a script Redis lacked."),
 	}, nil
 }
 

@@ -27,7 +27,7 @@
 //	tokenshard_allowall_calls_total{outcome}  counter  AllowAll calls answered; outcome is "admitted" or "refused"
 //	tokenshard_allowall_errors_total{kind}    counter  AllowAll calls that ended with an error
 //	tokenshard_store_decisions_total          counter  requests the Redis script decided, those it answered with an error included
-//	tokenshard_store_retries_total            counter  script calls repeated for a newer policy or a bucket's history
+//	tokenshard_store_retries_total            counter  script calls sent again: a newer policy, a bucket's history, a script Redis lacked
 //
 // decisions_total counts every request once, as promstats does: each
 // Allow, each Charge ("allowed", or "degraded_allowed" when Redis could
