@@ -6,44 +6,44 @@
 //
 // It serves envoy.service.ratelimit.v3.RateLimitService and gRPC health
 // (grpc.health.v1, SERVING once the configuration is loaded, NOT_SERVING while
-// shutting down, when a Watch is told so and ended) on -grpc, and Prometheus metrics on -metrics at /metrics:
-// the engine's (engine/promstats) or the store's (engine/promstats/storestats),
+// shutting down, after which its Watch streams end) on -grpc, and Prometheus
+// metrics on -metrics at /metrics: the engine's (engine/promstats) or the
+// store's (engine/promstats/storestats),
 // tokenshard_rls_requests_total{answer="ok"|"over_limit"|"error"},
 // tokenshard_rls_reloads_total{result="ok"|"error"} and
-// tokenshard_rls_foreign_policy (see below). Both listen on loopback
-// unless told otherwise.
+// tokenshard_rls_foreign_policy (see below). Both listen on loopback unless
+// told otherwise.
 //
-// The configuration is every *.yaml and *.yml file directly in DIR, one
-// domain each (package envoyrls says what is read and what is refused); a
-// directory without one is an error, not a service that limits nothing. Every
-// -poll the files are read again; when their names or contents changed they
-// are parsed and installed with envoyrls.Server.Reload, an exact cutover that
-// tops nobody up. A file that does not parse keeps the last good
-// configuration and is reported on stderr once (so is a directory that
-// cannot be read or holds no file, until that changes); a reload that fails (Redis away, or
-// another replica's cutover meanwhile) keeps it too, and is reported and
-// tried again at every poll. SIGINT or SIGTERM stops it: health turns
-// NOT_SERVING, requests in flight finish (up to -drain; then their clients
-// are cut off, and a request waiting on Redis ends within -redis-timeout),
-// and it exits 0.
+// The configuration is every *.yaml and *.yml file directly in DIR, one domain
+// each (package envoyrls says what is read and what is refused); a directory
+// without one is an error, not a service that limits nothing. Every -poll the
+// files are read again; when their names or contents changed they are parsed
+// and installed with envoyrls.Server.Reload, an exact cutover that tops nobody
+// up. A file that does not parse keeps the last good configuration and is
+// reported on stderr once (so is a directory that cannot be read or holds no
+// file, until that changes); a reload that fails (Redis away, or another
+// replica's cutover meanwhile) keeps it too, and is reported and tried again at
+// every poll. SIGINT or SIGTERM stops it: health turns NOT_SERVING, requests in
+// flight finish (up to -drain; then their clients are cut off, and a request
+// waiting on Redis ends within -redis-timeout), and it exits 0.
 //
-// With -redis or -redis-cluster, the buckets and the policy live in Redis
-// under -redis-prefix, shared by every replica on that prefix. A replica
-// that starts with a configuration other than the prefix's installs its own
-// (the last to start or reload wins, as with files deployed one replica at a
-// time); one that starts while Redis is down makes that check once Redis
-// answers, within about a second (so after an outage the last replica to
-// reach Redis wins). A replica whose configuration is not the prefix's
-// policy, since another installed its own, enforces the prefix's limits
-// but reports its own configuration's in its answers: at each -poll it
-// checks (envoyrls.Server.CheckPolicy), says so on stderr once, and sets
-// tokenshard_rls_foreign_policy to 1 until its files match again. Decisions that Redis cannot give are answered with a
-// gRPC Unavailable error (the store marks them Degraded), so Envoy's
-// failure_mode_deny decides. With -leases each replica takes tokens of a
-// hot key from Redis in advance and decides the requests they cover
-// without Redis (redisstore.Leases, with its defaults): the limits stay
-// exact across replicas, and unspent tokens go back when a key goes idle,
-// at a reload and at shutdown.
+// With -redis or -redis-cluster, the buckets and the policy live in Redis under
+// -redis-prefix, shared by every replica on that prefix. A replica that starts
+// with a configuration other than the prefix's installs its own (the last to
+// start or reload wins, as with files deployed one replica at a time); one that
+// starts while Redis is down makes that check once Redis answers, within about
+// a second (so after an outage the last replica to reach Redis wins). A replica
+// whose configuration is not the prefix's policy, since another installed its
+// own, enforces the prefix's limits but reports its own configuration's in its
+// answers: at each -poll it checks (envoyrls.Server.CheckPolicy), says so on
+// stderr once, and sets tokenshard_rls_foreign_policy to 1 until its files
+// match again. Decisions that Redis cannot give are answered with a gRPC
+// Unavailable error (the store marks them Degraded), so Envoy's
+// failure_mode_deny decides. With -leases each replica takes tokens of a hot
+// key from Redis in advance and decides the requests they cover without Redis
+// (redisstore.Leases, with its defaults): the limits stay exact across
+// replicas, and unspent tokens go back when a key goes idle, at a reload and at
+// shutdown.
 package main
 
 import (
