@@ -63,10 +63,15 @@ func ExampleStore_Allow() {
 	defer store.Close()
 
 	http.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		d, err := store.Allow(r.Context(), r.Header.Get("X-Api-Key"), 1)
+		key := r.Header.Get("X-Api-Key")
+		if key == "" {
+			http.Error(w, "no API key", http.StatusUnauthorized)
+			return
+		}
+		d, err := store.Allow(r.Context(), key, 1)
 		switch {
-		case err != nil: // a blank or too long key, a closed store, the request's end
-			http.Error(w, "no rate-limit key", http.StatusBadRequest)
+		case err != nil: // a key too long, a closed store, the request's end
+			http.Error(w, "rate limiter failed", http.StatusInternalServerError)
 			return
 		case !d.Allowed:
 			secs := d.RetryAfter / time.Second // whole seconds, rounded up, at least 1
