@@ -48,6 +48,16 @@ func keysFor(s scenario) *keySet {
 	return ks
 }
 
+// skipUnderRace skips an end-to-end run of the command under the race
+// detector, which makes it take minutes of CI's two cores and measures
+// nothing; `go test work` without -race, which CI also runs, runs it.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("an end-to-end run of the bench: `go test work` without -race runs it")
+	}
+}
+
 // BenchmarkDecide is every contender on every scenario; run it with
 // -cpu 1,2 and -count 10, and compare with benchstat.
 func BenchmarkDecide(b *testing.B) {
@@ -106,9 +116,7 @@ func TestGoLimiterInterval(t *testing.T) {
 // README's command cannot rot. It takes about ten seconds, ten times that
 // under the race detector, so it runs only without -race (CI runs both).
 func TestQuickRun(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector makes the quick bench take minutes; `go test work` without -race runs it")
-	}
+	skipUnderRace(t)
 	var out bytes.Buffer
 	if code := run([]string{"-quick", "-cpu", "1"}, &out, &out); code != 0 {
 		t.Fatalf("bench -quick exited %d:\n%s", code, out.String())

@@ -62,6 +62,7 @@ func wantRLSRows(admitters ...string) []string {
 // durations, so the command cannot rot: every row there, every request
 // admitted, and the Redis rows said to be skipped.
 func TestEnvoyRLSPart(t *testing.T) {
+	skipUnderRace(t)
 	tinyRLSTimes(t)
 	var out bytes.Buffer
 	if code := run([]string{"-quick", "-parts", "envoyrls"}, &out, &out); code != 0 {
@@ -84,6 +85,7 @@ func TestEnvoyRLSPart(t *testing.T) {
 // TestEnvoyRLSPartRedis runs it with -redis: the store's rows beside the
 // engine's, no fail-closed answer or refusal, and every key it wrote deleted.
 func TestEnvoyRLSPartRedis(t *testing.T) {
+	skipUnderRace(t)
 	addr := redistest.Addr(t)
 	tinyRLSTimes(t)
 	var out bytes.Buffer

@@ -38,6 +38,7 @@ func tableRows(out string, cols, n int) []string {
 // a verdict on every goal, and every key it wrote deleted. The figures are
 // not checked: the run is too short, and the machine may be busy.
 func TestLeasesPart(t *testing.T) {
+	skipUnderRace(t)
 	addr := redistest.Addr(t)
 	old := leaseTimesFor
 	leaseTimesFor = func(bool) leaseTimes {

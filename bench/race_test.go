@@ -3,5 +3,5 @@
 package main
 
 // raceEnabled: the race detector slows the bench tenfold, so the end-to-end
-// run is left to the plain `go test work` that CI also runs.
+// runs are left to the plain `go test work` that CI also runs.
 const raceEnabled = true

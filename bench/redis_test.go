@@ -67,6 +67,7 @@ func BenchmarkRedisStore(b *testing.B) {
 // (about 8 seconds): every row measured, no fail-closed answer, no error,
 // and every key it wrote deleted.
 func TestRedisSection(t *testing.T) {
+	skipUnderRace(t)
 	addr := redistest.Addr(t)
 	var out bytes.Buffer
 	if code := run([]string{"-quick", "-parts", "redis", "-redis", addr}, &out, &out); code != 0 {
