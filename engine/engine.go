@@ -22,8 +22,8 @@ import (
 //
 // The zero Engine, and a nil *Engine, serve nothing but never panic or
 // block: every method returns ErrNotInitialized at once, except KeyCount
-// and MaxKeys, Policy, Stats and Close, which return 0, the zero Policy,
-// the zero Stats and nil.
+// and MaxKeys, Policy, Stats, ReclaimAfter and Close, which return 0, the
+// zero Policy, the zero Stats, no estimate (0, false) and nil.
 type Engine struct {
 	maxKeys     int // Config.MaxKeys with its default
 	maxKeyBytes int
