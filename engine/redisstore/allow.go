@@ -369,20 +369,18 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		if todo, later = unpinned(todo, st), unpinned(later, st); len(todo)+len(later) == 0 {
 			break
 		}
+		all := append(todo, later...)
 		if m := s.kmap.Load(); m != km { // the first round, or a key map adopted (see syncKeyMap)
 			km = m
-			for _, it := range todo {
+			for _, it := range all {
 				it.shard = km.shardOf(it.key, len(s.shards))
 			}
-			for _, it := range later {
-				it.shard = km.shardOf(it.key, len(s.shards))
-			}
-			if mode == modeAll && s.cluster != nil && slices.ContainsFunc(todo, func(it *item) bool { return it.shard != todo[0].shard }) {
+			if mode == modeAll && s.cluster != nil && slices.ContainsFunc(all, func(it *item) bool { return it.shard != all[0].shard }) {
 				return deleted, ErrCrossShard // under a key map adopted since AllowAll checked: one call cannot take them
 			}
 		}
 		var chunks [][]*item
-		chunks, later = s.route(append(todo, later...))
+		chunks, later = s.route(all)
 		cmds := s.send(ctx, st, km, chunks, mode, at, eval)
 		p := pass{viaFunc: !eval && !s.noFunc.Load()}
 		for c, cmd := range cmds {
