@@ -135,8 +135,7 @@ func (s *Store) Refund(ctx context.Context, key string, tokens int64) (engine.De
 
 // one runs and counts one Peek (mode "p"), Refund ("r") or Charge
 // (modeCharge), each a script call of its own. A Peek or Refund Redis does
-// not answer is an error; a Charge is answered by chargeFailed, which
-// counts it.
+// not answer is an error; a Charge is answered as Charge says.
 func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
 	if s.uninitialized() {
 		return engine.Decision{}, engine.ErrNotInitialized
@@ -169,8 +168,12 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 		err = fmt.Errorf("%w: %w", ErrUnavailable, err) // the store's Timeout, not the caller's deadline
 	}
 	if err != nil && mode == modeCharge {
-		if !errors.Is(ctx.Err(), context.Canceled) {
-			return s.chargeFailed(key, err), nil
+		if !errors.Is(ctx.Err(), context.Canceled) { // see Charge: allowed, Degraded, counted and told
+			s.report(unavailable(err))
+			s.failedOpen.Add(1)
+			d := s.failResult(s.cur.Load(), &item{key: key}, 0).Decision
+			d.Allowed, d.RetryAfter = true, 0
+			return d, nil
 		}
 		err = ctx.Err()
 	}
