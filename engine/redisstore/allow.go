@@ -718,13 +718,8 @@ func (s *Store) callWords(sk shardKeys, st *state, km *keyMap, chunk []*item, mo
 
 // words are the constant words of a call's head, each boxed once (a string
 // boxed anew allocates); word is w boxed, from words if it is one.
-var words = func() map[string]any {
-	m := map[string]any{}
-	for _, w := range []string{"", "a", modeAll, "p", "r", modeCharge, "e", "c", "0", "1"} {
-		m[w] = w
-	}
-	return m
-}()
+var words = map[string]any{"": "", "a": "a", modeAll: modeAll, "p": "p", "r": "r",
+	modeCharge: modeCharge, "e": "e", "c": "c", "0": "0", "1": "1"}
 
 func word(w string) any {
 	if v, ok := words[w]; ok {
