@@ -569,7 +569,15 @@ func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*ite
 	cmds := make([]*redis.Cmd, len(chunks))
 	queue := func(via processor, c int) {
 		sk := s.shards[s.stateShard(chunks[c][0].shard)]
-		cmds[c] = s.decideCmd(ctx, via, s.callWords(sk, st, km, chunks[c], mode, nowArg, expiry), keyBuckets-1+len(chunks[c]), eval)
+		// FCALL, or EVALSHA with eval or once FUNCTION was refused; never
+		// retried by go-redis
+		a := s.callWords(sk, st, km, chunks[c], mode, nowArg, expiry)
+		a[0], a[1], a[2] = "fcall", decideFunc, keyBuckets-1+len(chunks[c])
+		if eval || s.noFunc.Load() {
+			a[0], a[1] = "evalsha", decideScript.Hash()
+		}
+		cmds[c] = redis.NewCmd(ctx, a...)
+		_ = via.Process(ctx, noRetryCmd{cmds[c]})
 	}
 	if len(chunks) == 1 {
 		queue(s.rdb, 0)
@@ -650,7 +658,7 @@ const (
 )
 
 // callWords is the decide script call of chunk, bound for the shard whose
-// keys sk are: callHead words left for decideCmd, the keys (policy,
+// keys sk are: callHead words left for send, the keys (policy,
 // history, pending flag, then each item's bucket), and the arguments: mode,
 // version, instant, expiry, the words per item, km's seed (the map the
 // items' shards are of), the chunk's distinct shapes and each one's
