@@ -562,10 +562,8 @@ func unpinned(items []*item, st *state) []*item {
 // again). A single Allow is most calls. go-redis follows MOVED and ASK for
 // the command as for a pipeline's, and never resends it (noRetryCmd).
 func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*item, mode, at string, eval bool) []*redis.Cmd {
-	nowArg, expiry := cmp.Or(at, s.nowArg()), "1" // the server's TIME, and expiries
-	if s.clk != nil {
-		expiry = "0" // Config.Clock's readings, and no expiries
-	}
+	// the server's TIME and expiries, or Config.Clock's readings and none
+	nowArg, expiry := cmp.Or(at, s.nowArg()), flag(s.clk == nil)
 	cmds := make([]*redis.Cmd, len(chunks))
 	queue := func(via processor, c int) {
 		sk := s.shards[s.stateShard(chunks[c][0].shard)]
