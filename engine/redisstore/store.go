@@ -497,12 +497,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		// answers by the failure rule until a call reaches it (see up).
 		s.report(err)
 	}
-	if cfg.Leases != nil {
-		clk := cfg.Clock
-		if clk == nil {
-			clk = clock.NewMonotonic()
-		}
-		s.lease = newLeaser(s, cfg.Leases, clk)
+	if cfg.Leases != nil { // leases age on Config.Clock, else on a monotonic one
+		s.lease = newLeaser(s, cfg.Leases, cmp.Or(cfg.Clock, clock.Clock(clock.NewMonotonic())))
 	}
 	if opened != nil {
 		opened(s)
