@@ -231,8 +231,7 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 	fail := s.usable(ctx)
 	items := make([]item, 0, len(reqs))
 	for i, r := range reqs {
-		out[i] = engine.Result{}
-		if out[i].Err = s.check(ctx, r.Key, r.Cost); out[i].Err == nil {
+		if out[i] = (engine.Result{Err: s.check(ctx, r.Key, r.Cost)}); out[i].Err == nil {
 			items = append(items, item{out: &out[i], key: r.Key, cost: r.Cost, lease: i >= leases})
 		}
 	}
