@@ -135,8 +135,7 @@ func (s *Store) Refund(ctx context.Context, key string, tokens int64) (engine.De
 
 // one runs and counts one Peek (mode "p"), Refund ("r") or Charge
 // (modeCharge), each a script call of its own. A Peek or Refund Redis does
-// not answer is an error; a Charge is answered by chargeFailed, which
-// counts it.
+// not answer is an error; a Charge is answered as Charge says.
 func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine.Decision, error) {
 	if s.uninitialized() {
 		return engine.Decision{}, engine.ErrNotInitialized
@@ -169,8 +168,12 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 		err = fmt.Errorf("%w: %w", ErrUnavailable, err) // the store's Timeout, not the caller's deadline
 	}
 	if err != nil && mode == modeCharge {
-		if !errors.Is(ctx.Err(), context.Canceled) {
-			return s.chargeFailed(key, err), nil
+		if !errors.Is(ctx.Err(), context.Canceled) { // see Charge: allowed, Degraded, counted and told
+			s.report(unavailable(err))
+			s.failedOpen.Add(1)
+			d := s.failResult(s.cur.Load(), &item{key: key}, 0).Decision
+			d.Allowed, d.RetryAfter = true, 0
+			return d, nil
 		}
 		err = ctx.Err()
 	}
@@ -228,8 +231,7 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 	fail := s.usable(ctx)
 	items := make([]item, 0, len(reqs))
 	for i, r := range reqs {
-		out[i] = engine.Result{}
-		if out[i].Err = s.check(ctx, r.Key, r.Cost); out[i].Err == nil {
+		if out[i] = (engine.Result{Err: s.check(ctx, r.Key, r.Cost)}); out[i].Err == nil {
 			items = append(items, item{out: &out[i], key: r.Key, cost: r.Cost, lease: i >= leases})
 		}
 	}
@@ -369,20 +371,18 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		if todo, later = unpinned(todo, st), unpinned(later, st); len(todo)+len(later) == 0 {
 			break
 		}
+		all := append(todo, later...)
 		if m := s.kmap.Load(); m != km { // the first round, or a key map adopted (see syncKeyMap)
 			km = m
-			for _, it := range todo {
+			for _, it := range all {
 				it.shard = km.shardOf(it.key, len(s.shards))
 			}
-			for _, it := range later {
-				it.shard = km.shardOf(it.key, len(s.shards))
-			}
-			if mode == modeAll && s.cluster != nil && slices.ContainsFunc(todo, func(it *item) bool { return it.shard != todo[0].shard }) {
+			if mode == modeAll && s.cluster != nil && slices.ContainsFunc(all, func(it *item) bool { return it.shard != all[0].shard }) {
 				return deleted, ErrCrossShard // under a key map adopted since AllowAll checked: one call cannot take them
 			}
 		}
 		var chunks [][]*item
-		chunks, later = s.route(append(todo, later...))
+		chunks, later = s.route(all)
 		cmds := s.send(ctx, st, km, chunks, mode, at, eval)
 		p := pass{viaFunc: !eval && !s.noFunc.Load()}
 		for c, cmd := range cmds {
@@ -561,14 +561,20 @@ func unpinned(items []*item, st *state) []*item {
 // again). A single Allow is most calls. go-redis follows MOVED and ASK for
 // the command as for a pipeline's, and never resends it (noRetryCmd).
 func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*item, mode, at string, eval bool) []*redis.Cmd {
-	nowArg, expiry := cmp.Or(at, s.nowArg()), "1" // the server's TIME, and expiries
-	if s.clk != nil {
-		expiry = "0" // Config.Clock's readings, and no expiries
-	}
+	// the server's TIME and expiries, or Config.Clock's readings and none
+	nowArg, expiry := cmp.Or(at, s.nowArg()), flag(s.clk == nil)
 	cmds := make([]*redis.Cmd, len(chunks))
 	queue := func(via processor, c int) {
 		sk := s.shards[s.stateShard(chunks[c][0].shard)]
-		cmds[c] = s.decideCmd(ctx, via, s.callWords(sk, st, km, chunks[c], mode, nowArg, expiry), keyBuckets-1+len(chunks[c]), eval)
+		// FCALL, or EVALSHA with eval or once FUNCTION was refused; never
+		// retried by go-redis
+		a := s.callWords(sk, st, km, chunks[c], mode, nowArg, expiry)
+		a[0], a[1], a[2] = "fcall", decideFunc, keyBuckets-1+len(chunks[c])
+		if eval || s.noFunc.Load() {
+			a[0], a[1] = "evalsha", decideScript.Hash()
+		}
+		cmds[c] = redis.NewCmd(ctx, a...)
+		_ = via.Process(ctx, noRetryCmd{cmds[c]})
 	}
 	if len(chunks) == 1 {
 		queue(s.rdb, 0)
@@ -649,7 +655,7 @@ const (
 )
 
 // callWords is the decide script call of chunk, bound for the shard whose
-// keys sk are: callHead words left for decideCmd, the keys (policy,
+// keys sk are: callHead words left for send, the keys (policy,
 // history, pending flag, then each item's bucket), and the arguments: mode,
 // version, instant, expiry, the words per item, km's seed (the map the
 // items' shards are of), the chunk's distinct shapes and each one's
@@ -717,13 +723,8 @@ func (s *Store) callWords(sk shardKeys, st *state, km *keyMap, chunk []*item, mo
 
 // words are the constant words of a call's head, each boxed once (a string
 // boxed anew allocates); word is w boxed, from words if it is one.
-var words = func() map[string]any {
-	m := map[string]any{}
-	for _, w := range []string{"", "a", modeAll, "p", "r", modeCharge, "e", "c", "0", "1"} {
-		m[w] = w
-	}
-	return m
-}()
+var words = map[string]any{"": "", "a": "a", modeAll: modeAll, "p": "p", "r": "r",
+	modeCharge: modeCharge, "e": "e", "c": "c", "0": "0", "1": "1"}
 
 func word(w string) any {
 	if v, ok := words[w]; ok {

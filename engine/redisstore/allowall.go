@@ -155,7 +155,18 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return engine.Decision{}, -1, ctx.Err()
 		}
-		return s.allFailure(items, of, err)
+		// The failure rule, for the call as a whole (counted as len(reqs)
+		// requests), unless a key's summed cost is above its capacity
+		// under the policy last seen.
+		st := s.cur.Load()
+		for j := range items {
+			if r := s.failResult(st, &items[j], 0); r.Err != nil {
+				return engine.Decision{}, slices.Index(of, j), r.Err
+			}
+		}
+		d := s.failResult(st, &items[0], uint64(len(reqs))).Decision
+		s.report(unavailable(err))
+		return d, 0, nil
 	}
 	// Errors in the rules' order: a cost no band can hold, then Redis out
 	// of memory (every item), then a reply the store could not read. Redis
@@ -183,20 +194,4 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	d := res[of[at]].Decision
 	d.Allowed = admit
 	return d, at, nil
-}
-
-// allFailure answers an AllowAll that Redis could not decide, of[i] its
-// request i's item: by the failure rule, for the call as a whole (counted
-// as len(of) requests), unless a key's summed cost is above its capacity
-// under the policy last seen.
-func (s *Store) allFailure(items []item, of []int, err error) (engine.Decision, int, error) {
-	st := s.cur.Load()
-	for j := range items {
-		if r := s.failResult(st, &items[j], 0); r.Err != nil {
-			return engine.Decision{}, slices.Index(of, j), r.Err
-		}
-	}
-	d := s.failResult(st, &items[0], uint64(len(of))).Decision
-	s.report(unavailable(err))
-	return d, 0, nil
 }

@@ -38,13 +38,3 @@ const modeCharge = "d"
 func (s *Store) Charge(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
 	return s.one(ctx, modeCharge, key, tokens)
 }
-
-// chargeFailed is the answer to a charge of key Redis did not answer with
-// err (see Charge), counted and told to OnError.
-func (s *Store) chargeFailed(key string, err error) engine.Decision {
-	s.report(unavailable(err))
-	s.failedOpen.Add(1)
-	d := s.failResult(s.cur.Load(), &item{key: key}, 0).Decision
-	d.Allowed, d.RetryAfter = true, 0
-	return d
-}

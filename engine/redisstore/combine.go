@@ -64,10 +64,7 @@ const (
 // goes to the same place). Every request of a call must be one the script
 // can decide together.
 func (s *Store) queueFor(key string) *combiner {
-	if s.cluster == nil {
-		return &s.queues[0]
-	}
-	return &s.queues[s.shard(key)]
+	return &s.queues[s.stateShard(s.shard(key))]
 }
 
 // decideOne decides a checked request without counting it, through key's

@@ -312,15 +312,13 @@ func (s *Store) renew(ctx context.Context, token string) error {
 	for _, k := range s.shards {
 		pipe.Eval(ctx, refreshSrc, []string{k.pending}, token, ttl, "0")
 	}
-	_, err := pipe.Exec(ctx)
-	ok := 0
-	if err == nil {
-		ok, err = lock.Int()
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
 	}
-	if err == nil && ok != 1 {
-		return errLostLock
+	if ok, err := lock.Int(); err != nil || ok != 1 {
+		return cmp.Or(err, errLostLock)
 	}
-	return err
+	return nil
 }
 
 // setPending sets this holder's pending flag in every virtual shard, if it
@@ -337,11 +335,10 @@ func (s *Store) setPending(ctx context.Context, token string) error {
 		for _, k := range s.shards {
 			keys = append(keys, k.pending)
 		}
-		ok, err := s.rdb.Eval(ctx, pendingSrc, keys, token, ttl, "1").Int()
-		if err == nil && ok != 1 {
-			return errLostLock // another process may be preparing its own cutover
+		if ok, err := s.rdb.Eval(ctx, pendingSrc, keys, token, ttl, "1").Int(); err != nil || ok != 1 {
+			return cmp.Or(err, errLostLock) // another process may be preparing its own cutover
 		}
-		return err
+		return nil
 	}
 	if err := s.renew(ctx, token); err != nil {
 		return err

@@ -72,9 +72,6 @@ func (s *Store) nodeFailed(ctx context.Context, err error) bool {
 // CLUSTERDOWN reply. Any other reply, a context's error without a network
 // error in it, or a client closed, is not.
 func nodeLost(err error) bool {
-	if err == nil {
-		return false
-	}
 	if redis.HasErrorPrefix(err, "CLUSTERDOWN") {
 		return true
 	}

@@ -65,22 +65,6 @@ func (s *Store) loadOn(ctx context.Context, m redis.UniversalClient) error {
 	return decideScript.Load(ctx, m).Err()
 }
 
-// decideCmd queues one call of the decide script on p: FCALL, or EVALSHA
-// with eval or once FUNCTION was refused; never retried by go-redis. a is
-// the command's words: callHead left for decideCmd to name the command,
-// then nkeys keys, then the script's arguments. It is sent as it is.
-func (s *Store) decideCmd(ctx context.Context, p processor, a []any, nkeys int, eval bool) *redis.Cmd {
-	if eval || s.noFunc.Load() {
-		a[0], a[1] = "evalsha", decideScript.Hash()
-	} else {
-		a[0], a[1] = "fcall", decideFunc
-	}
-	a[2] = nkeys
-	cmd := redis.NewCmd(ctx, a...)
-	_ = p.Process(ctx, noRetryCmd{cmd})
-	return cmd
-}
-
 // callHead is how many words name a script call: FCALL name nkeys, or
 // EVALSHA sha nkeys.
 const callHead = 3

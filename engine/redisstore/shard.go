@@ -224,21 +224,6 @@ type record struct {
 	nv, trim, lengthens, at, tail string
 }
 
-func parseRecord(next string) (record, error) {
-	f := strings.SplitN(next, " ", 5)
-	if len(f) != 5 {
-		return record{}, fmt.Errorf("%w: malformed cutover record %q", ErrUnavailable, next)
-	}
-	return record{nv: f[0], trim: f[1], lengthens: f[2], at: f[3], tail: f[4]}, nil
-}
-
-// cutoverToken is the pending token a lengthening cutover to
-// version nv sets in every shard before it prepares any, kept until the
-// shard is published: every finisher sets and removes the same one, so
-// that no shard writes an expiry under the old version once the cutover
-// may be finished, whoever finishes it.
-func cutoverToken(nv string) string { return "c" + nv }
-
 // finish completes a cutover that intentSrc recorded (rec) while
 // version v is in force in the global keys, or only publishes its shards if
 // it is committed (v is its version): for a lengthening cutover it first
@@ -253,7 +238,12 @@ func cutoverToken(nv string) string { return "c" + nv }
 func (s *Store) finish(ctx context.Context, v string, rec record) (bool, error) {
 	all, token := s.allShards(), ""
 	if rec.lengthens == "1" {
-		token = cutoverToken(rec.nv)
+		// the pending token a lengthening cutover sets in every shard
+		// before it prepares any, kept until the shard is published: every
+		// finisher sets and removes the same one, so that no shard writes
+		// an expiry under the old version once the cutover may be
+		// finished, whoever finishes it
+		token = "c" + rec.nv
 	}
 	if v != rec.nv {
 		ov, err := strconv.ParseInt(v, 10, 64)
@@ -315,10 +305,11 @@ func (s *Store) settle(ctx context.Context, token string) (bool, error) {
 		if v == "" || next == "" {
 			return false, nil
 		}
-		rec, err := parseRecord(next)
-		if err != nil {
-			return false, err
+		f := strings.SplitN(next, " ", 5)
+		if len(f) != 5 {
+			return false, fmt.Errorf("%w: malformed cutover record %q", ErrUnavailable, next)
 		}
+		rec := record{nv: f[0], trim: f[1], lengthens: f[2], at: f[3], tail: f[4]}
 		var published bool
 		err = s.round(ctx, func(ctx context.Context) (err error) {
 			published, err = s.finish(ctx, v, rec)

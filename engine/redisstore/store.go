@@ -447,7 +447,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: negative MaxKeyBytes, FailRetryAfter or Timeout", engine.ErrInvalidConfig)
 	case cfg.VirtualShards < 0 || cfg.VirtualShards > MaxVirtualShards:
 		return nil, fmt.Errorf("%w: redisstore: VirtualShards %d is not in [0, %d]", engine.ErrInvalidConfig, cfg.VirtualShards, MaxVirtualShards)
-	case emptyTag(cfg.Prefix):
+	case strings.Contains(cfg.Prefix, "{}") && strings.Index(cfg.Prefix, "{}") == strings.IndexByte(cfg.Prefix, '{'):
+		// its first "{" is followed at once by "}"
 		return nil, fmt.Errorf("%w: redisstore: Config.Prefix %q closes its first \"{\" at once: Redis Cluster would hash each key whole, and a script's keys would not share a slot", engine.ErrInvalidConfig, cfg.Prefix)
 	}
 	for _, a := range addrs {
@@ -496,12 +497,8 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		// answers by the failure rule until a call reaches it (see up).
 		s.report(err)
 	}
-	if cfg.Leases != nil {
-		clk := cfg.Clock
-		if clk == nil {
-			clk = clock.NewMonotonic()
-		}
-		s.lease = newLeaser(s, cfg.Leases, clk)
+	if cfg.Leases != nil { // leases age on Config.Clock, else on a monotonic one
+		s.lease = newLeaser(s, cfg.Leases, cmp.Or(cfg.Clock, clock.Clock(clock.NewMonotonic())))
 	}
 	if opened != nil {
 		opened(s)
@@ -617,26 +614,21 @@ func (s *Store) need(ctx context.Context) error {
 }
 
 // hostPort reports whether addr is host:port with a host that may name
-// one (see hostName) and a port a dial can use: 1 to 65535, or a service
-// name the system knows.
+// one and a port a dial can use: 1 to 65535, or a service name the system
+// knows. A host may name one unless it holds a blank, control character,
+// comma or slash, which only an address written wrong has (a list of
+// addresses in one, a stray blank, a URL's path) and no later attempt to
+// connect would reach. Anything else may be a name the client's Dialer
+// resolves.
 func hostPort(ctx context.Context, addr string) bool {
 	host, port, err := net.SplitHostPort(addr)
-	if err != nil || port == "" || !hostName(host) {
+	if err != nil || port == "" || strings.ContainsFunc(host, func(r rune) bool {
+		return r == ',' || r == '/' || unicode.IsSpace(r) || unicode.IsControl(r)
+	}) {
 		return false
 	}
 	n, err := net.DefaultResolver.LookupPort(ctx, "tcp", port)
 	return err == nil && n > 0
-}
-
-// hostName reports whether host may name a host: no blank, control
-// character, comma or slash in it, which only an address written wrong
-// has (a list of addresses in one, a stray blank, a URL's path) and no
-// later attempt to connect would reach. Anything else may be a name the
-// client's Dialer resolves.
-func hostName(host string) bool {
-	return !strings.ContainsFunc(host, func(r rune) bool {
-		return r == ',' || r == '/' || unicode.IsSpace(r) || unicode.IsControl(r)
-	})
 }
 
 // unreachable reports whether err, from New's first attempt to reach
@@ -662,14 +654,6 @@ func unreachable(err error) bool {
 		return false
 	}
 	return errors.Is(err, ErrNotReplicated) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout)
-}
-
-// emptyTag reports whether prefix's first "{" is followed at once by "}":
-// Redis Cluster then hashes a key by the whole of it, not by the tag the
-// store writes after the prefix.
-func emptyTag(prefix string) bool {
-	i := strings.IndexByte(prefix, '{')
-	return i >= 0 && i+1 < len(prefix) && prefix[i+1] == '}'
 }
 
 // opened, if set, is called with every store New returns: the tests use it
