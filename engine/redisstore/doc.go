@@ -439,7 +439,11 @@
 // Limit, and, while the lease holds a token, Allowed with no RetryAfter,
 // since a request of one token would take it from the lease. With Redis
 // unreachable, a process spends what it holds, then answers by the
-// failure rule, marked Degraded. Close waits
+// failure rule, marked Degraded; since Redis may yet run a call whose
+// answer is lost, and so grant its lease to nobody, a key asks for no
+// lease from a call that went unanswered until Redis answers one of its
+// calls again (a stall loses one lease a key, not one a failed call).
+// Close waits
 // for the calls to Redis the leases still await, then gives every lease
 // back.
 //

@@ -183,6 +183,7 @@ type lease struct {
 	got     int64 // reading of the last grant
 	seen    int64 // reading of the last request
 	fetch   bool  // a lease is being asked for
+	doubt   bool  // a call on the key went unanswered: no lease is asked for until Redis answers one (see unheard)
 
 	remaining  int64 // the global bucket's whole tokens at its last answer
 	resetAt    int64 // reading at which it would be full, by that answer
@@ -723,9 +724,10 @@ func raises(prev, next policy.Shape) bool {
 // much as the key's demand in this process over the last Horizon, within
 // the lease's bound (less what it holds: in the process, in requests Redis
 // is deciding and on its way back), leaving the global bucket (as last heard) its
-// reserve; 0 if that is under 2 tokens or a lease is being asked for.
+// reserve; 0 if that is under 2 tokens, a lease is being asked for, or
+// the key's last call went unanswered (doubt).
 func (l *leaser) want(now int64, k *lease, cost int64) int64 {
-	if k.fetch || k.max < 2 {
+	if k.fetch || k.doubt || k.max < 2 {
 		return 0
 	}
 	// The demand over the last Horizon: used, counted since from, scaled
@@ -803,6 +805,15 @@ func (q *leaseShard) settle(p post) {
 	if p.asked > 0 {
 		k.fetch = false
 	}
+	// Redis may have run a call whose answer was lost, and granted its lease
+	// to nobody: asked again with every failed call, leases would drain the
+	// bucket for every process while Redis stalls
+	switch {
+	case p.cost > 0 && unheard(p.d, p.dErr), p.asked > 0 && unheard(p.leaseD, p.lseErr):
+		k.doubt = true
+	case p.cost > 0 || p.asked > 0:
+		k.doubt = false
+	}
 	if p.cost > 0 && p.dErr == nil && !p.d.Degraded && p.ver == k.ver { // an answer under an older version says nothing of this one
 		k.learn(now, p.d)
 		if p.d.Allowed {
@@ -821,6 +832,12 @@ func (q *leaseShard) settle(p post) {
 		q.keep(p.key, k, n, p.leaseD.Version)
 		k.got = now
 	}
+}
+
+// unheard reports whether an answer d, err may have lost what Redis
+// decided: the failure rule answered it, or its call ended with its context.
+func unheard(d engine.Decision, err error) bool {
+	return d.Degraded || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // keep adds n tokens taken under version ver to k's lease, or, if k is
