@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -133,6 +134,8 @@ func TestStartWithoutRedis(t *testing.T) {
 			_, err = s.Peek(ctx, "k")
 			require.ErrorIs(t, err, redisstore.ErrNotReady)
 			require.ErrorIs(t, err, redisstore.ErrUnavailable)
+			require.ErrorIs(t, err, syscall.ECONNREFUSED, "the attempt's error, kept")
+			require.Equal(t, 1, strings.Count(err.Error(), redisstore.ErrUnavailable.Error()), "said once: %v", err)
 			_, err = s.Refund(ctx, "k", 1)
 			require.ErrorIs(t, err, redisstore.ErrNotReady)
 			_, err = s.KeyCount(ctx)

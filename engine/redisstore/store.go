@@ -608,10 +608,21 @@ func (s *Store) need(ctx context.Context) error {
 	case ok:
 		return nil
 	case err != nil:
-		return fmt.Errorf("%w: %w", ErrNotReady, err)
+		return notReady{err}
 	}
 	return ErrNotReady
 }
+
+// notReady is need's error after a failed attempt to reach Redis: it
+// wraps ErrNotReady and the attempt's error, which wraps ErrUnavailable
+// too, and says "redis unavailable" once.
+type notReady struct{ err error }
+
+func (e notReady) Error() string {
+	return ErrNotReady.Error() + ": " + strings.TrimPrefix(e.err.Error(), ErrUnavailable.Error()+": ")
+}
+
+func (e notReady) Unwrap() []error { return []error{ErrNotReady, e.err} }
 
 // hostPort reports whether addr is host:port with a host that may name
 // one and a port a dial can use: 1 to 65535, or a service name the system
