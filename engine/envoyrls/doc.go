@@ -135,6 +135,9 @@
 // "name";r=tokens left;t=seconds until full, rounded up. When the request is
 // refused and some wait admits it, Retry-After is the seconds until every
 // bucket of the request holds its cost (at least 1), and t is that too.
+// For a limit of 0, which no wait admits, there is no Retry-After and t is
+// the seconds of its unit, as a fixed window's reset would say: not 0,
+// which would tell a client to retry at once.
 // Shadow descriptors give no header fields.
 //
 // # Errors

@@ -35,6 +35,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 3, name: first}
   - key: q
     rate_limit: {unit: minute, requests_per_unit: 3, name: second}
+  - key: z
+    rate_limit: {unit: hour, requests_per_unit: 0, name: zero}
 `
 
 func hdr(hs []*corev3.HeaderValue, key string) string {
@@ -192,5 +194,22 @@ func TestReplacesOncePerEntry(t *testing.T) {
 	}
 	if took > 3*time.Second { // 9 s when each descriptor read the list; tens of ms now
 		t.Errorf("one request took %v", took)
+	}
+}
+
+// "For a limit of 0, which no wait admits, there is no Retry-After and t
+// is the seconds of its unit": never t=0, which tells a client to retry
+// at once.
+func TestZeroLimitHeaderFields(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("z=1")))
+	if resp.OverallCode != rlstest.OverLimit {
+		t.Fatalf("a limit of 0: %v, want OVER_LIMIT", resp.OverallCode)
+	}
+	if got := hdr(resp.ResponseHeadersToAdd, "RateLimit"); got != `"zero";r=0;t=3600` {
+		t.Errorf("RateLimit %q, want \"zero\";r=0;t=3600", got)
+	}
+	if got := hdr(resp.ResponseHeadersToAdd, "Retry-After"); got != "" {
+		t.Errorf("Retry-After %q for a limit no wait admits", got)
 	}
 }

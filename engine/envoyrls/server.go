@@ -585,9 +585,12 @@ func headers(it *item, st *rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.H
 	l := it.node.limit
 	t := ceilSeconds(it.d.ResetAfter)
 	retry := int64(-1)
-	if it.over && it.retry >= 0 {
+	switch {
+	case it.over && it.retry >= 0:
 		retry = max(ceilSeconds(it.retry), 1)
 		t = retry
+	case l.requestsPerUnit == 0: // never full: a window, as the reference's reset says
+		t = int64(unitDuration[l.unit] / time.Second)
 	}
 	buf := make([]byte, 0, len(l.sfName)+32)
 	buf = append(buf, l.sfName...)
