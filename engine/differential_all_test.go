@@ -33,6 +33,7 @@ func TestDifferentialEveryOperation(t *testing.T) {
 		cfg := engine.Config{Policy: p, Shards: shards, Clock: clk, MaxKeys: maxKeys, SweepEvery: -1}
 		e, err := engine.New(cfg)
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = e.Close() }) // e as it ends, after restores: a failure must not leak its shards
 		m := enginemodel.New(p, maxKeys, 0)
 		ver := int64(1)
 		var log []string

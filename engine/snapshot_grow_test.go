@@ -27,10 +27,13 @@ func (w *gatedWriter) Write(p []byte) (int, error) {
 	return w.buf.Write(p)
 }
 
-// TestSnapshotWhileTableGrows: a snapshot whose writer stalls after its
-// header, while new keys split the shards' tables under the walk, holds
-// every key that was there before it began, once (Restore refuses a key
-// written twice), with its balance: a key missed would restore full.
+// TestSnapshotWhileTableGrows: a snapshot whose writer stalls at its
+// first write (once 64 KiB of records are buffered, a few thousand), while
+// new keys split the shards' tables under the walk, holds every key that
+// was there before it began, once (Restore refuses a key written twice),
+// with its balance: a key missed would restore full. Before the stall each
+// shard walks at most what the buffer and its chunks in flight hold, a
+// small part of 15,000 keys a shard, so new keys land ahead of the walk.
 func TestSnapshotWhileTableGrows(t *testing.T) {
 	for _, sh := range []int{1, 2} {
 		clk := clock.NewManual(1)
@@ -58,6 +61,8 @@ func TestSnapshotWhileTableGrows(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- e.Snapshot(ctx, w) }()
 		<-w.started
+		released := sync.OnceFunc(func() { close(w.release) })
+		t.Cleanup(released) // a failure below must not leave Snapshot blocked in Write
 		for i := range grow {
 			reqs = append(reqs, engine.Request{Key: fmt.Sprintf("new%d", i), Cost: 1})
 			if len(reqs) == cap(reqs) {
@@ -65,7 +70,7 @@ func TestSnapshotWhileTableGrows(t *testing.T) {
 			}
 		}
 		flush()
-		close(w.release)
+		released()
 		require.NoError(t, <-done)
 		e2, rep, err := engine.Restore(cfg, &w.buf, engine.RestoreOptions{})
 		require.NoError(t, err)

@@ -136,8 +136,8 @@
 // refused and some wait admits it, Retry-After is the seconds until every
 // bucket of the request holds its cost (at least 1), and t is that too.
 // For a limit of 0, which no wait admits, there is no Retry-After and t is
-// the seconds of its unit, as a fixed window's reset would say: not 0,
-// which would tell a client to retry at once.
+// the seconds of its unit, a fixed window's length: not 0, which would
+// tell a client to retry at once.
 // Shadow descriptors give no header fields.
 //
 // # Errors

@@ -439,13 +439,13 @@
 // Limit, and, while the lease holds a token, Allowed with no RetryAfter,
 // since a request of one token would take it from the lease. With Redis
 // unreachable, a process spends what it holds, then answers by the
-// failure rule, marked Degraded; since Redis may yet run a call whose
-// answer is lost, and so grant its lease to nobody, a key asks for no
-// lease from a call that went unanswered until Redis answers one of its
-// calls again (a stall loses one lease a key, not one a failed call).
-// Close waits
-// for the calls to Redis the leases still await, then gives every lease
-// back.
+// failure rule, marked Degraded. Redis may yet run a call whose answer is
+// lost, and so grant its lease to nobody: a key whose call went unanswered
+// asks for no lease until Redis decides one of its Allows again. A stall
+// so loses about one lease a key, not one a failed call: more only by the
+// answers Redis gave just before it that arrive after a lost one, and a
+// key forgotten while idle forgets its doubt. Close waits for the calls to
+// Redis the leases still await, then gives every lease back.
 //
 // # Failures
 //

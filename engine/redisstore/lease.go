@@ -807,11 +807,13 @@ func (q *leaseShard) settle(p post) {
 	}
 	// Redis may have run a call whose answer was lost, and granted its lease
 	// to nobody: asked again with every failed call, leases would drain the
-	// bucket for every process while Redis stalls
+	// bucket for every process while Redis stalls. Only Redis's own answer
+	// ends the doubt: an error may be the failure rule's (a cost above
+	// capacity) as well as Redis's.
 	switch {
 	case p.cost > 0 && unheard(p.d, p.dErr), p.asked > 0 && unheard(p.leaseD, p.lseErr):
 		k.doubt = true
-	case p.cost > 0 || p.asked > 0:
+	case p.cost > 0 && heard(p.d, p.dErr), p.asked > 0 && heard(p.leaseD, p.lseErr):
 		k.doubt = false
 	}
 	if p.cost > 0 && p.dErr == nil && !p.d.Degraded && p.ver == k.ver { // an answer under an older version says nothing of this one
@@ -839,6 +841,9 @@ func (q *leaseShard) settle(p post) {
 func unheard(d engine.Decision, err error) bool {
 	return d.Degraded || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
+
+// heard reports whether an answer d, err is Redis's decision.
+func heard(d engine.Decision, err error) bool { return err == nil && !d.Degraded }
 
 // keep adds n tokens taken under version ver to k's lease, or, if k is
 // under another version or nil (its key forgotten), has the fetcher give

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -55,6 +56,10 @@ func TestLeaseLostRepliesAskNoMore(t *testing.T) {
 	for i := 0; i < 5000 && failed < 50; i++ { // the lease runs out, then calls fail
 		if allow() {
 			failed++
+			// A cost above capacity is answered by the failure rule with an
+			// error, not Degraded: that is no answer from Redis either.
+			_, err := s.Allow(ctx, "k", capacity+1)
+			require.ErrorIs(t, err, engine.ErrCostExceedsCapacity)
 		}
 	}
 	require.Equal(t, int64(50), failed, "the lease covered every request")

@@ -440,6 +440,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("%w: redisstore: Config.Client is a %T; want a *redis.Client or a *redis.ClusterClient", engine.ErrInvalidConfig, cfg.Client)
 	}
+	_, tag, tagged := strings.Cut(cfg.Prefix, "{")
 	switch {
 	case !timeouts:
 		return nil, fmt.Errorf("%w: redisstore: the client needs ContextTimeoutEnabled: true, or a call could outlive its deadline", engine.ErrInvalidConfig)
@@ -447,8 +448,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: negative MaxKeyBytes, FailRetryAfter or Timeout", engine.ErrInvalidConfig)
 	case cfg.VirtualShards < 0 || cfg.VirtualShards > MaxVirtualShards:
 		return nil, fmt.Errorf("%w: redisstore: VirtualShards %d is not in [0, %d]", engine.ErrInvalidConfig, cfg.VirtualShards, MaxVirtualShards)
-	case strings.Contains(cfg.Prefix, "{}") && strings.Index(cfg.Prefix, "{}") == strings.IndexByte(cfg.Prefix, '{'):
-		// its first "{" is followed at once by "}"
+	case tagged && strings.HasPrefix(tag, "}"): // its first "{" is followed at once by "}"
 		return nil, fmt.Errorf("%w: redisstore: Config.Prefix %q closes its first \"{\" at once: Redis Cluster would hash each key whole, and a script's keys would not share a slot", engine.ErrInvalidConfig, cfg.Prefix)
 	}
 	for _, a := range addrs {
@@ -614,8 +614,8 @@ func (s *Store) need(ctx context.Context) error {
 }
 
 // notReady is need's error after a failed attempt to reach Redis: it
-// wraps ErrNotReady and the attempt's error, which wraps ErrUnavailable
-// too, and says "redis unavailable" once.
+// wraps ErrNotReady and the attempt's error, and says "redis unavailable"
+// once where the attempt's error says it too.
 type notReady struct{ err error }
 
 func (e notReady) Error() string {
