@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,4 +49,42 @@ func TestLeaseKeepsWhatAFailOpenAnswerHeld(t *testing.T) {
 		require.False(t, d.Degraded, "token %d of the %d held was lost to a fail-open answer", i+1, held)
 	}
 	require.Equal(t, uint64(held), a.Stats().Local-local)
+}
+
+// TestLeaseHeldTokensBackAfterARenewal: a request takes what its lease
+// holds to Redis; meanwhile the process meets a cutover that raises the
+// capacity, and another request renews the key's lease under it. If Redis
+// then denies the first request, its held tokens were taken under the old
+// version: they go back (judged, here given up, see the package doc's
+// Give-back), and are never spent under the new version, where the bucket
+// was converted as it stood. The clock stands still: after the cutover the
+// bucket is empty, so nothing more is admitted.
+func TestLeaseHeldTokensBackAfterARenewal(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	a, b := leasedBeside(t, p, clk)
+	ctx := context.Background()
+	held := holding(t, a, b, "k", 100)
+	drain(t, b, "k", -1) // the bucket is empty; a's lease holds held
+	var once sync.Once
+	redisstore.SetCombineHook(a, func(point string) {
+		if point != redisstore.HookAlone {
+			return
+		}
+		once.Do(func() { // the first request is on its way to Redis, with the lease's tokens
+			require.NoError(t, a.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100_000, TokensPerSecond: 1}, 1))
+			d, err := a.Allow(ctx, "k", 1) // renews the key's lease under v2
+			require.NoError(t, err)
+			require.False(t, d.Allowed)
+		})
+	})
+	d, err := a.Allow(ctx, "k", p.Capacity-1) // more than the lease holds, and no room for a lease beside it
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Equal(t, int64(2), d.Version)
+	for i := range 2 * held {
+		d, err := a.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "request %d after the cutover admitted: the lease spent v1's %d tokens under v2", i, held)
+	}
 }
