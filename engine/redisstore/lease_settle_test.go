@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -87,4 +89,70 @@ func TestLeaseHeldTokensBackAfterARenewal(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, d.Allowed, "request %d after the cutover admitted: the lease spent v1's %d tokens under v2", i, held)
 	}
+}
+
+// TestLeaseKeepsNoDenialOfAnOlderVersion: a denial Redis gave under a
+// version the key's lease no longer holds says nothing of the version in
+// force, so the process does not keep it. Here a request is denied under
+// v1 and, before its answer reaches the lease, the process meets a
+// cutover to a faster refill and another request renews the lease under
+// it: once the bucket has refilled the cost under v2, the same cost is
+// admitted, where v1's kept denial would still deny it for seconds.
+func TestLeaseKeepsNoDenialOfAnOlderVersion(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
+	a, _ := leasedBeside(t, p, clk)
+	ctx := context.Background()
+	d, err := a.Allow(ctx, "k", 100) // empties the bucket
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	release := make(chan struct{})
+	hookErr := make(chan error, 1)
+	var once sync.Once
+	redisstore.SetCombineHook(a, func(point string) {
+		switch point {
+		case redisstore.HookAlone:
+			<-release
+		case redisstore.HookSent: // the request on "k" is decided under v1, not yet answered
+			once.Do(func() {
+				for _, f := redisstore.Queued(a, "k"); f > 1; _, f = redisstore.Queued(a, "k") {
+					runtime.Gosched() // the renewing request below goes alone
+				}
+				err := a.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100, TokensPerSecond: 1000}, 1)
+				if err == nil {
+					_, err = a.Allow(ctx, "k", 1) // renews the key's lease under v2
+				}
+				hookErr <- err
+			})
+		}
+	})
+	errs := make(chan error, 2)
+	for _, key := range []string{"x", "y"} { // two calls in flight: the next request queues
+		go func() { _, err := a.Allow(ctx, key, 1); errs <- err }()
+	}
+	for q, f := redisstore.Queued(a, "k"); q != 0 || f != 2; q, f = redisstore.Queued(a, "k") {
+		runtime.Gosched()
+	}
+	denied := make(chan engine.Decision, 1)
+	go func() {
+		d, err := a.Allow(ctx, "k", 5)
+		errs <- err
+		denied <- d
+	}()
+	for q, _ := redisstore.Queued(a, "k"); q != 1; q, _ = redisstore.Queued(a, "k") {
+		runtime.Gosched()
+	}
+	close(release)
+	for range 3 {
+		require.NoError(t, <-errs)
+	}
+	require.NoError(t, <-hookErr)
+	d = <-denied
+	require.False(t, d.Allowed)
+	require.Equal(t, 5*time.Second, d.RetryAfter, "denied under v1")
+	clk.Advance(10 * time.Millisecond) // 10 tokens under v2
+	d, err = a.Allow(ctx, "k", 5)
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "v1's denial was kept under v2: %+v", d)
+	require.Equal(t, int64(2), d.Version)
 }
