@@ -101,11 +101,6 @@ func (w waiter) keys() []string {
 // (the pass would then miss a bucket that stays full).
 func (s *Shard) serveHold(b *msg.Batch) {
 	h := b.Hold
-	// A caller that holds the same keys call after call has ended its last
-	// hold before it sent this part, often before this turn looked.
-	if s.partBlocked(b) && s.endHolds() {
-		s.holds.ended = true // the next turn serves the work those ends freed
-	}
 	blocked, sweeping := s.partBlocked(b), s.state.sweeping() && !s.stopping
 	switch {
 	case h.Try && (blocked || sweeping):
@@ -139,6 +134,20 @@ func (s *Shard) serveHold(b *msg.Batch) {
 	b.Answer()
 	s.served()
 	s.yieldFirst = true // the caller's end, or another part, may come before a park would end
+}
+
+// endSent carries out the ends the holds' callers sent before the work in
+// hand reached the shard, which is to be served next: a caller ends its
+// hold and returns, and whatever it sends next, for any key of the shard,
+// must find the call done (its instant observed, so that an older reading
+// is ErrClockRegression; its keys free), even when the end came after this
+// turn's holds step. A caller that holds the same keys call after call
+// has ended its last hold before it sends the next part. With no hold it
+// costs one test.
+func (s *Shard) endSent() {
+	if len(s.holds.parts) != 0 && s.endHolds() {
+		s.holds.ended = true // the next turn serves the work those ends freed
+	}
 }
 
 // tendHolds is the loop's holds step (see Shard.turn): it carries out the

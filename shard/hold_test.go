@@ -261,3 +261,43 @@ func zeroClock(n int) gateClock {
 	}
 	return clk
 }
+
+// TestHoldEndSentBeforeWorkComesFirst: a caller ends its hold, then sends
+// more work for other keys of the shard. When the end reaches the shard
+// after its turn's holds step, the work must still be served after the
+// end: the call's instant counts as observed, so a reading older than it
+// is ErrClockRegression, for a single request and for a batch part, as it
+// would be had the holds step seen the end.
+func TestHoldEndSentBeforeWorkComesFirst(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		clk := make(gateClock, 2)
+		clk <- 100 // the hold's reading, and the call's instant
+		clk <- 50  // the next work's, older
+		budget := NewBudget(10)
+		mb := NewMailbox(8, make(chan struct{}))
+		s := New(p1, clk, budget, mb, &testHasher)
+		held := holdPart(false, "a")
+		s.serveHold(held) // the loop's steps are called here, so the test places the end between them
+		require.NoError(t, held.Out[0].Err)
+		require.True(t, held.Hold.Claim())
+		ok, _ := budget.ReserveN(1) // the caller's room for the new key a
+		require.True(t, ok)
+		require.True(t, held.Hold.End(msg.HoldCommit, 100, true))
+		var got msg.Reply
+		if batch {
+			b := &msg.Batch{Items: []msg.Item{{Key: "b", Hash: testHasher.Sum("b"), Cost: 1}}, Out: make([]msg.Reply, 1), Done: make(chan int, 1)}
+			require.NoError(t, mb.SendBatch(context.Background(), b))
+			require.True(t, s.serveData())
+			<-b.Done
+			got = b.Out[0]
+		} else {
+			a := &msg.Single{Key: "b", Hash: testHasher.Sum("b"), Cost: 1, Done: make(chan struct{}, 1)}
+			require.NoError(t, mb.SendSingle(context.Background(), a))
+			require.True(t, s.serveData())
+			a.Wait(1)
+			got = a.Reply
+		}
+		require.ErrorIs(t, got.Err, msg.ErrClockRegression, "batch %v: decided at 50 after a call at 100", batch)
+		require.Empty(t, s.holds.parts, "batch %v: the end was carried out", batch)
+	}
+}

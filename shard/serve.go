@@ -22,6 +22,7 @@ const partsPerTurn = 8
 
 // serveBatch decides a batch part at one clock reading and answers it.
 func (s *Shard) serveBatch(b *msg.Batch) {
+	s.endSent()
 	if b.Hold != nil {
 		s.serveHold(b)
 		return
@@ -60,6 +61,7 @@ func (s *Shard) serveAllows() bool {
 	if a == nil {
 		return false
 	}
+	s.endSent()
 	s.yieldFirst = true
 	var n int
 	switch {
