@@ -34,8 +34,9 @@ func TestDiffSeeds(t *testing.T) {
 		diffOverrideEvents(tr, events)
 		out, err := diffReplay(tr, diffNewEngine, c, true)
 		require.NoError(t, err)
-		if out.fail != nil {
-			t.Fatal(diffCheck(tr, diffNewEngine, nil))
+		if f := out.fail; f != nil { // say what diverged: a replay may not diverge again
+			t.Fatalf("seed %d, op %d (t=%d %s) on key %q: want %s, got %s\nreplayed: %v\n%s", seed, f.index, f.op.t, f.op, f.key, f.want, f.got,
+				diffCheck(tr, diffNewEngine, nil), strings.Join(out.lines[max(0, len(out.lines)-12):], "\n"))
 		}
 		require.True(t, out.valid, "seed %d: the generator made a trace outside the contract", seed)
 		longest = max(longest, diffTally(out.lines, want, seen))
