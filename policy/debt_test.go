@@ -171,6 +171,7 @@ func TestChargeLevelsWorked(t *testing.T) {
 // often as not, over shapes of random bands (capacities and rates up to
 // math.MaxInt64) against the rational model.
 func TestDebtLevelsMatchModelRandom(t *testing.T) {
+	skipUnderRace(t)
 	r, seed := newRand(t)
 	for i := range 3_000 {
 		sh := randomShape(t, r)

@@ -304,6 +304,7 @@ func randomShape(t testing.TB, r *rand.Rand) policy.Shape {
 // rational model, checking atomicity on the way: a denial changes no band,
 // an admission takes cost from every band.
 func TestLevelsMatchModelRandom(t *testing.T) {
+	skipUnderRace(t)
 	r, seed := newRand(t)
 	for i := range 3_000 {
 		sh := randomShape(t, r)

@@ -405,8 +405,8 @@ func TestTokenBucketMatchesDecide(t *testing.T) {
 
 // TestFixedWindowMatchesModel and TestSlidingLogMatchesModel play random
 // sequences against the brute-force historyModel.
-func TestFixedWindowMatchesModel(t *testing.T) { testWindowedMatchesModel(t, true) }
-func TestSlidingLogMatchesModel(t *testing.T)  { testWindowedMatchesModel(t, false) }
+func TestFixedWindowMatchesModel(t *testing.T) { skipUnderRace(t); testWindowedMatchesModel(t, true) }
+func TestSlidingLogMatchesModel(t *testing.T)  { skipUnderRace(t); testWindowedMatchesModel(t, false) }
 
 func testWindowedMatchesModel(t *testing.T, fixed bool) {
 	r, seed := fixedRand(t)

@@ -11,3 +11,14 @@ import (
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
+
+// skipUnderRace skips a sequential check against the math/big model under
+// the race detector: it starts no goroutine, so the detector finds nothing
+// there, and it runs ten times slower. `go test work` without -race runs
+// it, and so does CI, after the race step.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("a sequential model check: `go test work` without -race runs it")
+	}
+}

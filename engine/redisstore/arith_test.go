@@ -39,6 +39,7 @@ type arithCase struct {
 // checked against math/big), over random and extreme values of the whole
 // int64 range: the Lua limbs must agree with the Go 128-bit code everywhere.
 func TestScriptArithmeticMatchesPolicy(t *testing.T) {
+	skipUnderRace(t)
 	r := rand.New(rand.NewPCG(7, 11))
 	var cases []arithCase
 	// the script's fast path takes capacities up to 4,503,599 (units below

@@ -418,6 +418,7 @@ func (rig *bandRig) run(t *testing.T, s *redisstore.Store, pfx string, m *mState
 // (the double fast path or the limbs, by capacity), one band of another
 // period takes the fast path when capacity*P < 2^52, bands the limbs.
 func TestScriptBandsMatchModel(t *testing.T) {
+	skipUnderRace(t)
 	r := rand.New(rand.NewPCG(23, 5))
 	rig := newBandRig(t)
 	names := []string{"daily", "burst", "a b", "x,y:z"}
@@ -469,6 +470,7 @@ func TestScriptBandsMatchModel(t *testing.T) {
 // script replays the history with the key's chain. Then one Allow, Peek or
 // Refund, compared with the model to the unit.
 func TestScriptBandCutoversMatchModel(t *testing.T) {
+	skipUnderRace(t)
 	r := rand.New(rand.NewPCG(23, 6))
 	rig := newBandRig(t)
 	names := []string{"daily", "burst", "hourly"}

@@ -23,6 +23,7 @@ import (
 // fast path (a compact bucket, its T a negative double in debt) and on the
 // general path (signed decimal units, with bands).
 func TestScriptDebtMatchesPolicy(t *testing.T) {
+	skipUnderRace(t)
 	exactBalances(t)
 	r := rand.New(rand.NewPCG(41, 5))
 	extremes := []int64{1, 2, 3, 7, 1000, 999_999_999, 1_000_000_000, 1_000_000_001, 1 << 31, 4_503_599, 1<<52 - 1, 1 << 52, 1<<52 + 1,

@@ -14,6 +14,7 @@ import (
 // around 9e6 s with ns parts on both sides, short (< 10 digit) instants,
 // and refills landing at full-1, full, full+1.
 func TestFastPathEdges(t *testing.T) {
+	skipUnderRace(t)
 	caps := []int64{1, 2, 3, 10, 4_503_598, 4_503_599, 4_503_600}
 	rates := []int64{1, 2, 3, 999_999_999, 1e9, 1e9 + 1, 1<<52 - 1, 1 << 52, 1<<52 + 1, 1<<53 - 1, 1 << 53, 1<<53 + 1, math.MaxInt64}
 	type tl struct{ last, now int64 }

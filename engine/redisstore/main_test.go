@@ -126,3 +126,15 @@ func redisAddr(t testing.TB) string { return redistest.Addr(t) }
 // startPrivate starts a redis-server this test alone uses (and may
 // reconfigure or kill).
 func startPrivate(t *testing.T) *redistest.Server { return redistest.Start(t) }
+
+// skipUnderRace skips a sequential check of the decide script's arithmetic
+// against the math/big model under the race detector: the check starts no
+// goroutine, so the detector finds nothing there, and it doubled the time
+// of the longest test binary in CI's race step. `go test work` without
+// -race runs it, and so does CI, after the race step.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("a sequential arithmetic check: `go test work` without -race runs it")
+	}
+}
