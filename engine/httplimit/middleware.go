@@ -186,8 +186,13 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 // its own context before next runs; an admitted request reaches next with
 // the RateLimit header fields already set on w, a denied one never does.
 // The status codes are listed in the package documentation. Under
-// WithShadow every request reaches next.
+// WithShadow every request reaches next. It panics on a Middleware not
+// built by New (a nil or zero one), when the handler is built rather than
+// at its first request.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
+	if m == nil || m.engine == nil {
+		panic("httplimit: Handler of a Middleware not built by New")
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t, d, err := m.decide(r)
 		if err != nil {

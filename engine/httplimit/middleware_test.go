@@ -349,6 +349,15 @@ func TestContextDoneBeforeDecision(t *testing.T) {
 	assert.Equal(t, 0, e.KeyCount())
 }
 
+// A Middleware not built by New fails where the handlers are wired, not
+// at a request in production.
+func TestHandlerOfAnUnbuiltMiddleware(t *testing.T) {
+	next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	assert.PanicsWithValue(t, "httplimit: Handler of a Middleware not built by New", func() { new(httplimit.Middleware).Handler(next) })
+	var m *httplimit.Middleware
+	assert.PanicsWithValue(t, "httplimit: Handler of a Middleware not built by New", func() { m.Handler(next) })
+}
+
 // New refuses what it cannot use, naming it.
 func TestNewInvalid(t *testing.T) {
 	e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
