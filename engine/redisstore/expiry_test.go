@@ -147,11 +147,14 @@ func TestExpiryAtTimeToFull(t *testing.T) {
 // are still no earlier than each bucket's time-to-full under the new limit.
 func TestExpiryAcrossCutovers(t *testing.T) {
 	ctx := context.Background()
-	c, p, s := timeStore(t, policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 10})
+	// Each bucket is 10 s or more from full, so that none expires before
+	// the cutover, as a bucket 1 token short at 10 tokens a second did
+	// when the calls took 100 ms (with leases, on a loaded machine).
+	c, p, s := timeStore(t, policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1})
 	keys := make([]string, 50)
 	for i := range keys {
 		keys[i] = fmt.Sprint("k", i)
-		_, err := s.Allow(ctx, keys[i], int64(1+i))
+		_, err := s.Allow(ctx, keys[i], int64(10+i))
 		require.NoError(t, err)
 	}
 
