@@ -35,7 +35,7 @@ type item struct {
 	counted  bool  // decided by Redis in mode "a"
 	over     bool  // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
 	lease    bool  // a lease asked for: the failure rule's answer counts as no request's
-	pin      int64 // mode "r": refunded under this version only, else answered errMoved (0: any)
+	pin      int64 // decided (refunded) under this version only, else answered errMoved (0: any)
 	w        int   // the request's work in the script, in fast-path requests (see weight)
 	ref      int   // its shape's place among its call's shapes (see callWords)
 }
@@ -61,7 +61,7 @@ func (s *Store) Allow(ctx context.Context, key string, cost int64) (engine.Decis
 	case err == nil && s.lease != nil:
 		return s.lease.decide(ctx, s.deadline(ctx), key, cost) // which counts it
 	case err == nil:
-		d, err = s.decideOne(ctx, key, cost)
+		d, err = s.decideOne(ctx, key, cost, 0)
 	}
 	s.countOne(d, err)
 	return d, err

@@ -70,8 +70,9 @@ func (s *Store) queueFor(key string) *combiner {
 // decideOne decides a checked request without counting it, through key's
 // combiner: by Redis if the store has read the prefix's state or this call
 // reads it (see up), else by the failure rule (as also when the deadline
-// passed since the check).
-func (s *Store) decideOne(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+// passed since the check). A pin other than 0 is the only version it may
+// be decided under: under another it is answered errMoved.
+func (s *Store) decideOne(ctx context.Context, key string, cost, pin int64) (engine.Decision, error) {
 	if !s.ready.Load() { // one deadline for reaching Redis and deciding
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.timeout)
@@ -85,12 +86,12 @@ func (s *Store) decideOne(ctx context.Context, key string, cost int64) (engine.D
 	if c.inFlight < maxInFlight && len(c.queue) == 0 {
 		c.inFlight++
 		c.mu.Unlock()
-		return s.allowAlone(ctx, c, key, cost)
+		return s.allowAlone(ctx, c, key, cost, pin)
 	}
 	// A waiter needs no context of its own, only its deadline and a timer:
 	// the call that sends it makes one for all its requests.
 	w := waiters.Get().(*waiter)
-	w.it = item{key: key, cost: cost, combined: true}
+	w.it = item{key: key, cost: cost, pin: pin, combined: true}
 	w.it.out = &w.res
 	w.res, w.parent, w.deadline = engine.Result{}, ctx, s.deadline(ctx)
 	w.state = queued
@@ -137,7 +138,7 @@ func (s *Store) decideOne(ctx context.Context, key string, cost int64) (engine.D
 // allowAlone decides one request in a call of its own, in a place in
 // flight of c that it hands on however the call ends, even by a panic of
 // OnError, which runs on this goroutine.
-func (s *Store) allowAlone(ctx context.Context, c *combiner, key string, cost int64) (engine.Decision, error) {
+func (s *Store) allowAlone(ctx context.Context, c *combiner, key string, cost, pin int64) (engine.Decision, error) {
 	defer func() {
 		// Requests queued behind this call go with a drainer that takes
 		// its place in flight; if none did, the place is free.
@@ -151,7 +152,7 @@ func (s *Store) allowAlone(ctx context.Context, c *combiner, key string, cost in
 	}()
 	s.atHook(hookAlone)
 	var out engine.Result
-	if err := s.decideItems(ctx, []item{{out: &out, key: key, cost: cost}}); err != nil {
+	if err := s.decideItems(ctx, []item{{out: &out, key: key, cost: cost, pin: pin}}); err != nil {
 		return engine.Decision{}, err
 	}
 	return out.Decision, out.Err

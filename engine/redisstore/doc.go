@@ -377,15 +377,18 @@
 //   - Grant. A lease is an Allow of n tokens decided by the bucket like any
 //     other, so it takes n tokens of every band, under the version in
 //     force. A request the lease cannot cover takes what the lease holds and
-//     asks Redis for the rest of its cost; the same script call may ask for
-//     the next lease.
+//     asks Redis for the rest of its cost, under the lease's version only
+//     (one that meets a cutover puts the tokens back, and is asked again
+//     once the lease has ended); the same script call may ask for the next
+//     lease.
 //   - Top-up. When a lease falls below half its size, the next one is
 //     asked for in the background, so a key of steady demand does not wait
 //     on Redis.
 //   - Sizing. A lease holds what the process admitted on the key over the
 //     last Leases.Horizon (100 ms), at most the key's smallest band capacity
 //     divided by Leases.Divisor (16), and is asked for only while the
-//     bucket, at its last answer, keeps half its capacity besides; never
+//     bucket, at its last answer, keeps half its capacity besides (a key
+//     with no answer yet under the version in force counts as full); never
 //     fewer than 2 tokens, so a key of capacity under 32 is never leased.
 //     P processes hold at most P*capacity/Divisor of a key together.
 //   - Give-back. Unspent tokens are credited back exactly (a Refund, capped
@@ -426,7 +429,12 @@
 // most Limit, which the sum passes once the bucket refilled behind it),
 // ResetAfter counts from that answer, RetryAfter of a kept denial counts
 // down from the one Redis gave; Allowed and Version are as without
-// leases, and so are Limit and Band for a key of one band; for a key of
+// leases but for a cutover made by another process, which a process's
+// leased answers follow only once it meets the new version (at its next
+// call to Redis, within MaxAge): until then it spends its lease under the
+// old one, so a lowered limit can be passed by what the processes hold,
+// at most capacity/Divisor each. Limit and Band are as without leases for
+// a key of one band; for a key of
 // several they name the band that bound the bucket's last answer, which
 // may no longer be the one that binds, since bands refill at their own
 // rates. Stats.Local counts the leased decisions. AllowBatch

@@ -279,46 +279,60 @@ func (l *leaser) ask(q *leaseShard, op, key string, cost int64) lreply {
 // decide is Allow in lease mode, counted, for a request checked, whose
 // call ends by dl (see Store.deadline): decided by the key's lease if it
 // covers cost or a denial of Redis still holds, else by Redis, which may
-// grant the next lease in the same call. Every exchange with Redis it
-// makes shares that deadline (a lease given back first, then the
-// decision), and one that passes on the way is answered by the failure
-// rule, as Allow's is. A request its lease decides makes none, and
-// allocates nothing.
+// grant the next lease in the same call. A request that takes what the
+// lease holds is decided only under the lease's version: one that meets a
+// cutover on its way puts the tokens back and is asked again, so that the
+// lease ends (see leaseShard.decide) and no answer under the new version
+// spends tokens taken under the old. Every exchange with Redis it makes
+// shares that deadline (a lease given back first, then the decision), and
+// one that passes on the way is answered by the failure rule, as Allow's
+// is. A request its lease decides makes none, and allocates nothing.
 func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int64) (engine.Decision, error) {
 	s := l.s
-	a := l.ask(l.shardOf(key), opAllow, key, cost)
-	if a.back > 0 || a.err == errRemote {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, dl)
-		defer cancel()
-	}
-	if a.back > 0 {
-		l.giveBackOwed(ctx, []gift{{key, a.back, a.bver}})
-	}
-	if a.err != nil && a.err != errRemote {
-		s.errs[kindOf(a.err)].Add(1)
-	}
-	if a.err != errRemote {
-		return a.d, a.err
-	}
-	p := post{key: key, ver: a.ver, at: l.clk.Now(), cost: cost, held: a.held, asked: a.want}
-	if a.want == 0 {
-		p.d, p.dErr = s.decideOne(ctx, key, cost-a.held)
-	} else {
-		var out [2]engine.Result
-		items := []item{{out: &out[0], key: key, cost: cost - a.held}, {out: &out[1], key: key, cost: a.want, lease: true}}
-		if err := s.decideItems(ctx, items); err != nil {
-			out[0].Err, out[1].Err = err, err
+	bounded := false
+	for try := 1; ; try++ {
+		a := l.ask(l.shardOf(key), opAllow, key, cost)
+		if !bounded && (a.back > 0 || a.err == errRemote) {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, dl)
+			defer cancel()
+			bounded = true
 		}
-		p.d, p.dErr, p.leaseD, p.lseErr = out[0].Decision, out[0].Err, out[1].Decision, out[1].Err
+		if a.back > 0 {
+			l.giveBackOwed(ctx, []gift{{key, a.back, a.bver}})
+		}
+		if a.err != nil && a.err != errRemote {
+			s.errs[kindOf(a.err)].Add(1)
+		}
+		if a.err != errRemote {
+			return a.d, a.err
+		}
+		p := post{key: key, ver: a.ver, at: l.clk.Now(), cost: cost, held: a.held, asked: a.want}
+		var pin int64 // each cutover met ends the lease, so a last try holds nothing, but for one more cutover
+		if a.held > 0 && try < maxAttempts {
+			pin = a.ver
+		}
+		if a.want == 0 {
+			p.d, p.dErr = s.decideOne(ctx, key, cost-a.held, pin)
+		} else {
+			var out [2]engine.Result
+			items := []item{{out: &out[0], key: key, cost: cost - a.held, pin: pin}, {out: &out[1], key: key, cost: a.want, lease: true, pin: pin}}
+			if err := s.decideItems(ctx, items); err != nil {
+				out[0].Err, out[1].Err = err, err
+			}
+			p.d, p.dErr, p.leaseD, p.lseErr = out[0].Decision, out[0].Err, out[1].Decision, out[1].Err
+		}
+		l.shardOf(key).posts <- p // the tokens held go back to the lease unless Redis admitted the request
+		if errors.Is(p.dErr, errMoved) {
+			continue
+		}
+		d := p.d // the shard learns the bucket's own balance
+		if p.dErr == nil && !d.Allowed && !d.Degraded {
+			d.Remaining = satAdd(d.Remaining, a.held) // the tokens held go back to the lease
+		}
+		s.countOne(d, p.dErr)
+		return d, p.dErr
 	}
-	d := p.d // the shard learns the bucket's own balance
-	if p.dErr == nil && !d.Allowed && !d.Degraded {
-		d.Remaining = satAdd(d.Remaining, a.held) // the tokens held go back to the lease
-	}
-	l.shardOf(key).posts <- p
-	s.countOne(d, p.dErr)
-	return d, p.dErr
 }
 
 // allowBatch is AllowBatch in lease mode: each request as Allow decides

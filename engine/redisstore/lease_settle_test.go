@@ -156,3 +156,32 @@ func TestLeaseKeepsNoDenialOfAnOlderVersion(t *testing.T) {
 	require.True(t, d.Allowed, "v1's denial was kept under v2: %+v", d)
 	require.Equal(t, int64(2), d.Version)
 }
+
+// TestLeaseHeldTokensStayUnderTheirVersion: a request its lease cannot
+// cover takes what the lease holds and asks Redis for the rest. When
+// another process has lowered the limit meanwhile, Redis must not decide
+// that rest under the new version: the request would be admitted with
+// the old version's tokens, at a cost above the capacity in force, which
+// the engine and a store without leases refuse. The request is asked
+// again once the lease has ended, and no token is minted on the way.
+func TestLeaseHeldTokensStayUnderTheirVersion(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	a, b := leasedBeside(t, p, clk)
+	ctx := context.Background()
+	held := holding(t, a, b, "k", 100)
+	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 2, TokensPerSecond: 1}, 1))
+	cost := max(held, 2) + 1 // more than the lease holds and than the new capacity; the rest fits in it
+	d, err := a.Allow(ctx, "k", cost)
+	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "cost %d, the lease holding %d: %+v", cost, held, d)
+	// The bucket, clamped to 2 by the cutover, has had the lease back,
+	// capped at its capacity: 2 tokens, and not one more.
+	d, err = a.Allow(ctx, "k", 2)
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "%+v", d)
+	require.Equal(t, int64(2), d.Version)
+	d, err = a.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed, "%+v", d)
+	require.LessOrEqual(t, d.Remaining, d.Limit)
+}
