@@ -495,7 +495,11 @@ func (l *leaser) raised(ctx context.Context, g gift, st *state, retained []int64
 		if v == st.p.Version {
 			return false
 		}
-		old, err := l.s.policyAt(ctx, v)
+		var old policy.Policy
+		err := l.s.round(ctx, func(ctx context.Context) (err error) { // the fetcher's ctx has no deadline
+			old, err = l.s.policyAt(ctx, v)
+			return err
+		})
 		if err != nil {
 			return true
 		}
