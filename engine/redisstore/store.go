@@ -98,9 +98,11 @@ type Config struct {
 	// and with failures a call could not return: the expiry pass after a
 	// published cutover, releasing the cutover lock, and each failed
 	// attempt to read the prefix's state of a store started without Redis
-	// (see New). It must not block or panic: with Leases, a panic there
-	// can leave tokens a lease shard waits to hear of, and Close then
-	// waits for good.
+	// (see New). With Leases it is also called from the store's own
+	// goroutines, with the leased tokens a give-back could not return. It
+	// must not block or panic: a panic on those goroutines ends the
+	// process, and on a caller's it can leave tokens a lease shard waits
+	// to hear of, and Close then waits for good.
 	OnError func(error)
 	// VirtualShards is how many virtual shards the prefix's buckets are
 	// spread over, each in one hash slot of its own (see the package doc);
@@ -988,7 +990,8 @@ func (s *Store) remember(p policy.Policy) {
 }
 
 // Policy returns the policy in force as this store last saw it: a cutover
-// made by another process shows from this store's next call on. Until the
+// made by another process shows from this store's next call to Redis on
+// (with Leases, a request its lease decides makes none). Until the
 // store has first read the prefix's policy from Redis (see New) it is
 // Config.Policy; a first connection that read it and then failed leaves
 // the version it read, which the next one keeps as its floor.
