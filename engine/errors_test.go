@@ -590,6 +590,35 @@ func TestErrorsClockRegressionSweepOneShard(t *testing.T) {
 	assert.Equal(t, 1, e.KeyCount())
 }
 
+// TestErrorsClockRegressionSweepOtherShards: a regression on one shard ends
+// that shard's pass only. The shards after it are still swept, their full
+// buckets counted, and EvictFull returns ErrClockRegression once they are
+// done: the first shard's regression does not cost the others their sweep.
+func TestErrorsClockRegressionSweepOtherShards(t *testing.T) {
+	clk := newErrsClock(errsSetup)
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 2), Shards: 2, Clock: clk})
+	keyOn := func(shard int) string {
+		for i := 0; ; i++ {
+			if k := fmt.Sprintf("k%d", i); e.ShardOf(k) == shard {
+				return k
+			}
+		}
+	}
+	// Shards are swept in order: ahead's shard first.
+	ahead, behind := keyOn(0), keyOn(1)
+	_, err := e.Allow(t.Context(), behind, 1) // full again at 1.5s; its shard saw only 1s
+	require.NoError(t, err)
+	clk.Set(10 * errsSetup)
+	_, err = e.Allow(t.Context(), ahead, 10) // its shard saw 10s
+	require.NoError(t, err)
+
+	clk.Set(5 * errsSetup) // before shard 0's reading, after shard 1's
+	n, err := e.EvictFull(t.Context())
+	require.ErrorIs(t, err, engine.ErrClockRegression)
+	assert.Equal(t, 1, n, "shard 1 swept its full key all the same")
+	assert.Equal(t, 1, e.KeyCount(), "the depleted key stays")
+}
+
 func TestErrorsKeyCapacity(t *testing.T) {
 	behavEachShards(t, func(t *testing.T, shards int) {
 		e, clk := newEngine(t, engine.Config{Policy: pol(1, 10, 2), MaxKeys: 2, Shards: shards})

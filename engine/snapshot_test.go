@@ -568,6 +568,24 @@ func TestRestoreMaxKeys(t *testing.T) {
 // TestRestoreWallFarBack: a snapshot whose wall time is so far before the
 // restoring wall that the difference overflows int64 nanoseconds owes the
 // most refill there is, not a negative one.
+// TestRestoreKeyOfMaxKeyBytes: a key of exactly MaxKeyBytes is valid, so a
+// snapshot holding one restores, depleted balance and all; refusing it would
+// make a snapshot the engine wrote unreadable by the same configuration.
+func TestRestoreKeyOfMaxKeyBytes(t *testing.T) {
+	cfg := engine.Config{Policy: pol(1, 10, 2), Shards: 2, MaxKeyBytes: 8}
+	old, clk := newEngine(t, cfg)
+	key := strings.Repeat("k", cfg.MaxKeyBytes)
+	allow(t, old, key, 10)
+	data := takeSnapshot(t, old)
+
+	cfg.Clock = clk // the same reading and wall: nothing owed
+	e, rep := restored(t, cfg, data, engine.RestoreOptions{})
+	assert.Equal(t, 1, rep.Restored)
+	d, err := e.Peek(t.Context(), key)
+	require.NoError(t, err)
+	assert.Equal(t, engine.Decision{RetryAfter: 500 * time.Millisecond, Version: 1, Limit: 10, ResetAfter: 5 * time.Second}, d, "still empty")
+}
+
 func TestRestoreWallFarBack(t *testing.T) {
 	s := okSnap()
 	s.Wall = math.MinInt64

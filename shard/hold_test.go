@@ -301,3 +301,40 @@ func TestHoldEndSentBeforeWorkComesFirst(t *testing.T) {
 		require.Empty(t, s.holds.parts, "batch %v: the end was carried out", batch)
 	}
 }
+
+// TestHoldKeepsEachKeysOrder: work that names a key only because other work
+// for it waits behind a hold waits too, so each key's requests keep their
+// order. A batch part for a (held) and b waits; a single request for b sent
+// after it must be decided after it, once the hold ends, not before it
+// because b itself is not held.
+func TestHoldKeepsEachKeysOrder(t *testing.T) {
+	budget := NewBudget(10)
+	mb := NewMailbox(8, make(chan struct{}))
+	s := New(p1, zeroClock(64), budget, mb, &testHasher) // the loop's steps are called here, in a known order
+	held := holdPart(false, "a")
+	s.serveHold(held)
+	require.NoError(t, held.Out[0].Err)
+
+	part := &msg.Batch{Items: []msg.Item{{Key: "a", Hash: testHasher.Sum("a"), Cost: 1}, {Key: "b", Hash: testHasher.Sum("b"), Cost: 1}},
+		Out: make([]msg.Reply, 2), Done: make(chan int, 1)}
+	require.NoError(t, mb.SendBatch(context.Background(), part))
+	require.True(t, s.serveData())
+	single := &msg.Single{Key: "b", Hash: testHasher.Sum("b"), Cost: 10, Done: make(chan struct{}, 1)}
+	require.NoError(t, mb.SendSingle(context.Background(), single))
+	require.True(t, s.serveData())
+	require.Len(t, s.holds.waiting, 2, "the part waits on a, and the request for b behind it")
+
+	require.True(t, held.Hold.Claim())
+	ok, _ := budget.ReserveN(1) // the caller's room for the new key a
+	require.True(t, ok)
+	require.True(t, held.Hold.End(msg.HoldCommit, 0, true))
+	s.tendHolds()
+	<-part.Done
+	single.Wait(1)
+	require.NoError(t, part.Out[1].Err)
+	assert.True(t, part.Out[1].Decision.Allowed, "the part came first: b had all 10")
+	assert.Equal(t, int64(9), part.Out[1].Decision.Remaining)
+	require.NoError(t, single.Reply.Err)
+	assert.False(t, single.Reply.Decision.Allowed, "the request for all of b came after the part took 1")
+	assert.Equal(t, int64(9), single.Reply.Decision.Remaining)
+}

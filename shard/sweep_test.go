@@ -243,6 +243,30 @@ func TestSweepSoonest(t *testing.T) {
 	assert.Equal(t, int64(math.MaxInt64), r.Soonest, "nothing kept")
 }
 
+// TestSweepSoonestSaturates: a kept bucket whose refill takes longer than
+// the clock can count is full no sooner than the end of time. The reading
+// plus its saturated wait overflows int64; wrapped, it would name an instant
+// long past, and a reclaimer would sweep again at once for a bucket that
+// never fills.
+func TestSweepSoonestSaturates(t *testing.T) {
+	const sec = int64(time.Second)
+	p := policy.Policy{Version: 1, Capacity: math.MaxInt64, TokensPerSecond: 1}
+	s := newState(p, NewBudget(10), &testHasher)
+	defer s.abandon()
+	require.NoError(t, s.allow(0, "deep", math.MaxInt64).Err) // empty: full in MaxInt64 s, saturated as ns
+	s.beginSweep(true)
+	for {
+		done, err := s.sweepSlice(sec, SliceSize)
+		require.NoError(t, err)
+		if done {
+			break
+		}
+	}
+	r := s.endSweep(nil)
+	assert.Zero(t, r.Evicted)
+	assert.Equal(t, int64(math.MaxInt64), r.Soonest, "1 s + a saturated wait is the end of time, not a wrapped past")
+}
+
 // TestBudgetFullSignals: a failed reservation signals Full once, however
 // many fail before it is read, and a successful one does not.
 func TestBudgetFullSignals(t *testing.T) {
