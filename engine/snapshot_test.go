@@ -564,10 +564,6 @@ func TestRestoreMaxKeys(t *testing.T) {
 	}
 }
 
-// goodSnapshot is a small real snapshot: three keys, one under an override.
-// TestRestoreWallFarBack: a snapshot whose wall time is so far before the
-// restoring wall that the difference overflows int64 nanoseconds owes the
-// most refill there is, not a negative one.
 // TestRestoreKeyOfMaxKeyBytes: a key of exactly MaxKeyBytes is valid, so a
 // snapshot holding one restores, depleted balance and all; refusing it would
 // make a snapshot the engine wrote unreadable by the same configuration.
@@ -586,6 +582,9 @@ func TestRestoreKeyOfMaxKeyBytes(t *testing.T) {
 	assert.Equal(t, engine.Decision{RetryAfter: 500 * time.Millisecond, Version: 1, Limit: 10, ResetAfter: 5 * time.Second}, d, "still empty")
 }
 
+// TestRestoreWallFarBack: a snapshot whose wall time is so far before the
+// restoring wall that the difference overflows int64 nanoseconds owes the
+// most refill there is, not a negative one.
 func TestRestoreWallFarBack(t *testing.T) {
 	s := okSnap()
 	s.Wall = math.MinInt64
