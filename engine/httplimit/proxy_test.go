@@ -56,6 +56,7 @@ func TestClientIP(t *testing.T) {
 		{"IPv4-mapped client", "10.0.0.1:1234", xff, proxies, []string{"X-Forwarded-For", "::ffff:203.0.113.7"}, "203.0.113.7"},
 		{"IPv6 trusted peer", "[2001:db8:ffff::1]:1234", xff, proxies, []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
 		{"IPv4-mapped prefix trusts IPv4", "192.168.0.9:1234", xff, proxies, []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
+		{"IPv4-mapped /96 trusts every IPv4", "192.0.2.1:1234", xff, []netip.Prefix{mustPrefix("::ffff:0.0.0.0/96")}, []string{"X-Forwarded-For", "198.51.100.1"}, "198.51.100.1"},
 		{"XFF mode ignores Forwarded", "10.0.0.1:1234", xff, proxies, []string{"Forwarded", "for=203.0.113.7"}, "10.0.0.1"},
 		{"Forwarded mode ignores XFF", "10.0.0.1:1234", fwd, proxies, []string{"X-Forwarded-For", "203.0.113.7"}, "10.0.0.1"},
 		{"Forwarded one hop", "10.0.0.1:1234", fwd, proxies, []string{"Forwarded", "for=203.0.113.7;proto=https;by=10.0.0.1"}, "203.0.113.7"},
