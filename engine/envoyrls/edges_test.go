@@ -213,3 +213,57 @@ func TestZeroLimitHeaderFields(t *testing.T) {
 		t.Errorf("Retry-After %q for a limit no wait admits", got)
 	}
 }
+
+// "A shadow-mode descriptor is decided and reported but never makes the
+// answer OVER_LIMIT": a shadow limit of 0 reports what that limit holds,
+// nothing, and no wait; it is never decided against a bucket of the
+// admitter's default limit, which the policy gives every key no
+// configured limit has (and would report thousands left).
+func TestShadowZeroLimitReportsNothingLeft(t *testing.T) {
+	const yaml = `domain: sz
+descriptors:
+  - key: z
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 0, name: zero}
+`
+	h := rlstest.Start(t, newEngine, yaml)
+	for i := range 2 {
+		resp := h.Ask(rlstest.Req("sz", 0, rlstest.D("z=1")))
+		if resp.OverallCode != rlstest.OK {
+			t.Errorf("request %d: %v, want OK (shadow)", i, resp.OverallCode)
+		}
+		st := resp.Statuses[0]
+		if st.GetCode() != rlstest.OK || st.GetCurrentLimit().GetName() != "zero" {
+			t.Errorf("request %d: status %v, want OK under the limit \"zero\"", i, st)
+		}
+		if st.GetLimitRemaining() != 0 || st.GetDurationUntilReset() != nil {
+			t.Errorf("request %d: limit_remaining %d, duration_until_reset %v; want 0 and none",
+				i, st.GetLimitRemaining(), st.GetDurationUntilReset())
+		}
+	}
+}
+
+// "Shadow descriptors give no header fields": a shadow descriptor its
+// bucket refuses is reported in its status, but the answer, OK, carries no
+// RateLimit fields and above all no Retry-After, which would tell the
+// client to wait for a limit that is not enforced.
+func TestShadowRefusalGivesNoHeaderFields(t *testing.T) {
+	const yaml = `domain: sh1
+descriptors:
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, name: s1}
+`
+	h := rlstest.Start(t, newEngine, yaml)
+	h.Ask(rlstest.Req("sh1", 0, rlstest.D("s=1")))
+	resp := h.Ask(rlstest.Req("sh1", 0, rlstest.D("s=1")))
+	if resp.OverallCode != rlstest.OK {
+		t.Fatalf("shadow refusal: %v, want OK", resp.OverallCode)
+	}
+	if got := resp.Statuses[0].GetLimitRemaining(); got != 0 {
+		t.Errorf("limit_remaining %d, want 0: the shadow bucket is reported", got)
+	}
+	if hs := resp.ResponseHeadersToAdd; len(hs) != 0 {
+		t.Errorf("header fields %v for a shadow descriptor", hs)
+	}
+}
