@@ -267,3 +267,63 @@ descriptors:
 		t.Errorf("header fields %v for a shadow descriptor", hs)
 	}
 }
+
+// "When the request is refused and some wait admits it, Retry-After ...":
+// a request with a descriptor no wait admits (a limit of 0) is answered for
+// that descriptor, with no Retry-After, even when another descriptor before
+// it is over the limit with a finite wait: after that wait the request
+// would still be refused.
+func TestNeverAdmittedWinsTheHeaderFields(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	h.Ask(rlstest.Req("k", 0, rlstest.D("x=1"))) // x's one token taken
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("x=1"), rlstest.D("z=1")))
+	if resp.OverallCode != rlstest.OverLimit {
+		t.Fatalf("%v, want OVER_LIMIT", resp.OverallCode)
+	}
+	if got := resp.Statuses[0].GetCode(); got != rlstest.OverLimit {
+		t.Errorf("x: %v, want OVER_LIMIT (its bucket is empty)", got)
+	}
+	if got := hdr(resp.ResponseHeadersToAdd, "Retry-After"); got != "" {
+		t.Errorf("Retry-After %q for a request no wait admits", got)
+	}
+	if got := hdr(resp.ResponseHeadersToAdd, "RateLimit"); got != `"zero";r=0;t=3600` {
+		t.Errorf("RateLimit %q, want \"zero\";r=0;t=3600", got)
+	}
+}
+
+// A descriptor's hits_addend is a uint64; one above math.MaxInt64 is a cost
+// above every limit, refused as such (OVER_LIMIT, no Retry-After, nothing
+// taken), never turned into a negative cost that the admitter fails.
+// (Enforced descriptors' costs are summed with saturation, which would
+// hide a negative one; a shadow descriptor's cost goes to the admitter
+// as it is.)
+func TestHugeHitsAddendIsOverLimit(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	for _, hits := range []uint64{1 << 63, 1<<64 - 1} {
+		resp := h.Ask(rlstest.Req("k", 0, rlstest.DH(hits, "s=1")))
+		if resp.OverallCode != rlstest.OverLimit || resp.Statuses[0].GetCode() != rlstest.OverLimit {
+			t.Errorf("hits_addend %d: %v, want OVER_LIMIT", hits, resp)
+		}
+		if got := hdr(resp.ResponseHeadersToAdd, "Retry-After"); got != "" {
+			t.Errorf("hits_addend %d: Retry-After %q for a cost no wait admits", hits, got)
+		}
+	}
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("s=1")))
+	if got := resp.Statuses[0].GetLimitRemaining(); got != 6 {
+		t.Errorf("after the refusals: limit_remaining %d, want 6 (7 less this request's 1)", got)
+	}
+
+	// A shadow descriptor is decided on its own (AllowBatch): the same
+	// cost is one its bucket can never hold, an OK answer, not an error.
+	sh := rlstest.Start(t, newEngine, `domain: sh
+descriptors:
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, name: s5}
+`)
+	for _, hits := range []uint64{1 << 63, 1<<64 - 1} {
+		if resp := sh.Ask(rlstest.Req("sh", 0, rlstest.DH(hits, "s=1"))); resp.OverallCode != rlstest.OK {
+			t.Errorf("shadow, hits_addend %d: %v, want OK", hits, resp.OverallCode)
+		}
+	}
+}
