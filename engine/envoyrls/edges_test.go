@@ -13,7 +13,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
 // Rules of the server's answers that the suite's cases do not reach:
@@ -288,6 +291,70 @@ func TestNeverAdmittedWinsTheHeaderFields(t *testing.T) {
 	}
 	if got := hdr(resp.ResponseHeadersToAdd, "RateLimit"); got != `"zero";r=0;t=3600` {
 		t.Errorf("RateLimit %q, want \"zero\";r=0;t=3600", got)
+	}
+}
+
+// keyRecorder is an engine that tells which keys the server spends from,
+// so a test can act on a bucket the server chose the key of.
+type keyRecorder struct {
+	*engine.Engine
+	keys chan string
+}
+
+func (e keyRecorder) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	select {
+	case e.keys <- key:
+	default:
+	}
+	return e.Engine.Allow(ctx, key, cost)
+}
+
+// "limit_remaining the whole tokens left in its bucket": a bucket that
+// another user of the admitter put into debt (engine.Engine.Charge) has
+// none left, and is reported as 0 in the status and in RateLimit's r, not
+// as its negative balance wrapped to four billion.
+func TestBucketInDebtReportsZeroLeft(t *testing.T) {
+	keys := make(chan string, 1)
+	h := rlstest.Start(t, func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
+		return keyRecorder{newEngine(t, p, clk).(*engine.Engine), keys}
+	}, edgesYAML)
+	h.Ask(rlstest.Req("k", 0, rlstest.D("s=1")))
+	d, err := h.A.Charge(context.Background(), <-keys, 20)
+	if err != nil || d.Remaining >= 0 {
+		t.Fatalf("Charge: %+v, %v; want a bucket in debt", d, err)
+	}
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("s=1")))
+	if resp.OverallCode != rlstest.OverLimit {
+		t.Fatalf("%v, want OVER_LIMIT", resp.OverallCode)
+	}
+	if got := resp.Statuses[0].GetLimitRemaining(); got != 0 {
+		t.Errorf("limit_remaining %d, want 0", got)
+	}
+	if got := hdr(resp.ResponseHeadersToAdd, "RateLimit"); !strings.HasPrefix(got, `"seven";r=0;`) {
+		t.Errorf("RateLimit %q, want r=0", got)
+	}
+}
+
+// "ResourceExhausted for engine.ErrKeyCapacity": an admitter whose key
+// table is full fails the request with that code, not Unavailable, so an
+// operator tells a bound to raise from a store that is down.
+func TestKeyCapacityIsResourceExhausted(t *testing.T) {
+	h := rlstest.Start(t, func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
+		e, err := engine.New(engine.Config{Policy: p, Clock: clk, Shards: 1, MaxKeys: 1})
+		if err != nil {
+			t.Fatalf("engine.New: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := e.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
+		return e
+	}, edgesYAML)
+	h.Ask(rlstest.Req("k", 0, rlstest.D("s=1"))) // the one key
+	_, err := h.Client.ShouldRateLimit(context.Background(), rlstest.Req("k", 0, rlstest.D("s=2")))
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a second key at MaxKeys 1: %v, want ResourceExhausted", err)
 	}
 }
 
