@@ -394,3 +394,34 @@ descriptors:
 		}
 	}
 }
+
+// "each part escaped so that no two descriptor paths, and no two entries,
+// share a key; long parts are replaced by hashes": request values that
+// differ in one escaped byte, or that split the same bytes differently
+// between two entries of a key too long to keep, have buckets of their
+// own. A limit of 1 admits the first request of each: a shared bucket
+// would refuse the second.
+func TestDistinctValuesHaveDistinctBuckets(t *testing.T) {
+	const yaml = `domain: inj
+descriptors:
+  - key: v
+    rate_limit: {unit: minute, requests_per_unit: 1, name: v1}
+  - key: p
+    descriptors:
+      - key: q
+        rate_limit: {unit: minute, requests_per_unit: 1, name: pq1}
+`
+	h := rlstest.Start(t, newEngine, yaml)
+	long := strings.Repeat("x", 300) // past MaxKeyBytes: the values are hashed
+	descs := []*rlv3.RateLimitDescriptor{
+		rlstest.D("v=a b"), rlstest.D(`v=a"b`), rlstest.D("v=a!b"),
+		rlstest.D("v=a\x00b"), rlstest.D("v=a\x01b"), rlstest.D("v=a\x10b"),
+		rlstest.D("p="+long+"y", "q=z"), rlstest.D("p="+long, "q=yz"),
+		rlstest.D("p="+long+":y", "q=z"), rlstest.D("p="+long, "q=y:z"),
+	}
+	for i, d := range descs {
+		if resp := h.Ask(rlstest.Req("inj", 0, d)); resp.OverallCode != rlstest.OK {
+			t.Errorf("descriptor %d (%q), the first of its bucket: %v, want OK", i, d.GetEntries(), resp.OverallCode)
+		}
+	}
+}
