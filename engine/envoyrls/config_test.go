@@ -155,13 +155,18 @@ func TestParseConfigYAML11Booleans(t *testing.T) {
 }
 
 // TestPolicy: the policy's overrides, one per limited entry, with the
-// reference's units.
+// reference's units, each of them (a month is 30 days, a year 365).
 func TestPolicy(t *testing.T) {
 	cfgs := rlstest.Parse(t, "domain: d\ndescriptors:\n"+
 		"  - {key: a, value: x, rate_limit: {unit: second, requests_per_unit: 3}}\n"+
 		"  - {key: b, rate_limit: {unit: month, requests_per_unit: 7}}\n"+
 		"  - {key: c, rate_limit: {unlimited: true}}\n"+
-		"  - {key: z, rate_limit: {unit: second, requests_per_unit: 0}}\n")
+		"  - {key: z, rate_limit: {unit: second, requests_per_unit: 0}}\n"+
+		"  - {key: d, value: v, rate_limit: {unit: day, requests_per_unit: 2}}\n"+
+		"  - {key: h, value: v, rate_limit: {unit: hour, requests_per_unit: 2}}\n"+
+		"  - {key: m, value: v, rate_limit: {unit: minute, requests_per_unit: 2}}\n"+
+		"  - {key: w, value: v, rate_limit: {unit: week, requests_per_unit: 2}}\n"+
+		"  - {key: y, value: v, rate_limit: {unit: year, requests_per_unit: 2}}\n")
 	p, err := envoyrls.Policy(4, cfgs...)
 	if err != nil {
 		t.Fatal(err)
@@ -173,6 +178,11 @@ func TestPolicy(t *testing.T) {
 	want := []policy.Override{
 		{Match: "{d}/a=x|", Capacity: 3, TokensPerSecond: 3},
 		{Match: "{d}/b~|*", Capacity: 7, Refill: policy.Rate{Tokens: 7, Per: 30 * 24 * 3600e9}},
+		{Match: "{d}/d=v|", Capacity: 2, Refill: policy.Rate{Tokens: 2, Per: 24 * 3600e9}},
+		{Match: "{d}/h=v|", Capacity: 2, Refill: policy.Rate{Tokens: 2, Per: 3600e9}},
+		{Match: "{d}/m=v|", Capacity: 2, Refill: policy.Rate{Tokens: 2, Per: 60e9}},
+		{Match: "{d}/w=v|", Capacity: 2, Refill: policy.Rate{Tokens: 2, Per: 7 * 24 * 3600e9}},
+		{Match: "{d}/y=v|", Capacity: 2, Refill: policy.Rate{Tokens: 2, Per: 365 * 24 * 3600e9}},
 	}
 	if len(ovs) != len(want) {
 		t.Fatalf("overrides %+v, want %+v", ovs, want)

@@ -13,7 +13,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
 // Rules of the server's answers that the suite's cases do not reach:
@@ -211,5 +214,214 @@ func TestZeroLimitHeaderFields(t *testing.T) {
 	}
 	if got := hdr(resp.ResponseHeadersToAdd, "Retry-After"); got != "" {
 		t.Errorf("Retry-After %q for a limit no wait admits", got)
+	}
+}
+
+// "A shadow-mode descriptor is decided and reported but never makes the
+// answer OVER_LIMIT": a shadow limit of 0 reports what that limit holds,
+// nothing, and no wait; it is never decided against a bucket of the
+// admitter's default limit, which the policy gives every key no
+// configured limit has (and would report thousands left).
+func TestShadowZeroLimitReportsNothingLeft(t *testing.T) {
+	const yaml = `domain: sz
+descriptors:
+  - key: z
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 0, name: zero}
+`
+	h := rlstest.Start(t, newEngine, yaml)
+	for i := range 2 {
+		resp := h.Ask(rlstest.Req("sz", 0, rlstest.D("z=1")))
+		if resp.OverallCode != rlstest.OK {
+			t.Errorf("request %d: %v, want OK (shadow)", i, resp.OverallCode)
+		}
+		st := resp.Statuses[0]
+		if st.GetCode() != rlstest.OK || st.GetCurrentLimit().GetName() != "zero" {
+			t.Errorf("request %d: status %v, want OK under the limit \"zero\"", i, st)
+		}
+		if st.GetLimitRemaining() != 0 || st.GetDurationUntilReset() != nil {
+			t.Errorf("request %d: limit_remaining %d, duration_until_reset %v; want 0 and none",
+				i, st.GetLimitRemaining(), st.GetDurationUntilReset())
+		}
+	}
+}
+
+// "Shadow descriptors give no header fields": a shadow descriptor its
+// bucket refuses is reported in its status, but the answer, OK, carries no
+// RateLimit fields and above all no Retry-After, which would tell the
+// client to wait for a limit that is not enforced.
+func TestShadowRefusalGivesNoHeaderFields(t *testing.T) {
+	const yaml = `domain: sh1
+descriptors:
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, name: s1}
+`
+	h := rlstest.Start(t, newEngine, yaml)
+	h.Ask(rlstest.Req("sh1", 0, rlstest.D("s=1")))
+	resp := h.Ask(rlstest.Req("sh1", 0, rlstest.D("s=1")))
+	if resp.OverallCode != rlstest.OK {
+		t.Fatalf("shadow refusal: %v, want OK", resp.OverallCode)
+	}
+	if got := resp.Statuses[0].GetLimitRemaining(); got != 0 {
+		t.Errorf("limit_remaining %d, want 0: the shadow bucket is reported", got)
+	}
+	if hs := resp.ResponseHeadersToAdd; len(hs) != 0 {
+		t.Errorf("header fields %v for a shadow descriptor", hs)
+	}
+}
+
+// "When the request is refused and some wait admits it, Retry-After ...":
+// a request with a descriptor no wait admits (a limit of 0) is answered for
+// that descriptor, with no Retry-After, even when another descriptor before
+// it is over the limit with a finite wait: after that wait the request
+// would still be refused.
+func TestNeverAdmittedWinsTheHeaderFields(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	h.Ask(rlstest.Req("k", 0, rlstest.D("x=1"))) // x's one token taken
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("x=1"), rlstest.D("z=1")))
+	if resp.OverallCode != rlstest.OverLimit {
+		t.Fatalf("%v, want OVER_LIMIT", resp.OverallCode)
+	}
+	if got := resp.Statuses[0].GetCode(); got != rlstest.OverLimit {
+		t.Errorf("x: %v, want OVER_LIMIT (its bucket is empty)", got)
+	}
+	if got := hdr(resp.ResponseHeadersToAdd, "Retry-After"); got != "" {
+		t.Errorf("Retry-After %q for a request no wait admits", got)
+	}
+	if got := hdr(resp.ResponseHeadersToAdd, "RateLimit"); got != `"zero";r=0;t=3600` {
+		t.Errorf("RateLimit %q, want \"zero\";r=0;t=3600", got)
+	}
+}
+
+// keyRecorder is an engine that tells which keys the server spends from,
+// so a test can act on a bucket the server chose the key of.
+type keyRecorder struct {
+	*engine.Engine
+	keys chan string
+}
+
+func (e keyRecorder) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	select {
+	case e.keys <- key:
+	default:
+	}
+	return e.Engine.Allow(ctx, key, cost)
+}
+
+// "limit_remaining the whole tokens left in its bucket": a bucket that
+// another user of the admitter put into debt (engine.Engine.Charge) has
+// none left, and is reported as 0 in the status and in RateLimit's r, not
+// as its negative balance wrapped to four billion.
+func TestBucketInDebtReportsZeroLeft(t *testing.T) {
+	keys := make(chan string, 1)
+	h := rlstest.Start(t, func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
+		return keyRecorder{newEngine(t, p, clk).(*engine.Engine), keys}
+	}, edgesYAML)
+	h.Ask(rlstest.Req("k", 0, rlstest.D("s=1")))
+	d, err := h.A.Charge(context.Background(), <-keys, 20)
+	if err != nil || d.Remaining >= 0 {
+		t.Fatalf("Charge: %+v, %v; want a bucket in debt", d, err)
+	}
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("s=1")))
+	if resp.OverallCode != rlstest.OverLimit {
+		t.Fatalf("%v, want OVER_LIMIT", resp.OverallCode)
+	}
+	if got := resp.Statuses[0].GetLimitRemaining(); got != 0 {
+		t.Errorf("limit_remaining %d, want 0", got)
+	}
+	if got := hdr(resp.ResponseHeadersToAdd, "RateLimit"); !strings.HasPrefix(got, `"seven";r=0;`) {
+		t.Errorf("RateLimit %q, want r=0", got)
+	}
+}
+
+// "ResourceExhausted for engine.ErrKeyCapacity": an admitter whose key
+// table is full fails the request with that code, not Unavailable, so an
+// operator tells a bound to raise from a store that is down.
+func TestKeyCapacityIsResourceExhausted(t *testing.T) {
+	h := rlstest.Start(t, func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
+		e, err := engine.New(engine.Config{Policy: p, Clock: clk, Shards: 1, MaxKeys: 1})
+		if err != nil {
+			t.Fatalf("engine.New: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := e.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
+		return e
+	}, edgesYAML)
+	h.Ask(rlstest.Req("k", 0, rlstest.D("s=1"))) // the one key
+	_, err := h.Client.ShouldRateLimit(context.Background(), rlstest.Req("k", 0, rlstest.D("s=2")))
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a second key at MaxKeys 1: %v, want ResourceExhausted", err)
+	}
+}
+
+// A descriptor's hits_addend is a uint64; one above math.MaxInt64 is a cost
+// above every limit, refused as such (OVER_LIMIT, no Retry-After, nothing
+// taken), never turned into a negative cost that the admitter fails.
+// (Enforced descriptors' costs are summed with saturation, which would
+// hide a negative one; a shadow descriptor's cost goes to the admitter
+// as it is.)
+func TestHugeHitsAddendIsOverLimit(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	for _, hits := range []uint64{1 << 63, 1<<64 - 1} {
+		resp := h.Ask(rlstest.Req("k", 0, rlstest.DH(hits, "s=1")))
+		if resp.OverallCode != rlstest.OverLimit || resp.Statuses[0].GetCode() != rlstest.OverLimit {
+			t.Errorf("hits_addend %d: %v, want OVER_LIMIT", hits, resp)
+		}
+		if got := hdr(resp.ResponseHeadersToAdd, "Retry-After"); got != "" {
+			t.Errorf("hits_addend %d: Retry-After %q for a cost no wait admits", hits, got)
+		}
+	}
+	resp := h.Ask(rlstest.Req("k", 0, rlstest.D("s=1")))
+	if got := resp.Statuses[0].GetLimitRemaining(); got != 6 {
+		t.Errorf("after the refusals: limit_remaining %d, want 6 (7 less this request's 1)", got)
+	}
+
+	// A shadow descriptor is decided on its own (AllowBatch): the same
+	// cost is one its bucket can never hold, an OK answer, not an error.
+	sh := rlstest.Start(t, newEngine, `domain: sh
+descriptors:
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, name: s5}
+`)
+	for _, hits := range []uint64{1 << 63, 1<<64 - 1} {
+		if resp := sh.Ask(rlstest.Req("sh", 0, rlstest.DH(hits, "s=1"))); resp.OverallCode != rlstest.OK {
+			t.Errorf("shadow, hits_addend %d: %v, want OK", hits, resp.OverallCode)
+		}
+	}
+}
+
+// "each part escaped so that no two descriptor paths, and no two entries,
+// share a key; long parts are replaced by hashes": request values that
+// differ in one escaped byte, or that split the same bytes differently
+// between two entries of a key too long to keep, have buckets of their
+// own. A limit of 1 admits the first request of each: a shared bucket
+// would refuse the second.
+func TestDistinctValuesHaveDistinctBuckets(t *testing.T) {
+	const yaml = `domain: inj
+descriptors:
+  - key: v
+    rate_limit: {unit: minute, requests_per_unit: 1, name: v1}
+  - key: p
+    descriptors:
+      - key: q
+        rate_limit: {unit: minute, requests_per_unit: 1, name: pq1}
+`
+	h := rlstest.Start(t, newEngine, yaml)
+	long := strings.Repeat("x", 300) // past MaxKeyBytes: the values are hashed
+	descs := []*rlv3.RateLimitDescriptor{
+		rlstest.D("v=a b"), rlstest.D(`v=a"b`), rlstest.D("v=a!b"),
+		rlstest.D("v=a\x00b"), rlstest.D("v=a\x01b"), rlstest.D("v=a\x10b"),
+		rlstest.D("p="+long+"y", "q=z"), rlstest.D("p="+long, "q=yz"),
+		rlstest.D("p="+long+":y", "q=z"), rlstest.D("p="+long, "q=y:z"),
+	}
+	for i, d := range descs {
+		if resp := h.Ask(rlstest.Req("inj", 0, d)); resp.OverallCode != rlstest.OK {
+			t.Errorf("descriptor %d (%q), the first of its bucket: %v, want OK", i, d.GetEntries(), resp.OverallCode)
+		}
 	}
 }

@@ -124,6 +124,7 @@ func TestNoKey(t *testing.T) {
 		msg  string
 	}{
 		{"no peer", context.Background(), nil, "rate-limit key"},
+		{"peer without an address", peer.NewContext(context.Background(), &peer.Peer{}), nil, "rate-limit key"},
 		{"unix socket", unix, nil, "rate-limit key"},
 		{"key func fails", from("192.0.2.1:1"), []grpclimit.Option{failing}, "rate-limit key"},
 		{"blank key", from("192.0.2.1:1"), []grpclimit.Option{grpclimit.WithKey(func(context.Context, string, string) (string, error) { return "", nil })}, "rate-limit key"},

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -184,6 +186,7 @@ func TestCollectKnownSequence(t *testing.T) {
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
 	allow(canceled, "a", 1, false, context.Canceled)
+	allow(canceled, "b", 1, false, context.Canceled) // two: closed and context counts differ
 	_, err := e.Peek(ctx, "a")
 	require.NoError(t, err)
 	_, err = e.Refund(ctx, "b", 1)
@@ -193,6 +196,9 @@ func TestCollectKnownSequence(t *testing.T) {
 	n, err := e.EvictFull(ctx)                                // one sweep per shard
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
+	n, err = e.EvictFull(ctx) // a second sweep per shard, which finds nothing full:
+	require.NoError(t, err)   // sweeps, evictions and cutovers all differ
+	require.Equal(t, 0, n)
 	allow(ctx, "c", 1, true, nil) // a slot is free again
 	require.NoError(t, e.Close())
 	allow(ctx, "c", 1, false, engine.ErrClosed)
@@ -210,7 +216,7 @@ func TestCollectKnownSequence(t *testing.T) {
 		"tokenshard_peeks_total":     counter(one(1)),
 		"tokenshard_refunds_total":   counter(one(1)),
 		"tokenshard_errors_total": counter(
-			sample{"kind=clock_regression", 0}, sample{"kind=closed", 1}, sample{"kind=context", 1},
+			sample{"kind=clock_regression", 0}, sample{"kind=closed", 1}, sample{"kind=context", 2},
 			sample{"kind=invalid_cost", 1}, sample{"kind=invalid_key", 1}, sample{"kind=key_capacity", 1},
 			sample{"kind=other", 0},
 		),
@@ -219,7 +225,7 @@ func TestCollectKnownSequence(t *testing.T) {
 		"tokenshard_mailbox_depth":         gauge(one(0)),
 		"tokenshard_mailbox_high_water":    gauge(highWater...),
 		"tokenshard_shard_cutovers_total":  counter(one(2)),
-		"tokenshard_shard_sweeps_total":    counter(one(2)),
+		"tokenshard_shard_sweeps_total":    counter(one(4)),
 		"tokenshard_pressure_sweeps_total": counter(one(0)),
 		"tokenshard_sweep_failures_total":  counter(one(0)),
 		"tokenshard_evictions_total":       counter(one(2)),
@@ -229,8 +235,52 @@ func TestCollectKnownSequence(t *testing.T) {
 		"tokenshard_holds_total":           counter(one(0)),
 		"tokenshard_holds_aborted_total":   counter(one(0)),
 	})
-	// Every call was counted once: 5 decided, 1 peek, 1 refund, 5 errors.
-	assert.Equal(t, uint64(12), st.Total.Allowed+st.Total.Denied+st.Total.Peeks+st.Total.Refunds+st.Total.Errors.Sum())
+	// Every call was counted once: 5 decided, 1 peek, 1 refund, 6 errors.
+	assert.Equal(t, uint64(13), st.Total.Allowed+st.Total.Denied+st.Total.Peeks+st.Total.Refunds+st.Total.Errors.Sum())
+}
+
+// backwardClock reads an hour for its first after readings, then 0: every
+// later reading is a regression.
+type backwardClock struct {
+	n     atomic.Int64
+	after int64
+}
+
+func (c *backwardClock) Now() int64 {
+	if c.n.Add(1) > c.after {
+		return 0
+	}
+	return int64(time.Hour)
+}
+
+// TestCollectClockRegressionAndSweepFailures: the families and kinds the
+// known sequence leaves at 0 each count what they name: a decision against
+// a clock that went back is a clock_regression error, not another kind,
+// and the background sweeps it fails are sweep failures, not pressure
+// sweeps (which only the real clock runs).
+func TestCollectClockRegressionAndSweepFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := &backwardClock{after: 1}
+		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Clock: clk, Shards: 1, SweepEvery: time.Second})
+		require.NoError(t, err)
+		defer e.Close()
+		c := newCollector(t, e)
+		ctx := context.Background()
+		_, err = e.Allow(ctx, "k", 1) // reading 1: an hour in
+		require.NoError(t, err)
+		_, err = e.Allow(ctx, "k", 1) // reading 2: back to 0
+		require.ErrorIs(t, err, engine.ErrClockRegression)
+		for range 3 { // three ticks of the sweeper, each reading 0
+			<-time.After(time.Second) // fake time in the bubble
+			synctest.Wait()
+		}
+
+		wants := fromStats(e.Stats(), e.MaxKeys())
+		wants["tokenshard_errors_total"] = kinds(engine.Errors{ClockRegression: 1})
+		wants["tokenshard_sweep_failures_total"] = counter(one(3))
+		wants["tokenshard_pressure_sweeps_total"] = counter(one(0))
+		check(t, scrape(t, c), wants)
+	})
 }
 
 // TestCollectShardLabels: with WithShardLabels, keys, depth and high water

@@ -296,6 +296,16 @@ func TestSameCountsAsEngine(t *testing.T) {
 		require.ErrorIs(t, err, engine.ErrInvalidKey)
 		_, err = a.Allow(ctx, "user", 0)
 		require.ErrorIs(t, err, engine.ErrInvalidCost)
+		// One peek and two refunds: counts that differ, so neither family
+		// can be read from the other's counter unnoticed.
+		_, err = a.(interface {
+			Peek(context.Context, string) (engine.Decision, error)
+		}).Peek(ctx, "user")
+		require.NoError(t, err)
+		for range 2 {
+			_, err = a.Refund(ctx, "route", 1)
+			require.NoError(t, err)
+		}
 	}
 	require.NoError(t, e.Close()) // the engine's counts final: every commit carried out
 
@@ -309,6 +319,8 @@ func TestSameCountsAsEngine(t *testing.T) {
 	want[`tokenshard_allowall_calls_total{outcome="refused"}`] = 2
 	want[`tokenshard_allowall_errors_total{kind="invalid_key"}`] = 1
 	want[`tokenshard_errors_total{kind="invalid_cost"}`] = 1
+	want["tokenshard_peeks_total"] = 1
+	want["tokenshard_refunds_total"] = 2
 	want["tokenshard_store_decisions_total"] = 3 + 3 + 2 + 3
 	// A script call is repeated when it met a newer policy or a bucket's
 	// history, which depends on timing, not on this sequence: the series
