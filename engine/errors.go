@@ -41,6 +41,7 @@ var (
 	// where the context's own error would in each method's error order.
 	ErrNilContext = msg.ErrNilContext
 	// ErrNotInitialized: the Engine is the zero Engine or a nil *Engine,
-	// not one made by New or Restore. It comes before every other error.
+	// not one made by New or Restore (an adapter's store, such as a zero
+	// redisstore.Store, returns it too). It comes before every other error.
 	ErrNotInitialized = msg.ErrNotInitialized
 )

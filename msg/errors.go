@@ -20,7 +20,9 @@ var (
 	ErrClosed          = errors.New("engine: closed")
 	ErrInvalidConfig   = errors.New("engine: invalid config")
 	ErrNilContext      = errors.New("engine: nil context")
-	ErrNotInitialized  = errors.New("engine: Engine not created by New")
+	// ErrNotInitialized names no type: a zero redisstore.Store returns it
+	// too, and its user never made an Engine.
+	ErrNotInitialized = errors.New("engine: used before it was created by New: a zero value or a nil pointer")
 
 	// ErrCostExceedsCapacity wraps ErrInvalidCost, so errors.Is matches it
 	// to both; made once here, so returning it allocates nothing either.

@@ -87,6 +87,9 @@ func TestZeroStore(t *testing.T) {
 		require.ErrorIs(t, err, engine.ErrNotInitialized)
 		_, err = s.Charge(ctx, "k", 1)
 		require.ErrorIs(t, err, engine.ErrNotInitialized)
+		// The store's user made no Engine: the message must not send them
+		// looking for one.
+		require.NotContains(t, err.Error(), "Engine", "a zero Store's error names the type its user has not got")
 		_, err = s.Peek(ctx, "k")
 		require.ErrorIs(t, err, engine.ErrNotInitialized)
 		_, err = s.Refund(ctx, "k", 1)
