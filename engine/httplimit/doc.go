@@ -69,7 +69,11 @@
 // max_tokens of a model call, the size of a response not yet written. Its
 // handler calls Settle once the actual cost is known, and the difference
 // is charged (into debt if need be, repaid by the key's later requests) or
-// given back, on the same keys (ExampleSettle).
+// given back, on the same keys (ExampleSettle). An estimate above the key's
+// capacity is refused (413) however long the client waits: clamp it to the
+// capacity, and Settle charges the rest. To limit requests and tokens
+// together, nest a middleware at the default cost around the one that
+// takes the estimate (ExampleSettle_requestsAndTokens).
 //
 // # Header fields
 //

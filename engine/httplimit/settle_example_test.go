@@ -78,3 +78,65 @@ func ExampleSettle() {
 	// estimate 300: 200, Retry-After "", -570 tokens left
 	// estimate 100: 429, Retry-After "67", -570 tokens left
 }
+
+// Requests and model tokens limited together, as model APIs publish them
+// (requests per minute beside tokens per minute): two middlewares, each
+// over its own engine. The outer one counts requests at the default cost
+// of 1, which Settle leaves alone; the inner one takes max_tokens, clamped
+// to its capacity (a cost above it would be refused with 413 for good, and
+// Settle charges what the clamp left out), and Settle settles it alone.
+// Unlike WithKeys, the two are not all or nothing: a request the inner one
+// refuses has spent its request in the outer one. One WithKeys cannot hold
+// both: Settle settles every key of a request by the same difference, so
+// its keys must be given the same cost.
+func ExampleSettle_requestsAndTokens() {
+	newEngine := func(p policy.Policy) *engine.Engine {
+		e, err := engine.New(engine.Config{Policy: p, Clock: clock.NewManual(0)})
+		if err != nil {
+			panic(err)
+		}
+		return e
+	}
+	requests := newEngine(policy.Policy{Version: 1, Capacity: 3, Refill: policy.PerMinute(3)})
+	defer requests.Close()
+	tokens := newEngine(policy.Policy{Version: 1, Capacity: 1000, Refill: policy.PerMinute(1000)})
+	defer tokens.Close()
+
+	tenant := httplimit.WithKey(func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil })
+	perRequest, err := httplimit.New(requests, tenant, httplimit.WithPolicyName("requests"))
+	if err != nil {
+		panic(err)
+	}
+	maxTokens := func(r *http.Request) int64 {
+		n, err := strconv.ParseInt(r.URL.Query().Get("max_tokens"), 10, 64)
+		if err != nil || n < 1 {
+			return 1
+		}
+		return min(n, 1000) // the capacity
+	}
+	perToken, err := httplimit.New(tokens, tenant, httplimit.WithCost(maxTokens), httplimit.WithPolicyName("tokens"))
+	if err != nil {
+		panic(err)
+	}
+	h := perRequest.Handler(perToken.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u := complete(r.URL.Query().Get("prompt"), maxTokens(r))
+		if err := httplimit.Settle(r, u.prompt+u.completion); err != nil {
+			panic(err) // a server would log it
+		}
+	})))
+
+	for _, maxTok := range []int64{5000, 100, 100, 100} {
+		r := httptest.NewRequest(http.MethodPost, fmt.Sprintf("/v1/completions?max_tokens=%d&prompt=%s", maxTok, strings.Repeat("a", 400)), nil)
+		r.Header.Set("X-Tenant", "acme")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		reqs, _ := requests.Peek(context.Background(), "acme")
+		toks, _ := tokens.Peek(context.Background(), "acme")
+		fmt.Printf("max_tokens %d: %d, %d requests and %d tokens left\n", maxTok, rec.Code, reqs.Remaining, toks.Remaining)
+	}
+	// Output:
+	// max_tokens 5000: 200, 2 requests and 700 tokens left
+	// max_tokens 100: 200, 1 requests and 500 tokens left
+	// max_tokens 100: 200, 0 requests and 300 tokens left
+	// max_tokens 100: 429, 0 requests and 300 tokens left
+}
