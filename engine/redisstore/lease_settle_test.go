@@ -39,7 +39,9 @@ func TestLeaseKeepsWhatAFailOpenAnswerHeld(t *testing.T) {
 	require.Less(t, held, p.Capacity)
 	srv.Kill()
 	ctx := context.Background()
-	d, err := a.Allow(ctx, "k", held+1) // takes the lease's tokens, and Redis fails
+	// More than any lease of k holds (a top-up still on its way when held
+	// was read may land since): takes the lease's tokens, and Redis fails.
+	d, err := a.Allow(ctx, "k", p.Capacity/redisstore.DefaultLeaseDivisor+1)
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	require.True(t, d.Degraded)
@@ -163,20 +165,26 @@ func TestLeaseKeepsNoDenialOfAnOlderVersion(t *testing.T) {
 // that rest under the new version: the request would be admitted with
 // the old version's tokens, at a cost above the capacity in force, which
 // the engine and a store without leases refuse. The request is asked
-// again once the lease has ended, and no token is minted on the way.
+// again once the lease has ended, and the lease's tokens are not lost on
+// the way: the bucket, emptied before the cutover, holds them after it.
 func TestLeaseHeldTokensStayUnderTheirVersion(t *testing.T) {
 	clk := clock.NewManual(0)
 	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
 	a, b := leasedBeside(t, p, clk)
 	ctx := context.Background()
-	held := holding(t, a, b, "k", 100)
-	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 2, TokensPerSecond: 1}, 1))
-	cost := max(held, 2) + 1 // more than the lease holds and than the new capacity; the rest fits in it
-	d, err := a.Allow(ctx, "k", cost)
+	holding(t, a, b, "k", 100)
+	drain(t, b, "k", -1) // a top-up on its way now finds nothing to take
+	leaseLanded(t, a, b, "k")
+	held := peek(t, a, "k").Remaining
+	require.Positive(t, held)
+	cost := p.Capacity/redisstore.DefaultLeaseDivisor + 1 // more than any lease of k holds
+	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: cost - 1, TokensPerSecond: 1}, 1))
+	returned := a.Stats().ReturnedTokens
+	d, err := a.Allow(ctx, "k", cost) // its rest, cost - held, fits in the new capacity
 	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "cost %d, the lease holding %d: %+v", cost, held, d)
-	// The bucket, clamped to 2 by the cutover, has had the lease back,
-	// capped at its capacity: 2 tokens, and not one more.
-	d, err = a.Allow(ctx, "k", 2)
+	require.Equal(t, uint64(held), a.Stats().ReturnedTokens-returned, "the lease went back whole")
+	require.Equal(t, held, peek(t, b, "k").Remaining, "the bucket holds the lease's tokens, and not one more")
+	d, err = a.Allow(ctx, "k", held)
 	require.NoError(t, err)
 	require.True(t, d.Allowed, "%+v", d)
 	require.Equal(t, int64(2), d.Version)
