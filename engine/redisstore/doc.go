@@ -379,8 +379,8 @@
 //     force. A request the lease cannot cover takes what the lease holds and
 //     asks Redis for the rest of its cost, under the lease's version only
 //     (one that meets a cutover puts the tokens back, and is asked again
-//     once the lease has ended); the same script call may ask for the next
-//     lease.
+//     once the lease has ended; the eighth try of a call that met seven is
+//     sent as it is); the same script call may ask for the next lease.
 //   - Top-up. When a lease falls below half its size, the next one is
 //     asked for in the background, so a key of steady demand does not wait
 //     on Redis.
@@ -433,7 +433,7 @@
 // leased answers follow only once it meets the new version (at its next
 // call to Redis, within MaxAge): until then it spends its lease under the
 // old one, so a lowered limit can be passed by what the processes hold,
-// at most capacity/Divisor each. Limit and Band are as without leases for
+// at most the old capacity/Divisor each. Limit and Band are as without leases for
 // a key of one band; for a key of
 // several they name the band that bound the bucket's last answer, which
 // may no longer be the one that binds, since bands refill at their own

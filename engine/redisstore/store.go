@@ -99,7 +99,8 @@ type Config struct {
 	// published cutover, releasing the cutover lock, and each failed
 	// attempt to read the prefix's state of a store started without Redis
 	// (see New). With Leases it is also called from the store's own
-	// goroutines, with the leased tokens a give-back could not return. It
+	// goroutines, with a failed lease request's error and the leased
+	// tokens a give-back could not return. It
 	// must not block or panic: a panic on those goroutines ends the
 	// process, and on a caller's it can leave tokens a lease shard waits
 	// to hear of, and Close then waits for good.
