@@ -167,29 +167,92 @@ func TestLeaseKeepsNoDenialOfAnOlderVersion(t *testing.T) {
 // the engine and a store without leases refuse. The request is asked
 // again once the lease has ended, and the lease's tokens are not lost on
 // the way: the bucket, emptied before the cutover, holds them after it.
+// Twice: with a lease asked for in the same call (the process has not
+// seen the bucket emptied), and alone (it has).
 func TestLeaseHeldTokensStayUnderTheirVersion(t *testing.T) {
+	for _, alone := range []bool{false, true} {
+		t.Run(map[bool]string{false: "with a lease asked", true: "alone"}[alone], func(t *testing.T) {
+			clk := clock.NewManual(0)
+			p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+			a, b := leasedBeside(t, p, clk)
+			ctx := context.Background()
+			holding(t, a, b, "k", 100)
+			drain(t, b, "k", -1) // a top-up on its way now finds nothing to take
+			leaseLanded(t, a, b, "k")
+			held := peek(t, a, "k").Remaining
+			require.Positive(t, held)
+			cost := p.Capacity/redisstore.DefaultLeaseDivisor + 1 // more than any lease of k holds
+			if alone {
+				d, err := a.Allow(ctx, "k", cost+1) // denied: a learns the bucket is empty, and asks no lease
+				require.NoError(t, err)
+				require.False(t, d.Allowed)
+			}
+			require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: cost - 1, TokensPerSecond: 1}, 1))
+			returned := a.Stats().ReturnedTokens
+			d, err := a.Allow(ctx, "k", cost) // its rest, cost - held, fits in the new capacity
+			require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "cost %d, the lease holding %d: %+v", cost, held, d)
+			require.Equal(t, uint64(held), a.Stats().ReturnedTokens-returned, "the lease went back whole")
+			require.Equal(t, held, peek(t, b, "k").Remaining, "the bucket holds the lease's tokens, and not one more")
+			d, err = a.Allow(ctx, "k", held)
+			require.NoError(t, err)
+			require.True(t, d.Allowed, "%+v", d)
+			require.Equal(t, int64(2), d.Version)
+			d, err = a.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			require.False(t, d.Allowed, "%+v", d)
+			require.LessOrEqual(t, d.Remaining, d.Limit)
+		})
+	}
+}
+
+// TestLeaseHeldTokensStayUnderTheirVersionCombined: the same, for a
+// request that waits in the combiner behind two calls in flight and goes
+// with a drainer's call: the version it may be decided under goes with it.
+func TestLeaseHeldTokensStayUnderTheirVersionCombined(t *testing.T) {
 	clk := clock.NewManual(0)
 	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
 	a, b := leasedBeside(t, p, clk)
 	ctx := context.Background()
 	holding(t, a, b, "k", 100)
-	drain(t, b, "k", -1) // a top-up on its way now finds nothing to take
+	drain(t, b, "k", -1)
 	leaseLanded(t, a, b, "k")
 	held := peek(t, a, "k").Remaining
 	require.Positive(t, held)
-	cost := p.Capacity/redisstore.DefaultLeaseDivisor + 1 // more than any lease of k holds
+	cost := p.Capacity/redisstore.DefaultLeaseDivisor + 1
+	// Denied by the empty bucket, a learns that it is: the request below
+	// then asks for no lease beside it, and goes through the combiner.
+	d, err := a.Allow(ctx, "k", cost+1)
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
 	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: cost - 1, TokensPerSecond: 1}, 1))
-	returned := a.Stats().ReturnedTokens
-	d, err := a.Allow(ctx, "k", cost) // its rest, cost - held, fits in the new capacity
-	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "cost %d, the lease holding %d: %+v", cost, held, d)
-	require.Equal(t, uint64(held), a.Stats().ReturnedTokens-returned, "the lease went back whole")
+
+	release := make(chan struct{})
+	redisstore.SetCombineHook(a, func(point string) {
+		if point == redisstore.HookAlone {
+			<-release
+		}
+	})
+	errs := make(chan error, 2)
+	for _, key := range []string{"x", "y"} { // new keys: Redis decides them, each in a call of its own
+		go func() { _, err := a.Allow(ctx, key, 1); errs <- err }()
+	}
+	for q, f := redisstore.Queued(a, "k"); q != 0 || f != 2; q, f = redisstore.Queued(a, "k") {
+		runtime.Gosched() // polling the combiner until both calls are in flight
+	}
+	type answer struct {
+		d   engine.Decision
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() { d, err := a.Allow(ctx, "k", cost); answered <- answer{d, err} }()
+	for q, _ := redisstore.Queued(a, "k"); q != 1; q, _ = redisstore.Queued(a, "k") {
+		runtime.Gosched()
+	}
+	close(release)
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	got := <-answered
+	redisstore.SetCombineHook(a, nil)
+	require.ErrorIs(t, got.err, engine.ErrCostExceedsCapacity, "cost %d, the lease holding %d: %+v", cost, held, got.d)
 	require.Equal(t, held, peek(t, b, "k").Remaining, "the bucket holds the lease's tokens, and not one more")
-	d, err = a.Allow(ctx, "k", held)
-	require.NoError(t, err)
-	require.True(t, d.Allowed, "%+v", d)
-	require.Equal(t, int64(2), d.Version)
-	d, err = a.Allow(ctx, "k", 1)
-	require.NoError(t, err)
-	require.False(t, d.Allowed, "%+v", d)
-	require.LessOrEqual(t, d.Remaining, d.Limit)
 }
