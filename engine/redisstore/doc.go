@@ -433,8 +433,8 @@
 // leased answers follow only once it meets the new version (at its next
 // call to Redis, within MaxAge): until then it spends its lease under the
 // old one, so a lowered limit can be passed by what the processes hold,
-// at most the old capacity/Divisor each. Limit and Band are as without leases for
-// a key of one band; for a key of
+// at most the old capacity/Divisor each. Limit and Band are as without
+// leases for a key of one band; for a key of
 // several they name the band that bound the bucket's last answer, which
 // may no longer be the one that binds, since bands refill at their own
 // rates. Stats.Local counts the leased decisions. AllowBatch

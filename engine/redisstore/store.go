@@ -100,10 +100,10 @@ type Config struct {
 	// attempt to read the prefix's state of a store started without Redis
 	// (see New). With Leases it is also called from the store's own
 	// goroutines, with a failed lease request's error and the leased
-	// tokens a give-back could not return. It
-	// must not block or panic: a panic on those goroutines ends the
-	// process, and on a caller's it can leave tokens a lease shard waits
-	// to hear of, and Close then waits for good.
+	// tokens a give-back could not return. It must not block or panic: a
+	// panic on those goroutines ends the process, and on a caller's it can
+	// leave tokens a lease shard waits to hear of, and Close then waits
+	// for good.
 	OnError func(error)
 	// VirtualShards is how many virtual shards the prefix's buckets are
 	// spread over, each in one hash slot of its own (see the package doc);
