@@ -159,6 +159,32 @@ func TestLeaseKeepsNoDenialOfAnOlderVersion(t *testing.T) {
 	require.Equal(t, int64(2), d.Version)
 }
 
+// heldAcrossCutover readies the version tests below: a, a store with
+// leases, holds held tokens of k's lease under version 1, with k's bucket
+// emptied by b, a store without leases, which then cuts over to version 2
+// at capacity cost-1, where cost is more than any lease of k holds. With
+// learned, a has first met the empty bucket, and asks no lease beside its
+// next request for k.
+func heldAcrossCutover(t *testing.T, learned bool) (a, b *redisstore.Store, held, cost int64) {
+	t.Helper()
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	a, b = leasedBeside(t, p, clock.NewManual(0))
+	ctx := context.Background()
+	holding(t, a, b, "k", 100)
+	drain(t, b, "k", -1) // a top-up on its way now finds nothing to take
+	leaseLanded(t, a, b, "k")
+	held = peek(t, a, "k").Remaining
+	require.Positive(t, held)
+	cost = p.Capacity/redisstore.DefaultLeaseDivisor + 1
+	if learned {
+		d, err := a.Allow(ctx, "k", cost+1) // denied by the empty bucket
+		require.NoError(t, err)
+		require.False(t, d.Allowed)
+	}
+	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: cost - 1, TokensPerSecond: 1}, 1))
+	return a, b, held, cost
+}
+
 // TestLeaseHeldTokensStayUnderTheirVersion: a request its lease cannot
 // cover takes what the lease holds and asks Redis for the rest. When
 // another process has lowered the limit meanwhile, Redis must not decide
@@ -172,22 +198,8 @@ func TestLeaseKeepsNoDenialOfAnOlderVersion(t *testing.T) {
 func TestLeaseHeldTokensStayUnderTheirVersion(t *testing.T) {
 	for _, alone := range []bool{false, true} {
 		t.Run(map[bool]string{false: "with a lease asked", true: "alone"}[alone], func(t *testing.T) {
-			clk := clock.NewManual(0)
-			p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
-			a, b := leasedBeside(t, p, clk)
+			a, b, held, cost := heldAcrossCutover(t, alone)
 			ctx := context.Background()
-			holding(t, a, b, "k", 100)
-			drain(t, b, "k", -1) // a top-up on its way now finds nothing to take
-			leaseLanded(t, a, b, "k")
-			held := peek(t, a, "k").Remaining
-			require.Positive(t, held)
-			cost := p.Capacity/redisstore.DefaultLeaseDivisor + 1 // more than any lease of k holds
-			if alone {
-				d, err := a.Allow(ctx, "k", cost+1) // denied: a learns the bucket is empty, and asks no lease
-				require.NoError(t, err)
-				require.False(t, d.Allowed)
-			}
-			require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: cost - 1, TokensPerSecond: 1}, 1))
 			returned := a.Stats().ReturnedTokens
 			d, err := a.Allow(ctx, "k", cost) // its rest, cost - held, fits in the new capacity
 			require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "cost %d, the lease holding %d: %+v", cost, held, d)
@@ -209,22 +221,10 @@ func TestLeaseHeldTokensStayUnderTheirVersion(t *testing.T) {
 // request that waits in the combiner behind two calls in flight and goes
 // with a drainer's call: the version it may be decided under goes with it.
 func TestLeaseHeldTokensStayUnderTheirVersionCombined(t *testing.T) {
-	clk := clock.NewManual(0)
-	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
-	a, b := leasedBeside(t, p, clk)
+	// a has met the empty bucket: the request below asks for no lease
+	// beside it, and goes through the combiner.
+	a, b, held, cost := heldAcrossCutover(t, true)
 	ctx := context.Background()
-	holding(t, a, b, "k", 100)
-	drain(t, b, "k", -1)
-	leaseLanded(t, a, b, "k")
-	held := peek(t, a, "k").Remaining
-	require.Positive(t, held)
-	cost := p.Capacity/redisstore.DefaultLeaseDivisor + 1
-	// Denied by the empty bucket, a learns that it is: the request below
-	// then asks for no lease beside it, and goes through the combiner.
-	d, err := a.Allow(ctx, "k", cost+1)
-	require.NoError(t, err)
-	require.False(t, d.Allowed)
-	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: cost - 1, TokensPerSecond: 1}, 1))
 
 	release := make(chan struct{})
 	redisstore.SetCombineHook(a, func(point string) {
