@@ -35,15 +35,15 @@
 // a second (so after an outage the last replica to reach Redis wins). A replica
 // whose configuration is not the prefix's policy, since another installed its
 // own, enforces the prefix's limits but reports its own configuration's in its
-// answers: at each -poll it checks (envoyrls.Server.CheckPolicy), says so on
-// stderr once, and sets tokenshard_rls_foreign_policy to 1 until its files
-// match again. Decisions that Redis cannot give are answered with a gRPC
-// Unavailable error (the store marks them Degraded), so Envoy's
-// failure_mode_deny decides. With -leases each replica takes tokens of a hot
-// key from Redis in advance and decides the requests they cover without Redis
-// (redisstore.Leases, with its defaults): the limits stay exact across
-// replicas, and unspent tokens go back when a key goes idle, at a reload and at
-// shutdown.
+// answers: at each -poll, after reading its files, it checks
+// (envoyrls.Server.CheckPolicy), says so on stderr once, and sets
+// tokenshard_rls_foreign_policy to 1 until its files match again. Decisions
+// that Redis cannot give are answered with a gRPC Unavailable error (the store
+// marks them Degraded), so Envoy's failure_mode_deny decides. With -leases each
+// replica takes tokens of a hot key from Redis in advance and decides the
+// requests they cover without Redis (redisstore.Leases, with its defaults): the
+// limits stay exact across replicas, and unspent tokens go back when a key goes
+// idle, at a reload and at shutdown.
 package main
 
 import (
@@ -391,6 +391,40 @@ loop:
 				hk.settled(ok, err)
 			}
 		case <-poll:
+			// The files before the check: when a deploy reaches another
+			// replica first, this one may already have met that replica's
+			// cutover to the very files it is about to read. Checked first,
+			// that would be reported as another replica's policy for a poll.
+			tried, err := func() (bool, error) {
+				next, err := readDir(o.dir)
+				switch {
+				case err != nil && err.Error() == unreadable:
+					return false, nil // reported once, as an invalid file is
+				case err != nil:
+					unreadable = err.Error()
+				default:
+					unreadable = ""
+					if next.digest == snap.digest {
+						return false, nil
+					}
+				}
+				if err == nil {
+					var cfgs []*envoyrls.Config
+					if cfgs, err = next.parse(); err != nil {
+						snap = next // an invalid file is reported once, not every poll
+					} else if err = srv.Reload(ctx, cfgs...); err == nil {
+						snap, live = next, cfgs
+					} // else a failed Reload (Redis away, another replica's cutover) is tried again at the next poll
+				}
+				if err != nil {
+					reloads.WithLabelValues("error").Inc()
+					fmt.Fprintf(stderr, "tokenshard-rls: reload: %v (keeping the last good configuration)\n", err)
+				} else {
+					reloads.WithLabelValues("ok").Inc()
+					fmt.Fprintf(stderr, "tokenshard-rls: reloaded %d files from %s, policy version %d\n", len(next.names), o.dir, a.Policy().Version)
+				}
+				return true, err
+			}()
 			if store != nil && retry == nil {
 				// Another replica may have installed its configuration
 				// (the last to start or reload wins): say so, once.
@@ -409,34 +443,7 @@ loop:
 				}
 				mismatch = m
 			}
-			next, err := readDir(o.dir)
-			switch {
-			case err != nil && err.Error() == unreadable:
-				continue // reported once, as an invalid file is
-			case err != nil:
-				unreadable = err.Error()
-			default:
-				unreadable = ""
-				if next.digest == snap.digest {
-					continue
-				}
-			}
-			if err == nil {
-				var cfgs []*envoyrls.Config
-				if cfgs, err = next.parse(); err != nil {
-					snap = next // an invalid file is reported once, not every poll
-				} else if err = srv.Reload(ctx, cfgs...); err == nil {
-					snap, live = next, cfgs
-				} // else a failed Reload (Redis away, another replica's cutover) is tried again at the next poll
-			}
-			if err != nil {
-				reloads.WithLabelValues("error").Inc()
-				fmt.Fprintf(stderr, "tokenshard-rls: reload: %v (keeping the last good configuration)\n", err)
-			} else {
-				reloads.WithLabelValues("ok").Inc()
-				fmt.Fprintf(stderr, "tokenshard-rls: reloaded %d files from %s, policy version %d\n", len(next.names), o.dir, a.Policy().Version)
-			}
-			if hk.reloaded != nil {
+			if tried && hk.reloaded != nil {
 				hk.reloaded(err)
 			}
 		}

@@ -219,3 +219,34 @@ func TestCommandReportsAnotherReplicasPolicy(t *testing.T) {
 		t.Errorf("metrics still show a foreign policy:\n%s", m)
 	}
 }
+
+// TestRollingDeployIsNotAnotherReplicasPolicy: files pushed to every replica
+// at once reach each at its own poll. The replica that polls second has met
+// the first's cutover to the same files, so it reloads them and is in step:
+// nothing to report. It must not first call that policy another replica's,
+// on stderr and in tokenshard_rls_foreign_policy, for a poll.
+func TestRollingDeployIsNotAnotherReplicasPolicy(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := fmt.Sprintf("envoyrls-rolling:%d:", time.Now().UnixNano())
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = c.Close() })
+	deleteKeys(t, c, prefix)
+	first := startCommand(t, "-redis", addr, "-redis-prefix", prefix)
+	second := startCommand(t, "-redis", addr, "-redis-prefix", prefix)
+	raised := strings.Replace(limitsYAML, "requests_per_unit: 2", "requests_per_unit: 50", 1)
+	first.write("limits.yaml", raised)
+	second.write("limits.yaml", raised)
+	if err := first.reload(); err != nil {
+		t.Fatalf("first: reload: %v", err)
+	}
+	second.ask("gw", "route=/a") // serving traffic, its store meets the new version
+	if err := second.reload(); err != nil {
+		t.Fatalf("second: reload: %v", err)
+	}
+	if s := second.stderr.String(); strings.Contains(s, "another replica installed") {
+		t.Errorf("the replica that reloaded the same files second reports another's policy:\n%s", s)
+	}
+	if m := second.scrape(); !strings.Contains(m, "tokenshard_rls_foreign_policy 0") {
+		t.Errorf("metrics show a foreign policy after the same files were reloaded:\n%s", m)
+	}
+}
