@@ -93,3 +93,32 @@ func TestClusterStartOneMasterDown(t *testing.T) {
 		require.True(t, untilDecided(t, s, key, failRule(false)).Allowed, "key %s", key)
 	}
 }
+
+// TestClusterStartHung: a store started while every node of a cluster
+// hangs (it accepts connections and answers nothing) starts, answers by
+// the failure rule, and is decided by Redis once the nodes answer. A
+// cluster client that has not loaded its slot map yet meets such a node
+// with a bare i/o timeout (os.ErrDeadlineExceeded), not the context's
+// error: New must count it as Redis out of reach, not as an answer.
+func TestClusterStartHung(t *testing.T) {
+	c := redistest.StartCluster(t)
+	for i := range c.Addrs() {
+		c.Node(i).Hang(t)
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = cc.Close() })
+	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: cc, Prefix: prefix(t), Policy: pol, Timeout: 200 * time.Millisecond})
+	require.NoError(t, err, "New on a hung cluster")
+	t.Cleanup(func() { _ = s.Close() })
+	d, err := s.Allow(context.Background(), "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, failRule(false), d)
+
+	for i := range c.Addrs() {
+		c.Node(i).Resume(t)
+	}
+	d = untilDecided(t, s, "k", failRule(false))
+	require.True(t, d.Allowed)
+	require.Equal(t, int64(2), d.Remaining)
+}

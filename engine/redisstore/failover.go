@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -68,9 +69,11 @@ func (s *Store) nodeFailed(ctx context.Context, err error) bool {
 
 // nodeLost reports whether err may mean that the node a command went to has
 // gone, so that the slot map may be stale: an error of the connection (a
-// dial refused or timed out, a connection reset, closed or timed out) or a
-// CLUSTERDOWN reply. Any other reply, a context's error without a network
-// error in it, or a client closed, is not.
+// dial refused or timed out, a connection reset, closed or timed out, which
+// a cluster client that has not loaded its slot map yet may give bare, as
+// os.ErrDeadlineExceeded) or a CLUSTERDOWN reply. Any other reply, a
+// context's error without a network error in it, or a client closed, is
+// not.
 func nodeLost(err error) bool {
 	if redis.HasErrorPrefix(err, "CLUSTERDOWN") {
 		return true
@@ -81,7 +84,7 @@ func nodeLost(err error) bool {
 	}
 	var op *net.OpError
 	return errors.As(err, &op) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 

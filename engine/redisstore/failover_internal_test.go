@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -38,6 +39,7 @@ func TestNodeLost(t *testing.T) {
 		{io.EOF, true},
 		{fmt.Errorf("%w: %w", ErrUnavailable, io.ErrUnexpectedEOF), true},
 		{syscall.EPIPE, true},
+		{fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, os.ErrDeadlineExceeded), true}, // a read timeout, bare
 		{replyErr("CLUSTERDOWN The cluster is down"), true},
 		{fmt.Errorf("%w: %w", ErrUnavailable, replyErr("CLUSTERDOWN Hash slot not served")), true},
 
@@ -215,6 +217,7 @@ func TestClassify(t *testing.T) {
 		{context.DeadlineExceeded, actFail}, // the call's deadline: the script may have run
 		{context.Canceled, actFail},
 		{&net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, actLost},
+		{os.ErrDeadlineExceeded, actLost}, // a cluster client's read timeout, bare
 		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, actLost},
 		{&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, actLost},
 		{io.EOF, actLost},
@@ -246,6 +249,7 @@ func TestUnreachable(t *testing.T) {
 		{replyErr("CLUSTERDOWN The cluster is down"), true},
 		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
 		{&net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, true},
+		{fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, os.ErrDeadlineExceeded), true}, // as a cluster client gives it
 		{io.EOF, true},
 		{context.DeadlineExceeded, true},
 		{redis.ErrPoolTimeout, true},

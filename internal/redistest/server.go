@@ -86,6 +86,34 @@ func (s *Server) Kill() {
 	}
 }
 
+// Hang stops the server with SIGSTOP: it keeps its connections and its
+// port and answers nothing, as a hung host does, until Resume or the end of
+// the test (a cleanup continues it, so that Kill can reap it).
+func (s *Server) Hang(t testing.TB) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		t.Fatalf("redistest: hanging %s, which is not running", s.Addr())
+	}
+	t.Cleanup(func() { s.Resume(t) })
+	if err := freeze(s.proc.cmd.Process.Pid); err != nil {
+		t.Fatalf("redistest: stopping %s: %v", s.Addr(), err)
+	}
+}
+
+// Resume continues a server Hang stopped; it does nothing to a running one.
+func (s *Server) Resume(t testing.TB) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		if err := thaw(s.proc.cmd.Process.Pid); err != nil {
+			t.Errorf("redistest: continuing %s: %v", s.Addr(), err)
+		}
+	}
+}
+
 // Restart starts the server again on the same port and waits until it
 // answers PING; a running server is killed first. While the port is still
 // held (by a dying process or a stranger) it retries for up to a few
