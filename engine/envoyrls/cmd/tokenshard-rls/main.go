@@ -2,7 +2,7 @@
 // from a directory of envoyproxy/ratelimit configuration files, on the
 // in-process engine or on a Redis store that replicas share:
 //
-//	tokenshard-rls -config DIR [-redis ADDR | -redis-cluster ADDR,ADDR,...]
+//	tokenshard-rls -config DIR [-redis ADDR|URL | -redis-cluster ADDR,ADDR,...|URL]
 //
 // It serves envoy.service.ratelimit.v3.RateLimitService and gRPC health
 // (grpc.health.v1, SERVING once the configuration is loaded, NOT_SERVING while
@@ -28,7 +28,14 @@
 // waiting on Redis ends within -redis-timeout), and it exits 0.
 //
 // With -redis or -redis-cluster, the buckets and the policy live in Redis under
-// -redis-prefix, shared by every replica on that prefix. A replica that starts
+// -redis-prefix, shared by every replica on that prefix. Either takes
+// addresses (host:port) or a URL, as go-redis's ParseURL and ParseClusterURL
+// read it: rediss:// for TLS, a user and a password, for -redis a database
+// (redis://user:password@host:6379/2), for -redis-cluster the other nodes as
+// addr parameters (redis://:password@host1:6379?addr=host2:6379). The
+// environment variable TOKENSHARD_RLS_REDIS_PASSWORD, if set, is the
+// password in place of the URL's, out of sight of ps. A password or user
+// Redis refuses stops the command at start. A replica that starts
 // with a configuration other than the prefix's installs its own (the last to
 // start or reload wins, as with files deployed one replica at a time); one that
 // starts while Redis is down makes that check once Redis answers, within about
@@ -47,6 +54,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -112,7 +120,14 @@ type options struct {
 	poll, drain, timeout         time.Duration
 	maxKeys                      int
 	leases                       bool
+	redis                        *redis.Options        // from -redis, if given
+	cluster                      *redis.ClusterOptions // from -redis-cluster, if given
 }
+
+// passwordEnv names the environment variable whose value, if set, is the
+// Redis password, in place of any in -redis's or -redis-cluster's URL: a
+// process's environment is not on its command line for ps to show.
+const passwordEnv = "TOKENSHARD_RLS_REDIS_PASSWORD"
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
@@ -121,8 +136,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.dir, "config", "", "directory of envoyproxy/ratelimit YAML files, one domain each (required)")
 	fs.StringVar(&o.grpcAddr, "grpc", "127.0.0.1:8081", "address of the RLS and health gRPC service")
 	fs.StringVar(&o.metricsAddr, "metrics", "127.0.0.1:9102", "address of the Prometheus /metrics endpoint")
-	fs.StringVar(&o.redisAddr, "redis", "", "Redis server address; buckets shared by every replica on -redis-prefix")
-	fs.StringVar(&o.redisCluster, "redis-cluster", "", "comma-separated Redis Cluster node addresses")
+	fs.StringVar(&o.redisAddr, "redis", "", "Redis server: host:port, or a URL redis[s]://[[user]:password@]host:port[/db]; buckets shared by every replica on -redis-prefix")
+	fs.StringVar(&o.redisCluster, "redis-cluster", "", "Redis Cluster nodes: host:port,host:port,..., or a URL redis[s]://[[user]:password@]host:port?addr=host:port&addr=...")
 	fs.StringVar(&o.pfx, "redis-prefix", "tokenshard-rls:", "prefix of every Redis key")
 	fs.DurationVar(&o.timeout, "redis-timeout", 0, "bound on each Redis exchange (0: the store's default)")
 	fs.DurationVar(&o.poll, "poll", 5*time.Second, "how often the configuration directory is read for changes")
@@ -149,7 +164,46 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	case o.drain < 0 || o.timeout < 0:
 		return o, fmt.Errorf("%w: -drain and -redis-timeout must not be negative", errUsage)
 	}
+	if err := o.redisOptions(os.Getenv(passwordEnv)); err != nil {
+		return o, fmt.Errorf("%w: %v", errUsage, err)
+	}
 	return o, nil
+}
+
+// redisOptions sets o.redis or o.cluster from -redis or -redis-cluster: an
+// address list, or a URL as go-redis's ParseURL and ParseClusterURL read it
+// (rediss:// for TLS; a user, a password, a database, and the client options
+// those functions take as query parameters). password, if not empty, is the
+// password, whatever the URL says. Every client has ContextTimeoutEnabled,
+// which the store needs, and one dial per attempt: go-redis's default, 5
+// dials 100 ms apart, would hold every answer for the whole -redis-timeout
+// while Redis is down, where Envoy has long given up waiting (its default
+// timeout is 20 ms).
+func (o *options) redisOptions(password string) error {
+	var err error
+	switch {
+	case strings.Contains(o.redisAddr, "://"):
+		if o.redis, err = redis.ParseURL(o.redisAddr); err != nil {
+			return fmt.Errorf("-redis: %w", err)
+		}
+	case o.redisAddr != "":
+		o.redis = &redis.Options{Addr: o.redisAddr}
+	case strings.Contains(o.redisCluster, "://"):
+		if o.cluster, err = redis.ParseClusterURL(o.redisCluster); err != nil {
+			return fmt.Errorf("-redis-cluster: %w", err)
+		}
+	case o.redisCluster != "":
+		o.cluster = &redis.ClusterOptions{Addrs: strings.Split(o.redisCluster, ",")}
+	}
+	if o.redis != nil {
+		o.redis.ContextTimeoutEnabled, o.redis.DialerRetries = true, 1
+		o.redis.Password = cmp.Or(password, o.redis.Password)
+	}
+	if o.cluster != nil {
+		o.cluster.ContextTimeoutEnabled, o.cluster.DialerRetries = true, 1
+		o.cluster.Password = cmp.Or(password, o.cluster.Password)
+	}
+	return nil
 }
 
 // snapshot is the configuration directory as read: its YAML files' names
@@ -263,16 +317,12 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	var a engine.Admitter
 	var store *redisstore.Store
 	switch {
-	case o.redisAddr != "" || o.redisCluster != "":
-		// One dial per attempt: go-redis's default, 5 dials 100 ms apart,
-		// would hold every answer for the whole -redis-timeout while Redis
-		// is down, where Envoy has long given up waiting (its default
-		// timeout is 20 ms).
+	case o.redis != nil || o.cluster != nil:
 		var client redis.UniversalClient
-		if o.redisAddr != "" {
-			client = redis.NewClient(&redis.Options{Addr: o.redisAddr, ContextTimeoutEnabled: true, DialerRetries: 1})
+		if o.redis != nil {
+			client = redis.NewClient(o.redis)
 		} else {
-			client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(o.redisCluster, ","), ContextTimeoutEnabled: true, DialerRetries: 1})
+			client = redis.NewClusterClient(o.cluster)
 		}
 		defer func() { _ = client.Close() }()
 		cfg := redisstore.Config{Client: client, Prefix: o.pfx, Policy: p, Timeout: o.timeout}

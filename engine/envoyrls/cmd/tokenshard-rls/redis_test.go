@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -248,5 +251,113 @@ func TestRollingDeployIsNotAnotherReplicasPolicy(t *testing.T) {
 	}
 	if m := second.scrape(); !strings.Contains(m, "tokenshard_rls_foreign_policy 0") {
 		t.Errorf("metrics show a foreign policy after the same files were reloaded:\n%s", m)
+	}
+}
+
+// TestRedisURL: -redis and -redis-cluster take addresses or a URL, whose
+// user, password, database and TLS reach the client, with the options the
+// store needs; TOKENSHARD_RLS_REDIS_PASSWORD takes the URL's password's
+// place; a URL go-redis cannot read is a usage error.
+func TestRedisURL(t *testing.T) {
+	parse := func(args ...string) (options, error) {
+		t.Helper()
+		var stderr syncBuffer
+		return parseFlags(append([]string{"-config", "d"}, args...), &stderr)
+	}
+	o, err := parse("-redis", "rediss://ops:s3cret@cache.internal:6380/3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := o.redis; r.Addr != "cache.internal:6380" || r.Username != "ops" || r.Password != "s3cret" || r.DB != 3 || r.TLSConfig == nil ||
+		!r.ContextTimeoutEnabled || r.DialerRetries != 1 || o.cluster != nil {
+		t.Errorf("-redis URL: %+v", r)
+	}
+	o, err = parse("-redis", "127.0.0.1:6379")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := o.redis; r.Addr != "127.0.0.1:6379" || r.Password != "" || r.TLSConfig != nil || !r.ContextTimeoutEnabled || r.DialerRetries != 1 {
+		t.Errorf("-redis address: %+v", r)
+	}
+	o, err = parse("-redis-cluster", "redis://:s3cret@n1:7000?addr=n2:7001&addr=n3:7002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.cluster; strings.Join(c.Addrs, ",") != "n1:7000,n2:7001,n3:7002" || c.Password != "s3cret" ||
+		!c.ContextTimeoutEnabled || c.DialerRetries != 1 || o.redis != nil {
+		t.Errorf("-redis-cluster URL: %+v", c)
+	}
+	o, err = parse("-redis-cluster", "n1:7000,n2:7001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.cluster; strings.Join(c.Addrs, ",") != "n1:7000,n2:7001" || !c.ContextTimeoutEnabled || c.DialerRetries != 1 {
+		t.Errorf("-redis-cluster addresses: %+v", c)
+	}
+
+	t.Setenv(passwordEnv, "from-env")
+	for _, args := range [][]string{{"-redis", "redis://:s3cret@h:1"}, {"-redis", "h:1"}, {"-redis-cluster", "redis://:s3cret@h:1"}} {
+		o, err := parse(args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pw := ""
+		if o.redis != nil {
+			pw = o.redis.Password
+		} else {
+			pw = o.cluster.Password
+		}
+		if pw != "from-env" {
+			t.Errorf("%q with %s set: password %q", args, passwordEnv, pw)
+		}
+	}
+
+	for _, args := range [][]string{{"-redis", "redis://h:1/notadb"}, {"-redis", "http://h:1"}, {"-redis-cluster", "redis://h:1?bogus=1"}} {
+		if _, err := parse(args...); !errors.Is(err, errUsage) {
+			t.Errorf("%q: %v, want a usage error", args, err)
+		}
+	}
+}
+
+// TestCommandRedisPassword: on a Redis that requires a password, the
+// command serves with the password in -redis's URL or in
+// TOKENSHARD_RLS_REDIS_PASSWORD, and without it, or with a wrong one, stops
+// at start saying why.
+func TestCommandRedisPassword(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = admin.Close() })
+	if err := admin.ConfigSet(context.Background(), "requirepass", "s3cret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	url := "redis://:s3cret@" + srv.Addr() + "/2"
+	cmd := startCommand(t, "-redis", url)
+	if got := overall(cmd.ask("gw", "route=/a")); got != "OK" {
+		t.Fatalf("with the password in the URL: %s\n%s", got, cmd.stderr)
+	}
+	if err := cmd.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Setenv(passwordEnv, "s3cret")
+	cmd = startCommand(t, "-redis", srv.Addr(), "-redis-prefix", "from-env:")
+	if got := overall(cmd.ask("gw", "route=/a")); got != "OK" {
+		t.Fatalf("with the password in %s: %s\n%s", passwordEnv, got, cmd.stderr)
+	}
+	if err := cmd.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"), []byte(limitsYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for pw, want := range map[string]string{"": "NOAUTH", "wrong": "WRONGPASS"} {
+		t.Setenv(passwordEnv, pw)
+		var stderr syncBuffer
+		err := run(context.Background(), []string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-redis", srv.Addr()}, &stderr, hooks{})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("password %q: run: %v, want an error saying %s", pw, err, want)
+		}
 	}
 }
