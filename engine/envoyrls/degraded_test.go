@@ -74,5 +74,8 @@ descriptors:
 		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), envoyrls.ErrDegraded.Error()) {
 			t.Errorf("%s: err %v, want Unavailable with %q", name, err, envoyrls.ErrDegraded)
 		}
+		if msg := status.Convert(err).Message(); strings.Count(msg, "envoyrls:") != 1 {
+			t.Errorf("%s: message %q says envoyrls: more than once", name, msg)
+		}
 	}
 }

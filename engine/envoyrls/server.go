@@ -509,10 +509,17 @@ func rpcErr(ctx context.Context, err error, key string) error {
 	case errors.Is(err, engine.ErrKeyCapacity):
 		code = codes.ResourceExhausted
 	}
-	if key != "" {
-		return status.Errorf(code, "%v: key %q: %v", ErrAdmitter, key, err)
+	head := ErrAdmitter.Error()
+	if errors.Is(err, ErrDegraded) {
+		head, err = ErrDegraded.Error(), nil // says it all: not "admitter failed: admitter answered..."
 	}
-	return status.Errorf(code, "%v: %v", ErrAdmitter, err)
+	if key != "" {
+		head += fmt.Sprintf(": key %q", key)
+	}
+	if err != nil {
+		return status.Errorf(code, "%s: %v", head, err)
+	}
+	return status.Error(code, head)
 }
 
 func satAdd(a, b int64) int64 {
