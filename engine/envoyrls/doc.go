@@ -150,7 +150,12 @@
 // code), never an OK, so Envoy's failure_mode_deny decides. So is a
 // decision the admitter marks Degraded (ErrDegraded, Unavailable): the Redis
 // store answers a Redis it cannot reach by its own failure rule, fail open
-// or closed, and such an answer is no bucket's.
+// or closed, and such an answer is no bucket's. The reads that report the
+// other buckets of a request (and its shadow descriptors' decisions) come
+// after its decision: if the admitter fails between the two, the request
+// is such an error though its tokens were taken, so an outage's first
+// moment can charge a few requests that failure_mode_deny then refuses
+// (it never admits one uncharged).
 //
 // # Reloads
 //
