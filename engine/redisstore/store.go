@@ -1028,10 +1028,10 @@ func (s *Store) Stats() Stats {
 
 // Close makes every later call return engine.ErrClosed; calls already in
 // flight finish, but a Wait returns ErrClosed. With Config.Leases it first
-// gives every lease back, within one Config.Timeout (tokens Redis has not
-// taken back by then are given up, and OnError told), so call it before
-// closing the client. It does not close the Redis client, and always returns
-// nil.
+// gives every lease back, each give-back bounded by Config.Timeout (tokens
+// Redis has not taken back by then are given up, and OnError told), so call
+// it before closing the client. It does not close the Redis client, and
+// always returns nil.
 func (s *Store) Close() error {
 	if s.uninitialized() {
 		return nil
