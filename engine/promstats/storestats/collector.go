@@ -19,6 +19,8 @@ type Collector struct {
 	decisions, peeks, refunds, errs, allCalls, allErrs *prometheus.Desc
 	// the store's own
 	scripted, retries *prometheus.Desc
+	// its leases' (redisstore.Config.Leases)
+	local, leased, returned, forfeited *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -42,10 +44,14 @@ func New(s *redisstore.Store) (*Collector, error) {
 		allErrs:   vocab.AllowAllErrors.Desc(),
 		scripted:  own("decisions_total", "Requests the Redis script decided, those it answered with an error included."),
 		retries:   own("retries_total", "Script calls sent again: a newer policy, a bucket's history, a script Redis lacked."),
+		local:     own("local_decisions_total", "Requests a lease decided in the process, without Redis (counted in decisions_total too)."),
+		leased:    own("leased_tokens_total", "Tokens Redis granted as leases."),
+		returned:  own("returned_tokens_total", "Leased tokens given back to Redis unspent."),
+		forfeited: own("forfeited_tokens_total", "Leased tokens given up unspent: taken across a cutover that could have clamped them, or not taken back by Redis."),
 	}, nil
 }
 
-// Describe sends the descriptors of the eight families Collect sends.
+// Describe sends the descriptors of the twelve families Collect sends.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.decisions
 	ch <- c.peeks
@@ -55,6 +61,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.allErrs
 	ch <- c.scripted
 	ch <- c.retries
+	ch <- c.local
+	ch <- c.leased
+	ch <- c.returned
+	ch <- c.forfeited
 }
 
 // Collect sends one reading of the store's Stats. It reads atomics only and
@@ -73,4 +83,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	vocab.CollectErrors(ch, c.allErrs, st.AllowAll.Errors)
 	vocab.Counter(ch, c.scripted, st.Decisions)
 	vocab.Counter(ch, c.retries, st.Retries)
+	vocab.Counter(ch, c.local, st.Local)
+	vocab.Counter(ch, c.leased, st.LeasedTokens)
+	vocab.Counter(ch, c.returned, st.ReturnedTokens)
+	vocab.Counter(ch, c.forfeited, st.ForfeitedTokens)
 }

@@ -72,6 +72,10 @@ func fromStats(st redisstore.Stats) map[string]float64 {
 		`tokenshard_allowall_calls_total{outcome="refused"}`:     float64(st.AllowAll.Refused),
 		"tokenshard_store_decisions_total":                       float64(st.Decisions),
 		"tokenshard_store_retries_total":                         float64(st.Retries),
+		"tokenshard_store_local_decisions_total":                 float64(st.Local),
+		"tokenshard_store_leased_tokens_total":                   float64(st.LeasedTokens),
+		"tokenshard_store_returned_tokens_total":                 float64(st.ReturnedTokens),
+		"tokenshard_store_forfeited_tokens_total":                float64(st.ForfeitedTokens),
 	}
 	kinds(m, "tokenshard_errors_total", st.Errors)
 	kinds(m, "tokenshard_allowall_errors_total", st.AllowAll.Errors)
@@ -163,8 +167,8 @@ func TestCollectRealStore(t *testing.T) {
 	t.Logf("scraped after the outage: %+v", st)
 }
 
-// TestLint: promlint finds nothing to report, and Collect sends the eight
-// families Describe announces, in 24 series.
+// TestLint: promlint finds nothing to report, and Collect sends the twelve
+// families Describe announces, in 28 series.
 func TestLint(t *testing.T) {
 	s := newStore(t, redistest.Addr(t), freshPrefix(t), redisstore.Config{Policy: pol(1, 2, 1)})
 	c, err := storestats.New(s)
@@ -173,11 +177,11 @@ func TestLint(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, problems)
 
-	ch := make(chan *prometheus.Desc, 8)
+	ch := make(chan *prometheus.Desc, 12)
 	c.Describe(ch)
 	close(ch)
-	assert.Len(t, ch, 8)
-	assert.Equal(t, 4+1+1+7+2+7+1+1, testutil.CollectAndCount(c))
+	assert.Len(t, ch, 12)
+	assert.Equal(t, 4+1+1+7+2+7+1+1+4, testutil.CollectAndCount(c))
 }
 
 // TestNewNil: a nil store is promstats.ErrInvalidOption.
@@ -352,4 +356,25 @@ func TestSameCountsAsEngine(t *testing.T) {
 			assert.Zero(t, v, "%s: the store's series %s", name, m)
 		}
 	}
+}
+
+// TestCollectLeases: a leased store's lease counters are exported as Stats
+// says, and what they count happened: requests decided in the process,
+// tokens leased, and on Close the unspent ones given back.
+func TestCollectLeases(t *testing.T) {
+	s := newStore(t, redistest.Addr(t), freshPrefix(t), redisstore.Config{Policy: pol(1, 1000, 1), Leases: &redisstore.Leases{}})
+	c, err := storestats.New(s)
+	require.NoError(t, err)
+	ctx := context.Background()
+	for range 200 {
+		d, err := s.Allow(ctx, "hot", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	require.NoError(t, s.Close()) // gives the lease back
+	st := s.Stats()
+	require.Positive(t, st.Local, "some requests decided from a lease")
+	require.Positive(t, st.LeasedTokens)
+	require.Positive(t, st.ReturnedTokens, "the unspent lease given back at Close")
+	check(t, scrape(t, c), fromStats(st))
 }

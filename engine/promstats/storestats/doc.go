@@ -18,7 +18,7 @@
 // all are counters, as redisstore.Stats defines them. The first six
 // families are engine/promstats' own, under the same names, help and
 // labels, counted by the same rules, so that one dashboard serves an
-// engine and a store; the last two are the store's alone:
+// engine and a store; the last six are the store's alone:
 //
 //	tokenshard_decisions_total{outcome}       counter  requests answered, AllowAll's included; outcome is "allowed", "denied", "degraded_allowed" or "degraded_denied"
 //	tokenshard_peeks_total                    counter  Peek calls answered
@@ -28,6 +28,10 @@
 //	tokenshard_allowall_errors_total{kind}    counter  AllowAll calls that ended with an error
 //	tokenshard_store_decisions_total          counter  requests the Redis script decided, those it answered with an error included
 //	tokenshard_store_retries_total            counter  script calls sent again: a newer policy, a bucket's history, a script Redis lacked
+//	tokenshard_store_local_decisions_total    counter  requests a lease decided in the process, without Redis (redisstore.Config.Leases)
+//	tokenshard_store_leased_tokens_total      counter  tokens Redis granted as leases
+//	tokenshard_store_returned_tokens_total    counter  leased tokens given back unspent
+//	tokenshard_store_forfeited_tokens_total   counter  leased tokens given up unspent
 //
 // decisions_total counts every request once, as promstats does: each
 // Allow, each Charge ("allowed", or "degraded_allowed" when Redis could
@@ -58,6 +62,13 @@
 // and also those it answered with an error, such as a cost above every
 // capacity; with leases, the leases Redis decided too, and not the
 // requests a lease decided in the process.
+//
+// The four lease families are redisstore.Stats' Local, LeasedTokens,
+// ReturnedTokens and ForfeitedTokens, 0 for a store without leases. The
+// share of traffic decided without Redis is local_decisions_total over the
+// "allowed" and "denied" decisions_total; forfeited tokens are quota no
+// request will use until the bucket refills them (see the redisstore
+// package doc's Leases section).
 //
 // Since the names are promstats', one registry holds an engine's Collector
 // and a store's only under a label that tells them apart, for example a
