@@ -577,7 +577,7 @@ func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*ite
 		_ = via.Process(ctx, noRetryCmd{cmds[c]})
 	}
 	if len(chunks) == 1 {
-		queue(s.rdb, 0)
+		queue(direct{s}, 0)
 		return cmds
 	}
 	pipeline := func(group []int) {
@@ -873,7 +873,7 @@ func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
 // version: "version cutover cap rate overridden", then " bands" if the
 // default shape has bands.
 func (s *Store) history(ctx context.Context) (vs []int64, overridden []bool, err error) {
-	raw, err := s.rdb.LRange(ctx, s.kHistory, 0, -1).Result()
+	raw, err := one(ctx, s, func(c redis.Cmdable) *redis.StringSliceCmd { return c.LRange(ctx, s.kHistory, 0, -1) }).Result()
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: reading the policy history: %w", ErrUnavailable, err)
 	}

@@ -122,3 +122,47 @@ func TestClusterStartHung(t *testing.T) {
 	require.True(t, d.Allowed)
 	require.Equal(t, int64(2), d.Remaining)
 }
+
+// TestClusterStartHungKnownSlots: a store started on a cluster client
+// that has loaded its slot map (a pipeline, say) but not yet the servers'
+// command table, while the masters hang, returns from New and from its
+// calls by their deadline. go-redis reads the command table (COMMAND, from
+// random nodes) on its first command outside a pipeline, under a context
+// of its own of 5 s, whatever the caller's: a node that hangs holds that
+// command, and every command behind it, for those 5 s. With one master of
+// three hung, that is a store in three whose New takes 5 s; here every
+// master hangs, so that it is every one.
+func TestClusterStartHungKnownSlots(t *testing.T) {
+	c := redistest.StartCluster(t)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = cc.Close() })
+	ctx := context.Background()
+	_, err := cc.Pipelined(ctx, func(p redis.Pipeliner) error { return p.Get(ctx, prefix(t)+"x").Err() })
+	require.ErrorIs(t, err, redis.Nil) // the slot map is loaded
+	for i := range c.Addrs() {
+		c.Node(i).Hang(t)
+	}
+	const timeout = 200 * time.Millisecond
+	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
+	begin := time.Now()
+	s, err := redisstore.New(ctx, redisstore.Config{Client: cc, Prefix: prefix(t), Policy: pol, Timeout: timeout})
+	took := time.Since(begin)
+	require.NoError(t, err, "New on a hung cluster")
+	t.Cleanup(func() { _ = s.Close() })
+	require.Less(t, took, timeout+500*time.Millisecond, "New took %v", took)
+	for range 3 {
+		begin = time.Now()
+		d, err := s.Allow(ctx, "k", 1)
+		took = time.Since(begin)
+		require.NoError(t, err)
+		require.Equal(t, failRule(false), d)
+		require.Less(t, took, timeout+500*time.Millisecond, "Allow took %v", took)
+	}
+
+	for i := range c.Addrs() {
+		c.Node(i).Resume(t)
+	}
+	d := untilDecided(t, s, "k", failRule(false))
+	require.True(t, d.Allowed)
+	require.Equal(t, int64(2), d.Remaining)
+}
