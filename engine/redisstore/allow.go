@@ -555,11 +555,13 @@ func unpinned(items []*item, st *state) []*item {
 }
 
 // send queues one decide call per chunk, all under st, and sends them. One
-// call goes as a command, not a pipeline of one, which costs the client
-// more: a Pipeline, its commands' slice and the pipeline's path through
-// go-redis (on a ClusterClient a fan-out per node, about half as much
-// again). A single Allow is most calls. go-redis follows MOVED and ASK for
-// the command as for a pipeline's, and never resends it (noRetryCmd).
+// call goes as a command on one server, not a pipeline of one, which costs
+// the client more: a Pipeline, its commands' slice and the pipeline's path
+// through go-redis. A single Allow is most calls. On a cluster it goes as
+// a pipeline of one all the same (about half as much again), since a
+// command there may wait on go-redis's read of the command table past its
+// deadline (see one). go-redis follows MOVED and ASK for the command as for
+// a pipeline's, and never resends it (noRetryCmd).
 func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*item, mode, at string, eval bool) []*redis.Cmd {
 	// the server's TIME and expiries, or Config.Clock's readings and none
 	nowArg, expiry := cmp.Or(at, s.nowArg()), flag(s.clk == nil)
