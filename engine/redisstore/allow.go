@@ -391,7 +391,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			}
 		}
 		deleted, todo, eval = deleted+p.deleted, p.todo, eval || p.eval
-		if p.failed == nil && p.tryAgain && !p.load && !p.reload && len(p.behind) == 0 {
+		if p.failed == nil && p.tryAgain && len(p.load) == 0 && !p.reload && len(p.behind) == 0 {
 			// Only a migration stood in the way: wait for it, as long as the
 			// call's deadline allows, without counting an attempt.
 			attempt--
@@ -421,7 +421,9 @@ type pass struct {
 	viaFunc bool    // the round's calls went by FCALL
 	eval    bool    // FCALL met a Redis out of memory: send EVALSHA from now on
 
-	tryAgain, repair, load, reload bool
+	load []string // a key of each call that met the script not loaded (see loadDecide)
+
+	tryAgain, repair, reload bool
 }
 
 // read takes one chunk's reply to cmd, under st, into p: it answers the
@@ -435,10 +437,10 @@ func (s *Store) read(ctx context.Context, st *state, mode string, chunk []*item,
 		case a == actWait && (s.cluster != nil || redis.HasErrorPrefix(err, "TRYAGAIN")):
 			p.tryAgain = true
 		case a == actLoad:
-			p.load = true
+			p.load = append(p.load, s.shards[s.stateShard(chunk[0].shard)].policy)
 		case a == actNoFunc && p.viaFunc:
 			s.noFunc.Store(true)
-			p.load = true
+			p.load = append(p.load, s.shards[s.stateShard(chunk[0].shard)].policy)
 		case a == actOOM && p.viaFunc:
 			p.eval = true
 		case a == actOOM && (mode == "a" || mode == modeAll || mode == modeCharge):
@@ -530,8 +532,8 @@ func (s *Store) mend(ctx context.Context, st *state, p *pass) error {
 			err = s.ensureShards(ctx, p.missing)
 		}
 	}
-	if err == nil && p.load {
-		err = s.loadDecide(ctx)
+	if err == nil && len(p.load) > 0 {
+		err = s.loadDecide(ctx, p.load)
 	}
 	if err == nil && p.reload {
 		err = s.reload(ctx)
