@@ -391,7 +391,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			}
 		}
 		deleted, todo, eval = deleted+p.deleted, p.todo, eval || p.eval
-		if p.failed == nil && p.tryAgain && !p.load && !p.reload && len(p.behind) == 0 {
+		if p.failed == nil && p.tryAgain && len(p.load) == 0 && !p.reload && len(p.behind) == 0 {
 			// Only a migration stood in the way: wait for it, as long as the
 			// call's deadline allows, without counting an attempt.
 			attempt--
@@ -421,7 +421,9 @@ type pass struct {
 	viaFunc bool    // the round's calls went by FCALL
 	eval    bool    // FCALL met a Redis out of memory: send EVALSHA from now on
 
-	tryAgain, repair, load, reload bool
+	load []string // a key of each call that met the script not loaded (see loadDecide)
+
+	tryAgain, repair, reload bool
 }
 
 // read takes one chunk's reply to cmd, under st, into p: it answers the
@@ -435,10 +437,10 @@ func (s *Store) read(ctx context.Context, st *state, mode string, chunk []*item,
 		case a == actWait && (s.cluster != nil || redis.HasErrorPrefix(err, "TRYAGAIN")):
 			p.tryAgain = true
 		case a == actLoad:
-			p.load = true
+			p.load = append(p.load, s.shards[s.stateShard(chunk[0].shard)].policy)
 		case a == actNoFunc && p.viaFunc:
 			s.noFunc.Store(true)
-			p.load = true
+			p.load = append(p.load, s.shards[s.stateShard(chunk[0].shard)].policy)
 		case a == actOOM && p.viaFunc:
 			p.eval = true
 		case a == actOOM && (mode == "a" || mode == modeAll || mode == modeCharge):
@@ -530,8 +532,8 @@ func (s *Store) mend(ctx context.Context, st *state, p *pass) error {
 			err = s.ensureShards(ctx, p.missing)
 		}
 	}
-	if err == nil && p.load {
-		err = s.loadDecide(ctx)
+	if err == nil && len(p.load) > 0 {
+		err = s.loadDecide(ctx, p.load)
 	}
 	if err == nil && p.reload {
 		err = s.reload(ctx)
@@ -555,11 +557,13 @@ func unpinned(items []*item, st *state) []*item {
 }
 
 // send queues one decide call per chunk, all under st, and sends them. One
-// call goes as a command, not a pipeline of one, which costs the client
-// more: a Pipeline, its commands' slice and the pipeline's path through
-// go-redis (on a ClusterClient a fan-out per node, about half as much
-// again). A single Allow is most calls. go-redis follows MOVED and ASK for
-// the command as for a pipeline's, and never resends it (noRetryCmd).
+// call goes as a command on one server, not a pipeline of one, which costs
+// the client more: a Pipeline, its commands' slice and the pipeline's path
+// through go-redis. A single Allow is most calls. On a cluster it goes as
+// a pipeline of one all the same (about half as much again), since a
+// command there may wait on go-redis's read of the command table past its
+// deadline (see one). go-redis follows MOVED and ASK for the command as for
+// a pipeline's, and never resends it (noRetryCmd).
 func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*item, mode, at string, eval bool) []*redis.Cmd {
 	// the server's TIME and expiries, or Config.Clock's readings and none
 	nowArg, expiry := cmp.Or(at, s.nowArg()), flag(s.clk == nil)
@@ -577,7 +581,7 @@ func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*ite
 		_ = via.Process(ctx, noRetryCmd{cmds[c]})
 	}
 	if len(chunks) == 1 {
-		queue(s.rdb, 0)
+		queue(direct{s}, 0)
 		return cmds
 	}
 	pipeline := func(group []int) {
@@ -873,7 +877,7 @@ func (s *Store) chains(ctx context.Context, items []*item, st *state) error {
 // version: "version cutover cap rate overridden", then " bands" if the
 // default shape has bands.
 func (s *Store) history(ctx context.Context) (vs []int64, overridden []bool, err error) {
-	raw, err := s.rdb.LRange(ctx, s.kHistory, 0, -1).Result()
+	raw, err := one(ctx, s, func(c redis.Cmdable) *redis.StringSliceCmd { return c.LRange(ctx, s.kHistory, 0, -1) }).Result()
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: reading the policy history: %w", ErrUnavailable, err)
 	}

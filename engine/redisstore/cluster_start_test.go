@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/internal/redistest"
 	"github.com/tokenshard/tokenshard/policy"
@@ -121,4 +123,94 @@ func TestClusterStartHung(t *testing.T) {
 	d = untilDecided(t, s, "k", failRule(false))
 	require.True(t, d.Allowed)
 	require.Equal(t, int64(2), d.Remaining)
+}
+
+// TestClusterStartHungKnownSlots: a store started on a cluster client
+// that has loaded its slot map (a pipeline, say) but not yet the servers'
+// command table, while the masters hang, returns from New and from its
+// calls by their deadline. go-redis reads the command table (COMMAND, from
+// random nodes) on its first command outside a pipeline, under a context
+// of its own of 5 s, whatever the caller's: a node that hangs holds that
+// command, and every command behind it, for those 5 s. With one master of
+// three hung, that is a store in three whose New takes 5 s; here every
+// master hangs, so that it is every one.
+func TestClusterStartHungKnownSlots(t *testing.T) {
+	c := redistest.StartCluster(t)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = cc.Close() })
+	ctx := context.Background()
+	_, err := cc.Pipelined(ctx, func(p redis.Pipeliner) error { return p.Get(ctx, prefix(t)+"x").Err() })
+	require.ErrorIs(t, err, redis.Nil) // the slot map is loaded
+	for i := range c.Addrs() {
+		c.Node(i).Hang(t)
+	}
+	const timeout = 200 * time.Millisecond
+	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
+	begin := time.Now()
+	s, err := redisstore.New(ctx, redisstore.Config{Client: cc, Prefix: prefix(t), Policy: pol, Timeout: timeout})
+	took := time.Since(begin)
+	require.NoError(t, err, "New on a hung cluster")
+	t.Cleanup(func() { _ = s.Close() })
+	require.Less(t, took, timeout+500*time.Millisecond, "New took %v", took)
+	for range 3 {
+		begin = time.Now()
+		d, err := s.Allow(ctx, "k", 1)
+		took = time.Since(begin)
+		require.NoError(t, err)
+		require.Equal(t, failRule(false), d)
+		require.Less(t, took, timeout+500*time.Millisecond, "Allow took %v", took)
+	}
+
+	for i := range c.Addrs() {
+		c.Node(i).Resume(t)
+	}
+	d := untilDecided(t, s, "k", failRule(false))
+	require.True(t, d.Allowed)
+	require.Equal(t, int64(2), d.Remaining)
+}
+
+// TestClusterScriptLoadOneMasterHung: a store whose decide script is not
+// yet loaded on the masters (a first deploy of this version) while one
+// master hangs decides the other masters' keys by Redis, within the
+// call's deadline: a call that meets the script missing loads it where it
+// is missing, not on every master one after the other, where the hung one
+// held every call until its deadline.
+func TestClusterScriptLoadOneMasterHung(t *testing.T) {
+	c := redistest.StartCluster(t)
+	ctx := context.Background()
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = admin.Close() })
+	owner := slotOwners(t, admin)
+	p := prefix(t)
+	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = cc.Close() })
+	const timeout = 300 * time.Millisecond
+	s, err := redisstore.New(ctx, redisstore.Config{Client: cc, Prefix: p, Policy: pol, Timeout: timeout})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+
+	// a master that holds no global key, and a key on each other master
+	global := owner(redisstore.GlobalKey(p, "policy"))
+	hung := c.Addrs()[0]
+	if hung == global {
+		hung = c.Addrs()[1]
+	}
+	keys := map[string]string{} // master: key
+	for i := 0; len(keys) < len(c.Addrs())-1; i++ {
+		k := fmt.Sprint("k", i)
+		if m := owner(redisstore.BucketKey(p, k)); m != hung && keys[m] == "" {
+			keys[m] = k
+		}
+	}
+	c.Node(slices.Index(c.Addrs(), hung)).Hang(t)
+	for m, k := range keys {
+		begin := time.Now()
+		d, err := s.Allow(ctx, k, 1)
+		took := time.Since(begin)
+		require.NoError(t, err)
+		require.Equal(t, engine.Decision{Allowed: true, Remaining: 2, Version: 1, Limit: 3, ResetAfter: time.Second}, d,
+			"key %s on %s, a master that answers (%s hangs)", k, m, hung)
+		require.Less(t, took, timeout+500*time.Millisecond)
+	}
 }

@@ -278,13 +278,27 @@ func TestClusterInterruptedCutover(t *testing.T) {
 	require.Equal(t, int64(7), d.Remaining)
 
 	ac := clusterClient(t, addrs)
+	commit := func(cmd redis.Cmder) bool {
+		k := scriptKeys(cmd)
+		return len(k) == 3 && k[0] == redisstore.GlobalKey(p, "policy") && k[1] == redisstore.GlobalKey(p, "history") &&
+			strings.Contains(fmt.Sprint(cmd.Args()[1]), "'next'")
+	}
+	// sent alone, or (as the store sends a command alone on a cluster) in a
+	// pipeline of its own
 	ac.AddHook(hook{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-		if k := scriptKeys(cmd); len(k) == 3 && k[0] == redisstore.GlobalKey(p, "policy") && k[1] == redisstore.GlobalKey(p, "history") &&
-			strings.Contains(fmt.Sprint(cmd.Args()[1]), "'next'") {
+		if commit(cmd) {
 			cmd.SetErr(errors.New("the process died"))
 			return cmd.Err()
 		}
 		return next(ctx, cmd)
+	}, pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		for _, cmd := range cmds {
+			if commit(cmd) {
+				cmd.SetErr(errors.New("the process died"))
+				return cmd.Err()
+			}
+		}
+		return next(ctx, cmds)
 	}})
 	admin, err := redisstore.New(ctx, redisstore.Config{Client: ac, Prefix: p, Policy: v1})
 	require.NoError(t, err)

@@ -101,7 +101,7 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	}
 	var retained int64
 	if err := s.round(ctx, func(ctx context.Context) (err error) {
-		retained, err = s.rdb.LLen(ctx, s.kHistory).Result()
+		retained, err = one(ctx, s, func(c redis.Cmdable) *redis.IntCmd { return c.LLen(ctx, s.kHistory) }).Result()
 		return err
 	}); err != nil {
 		return err
@@ -200,7 +200,7 @@ func (s *Store) convertPass(ctx context.Context, mode, token string) (int, error
 	if at == "" {
 		var t time.Time
 		if err := s.round(ctx, func(ctx context.Context) (err error) {
-			t, err = s.rdb.Time(ctx).Result()
+			t, err = one(ctx, s, func(c redis.Cmdable) *redis.TimeCmd { return c.Time(ctx) }).Result()
 			return err
 		}); err != nil {
 			return 0, err
@@ -279,11 +279,11 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 	for {
 		var ok bool
 		if err := s.round(ctx, func(ctx context.Context) (err error) {
-			ok, err = s.rdb.SetNX(ctx, s.kLock, token, s.lockTTL).Result()
+			ok, err = one(ctx, s, func(c redis.Cmdable) *redis.BoolCmd { return c.SetNX(ctx, s.kLock, token, s.lockTTL) }).Result()
 			if err == nil && !ok {
 				// go-redis sends a SET again after a lost reply: the
 				// holder may be this very call.
-				held, gerr := s.rdb.Get(ctx, s.kLock).Result()
+				held, gerr := one(ctx, s, func(c redis.Cmdable) *redis.StringCmd { return c.Get(ctx, s.kLock) }).Result()
 				ok = gerr == nil && held == token
 			}
 			return err
@@ -335,7 +335,7 @@ func (s *Store) setPending(ctx context.Context, token string) error {
 		for _, k := range s.shards {
 			keys = append(keys, k.pending)
 		}
-		if ok, err := s.rdb.Eval(ctx, pendingSrc, keys, token, ttl, "1").Int(); err != nil || ok != 1 {
+		if ok, err := one(ctx, s, func(c redis.Cmdable) *redis.Cmd { return c.Eval(ctx, pendingSrc, keys, token, ttl, "1") }).Int(); err != nil || ok != 1 {
 			return cmp.Or(err, errLostLock) // another process may be preparing its own cutover
 		}
 		return nil
@@ -394,8 +394,10 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 	// go-redis may retry it.
 	var res []any
 	err := s.round(ctx, func(ctx context.Context) (err error) {
-		res, err = s.rdb.Eval(ctx, intentSrc, []string{s.kPolicy, s.kBlobs, s.kLock},
-			expectedVersion, nv, tail(next), blob, token, flag(trim), flag(lengthens)).Slice()
+		res, err = one(ctx, s, func(c redis.Cmdable) *redis.Cmd {
+			return c.Eval(ctx, intentSrc, []string{s.kPolicy, s.kBlobs, s.kLock},
+				expectedVersion, nv, tail(next), blob, token, flag(trim), flag(lengthens))
+		}).Slice()
 		return err
 	})
 	if err != nil {

@@ -241,9 +241,14 @@
 // spread less. AllowAll runs one script, so on a cluster its keys must
 // be in one virtual shard (give them one {tag}; with IgnoreKeyTags they
 // share one only by chance), else it returns ErrCrossShard; on one server
-// its keys may be in any shards. Keyspace
-// passes (EvictFull, KeyCount, a cutover's) scan every master, and the
-// decide FUNCTION (or script) is loaded on every master.
+// its keys may be in any shards. Keyspace passes (EvictFull, KeyCount, a
+// cutover's) scan every master, and the decide FUNCTION (or script) is
+// loaded on each master by the first call there that finds it missing.
+// Every command the store sends a cluster goes in a pipeline, one alone too
+// (a hook on the client sees it in ProcessPipelineHook): go-redis reads the
+// servers' command table before its first command outside a pipeline,
+// under a 5 s timeout of its own whatever the caller's deadline, so a node
+// that hangs would hold that command, and New or the call, for as long.
 //
 // A script call is never sent twice, on a cluster too: go-redis follows
 // MOVED and ASK (the script did not run) for these commands as for any,

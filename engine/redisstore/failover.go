@@ -139,3 +139,32 @@ func classify(err error) action {
 	}
 	return actFail
 }
+
+// one sends the command f makes, at once: on one server by the client, on
+// a cluster in a pipeline of its own. go-redis's cluster client reads the
+// servers' command table (COMMAND, from random nodes) before the first
+// command it sends outside a pipeline, under a context of its own of 5 s
+// whatever the caller's deadline, and holds every such command behind it
+// meanwhile: a node that hangs would hold New, or a call, for those 5 s.
+// A pipeline does not read the table (but for a client that routes reads
+// to replicas, ClusterOptions.ReadOnly).
+func one[C redis.Cmder](ctx context.Context, s *Store, f func(redis.Cmdable) C) C {
+	if s.cluster == nil {
+		return f(s.rdb)
+	}
+	pipe := s.cluster.Pipeline()
+	cmd := f(pipe)
+	_, _ = pipe.Exec(ctx) // the command keeps its own error
+	return cmd
+}
+
+// direct is a processor that sends a command at once, as one does.
+type direct struct{ s *Store }
+
+func (d direct) Process(ctx context.Context, cmd redis.Cmder) error {
+	one(ctx, d.s, func(c redis.Cmdable) redis.Cmder {
+		_ = c.(processor).Process(ctx, cmd)
+		return cmd
+	})
+	return cmd.Err()
+}

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -29,16 +30,20 @@ var (
 		"\nredis.register_function('" + decideFunc + "', call)\n"
 )
 
-// loadDecide loads the decide script on every master: the FUNCTION library
-// (unless FUNCTION was refused: the store then sends EVALSHA from then on),
-// and the script for EVALSHA, which the store also sends where a FUNCTION
-// cannot run (see classify). On a cluster a master that cannot be reached
-// (see nodeLost) is passed over, and OnError told: a call on its shards
-// fails anyway, and once it is back the first call there meets the script
-// missing and loads it; failing here would leave every other master's
-// calls to the failure rule while one master is away.
-func (s *Store) loadDecide(ctx context.Context) error {
-	ms, err := s.masters(ctx)
+// loadDecide loads the decide script where calls met it missing: on one
+// server, on it; on a cluster, on each master that holds the slot of a key
+// of at (a key of each such call), as the slot map says, or on every master
+// if the slot map cannot tell. It loads the FUNCTION library (unless
+// FUNCTION was refused: the store then sends EVALSHA from then on), and the
+// script for EVALSHA, which the store also sends where a FUNCTION cannot
+// run (see classify). Only where it is missing: a master that hangs would
+// hold the load, and so the call, until its deadline, and every master's
+// first call meets the script missing anyway. On a cluster a master that
+// cannot be reached (see nodeLost) is passed over, and OnError told: a call
+// on its shards fails anyway, and once it is back the first call there
+// meets the script missing and loads it.
+func (s *Store) loadDecide(ctx context.Context, at []string) error {
+	ms, err := s.loadTargets(ctx, at)
 	for i := 0; err == nil && i < len(ms); i++ {
 		err = s.loadOn(ctx, ms[i])
 		if err != nil && s.cluster != nil && nodeLost(err) && ctx.Err() == nil {
@@ -50,6 +55,25 @@ func (s *Store) loadDecide(ctx context.Context) error {
 		return fmt.Errorf("%w: loading the script: %w", ErrUnavailable, err)
 	}
 	return err
+}
+
+// loadTargets is where loadDecide loads: the masters of at's keys, each
+// once, or every master if the slot map cannot tell.
+func (s *Store) loadTargets(ctx context.Context, at []string) ([]redis.UniversalClient, error) {
+	if s.cluster == nil {
+		return s.masters(ctx)
+	}
+	var ms []redis.UniversalClient
+	for _, k := range at {
+		m, err := s.cluster.MasterForKey(ctx, k)
+		if err != nil {
+			return s.masters(ctx)
+		}
+		if !slices.Contains(ms, redis.UniversalClient(m)) {
+			ms = append(ms, m)
+		}
+	}
+	return ms, nil
 }
 
 // loadOn loads the decide script on one master m (see loadDecide).

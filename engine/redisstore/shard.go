@@ -267,7 +267,9 @@ func (s *Store) finish(ctx context.Context, v string, rec record) (bool, error) 
 			v, rec.nv, tail(op), s.nowArg()); err != nil {
 			return false, err
 		}
-		res, err := s.rdb.Eval(ctx, commitSrc, []string{s.kPolicy, s.kHistory, s.kBlobs}, v, rec.nv, s.nowArg()).StringSlice()
+		res, err := one(ctx, s, func(c redis.Cmdable) *redis.Cmd {
+			return c.Eval(ctx, commitSrc, []string{s.kPolicy, s.kHistory, s.kBlobs}, v, rec.nv, s.nowArg())
+		}).StringSlice()
 		if err != nil {
 			return false, fmt.Errorf("%w: committing the cutover to version %s: %w", ErrUnavailable, rec.nv, err)
 		}
@@ -343,7 +345,7 @@ func (s *Store) settle(ctx context.Context, token string) (bool, error) {
 // ("" for none) from the global keys.
 func (s *Store) policyRecord(ctx context.Context) (v, next string, err error) {
 	err = s.round(ctx, func(ctx context.Context) error {
-		vals, err := s.rdb.HMGet(ctx, s.kPolicy, "v", "next").Result()
+		vals, err := one(ctx, s, func(c redis.Cmdable) *redis.SliceCmd { return c.HMGet(ctx, s.kPolicy, "v", "next") }).Result()
 		if err == nil {
 			v, _ = vals[0].(string)
 			next, _ = vals[1].(string)
@@ -356,7 +358,7 @@ func (s *Store) policyRecord(ctx context.Context) (v, next string, err error) {
 // done ends the committed and published cutover to version nv.
 func (s *Store) done(ctx context.Context, nv string) error {
 	return s.round(ctx, func(ctx context.Context) error {
-		return s.rdb.Eval(ctx, doneSrc, []string{s.kPolicy}, nv).Err()
+		return one(ctx, s, func(c redis.Cmdable) *redis.Cmd { return c.Eval(ctx, doneSrc, []string{s.kPolicy}, nv) }).Err()
 	})
 }
 
@@ -452,7 +454,7 @@ func (s *Store) raise(ctx context.Context, l lag, p policy.Policy) error {
 	// Only to the version in force in the global keys: a store's cached
 	// version is not committed if the global keys were reinstalled older
 	// meanwhile, and no shard may go above the global.
-	v, err := s.rdb.HGet(ctx, s.kPolicy, "v").Result()
+	v, err := one(ctx, s, func(c redis.Cmdable) *redis.StringCmd { return c.HGet(ctx, s.kPolicy, "v") }).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
 	}

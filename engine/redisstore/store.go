@@ -526,7 +526,7 @@ func (s *Store) connect(ctx context.Context) error {
 	// every call of a store started without Redis for about 100 ms, and the
 	// next call tries again anyway.
 	probe := redis.NewCmd(ctx, "exists", s.kPolicy)
-	_ = s.rdb.Process(ctx, noRetryCmd{probe})
+	_ = direct{s}.Process(ctx, noRetryCmd{probe})
 	n, err := probe.Int64()
 	if err != nil {
 		return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
@@ -709,8 +709,10 @@ func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, 
 		return false, 0, kept, err
 	}
 	a := encodeShape(p.Shape())
-	cmd := s.rdb.Eval(ctx, installSrc, []string{s.kPolicy, s.kHistory, s.kBlobs},
-		p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, seed, tags)
+	cmd := one(ctx, s, func(c redis.Cmdable) *redis.Cmd {
+		return c.Eval(ctx, installSrc, []string{s.kPolicy, s.kHistory, s.kBlobs},
+			p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, seed, tags)
+	})
 	if shortOfReplicas(cmd.Err()) {
 		s.report(cmd.Err()) // it ran, on a master short of replicas (see ensureShards)
 		cmd.SetErr(nil)
@@ -759,7 +761,7 @@ func (s *Store) adopt(kept [2]string) error {
 // keeps one bucket. A prefix set up anew with another number of virtual
 // shards cannot be adopted by a running store: that is an error.
 func (s *Store) syncKeyMap(ctx context.Context) error {
-	vals, err := s.rdb.HMGet(ctx, s.kPolicy, "shards", "seed", "tags").Result()
+	vals, err := one(ctx, s, func(c redis.Cmdable) *redis.SliceCmd { return c.HMGet(ctx, s.kPolicy, "shards", "seed", "tags") }).Result()
 	if err != nil {
 		return fmt.Errorf("%w: reading the key map: %w", ErrUnavailable, err)
 	}
@@ -968,7 +970,7 @@ func (s *Store) policyAt(ctx context.Context, version int64) (policy.Policy, err
 	if ok {
 		return p, nil
 	}
-	blob, err := s.rdb.HGet(ctx, s.kBlobs, strconv.FormatInt(version, 10)).Result()
+	blob, err := one(ctx, s, func(c redis.Cmdable) *redis.StringCmd { return c.HGet(ctx, s.kBlobs, strconv.FormatInt(version, 10)) }).Result()
 	if err != nil {
 		return policy.Policy{}, fmt.Errorf("%w: reading policy version %d: %w", ErrUnavailable, version, err)
 	}
