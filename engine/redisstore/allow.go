@@ -358,6 +358,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 	busy := 0         // rounds that met a slot being migrated (TRYAGAIN)
 	eval := false     // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
 	var later []*item // items held for a later round (see route)
+	loaded := false   // a round loaded the decide script
 	for attempt := 0; len(todo) > 0 || len(later) > 0; attempt++ {
 		switch {
 		case attempt > 0 && len(todo) == 0:
@@ -398,6 +399,8 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			busy++
 			p.failed = sleep(ctx, time.Duration(min(busy, 20))*time.Millisecond)
 		} else if p.failed == nil {
+			// a second miss: the slot map may be behind a MOVED (see loadDecide)
+			p.loadAll, loaded = loaded, loaded || len(p.load) > 0
 			p.failed = s.mend(ctx, st, &p)
 		}
 		if p.failed != nil {
@@ -421,7 +424,8 @@ type pass struct {
 	viaFunc bool    // the round's calls went by FCALL
 	eval    bool    // FCALL met a Redis out of memory: send EVALSHA from now on
 
-	load []string // a key of each call that met the script not loaded (see loadDecide)
+	load    []string // a key of each call that met the script not loaded (see loadDecide)
+	loadAll bool     // an earlier round loaded it already: load it on every master
 
 	tryAgain, repair, reload bool
 }
@@ -533,7 +537,11 @@ func (s *Store) mend(ctx context.Context, st *state, p *pass) error {
 		}
 	}
 	if err == nil && len(p.load) > 0 {
-		err = s.loadDecide(ctx, p.load)
+		at := p.load
+		if p.loadAll {
+			at = nil
+		}
+		err = s.loadDecide(ctx, at)
 	}
 	if err == nil && p.reload {
 		err = s.reload(ctx)
@@ -586,10 +594,12 @@ func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*ite
 	}
 	pipeline := func(group []int) {
 		pipe := s.rdb.Pipeline()
-		for _, c := range group {
+		sent := make([]redis.Cmder, len(group))
+		for i, c := range group {
 			queue(pipe, c)
+			sent[i] = cmds[c]
 		}
-		_, _ = pipe.Exec(ctx) // each command keeps its own error
+		_ = execute(ctx, pipe, sent...) // each command holds its error
 	}
 	// One pipeline per master, all at once (the first on this goroutine,
 	// each other in one of its own): go-redis ends a cluster pipeline that

@@ -41,6 +41,12 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	t.Cleanup(func() { _ = clusterNoAddrs.Close() })
 	clusterBadHost := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1", "redis 2:6379"}, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = clusterBadHost.Close() })
+	replicaReads := func(o redis.ClusterOptions) *redis.ClusterClient {
+		o.Addrs, o.ContextTimeoutEnabled = []string{"127.0.0.1:1"}, true
+		c := redis.NewClusterClient(&o)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
 	var nilClient *redis.Client
 	for _, tc := range []struct {
 		name string
@@ -52,6 +58,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"no context timeouts", redisstore.Config{Policy: good, Client: noTimeout}, engine.ErrInvalidConfig},
 		{"cluster without context timeouts", redisstore.Config{Policy: good, Client: clusterNoTimeout}, engine.ErrInvalidConfig},
 		{"a Ring", redisstore.Config{Policy: good, Client: ring}, engine.ErrInvalidConfig},
+		{"cluster reading replicas", redisstore.Config{Policy: good, Client: replicaReads(redis.ClusterOptions{ReadOnly: true})}, engine.ErrInvalidConfig},
+		{"cluster routing by latency", redisstore.Config{Policy: good, Client: replicaReads(redis.ClusterOptions{RouteByLatency: true})}, engine.ErrInvalidConfig},
+		{"cluster routing randomly", redisstore.Config{Policy: good, Client: replicaReads(redis.ClusterOptions{RouteRandomly: true})}, engine.ErrInvalidConfig},
 		{"a nil *redis.Client", redisstore.Config{Policy: good, Client: nilClient}, engine.ErrInvalidConfig},
 		{"negative MaxKeyBytes", redisstore.Config{Policy: good, Client: ok, MaxKeyBytes: -1}, engine.ErrInvalidConfig},
 		{"negative Timeout", redisstore.Config{Policy: good, Client: ok, Timeout: -1}, engine.ErrInvalidConfig},

@@ -244,11 +244,20 @@
 // its keys may be in any shards. Keyspace passes (EvictFull, KeyCount, a
 // cutover's) scan every master, and the decide FUNCTION (or script) is
 // loaded on each master by the first call there that finds it missing.
-// Every command the store sends a cluster goes in a pipeline, one alone too
-// (a hook on the client sees it in ProcessPipelineHook): go-redis reads the
-// servers' command table before its first command outside a pipeline,
-// under a 5 s timeout of its own whatever the caller's deadline, so a node
-// that hangs would hold that command, and New or the call, for as long.
+// Every command the store sends through a cluster client goes in a
+// pipeline, one alone too (a hook on the client sees it in
+// ProcessPipelineHook; the scans and the script loads go to each master's
+// own client): go-redis reads the servers' command table before its first
+// command outside a pipeline, under a 5 s timeout of its own whatever the
+// caller's deadline, so a node that hangs would hold that command, and New
+// or the call, for as long. The cost: a call on a master that refuses
+// connections is retried by go-redis's pipeline (ClusterOptions.MaxRedirects
+// times, with its backoff) before the failure rule answers it, where a
+// lone command would fail at once; the call's deadline bounds that too. A
+// cluster client that sends reads to replicas (ReadOnly, RouteByLatency,
+// RouteRandomly) is refused: the store reads its policy and its cutover
+// lock on the masters, and such a client reads the command table to route
+// any command.
 //
 // A script call is never sent twice, on a cluster too: go-redis follows
 // MOVED and ASK (the script did not run) for these commands as for any,

@@ -154,8 +154,28 @@ func one[C redis.Cmder](ctx context.Context, s *Store, f func(redis.Cmdable) C) 
 	}
 	pipe := s.cluster.Pipeline()
 	cmd := f(pipe)
-	_, _ = pipe.Exec(ctx) // the command keeps its own error
+	_ = execute(ctx, pipe, cmd) // the command holds the error
 	return cmd
+}
+
+// execute sends pipe, whose commands are cmds. Each command keeps its own
+// error, but for a pipeline that a hook on the client failed without
+// sending it, which leaves every command without one (and without a
+// reply): each then takes the pipeline's error. It returns Exec's error.
+func execute(ctx context.Context, pipe redis.Pipeliner, cmds ...redis.Cmder) error {
+	_, err := pipe.Exec(ctx)
+	if err == nil {
+		return nil
+	}
+	for _, c := range cmds {
+		if c.Err() != nil {
+			return err
+		}
+	}
+	for _, c := range cmds {
+		c.SetErr(err)
+	}
+	return err
 }
 
 // direct is a processor that sends a command at once, as one does.

@@ -12,8 +12,7 @@ import (
 )
 
 // HistoryVersions versions are retained: the cutover that would retain one
-// more brings every bucket up to the version in force first, and leaves
-// the history the version it replaces and its own.
+// more trims the history to the version it replaces and its own.
 func TestHistoryTrimmedPastHistoryVersions(t *testing.T) {
 	clk := clock.NewManual(0)
 	pfx := prefix(t)

@@ -33,7 +33,9 @@ var (
 // loadDecide loads the decide script where calls met it missing: on one
 // server, on it; on a cluster, on each master that holds the slot of a key
 // of at (a key of each such call), as the slot map says, or on every master
-// if the slot map cannot tell. It loads the FUNCTION library (unless
+// if the slot map cannot tell or at is nil (a call met the script missing
+// again after a load: its node, reached by following a MOVED, may not be
+// the one the slot map names yet). It loads the FUNCTION library (unless
 // FUNCTION was refused: the store then sends EVALSHA from then on), and the
 // script for EVALSHA, which the store also sends where a FUNCTION cannot
 // run (see classify). Only where it is missing: a master that hangs would
@@ -58,9 +60,9 @@ func (s *Store) loadDecide(ctx context.Context, at []string) error {
 }
 
 // loadTargets is where loadDecide loads: the masters of at's keys, each
-// once, or every master if the slot map cannot tell.
+// once, or every master if at is nil or the slot map cannot tell.
 func (s *Store) loadTargets(ctx context.Context, at []string) ([]redis.UniversalClient, error) {
-	if s.cluster == nil {
+	if s.cluster == nil || at == nil {
 		return s.masters(ctx)
 	}
 	var ms []redis.UniversalClient

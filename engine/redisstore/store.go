@@ -396,7 +396,9 @@ var _ engine.Admitter = (*Store)(nil)
 // engine.ErrInvalidConfig (no client, a client without
 // ContextTimeoutEnabled, an address that is not host:port with a host
 // free of blanks, commas and slashes and a port a dial can use, a cluster client with no
-// address, a negative duration or bound, a *clock.Monotonic Clock),
+// address or one that sends reads to replicas (ClusterOptions.ReadOnly,
+// RouteByLatency or RouteRandomly), a negative duration or bound, a
+// *clock.Monotonic Clock),
 // ErrKeyTags when
 // cfg.IgnoreKeyTags differs from the prefix's setting, the context's error
 // when ctx is canceled, or an error wrapping ErrUnavailable when Redis
@@ -433,6 +435,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		if c != nil {
 			o := c.Options()
 			timeouts, cluster = o.ContextTimeoutEnabled, c
+			if o.ReadOnly { // RouteByLatency and RouteRandomly set it too
+				return nil, fmt.Errorf("%w: redisstore: the cluster client sends reads to replicas (ReadOnly, RouteByLatency or RouteRandomly): the store must read its policy and its cutover lock on the masters, and go-redis would read the servers' command table, past a call's deadline, to route each command", engine.ErrInvalidConfig)
+			}
 			if o.Dialer == nil && o.ClusterSlots == nil {
 				if len(o.Addrs) == 0 {
 					return nil, fmt.Errorf("%w: redisstore: the cluster client has no address (ClusterOptions.Addrs)", engine.ErrInvalidConfig)
@@ -522,9 +527,10 @@ func (s *Store) connect(ctx context.Context) error {
 	// The global keys lost while shards survive (on a cluster, their
 	// master lost its data): never reinstall them below a shard's version,
 	// nor with another key map than the shards' buckets were placed by.
-	// Sent once: go-redis's own retries, with their backoff, would hold
-	// every call of a store started without Redis for about 100 ms, and the
-	// next call tries again anyway.
+	// Sent once on one server: go-redis's own retries, with their backoff,
+	// would hold every call of a store started without Redis for about 100
+	// ms, and the next call tries again anyway. (A cluster's pipeline
+	// retries a node it cannot reach all the same: see the package doc.)
 	probe := redis.NewCmd(ctx, "exists", s.kPolicy)
 	_ = direct{s}.Process(ctx, noRetryCmd{probe})
 	n, err := probe.Int64()
@@ -830,10 +836,12 @@ func shortOfReplicas(err error) bool {
 func (s *Store) eachShard(ctx context.Context, which []int, src string, keys func(shardKeys) []string, args ...any) ([]*redis.Cmd, error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(which))
+	sent := make([]redis.Cmder, len(which))
 	for j, i := range which {
 		cmds[j] = pipe.Eval(ctx, src, keys(s.shards[i]), args...)
+		sent[j] = cmds[j]
 	}
-	if _, err := pipe.Exec(ctx); err != nil && ctx.Err() != nil {
+	if err := execute(ctx, pipe, sent...); err != nil && ctx.Err() != nil {
 		return cmds, ctx.Err()
 	}
 	for j, c := range cmds {
@@ -927,10 +935,12 @@ func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, 
 	var kept [2]string
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.SliceCmd, len(s.shards))
+	sent := make([]redis.Cmder, len(s.shards))
 	for i, k := range s.shards {
 		cmds[i] = pipe.HMGet(ctx, k.policy, "v", "seed", "tags")
+		sent[i] = cmds[i]
 	}
-	_, _ = pipe.Exec(ctx)
+	_ = execute(ctx, pipe, sent...) // each command holds its error
 	newest, at := p.Version, -1
 	for i, c := range cmds {
 		vals, err := c.Result()
