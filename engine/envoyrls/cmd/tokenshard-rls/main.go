@@ -34,8 +34,11 @@
 // (redis://user:password@host:6379/2), for -redis-cluster the other nodes as
 // addr parameters (redis://:password@host1:6379?addr=host2:6379). The
 // environment variable TOKENSHARD_RLS_REDIS_PASSWORD, if set, is the
-// password in place of the URL's, out of sight of ps. A password or user
-// Redis refuses stops the command at start. A replica that starts
+// password in place of the URL's, out of sight of ps, and needs no escaping
+// (in a URL, characters such as #, / and @ in a password must be
+// percent-encoded). A password or user Redis refuses stops the command at
+// start if Redis answers then; one that starts while Redis is down answers
+// by the failure rule until it can log in. A replica that starts
 // with a configuration other than the prefix's installs its own (the last to
 // start or reload wins, as with files deployed one replica at a time); one that
 // starts while Redis is down makes that check once Redis answers, within about
@@ -63,6 +66,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -184,13 +188,16 @@ func (o *options) redisOptions(password string) error {
 	switch {
 	case strings.Contains(o.redisAddr, "://"):
 		if o.redis, err = redis.ParseURL(o.redisAddr); err != nil {
-			return fmt.Errorf("-redis: %w", err)
+			return fmt.Errorf("-redis: %w", withoutURL(err))
 		}
 	case o.redisAddr != "":
 		o.redis = &redis.Options{Addr: o.redisAddr}
 	case strings.Contains(o.redisCluster, "://"):
 		if o.cluster, err = redis.ParseClusterURL(o.redisCluster); err != nil {
-			return fmt.Errorf("-redis-cluster: %w", err)
+			return fmt.Errorf("-redis-cluster: %w", withoutURL(err))
+		}
+		if o.cluster.ReadOnly || o.cluster.RouteByLatency || o.cluster.RouteRandomly {
+			return errors.New("-redis-cluster: read_only, route_by_latency and route_randomly send reads to replicas, which the store refuses")
 		}
 	case o.redisCluster != "":
 		o.cluster = &redis.ClusterOptions{Addrs: strings.Split(o.redisCluster, ",")}
@@ -204,6 +211,16 @@ func (o *options) redisOptions(password string) error {
 		o.cluster.Password = cmp.Or(password, o.cluster.Password)
 	}
 	return nil
+}
+
+// withoutURL is err, a URL's parse error, without the URL, which may hold a
+// password: url.Error quotes it whole.
+func withoutURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
 
 // snapshot is the configuration directory as read: its YAML files' names

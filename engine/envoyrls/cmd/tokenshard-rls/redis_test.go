@@ -28,7 +28,10 @@ type stopRedis struct{ m *testing.M }
 
 func (s stopRedis) Run() int { defer redistest.Stop(); return s.m.Run() }
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(stopRedis{m}) }
+func TestMain(m *testing.M) {
+	_ = os.Unsetenv(passwordEnv) // the tests give the password they mean to
+	goleak.VerifyTestMain(stopRedis{m})
+}
 
 var prefixes atomic.Int64
 
@@ -312,9 +315,17 @@ func TestRedisURL(t *testing.T) {
 		}
 	}
 
-	for _, args := range [][]string{{"-redis", "redis://h:1/notadb"}, {"-redis", "http://h:1"}, {"-redis-cluster", "redis://h:1?bogus=1"}} {
-		if _, err := parse(args...); !errors.Is(err, errUsage) {
+	for _, args := range [][]string{
+		{"-redis", "redis://h:1/notadb"}, {"-redis", "http://h:1"}, {"-redis-cluster", "redis://h:1?bogus=1"},
+		{"-redis-cluster", "redis://h:1?read_only=true"}, {"-redis-cluster", "redis://h:1?route_by_latency=true"},
+		{"-redis", "redis://:s3cret%zz@h:1"}, // an escape that is not one
+	} {
+		_, err := parse(args...)
+		if !errors.Is(err, errUsage) {
 			t.Errorf("%q: %v, want a usage error", args, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%q: the error shows the password: %v", args, err)
 		}
 	}
 }
