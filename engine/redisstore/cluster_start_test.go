@@ -27,8 +27,7 @@ import (
 func TestClusterStartOneMasterDown(t *testing.T) {
 	c := redistest.StartCluster(t)
 	ctx := context.Background()
-	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = admin.Close() })
+	admin := clusterClient(t, c.Addrs())
 	owner := slotOwners(t, admin)
 	p := prefix(t)
 	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
@@ -108,8 +107,7 @@ func TestClusterStartHung(t *testing.T) {
 	for i := range c.Addrs() {
 		c.Node(i).Hang(t)
 	}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = cc.Close() })
+	cc := clusterClient(t, c.Addrs())
 	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
 	s, err := redisstore.New(context.Background(), redisstore.Config{Client: cc, Prefix: prefix(t), Policy: pol, Timeout: 200 * time.Millisecond})
 	require.NoError(t, err, "New on a hung cluster")
@@ -137,8 +135,7 @@ func TestClusterStartHung(t *testing.T) {
 // master hangs, so that it is every one.
 func TestClusterStartHungKnownSlots(t *testing.T) {
 	c := redistest.StartCluster(t)
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = cc.Close() })
+	cc := clusterClient(t, c.Addrs())
 	ctx := context.Background()
 	_, err := cc.Pipelined(ctx, func(p redis.Pipeliner) error { return p.Get(ctx, prefix(t)+"x").Err() })
 	require.ErrorIs(t, err, redis.Nil) // the slot map is loaded
@@ -182,13 +179,11 @@ func TestClusterStartHungKnownSlots(t *testing.T) {
 func TestClusterScriptLoadOneMasterHung(t *testing.T) {
 	c := redistest.StartCluster(t)
 	ctx := context.Background()
-	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = admin.Close() })
+	admin := clusterClient(t, c.Addrs())
 	owner := slotOwners(t, admin)
 	p := prefix(t)
 	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = cc.Close() })
+	cc := clusterClient(t, c.Addrs())
 	const timeout = 300 * time.Millisecond
 	s, err := redisstore.New(ctx, redisstore.Config{Client: cc, Prefix: p, Policy: pol, Timeout: timeout})
 	require.NoError(t, err)
@@ -225,8 +220,7 @@ func TestClusterScriptLoadOneMasterHung(t *testing.T) {
 // pipelines on a cluster, takes the pipeline's error, and New reports it
 // rather than reading a reply that is not there.
 func TestClusterHookFailsAPipeline(t *testing.T) {
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = cc.Close() })
+	cc := clusterClient(t, redistest.ClusterAddrs(t))
 	injected := errors.New("injected: the breaker is open")
 	cc.AddHook(hook{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
 		if cmds[0].Name() == "hmget" {

@@ -181,14 +181,7 @@ func TestReplicasReload(t *testing.T) {
 // so once on stderr and in tokenshard_rls_foreign_policy, and says so
 // again once its files match.
 func TestCommandReportsAnotherReplicasPolicy(t *testing.T) {
-	addr := redistest.Addr(t)
-	prefix := fmt.Sprintf("envoyrls-foreign:%d:", time.Now().UnixNano())
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { _ = c.Close() })
-	deleteKeys(t, c, prefix)
-	old := startCommand(t, "-redis", addr, "-redis-prefix", prefix)
-	newer := startCommand(t, "-redis", addr, "-redis-prefix", prefix)
-	raised := strings.Replace(limitsYAML, "requests_per_unit: 2", "requests_per_unit: 50", 1)
+	old, newer, raised := twoReplicas(t, "envoyrls-foreign")
 	newer.write("limits.yaml", raised)
 	if err := newer.reload(); err != nil {
 		t.Fatalf("reload: %v", err)
@@ -226,20 +219,28 @@ func TestCommandReportsAnotherReplicasPolicy(t *testing.T) {
 	}
 }
 
+// twoReplicas starts two commands on a fresh prefix named after name, on
+// the shared Redis, and returns them with limitsYAML's limit raised: a
+// configuration neither has yet.
+func twoReplicas(t *testing.T, name string) (a, b *command, raised string) {
+	t.Helper()
+	addr := redistest.Addr(t)
+	prefix := fmt.Sprintf("%s:%d:", name, time.Now().UnixNano())
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = c.Close() })
+	deleteKeys(t, c, prefix)
+	a = startCommand(t, "-redis", addr, "-redis-prefix", prefix)
+	b = startCommand(t, "-redis", addr, "-redis-prefix", prefix)
+	return a, b, strings.Replace(limitsYAML, "requests_per_unit: 2", "requests_per_unit: 50", 1)
+}
+
 // TestRollingDeployIsNotAnotherReplicasPolicy: files pushed to every replica
 // at once reach each at its own poll. The replica that polls second has met
 // the first's cutover to the same files, so it reloads them and is in step:
 // nothing to report. It must not first call that policy another replica's,
 // on stderr and in tokenshard_rls_foreign_policy, for a poll.
 func TestRollingDeployIsNotAnotherReplicasPolicy(t *testing.T) {
-	addr := redistest.Addr(t)
-	prefix := fmt.Sprintf("envoyrls-rolling:%d:", time.Now().UnixNano())
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { _ = c.Close() })
-	deleteKeys(t, c, prefix)
-	first := startCommand(t, "-redis", addr, "-redis-prefix", prefix)
-	second := startCommand(t, "-redis", addr, "-redis-prefix", prefix)
-	raised := strings.Replace(limitsYAML, "requests_per_unit: 2", "requests_per_unit: 50", 1)
+	first, second, raised := twoReplicas(t, "envoyrls-rolling")
 	first.write("limits.yaml", raised)
 	second.write("limits.yaml", raised)
 	if err := first.reload(); err != nil {
