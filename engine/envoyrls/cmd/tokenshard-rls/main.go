@@ -49,11 +49,16 @@
 // (envoyrls.Server.CheckPolicy), says so on stderr once, and sets
 // tokenshard_rls_foreign_policy to 1 until its files match again. Decisions
 // that Redis cannot give are answered with a gRPC Unavailable error (the store
-// marks them Degraded), so Envoy's failure_mode_deny decides. With -leases each
+// marks them Degraded), so Envoy's failure_mode_deny decides; while Redis
+// fails, each -poll logs how many errors the store met since the last and the
+// last of them (a line a poll, not a line a request), and the first poll after
+// Redis decides again says so. With -leases each
 // replica takes tokens of a hot key from Redis in advance and decides the
 // requests they cover without Redis (redisstore.Leases, with its defaults): the
 // limits stay exact across replicas, and unspent tokens go back when a key goes
 // idle, at a reload and at shutdown.
+//
+// It logs to stderr, each line stamped with the time in UTC.
 package main
 
 import (
@@ -64,6 +69,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/url"
@@ -71,6 +77,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -110,12 +117,48 @@ var errUsage = errors.New("usage")
 // hooks let tests drive the command: poll replaces the -poll ticker and
 // retry the ticker of a replica started while Redis was down (see
 // settleStart), ready is told the listeners' addresses, reloaded each
-// reload's outcome and settled each retry's.
+// reload's outcome (after polled, told at the end of each poll) and settled
+// each retry's.
 type hooks struct {
 	poll, retry <-chan time.Time
 	ready       func(grpcAddr, metricsAddr string)
 	reloaded    func(error)
+	polled      func()
 	settled     func(reached bool, err error)
+}
+
+// redisErrors counts the errors the store tells its OnError (on the
+// goroutines of the requests, and its own) and keeps the last, so that the
+// poll loop reports an outage a line a poll rather than a line a request.
+type redisErrors struct {
+	n    atomic.Uint64
+	last atomic.Pointer[error]
+	// The poll loop's own: what the last report saw, and whether it
+	// reported errors that no decision by Redis has followed yet.
+	seen, failures, decisions uint64
+	down                      bool
+}
+
+func (e *redisErrors) note(err error) {
+	e.last.Store(&err) // before the count, so that a report that sees the count sees an error
+	e.n.Add(1)
+}
+
+// report says, once a poll, how many errors the store met since the last
+// report and the last of them, with how many requests were answered
+// Unavailable meanwhile; and, after such a report, once Redis decides again.
+func (e *redisErrors) report(logger *log.Logger, st redisstore.Stats) {
+	n := e.n.Load()
+	switch {
+	case n > e.seen:
+		logger.Printf("Redis: %d errors since the last poll, %d requests answered Unavailable; the last: %v",
+			n-e.seen, st.Failures-e.failures, *e.last.Load())
+		e.down = true
+	case e.down && st.Decisions > e.decisions:
+		logger.Print("Redis decides again")
+		e.down = false
+	}
+	e.seen, e.failures, e.decisions = n, st.Failures, st.Decisions
 }
 
 type options struct {
@@ -298,6 +341,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	if err != nil {
 		return err
 	}
+	logger := log.New(stderr, "tokenshard-rls: ", log.LstdFlags|log.LUTC|log.Lmsgprefix)
 	snap, err := readDir(o.dir)
 	if err != nil {
 		return fmt.Errorf("reading -config: %w", err)
@@ -333,6 +377,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 
 	var a engine.Admitter
 	var store *redisstore.Store
+	var trouble redisErrors // what the store's OnError said, reported at each poll
 	switch {
 	case o.redis != nil || o.cluster != nil:
 		var client redis.UniversalClient
@@ -342,7 +387,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 			client = redis.NewClusterClient(o.cluster)
 		}
 		defer func() { _ = client.Close() }()
-		cfg := redisstore.Config{Client: client, Prefix: o.pfx, Policy: p, Timeout: o.timeout}
+		cfg := redisstore.Config{Client: client, Prefix: o.pfx, Policy: p, Timeout: o.timeout, OnError: trouble.note}
 		if o.leases {
 			cfg.Leases = &redisstore.Leases{}
 		}
@@ -410,7 +455,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	done := make(chan error, 2)
 	go func() { done <- gs.Serve(gl) }()
 	go func() { done <- hsrv.Serve(ml) }()
-	fmt.Fprintf(stderr, "tokenshard-rls: serving RLS on %s, metrics on %s, %d domains from %s\n",
+	logger.Printf("serving RLS on %s, metrics on %s, %d domains from %s",
 		gl.Addr(), ml.Addr(), len(cfgs), o.dir)
 	if hk.ready != nil {
 		hk.ready(gl.Addr().String(), ml.Addr().String())
@@ -449,10 +494,10 @@ loop:
 			switch {
 			case !ok:
 			case err != nil:
-				fmt.Fprintf(stderr, "tokenshard-rls: reached Redis; installing the configuration's policy: %v (tried again in a second)\n", err)
+				logger.Printf("reached Redis; installing the configuration's policy: %v (tried again in a second)", err)
 			default:
 				retry = nil
-				fmt.Fprintf(stderr, "tokenshard-rls: reached Redis, policy version %d\n", a.Policy().Version)
+				logger.Printf("reached Redis, policy version %d", a.Policy().Version)
 			}
 			if hk.settled != nil {
 				hk.settled(ok, err)
@@ -485,10 +530,10 @@ loop:
 				}
 				if err != nil {
 					reloads.WithLabelValues("error").Inc()
-					fmt.Fprintf(stderr, "tokenshard-rls: reload: %v (keeping the last good configuration)\n", err)
+					logger.Printf("reload: %v (keeping the last good configuration)", err)
 				} else {
 					reloads.WithLabelValues("ok").Inc()
-					fmt.Fprintf(stderr, "tokenshard-rls: reloaded %d files from %s, policy version %d\n", len(next.names), o.dir, a.Policy().Version)
+					logger.Printf("reloaded %d files from %s, policy version %d", len(next.names), o.dir, a.Policy().Version)
 				}
 				return true, err
 			}()
@@ -503,12 +548,18 @@ loop:
 				case m == mismatch:
 				case m != "":
 					foreign.Set(1)
-					fmt.Fprintf(stderr, "tokenshard-rls: %v: another replica installed its configuration; this one enforces it and reports its own limits until its files match (or it reloads)\n", m)
+					logger.Printf("%v: another replica installed its configuration; this one enforces it and reports its own limits until its files match (or it reloads)", m)
 				default:
 					foreign.Set(0)
-					fmt.Fprintf(stderr, "tokenshard-rls: the prefix's policy is this configuration's again, version %d\n", a.Policy().Version)
+					logger.Printf("the prefix's policy is this configuration's again, version %d", a.Policy().Version)
 				}
 				mismatch = m
+			}
+			if store != nil {
+				trouble.report(logger, store.Stats())
+			}
+			if hk.polled != nil {
+				hk.polled()
 			}
 			if tried && hk.reloaded != nil {
 				hk.reloaded(err)
@@ -540,7 +591,7 @@ loop:
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) && !errors.Is(serveErr, grpc.ErrServerStopped) {
 		return fmt.Errorf("serving: %w", serveErr)
 	}
-	fmt.Fprintln(stderr, "tokenshard-rls: stopped")
+	logger.Print("stopped")
 	return nil
 }
 

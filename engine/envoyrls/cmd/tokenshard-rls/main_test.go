@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -52,6 +53,7 @@ type command struct {
 	dir      string
 	stderr   *syncBuffer
 	poll     chan time.Time
+	polled   chan struct{} // the end of a poll, if the last is not yet taken (see pollOnce)
 	reloaded chan error
 	retry    chan time.Time // the retries of a command started without Redis
 	settled  chan settled
@@ -72,7 +74,7 @@ func startCommand(t *testing.T, extra ...string) *command {
 	t.Helper()
 	c := &command{
 		t: t, dir: t.TempDir(), stderr: &syncBuffer{},
-		poll: make(chan time.Time), reloaded: make(chan error, 1), exited: make(chan error, 1),
+		poll: make(chan time.Time), polled: make(chan struct{}, 1), reloaded: make(chan error, 1), exited: make(chan error, 1),
 		retry: make(chan time.Time), settled: make(chan settled, 1),
 	}
 	c.write("limits.yaml", limitsYAML)
@@ -85,8 +87,14 @@ func startCommand(t *testing.T, extra ...string) *command {
 			poll:     c.poll,
 			ready:    func(g, m string) { ready <- [2]string{g, m} },
 			reloaded: func(err error) { c.reloaded <- err },
-			retry:    c.retry,
-			settled:  func(reached bool, err error) { c.settled <- settled{reached, err} },
+			polled: func() {
+				select {
+				case c.polled <- struct{}{}:
+				default:
+				}
+			},
+			retry:   c.retry,
+			settled: func(reached bool, err error) { c.settled <- settled{reached, err} },
 		})
 	}()
 	var addrs [2]string
@@ -128,6 +136,17 @@ func (c *command) write(name, data string) {
 func (c *command) reload() error {
 	c.poll <- time.Time{}
 	return <-c.reloaded
+}
+
+// pollOnce makes the command poll and waits until that poll has ended.
+// Polls made by reload before it have ended too, and told polled first.
+func (c *command) pollOnce() {
+	select {
+	case <-c.polled:
+	default:
+	}
+	c.poll <- time.Time{}
+	<-c.polled
 }
 
 // stop signals the command and returns what run returned (once).
@@ -496,6 +515,68 @@ func TestCommandRedisDownAnswersAtOnce(t *testing.T) {
 		}
 		if took > 200*time.Millisecond { // go-redis's default dial retries take 400 ms
 			t.Errorf("request %d with Redis down took %v; want a few milliseconds", i+1, took)
+		}
+	}
+}
+
+// TestCommandReportsRedisOutage: while Redis fails, each poll logs how
+// many errors the store met and the last of them, one line a poll however
+// many requests failed, and nothing when none did; once Redis decides
+// again, the next poll says so. Every line carries the time.
+func TestCommandReportsRedisOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := "envoyrls-cmd-outage:" + time.Now().Format("150405.000000000") + ":"
+	c := startCommand(t, "-redis", srv.Addr(), "-redis-prefix", prefix)
+	if got := overall(c.ask("gw", "route=/x")); got != "OK" {
+		t.Fatalf("with Redis up: %s", got)
+	}
+	c.pollOnce()
+	if s := c.stderr.String(); strings.Contains(s, "Redis: ") {
+		t.Fatalf("an outage reported while Redis answered:\n%s", s)
+	}
+
+	srv.Kill()
+	for i := range 3 {
+		if _, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req("gw", 0, rlstest.D("route=/x"))); status.Code(err) != codes.Unavailable {
+			t.Fatalf("request %d with Redis down: %v, want Unavailable", i+1, err)
+		}
+	}
+	c.pollOnce()
+	c.pollOnce() // no request failed since: no line
+	s := c.stderr.String()
+	if n := strings.Count(s, "Redis: "); n != 1 {
+		t.Fatalf("%d outage reports for one poll after the failures, want 1:\n%s", n, s)
+	}
+	if !strings.Contains(s, "3 requests answered Unavailable") || !strings.Contains(s, "connection refused") {
+		t.Errorf("the report does not count the 3 requests or name the error:\n%s", s)
+	}
+
+	srv.Restart(t)
+	// go-redis's dialer may hold new connections off for up to a second
+	// after the refusals.
+	pace := time.NewTicker(20 * time.Millisecond)
+	defer pace.Stop()
+	for tries := 0; ; tries++ {
+		_, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req("gw", 0, rlstest.D("route=/x")))
+		if err == nil {
+			break
+		}
+		if tries == 500 {
+			t.Fatalf("Redis restarted, the command still answers %v", err)
+		}
+		<-pace.C
+	}
+	c.pollOnce() // reports the errors met while reconnecting, if any
+	c.ask("gw", "route=/x")
+	c.pollOnce()
+	s = c.stderr.String()
+	if again := strings.LastIndex(s, "Redis decides again"); again < strings.LastIndex(s, "Redis: ") {
+		t.Fatalf("no report that Redis decides again after the last outage report:\n%s", s)
+	}
+	stamped := regexp.MustCompile(`^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d tokenshard-rls: `)
+	for line := range strings.Lines(c.stderr.String()) {
+		if !stamped.MatchString(line) {
+			t.Errorf("a line without the time: %q", line)
 		}
 	}
 }
