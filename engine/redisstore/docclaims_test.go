@@ -1,0 +1,207 @@
+package redisstore_test
+
+// Tests of sentences in the package doc and the exported docs that no other
+// test pinned.
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/policy"
+)
+
+// TestDefaultPrefixKeyLayout: Config.Prefix "" means DefaultPrefix, and the
+// keys are laid out as the package doc says: Prefix + "{" + tag + "}" +
+// name; the global "policy", "history" and "blobs" share one tag, "g" and
+// more; each of the DefaultVirtualShards shards has a tag of its own with
+// its "p" and "h"; a bucket is "k:" + key in its shard's tag, and keys that
+// share a hash tag share a shard. A private server: DefaultPrefix may be
+// in use on the shared one.
+func TestDefaultPrefixKeyLayout(t *testing.T) {
+	srv := startPrivate(t)
+	c := client(t, srv.Addr())
+	ctx := context.Background()
+	s, err := redisstore.New(ctx, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	require.NoError(t, redisstore.Up(s))
+	for _, k := range []string{"a", "{t}b", "{t}c"} {
+		d, err := s.Allow(ctx, k, 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+
+	keys, err := c.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	globals := map[string]string{} // name -> tag
+	shards := map[string]map[string]bool{}
+	buckets := map[string]string{} // key -> tag
+	for _, rk := range keys {
+		rest, ok := strings.CutPrefix(rk, redisstore.DefaultPrefix+"{")
+		require.True(t, ok, "%q is not under DefaultPrefix", rk)
+		tag, name, ok := strings.Cut(rest, "}")
+		require.True(t, ok && tag != "", "%q has no tag", rk)
+		switch {
+		case name == "policy" || name == "history" || name == "blobs":
+			globals[name] = tag
+		case name == "p" || name == "h":
+			if shards[tag] == nil {
+				shards[tag] = map[string]bool{}
+			}
+			shards[tag][name] = true
+		case strings.HasPrefix(name, "k:"):
+			buckets[strings.TrimPrefix(name, "k:")] = tag
+		default:
+			t.Fatalf("unexpected key %q", rk)
+		}
+	}
+	require.Len(t, globals, 3, "policy, history and blobs: %v", keys)
+	g := globals["policy"]
+	require.True(t, strings.HasPrefix(g, "g"), "the global tag %q", g)
+	require.Equal(t, map[string]string{"policy": g, "history": g, "blobs": g}, globals, "the global keys share one tag")
+	require.Len(t, shards, redisstore.DefaultVirtualShards, "one tag per virtual shard")
+	for tag, names := range shards {
+		require.NotEqual(t, g, tag)
+		require.Equal(t, map[string]bool{"p": true, "h": true}, names, "shard tag %q", tag)
+	}
+	require.Len(t, buckets, 3, "%v", keys)
+	for k, tag := range buckets {
+		require.Contains(t, shards, tag, "bucket %q is not in a shard's tag", k)
+	}
+	require.Equal(t, buckets["{t}b"], buckets["{t}c"], "keys sharing a hash tag share a shard")
+	require.Equal(t, redisstore.DefaultPrefix, "tokenshard:")
+}
+
+// TestDefaultTimeoutBoundsACall: with Config.Timeout 0 and a context with
+// no deadline, a decision against a server that answers nothing is
+// answered by the failure rule once DefaultTimeout (250 ms) has passed,
+// not before, and not at go-redis's own ReadTimeout (3 s); a call that is
+// not a decision returns ErrUnavailable as soon.
+func TestDefaultTimeoutBoundsACall(t *testing.T) {
+	srv := startPrivate(t)
+	c := client(t, srv.Addr())
+	ctx := context.Background()
+	s, err := redisstore.New(ctx, redisstore.Config{Client: c, Prefix: prefix(t), Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	require.NoError(t, redisstore.Up(s))
+	d, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, d.Degraded)
+
+	srv.Hang(t)
+	const slack = 750 * time.Millisecond // a loaded machine
+	begin := time.Now()
+	d, err = s.Allow(ctx, "k", 1)
+	took := time.Since(begin)
+	require.NoError(t, err)
+	require.Equal(t, engine.Decision{Degraded: true, RetryAfter: redisstore.DefaultFailRetryAfter, Version: 1, Limit: 10}, d)
+	require.GreaterOrEqual(t, took, redisstore.DefaultTimeout, "answered before the deadline")
+	require.Less(t, took, redisstore.DefaultTimeout+slack, "the default timeout did not bound the call")
+
+	begin = time.Now()
+	_, err = s.Peek(ctx, "k")
+	took = time.Since(begin)
+	require.ErrorIs(t, err, redisstore.ErrUnavailable)
+	require.GreaterOrEqual(t, took, redisstore.DefaultTimeout)
+	require.Less(t, took, redisstore.DefaultTimeout+slack)
+	srv.Resume(t)
+}
+
+// TestManualClockSetsNoExpiry: a store with Config.Clock sets no expiries
+// (they would run on the server's clock), so its buckets stay until
+// EvictFull deletes them; without it a bucket expires.
+func TestManualClockSetsNoExpiry(t *testing.T) {
+	ctx := context.Background()
+	c := client(t, redisAddr(t))
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 10}
+
+	realPfx := prefix(t)
+	atTIME := newStore(t, redisstore.Config{Client: c, Prefix: realPfx, Policy: p}, nil)
+	_, err := atTIME.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	pfx := prefix(t)
+	clk := clock.NewManual(0)
+	manual := newStore(t, redisstore.Config{Client: c, Prefix: pfx, Policy: p}, clk)
+	_, err = manual.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Positive(t, c.PTTL(ctx, redisstore.BucketKey(realPfx, "k")).Val(), "a bucket decided at the server's TIME expires")
+	require.Equal(t, time.Duration(-1), c.PTTL(ctx, redisstore.BucketKey(pfx, "k")).Val(), "a bucket decided at Config.Clock has no expiry")
+
+	clk.Set(time.Hour.Nanoseconds()) // long full
+	n, err := manual.KeyCount(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the full bucket stays")
+	n, err = manual.EvictFull(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Zero(t, c.Exists(ctx, redisstore.BucketKey(pfx, "k")).Val())
+}
+
+// TestCloseLeavesTheClientOpen: Close gives the leases back and always
+// returns nil, but does not close Config.Client, which the caller owns.
+func TestCloseLeavesTheClientOpen(t *testing.T) {
+	ctx := context.Background()
+	c := client(t, redisAddr(t))
+	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}, Leases: &redisstore.Leases{}}, clock.NewManual(0))
+	for range 20 {
+		_, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+	}
+	require.NotZero(t, s.Stats().Local, "no lease was spent, so Close had none to give back")
+	require.NoError(t, s.Close())
+	require.NotZero(t, s.Stats().ReturnedTokens, "Close gave no lease back")
+	require.NoError(t, s.Close())
+	require.NoError(t, c.Ping(ctx).Err(), "Close closed the client")
+	_, err := s.Allow(ctx, "k", 1)
+	require.ErrorIs(t, err, engine.ErrClosed)
+}
+
+// TestOutOfMemoryRefusesWritesNotDenials: at maxmemory (noeviction) Redis
+// refuses a decision's write on an existing key too (ErrKeyCapacity, unlike
+// the engine's key bound), still answers a call whose requests are all
+// denials (it writes nothing), and refuses a call that also writes whole:
+// its denials answer ErrKeyCapacity too. Stats count each as
+// Errors.KeyCapacity, none as a failure.
+func TestOutOfMemoryRefusesWritesNotDenials(t *testing.T) {
+	exactBalances(t)
+	srv := startPrivate(t)
+	c := client(t, srv.Addr())
+	ctx := context.Background()
+	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, FailOpen: true}, clock.NewManual(0))
+	_, err := s.Allow(ctx, "{x}some", 1)
+	require.NoError(t, err)
+	d, err := s.Allow(ctx, "{x}drained", 3)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
+	defer c.ConfigSet(ctx, "maxmemory", "0")
+	before := s.Stats()
+
+	_, err = s.Allow(ctx, "{x}some", 1)
+	require.ErrorIs(t, err, engine.ErrKeyCapacity, "an existing key's write is refused too")
+	d, err = s.Allow(ctx, "{x}drained", 1)
+	require.NoError(t, err, "a denial writes nothing")
+	require.Equal(t, engine.Decision{RetryAfter: time.Second, Version: 1, Limit: 3, ResetAfter: 3 * time.Second}, d)
+	out := make([]engine.Result, 2)
+	require.NoError(t, s.AllowBatch(ctx, []engine.Request{{Key: "{x}drained", Cost: 1}, {Key: "{x}some", Cost: 1}}, out))
+	for i, r := range out {
+		require.ErrorIs(t, r.Err, engine.ErrKeyCapacity, "request %d of a call that writes", i)
+	}
+
+	after := s.Stats()
+	require.Equal(t, before.Errors.KeyCapacity+3, after.Errors.KeyCapacity)
+	require.Equal(t, before.Denied+1, after.Denied)
+	require.Equal(t, before.Allowed, after.Allowed)
+	require.Zero(t, after.Failures)
+	require.False(t, errors.Is(err, redisstore.ErrUnavailable))
+}
