@@ -152,11 +152,7 @@ func TestCloseLeavesTheClientOpen(t *testing.T) {
 	ctx := context.Background()
 	c := client(t, redisAddr(t))
 	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}, Leases: &redisstore.Leases{}}, clock.NewManual(0))
-	for range 20 {
-		_, err := s.Allow(ctx, "k", 1)
-		require.NoError(t, err)
-	}
-	require.NotZero(t, s.Stats().Local, "no lease was spent, so Close had none to give back")
+	warm(t, s, "k") // a lease is held
 	require.NoError(t, s.Close())
 	require.NotZero(t, s.Stats().ReturnedTokens, "Close gave no lease back")
 	require.NoError(t, s.Close())
@@ -204,4 +200,35 @@ func TestOutOfMemoryRefusesWritesNotDenials(t *testing.T) {
 	require.Equal(t, before.Allowed, after.Allowed)
 	require.Zero(t, after.Failures)
 	require.False(t, errors.Is(err, redisstore.ErrUnavailable))
+}
+
+// TestLeaseGivenBackBeforeOwnReplacePolicy: a store gives its leases back
+// before its own ReplacePolicy, under the version they were taken under, so
+// a cutover that raises the capacity (across which a lease met later is
+// given up) loses none of them: the bucket holds every token the process
+// did not admit, exactly (the clock stands still). A lease bound of 2
+// tokens (Divisor 500) asks for no top-up once one token is spent, so no
+// grant is in flight at the cutover.
+func TestLeaseGivenBackBeforeOwnReplacePolicy(t *testing.T) {
+	exactBalances(t)
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	pfx := prefix(t)
+	a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: &redisstore.Leases{Divisor: 500, Horizon: time.Hour, MaxAge: time.Hour}}, clk)
+	plain := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	ctx := context.Background()
+	admitted := warm(t, a, "k")
+	st := a.Stats()
+	require.Equal(t, uint64(2), st.LeasedTokens, "%+v", st)
+	require.Equal(t, uint64(1), st.Local, "%+v", st)
+
+	require.NoError(t, a.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 2000, TokensPerSecond: 1}, 1))
+	require.NoError(t, a.Close())
+	st = a.Stats()
+	require.Zero(t, st.ForfeitedTokens, "%+v", st)
+	require.Equal(t, uint64(1), st.ReturnedTokens, "%+v", st)
+	d, err := plain.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, int64(2), d.Version)
+	require.Equal(t, p.Capacity-admitted, d.Remaining, "the lease's unspent token is not back")
 }
