@@ -232,3 +232,33 @@ func TestLeaseGivenBackBeforeOwnReplacePolicy(t *testing.T) {
 	require.Equal(t, int64(2), d.Version)
 	require.Equal(t, p.Capacity-admitted, d.Remaining, "the lease's unspent token is not back")
 }
+
+// TestMaxKeyBytesBoundsKeys: Config.MaxKeyBytes bounds len(key) in bytes
+// for every call that takes a key (the default, 256, is the parity
+// tests').
+func TestMaxKeyBytesBoundsKeys(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, MaxKeyBytes: 4}, clock.NewManual(0))
+	for _, key := range []string{"abcd", "é\xff!"} { // 4 bytes each
+		d, err := s.Allow(ctx, key, 1)
+		require.NoError(t, err, "%q", key)
+		require.True(t, d.Allowed)
+	}
+	over := "é\xff!!" // 5 bytes
+	_, err := s.Allow(ctx, over, 1)
+	require.ErrorIs(t, err, engine.ErrInvalidKey)
+	_, err = s.Charge(ctx, over, 1)
+	require.ErrorIs(t, err, engine.ErrInvalidKey)
+	_, err = s.Peek(ctx, over)
+	require.ErrorIs(t, err, engine.ErrInvalidKey)
+	_, err = s.Refund(ctx, over, 1)
+	require.ErrorIs(t, err, engine.ErrInvalidKey)
+	_, i, err := s.AllowAll(ctx, []engine.Request{{Key: "abcd", Cost: 1}, {Key: over, Cost: 1}})
+	require.ErrorIs(t, err, engine.ErrInvalidKey)
+	require.Equal(t, 1, i)
+	out := make([]engine.Result, 2)
+	require.NoError(t, s.AllowBatch(ctx, []engine.Request{{Key: over, Cost: 1}, {Key: "abcd", Cost: 1}}, out))
+	require.ErrorIs(t, out[0].Err, engine.ErrInvalidKey)
+	require.NoError(t, out[1].Err)
+	require.True(t, out[1].Decision.Allowed)
+}
