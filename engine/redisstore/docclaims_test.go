@@ -6,6 +6,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -261,4 +262,102 @@ func TestMaxKeyBytesBoundsKeys(t *testing.T) {
 	require.ErrorIs(t, out[0].Err, engine.ErrInvalidKey)
 	require.NoError(t, out[1].Err)
 	require.True(t, out[1].Decision.Allowed)
+}
+
+// TestWaitWaitsRetryAfterOnTheClock: Wait on a denial waits its RetryAfter
+// on Config.Clock (a clock.Manual) and decides again, admitting once a
+// token has refilled and not before; a context canceled while it waits
+// returns its error and leaves no timer.
+func TestWaitWaitsRetryAfterOnTheClock(t *testing.T) {
+	clk := clock.NewManual(0)
+	s := newStore(t, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}}, clk)
+	ctx := context.Background()
+	d, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+
+	type result struct {
+		d   engine.Decision
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		d, err := s.Wait(ctx, "k", 1)
+		done <- result{d, err}
+	}()
+	for clk.Waiting() == 0 { // parked on the clock
+		runtime.Gosched()
+	}
+	clk.Advance(time.Second - time.Nanosecond)
+	require.Equal(t, 1, clk.Waiting(), "the wait ended before the RetryAfter")
+	require.Equal(t, uint64(1), s.Stats().Denied, "decided again before the RetryAfter")
+	clk.Advance(time.Nanosecond)
+	r := <-done
+	require.NoError(t, r.err)
+	require.True(t, r.d.Allowed)
+	require.Equal(t, uint64(2), s.Stats().Allowed)
+
+	cctx, cancel := context.WithCancel(ctx)
+	go func() {
+		d, err := s.Wait(cctx, "k", 1)
+		done <- result{d, err}
+	}()
+	for clk.Waiting() == 0 {
+		runtime.Gosched()
+	}
+	cancel()
+	r = <-done
+	require.ErrorIs(t, r.err, context.Canceled)
+	require.Zero(t, clk.Waiting(), "the canceled wait left its timer")
+}
+
+// TestWaitWaitsOutTheFailureRule: with Redis unreachable and fail closed,
+// Wait waits a degraded denial's Config.FailRetryAfter on the clock and
+// decides again, until Redis is back and admits.
+func TestWaitWaitsOutTheFailureRule(t *testing.T) {
+	srv := downServer(t)
+	clk := clock.NewManual(0)
+	const retry = 3 * time.Second
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: quickClient(t, srv.Addr()), Prefix: prefix(t),
+		Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, FailRetryAfter: retry, Clock: clk})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	done := make(chan error, 1)
+	var got engine.Decision
+	go func() {
+		d, err := s.Wait(context.Background(), "k", 1)
+		got = d
+		done <- err
+	}()
+	for clk.Waiting() == 0 {
+		runtime.Gosched()
+	}
+	require.Equal(t, uint64(1), s.Stats().Failures)
+	clk.Advance(retry - time.Nanosecond)
+	require.Equal(t, 1, clk.Waiting(), "the wait ended before FailRetryAfter")
+	require.Equal(t, uint64(1), s.Stats().Failures, "decided again before FailRetryAfter")
+	clk.Advance(time.Nanosecond)
+	for s.Stats().Failures < 2 { // decided again, by the failure rule: Redis is still down
+		runtime.Gosched()
+	}
+
+	srv.Restart(t)
+	tick := time.NewTicker(10 * time.Millisecond) // paces the retries while the real server comes back
+	defer tick.Stop()
+	deadline := time.After(15 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			require.True(t, got.Allowed)
+			require.False(t, got.Degraded)
+			return
+		case <-tick.C:
+			if clk.Waiting() > 0 {
+				clk.Advance(retry)
+			}
+		case <-deadline:
+			t.Fatal("Redis has been back for 15 s and Wait still waits")
+		}
+	}
 }
