@@ -6,11 +6,14 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -360,4 +363,48 @@ func TestWaitWaitsOutTheFailureRule(t *testing.T) {
 			t.Fatal("Redis has been back for 15 s and Wait still waits")
 		}
 	}
+}
+
+// TestEvictFullCountSoFar: an EvictFull whose context ends part-way
+// returns the context's error with the count of the buckets it deleted so
+// far, exactly: the buckets left are the others. Every bucket is full; the
+// context is canceled once the pass's first call has deleted some, and
+// the keyspace spans several SCAN pages.
+func TestEvictFullCountSoFar(t *testing.T) {
+	srv := startPrivate(t)
+	c := client(t, srv.Addr())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var armed atomic.Bool
+	c.AddHook(decideHook(func(hctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		err := next(hctx, cmds)
+		if err == nil && armed.Load() {
+			cancel()
+		}
+		return err
+	}))
+	clk := clock.NewManual(0)
+	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}}, clk)
+	const keys = 3000
+	reqs := make([]engine.Request, keys)
+	for i := range reqs {
+		reqs[i] = engine.Request{Key: fmt.Sprint("k", i), Cost: 1}
+	}
+	out := make([]engine.Result, keys)
+	require.NoError(t, s.AllowBatch(context.Background(), reqs, out))
+	for i, r := range out {
+		require.NoError(t, r.Err, "request %d", i)
+		require.True(t, r.Decision.Allowed, "request %d", i)
+	}
+	clk.Set(time.Hour.Nanoseconds()) // every bucket full
+
+	armed.Store(true)
+	n, err := s.EvictFull(ctx)
+	armed.Store(false)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Positive(t, n, "the first call's deletions are counted")
+	require.Less(t, n, keys, "the pass went on after its context ended")
+	left, err := s.KeyCount(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, keys-n, left, "the count is not what was deleted")
 }
