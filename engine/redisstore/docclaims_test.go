@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -407,4 +410,86 @@ func TestEvictFullCountSoFar(t *testing.T) {
 	left, err := s.KeyCount(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, keys-n, left, "the count is not what was deleted")
+}
+
+// decideMode is the mode argument of a decide script call: the first
+// argument after its keys.
+func decideMode(cmd redis.Cmder) string {
+	a := cmd.Args()
+	if len(a) < 3 {
+		return ""
+	}
+	n, err := strconv.Atoi(fmt.Sprint(a[2]))
+	if err != nil || len(a) <= 3+n {
+		return ""
+	}
+	return fmt.Sprint(a[3+n])
+}
+
+// TestOnErrorToldWhatACutoverCannotReturn: Config.OnError hears the
+// failures a ReplacePolicy cannot return once it has published: the expiry
+// pass after a lengthening cutover (the call returns nil, the cutover is
+// in force, its record stays and the buckets keep no expiry until the next
+// ReplacePolicy runs the pass first), and releasing the cutover lock
+// (which then stays until its TTL).
+func TestOnErrorToldWhatACutoverCannotReturn(t *testing.T) {
+	exactBalances(t)
+	ctx := context.Background()
+	c := client(t, redisAddr(t))
+	var failPass, failRelease atomic.Bool
+	injected := errors.New("injected: connection reset")
+	fail := func(cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			cmd.SetErr(injected)
+		}
+		return injected
+	}
+	c.AddHook(decideHook(func(hctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		if failPass.Load() && decideMode(cmds[0]) == "c" {
+			return fail(cmds)
+		}
+		return next(hctx, cmds)
+	}))
+	pfx := prefix(t)
+	lockKey := redisstore.GlobalKey(pfx, "lock")
+	c.AddHook(hook{pipeline: func(hctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		if failRelease.Load() && slices.ContainsFunc(cmds, func(cmd redis.Cmder) bool {
+			return cmd.Name() == "eval" && slices.Contains(cmd.Args(), any(lockKey))
+		}) {
+			return fail(cmds)
+		}
+		return next(hctx, cmds)
+	}})
+	var mu sync.Mutex
+	var told []error
+	s := newStore(t, redisstore.Config{Client: c, Prefix: pfx, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1},
+		OnError: func(err error) { mu.Lock(); told = append(told, err); mu.Unlock() }}, nil)
+	saw := func(what string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.ContainsFunc(told, func(err error) bool { return errors.Is(err, injected) && strings.Contains(err.Error(), what) })
+	}
+	_, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	bucket := redisstore.BucketKey(pfx, "k")
+	require.Positive(t, c.PTTL(ctx, bucket).Val())
+
+	failPass.Store(true)
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 1}, 1), "published: the pass's failure is not returned")
+	failPass.Store(false)
+	require.True(t, saw("setting expiries after the cutover to version 2"), "OnError heard %v", told)
+	require.Equal(t, int64(2), s.Policy().Version)
+	require.Equal(t, time.Duration(-1), c.PTTL(ctx, bucket).Val(), "the bucket keeps no expiry until the pass runs")
+	require.NotEmpty(t, c.HGet(ctx, redisstore.GlobalKey(pfx, "policy"), "next").Val(), "the record waits for the expiry pass")
+
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 3, Capacity: 20, TokensPerSecond: 1}, 2))
+	require.Positive(t, c.PTTL(ctx, bucket).Val(), "the next ReplacePolicy ran the pass first")
+	require.Empty(t, c.HGet(ctx, redisstore.GlobalKey(pfx, "policy"), "next").Val())
+
+	failRelease.Store(true)
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 4, Capacity: 20, TokensPerSecond: 1}, 3), "made: the release's failure is not returned")
+	failRelease.Store(false)
+	require.True(t, saw("releasing the cutover lock"), "OnError heard %v", told)
+	require.Positive(t, c.PTTL(ctx, lockKey).Val(), "the lock stays until its TTL")
+	require.NoError(t, c.Del(ctx, lockKey).Err())
 }
