@@ -409,10 +409,11 @@
 //     at capacity) once the key has had no request for two Horizons, or
 //     its lease no grant for Leases.MaxAge (1 s) (if the process's queue
 //     to Redis is full then, at the next sweep), before the store's own
-//     ReplacePolicy (the leases held when it starts: one granted after,
-//     by a top-up already on its way or a concurrent call, is taken under
-//     the old version and judged as below, so a cutover that raises a
-//     capacity gives it up), on Close and before a Charge. A
+//     ReplacePolicy (the leases held when it starts: one Redis grants
+//     after that and before the cutover publishes, to a top-up already on
+//     its way or a concurrent call, is taken under the old version and
+//     judged as below, so a cutover that raises a capacity or adds a band
+//     gives it up), on Close and before a Charge. A
 //     lease taken under a version that a cutover has since replaced
 //     ends when this store meets the new version (at its next call to
 //     Redis, within MaxAge; a give-back reads the version in force first):

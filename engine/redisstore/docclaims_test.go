@@ -40,7 +40,8 @@ func TestDefaultPrefixKeyLayout(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	require.NoError(t, redisstore.Up(s))
-	for _, k := range []string{"a", "{t}b", "{t}c"} {
+	tagged := []string{"{t}b", "{t}c", "{t}d", "{t}e", "{t}f", "{t}g"} // all in one shard by chance: 1 in 16^5
+	for _, k := range append([]string{"a"}, tagged...) {
 		d, err := s.Allow(ctx, k, 1)
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
@@ -79,11 +80,13 @@ func TestDefaultPrefixKeyLayout(t *testing.T) {
 		require.NotEqual(t, g, tag)
 		require.Equal(t, map[string]bool{"p": true, "h": true}, names, "shard tag %q", tag)
 	}
-	require.Len(t, buckets, 3, "%v", keys)
+	require.Len(t, buckets, 1+len(tagged), "%v", keys)
 	for k, tag := range buckets {
 		require.Contains(t, shards, tag, "bucket %q is not in a shard's tag", k)
 	}
-	require.Equal(t, buckets["{t}b"], buckets["{t}c"], "keys sharing a hash tag share a shard")
+	for _, k := range tagged[1:] {
+		require.Equal(t, buckets[tagged[0]], buckets[k], "%q and %q share a hash tag, not a shard", tagged[0], k)
+	}
 	require.Equal(t, redisstore.DefaultPrefix, "tokenshard:")
 }
 
@@ -104,6 +107,7 @@ func TestDefaultTimeoutBoundsACall(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, d.Degraded)
 
+	require.Equal(t, 250*time.Millisecond, redisstore.DefaultTimeout)
 	srv.Hang(t)
 	const slack = 750 * time.Millisecond // a loaded machine
 	begin := time.Now()
@@ -129,7 +133,9 @@ func TestDefaultTimeoutBoundsACall(t *testing.T) {
 func TestManualClockSetsNoExpiry(t *testing.T) {
 	ctx := context.Background()
 	c := client(t, redisAddr(t))
-	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 10}
+	// Full again 10 s after a token is taken: the bucket decided at TIME
+	// outlives the rest of the test on a loaded machine.
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 
 	realPfx := prefix(t)
 	atTIME := newStore(t, redisstore.Config{Client: c, Prefix: realPfx, Policy: p}, nil)
@@ -192,6 +198,7 @@ func TestOutOfMemoryRefusesWritesNotDenials(t *testing.T) {
 
 	_, err = s.Allow(ctx, "{x}some", 1)
 	require.ErrorIs(t, err, engine.ErrKeyCapacity, "an existing key's write is refused too")
+	require.NotErrorIs(t, err, redisstore.ErrUnavailable, "out of memory is not an outage")
 	d, err = s.Allow(ctx, "{x}drained", 1)
 	require.NoError(t, err, "a denial writes nothing")
 	require.Equal(t, engine.Decision{RetryAfter: time.Second, Version: 1, Limit: 3, ResetAfter: 3 * time.Second}, d)
@@ -199,6 +206,7 @@ func TestOutOfMemoryRefusesWritesNotDenials(t *testing.T) {
 	require.NoError(t, s.AllowBatch(ctx, []engine.Request{{Key: "{x}drained", Cost: 1}, {Key: "{x}some", Cost: 1}}, out))
 	for i, r := range out {
 		require.ErrorIs(t, r.Err, engine.ErrKeyCapacity, "request %d of a call that writes", i)
+		require.NotErrorIs(t, r.Err, redisstore.ErrUnavailable, "request %d: out of memory is not an outage", i)
 	}
 
 	after := s.Stats()
@@ -206,7 +214,6 @@ func TestOutOfMemoryRefusesWritesNotDenials(t *testing.T) {
 	require.Equal(t, before.Denied+1, after.Denied)
 	require.Equal(t, before.Allowed, after.Allowed)
 	require.Zero(t, after.Failures)
-	require.False(t, errors.Is(err, redisstore.ErrUnavailable))
 }
 
 // TestLeaseGivenBackBeforeOwnReplacePolicy: a store gives its leases back
@@ -291,9 +298,7 @@ func TestWaitWaitsRetryAfterOnTheClock(t *testing.T) {
 		d, err := s.Wait(ctx, "k", 1)
 		done <- result{d, err}
 	}()
-	for clk.Waiting() == 0 { // parked on the clock
-		runtime.Gosched()
-	}
+	spinUntil(t, "Wait parks on the clock", func() bool { return clk.Waiting() > 0 })
 	clk.Advance(time.Second - time.Nanosecond)
 	require.Equal(t, 1, clk.Waiting(), "the wait ended before the RetryAfter")
 	require.Equal(t, uint64(1), s.Stats().Denied, "decided again before the RetryAfter")
@@ -308,9 +313,7 @@ func TestWaitWaitsRetryAfterOnTheClock(t *testing.T) {
 		d, err := s.Wait(cctx, "k", 1)
 		done <- result{d, err}
 	}()
-	for clk.Waiting() == 0 {
-		runtime.Gosched()
-	}
+	spinUntil(t, "Wait parks on the clock", func() bool { return clk.Waiting() > 0 })
 	cancel()
 	r = <-done
 	require.ErrorIs(t, r.err, context.Canceled)
@@ -335,17 +338,14 @@ func TestWaitWaitsOutTheFailureRule(t *testing.T) {
 		got = d
 		done <- err
 	}()
-	for clk.Waiting() == 0 {
-		runtime.Gosched()
-	}
+	spinUntil(t, "Wait parks on the clock", func() bool { return clk.Waiting() > 0 })
 	require.Equal(t, uint64(1), s.Stats().Failures)
 	clk.Advance(retry - time.Nanosecond)
 	require.Equal(t, 1, clk.Waiting(), "the wait ended before FailRetryAfter")
 	require.Equal(t, uint64(1), s.Stats().Failures, "decided again before FailRetryAfter")
 	clk.Advance(time.Nanosecond)
-	for s.Stats().Failures < 2 { // decided again, by the failure rule: Redis is still down
-		runtime.Gosched()
-	}
+	// Decided again, by the failure rule: Redis is still down.
+	spinUntil(t, "Wait decides again", func() bool { return s.Stats().Failures >= 2 })
 
 	srv.Restart(t)
 	tick := time.NewTicker(10 * time.Millisecond) // paces the retries while the real server comes back
@@ -492,4 +492,17 @@ func TestOnErrorToldWhatACutoverCannotReturn(t *testing.T) {
 	require.True(t, saw("releasing the cutover lock"), "OnError heard %v", told)
 	require.Positive(t, c.PTTL(ctx, lockKey).Val(), "the lock stays until its TTL")
 	require.NoError(t, c.Del(ctx, lockKey).Err())
+}
+
+// spinUntil yields until cond holds, and fails t if it does not within
+// 10 s: a Wait that returned early, say, fails the test rather than hang it.
+func spinUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10 s", what)
+		}
+		runtime.Gosched()
+	}
 }

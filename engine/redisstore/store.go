@@ -97,8 +97,9 @@ type Config struct {
 	// error wrapping ErrUnavailable, or ErrNotReplicated or ErrKeyTags),
 	// and with failures a call could not return: the expiry pass after a
 	// published cutover, releasing the cutover lock, and each failed
-	// attempt to read the prefix's state of a store started without Redis
-	// (see New). With Leases it is also called from the store's own
+	// attempt by New or by a decision to read the prefix's state of a
+	// store started without Redis (see New; Peek, Refund and the other
+	// calls return theirs). With Leases it is also called from the store's own
 	// goroutines, with a failed lease request's error and the leased
 	// tokens a give-back could not return. It must not block or panic: a
 	// panic on those goroutines ends the process, and on a caller's it can

@@ -49,16 +49,18 @@
 // (envoyrls.Server.CheckPolicy), says so on stderr once, and sets
 // tokenshard_rls_foreign_policy to 1 until its files match again. Decisions
 // that Redis cannot give are answered with a gRPC Unavailable error (the store
-// marks them Degraded), so Envoy's failure_mode_deny decides; while Redis
-// fails, each -poll logs how many errors the store met since the last and the
-// last of them (a line a poll, not a line a request), and the first poll after
-// Redis decides again says so. With -leases each
+// marks them Degraded), so Envoy's failure_mode_deny decides. A -poll after
+// which requests were answered so, or the store met errors, logs how many of
+// each and the store's last error: a line a poll, not a line a request. After
+// such requests, the first poll at which Redis has decided since and no
+// request failed says that Redis decides again. With -leases each
 // replica takes tokens of a hot key from Redis in advance and decides the
 // requests they cover without Redis (redisstore.Leases, with its defaults): the
 // limits stay exact across replicas, and unspent tokens go back when a key goes
 // idle, at a reload and at shutdown.
 //
-// It logs to stderr, each line stamped with the time in UTC.
+// It logs to stderr, each line stamped with the time in UTC (the usage text
+// that -h and a flag error print excepted).
 package main
 
 import (
@@ -86,8 +88,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/envoyrls"
@@ -104,7 +108,7 @@ func main() {
 		return
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "tokenshard-rls:", err)
+		newLogger(os.Stderr).Print(err)
 		if errors.Is(err, errUsage) {
 			os.Exit(2)
 		}
@@ -113,6 +117,11 @@ func main() {
 }
 
 var errUsage = errors.New("usage")
+
+// newLogger is the command's log: each line stamped with the time in UTC.
+func newLogger(w io.Writer) *log.Logger {
+	return log.New(w, "tokenshard-rls: ", log.LstdFlags|log.LUTC|log.Lmsgprefix)
+}
 
 // hooks let tests drive the command: poll replaces the -poll ticker and
 // retry the ticker of a replica started while Redis was down (see
@@ -127,16 +136,17 @@ type hooks struct {
 	settled     func(reached bool, err error)
 }
 
-// redisErrors counts the errors the store tells its OnError (on the
-// goroutines of the requests, and its own) and keeps the last, so that the
-// poll loop reports an outage a line a poll rather than a line a request.
+// redisErrors gathers what an outage reports on the goroutines of the
+// requests (the errors the store tells its OnError, the last kept, and the
+// requests answered Unavailable), so that the poll loop logs it a line a
+// poll rather than a line a request.
 type redisErrors struct {
-	n    atomic.Uint64
-	last atomic.Pointer[error]
-	// The poll loop's own: what the last report saw, and whether it
-	// reported errors that no decision by Redis has followed yet.
-	seen, failures, decisions uint64
-	down                      bool
+	n, unavailable atomic.Uint64
+	last           atomic.Pointer[error]
+	// The poll loop's own: the counts of the last report, and whether
+	// requests have failed since the last decision by Redis it saw.
+	seen, seenUnavailable, decisions uint64
+	down                             bool
 }
 
 func (e *redisErrors) note(err error) {
@@ -144,21 +154,29 @@ func (e *redisErrors) note(err error) {
 	e.n.Add(1)
 }
 
-// report says, once a poll, how many errors the store met since the last
-// report and the last of them, with how many requests were answered
-// Unavailable meanwhile; and, after such a report, once Redis decides again.
-func (e *redisErrors) report(logger *log.Logger, st redisstore.Stats) {
+// report logs, at a poll after which requests were answered Unavailable or
+// the store met errors, how many of each and the store's last error; and,
+// at the first poll after requests failed at which Redis has decided
+// since and none failed, that Redis decides again.
+func (e *redisErrors) report(logger *log.Logger, decisions uint64) {
+	// Unavailable answers first: a request tells OnError before it is
+	// answered, so the errors loaded after hold those of every answer loaded.
+	u := e.unavailable.Load()
 	n := e.n.Load()
 	switch {
-	case n > e.seen:
-		logger.Printf("Redis: %d errors since the last poll, %d requests answered Unavailable; the last: %v",
-			n-e.seen, st.Failures-e.failures, *e.last.Load())
-		e.down = true
-	case e.down && st.Decisions > e.decisions:
+	case u > e.seenUnavailable || n > e.seen:
+		last := "none" // a Peek Redis did not answer tells OnError nothing
+		if n > 0 {
+			last = (*e.last.Load()).Error()
+		}
+		logger.Printf("Redis: %d requests answered Unavailable and %d errors since the last report; the last error: %s",
+			u-e.seenUnavailable, n-e.seen, last)
+		e.down = e.down || u > e.seenUnavailable
+	case e.down && decisions > e.decisions:
 		logger.Print("Redis decides again")
 		e.down = false
 	}
-	e.seen, e.failures, e.decisions = n, st.Failures, st.Decisions
+	e.seen, e.seenUnavailable, e.decisions = n, u, decisions
 }
 
 type options struct {
@@ -341,7 +359,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	if err != nil {
 		return err
 	}
-	logger := log.New(stderr, "tokenshard-rls: ", log.LstdFlags|log.LUTC|log.Lmsgprefix)
+	logger := newLogger(stderr)
 	snap, err := readDir(o.dir)
 	if err != nil {
 		return fmt.Errorf("reading -config: %w", err)
@@ -441,7 +459,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 		_ = gl.Close()
 		return err
 	}
-	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers)))
+	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers, &trouble.unavailable)))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
 	stopping := make(chan struct{})
@@ -556,7 +574,7 @@ loop:
 				mismatch = m
 			}
 			if store != nil {
-				trouble.report(logger, store.Stats())
+				trouble.report(logger, store.Stats().Decisions)
 			}
 			if hk.polled != nil {
 				hk.polled()
@@ -651,8 +669,9 @@ func (s *watchStream) Send(r *healthpb.HealthCheckResponse) error {
 	return err
 }
 
-// countAnswers counts each ShouldRateLimit answer in answers.
-func countAnswers(answers *prometheus.CounterVec) grpc.UnaryServerInterceptor {
+// countAnswers counts each ShouldRateLimit answer in answers, and those
+// answered Unavailable (Redis did not decide) in unavailable too.
+func countAnswers(answers *prometheus.CounterVec, unavailable *atomic.Uint64) grpc.UnaryServerInterceptor {
 	ok, over, failed := answers.WithLabelValues("ok"), answers.WithLabelValues("over_limit"), answers.WithLabelValues("error")
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		resp, err := handler(ctx, req)
@@ -662,6 +681,9 @@ func countAnswers(answers *prometheus.CounterVec) grpc.UnaryServerInterceptor {
 		switch r, _ := resp.(*rlsv3.RateLimitResponse); {
 		case err != nil:
 			failed.Inc()
+			if status.Code(err) == codes.Unavailable {
+				unavailable.Add(1)
+			}
 		case r.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
 			over.Inc()
 		default:

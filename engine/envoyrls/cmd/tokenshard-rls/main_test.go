@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
@@ -145,8 +146,17 @@ func (c *command) pollOnce() {
 	case <-c.polled:
 	default:
 	}
-	c.poll <- time.Time{}
-	<-c.polled
+	timeout := time.After(10 * time.Second)
+	select {
+	case c.poll <- time.Time{}:
+	case <-timeout:
+		c.t.Fatalf("the command does not poll; stderr: %s", c.stderr)
+	}
+	select {
+	case <-c.polled:
+	case <-timeout:
+		c.t.Fatalf("the poll does not end; stderr: %s", c.stderr)
+	}
 }
 
 // stop signals the command and returns what run returned (once).
@@ -519,10 +529,11 @@ func TestCommandRedisDownAnswersAtOnce(t *testing.T) {
 	}
 }
 
-// TestCommandReportsRedisOutage: while Redis fails, each poll logs how
-// many errors the store met and the last of them, one line a poll however
-// many requests failed, and nothing when none did; once Redis decides
-// again, the next poll says so. Every line carries the time.
+// TestCommandReportsRedisOutage: a poll after which requests were answered
+// Unavailable logs how many, with the store's last error, one line a poll
+// however many failed (a check-only request, whose Peek tells OnError
+// nothing, counted too), and a poll after none failed logs nothing; once
+// Redis decides again, the next poll says so. Every line carries the time.
 func TestCommandReportsRedisOutage(t *testing.T) {
 	srv := redistest.Start(t)
 	prefix := "envoyrls-cmd-outage:" + time.Now().Format("150405.000000000") + ":"
@@ -536,8 +547,8 @@ func TestCommandReportsRedisOutage(t *testing.T) {
 	}
 
 	srv.Kill()
-	for i := range 3 {
-		if _, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req("gw", 0, rlstest.D("route=/x"))); status.Code(err) != codes.Unavailable {
+	for i, d := range []*rlv3.RateLimitDescriptor{rlstest.D("route=/x"), rlstest.D("route=/x"), rlstest.DH(0, "route=/x")} {
+		if _, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req("gw", 0, d)); status.Code(err) != codes.Unavailable {
 			t.Fatalf("request %d with Redis down: %v, want Unavailable", i+1, err)
 		}
 	}
@@ -547,8 +558,8 @@ func TestCommandReportsRedisOutage(t *testing.T) {
 	if n := strings.Count(s, "Redis: "); n != 1 {
 		t.Fatalf("%d outage reports for one poll after the failures, want 1:\n%s", n, s)
 	}
-	if !strings.Contains(s, "3 requests answered Unavailable") || !strings.Contains(s, "connection refused") {
-		t.Errorf("the report does not count the 3 requests or name the error:\n%s", s)
+	if !strings.Contains(s, "3 requests answered Unavailable and 2 errors") || !strings.Contains(s, "connection refused") {
+		t.Errorf("the report does not count the 3 requests and the store's 2 errors, or name the error:\n%s", s)
 	}
 
 	srv.Restart(t)
