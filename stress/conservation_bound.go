@@ -159,13 +159,25 @@ type consTrack struct {
 	primary bool
 	tl      consTimeline
 	first   int            // the segment (boundary) its windows start at, at the earliest
-	bounds  []consBoundary // bounds[i] is boundary first+i
+	base    int            // the boundary bounds[0] is: first, or later once older ones are dropped
+	bounds  []consBoundary // bounds[i] is boundary base+i: the stack's and those not yet finalized
 	stack   []int          // boundary numbers; w increases from bottom to top (suffix minima)
 	ct      big.Rat        // C at the last finalization
 	keys    map[int32]*consKeyTrack
 }
 
-func (tr *consTrack) bound(g int) *consBoundary { return &tr.bounds[g-tr.first] }
+func (tr *consTrack) bound(g int) *consBoundary { return &tr.bounds[g-tr.base] }
+
+// drop forgets the boundaries before the stack's bottom once they are most
+// of bounds: no window can start at one again (fold looks only at the
+// stack), and a key's window start is kept as a copy (consKeyTrack.start),
+// so that a long run's memory does not grow with its segments.
+func (tr *consTrack) drop() {
+	if n := tr.stack[0] - tr.base; n >= 64 && n >= len(tr.bounds)/2 {
+		tr.bounds = slices.Delete(tr.bounds, 0, n)
+		tr.base += n
+	}
+}
 
 // label names the track for violations.
 func (tr *consTrack) label() string {
@@ -177,10 +189,11 @@ func (tr *consTrack) label() string {
 
 // consKeyTrack is one key's running state on one track.
 type consKeyTrack struct {
-	last   int     // last segment whose admissions were folded in; first-1 at the start
-	min    big.Rat // min over boundaries s folded so far of A(s) + w(s)
-	from   int     // the boundary that gave min; -1 none
-	before int64   // A(from): tokens admitted before that boundary
+	last   int          // last segment whose admissions were folded in; first-1 at the start
+	min    big.Rat      // min over boundaries s folded so far of A(s) + w(s)
+	from   int          // the boundary that gave min; -1 none
+	before int64        // A(from): tokens admitted before that boundary
+	start  consBoundary // boundary from, as it was (for a violation's account; w unset)
 }
 
 // consClass is the bound's state for one class of keys: the tracks of the
@@ -247,7 +260,7 @@ func newConsLedger(p policy.Policy, names []string, seed uint64) *consLedger {
 // newTrack starts a track for band b of sh, at reading at; its windows
 // start at the next boundary.
 func (l *consLedger) newTrack(sh policy.Shape, b int, at int64) *consTrack {
-	tr := &consTrack{primary: b == 0, first: l.nseg, keys: map[int32]*consKeyTrack{}}
+	tr := &consTrack{primary: b == 0, first: l.nseg, base: l.nseg, keys: map[int32]*consKeyTrack{}}
 	if b > 0 {
 		tr.name = sh.BandName(b)
 	}
@@ -325,6 +338,7 @@ func (l *consLedger) finalize(g int, adm []consAdmission, T int64) *Violation {
 					tr.stack = tr.stack[:len(tr.stack)-1]
 				}
 				tr.stack = append(tr.stack, g)
+				tr.drop()
 			}
 			tr.tl.advance(T, tr.tl.lim.Rate())
 			tr.ct.Add(&tr.tl.rate, &tr.tl.raise)
@@ -384,13 +398,17 @@ func (l *consLedger) fold(kt *consKeyTrack, tr *consTrack, g int, admitted int64
 		kt.min.Set(cand)
 		kt.from = i
 		kt.before = admitted
+		b := tr.bound(i)
+		kt.start.at, kt.start.capacity, kt.start.cutovers = b.at, b.capacity, b.cutovers
+		kt.start.rate.Set(&b.rate)
+		kt.start.raise.Set(&b.raise)
 	}
 }
 
 // violation explains the window that failed for key on track tr.
 func (l *consLedger) violation(key int32, tr *consTrack, kt *consKeyTrack, T int64) *Violation {
 	k := &l.keys[key]
-	b := tr.bound(kt.from)
+	b := &kt.start
 	refill := new(big.Rat).Sub(&tr.tl.rate, &b.rate)
 	raises := new(big.Rat).Sub(&tr.tl.raise, &b.raise)
 	bound := new(big.Rat).SetInt64(b.capacity)

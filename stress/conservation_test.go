@@ -138,6 +138,32 @@ func TestConservationBound(t *testing.T) {
 	}
 }
 
+// TestConservationBoundLongRun: over 10,000 segments the ledger keeps a
+// bounded number of boundaries per track (a long stress run's memory
+// grew with its segments), and a violation whose window starts at the
+// first boundary, long dropped, still names it. "hot" takes its capacity
+// at 0 and then one token a second, its refill, so every window from
+// boundary 1 on holds the same slack and the one from 0 the least; two
+// tokens at the end pass the bound by one.
+func TestConservationBoundLongRun(t *testing.T) {
+	const s = int64(time.Second)
+	const n = 10_000
+	l := newConsLedger(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, []string{"hot", "cold"}, 1)
+	require.Nil(t, l.finalize(0, []consAdmission{{key: 0, tokens: 10}}, 0))
+	for g := 1; g < n; g++ {
+		l.boundary(int64(g) * s)
+		require.Nil(t, l.finalize(g, []consAdmission{{key: 0, tokens: 1}}, int64(g)*s), "segment %d", g)
+	}
+	tr := l.classes[0].tracks[0]
+	assert.Less(t, len(tr.bounds), 200, "boundaries kept after %d segments", n)
+	l.boundary(n * s)
+	v := l.finalize(n, []consAdmission{{key: 0, tokens: 2}}, n*s)
+	require.NotNil(t, v)
+	assert.Contains(t, v.Op, "between readings 0s and 2h46m40s")
+	assert.Contains(t, v.Want, "at most 10010 tokens")
+	assert.Contains(t, v.Got, "10011 tokens admitted")
+}
+
 func TestConsCheckDecision(t *testing.T) {
 	p := policy.Policy{Version: 4, Capacity: 10, TokensPerSecond: 3}
 	for i, c := range []struct {
