@@ -445,8 +445,10 @@
 // answer's Decision is the bucket's as last heard: Remaining is the
 // bucket's whole tokens at its last answer plus what the lease holds (at
 // most Limit, which the sum passes once the bucket refilled behind it),
-// ResetAfter counts from that answer, RetryAfter of a kept denial counts
-// down from the one Redis gave; Allowed and Version are as without
+// ResetAfter counts from that answer, and a kept denial answers from the
+// denial too (the fewer tokens, the later reset, its Band; RetryAfter
+// counts down from the one Redis gave), since answers may arrive in
+// another order than Redis gave them; Allowed and Version are as without
 // leases but for a cutover made by another process, which a process's
 // leased answers follow only once it meets the new version (at its next
 // call to Redis, within MaxAge): until then it spends its lease under the

@@ -191,6 +191,13 @@ type lease struct {
 	band       string
 	deniedTill int64 // a denial by the global bucket holds until then,
 	deniedCost int64 // for requests of at least this cost
+	// The denial's own answer, which a denial kept answers from: Redis's
+	// answers reach the shard in any order, so an admission decided before
+	// the denial may be learned after it.
+	denial struct {
+		remaining, resetAt int64
+		band               string
+	}
 }
 
 // post is what Redis answered about a key: a caller's request of cost
@@ -705,9 +712,16 @@ func (q *leaseShard) owe(k *lease, n int64) {
 
 // answer is a decision the lease gives: Remaining and ResetAfter are
 // estimates, from the global bucket's last answer and the lease's tokens.
+// A denial kept answers from the denial itself as well: Remaining from the
+// fewer of the bucket's tokens then and at the last answer, ResetAfter
+// from the later reset, and the denial's band.
 func (k *lease) answer(now int64, allowed bool) engine.Decision {
-	d := engine.Decision{Allowed: allowed, Remaining: min(satAdd(k.remaining, k.left), k.limit), Version: k.ver,
-		Limit: k.limit, ResetAfter: time.Duration(max(0, k.resetAt-now)), Band: k.band}
+	remaining, resetAt, band := k.remaining, k.resetAt, k.band
+	if !allowed {
+		remaining, resetAt, band = min(remaining, k.denial.remaining), max(resetAt, k.denial.resetAt), k.denial.band
+	}
+	d := engine.Decision{Allowed: allowed, Remaining: min(satAdd(remaining, k.left), k.limit), Version: k.ver,
+		Limit: k.limit, ResetAfter: time.Duration(max(0, resetAt-now)), Band: band}
 	if !allowed {
 		d.RetryAfter = time.Duration(k.deniedTill - now)
 	}
@@ -840,6 +854,7 @@ func (q *leaseShard) settle(p post) {
 			k.used = satAdd(k.used, p.cost)
 		} else {
 			k.deniedTill, k.deniedCost = now+int64(p.d.RetryAfter), p.cost
+			k.denial.remaining, k.denial.resetAt, k.denial.band = p.d.Remaining, now+int64(p.d.ResetAfter), p.d.Band
 		}
 	}
 	if p.asked > 0 && p.lseErr == nil && !p.leaseD.Degraded && p.ver == k.ver {

@@ -143,6 +143,23 @@ func TestLeaseKeptDenialRetryAfter(t *testing.T) {
 	require.Equal(t, errRemote, r.err)
 }
 
+// Redis's answers reach the shard in any order: an admission decided
+// before a denial but learned after it does not make the kept denial
+// report the admission's balance (a denial of 1 token with 4 left, as
+// twenty concurrent callers of a key once saw). The denial's own balance,
+// reset time and band stand.
+func TestLeaseKeptDenialAnswersAsTheDenial(t *testing.T) {
+	q, st := shardAt(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2})
+	for range 2 {
+		require.Equal(t, errRemote, allowAt(q, st, 0, "k", 1).err)
+	}
+	q.settle(post{key: "k", ver: 1, at: 0, cost: 1, d: engine.Decision{Remaining: 0, Limit: 10, Version: 1, RetryAfter: 500, ResetAfter: 5000, Band: "b"}})
+	q.settle(post{key: "k", ver: 1, at: 0, cost: 1, d: engine.Decision{Allowed: true, Remaining: 4, Limit: 10, Version: 1, ResetAfter: 3000}})
+	r := allowAt(q, st, 100, "k", 1)
+	require.NoError(t, r.err)
+	require.Equal(t, engine.Decision{Remaining: 0, Limit: 10, Version: 1, RetryAfter: 400, ResetAfter: 4900, Band: "b"}, r.d)
+}
+
 // raises pairs a band of next with prev's band of the same name (not with
 // the band before it): a band whose capacity grows is a raise, one that
 // keeps or lowers it is not.
