@@ -346,6 +346,7 @@ func leaseRun(ctx context.Context, o options, addr string, c *counters) (r lease
 		c.cutovers.Add(1)
 		next = (next + 1) % leaseStores
 	}
+	ran := time.Since(start) // before the stop and the last check, which take their time
 	stopAll()
 	select {
 	case v := <-failed:
@@ -363,8 +364,8 @@ func leaseRun(ctx context.Context, o options, addr string, c *counters) (r lease
 	}
 	r.degraded, r.killedAnswer = degraded.Load(), killedAnswers.Load()
 	if !killed.Load() {
-		if time.Since(start) < o.duration/2 { // stopped early: another check's violation, or an interrupt
-			return r, fmt.Errorf("leases: the run was stopped after %v, before the store was to be killed at half the -duration", time.Since(start).Round(time.Millisecond))
+		if ran < o.duration/2 { // stopped early: another check's violation, or an interrupt
+			return r, fmt.Errorf("leases: the run was stopped after %v, before the store was to be killed at half the -duration", ran.Round(time.Millisecond))
 		}
 		return r, fmt.Errorf("leases: the run ended before the store was killed: give it a -duration of a second or more")
 	}

@@ -424,7 +424,9 @@
 //     cutover tops a key up (a give-back that meets a cutover published
 //     since that read is judged again).
 //   - Denials. A denial Redis gave is kept: the same cost on the same key
-//     is denied in the process until its RetryAfter has passed.
+//     is denied in the process until its RetryAfter has passed, unless
+//     the lease and the bucket's tokens as last heard cover it (a grant
+//     learned since), when Redis decides.
 //
 // Why it cannot over-admit: every token admitted anywhere was first taken
 // from the key's bucket by a script call, which decides as without leases;
@@ -446,16 +448,17 @@
 // bucket's whole tokens at its last answer plus what the lease holds (at
 // most Limit, which the sum passes once the bucket refilled behind it),
 // ResetAfter counts from that answer, and a kept denial answers from the
-// denial too (the fewer tokens, the later reset, its Band; RetryAfter
-// counts down from the one Redis gave), since answers may arrive in
-// another order than Redis gave them; Allowed and Version are as without
+// denial too (the fewer tokens, the later reset, its Band and that band's
+// Limit; RetryAfter counts down from the one Redis gave), since answers
+// may arrive in another order than Redis gave them; Allowed and Version are as without
 // leases but for a cutover made by another process, which a process's
 // leased answers follow only once it meets the new version (at its next
 // call to Redis, within MaxAge): until then it spends its lease under the
 // old one, so a lowered limit can be passed by what the processes hold,
 // at most the old capacity/Divisor each. Limit and Band are as without
 // leases for a key of one band; for a key of
-// several they name the band that bound the bucket's last answer, which
+// several they name the band that bound the bucket's last answer (a kept
+// denial's, for the requests it denies), which
 // may no longer be the one that binds, since bands refill at their own
 // rates. Stats.Local counts the leased decisions. AllowBatch
 // decides its requests one by one, each as Allow would (so a request its

@@ -195,8 +195,8 @@ type lease struct {
 	// answers reach the shard in any order, so an admission decided before
 	// the denial may be learned after it.
 	denial struct {
-		remaining, resetAt int64
-		band               string
+		remaining, resetAt, limit int64
+		band                      string
 	}
 }
 
@@ -687,7 +687,7 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		if !k.fetch && 2*k.left < k.target {
 			q.topUp(now, r.key, k)
 		}
-	case now < k.deniedTill && cost == k.deniedCost:
+	case k.denied(now, cost):
 		r.d = k.answer(now, false)
 		q.denied.Add(1)
 	default:
@@ -712,20 +712,33 @@ func (q *leaseShard) owe(k *lease, n int64) {
 
 // answer is a decision the lease gives: Remaining and ResetAfter are
 // estimates, from the global bucket's last answer and the lease's tokens.
-// A denial kept answers from the denial itself as well: Remaining from the
-// fewer of the bucket's tokens then and at the last answer, ResetAfter
-// from the later reset, and the denial's band.
+// A denial kept answers from the denial itself as well (see denied).
 func (k *lease) answer(now int64, allowed bool) engine.Decision {
-	remaining, resetAt, band := k.remaining, k.resetAt, k.band
+	remaining, resetAt, limit, band := k.remaining, k.resetAt, k.limit, k.band
 	if !allowed {
-		remaining, resetAt, band = min(remaining, k.denial.remaining), max(resetAt, k.denial.resetAt), k.denial.band
+		remaining, resetAt, limit, band = k.deniedRemaining(), max(resetAt, k.denial.resetAt), k.denial.limit, k.denial.band
 	}
-	d := engine.Decision{Allowed: allowed, Remaining: min(satAdd(remaining, k.left), k.limit), Version: k.ver,
-		Limit: k.limit, ResetAfter: time.Duration(max(0, resetAt-now)), Band: band}
+	d := engine.Decision{Allowed: allowed, Remaining: min(satAdd(remaining, k.left), limit), Version: k.ver,
+		Limit: limit, ResetAfter: time.Duration(max(0, resetAt-now)), Band: band}
 	if !allowed {
 		d.RetryAfter = time.Duration(k.deniedTill - now)
 	}
 	return d
+}
+
+// deniedRemaining is the bucket's tokens by the denial kept and the last
+// answer, the fewer: Redis's answers reach the shard in any order, so an
+// admission decided before the denial may be learned after it.
+func (k *lease) deniedRemaining() int64 { return min(k.remaining, k.denial.remaining) }
+
+// denied reports whether the denial k keeps answers a request of cost at
+// now: the same cost, before its RetryAfter, and still more than the
+// bucket (as deniedRemaining counts it) and the lease hold together; a
+// grant learned since may cover it, and then Redis decides. Its answer is
+// the denial's, the time since taken off: its band, that band's limit, the
+// later of the two resets.
+func (k *lease) denied(now, cost int64) bool {
+	return now < k.deniedTill && cost == k.deniedCost && satAdd(k.deniedRemaining(), k.left) < cost
 }
 
 // renew sets k for the version in force, st, holding nothing.
@@ -854,7 +867,7 @@ func (q *leaseShard) settle(p post) {
 			k.used = satAdd(k.used, p.cost)
 		} else {
 			k.deniedTill, k.deniedCost = now+int64(p.d.RetryAfter), p.cost
-			k.denial.remaining, k.denial.resetAt, k.denial.band = p.d.Remaining, now+int64(p.d.ResetAfter), p.d.Band
+			k.denial.remaining, k.denial.resetAt, k.denial.limit, k.denial.band = p.d.Remaining, now+int64(p.d.ResetAfter), p.d.Limit, p.d.Band
 		}
 	}
 	if p.asked > 0 && p.lseErr == nil && !p.leaseD.Degraded && p.ver == k.ver {

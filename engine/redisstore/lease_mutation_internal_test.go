@@ -160,6 +160,38 @@ func TestLeaseKeptDenialAnswersAsTheDenial(t *testing.T) {
 	require.Equal(t, engine.Decision{Remaining: 0, Limit: 10, Version: 1, RetryAfter: 400, ResetAfter: 4900, Band: "b"}, r.d)
 }
 
+// A kept denial by a band other than the one the last answer named answers
+// with that band and its limit: the Decision's Remaining, Limit and
+// ResetAfter describe the band it names.
+func TestLeaseKeptDenialNamesItsBandsLimit(t *testing.T) {
+	q, st := shardAt(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2})
+	for range 2 {
+		require.Equal(t, errRemote, allowAt(q, st, 0, "k", 1).err)
+	}
+	q.settle(post{key: "k", ver: 1, at: 0, cost: 1, d: engine.Decision{Remaining: 0, Limit: 20, Version: 1, RetryAfter: 500, ResetAfter: 9000, Band: "daily"}})
+	q.settle(post{key: "k", ver: 1, at: 0, cost: 1, d: engine.Decision{Allowed: true, Remaining: 4, Limit: 10, Version: 1, ResetAfter: 3000}})
+	r := allowAt(q, st, 100, "k", 1)
+	require.NoError(t, r.err)
+	require.Equal(t, engine.Decision{Remaining: 0, Limit: 20, Version: 1, RetryAfter: 400, ResetAfter: 8900, Band: "daily"}, r.d)
+}
+
+// A kept denial no longer answers once what the lease holds and the bucket
+// had cover its cost: a grant Redis decided before the denial, learned
+// after it, sends the request to Redis rather than deny it in the process
+// (and report more tokens than it costs).
+func TestLeaseKeptDenialYieldsToAGrant(t *testing.T) {
+	q, st := shardAt(policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1})
+	require.Equal(t, errRemote, allowAt(q, st, 0, "k", 3).err)
+	q.settle(post{key: "k", ver: 1, at: 0, cost: 3, d: engine.Decision{Remaining: 2, Limit: 1000, Version: 1, RetryAfter: 1000, ResetAfter: 998000}})
+	r := allowAt(q, st, 10, "k", 3)
+	require.NoError(t, r.err, "the denial is kept")
+	require.Equal(t, engine.Decision{Remaining: 2, Limit: 1000, Version: 1, RetryAfter: 990, ResetAfter: 997990}, r.d)
+	q.settle(post{key: "k", ver: 1, at: 0, asked: 2, leaseD: engine.Decision{Allowed: true, Remaining: 4, Limit: 1000, Version: 1, ResetAfter: 996000}})
+	r = allowAt(q, st, 20, "k", 3)
+	require.Equal(t, errRemote, r.err, "denied in the process with 2 tokens held and 2 in the bucket: %+v", r.d)
+	require.Equal(t, int64(2), r.held)
+}
+
 // raises pairs a band of next with prev's band of the same name (not with
 // the band before it): a band whose capacity grows is a raise, one that
 // keeps or lowers it is not.
