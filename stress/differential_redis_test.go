@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -49,45 +48,6 @@ func TestDiffGenerateStore(t *testing.T) {
 	}
 	assert.False(t, diffGenerate(1, []int{1}, diffOpsPerTrace).cfg.store, "the engine's traces are not the store's")
 	assert.Contains(t, diffGenerateStore(1, 10).cfg.String(), "redisstore.New(")
-}
-
-// TestDifferentialRedis replays fixed seeds on the Redis store and the
-// model, fails with the shrunk reproduction on the first mismatch, and
-// checks that the traces reach what they are meant to.
-func TestDifferentialRedis(t *testing.T) {
-	rdb, addr := diffRedisClient(t)
-	mk := diffRedisMaker(rdb)
-	want := []string{"ErrInvalidKey", "ErrInvalidCost", "ErrCostExceedsCapacity", "ErrStalePolicy", "ErrInvalidConfig", "ErrInvalidPolicy",
-		"Allowed:false", "Allowed:true", "t=9223372036854775807 ", "AllowBatch(", "EvictFull() -> 0,", "Overrides: mustOverrides("}
-	seen := map[string]int{}
-	c := &counters{}
-	longest, evicted := 0, 0
-	start := time.Now()
-	for seed := uint64(1); seed <= diffRedisSeeds; seed++ {
-		tr := diffGenerateStore(seed, diffOpsPerTrace)
-		out, err := diffReplay(tr, mk, c, true)
-		require.NoError(t, err)
-		if out.fail != nil {
-			t.Fatal(diffCheckAs(tr, mk, nil, "-redis "+addr))
-		}
-		require.True(t, out.valid, "seed %d", seed)
-		longest = max(longest, diffTally(out.lines, want, seen))
-		for _, l := range out.lines {
-			if strings.Contains(l, "EvictFull() -> ") && !strings.Contains(l, "EvictFull() -> 0,") {
-				evicted++
-			}
-		}
-		c.traces.Add(1)
-	}
-	took := time.Since(start)
-	for _, w := range want {
-		assert.Positive(t, seen[w], "no trace produced %s", w)
-	}
-	assert.Positive(t, evicted, "no EvictFull removed a key")
-	assert.Greater(t, longest, redisstore.HistoryVersions, "no trace cut over more often than the store keeps history")
-	assert.Positive(t, c.overridden.Load(), "no decision under an override")
-	t.Logf("%d traces in %v (%.0f/s), decisions %d, longest cutover chain %d, seen %v",
-		c.traces.Load(), took.Round(time.Millisecond), float64(c.traces.Load())/took.Seconds(), c.decisions.Load(), longest, seen)
 }
 
 // TestDiffRedisCleans: a target's keys are gone once it closes.
