@@ -147,32 +147,26 @@ func TestLeaseKeptDenialRetryAfter(t *testing.T) {
 // before a denial but learned after it does not make the kept denial
 // report the admission's balance (a denial of 1 token with 4 left, as
 // twenty concurrent callers of a key once saw). The denial's own balance,
-// reset time and band stand.
+// reset time, band and that band's limit stand, the band being the one
+// the Decision's Remaining, Limit and ResetAfter describe, also when the
+// last answer named another.
 func TestLeaseKeptDenialAnswersAsTheDenial(t *testing.T) {
-	q, st := shardAt(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2})
-	for range 2 {
-		require.Equal(t, errRemote, allowAt(q, st, 0, "k", 1).err)
+	for _, denial := range []engine.Decision{
+		{Remaining: 0, Limit: 10, Version: 1, RetryAfter: 500, ResetAfter: 5000, Band: "b"},
+		{Remaining: 0, Limit: 20, Version: 1, RetryAfter: 500, ResetAfter: 9000, Band: "daily"},
+	} {
+		q, st := shardAt(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2})
+		for range 2 {
+			require.Equal(t, errRemote, allowAt(q, st, 0, "k", 1).err)
+		}
+		q.settle(post{key: "k", ver: 1, at: 0, cost: 1, d: denial})
+		q.settle(post{key: "k", ver: 1, at: 0, cost: 1, d: engine.Decision{Allowed: true, Remaining: 4, Limit: 10, Version: 1, ResetAfter: 3000}})
+		r := allowAt(q, st, 100, "k", 1)
+		require.NoError(t, r.err)
+		want := denial
+		want.RetryAfter, want.ResetAfter = denial.RetryAfter-100, denial.ResetAfter-100
+		require.Equal(t, want, r.d, "band %q", denial.Band)
 	}
-	q.settle(post{key: "k", ver: 1, at: 0, cost: 1, d: engine.Decision{Remaining: 0, Limit: 10, Version: 1, RetryAfter: 500, ResetAfter: 5000, Band: "b"}})
-	q.settle(post{key: "k", ver: 1, at: 0, cost: 1, d: engine.Decision{Allowed: true, Remaining: 4, Limit: 10, Version: 1, ResetAfter: 3000}})
-	r := allowAt(q, st, 100, "k", 1)
-	require.NoError(t, r.err)
-	require.Equal(t, engine.Decision{Remaining: 0, Limit: 10, Version: 1, RetryAfter: 400, ResetAfter: 4900, Band: "b"}, r.d)
-}
-
-// A kept denial by a band other than the one the last answer named answers
-// with that band and its limit: the Decision's Remaining, Limit and
-// ResetAfter describe the band it names.
-func TestLeaseKeptDenialNamesItsBandsLimit(t *testing.T) {
-	q, st := shardAt(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2})
-	for range 2 {
-		require.Equal(t, errRemote, allowAt(q, st, 0, "k", 1).err)
-	}
-	q.settle(post{key: "k", ver: 1, at: 0, cost: 1, d: engine.Decision{Remaining: 0, Limit: 20, Version: 1, RetryAfter: 500, ResetAfter: 9000, Band: "daily"}})
-	q.settle(post{key: "k", ver: 1, at: 0, cost: 1, d: engine.Decision{Allowed: true, Remaining: 4, Limit: 10, Version: 1, ResetAfter: 3000}})
-	r := allowAt(q, st, 100, "k", 1)
-	require.NoError(t, r.err)
-	require.Equal(t, engine.Decision{Remaining: 0, Limit: 20, Version: 1, RetryAfter: 400, ResetAfter: 8900, Band: "daily"}, r.d)
 }
 
 // A kept denial no longer answers once what the lease holds and the bucket
