@@ -86,7 +86,7 @@ func TestEnvoyRLSPart(t *testing.T) {
 // engine's, no fail-closed answer or refusal, and every key it wrote deleted.
 func TestEnvoyRLSPartRedis(t *testing.T) {
 	skipUnderRace(t)
-	addr := redistest.Addr(t)
+	addr := redistest.Alone(t)
 	tinyRLSTimes(t)
 	var out bytes.Buffer
 	if code := run([]string{"-quick", "-parts", "envoyrls", "-redis", addr}, &out, &out); code != 0 {

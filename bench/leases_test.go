@@ -39,7 +39,7 @@ func tableRows(out string, cols, n int) []string {
 // not checked: the run is too short, and the machine may be busy.
 func TestLeasesPart(t *testing.T) {
 	skipUnderRace(t)
-	addr := redistest.Addr(t)
+	addr := redistest.Alone(t)
 	old := leaseTimesFor
 	leaseTimesFor = func(bool) leaseTimes {
 		return leaseTimes{warm: 20 * time.Millisecond, window: 50 * time.Millisecond, rounds: 1}

@@ -68,7 +68,7 @@ func BenchmarkRedisStore(b *testing.B) {
 // and every key it wrote deleted.
 func TestRedisSection(t *testing.T) {
 	skipUnderRace(t)
-	addr := redistest.Addr(t)
+	addr := redistest.Alone(t)
 	var out bytes.Buffer
 	if code := run([]string{"-quick", "-parts", "redis", "-redis", addr}, &out, &out); code != 0 {
 		t.Fatalf("bench -parts redis exited %d:\n%s", code, out.String())

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/internal/redistest"
 )
 
 // TestDifferentialRedis replays fixed seeds on the Redis store and the
@@ -21,7 +22,7 @@ import (
 // CI's race step against 28 s without. `go test work` without -race runs
 // it, and so does CI, after the race step.
 func TestDifferentialRedis(t *testing.T) {
-	rdb, addr := diffRedisClient(t)
+	rdb, addr := diffRedisClientOf(t, redistest.Alone(t)) // a server of its own: it loads one as a benchmark does
 	mk := diffRedisMaker(rdb)
 	want := []string{"ErrInvalidKey", "ErrInvalidCost", "ErrCostExceedsCapacity", "ErrStalePolicy", "ErrInvalidConfig", "ErrInvalidPolicy",
 		"Allowed:false", "Allowed:true", "t=9223372036854775807 ", "AllowBatch(", "EvictFull() -> 0,", "Overrides: mustOverrides("}

@@ -25,7 +25,12 @@ const diffRedisSeeds = 30
 // closed when the test ends.
 func diffRedisClient(t *testing.T) (*redis.Client, string) {
 	t.Helper()
-	addr := redistest.Addr(t)
+	return diffRedisClientOf(t, redistest.Addr(t))
+}
+
+// diffRedisClientOf is diffRedisClient on the server at addr.
+func diffRedisClientOf(t *testing.T, addr string) (*redis.Client, string) {
+	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb, addr

@@ -215,6 +215,31 @@ func TestAddrEnvUsed(t *testing.T) {
 	}
 }
 
+// TestAlone: a test that loads its server gets one of its own, not the
+// shared one, unless the user named a server.
+func TestAlone(t *testing.T) {
+	if _, err := findBinary(); err != nil {
+		skipOrFail(t, err.Error())
+	}
+	t.Setenv(envAddr, "")
+	shared := Addr(t)
+	own := Alone(t)
+	if own == shared {
+		t.Fatalf("Alone() = %s, the shared server", own)
+	}
+	if err := ping(own, time.Second); err != nil {
+		t.Fatalf("Alone()'s server %s: %v", own, err)
+	}
+	if again := Alone(t); again == own {
+		t.Errorf("two calls of Alone share %s", own)
+	}
+	s := Start(t)
+	t.Setenv(envAddr, s.Addr())
+	if got := Alone(t); got != s.Addr() {
+		t.Errorf("Alone() = %s, want %s from %s", got, s.Addr(), envAddr)
+	}
+}
+
 // clusterInfo is one node's CLUSTER INFO, through redis-cli.
 func clusterInfo(t *testing.T, addr string) string {
 	t.Helper()
