@@ -63,6 +63,7 @@ func TestChargeExpiryCoversDebt(t *testing.T) {
 // marked Degraded, under either failure rule; OnError is told and Stats
 // counts it as a degraded admission, and only as that.
 func TestChargeFailure(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	for _, failOpen := range []bool{true, false} {
 		srv := startPrivate(t)
 		var told atomic.Int64

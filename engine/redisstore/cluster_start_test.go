@@ -25,6 +25,7 @@ import (
 // died does, and answers the dead master's keys by the failure rule; once
 // the master is back, its keys are decided by Redis too.
 func TestClusterStartOneMasterDown(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a cluster of its own
 	c := redistest.StartCluster(t)
 	ctx := context.Background()
 	admin := clusterClient(t, c.Addrs())
@@ -103,6 +104,7 @@ func TestClusterStartOneMasterDown(t *testing.T) {
 // with a bare i/o timeout (os.ErrDeadlineExceeded), not the context's
 // error: New must count it as Redis out of reach, not as an answer.
 func TestClusterStartHung(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a cluster of its own
 	c := redistest.StartCluster(t)
 	for i := range c.Addrs() {
 		c.Node(i).Hang(t)
@@ -134,6 +136,7 @@ func TestClusterStartHung(t *testing.T) {
 // three hung, that is a store in three whose New takes 5 s; here every
 // master hangs, so that it is every one.
 func TestClusterStartHungKnownSlots(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a cluster of its own
 	c := redistest.StartCluster(t)
 	cc := clusterClient(t, c.Addrs())
 	ctx := context.Background()
@@ -177,6 +180,7 @@ func TestClusterStartHungKnownSlots(t *testing.T) {
 // is missing, not on every master one after the other, where the hung one
 // held every call until its deadline.
 func TestClusterScriptLoadOneMasterHung(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a cluster of its own
 	c := redistest.StartCluster(t)
 	ctx := context.Background()
 	admin := clusterClient(t, c.Addrs())

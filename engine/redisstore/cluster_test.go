@@ -455,6 +455,7 @@ func TestClusterSlotMigration(t *testing.T) {
 // of shards on the other masters are decided as before, and once the
 // master is back (its data kept: append-only) both are decided again.
 func TestClusterMasterKilled(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a cluster of its own
 	cl := redistest.StartCluster(t)
 	addr := strings.Join(cl.Addrs(), ",")
 	p := prefix(t)
@@ -596,6 +597,7 @@ func TestPlainClientOnClusterNodeFails(t *testing.T) {
 // decides again without a new Store: the lost buckets start full (as on
 // one server that lost everything), the others keep their balance.
 func TestClusterMasterLosesData(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a cluster of its own
 	cl := redistest.StartCluster(t)
 	addr := strings.Join(cl.Addrs(), ",")
 	p := prefix(t)

@@ -22,6 +22,7 @@ import (
 // wait. Redis is paused for longer than the earlier deadline, shorter
 // than the later.
 func TestCombinedCallOutlivesAnEarlierDeadline(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	srv := startPrivate(t)
 	c := client(t, srv.Addr())
 	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1},

@@ -129,6 +129,7 @@ func combinedGiveUp(t *testing.T, giveUpAt string) (d1, d2 engine.Decision, st r
 // sent: it gets the failure rule, counted once, and Redis takes none of
 // its tokens; the others are decided by Redis and counted once each.
 func TestCombinedGiveUpBeforeSend(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a fresh prefix of the shared server
 	d1, d2, st, taken, onErrors := combinedGiveUp(t, redisstore.HookTaken)
 	require.True(t, d1.Allowed, "w1: %+v", d1)
 	require.False(t, d2.Allowed, "w2: %+v", d2)
@@ -146,6 +147,7 @@ func TestCombinedGiveUpBeforeSend(t *testing.T) {
 // failure rule: Redis's decision is neither counted nor delivered, and
 // OnError is called once. (Its tokens are taken, as for any lost reply.)
 func TestCombinedGiveUpDuringCall(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a fresh prefix of the shared server
 	d1, d2, st, taken, onErrors := combinedGiveUp(t, redisstore.HookSent)
 	require.True(t, d1.Allowed, "w1: %+v", d1)
 	require.False(t, d2.Allowed, "w2: %+v", d2)
@@ -357,6 +359,7 @@ func TestClusterSlowMasterDelaysOnlyItsShards(t *testing.T) {
 // combined call, sent by a drainer. However the calls end, their places in
 // flight are handed on: none is left taken.
 func TestCombinedOnErrorRunsInACaller(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	srv := startPrivate(t)
 	var calls, recovered atomic.Int64
 	s := realStores(t, srv.Addr(), 1, redisstore.Config{

@@ -103,6 +103,7 @@ func TestCombinedAllowsExact(t *testing.T) {
 // answer. A combined call runs until its latest caller's deadline, so the
 // earlier callers in it leave by their own timers.
 func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	const timeout = 400 * time.Millisecond
 	s := pausedStore(t, timeout)
 	const n = 16
@@ -139,6 +140,7 @@ func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
 // wait for one, canceled callers return context.Canceled, and Stats counts
 // each fail-closed answer once.
 func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	s := pausedStore(t, 5*time.Second)
 	const n = 24
 	var wg sync.WaitGroup

@@ -96,6 +96,7 @@ func TestDefaultPrefixKeyLayout(t *testing.T) {
 // not before, and not at go-redis's own ReadTimeout (3 s); a call that is
 // not a decision returns ErrUnavailable as soon.
 func TestDefaultTimeoutBoundsACall(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	srv := startPrivate(t)
 	c := client(t, srv.Addr())
 	ctx := context.Background()

@@ -24,6 +24,7 @@ import (
 // does not change that answer into a fail-open admission or a fail-closed
 // RetryAfter.
 func TestFailureCostAboveCapacity(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	for _, failOpen := range []bool{true, false} {
 		srv := startPrivate(t)
 		s := realStores(t, srv.Addr(), 1, redisstore.Config{
@@ -41,6 +42,7 @@ func TestFailureCostAboveCapacity(t *testing.T) {
 // TestHungRedis: a Redis that stops answering (CLIENT PAUSE) rather than
 // refusing connections: every call returns by its deadline.
 func TestHungRedis(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	srv := startPrivate(t)
 	c := client(t, srv.Addr())
 	const timeout = 200 * time.Millisecond
@@ -129,6 +131,7 @@ func TestChainFetchFailureKeepsLaterDecisions(t *testing.T) {
 // the failure rule's, marked Degraded and counted as admitted or denied;
 // decisions by Redis before and after are not marked.
 func TestOutageDegraded(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	for _, failOpen := range []bool{false, true} {
 		t.Run(fmt.Sprintf("failOpen=%t", failOpen), func(t *testing.T) {
 			srv := startPrivate(t)

@@ -75,6 +75,7 @@ func TestMiddlewareWithKeysOnStore(t *testing.T) {
 // RateLimit fields, the handler not run; failing open, the handler runs,
 // without RateLimit fields.
 func TestMiddlewareOnStoreWithoutRedis(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	srv := startPrivate(t)
 	srv.Kill()
 	for _, failOpen := range []bool{false, true} {

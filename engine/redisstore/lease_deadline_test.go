@@ -22,6 +22,7 @@ import (
 // without leases, never with the context's error. On a server of its own:
 // the pause would stall every test on a shared one.
 func TestLeaseCallEndsByItsDeadline(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	addr := redistest.Start(t).Addr()
 	admin := client(t, addr)
 	ctx := context.Background()

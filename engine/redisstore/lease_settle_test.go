@@ -23,6 +23,7 @@ import (
 // unreachable, a process spends what it holds, then answers by the failure
 // rule" (the package doc's Leases).
 func TestLeaseKeepsWhatAFailOpenAnswerHeld(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	srv := startPrivate(t)
 	clk := clock.NewManual(0)
 	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}

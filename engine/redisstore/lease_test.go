@@ -230,6 +230,7 @@ func TestLeaseWait(t *testing.T) {
 // usual, and then answers by the failure rule, marked Degraded; Stats
 // counts the failure rule's answers only for requests, never for leases.
 func TestLeaseOutlivesRedis(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	srv := startPrivate(t)
 	clk := clock.NewManual(0)
 	p := policy.Policy{Version: 1, Capacity: 1 << 30, TokensPerSecond: 1000}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -20,9 +22,30 @@ type stopRedis struct{ m *testing.M }
 
 func (s stopRedis) Run() int { defer redistest.Stop(); return s.m.Run() }
 
+// parallelWaits is -test.parallel when the command line does not set it.
+const parallelWaits = 8
+
 // TestMain fails the package if a test leaves a goroutine behind: go-redis
 // clients are closed by each test's cleanup, and the store starts none.
+//
+// It also raises -test.parallel (GOMAXPROCS by default, 2 on CI) to
+// parallelWaits unless the command line sets it. The tests that call
+// t.Parallel wait on real servers and deadlines (a server killed, hung or
+// paused, a cluster converging, a Timeout passing), not on the CPU, for
+// about 90 s of this package's time, the longest of CI's race step: two at
+// a time, most of those waits would still add up. Each works on a server
+// or cluster of its own, or on a fresh prefix of the shared server, so
+// they cannot meet; the tests that change a shared server stay
+// sequential, and Go runs the parallel ones after them.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		if err := flag.Set("test.parallel", strconv.Itoa(parallelWaits)); err != nil {
+			panic(err)
+		}
+	}
 	redis.SetLogger(quiet{}) // the outage tests would fill the log with go-redis's dial retries
 	goleak.VerifyTestMain(stopRedis{m})
 }

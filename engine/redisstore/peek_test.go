@@ -73,6 +73,7 @@ func TestPeekRefundPlain(t *testing.T) {
 // cannot answer they are an error wrapping ErrUnavailable, never a
 // fail-open or fail-closed answer.
 func TestPeekRefundErrors(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	ctx := context.Background()
 	srv := startPrivate(t)
 	s := realStores(t, srv.Addr(), 1, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1},
@@ -113,6 +114,7 @@ func TestPeekRefundErrors(t *testing.T) {
 // a fail-open admission; a cost every band holds gets the failure rule,
 // described by the primary band.
 func TestFailureCostAboveBandCapacity(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	srv := startPrivate(t)
 	bands, err := policy.NewBands(policy.Band{Name: "daily", Capacity: 3, Refill: policy.PerDay(3)})
 	require.NoError(t, err)

@@ -170,6 +170,7 @@ func TestSharedLoadCreditBound(t *testing.T) {
 // back (empty: no persistence) the store reinstalls its policy and decides
 // again, without a new Store.
 func TestRedisKilledMidRun(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	for _, failOpen := range []bool{false, true} {
 		t.Run(fmt.Sprintf("FailOpen=%t", failOpen), func(t *testing.T) {
 			srv := redistest.Start(t)

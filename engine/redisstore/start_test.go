@@ -351,6 +351,7 @@ func TestStartWithoutRedisConcurrent(t *testing.T) {
 // acknowledges under WaitForReplicas. New returns a store that answers by
 // the failure rule, and Redis decides once it can.
 func TestStartWhileRedisCannotServe(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a server of its own
 	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
 	ctx := context.Background()
 	t.Run("busy", func(t *testing.T) {
@@ -479,6 +480,7 @@ func (h *slowRedis) hook() hook {
 // under one deadline, Config.Timeout's: with Redis slow to answer both, it
 // is answered by the failure rule by then, not after a Timeout each.
 func TestStartWithoutRedisOneDeadline(t *testing.T) {
+	t.Parallel() // waits on deadlines and outages; on a fresh prefix of the shared server
 	const timeout = 600 * time.Millisecond
 	calls := map[string]func(s *redisstore.Store) (engine.Decision, error){
 		"Allow": func(s *redisstore.Store) (engine.Decision, error) { return s.Allow(context.Background(), "k", 1) },
@@ -526,6 +528,7 @@ func TestStartWithoutRedisOneDeadline(t *testing.T) {
 // the deadline), not a bare "context deadline exceeded" that names
 // nothing: Allow, AllowBatch, AllowAll and Charge alike.
 func TestOnErrorSaysWhere(t *testing.T) {
+	t.Parallel()     // waits on deadlines and outages; on a fresh prefix of the shared server
 	exactBalances(t) // counts OnError's calls, one per call: with leases AllowBatch decides its requests one by one
 	for _, c := range []struct {
 		name            string
