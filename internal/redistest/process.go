@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -44,16 +45,43 @@ func findBinary() (string, error) {
 	return "", errNoBinary
 }
 
+// busOffset is how far above its port a cluster node listens for the
+// other nodes (Redis Cluster's bus port).
+const busOffset = 10000
+
+// given holds every port freePort returned in this process, and each one's
+// bus port: a test that kills its server expects the port to stay dead, or
+// to get it back on Restart, while the package's other tests start servers
+// beside it (t.Parallel).
+var given struct {
+	mu    sync.Mutex
+	ports map[int]bool
+}
+
 // freePort asks the kernel for a free port on 127.0.0.1 by listening on :0
-// and closing the listener. This races: another process may take the port
-// before redis-server binds it. The callers retry on errExited.
+// and closing the listener, skipping the ports it gave out before (see
+// given). This races: another process may take the port before
+// redis-server binds it. The callers retry on errExited.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	given.mu.Lock()
+	defer given.mu.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if given.ports[port] || given.ports[port+busOffset] {
+			continue
+		}
+		if given.ports == nil {
+			given.ports = map[int]bool{}
+		}
+		given.ports[port], given.ports[port+busOffset] = true, true
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("redistest: 100 ports in a row from the kernel were given out before")
 }
 
 // process is one running redis-server. It is not safe for concurrent use;

@@ -215,6 +215,23 @@ func TestAddrEnvUsed(t *testing.T) {
 	}
 }
 
+// TestFreePortNeverRepeats: a port freePort gave out, or its cluster bus
+// port, is never given out again in the process, though the listener it
+// came from is closed at once and the kernel may offer it again.
+func TestFreePortNeverRepeats(t *testing.T) {
+	seen := map[int]bool{}
+	for range 300 {
+		p, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[p] || seen[p+busOffset] || seen[p-busOffset] {
+			t.Fatalf("freePort gave %d, which it gave before or is a bus port of one it gave", p)
+		}
+		seen[p] = true
+	}
+}
+
 // TestAlone: a test that loads its server gets one of its own, not the
 // shared one, unless the user named a server.
 func TestAlone(t *testing.T) {
