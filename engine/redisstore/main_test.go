@@ -29,9 +29,9 @@ const parallelWaits = 8
 // clients are closed by each test's cleanup, and the store starts none.
 //
 // It also raises -test.parallel (GOMAXPROCS by default, 2 on CI) to
-// parallelWaits unless the command line sets it. The tests that call
-// t.Parallel wait on real servers and deadlines (a server killed, hung or
-// paused, a cluster converging, a Timeout passing), not on the CPU, for
+// parallelWaits unless the command line sets it, or fuzzes. The tests that
+// call t.Parallel wait on real servers and deadlines (a server killed, hung
+// or paused, a cluster converging, a Timeout passing), not on the CPU, for
 // about 90 s of this package's time, the longest of CI's race step: two at
 // a time, most of those waits would still add up. Each works on a server
 // or cluster of its own, or on a fresh prefix of the shared server, so
@@ -41,7 +41,8 @@ func TestMain(m *testing.M) {
 	flag.Parse()
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
+	// -test.parallel is also the number of fuzzing workers: left alone then
+	if fuzz := flag.Lookup("test.fuzz"); !set && (fuzz == nil || fuzz.Value.String() == "") {
 		if err := flag.Set("test.parallel", strconv.Itoa(parallelWaits)); err != nil {
 			panic(err)
 		}
