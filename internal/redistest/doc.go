@@ -1,6 +1,7 @@
 // Package redistest gives integration tests a real Redis server: Addr for a
 // server shared by the whole test binary, Start for a private one a test owns
-// and may kill and restart (outage tests). ClusterAddrs and StartCluster do
+// and may kill and restart (outage tests), Alone for one a test may load as
+// a benchmark does without slowing the others. ClusterAddrs and StartCluster do
 // the same for a Redis Cluster of three masters (redis-cli --cluster
 // create), the shared one taken from $TOKENSHARD_REDIS_CLUSTER_ADDRS when
 // set (.ci/run starts one and sets it). GetReplicaCluster gives a failover

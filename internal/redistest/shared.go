@@ -34,9 +34,9 @@ var shared struct {
 // benchmark does: $TOKENSHARD_REDIS_ADDR if set (the user chose it), else a
 // private redis-server of t's own (see Start), else, where there is no
 // redis-server binary, Addr's. A benchmark run on the server that other
-// test binaries share takes its one thread from their tests: in CI's step without -race, a
-// math/big check of the decide script took 71 s beside bench's Redis
-// table instead of 9 s.
+// test binaries share takes its one thread from their tests: in CI's step
+// without -race, a math/big check of the decide script took 71 s beside
+// bench's Redis table instead of 9 s.
 func Alone(t testing.TB) string {
 	t.Helper()
 	if os.Getenv(envAddr) != "" {
