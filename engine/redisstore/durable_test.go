@@ -121,6 +121,7 @@ func TestWaitForReplicasOneMasterShort(t *testing.T) {
 	policies, _, _ := redisstore.ShardStateKeys(p)
 	short := strings.TrimSuffix(policies[3], "p") // "prefix{tag}": the shard's keys
 	c := client(t, addr)
+	t.Cleanup(func() { cleanPrefix(c, p) })
 	fail := func(cmd redis.Cmder) {
 		if n := cmd.Name(); n != "eval" && n != "evalsha" && n != "fcall" || cmd.Err() != nil {
 			return

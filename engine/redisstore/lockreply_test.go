@@ -63,6 +63,7 @@ func TestLockSetSentTwiceTakesLock(t *testing.T) {
 	p := prefix(t)
 	p1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 	ac := client(t, addr)
+	t.Cleanup(func() { cleanPrefix(ac, p) })
 	lockKey := redisstore.GlobalKey(p, "lock")
 	var fired atomic.Bool
 	ac.AddHook(hook{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {

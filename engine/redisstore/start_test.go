@@ -501,9 +501,10 @@ func TestStartWithoutRedisOneDeadline(t *testing.T) {
 			// Reading the prefix's state begins with EXISTS, and each
 			// takes 0.6 Timeout: both together pass it.
 			h := &slowRedis{slow: map[string]bool{"exists": true, "fcall": true, "evalsha": true}, delay: timeout * 6 / 10}
-			c := client(t, redisAddr(t))
+			c, p := client(t, redisAddr(t)), prefix(t)
+			t.Cleanup(func() { cleanPrefix(c, p) })
 			c.AddHook(h.hook())
-			s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix(t),
+			s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: p,
 				Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: timeout})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = s.Close() })
