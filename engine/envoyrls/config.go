@@ -478,13 +478,22 @@ func deref(v *yaml.Node) *yaml.Node {
 func isNull(v *yaml.Node) bool { return v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" }
 
 // str reads a scalar as a string: an integer or a word is its text, as
-// envoyproxy/ratelimit reads it; null is ""; a float is refused, as there.
+// envoyproxy/ratelimit reads it; null is ""; a float is refused, as there;
+// a !!binary scalar is the bytes its base64 spells, as there (its text
+// would be another string, which no request of those bytes matches).
 func str(field string, v *yaml.Node) (string, error) {
 	if isNull(v) {
 		return "", nil
 	}
 	if v.Kind != yaml.ScalarNode || v.ShortTag() == "!!float" {
 		return "", fieldErr(ErrFieldType, v, field, "not a string")
+	}
+	if v.ShortTag() == "!!binary" {
+		var s string
+		if err := v.Decode(&s); err != nil {
+			return "", fieldErr(ErrFieldType, v, field, "!!binary that is not base64")
+		}
+		return s, nil
 	}
 	return v.Value, nil
 }
