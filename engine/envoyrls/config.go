@@ -356,6 +356,8 @@ func (c *Config) loadDescriptor(m *yaml.Node) (*node, *yaml.Node, error) {
 // loadLimit reads a rate_limit mapping.
 func (c *Config) loadLimit(m *yaml.Node) (*limit, error) {
 	if m.Kind != yaml.MappingNode {
+		// Null too: envoyproxy/ratelimit reads "rate_limit:" with no value
+		// as no limit, which would leave the entry unlimited unseen.
 		return nil, fieldErr(ErrFieldType, m, "rate_limit", "not a mapping")
 	}
 	l := &limit{}
@@ -505,7 +507,12 @@ var yaml11Bools = map[string]bool{
 	"n": false, "N": false, "no": false, "No": false, "NO": false, "off": false, "Off": false, "OFF": false,
 }
 
+// boolean reads a true or false: a YAML 1.1 word too, as envoyproxy/ratelimit
+// reads it; null (a field written with no value) is false, as there.
 func boolean(field string, v *yaml.Node) (bool, error) {
+	if isNull(v) {
+		return false, nil
+	}
 	if v.Kind == yaml.ScalarNode && v.Style == 0 && v.Tag == "!!str" {
 		if b, ok := yaml11Bools[v.Value]; ok {
 			return b, nil // plain, as envoyproxy/ratelimit reads it; a quoted "yes" is a string there too
