@@ -356,6 +356,8 @@ func (c *Config) loadDescriptor(m *yaml.Node) (*node, *yaml.Node, error) {
 // loadLimit reads a rate_limit mapping.
 func (c *Config) loadLimit(m *yaml.Node) (*limit, error) {
 	if m.Kind != yaml.MappingNode {
+		// Null too: envoyproxy/ratelimit reads "rate_limit:" with no value
+		// as no limit, which would leave the entry unlimited unseen.
 		return nil, fieldErr(ErrFieldType, m, "rate_limit", "not a mapping")
 	}
 	l := &limit{}
@@ -478,13 +480,22 @@ func deref(v *yaml.Node) *yaml.Node {
 func isNull(v *yaml.Node) bool { return v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" }
 
 // str reads a scalar as a string: an integer or a word is its text, as
-// envoyproxy/ratelimit reads it; null is ""; a float is refused, as there.
+// envoyproxy/ratelimit reads it; null is ""; a float is refused, as there;
+// a !!binary scalar is the bytes its base64 spells, as there (its text
+// would be another string, which no request of those bytes matches).
 func str(field string, v *yaml.Node) (string, error) {
 	if isNull(v) {
 		return "", nil
 	}
 	if v.Kind != yaml.ScalarNode || v.ShortTag() == "!!float" {
 		return "", fieldErr(ErrFieldType, v, field, "not a string")
+	}
+	if v.ShortTag() == "!!binary" {
+		var s string
+		if err := v.Decode(&s); err != nil {
+			return "", fieldErr(ErrFieldType, v, field, "!!binary that is not base64")
+		}
+		return s, nil
 	}
 	return v.Value, nil
 }
@@ -496,7 +507,12 @@ var yaml11Bools = map[string]bool{
 	"n": false, "N": false, "no": false, "No": false, "NO": false, "off": false, "Off": false, "OFF": false,
 }
 
+// boolean reads a true or false: a YAML 1.1 word too, as envoyproxy/ratelimit
+// reads it; null (a field written with no value) is false, as there.
 func boolean(field string, v *yaml.Node) (bool, error) {
+	if isNull(v) {
+		return false, nil
+	}
 	if v.Kind == yaml.ScalarNode && v.Style == 0 && v.Tag == "!!str" {
 		if b, ok := yaml11Bools[v.Value]; ok {
 			return b, nil // plain, as envoyproxy/ratelimit reads it; a quoted "yes" is a string there too

@@ -314,3 +314,45 @@ func TestParseConfigPathBomb(t *testing.T) {
 		t.Errorf("a list nested in itself: %v", err)
 	}
 }
+
+// TestParseConfigBinaryStrings: a !!binary scalar is the bytes its base64
+// spells, as envoyproxy/ratelimit's YAML library reads it into a string:
+// value: !!binary aGVsbG8= is the value "hello" there, and a request of
+// hello reaches the entry here too, not only one of "aGVsbG8=". Base64
+// that does not decode is refused, as there.
+func TestParseConfigBinaryStrings(t *testing.T) {
+	h := rlstest.Start(t, newEngine, "domain: !!binary ZA==\ndescriptors:\n"+
+		"  - key: !!binary aw==\n    value: !!binary aGVsbG8=\n    rate_limit: {unit: minute, requests_per_unit: 1, name: !!binary Ymlu}\n")
+	resp := h.Ask(rlstest.Req("d", 0, rlstest.D("k=hello")))
+	if got := resp.Statuses[0].GetCurrentLimit().GetName(); got != "bin" {
+		t.Errorf("k=hello: limit %q, want the entry of value !!binary aGVsbG8=, name \"bin\"", got)
+	}
+	resp = h.Ask(rlstest.Req("d", 0, rlstest.D("k=aGVsbG8=")))
+	if st := resp.Statuses[0]; st.GetCurrentLimit() != nil {
+		t.Errorf("k=aGVsbG8= (the base64 itself) matched: %v", st)
+	}
+	_, err := envoyrls.ParseConfig([]byte("domain: d\ndescriptors:\n  - key: k\n    value: !!binary '%%%'\n"))
+	if !errors.Is(err, envoyrls.ErrFieldType) {
+		t.Errorf("!!binary of bad base64: %v, want ErrFieldType", err)
+	}
+}
+
+// A boolean written with no value is false, as envoyproxy/ratelimit's YAML
+// library reads a null into a bool: shadow_mode: with nothing after it
+// enforces, unlimited: limits. A rate_limit with no value stays refused:
+// read there as no limit, it would leave the entry unlimited unseen.
+func TestParseConfigNullBooleans(t *testing.T) {
+	h := rlstest.Start(t, newEngine, "domain: d\ndescriptors:\n"+
+		"  - key: k\n    shadow_mode:\n    share_threshold:\n    detailed_metric:\n    quota_mode:\n"+
+		"    rate_limit: {unit: minute, requests_per_unit: 1, unlimited: }\n")
+	if got := h.Ask(rlstest.Req("d", 0, rlstest.D("k=a"))).OverallCode; got != rlstest.OK {
+		t.Fatalf("first request: %v, want OK", got)
+	}
+	if got := h.Ask(rlstest.Req("d", 0, rlstest.D("k=a"))).OverallCode; got != rlstest.OverLimit {
+		t.Errorf("second request of a limit of 1 a minute, shadow_mode and unlimited null: %v, want OVER_LIMIT", got)
+	}
+	_, err := envoyrls.ParseConfig([]byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n"))
+	if !errors.Is(err, envoyrls.ErrFieldType) {
+		t.Errorf("rate_limit with no value: %v, want ErrFieldType", err)
+	}
+}

@@ -16,7 +16,11 @@
 //
 // The configuration is every *.yaml and *.yml file directly in DIR, one domain
 // each (package envoyrls says what is read and what is refused); a directory
-// without one is an error, not a service that limits nothing. Every -poll the
+// without one is an error, not a service that limits nothing. Files in its
+// subdirectories are not read. Nor are envoyproxy/ratelimit's environment
+// settings: no global SHADOW_MODE (shadow_mode is set per descriptor), no
+// MERGE_DOMAIN_CONFIG (a domain is one file; two are an error), no dynamic
+// metadata in responses. Every -poll the
 // files are read again; when their names or contents changed they are parsed
 // and installed with envoyrls.Server.Reload, an exact cutover that tops nobody
 // up. A file that does not parse keeps the last good configuration and is
