@@ -83,6 +83,9 @@ func Restore(cfg Config, r io.Reader, opts RestoreOptions) (*Engine, RestoreRepo
 	if err != nil {
 		return nil, RestoreReport{}, err
 	}
+	for _, s := range shards {
+		s.Publish() // Stats counts the restored keys from the start
+	}
 	e.start(cfg, shards)
 	return e, rep, nil
 }
