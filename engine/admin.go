@@ -11,7 +11,10 @@ import (
 
 // acquire takes the coordinator, honouring ctx and Close. A nil ctx is
 // ErrNilContext, after ErrClosed.
-func (e *Engine) acquire(ctx context.Context) error {
+func (e *Engine) acquire(ctx context.Context) error { return e.take(ctx, e.admin) }
+
+// take takes the one-slot semaphore sem as acquire takes the coordinator.
+func (e *Engine) take(ctx context.Context, sem chan struct{}) error {
 	if e.closed.Load() {
 		return ErrClosed
 	}
@@ -22,7 +25,7 @@ func (e *Engine) acquire(ctx context.Context) error {
 		return err
 	}
 	select {
-	case e.admin <- struct{}{}:
+	case sem <- struct{}{}:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -43,6 +43,10 @@ type Engine struct {
 	// admin is the coordinator: a one-slot semaphore held by ReplacePolicy,
 	// EvictFull and background sweeps, so they never overlap.
 	admin chan struct{}
+	// files is held by SnapshotFile from before its snapshot until its
+	// rename, so the file it leaves is never older than one an earlier
+	// call left.
+	files chan struct{}
 
 	closed    atomic.Bool
 	closing   chan struct{} // closed when Close starts
@@ -102,6 +106,7 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 		mailboxes:   make([]*shard.Mailbox, cfg.Shards),
 		budget:      shard.NewBudget(int64(cfg.MaxKeys)),
 		admin:       make(chan struct{}, 1),
+		files:       make(chan struct{}, 1),
 		closing:     make(chan struct{}),
 		stop:        make(chan struct{}),
 		shardsGone:  make(chan struct{}),

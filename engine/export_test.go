@@ -13,3 +13,11 @@ func (e *Engine) ShardOf(key string) int {
 	j, _ := e.shardOf(key)
 	return j
 }
+
+// SetSnapshotFileHook sets the hook SnapshotFile calls with "wait" before
+// it waits for an earlier call and "rename" before its rename, until the
+// test ends.
+func SetSnapshotFileHook(t interface{ Cleanup(func()) }, f func(stage string)) {
+	testHookSnapshotFile = f
+	t.Cleanup(func() { testHookSnapshotFile = nil })
+}

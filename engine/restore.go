@@ -44,6 +44,12 @@ type RestoreReport struct {
 	Dropped        int
 	DroppedPartial int
 	MaxDeficit     int64
+	// LongKeys is how many keys of the snapshot were longer than
+	// cfg.MaxKeyBytes (a MaxKeyBytes lowered since it was taken). The
+	// engine refuses every request naming such a key, so none could reach
+	// its bucket: they are not restored, nor counted in Restored or against
+	// MaxKeys.
+	LongKeys int
 	// Fresh reports that RestoreFile found no snapshot file and started a
 	// new, empty engine (the first boot). Restore never sets it.
 	Fresh bool
@@ -66,8 +72,13 @@ type RestoreReport struct {
 // served while the snapshot ran (never below zero). Then it is cut over
 // into cfg.Policy by ReplacePolicy's rule (the package doc's Policy cutover
 // section): refilled under the limit it had, clamped to the capacity its
-// key resolves to now. So a restore never mints tokens: a depleted key is
-// exactly as depleted as the elapsed time says.
+// key resolves to now, and a debt to the floor it resolves to now (minus
+// that capacity), as a cutover clamps them. So a restore mints no token a
+// cutover would not: a depleted key is exactly as depleted as the elapsed
+// time says, but for a debt deeper than the new floor, which is forgiven
+// down to it, since no bucket owes more than one capacity (see Charge). A
+// key longer than cfg.MaxKeyBytes is dropped (RestoreReport.LongKeys): the
+// engine refuses every request that names it.
 //
 // Errors, with no engine: those of New for cfg; ErrInvalidSnapshot (wrapped,
 // saying what was wrong) for input it cannot read; ErrKeyCapacity if the
@@ -82,6 +93,9 @@ func Restore(cfg Config, r io.Reader, opts RestoreOptions) (*Engine, RestoreRepo
 	rep, err := e.restore(cfg, shards, r, opts)
 	if err != nil {
 		return nil, RestoreReport{}, err
+	}
+	for _, s := range shards {
+		s.Publish() // Stats counts the restored keys from the start
 	}
 	e.start(cfg, shards)
 	return e, rep, nil
@@ -108,7 +122,7 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 	// Past MaxKeys without DropFullest the answer is ErrKeyCapacity unless
 	// the stream is malformed, and a key repeated after the bound is: over
 	// holds every key read so far (the keys, not their states) to find one.
-	var over map[string]struct{}
+	var over, long map[string]struct{}
 	for {
 		tag, err := d.byte("a bucket or the end")
 		if err != nil {
@@ -121,7 +135,7 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 			return rep, d.fail("bucket %d: unexpected byte %#x", count, tag)
 		}
 		var lv [1 + policy.MaxBands]policy.Level
-		key, last, sh, n, err := d.bucket(count, e.maxKeyBytes, &h, &lv)
+		key, last, sh, n, err := d.bucket(count, &h, &lv)
 		if err != nil {
 			return rep, err
 		}
@@ -137,7 +151,23 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 		}
 		policy.RefillLevels(sh, lv[:n], owed)
 		count++
-		if count > cfg.MaxKeys && !opts.DropFullest {
+		if len(key) > e.maxKeyBytes {
+			// Every request naming it is refused (ErrInvalidKey), so no
+			// answer can depend on its bucket: dropped, not refused, or a
+			// lowered MaxKeyBytes would leave no restart but an empty one.
+			// Its name is kept (as many bytes as the input held) to find
+			// it written twice.
+			if long == nil {
+				long = map[string]struct{}{}
+			}
+			if _, dup := long[key]; dup {
+				return rep, d.fail("bucket %d: duplicate key %q", count-1, key)
+			}
+			long[key] = struct{}{}
+			rep.LongKeys++
+			continue
+		}
+		if count-rep.LongKeys > cfg.MaxKeys && !opts.DropFullest {
 			// The answer will be ErrKeyCapacity: read on to check the
 			// stream, holding no more than MaxKeys buckets meanwhile, but
 			// every name, to find a key written twice.
@@ -163,12 +193,12 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 	if err := d.end(count); err != nil {
 		return rep, err
 	}
-	rep.Restored = count
-	if count > cfg.MaxKeys {
+	rep.Restored = count - rep.LongKeys
+	if rep.Restored > cfg.MaxKeys {
 		if !opts.DropFullest {
-			return rep, fmt.Errorf("%w: the snapshot holds %d keys, MaxKeys is %d", ErrKeyCapacity, count, cfg.MaxKeys)
+			return rep, fmt.Errorf("%w: the snapshot holds %d keys, MaxKeys is %d", ErrKeyCapacity, rep.Restored, cfg.MaxKeys)
 		}
-		dropFullest(e, shards, count-cfg.MaxKeys, &rep)
+		dropFullest(e, shards, rep.Restored-cfg.MaxKeys, &rep)
 	}
 	return rep, nil
 }
@@ -512,13 +542,15 @@ func (d *snapReader) bands(what string) (*policy.BandSet, error) {
 // bucket reads bucket i after its tag byte and checks it: its key, the
 // reading it was last brought up to date at, its limit, and its levels
 // into lv, n of them.
-func (d *snapReader) bucket(i, maxKeyBytes int, h *snapHeader, lv *[1 + policy.MaxBands]policy.Level) (key string, last int64, sh policy.Shape, n int, err error) {
+func (d *snapReader) bucket(i int, h *snapHeader, lv *[1 + policy.MaxBands]policy.Level) (key string, last int64, sh policy.Shape, n int, err error) {
 	size, err := d.int(0, fmt.Sprintf("bucket %d's key length", i))
 	if err != nil {
 		return
 	}
-	if size == 0 || size > int64(maxKeyBytes) {
-		err = d.fail("bucket %d: a key of %d bytes (MaxKeyBytes is %d)", i, size, maxKeyBytes)
+	// A key above the engine's MaxKeyBytes is read (memory grows with the
+	// bytes received, not the length claimed) and then dropped by Restore.
+	if size == 0 || size > math.MaxInt {
+		err = d.fail("bucket %d: a key of %d bytes", i, size)
 		return
 	}
 	raw, err := d.bytes(int(size), fmt.Sprintf("bucket %d's key", i))

@@ -127,8 +127,6 @@ func TestRestoreRejects(t *testing.T) {
 		{"negative reading", with(func(s *rawSnap) { s.Reading = -1 }), engine.Config{}, "negative", nil},
 		{"empty key", bucket(func(b *rawBucket) { b.Key = "" }), engine.Config{}, "a key of 0 bytes", nil},
 		{"blank key", bucket(func(b *rawBucket) { b.Key = " \t\n" }), engine.Config{}, "blank key", nil},
-		{"key over MaxKeyBytes", bucket(func(b *rawBucket) { b.Key = "nine-byte" }), engine.Config{MaxKeyBytes: 8}, "a key of 9 bytes (MaxKeyBytes is 8)", nil},
-		{"real key over MaxKeyBytes", good, engine.Config{MaxKeyBytes: 4}, "MaxKeyBytes is 4", nil},
 		{"tokens above capacity", bucket(func(b *rawBucket) { b.Tokens = 11 }), engine.Config{}, "above its capacity", nil},
 		{"units above capacity", bucket(func(b *rawBucket) { b.Tokens, b.Units = 10, 1 }), engine.Config{}, "above its capacity", nil},
 		{"units of a whole token", bucket(func(b *rawBucket) { b.Units = policy.UnitsPerToken }), engine.Config{}, "fewer than a token", nil},
@@ -136,6 +134,10 @@ func TestRestoreRejects(t *testing.T) {
 		{"bucket rate 0", bucket(func(b *rawBucket) { b.Rate = 0 }), engine.Config{}, "tokens per second", nil},
 		{"negative last update", bucket(func(b *rawBucket) { b.Last = -1 }), engine.Config{}, "negative", nil},
 		{"duplicate key", with(func(s *rawSnap) { s.Buckets = append(s.Buckets, s.Buckets[0]) }), engine.Config{}, `duplicate key "a"`, nil},
+		{"duplicate key above MaxKeyBytes", with(func(s *rawSnap) {
+			s.Buckets[0].Key = strings.Repeat("k", 9)
+			s.Buckets = append(s.Buckets, s.Buckets[0])
+		}), engine.Config{MaxKeyBytes: 8}, `duplicate key "kkkkkkkkk"`, nil},
 		{"unknown tag", badTag(), engine.Config{}, "unexpected byte 0x2", nil},
 		{"wrong count", with(func(s *rawSnap) { s.Count = &five }), engine.Config{}, "the end says 5 buckets", nil},
 		{"checksum mismatch", flipped, engine.Config{}, "checksum mismatch", nil},
@@ -201,7 +203,7 @@ func TestRestoreRejectsEveryBitFlip(t *testing.T) {
 				data[i] ^= 1 << bit
 				err := restoreErr(t, data, engine.Config{})
 				require.ErrorIs(t, err, engine.ErrInvalidSnapshot, "%s: bit %d of byte %d", name, bit, i)
-				if _, derr := decodeSnap(reseal(data), engine.DefaultMaxKeyBytes); derr == nil || i >= len(good)-8 {
+				if _, derr := decodeSnap(reseal(data)); derr == nil || i >= len(good)-8 {
 					onlyChecksum++
 					require.ErrorContains(t, err, "checksum mismatch", "%s: bit %d of byte %d", name, bit, i)
 				}

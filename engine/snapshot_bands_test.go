@@ -236,7 +236,7 @@ func TestRestoreCutoverBands(t *testing.T) {
 
 			e, rep := restored(t, engine.Config{Policy: cutNew, Shards: shards, Clock: clock.NewManual(int64(at))}, data, engine.RestoreOptions{})
 			assert.Equal(t, engine.RestoreReport{Restored: 3, Elapsed: 1, Version: 1}, rep)
-			s, err := decodeSnap(takeSnapshot(t, e), engine.DefaultMaxKeyBytes)
+			s, err := decodeSnap(takeSnapshot(t, e))
 			require.NoError(t, err)
 			got := map[string][]rawLevel{}
 			for _, b := range s.Buckets {
@@ -307,7 +307,7 @@ func TestRestoreVersion1(t *testing.T) {
 			{Key: "c", Tokens: 25, Last: int64(5 * time.Second), Capacity: 30, Rate: 1},
 		}}
 	data := s.encode()
-	decoded, err := decodeSnap(data, engine.DefaultMaxKeyBytes)
+	decoded, err := decodeSnap(data)
 	require.NoError(t, err)
 	require.Equal(t, uint64(1), decoded.Format)
 	own, err := s.policy()
@@ -326,7 +326,7 @@ func TestRestoreVersion1(t *testing.T) {
 			// tokens and 1.5e10 units of 1/6e10, exactly; the band is new.
 			next := policy.Policy{Version: 5, Capacity: 10, Refill: policy.PerMinute(120), Bands: mustBands(policy.Band{Name: "hourly", Capacity: 8, Refill: policy.PerHour(8)})}
 			e, _ = restored(t, engine.Config{Policy: next, Shards: shards, Clock: clock.NewManual(int64(6 * time.Second))}, data, engine.RestoreOptions{})
-			got, err := decodeSnap(takeSnapshot(t, e), engine.DefaultMaxKeyBytes)
+			got, err := decodeSnap(takeSnapshot(t, e))
 			require.NoError(t, err)
 			levels := map[string][]rawLevel{}
 			for _, b := range got.Buckets {
@@ -353,7 +353,7 @@ func TestRestoreVersion2Crafted(t *testing.T) {
 	require.NoError(t, err)
 	e, rep := restored(t, engine.Config{Policy: p, Shards: 2, Clock: clock.NewManual(int64(7 * time.Second))}, s.encode(), engine.RestoreOptions{})
 	assert.Equal(t, engine.RestoreReport{Restored: 2, Elapsed: 2 * time.Second, Version: 3}, rep)
-	got, err := decodeSnap(takeSnapshot(t, e), engine.DefaultMaxKeyBytes)
+	got, err := decodeSnap(takeSnapshot(t, e))
 	require.NoError(t, err)
 	levels := map[string][]rawLevel{}
 	for _, b := range got.Buckets {
@@ -445,7 +445,7 @@ func TestRestoreRejectsV2(t *testing.T) {
 		{"duplicate key", with(func(s *rawSnap) { s.Buckets = append(s.Buckets, s.Buckets[0]) }), `duplicate key "a"`, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, derr := decodeSnap(c.data, engine.DefaultMaxKeyBytes)
+			_, derr := decodeSnap(c.data)
 			require.Error(t, derr, "the test decoder rejects it too")
 			err := restoreErr(t, c.data, engine.Config{})
 			require.ErrorIs(t, err, engine.ErrInvalidSnapshot)
@@ -455,7 +455,7 @@ func TestRestoreRejectsV2(t *testing.T) {
 			}
 		})
 	}
-	_, err := decodeSnap(okSnapV2().encode(), engine.DefaultMaxKeyBytes)
+	_, err := decodeSnap(okSnapV2().encode())
 	require.NoError(t, err)
 	require.NoError(t, restoreOK(t, okSnapV2().encode()))
 }

@@ -175,7 +175,7 @@ func TestSnapshotKeepsServing(t *testing.T) {
 	}
 	close(w.release)
 	require.NoError(t, <-errc)
-	s, err := decodeSnap(w.buf.Bytes(), engine.DefaultMaxKeyBytes)
+	s, err := decodeSnap(w.buf.Bytes())
 	require.NoError(t, err)
 	// The keys created meanwhile may or may not be in it.
 	require.GreaterOrEqual(t, len(s.Buckets), len(keys))
@@ -231,7 +231,7 @@ func TestSnapshotUnderLoad(t *testing.T) {
 		require.NoError(t, err)
 	}
 	for _, data := range snaps {
-		s, err := decodeSnap(data, engine.DefaultMaxKeyBytes)
+		s, err := decodeSnap(data)
 		require.NoError(t, err)
 		require.LessOrEqual(t, len(s.Buckets), maxKeys)
 		for _, b := range s.Buckets {

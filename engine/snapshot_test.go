@@ -125,7 +125,7 @@ func tokensAt(s rawSnap, b rawBucket, now int64) []*big.Rat {
 // balance at now.
 func requireSnapshotOf(t *testing.T, data []byte, m *enginemodel.Model, now int64) rawSnap {
 	t.Helper()
-	s, err := decodeSnap(data, engine.DefaultMaxKeyBytes)
+	s, err := decodeSnap(data)
 	require.NoError(t, err)
 	require.Len(t, s.Buckets, m.KeyCount())
 	for _, b := range s.Buckets {
@@ -339,7 +339,7 @@ func TestRestoreNoFreeTokensForKeysServedDuringSnapshot(t *testing.T) {
 	close(w.release)
 	require.NoError(t, <-errc)
 
-	s, err := decodeSnap(w.buf.Bytes(), engine.DefaultMaxKeyBytes)
+	s, err := decodeSnap(w.buf.Bytes())
 	require.NoError(t, err)
 	require.Len(t, s.Buckets, len(keys))
 	require.Equal(t, int64(0), s.Reading)
@@ -580,6 +580,40 @@ func TestRestoreKeyOfMaxKeyBytes(t *testing.T) {
 	d, err := e.Peek(t.Context(), key)
 	require.NoError(t, err)
 	assert.Equal(t, engine.Decision{RetryAfter: 500 * time.Millisecond, Version: 1, Limit: 10, ResetAfter: 5 * time.Second}, d, "still empty")
+}
+
+// TestRestoreDropsKeysAboveMaxKeyBytes: a snapshot taken under a larger
+// MaxKeyBytes restores under a smaller one. Its longer keys are dropped and
+// counted apart: the engine refuses every request that names one, so no
+// answer depends on their buckets. They do not count against MaxKeys, and
+// every other key keeps its balance. Before, the whole snapshot was
+// ErrInvalidSnapshot, which leaves an operator no restart but an empty one.
+func TestRestoreDropsKeysAboveMaxKeyBytes(t *testing.T) {
+	old, clk := newEngine(t, engine.Config{Policy: pol(1, 10, 2), Shards: 2, MaxKeyBytes: 300})
+	long := []string{strings.Repeat("x", 300), strings.Repeat("y", 257)}
+	for _, k := range long {
+		allow(t, old, k, 10)
+	}
+	allow(t, old, "drained", 10)
+	allow(t, old, "some", 4)
+	data := takeSnapshot(t, old)
+
+	cfg := engine.Config{Policy: pol(1, 10, 2), Shards: 2, MaxKeys: 2, Clock: clk} // MaxKeyBytes 256
+	e, rep := restored(t, cfg, data, engine.RestoreOptions{})
+	assert.Equal(t, 2, rep.Restored)
+	assert.Equal(t, 2, rep.LongKeys)
+	assert.Zero(t, rep.Dropped)
+	assert.Equal(t, 2, e.KeyCount())
+	d, err := e.Peek(t.Context(), "drained")
+	require.NoError(t, err)
+	assert.Equal(t, engine.Decision{RetryAfter: 500 * time.Millisecond, Version: 1, Limit: 10, ResetAfter: 5 * time.Second}, d, "still empty")
+	d, err = e.Peek(t.Context(), "some")
+	require.NoError(t, err)
+	assert.Equal(t, int64(6), d.Remaining)
+	for _, k := range long {
+		_, err := e.Allow(t.Context(), k, 1)
+		assert.ErrorIs(t, err, engine.ErrInvalidKey)
+	}
 }
 
 // TestRestoreWallFarBack: a snapshot whose wall time is so far before the

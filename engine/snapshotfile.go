@@ -20,7 +20,9 @@ import (
 // leaves its temporary file behind, named ".<base of path>.tmp-<random>",
 // for you to delete when no SnapshotFile of path is running (each call
 // writes its own, and removes no other). The file is created with mode 0600:
-// it holds every tracked key.
+// it holds every tracked key. Calls of one engine run one at a time, in
+// the order they take their turn, so the file at path is never older than
+// one an earlier call left there.
 //
 // For a restart, stop admitting (http.Server's Shutdown, say), then call
 // SnapshotFile, then Close; RestoreFile reads the file on the next start.
@@ -30,6 +32,17 @@ func (e *Engine) SnapshotFile(ctx context.Context, path string) (err error) {
 	if e.uninitialized() {
 		return ErrNotInitialized
 	}
+	// One at a time, from the snapshot to the rename: two calls that
+	// overlapped could rename in the other order than they took their
+	// snapshots, leaving the older one at path, and a restart from it
+	// would hand back every token spent between the two.
+	if testHookSnapshotFile != nil && len(e.files) == cap(e.files) {
+		testHookSnapshotFile("wait")
+	}
+	if err := e.take(ctx, e.files); err != nil {
+		return err
+	}
+	defer func() { <-e.files }()
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -54,6 +67,9 @@ func (e *Engine) SnapshotFile(ctx context.Context, path string) (err error) {
 	if err := f.Close(); err != nil {
 		return err
 	}
+	if testHookSnapshotFile != nil {
+		testHookSnapshotFile("rename")
+	}
 	if err := os.Rename(f.Name(), path); err != nil {
 		return err
 	}
@@ -65,6 +81,11 @@ func (e *Engine) SnapshotFile(ctx context.Context, path string) (err error) {
 	defer d.Close()
 	return d.Sync()
 }
+
+// testHookSnapshotFile, if set (by tests only), is called by SnapshotFile
+// with "wait" before it waits for an earlier call to end and with "rename"
+// before it renames its file over path.
+var testHookSnapshotFile func(stage string)
 
 // RestoreFile is Restore from the file at path, for a service's start: when
 // no file exists there (the first boot), it starts a new, empty engine with
