@@ -392,7 +392,11 @@ func (l *Limiter) spend(ctx context.Context, key string, cost int64) (engine.Dec
 	return d, refusal{}
 }
 
-// peerIP returns the IP address of the call's peer, if it has one.
+// peerIP returns the IP address of the call's peer, if it has one. An
+// address of another type than TCP's and UDP's is read from its text, with
+// or without a port: a server run as an http.Handler (grpc.Server.ServeHTTP)
+// has its peer from Request.RemoteAddr, which a middleware in front may
+// have set to the bare IP of the client its proxy reports.
 func peerIP(ctx context.Context) (netip.Addr, bool) {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
@@ -409,11 +413,24 @@ func peerIP(ctx context.Context) (netip.Addr, bool) {
 			// its name is a path the client may choose: "203.0.113.7:1", say
 			return netip.Addr{}, false
 		}
-		ap, err := netip.ParseAddrPort(addr.String())
-		if err != nil {
-			return netip.Addr{}, false
-		}
-		a = ap.Addr()
+		a = parseAddr(addr.String())
 	}
 	return a, a.IsValid()
+}
+
+// parseAddr parses an address as a net.Addr's String writes it, with or
+// without a port: "192.0.2.1:443", "[2001:db8::1]:443", "192.0.2.1",
+// "2001:db8::1" or "[2001:db8::1]". It returns the zero Addr for anything
+// else.
+func parseAddr(s string) netip.Addr {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr()
+	}
+	if inner, ok := strings.CutPrefix(s, "["); ok {
+		if s, ok = strings.CutSuffix(inner, "]"); !ok {
+			return netip.Addr{}
+		}
+	}
+	a, _ := netip.ParseAddr(s) // the zero Addr on an error
+	return a
 }
