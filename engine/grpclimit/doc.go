@@ -162,7 +162,8 @@
 //     key needs, Unauthenticated) refuses the call with that status.
 //   - The call's context ended before the engine decided: codes.Canceled or
 //     codes.DeadlineExceeded, as status.FromContextError gives them, and
-//     nothing spent.
+//     nothing spent. So is a key function's error that is that context's
+//     ending (a lookup canceled with the call), which is not ErrKeyFunc.
 //   - Any other engine error (engine.ErrClockRegression, a store's network
 //     failure): codes.Internal.
 //

@@ -21,7 +21,8 @@ var (
 	// address (a Unix socket) and no WithKey function is set.
 	ErrNoPeerIP = errors.New("grpclimit: the peer has no IP address")
 	// ErrKeyFunc: the WithKey function returned an error, which the error
-	// also wraps.
+	// also wraps; but not an error that is the call's context ending, which
+	// is answered as that (Canceled, DeadlineExceeded).
 	ErrKeyFunc = errors.New("grpclimit: the key function failed")
 	// ErrCostFunc: the WithCost function returned a cost below 1.
 	ErrCostFunc = errors.New("grpclimit: the cost function returned less than 1")

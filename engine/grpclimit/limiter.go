@@ -354,6 +354,11 @@ func (l *Limiter) prepare(ctx context.Context, method string) (string, int64, re
 	switch {
 	case l.key != nil:
 		k, err := l.key(ctx, method, client)
+		if ctxErr := ctx.Err(); err != nil && ctxErr != nil && errors.Is(err, ctxErr) {
+			// The call's own context ending (a lookup canceled because the
+			// client went away): answered as any call whose context ended.
+			return "", 0, refusal{status: status.FromContextError(ctxErr).Err(), cause: fmt.Errorf("grpclimit: the key function: %w", err)}
+		}
 		if err != nil {
 			st := errNoKey
 			if s, ok := status.FromError(err); ok && s.Code() != codes.OK {

@@ -185,6 +185,8 @@
 //     ErrCostBelowOne).
 //   - The request's context ended before the engine decided (the client went
 //     away, or a server deadline passed): 503 with no body, and nothing spent.
+//     So is a key function's error that is that context's ending (a lookup
+//     canceled with the request), which is not ErrKeyFunc.
 //   - Any other engine error (engine.ErrClockRegression), or an Admitter
 //     whose AllowAll names no request it was given (ErrAdmitterContract):
 //     500.

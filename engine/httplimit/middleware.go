@@ -149,7 +149,7 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 		m.key = func(r *http.Request) (string, error) {
 			key, err := f(r)
 			if err != nil {
-				return "", fmt.Errorf("%w: %w", ErrKeyFunc, err)
+				return "", keyFuncErr(r, err)
 			}
 			return key, nil
 		}
@@ -161,7 +161,7 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 			}
 			key, err := g(r, client)
 			if err != nil {
-				return "", fmt.Errorf("%w: %w", ErrKeyFunc, err)
+				return "", keyFuncErr(r, err)
 			}
 			return key, nil
 		}
@@ -255,7 +255,7 @@ func (m *Middleware) decide(r *http.Request) (take, engine.Decision, error) {
 	}
 	reqs, err := m.keys(r, client)
 	if err != nil {
-		return take{}, engine.Decision{}, fmt.Errorf("%w: %w", ErrKeyFunc, err)
+		return take{}, engine.Decision{}, keyFuncErr(r, err)
 	}
 	d, at, err := m.engine.AllowAll(r.Context(), reqs)
 	switch {
@@ -301,6 +301,17 @@ func (m *Middleware) degraded(w http.ResponseWriter, r *http.Request, t take, d 
 func clearFields(h http.Header) {
 	delete(h, headerPolicy)
 	delete(h, headerRateLimit)
+}
+
+// keyFuncErr wraps a key function's error in ErrKeyFunc, unless it is the
+// request's own context ending (a lookup canceled because the client went
+// away): that request is answered as any whose context ended, not as the
+// server's failure.
+func keyFuncErr(r *http.Request, err error) error {
+	if ctxErr := r.Context().Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		return fmt.Errorf("httplimit: the key function: %w", err)
+	}
+	return fmt.Errorf("%w: %w", ErrKeyFunc, err)
 }
 
 // fail answers a request that could not be decided, for err.
