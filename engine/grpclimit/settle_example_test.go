@@ -3,6 +3,7 @@ package grpclimit_test
 import (
 	"context"
 	"fmt"
+	"log"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -54,7 +55,13 @@ func ExampleSettle() {
 		maxTokens = c.maxTokens
 		_, err := l.Unary(ctx, nil, info, func(ctx context.Context, _ any) (any, error) {
 			// ... the completion runs, and reports c.used tokens, prompt included
-			return nil, grpclimit.Settle(ctx, c.used)
+			if err := grpclimit.Settle(ctx, c.used); err != nil {
+				// The work is done: a settle that fails (a store out of
+				// reach, an engine closing) is the server's to log. Failing
+				// the call would have its client retry, and pay again.
+				log.Printf("settling: %v", err)
+			}
+			return nil, nil
 		})
 		d, _ := e.Peek(context.Background(), "acme")
 		fmt.Printf("estimate %d, used %d: %v, %d tokens left\n", c.maxTokens, c.used, status.Code(err), d.Remaining)

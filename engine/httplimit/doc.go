@@ -78,9 +78,8 @@
 // # Header fields
 //
 // Every decided request, admitted or denied, carries the RateLimit header
-// fields of draft-ietf-httpapi-ratelimit-headers-11 (23 May 2026), the
-// latest version of the draft published; its fields are spelled as in -08
-// to -10. Both are structured-field Lists (RFC 9651). RateLimit-Policy
+// fields of draft-ietf-httpapi-ratelimit-headers-11 (23 May 2026), spelled
+// as in -08 to -10. Both are structured-field Lists (RFC 9651). RateLimit-Policy
 // has an Item for every band of the key's limit: its primary band (its
 // Capacity and rate, from its override or the policy), named for the key's
 // quota (below), then each band of its policy.BandSet, under the band's
