@@ -18,7 +18,12 @@
 // client so has the same key over HTTP and gRPC, and a host cannot escape
 // its limit by rotating through the addresses of its subnet.
 // WithIPv6Prefix chooses another length, from /32 to /128. A peer without
-// an IP address (a Unix socket) has no default key.
+// an IP address (a Unix socket) has no default key. A server run as an
+// http.Handler (grpc.Server.ServeHTTP) has its peer from the request's
+// RemoteAddr, with or without a port, as http.Server or a middleware in
+// front set it; over a Unix socket that is a path the client names, which
+// may read as an address, as package httplimit warns: key such a server's
+// calls by something else (WithKey).
 //
 // No metadata is trusted by default: behind a proxy the peer is the proxy.
 // WithTrustedProxies names the proxies (an Envoy, a gRPC gateway) whose
