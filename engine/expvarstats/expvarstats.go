@@ -25,12 +25,25 @@ func Publish(name string, e *engine.Engine) error {
 	}
 	mu.Lock() // expvar.Publish panics on a name taken between check and publish
 	defer mu.Unlock()
-	if expvar.Get(name) != nil {
+	if expvar.Get(name) != nil || !publish(name, expvar.Func(func() any { return e.Stats() })) {
 		return fmt.Errorf("%w: expvar %q is already published", engine.ErrInvalidConfig, name)
 	}
-	expvar.Publish(name, expvar.Func(func() any { return e.Stats() }))
 	return nil
 }
 
 // mu serializes Publish's check and publish, which expvar does not do as one.
 var mu sync.Mutex
+
+// publish publishes v under name and reports whether it did. mu only
+// serializes Publish's own callers: another package may publish the same
+// name between Publish's check and its publish, and expvar.Publish then
+// panics (after logging the name), having changed nothing.
+func publish(name string, v expvar.Var) (ok bool) {
+	defer func() {
+		if !ok {
+			_ = recover()
+		}
+	}()
+	expvar.Publish(name, v)
+	return true
+}

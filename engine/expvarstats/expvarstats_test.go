@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"expvar"
 	"fmt"
+	"io"
+	"log"
+	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -115,4 +119,48 @@ func TestPublishConcurrent(t *testing.T) {
 		<-done
 	}
 	assert.Equal(t, int32(1), ok.Load())
+}
+
+// TestPublishRacingAnotherPublisher: a name another package publishes with
+// expvar.Publish at the same moment is still an error, never a panic:
+// expvar.Publish panics on a name taken, and Publish's check and publish
+// are one step only among Publish's own callers. Each round races one
+// expvar.Publish against one Publish for a fresh name; the window between
+// check and publish is narrow, so it takes many rounds to meet it.
+func TestPublishRacingAnotherPublisher(t *testing.T) {
+	e := newEngine(t)
+	log.SetOutput(io.Discard) // expvar logs each name taken before it panics
+	t.Cleanup(func() { log.SetOutput(os.Stderr) })
+	const rounds = 10000
+	var panics, published, refused int
+	for range rounds {
+		name := freshName(t)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			defer func() { _ = recover() }() // expvar's own panic, when Publish won
+			<-start
+			expvar.Publish(name, new(expvar.Int))
+		})
+		var err error
+		var p any
+		wg.Go(func() {
+			defer func() { p = recover() }()
+			<-start
+			err = expvarstats.Publish(name, e)
+		})
+		close(start)
+		wg.Wait()
+		switch {
+		case p != nil:
+			panics++
+		case err == nil:
+			published++
+		default:
+			require.ErrorIs(t, err, engine.ErrInvalidConfig)
+			refused++
+		}
+	}
+	t.Logf("published %d, refused %d, panicked %d", published, refused, panics)
+	assert.Zero(t, panics, "Publish panicked on a name published meanwhile")
 }
