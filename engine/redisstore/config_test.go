@@ -185,10 +185,14 @@ func TestOutOfMemoryIsKeyCapacity(t *testing.T) {
 	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
 	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
 	defer c.ConfigSet(ctx, "maxmemory", "0")
+	retries := s.Stats().Retries
 	_, err = s.Allow(ctx, "after", 1)
 	require.ErrorIs(t, err, engine.ErrKeyCapacity)
 	require.Zero(t, s.Stats().Failures)
 	require.False(t, errors.Is(err, redisstore.ErrUnavailable))
+	// Redis refuses FCALL out of memory before it runs: the call is sent
+	// again as EVALSHA, and Stats.Retries says so.
+	require.Greater(t, s.Stats().Retries, retries, "the FCALL refused for memory, sent again")
 }
 
 // TestNewCanceled: New with a canceled context returns its error and no

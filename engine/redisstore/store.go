@@ -188,7 +188,10 @@ type Stats struct {
 	// With Config.Leases it counts the leases Redis decided too, and
 	// Allowed + Denied the requests decided in the process (Local).
 	Decisions uint64
-	Retries   uint64 // script calls sent again: a newer policy, a bucket's history, a script Redis lacked
+	// Retries counts script calls sent again: for a newer policy or a
+	// cutover under way, a bucket's history, a script Redis lacked, or an
+	// FCALL a Redis out of memory refused (sent again as EVALSHA).
+	Retries uint64
 	// Local counts the requests a lease decided in the process, without
 	// Redis (Config.Leases): they are counted in Allowed and Denied too.
 	Local uint64
