@@ -86,6 +86,12 @@
 //	prometheus.WrapRegistererWith(prometheus.Labels{"backend": "engine"}, reg).MustRegister(engineCollector)
 //	prometheus.WrapRegistererWith(prometheus.Labels{"backend": "redis"}, reg).MustRegister(storeCollector)
 //
+// So do two engines, or two stores, in one process: each under a label of
+// its own ({"limiter": "api"}, {"limiter": "login"}). Registered bare, the
+// second is refused with a prometheus.AlreadyRegisteredError whose
+// ExistingCollector is the first one's; the usual recovery, using that
+// collector, would export the first engine's counts for both.
+//
 // # Ownership
 //
 // A Collector is immutable after New: its descriptors are built once, and
