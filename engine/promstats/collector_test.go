@@ -488,3 +488,40 @@ func TestCollectDecisionsWithAllowAll(t *testing.T) {
 		assert.Zero(t, s.value, "an AllowAll's error is its call's, in allowall_errors_total: %s", s.labels)
 	}
 }
+
+// TestTwoEnginesOneRegistry: as the package doc says, a second engine's
+// Collector registered bare beside a first is refused, and the error names
+// the first one's (so reusing it would export the first engine's counts for
+// both); each under a label of its own, both register and are scraped apart.
+func TestTwoEnginesOneRegistry(t *testing.T) {
+	e1, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1)})
+	e2, _ := newEngine(t, engine.Config{Policy: pol(1, 5, 1)})
+	c1, c2 := newCollector(t, e1), newCollector(t, e2)
+	bare := prometheus.NewPedanticRegistry()
+	require.NoError(t, bare.Register(c1))
+	var are prometheus.AlreadyRegisteredError
+	require.ErrorAs(t, bare.Register(c2), &are)
+	require.Same(t, c1, are.ExistingCollector)
+
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, prometheus.WrapRegistererWith(prometheus.Labels{"limiter": "one"}, reg).Register(c1))
+	require.NoError(t, prometheus.WrapRegistererWith(prometheus.Labels{"limiter": "two"}, reg).Register(c2))
+	_, err := e2.Allow(t.Context(), "k", 1)
+	require.NoError(t, err)
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "tokenshard_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "limiter" {
+					got[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	require.Equal(t, map[string]float64{"one": 0, "two": 1}, got)
+}
