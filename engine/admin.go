@@ -38,7 +38,9 @@ func (e *Engine) release() { <-e.admin }
 
 // EvictFull removes every bucket that is full and returns how many it
 // removed; background sweeps count separately. A full bucket is exactly what
-// a new key would get, so dropping it changes no future answer, while a
+// a new key would get, so dropping it changes no future answer under the
+// policy in force (after a cutover that raises its capacity, a key dropped
+// full comes back with the new capacity, as any new key does), while a
 // depleted or partly refilled bucket is never dropped, however old. Keys
 // created after their shard's pass began survive it.
 //

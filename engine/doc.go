@@ -141,7 +141,11 @@
 // judges it, and a pass that completes removes every such bucket its shard
 // held when the pass began; keys created meanwhile survive it. A depleted or
 // partly refilled bucket is never removed, however old: a full bucket is
-// what a new key would get, so dropping it changes no future answer.
+// what a new key would get, so dropping it changes no future answer under
+// the policy in force. A cutover that raises a key's capacity is the one
+// place where the two part: a bucket kept full keeps its tokens (raising a
+// capacity tops nobody up), while a key dropped full comes back as any new
+// key does, with the new capacity.
 // Engine.EvictFull says how a pass is sliced and judged.
 // Background sweeps evict by the same rule: every Config.SweepEvery, and,
 // when a new key finds the bound reached, as pressure sweeps spaced as

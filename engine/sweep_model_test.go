@@ -201,3 +201,26 @@ func evictSoundRun(t *testing.T, seed uint64) {
 		}
 	}
 }
+
+// TestEvictedBeforeCapacityRaise pins where eviction and a capacity raise
+// part, as the package doc says: a bucket kept full through a cutover that
+// raises its capacity keeps its tokens (raising a capacity tops nobody up),
+// while a key dropped full before it comes back as any new key does, with
+// the new capacity.
+func TestEvictedBeforeCapacityRaise(t *testing.T) {
+	e, clk := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: 1})
+	ctx := t.Context()
+	allow(t, e, "a", 1) // t=0: 9 left, full at 1 s
+	clk.Set(int64(500 * time.Millisecond))
+	allow(t, e, "b", 1) // 9 left, full at 1.5 s
+	clk.Set(int64(time.Second))
+	n, err := e.EvictFull(ctx) // a is full, b is not
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	clk.Set(int64(1500 * time.Millisecond)) // both full now, b still tracked
+	require.NoError(t, e.ReplacePolicy(ctx, pol(2, 20, 1), 1))
+	require.Equal(t, engine.Decision{Allowed: true, Version: 2, Limit: 20, ResetAfter: 20 * time.Second}, allow(t, e, "a", 20), "a: dropped full, new at 20")
+	d := allow(t, e, "b", 20)
+	require.False(t, d.Allowed, "b: kept full at 10, not topped up: %+v", d)
+	require.Equal(t, int64(10), d.Remaining)
+}
