@@ -8,8 +8,9 @@
 // whole tokens plus a fraction in units: a Bucket (24 bytes, the compact
 // form, for periods up to 2^32 ns) or a Level (any period). Every
 // intermediate that can exceed 64 bits (capacity x P, elapsed x N) is
-// computed in 128 bits with math/bits: both factors are below 2^63, so every
-// product is below 2^126.
+// computed in 128 bits with math/bits: both factors are below 2^63, so such
+// a product is below 2^126; a debt's deficit, up to 2^64-2 tokens times P,
+// stays below 2^127 (debt.go states each bound).
 //
 // A key's limit is a Shape: its primary band and the bands of a BandSet,
 // decided at once by DecideLevels. A cutover carries each band over by name

@@ -15,6 +15,13 @@ import (
 // a refill over elapsed ns adds exactly elapsed x Tokens units: no rate is
 // rounded, 100 per minute no more than 7 per 3 seconds. A rate of n per
 // second is therefore the 1e9-unit scheme of UnitsPerToken.
+//
+// Per is the period as written, not reduced: a band whose Per is above 2^32
+// ns (about 4.29 s) keeps its balance in the general form (Limit.Compact),
+// which costs the engine about half as much again per decision in a batch.
+// The same rate written with a shorter period decides alike (but for where
+// a cutover to another period rounds): Rate{5, 3 * time.Second} is
+// PerMinute(100) in the compact form.
 type Rate struct {
 	Tokens int64
 	Per    time.Duration
