@@ -121,7 +121,7 @@ func TestQuickRun(t *testing.T) {
 	if code := run([]string{"-quick", "-cpu", "1"}, &out, &out); code != 0 {
 		t.Fatalf("bench -quick exited %d:\n%s", code, out.String())
 	}
-	for _, want := range []string{"ns per decision", "retained heap", "latency", "EvictFull", "ReplacePolicy", "redis: skipped"} {
+	for _, want := range []string{"ns per decision", "share of decisions admitted", "retained heap", "latency", "EvictFull", "ReplacePolicy", "redis: skipped"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

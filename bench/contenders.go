@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sethvargo/go-limiter"
@@ -23,6 +24,10 @@ import (
 type decider interface {
 	decide(keys []string) (allowed int)
 }
+
+// decideErrors counts the requests of in-process contenders answered with
+// an error, which decide counts as denied: the decisions table warns of any.
+var decideErrors atomic.Int64
 
 // instance is one contender set up for one scenario.
 type instance struct {
@@ -71,7 +76,10 @@ func (d allowDecider) decide(keys []string) int {
 	n := 0
 	ctx := context.Background()
 	for _, k := range keys {
-		if dec, err := d.e.Allow(ctx, k, 1); err == nil && dec.Allowed {
+		switch dec, err := d.e.Allow(ctx, k, 1); {
+		case err != nil:
+			decideErrors.Add(1)
+		case dec.Allowed:
 			n++
 		}
 	}
@@ -99,11 +107,15 @@ func (d *batchDecider) decide(keys []string) int {
 	}
 	d.reqs = reqs
 	if err := d.e.AllowBatch(context.Background(), reqs, d.out); err != nil {
+		decideErrors.Add(int64(len(keys)))
 		return 0
 	}
 	n := 0
 	for _, r := range d.out[:len(keys)] {
-		if r.Err == nil && r.Decision.Allowed {
+		switch {
+		case r.Err != nil:
+			decideErrors.Add(1)
+		case r.Decision.Allowed:
 			n++
 		}
 	}
@@ -270,7 +282,10 @@ func (d storeDecider) decide(keys []string) int {
 	n := 0
 	ctx := context.Background()
 	for _, k := range keys {
-		if _, _, _, ok, err := d.s.Take(ctx, k); err == nil && ok {
+		switch _, _, _, ok, err := d.s.Take(ctx, k); {
+		case err != nil:
+			decideErrors.Add(1)
+		case ok:
 			n++
 		}
 	}
