@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -246,32 +247,31 @@ func rateMutex(p policy.Policy, _ int) instance {
 	return instance{forWorker: func() decider { return r }, close: func() {}}
 }
 
-// rateShards splits the map into 64 mutex-guarded shards by a string hash.
-type rateShards [64]rateMap
+// rateShards splits the map into 64 mutex-guarded shards by a string hash:
+// hash/maphash's, the standard library's fastest, as tokenshard's shards use
+// the runtime's. (A byte-at-a-time FNV-1a, here before, took 13 ns on a
+// 17-byte key where maphash.String takes 8: a cost of the harness, not of
+// x/time/rate.)
+type rateShards struct {
+	seed   maphash.Seed
+	shards [64]rateMap
+}
 
 func (r *rateShards) decide(keys []string) int {
 	n := 0
 	for _, k := range keys {
-		if r[fnv32(k)&63].allow(k) {
+		if r.shards[maphash.String(r.seed, k)&63].allow(k) {
 			n++
 		}
 	}
 	return n
 }
 
-func fnv32(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint32(s[i])) * 16777619
-	}
-	return h
-}
-
 func rateSharded(p policy.Policy, _ int) instance {
 	limit, burst := rateLimit(p)
-	r := &rateShards{}
-	for i := range r {
-		r[i] = rateMap{m: map[string]*rate.Limiter{}, limit: limit, burst: burst}
+	r := &rateShards{seed: maphash.MakeSeed()}
+	for i := range r.shards {
+		r.shards[i] = rateMap{m: map[string]*rate.Limiter{}, limit: limit, burst: burst}
 	}
 	return instance{forWorker: func() decider { return r }, close: func() {}}
 }
