@@ -20,7 +20,15 @@ import (
 // no comparison with the others'.
 func TestContendersDecideAlike(t *testing.T) {
 	const capacity, draws = 3, 20_000
-	p := policy.Policy{Version: 1, Capacity: capacity, TokensPerSecond: 1}
+	for _, p := range []policy.Policy{
+		{Version: 1, Capacity: capacity, TokensPerSecond: 1},
+		{Version: 1, Capacity: capacity, Refill: policy.PerMinute(1)}, // as allDenied's
+	} {
+		decideAlike(t, p, capacity, draws)
+	}
+}
+
+func decideAlike(t *testing.T, p policy.Policy, capacity int64, draws int) {
 	for _, s := range []struct {
 		name string
 		keys int
@@ -79,7 +87,7 @@ func TestContendersDecideAlike(t *testing.T) {
 			// per second at most.
 			slack := int64(took/time.Second) * int64(len(seen))
 			if got < want || got > want+slack {
-				t.Errorf("%s / %s admitted %d of %d requests (in %v), where the policy admits %d", s.name, c.name, got, draws, took, want)
+				t.Errorf("%v: %s / %s admitted %d of %d requests (in %v), where the policy admits %d", p.Limit().Rate(), s.name, c.name, got, draws, took, want)
 			}
 		}
 	}

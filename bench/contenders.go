@@ -154,7 +154,7 @@ func withOverrides(setup func(policy.Policy, int) instance) func(policy.Policy, 
 		add := func(match string) {
 			if !seen[match] {
 				seen[match] = true
-				os = append(os, policy.Override{Match: match, Capacity: p.Capacity, TokensPerSecond: p.TokensPerSecond})
+				os = append(os, policy.Override{Match: match, Capacity: p.Capacity, TokensPerSecond: p.TokensPerSecond, Refill: p.Refill})
 			}
 		}
 		step := max(1, maxKeys/benchExact)
@@ -180,9 +180,13 @@ func withOverrides(setup func(policy.Policy, int) instance) func(policy.Policy, 
 // perMinute gives setup the scenario's rate written per minute, Refill
 // PerMinute(60 x rate): the same decisions, but a period too long for the
 // compact bucket, so every key keeps a level in the shard's level store.
+// A scenario whose rate is already a Refill (allDenied's, per minute) is
+// left as it is.
 func perMinute(setup func(policy.Policy, int) instance) func(policy.Policy, int) instance {
 	return func(p policy.Policy, maxKeys int) instance {
-		p.Refill, p.TokensPerSecond = policy.PerMinute(60*p.TokensPerSecond), 0
+		if p.TokensPerSecond != 0 {
+			p.Refill, p.TokensPerSecond = policy.PerMinute(60*p.TokensPerSecond), 0
+		}
 		return setup(p, maxKeys)
 	}
 }
@@ -206,9 +210,11 @@ func withBands(setup func(policy.Policy, int) instance) func(policy.Policy, int)
 	}
 }
 
-// rateLimit converts a policy to x/time/rate's float form, as its users do.
+// rateLimit converts a policy to x/time/rate's float form, as its users do:
+// tokens per second (a Refill's Tokens per Per), and the capacity as burst.
 func rateLimit(p policy.Policy) (rate.Limit, int) {
-	return rate.Limit(p.TokensPerSecond), int(p.Capacity)
+	r := p.Limit().Rate()
+	return rate.Limit(float64(r.Tokens) / r.Per.Seconds()), int(p.Capacity)
 }
 
 // rateMap is how services commonly use x/time/rate: a map of limiters
@@ -305,7 +311,7 @@ func goLimiter(p policy.Policy, _ int) instance {
 
 // goLimiterInterval is the Interval that makes go-limiter's bucket p's:
 // it counts tokens per interval, so Capacity tokens refilled over
-// Capacity/rate seconds is the same bucket. But at each new interval it
+// Capacity/rate seconds (Capacity x Per / Tokens) is the same bucket. But at each new interval it
 // adds intervals x Interval/Tokens tokens, which for a bucket of more
 // tokens than the interval has nanoseconds rounds to none: such a bucket,
 // one no run empties, gets an interval no run reaches, and so stays full
@@ -313,11 +319,12 @@ func goLimiter(p policy.Policy, _ int) instance {
 // also overflows int64 there.)
 func goLimiterInterval(p policy.Policy) time.Duration {
 	const never = 24 * time.Hour
-	hi, lo := bits.Mul64(uint64(p.Capacity), uint64(time.Second))
-	if hi != 0 || lo/uint64(p.TokensPerSecond) > uint64(never) || uint64(p.Capacity) > lo/uint64(p.TokensPerSecond) {
+	r := p.Limit().Rate()
+	hi, lo := bits.Mul64(uint64(p.Capacity), uint64(r.Per))
+	if hi != 0 || lo/uint64(r.Tokens) > uint64(never) || uint64(p.Capacity) > lo/uint64(r.Tokens) {
 		return never
 	}
-	return time.Duration(lo / uint64(p.TokensPerSecond))
+	return time.Duration(lo / uint64(r.Tokens))
 }
 
 // floorDecider is the exact arithmetic on a plain map from one goroutine

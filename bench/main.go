@@ -215,6 +215,9 @@ func decisions(out io.Writer, cfg config) {
 					// comparison with the others.
 					warnings = append(warnings, fmt.Sprintf("%s / %s admitted %.1f%% of its decisions in a round, where every contender should admit all", c.name, col, 100*admitted[i]))
 				}
+				if s.policy == allDenied && admitted[i] < 1 && allowed[i] > 0 {
+					warnings = append(warnings, fmt.Sprintf("%s / %s admitted %d of its decisions, where every contender should deny all", c.name, col, allowed[i]))
+				}
 				if failed[i] > 0 {
 					// Counted as denials, and an error is cheaper still.
 					warnings = append(warnings, fmt.Sprintf("%s / %s: %d requests got an error, counted as denied: a wrong measurement", c.name, col, failed[i]))
