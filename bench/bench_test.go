@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/time/rate"
 
 	"github.com/tokenshard/tokenshard/internal/redistest"
 	"github.com/tokenshard/tokenshard/policy"
@@ -103,11 +104,32 @@ func TestGoLimiterInterval(t *testing.T) {
 	}{
 		{policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 2}, 1500 * time.Millisecond},
 		{mostlyDenied, time.Second},
+		{allDenied, time.Minute},
+		{policy.Policy{Version: 1, Capacity: 5, Refill: policy.Rate{Tokens: 2, Per: time.Minute}}, 150 * time.Second},
 		{admitAll, 24 * time.Hour},
 		{policy.Policy{Version: 1, Capacity: 1 << 40, TokensPerSecond: 1}, 24 * time.Hour},
 	} {
 		if got := goLimiterInterval(c.p); got != c.want {
 			t.Errorf("goLimiterInterval(%+v) = %v, want %v", c.p, got, c.want)
+		}
+	}
+}
+
+// TestRateLimit: x/time/rate gets the policy's rate per second, a
+// Refill's too (a limit of 0 would still admit its burst, then deny
+// forever, where the policy refills).
+func TestRateLimit(t *testing.T) {
+	for _, c := range []struct {
+		p     policy.Policy
+		limit rate.Limit
+		burst int
+	}{
+		{admitAll, 1 << 40, 1 << 40},
+		{mostlyDenied, 1, 1},
+		{allDenied, 1.0 / 60, 1},
+	} {
+		if l, b := rateLimit(c.p); l != c.limit || b != c.burst {
+			t.Errorf("rateLimit(%v) = %v, %d, want %v, %d", c.p.Limit().Rate(), l, b, c.limit, c.burst)
 		}
 	}
 }
@@ -121,7 +143,7 @@ func TestQuickRun(t *testing.T) {
 	if code := run([]string{"-quick", "-cpu", "1"}, &out, &out); code != 0 {
 		t.Fatalf("bench -quick exited %d:\n%s", code, out.String())
 	}
-	for _, want := range []string{"ns per decision", "retained heap", "latency", "EvictFull", "ReplacePolicy", "redis: skipped"} {
+	for _, want := range []string{"ns per decision", "share of decisions admitted", "retained heap", "latency", "EvictFull", "ReplacePolicy", "redis: skipped"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

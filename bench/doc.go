@@ -10,10 +10,11 @@
 // github.com/sethvargo/go-limiter's memorystore; and the floor, the policy
 // arithmetic on a plain map from one goroutine with no synchronisation.
 // Scenarios: one hot key, 100,000 keys uniform, 1,000,000 keys Zipf (s=1.1),
-// and a mostly-denied policy, with 8 goroutines per core at GOMAXPROCS 1 and
-// 2. Then retained heap per key at 1,000,000 keys, the latency of a single
-// Allow, and the longest admission stall while EvictFull, Snapshot and
-// ReplacePolicy cover 1,000,000 keys.
+// and 100,000 keys whose one token each warm-up spent and the policy
+// refills a minute later, so every request is denied; with 8 goroutines
+// per core at GOMAXPROCS 1 and 2. Then retained heap per key at 1,000,000
+// keys, the latency of a single Allow, and the longest admission stall
+// while EvictFull, Snapshot and ReplacePolicy cover 1,000,000 keys.
 //
 // With -redis ADDR, a last table measures decisions per second through
 // engine/redisstore on that Redis server (Allow, AllowBatch 16 and 128)

@@ -116,16 +116,19 @@ func calibrate(rg *rig, d time.Duration) int {
 }
 
 // measure times calls decide calls of rg, and returns the nanoseconds and
-// the allocations (rounded down) per decision, and the share admitted.
-func measure(rg *rig, calls int) (ns float64, allocs int64, admitted float64) {
+// the allocations (rounded down) per decision, how many decisions it made
+// and admitted, and how many requests got an error (counted as denied).
+func measure(rg *rig, calls int) (ns float64, allocs, decisions, allowed, failed int64) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
+	errs0 := decideErrors.Load()
 	start := time.Now()
-	allowed := rg.run(calls)
+	allowed = rg.run(calls)
 	took := time.Since(start)
+	failed = decideErrors.Load() - errs0
 	runtime.ReadMemStats(&after)
-	decisions := calls * rg.c.batch
-	return float64(took.Nanoseconds()) / float64(decisions), int64(after.Mallocs-before.Mallocs) / int64(decisions), float64(allowed) / float64(decisions)
+	decisions = int64(calls * rg.c.batch)
+	return float64(took.Nanoseconds()) / float64(decisions), int64(after.Mallocs-before.Mallocs) / decisions, decisions, allowed, failed
 }
 
 // median returns the median of v, which it sorts.
@@ -148,6 +151,7 @@ func decisions(out io.Writer, cfg config) {
 	type cell struct {
 		ns     float64
 		allocs int64
+		share  float64 // of all its rounds' decisions, admitted
 	}
 	results := map[string]map[string]cell{} // contender -> column -> cell
 	var columns, warnings []string
@@ -189,7 +193,8 @@ func decisions(out io.Writer, cfg config) {
 			}
 			ns := make([][]float64, len(contenders))
 			allocs := make([]int64, len(contenders))
-			admitted := make([]float64, len(contenders))
+			admitted := make([]float64, len(contenders)) // the least share in a round
+			made, allowed, failed := make([]int64, len(contenders)), make([]int64, len(contenders)), make([]int64, len(contenders))
 			for i := range admitted {
 				admitted[i] = 1
 			}
@@ -197,10 +202,11 @@ func decisions(out io.Writer, cfg config) {
 				for i, c := range contenders {
 					cfg.prog.show("measuring %d/%d: %s / %s (%s), round %d/%d",
 						done+i+1, cells, s.name, c.name, cores(cpu), round+1, cfg.rounds)
-					t, a, ok := measure(rigs[i], calls[i])
+					t, a, n, ok, bad := measure(rigs[i], calls[i])
 					ns[i] = append(ns[i], t)
 					allocs[i] = max(allocs[i], a)
-					admitted[i] = min(admitted[i], ok)
+					admitted[i] = min(admitted[i], float64(ok)/float64(n))
+					made[i], allowed[i], failed[i] = made[i]+n, allowed[i]+ok, failed[i]+bad
 				}
 			}
 			for i, c := range contenders {
@@ -209,11 +215,18 @@ func decisions(out io.Writer, cfg config) {
 					// comparison with the others.
 					warnings = append(warnings, fmt.Sprintf("%s / %s admitted %.1f%% of its decisions in a round, where every contender should admit all", c.name, col, 100*admitted[i]))
 				}
+				if s.policy == allDenied && admitted[i] < 1 && allowed[i] > 0 {
+					warnings = append(warnings, fmt.Sprintf("%s / %s admitted %d of its decisions, where every contender should deny all", c.name, col, allowed[i]))
+				}
+				if failed[i] > 0 {
+					// Counted as denials, and an error is cheaper still.
+					warnings = append(warnings, fmt.Sprintf("%s / %s: %d requests got an error, counted as denied: a wrong measurement", c.name, col, failed[i]))
+				}
 				rigs[i].close()
 				if results[c.name] == nil {
 					results[c.name] = map[string]cell{}
 				}
-				results[c.name][col] = cell{ns: median(ns[i]), allocs: allocs[i]}
+				results[c.name][col] = cell{ns: median(ns[i]), allocs: allocs[i], share: float64(allowed[i]) / float64(made[i])}
 			}
 			done += len(contenders)
 		}
@@ -248,6 +261,22 @@ func decisions(out io.Writer, cfg config) {
 		t.AppendRow(append(row, allocs))
 	}
 	t.Render()
+	// What each contender decided, beside what it cost: one that denies
+	// more than the others is faster for it, not better. Where the policy
+	// refills during the run, a faster contender makes more decisions per
+	// refill, so a smaller share of them admits.
+	a := table.NewWriter()
+	a.SetOutputMirror(out)
+	a.SetTitle("share of decisions admitted, all rounds")
+	a.AppendHeader(header)
+	for _, c := range contenders {
+		row := table.Row{c.name}
+		for _, col := range columns {
+			row = append(row, fmt.Sprintf("%.2f%%", 100*results[c.name][col].share))
+		}
+		a.AppendRow(row)
+	}
+	a.Render()
 	for _, w := range warnings {
 		fmt.Fprintln(out, "decisions: WARNING:", w)
 	}

@@ -242,11 +242,17 @@ func (rep *redisReport) measure(ctx context.Context, rdb redis.UniversalClient, 
 			case inStore:
 				newDecider = func() decider { return admitterDecider(c.st, &errs, r.batch) }
 			}
-			if r.kind == inStore && c.s.policy == redisAdmit && len(c.ks.names) <= maxTopUp {
-				// A hot key drains a store that decides faster than
-				// redis_rate: a denying store beside an admitting peer would
-				// be no comparison. Every store run starts as the first did.
-				if err := topUp(ctx, c.st, c.ks.names); err != nil {
+			if r.kind != inEngine && c.s.policy == redisAdmit && len(c.ks.names) <= maxTopUp {
+				// A hot key drains: a denying contender beside an admitting
+				// one would be no comparison (a denial skips the write).
+				// Every run of the store and of redis_rate starts as the
+				// first did: redis_rate's hot key takes as many decisions
+				// over a full run as its capacity holds.
+				err := topUp(ctx, c.st, c.ks.names)
+				if r.kind == inRedisRate {
+					err = c.rp.topUp(ctx, c.ks.names)
+				}
+				if err != nil {
 					rep.warnings = append(rep.warnings, fmt.Sprintf("topping up %s's keys: %v", c.s.name, err))
 				}
 			}
@@ -319,6 +325,9 @@ func (rep *redisReport) measure(ctx context.Context, rdb redis.UniversalClient, 
 	}
 	for i, r := range redisRows {
 		w := &rows[i]
+		if c.s.policy == redisAdmit && w.allowed < w.decisions {
+			rep.warnings = append(rep.warnings, fmt.Sprintf("%s, %d goroutines, %s admitted %d of %d decisions, where every contender should admit all", c.s.name, c.goroutines, r.name, w.allowed, w.decisions))
+		}
 		ns := median(w.ns)
 		ratio, script, cpu := "ref", "-", "-"
 		if r.kind != inEngine {

@@ -7,7 +7,10 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/go-redis/redis_rate/v10"
+
 	"github.com/tokenshard/tokenshard/internal/redistest"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
 // BenchmarkRedisStore is redisstore's Allow and AllowBatch of 128 on a real
@@ -119,6 +122,41 @@ func TestGrouped(t *testing.T) {
 	}{{0, "0"}, {999, "999"}, {1000, "1,000"}, {123456.4, "123,456"}, {1234567, "1,234,567"}, {-1234, "-1,234"}} {
 		if got := grouped(c.in); got != c.want {
 			t.Errorf("grouped(%v) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// TestRateTopUp: redis_rate's hot key is brought back before each of its
+// runs, as the store's is, so neither runs dry beside the other.
+func TestRateTopUp(t *testing.T) {
+	ctx := context.Background()
+	rdb, err := newRedisClient(ctx, redistest.Alone(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	sha, err := rateSHA(ctx, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pfx := freshPrefix()
+	defer func() { _, _ = deletePrefix(ctx, rdb, rateKeyPrefix+pfx) }()
+	// 1,000 tokens: prespend leaves 400, and 500 requests drain them.
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	rp := &ratePeer{rdb: rdb, l: redis_rate.NewLimiter(rdb), limit: gcraLimit(p), sha: sha, pfx: pfx}
+	names := []string{"hot"}
+	var errs atomic.Int64
+	d := rp.decider(&errs, 1)
+	keys := make([]string, 500)
+	for i := range keys {
+		keys[i] = "hot"
+	}
+	for round := range 2 {
+		if err := rp.topUp(ctx, names); err != nil {
+			t.Fatal(err)
+		}
+		if got := d.decide(keys); got < 399 || got > 401 || errs.Load() != 0 {
+			t.Errorf("round %d: admitted %d of 500 after topUp (errors %d), want the 400 prespend left", round, got, errs.Load())
 		}
 	}
 }

@@ -173,6 +173,19 @@ func (p *ratePeer) prespend(ctx context.Context, names []string) error {
 	return nil
 }
 
+// topUp brings redis_rate's buckets of names back to where prespend left
+// them, as the store's topUp does: deleted (a missing key is a full
+// bucket to its script), then pre-spent again.
+func (p *ratePeer) topUp(ctx context.Context, names []string) error {
+	// One DEL per key: on a cluster the keys may live on different masters.
+	for _, k := range names {
+		if err := p.rdb.Del(ctx, rateKeyPrefix+p.pfx+k).Err(); err != nil {
+			return err
+		}
+	}
+	return p.prespend(ctx, names)
+}
+
 // redisCPU is the server's CPU time (INFO CPU used_cpu_sys + used_cpu_user)
 // in seconds.
 // On a cluster it is the masters' sum.
