@@ -59,6 +59,7 @@ var contenders = []contender{
 	{name: "tokenshard AllowBatch 64 +3 bands", batch: 64, setup: withBands(tokenshardBatch)},
 	{name: "x/time/rate map+mutex", batch: 1, peer: true, keepsState: true, setup: rateMutex},
 	{name: "x/time/rate 64 shards", batch: 1, peer: true, keepsState: true, setup: rateSharded},
+	{name: "x/time/rate 64 shards, 64 per clock read", batch: 64, peer: true, setup: rateShardedBatch},
 	{name: "go-limiter memorystore", batch: 1, peer: true, keepsState: true, setup: goLimiter},
 	{name: "floor (policy, 1 goroutine)", batch: 1, sequential: true, keepsState: true, setup: floor},
 }
@@ -226,7 +227,9 @@ type rateMap struct {
 	burst int
 }
 
-func (r *rateMap) allow(key string) bool {
+func (r *rateMap) allow(key string) bool { return r.limiter(key).Allow() }
+
+func (r *rateMap) limiter(key string) *rate.Limiter {
 	r.mu.Lock()
 	l, ok := r.m[key]
 	if !ok {
@@ -234,7 +237,7 @@ func (r *rateMap) allow(key string) bool {
 		r.m[key] = l
 	}
 	r.mu.Unlock()
-	return l.Allow()
+	return l
 }
 
 func (r *rateMap) decide(keys []string) int {
@@ -274,11 +277,37 @@ func (r *rateShards) decide(keys []string) int {
 }
 
 func rateSharded(p policy.Policy, _ int) instance {
+	r := newRateShards(p)
+	return instance{forWorker: func() decider { return r }, close: func() {}}
+}
+
+func newRateShards(p policy.Policy) *rateShards {
 	limit, burst := rateLimit(p)
 	r := &rateShards{seed: maphash.MakeSeed()}
 	for i := range r.shards {
 		r.shards[i] = rateMap{m: map[string]*rate.Limiter{}, limit: limit, burst: burst}
 	}
+	return r
+}
+
+// rateShardsBatch is rateShards deciding a batch at one reading of the
+// clock, as x/time/rate's AllowN(t, 1) lets a caller do: the peer of
+// tokenshard's AllowBatch, which reads its shards' clocks once per batch.
+type rateShardsBatch struct{ *rateShards }
+
+func (r rateShardsBatch) decide(keys []string) int {
+	n := 0
+	now := time.Now()
+	for _, k := range keys {
+		if r.shards[maphash.String(r.seed, k)&63].limiter(k).AllowN(now, 1) {
+			n++
+		}
+	}
+	return n
+}
+
+func rateShardedBatch(p policy.Policy, _ int) instance {
+	r := rateShardsBatch{newRateShards(p)}
 	return instance{forWorker: func() decider { return r }, close: func() {}}
 }
 

@@ -6,7 +6,9 @@
 //	go run ./bench -redis 127.0.0.1:6379 -parts redis   # only the Redis table
 //
 // Contenders: tokenshard Allow and AllowBatch (16, 64 and 128 per call);
-// golang.org/x/time/rate in a map under one mutex and in 64 mutex shards;
+// golang.org/x/time/rate in a map under one mutex and in 64 mutex shards,
+// the latter also 64 keys per reading of the clock (AllowN(t, 1)), the
+// peer of a batch;
 // github.com/sethvargo/go-limiter's memorystore; and the floor, the policy
 // arithmetic on a plain map from one goroutine with no synchronisation.
 // Scenarios: one hot key, 100,000 keys uniform, 1,000,000 keys Zipf (s=1.1),
