@@ -199,9 +199,13 @@ func decisions(out io.Writer, cfg config) {
 				admitted[i] = 1
 			}
 			for round := range cfg.rounds {
-				for i, c := range contenders {
+				// Each round starts one contender further on, so that none
+				// always runs first (or right after another's cleanup).
+				for j := range contenders {
+					i := (j + round) % len(contenders)
+					c := contenders[i]
 					cfg.prog.show("measuring %d/%d: %s / %s (%s), round %d/%d",
-						done+i+1, cells, s.name, c.name, cores(cpu), round+1, cfg.rounds)
+						done+j+1, cells, s.name, c.name, cores(cpu), round+1, cfg.rounds)
 					t, a, n, ok, bad := measure(rigs[i], calls[i])
 					ns[i] = append(ns[i], t)
 					allocs[i] = max(allocs[i], a)
