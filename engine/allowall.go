@@ -480,7 +480,8 @@ func (c *allCall) fresh() int {
 // room for, given room free slots: new keys take room in the order of their
 // first requests.
 func (c *allCall) pastBound(room int) int {
-	var firsts []int
+	var buf [MaxAllowAll]int // on the stack: a refusal allocates nothing
+	firsts := buf[:0]
 	for k := range c.parts {
 		p := &c.parts[k]
 		for _, j := range p.m.Hold.Fresh {
