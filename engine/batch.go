@@ -52,7 +52,9 @@ func (c *batchCall) reset() {
 // Per-request errors are only in out[i].Err, and AllowBatch returns nil, when
 // every part reached its shard. Otherwise it returns ErrClosed, or
 // ErrNilContext for a nil ctx, or the context's error, which is also written
-// into every result that was not decided. len(out) < len(reqs) is
+// into every result that was not decided; so also when no request needed a
+// shard (none, or each with a bad key or cost, whose results keep their own
+// errors). len(out) < len(reqs) is
 // ErrInvalidConfig, and nothing is decided. A zero Engine returns
 // ErrNotInitialized, written into every result out has room for.
 // Parts on different shards may see different policy versions during a

@@ -377,3 +377,20 @@ func TestReclaimAfterAfterClose(t *testing.T) {
 		assert.Equal(t, 2*time.Second, d)
 	})
 }
+
+// TestBatchWithNoPartReportsCallerState: an AllowBatch none of whose
+// requests needs a shard (none, or each with a bad key) still returns the
+// caller's or the engine's state, as the doc says, while each bad request
+// keeps its own error.
+func TestBatchWithNoPartReportsCallerState(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 1), Shards: 2})
+	canceled, cancel := context.WithCancel(t.Context())
+	cancel()
+	out := make([]engine.Result, 1)
+	require.ErrorIs(t, e.AllowBatch(canceled, []engine.Request{{Key: "", Cost: 1}}, out), context.Canceled)
+	require.ErrorIs(t, out[0].Err, engine.ErrInvalidKey)
+	require.ErrorIs(t, e.AllowBatch(nilCtx, nil, nil), engine.ErrNilContext)
+	require.NoError(t, e.AllowBatch(t.Context(), nil, nil))
+	require.NoError(t, e.Close())
+	require.ErrorIs(t, e.AllowBatch(t.Context(), nil, nil), engine.ErrClosed)
+}
