@@ -36,6 +36,17 @@ func newStore(t *testing.T, addr, prefix string, cfg redisstore.Config) *redisst
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
+	t.Cleanup(func() {
+		// After the store's Close (cleanups run last first): the keys it
+		// wrote, which on a developer's shared server pile up across runs
+		// and slow every test that scans the keyspace.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+	})
 	cfg.Client, cfg.Prefix, cfg.Clock = rdb, prefix, clock.NewManual(0)
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second // the race detector slows everything

@@ -24,6 +24,7 @@ func leasedStore(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter
 	c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	prefix := fmt.Sprintf("envoyrls-test:%d:%d:", time.Now().UnixNano(), prefixes.Add(1))
+	deleteKeys(t, c, prefix) // after the store's Close (cleanups run last first), which gives leases back
 	s, err := redisstore.New(context.Background(), redisstore.Config{
 		Client: c, Prefix: prefix, Policy: p, Clock: clk, Leases: &redisstore.Leases{},
 	})
@@ -31,7 +32,6 @@ func leasedStore(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter
 		t.Fatalf("redisstore.New: %v", err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	deleteKeys(t, c, prefix)
 	return s
 }
 

@@ -42,12 +42,12 @@ func storeOn(client func(t *testing.T) redis.UniversalClient) rlstest.Factory {
 		t.Helper()
 		c := client(t)
 		prefix := fmt.Sprintf("envoyrls-test:%d:%d:", time.Now().UnixNano(), prefixes.Add(1))
+		deleteKeys(t, c, prefix) // after the store's Close (cleanups run last first), which may write
 		s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix, Policy: p, Clock: clk})
 		if err != nil {
 			t.Fatalf("redisstore.New: %v", err)
 		}
 		t.Cleanup(func() { _ = s.Close() })
-		deleteKeys(t, c, prefix)
 		return s
 	}
 }
