@@ -340,8 +340,9 @@ func goLimiter(p policy.Policy, _ int) instance {
 
 // goLimiterInterval is the Interval that makes go-limiter's bucket p's:
 // it counts tokens per interval, so Capacity tokens refilled over
-// Capacity/rate seconds (Capacity x Per / Tokens) is the same bucket. But at each new interval it
-// adds intervals x Interval/Tokens tokens, which for a bucket of more
+// Capacity/rate seconds (Capacity x Per / Tokens) is the same bucket. But
+// at each new interval it adds intervals x Interval/Tokens tokens, which
+// for a bucket of more
 // tokens than the interval has nanoseconds rounds to none: such a bucket,
 // one no run empties, gets an interval no run reaches, and so stays full
 // as it does in every other contender. (Capacity seconds in nanoseconds

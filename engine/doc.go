@@ -126,8 +126,9 @@
 // AllowBatch returns nil when every part reached its shard; a request's own
 // error is then only in its result. Otherwise it returns ErrClosed,
 // ErrNilContext or the context's error (so also when no request needed a
-// shard), and writes that error into every result that was not decided. An out slice shorter than reqs is
-// ErrInvalidConfig, and then nothing is decided.
+// shard), and writes that error into every result that was not decided.
+// An out slice shorter than reqs is ErrInvalidConfig, and then nothing is
+// decided.
 //
 // # Key bound and eviction
 //

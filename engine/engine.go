@@ -47,6 +47,10 @@ type Engine struct {
 	// rename, so the file it leaves is never older than one an earlier
 	// call left.
 	files chan struct{}
+	// snapshotFileHook, if set (by tests only, before any SnapshotFile), is
+	// called by SnapshotFile with "wait" before it waits for an earlier
+	// call to end and with "rename" before it renames its file over path.
+	snapshotFileHook func(stage string)
 
 	closed    atomic.Bool
 	closing   chan struct{} // closed when Close starts

@@ -14,10 +14,7 @@ func (e *Engine) ShardOf(key string) int {
 	return j
 }
 
-// SetSnapshotFileHook sets the hook SnapshotFile calls with "wait" before
-// it waits for an earlier call and "rename" before its rename, until the
-// test ends.
-func SetSnapshotFileHook(t interface{ Cleanup(func()) }, f func(stage string)) {
-	testHookSnapshotFile = f
-	t.Cleanup(func() { testHookSnapshotFile = nil })
-}
+// SetSnapshotFileHook sets the hook e's SnapshotFile calls with "wait"
+// before it waits for an earlier call and "rename" before its rename. Set
+// it before any SnapshotFile of e.
+func SetSnapshotFileHook(e *Engine, f func(stage string)) { e.snapshotFileHook = f }

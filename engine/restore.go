@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -95,7 +96,7 @@ func Restore(cfg Config, r io.Reader, opts RestoreOptions) (*Engine, RestoreRepo
 		return nil, RestoreReport{}, err
 	}
 	for _, s := range shards {
-		s.Publish() // Stats counts the restored keys from the start
+		s.PublishCounters() // Stats counts the restored keys from the start
 	}
 	e.start(cfg, shards)
 	return e, rep, nil
@@ -161,7 +162,7 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 				long = map[string]struct{}{}
 			}
 			if _, dup := long[key]; dup {
-				return rep, d.fail("bucket %d: duplicate key %q", count-1, key)
+				return rep, d.fail("bucket %d: duplicate key %s", count-1, quoted(key))
 			}
 			long[key] = struct{}{}
 			rep.LongKeys++
@@ -180,7 +181,7 @@ func (e *Engine) restore(cfg Config, shards []*shard.Shard, r io.Reader, opts Re
 				}
 			}
 			if _, dup := over[key]; dup {
-				return rep, d.fail("bucket %d: duplicate key %q", count-1, key)
+				return rep, d.fail("bucket %d: duplicate key %s", count-1, quoted(key))
 			}
 			over[key] = struct{}{}
 			continue
@@ -559,7 +560,7 @@ func (d *snapReader) bucket(i int, h *snapHeader, lv *[1 + policy.MaxBands]polic
 	}
 	key = string(raw)
 	if isBlank(key) {
-		err = d.fail("bucket %d: blank key %q", i, key)
+		err = d.fail("bucket %d: blank key %s", i, quoted(key))
 		return
 	}
 	if h.format == 1 {
@@ -570,7 +571,7 @@ func (d *snapReader) bucket(i int, h *snapHeader, lv *[1 + policy.MaxBands]polic
 		return
 	}
 	if last < 0 {
-		err = d.fail("bucket %d (%q): last update %d is negative", i, key, last)
+		err = d.fail("bucket %d (%s): last update %d is negative", i, quoted(key), last)
 		return
 	}
 	idx, err := d.uvarint(fmt.Sprintf("bucket %d's limit", i))
@@ -578,7 +579,7 @@ func (d *snapReader) bucket(i int, h *snapHeader, lv *[1 + policy.MaxBands]polic
 		return
 	}
 	if idx >= uint64(len(h.shapes)) {
-		err = d.fail("bucket %d (%q): limit %d, the policy has %d", i, key, idx, len(h.shapes))
+		err = d.fail("bucket %d (%s): limit %d, the policy has %d", i, quoted(key), idx, len(h.shapes))
 		return
 	}
 	sh = h.shapes[idx]
@@ -617,7 +618,7 @@ func (d *snapReader) bucketV1(i int, key string, v *policy.Level) (int64, policy
 		return 0, sh, err
 	}
 	if last < 0 {
-		return 0, sh, d.fail("bucket %d (%q): last update %d is negative", i, key, last)
+		return 0, sh, d.fail("bucket %d (%s): last update %d is negative", i, quoted(key), last)
 	}
 	lim := &sh.Primary
 	if lim.Capacity, err = d.int(1, fmt.Sprintf("bucket %d's capacity", i)); err != nil {
@@ -633,13 +634,13 @@ func (d *snapReader) bucketV1(i int, key string, v *policy.Level) (int64, policy
 // capacity (the deepest debt) to its capacity.
 func (d *snapReader) checkLevel(i int, key string, l policy.Limit, v policy.Level) error {
 	if v.Frac >= uint64(l.Rate().Per) {
-		return d.fail("bucket %d (%q): %d units, want fewer than a token", i, key, v.Frac)
+		return d.fail("bucket %d (%s): %d units, want fewer than a token", i, quoted(key), v.Frac)
 	}
 	if v.Tokens < -l.Capacity {
-		return d.fail("bucket %d (%q): balance %d tokens is below its floor, minus its capacity %d", i, key, v.Tokens, l.Capacity)
+		return d.fail("bucket %d (%s): balance %d tokens is below its floor, minus its capacity %d", i, quoted(key), v.Tokens, l.Capacity)
 	}
 	if v.Tokens > l.Capacity || (v.Tokens == l.Capacity && v.Frac != 0) {
-		return d.fail("bucket %d (%q): balance %d tokens and %d units is above its capacity %d", i, key, v.Tokens, v.Frac, l.Capacity)
+		return d.fail("bucket %d (%s): balance %d tokens and %d units is above its capacity %d", i, quoted(key), v.Tokens, v.Frac, l.Capacity)
 	}
 	return nil
 }
@@ -669,4 +670,13 @@ func (d *snapReader) end(count int) error {
 		return err
 	}
 	return nil
+}
+
+// quoted is key quoted for an error message, its first 64 bytes if it is
+// longer (a snapshot's keys are bounded only by its size), with its length.
+func quoted(key string) string {
+	if len(key) <= 64 {
+		return strconv.Quote(key)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", key[:64], len(key))
 }

@@ -814,6 +814,17 @@ func fuzzSeeds(tb testing.TB) map[string][]byte {
 	seeds["wall-far-back"] = rawSnap{Version: 1, Capacity: 10, Rate: 2, Wall: math.MinInt64, Reading: 7,
 		Buckets: []rawBucket{{Key: "k", Tokens: 1, Units: 5, Last: 3, Capacity: 10, Rate: 2}}}.encode()
 	seeds["crafted-v2"] = okSnapV2().encode()
+	// Keys above fuzzMaxKeyBytes, which Restore drops: beside a short key,
+	// and one written twice.
+	long := strings.Repeat("L", fuzzMaxKeyBytes+1)
+	longKeys := rawSnap{Version: 1, Capacity: 10, Rate: 2, Wall: 5, Reading: 5, Buckets: []rawBucket{
+		{Key: "k", Tokens: 1, Units: 5, Last: 3, Capacity: 10, Rate: 2},
+		{Key: long, Tokens: 0, Units: 0, Last: 4, Capacity: 10, Rate: 2},
+		{Key: long + "x", Tokens: 2, Units: 0, Last: 4, Capacity: 10, Rate: 2},
+	}}
+	seeds["long-keys"] = longKeys.encode()
+	longKeys.Buckets = append(longKeys.Buckets, longKeys.Buckets[1])
+	seeds["long-key-twice"] = longKeys.encode()
 
 	// Debts: a key at its floor in every band, one in debt in the primary
 	// only, one repaying.

@@ -614,6 +614,19 @@ func TestRestoreDropsKeysAboveMaxKeyBytes(t *testing.T) {
 		_, err := e.Allow(t.Context(), k, 1)
 		assert.ErrorIs(t, err, engine.ErrInvalidKey)
 	}
+
+	// Past the bound the long keys still do not count: two kept keys and
+	// MaxKeys 1 is ErrKeyCapacity for two keys, or, with DropFullest, the
+	// fuller one dropped.
+	cfg.MaxKeys = 1
+	_, _, err = engine.Restore(cfg, bytes.NewReader(data), engine.RestoreOptions{})
+	require.ErrorIs(t, err, engine.ErrKeyCapacity)
+	assert.ErrorContains(t, err, "holds 2 keys")
+	e, rep = restored(t, cfg, data, engine.RestoreOptions{DropFullest: true})
+	assert.Equal(t, engine.RestoreReport{Restored: 1, LongKeys: 2, Dropped: 1, DroppedPartial: 1, MaxDeficit: 4, Version: 1}, rep)
+	d, err = e.Peek(t.Context(), "drained")
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), d.Remaining, "the emptier key kept")
 }
 
 // TestRestoreWallFarBack: a snapshot whose wall time is so far before the

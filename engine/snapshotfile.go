@@ -36,8 +36,8 @@ func (e *Engine) SnapshotFile(ctx context.Context, path string) (err error) {
 	// overlapped could rename in the other order than they took their
 	// snapshots, leaving the older one at path, and a restart from it
 	// would hand back every token spent between the two.
-	if testHookSnapshotFile != nil && len(e.files) == cap(e.files) {
-		testHookSnapshotFile("wait")
+	if e.snapshotFileHook != nil && len(e.files) == cap(e.files) {
+		e.snapshotFileHook("wait")
 	}
 	if err := e.take(ctx, e.files); err != nil {
 		return err
@@ -67,8 +67,8 @@ func (e *Engine) SnapshotFile(ctx context.Context, path string) (err error) {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if testHookSnapshotFile != nil {
-		testHookSnapshotFile("rename")
+	if e.snapshotFileHook != nil {
+		e.snapshotFileHook("rename")
 	}
 	if err := os.Rename(f.Name(), path); err != nil {
 		return err
@@ -81,11 +81,6 @@ func (e *Engine) SnapshotFile(ctx context.Context, path string) (err error) {
 	defer d.Close()
 	return d.Sync()
 }
-
-// testHookSnapshotFile, if set (by tests only), is called by SnapshotFile
-// with "wait" before it waits for an earlier call to end and with "rename"
-// before it renames its file over path.
-var testHookSnapshotFile func(stage string)
 
 // RestoreFile is Restore from the file at path, for a service's start: when
 // no file exists there (the first boot), it starts a new, empty engine with

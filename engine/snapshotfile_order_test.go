@@ -25,7 +25,7 @@ func TestSnapshotFileOverlapKeepsNewest(t *testing.T) {
 	var mu sync.Mutex
 	renames := 0
 	firstAtRename, releaseFirst, secondWaits := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	engine.SetSnapshotFileHook(t, func(stage string) {
+	engine.SetSnapshotFileHook(e, func(stage string) {
 		switch stage {
 		case "wait":
 			close(secondWaits)

@@ -55,10 +55,11 @@ func (s *Shard) Counters() msg.Counters {
 	return c
 }
 
-// Publish stores the counters for Counters before Run: a shard restored
-// from a snapshot has keys before it serves anything, and Counters must
-// count them once the engine is returned, not once the loop has started.
-func (s *Shard) Publish() { s.publish() }
+// PublishCounters stores the counters for Counters before Run: a shard
+// restored from a snapshot has keys before it serves anything, and Counters
+// must count them once the engine is returned, not once the loop has
+// started.
+func (s *Shard) PublishCounters() { s.publish() }
 
 // publish stores the loop's counters for Counters.
 func (s *Shard) publish() {

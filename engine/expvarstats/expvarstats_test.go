@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -129,8 +128,9 @@ func TestPublishConcurrent(t *testing.T) {
 // check and publish is narrow, so it takes many rounds to meet it.
 func TestPublishRacingAnotherPublisher(t *testing.T) {
 	e := newEngine(t)
+	prev := log.Writer()
 	log.SetOutput(io.Discard) // expvar logs each name taken before it panics
-	t.Cleanup(func() { log.SetOutput(os.Stderr) })
+	t.Cleanup(func() { log.SetOutput(prev) })
 	const rounds = 10000
 	var panics, published, refused int
 	for range rounds {

@@ -37,8 +37,16 @@ func TestKeyFuncContextEnded(t *testing.T) {
 	assert.Equal(t, codes.Canceled, status.Code(err), "%v", err)
 	assert.ErrorIs(t, got, context.Canceled)
 	assert.NotErrorIs(t, got, grpclimit.ErrKeyFunc)
+	// A lookup over gRPC under the call's context gets a status, which
+	// wraps no context error: the same.
+	err, got = run(ctx, func(ctx context.Context) error { return status.FromContextError(ctx.Err()).Err() })
+	assert.Equal(t, codes.Canceled, status.Code(err), "%v", err)
+	assert.NotErrorIs(t, got, grpclimit.ErrKeyFunc)
 
 	err, got = run(from("192.0.2.1:1"), func(context.Context) error { return context.DeadlineExceeded })
 	assert.Equal(t, codes.Internal, status.Code(err), "the lookup's own deadline, the call alive: %v", err)
+	assert.ErrorIs(t, got, grpclimit.ErrKeyFunc)
+	err, got = run(from("192.0.2.1:1"), func(context.Context) error { return status.Error(codes.Canceled, "upstream") })
+	assert.Equal(t, codes.Canceled, status.Code(err), "a key function's own status, the call alive, passes through: %v", err)
 	assert.ErrorIs(t, got, grpclimit.ErrKeyFunc)
 }

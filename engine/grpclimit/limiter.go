@@ -354,12 +354,13 @@ func (l *Limiter) prepare(ctx context.Context, method string) (string, int64, re
 	switch {
 	case l.key != nil:
 		k, err := l.key(ctx, method, client)
-		if ctxErr := ctx.Err(); err != nil && ctxErr != nil && errors.Is(err, ctxErr) {
-			// The call's own context ending (a lookup canceled because the
-			// client went away): answered as any call whose context ended.
-			return "", 0, refusal{status: status.FromContextError(ctxErr).Err(), cause: fmt.Errorf("grpclimit: the key function: %w", err)}
-		}
 		if err != nil {
+			if ended(ctx, err) {
+				// The call's own context ending (a lookup canceled because
+				// the client went away): answered as any call whose
+				// context ended.
+				return "", 0, refusal{status: status.FromContextError(ctx.Err()).Err(), cause: fmt.Errorf("grpclimit: the key function: %w", err)}
+			}
 			st := errNoKey
 			if s, ok := status.FromError(err); ok && s.Code() != codes.OK {
 				st = s.Err() // the key function's own refusal: InvalidArgument, Unauthenticated
@@ -395,6 +396,21 @@ func (l *Limiter) spend(ctx context.Context, key string, cost int64) (engine.Dec
 		return d, refusal{status: retryable(codes.ResourceExhausted, msgDenied, ms), pushback: ms}
 	}
 	return d, refusal{}
+}
+
+// ended reports whether err, a key function's, is ctx ending: ctx is done
+// and err is its error, or the status a gRPC call made under it returns
+// for it (grpc-go's status errors do not wrap the context's).
+func ended(ctx context.Context, err error) bool {
+	ctxErr := ctx.Err()
+	if ctxErr == nil {
+		return false
+	}
+	if errors.Is(err, ctxErr) {
+		return true
+	}
+	s, ok := status.FromError(err)
+	return ok && s.Code() == status.FromContextError(ctxErr).Code()
 }
 
 // peerIP returns the IP address of the call's peer, if it has one. An

@@ -189,8 +189,9 @@ type Stats struct {
 	// Allowed + Denied the requests decided in the process (Local).
 	Decisions uint64
 	// Retries counts script calls sent again: for a newer policy or a
-	// cutover under way, a bucket's history, a script Redis lacked, or an
-	// FCALL a Redis out of memory refused (sent again as EVALSHA).
+	// cutover under way, a bucket's history, a script Redis lacked, an
+	// FCALL a Redis out of memory refused (sent again as EVALSHA), or, after
+	// a first resend, a slot being migrated.
 	Retries uint64
 	// Local counts the requests a lease decided in the process, without
 	// Redis (Config.Leases): they are counted in Allowed and Denied too.

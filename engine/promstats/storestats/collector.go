@@ -43,7 +43,7 @@ func New(s *redisstore.Store) (*Collector, error) {
 		allCalls:  vocab.AllowAllCalls.Desc(),
 		allErrs:   vocab.AllowAllErrors.Desc(),
 		scripted:  own("decisions_total", "Requests the Redis script decided, those it answered with an error included."),
-		retries:   own("retries_total", "Script calls sent again: a newer policy or a cutover under way, a bucket's history, a script Redis lacked, an FCALL refused for memory."),
+		retries:   own("retries_total", "Script calls sent again: a newer policy or a cutover under way, a bucket's history, a script Redis lacked, an FCALL refused for memory, a slot being migrated."),
 		local:     own("local_decisions_total", "Requests a lease decided in the process, without Redis (counted in tokenshard_decisions_total too, not in store_decisions_total)."),
 		leased:    own("leased_tokens_total", "Tokens Redis granted as leases."),
 		returned:  own("returned_tokens_total", "Leased tokens given back to Redis unspent."),

@@ -27,7 +27,7 @@
 //	tokenshard_allowall_calls_total{outcome}  counter  AllowAll calls answered; outcome is "admitted" or "refused"
 //	tokenshard_allowall_errors_total{kind}    counter  AllowAll calls that ended with an error
 //	tokenshard_store_decisions_total          counter  requests the Redis script decided, those it answered with an error included
-//	tokenshard_store_retries_total            counter  script calls sent again: a newer policy or a cutover under way, a bucket's history, a script Redis lacked, an FCALL refused for memory
+//	tokenshard_store_retries_total            counter  script calls sent again: a newer policy or a cutover under way, a bucket's history, a script Redis lacked, an FCALL refused for memory, a slot being migrated
 //	tokenshard_store_local_decisions_total    counter  requests a lease decided in the process, without Redis (redisstore.Config.Leases)
 //	tokenshard_store_leased_tokens_total      counter  tokens Redis granted as leases
 //	tokenshard_store_returned_tokens_total    counter  leased tokens given back unspent
