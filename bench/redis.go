@@ -248,8 +248,11 @@ func (rep *redisReport) measure(ctx context.Context, rdb redis.UniversalClient, 
 				// Every run of the store and of redis_rate starts as the
 				// first did: redis_rate's hot key takes as many decisions
 				// over a full run as its capacity holds.
-				err := topUp(ctx, c.st, c.ks.names)
-				if r.kind == inRedisRate {
+				var err error
+				switch r.kind {
+				case inStore:
+					err = topUp(ctx, c.st, c.ks.names)
+				case inRedisRate:
 					err = c.rp.topUp(ctx, c.ks.names)
 				}
 				if err != nil {
