@@ -338,3 +338,55 @@ func TestHoldKeepsEachKeysOrder(t *testing.T) {
 	assert.False(t, single.Reply.Decision.Allowed, "the request for all of b came after the part took 1")
 	assert.Equal(t, int64(9), single.Reply.Decision.Remaining)
 }
+
+// TestRunStopAnswersWorkTakenBehindAHold: a request the shard has taken
+// and kept aside behind a hold on its key is a request already taken, so
+// when stop is what makes the shard carry out the hold's end, it must then
+// decide that request after the hold, not answer it ErrClosed: Close
+// answers ErrClosed only to what no shard has taken. (A loop that answered
+// the work kept aside ErrClosed at stop passed every other test and the
+// stress checks.)
+func TestRunStopAnswersWorkTakenBehindAHold(t *testing.T) {
+	clk := zeroClock(64)
+	budget := NewBudget(10)
+	l := startLoop(p1, clk, budget)
+
+	b := &msg.Batch{Items: []msg.Item{{Key: "a", Hash: testHasher.Sum("a"), Cost: 4}},
+		Out: make([]msg.Reply, 1), Done: make(chan int, 1), Hold: &msg.Hold{Snaps: make([]msg.Snap, 1)}}
+	require.NoError(t, l.mb.SendBatch(context.Background(), b))
+	<-b.Done
+	require.NoError(t, b.Out[0].Err)
+
+	// Queued before two parts for other keys: once both are answered, the
+	// shard has taken it, and kept it aside behind the hold on a.
+	a := &msg.Single{Key: "a", Hash: testHasher.Sum("a"), Cost: 10, Done: make(chan struct{}, 1)}
+	require.NoError(t, l.mb.SendSingle(context.Background(), a))
+	waiting := make(chan msg.Reply, 1)
+	go func() { a.Wait(msg.WaitYields(1)); waiting <- a.Reply }()
+	for _, k := range []string{"c", "d"} {
+		p := &msg.Batch{Items: []msg.Item{{Key: k, Hash: testHasher.Sum(k), Cost: 1}}, Out: make([]msg.Reply, 1), Done: make(chan int, 1)}
+		require.NoError(t, l.mb.SendBatch(context.Background(), p))
+		<-p.Done
+		require.True(t, p.Out[0].Decision.Allowed)
+	}
+	require.True(t, b.Hold.Claim(), "nothing made the shard give the hold up")
+
+	// End the hold while the shard is parked, without waking it: stop is
+	// then what wakes it, so it meets the end only as it stops.
+	for !l.mb.sleeping.Load() {
+		runtime.Gosched()
+	}
+	ok, _ := budget.ReserveN(1) // the caller's reservation for the new key a
+	require.True(t, ok)
+	require.True(t, b.Hold.End(msg.HoldCommit, 0, true))
+	select {
+	case r := <-waiting:
+		t.Fatalf("the request kept aside was answered before the stop: %+v", r)
+	default:
+	}
+	l.close()
+	r := <-waiting
+	require.NoError(t, r.Err, "taken before Close: it gets the shard's answer")
+	assert.False(t, r.Decision.Allowed, "decided after the commit took 4 of a's 10")
+	assert.Equal(t, int64(6), r.Decision.Remaining)
+}

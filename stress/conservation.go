@@ -147,6 +147,7 @@ type consWorker struct {
 	touched []int32      // keys with acc != 0
 	rng     *rand.Rand
 	zipf    *mrand.Zipf
+	seen    int64 // r.seen as read before the call being checked
 	reqs    []engine.Request
 	idx     []int32
 	out     []engine.Result
@@ -164,6 +165,10 @@ type consRun struct {
 
 	seg     atomic.Int64 // current segment, published after its boundary
 	closing atomic.Bool  // set before Close: from then on ErrClosed is expected
+	// seen is the highest version any call (a decision, a Policy read) has
+	// reported, raised only after that call returned: a call that reads it
+	// before it starts must report at least that version.
+	seen atomic.Int64
 
 	mu      sync.Mutex
 	pending map[int64]map[int32]int64 // segment -> key -> tokens, flushed by workers
@@ -265,6 +270,11 @@ func (r *consRun) work(w *consWorker) {
 		}
 		q1 := r.reg.seq.Load()
 		floor := r.reg.inForce.Load()
+		if v := r.checkPolicy(); v != nil {
+			r.fail(v)
+			return
+		}
+		w.seen = r.seen.Load()
 		x := w.rng.IntN(20)
 		if x < 3 {
 			if v := r.allowAll(w, q1, floor); v != nil {
@@ -379,6 +389,33 @@ func (r *consRun) allowAll(w *consWorker, q1, floor int64) *Violation {
 	return nil
 }
 
+// checkPolicy reads the engine's Policy and checks it against the versions
+// calls that returned before it reported: once any call has seen a version,
+// no later call, a Policy read among them, sees an older one, across keys
+// and shards. A Policy read is such a call: later decisions must report at
+// least its version. The window a lagging Policy (or an early publish)
+// opens is short, so every worker reads it before every call.
+func (r *consRun) checkPolicy() *Violation {
+	seen := r.seen.Load()
+	p := r.eng.Policy()
+	if p.Version < seen {
+		return &Violation{Key: "", Op: "Policy()", Want: fmt.Sprintf("version >= %d, which a call that returned before it started reported", seen), Got: fmt.Sprintf("version %d", p.Version)}
+	}
+	r.raiseSeen(p.Version)
+	return nil
+}
+
+// raiseSeen raises r.seen to version, a version a call that has returned
+// reported.
+func (r *consRun) raiseSeen(version int64) {
+	for {
+		s := r.seen.Load()
+		if version <= s || r.seen.CompareAndSwap(s, version) {
+			return
+		}
+	}
+}
+
 // count adds tokens admitted on key k to w's admissions.
 func (r *consRun) count(w *consWorker, k int32, tokens int64) {
 	if w.acc[k] == 0 {
@@ -456,7 +493,10 @@ func (r *consRun) checkResult(w *consWorker, k int32, cost int64, d engine.Decis
 		return &Violation{Key: key, Want: fmt.Sprintf("version >= %d, installed before the call started", floor), Got: fmt.Sprintf("%+v", d)}
 	case certain && d.Version != floor:
 		return &Violation{Key: key, Want: fmt.Sprintf("version %d, the only one in force during the call", floor), Got: fmt.Sprintf("%+v", d)}
+	case d.Version < w.seen:
+		return &Violation{Key: key, Want: fmt.Sprintf("version >= %d, which a call that returned before this one started reported", w.seen), Got: fmt.Sprintf("%+v", d)}
 	}
+	r.raiseSeen(d.Version)
 	sh := v.shapes[r.class[k]]
 	if s := consCheckDecision(d, cost, sh, d.Version); s != "" {
 		return &Violation{Key: key, Want: s, Got: fmt.Sprintf("%+v under %s", d, policyText(v.pol))}

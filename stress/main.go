@@ -31,6 +31,9 @@
 //     over policies (stale attempts included) and sweeps; no key is ever
 //     admitted more than the credit its policy history could have granted,
 //     band by band: capacity + refill over any window, across cutovers;
+//     and versions never go back in real time across callers: no call, a
+//     Policy read among them, reports a version older than one a call
+//     that returned before it started reported;
 //   - flood: millions of distinct keys against a small MaxKeys: memory stays
 //     bounded, existing keys keep their budgets, sweeps free only full buckets.
 //
