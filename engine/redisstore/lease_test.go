@@ -370,16 +370,22 @@ func drain(t *testing.T, s *redisstore.Store, key string, n int64) int64 {
 // holding admits n requests of one token on key through a, a store with
 // leases, then more until a's lease holds tokens, and returns them: what
 // a's Peek reports beyond b's, a store without leases on the same prefix.
-// A top-up those requests started has landed by then (see leaseLanded).
+// A top-up those requests started has landed by then (see leaseLanded):
+// the reading is taken twice, each after leaseLanded, and kept only when
+// the two agree, since under load a fetcher can be slow to post a grant
+// Redis has already made, longer than leaseLanded's round trips.
 func holding(t *testing.T, a, b *redisstore.Store, key string, n int) int64 {
 	t.Helper()
 	ctx := context.Background()
 	warm(t, a, key)
+	held := func() int64 {
+		leaseLanded(t, a, b, key)
+		return peek(t, a, key).Remaining - peek(t, b, key).Remaining
+	}
 	for i := 0; i < n+1000; i++ {
 		if i >= n {
-			leaseLanded(t, a, b, key)
-			if held := peek(t, a, key).Remaining - peek(t, b, key).Remaining; held > 0 {
-				return held
+			if h := held(); h > 0 && held() == h {
+				return h
 			}
 		}
 		_, err := a.Allow(ctx, key, 1)
