@@ -12,6 +12,24 @@ import (
 	"github.com/tokenshard/tokenshard/msg"
 )
 
+// keptAside sends a request of cost for key, held by a part, then a part
+// for each of two other keys; once both are answered the shard has taken
+// the request and kept it aside. Its reply arrives on the channel.
+func keptAside(t *testing.T, l *loop, key string, cost int64) <-chan msg.Reply {
+	t.Helper()
+	a := &msg.Single{Key: key, Hash: testHasher.Sum(key), Cost: cost, Done: make(chan struct{}, 1)}
+	require.NoError(t, l.mb.SendSingle(context.Background(), a))
+	waiting := make(chan msg.Reply, 1)
+	go func() { a.Wait(msg.WaitYields(1)); waiting <- a.Reply }()
+	for _, k := range []string{"c", "d"} {
+		p := &msg.Batch{Items: []msg.Item{{Key: k, Hash: testHasher.Sum(k), Cost: 1}}, Out: make([]msg.Reply, 1), Done: make(chan int, 1)}
+		require.NoError(t, l.mb.SendBatch(context.Background(), p))
+		<-p.Done
+		require.True(t, p.Out[0].Decision.Allowed)
+	}
+	return waiting
+}
+
 // TestRunHoldIsPerKey: while a part holds key a, a request for key b is
 // served, and one for a waits until the hold ends, then is decided after
 // the commit.
@@ -37,16 +55,7 @@ func TestRunHoldIsPerKey(t *testing.T) {
 
 	// The request for a is queued before two batch parts for other keys:
 	// once both are answered, the shard has taken it, and kept it aside.
-	a := &msg.Single{Key: "a", Hash: testHasher.Sum("a"), Cost: 10, Done: make(chan struct{}, 1)}
-	require.NoError(t, l.mb.SendSingle(context.Background(), a))
-	waiting := make(chan msg.Reply, 1)
-	go func() { a.Wait(msg.WaitYields(1)); waiting <- a.Reply }()
-	for _, k := range []string{"c", "d"} {
-		p := &msg.Batch{Items: []msg.Item{{Key: k, Hash: testHasher.Sum(k), Cost: 1}}, Out: make([]msg.Reply, 1), Done: make(chan int, 1)}
-		require.NoError(t, l.mb.SendBatch(context.Background(), p))
-		<-p.Done
-		require.True(t, p.Out[0].Decision.Allowed)
-	}
+	waiting := keptAside(t, l, "a", 10)
 	select {
 	case r := <-waiting:
 		t.Fatalf("a request for the held key was answered during the hold: %+v", r)
@@ -359,16 +368,7 @@ func TestRunStopAnswersWorkTakenBehindAHold(t *testing.T) {
 
 	// Queued before two parts for other keys: once both are answered, the
 	// shard has taken it, and kept it aside behind the hold on a.
-	a := &msg.Single{Key: "a", Hash: testHasher.Sum("a"), Cost: 10, Done: make(chan struct{}, 1)}
-	require.NoError(t, l.mb.SendSingle(context.Background(), a))
-	waiting := make(chan msg.Reply, 1)
-	go func() { a.Wait(msg.WaitYields(1)); waiting <- a.Reply }()
-	for _, k := range []string{"c", "d"} {
-		p := &msg.Batch{Items: []msg.Item{{Key: k, Hash: testHasher.Sum(k), Cost: 1}}, Out: make([]msg.Reply, 1), Done: make(chan int, 1)}
-		require.NoError(t, l.mb.SendBatch(context.Background(), p))
-		<-p.Done
-		require.True(t, p.Out[0].Decision.Allowed)
-	}
+	waiting := keptAside(t, l, "a", 10)
 	require.True(t, b.Hold.Claim(), "nothing made the shard give the hold up")
 
 	// End the hold while the shard is parked, without waking it: stop is
