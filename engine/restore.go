@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -678,5 +679,9 @@ func quoted(key string) string {
 	if len(key) <= 64 {
 		return strconv.Quote(key)
 	}
-	return fmt.Sprintf("%q... (%d bytes)", key[:64], len(key))
+	n := 64
+	for n > 0 && !utf8.RuneStart(key[n]) {
+		n-- // not in the middle of a character, which would read as a byte the key lacks
+	}
+	return fmt.Sprintf("%q... (%d bytes)", key[:n], len(key))
 }

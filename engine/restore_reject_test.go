@@ -138,6 +138,10 @@ func TestRestoreRejects(t *testing.T) {
 			s.Buckets[0].Key = strings.Repeat("k", 9)
 			s.Buckets = append(s.Buckets, s.Buckets[0])
 		}), engine.Config{MaxKeyBytes: 8}, `duplicate key "kkkkkkkkk"`, nil},
+		{"duplicate long key, quoted short", with(func(s *rawSnap) {
+			s.Buckets[0].Key = "a" + strings.Repeat("é", 40) // 81 bytes: byte 64 is inside an é
+			s.Buckets = append(s.Buckets, s.Buckets[0])
+		}), engine.Config{MaxKeyBytes: 8}, `duplicate key "a` + strings.Repeat("é", 31) + `"... (81 bytes)`, nil},
 		{"unknown tag", badTag(), engine.Config{}, "unexpected byte 0x2", nil},
 		{"wrong count", with(func(s *rawSnap) { s.Count = &five }), engine.Config{}, "the end says 5 buckets", nil},
 		{"checksum mismatch", flipped, engine.Config{}, "checksum mismatch", nil},

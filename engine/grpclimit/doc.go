@@ -168,7 +168,9 @@
 //   - The call's context ended before the engine decided: codes.Canceled or
 //     codes.DeadlineExceeded, as status.FromContextError gives them, and
 //     nothing spent. So is a key function's error that is that context's
-//     ending (a lookup canceled with the call), which is not ErrKeyFunc.
+//     ending (a lookup canceled with the call), which is not ErrKeyFunc:
+//     the context's error, or, once it has ended, a gRPC status of the
+//     same code (the one a gRPC call made under it returns).
 //   - Any other engine error (engine.ErrClockRegression, a store's network
 //     failure): codes.Internal.
 //

@@ -22,7 +22,8 @@ var (
 	ErrNoPeerIP = errors.New("grpclimit: the peer has no IP address")
 	// ErrKeyFunc: the WithKey function returned an error, which the error
 	// also wraps; but not an error that is the call's context ending, which
-	// is answered as that (Canceled, DeadlineExceeded).
+	// is answered as that (Canceled, DeadlineExceeded): the context's error,
+	// or, once it has ended, a gRPC status of the same code.
 	ErrKeyFunc = errors.New("grpclimit: the key function failed")
 	// ErrCostFunc: the WithCost function returned a cost below 1.
 	ErrCostFunc = errors.New("grpclimit: the cost function returned less than 1")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -42,6 +43,18 @@ func TestKeyFuncContextEnded(t *testing.T) {
 	err, got = run(ctx, func(ctx context.Context) error { return status.FromContextError(ctx.Err()).Err() })
 	assert.Equal(t, codes.Canceled, status.Code(err), "%v", err)
 	assert.NotErrorIs(t, got, grpclimit.ErrKeyFunc)
+
+	// A call whose deadline has passed: its own ending, as a status, is
+	// DeadlineExceeded; a key function's own Canceled status is not that
+	// ending, and passes through as the key function's refusal.
+	past, stop := context.WithDeadline(from("192.0.2.1:1"), time.Unix(0, 0))
+	defer stop()
+	err, got = run(past, func(ctx context.Context) error { return status.FromContextError(ctx.Err()).Err() })
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	assert.NotErrorIs(t, got, grpclimit.ErrKeyFunc)
+	err, got = run(past, func(context.Context) error { return status.Error(codes.Canceled, "upstream") })
+	assert.Equal(t, codes.Canceled, status.Code(err), "%v", err)
+	assert.ErrorIs(t, got, grpclimit.ErrKeyFunc)
 
 	err, got = run(from("192.0.2.1:1"), func(context.Context) error { return context.DeadlineExceeded })
 	assert.Equal(t, codes.Internal, status.Code(err), "the lookup's own deadline, the call alive: %v", err)
