@@ -269,12 +269,15 @@ type rateShards struct {
 func (r *rateShards) decide(keys []string) int {
 	n := 0
 	for _, k := range keys {
-		if r.shards[maphash.String(r.seed, k)&63].allow(k) {
+		if r.of(k).allow(k) {
 			n++
 		}
 	}
 	return n
 }
+
+// of is the shard of key k.
+func (r *rateShards) of(k string) *rateMap { return &r.shards[maphash.String(r.seed, k)&63] }
 
 func rateSharded(p policy.Policy, _ int) instance {
 	r := newRateShards(p)
@@ -299,7 +302,7 @@ func (r rateShardsBatch) decide(keys []string) int {
 	n := 0
 	now := time.Now()
 	for _, k := range keys {
-		if r.shards[maphash.String(r.seed, k)&63].limiter(k).AllowN(now, 1) {
+		if r.of(k).limiter(k).AllowN(now, 1) {
 			n++
 		}
 	}
