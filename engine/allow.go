@@ -22,27 +22,28 @@ import (
 // it waits for room in a full mailbox; callers waiting for room are not
 // served in order.
 func (e *Engine) Allow(ctx context.Context, key string, cost int64) (Decision, error) {
-	return e.single(ctx, msg.OpAllow, key, cost)
+	d, _, err := e.single(ctx, msg.OpAllow, key, cost)
+	return d, err
 }
 
 // single sends one request of kind op to key's shard and waits for the
-// answer.
-func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) (Decision, error) {
+// answer; for msg.OpWait it also returns the reading the shard decided at.
+func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) (Decision, int64, error) {
 	if e.uninitialized() {
-		return Decision{}, ErrNotInitialized
+		return Decision{}, 0, ErrNotInitialized
 	}
 	if err := e.checkKey(key); err != nil {
 		e.callerErrs.add(err, 1)
-		return Decision{}, err
+		return Decision{}, 0, err
 	}
 	if cost < 1 {
 		e.callerErrs.add(ErrInvalidCost, 1)
-		return Decision{}, ErrInvalidCost
+		return Decision{}, 0, ErrInvalidCost
 	}
 	if ctx == nil {
 		err := e.nilContext()
 		e.callerErrs.add(err, 1)
-		return Decision{}, err
+		return Decision{}, 0, err
 	}
 	a := e.allows.Get().(*msg.Single)
 	i, h := e.shardOf(key)
@@ -51,15 +52,16 @@ func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) 
 		a.Key = ""
 		e.allows.Put(a)
 		e.callerErrs.add(err, 1)
-		return Decision{}, err
+		return Decision{}, 0, err
 	}
 	a.Wait(e.waitYields) // a shard that took the request always answers, even on Close
 	var d Decision
 	d.set(&a.Reply.Decision)
 	err := a.Reply.Err
+	reading := int64(a.Hash) // OpWait's reading; the key's hash for the others
 	a.Key, a.Reply = "", msg.Reply{}
 	e.allows.Put(a)
-	return d, err
+	return d, reading, err
 }
 
 // Peek reports key's balance now without changing it: a Decision for a
@@ -70,7 +72,8 @@ func (e *Engine) single(ctx context.Context, op msg.Op, key string, cost int64) 
 // but ErrInvalidCost, ErrCostExceedsCapacity and ErrKeyCapacity, and does
 // not allocate.
 func (e *Engine) Peek(ctx context.Context, key string) (Decision, error) {
-	return e.single(ctx, msg.OpPeek, key, 1)
+	d, _, err := e.single(ctx, msg.OpPeek, key, 1)
+	return d, err
 }
 
 // Refund credits tokens (>= 1, else ErrInvalidCost) back to key, exactly
@@ -79,7 +82,7 @@ func (e *Engine) Peek(ctx context.Context, key string) (Decision, error) {
 // or evicted because it was full) changes nothing. It answers like Peek,
 // with the balance after the refund.
 func (e *Engine) Refund(ctx context.Context, key string, tokens int64) (Decision, error) {
-	d, err := e.single(ctx, msg.OpRefund, key, tokens)
+	d, _, err := e.single(ctx, msg.OpRefund, key, tokens)
 	if err == nil && e.reclaim.pressure {
 		e.reclaim.fillsSooner(e.clk.Now()) // the bucket may now be full, before the last sweep said any would be
 	}

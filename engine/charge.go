@@ -33,5 +33,6 @@ import (
 // brings it back; a cutover keeps it (see the package doc). It blocks and
 // returns like Allow, and does not allocate.
 func (e *Engine) Charge(ctx context.Context, key string, tokens int64) (Decision, error) {
-	return e.single(ctx, msg.OpCharge, key, tokens)
+	d, _, err := e.single(ctx, msg.OpCharge, key, tokens)
+	return d, err
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tokenshard/tokenshard/clock"
+	"github.com/tokenshard/tokenshard/msg"
 )
 
 // ErrWouldExceedDeadline is returned (wrapped) by Wait when the wait it
@@ -14,8 +15,9 @@ import (
 var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the context deadline")
 
 // Wait blocks until key may spend cost tokens, spends them and returns the
-// Decision, or until ctx ends or the engine closes. It decides with Allow,
-// waits the RetryAfter of a denial and decides again: an estimate is not a
+// Decision, or until ctx ends or the engine closes. It decides as Allow
+// does, waits until the clock reaches the reading the denial was decided at
+// plus its RetryAfter, and decides again: an estimate is not a
 // reservation, so others may take the tokens meanwhile and Wait then waits
 // again.
 //
@@ -29,7 +31,7 @@ var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the contex
 // is), else on a real timer. It starts no goroutine and leaves no timer.
 func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, error) {
 	for {
-		d, err := e.Allow(ctx, key, cost)
+		d, at, err := e.single(ctx, msg.OpWait, key, cost)
 		if err != nil || d.Allowed {
 			return d, err
 		}
@@ -38,7 +40,9 @@ func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, er
 				return Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", ErrWouldExceedDeadline, d.RetryAfter, left)
 			}
 		}
-		if err := e.sleep(ctx, d.RetryAfter); err != nil {
+		// The estimate counts from the shard's reading at, not from now:
+		// the clock may have moved on since the shard decided.
+		if err := e.sleep(ctx, time.Duration(satAdd(at, int64(d.RetryAfter))-e.clk.Now())); err != nil {
 			return Decision{}, err
 		}
 	}

@@ -24,6 +24,11 @@ const (
 	OpPeek             // report the balance: change nothing, create nothing
 	OpRefund           // credit Cost tokens back, capped: create nothing
 	OpCharge           // take Cost tokens without a decision, into debt down to the floor
+	// OpWait decides as OpAllow, then writes the reading it decided at
+	// into Hash, which the sender no longer needs: Wait sleeps until that
+	// reading plus a denial's RetryAfter, however far the clock has moved
+	// since.
+	OpWait
 )
 
 // Single asks a shard to act on one key, as Op says: decide a request

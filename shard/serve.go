@@ -93,6 +93,9 @@ func (s *Shard) serve(now int64, a *msg.Single, w int) {
 			s.state.peek(now, a.Key, a.Hash, &a.Reply)
 		case msg.OpRefund:
 			s.state.refund(now, a.Key, a.Hash, a.Cost, &a.Reply)
+		case msg.OpWait:
+			s.state.decide(now, a.Key, a.Hash, a.Cost, &a.Reply)
+			a.Hash = uint64(now) // the reading the estimate counts from
 		default:
 			s.state.charge(now, a.Key, a.Hash, a.Cost, &a.Reply)
 		}
