@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -206,4 +207,21 @@ func TestNewCanceled(t *testing.T) {
 	s, err := redisstore.New(ctx, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}})
 	require.ErrorIs(t, err, context.Canceled)
 	require.Nil(t, s)
+}
+
+// TestNewNilClientSaysNil: a typed nil client (a *redis.Client or
+// *redis.ClusterClient variable never assigned) is refused as nil, not
+// taken for a client that lacks ContextTimeoutEnabled, which a user would
+// then go and set to no avail.
+func TestNewNilClientSaysNil(t *testing.T) {
+	var c *redis.Client
+	var cc *redis.ClusterClient
+	for _, client := range []redis.UniversalClient{c, cc} {
+		s, err := redisstore.New(context.Background(), redisstore.Config{Client: client,
+			Policy: policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}})
+		require.Nil(t, s)
+		require.ErrorIs(t, err, engine.ErrInvalidConfig)
+		require.ErrorContains(t, err, fmt.Sprintf("Config.Client is a nil %T", client))
+		require.NotContains(t, err.Error(), "ContextTimeoutEnabled")
+	}
 }

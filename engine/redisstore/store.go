@@ -429,26 +429,28 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	case nil:
 		return nil, fmt.Errorf("%w: redisstore: Config.Client is nil", engine.ErrInvalidConfig)
 	case *redis.Client:
-		if c != nil {
-			o := c.Options()
-			timeouts = o.ContextTimeoutEnabled
-			if o.Network == "tcp" && o.Addr != "FailoverClient" {
-				addrs = []string{o.Addr}
-			}
+		if c == nil { // not a client without ContextTimeoutEnabled, which is what it would otherwise be told
+			return nil, fmt.Errorf("%w: redisstore: Config.Client is a nil *redis.Client", engine.ErrInvalidConfig)
+		}
+		o := c.Options()
+		timeouts = o.ContextTimeoutEnabled
+		if o.Network == "tcp" && o.Addr != "FailoverClient" {
+			addrs = []string{o.Addr}
 		}
 	case *redis.ClusterClient:
-		if c != nil {
-			o := c.Options()
-			timeouts, cluster = o.ContextTimeoutEnabled, c
-			if o.ReadOnly { // RouteByLatency and RouteRandomly set it too
-				return nil, fmt.Errorf("%w: redisstore: the cluster client sends reads to replicas (ReadOnly, RouteByLatency or RouteRandomly): the store must read its policy and its cutover lock on the masters, and go-redis would read the servers' command table, past a call's deadline, to route each command", engine.ErrInvalidConfig)
+		if c == nil {
+			return nil, fmt.Errorf("%w: redisstore: Config.Client is a nil *redis.ClusterClient", engine.ErrInvalidConfig)
+		}
+		o := c.Options()
+		timeouts, cluster = o.ContextTimeoutEnabled, c
+		if o.ReadOnly { // RouteByLatency and RouteRandomly set it too
+			return nil, fmt.Errorf("%w: redisstore: the cluster client sends reads to replicas (ReadOnly, RouteByLatency or RouteRandomly): the store must read its policy and its cutover lock on the masters, and go-redis would read the servers' command table, past a call's deadline, to route each command", engine.ErrInvalidConfig)
+		}
+		if o.Dialer == nil && o.ClusterSlots == nil {
+			if len(o.Addrs) == 0 {
+				return nil, fmt.Errorf("%w: redisstore: the cluster client has no address (ClusterOptions.Addrs)", engine.ErrInvalidConfig)
 			}
-			if o.Dialer == nil && o.ClusterSlots == nil {
-				if len(o.Addrs) == 0 {
-					return nil, fmt.Errorf("%w: redisstore: the cluster client has no address (ClusterOptions.Addrs)", engine.ErrInvalidConfig)
-				}
-				addrs = o.Addrs
-			}
+			addrs = o.Addrs
 		}
 	default:
 		return nil, fmt.Errorf("%w: redisstore: Config.Client is a %T; want a *redis.Client or a *redis.ClusterClient", engine.ErrInvalidConfig, cfg.Client)
