@@ -336,3 +336,75 @@ func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 		<-tick.C
 	}
 }
+
+// TestStartWhileGlobalMasterDown: a store started while the master that
+// holds its prefix's global keys is dead (a process restarted during the
+// outage) answers by the failure rule until it can read them, and once
+// the master's replica has taken its place it reads them from there and
+// decides again within a few seconds, as a running store does, not after
+// go-redis's periodic reload of its slot map a minute later: its attempts
+// to reach Redis go where the slot map says, and only a reload it asks for
+// moves the dead master's slots to the replica.
+func TestStartWhileGlobalMasterDown(t *testing.T) {
+	const resumeBy = 5 * time.Second // after the promotion
+	rc := redistest.GetReplicaCluster(t)
+	ctx := context.Background()
+	p := prefix(t)
+	pol := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
+	setup := clusterClient(t, rc.Addrs())
+	s0, err := redisstore.New(ctx, redisstore.Config{Client: setup, Prefix: p, Policy: pol})
+	require.NoError(t, err) // the prefix is set up before the outage
+	require.NoError(t, s0.Close())
+	t.Cleanup(func() { cleanPrefix(setup, p) })
+	m, err := setup.MasterForKey(ctx, redisstore.GlobalKey(p, "policy"))
+	require.NoError(t, err)
+	victim := m.Options().Addr
+	var replica string
+	nodes := rc.Nodes(t)
+	for _, n := range nodes {
+		for _, r := range nodes {
+			if n.Addr == victim && r.MasterID == n.ID {
+				replica = r.Addr
+			}
+		}
+	}
+	require.NotEmpty(t, replica, "a replica of %s in %+v", victim, nodes)
+
+	// The process's client has its slot map from before the kill.
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs(), ContextTimeoutEnabled: true, ReadTimeout: time.Second})
+	t.Cleanup(func() { _ = cc.Close() })
+	require.NoError(t, cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() }))
+	rc.Kill(t, victim)
+	t.Cleanup(func() {
+		rc.Restart(t, victim) // rejoins as a replica, for the next run
+		rc.WaitHealthy(t)
+	})
+	var log errorLog
+	s, err := redisstore.New(ctx, redisstore.Config{Client: cc, Prefix: p, Policy: pol, Timeout: time.Second, OnError: log.add})
+	require.NoError(t, err, "New with the global keys' master dead starts the store without it")
+	t.Cleanup(func() { _ = s.Close() })
+	require.NotEmpty(t, log.all(), "OnError hears why the store started without Redis")
+	d, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, d.Degraded, "the global keys cannot be read: the failure rule answers")
+
+	var promoted time.Time
+	pollUntil(t, 20*time.Second, "the replica "+replica+" promoted", func() bool {
+		role, err := rc.Role(replica)
+		if err == nil && role == "master" {
+			promoted = time.Now()
+			return true
+		}
+		return false
+	})
+	pollUntil(t, resumeBy, "", func() bool {
+		d, err = s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		return !d.Degraded
+	})
+	require.False(t, d.Degraded, "%v after the promotion of %s in place of %s, the store started during the outage still cannot read its prefix (slot map never reloaded?); OnError last heard: %v",
+		time.Since(promoted).Round(time.Millisecond), replica, victim, log.all()[len(log.all())-1])
+	t.Logf("decided by Redis %v after the promotion", time.Since(promoted).Round(time.Millisecond))
+	require.True(t, d.Allowed)
+	require.Equal(t, int64(1), d.Version)
+}

@@ -526,8 +526,16 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 // goes to Redis with a key before it has. Only one caller runs it at a time
 // (New, or up), and only before the store is ready: it writes the fields
 // the calls read once ready is set. An attempt that fails starts afresh the
-// next time.
-func (s *Store) connect(ctx context.Context) error {
+// next time. A failure that may mean a lost node has the cluster client
+// reload its slot map (see nodeFailed), as a call's does: else the next
+// attempts would go to a dead master for as long as go-redis keeps its
+// slot map (a minute), though its replica has taken its place.
+func (s *Store) connect(ctx context.Context) (err error) {
+	defer func() {
+		if err != nil {
+			s.nodeFailed(ctx, err)
+		}
+	}()
 	s.shards, s.shardByTag, s.queues = nil, nil, nil
 	s.kmap.Store(nil)
 	seed, tags := newSeed(), tagsArg(s.cfgTags)
