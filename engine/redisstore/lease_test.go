@@ -1012,3 +1012,29 @@ func TestLeaseSmallBandIsNeverLeased(t *testing.T) {
 	require.Zero(t, st.LeasedTokens, "stats %+v", st)
 	t.Logf("admitted %d", admitted)
 }
+
+// AllowBatch in lease mode returns the context's error when the context
+// is canceled part-way, as it does without leases, and writes it into
+// every request it did not decide: the first request, sent to Redis,
+// meets the cancel on its way; the others are never decided. A caller
+// that reads only AllowBatch's error must not take the batch for decided.
+func TestLeaseAllowBatchCanceledPartWay(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 640, TokensPerSecond: 1}
+	s := leased(t, p, clk, prefix(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	redisstore.SetCombineHook(s, func(point string) {
+		if point == redisstore.HookAlone {
+			cancel() // the caller goes away while its batch is decided
+		}
+	})
+	reqs := []engine.Request{{Key: "a", Cost: 1}, {Key: "b", Cost: 1}, {Key: " ", Cost: 1}, {Key: "c", Cost: 1}}
+	out := make([]engine.Result, len(reqs))
+	err := s.AllowBatch(ctx, reqs, out)
+	require.ErrorIs(t, err, context.Canceled, "results %+v", out)
+	require.ErrorIs(t, out[0].Err, context.Canceled)
+	require.ErrorIs(t, out[1].Err, context.Canceled, "decided after the context ended")
+	require.ErrorIs(t, out[2].Err, engine.ErrInvalidKey, "a bad key keeps its own error")
+	require.ErrorIs(t, out[3].Err, context.Canceled, "decided after the context ended")
+}
