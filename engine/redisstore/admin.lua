@@ -142,26 +142,38 @@ return {'ok', at}
 -- which its buckets replay. KEYS: the shard's policy hash, history list and
 -- pending flag. ARGV: next version, its entry's tail, trim, the cutover
 -- instant ("" for the shard's TIME), a version the shard may be at instead
--- of prepared ("" for none: a shard found behind a committed version), and
--- the pending token of the cutover to remove ("" for none). Reply "ok", or
--- the shard's version if it is neither prepared for the next (nor at that
--- version) nor the next.
+-- of prepared ("" for none: a shard found behind a committed version), the
+-- pending token of the cutover to remove ("" for none), and the lock's TTL
+-- in ms. Reply "ok", or the shard's version if it is neither prepared for
+-- the next (nor at that version) nor the next.
+--
+-- The cutover's token kept the whole flag from expiring (see flag), the
+-- tokens of holders beside it too: once it is gone, a flag that still
+-- holds some expires after the lock's TTL, as a holder's own flag does
+-- (a live holder renews it), so that one left by a process that died
+-- mid-cutover does not stop every bucket's expiry for good.
+local function unflag()
+  if ARGV[6] == '' then return end
+  redis.call('HDEL', KEYS[3], ARGV[6])
+  if redis.call('PTTL', KEYS[3]) == -1 then redis.call('PEXPIRE', KEYS[3], ARGV[7]) end
+end
 local v = redis.call('HGET', KEYS[1], 'v')
 if v == ARGV[1] then
-  if ARGV[6] ~= '' then redis.call('HDEL', KEYS[3], ARGV[6]) end
+  unflag()
   return 'ok'
 end
 if v ~= 'p' .. ARGV[1] and (ARGV[5] == '' or v ~= ARGV[5]) then return v or '' end
 if ARGV[3] == '1' then redis.call('LTRIM', KEYS[2], -1, -1) end
 redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. nowNs(ARGV[4]) .. ' ' .. ARGV[2])
 redis.call('HSET', KEYS[1], 'v', ARGV[1])
-if ARGV[6] ~= '' then redis.call('HDEL', KEYS[3], ARGV[6]) end
+unflag()
 return 'ok'
 
 -- script: flag
 -- flag sets a lengthening cutover's own pending token in one
--- virtual shard, with no expiry, unless the shard is already published (a
--- flag set after the publish would stay). KEYS: the shard's policy hash and
+-- virtual shard, with no expiry (the whole flag's: publish gives it back),
+-- unless the shard is already published (a flag set after the publish
+-- would stay). KEYS: the shard's policy hash and
 -- pending flag. ARGV: next version, token. Reply "ok".
 if redis.call('HGET', KEYS[1], 'v') == ARGV[1] then return 'ok' end
 redis.call('HSET', KEYS[2], ARGV[2], '1')

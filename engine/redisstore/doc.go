@@ -341,7 +341,10 @@
 // cutover's own flag in each shard not yet published, before it prepares
 // any, and each shard's publish removes that one token only; so a shard
 // that has not met the cutover writes no expiry under the old version once
-// anyone may finish it. The cutover's record stays until every bucket's
+// anyone may finish it. That token keeps the shard's whole flag from
+// expiring; the publish that removes it gives the flag, if holders' tokens
+// remain in it, the lock's TTL again, so that a process that dies
+// mid-cutover leaves no flag for good. The cutover's record stays until every bucket's
 // expiry is set under the new version: by the process that made it, or
 // else by the next ReplacePolicy on the prefix, which runs that pass
 // first. A call or New that finishes such a cutover does not run the pass:

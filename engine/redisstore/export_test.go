@@ -161,6 +161,14 @@ var PublishScript = publishSrc
 // PrepareScript is the text of a cluster cutover's prepare step.
 var PrepareScript = prepareSrc
 
+// FlagScript is the text of the step that sets a lengthening cutover's own
+// pending token in each shard.
+var FlagScript = flagSrc
+
+// LockTTL is how long s's cutover lock, and a holder's pending flags,
+// outlive a holder that stopped renewing them.
+func LockTTL(s *Store) time.Duration { return s.lockTTL }
+
 // compactMark starts a compact bucket (see decide.lua): then T, F and the
 // last update's seconds as three little-endian doubles, its ns and the
 // expiry given (ms after the update's ms; 0 if none is recorded) as two

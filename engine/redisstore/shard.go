@@ -282,7 +282,7 @@ func (s *Store) finish(ctx context.Context, v string, rec record) (bool, error) 
 		return false, fmt.Errorf("%w: a committed cutover record without its instant (version %s)", ErrUnavailable, rec.nv)
 	}
 	if err := s.shardStep(ctx, all, publishSrc, func(k shardKeys) []string { return []string{k.policy, k.history, k.pending} },
-		rec.nv, rec.tail, rec.trim, rec.at, "", token); err != nil {
+		rec.nv, rec.tail, rec.trim, rec.at, "", token, s.lockTTL.Milliseconds()); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -463,7 +463,7 @@ func (s *Store) raise(ctx context.Context, l lag, p policy.Policy) error {
 		return nil // the next attempt reloads
 	}
 	err = s.shardStep(ctx, []int{l.shard}, publishSrc, func(k shardKeys) []string { return []string{k.policy, k.history, k.pending} },
-		nv, tail(p), "0", s.nowArg(), l.version, "")
+		nv, tail(p), "0", s.nowArg(), l.version, "", s.lockTTL.Milliseconds())
 	if errors.Is(err, errShardMoved) {
 		return nil // someone else moved it: the next attempt tells
 	}
