@@ -225,6 +225,7 @@ func (s *Shard) releaseHolds() {
 		}
 		s.state.holdRelease(b.Items)
 		s.stats.add(msg.HoldsAborted, 1)
+		s.stats.unsaved++ // published at the next park: a control message may serve nothing that publishes
 		b.Hold.Release()
 		return true
 	})

@@ -1,0 +1,84 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+)
+
+// haStallClock reads 0; armed, it stalls the first reader that comes until
+// gate is closed, and no other.
+type haStallClock struct {
+	armed atomic.Bool
+	gate  chan struct{}
+}
+
+func (c *haStallClock) Now() int64 {
+	if c.armed.CompareAndSwap(true, false) {
+		<-c.gate
+	}
+	return 0
+}
+
+// TestStatsHoldsAbortedWhenIdle: a hold a shard gives up for a control
+// message is counted in HoldsAborted by the time the shard idles, as Stats
+// promises for the counts of background work. Here shard 0 holds an
+// AllowAll's key while shard 1, stalled on the clock, has not answered the
+// call's other part; a ReplacePolicy's readiness check makes shard 0 give
+// its hold up, and then gives up itself on shard 1. The AllowAll's context
+// has ended, so it does not try again, and nothing else reaches shard 0.
+// Before the fix the give-up was counted but never published until the
+// shard served something else (or closed): an idle shard's Stats said 0.
+func TestStatsHoldsAbortedWhenIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := &haStallClock{gate: make(chan struct{})}
+		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 2, Clock: clk})
+		require.NoError(t, err)
+		defer e.Close()
+		var onShard [2]string
+		for i := 0; onShard[0] == "" || onShard[1] == ""; i++ {
+			if k := fmt.Sprint("k", i); onShard[e.ShardOf(k)] == "" {
+				onShard[e.ShardOf(k)] = k
+			}
+		}
+		a, b := onShard[0], onShard[1]
+		ctx := context.Background()
+
+		clk.armed.Store(true)
+		allowed := make(chan error, 1)
+		go func() { _, err := e.Allow(ctx, b, 1); allowed <- err }()
+		synctest.Wait() // shard 1 stalls on the clock, deciding b
+		allCtx, allCancel := context.WithCancel(ctx)
+		allDone := make(chan error, 1)
+		go func() {
+			_, _, err := e.AllowAll(allCtx, []engine.Request{{Key: a, Cost: 1}, {Key: b, Cost: 1}})
+			allDone <- err
+		}()
+		synctest.Wait() // shard 0 holds a; the part for b waits behind the stall
+		repCtx, repCancel := context.WithCancel(ctx)
+		replaced := make(chan error, 1)
+		go func() { replaced <- e.ReplacePolicy(repCtx, pol(2, 5, 1), 1) }()
+		synctest.Wait() // shard 0 gave its hold up for the readiness check; shard 1 has not taken its own
+		repCancel()
+		require.ErrorIs(t, <-replaced, context.Canceled)
+		allCancel()
+		close(clk.gate)
+		require.NoError(t, <-allowed)
+		require.ErrorIs(t, <-allDone, context.Canceled, "the call could not claim shard 0's hold, and its context ended before it tried again")
+		synctest.Wait() // both shards idle
+
+		st := e.Stats()
+		assert.Equal(t, uint64(1), st.Shards[0].Holds)
+		assert.Equal(t, uint64(1), st.Shards[0].HoldsAborted, "given up for the readiness check")
+		assert.Equal(t, uint64(1), st.Shards[1].Holds)
+		assert.Zero(t, st.Shards[1].HoldsAborted, "ended by its caller, not given up")
+		assert.Equal(t, engine.Errors{Context: 1}, st.AllowAll.Errors)
+	})
+}
