@@ -294,7 +294,7 @@
 // decided again within a few hundred milliseconds of the promotion, under
 // load; the first call after a quiet spell may still meet the old slot map,
 // and the failure rule. A reload that asks a hung master first waits for
-// the client's ReadTimeout (ClusterOptions.ReadTimeout, 3 s by default)
+// the client's ReadTimeout (ClusterOptions.ReadTimeout, 5 s by default)
 // before it asks another node: set it to a second or so to bound that. The call that failed is not sent again: its reply, not its
 // request, may be what was lost. A replica that had not received its
 // master's last writes (replication is asynchronous) gives their tokens
