@@ -46,8 +46,9 @@
 // call of ChunkSize requests on the fast path takes well under a
 // millisecond; a request off it, on limbs or with bands, costs the script
 // several times as much, and counts as several in that bound). A call of
-// distinct keys reads their buckets in one MGET; a call in which a key
-// repeats reads and writes its bucket once. A script
+// distinct keys reads their buckets in one MGET; a call in which a key of
+// the fast path (below) repeats reads and writes its bucket once, and one
+// off it reads and writes its bucket once per request. A script
 // call is never sent twice: go-redis retries commands whose reply was lost,
 // which for a script that may have run would take tokens twice, so the
 // store sends its scripts as commands go-redis does not retry, and answers
@@ -199,8 +200,10 @@
 // 16384 (and so over the masters of a cluster whose slots are split
 // evenly): "p" (its copy of the version in force, and of the key map),
 // "h" (its copy of the history, with the cutover instants the script
-// replays), "n" (its pending flag) and "k:" + key for each bucket. One
-// script call touches one shard's keys, so one hash slot.
+// replays), "n" (its pending flag) and "k:" + key for each bucket. On a
+// cluster one script call touches one shard's keys, so one hash slot; on
+// one server a call may hold buckets of any shards, and reads shard 0's
+// copy of the policy state (every copy moves in the same pipelines).
 //
 // A hash tag lets whoever writes a key choose its shard. Keys built from
 // text a client controls (an API token, a header, a path) would let that
@@ -294,7 +297,7 @@
 // decided again within a few hundred milliseconds of the promotion, under
 // load; the first call after a quiet spell may still meet the old slot map,
 // and the failure rule. A reload that asks a hung master first waits for
-// the client's ReadTimeout (ClusterOptions.ReadTimeout, 3 s by default)
+// the client's ReadTimeout (ClusterOptions.ReadTimeout, 5 s by default)
 // before it asks another node: set it to a second or so to bound that. The call that failed is not sent again: its reply, not its
 // request, may be what was lost. A replica that had not received its
 // master's last writes (replication is asynchronous) gives their tokens

@@ -93,7 +93,7 @@ func TestDefaultPrefixKeyLayout(t *testing.T) {
 // TestDefaultTimeoutBoundsACall: with Config.Timeout 0 and a context with
 // no deadline, a decision against a server that answers nothing is
 // answered by the failure rule once DefaultTimeout (250 ms) has passed,
-// not before, and not at go-redis's own ReadTimeout (3 s); a call that is
+// not before, and not at go-redis's own ReadTimeout (5 s); a call that is
 // not a decision returns ErrUnavailable as soon.
 func TestDefaultTimeoutBoundsACall(t *testing.T) {
 	t.Parallel() // waits on deadlines and outages; on a server of its own
@@ -126,6 +126,26 @@ func TestDefaultTimeoutBoundsACall(t *testing.T) {
 	require.GreaterOrEqual(t, took, redisstore.DefaultTimeout)
 	require.Less(t, took, redisstore.DefaultTimeout+slack)
 	srv.Resume(t)
+}
+
+// TestGoRedisDefaultsTheDocCites: the go-redis defaults the package doc
+// quotes for tuning a client are go-redis's: a dial tried five times,
+// 100 ms apart; a cluster client's ReadTimeout of 5 s (which a slot map
+// reload that asks a hung master waits out), its slot map reloaded every
+// minute, and MaxRedirects 3. No server is needed: the options are read
+// back from clients that never connect.
+func TestGoRedisDefaultsTheDocCites(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = c.Close() })
+	o := c.Options()
+	require.Equal(t, 5, o.DialerRetries)
+	require.Equal(t, 100*time.Millisecond, o.DialerRetryTimeout)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	t.Cleanup(func() { _ = cc.Close() })
+	co := cc.Options()
+	require.Equal(t, 5*time.Second, co.ReadTimeout)
+	require.Equal(t, time.Minute, co.ClusterStateReloadInterval)
+	require.Equal(t, 3, co.MaxRedirects)
 }
 
 // TestManualClockSetsNoExpiry: a store with Config.Clock sets no expiries

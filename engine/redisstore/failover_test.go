@@ -47,7 +47,7 @@ func testPromoted(t *testing.T, hang bool) {
 	)
 	rc := redistest.GetReplicaCluster(t)
 	// A slot map reload that asks a hung node first waits for ReadTimeout
-	// (3 s by default) before it asks the next (see the package doc).
+	// (5 s by default) before it asks the next (see the package doc).
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs(), ContextTimeoutEnabled: true, ReadTimeout: time.Second})
 	t.Cleanup(func() { _ = cc.Close() })
 	ctx := context.Background()

@@ -71,7 +71,8 @@ type Config struct {
 	// its first "{", if it has one, may not be followed at once by "}":
 	// Redis Cluster would hash each key whole, so New refuses it.
 	// Stores that share a prefix share their buckets and their policy; no
-	// prefix may begin with another store's ("a:" and "a:k:" would meet).
+	// prefix may begin with another store's: the longer one's keys may
+	// read as the shorter one's buckets (in its KeyCount, and its passes).
 	Prefix string
 	// Policy is installed if the prefix has none yet. If it has one, set by
 	// another process or an earlier run, that one is in force and Policy is
