@@ -46,3 +46,15 @@ type Sleeper interface {
 	// may never close, and the clock keeps nothing for it.
 	After(d time.Duration) (<-chan struct{}, func())
 }
+
+// Alarm is what a Sleeper may also do: signal when its reading reaches an
+// instant t, however far it moves between a caller's reading and the call.
+// Engine.Wait uses it to wake at the instant a denial's estimate names,
+// counted from the reading the denial was decided at; a Sleeper without it
+// is asked for After(t - Now()), which wakes late by any step the clock
+// takes between that Now and After's own reading.
+type Alarm interface {
+	// At returns a channel closed once the reading reaches t (at once if it
+	// has), and a stop function as After's.
+	At(t int64) (<-chan struct{}, func())
+}

@@ -394,6 +394,38 @@ func TestManualAfter(t *testing.T) {
 	assert.Zero(t, m.Waiting())
 }
 
+// TestManualAt: At's channel closes exactly when the reading reaches t, at
+// once for a t it has reached, whatever the reading was when the caller
+// chose t; its stop forgets the wait.
+func TestManualAt(t *testing.T) {
+	var _ clock.Alarm = (*clock.Manual)(nil)
+	m := clock.NewManual(100)
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	past, _ := m.At(40)
+	now, _ := m.At(100)
+	assert.True(t, closed(past))
+	assert.True(t, closed(now))
+	a, _ := m.At(150) // chosen at 100; the clock moves on before the wait
+	b, stopB := m.At(150)
+	m.Set(149)
+	assert.False(t, closed(a))
+	stopB()
+	m.Advance(1)
+	assert.True(t, closed(a))
+	assert.False(t, closed(b), "a stopped wait fired")
+	end, _ := m.At(math.MaxInt64)
+	m.Set(math.MaxInt64)
+	assert.True(t, closed(end))
+	assert.Zero(t, m.Waiting())
+}
+
 // TestManualAfterStop: a stopped wait is forgotten and never fires; stopping
 // one that fired, or twice, is harmless.
 func TestManualAfterStop(t *testing.T) {

@@ -82,19 +82,36 @@ func (m *Manual) Wall() time.Time { return time.Unix(0, m.Now()) }
 // nothing behind. It makes Manual a Sleeper, so Engine.Wait runs in tests
 // without real sleeps.
 func (m *Manual) After(d time.Duration) (<-chan struct{}, func()) {
-	ch := make(chan struct{})
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now.Load()
-	if d <= 0 {
+	at := now + int64(d)
+	switch {
+	case d <= 0:
+		at = now
+	case at < now: // overflow: saturate, as Advance does
+		at = 1<<63 - 1
+	}
+	return m.at(at)
+}
+
+// At returns a channel that is closed once the reading reaches t: at once
+// if it has, else when Set or Advance moves the clock that far; stop as
+// After's. It makes Manual an Alarm.
+func (m *Manual) At(t int64) (<-chan struct{}, func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.at(t)
+}
+
+// at is At with m.mu held.
+func (m *Manual) at(t int64) (<-chan struct{}, func()) {
+	ch := make(chan struct{})
+	if t <= m.now.Load() {
 		close(ch)
 		return ch, func() {}
 	}
-	at := now + int64(d)
-	if at < now { // overflow: saturate, as Advance does
-		at = 1<<63 - 1
-	}
-	m.waiters = append(m.waiters, waiter{at: at, ch: ch})
+	m.waiters = append(m.waiters, waiter{at: t, ch: ch})
 	return ch, func() { m.forget(ch) }
 }
 

@@ -21,37 +21,47 @@ var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the contex
 // reservation, so others may take the tokens meanwhile and Wait then waits
 // again.
 //
-// Wait never waits past ctx's deadline: if a denial's RetryAfter ends after
-// it, Wait returns at once with ErrWouldExceedDeadline (wrapped, giving the
-// estimate), having spent nothing. If ctx ends while waiting it returns
-// ctx's error, and ErrClosed if the engine closes. Any other error of Allow
-// is returned as it is. Like every error, these come with the zero Decision.
+// Wait never waits past ctx's deadline: if the instant a denial's estimate
+// names comes after it, Wait returns at once with ErrWouldExceedDeadline
+// (wrapped, giving the wait), having spent nothing. If ctx ends while
+// waiting it returns ctx's error, and ErrClosed if the engine closes. Any
+// other error of Allow is returned as it is. Like every error, these come
+// with the zero Decision.
 //
 // It waits on the engine's clock if that is a clock.Sleeper (clock.Manual
-// is), else on a real timer. It starts no goroutine and leaves no timer.
+// is; as a clock.Alarm it wakes at that instant however the clock moves
+// meanwhile), else on a real timer. It starts no goroutine and leaves no
+// timer.
 func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, error) {
 	for {
 		d, at, err := e.single(ctx, msg.OpWait, key, cost)
 		if err != nil || d.Allowed {
 			return d, err
 		}
-		if deadline, ok := ctx.Deadline(); ok {
-			if left := clock.Until(deadline); d.RetryAfter > left {
-				return Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", ErrWouldExceedDeadline, d.RetryAfter, left)
-			}
-		}
 		// The estimate counts from the shard's reading at, not from now:
 		// the clock may have moved on since the shard decided.
-		if err := e.sleep(ctx, time.Duration(satAdd(at, int64(d.RetryAfter))-e.clk.Now())); err != nil {
+		t := satAdd(at, int64(d.RetryAfter))
+		if deadline, ok := ctx.Deadline(); ok {
+			if wait, left := time.Duration(t-e.clk.Now()), clock.Until(deadline); wait > left {
+				return Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", ErrWouldExceedDeadline, wait, left)
+			}
+		}
+		if err := e.sleepUntil(ctx, t); err != nil {
 			return Decision{}, err
 		}
 	}
 }
 
-// sleep waits d on the engine's clock (see after), or until ctx ends or
-// Close starts.
-func (e *Engine) sleep(ctx context.Context, d time.Duration) error {
-	ch, stop := e.after(d)
+// sleepUntil waits until the engine's clock reads t (see Wait), or until
+// ctx ends or Close starts.
+func (e *Engine) sleepUntil(ctx context.Context, t int64) error {
+	var ch <-chan struct{}
+	var stop func()
+	if a, ok := e.clk.(clock.Alarm); ok {
+		ch, stop = a.At(t)
+	} else {
+		ch, stop = e.after(time.Duration(t - e.clk.Now()))
+	}
 	defer stop()
 	return until(e, ctx, ch)
 }

@@ -65,3 +65,50 @@ func TestWaitWakesAtTheEstimateWhenTheClockMoves(t *testing.T) {
 		}
 	})
 }
+
+// alarmSpy is a movedClock that tells which instants Wait asks it to wake
+// at.
+type alarmSpy struct {
+	*movedClock
+	at chan int64
+}
+
+func (c alarmSpy) At(t int64) (<-chan struct{}, func()) {
+	c.at <- t
+	return c.Manual.At(t)
+}
+
+// TestWaitAsksTheAlarmForTheEstimate: on a clock.Alarm, Wait asks to wake
+// at the shard's reading plus RetryAfter, an instant however far the clock
+// moves before the wait is set, and its deadline check counts the wait
+// from that instant too: a denial decided at 0 with RetryAfter 1.5 s, seen
+// at 0.5 s, waits 1 s, within a deadline 1.2 s away.
+func TestWaitAsksTheAlarmForTheEstimate(t *testing.T) {
+	const ms = time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		clk := alarmSpy{&movedClock{Manual: clock.NewManual(0)}, make(chan int64, 4)}
+		e, _ := newEngine(t, engine.Config{Policy: pol(1, 10, 2), Clock: clk})
+		_, err := e.Allow(context.Background(), "k", 10)
+		require.NoError(t, err)
+
+		ctx, cancel := context.WithTimeout(context.Background(), 1200*ms)
+		defer cancel()
+		got := make(chan waitResult, 1)
+		clk.step.Store(int64(500 * ms)) // moves on after Wait's first decision, at 0
+		go func() {
+			d, err := e.Wait(ctx, "k", 3)
+			got <- waitResult{d, err}
+		}()
+		synctest.Wait()
+		select {
+		case r := <-got:
+			t.Fatalf("Wait returned %+v, %v; want it waiting 1 s, within its deadline", r.d, r.err)
+		case at := <-clk.at:
+			assert.Equal(t, int64(1500*ms), at, "the instant Wait wakes at")
+		}
+		clk.Set(int64(1500 * ms))
+		r := <-got
+		require.NoError(t, r.err)
+		assert.True(t, r.d.Allowed)
+	})
+}

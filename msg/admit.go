@@ -47,7 +47,7 @@ type Single struct {
 	Op    Op
 	stage atomic.Uint32 // stagePending, stageDone or stageParked
 	Key   string
-	Hash  uint64 // the key's hash by the shard's Hasher, computed to route it
+	Hash  uint64 // the key's hash by the shard's Hasher, computed to route it; an OpWait's answer puts the reading it was decided at here
 	Cost  int64
 	Reply Reply
 	Next  *Single       // link in the mailbox's queue, owned by the mailbox
