@@ -163,26 +163,30 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
+	add := func(n string) { // a check named twice runs once
+		if !slices.Contains(o.checks, n) {
+			o.checks = append(o.checks, n)
+		}
+	}
 	for _, n := range strings.Split(names, ",") {
 		n = strings.TrimSpace(n)
 		if full, ok := checkAliases[n]; ok {
 			n = full
 		}
-		if n == "all" {
-			o.checks = nil
+		if n == "all" { // beside the checks all leaves out, it adds to them
 			for _, c := range checks {
 				if c.name != "durability" && c.name != "leases" {
-					o.checks = append(o.checks, c.name)
+					add(c.name)
 				}
 			}
-			break
+			continue
 		}
 		if !isCheck(n) {
 			err := fmt.Errorf("stress: unknown check %q (have %s)", n, checkNames())
 			fmt.Fprintln(stderr, err)
 			return o, err
 		}
-		o.checks = append(o.checks, n)
+		add(n)
 	}
 	if slices.Contains(o.checks, "durability") && o.dur.keys <= o.workers {
 		err := fmt.Errorf("stress: -durability-keys must be more than -workers")

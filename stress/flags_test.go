@@ -1,0 +1,53 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestParseOptionsCheckNamedTwice: a check named twice, by its name or an
+// alias, runs once; runChecks waited for as many results as names, and a
+// check run once gave one, so `-check flood,flood` never ended.
+func TestParseOptionsCheckNamedTwice(t *testing.T) {
+	var stderr bytes.Buffer
+	o, err := parseOptions([]string{"-check", "differential,diff,flood,flood"}, &stderr)
+	require.NoError(t, err, stderr.String())
+	assert.Equal(t, []string{"differential", "flood"}, o.checks)
+}
+
+// TestRunCheckNamedTwiceEnds: the command ends when its one check does,
+// though the options name it twice, as tests may build them.
+func TestRunCheckNamedTwiceEnds(t *testing.T) {
+	o := options{duration: 200 * time.Millisecond, workers: 2, keys: 10, maxKeys: 1000, seed: 1, checks: []string{"flood", "flood"}}
+	var out bytes.Buffer
+	done := make(chan int, 1)
+	go func() { done <- runChecks(context.Background(), o, &out) }()
+	select {
+	case code := <-done:
+		assert.Equal(t, 0, code, out.String())
+	case <-time.After(30 * time.Second): // the check itself ends after 200ms
+		t.Fatalf("runChecks did not return 30s after a check of 200ms: it waits for a second result of the check named twice\n%s", out.String())
+	}
+}
+
+// TestParseOptionsAllWithOthers: "all" beside checks it leaves out adds
+// them, wherever it stands in the list; it dropped every name after it,
+// and those before it.
+func TestParseOptionsAllWithOthers(t *testing.T) {
+	all := []string{"linearizability", "differential", "conservation", "flood"}
+	for _, names := range []string{"all,leases", "leases,all", "all,flood", "flood,all"} {
+		var stderr bytes.Buffer
+		o, err := parseOptions([]string{"-check", names}, &stderr)
+		require.NoError(t, err, stderr.String())
+		want := all
+		if names != "all,flood" && names != "flood,all" {
+			want = append(append([]string(nil), all...), "leases")
+		}
+		assert.ElementsMatch(t, want, o.checks, names)
+	}
+}
