@@ -51,3 +51,14 @@ func TestParseOptionsAllWithOthers(t *testing.T) {
 		assert.ElementsMatch(t, want, o.checks, names)
 	}
 }
+
+// TestParseOptionsRejectsArguments: a word that is not a flag ends flag
+// parsing, so `stress differential -duration 5s` ran every check for the
+// default 10s, ignoring both; it is refused.
+func TestParseOptionsRejectsArguments(t *testing.T) {
+	var stderr bytes.Buffer
+	_, err := parseOptions([]string{"differential", "-duration", "5s"}, &stderr)
+	require.Error(t, err)
+	assert.Contains(t, stderr.String(), `unexpected argument "differential"`)
+	assert.Equal(t, 2, run(context.Background(), []string{"-check", "flood", "extra"}, &stderr, &stderr))
+}

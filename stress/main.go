@@ -153,6 +153,11 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
+	if fs.NArg() > 0 { // flag parsing stops at it: the flags after it would be ignored
+		err := fmt.Errorf("stress: unexpected argument %q: the checks are named with -check, and every flag goes before any other word", fs.Arg(0))
+		fmt.Fprintln(stderr, err)
+		return o, err
+	}
 	if o.seed == 0 {
 		o.seed = uint64(time.Now().UnixNano())
 	}
