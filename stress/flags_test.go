@@ -62,3 +62,25 @@ func TestParseOptionsRejectsArguments(t *testing.T) {
 	assert.Contains(t, stderr.String(), `unexpected argument "differential"`)
 	assert.Equal(t, 2, run(context.Background(), []string{"-check", "flood", "extra"}, &stderr, &stderr))
 }
+
+// TestParseOptionsAddresses: -redis and every -redis-cluster entry must be
+// host:port; an empty entry made go-redis dial its default, a server the
+// command was not given.
+func TestParseOptionsAddresses(t *testing.T) {
+	for _, args := range [][]string{
+		{"-check", "differential", "-redis", "localhost"},
+		{"-check", "differential", "-redis", "127.0.0.1:"},
+		{"-check", "leases", "-redis", ":6379x:"},
+		{"-check", "differential", "-redis-cluster", ","},
+		{"-check", "differential", "-redis-cluster", "127.0.0.1:30001,"},
+		{"-check", "differential", "-redis-cluster", "127.0.0.1:30001,127.0.0.1"},
+	} {
+		var stderr bytes.Buffer
+		_, err := parseOptions(args, &stderr)
+		assert.Error(t, err, "%q", args)
+		assert.Contains(t, stderr.String(), "host:port", "%q", args)
+	}
+	var stderr bytes.Buffer
+	_, err := parseOptions([]string{"-check", "differential", "-redis-cluster", "127.0.0.1:30001,[::1]:30002"}, &stderr)
+	assert.NoError(t, err, stderr.String())
+}

@@ -73,6 +73,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -213,6 +214,10 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
+	if err := checkAddrs(o); err != nil {
+		fmt.Fprintln(stderr, err)
+		return o, err
+	}
 	if o.redis != "" && !slices.Contains(o.checks, "differential") && !slices.Contains(o.checks, "leases") {
 		err := fmt.Errorf("stress: -redis applies only to the differential and leases checks; add -check differential or -check leases")
 		fmt.Fprintln(stderr, err)
@@ -224,6 +229,31 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	return o, nil
+}
+
+// checkAddrs checks that -redis and every address of -redis-cluster is a
+// host:port: go-redis dials its default, 127.0.0.1:6379, for an empty one,
+// a server the command was not given.
+func checkAddrs(o options) error {
+	check := func(flag, addr string) error {
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+			return fmt.Errorf("stress: %s: %q is not a host:port", flag, addr)
+		}
+		return nil
+	}
+	if o.redis != "" {
+		if err := check("-redis", o.redis); err != nil {
+			return err
+		}
+	}
+	if o.redisCluster != "" {
+		for _, a := range strings.Split(o.redisCluster, ",") {
+			if err := check("-redis-cluster", a); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // checkAliases are other names -check takes.
