@@ -84,3 +84,20 @@ func TestParseOptionsAddresses(t *testing.T) {
 	_, err := parseOptions([]string{"-check", "differential", "-redis-cluster", "127.0.0.1:30001,[::1]:30002"}, &stderr)
 	assert.NoError(t, err, stderr.String())
 }
+
+// TestParseOptionsDurabilityPorts: the durability check's ports, and the
+// ones it derives from them, must be valid ports; -durability-port 99999
+// reached redis-server, and the error blamed a port taken.
+func TestParseOptionsDurabilityPorts(t *testing.T) {
+	for _, args := range [][]string{
+		{"-check", "durability", "-durability-port", "99999"},
+		{"-check", "durability", "-durability-port", "0"},
+		{"-check", "durability", "-durability-port", "65530"},         // its cluster's buses are 10 to 15 above
+		{"-check", "durability", "-durability-cluster-port", "65533"}, // a seventh port after its six, for -durability-lag's proxy
+	} {
+		var stderr bytes.Buffer
+		_, err := parseOptions(args, &stderr)
+		assert.Error(t, err, "%q", args)
+		assert.Contains(t, stderr.String(), "-durability-", "%q", args)
+	}
+}

@@ -194,6 +194,11 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		}
 		add(n)
 	}
+	if slices.Contains(o.checks, "durability") && (o.dur.port < 1 || o.dur.port+15 > 65535 || o.dur.clusterPort < 1 || o.dur.clusterPort+6 > 65535) {
+		err := fmt.Errorf("stress: -durability-port must be in [1, 65520] (its cluster's buses are the six from 10 above it), -durability-cluster-port in [1, 65529] (six ports and a seventh for -durability-lag's proxy)")
+		fmt.Fprintln(stderr, err)
+		return o, err
+	}
 	if slices.Contains(o.checks, "durability") && o.dur.keys <= o.workers {
 		err := fmt.Errorf("stress: -durability-keys must be more than -workers")
 		fmt.Fprintln(stderr, err)
