@@ -58,8 +58,9 @@
 // what its bucket can have given out since it was created: its capacity
 // then plus the refill, read on the server's TIME, plus for the warm keys,
 // whose buckets may fill and expire, the capacity raises; so no lease and
-// no cutover ever tops a key up. It reports the tokens each store leased,
-// returned and forfeited:
+// no cutover tops a key up past those bounds (the warm keys' is loose:
+// what a lease that outlives a cutover can mint passes it, see leases.go).
+// It reports the tokens each store leased, returned and forfeited:
 //
 //	go run ./stress -check leases -duration 10s
 //
