@@ -76,8 +76,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -114,8 +116,23 @@ var checks = []check{
 	{"leases", runLeases},         // not in "all": it needs Redis (-redis, or a redis-server it starts)
 }
 
+// main runs the checks until -duration ends or an interrupt or SIGTERM
+// comes. A signal ends them as the end of -duration does, so that they
+// clean up (a Redis check deletes its keys, a redis-server started is
+// stopped), and the exit status is then at least 1: the run was cut
+// short. A second signal ends the process at once.
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // the next signal has its default effect
+	}()
+	status := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	if ctx.Err() != nil {
+		fmt.Fprintln(os.Stderr, "stress: interrupted: the checks ran for less than -duration")
+		status = max(status, 1)
+	}
+	os.Exit(status)
 }
 
 // run parses args, runs the selected checks side by side, reports, and
