@@ -24,11 +24,12 @@ import (
 // The durability check (-check durability) measures what a crash or a
 // failover of Redis can mint: tokens a bucket holds after the event beyond
 // what it would hold had every acknowledged admission survived. It starts
-// its own redis-server processes (on -durability-port and the five ports
-// after -durability-cluster-port, each with its cluster bus 10000 above)
-// and is a measurement, not a check of an invariant the store can keep:
-// it fails only when the store gives a wrong answer the event cannot
-// explain, or when a setting that should lose nothing loses something (see
+// its own redis-server processes (on -durability-port, and on the six
+// ports from -durability-cluster-port, their cluster buses on the six from
+// 10 above -durability-port; -durability-lag's proxy on the seventh) and
+// is a measurement, not a check of an invariant the store can keep: it
+// fails only when the store gives a wrong answer the event cannot explain,
+// or when a setting that should lose nothing loses something (see
 // durExpect).
 //
 // Every store decides at a clock.Manual that never moves, so no bucket

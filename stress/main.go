@@ -58,8 +58,9 @@
 // what its bucket can have given out since it was created: its capacity
 // then plus the refill, read on the server's TIME, plus for the warm keys,
 // whose buckets may fill and expire, the capacity raises; so no lease and
-// no cutover ever tops a key up. It reports the tokens each store leased,
-// returned and forfeited:
+// no cutover tops a key up past those bounds (the warm keys' is loose:
+// what a lease that outlives a cutover can mint passes it, see leases.go).
+// It reports the tokens each store leased, returned and forfeited:
 //
 //	go run ./stress -check leases -duration 10s
 //
@@ -73,9 +74,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -112,8 +116,23 @@ var checks = []check{
 	{"leases", runLeases},         // not in "all": it needs Redis (-redis, or a redis-server it starts)
 }
 
+// main runs the checks until -duration ends or an interrupt or SIGTERM
+// comes. A signal ends them as the end of -duration does, so that they
+// clean up (a Redis check deletes its keys, a redis-server started is
+// stopped), and the exit status is then at least 1: the run was cut
+// short. A second signal ends the process at once.
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // the next signal has its default effect
+	}()
+	status := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	if ctx.Err() != nil {
+		fmt.Fprintln(os.Stderr, "stress: interrupted: the checks ran for less than -duration")
+		status = max(status, 1)
+	}
+	os.Exit(status)
 }
 
 // run parses args, runs the selected checks side by side, reports, and
@@ -153,6 +172,11 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
+	if fs.NArg() > 0 { // flag parsing stops at it: the flags after it would be ignored
+		err := fmt.Errorf("stress: unexpected argument %q: the checks are named with -check, and every flag goes before any other word", fs.Arg(0))
+		fmt.Fprintln(stderr, err)
+		return o, err
+	}
 	if o.seed == 0 {
 		o.seed = uint64(time.Now().UnixNano())
 	}
@@ -163,26 +187,35 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
+	add := func(n string) { // a check named twice runs once
+		if !slices.Contains(o.checks, n) {
+			o.checks = append(o.checks, n)
+		}
+	}
 	for _, n := range strings.Split(names, ",") {
 		n = strings.TrimSpace(n)
 		if full, ok := checkAliases[n]; ok {
 			n = full
 		}
-		if n == "all" {
-			o.checks = nil
+		if n == "all" { // beside the checks all leaves out, it adds to them
 			for _, c := range checks {
 				if c.name != "durability" && c.name != "leases" {
-					o.checks = append(o.checks, c.name)
+					add(c.name)
 				}
 			}
-			break
+			continue
 		}
 		if !isCheck(n) {
 			err := fmt.Errorf("stress: unknown check %q (have %s)", n, checkNames())
 			fmt.Fprintln(stderr, err)
 			return o, err
 		}
-		o.checks = append(o.checks, n)
+		add(n)
+	}
+	if slices.Contains(o.checks, "durability") && (o.dur.port < 1 || o.dur.port+15 > 65535 || o.dur.clusterPort < 1 || o.dur.clusterPort+6 > 65535) {
+		err := fmt.Errorf("stress: -durability-port must be in [1, 65520] (its cluster's buses are the six from 10 above it), -durability-cluster-port in [1, 65529] (six ports and a seventh for -durability-lag's proxy)")
+		fmt.Fprintln(stderr, err)
+		return o, err
 	}
 	if slices.Contains(o.checks, "durability") && o.dur.keys <= o.workers {
 		err := fmt.Errorf("stress: -durability-keys must be more than -workers")
@@ -204,6 +237,10 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		fmt.Fprintln(stderr, err)
 		return o, err
 	}
+	if err := checkAddrs(o); err != nil {
+		fmt.Fprintln(stderr, err)
+		return o, err
+	}
 	if o.redis != "" && !slices.Contains(o.checks, "differential") && !slices.Contains(o.checks, "leases") {
 		err := fmt.Errorf("stress: -redis applies only to the differential and leases checks; add -check differential or -check leases")
 		fmt.Fprintln(stderr, err)
@@ -215,6 +252,31 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	return o, nil
+}
+
+// checkAddrs checks that -redis and every address of -redis-cluster is a
+// host:port: go-redis dials its default, 127.0.0.1:6379, for an empty one,
+// a server the command was not given.
+func checkAddrs(o options) error {
+	check := func(flag, addr string) error {
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+			return fmt.Errorf("stress: %s: %q is not a host:port", flag, addr)
+		}
+		return nil
+	}
+	if o.redis != "" {
+		if err := check("-redis", o.redis); err != nil {
+			return err
+		}
+	}
+	if o.redisCluster != "" {
+		for _, a := range strings.Split(o.redisCluster, ",") {
+			if err := check("-redis-cluster", a); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // checkAliases are other names -check takes.
