@@ -123,10 +123,7 @@ var checks = []check{
 // short. A second signal ends the process at once.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-ctx.Done()
-		stop() // the next signal has its default effect
-	}()
+	context.AfterFunc(ctx, stop) // the next signal has its default effect
 	status := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	if ctx.Err() != nil {
 		fmt.Fprintln(os.Stderr, "stress: interrupted: the checks ran for less than -duration")
