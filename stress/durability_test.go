@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -14,12 +17,43 @@ import (
 	"go.uber.org/goleak"
 )
 
-// The durability tests use ports apart from the command's defaults, so a
-// measurement and the tests can run side by side.
-const (
-	durTestPort        = 6550
-	durTestClusterPort = 32051
-)
+// durFreePorts returns the first of n consecutive ports of 127.0.0.1 that
+// nothing listens on, picked at random below Linux's default ephemeral
+// range (32768), where outgoing connections take no port. The durability
+// check starts its servers on ports its caller chooses: fixed ports here
+// failed the tests where a service of the host held one, or another run of
+// them (a second checkout's, a measurement's) did.
+func durFreePorts(t *testing.T, n int) int {
+	t.Helper()
+	const low, high = 10000, 32768
+	for range 100 {
+		base := low + rand.IntN(high-low-n)
+		if durPortsFree(base, n) {
+			return base
+		}
+	}
+	t.Fatalf("no %d consecutive free ports between %d and %d in 100 tries", n, low, high)
+	return 0
+}
+
+// durPortsFree says whether nothing listens on 127.0.0.1 at ports base to
+// base+n-1.
+func durPortsFree(base, n int) bool {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for p := base; p < base+n; p++ {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			return false
+		}
+		ls = append(ls, l)
+	}
+	return true
+}
 
 // durNeedRedis skips loudly without redis-server and redis-cli, or fails
 // under TOKENSHARD_REQUIRE_REDIS=1.
@@ -40,7 +74,7 @@ func durNeedRedis(t *testing.T) {
 // apart), with appendfsync always none does.
 func TestDurabilityCrash(t *testing.T) {
 	durNeedRedis(t)
-	o := options{workers: 8, seed: 1, dur: durOptions{keys: 40, port: durTestPort}}
+	o := options{workers: 8, seed: 1, dur: durOptions{keys: 40, port: durFreePorts(t, 1)}}
 	for _, st := range durSettings {
 		c := &counters{}
 		r, err := durCrash(context.Background(), o, st, t.TempDir(), c)
@@ -67,9 +101,13 @@ func TestDurabilityCommand(t *testing.T) {
 		t.Skip("starts a six-node cluster twice: not in -short")
 	}
 	before := goleak.IgnoreCurrent() // the package's shared redis-server, started by other tests
+	// The crash servers' port, the cluster's buses 10 to 15 above it, then
+	// the cluster's six ports and the lag proxy's.
+	port := durFreePorts(t, 23)
 	var buf bytes.Buffer
 	code := run(context.Background(), []string{"-check", "durability", "-workers", "8", "-durability-keys", "40",
-		"-durability-runs", "1", "-durability-port", "6551", "-durability-cluster-port", "32061", "-durability-lag", "10ms"}, &buf, &buf)
+		"-durability-runs", "1", "-durability-port", strconv.Itoa(port), "-durability-cluster-port", strconv.Itoa(port + 16),
+		"-durability-lag", "10ms"}, &buf, &buf)
 	require.Equal(t, 0, code, buf.String())
 	out := buf.String()
 	assert.Regexp(t, regexp.MustCompile(`crash: no appendonly \(RDB save points\)\s*\|\s*4000 of 4000\s*\|`), out)

@@ -58,10 +58,16 @@ var given struct {
 	ports map[int]bool
 }
 
+// maxPort is the highest port a cluster node can have: redis-server exits
+// at once when its bus port, busOffset above, would pass 65535. Linux hands
+// out ports above it where the ephemeral range is set high, and on kernels
+// that choose bind(":0") across the whole range rather than its lower half.
+const maxPort = 65535 - busOffset
+
 // freePort asks the kernel for a free port on 127.0.0.1 by listening on :0
 // and closing the listener, skipping the ports it gave out before (see
-// given). This races: another process may take the port before
-// redis-server binds it. The callers retry on errExited.
+// given) and those above maxPort. This races: another process may take the
+// port before redis-server binds it. The callers retry on errExited.
 func freePort() (int, error) {
 	given.mu.Lock()
 	defer given.mu.Unlock()
@@ -72,7 +78,7 @@ func freePort() (int, error) {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if given.ports[port] || given.ports[port+busOffset] {
+		if port > maxPort || given.ports[port] || given.ports[port+busOffset] {
 			continue
 		}
 		if given.ports == nil {
@@ -81,7 +87,7 @@ func freePort() (int, error) {
 		given.ports[port], given.ports[port+busOffset] = true, true
 		return port, nil
 	}
-	return 0, errors.New("redistest: 100 ports in a row from the kernel were given out before")
+	return 0, fmt.Errorf("redistest: 100 ports in a row from the kernel were given out before or above %d", maxPort)
 }
 
 // process is one running redis-server. It is not safe for concurrent use;

@@ -232,6 +232,22 @@ func TestFreePortNeverRepeats(t *testing.T) {
 	}
 }
 
+// TestFreePortLeavesRoomForBusPort: every port freePort gives can be a
+// cluster node's, whose bus listens busOffset above it: redis-server exits
+// at once ("Your Redis port number must be 55535 or less") for a higher
+// port, and Linux hands out ports up to 60999 by default.
+func TestFreePortLeavesRoomForBusPort(t *testing.T) {
+	for range 300 {
+		p, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p+busOffset > 65535 {
+			t.Fatalf("freePort gave %d, whose cluster bus port %d does not exist", p, p+busOffset)
+		}
+	}
+}
+
 // TestAlone: a test that loads its server gets one of its own, not the
 // shared one, unless the user named a server.
 func TestAlone(t *testing.T) {
