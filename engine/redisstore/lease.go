@@ -354,14 +354,14 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 	}
 	var t tally
 	for i, r := range reqs {
+		if fail == nil && (l.s.closed.Load() || errors.Is(ctx.Err(), context.Canceled)) {
+			fail = l.s.usable(ctx) // ErrClosed, or the cancel: a lease's answer would not look
+		}
 		if err := cmp.Or(l.s.checkReq(r.Key, r.Cost), fail); err != nil {
 			out[i] = engine.Result{Err: err}
 			t.add(engine.Decision{}, err)
 		} else {
 			out[i].Decision, out[i].Err = l.decide(ctx, dl, r.Key, r.Cost)
-			if err := out[i].Err; errors.Is(err, engine.ErrClosed) || errors.Is(err, context.Canceled) {
-				fail = err
-			}
 		}
 	}
 	l.s.count(&t)

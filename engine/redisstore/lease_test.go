@@ -1038,3 +1038,60 @@ func TestLeaseAllowBatchCanceledPartWay(t *testing.T) {
 	require.ErrorIs(t, out[2].Err, engine.ErrInvalidKey, "a bad key keeps its own error")
 	require.ErrorIs(t, out[3].Err, context.Canceled, "decided after the context ended")
 }
+
+// flipCtx is a context that reads as canceled from its n-th Err on: one
+// canceled at some moment inside a call.
+type flipCtx struct {
+	context.Context
+	n atomic.Int64
+}
+
+func (c *flipCtx) Err() error {
+	if c.n.Add(-1) < 0 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestLeaseAllowBatchCanceledAmongLeases: a batch whose every key is
+// decided from its lease, with no request to Redis to notice, still ends
+// at a cancel that comes after it started: it returns the cancel, and the
+// requests after it are not decided.
+func TestLeaseAllowBatchCanceledAmongLeases(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 640, TokensPerSecond: 1}
+	s := leased(t, p, clk, prefix(t))
+	keys := []string{"a", "b", "c", "d"}
+	for _, k := range keys { // until a request on k is decided from its lease
+		for i, local := 0, s.Stats().Local; s.Stats().Local == local; i++ {
+			require.Less(t, i, 10000, "no lease on %s", k)
+			_, err := s.Allow(context.Background(), k, 1)
+			require.NoError(t, err)
+		}
+	}
+	var reqs []engine.Request
+	for range 4 {
+		for _, k := range keys {
+			reqs = append(reqs, engine.Request{Key: k, Cost: 1})
+		}
+	}
+	before := s.Stats()
+	ctx := &flipCtx{Context: context.Background()}
+	ctx.n.Store(2) // the batch's first look, and one more
+	out := make([]engine.Result, len(reqs))
+	err := s.AllowBatch(ctx, reqs, out)
+	require.ErrorIs(t, err, context.Canceled, "results %+v", out)
+	require.ErrorIs(t, out[len(out)-1].Err, context.Canceled, "decided after the context ended")
+	require.Equal(t, uint64(decided(out)), s.Stats().Local-before.Local, "every request decided was decided from a lease")
+}
+
+// decided counts the results of out that are decisions.
+func decided(out []engine.Result) int {
+	n := 0
+	for _, r := range out {
+		if r.Err == nil {
+			n++
+		}
+	}
+	return n
+}
