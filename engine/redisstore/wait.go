@@ -11,33 +11,45 @@ import (
 
 // Wait blocks until key may spend cost tokens, spends them and returns the
 // Decision, with the meaning of engine.Engine.Wait: it decides with Allow
-// (from a lease, with Config.Leases), waits a denial's RetryAfter and
-// decides again, so others may take the tokens meanwhile. A degraded
-// denial (Redis unreachable, fail closed) is waited out the same way, for
-// Config.FailRetryAfter. It never waits past ctx's deadline: a RetryAfter
-// that ends after it returns at once an error wrapping
-// engine.ErrWouldExceedDeadline, having spent nothing; when that RetryAfter
-// is the failure rule's, the error wraps ErrUnavailable too, so that a
-// caller can tell an outage from the key's limit. If ctx ends while
-// waiting it returns ctx's error, and engine.ErrClosed if the store closes;
-// Allow's errors are returned as they are.
+// (from a lease, with Config.Leases), waits until a denial's RetryAfter has
+// passed since it asked, and decides again, so others may take the tokens
+// meanwhile. The decision's own reading (Redis's TIME, or Config.Clock
+// read as the call goes out) is no earlier than the ask, so Wait may ask
+// again a little early, at the cost of a round trip, but never late. A
+// degraded denial (Redis unreachable, fail closed) is waited out the same
+// way, for Config.FailRetryAfter. It never waits past ctx's deadline: a
+// wait that would end after it returns at once an error wrapping
+// engine.ErrWouldExceedDeadline, having spent nothing; when that wait is
+// the failure rule's, the error wraps ErrUnavailable too, so that a caller
+// can tell an outage from the key's limit. If ctx ends while waiting it
+// returns ctx's error, and engine.ErrClosed if the store closes; Allow's
+// errors are returned as they are.
 // It waits on Config.Clock if that is a clock.Sleeper (clock.Manual is),
 // else on a real timer, and leaves no timer behind.
 func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	if s.uninitialized() {
+		return s.Allow(ctx, key, cost) // its error
+	}
+	clk := s.clk
+	if clk == nil {
+		clk = s.slotMap.clk // a monotonic clock, for a real timer
+	}
 	for {
+		asked := clk.Now()
 		d, err := s.Allow(ctx, key, cost)
 		if err != nil || d.Allowed {
 			return d, err
 		}
+		t := satAdd(asked, int64(d.RetryAfter))
 		if deadline, ok := ctx.Deadline(); ok {
-			if left := clock.Until(deadline); d.RetryAfter > left {
+			if wait, left := time.Duration(t-clk.Now()), clock.Until(deadline); wait > left {
 				if d.Degraded { // the outage's wait, not the key's limit
-					return engine.Decision{}, fmt.Errorf("%w: %w: the failure rule's retry after %v, deadline in %v", engine.ErrWouldExceedDeadline, ErrUnavailable, d.RetryAfter, left)
+					return engine.Decision{}, fmt.Errorf("%w: %w: the failure rule's retry after %v, deadline in %v", engine.ErrWouldExceedDeadline, ErrUnavailable, wait, left)
 				}
-				return engine.Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", engine.ErrWouldExceedDeadline, d.RetryAfter, left)
+				return engine.Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", engine.ErrWouldExceedDeadline, wait, left)
 			}
 		}
-		ch, stop := s.after(d.RetryAfter)
+		ch, stop := s.until(clk, t)
 		select {
 		case <-ch:
 			stop()
@@ -51,13 +63,18 @@ func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decisi
 	}
 }
 
-// after is a channel closed once d has passed on Config.Clock, if that is
-// a clock.Sleeper, else on a real timer; stop releases it.
-func (s *Store) after(d time.Duration) (<-chan struct{}, func()) {
+// until is a channel closed once clk (Config.Clock, or else a monotonic
+// clock) reads t: on Config.Clock if it is a clock.Alarm or a
+// clock.Sleeper, else on a real timer; stop releases it.
+func (s *Store) until(clk clock.Clock, t int64) (<-chan struct{}, func()) {
+	if a, ok := s.clk.(clock.Alarm); ok {
+		return a.At(t)
+	}
+	d := time.Duration(t - clk.Now())
 	if sl, ok := s.clk.(clock.Sleeper); ok {
 		return sl.After(d)
 	}
 	ch := make(chan struct{})
-	t := time.AfterFunc(d, func() { close(ch) })
-	return ch, func() { t.Stop() }
+	tm := time.AfterFunc(d, func() { close(ch) })
+	return ch, func() { tm.Stop() }
 }

@@ -2,10 +2,14 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -74,5 +78,78 @@ func TestWaitDegradedSaysUnavailable(t *testing.T) {
 		cancel()
 		require.ErrorIs(t, err, engine.ErrWouldExceedDeadline, "leases %v", lz != nil)
 		require.NotErrorIs(t, err, redisstore.ErrUnavailable, "a bucket's denial (leases %v)", lz != nil)
+	}
+}
+
+// moveHook moves a Manual clock on by step once a script call that carried
+// a reading has returned, once armed: the clock moves between the store's
+// reading and Wait's next step, as another goroutine's Advance might.
+type moveHook struct {
+	clk   *clock.Manual
+	step  time.Duration
+	armed *atomic.Bool
+}
+
+func (moveHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h moveHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.moved([]redis.Cmder{cmd})
+		return err
+	}
+}
+
+func (h moveHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.moved(cmds)
+		return err
+	}
+}
+
+func (h moveHook) moved(cmds []redis.Cmder) {
+	if slices.ContainsFunc(cmds, isScript) && h.armed.CompareAndSwap(true, false) {
+		h.clk.Advance(h.step)
+	}
+}
+
+// TestWaitCountsFromTheAsk: Wait counts a denial's RetryAfter from when it
+// asked, not from when the answer came back: with the clock moved on by
+// 0.5 s as the store's call returns, a key empty at 0 and refilling 2 a
+// second is waited for until 1.5 s, when it holds the 3 tokens asked, not
+// 0.5 s later. With leases as without.
+func TestWaitCountsFromTheAsk(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
+	for _, lz := range []*redisstore.Leases{nil, {}} {
+		clk := clock.NewManual(0)
+		var armed atomic.Bool
+		c := client(t, redisAddr(t))
+		c.AddHook(moveHook{clk: clk, step: 500 * time.Millisecond, armed: &armed})
+		s := newStore(t, redisstore.Config{Client: c, Policy: p, Leases: lz}, clk)
+		ctx := context.Background()
+		d, err := s.Allow(ctx, "k", 10)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		done := make(chan error, 1)
+		armed.Store(true)
+		go func() {
+			d, err := s.Wait(ctx, "k", 3)
+			if err == nil && !d.Allowed {
+				err = fmt.Errorf("not admitted: %+v", d)
+			}
+			done <- err
+		}()
+		for clk.Waiting() == 0 { // parked on the clock
+			runtime.Gosched()
+		}
+		require.Equal(t, int64(500*time.Millisecond), clk.Now(), "leases %v", lz != nil)
+		clk.Set(int64(1500 * time.Millisecond))
+		select {
+		case err := <-done:
+			require.NoError(t, err, "leases %v", lz != nil)
+		case <-time.After(10 * time.Second): // real time: the clock stands at 1.5 s
+			t.Fatalf("Wait still waits at 1.5 s, RetryAfter after it asked (leases %v)", lz != nil)
+		}
 	}
 }
