@@ -90,13 +90,15 @@ func redisSection(out io.Writer, cfg config) error {
 		fmt.Fprintln(out, "redis: skipped; measure the Redis store with -redis ADDR (go run ./bench -redis 127.0.0.1:6379 -parts redis)")
 		return nil
 	}
+	// Before the client: go-redis sizes its pool by GOMAXPROCS, and a part
+	// before this one may have left -cpu's last value.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(cfg.procs))
 	ctx := context.Background()
 	rdb, err := newRedisClient(ctx, cfg.redisAddr)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(cfg.procs))
 	start := time.Now()
 	prefix := freshPrefix()
 	cleaned := false

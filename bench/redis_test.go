@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -204,4 +206,32 @@ func TestRedisCellClusterOwnCalls(t *testing.T) {
 	if len(rep.warnings) > 0 {
 		t.Errorf("warnings: %q", rep.warnings)
 	}
+}
+
+// TestRedisSectionPoolAfterCPU: the Redis table's client has go-redis's
+// pool for the GOMAXPROCS the section runs at (10 connections per
+// GOMAXPROCS), not for the last -cpu value a part before it left behind:
+// after the latency part at -cpu 1 it was made with 10 connections for
+// the section's 64 goroutines, where the section runs at the starting
+// GOMAXPROCS.
+func TestRedisSectionPoolAfterCPU(t *testing.T) {
+	skipUnderRace(t)
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("needs GOMAXPROCS 2 or more, to differ from -cpu 1")
+	}
+	addr := redistest.Alone(t)
+	var out bytes.Buffer
+	if code := run([]string{"-quick", "-parts", "latency,redis", "-cpu", "1", "-redis", addr}, &out, &out); code != 0 {
+		t.Fatalf("bench -parts latency,redis exited %d:\n%s", code, out.String())
+	}
+	got := out.String()
+	_, after, ok := strings.Cut(got, "go-redis held ")
+	held, err := strconv.Atoi(strings.Fields(after + " x")[0])
+	if !ok || err != nil {
+		t.Fatalf("output does not say how many connections go-redis held:\n%s", got)
+	}
+	if held <= 10 {
+		t.Errorf("go-redis held %d connections at 64 goroutines: a pool made for GOMAXPROCS 1, where the section runs at %d:\n%s", held, runtime.GOMAXPROCS(0), got)
+	}
+	requireNothingLeft(t, got, addr, rateKeyPrefix)
 }
