@@ -138,6 +138,17 @@ func (w *leaseRounds) add(c leaseCell) {
 // warnings are what makes the cell a wrong measurement.
 func (w *leaseRounds) warnings(where string) []string {
 	var out []string
+	// A window with no decision had every call still waiting when it
+	// closed: its rate of 0 would make the leased store infinitely faster.
+	idle := 0
+	for _, r := range w.rate {
+		if r == 0 {
+			idle++
+		}
+	}
+	if idle > 0 {
+		out = append(out, fmt.Sprintf("%s: no decision in %d of its %d windows: a wrong measurement", where, idle, len(w.rate)))
+	}
 	if w.errs > 0 {
 		out = append(out, fmt.Sprintf("%s: %d requests got an error: a wrong measurement", where, w.errs))
 	}

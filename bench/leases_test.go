@@ -105,3 +105,32 @@ func TestLeasesPartSkipped(t *testing.T) {
 		t.Errorf("output does not say the part was skipped:\n%s", out.String())
 	}
 }
+
+// TestLeaseRoundsNoDecision: a cell whose processes made no decision in
+// their windows (every call still waiting on Redis when its window closed,
+// as a loaded machine once did to redis_rate's 64 goroutines in
+// TestLeasesPart) is a wrong measurement, and says so. It read 0.0%
+// admitted with no warning, and the goals table, dividing by its 0
+// decisions a second, said the leased store was +Inf times as fast: met.
+func TestLeaseRoundsNoDecision(t *testing.T) {
+	none := leaseCell{info: true}
+	all := leaseCell{rate: 1000, decisions: 100, admitted: 100, info: true}
+	for _, c := range []struct {
+		name   string
+		rounds []leaseCell
+		warn   bool
+	}{
+		{"no decision", []leaseCell{none}, true},
+		{"no decision in one round of three", []leaseCell{all, none, all}, true},
+		{"every decision admitted", []leaseCell{all, all, all}, false},
+	} {
+		var w leaseRounds
+		for _, r := range c.rounds {
+			w.add(r)
+		}
+		got := w.warnings("throughput, redis_rate Allow")
+		if said := len(got) == 1 && strings.Contains(got[0], "no decision"); said != c.warn || (!c.warn && len(got) > 0) {
+			t.Errorf("%s: warnings %q, want a warning of no decision: %v", c.name, got, c.warn)
+		}
+	}
+}

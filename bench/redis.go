@@ -90,13 +90,15 @@ func redisSection(out io.Writer, cfg config) error {
 		fmt.Fprintln(out, "redis: skipped; measure the Redis store with -redis ADDR (go run ./bench -redis 127.0.0.1:6379 -parts redis)")
 		return nil
 	}
+	// Before the client: go-redis sizes its pool by GOMAXPROCS, and a part
+	// before this one may have left -cpu's last value.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(cfg.procs))
 	ctx := context.Background()
 	rdb, err := newRedisClient(ctx, cfg.redisAddr)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(cfg.procs))
 	start := time.Now()
 	prefix := freshPrefix()
 	cleaned := false
@@ -284,9 +286,14 @@ func (rep *redisReport) measure(ctx context.Context, rdb redis.UniversalClient, 
 				w.cpu = append(w.cpu, (cpu1-cpu0)*1e9/float64(res.decisions))
 				// Our script calls: at most one per request (Allow, and
 				// redis_rate's pipelines) or per batch, and one per retry;
-				// the store's combined Allows make fewer. More is another
-				// client's.
-				ours := res.decisions/int64(r.batch) + int64(stats1.Retries-stats0.Retries)
+				// the store's combined Allows make fewer. On a cluster a
+				// batch makes one per virtual shard its keys fall in. More
+				// is another client's.
+				perBatch := int64(1)
+				if _, ok := rdb.(*redis.ClusterClient); ok {
+					perBatch = int64(min(r.batch, redisstore.DefaultVirtualShards))
+				}
+				ours := res.decisions/int64(r.batch)*perBatch + int64(stats1.Retries-stats0.Retries)
 				if r.kind == inRedisRate || r.batch == 1 {
 					ours = res.decisions + int64(stats1.Retries-stats0.Retries)
 				}

@@ -3,11 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/go-redis/redis_rate/v10"
+	"github.com/jedib0t/go-pretty/v6/table"
 
 	"github.com/tokenshard/tokenshard/internal/redistest"
 	"github.com/tokenshard/tokenshard/policy"
@@ -159,4 +164,74 @@ func TestRateTopUp(t *testing.T) {
 			t.Errorf("round %d: admitted %d of 500 after topUp (errors %d), want the 400 prespend left", round, got, errs.Load())
 		}
 	}
+}
+
+// TestRedisCellClusterOwnCalls: on a Redis Cluster no other client uses,
+// no row of a cell is flagged as carrying other clients' commands. The
+// store's AllowBatch sends one script call per virtual shard its keys fall
+// in, not one per batch: 16 keys of 1,000 reach about 10 of the 16 shards,
+// and counting one call a batch took the rest for another client's.
+func TestRedisCellClusterOwnCalls(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.StartCluster(t)
+	rdb, err := newRedisClient(ctx, strings.Join(c.Addrs(), ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	sha, err := rateSHA(ctx, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := redisScenario{scenario{name: "uniform", keys: 1000, policy: redisAdmit}, []int{8}}
+	ks := newKeySet(s.scenario)
+	prefix := freshPrefix()
+	st, err := newRedisStore(ctx, rdb, prefix, s.policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rp := &ratePeer{rdb: rdb, l: redis_rate.NewLimiter(rdb), limit: gcraLimit(s.policy), sha: sha, pfx: prefix}
+	e := newEngine(s.policy, s.keys)
+	defer e.Close()
+	if err := errors.Join(prespend(ctx, st, ks.names), prespend(ctx, e, ks.names), rp.prespend(ctx, ks.names)); err != nil {
+		t.Fatal(err)
+	}
+	rep := &redisReport{t: table.NewWriter()}
+	rep.measure(ctx, rdb, redisCell{s: s, ks: ks, goroutines: 8, st: st, rp: rp, e: e,
+		times: redisTimes{store: 50 * time.Millisecond, engine: 10 * time.Millisecond, rounds: 1}})
+	if rep.foreign {
+		t.Errorf("a row was flagged as carrying other clients' commands on a cluster only this test uses:\n%s", rep.t.Render())
+	}
+	if len(rep.warnings) > 0 {
+		t.Errorf("warnings: %q", rep.warnings)
+	}
+}
+
+// TestRedisSectionPoolAfterCPU: the Redis table's client has go-redis's
+// pool for the GOMAXPROCS the section runs at (10 connections per
+// GOMAXPROCS), not for the last -cpu value a part before it left behind:
+// after the latency part at -cpu 1 it was made with 10 connections for
+// the section's 64 goroutines, where the section runs at the starting
+// GOMAXPROCS.
+func TestRedisSectionPoolAfterCPU(t *testing.T) {
+	skipUnderRace(t)
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("needs GOMAXPROCS 2 or more, to differ from -cpu 1")
+	}
+	addr := redistest.Alone(t)
+	var out bytes.Buffer
+	if code := run([]string{"-quick", "-parts", "latency,redis", "-cpu", "1", "-redis", addr}, &out, &out); code != 0 {
+		t.Fatalf("bench -parts latency,redis exited %d:\n%s", code, out.String())
+	}
+	got := out.String()
+	_, after, ok := strings.Cut(got, "go-redis held ")
+	held, err := strconv.Atoi(strings.Fields(after + " x")[0])
+	if !ok || err != nil {
+		t.Fatalf("output does not say how many connections go-redis held:\n%s", got)
+	}
+	if held <= 10 {
+		t.Errorf("go-redis held %d connections at 64 goroutines: a pool made for GOMAXPROCS 1, where the section runs at %d:\n%s", held, runtime.GOMAXPROCS(0), got)
+	}
+	requireNothingLeft(t, got, addr, rateKeyPrefix)
 }
