@@ -201,12 +201,15 @@ func overall(resp *rlsv3.RateLimitResponse) string {
 // configuration when a file is invalid and says so, and stops cleanly.
 func TestCommand(t *testing.T) { testCommand(t) }
 
-// slowMachine is the -redis-timeout of the tests that check answers, not
-// timing: the store's default (250 ms) can run out on a loaded machine, in
-// the cutover a reload makes on a cluster most of all, and the answer would
-// be the failure rule's (one run of every module's tests beside other
-// work saw it).
-const slowMachine = "10s"
+// slowMachine (-redis-timeout) and answersTimeout (Config.Timeout) bound
+// each Redis exchange of the tests that check answers, not timing: the
+// store's default, 250 ms, can run out on a loaded machine, in the cutover
+// a reload makes on a cluster most of all, and the answer would then be
+// the failure rule's. The tests of outages keep the default.
+const (
+	slowMachine    = "10s"
+	answersTimeout = 10 * time.Second
+)
 
 // TestCommandRedis is TestCommand on a Redis store.
 func TestCommandRedis(t *testing.T) {
@@ -382,7 +385,7 @@ func TestCommandInstallsItsConfiguration(t *testing.T) {
 	}
 	defer store.Close()
 
-	c := startCommand(t, "-redis", addr, "-redis-prefix", prefix)
+	c := startCommand(t, "-redis", addr, "-redis-prefix", prefix, "-redis-timeout", slowMachine)
 	resp := c.ask("gw", "route=/x")
 	if got := resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 2 || overall(resp) != "OK" {
 		t.Errorf("the command's limit: %v", resp)

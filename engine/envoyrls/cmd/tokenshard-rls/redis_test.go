@@ -43,7 +43,7 @@ func storeOn(client func(t *testing.T) redis.UniversalClient) rlstest.Factory {
 		c := client(t)
 		prefix := fmt.Sprintf("envoyrls-test:%d:%d:", time.Now().UnixNano(), prefixes.Add(1))
 		deleteKeys(t, c, prefix) // after the store's Close (cleanups run last first), which may write
-		s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix, Policy: p, Clock: clk})
+		s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix, Policy: p, Clock: clk, Timeout: answersTimeout})
 		if err != nil {
 			t.Fatalf("redisstore.New: %v", err)
 		}
@@ -148,7 +148,7 @@ func TestReplicasReload(t *testing.T) {
 		t.Helper()
 		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = c.Close() })
-		s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix, Policy: p})
+		s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix, Policy: p, Timeout: answersTimeout})
 		if err != nil {
 			t.Fatalf("redisstore.New: %v", err)
 		}
@@ -229,8 +229,8 @@ func twoReplicas(t *testing.T, name string) (a, b *command, raised string) {
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = c.Close() })
 	deleteKeys(t, c, prefix)
-	a = startCommand(t, "-redis", addr, "-redis-prefix", prefix)
-	b = startCommand(t, "-redis", addr, "-redis-prefix", prefix)
+	a = startCommand(t, "-redis", addr, "-redis-prefix", prefix, "-redis-timeout", slowMachine)
+	b = startCommand(t, "-redis", addr, "-redis-prefix", prefix, "-redis-timeout", slowMachine)
 	return a, b, strings.Replace(limitsYAML, "requests_per_unit: 2", "requests_per_unit: 50", 1)
 }
 
