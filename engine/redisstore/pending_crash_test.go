@@ -97,9 +97,9 @@ func TestDeadHolderPendingFlagExpires(t *testing.T) {
 				require.Equal(t, "2", c.HGet(ctx, k, "v").Val(), "shard %d published", i)
 			}
 			for i, k := range pendings {
-				if c.Exists(ctx, k).Val() == 0 {
-					continue
-				}
+				held := c.HGetAll(ctx, k).Val()
+				require.Len(t, held, 1, "shard %d's pending flag holds the dead process's token alone, the cutover's gone", i)
+				require.NotContains(t, held, "c2", "shard %d: the cutover's token outlived its publish", i)
 				left := c.PTTL(ctx, k).Val()
 				require.True(t, left > 0 && left <= ttl,
 					"shard %d's pending flag %v, held by the dead process alone, expires in %v: want within the lock's TTL, %v", i, c.HGetAll(ctx, k).Val(), left, ttl)
