@@ -16,8 +16,8 @@ import (
 // returned counts that call and every call that returned before it. (The
 // levels and the counts of background work, Keys, MailboxHighWater,
 // Cutovers, Sweeps, Evicted, EventsDropped, Holds and HoldsAborted, are
-// published when the shard is about to park and every 64 messages while
-// it is busy.) Every call is counted exactly once: Allowed + Denied + Peeks + Refunds +
+// published when the shard is about to park or to wait at a cutover's
+// barrier, and every 64 messages while it is busy.) Every call is counted exactly once: Allowed + Denied + Peeks + Refunds +
 // Errors.Sum() equals the Allow, Peek, Refund and Charge calls made (a
 // Charge's answer is an admission: it counts in Allowed) plus the
 // requests of AllowBatch calls (Wait counts as the Allow calls it makes;

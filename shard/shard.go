@@ -95,6 +95,7 @@ func (s *Shard) Run(stop <-chan struct{}) {
 //     about to send join the next group; else park until any input comes.
 func (s *Shard) turn() bool {
 	if s.state.isPrepared() {
+		s.publishIfBehind() // it may wait there a while: what the prepare gave up shows
 		return s.listen(s.inputs(barrier))
 	}
 	if !s.dataFirst && s.controlWaits() {
