@@ -213,15 +213,7 @@ func testPromoted(t *testing.T, hang bool) {
 	} else {
 		rc.Kill(t, victim)
 	}
-	var promoted time.Time
-	pollUntil(t, 20*time.Second, "the replica "+replica+" promoted", func() bool {
-		role, err := rc.Role(replica)
-		if err == nil && role == "master" {
-			promoted = time.Now()
-			return true
-		}
-		return false
-	})
+	promoted := waitPromoted(t, rc, replica)
 	promotedAt.Store(promoted.UnixNano())
 	// Keep the load on until every shard of the dead master has answered a
 	// call made after the promotion, or resumeBy has passed (the check
@@ -319,6 +311,22 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
+// waitPromoted waits up to 20 s for replica to be a master, and returns
+// when it saw it so.
+func waitPromoted(t *testing.T, rc *redistest.ReplicaCluster, replica string) time.Time {
+	t.Helper()
+	var promoted time.Time
+	pollUntil(t, 20*time.Second, "the replica "+replica+" promoted", func() bool {
+		role, err := rc.Role(replica)
+		if err == nil && role == "master" {
+			promoted = time.Now()
+			return true
+		}
+		return false
+	})
+	return promoted
+}
+
 // pollUntil polls cond every 10 ms until it holds, failing the test with
 // what if it does not within d (an empty what: it returns instead).
 func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
@@ -388,15 +396,7 @@ func TestStartWhileGlobalMasterDown(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d.Degraded, "the global keys cannot be read: the failure rule answers")
 
-	var promoted time.Time
-	pollUntil(t, 20*time.Second, "the replica "+replica+" promoted", func() bool {
-		role, err := rc.Role(replica)
-		if err == nil && role == "master" {
-			promoted = time.Now()
-			return true
-		}
-		return false
-	})
+	promoted := waitPromoted(t, rc, replica)
 	pollUntil(t, resumeBy, "", func() bool {
 		d, err = s.Allow(ctx, "k", 1)
 		require.NoError(t, err)
