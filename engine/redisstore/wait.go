@@ -16,16 +16,16 @@ import (
 // meanwhile. The decision's own reading (Redis's TIME, or Config.Clock
 // read as the call goes out) is no earlier than the ask, so Wait may ask
 // again a little early, at the cost of a round trip, but never late. A
-// degraded denial (Redis unreachable, fail closed) is waited out the same
-// way, for Config.FailRetryAfter. It never waits past ctx's deadline: a
+// degraded denial (Redis unreachable, fail closed) is waited out for
+// Config.FailRetryAfter from its answer. It never waits past ctx's deadline: a
 // wait that would end after it returns at once an error wrapping
 // engine.ErrWouldExceedDeadline, having spent nothing; when that wait is
 // the failure rule's, the error wraps ErrUnavailable too, so that a caller
 // can tell an outage from the key's limit. If ctx ends while waiting it
 // returns ctx's error, and engine.ErrClosed if the store closes; Allow's
 // errors are returned as they are.
-// It waits on Config.Clock if that is a clock.Sleeper (clock.Manual is),
-// else on a real timer, and leaves no timer behind.
+// It waits on Config.Clock if that is a clock.Alarm or a clock.Sleeper
+// (clock.Manual is both), else on a real timer, and leaves no timer behind.
 func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decision, error) {
 	if s.uninitialized() {
 		return s.Allow(ctx, key, cost) // its error
@@ -39,6 +39,9 @@ func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decisi
 		d, err := s.Allow(ctx, key, cost)
 		if err != nil || d.Allowed {
 			return d, err
+		}
+		if d.Degraded { // the failure rule's back-off counts from its answer, which came after Timeout
+			asked = clk.Now()
 		}
 		t := satAdd(asked, int64(d.RetryAfter))
 		if deadline, ok := ctx.Deadline(); ok {

@@ -141,7 +141,12 @@ func TestWaitCountsFromTheAsk(t *testing.T) {
 			done <- err
 		}()
 		for clk.Waiting() == 0 { // parked on the clock
-			runtime.Gosched()
+			select {
+			case err := <-done:
+				t.Fatalf("Wait returned before it waited: %v (leases %v)", err, lz != nil)
+			default:
+				runtime.Gosched()
+			}
 		}
 		require.Equal(t, int64(500*time.Millisecond), clk.Now(), "leases %v", lz != nil)
 		clk.Set(int64(1500 * time.Millisecond))
