@@ -34,7 +34,7 @@ func TestInstallBesideAReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	earlier, err := redisstore.New(ctx, redisstore.Config{Client: client, Prefix: prefix, Policy: old})
+	earlier, err := redisstore.New(ctx, redisstore.Config{Client: client, Prefix: prefix, Policy: old, Timeout: answersTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestInstallBesideAReplica(t *testing.T) {
 	// Both replicas' stores start and adopt the earlier policy.
 	var stores [2]*redisstore.Store
 	for i := range stores {
-		s, err := redisstore.New(ctx, redisstore.Config{Client: client, Prefix: prefix, Policy: p})
+		s, err := redisstore.New(ctx, redisstore.Config{Client: client, Prefix: prefix, Policy: p, Timeout: answersTimeout})
 		if err != nil {
 			t.Fatal(err)
 		}

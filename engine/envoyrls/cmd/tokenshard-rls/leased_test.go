@@ -26,7 +26,7 @@ func leasedStore(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter
 	prefix := fmt.Sprintf("envoyrls-test:%d:%d:", time.Now().UnixNano(), prefixes.Add(1))
 	deleteKeys(t, c, prefix) // after the store's Close (cleanups run last first), which gives leases back
 	s, err := redisstore.New(context.Background(), redisstore.Config{
-		Client: c, Prefix: prefix, Policy: p, Clock: clk, Leases: &redisstore.Leases{},
+		Client: c, Prefix: prefix, Policy: p, Clock: clk, Leases: &redisstore.Leases{}, Timeout: answersTimeout,
 	})
 	if err != nil {
 		t.Fatalf("redisstore.New: %v", err)

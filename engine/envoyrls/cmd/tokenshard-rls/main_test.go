@@ -379,7 +379,7 @@ func TestCommandInstallsItsConfiguration(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	deleteKeys(t, client, prefix)
-	store, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, Policy: old})
+	store, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, Policy: old, Timeout: answersTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +419,7 @@ func TestCommandStartedWithoutRedis(t *testing.T) {
 	}
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
-	store, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, Policy: old})
+	store, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, Policy: old, Timeout: answersTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}

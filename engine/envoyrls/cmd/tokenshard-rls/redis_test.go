@@ -343,7 +343,7 @@ func TestCommandRedisPassword(t *testing.T) {
 		t.Fatal(err)
 	}
 	url := "redis://:s3cret@" + srv.Addr() + "/2"
-	cmd := startCommand(t, "-redis", url)
+	cmd := startCommand(t, "-redis", url, "-redis-timeout", slowMachine)
 	if got := overall(cmd.ask("gw", "route=/a")); got != "OK" {
 		t.Fatalf("with the password in the URL: %s\n%s", got, cmd.stderr)
 	}
@@ -352,7 +352,7 @@ func TestCommandRedisPassword(t *testing.T) {
 	}
 
 	t.Setenv(passwordEnv, "s3cret")
-	cmd = startCommand(t, "-redis", srv.Addr(), "-redis-prefix", "from-env:")
+	cmd = startCommand(t, "-redis", srv.Addr(), "-redis-prefix", "from-env:", "-redis-timeout", slowMachine)
 	if got := overall(cmd.ask("gw", "route=/a")); got != "OK" {
 		t.Fatalf("with the password in %s: %s\n%s", passwordEnv, got, cmd.stderr)
 	}
