@@ -119,15 +119,35 @@ var checks = []check{
 // main runs the checks until -duration ends or an interrupt or SIGTERM
 // comes. A signal ends them as the end of -duration does, so that they
 // clean up (a Redis check deletes its keys, a redis-server started is
-// stopped), and the exit status is then at least 1: the run was cut
-// short. A second signal ends the process at once.
+// stopped); then the command ends by that signal, as a shell expects of a
+// program it interrupted, and so not with a failed check's status. A
+// second signal ends the process at once.
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	context.AfterFunc(ctx, stop) // the next signal has its default effect
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	caught := make(chan os.Signal, 1)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-sigs:
+			signal.Stop(sigs) // the next signal has its default effect
+			caught <- sig
+			cancel()
+		case <-done:
+		}
+	}()
 	status := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	if ctx.Err() != nil {
-		fmt.Fprintln(os.Stderr, "stress: interrupted: the checks ran for less than -duration")
-		status = max(status, 1)
+	close(done)
+	select {
+	case sig := <-caught:
+		fmt.Fprintf(os.Stderr, "stress: interrupted by %v: the checks ran for less than -duration\n", sig)
+		n := sig.(syscall.Signal)
+		signal.Reset(n)
+		_ = syscall.Kill(os.Getpid(), n) // its default effect: the process ends by it,
+		time.Sleep(time.Second)          // on whichever thread takes it
+		os.Exit(128 + int(n))            // or where it is ignored, as the shell would say
+	default:
 	}
 	os.Exit(status)
 }
