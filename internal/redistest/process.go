@@ -59,9 +59,9 @@ var given struct {
 }
 
 // maxPort is the highest port a cluster node can have: redis-server exits
-// at once when its bus port, busOffset above, would pass 65535. Linux hands
-// out ports above it where the ephemeral range is set high, and on kernels
-// that choose bind(":0") across the whole range rather than its lower half.
+// at once when its bus port, busOffset above, would pass 65535, and a
+// kernel may give a listener such a port: Linux does where the ephemeral
+// range is set high.
 const maxPort = 65535 - busOffset
 
 // freePort asks the kernel for a free port on 127.0.0.1 by listening on :0
@@ -72,12 +72,10 @@ func freePort() (int, error) {
 	given.mu.Lock()
 	defer given.mu.Unlock()
 	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := kernelPort()
 		if err != nil {
 			return 0, err
 		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
 		if port > maxPort || given.ports[port] || given.ports[port+busOffset] {
 			continue
 		}
@@ -88,6 +86,18 @@ func freePort() (int, error) {
 		return port, nil
 	}
 	return 0, fmt.Errorf("redistest: 100 ports in a row from the kernel were given out before or above %d", maxPort)
+}
+
+// kernelPort is a port free on 127.0.0.1 as the kernel gives one to a
+// listener on :0, closed again; a variable, for tests to stand in for the
+// kernel's choice.
+var kernelPort = func() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // process is one running redis-server. It is not safe for concurrent use;

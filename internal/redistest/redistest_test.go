@@ -232,20 +232,30 @@ func TestFreePortNeverRepeats(t *testing.T) {
 	}
 }
 
-// TestFreePortLeavesRoomForBusPort: every port freePort gives can be a
-// cluster node's, whose bus listens busOffset above it: redis-server exits
-// at once ("Your Redis port number must be 55535 or less") for a higher
-// port, and Linux hands out ports up to 60999 by default.
+// TestFreePortLeavesRoomForBusPort: freePort gives no port a cluster node
+// cannot have, whose bus would listen busOffset above 65535
+// (redis-server: "Your Redis port number must be 55535 or less"), whatever
+// the kernel offers: here it offers such ports first.
 func TestFreePortLeavesRoomForBusPort(t *testing.T) {
-	for range 300 {
-		p, err := freePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p+busOffset > 65535 {
-			t.Fatalf("freePort gave %d, whose cluster bus port %d does not exist", p, p+busOffset)
-		}
+	offers := []int{65535, maxPort + 1, 60999, 23456}
+	real := kernelPort
+	t.Cleanup(func() { kernelPort = real })
+	kernelPort = func() (int, error) {
+		p := offers[0]
+		offers = offers[1:]
+		return p, nil
 	}
+	p, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p != 23456 {
+		t.Fatalf("freePort gave %d; want 23456, the first offer whose cluster bus port exists", p)
+	}
+	given.mu.Lock()
+	delete(given.ports, p)
+	delete(given.ports, p+busOffset)
+	given.mu.Unlock()
 }
 
 // TestAlone: a test that loads its server gets one of its own, not the
