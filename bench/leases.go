@@ -327,7 +327,10 @@ func leases(out io.Writer, cfg config) (err error) {
 		}
 		if r.kind != kindLeased {
 			vsRate[r.kind], vsCPU[r.kind] = lRate/rate, cpu/lCPU
-			vs = fmt.Sprintf("%.2fx", lRate/rate)
+			if rate == 0 || lRate == 0 { // a window with no decision: no ratio
+				vsRate[r.kind], vsCPU[r.kind] = math.NaN(), math.NaN()
+			}
+			vs = fmt.Sprintf("%.2fx", vsRate[r.kind])
 			if r.kind != kindEngine {
 				vs += ", " + oneIn(cpu/lCPU)
 			}
@@ -343,6 +346,14 @@ func leases(out io.Writer, cfg config) (err error) {
 	gt.SetTitle("goals of leases")
 	gt.AppendHeader(table.Row{"goal", "measured", "met"})
 	met := func(ok bool) string { return map[bool]string{true: "yes", false: "NO"}[ok] }
+	// atLeast is met for a ratio v that is known: a cell that made no
+	// decision has none (NaN), and meets no goal.
+	atLeast := func(v, goal float64) string {
+		if math.IsNaN(v) {
+			return "? (no measurement)"
+		}
+		return met(v >= goal)
+	}
 	for _, p := range leaseLatencyProcs {
 		r := leasedP50[p] / enginesP50[p]
 		gt.AppendRow(table.Row{fmt.Sprintf("p50 with leases <= 2x the engine's, %s x 1 goroutine", procsWord(p)), fmt.Sprintf("%.2fx", r), met(r <= 2)})
@@ -350,9 +361,9 @@ func leases(out io.Writer, cfg config) (err error) {
 	for _, p := range leaseLatencyProcs {
 		gt.AppendRow(table.Row{fmt.Sprintf("p99 with leases < 50 µs, %s x 1 goroutine", procsWord(p)), micros(leasedP99[p]), met(leasedP99[p] < 50e3)})
 	}
-	gt.AppendRow(table.Row{fmt.Sprintf("decisions/s with leases >= 20x redis_rate's, %dx%d", leaseProcs, leaseGoroutines), fmt.Sprintf("%.1fx", vsRate[kindRedisRate]), met(vsRate[kindRedisRate] >= 20)})
-	gt.AppendRow(table.Row{fmt.Sprintf("decisions/s with leases >= 10x without, %dx%d", leaseProcs, leaseGoroutines), fmt.Sprintf("%.1fx", vsRate[kindStore]), met(vsRate[kindStore] >= 10)})
-	gt.AppendRow(table.Row{"Redis CPU per admitted decision with leases <= 1/20 of without", oneIn(vsCPU[kindStore]), met(vsCPU[kindStore] >= 20)})
+	gt.AppendRow(table.Row{fmt.Sprintf("decisions/s with leases >= 20x redis_rate's, %dx%d", leaseProcs, leaseGoroutines), fmt.Sprintf("%.1fx", vsRate[kindRedisRate]), atLeast(vsRate[kindRedisRate], 20)})
+	gt.AppendRow(table.Row{fmt.Sprintf("decisions/s with leases >= 10x without, %dx%d", leaseProcs, leaseGoroutines), fmt.Sprintf("%.1fx", vsRate[kindStore]), atLeast(vsRate[kindStore], 10)})
+	gt.AppendRow(table.Row{"Redis CPU per admitted decision with leases <= 1/20 of without", oneIn(vsCPU[kindStore]), atLeast(vsCPU[kindStore], 20)})
 	gt.Render()
 	for _, w := range warnings {
 		fmt.Fprintln(out, "leases: WARNING:", w)

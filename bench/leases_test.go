@@ -107,11 +107,9 @@ func TestLeasesPartSkipped(t *testing.T) {
 }
 
 // TestLeaseRoundsNoDecision: a cell whose processes made no decision in
-// their windows (every call still waiting on Redis when its window closed,
-// as a loaded machine once did to redis_rate's 64 goroutines in
-// TestLeasesPart) is a wrong measurement, and says so. It read 0.0%
-// admitted with no warning, and the goals table, dividing by its 0
-// decisions a second, said the leased store was +Inf times as fast: met.
+// their windows (every call still waiting on Redis when its window closed)
+// is a wrong measurement, and says so, rather than read 0.0% admitted with
+// no warning; the goals table then meets no goal on its ratio.
 func TestLeaseRoundsNoDecision(t *testing.T) {
 	none := leaseCell{info: true}
 	all := leaseCell{rate: 1000, decisions: 100, admitted: 100, info: true}

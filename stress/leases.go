@@ -66,9 +66,7 @@ import (
 // their bound, raises and all, is far above what they are asked. A store
 // that kept spending a lease taken under the old version after a cutover,
 // or gave one back across a cutover that clamped it and then a raise,
-// passes this check (both were tried as mutants of engine/redisstore's
-// lease.go and passed runs of 20 and 30 s); redisstore's own tests catch
-// them (TestLeaseHeldTokensStayUnderTheirVersion,
+// passes this check; redisstore's own tests catch them (TestLeaseHeldTokensStayUnderTheirVersion,
 // TestLeaseGiveBackAcrossCutovers, TestLeaseGiveBackAfterOthersRaise). A
 // grant counted more than once is caught at the first check, as the hot
 // keys lease at the start.
