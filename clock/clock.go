@@ -47,7 +47,7 @@ type Sleeper interface {
 	After(d time.Duration) (<-chan struct{}, func())
 }
 
-// Alarm is what a Sleeper may also do: signal when its reading reaches an
+// Alarm is what a Clock may also do: signal when its reading reaches an
 // instant t, however far it moves between a caller's reading and the call.
 // Engine.Wait uses it to wake at the instant a denial's estimate names,
 // counted from the reading the denial was decided at; a Sleeper without it
