@@ -17,8 +17,8 @@ import (
 // read as the call goes out) is no earlier than the ask, so Wait may ask
 // again a little early, at the cost of a round trip, but never late. A
 // degraded denial (Redis unreachable, fail closed) is waited out for
-// Config.FailRetryAfter from its answer. It never waits past ctx's deadline: a
-// wait that would end after it returns at once an error wrapping
+// Config.FailRetryAfter from its answer. It never waits past ctx's
+// deadline: a wait that would end after it returns at once an error wrapping
 // engine.ErrWouldExceedDeadline, having spent nothing; when that wait is
 // the failure rule's, the error wraps ErrUnavailable too, so that a caller
 // can tell an outage from the key's limit. If ctx ends while waiting it
