@@ -88,6 +88,7 @@ type moveHook struct {
 	clk   *clock.Manual
 	step  time.Duration
 	armed *atomic.Bool
+	any   bool // after any command, not only a script call
 }
 
 func (moveHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -109,7 +110,7 @@ func (h moveHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 }
 
 func (h moveHook) moved(cmds []redis.Cmder) {
-	if slices.ContainsFunc(cmds, isScript) && h.armed.CompareAndSwap(true, false) {
+	if (h.any || slices.ContainsFunc(cmds, isScript)) && h.armed.CompareAndSwap(true, false) {
 		h.clk.Advance(h.step)
 	}
 }
@@ -157,4 +158,46 @@ func TestWaitCountsFromTheAsk(t *testing.T) {
 			t.Fatalf("Wait still waits at 1.5 s, RetryAfter after it asked (leases %v)", lz != nil)
 		}
 	}
+}
+
+// TestWaitBacksOffFromTheFailure: the failure rule's FailRetryAfter is a
+// back-off from its answer, which comes after the attempt to reach Redis,
+// not an estimate counted from the ask: with the clock moved on by 1 s
+// while the attempt fails, a Wait denied by the rule (3 s) asks again at
+// 4 s, not at 3 s.
+func TestWaitBacksOffFromTheFailure(t *testing.T) {
+	srv := downServer(t)
+	clk := clock.NewManual(0)
+	var armed atomic.Bool
+	c := quickClient(t, srv.Addr())
+	c.AddHook(moveHook{clk: clk, step: time.Second, armed: &armed, any: true})
+	const retry = 3 * time.Second
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix(t),
+		Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, FailRetryAfter: retry, Clock: clk})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	failures := s.Stats().Failures
+	armed.Store(true)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Wait(context.Background(), "k", 1)
+		done <- err
+	}()
+	for clk.Waiting() == 0 { // parked on the clock
+		select {
+		case err := <-done:
+			t.Fatalf("Wait returned before it waited: %v", err)
+		default:
+			runtime.Gosched()
+		}
+	}
+	require.Equal(t, failures+1, s.Stats().Failures)
+	require.Equal(t, int64(time.Second), clk.Now(), "the clock moved on during the attempt")
+	clk.Set(int64(retry))
+	require.Equal(t, 1, clk.Waiting(), "asked again at 3 s, FailRetryAfter after the ask, not after the answer")
+	require.Equal(t, failures+1, s.Stats().Failures)
+	clk.Set(int64(time.Second + retry))
+	spinUntil(t, "Wait asks again at 4 s", func() bool { return s.Stats().Failures == failures+2 })
+	require.NoError(t, s.Close()) // ends the Wait
+	require.ErrorIs(t, <-done, engine.ErrClosed)
 }
