@@ -330,7 +330,13 @@ func leases(out io.Writer, cfg config) (err error) {
 			if rate == 0 || lRate == 0 { // a window with no decision: no ratio
 				vsRate[r.kind], vsCPU[r.kind] = math.NaN(), math.NaN()
 			}
+			if lCPU == 0 { // no Redis CPU read for the leased cell
+				vsCPU[r.kind] = math.NaN()
+			}
 			vs = fmt.Sprintf("%.2fx", vsRate[r.kind])
+			if math.IsNaN(vsRate[r.kind]) {
+				vs = "?"
+			}
 			if r.kind != kindEngine {
 				vs += ", " + oneIn(cpu/lCPU)
 			}

@@ -241,6 +241,9 @@ func TestFreePortLeavesRoomForBusPort(t *testing.T) {
 	real := kernelPort
 	t.Cleanup(func() { kernelPort = real })
 	kernelPort = func() (int, error) {
+		if len(offers) == 0 {
+			return 0, errors.New("the test's kernel has no port left to offer")
+		}
 		p := offers[0]
 		offers = offers[1:]
 		return p, nil
