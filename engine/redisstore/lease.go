@@ -345,7 +345,8 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 // allowBatch is AllowBatch in lease mode: each request as Allow decides
 // it, in order. A cancel of the context or a Close, looked for before each
 // request, ends the batch, as it ends a batch without leases: the requests
-// from there on are not decided and get that error, which it returns.
+// from there on are not decided and get that error (a bad key or cost keeps
+// its own), which it returns.
 func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
 	fail := l.s.usable(ctx)
 	var dl time.Time // one deadline for the batch, as without leases
