@@ -359,18 +359,20 @@ func ExampleManual() {
 	// true
 }
 
+// closed reports whether ch is closed, without waiting.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 // TestManualAfter: After's channel closes exactly when the reading reaches
 // Now()+d, by Set or Advance, at once for d <= 0, and each channel once.
 func TestManualAfter(t *testing.T) {
 	m := clock.NewManual(100)
-	closed := func(ch <-chan struct{}) bool {
-		select {
-		case <-ch:
-			return true
-		default:
-			return false
-		}
-	}
 	after := func(d time.Duration) <-chan struct{} {
 		ch, _ := m.After(d)
 		return ch
@@ -400,14 +402,6 @@ func TestManualAfter(t *testing.T) {
 func TestManualAt(t *testing.T) {
 	var _ clock.Alarm = (*clock.Manual)(nil)
 	m := clock.NewManual(100)
-	closed := func(ch <-chan struct{}) bool {
-		select {
-		case <-ch:
-			return true
-		default:
-			return false
-		}
-	}
 	past, _ := m.At(40)
 	now, _ := m.At(100)
 	assert.True(t, closed(past))
