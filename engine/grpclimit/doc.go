@@ -52,15 +52,16 @@
 // With WithHeaders, the calls a bucket decided carry the RateLimit fields
 // of the IETF httpapi draft, with the values package httplimit writes in
 // its RateLimit-Policy and RateLimit header fields for the same decision
-// (PolicyHeader, RateLimitHeader):
+// (PolicyHeader, RateLimitHeader), here for a call that left 42 tokens of
+// 100 refilled at 10 a second:
 //
 //	ratelimit-policy: "default";q=100;w=10
-//	ratelimit: "default";r=42;t=3
+//	ratelimit: "default";r=42;t=6
 //
 // q is the capacity and w the seconds an empty bucket takes to fill, for
 // each band of the key's limit; r is the whole tokens left, and t the
-// seconds until the bucket is full or, on a refusal, until it can pay
-// (at least 1). An admitted call has them in its header metadata, or in
+// seconds until the bucket is full (58 tokens at 10 a second: 5.8,
+// rounded up) or, on a refusal, until it can pay (at least 1). An admitted call has them in its header metadata, or in
 // its trailer metadata if its handler fails, or sent the header before
 // they were set (with grpc.SendHeader, say); a refused one in its trailer
 // metadata, beside the pushback trailer. A header would end the

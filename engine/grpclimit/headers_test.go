@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -375,4 +376,23 @@ func nilIfEmpty(s []string) []string {
 		return nil
 	}
 	return s
+}
+
+// TestDocMetadataExample: the metadata the package doc shows are what a
+// call that leaves 42 tokens of 100 refilled at 10 a second is sent, and
+// the doc shows them as they are sent.
+func TestDocMetadataExample(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(100, 10)})
+	l := newLimiter(t, e, grpclimit.WithHeaders(), grpclimit.WithCost(func(context.Context, string) int64 { return 58 }))
+	conn := serve(t, l, nil)
+	var header metadata.MD
+	_, err := healthpb.NewHealthClient(conn).Check(t.Context(), &healthpb.HealthCheckRequest{}, grpc.Header(&header))
+	require.NoError(t, err)
+	policyLine := grpclimit.PolicyHeader + ": " + header.Get(grpclimit.PolicyHeader)[0]
+	limitLine := grpclimit.RateLimitHeader + ": " + header.Get(grpclimit.RateLimitHeader)[0]
+	require.Equal(t, `ratelimit-policy: "default";q=100;w=10`, policyLine)
+	require.Equal(t, `ratelimit: "default";r=42;t=6`, limitLine)
+	doc, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	require.Contains(t, string(doc), "//\t"+policyLine+"\n//\t"+limitLine+"\n")
 }
