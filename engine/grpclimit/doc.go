@@ -61,10 +61,11 @@
 // q is the capacity and w the seconds an empty bucket takes to fill, for
 // each band of the key's limit; r is the whole tokens left, and t the
 // seconds until the bucket is full (58 tokens at 10 a second: 5.8,
-// rounded up) or, on a refusal, until it can pay (at least 1). An admitted call has them in its header metadata, or in
-// its trailer metadata if its handler fails, or sent the header before
-// they were set (with grpc.SendHeader, say); a refused one in its trailer
-// metadata, beside the pushback trailer. A header would end the
+// rounded up) or, on a refusal, until it can pay (at least 1). An admitted
+// call has them in its header metadata, or in its trailer metadata if its
+// handler fails, or sent the header before they were set (with
+// grpc.SendHeader, say); a refused one in its trailer metadata, beside the
+// pushback trailer. A header would end the
 // trailers-only response that grpc-go needs to retry a call, so the
 // fields are set in it only once the handler has answered (a unary call)
 // or first sends (a stream). A stream has them once, as decided when it
