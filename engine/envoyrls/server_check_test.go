@@ -54,3 +54,32 @@ func TestCheckPolicy(t *testing.T) {
 		t.Errorf("version %d: the reload found the policy in force and made no cutover", v)
 	}
 }
+
+// TestConfigOrderDoesNotMatter: the same domains listed in another order are
+// the same configuration: NewServer accepts an admitter built from them in
+// any order, and a Reload that only reorders them makes no cutover.
+func TestConfigOrderDoesNotMatter(t *testing.T) {
+	ab := rlstest.Parse(t,
+		"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3}\n",
+		"domain: b\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: minute, requests_per_unit: 4}\n")
+	ba := []*envoyrls.Config{ab[1], ab[0]}
+	p, err := envoyrls.Policy(1, ab...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(engine.Config{Policy: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	srv, err := envoyrls.NewServer(e, ba...)
+	if err != nil {
+		t.Fatalf("NewServer with the configurations reordered: %v", err)
+	}
+	if err := srv.Reload(context.Background(), ab...); err != nil {
+		t.Fatal(err)
+	}
+	if v := e.Policy().Version; v != 1 {
+		t.Errorf("version %d after a reload that only reorders the configurations, want 1 (no cutover)", v)
+	}
+}
