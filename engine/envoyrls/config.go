@@ -112,8 +112,13 @@ const maxReplaces = 100_000
 // 100,000 levels and 15 GB of paths before the descriptor bound stops it.
 const maxPathBytes = 64 << 20
 
-// Domain returns the configuration's domain.
-func (c *Config) Domain() string { return c.domain }
+// Domain returns the configuration's domain ("" for a nil *Config).
+func (c *Config) Domain() string {
+	if c == nil {
+		return ""
+	}
+	return c.domain
+}
 
 // limit is a node's rate_limit.
 type limit struct {

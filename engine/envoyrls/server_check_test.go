@@ -3,8 +3,12 @@ package envoyrls_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/envoyrls"
@@ -81,5 +85,47 @@ func TestConfigOrderDoesNotMatter(t *testing.T) {
 	}
 	if v := e.Policy().Version; v != 1 {
 		t.Errorf("version %d after a reload that only reorders the configurations, want 1 (no cutover)", v)
+	}
+}
+
+// TestZeroServerAndNilContext: a Server NewServer did not make, and a
+// call given a nil context, are errors, never a panic (a panic in a gRPC
+// handler takes the process down).
+func TestZeroServerAndNilContext(t *testing.T) {
+	req := rlstest.Req("d", 0, rlstest.D("k=v"))
+	for name, s := range map[string]*envoyrls.Server{"zero": new(envoyrls.Server), "nil": nil} {
+		if _, err := s.ShouldRateLimit(context.Background(), req); status.Code(err) != codes.FailedPrecondition ||
+			!strings.Contains(err.Error(), engine.ErrNotInitialized.Error()) {
+			t.Errorf("%s Server: ShouldRateLimit: %v, want FailedPrecondition naming engine.ErrNotInitialized", name, err)
+		}
+		if err := s.Reload(context.Background()); !errors.Is(err, engine.ErrNotInitialized) {
+			t.Errorf("%s Server: Reload: %v, want engine.ErrNotInitialized", name, err)
+		}
+		if err := s.CheckPolicy(); !errors.Is(err, engine.ErrNotInitialized) {
+			t.Errorf("%s Server: CheckPolicy: %v, want engine.ErrNotInitialized", name, err)
+		}
+	}
+	var c *envoyrls.Config
+	if d := c.Domain(); d != "" {
+		t.Errorf("nil Config: Domain %q", d)
+	}
+
+	cfgs := rlstest.Parse(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	p, err := envoyrls.Policy(1, cfgs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(engine.Config{Policy: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	srv, err := envoyrls.NewServer(e, cfgs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nilCtx context.Context // a variable, not the literal, so that staticcheck (SA1012) keeps flagging real code
+	if _, err := srv.ShouldRateLimit(nilCtx, req); !strings.Contains(fmt.Sprint(err), engine.ErrNilContext.Error()) {
+		t.Errorf("nil context: %v, want an error naming engine.ErrNilContext", err)
 	}
 }
