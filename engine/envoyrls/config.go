@@ -112,8 +112,13 @@ const maxReplaces = 100_000
 // 100,000 levels and 15 GB of paths before the descriptor bound stops it.
 const maxPathBytes = 64 << 20
 
-// Domain returns the configuration's domain.
-func (c *Config) Domain() string { return c.domain }
+// Domain returns the configuration's domain ("" for a nil *Config).
+func (c *Config) Domain() string {
+	if c == nil {
+		return ""
+	}
+	return c.domain
+}
 
 // limit is a node's rate_limit.
 type limit struct {
@@ -188,9 +193,11 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	c := &Config{root: &node{}}
 	var descs *yaml.Node
+	domainAt := root // the line an empty domain is reported at: its own if given
 	err := eachField(root, func(k string, kn, v *yaml.Node) error {
 		switch k {
 		case "domain":
+			domainAt = kn
 			s, err := str(k, v)
 			c.domain = s
 			return err
@@ -204,7 +211,7 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, err
 	}
 	if c.domain == "" {
-		return nil, fieldErr(ErrEmptyDomain, root, "domain", "config file cannot have empty domain")
+		return nil, fieldErr(ErrEmptyDomain, domainAt, "domain", "config file cannot have empty domain")
 	}
 	c.tag = domainTag(c.domain)
 	if err := c.loadLevel(c.root, descs); err != nil {
@@ -343,13 +350,6 @@ func (c *Config) loadDescriptor(m *yaml.Node) (*node, *yaml.Node, error) {
 	if strings.Contains(n.value, "*") {
 		n.wildcard = strings.Split(n.value, "*")
 	}
-	if n.limit != nil {
-		for _, r := range n.limit.replaces {
-			if r == n.limit.name {
-				return nil, nil, fieldErr(ErrReplaces, m, "replaces", "replaces should not contain name of same descriptor")
-			}
-		}
-	}
 	return n, children, nil
 }
 
@@ -363,6 +363,7 @@ func (c *Config) loadLimit(m *yaml.Node) (*limit, error) {
 	l := &limit{}
 	var unit string
 	var unitNode *yaml.Node
+	var replNodes []*yaml.Node // each replaces entry, for its line
 	hasRequests := false
 	err := eachField(m, func(k string, kn, v *yaml.Node) error {
 		var err error
@@ -415,6 +416,7 @@ func (c *Config) loadLimit(m *yaml.Node) (*limit, error) {
 					return fieldErr(ErrReplaces, e, "replaces", "should not have an empty replaces entry")
 				}
 				l.replaces = append(l.replaces, name)
+				replNodes = append(replNodes, e)
 			}
 		default:
 			err = fieldErr(ErrUnknownField, kn, k, "not a field of rate_limit")
@@ -423,6 +425,11 @@ func (c *Config) loadLimit(m *yaml.Node) (*limit, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	for i, r := range l.replaces {
+		if r == l.name {
+			return nil, fieldErr(ErrReplaces, replNodes[i], "replaces", "replaces should not contain name of same descriptor")
+		}
 	}
 	u, ok := rlsv3.RateLimitResponse_RateLimit_Unit_value[strings.ToUpper(unit)]
 	valid := ok && Unit(u) != rlsv3.RateLimitResponse_RateLimit_UNKNOWN

@@ -49,7 +49,8 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"number as a field name", "domain: billing\ndescriptors:\n  - key: seat\n    2.5: team\n", envoyrls.ErrNonStringKey, 4, "2.5"},
 		{"descriptors of scalars", "domain: billing\ndescriptors:\n  - seat\n  - plan\n", envoyrls.ErrFieldType, 3, "descriptors"},
 		{"replaces its own name", "domain: billing\ndescriptors:\n  - key: seat\n    rate_limit:\n      name: seats\n      unit: hour\n      requests_per_unit: 9\n      replaces: [{name: seats}]\n",
-			envoyrls.ErrReplaces, 3, "replaces"},
+			envoyrls.ErrReplaces, 8, "replaces"}, // the entry's line, as for an empty one
+		{"empty domain after the descriptors", "descriptors: []\ndomain: \"\"\n", envoyrls.ErrEmptyDomain, 2, "domain"},
 		{"replaces naming nothing", "domain: billing\ndescriptors:\n  - key: seat\n    rate_limit:\n      name: seats\n      replaces:\n        - name:\n      unit: hour\n      requests_per_unit: 9\n",
 			envoyrls.ErrReplaces, 7, "replaces"},
 		{"unlimited with a unit", "domain: billing\ndescriptors:\n  - key: admin\n    rate_limit:\n      requests_per_unit: 9\n      unit: hour\n      unlimited: true\n",

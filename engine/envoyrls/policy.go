@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -34,7 +35,8 @@ const DefaultCapacity = math.MaxInt64
 // rate: never twice the limit across a window's boundary. An entry whose
 // key carries request values (an entry with no value, or a wildcard without
 // share_threshold, on its path) is a pattern override; every other entry is
-// an exact one. Keys are described on MaxKeyBytes.
+// an exact one. Keys are described on MaxKeyBytes. The order of configs
+// does not matter: listed in any order, they give the same policy.
 //
 // Errors: ErrNilConfig, ErrDuplicateDomain for two configurations of one
 // domain, ErrTooManyWildcardRules for more than policy.MaxPatterns pattern
@@ -51,6 +53,12 @@ func Policy(version int64, configs ...*Config) (policy.Policy, error) {
 			return policy.Policy{}, fmt.Errorf("%w: '%s' in configs[%d]", ErrDuplicateDomain, c.domain, i)
 		}
 		seen[c.domain] = true
+	}
+	// By domain, not in the order given: the same configurations give the
+	// same policy however they are listed, so NewServer, Reload and another
+	// replica's CheckPolicy find it equal to the admitter's.
+	sorted := slices.SortedFunc(slices.Values(configs), func(a, b *Config) int { return strings.Compare(a.domain, b.domain) })
+	for _, c := range sorted {
 		for _, n := range c.rules {
 			l := n.limit
 			if l.unlimited || l.requestsPerUnit == 0 {

@@ -61,6 +61,9 @@ type Peeker interface {
 
 // Server is the RLS v3 rate limit service on an admitter. It is safe for
 // concurrent use. Register it with rlsv3.RegisterRateLimitServiceServer.
+// Make it with NewServer: a zero Server or a nil *Server answers every call
+// with an error wrapping engine.ErrNotInitialized (ShouldRateLimit: gRPC
+// FailedPrecondition), never a panic. It must not be copied.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
@@ -136,6 +139,9 @@ func NewServer(a engine.Admitter, configs ...*Config) (*Server, error) {
 // the admitter's as it last saw it: a store meets another process's
 // cutover at its next call.
 func (s *Server) CheckPolicy() error {
+	if s.state() == nil {
+		return errZeroServer
+	}
 	if cur := s.a.Policy(); !samePolicy(cur, s.st.Load().want) {
 		return fmt.Errorf("%w: version %d, in force, is another configuration's", ErrPolicyMismatch, cur.Version)
 	}
@@ -160,6 +166,9 @@ func (s *Server) CheckPolicy() error {
 // ReplacePolicy or Peek, wrapped (engine.ErrStalePolicy if the version moved
 // on twice: call Reload again).
 func (s *Server) Reload(ctx context.Context, configs ...*Config) error {
+	if s.state() == nil {
+		return errZeroServer
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st, err := newState(configs)
@@ -198,6 +207,18 @@ func (s *Server) Reload(ctx context.Context, configs ...*Config) error {
 	return nil
 }
 
+// errZeroServer is the error of every method of a Server NewServer did not
+// make.
+var errZeroServer = fmt.Errorf("envoyrls: a zero or nil Server, not one NewServer made: %w", engine.ErrNotInitialized)
+
+// state is s's configurations, nil for a Server NewServer did not make.
+func (s *Server) state() *state {
+	if s == nil {
+		return nil
+	}
+	return s.st.Load()
+}
+
 // probeKey is a key no entry has (an entry's key has a "/" after the tag),
 // for a Peek that reads nothing but the policy.
 const probeKey = "{envoyrls}probe|"
@@ -232,7 +253,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if len(descs) == 0 {
 		return nil, status.Error(codes.InvalidArgument, ErrBadRequest.Error()+": rate limit descriptor list must not be empty")
 	}
-	cfg := s.st.Load().domains[req.GetDomain()]
+	st := s.state()
+	if st == nil {
+		return nil, status.Error(codes.FailedPrecondition, errZeroServer.Error())
+	}
+	cfg := st.domains[req.GetDomain()]
 	items := make([]item, len(descs))
 	var replacing map[string]bool // limit names replaced
 	var replaced map[*limit]bool  // entries whose replaces are in replacing
@@ -504,7 +529,7 @@ func answerErr(ctx context.Context, d engine.Decision, err error, key string) er
 func rpcErr(ctx context.Context, err error, key string) error {
 	code := codes.Unavailable
 	switch {
-	case ctx.Err() != nil:
+	case ctx != nil && ctx.Err() != nil:
 		code = status.FromContextError(ctx.Err()).Code()
 	case errors.Is(err, engine.ErrKeyCapacity):
 		code = codes.ResourceExhausted
