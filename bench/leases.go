@@ -291,7 +291,10 @@ func leases(out io.Writer, cfg config) (err error) {
 				leasedP50[p], leasedP99[p] = p50, p99
 			}
 			if r.kind != kindEngine {
-				ratio = fmt.Sprintf("%.2fx", p50/enginesP50[p])
+				ratio = "?" // a cell that made no decision has no p50
+				if v := ratioOf(p50, enginesP50[p]); !math.IsNaN(v) {
+					ratio = fmt.Sprintf("%.2fx", v)
+				}
 			}
 			lt.AppendRow(table.Row{p, r.name, grouped(median(w.rate)), micros(p50), micros(p99), micros(median(w.p999)),
 				localShare(r.kind, w), fmt.Sprintf("%.1f", float64(w.mallocs)/float64(max(w.decisions, 1))), ratio})
@@ -347,34 +350,71 @@ func leases(out io.Writer, cfg config) (err error) {
 	}
 	tt.Render()
 
-	gt := table.NewWriter()
-	gt.SetOutputMirror(out)
-	gt.SetTitle("goals of leases")
-	gt.AppendHeader(table.Row{"goal", "measured", "met"})
-	met := func(ok bool) string { return map[bool]string{true: "yes", false: "NO"}[ok] }
-	// atLeast is met for a ratio v that is known: a cell that made no
-	// decision has none (NaN), and meets no goal.
-	atLeast := func(v, goal float64) string {
-		if math.IsNaN(v) {
-			return "? (no measurement)"
-		}
-		return met(v >= goal)
-	}
-	for _, p := range leaseLatencyProcs {
-		r := leasedP50[p] / enginesP50[p]
-		gt.AppendRow(table.Row{fmt.Sprintf("p50 with leases <= 2x the engine's, %s x 1 goroutine", procsWord(p)), fmt.Sprintf("%.2fx", r), met(r <= 2)})
-	}
-	for _, p := range leaseLatencyProcs {
-		gt.AppendRow(table.Row{fmt.Sprintf("p99 with leases < 50 µs, %s x 1 goroutine", procsWord(p)), micros(leasedP99[p]), met(leasedP99[p] < 50e3)})
-	}
-	gt.AppendRow(table.Row{fmt.Sprintf("decisions/s with leases >= 20x redis_rate's, %dx%d", leaseProcs, leaseGoroutines), fmt.Sprintf("%.1fx", vsRate[kindRedisRate]), atLeast(vsRate[kindRedisRate], 20)})
-	gt.AppendRow(table.Row{fmt.Sprintf("decisions/s with leases >= 10x without, %dx%d", leaseProcs, leaseGoroutines), fmt.Sprintf("%.1fx", vsRate[kindStore]), atLeast(vsRate[kindStore], 10)})
-	gt.AppendRow(table.Row{"Redis CPU per admitted decision with leases <= 1/20 of without", oneIn(vsCPU[kindStore]), atLeast(vsCPU[kindStore], 20)})
-	gt.Render()
+	leaseGoalsTable(out, leaseGoals(enginesP50, leasedP50, leasedP99, vsRate, vsCPU))
 	for _, w := range warnings {
 		fmt.Fprintln(out, "leases: WARNING:", w)
 	}
 	return nil
+}
+
+// leaseGoals are the goals of leases over what the tables measured: the
+// engine's and the leased store's p50 and the leased store's p99 by number
+// of processes (0 for a cell that made no decision), and the leased
+// store's ratios to each contender, decisions/s and Redis CPU (NaN where a
+// cell made no decision or had no Redis CPU read).
+func leaseGoals(enginesP50, leasedP50, leasedP99 map[int]float64, vsRate, vsCPU map[string]float64) []leaseGoal {
+	var goals []leaseGoal
+	for _, p := range leaseLatencyProcs {
+		goals = append(goals, leaseGoal{fmt.Sprintf("p50 with leases <= 2x the engine's, %s x 1 goroutine", procsWord(p)),
+			ratioOf(leasedP50[p], enginesP50[p]), func(v float64) string { return fmt.Sprintf("%.2fx", v) }, func(v float64) bool { return v <= 2 }})
+	}
+	for _, p := range leaseLatencyProcs {
+		goals = append(goals, leaseGoal{fmt.Sprintf("p99 with leases < 50 µs, %s x 1 goroutine", procsWord(p)),
+			ratioOf(leasedP99[p], 1), micros, func(v float64) bool { return v < 50e3 }}) // NaN: the cell made no decision
+	}
+	fold := func(v float64) string { return fmt.Sprintf("%.1fx", v) }
+	atLeast := func(goal float64) func(float64) bool { return func(v float64) bool { return v >= goal } }
+	goals = append(goals,
+		leaseGoal{fmt.Sprintf("decisions/s with leases >= 20x redis_rate's, %dx%d", leaseProcs, leaseGoroutines), vsRate[kindRedisRate], fold, atLeast(20)},
+		leaseGoal{fmt.Sprintf("decisions/s with leases >= 10x without, %dx%d", leaseProcs, leaseGoroutines), vsRate[kindStore], fold, atLeast(10)},
+		leaseGoal{"Redis CPU per admitted decision with leases <= 1/20 of without", vsCPU[kindStore], oneIn, atLeast(20)})
+	return goals
+}
+
+// leaseGoal is one row of the goals of leases: the goal, the value
+// measured, how it prints and whether it meets the goal.
+type leaseGoal struct {
+	name string
+	v    float64 // NaN or infinite: nothing was measured (see ratioOf)
+	show func(float64) string
+	met  func(float64) bool
+}
+
+// leaseGoalsTable prints whether each goal was met. A value that is NaN or
+// infinite, a ratio over a cell that made no decision or had no Redis CPU
+// read, prints "?" and meets no goal.
+func leaseGoalsTable(out io.Writer, goals []leaseGoal) {
+	gt := table.NewWriter()
+	gt.SetOutputMirror(out)
+	gt.SetTitle("goals of leases")
+	gt.AppendHeader(table.Row{"goal", "measured", "met"})
+	for _, g := range goals {
+		shown, met := "?", "? (no measurement)"
+		if !math.IsNaN(g.v) && !math.IsInf(g.v, 0) {
+			shown, met = g.show(g.v), map[bool]string{true: "yes", false: "NO"}[g.met(g.v)]
+		}
+		gt.AppendRow(table.Row{g.name, shown, met})
+	}
+	gt.Render()
+}
+
+// ratioOf is a / b for figures measured as positive, NaN if either is
+// not: a latency of 0 is a cell that made no decision.
+func ratioOf(a, b float64) float64 {
+	if !(a > 0 && b > 0) {
+		return math.NaN()
+	}
+	return a / b
 }
 
 // procsWord is n processes in words: "1 process", "4 processes".

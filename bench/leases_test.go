@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -132,3 +133,56 @@ func TestLeaseRoundsNoDecision(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseGoalsNoMeasurement: a goal over a figure nothing measured (a
+// latency cell that made no decision reads 0; a ratio over a throughput
+// cell with no decision, or no Redis CPU read, is NaN; a ratio over a zero
+// is infinite) prints "?" and is not met, where a p99 of 0 read "yes";
+// measured figures are judged as before.
+func TestLeaseGoalsNoMeasurement(t *testing.T) {
+	render := func(g []leaseGoal) []string {
+		var out bytes.Buffer
+		leaseGoalsTable(&out, g)
+		rows := tableRows(out.String(), 3, 3)
+		if len(rows) != 2*len(leaseLatencyProcs)+3 {
+			t.Fatalf("%d goal rows, want %d:\n%s", len(rows), 2*len(leaseLatencyProcs)+3, out.String())
+		}
+		return rows
+	}
+	none := map[int]float64{}
+	engines := map[int]float64{}
+	for _, p := range leaseLatencyProcs {
+		engines[p] = 10e3
+	}
+	for _, c := range []struct {
+		name                 string
+		engines, leased, p99 map[int]float64
+		vsRate, vsCPU        map[string]float64
+	}{
+		{"no decision anywhere", none, none, none, map[string]float64{kindRedisRate: math.NaN(), kindStore: math.NaN()}, map[string]float64{kindStore: math.NaN()}},
+		{"no engine decision, ratios over zero", none, engines, none, map[string]float64{kindRedisRate: math.Inf(1), kindStore: 1 / zero()}, map[string]float64{kindStore: math.Inf(-1)}},
+	} {
+		for _, r := range render(leaseGoals(c.engines, c.leased, c.p99, c.vsRate, c.vsCPU)) {
+			if !strings.HasSuffix(r, "/?/? (no measurement)") {
+				t.Errorf("%s: goal row %q, want measured ? and met ? (no measurement)", c.name, r)
+			}
+		}
+	}
+	leased := map[int]float64{}
+	for _, p := range leaseLatencyProcs {
+		leased[p] = 15e3
+	}
+	rows := render(leaseGoals(engines, leased, leased, map[string]float64{kindRedisRate: 30, kindStore: 5}, map[string]float64{kindStore: 25}))
+	var verdicts []string
+	for _, r := range rows {
+		verdicts = append(verdicts, r[strings.LastIndex(r, "/")+1:])
+	}
+	want := slices.Repeat([]string{"yes"}, 2*len(leaseLatencyProcs))
+	want = append(want, "yes", "NO", "yes")
+	if !slices.Equal(verdicts, want) {
+		t.Errorf("verdicts %q, want %q:\n%s", verdicts, want, strings.Join(rows, "\n"))
+	}
+}
+
+// zero is 0, out of the compiler's sight.
+func zero() float64 { return 0 }

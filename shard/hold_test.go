@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"testing"
+	"testing/synctest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -389,4 +390,30 @@ func TestRunStopAnswersWorkTakenBehindAHold(t *testing.T) {
 	require.NoError(t, r.Err, "taken before Close: it gets the shard's answer")
 	assert.False(t, r.Decision.Allowed, "decided after the commit took 4 of a's 10")
 	assert.Equal(t, int64(6), r.Decision.Remaining)
+}
+
+// TestPreparedPublishesAtBarrier: a prepare that gives a hold up counts it
+// in HoldsAborted, and the prepared shard publishes that count before it
+// waits at the cutover's barrier, where it may wait long (another shard's
+// prepare is slow), serving nothing that would publish it. Here nothing
+// publishes or aborts the cutover: the shard stays at the barrier.
+func TestPreparedPublishesAtBarrier(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := startLoop(p1, zeroClock(64), NewBudget(10))
+		defer l.close()
+
+		pending := holdPart(false, "a")
+		sendHold(t, l, pending)
+		synctest.Wait() // the shard parked, and published
+		require.Equal(t, uint64(1), l.s.Counters()[msg.Holds])
+		require.Zero(t, l.s.Counters()[msg.HoldsAborted])
+
+		next := p1
+		next.Version = 2
+		require.NoError(t, l.mb.Prepare(context.Background(), &msg.Prepare{Next: next, Done: make(chan error, 1)}))
+		assert.False(t, pending.Hold.Claim(), "the prepare gave the hold up")
+		synctest.Wait() // the shard waits at the barrier
+		assert.Equal(t, uint64(1), l.s.Counters()[msg.HoldsAborted], "published before the barrier")
+		require.True(t, l.mb.Abort())
+	})
 }

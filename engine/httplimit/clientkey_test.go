@@ -223,10 +223,12 @@ func TestClientKeyBehindProxy(t *testing.T) {
 	assert.Equal(t, int64(1), remaining(t, e, "GET /search 2001:db8:9::/64"))
 	assert.Equal(t, 3, e.KeyCount())
 
-	// No address in RemoteAddr: the function is not called, and it is a 500.
+	// No address in RemoteAddr: the function is called with client "" and
+	// decides; this one keys by the route alone.
 	seen = nil
-	assert.Equal(t, http.StatusInternalServerError, send(h, "@", "/search"))
-	assert.Empty(t, seen)
+	assert.Equal(t, http.StatusOK, send(h, "@", "/search"))
+	assert.Equal(t, []string{""}, seen)
+	assert.Equal(t, int64(1), remaining(t, e, "GET /search "))
 }
 
 // WithKey sees only the request, so the proxies and the grouping, which

@@ -29,7 +29,10 @@
 // path of the client's socket, which the client names, and may read as an
 // address ("203.0.113.7:1"): where untrusted local processes can reach the
 // socket, key by something else (WithKey), or have a middleware before this
-// one set RemoteAddr from what your proxy reports. Forwarded headers are
+// one set RemoteAddr from what your proxy reports. A request whose
+// RemoteAddr holds no address has no default key, and is answered with 500
+// (ErrNoClientIP); a WithClientKey or WithKeys function is given client ""
+// for it, and decides. Forwarded headers are
 // ignored unless WithTrustedProxies names the proxies in front of the server
 // and the header they write (X-Forwarded-For or RFC 7239 Forwarded; with no
 // prefixes it trusts nothing, as if not given); then the client is the
@@ -174,9 +177,10 @@
 //   - Cost above the key's capacity (engine.ErrInvalidCost): 413 Content Too
 //     Large, without Retry-After, since waiting can never admit it. Under
 //     WithKeys, a key's costs added up.
-//   - No key (the key function failed, ClientIP found no address, or the
-//     key is one the engine rejects as blank or too long) or a cost below 1:
-//     500 Internal Server Error, with a plain-text body saying the server
+//   - No key (the key function failed, ClientIP found no address for the
+//     default key, or the key is one the engine rejects as blank or too
+//     long) or a cost below 1: 500 Internal Server Error, with a
+//     plain-text body saying the server
 //     could not derive a rate-limit key (or cost). Under WithKeys, so are
 //     a KeysFunc error and no requests or more than engine.MaxAllowAll
 //     (engine.ErrAllowAllSize). These are the server's configuration

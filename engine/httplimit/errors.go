@@ -10,7 +10,9 @@ var (
 	ErrInvalidOption = errors.New("httplimit: invalid option")
 	// ErrNoClientIP: the request's RemoteAddr holds no IP address (a Unix
 	// socket listener, or a handler that rewrote it). Returned by ClientIP,
-	// and so by the default key function, which answers 500.
+	// and so by the default key function, which answers 500. A WithClientKey
+	// or WithKeys function is called with client "" instead, and may return
+	// it to answer the request so.
 	ErrNoClientIP = errors.New("httplimit: no client IP in request")
 	// ErrKeyFunc: the WithKey, WithClientKey or WithKeys function returned
 	// an error, which the error given to WithOnError wraps too. Answered

@@ -155,10 +155,7 @@ func New(e engine.Admitter, opts ...Option) (*Middleware, error) {
 		}
 	case g != nil:
 		m.key = func(r *http.Request) (string, error) {
-			client, err := m.client(r)
-			if err != nil {
-				return "", err
-			}
+			client, _ := m.client(r) // "" with ErrNoClientIP, its only error: g decides (see WithClientKey)
 			key, err := g(r, client)
 			if err != nil {
 				return "", keyFuncErr(r, err)
@@ -249,10 +246,7 @@ func (m *Middleware) decide(r *http.Request) (take, engine.Decision, error) {
 		d, err := m.engine.Allow(r.Context(), key, cost)
 		return take{binding: key, key: key, cost: cost}, d, err
 	}
-	client, err := m.client(r)
-	if err != nil {
-		return take{}, engine.Decision{}, err
-	}
+	client, _ := m.client(r) // "" with ErrNoClientIP, its only error: the function decides (see WithKeys)
 	reqs, err := m.keys(r, client)
 	if err != nil {
 		return take{}, engine.Decision{}, keyFuncErr(r, err)

@@ -17,15 +17,17 @@ type KeyFunc func(r *http.Request) (string, error)
 // ClientKeyFunc derives a request's rate-limit key from the request and its
 // client (see WithClientKey). client is the default key: ClientKey of the
 // address ClientIP finds, after WithTrustedProxies, grouped by
-// WithIPv6Prefix ("203.0.113.7", "2001:db8:1:2::/64"). Errors and rejected
-// keys are answered with 500, as for a KeyFunc.
+// WithIPv6Prefix ("203.0.113.7", "2001:db8:1:2::/64"), or "" when the
+// request has no client address (ErrNoClientIP: RemoteAddr holds none, as
+// over a Unix socket). Errors and rejected keys are answered with 500, as
+// for a KeyFunc.
 type ClientKeyFunc func(r *http.Request, client string) (string, error)
 
 // KeysFunc derives the requests one HTTP request is limited by (see
 // WithKeys): a key and a cost each, decided together, all or nothing.
 // client is the default key, as a ClientKeyFunc is given it: ClientKey of
 // the address ClientIP finds, after WithTrustedProxies, grouped by
-// WithIPv6Prefix. An error, no requests or more than engine.MaxAllowAll, a
+// WithIPv6Prefix, or "" when the request has none. An error, no requests or more than engine.MaxAllowAll, a
 // key the engine rejects or a cost below 1 is the server's failure,
 // answered with 500; a key whose costs add up above its capacity can never
 // be admitted, and is answered with 413. The middleware keeps the slice
@@ -98,10 +100,14 @@ func WithKey(f KeyFunc) Option {
 //	})
 //
 // r.Pattern is empty when the middleware wraps the whole mux; there,
-// `_, pattern := mux.Handler(r)` finds the pattern the mux would route to. When
-// the client address cannot be found (ErrNoClientIP), f is not called and
-// the request is answered with 500. WithKey and WithClientKey exclude each
-// other.
+// `_, pattern := mux.Handler(r)` finds the pattern the mux would route to.
+// Unlike the default key, which answers 500 when the request has no client
+// address (ErrNoClientIP: RemoteAddr holds none, as over a Unix socket), f
+// is then called with client "", as grpclimit's WithKey is for a peer
+// without an IP address: it may key such a request by something else (an
+// API token), or return ErrNoClientIP (or any error) to answer it with 500.
+// A key that only adds "" to a fixed text puts every such request in one
+// bucket. WithKey and WithClientKey exclude each other.
 func WithClientKey(f ClientKeyFunc) Option {
 	return func(c *config) error {
 		if f == nil {
@@ -133,9 +139,11 @@ func WithClientKey(f ClientKeyFunc) Option {
 // the fewest tokens left; its limit and band are written as they would be
 // for that key alone. Give the limits of the keys overrides with a Name
 // ("login:*" named "login") so that a client can tell which quota bound.
-// When the client address cannot be found (ErrNoClientIP), f is not called
-// and the request is answered with 500. WithKeys excludes WithKey,
-// WithClientKey and WithCost, which it replaces.
+// When the request has no client address (ErrNoClientIP), f is called with
+// client "", as a WithClientKey function is: it may key the request by
+// something else, or return an error to answer it with 500 (a request
+// {Key: client} alone is a blank key, answered with 500 too). WithKeys
+// excludes WithKey, WithClientKey and WithCost, which it replaces.
 //
 // On a store whose AllowAll takes only keys that share a shard (the Redis
 // store on Redis Cluster, whose redisstore.ErrCrossShard is answered with

@@ -85,13 +85,14 @@ func TestWithKeysClientBehindProxy(t *testing.T) {
 	assert.Equal(t, int64(4), remaining(t, e, "2001:db8:1:2::/64"))
 }
 
-// Under WithKeys, a request whose client cannot be found is answered with
-// 500 without calling the function, as under WithClientKey.
+// Under WithKeys, the function is called for a request whose client
+// cannot be found, with client "", as under WithClientKey: it decides the
+// request's keys (here none, answered with 500).
 func TestWithKeysNoClientIP(t *testing.T) {
 	e, _ := newEngine(t, engine.Config{Policy: pol(5, 1)})
-	called := false
-	mw, err := httplimit.New(e, httplimit.WithKeys(func(*http.Request, string) ([]engine.Request, error) {
-		called = true
+	var clients []string
+	mw, err := httplimit.New(e, httplimit.WithKeys(func(_ *http.Request, client string) ([]engine.Request, error) {
+		clients = append(clients, client)
 		return nil, nil
 	}))
 	require.NoError(t, err)
@@ -100,7 +101,7 @@ func TestWithKeysNoClientIP(t *testing.T) {
 	rec := httptest.NewRecorder()
 	mw.Handler(ok).ServeHTTP(rec, r)
 	assert.Equal(t, http.StatusInternalServerError, rec.Code)
-	assert.False(t, called)
+	assert.Equal(t, []string{""}, clients)
 }
 
 // errorCase is one request the middleware cannot answer with a decision.
@@ -150,7 +151,15 @@ func errorCases() []errorCase {
 		{"WithClientKey fails", nil, []httplimit.Option{httplimit.WithClientKey(func(*http.Request, string) (string, error) { return "", failing })}, nil, 500, []error{httplimit.ErrKeyFunc, failing}},
 		{"WithKeys fails", nil, []httplimit.Option{keysFail}, nil, 500, []error{httplimit.ErrKeyFunc, failing}},
 		{"no client IP", nil, nil, noIP, 500, []error{httplimit.ErrNoClientIP}},
-		{"no client IP, WithKeys", nil, []httplimit.Option{keys(engine.Request{Key: "a", Cost: 1})}, noIP, 500, []error{httplimit.ErrNoClientIP}},
+		{"no client IP, WithKeys refuses it", nil, []httplimit.Option{httplimit.WithKeys(func(_ *http.Request, client string) ([]engine.Request, error) {
+			if client == "" {
+				return nil, httplimit.ErrNoClientIP
+			}
+			return []engine.Request{{Key: client, Cost: 1}}, nil
+		})}, noIP, 500, []error{httplimit.ErrKeyFunc, httplimit.ErrNoClientIP}},
+		{"no client IP, WithKeys keys by it", nil, []httplimit.Option{httplimit.WithKeys(func(_ *http.Request, client string) ([]engine.Request, error) {
+			return []engine.Request{{Key: client, Cost: 1}}, nil
+		})}, noIP, 500, []error{engine.ErrInvalidKey}},
 		{"blank key", nil, []httplimit.Option{httplimit.WithKey(func(*http.Request) (string, error) { return "", nil })}, nil, 500, []error{engine.ErrInvalidKey}},
 		{"cost below 1", nil, []httplimit.Option{httplimit.WithCost(func(*http.Request) int64 { return 0 })}, nil, 500, []error{httplimit.ErrCostBelowOne}},
 		{"cost below 1, WithKeys", nil, []httplimit.Option{keys(engine.Request{Key: "a", Cost: 0})}, nil, 500, []error{httplimit.ErrCostBelowOne, engine.ErrInvalidCost}},

@@ -693,14 +693,31 @@ func TestClusterShardBehindIsRaised(t *testing.T) {
 }
 
 // A prefix may hold braces, but for a first "{" closed at once (New
-// refuses that one): a tag in the prefix puts every key in its slot, and
-// a "{" left open, or a stray "}", leaves the store's own tags to place
-// the keys. Each works on a cluster as on one server.
+// refuses that one): a tag in the prefix puts every key in its slot (one
+// master), while a "{" left open, or a stray "}", leaves the store's own
+// tags to place the shards, evenly over the masters as for a plain prefix.
+// Each works on a cluster as on one server.
 func TestClusterPrefixWithBraces(t *testing.T) {
 	ctx := context.Background()
 	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
-	for _, tail := range []string{"app{t}:", "a{b:", "}{:", "{"} {
-		s := newStore(t, redisstore.Config{Client: clusterClient(t, redistest.ClusterAddrs(t)), Prefix: prefix(t) + tail, Policy: pol}, clock.NewManual(0))
+	cc := clusterClient(t, redistest.ClusterAddrs(t))
+	owner := slotOwners(t, cc)
+	for _, tail := range []string{"app{t}:", "a{b:", "}{:", "{", "a}b:"} {
+		p := prefix(t) + tail
+		s := newStore(t, redisstore.Config{Client: clusterClient(t, redistest.ClusterAddrs(t)), Prefix: p, Policy: pol}, clock.NewManual(0))
+		per := map[string]int{}
+		policies, _, _ := redisstore.ShardStateKeys(p)
+		for _, k := range policies {
+			per[owner(k)]++
+		}
+		if tail == "app{t}:" {
+			require.Len(t, per, 1, "prefix tail %q: every shard in the prefix tag's slot", tail)
+		} else {
+			require.Len(t, per, redistest.ClusterMasters, "prefix tail %q: %v", tail, per)
+			for m, n := range per {
+				require.GreaterOrEqual(t, n, redisstore.DefaultVirtualShards/redistest.ClusterMasters, "prefix tail %q: master %s holds %d of %d shards", tail, m, n, redisstore.DefaultVirtualShards)
+			}
+		}
 		for i, want := range []bool{true, true, true, false} {
 			d, err := s.Allow(ctx, "k", 1)
 			require.NoError(t, err, "prefix tail %q", tail)

@@ -198,9 +198,12 @@
 // cluster) by trying keys against a known hash. A shard's keys share its
 // own tag, chosen so that the shards' hash slots spread evenly over the
 // 16384 (and so over the masters of a cluster whose slots are split
-// evenly): "p" (its copy of the version in force, and of the key map),
-// "h" (its copy of the history, with the cutover instants the script
-// replays), "n" (its pending flag) and "k:" + key for each bucket. On a
+// evenly; for a prefix that leaves a "{" open, Redis hashes the prefix's
+// text after it with each tag, and the tags are chosen for that text; a
+// prefix holding a closed tag puts every key in that tag's slot): "p"
+// (its copy of the version in force, and of the key map), "h" (its copy
+// of the history, with the cutover instants the script replays), "n" (its
+// pending flag) and "k:" + key for each bucket. On a
 // cluster one script call touches one shard's keys, so one hash slot; on
 // one server a call may hold buckets of any shards, and reads shard 0's
 // copy of the policy state (every copy moves in the same pipelines).

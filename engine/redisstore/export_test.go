@@ -232,6 +232,16 @@ var FillsNoSlower = fillsNoSlower
 // server, for the tests' hooks.
 func Sleep(ctx context.Context, d time.Duration) error { return sleep(ctx, d) }
 
+// LeaseKeys reports, once s is closed (its lease shards have ended), how
+// many keys its lease shards still keep an entry for.
+func LeaseKeys(s *Store) int {
+	n := 0
+	for _, q := range s.lease.shards {
+		n += len(q.keys)
+	}
+	return n
+}
+
 // LeaseDebts reports, once s is closed (its lease shards and fetchers have
 // ended), what they still count: posts owed, posts left unread, and over
 // every key the tokens held, out at Redis and on their way back.

@@ -145,14 +145,15 @@ func crc16(s string) uint16 {
 // more spread evenly enough by hashing alone.
 const evenTags = 64
 
-// shardTags returns the hash tags of n virtual shards. For n up to
-// evenTags, shard i's tag is the first "i-j" (j = 0, 1, ...) whose slot lies
-// in a window around the middle of the i-th of n equal ranges of the slots:
-// a cluster created with redis-cli gives each master an equal run of
-// slots, so the shards spread evenly over the masters. Above, shard i's tag
-// is "i": that many slots hashed at random spread evenly enough. Every
-// process computes the same tags.
-func shardTags(n int) []string {
+// shardTags returns the hash tags of n virtual shards whose keys Redis
+// Cluster hashes by lead + tag (see openLead). For n up to evenTags, shard
+// i's tag is the first "i-j" (j = 0, 1, ...) that puts lead + tag's slot in
+// a window around the middle of the i-th of n equal ranges of the slots: a
+// cluster created with redis-cli gives each master an equal run of slots,
+// so the shards spread evenly over the masters. Above, shard i's tag is
+// "i": that many slots hashed at random spread evenly enough. Every process
+// computes the same tags.
+func shardTags(lead string, n int) []string {
 	tags := make([]string, n)
 	w := slots / n / 4
 	for i := range n {
@@ -163,13 +164,29 @@ func shardTags(n int) []string {
 		lo := (2*i+1)*slots/(2*n) - w/2
 		for j := 0; ; j++ {
 			t := strconv.Itoa(i) + "-" + strconv.Itoa(j)
-			if sl := int(crc16(t) % slots); sl >= lo && sl < lo+w {
+			if sl := int(crc16(lead+t) % slots); sl >= lo && sl < lo+w {
 				tags[i] = t
 				break
 			}
 		}
 	}
 	return tags
+}
+
+// openLead is what Redis Cluster hashes ahead of a shard's tag in the keys
+// Prefix + "{" + tag + "}" + name: nothing for a prefix with no "{"; for a
+// prefix whose first "{" is left open (no "}" after it), the text after
+// that "{", then the "{" the store adds, for the first "}" closes both. A
+// prefix that closes a tag of its own ("app{t}:") puts every key in that
+// tag's slot, and one whose first "{" is closed at once hashes each key
+// whole (New refuses it): no choice of the shards' tags places those, and
+// openLead returns "" for them.
+func openLead(prefix string) string {
+	_, rest, ok := strings.Cut(prefix, "{")
+	if !ok || strings.Contains(rest, "}") {
+		return ""
+	}
+	return rest + "{"
 }
 
 // globalTag is the hash tag of a prefix's global keys (policy, history,
@@ -190,7 +207,7 @@ func (s *Store) globals() {
 
 // layout sets the key names of n virtual shards.
 func (s *Store) layout(n int) {
-	tags := shardTags(n)
+	tags := shardTags(openLead(s.prefix), n)
 	s.shards = make([]shardKeys, n)
 	s.shardByTag = make(map[string]int, n)
 	for i, t := range tags {

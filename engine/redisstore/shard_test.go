@@ -34,7 +34,7 @@ func TestHashTag(t *testing.T) {
 // no brace.
 func TestShardTagsSpread(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 16, 64, 65, MaxVirtualShards} {
-		tags := shardTags(n)
+		tags := shardTags("", n)
 		seen := map[string]bool{}
 		for i, tg := range tags {
 			if seen[tg] {
@@ -53,7 +53,7 @@ func TestShardTagsSpread(t *testing.T) {
 	}
 	// three equal runs of slots, as redis-cli --cluster create makes
 	per := [3]int{}
-	for _, tg := range shardTags(DefaultVirtualShards) {
+	for _, tg := range shardTags("", DefaultVirtualShards) {
 		per[int(crc16(tg)%slots)*3/slots]++
 	}
 	for m, c := range per {
@@ -85,6 +85,44 @@ func TestBucketKeyRoundTrip(t *testing.T) {
 	for _, k := range []string{s.kPolicy, s.shards[0].policy, s.shards[3].pending, "p{x:" + "{nope}k:a"} {
 		if _, ok := s.bucketKeyOf(k); ok {
 			t.Errorf("bucketKeyOf(%q) took a key that is not a bucket", k)
+		}
+	}
+}
+
+// TestLayoutSpreadAnyPrefix: whatever braces the prefix holds, the slot
+// Redis Cluster gives a shard's keys is in the shard's range (as
+// TestShardTagsSpread for a plain prefix), and all of one shard's keys
+// share it. A "{" the prefix leaves open makes Redis hash the text after
+// it with each tag; the tags must be chosen for that text. A tag closed in
+// the prefix puts every key in that tag's slot.
+func TestLayoutSpreadAnyPrefix(t *testing.T) {
+	slotOf := func(k string) int { return int(crc16(hashTag(k)) % slots) }
+	for _, p := range []string{DefaultPrefix, "a{b:", "{", "}{:", "x{y{z", "a}b{", "{\xff\x00*"} {
+		for _, n := range []int{1, 3, 16, evenTags} {
+			s := &Store{prefix: p}
+			s.kmap.Store(&keyMap{})
+			s.globals()
+			s.layout(n)
+			for i, k := range s.shards {
+				sl := slotOf(k.policy)
+				if sl < i*slots/n || sl >= (i+1)*slots/n {
+					t.Fatalf("prefix %q, n=%d: shard %d's slot %d is outside [%d, %d)", p, n, i, sl, i*slots/n, (i+1)*slots/n)
+				}
+				for _, o := range []string{k.history, k.pending, k.bucket + "key", k.bucket + "{key}"} {
+					if slotOf(o) != sl {
+						t.Fatalf("prefix %q, n=%d: shard %d's key %q is in slot %d, its policy in %d", p, n, i, o, slotOf(o), sl)
+					}
+				}
+			}
+		}
+	}
+	s := &Store{prefix: "app{t}:"}
+	s.globals()
+	s.layout(DefaultVirtualShards)
+	want := int(crc16("t") % slots)
+	for _, k := range append([]string{s.kPolicy, s.kLock}, s.shards[0].policy, s.shards[9].bucket+"key") {
+		if slotOf(k) != want {
+			t.Errorf("prefix app{t}: key %q is in slot %d, not the prefix tag's %d", k, slotOf(k), want)
 		}
 	}
 }

@@ -69,7 +69,11 @@ type Config struct {
 	// It may hold any bytes: it need not be UTF-8, and a NUL or a glob
 	// character is matched literally when the store scans its buckets. But
 	// its first "{", if it has one, may not be followed at once by "}":
-	// Redis Cluster would hash each key whole, so New refuses it.
+	// Redis Cluster would hash each key whole, so New refuses it. A "{"
+	// left open ("app{") or a stray "}" is fine: the virtual shards still
+	// spread evenly over a cluster's masters. A tag the prefix closes
+	// ("{app}:") is Redis Cluster's hash tag for every key the store
+	// writes, so one master holds the whole prefix.
 	// Stores that share a prefix share their buckets and their policy; no
 	// prefix may begin with another store's: the longer one's keys may
 	// read as the shorter one's buckets (in its KeyCount, and its passes).
