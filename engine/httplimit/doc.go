@@ -32,18 +32,18 @@
 // one set RemoteAddr from what your proxy reports. A request whose
 // RemoteAddr holds no address has no default key, and is answered with 500
 // (ErrNoClientIP); a WithClientKey or WithKeys function is given client ""
-// for it, and decides. Forwarded headers are
-// ignored unless WithTrustedProxies names the proxies in front of the server
-// and the header they write (X-Forwarded-For or RFC 7239 Forwarded; with no
-// prefixes it trusts nothing, as if not given); then the client is the
-// right-most address in that header that is not a trusted proxy, and only
-// when the direct peer is one. Trusting a header by default would let each
-// client pick its own key and never be limited. The header is parsed from
-// the right, entry by entry, and read no further left than the first entry
-// that is not an address or does not parse (an unbalanced quote, an
-// incomplete escape): no text a client sends can change how the entries its
-// proxies append read, and the key is then the last address a trusted proxy
-// wrote (ClientIP).
+// for it, and decides. Forwarded headers are ignored unless
+// WithTrustedProxies names the proxies in front of the server and the header
+// they write (X-Forwarded-For or RFC 7239 Forwarded; with no prefixes it
+// trusts nothing, as if not given); then the client is the right-most
+// address in that header that is not a trusted proxy, and only when the
+// direct peer is one. Trusting a header by default would let each client
+// pick its own key and never be limited. The header is parsed from the
+// right, entry by entry, and read no further left than the first entry that
+// is not an address or does not parse (an unbalanced quote, an incomplete
+// escape): no text a client sends can change how the entries its proxies
+// append read, and the key is then the last address a trusted proxy wrote
+// (ClientIP).
 //
 // WithClientKey derives the key from the request and that grouped client,
 // after the proxies: a per-route limit is the route and the client

@@ -24,14 +24,14 @@ type KeyFunc func(r *http.Request) (string, error)
 type ClientKeyFunc func(r *http.Request, client string) (string, error)
 
 // KeysFunc derives the requests one HTTP request is limited by (see
-// WithKeys): a key and a cost each, decided together, all or nothing.
-// client is the default key, as a ClientKeyFunc is given it: ClientKey of
-// the address ClientIP finds, after WithTrustedProxies, grouped by
-// WithIPv6Prefix, or "" when the request has none. An error, no requests or more than engine.MaxAllowAll, a
-// key the engine rejects or a cost below 1 is the server's failure,
-// answered with 500; a key whose costs add up above its capacity can never
-// be admitted, and is answered with 413. The middleware keeps the slice
-// for Settle: f must not change it once returned.
+// WithKeys): a key and a cost each, decided together, all or nothing. client
+// is the default key, as a ClientKeyFunc is given it: ClientKey of the
+// address ClientIP finds, after WithTrustedProxies, grouped by
+// WithIPv6Prefix, or "" when the request has none. An error, no requests or
+// more than engine.MaxAllowAll, a key the engine rejects or a cost below 1
+// is the server's failure, answered with 500; a key whose costs add up above
+// its capacity can never be admitted, and is answered with 413. The
+// middleware keeps the slice for Settle: f must not change it once returned.
 type KeysFunc func(r *http.Request, client string) ([]engine.Request, error)
 
 // ErrorFunc observes a request the middleware answered with an error status
