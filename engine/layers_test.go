@@ -2,7 +2,11 @@ package engine_test
 
 import (
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -154,5 +158,86 @@ func TestRootModuleIsLight(t *testing.T) {
 				t.Errorf("a package of the root module depends on module %s", m)
 			}
 		}
+	}
+}
+
+// TestShardExportsOnlyWhatEngineUses holds the wall around package shard:
+// it is internal to tokenshard, so every name it exports (a top-level
+// name, a method, a field of an exported struct) is one that package
+// engine, its code or its tests, selects or sets by name. A name only
+// shard itself uses belongs unexported, where go doc does not show it.
+// Names are matched by identifier, not by type: a false pass is possible,
+// a false failure is not.
+func TestShardExportsOnlyWhatEngineUses(t *testing.T) {
+	parse := func(dir string, tests bool) []*ast.File {
+		t.Helper()
+		paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		if err != nil || len(paths) == 0 {
+			t.Fatalf("no Go files in %s: %v", dir, err)
+		}
+		var files []*ast.File
+		fset := token.NewFileSet()
+		for _, p := range paths {
+			if !tests && strings.HasSuffix(p, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, p, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files = append(files, f)
+		}
+		return files
+	}
+	exported := map[string]bool{}
+	for _, f := range parse("../shard", false) {
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				exported[d.Name.Name] = d.Name.IsExported()
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					switch s := s.(type) {
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							exported[n.Name] = n.IsExported()
+						}
+					case *ast.TypeSpec:
+						exported[s.Name.Name] = s.Name.IsExported()
+						if st, ok := s.Type.(*ast.StructType); ok && s.Name.IsExported() {
+							for _, field := range st.Fields.List {
+								for _, n := range field.Names {
+									exported[n.Name] = n.IsExported()
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	used := map[string]bool{}
+	for _, f := range parse(".", true) {
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.SelectorExpr:
+				used[n.Sel.Name] = true
+			case *ast.KeyValueExpr:
+				if id, ok := n.Key.(*ast.Ident); ok {
+					used[id.Name] = true
+				}
+			}
+			return true
+		})
+	}
+	var unused []string
+	for name, exp := range exported {
+		if exp && !used[name] {
+			unused = append(unused, name)
+		}
+	}
+	slices.Sort(unused)
+	if len(unused) > 0 {
+		t.Errorf("shard exports names engine never uses (unexport them): %v", unused)
 	}
 }

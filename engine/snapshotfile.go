@@ -27,10 +27,14 @@ import (
 // For a restart, stop admitting (http.Server's Shutdown, say), then call
 // SnapshotFile, then Close; RestoreFile reads the file on the next start.
 //
-// Errors: those of Snapshot, and the file system's.
+// Errors: those of Snapshot, and the file system's; an empty path is an
+// *fs.PathError wrapping fs.ErrInvalid, before any snapshot is taken.
 func (e *Engine) SnapshotFile(ctx context.Context, path string) (err error) {
 	if e.uninitialized() {
 		return ErrNotInitialized
+	}
+	if path == "" {
+		return errEmptyPath("snapshot")
 	}
 	// One at a time, from the snapshot to the rename: two calls that
 	// overlapped could rename in the other order than they took their
@@ -90,11 +94,18 @@ func (e *Engine) SnapshotFile(ctx context.Context, path string) (err error) {
 // directory does not exist (a volume not mounted, a misspelt path), where
 // no SnapshotFile could ever write: the first boot needs the directory.
 //
+// An empty path is an error too (an *fs.PathError wrapping fs.ErrInvalid),
+// not a first boot: it names no file, so no SnapshotFile could write one,
+// and an unset setting would start every boot with full buckets.
+//
 // Errors, with no engine: those of New (first boot) or Restore, and the
 // file system's other than the file not existing (its directory's
 // included). An ErrInvalidSnapshot names the file; an operator who would
 // rather start empty than fix it moves it away.
 func RestoreFile(cfg Config, path string, opts RestoreOptions) (*Engine, RestoreReport, error) {
+	if path == "" {
+		return nil, RestoreReport{}, errEmptyPath("restore")
+	}
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		// No directory is a misconfiguration (a volume not mounted, a
@@ -117,4 +128,10 @@ func RestoreFile(cfg Config, path string, opts RestoreOptions) (*Engine, Restore
 		err = fmt.Errorf("%s: %w", path, err)
 	}
 	return e, rep, err
+}
+
+// errEmptyPath is SnapshotFile's and RestoreFile's error for an empty path,
+// which os.Open would take as a missing file: a first boot at every start.
+func errEmptyPath(op string) error {
+	return &fs.PathError{Op: op, Path: "", Err: fs.ErrInvalid}
 }

@@ -145,3 +145,19 @@ func TestRestoreFileCorrupt(t *testing.T) {
 	var zero *engine.Engine
 	require.ErrorIs(t, zero.SnapshotFile(context.Background(), path), engine.ErrNotInitialized)
 }
+
+// An empty path names no file: RestoreFile must not take it for a first
+// boot (os.Open("") is "no such file", and "." exists), which would start
+// a service whose path setting is unset with full buckets at every boot;
+// SnapshotFile refuses it before taking a snapshot.
+func TestSnapshotFileEmptyPath(t *testing.T) {
+	e, rep, err := engine.RestoreFile(engine.Config{Policy: fileTestPolicy}, "", engine.RestoreOptions{})
+	require.ErrorIs(t, err, fs.ErrInvalid)
+	require.Nil(t, e)
+	require.Equal(t, engine.RestoreReport{}, rep)
+
+	e, err = engine.New(engine.Config{Policy: fileTestPolicy, Clock: clock.NewManual(0)})
+	require.NoError(t, err)
+	defer e.Close()
+	require.ErrorIs(t, e.SnapshotFile(context.Background(), ""), fs.ErrInvalid)
+}

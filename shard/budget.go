@@ -75,15 +75,15 @@ func (b *Budget) ReserveN(n int64) (ok bool, room int64) {
 // reservation does: a request refused for other reasons that would have
 // needed them met the bound all the same.
 func (b *Budget) Fits(n int64) (ok bool, room int64) {
-	room = b.Room()
+	room = b.free()
 	if room < n {
 		signal(b.full)
 	}
 	return room >= n, room
 }
 
-// Room returns how many slots are free now.
-func (b *Budget) Room() int64 { return max(0, b.max-b.n.Load()) }
+// free returns how many slots are free now.
+func (b *Budget) free() int64 { return max(0, b.max-b.n.Load()) }
 
 // release gives one slot back.
 func (b *Budget) release() { b.n.Add(-1) }

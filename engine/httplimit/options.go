@@ -148,7 +148,9 @@ func WithClientKey(f ClientKeyFunc) Option {
 // On a store whose AllowAll takes only keys that share a shard (the Redis
 // store on Redis Cluster, whose redisstore.ErrCrossShard is answered with
 // 500), give a request's keys one hash tag, as in "{" + client + "}:login"
-// and "{" + client + "}", so that they always do.
+// and "{" + client + "}", so that they always do; a store set to ignore
+// tags (redisstore.Config.IgnoreKeyTags) places each key whole, so there
+// such keys share a shard only by chance.
 func WithKeys(f KeysFunc) Option {
 	return func(c *config) error {
 		if f == nil {

@@ -39,8 +39,9 @@ const aboveInt64 = "9223372036854775808"
 // take at a time almost never finds its keys covered. In an adversarial
 // run of 48 goroutines, half calling Allow of cost 1 and half AllowAll of
 // cost 2 on the same keys, about 0.02% of the AllowAlls were admitted
-// (from under 0.01% to about 0.1% from run to run, on one server as on the
-// engine), while the single Allows took the tokens as they refilled.
+// (from under 0.01% to about 0.1% from run to run on one server;
+// BenchmarkAllowAllBesideAllows measures it), while the single Allows took
+// the tokens as they refilled.
 // Nothing queues a refused call or holds tokens back for
 // it. Where its share matters, send every request that takes from those
 // keys through AllowAll, each with all the keys it is limited by, so that

@@ -448,3 +448,41 @@ func TestKeyMapShardCopyWithoutSeed(t *testing.T) {
 		}
 	})
 }
+
+// TestIgnoreKeyTagsRace: stores opened at once on a fresh prefix, half of
+// them set to ignore tags, agree on the one setting the first stored: every
+// store of that setting opens, and every store of the other fails with
+// ErrKeyTags, never a store placing keys by a setting the prefix does not
+// hold.
+func TestIgnoreKeyTagsRace(t *testing.T) {
+	onBoth(t, func(t *testing.T, addr string) {
+		for range 5 {
+			p := prefix(t)
+			t.Cleanup(func() { cleanPrefix(anyClient(t, addr), p) })
+			errs := make([]error, 8)
+			var wg sync.WaitGroup
+			for i := range errs {
+				wg.Go(func() {
+					s, err := redisstore.New(context.Background(), redisstore.Config{Client: anyClient(t, addr), Prefix: p, Policy: keymapPolicy, IgnoreKeyTags: i%2 == 0})
+					if err == nil {
+						t.Cleanup(func() { _ = s.Close() })
+					}
+					errs[i] = err
+				})
+			}
+			wg.Wait()
+			opened := map[bool]int{}
+			for i, err := range errs {
+				if err == nil {
+					opened[i%2 == 0]++
+					continue
+				}
+				require.ErrorIs(t, err, redisstore.ErrKeyTags, "store %d", i)
+			}
+			require.Len(t, opened, 1, "stores of both settings opened on one prefix: %v", opened)
+			for _, n := range opened {
+				require.Equal(t, len(errs)/2, n)
+			}
+		}
+	})
+}
