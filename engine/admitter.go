@@ -22,12 +22,11 @@ import (
 // fail-closed rule); whatever it answers, it never takes from some keys of
 // the call and not others. On every implementation, an AllowAll is starved
 // under saturation by Allows and AllowBatches on its keys: it needs every
-// key's cost at one instant, and they take each token as it refills (in
-// an adversarial run of 48 goroutines, half of them calling Allow, 0.02%
-// of the AllowAlls were admitted, and under 1% in every run since). Where
-// its share matters, send every
-// request for those keys through AllowAll, each with all the keys it is
-// limited by (see Engine.AllowAll).
+// key's cost at one instant, and they take each token as it refills (in an
+// adversarial run of 48 goroutines, half of them calling Allow, 0.02% of the
+// AllowAlls were admitted, and under 1% in every run since). Where its share
+// matters, send every request for those keys through AllowAll, each with all
+// the keys it is limited by (see Engine.AllowAll).
 //
 // Charge and Refund settle a cost known only once the work is done: Charge
 // takes tokens without a decision, into a debt bounded by each band's

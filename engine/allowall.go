@@ -48,12 +48,10 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // covered. In an adversarial run of 48 goroutines on four keys, half
 // calling Allow of cost 1 on one key and half AllowAll of cost 2 on each
 // of the four, about 0.02% of the AllowAlls were admitted (from under
-// 0.01% to about 0.7% from run to run on a 2-core VM, the more the slower
-// each call is beside the refill: BenchmarkAllowAllBesideAllows measures
-// it, and 1% to 2% when all 48 call AllowAll) while the single Allows took
-// the tokens as they refilled.
-// At equal costs an AllowAll
-// fares better or worse by timing alone. Nothing queues a refused AllowAll
+// 0.01% to about 0.7% from run to run on a 2-core VM, more as each call
+// slows beside the refill; BenchmarkAllowAllBesideAllows measures it)
+// while the single Allows took the tokens as they refilled. At equal costs
+// an AllowAll fares better or worse by timing alone. Nothing queues a refused AllowAll
 // or holds tokens back for it. Where its share matters, send every request
 // that takes from those keys through AllowAll, each with all the keys it
 // is limited by, so that they compete on equal terms: a request that takes
