@@ -78,6 +78,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -277,12 +278,18 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 }
 
 // checkAddrs checks that -redis and every address of -redis-cluster is a
-// host:port: go-redis dials its default, 127.0.0.1:6379, for an empty one,
-// a server the command was not given.
+// host:port, the port a number in [1, 65535]: go-redis dials its default,
+// 127.0.0.1:6379, for an empty one, a server the command was not given,
+// and a port that is not a number fails only at the first dial, once the
+// checks have started.
 func checkAddrs(o options) error {
 	check := func(flag, addr string) error {
-		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		_, port, err := net.SplitHostPort(addr)
+		if err != nil || port == "" {
 			return fmt.Errorf("stress: %s: %q is not a host:port", flag, addr)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return fmt.Errorf("stress: %s: %q is not a host:port: its port must be a number in [1, 65535]", flag, addr)
 		}
 		return nil
 	}
