@@ -124,7 +124,9 @@ var checks = []check{
 // program it interrupted, and so not with a failed check's status (a
 // failure before it is in the report, and said again). That reaches the
 // shell from a built binary (go build ./stress); go run reports a child's
-// death by a signal as status 1. A second signal ends the process at once.
+// death by a signal as status 1. A second signal ends the process at once,
+// by that signal, after killing the redis-servers the checks started
+// (killChildren); their keys on a server the command was given stay.
 func main() {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 1)
@@ -135,9 +137,17 @@ func main() {
 		defer close(watched)
 		select {
 		case sig := <-sigs:
-			signal.Stop(sigs) // the next signal has its default effect
+			fmt.Fprintf(os.Stderr, "stress: %v: the checks are ending, and cleaning up; a second signal ends the command at once\n", sig)
 			caught <- sig
 			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case sig := <-sigs:
+			killChildren()
+			fmt.Fprintf(os.Stderr, "stress: %v again: ended at once, before the checks cleaned up\n", sig)
+			endBy(sig)
 		case <-done:
 		}
 	}()
