@@ -120,7 +120,8 @@ var checks = []check{
 // main runs the checks until -duration ends or an interrupt or SIGTERM
 // comes. A signal ends them as the end of -duration does, so that they
 // clean up (a Redis check deletes its keys, a redis-server started is
-// stopped); then the command ends by that signal, as a shell expects of a
+// stopped), and each check that ends after it is reported interrupted, not
+// failed; then the command ends by that signal, as a shell expects of a
 // program it interrupted, and so not with a failed check's status (a
 // failure before it is in the report, and said again). That reaches the
 // shell from a built binary (go build ./stress); go run reports a child's
