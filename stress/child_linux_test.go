@@ -170,6 +170,8 @@ func TestMainInterruptSparesServers(t *testing.T) {
 	require.NoError(t, syscall.Kill(-m.cmd.Process.Pid, syscall.SIGINT))
 	ws := m.wait(t)
 	assert.True(t, ws.Signaled() && ws.Signal() == syscall.SIGINT, "the command did not end by the interrupt: %v\n%s", ws, m.out.String())
+	assert.Regexp(t, `(?m)^\| leases +\| interrupted`, m.out.String())
+	assert.Contains(t, m.out.String(), "stress: interrupted by interrupt: the checks ran for less than -duration\n")
 	requireGone(t, srv, "interrupted")
 }
 
