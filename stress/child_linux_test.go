@@ -32,7 +32,8 @@ func startMain(t *testing.T, args ...string) *mainProc {
 	t.Helper()
 	m := &mainProc{lines: make(chan string, 1<<16)}
 	m.cmd = exec.Command(os.Args[0], "-test.run=^TestMainSignal$")
-	m.cmd.Env = append(os.Environ(), envMainArgs+"="+strings.Join(args, "\n"))
+	// a command killed leaves its temporary directories: in the test's
+	m.cmd.Env = append(os.Environ(), envMainArgs+"="+strings.Join(args, "\n"), "TMPDIR="+t.TempDir())
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdout, err := m.cmd.StdoutPipe()
 	require.NoError(t, err)
