@@ -19,8 +19,8 @@ import (
 // The redis-server processes of the durability check: started on fixed
 // ports the caller chooses (so that runs beside other users of the machine
 // can keep apart), killed with SIGKILL, restarted from the same data
-// directory. Each process has one goroutine, started with it, that reaps it
-// and closes done.
+// directory. Each process is started by startChild, in a process group of
+// its own, by one goroutine that reaps it and closes done.
 
 // durProc is one redis-server the durability check started.
 type durProc struct {
@@ -58,16 +58,12 @@ func (p *durProc) start(ctx context.Context) error {
 	args := append([]string{"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1", "--daemonize", "no", "--dir", p.dir}, p.args...)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	err = cmd.Start()
+	done, err := startChild(cmd)
 	logf.Close()
 	if err != nil {
 		return fmt.Errorf("durability: starting redis-server on %d: %w", p.port, err)
 	}
-	p.cmd, p.done = cmd, make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(p.done)
-	}()
+	p.cmd, p.done = cmd, done
 	deadline := time.Now().Add(durReady)
 	for {
 		err := durPing(p.addr())

@@ -64,8 +64,9 @@ func TestParseOptionsRejectsArguments(t *testing.T) {
 }
 
 // TestParseOptionsAddresses: -redis and every -redis-cluster entry must be
-// host:port; an empty entry made go-redis dial its default, a server the
-// command was not given.
+// host:port, the port in [1, 65535]; an empty entry made go-redis dial its
+// default, a server the command was not given, and -redis host:abc passed,
+// to fail only at the first dial.
 func TestParseOptionsAddresses(t *testing.T) {
 	for _, args := range [][]string{
 		{"-check", "differential", "-redis", "localhost"},
@@ -74,6 +75,12 @@ func TestParseOptionsAddresses(t *testing.T) {
 		{"-check", "differential", "-redis-cluster", ","},
 		{"-check", "differential", "-redis-cluster", "127.0.0.1:30001,"},
 		{"-check", "differential", "-redis-cluster", "127.0.0.1:30001,127.0.0.1"},
+		{"-check", "differential", "-redis", "127.0.0.1:abc"},
+		{"-check", "leases", "-redis", "localhost:0"},
+		{"-check", "leases", "-redis", "localhost:65536"},
+		{"-check", "leases", "-redis", "localhost:-1"},
+		{"-check", "differential", "-redis-cluster", "127.0.0.1:30001,127.0.0.1:3x"},
+		{"-check", "differential", "-redis-cluster", "127.0.0.1:99999"},
 	} {
 		var stderr bytes.Buffer
 		_, err := parseOptions(args, &stderr)
@@ -82,6 +89,8 @@ func TestParseOptionsAddresses(t *testing.T) {
 	}
 	var stderr bytes.Buffer
 	_, err := parseOptions([]string{"-check", "differential", "-redis-cluster", "127.0.0.1:30001,[::1]:30002"}, &stderr)
+	assert.NoError(t, err, stderr.String())
+	_, err = parseOptions([]string{"-check", "leases", "-redis", "localhost:65535"}, &stderr)
 	assert.NoError(t, err, stderr.String())
 }
 

@@ -373,7 +373,7 @@ func leaseRun(ctx context.Context, o options, addr string, c *counters) (r lease
 	}
 	r.degraded, r.killedAnswer = degraded.Load(), killedAnswers.Load()
 	if !killed.Load() {
-		if ran < o.duration/2 { // stopped early: another check's violation, or an interrupt
+		if ran < o.duration/2 { // stopped early: another check's violation, or an interrupt (reported as one, see runChecks)
 			return r, fmt.Errorf("leases: the run was stopped after %v, before the store was to be killed at half the -duration", ran.Round(time.Millisecond))
 		}
 		return r, fmt.Errorf("leases: the run ended before the store was killed: give it a -duration of a second or more")

@@ -78,6 +78,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -119,11 +120,14 @@ var checks = []check{
 // main runs the checks until -duration ends or an interrupt or SIGTERM
 // comes. A signal ends them as the end of -duration does, so that they
 // clean up (a Redis check deletes its keys, a redis-server started is
-// stopped); then the command ends by that signal, as a shell expects of a
+// stopped), and each check that ends after it is reported interrupted, not
+// failed; then the command ends by that signal, as a shell expects of a
 // program it interrupted, and so not with a failed check's status (a
 // failure before it is in the report, and said again). That reaches the
 // shell from a built binary (go build ./stress); go run reports a child's
-// death by a signal as status 1. A second signal ends the process at once.
+// death by a signal as status 1. A second signal ends the process at once,
+// by that signal, after killing the redis-servers the checks started
+// (killChildren); their keys on a server the command was given stay.
 func main() {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 1)
@@ -134,9 +138,17 @@ func main() {
 		defer close(watched)
 		select {
 		case sig := <-sigs:
-			signal.Stop(sigs) // the next signal has its default effect
+			fmt.Fprintf(os.Stderr, "stress: %v: the checks are ending, and cleaning up; a second signal ends the command at once\n", sig)
 			caught <- sig
 			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case sig := <-sigs:
+			killChildren()
+			fmt.Fprintf(os.Stderr, "stress: %v again: ended at once, before the checks cleaned up\n", sig)
+			endBy(sig)
 		case <-done:
 		}
 	}()
@@ -277,12 +289,18 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 }
 
 // checkAddrs checks that -redis and every address of -redis-cluster is a
-// host:port: go-redis dials its default, 127.0.0.1:6379, for an empty one,
-// a server the command was not given.
+// host:port, the port a number in [1, 65535]: go-redis dials its default,
+// 127.0.0.1:6379, for an empty one, a server the command was not given,
+// and a port that is not a number fails only at the first dial, once the
+// checks have started.
 func checkAddrs(o options) error {
 	check := func(flag, addr string) error {
-		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		_, port, err := net.SplitHostPort(addr)
+		if err != nil || port == "" {
 			return fmt.Errorf("stress: %s: %q is not a host:port", flag, addr)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return fmt.Errorf("stress: %s: %q is not a host:port: its port must be a number in [1, 65535]", flag, addr)
 		}
 		return nil
 	}

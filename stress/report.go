@@ -158,12 +158,20 @@ type outcome struct {
 	name string
 	err  error
 	took time.Duration
+	// interrupted: the check ended after the caller's context did (an
+	// interrupt or SIGTERM, in the command), so what it could not do is
+	// not a failure.
+	interrupted bool
 }
 
 // runChecks runs the selected checks side by side for o.duration, reporting
 // progress every second, then prints the summary. It returns 1 if any check
-// found a violation or could not run, 0 otherwise.
+// found a violation or could not run, 0 otherwise. A check that ends after
+// ctx has ended (the command's signal) is reported interrupted, and fails
+// the run only by a violation: one stopped early does not have to say it
+// could not run.
 func runChecks(ctx context.Context, o options, out io.Writer) int {
+	stopped := ctx
 	ctx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
 	fmt.Fprintf(out, "stress: seed %d, checks %s, duration %v, GOMAXPROCS %d\n",
@@ -184,7 +192,7 @@ func runChecks(ctx context.Context, o options, out io.Writer) int {
 			if err != nil {
 				cancel() // the first violation stops everything
 			}
-			results <- outcome{name: ch.name, err: err, took: time.Since(t0)}
+			results <- outcome{name: ch.name, err: err, took: time.Since(t0), interrupted: stopped.Err() != nil}
 		}()
 	}
 
@@ -280,6 +288,10 @@ func summarize(out io.Writer, o options, c *counters, done []outcome, took time.
 			if first == nil {
 				first = v
 			}
+		case r.interrupted && r.err != nil:
+			result = "interrupted: " + r.err.Error()
+		case r.interrupted:
+			result = "interrupted"
 		case r.err != nil:
 			result = "failed: " + r.err.Error()
 			status = 1
