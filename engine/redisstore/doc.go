@@ -413,8 +413,10 @@
 //     P processes hold at most P*capacity/Divisor of a key together.
 //   - Give-back. Unspent tokens are credited back exactly (a Refund, capped
 //     at capacity) once the key has had no request for two Horizons, or
-//     its lease no grant for Leases.MaxAge (1 s) (if the process's queue
-//     to Redis is full then, at the next sweep), before the store's own
+//     its lease no grant for Leases.MaxAge (1 s) (by a periodic sweep, or
+//     by the key's next request if it comes first: that request gives the
+//     lease back before Redis decides it; if the process's queue to Redis
+//     is full at a sweep, at the next sweep), before the store's own
 //     ReplacePolicy (the leases held when it starts: one Redis grants
 //     after that and before the cutover publishes, to a top-up already on
 //     its way or a concurrent call, is taken under the old version and

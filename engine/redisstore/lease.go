@@ -668,6 +668,14 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		q.owe(k, k.left)
 		k.left = 0
 		q.renew(r.key, k, st)
+	} else if q.l.expired(now, k) {
+		// the sweep would give it back, but may not have run since (it
+		// runs after a group, or on a timer): the lease ends here, as one a
+		// cutover ended, so that no lease is spent past MaxAge, or after
+		// its key went idle
+		r.back, r.bver = k.left, k.ver
+		q.owe(k, k.left)
+		k.left = 0
 	}
 	k.seen = now
 	cost := r.cost
@@ -917,6 +925,13 @@ func (k *lease) learn(now int64, d engine.Decision) {
 	k.remaining, k.resetAt, k.limit, k.band = d.Remaining, now+int64(d.ResetAfter), d.Limit, d.Band
 }
 
+// expired reports whether k holds a lease that must go back at now: kept
+// MaxAge without a grant, or its key had no request for idle. A lease
+// being asked for is not: its grant is on its way.
+func (l *leaser) expired(now int64, k *lease) bool {
+	return !k.fetch && k.left > 0 && (now-k.got >= l.maxAge || now-k.seen >= l.idle)
+}
+
 // sweep gives back the leases kept MaxAge without a grant, and forgets
 // the keys that have been idle as long.
 func (q *leaseShard) sweep(now int64) {
@@ -924,7 +939,7 @@ func (q *leaseShard) sweep(now int64) {
 	for key, k := range q.keys {
 		switch {
 		case k.fetch:
-		case k.left > 0 && (now-k.got >= q.l.maxAge || now-k.seen >= q.l.idle):
+		case q.l.expired(now, k):
 			if q.send(job{gift{key, k.left, k.ver}, true, true}) { // else kept, for the next sweep
 				q.owe(k, k.left)
 				k.left = 0

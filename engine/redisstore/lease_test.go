@@ -1095,3 +1095,23 @@ func decided(out []engine.Result) int {
 	}
 	return n
 }
+
+// A lease whose key went idle ends at the next request, not only at the
+// sweep, which runs after a group of requests or on a timer: spent after
+// it, a lease taken before another process's cutover answered under the
+// old limit past MaxAge (here, 100,000 where 500 is in force).
+func TestLeaseIdleLeaseEndsAtTheNextRequest(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 100_000, TokensPerSecond: 1}
+	pfx := prefix(t)
+	a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: &redisstore.Leases{}}, clk)
+	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	ctx := context.Background()
+	held := holding(t, a, b, "k", 300)
+	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 500, TokensPerSecond: 1}, 1))
+	clk.Advance(redisstore.DefaultLeaseMaxAge) // idle for ten Horizons, and MaxAge since the grant
+	d, err := a.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), d.Version, "a lease of %d tokens idle for MaxAge was spent: %+v", held, d)
+	require.Equal(t, int64(500), d.Limit)
+}
