@@ -432,8 +432,9 @@
 //     cutover tops a key up (a give-back that meets a cutover published
 //     since that read is judged again).
 //   - Denials. A denial Redis gave is kept: the same cost on the same key
-//     is denied in the process until its RetryAfter has passed, unless
-//     the lease and the bucket's tokens as last heard cover it (a grant
+//     is denied in the process until its RetryAfter has passed, or
+//     Leases.MaxAge since Redis gave it if that is sooner, unless the
+//     lease and the bucket's tokens as last heard cover it (a grant
 //     learned since), when Redis decides.
 //
 // Why it cannot over-admit: every token admitted anywhere was first taken
@@ -451,7 +452,8 @@
 // is floored without the tokens the processes hold, which then go back to
 // it; and a request the lease cannot cover, on a key whose leases other
 // processes hold, can be denied with those tokens unspent. A kept denial can deny a request
-// others' refunds would have admitted, until its RetryAfter. A leased
+// others' refunds would have admitted, until its RetryAfter (MaxAge at
+// most). A leased
 // answer's Decision is the bucket's as last heard: Remaining is the
 // bucket's whole tokens at its last answer plus what the lease holds (at
 // most Limit, which the sum passes once the bucket refilled behind it),
