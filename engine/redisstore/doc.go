@@ -478,7 +478,9 @@
 // given back); Peek and Refund go to Redis (a Refund ends a kept denial)
 // and add what the lease holds to its answer: to Remaining, at most
 // Limit, and, while the lease holds a token, Allowed with no RetryAfter,
-// since a request of one token would take it from the lease. With Redis
+// since a request of one token would take it from the lease (a top-up
+// Redis has granted but the process has not yet taken in is in neither,
+// so a Peek or Refund during one reads low by it). With Redis
 // unreachable, a process spends what it holds, then answers by the
 // failure rule, marked Degraded. Redis may yet run a call whose answer is
 // lost, and so grant its lease to nobody: a key whose call went unanswered
