@@ -79,10 +79,11 @@ var estimates = map[string]bool{
 type Options struct {
 	// Leased is for a subject that decides some requests from tokens it
 	// took from a key's bucket in advance (engine/redisstore with
-	// Config.Leases), or from a denial it keeps until its RetryAfter: such
-	// an answer's Remaining and ResetAfter are estimated from the bucket's
-	// last answer, so the behaviours that compare them with the model's
-	// after the clock moves are skipped. Every other behaviour runs,
+	// Config.Leases), or from a denial it keeps (until its RetryAfter, at
+	// most Leases.MaxAge): such an answer's Remaining and ResetAfter are
+	// estimated from the bucket's last answer, so the behaviours that
+	// compare them with the model's after the clock moves are skipped.
+	// Every other behaviour runs,
 	// Allowed, RetryAfter, Version, Limit, Band and errors compared as
 	// they are for the engine.
 	Leased bool

@@ -416,8 +416,10 @@
 //     P processes hold at most P*capacity/Divisor of a key together.
 //   - Give-back. Unspent tokens are credited back exactly (a Refund, capped
 //     at capacity) once the key has had no request for two Horizons, or
-//     its lease no grant for Leases.MaxAge (1 s) (if the process's queue
-//     to Redis is full then, at the next sweep), before the store's own
+//     its lease no grant for Leases.MaxAge (1 s) (by a periodic sweep, or
+//     by the key's next request if it comes first: that request gives the
+//     lease back before Redis decides it; if the process's queue to Redis
+//     is full at a sweep, at the next sweep), before the store's own
 //     ReplacePolicy (the leases held when it starts: one Redis grants
 //     after that and before the cutover publishes, to a top-up already on
 //     its way or a concurrent call, is taken under the old version and
@@ -433,8 +435,9 @@
 //     cutover tops a key up (a give-back that meets a cutover published
 //     since that read is judged again).
 //   - Denials. A denial Redis gave is kept: the same cost on the same key
-//     is denied in the process until its RetryAfter has passed, unless
-//     the lease and the bucket's tokens as last heard cover it (a grant
+//     is denied in the process until its RetryAfter has passed, or
+//     Leases.MaxAge since Redis gave it if that is sooner, unless the
+//     lease and the bucket's tokens as last heard cover it (a grant
 //     learned since), when Redis decides.
 //
 // Why it cannot over-admit: every token admitted anywhere was first taken
@@ -452,7 +455,8 @@
 // is floored without the tokens the processes hold, which then go back to
 // it; and a request the lease cannot cover, on a key whose leases other
 // processes hold, can be denied with those tokens unspent. A kept denial can deny a request
-// others' refunds would have admitted, until its RetryAfter. A leased
+// others' refunds would have admitted, until its RetryAfter (MaxAge at
+// most). A leased
 // answer's Decision is the bucket's as last heard: Remaining is the
 // bucket's whole tokens at its last answer plus what the lease holds (at
 // most Limit, which the sum passes once the bucket refilled behind it),
@@ -477,7 +481,9 @@
 // given back); Peek and Refund go to Redis (a Refund ends a kept denial)
 // and add what the lease holds to its answer: to Remaining, at most
 // Limit, and, while the lease holds a token, Allowed with no RetryAfter,
-// since a request of one token would take it from the lease. With Redis
+// since a request of one token would take it from the lease (a top-up
+// Redis has granted but the process has not yet taken in is in neither,
+// so a Peek or Refund during one reads low by it). With Redis
 // unreachable, a process spends what it holds, then answers by the
 // failure rule, marked Degraded. Redis may yet run a call whose answer is
 // lost, and so grant its lease to nobody: a key whose call went unanswered

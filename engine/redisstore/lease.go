@@ -40,7 +40,8 @@ type Leases struct {
 	// tokens go back to the global bucket, as they do once its key has had
 	// no request for two Horizons (or MaxAge, if shorter). It bounds how
 	// long a lease taken before another process's cutover may still be
-	// spent here. 0 means DefaultLeaseMaxAge.
+	// spent here, and how long a denial from the global bucket is kept in
+	// the process (see the package doc). 0 means DefaultLeaseMaxAge.
 	MaxAge time.Duration
 }
 
@@ -190,7 +191,8 @@ type lease struct {
 	limit      int64
 	band       string
 	deniedTill int64 // a denial by the global bucket holds until then,
-	deniedCost int64 // for requests of at least this cost
+	deniedCost int64 // for requests of at least this cost,
+	deniedAt   int64 // and is kept at most MaxAge from this reading (see denied)
 	// The denial's own answer, which a denial kept answers from: Redis's
 	// answers reach the shard in any order, so an admission decided before
 	// the denial may be learned after it.
@@ -668,6 +670,14 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		q.owe(k, k.left)
 		k.left = 0
 		q.renew(r.key, k, st)
+	} else if q.l.expired(now, k) {
+		// the sweep would give it back, but may not have run since (it
+		// runs after a group, or on a timer): the lease ends here, as one a
+		// cutover ended, so that no lease is spent past MaxAge, or after
+		// its key went idle
+		r.back, r.bver = k.left, k.ver
+		q.owe(k, k.left)
+		k.left = 0
 	}
 	k.seen = now
 	cost := r.cost
@@ -693,7 +703,7 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		if !k.fetch && 2*k.left < k.target {
 			q.topUp(now, r.key, k)
 		}
-	case k.denied(now, cost):
+	case k.denied(now, cost, q.l.maxAge):
 		r.d = k.answer(now, false)
 		q.denied.Add(1)
 	default:
@@ -738,13 +748,16 @@ func (k *lease) answer(now int64, allowed bool) engine.Decision {
 func (k *lease) deniedRemaining() int64 { return min(k.remaining, k.denial.remaining) }
 
 // denied reports whether the denial k keeps answers a request of cost at
-// now: the same cost, before its RetryAfter, and still more than the
-// bucket (as deniedRemaining counts it) and the lease hold together; a
-// grant learned since may cover it, and then Redis decides. Its answer is
-// the denial's, the time since taken off: its band, that band's limit, the
-// later of the two resets.
-func (k *lease) denied(now, cost int64) bool {
-	return now < k.deniedTill && cost == k.deniedCost && satAdd(k.deniedRemaining(), k.left) < cost
+// now: the same cost, before its RetryAfter and less than maxAge after
+// Redis gave it, and still more than the bucket (as deniedRemaining counts
+// it) and the lease hold together; a grant learned since may cover it, and
+// then Redis decides. Its answer is the denial's, the time since taken
+// off: its band, that band's limit, the later of the two resets. A denial
+// kept no longer than MaxAge, as a lease is, bounds how long a process
+// misses a cutover made elsewhere, or others' refunds, however long the
+// RetryAfter (a day's band gives hours).
+func (k *lease) denied(now, cost, maxAge int64) bool {
+	return now < k.deniedTill && now-k.deniedAt < maxAge && cost == k.deniedCost && satAdd(k.deniedRemaining(), k.left) < cost
 }
 
 // renew sets k for the version in force, st, holding nothing.
@@ -872,7 +885,7 @@ func (q *leaseShard) settle(p post) {
 		if p.d.Allowed {
 			k.used = satAdd(k.used, p.cost)
 		} else {
-			k.deniedTill, k.deniedCost = now+int64(p.d.RetryAfter), p.cost
+			k.deniedTill, k.deniedCost, k.deniedAt = now+int64(p.d.RetryAfter), p.cost, now
 			k.denial.remaining, k.denial.resetAt, k.denial.limit, k.denial.band = p.d.Remaining, now+int64(p.d.ResetAfter), p.d.Limit, p.d.Band
 		}
 	}
@@ -917,6 +930,13 @@ func (k *lease) learn(now int64, d engine.Decision) {
 	k.remaining, k.resetAt, k.limit, k.band = d.Remaining, now+int64(d.ResetAfter), d.Limit, d.Band
 }
 
+// expired reports whether k holds a lease that must go back at now: kept
+// MaxAge without a grant, or its key had no request for idle. A lease
+// being asked for is not: its grant is on its way.
+func (l *leaser) expired(now int64, k *lease) bool {
+	return !k.fetch && k.left > 0 && (now-k.got >= l.maxAge || now-k.seen >= l.idle)
+}
+
 // sweep gives back the leases kept MaxAge without a grant, and forgets
 // the keys that have been idle as long.
 func (q *leaseShard) sweep(now int64) {
@@ -924,7 +944,7 @@ func (q *leaseShard) sweep(now int64) {
 	for key, k := range q.keys {
 		switch {
 		case k.fetch:
-		case k.left > 0 && (now-k.got >= q.l.maxAge || now-k.seen >= q.l.idle):
+		case q.l.expired(now, k):
 			if q.send(job{gift{key, k.left, k.ver}, true, true}) { // else kept, for the next sweep
 				q.owe(k, k.left)
 				k.left = 0

@@ -285,19 +285,33 @@ func TestLeaseFailOpenAnswerGrantsNoLease(t *testing.T) {
 	require.True(t, k.doubt, "Redis may have granted it to nobody")
 }
 
-// A sweep forgets an idle key only once its kept denial has passed: a
-// denial with a RetryAfter longer than MaxAge still holds in the process.
+// A sweep forgets an idle key only once its denial has passed: a denial
+// with a RetryAfter longer than MaxAge keeps its key.
 func TestLeaseSweepKeepsAKeyWhileItsDenialHolds(t *testing.T) {
 	q, st := shardAt(policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}) // MaxAge 1000
 	allowAt(q, st, 0, "k", 600)
 	q.settle(post{key: "k", ver: 1, at: 0, cost: 600, d: engine.Decision{Remaining: 0, Limit: 1000, Version: 1, RetryAfter: 5000, ResetAfter: 1000}})
+	r := allowAt(q, st, 500, "k", 600)
+	require.NoError(t, r.err)
+	require.Equal(t, engine.Decision{Limit: 1000, Version: 1, RetryAfter: 4500, ResetAfter: 500}, r.d)
 	q.sweep(2000)
 	require.Contains(t, q.keys, "k")
-	r := allowAt(q, st, 2500, "k", 600)
-	require.NoError(t, r.err)
-	require.Equal(t, engine.Decision{Limit: 1000, Version: 1, RetryAfter: 2500}, r.d)
 	q.sweep(4000) // idle MaxAge since, the denial still holding
 	require.Contains(t, q.keys, "k")
 	q.sweep(5000) // the denial has passed
 	require.NotContains(t, q.keys, "k")
+}
+
+// A denial is kept MaxAge at most, however long its RetryAfter: then Redis
+// decides again, so a process meets a cutover made elsewhere, or others'
+// refunds, within MaxAge (a day's band gives RetryAfters of hours).
+func TestLeaseKeptDenialAtMostMaxAge(t *testing.T) {
+	q, st := shardAt(policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}) // MaxAge 1000
+	allowAt(q, st, 0, "k", 600)
+	q.settle(post{key: "k", ver: 1, at: 100, cost: 600, d: engine.Decision{Remaining: 0, Limit: 1000, Version: 1, RetryAfter: 5000, ResetAfter: 1000}})
+	r := allowAt(q, st, 1099, "k", 600)
+	require.NoError(t, r.err)
+	require.Equal(t, time.Duration(4001), r.d.RetryAfter, "the RetryAfter is Redis's, counted down")
+	r = allowAt(q, st, 1100, "k", 600) // MaxAge since Redis denied it
+	require.Equal(t, errRemote, r.err)
 }

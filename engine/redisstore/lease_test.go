@@ -1143,3 +1143,52 @@ func decided(out []engine.Result) int {
 	}
 	return n
 }
+
+// A lease whose key went idle ends at the next request, not only at the
+// sweep, which runs after a group of requests or on a timer: spent after
+// it, a lease taken before another process's cutover answered under the
+// old limit past MaxAge (here, 100,000 where 500 is in force).
+func TestLeaseIdleLeaseEndsAtTheNextRequest(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 100_000, TokensPerSecond: 1}
+	pfx := prefix(t)
+	a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: &redisstore.Leases{}}, clk)
+	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	ctx := context.Background()
+	held := holding(t, a, b, "k", 300)
+	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 500, TokensPerSecond: 1}, 1))
+	clk.Advance(redisstore.DefaultLeaseMaxAge) // idle for ten Horizons, and MaxAge since the grant
+	d, err := a.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), d.Version, "a lease of %d tokens idle for MaxAge was spent: %+v", held, d)
+	require.Equal(t, int64(500), d.Limit)
+}
+
+// A denial kept in the process ends MaxAge after Redis gave it, however
+// long its RetryAfter: kept for its 50 s here, it answered under version 1
+// long after another process's cutover to a rate that refills 2,000 tokens
+// a second.
+func TestLeaseKeptDenialFollowsAnotherCutover(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
+	pfx := prefix(t)
+	a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: &redisstore.Leases{}}, clk)
+	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	ctx := context.Background()
+	d, err := a.Allow(ctx, "k", 100)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	d, err = a.Allow(ctx, "k", 50)
+	require.NoError(t, err)
+	require.Equal(t, 50*time.Second, d.RetryAfter)
+	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100, TokensPerSecond: 1000}, 1))
+	clk.Advance(time.Second / 2)
+	d, err = a.Allow(ctx, "k", 50) // within MaxAge: the denial is kept
+	require.NoError(t, err)
+	require.Equal(t, engine.Decision{Version: 1, Limit: 100, RetryAfter: 49500 * time.Millisecond, ResetAfter: 99500 * time.Millisecond}, d)
+	clk.Advance(redisstore.DefaultLeaseMaxAge / 2)
+	d, err = a.Allow(ctx, "k", 50)
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "%+v", d)
+	require.Equal(t, int64(2), d.Version)
+}
