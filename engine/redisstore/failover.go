@@ -78,6 +78,9 @@ func (s *Store) nodeFailed(ctx context.Context, err error) bool {
 // it until its own reload, a minute later). Any other reply, a context's
 // error without a network error in it, or a client closed, is not.
 func nodeLost(err error) bool {
+	if err == nil {
+		return false
+	}
 	if redis.HasErrorPrefix(err, "CLUSTERDOWN") || strings.Contains(err.Error(), noNodes) {
 		return true
 	}

@@ -42,6 +42,7 @@ func TestNodeLost(t *testing.T) {
 		{fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, os.ErrDeadlineExceeded), true}, // a read timeout, bare
 		{replyErr("CLUSTERDOWN The cluster is down"), true},
 		{fmt.Errorf("%w: %w", ErrUnavailable, replyErr("CLUSTERDOWN Hash slot not served")), true},
+		{fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, errors.New(noNodes)), true}, // a slot map of no node
 
 		{nil, false},
 		{replyErr("NOSCRIPT No matching script"), false},
