@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -235,4 +236,48 @@ func TestClusterHookFailsAPipeline(t *testing.T) {
 	_, err := redisstore.New(context.Background(), redisstore.Config{Client: cc, Prefix: prefix(t),
 		Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}})
 	require.ErrorIs(t, err, injected)
+}
+
+// TestClusterStartBeforeSlots: a store started on a cluster whose nodes
+// answer but serve no slot yet (a cluster being created: CLUSTER SLOTS is
+// empty until its slots are assigned) answers by the failure rule, and
+// once the slots are served it is decided by Redis within about a second,
+// as after any outage. go-redis keeps a slot map of no node, and answers
+// every command on it with "cluster has no nodes", until it reloads the
+// map: by itself only once a minute (ClusterStateReloadInterval), so the
+// store must ask for the reload, as it does when a node is lost.
+func TestClusterStartBeforeSlots(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	ctx := context.Background()
+	real := clusterClient(t, addrs)
+	var served atomic.Bool // whether the slots are assigned
+	cc := redis.NewClusterClient(&redis.ClusterOptions{
+		ContextTimeoutEnabled: true,
+		ClusterSlots: func(ctx context.Context) ([]redis.ClusterSlot, error) {
+			if !served.Load() {
+				return nil, nil // the nodes answer; no slot is assigned yet
+			}
+			return real.ClusterSlots(ctx).Result()
+		},
+	})
+	t.Cleanup(func() { _ = cc.Close() })
+	p := prefix(t)
+	t.Cleanup(func() { cleanPrefix(real, p) })
+	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
+	s, err := redisstore.New(ctx, redisstore.Config{Client: cc, Prefix: p, Policy: pol})
+	require.NoError(t, err, "New on a cluster serving no slot")
+	t.Cleanup(func() { _ = s.Close() })
+	for range 3 {
+		d, err := s.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		require.Equal(t, failRule(false), d)
+	}
+
+	served.Store(true)
+	begin := time.Now()
+	d := untilDecided(t, s, "k", failRule(false))
+	require.True(t, d.Allowed)
+	require.Equal(t, int64(2), d.Remaining)
+	// a second, and room for a loaded machine; the client alone would take a minute
+	require.Less(t, time.Since(begin), 5*time.Second, "decided by Redis only after %v", time.Since(begin))
 }

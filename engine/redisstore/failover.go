@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -71,11 +72,16 @@ func (s *Store) nodeFailed(ctx context.Context, err error) bool {
 // gone, so that the slot map may be stale: an error of the connection (a
 // dial refused or timed out, a connection reset, closed or timed out, which
 // a cluster client that has not loaded its slot map yet may give bare, as
-// os.ErrDeadlineExceeded) or a CLUSTERDOWN reply. Any other reply, a
-// context's error without a network error in it, or a client closed, is
-// not.
+// os.ErrDeadlineExceeded), a CLUSTERDOWN reply, or a cluster client's slot
+// map of no node ("cluster has no nodes": loaded while the nodes answered
+// but served no slot, as a cluster being created does; go-redis would keep
+// it until its own reload, a minute later). Any other reply, a context's
+// error without a network error in it, or a client closed, is not.
 func nodeLost(err error) bool {
-	if redis.HasErrorPrefix(err, "CLUSTERDOWN") {
+	if err == nil {
+		return false
+	}
+	if redis.HasErrorPrefix(err, "CLUSTERDOWN") || strings.Contains(err.Error(), noNodes) {
 		return true
 	}
 	var reply redis.Error
@@ -88,6 +94,10 @@ func nodeLost(err error) bool {
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
+// noNodes is the text of go-redis's error for a cluster slot map of no
+// node, which it does not export.
+const noNodes = "redis: cluster has no nodes"
+
 // action is what exec does after a script call failed with an error.
 type action int
 
@@ -98,8 +108,8 @@ const (
 	// again; the failure rule answers.
 	actFail action = iota
 	// actLost: as actFail, and the node may be gone (a connection refused,
-	// reset, closed or timed out, EOF, CLUSTERDOWN): on a cluster the slot
-	// map is reloaded (see nodeFailed).
+	// reset, closed or timed out, EOF, CLUSTERDOWN, a slot map of no node):
+	// on a cluster the slot map is reloaded (see nodeFailed).
 	actLost
 	// actWait: the script did not run, a slot being migrated (TRYAGAIN, or
 	// a MOVED or ASK that go-redis, which follows them, could not settle):

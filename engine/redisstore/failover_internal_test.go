@@ -42,6 +42,7 @@ func TestNodeLost(t *testing.T) {
 		{fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, os.ErrDeadlineExceeded), true}, // a read timeout, bare
 		{replyErr("CLUSTERDOWN The cluster is down"), true},
 		{fmt.Errorf("%w: %w", ErrUnavailable, replyErr("CLUSTERDOWN Hash slot not served")), true},
+		{fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, errors.New(noNodes)), true}, // a slot map of no node
 
 		{nil, false},
 		{replyErr("NOSCRIPT No matching script"), false},
@@ -214,6 +215,7 @@ func TestClassify(t *testing.T) {
 		{replyErr("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), actFail},
 		{replyErr("ERR user_script:1: Script attempted to access nonexistent global variable"), actFail},
 		{replyErr("CLUSTERDOWN The cluster is down"), actLost},
+		{errors.New(noNodes), actLost},      // a slot map loaded before the slots were assigned
 		{context.DeadlineExceeded, actFail}, // the call's deadline: the script may have run
 		{context.Canceled, actFail},
 		{&net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, actLost},
@@ -247,6 +249,7 @@ func TestUnreachable(t *testing.T) {
 		{replyErr("NOREPLICAS Not enough good replicas to write."), true},
 		{replyErr("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), true},
 		{replyErr("CLUSTERDOWN The cluster is down"), true},
+		{fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, errors.New(noNodes)), true},
 		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
 		{&net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, true},
 		{fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, os.ErrDeadlineExceeded), true}, // as a cluster client gives it

@@ -171,7 +171,7 @@ type Stats struct {
 	// rule (each Decision marked Degraded), also before the store first
 	// reached Redis: DegradedAllowed plus DegradedDenied.
 	Failures        uint64
-	DegradedAllowed uint64 // of Failures, those admitted (fail open)
+	DegradedAllowed uint64 // of Failures, those admitted: fail open, and every Charge, which is never denied
 	DegradedDenied  uint64 // of Failures, those denied (fail closed)
 	Peeks, Refunds  uint64 // Peek and Refund calls answered
 	// Errors counts the Allow, Charge, Peek and Refund calls and the AllowBatch
