@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -463,9 +464,14 @@ func TestIgnoreKeyTagsRace(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range errs {
 				wg.Go(func() {
-					s, err := redisstore.New(context.Background(), redisstore.Config{Client: anyClient(t, addr), Prefix: p, Policy: keymapPolicy, IgnoreKeyTags: i%2 == 0})
+					// A slow New would start degraded, with no error and no
+					// setting checked: 5 s, as newStore gives, on a loaded
+					// machine; a Peek proves it reached Redis (a degraded
+					// one is ErrNotReady, which the check below refuses).
+					s, err := redisstore.New(context.Background(), redisstore.Config{Client: anyClient(t, addr), Prefix: p, Policy: keymapPolicy, IgnoreKeyTags: i%2 == 0, Timeout: 5 * time.Second})
 					if err == nil {
 						t.Cleanup(func() { _ = s.Close() })
+						_, err = s.Peek(context.Background(), "k")
 					}
 					errs[i] = err
 				})
