@@ -757,7 +757,13 @@ func (k *lease) deniedRemaining() int64 { return min(k.remaining, k.denial.remai
 // misses a cutover made elsewhere, or others' refunds, however long the
 // RetryAfter (a day's band gives hours).
 func (k *lease) denied(now, cost, maxAge int64) bool {
-	return now < k.deniedTill && now-k.deniedAt < maxAge && cost == k.deniedCost && satAdd(k.deniedRemaining(), k.left) < cost
+	return k.denialHolds(now, maxAge) && cost == k.deniedCost && satAdd(k.deniedRemaining(), k.left) < cost
+}
+
+// denialHolds reports whether k's denial may still answer at now: before
+// its RetryAfter, and less than maxAge after Redis gave it.
+func (k *lease) denialHolds(now, maxAge int64) bool {
+	return now < k.deniedTill && now-k.deniedAt < maxAge
 }
 
 // renew sets k for the version in force, st, holding nothing.
@@ -938,7 +944,7 @@ func (l *leaser) expired(now int64, k *lease) bool {
 }
 
 // sweep gives back the leases kept MaxAge without a grant, and forgets
-// the keys that have been idle as long.
+// the keys that have been idle as long, once no denial of theirs holds.
 func (q *leaseShard) sweep(now int64) {
 	q.sweepAt = now + q.l.idle/2
 	for key, k := range q.keys {
@@ -949,7 +955,7 @@ func (q *leaseShard) sweep(now int64) {
 				q.owe(k, k.left)
 				k.left = 0
 			}
-		case k.left == 0 && k.out == 0 && k.back == 0 && now-k.seen >= q.l.maxAge && now >= k.deniedTill:
+		case k.left == 0 && k.out == 0 && k.back == 0 && now-k.seen >= q.l.maxAge && !k.denialHolds(now, q.l.maxAge):
 			delete(q.keys, key)
 		}
 	}

@@ -285,21 +285,26 @@ func TestLeaseFailOpenAnswerGrantsNoLease(t *testing.T) {
 	require.True(t, k.doubt, "Redis may have granted it to nobody")
 }
 
-// A sweep forgets an idle key only once its denial has passed: a denial
-// with a RetryAfter longer than MaxAge keeps its key.
+// A sweep forgets an idle key only once its denial no longer holds: at its
+// RetryAfter, or MaxAge after Redis gave it if sooner; a denial with a
+// RetryAfter of hours (a day's band) does not keep its key that long.
 func TestLeaseSweepKeepsAKeyWhileItsDenialHolds(t *testing.T) {
 	q, st := shardAt(policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}) // MaxAge 1000
 	allowAt(q, st, 0, "k", 600)
-	q.settle(post{key: "k", ver: 1, at: 0, cost: 600, d: engine.Decision{Remaining: 0, Limit: 1000, Version: 1, RetryAfter: 5000, ResetAfter: 1000}})
-	r := allowAt(q, st, 500, "k", 600)
-	require.NoError(t, r.err)
-	require.Equal(t, engine.Decision{Limit: 1000, Version: 1, RetryAfter: 4500, ResetAfter: 500}, r.d)
-	q.sweep(2000)
+	q.settle(post{key: "k", ver: 1, at: 600, cost: 600, d: engine.Decision{Remaining: 0, Limit: 1000, Version: 1, RetryAfter: 5000, ResetAfter: 1000}})
+	q.sweep(1000) // idle MaxAge, the denial given at 600 holding
 	require.Contains(t, q.keys, "k")
-	q.sweep(4000) // idle MaxAge since, the denial still holding
+	q.sweep(1599)
 	require.Contains(t, q.keys, "k")
-	q.sweep(5000) // the denial has passed
+	q.sweep(1600) // MaxAge since the denial, 4000 before its RetryAfter ends
 	require.NotContains(t, q.keys, "k")
+
+	allowAt(q, st, 2000, "j", 600)
+	q.settle(post{key: "j", ver: 1, at: 2400, cost: 600, d: engine.Decision{Remaining: 0, Limit: 1000, Version: 1, RetryAfter: 800, ResetAfter: 1000}})
+	q.sweep(3000) // idle MaxAge, the denial holding 200 more
+	require.Contains(t, q.keys, "j")
+	q.sweep(3200) // its RetryAfter has passed, before MaxAge since it
+	require.NotContains(t, q.keys, "j")
 }
 
 // A denial is kept MaxAge at most, however long its RetryAfter: then Redis
