@@ -119,7 +119,7 @@
 // hash/maphash.String reaches the same hash about 1.1 ns later per key, and
 // with Sum swapped for it, hot-key AllowBatch of 16 and 128 on 1 core took
 // 5-8% longer per decision (3-5% in a third set, 4% on Zipf keys at 128),
-// with no difference on Allow; xxhash with the seed folded in (-tags
+// with no difference on Allow; xxhash seeded with the seed (-tags
 // purego) takes about twice as long per key:
 //
 //	go test -run '^$' -bench BenchmarkHash -cpu 1 -count 10 ./shard

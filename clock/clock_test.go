@@ -338,6 +338,22 @@ func TestMonotonicIndependentOrigins(t *testing.T) {
 	require.LessOrEqual(t, n, o)
 }
 
+// TestMonotonicZeroValue: a zero Monotonic is a working clock, counting
+// from when package clock was initialized (so from before this test began),
+// not one stuck at math.MaxInt64, under which no bucket would ever refill.
+func TestMonotonicZeroValue(t *testing.T) {
+	var c clock.Monotonic
+	before := time.Now()
+	first := c.Now()
+	require.GreaterOrEqual(t, first, int64(0))
+	require.Less(t, first, int64(math.MaxInt64/2), "the zero value's origin is the package's start, not the year 1")
+	for c.Now() == first { // time passes for the zero value too
+		require.Less(t, time.Since(before), 10*time.Second, "a zero Monotonic never moved")
+	}
+	newer := clock.NewMonotonic()
+	require.LessOrEqual(t, newer.Now(), c.Now(), "the zero value counts from before any NewMonotonic here")
+}
+
 // ExampleManual drives time by hand, as engine tests do: nothing moves until
 // the test says so, so every reading is known.
 func ExampleManual() {

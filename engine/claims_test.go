@@ -9,10 +9,14 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -393,4 +397,34 @@ func TestBatchWithNoPartReportsCallerState(t *testing.T) {
 	require.NoError(t, e.AllowBatch(t.Context(), nil, nil))
 	require.NoError(t, e.Close())
 	require.ErrorIs(t, e.AllowBatch(t.Context(), nil, nil), engine.ErrClosed)
+}
+
+// TestShardsDocStatesMailboxAndMemory: Config.Shards's doc gives the
+// mailbox's bound, the one default of New a user cannot set, and the memory
+// New allocates per shard; both figures are the code's.
+func TestShardsDocStatesMailboxAndMemory(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "config.go", nil, parser.ParseComments)
+	require.NoError(t, err)
+	var doc string
+	ast.Inspect(f, func(n ast.Node) bool {
+		if fl, ok := n.(*ast.Field); ok && len(fl.Names) == 1 && fl.Names[0].Name == "Shards" {
+			doc = strings.Join(strings.Fields(fl.Doc.Text()), " ")
+		}
+		return doc == ""
+	})
+	assert.Contains(t, doc, fmt.Sprintf("holds up to %d single requests and, apart from them, %d batch parts", engine.MailboxSize, engine.MailboxSize))
+
+	allocated := func(shards int) uint64 {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		e, err := engine.New(engine.Config{Policy: pol(1, 10, 1), Shards: shards, Clock: clock.NewManual(0)})
+		runtime.ReadMemStats(&after)
+		require.NoError(t, err)
+		require.NoError(t, e.Close())
+		return after.TotalAlloc - before.TotalAlloc
+	}
+	perShard := (allocated(65) - allocated(1)) / 64
+	assert.Contains(t, doc, "New allocates about 22 KiB per shard")
+	assert.InDelta(t, 22<<10, perShard, 4<<10, "bytes New allocates per shard")
 }

@@ -19,16 +19,19 @@
 // A charge (Level.Charge, ChargeLevels) takes tokens without a decision and
 // may leave a band in debt, down to minus its capacity; every operation
 // holds for such a balance, and debt.go says why its arithmetic stays in
-// range. There is no floating point and no
-// allocation here; every int64 capacity, rate, cost and time is legal up to
-// math.MaxInt64. Results that do not fit in int64 nanoseconds saturate at
+// range. The arithmetic uses no floating point and allocates nothing; every
+// int64 capacity, rate, cost and time is legal up to math.MaxInt64. Results that do not fit in int64 nanoseconds saturate at
 // math.MaxInt64, as documented on each function.
 //
-// Everything in this package is a pure function of its arguments: time is a
-// parameter (now, in nanoseconds of some clock.Clock), never read here.
+// The arithmetic is pure functions of their arguments, and time is always a
+// parameter (now, in nanoseconds of some clock.Clock), never read here. The
+// Limiters (TokenBucket, FixedWindow, SlidingLog) keep state between calls,
+// but they too take the time from the caller.
 //
 // # Ownership
 //
-// Policy and Limit are immutable values. A Bucket is a plain value owned by
-// whoever holds it; in the engine, by exactly one shard goroutine.
+// Policy and Limit are immutable values, and so are a BandSet and an
+// OverrideSet once built. A Bucket is a plain value owned by whoever holds
+// it; in the engine, by exactly one shard goroutine. A Limiter has one owner
+// too, who serializes its calls.
 package policy

@@ -4,14 +4,14 @@ package shard
 
 import "github.com/cespare/xxhash/v2"
 
-// sum is xxhash of key, with the seed folded in by a bijective finalizer
-// (MurmurHash3's fmix64), so every bit of the result depends on the seed.
+// sum is xxhash of key seeded with seed: the seed starts the hash's lanes,
+// so keys that collide under one seed (anyone can make XXH64 collisions for
+// a known seed) part under another. XOR-ing a seed into an unseeded sum,
+// even through a bijective finalizer, would keep every such collision under
+// every seed. The Digest lives on the stack.
 func sum(seed uint64, key string) uint64 {
-	x := xxhash.Sum64String(key) ^ seed
-	x ^= x >> 33
-	x *= 0xff51afd7ed558ccd
-	x ^= x >> 33
-	x *= 0xc4ceb9fe1a85ec53
-	x ^= x >> 33
-	return x
+	var d xxhash.Digest
+	d.ResetWithSeed(seed)
+	_, _ = d.WriteString(key)
+	return d.Sum64()
 }

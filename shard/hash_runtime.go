@@ -12,7 +12,7 @@ import "unsafe"
 // (BenchmarkHash's impl=maphash) and so a few percent of each decision in a
 // hot key's batches (BenchmarkDecide in package bench, whose Performance
 // notes give the figures). -tags purego builds the portable path instead,
-// xxhash with the seed folded in (hash_purego.go). The runtime's hash is a
+// xxhash seeded with seed (hash_purego.go). The runtime's hash is a
 // uintptr: on a 32-bit platform two of them make the 64 bits, the second
 // seeded with seed's high half and the first, so that equal halves do not
 // make the two equal.
