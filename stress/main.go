@@ -37,6 +37,10 @@
 //   - flood: millions of distinct keys against a small MaxKeys: memory stays
 //     bounded, existing keys keep their budgets, sweeps free only full buckets.
 //
+// Whichever checks run, once they have all ended, each having closed its
+// engines and stores, no goroutine they started may still be running (the
+// summary's goroutines row): nothing outlives Close.
+//
 // A fifth, -check durability, is a measurement, left out of -check all: it
 // starts its own redis-servers (on -durability-port and the ports after
 // -durability-cluster-port), kills them with SIGKILL, and reports the tokens

@@ -165,8 +165,9 @@ type outcome struct {
 }
 
 // runChecks runs the selected checks side by side for o.duration, reporting
-// progress every second, then prints the summary. It returns 1 if any check
-// found a violation or could not run, 0 otherwise. A check that ends after
+// progress every second, then checks that they left no goroutine running
+// (leak.go) and prints the summary. It returns 1 if any check found a
+// violation or could not run, or a goroutine was left, 0 otherwise. A check that ends after
 // ctx has ended (the command's signal) is reported interrupted, and fails
 // the run only by a violation: one stopped early does not have to say it
 // could not run.
@@ -178,6 +179,7 @@ func runChecks(ctx context.Context, o options, out io.Writer) int {
 		o.seed, strings.Join(o.checks, ","), o.duration, runtime.GOMAXPROCS(0))
 
 	c := &counters{}
+	base := leakBaseline()
 	results := make(chan outcome, len(o.checks))
 	start := time.Now()
 	started := 0 // each check runs once, however often o.checks names it
@@ -215,7 +217,14 @@ func runChecks(ctx context.Context, o options, out io.Writer) int {
 	}
 	p.stop()
 	c.sampleHeap()
-	return summarize(out, o, c, done, time.Since(start))
+	took := time.Since(start)
+	leak := outcome{name: leakCheckName, interrupted: stopped.Err() != nil}
+	t0 := time.Now()
+	if v := checkLeaks(base, o.seed); v != nil {
+		leak.err = v
+	}
+	leak.took = time.Since(t0)
+	return summarize(out, o, c, append(done, leak), took)
 }
 
 // progressView prints one line a second, or drives a progress bar when
