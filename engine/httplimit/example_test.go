@@ -144,6 +144,9 @@ func ExampleWithClientKey() {
 		if r.Pattern == "" {
 			return "", errors.New("not routed by a ServeMux")
 		}
+		if client == "" { // no client address (a Unix socket): refused, 500
+			return "", httplimit.ErrNoClientIP
+		}
 		return r.Pattern + " " + client, nil
 	}))
 	if err != nil {
@@ -253,6 +256,9 @@ func ExampleWithKeys() {
 		httplimit.WithPolicyName("client"),
 		httplimit.WithTrustedProxies(httplimit.XForwardedFor, netip.MustParsePrefix("10.0.0.0/8")),
 		httplimit.WithKeys(func(r *http.Request, client string) ([]engine.Request, error) {
+			if client == "" { // no client address (a Unix socket): refused, 500
+				return nil, httplimit.ErrNoClientIP
+			}
 			if r.Pattern == "POST /login" {
 				return []engine.Request{{Key: "login:" + client, Cost: 1}, {Key: client, Cost: 1}}, nil
 			}
