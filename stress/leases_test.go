@@ -85,7 +85,9 @@ func TestLeasesInterrupted(t *testing.T) {
 	out := &cancelOn{s: "decisions/s", cancel: cancel} // the first progress line, a second in
 	code := run(ctx, []string{"-check", "leases,flood", "-redis", redistest.Addr(t), "-duration", "5m", "-seed", "7"}, out, out)
 	assert.Equal(t, 0, code, out.String())
-	assert.Regexp(t, `(?m)^\| leases +\| interrupted: leases: the run was stopped after .*, before the store was to be killed`, out.String())
+	// interrupted, whatever the check was doing (on a loaded machine it may
+	// still be opening its stores a second in)
+	assert.Regexp(t, `(?m)^\| leases +\| interrupted\b`, out.String())
 	assert.Regexp(t, `(?m)^\| flood +\| interrupted +\|`, out.String())
 	assert.NotContains(t, out.String(), "failed")
 }
