@@ -329,19 +329,18 @@ func leases(out io.Writer, cfg config) (err error) {
 			}
 		}
 		if r.kind != kindLeased {
-			vsRate[r.kind], vsCPU[r.kind] = lRate/rate, cpu/lCPU
-			if rate == 0 || lRate == 0 { // a window with no decision: no ratio
-				vsRate[r.kind], vsCPU[r.kind] = math.NaN(), math.NaN()
-			}
-			if lCPU == 0 { // no Redis CPU read for the leased cell
-				vsCPU[r.kind] = math.NaN()
+			// NaN, printed ?, for a window with no decision, or a Redis
+			// CPU read on either side that failed or read nothing
+			vsRate[r.kind], vsCPU[r.kind] = ratioOf(lRate, rate), math.NaN()
+			if w.info && leased.info && rate > 0 && lRate > 0 {
+				vsCPU[r.kind] = ratioOf(cpu, lCPU)
 			}
 			vs = fmt.Sprintf("%.2fx", vsRate[r.kind])
 			if math.IsNaN(vsRate[r.kind]) {
 				vs = "?"
 			}
 			if r.kind != kindEngine {
-				vs += ", " + oneIn(cpu/lCPU)
+				vs += ", " + oneIn(vsCPU[r.kind])
 			}
 		}
 		tt.AppendRow(table.Row{r.name, grouped(rate), fmt.Sprintf("%.1f%%", 100*float64(w.admitted)/float64(max(w.decisions, 1))),
