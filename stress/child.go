@@ -8,15 +8,15 @@ import (
 	"sync"
 )
 
-// The redis-servers the checks start are children of the command that no
-// way out of it may leave running. Each is started in a process group of
-// its own (childAttr), so that an interrupt a terminal sends to the
-// command's group reaches the command alone, which cleans up and kills
-// them, rather than the servers while the checks still use them. Where the
-// system has it (Linux), a child is also killed by the kernel when the
-// command dies, whatever kills it, SIGKILL included; elsewhere a second
-// signal kills the children before it ends the command (killChildren), and
-// a command killed otherwise leaves them running.
+// The redis-servers the checks start are children of the command that no way
+// out of it may leave running. Each is started in a process group of its own
+// (childAttr), so that an interrupt a terminal sends to the command's group
+// reaches the command alone, which cleans up and kills them, rather than the
+// servers while the checks still use them. Where the system has it (Linux,
+// FreeBSD), a child is also killed by the kernel when the command dies,
+// whatever kills it, SIGKILL included; elsewhere a second signal kills the
+// children before it ends the command (killChildren), and a command killed
+// otherwise leaves them running.
 //
 // children is the set of children started and not yet reaped; its mutex
 // is held across a start, so that killChildren misses none.
