@@ -166,8 +166,10 @@ func TestRootModuleIsLight(t *testing.T) {
 // name, a method, a field of an exported struct) is one that package
 // engine, its code or its tests, selects or sets by name. A name only
 // shard itself uses belongs unexported, where go doc does not show it.
-// Names are matched by identifier, not by type: a false pass is possible,
-// a false failure is not.
+// Names are matched by identifier, not by type: a name another type of
+// engine's shares passes. A name used only in ways the parse does not see
+// (a field set in a positional literal, a method reached through an
+// interface) would be reported falsely.
 func TestShardExportsOnlyWhatEngineUses(t *testing.T) {
 	parse := func(dir string, tests bool) []*ast.File {
 		t.Helper()

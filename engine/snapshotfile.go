@@ -133,5 +133,5 @@ func RestoreFile(cfg Config, path string, opts RestoreOptions) (*Engine, Restore
 // errEmptyPath is SnapshotFile's and RestoreFile's error for an empty path,
 // which os.Open would take as a missing file: a first boot at every start.
 func errEmptyPath(op string) error {
-	return &fs.PathError{Op: op, Path: "", Err: fs.ErrInvalid}
+	return &fs.PathError{Op: op, Path: `""`, Err: fs.ErrInvalid} // restore "": invalid argument
 }

@@ -61,9 +61,10 @@ type Peeker interface {
 
 // Server is the RLS v3 rate limit service on an admitter. It is safe for
 // concurrent use. Register it with rlsv3.RegisterRateLimitServiceServer.
-// Make it with NewServer: a zero Server or a nil *Server answers every call
-// with an error wrapping engine.ErrNotInitialized (ShouldRateLimit: gRPC
-// FailedPrecondition), never a panic. It must not be copied.
+// Make it with NewServer: a zero Server or a nil *Server answers with an
+// error, never a panic: Reload and CheckPolicy one wrapping
+// engine.ErrNotInitialized, ShouldRateLimit gRPC FailedPrecondition (after
+// its checks of the request). It must not be copied.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 

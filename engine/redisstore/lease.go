@@ -665,19 +665,18 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		k = &lease{from: now}
 		q.keys[strings.Clone(r.key)] = k
 		q.renew(r.key, k, st)
-	} else if k.ver != st.p.Version {
+	} else if stale := k.ver != st.p.Version; stale || q.l.expired(now, k) {
+		// A cutover ended the lease, or it is past MaxAge or its key went
+		// idle (the sweep would give it back, but may not have run since:
+		// it runs after a group, or on a timer): it goes back here, so that
+		// no lease is spent under a replaced limit, past MaxAge, or after
+		// its key went idle.
 		r.back, r.bver = k.left, k.ver
 		q.owe(k, k.left)
 		k.left = 0
-		q.renew(r.key, k, st)
-	} else if q.l.expired(now, k) {
-		// the sweep would give it back, but may not have run since (it
-		// runs after a group, or on a timer): the lease ends here, as one a
-		// cutover ended, so that no lease is spent past MaxAge, or after
-		// its key went idle
-		r.back, r.bver = k.left, k.ver
-		q.owe(k, k.left)
-		k.left = 0
+		if stale {
+			q.renew(r.key, k, st)
+		}
 	}
 	k.seen = now
 	cost := r.cost
@@ -687,7 +686,7 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 	case r.op == opRefund: // the balance grows: a denial no longer holds
 		r.err, r.held, k.deniedTill = errRemote, k.left, 0
 	case r.op == opCharge: // the lease goes back before Redis charges the key
-		if r.back == 0 { // else a cutover just ended it: back is the lease
+		if r.back == 0 { // else it just ended (a cutover, MaxAge): back is the lease
 			r.back, r.bver = k.left, k.ver
 			q.owe(k, k.left)
 		}
