@@ -195,8 +195,9 @@ func TestStatsCountACallBeforeItReturns(t *testing.T) {
 }
 
 // TestStatsLevelsBeforeReturn: the keys a call created (AllowAll's aside:
-// its shards create them after it returns), and an EvictFull's or a
-// ReplacePolicy's counts, are in Stats read right after
+// its shards create them after it returns), the high-water mark of one
+// request at a time, and an EvictFull's or a ReplacePolicy's counts, are in
+// Stats read right after
 // the call returns (no idle shard, no synctest.Wait), as KeyCount has
 // them: Keys once lagged until the shard parked, and Cutovers until each
 // shard switched after ReplacePolicy had returned. Repeated, since both
@@ -220,6 +221,7 @@ func TestStatsLevelsBeforeReturn(t *testing.T) {
 			_, err := e.Allow(ctx, fmt.Sprintf("a%d", i), 1)
 			require.NoError(t, err)
 			keys("Allow")
+			require.Equal(t, int64(1), e.Stats().Total.MailboxHighWater, "round %d: one request at a time", round)
 		}
 		_, err = e.Charge(ctx, "charged", 2)
 		require.NoError(t, err)

@@ -11,8 +11,9 @@ import (
 // loop's own, and as other goroutines may read them: the loop stores the
 // count of an answer in pub before it answers, and the key count too when
 // the answer changed it, so a caller's Stats after its call counts both;
-// the rest when it is about to park and every publishEvery messages while
-// it is busy. Reading never slows the loop.
+// the high-water mark as it rises (serveAllows); the rest when it is about
+// to park and every publishEvery messages while it is busy. Reading never
+// slows the loop.
 type counters struct {
 	c       msg.Counters // owned by the loop
 	pub     [msg.NumCounters]atomic.Uint64
