@@ -15,14 +15,16 @@ import (
 // its key count when the answer created a key, so Stats never waits for a
 // shard, and a reading taken after a call has returned counts that call,
 // the keys it created (an AllowAll's shards create its keys just after it
-// returns), and every call that returned before it. So it does
-// an EvictFull's Sweeps, Evicted and Keys, and a ReplacePolicy's Cutovers,
-// once the call has returned. (MailboxHighWater is published as it rises:
-// at least 1 before a shard's first answer to a single request, and the
-// size of a larger group just after the group is answered. EventsDropped, Holds and HoldsAborted
-// are published when the shard is about to park or to wait at a cutover's
-// barrier, and every 64 messages while it is busy.) Every call
-// is counted exactly once: Allowed + Denied + Peeks + Refunds +
+// returns), and every call that returned before it. So it does an
+// EvictFull's Sweeps, Evicted and Keys, a ReplacePolicy's Cutovers, and
+// the EventsDropped of a call whose event was dropped, once the call has
+// returned. MailboxHighWater is published as it rises: at least 1 before a
+// shard's first answer to a single request, and the size of a larger group
+// just after the group is answered. Holds and HoldsAborted are published
+// when the shard is about to park or to wait at a cutover's barrier, and
+// every 64 messages while it is busy.
+//
+// Every call is counted exactly once: Allowed + Denied + Peeks + Refunds +
 // Errors.Sum() equals the Allow, Peek, Refund and Charge calls made (a
 // Charge's answer is an admission: it counts in Allowed) plus the
 // requests of AllowBatch calls (Wait counts as the Allow calls it makes;

@@ -360,6 +360,41 @@ func TestEventsNeverBlockAdmission(t *testing.T) {
 	})
 }
 
+// TestEventsDroppedBeforeReturn: a call whose sampled event found the
+// buffer full has its drop in Stats read right after it returns (no idle
+// shard, no synctest.Wait): the drop count was once stored only when the
+// shard parked, so a consumer that never reads showed no drops yet.
+func TestEventsDroppedBeforeReturn(t *testing.T) {
+	ctx := context.Background()
+	for round := range 30 {
+		release, took := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		e, err := engine.New(engine.Config{
+			Policy: pol(1, 1000, 1), Shards: 1, EventEvery: 1, EventBuffer: 4, Clock: clock.NewManual(0),
+			Events: func(engine.Event) {
+				once.Do(func() { close(took) })
+				<-release // never reads on, until the round ends
+			},
+		})
+		require.NoError(t, err)
+		_, err = e.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		<-took // the consumer sits on the first event
+		for i := range 4 {
+			_, err := e.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			require.Zero(t, e.Stats().Total.EventsDropped, "round %d: event %d fits the buffer", round, i+2)
+		}
+		for i := range 10 {
+			_, err := e.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			require.Equal(t, uint64(i+1), e.Stats().Total.EventsDropped, "round %d", round)
+		}
+		close(release)
+		require.NoError(t, e.Close())
+	}
+}
+
 // TestEventsSample: every EventEvery-th decision arrives with its key, cost,
 // answer, shard and reading.
 func TestEventsSample(t *testing.T) {

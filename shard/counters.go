@@ -11,7 +11,8 @@ import (
 // loop's own, and as other goroutines may read them: the loop stores the
 // count of an answer in pub before it answers, and the key count too when
 // the answer changed it, so a caller's Stats after its call counts both;
-// the high-water mark as it rises (serveAllows); the rest when it is about
+// the high-water mark as it rises (serveAllows) and a dropped event as it
+// is dropped (sample); the rest when it is about
 // to park and every publishEvery messages while it is busy. Reading never
 // slows the loop.
 type counters struct {
@@ -158,6 +159,6 @@ func (s *Shard) sample(now int64, key string, cost int64, r *msg.Reply) {
 	select {
 	case st.events <- msg.Event{Key: strings.Clone(key), Cost: cost, Decision: r.Decision, Err: r.Err, Shard: st.id, Reading: now}:
 	default:
-		st.c[msg.EventsDropped]++
+		st.bump(msg.EventsDropped, 1) // before the answer, as its count: drops are what a caller checks Stats for
 	}
 }
