@@ -182,9 +182,13 @@ func (e *Engine) ReplacePolicy(ctx context.Context, next policy.Policy, expected
 	}
 
 	// Phase 2: publish. From here the cutover completes, whatever ctx does.
+	// Each published cutover is counted here, before ReplacePolicy returns,
+	// so that Stats after it count it; the shard switches after the send.
 	e.pol.Store(&next)
-	for _, mb := range e.mailboxes {
-		mb.Publish()
+	for i, mb := range e.mailboxes {
+		if mb.Publish() {
+			e.cutovers[i].Add(1)
+		}
 	}
 	e.reclaim.fillsSooner(e.clk.Now())
 	return nil

@@ -315,7 +315,14 @@ func TestNewAllocatesByShardsAndEventBuffer(t *testing.T) {
 		require.NoError(t, e.Close())
 		return after.TotalAlloc - before.TotalAlloc
 	}
+	// Other goroutines (the race detector's among them) may allocate during
+	// a measurement, which only adds to it: the least of a few is the
+	// engine's own. A single one ran up to 2 KiB high, and the comparison
+	// with EventBuffer's then failed by a few hundred bytes.
 	small := allocated(engine.Config{MaxKeys: 1})
+	for range 4 {
+		small = min(small, allocated(engine.Config{MaxKeys: 1}))
+	}
 	huge := allocated(engine.Config{MaxKeys: math.MaxInt})
 	assert.Less(t, huge, small+64<<10, "MaxKeys math.MaxInt: %d bytes, MaxKeys 1: %d", huge, small)
 	const events = 1 << 16

@@ -31,8 +31,9 @@ type Engine struct {
 	waitYields  int          // msg.WaitYields at GOMAXPROCS when the engine was built
 	hasher      shard.Hasher // seeded at random per engine; routes keys and indexes shard tables
 	mailboxes   []*shard.Mailbox
-	shards      []*shard.Shard // for their published counters only
-	allDecided  []allDecided   // by shard: the decisions AllowAll calls made there
+	shards      []*shard.Shard  // for their published counters only
+	allDecided  []allDecided    // by shard: the decisions AllowAll calls made there
+	cutovers    []atomic.Uint64 // by shard: the cutovers published to it, counted by the coordinator
 	budget      *shard.Budget
 	// AllowAll's counts (see Stats.AllowAll).
 	allAdmitted, allRefused atomic.Uint64
@@ -143,6 +144,7 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 	}
 	e.shards = shards
 	e.allDecided = make([]allDecided, len(shards))
+	e.cutovers = make([]atomic.Uint64, len(shards))
 	return e, shards
 }
 

@@ -120,6 +120,41 @@ func TestWaitAdmitsAfterTheEstimate(t *testing.T) {
 	})
 }
 
+// TestWaitersShareTheRefill: ten callers Wait on one empty key of one
+// token a second. An estimate is not a reservation: each second of refill
+// admits exactly one of them, and the others, denied again, wait for the
+// next token; none is lost and none is admitted early.
+func TestWaitersShareTheRefill(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, clk := newEngine(t, engine.Config{Policy: pol(1, 1, 1), Shards: 2})
+		ctx := context.Background()
+		_, err := e.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		got := make(chan waitResult, 10)
+		for range 10 {
+			go func() {
+				d, err := e.Wait(ctx, "k", 1)
+				got <- waitResult{d, err}
+			}()
+		}
+		for i := range 10 {
+			synctest.Wait() // every waiter left is parked on the clock
+			require.Equal(t, 10-i, clk.Waiting(), "second %d", i)
+			require.Empty(t, got, "second %d: admitted before the token came", i)
+			clk.Advance(time.Second)
+			r := <-got
+			require.NoError(t, r.err)
+			require.True(t, r.d.Allowed)
+			synctest.Wait()
+			require.Empty(t, got, "second %d: one token admitted two", i)
+		}
+		require.Zero(t, clk.Waiting())
+		st := e.Stats()
+		assert.Equal(t, uint64(1+10), st.Total.Allowed)
+		assert.Equal(t, uint64(10+9+8+7+6+5+4+3+2+1), st.Total.Denied, "each waiter is denied once a second until admitted")
+	})
+}
+
 type waitResult struct {
 	d   engine.Decision
 	err error

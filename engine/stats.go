@@ -11,13 +11,20 @@ import (
 // before a request reached a shard, and in total.
 //
 // Each shard counts what it decides in plain fields of its own goroutine and
-// publishes the count of an answer (an atomic store) before it answers, so
-// Stats never waits for a shard, and a reading taken after a call has
-// returned counts that call and every call that returned before it. (The
-// levels and the counts of background work, Keys, MailboxHighWater,
-// Cutovers, Sweeps, Evicted, EventsDropped, Holds and HoldsAborted, are
-// published when the shard is about to park or to wait at a cutover's
-// barrier, and every 64 messages while it is busy.) Every call is counted exactly once: Allowed + Denied + Peeks + Refunds +
+// publishes the count of an answer (an atomic store) before it answers, and
+// its key count when the answer created a key, so Stats never waits for a
+// shard, and a reading taken after a call has returned counts that call,
+// the keys it created (an AllowAll's shards create its keys just after it
+// returns), and every call that returned before it. So it does an
+// EvictFull's Sweeps, Evicted and Keys, a ReplacePolicy's Cutovers, and
+// the EventsDropped of a call whose event was dropped, once the call has
+// returned. MailboxHighWater is published as it rises: at least 1 before a
+// shard's first answer to a single request, and the size of a larger group
+// just after the group is answered. Holds and HoldsAborted are published
+// when the shard is about to park or to wait at a cutover's barrier, and
+// every 64 messages while it is busy.
+//
+// Every call is counted exactly once: Allowed + Denied + Peeks + Refunds +
 // Errors.Sum() equals the Allow, Peek, Refund and Charge calls made (a
 // Charge's answer is an admission: it counts in Allowed) plus the
 // requests of AllowBatch calls (Wait counts as the Allow calls it makes;
@@ -179,6 +186,7 @@ func (e *Engine) Stats() Stats {
 		c := s.Counters()
 		c[msg.Allowed] += e.allDecided[i].allowed.Load()
 		c[msg.Denied] += e.allDecided[i].denied.Load()
+		c[msg.Cutovers] = e.cutovers[i].Load()
 		d := int64(e.mailboxes[i].Depth())
 		st.Shards[i] = shardStats(&c, d)
 		total.Add(&c)

@@ -194,6 +194,64 @@ func TestStatsCountACallBeforeItReturns(t *testing.T) {
 	assert.NotZero(t, st.Refused)
 }
 
+// TestStatsLevelsBeforeReturn: the keys a call created (AllowAll's aside:
+// its shards create them after it returns), the high-water mark of one
+// request at a time, and an EvictFull's or a ReplacePolicy's counts, are in
+// Stats read right after
+// the call returns (no idle shard, no synctest.Wait), as KeyCount has
+// them: Keys once lagged until the shard parked, and Cutovers until each
+// shard switched after ReplacePolicy had returned. Repeated, since both
+// were races the shards usually lost.
+func TestStatsLevelsBeforeReturn(t *testing.T) {
+	ctx := context.Background()
+	for round := range 50 {
+		clk := clock.NewManual(0)
+		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 3, Clock: clk})
+		require.NoError(t, err)
+		keys := func(what string) {
+			st := e.Stats()
+			require.Equal(t, int64(e.KeyCount()), st.Total.Keys, "round %d, after %s", round, what)
+			var sum int64
+			for _, s := range st.Shards {
+				sum += s.Keys
+			}
+			require.Equal(t, st.Total.Keys, sum, "round %d, after %s", round, what)
+		}
+		for i := range 4 {
+			_, err := e.Allow(ctx, fmt.Sprintf("a%d", i), 1)
+			require.NoError(t, err)
+			keys("Allow")
+			require.Equal(t, int64(1), e.Stats().Total.MailboxHighWater, "round %d: one request at a time", round)
+		}
+		_, err = e.Charge(ctx, "charged", 2)
+		require.NoError(t, err)
+		keys("Charge")
+		out := make([]engine.Result, 2)
+		require.NoError(t, e.AllowBatch(ctx, []engine.Request{{Key: "b0", Cost: 1}, {Key: "b1", Cost: 1}}, out))
+		keys("AllowBatch")
+		require.Equal(t, int64(7), e.Stats().Total.Keys)
+
+		require.NoError(t, e.ReplacePolicy(ctx, pol(2, 5, 1), 1))
+		st := e.Stats()
+		require.Equal(t, uint64(3), st.Total.Cutovers, "round %d", round)
+		for i, s := range st.Shards {
+			require.Equal(t, uint64(1), s.Cutovers, "round %d, shard %d", round, i)
+		}
+
+		clk.Advance(10 * time.Second)
+		_, err = e.Allow(ctx, "a0", 5) // a0 empty: kept by the sweep
+		require.NoError(t, err)
+		n, err := e.EvictFull(ctx)
+		require.NoError(t, err)
+		st = e.Stats()
+		require.Equal(t, 6, n)
+		require.Equal(t, uint64(n), st.Total.Evicted, "round %d", round)
+		require.Equal(t, uint64(3), st.Total.Sweeps, "round %d", round)
+		keys("EvictFull")
+		require.NoError(t, e.Close())
+	}
+}
+
 // TestStatsAfterClose: requests refused after Close are counted, and Stats
 // keeps answering with the final counts.
 func TestStatsAfterClose(t *testing.T) {
@@ -300,6 +358,41 @@ func TestEventsNeverBlockAdmission(t *testing.T) {
 		assert.Equal(t, int64(1), delivered.Load(), "the consumer took one and sits on it")
 		assert.Equal(t, uint64(100-1-4), st.Total.EventsDropped, "one delivered, four buffered, the rest dropped")
 	})
+}
+
+// TestEventsDroppedBeforeReturn: a call whose sampled event found the
+// buffer full has its drop in Stats read right after it returns (no idle
+// shard, no synctest.Wait): the drop count was once stored only when the
+// shard parked, so a consumer that never reads showed no drops yet.
+func TestEventsDroppedBeforeReturn(t *testing.T) {
+	ctx := context.Background()
+	for round := range 30 {
+		release, took := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		e, err := engine.New(engine.Config{
+			Policy: pol(1, 1000, 1), Shards: 1, EventEvery: 1, EventBuffer: 4, Clock: clock.NewManual(0),
+			Events: func(engine.Event) {
+				once.Do(func() { close(took) })
+				<-release // never reads on, until the round ends
+			},
+		})
+		require.NoError(t, err)
+		_, err = e.Allow(ctx, "k", 1)
+		require.NoError(t, err)
+		<-took // the consumer sits on the first event
+		for i := range 4 {
+			_, err := e.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			require.Zero(t, e.Stats().Total.EventsDropped, "round %d: event %d fits the buffer", round, i+2)
+		}
+		for i := range 10 {
+			_, err := e.Allow(ctx, "k", 1)
+			require.NoError(t, err)
+			require.Equal(t, uint64(i+1), e.Stats().Total.EventsDropped, "round %d", round)
+		}
+		close(release)
+		require.NoError(t, e.Close())
+	}
 }
 
 // TestEventsSample: every EventEvery-th decision arrives with its key, cost,

@@ -53,7 +53,7 @@ const (
 	Denied                       // requests decided and refused (an AllowAll's are counted by its caller)
 	Peeks                        // Peek calls answered
 	Refunds                      // Refund calls answered
-	Cutovers                     // cutovers published
+	Cutovers                     // cutovers published (counted by the engine's coordinator)
 	Sweeps                       // sweeps finished
 	Evicted                      // buckets evicted by sweeps
 	EventsDropped                // sampled decisions dropped on a full buffer

@@ -9,9 +9,12 @@ import (
 
 // counters is what a shard counts (see msg.Counter), in plain fields of the
 // loop's own, and as other goroutines may read them: the loop stores the
-// count of an answer in pub before it answers, so a caller's Stats after
-// its call counts it, and the rest when it is about to park and every
-// publishEvery messages while it is busy; reading never slows the loop.
+// count of an answer in pub before it answers, and the key count too when
+// the answer changed it, so a caller's Stats after its call counts both;
+// the high-water mark as it rises (serveAllows) and a dropped event as it
+// is dropped (sample); the rest when it is about
+// to park and every publishEvery messages while it is busy. Reading never
+// slows the loop.
 type counters struct {
 	c       msg.Counters // owned by the loop
 	pub     [msg.NumCounters]atomic.Uint64
@@ -79,6 +82,18 @@ func (s *Shard) publishIfBehind() {
 	}
 }
 
+// publishKeys publishes the key count if it changed since it was last
+// published: before an answer that created a key, so that Stats after the
+// call count it, as KeyCount does. Only a creation changes it there, so
+// the common answer pays one comparison.
+func (s *Shard) publishKeys() {
+	st := &s.stats
+	if n := uint64(s.state.keyCount()); n != st.c[msg.Keys] {
+		st.c[msg.Keys] = n
+		st.pub[msg.Keys].Store(n)
+	}
+}
+
 // served counts one group or batch part, publishing now and then.
 func (s *Shard) served() {
 	if s.stats.unsaved++; s.stats.unsaved >= publishEvery {
@@ -105,6 +120,7 @@ func (s *Shard) count(now int64, a *msg.Single) {
 	}
 	st := &s.stats
 	st.bump(k, 1)
+	s.publishKeys()
 	// Peeks and refunds are not decisions, failed or not: an event for one
 	// would report a request no caller made.
 	if st.events != nil && a.Op != msg.OpPeek && a.Op != msg.OpRefund {
@@ -143,6 +159,6 @@ func (s *Shard) sample(now int64, key string, cost int64, r *msg.Reply) {
 	select {
 	case st.events <- msg.Event{Key: strings.Clone(key), Cost: cost, Decision: r.Decision, Err: r.Err, Shard: st.id, Reading: now}:
 	default:
-		st.c[msg.EventsDropped]++
+		st.bump(msg.EventsDropped, 1) // before the answer, as its count: drops are what a caller checks Stats for
 	}
 }

@@ -63,6 +63,11 @@ func (s *Shard) serveAllows() bool {
 	}
 	s.endSent()
 	s.yieldFirst = true
+	if s.stats.c[msg.HighWater] == 0 {
+		// The group holds one request at least: published before it is
+		// answered, so that Stats after a shard's first answer show it.
+		s.stats.bump(msg.HighWater, 1)
+	}
 	var n int
 	switch {
 	case s.bare:
@@ -75,7 +80,8 @@ func (s *Shard) serveAllows() bool {
 		n = s.serveWalking(a)
 	}
 	if uint64(n) > s.stats.c[msg.HighWater] {
-		s.stats.c[msg.HighWater] = uint64(n)
+		// Published at once, not at the next park: a maximum rises seldom.
+		s.stats.bump(msg.HighWater, uint64(n)-s.stats.c[msg.HighWater])
 	}
 	s.mb.taken(n)
 	s.served()

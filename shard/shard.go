@@ -278,13 +278,13 @@ func (s *Shard) waiting() bool {
 	return ok && t.waiting
 }
 
-// publishCutover switches to the prepared policy and counts it; the next
-// pass serves data before control.
+// publishCutover switches to the prepared policy; the next pass serves
+// data before control. The engine's coordinator counts the cutover, as it
+// sends publish: counted here, after the send, a Stats taken as
+// ReplacePolicy returns would miss it.
 func (s *Shard) publishCutover() {
 	s.state.publish()
 	s.dataFirst = true
-	s.stats.add(msg.Cutovers, 1)
-	s.stats.unsaved++ // published at the next park, or with the next messages
 }
 
 // background returns the background work in progress, if any: a task the
