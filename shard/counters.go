@@ -12,9 +12,8 @@ import (
 // count of an answer in pub before it answers, and the key count too when
 // the answer changed it, so a caller's Stats after its call counts both;
 // the high-water mark as it rises (serveAllows) and a dropped event as it
-// is dropped (sample); the rest when it is about
-// to park and every publishEvery messages while it is busy. Reading never
-// slows the loop.
+// is dropped (sample); the rest when it is about to park and every
+// publishEvery messages while it is busy. Reading never slows the loop.
 type counters struct {
 	c       msg.Counters // owned by the loop
 	pub     [msg.NumCounters]atomic.Uint64
