@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -71,11 +72,12 @@ func (s *Store) nodeFailed(ctx context.Context, err error) bool {
 // gone, so that the slot map may be stale: an error of the connection (a
 // dial refused or timed out, a connection reset, closed or timed out, which
 // a cluster client that has not loaded its slot map yet may give bare, as
-// os.ErrDeadlineExceeded) or a CLUSTERDOWN reply. Any other reply, a
-// context's error without a network error in it, or a client closed, is
-// not.
+// os.ErrDeadlineExceeded), a CLUSTERDOWN reply, or a cluster client's
+// refusal of a command for a master its slot map marks failed
+// (topologyUnhealthy). Any other reply, a context's error without a network
+// error in it, or a client closed, is not.
 func nodeLost(err error) bool {
-	if redis.HasErrorPrefix(err, "CLUSTERDOWN") {
+	if redis.HasErrorPrefix(err, "CLUSTERDOWN") || err != nil && strings.Contains(err.Error(), topologyUnhealthy) {
 		return true
 	}
 	var reply redis.Error
@@ -87,6 +89,14 @@ func nodeLost(err error) bool {
 		errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
+
+// topologyUnhealthy is the text of go-redis's ErrClusterTopologyUnhealthy
+// (from v9.24.0, which a module that requires go-redis at its latest
+// builds this package with): its cluster client refuses, without sending
+// it, a command for a slot whose master its slot map marks failed, as it
+// does while a master is down. Matched by its text, since the go-redis
+// this module requires has no such value.
+const topologyUnhealthy = "redis: cluster topology contains a node that is not online"
 
 // action is what exec does after a script call failed with an error.
 type action int
