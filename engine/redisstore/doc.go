@@ -291,11 +291,13 @@
 // (ClusterOptions.ClusterStateReloadInterval, a minute by default), and it
 // neither marks failing nor reloads on a connection error of a command it
 // does not retry, as every script call is. So when a call fails on a
-// connection error (a dial refused or timed out, a connection reset or
-// timed out), CLUSTERDOWN, or a deadline that passed without a reply (all
-// a master that hangs rather than dies gives), the store asks the client to
-// reload its slot map (ClusterClient.ReloadState), at most once per 100 ms
-// however many calls fail, and go-redis reloads it on a goroutine of its
+// connection error (a dial refused or timed out, a connection reset or timed
+// out), CLUSTERDOWN, go-redis's refusal of a master its slot map marks
+// failed (from go-redis v9.24.0), or a deadline that passed without a reply
+// (all a master that hangs rather than dies gives), the store asks the
+// client to reload its slot map (ClusterClient.ReloadState), at most once
+// per 100 ms however many calls fail, and go-redis reloads it on a goroutine
+// of its
 // own, at most once per 200 ms. Calls on the lost master's shards are
 // decided again within a few hundred milliseconds of the promotion, under
 // load; the first call after a quiet spell may still meet the old slot map,
