@@ -297,8 +297,7 @@
 // (all a master that hangs rather than dies gives), the store asks the
 // client to reload its slot map (ClusterClient.ReloadState), at most once
 // per 100 ms however many calls fail, and go-redis reloads it on a goroutine
-// of its
-// own, at most once per 200 ms. Calls on the lost master's shards are
+// of its own, at most once per 200 ms. Calls on the lost master's shards are
 // decided again within a few hundred milliseconds of the promotion, under
 // load; the first call after a quiet spell may still meet the old slot map,
 // and the failure rule. A reload that asks a hung master first waits for
