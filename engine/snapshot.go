@@ -94,7 +94,10 @@ var (
 // Errors: ErrNotInitialized (a zero Engine, first), an error wrapping
 // fs.ErrInvalid for a nil w, ErrClosed (before or during), ErrNilContext or
 // the context's error, or w's error; on an error what was written is
-// incomplete and Restore rejects it.
+// incomplete and Restore rejects it. A Close or a context that ends once
+// every shard has handed its last chunk to the writer may come too late to
+// end the call: Snapshot may then finish writing and return nil, and what
+// it wrote is complete.
 func (e *Engine) Snapshot(ctx context.Context, w io.Writer) error {
 	if e.uninitialized() {
 		return ErrNotInitialized
