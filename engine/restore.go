@@ -83,13 +83,17 @@ type RestoreReport struct {
 // engine refuses every request that names it.
 //
 // Errors, with no engine: those of New for cfg; ErrInvalidSnapshot (wrapped,
-// saying what was wrong) for input it cannot read; ErrKeyCapacity if the
+// saying what was wrong) for input it cannot read, and for a nil r (then
+// wrapping fs.ErrInvalid too); ErrKeyCapacity if the
 // snapshot holds more than cfg.MaxKeys keys and opts.DropFullest is not set;
 // the reader's error.
 func Restore(cfg Config, r io.Reader, opts RestoreOptions) (*Engine, RestoreReport, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, RestoreReport{}, err
+	}
+	if r == nil {
+		return nil, RestoreReport{}, errNilReader
 	}
 	e, shards := build(cfg)
 	rep, err := e.restore(cfg, shards, r, opts)

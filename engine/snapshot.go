@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"math"
 
 	"github.com/cespare/xxhash/v2"
@@ -66,6 +68,13 @@ const (
 // an invalid policy or trailing bytes.
 var ErrInvalidSnapshot = errors.New("engine: invalid snapshot")
 
+// The errors of a nil writer or reader: a caller's mistake, as an empty
+// path is SnapshotFile's and RestoreFile's.
+var (
+	errNilWriter = fmt.Errorf("engine: Snapshot to a nil io.Writer: %w", fs.ErrInvalid)
+	errNilReader = fmt.Errorf("%w: a nil io.Reader (%w)", ErrInvalidSnapshot, fs.ErrInvalid)
+)
+
 // Snapshot writes the state of every tracked key to w, in a versioned format
 // that Restore reads, while the engine goes on serving.
 //
@@ -82,12 +91,19 @@ var ErrInvalidSnapshot = errors.New("engine: invalid snapshot")
 // their keys are copied: for a restart, stop admitting (http.Server's
 // Shutdown, say) before the final Snapshot, then Close.
 //
-// Errors: ErrNotInitialized (a zero Engine, first), ErrClosed (before or
-// during), ErrNilContext or the context's error, or w's error; on an error
-// what was written is incomplete and Restore rejects it.
+// Errors: ErrNotInitialized (a zero Engine, first), an error wrapping
+// fs.ErrInvalid for a nil w, ErrClosed (before or during), ErrNilContext or
+// the context's error, or w's error; on an error what was written is
+// incomplete and Restore rejects it. A Close or a context that ends once
+// every shard has handed its last chunk to the writer may come too late to
+// end the call: Snapshot may then finish writing and return nil, and what
+// it wrote is complete.
 func (e *Engine) Snapshot(ctx context.Context, w io.Writer) error {
 	if e.uninitialized() {
 		return ErrNotInitialized
+	}
+	if w == nil {
+		return errNilWriter // not a panic with the coordinator held and the shards copying
 	}
 	if err := e.acquire(ctx); err != nil {
 		return err
