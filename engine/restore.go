@@ -84,9 +84,8 @@ type RestoreReport struct {
 //
 // Errors, with no engine: those of New for cfg; ErrInvalidSnapshot (wrapped,
 // saying what was wrong) for input it cannot read, and for a nil r (then
-// wrapping fs.ErrInvalid too); ErrKeyCapacity if the
-// snapshot holds more than cfg.MaxKeys keys and opts.DropFullest is not set;
-// the reader's error.
+// wrapping fs.ErrInvalid too); ErrKeyCapacity if the snapshot holds more
+// than cfg.MaxKeys keys and opts.DropFullest is not set; the reader's error.
 func Restore(cfg Config, r io.Reader, opts RestoreOptions) (*Engine, RestoreReport, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
