@@ -11,7 +11,7 @@ replace github.com/tokenshard/tokenshard/engine/redisstore => ../../../engine/re
 require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
-	github.com/redis/go-redis/v9 v9.23.0
+	github.com/redis/go-redis/v9 v9.24.0
 	github.com/stretchr/testify v1.12.1
 	github.com/tokenshard/tokenshard v0.0.0-00010101000000-000000000000
 	github.com/tokenshard/tokenshard/engine/promstats v0.0.0-00010101000000-000000000000
@@ -30,6 +30,6 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )

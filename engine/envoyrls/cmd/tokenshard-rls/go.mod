@@ -15,7 +15,7 @@ replace github.com/tokenshard/tokenshard/engine/promstats/storestats => ../../..
 require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/prometheus/client_golang v1.25.0
-	github.com/redis/go-redis/v9 v9.23.0
+	github.com/redis/go-redis/v9 v9.24.0
 	github.com/tokenshard/tokenshard v0.0.0-00010101000000-000000000000
 	github.com/tokenshard/tokenshard/engine/envoyrls v0.0.0-00010101000000-000000000000
 	github.com/tokenshard/tokenshard/engine/promstats v0.0.0-00010101000000-000000000000
@@ -40,7 +40,7 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/net v0.62.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
