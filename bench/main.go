@@ -52,6 +52,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bench: unexpected argument %q: the command takes only flags (-h lists them)\n", fs.Arg(0))
+		return 2
+	}
 	switch {
 	case redisCluster != "" && cfg.redisAddr != "":
 		fmt.Fprintln(stderr, "bench: -redis and -redis-cluster exclude each other")
@@ -65,9 +69,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "bench: bad -cpu value %q\n", f)
 			return 2
 		}
+		if slices.Contains(cfg.cpus, n) {
+			fmt.Fprintf(stderr, "bench: -cpu value %d given twice\n", n)
+			return 2
+		}
 		cfg.cpus = append(cfg.cpus, n)
 	}
-	// 72 cells of 3 rounds, plus setup, stay under 3 minutes.
+	tables := map[string]func(io.Writer, config) error{
+		"decisions": infallible(decisions), "memory": infallible(memory), "latency": infallible(latencies),
+		"allowall": infallible(allowAll), "redis": redisSection, "envoyrls": envoyRLS, "leases": leases,
+	}
+	for _, p := range strings.Split(parts, ",") {
+		if _, ok := tables[strings.TrimSpace(p)]; !ok {
+			fmt.Fprintf(stderr, "bench: unknown part %q (have decisions, memory, latency, allowall, redis, envoyrls, leases)\n", p)
+			return 2
+		}
+	}
+	// Every cell's 3 rounds, plus setup, stay under 3 minutes.
 	cfg.benchtime, cfg.rounds = 100*time.Millisecond, 3
 	cfg.keys = 1_000_000
 	if cfg.quick {
@@ -82,16 +100,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	fmt.Fprintf(stdout, "tokenshard bench: %s, %d cores, %s, 8 goroutines per core\n",
 		runtime.Version(), runtime.NumCPU(), map[bool]string{true: "quick", false: "full"}[cfg.quick])
-	tables := map[string]func(io.Writer, config) error{
-		"decisions": infallible(decisions), "memory": infallible(memory), "latency": infallible(latencies),
-		"allowall": infallible(allowAll), "redis": redisSection, "envoyrls": envoyRLS, "leases": leases,
-	}
-	for _, p := range strings.Split(parts, ",") {
-		if _, ok := tables[strings.TrimSpace(p)]; !ok {
-			fmt.Fprintf(stderr, "bench: unknown part %q (have decisions, memory, latency, allowall, redis, envoyrls, leases)\n", p)
-			return 2
-		}
-	}
 	for _, p := range strings.Split(parts, ",") {
 		if err := tables[strings.TrimSpace(p)](stdout, cfg); err != nil {
 			cfg.prog.clear()
