@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"math/rand"
 	"runtime"
 	"sync"
@@ -117,3 +118,62 @@ func TestMeasureCountsErrors(t *testing.T) {
 		}
 	}
 }
+
+// allocSink keeps what allocDecider allocates reachable, so that the
+// allocation is not optimised away.
+var allocSink []byte
+
+// allocDecider admits every key and allocates once per call, as a batch
+// path that built a slice per call would.
+type allocDecider struct{}
+
+func (allocDecider) decide(keys []string) int {
+	allocSink = make([]byte, 64)
+	return len(keys)
+}
+
+// TestMeasureCountsAllocs: the decisions table's allocations are per
+// decision and not rounded down, so a contender that allocates once per
+// call of 64 shows it (1/64 of an allocation per decision), and the
+// harness's own allocations (its worker goroutines, their deciders and
+// cursors, a few dozen per measurement) are not charged to the contender
+// however few calls a measurement makes: at most one, when waiting for the
+// workers takes the runtime a new wait record.
+func TestMeasureCountsAllocs(t *testing.T) {
+	s := scenario{name: "hot", keys: 1, policy: admitAll}
+	ks := newKeySet(s)
+	for _, c := range []struct {
+		c        contender
+		calls    int
+		min, max float64
+	}{
+		{contender{name: "one allocation per call of 64", batch: 64, setup: func(policy.Policy, int) instance {
+			return instance{forWorker: func() decider { return allocDecider{} }, close: func() {}}
+		}}, 2000, 1.0 / 64, 1.5 / 64},
+		{contender{name: "no allocation, few calls", batch: 1, setup: func(policy.Policy, int) instance {
+			return instance{forWorker: func() decider { return noopDecider{} }, close: func() {}}
+		}}, 20, 0, 1.0 / 20},
+		{contender{name: "no allocation, few calls, sequential", batch: 1, sequential: true, setup: func(policy.Policy, int) instance {
+			return instance{forWorker: func() decider { return noopDecider{} }, close: func() {}}
+		}}, 20, 0, 1.0 / 20},
+	} {
+		rg := newRig(c.c, s, func() *keySet { return ks })
+		rg.ready()
+		// The most of a few measurements: a stray allocation by the runtime
+		// may land in one of them.
+		least := math.Inf(1)
+		for range 3 {
+			_, allocs, _, _, _ := measure(rg, c.calls)
+			least = min(least, float64(allocs))
+		}
+		rg.close()
+		if least < c.min || least > c.max {
+			t.Errorf("%s: %v allocations per decision, want %v to %v", c.c.name, least, c.min, c.max)
+		}
+	}
+}
+
+// noopDecider admits every key and allocates nothing.
+type noopDecider struct{}
+
+func (noopDecider) decide(keys []string) int { return len(keys) }

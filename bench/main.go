@@ -52,6 +52,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bench: unexpected argument %q: the command takes only flags (-h lists them)\n", fs.Arg(0))
+		return 2
+	}
 	switch {
 	case redisCluster != "" && cfg.redisAddr != "":
 		fmt.Fprintln(stderr, "bench: -redis and -redis-cluster exclude each other")
@@ -65,9 +69,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "bench: bad -cpu value %q\n", f)
 			return 2
 		}
+		if slices.Contains(cfg.cpus, n) {
+			fmt.Fprintf(stderr, "bench: -cpu value %d given twice\n", n)
+			return 2
+		}
 		cfg.cpus = append(cfg.cpus, n)
 	}
-	// 72 cells of 3 rounds, plus setup, stay under 3 minutes.
+	tables := map[string]func(io.Writer, config) error{
+		"decisions": infallible(decisions), "memory": infallible(memory), "latency": infallible(latencies),
+		"allowall": infallible(allowAll), "redis": redisSection, "envoyrls": envoyRLS, "leases": leases,
+	}
+	for _, p := range strings.Split(parts, ",") {
+		if _, ok := tables[strings.TrimSpace(p)]; !ok {
+			fmt.Fprintf(stderr, "bench: unknown part %q (have decisions, memory, latency, allowall, redis, envoyrls, leases)\n", p)
+			return 2
+		}
+	}
+	// Every cell's 3 rounds, plus setup, stay under 3 minutes.
 	cfg.benchtime, cfg.rounds = 100*time.Millisecond, 3
 	cfg.keys = 1_000_000
 	if cfg.quick {
@@ -82,16 +100,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	fmt.Fprintf(stdout, "tokenshard bench: %s, %d cores, %s, 8 goroutines per core\n",
 		runtime.Version(), runtime.NumCPU(), map[bool]string{true: "quick", false: "full"}[cfg.quick])
-	tables := map[string]func(io.Writer, config) error{
-		"decisions": infallible(decisions), "memory": infallible(memory), "latency": infallible(latencies),
-		"allowall": infallible(allowAll), "redis": redisSection, "envoyrls": envoyRLS, "leases": leases,
-	}
-	for _, p := range strings.Split(parts, ",") {
-		if _, ok := tables[strings.TrimSpace(p)]; !ok {
-			fmt.Fprintf(stderr, "bench: unknown part %q (have decisions, memory, latency, allowall, redis, envoyrls, leases)\n", p)
-			return 2
-		}
-	}
 	for _, p := range strings.Split(parts, ",") {
 		if err := tables[strings.TrimSpace(p)](stdout, cfg); err != nil {
 			cfg.prog.clear()
@@ -117,19 +125,23 @@ func calibrate(rg *rig, d time.Duration) int {
 }
 
 // measure times calls decide calls of rg, and returns the nanoseconds and
-// the allocations (rounded down) per decision, how many decisions it made
-// and admitted, and how many requests got an error (counted as denied).
-func measure(rg *rig, calls int) (ns float64, allocs, decisions, allowed, failed int64) {
+// the allocations per decision, how many decisions it made and admitted,
+// and how many requests got an error (counted as denied). The harness's
+// own goroutines and buffers are set up before it starts counting, so the
+// allocations are the contender's: one per call of a batch of 128 shows
+// as 1/128 per decision.
+func measure(rg *rig, calls int) (ns, allocs float64, decisions, allowed, failed int64) {
+	start := rg.prepare(calls)
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	errs0 := decideErrors.Load()
-	start := time.Now()
-	allowed = rg.run(calls)
-	took := time.Since(start)
+	t0 := time.Now()
+	allowed = start()
+	took := time.Since(t0)
 	failed = decideErrors.Load() - errs0
 	runtime.ReadMemStats(&after)
 	decisions = int64(calls * rg.c.batch)
-	return float64(took.Nanoseconds()) / float64(decisions), int64(after.Mallocs-before.Mallocs) / decisions, decisions, allowed, failed
+	return float64(took.Nanoseconds()) / float64(decisions), float64(after.Mallocs-before.Mallocs) / float64(decisions), decisions, allowed, failed
 }
 
 // median returns the median of v, which it sorts.
@@ -151,7 +163,7 @@ func infallible(f func(io.Writer, config)) func(io.Writer, config) error {
 func decisions(out io.Writer, cfg config) {
 	type cell struct {
 		ns     float64
-		allocs int64
+		allocs float64
 		share  float64 // of all its rounds' decisions, admitted
 	}
 	results := map[string]map[string]cell{} // contender -> column -> cell
@@ -193,7 +205,7 @@ func decisions(out io.Writer, cfg config) {
 				calls[i] = calibrate(rigs[i], cfg.benchtime)
 			}
 			ns := make([][]float64, len(contenders))
-			allocs := make([]int64, len(contenders))
+			allocs := make([]float64, len(contenders))
 			admitted := make([]float64, len(contenders)) // the least share in a round
 			made, allowed, failed := make([]int64, len(contenders)), make([]int64, len(contenders)), make([]int64, len(contenders))
 			for i := range admitted {
@@ -264,13 +276,13 @@ func decisions(out io.Writer, cfg config) {
 	t.AppendHeader(append(header, "allocs"))
 	for _, c := range contenders {
 		row := table.Row{c.name}
-		var allocs int64
+		var allocs float64
 		for _, col := range columns {
 			r := results[c.name][col]
 			row = append(row, fmt.Sprintf("%.0f (%.2fx)", r.ns, r.ns/best[c.batch > 1][col]))
 			allocs = max(allocs, r.allocs)
 		}
-		t.AppendRow(append(row, allocs))
+		t.AppendRow(append(row, fmt.Sprintf("%.2f", allocs)))
 	}
 	t.Render()
 	// What each contender decided, beside what it cost: one that denies

@@ -81,17 +81,25 @@ func (r *rig) bench(b *testing.B) {
 // run makes calls decide calls of r's batch size: from one goroutine for a
 // sequential contender, else as decideParallel does. It returns how many
 // of the decisions admitted.
-func (r *rig) run(calls int) (allowed int64) {
+func (r *rig) run(calls int) (allowed int64) { return r.prepare(calls)() }
+
+// prepare sets up run's calls and returns what makes them: the workers,
+// their deciders and their cursors exist when it returns, so that a
+// measurement of the returned func times and counts the allocations of
+// deciding alone.
+func (r *rig) prepare(calls int) (start func() (allowed int64)) {
 	r.ready()
 	c := r.c
 	if !c.sequential {
-		return decideParallel(calls, r.ks, c.batch, r.inst.forWorker)
+		return prepareParallel(calls, r.ks, c.batch, r.inst.forWorker)
 	}
 	d, cur := r.inst.forWorker(), newDrawCursor(r.ks, 0, c.batch)
-	for range calls {
-		allowed += int64(d.decide(cur.next()))
+	return func() (allowed int64) {
+		for range calls {
+			allowed += int64(d.decide(cur.next()))
+		}
+		return allowed
 	}
-	return allowed
 }
 
 // decideParallel makes calls decide calls of batch draws of ks each from 8
@@ -100,16 +108,24 @@ func (r *rig) run(calls int) (allowed int64) {
 // shared count up to 100 at a time. It returns how many of the decisions
 // admitted.
 func decideParallel(calls int, ks *keySet, batch int, newDecider func() decider) int64 {
+	return prepareParallel(calls, ks, batch, newDecider)()
+}
+
+// prepareParallel starts decideParallel's workers, waiting, and returns
+// what lets them go and waits for them.
+func prepareParallel(calls int, ks *keySet, batch int, newDecider func() decider) (start func() (allowed int64)) {
 	workers := parallelism * runtime.GOMAXPROCS(0)
 	grain := int64(max(1, min(100, calls/(workers*10))))
 	var left, allowed atomic.Int64
 	left.Store(int64(calls))
 	var wg sync.WaitGroup
+	gate := make(chan struct{})
 	for w := range workers {
 		d, cur := newDecider(), newDrawCursor(ks, (w+1)*104_729, batch)
 		wg.Go(func() {
 			mine := 0
 			defer func() { allowed.Add(int64(mine)) }()
+			<-gate
 			for {
 				n := min(grain, left.Add(-grain)+grain)
 				if n <= 0 {
@@ -121,8 +137,11 @@ func decideParallel(calls int, ks *keySet, batch int, newDecider func() decider)
 			}
 		})
 	}
-	wg.Wait()
-	return allowed.Load()
+	return func() int64 {
+		close(gate)
+		wg.Wait()
+		return allowed.Load()
+	}
 }
 
 // drawCursor walks ks.draws in runs of batch keys from a start, wrapping

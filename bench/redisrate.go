@@ -147,7 +147,7 @@ func rateReply(c *redis.Cmd) (allowed, ok bool) {
 	return a > 0, ok1 && ok2 && ok3 && ok4 && err1 == nil && err2 == nil
 }
 
-// rateDecider is a decider for one worker: Limiter.Allow for batch 1,
+// decider is a decider for one worker: Limiter.Allow for batch 1,
 // else a pipeline of batch script calls.
 func (p *ratePeer) decider(errs *atomic.Int64, batch int) decider {
 	if batch == 1 {

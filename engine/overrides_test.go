@@ -119,7 +119,7 @@ func TestOverridesCostBoundAtMaxKeys(t *testing.T) {
 	assert.ErrorIs(t, err, engine.ErrKeyCapacity)
 }
 
-// TestOverridesCutover covers the three moves of the issue, each checked
+// TestOverridesCutover covers a key's three moves at a cutover, each checked
 // against the model to the unit and against the hand computation:
 //   - default -> override with a higher capacity: no top-up;
 //   - override -> default with a lower capacity: clamped;

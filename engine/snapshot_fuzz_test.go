@@ -196,8 +196,8 @@ func reseal(data []byte) []byte {
 	return seal(data[:len(data)-8])
 }
 
-// snapDecoder reads a snapshot with every check the format comment and the
-// issue ask for. It is deliberately plain: a byte slice and an offset.
+// snapDecoder reads a snapshot with every check the format comment asks
+// for. It is deliberately plain: a byte slice and an offset.
 type snapDecoder struct {
 	data []byte
 	off  int

@@ -43,7 +43,7 @@ func runAcquires(t *testing.T, l policy.Limiter, steps []acquire) {
 	}
 }
 
-// boundaryLimiters returns the issue's three limiters of capacity 10: a
+// boundaryLimiters returns three limiters of capacity 10: a
 // 1 s fixed window, a token bucket refilled at 10/s and started full at 0,
 // and a 1 s sliding log.
 func boundaryLimiters(t *testing.T) map[string]policy.Limiter {
@@ -57,7 +57,7 @@ func boundaryLimiters(t *testing.T) map[string]policy.Limiter {
 	return map[string]policy.Limiter{"FixedWindow": fw, "TokenBucket": tb, "SlidingLog": sl}
 }
 
-// TestLimitersAtWindowBoundary is the case from the issue: 10 requests of
+// TestLimitersAtWindowBoundary is the window-boundary case: 10 requests of
 // cost 1 at 999,999,999 ns and 10 at 1 s. The fixed window starts a fresh
 // count at 1 s and admits all 20, twice its capacity within 1 ns; the
 // token bucket has refilled 1e-8 of a token by then, and the sliding log

@@ -45,7 +45,7 @@ func FuzzLevels(f *testing.F) {
 		d1, k1, d2, k2 int64
 	}
 	for _, s := range []seed{
-		// The worked examples: capacity 10 at 100 per minute, and 5
+		// Two worked examples: capacity 10 at 100 per minute, and 5
 		// at 5/s with "daily" 20 per day, both emptied.
 		{10, 100, int64(time.Minute), 0, 0, 0, 0, 0, 0, 0, 0, 599_999_999, 1, 1, 1},
 		{5, 5, 0, 0, 0, 20, 20, day, 0, 0, 3, int64(4 * time.Second), 1, 4316 * int64(time.Second), 1},

@@ -44,7 +44,7 @@ func awkwardLimits() map[string]policy.Limit {
 			out[fmt.Sprintf("%s/capacity=%d", r.name, c)] = policy.Limit{Capacity: c, Refill: r.rate}
 		}
 	}
-	out["100/minute/capacity=1 (the issue's)"] = rateLimit(1, 100, time.Minute)
+	out["100/minute/capacity=1"] = rateLimit(1, 100, time.Minute)
 	out["3/s as TokensPerSecond"] = policy.Limit{Capacity: 10, TokensPerSecond: 3}
 	out["MaxInt64/s as TokensPerSecond"] = policy.Limit{Capacity: maxInt64, TokensPerSecond: maxInt64}
 	return out

@@ -35,7 +35,7 @@ func TestRunSnapshotServesBatches(t *testing.T) {
 		}()
 		clk <- 0 // beginSnapshot's reading
 		require.NoError(t, <-began)
-		synctest.Wait() // the shard parks in snapStep
+		synctest.Wait() // the shard parks, its snapshot task waiting for a chunk
 
 		// A single wakes it; the shard stalls reading the clock for it.
 		answers := []<-chan msg.Reply{allowAsync(t, l.mb, "s", 1)}

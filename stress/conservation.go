@@ -160,7 +160,7 @@ type consRun struct {
 	eng   *engine.Engine
 	clk   *clock.Monotonic
 	names []string
-	class []int // by key: its class in the ledger and in consVersion.limits
+	class []int // by key: its class in the ledger and in consVersion.shapes
 	reg   consRegistry
 
 	seg     atomic.Int64 // current segment, published after its boundary

@@ -113,7 +113,7 @@ func TestConsCheckDecisionBands(t *testing.T) {
 		d    engine.Decision
 		cost int64
 	}{
-		// The worked example at t = 4 s.
+		// The worked example of 5 at 5/s and 20 a day, at t = 4 s.
 		{p, engine.Decision{RetryAfter: 4316 * time.Second, Version: 4, Limit: 20, ResetAfter: 86396 * time.Second, Band: "daily"}, 1},
 		{p, engine.Decision{Allowed: true, Remaining: 4, Version: 4, Limit: 5, ResetAfter: 200 * time.Millisecond}, 1},
 		{huge, engine.Decision{Remaining: 1, RetryAfter: math.MaxInt64, Version: 1, Limit: 2, ResetAfter: math.MaxInt64}, 2},

@@ -449,7 +449,7 @@ func (g *diffGen) limitRate() (tokensPerSecond int64, refill policy.Rate) {
 	return 0, g.refill()
 }
 
-// refill draws a Refill rate: the awkward ones (7 per 3 s, 1 per
+// refill draws a Refill rate: awkward ones (7 per 3 s, 1 per
 // day, 1 per MaxInt64 ns, MaxInt64 per 1 ns, 100 per minute), the units a
 // 32-bit fraction holds and just past it (a period of 2^32 ns), a rate per
 // second in the other form, and random ones of any period.

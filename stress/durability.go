@@ -30,7 +30,7 @@ import (
 // is a measurement, not a check of an invariant the store can keep: it
 // fails only when the store gives a wrong answer the event cannot explain,
 // or when a setting that should lose nothing loses something (see
-// durExpect).
+// durSetting.lossless).
 //
 // Every store decides at a clock.Manual that never moves, so no bucket
 // refills: after the event, key k must hold capacity - A(k) tokens, where

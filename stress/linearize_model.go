@@ -274,7 +274,7 @@ func linStatic(in *linInput) bool {
 	return false
 }
 
-// partitionKey names the key of a partition that partition returned.
+// linPartitionKey names the key of a part that linSpec.partition returned.
 func linPartitionKey(part []porcupine.Operation) string {
 	for _, op := range part {
 		if k := linKeyOf(op.Input.(*linInput)); k != "" {

@@ -17,7 +17,7 @@ import (
 // "/" + escape(key) and then "=" + escape(value) for an exact value, "~" for
 // an entry with no value, "!" + escape(value) for a wildcard value with
 // share_threshold and "?" + escape(value) for one without; "#" + a hash of
-// that path when tag and path are longer than maxRuleBytes. values are the
+// that path when tag and path are longer than maxRule. values are the
 // request's values at the entries whose value varies (no value, or a wildcard
 // without share_threshold), escaped and joined by "|"; or "#" + a hash of
 // them when the whole key would be longer than MaxKeyBytes.

@@ -38,7 +38,7 @@ func checkFields(t *testing.T, srv *httptest.Server, status int, policyField, li
 	}
 }
 
-// The worked example over HTTP: capacity 5 at 5/s and a band
+// A worked example over HTTP: capacity 5 at 5/s and a band
 // "daily" of 20 a day. RateLimit-Policy lists both bands, each with its own
 // q and w; RateLimit names the band that bound. 5 pass in each of the first
 // 4 seconds, the primary binding (fewest whole tokens, ties to it); at 4 s

@@ -40,7 +40,7 @@ func (b mBand) full() *big.Int { return mulI(b.capacity, b.per) }
 
 func mulI(a, b int64) *big.Int { return new(big.Int).Mul(big.NewInt(a), big.NewInt(b)) }
 
-// awkwardRates are the periods the issue names, and their neighbours at
+// awkwardRates are periods awkward for the script, and their neighbours at
 // the edges of the script's paths: the double fast path takes one band whose
 // capacity*P is below 2^52.
 var awkwardRates = []policy.Rate{
