@@ -14,12 +14,13 @@ import (
 // publishes the count of an answer (an atomic store) before it answers, and
 // its key count when the answer created a key, so Stats never waits for a
 // shard, and a reading taken after a call has returned counts that call,
-// the keys it created (an AllowAll's shards create its keys just after it
-// returns), and every call that returned before it. So it does an
+// the keys it created (but an AllowAll's, which its shards create just
+// after it returns: KeyCount counts them at once, Keys at the shard's next
+// answer or park), and every call that returned before it. So it does an
 // EvictFull's Sweeps, Evicted and Keys, a ReplacePolicy's Cutovers, and
 // the EventsDropped of a call whose event was dropped, once the call has
 // returned. MailboxHighWater is published as it rises: at least 1 before a
-// shard's first answer to a single request, and the size of a larger group
+// shard's first decision of a single request, and the size of a larger group
 // just after the group is answered. Holds and HoldsAborted are published
 // when the shard is about to park or to wait at a cutover's barrier, and
 // every 64 messages while it is busy.

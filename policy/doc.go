@@ -20,8 +20,9 @@
 // may leave a band in debt, down to minus its capacity; every operation
 // holds for such a balance, and debt.go says why its arithmetic stays in
 // range. The arithmetic uses no floating point and allocates nothing; every
-// int64 capacity, rate, cost and time is legal up to math.MaxInt64. Results that do not fit in int64 nanoseconds saturate at
-// math.MaxInt64, as documented on each function.
+// int64 capacity, rate, cost and time is legal up to math.MaxInt64. Results
+// that do not fit in int64 nanoseconds saturate at math.MaxInt64, as
+// documented on each function.
 //
 // The arithmetic is pure functions of their arguments, and time is always a
 // parameter (now, in nanoseconds of some clock.Clock), never read here. The

@@ -11,9 +11,11 @@ import (
 // loop's own, and as other goroutines may read them: the loop stores the
 // count of an answer in pub before it answers, and the key count too when
 // the answer changed it, so a caller's Stats after its call counts both;
-// the high-water mark as it rises (serveAllows) and a dropped event as it
-// is dropped (sample); the rest when it is about to park and every
-// publishEvery messages while it is busy. Reading never slows the loop.
+// the high-water mark as it rises (serveAllows), a dropped event as it is
+// dropped (sample), a sweep's counts at its end; the rest (the holds) when
+// it is about to park and every publishEvery messages while it is busy.
+// Cutovers are counted by the engine's coordinator. Reading never slows
+// the loop.
 type counters struct {
 	c       msg.Counters // owned by the loop
 	pub     [msg.NumCounters]atomic.Uint64
@@ -83,7 +85,8 @@ func (s *Shard) publishIfBehind() {
 
 // publishKeys publishes the key count if it changed since it was last
 // published: before an answer that created a key, so that Stats after the
-// call count it, as KeyCount does. Only a creation changes it there, so
+// call count it, as KeyCount does (an AllowAll's keys, created after its
+// caller has its answer, are published at the next answer or park). Only a creation changes it there, so
 // the common answer pays one comparison.
 func (s *Shard) publishKeys() {
 	st := &s.stats

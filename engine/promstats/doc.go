@@ -5,9 +5,9 @@
 // Collecting never blocks admission. Stats reads counters the shards publish
 // with atomic stores; it takes no lock and sends no message to a shard, so a
 // scrape neither waits for a busy shard nor makes a request wait. A scrape
-// made after a call has returned counts it; the gauges and the counts of
-// background work may lag a busy shard by a few messages (engine.Stats says
-// which and how many).
+// made after a call has returned counts it, and the keys it created; only
+// the hold counts and the keys an AllowAll created may lag a busy shard by
+// a few messages (engine.Stats says which and how many).
 //
 // # Metrics
 //
