@@ -223,8 +223,8 @@ func (d *diffRedis) clean() error {
 	clean := func(ctx context.Context, rdb redis.UniversalClient) error {
 		var keys []string
 		iter := rdb.Scan(ctx, 0, d.prefix+"*", 1000).Iterator() // the prefix is hex: no glob characters
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
+		for key := range iter.Vals(ctx) {
+			keys = append(keys, key)
 		}
 		if err := iter.Err(); err != nil {
 			return fmt.Errorf("differential: deleting the keys of prefix %s: %w", d.prefix, err)

@@ -72,8 +72,8 @@ func TestDiffRedisCleans(t *testing.T) {
 	scan := func() []string {
 		var keys []string
 		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
+		for key := range iter.Vals(ctx) {
+			keys = append(keys, key)
 		}
 		require.NoError(t, iter.Err())
 		return keys

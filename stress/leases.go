@@ -397,8 +397,8 @@ func leaseClean(c *redis.Client, pfx string) {
 	ctx, cancel := context.WithTimeout(context.Background(), leaseTimeout)
 	defer cancel()
 	iter := c.Scan(ctx, 0, pfx+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		c.Del(ctx, iter.Val())
+	for key := range iter.Vals(ctx) {
+		c.Del(ctx, key)
 	}
 }
 

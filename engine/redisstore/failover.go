@@ -73,17 +73,18 @@ func (s *Store) nodeFailed(ctx context.Context, err error) bool {
 // dial refused or timed out, a connection reset, closed or timed out, which
 // a cluster client that has not loaded its slot map yet may give bare, as
 // os.ErrDeadlineExceeded), a CLUSTERDOWN reply, or a cluster client's
-// refusal of a command its slot map cannot place: a map of no node
-// ("cluster has no nodes": loaded while the nodes answered but served no
-// slot, as a cluster being created does; go-redis would keep it until its
-// own reload, a minute later), or a slot whose master the map marks failed
-// (topologyUnhealthy). Any other reply, a context's error without a
-// network error in it, or a client closed, is not.
+// refusal of a command its slot map cannot place: a map of no node ("cluster
+// has no nodes": loaded while the nodes answered but served no slot, as a
+// cluster being created does; go-redis would keep it until its own reload, a
+// minute later), or a slot whose master the map marks failed
+// (redis.ErrClusterTopologyUnhealthy, from go-redis v9.24.0). Any other
+// reply, a context's error without a network error in it, or a client
+// closed, is not.
 func nodeLost(err error) bool {
 	if err == nil {
 		return false
 	}
-	if msg := err.Error(); redis.HasErrorPrefix(err, "CLUSTERDOWN") || strings.Contains(msg, noNodes) || strings.Contains(msg, topologyUnhealthy) {
+	if redis.HasErrorPrefix(err, "CLUSTERDOWN") || strings.Contains(err.Error(), noNodes) || errors.Is(err, redis.ErrClusterTopologyUnhealthy) {
 		return true
 	}
 	var reply redis.Error
@@ -99,14 +100,6 @@ func nodeLost(err error) bool {
 // noNodes is the text of go-redis's error for a cluster slot map of no
 // node, which it does not export.
 const noNodes = "redis: cluster has no nodes"
-
-// topologyUnhealthy is the text of go-redis's ErrClusterTopologyUnhealthy
-// (from v9.24.0, which a module that requires go-redis at its latest
-// builds this package with): its cluster client refuses, without sending
-// it, a command for a slot whose master its slot map marks failed, as it
-// does while a master is down. Matched by its text, since the go-redis
-// this module requires has no such value.
-const topologyUnhealthy = "redis: cluster topology contains a node that is not online"
 
 // action is what exec does after a script call failed with an error.
 type action int

@@ -26,12 +26,11 @@ func (replyErr) RedisError()     {}
 
 var _ redis.Error = replyErr("")
 
-// unhealthy is go-redis's refusal (from v9.24.0) of a command for a slot
+// errUnhealthy is go-redis's refusal (from v9.24.0) of a command for a slot
 // whose master its cluster client's slot map marks failed, as New met it
 // while a master was down: the command was not sent.
-var unhealthy = fmt.Errorf("%w: a script on virtual shard 0: %w", ErrUnavailable,
-	fmt.Errorf("%w: slot 580 master Redis<127.0.0.1:37927 db:0> is fail",
-		errors.New("redis: cluster topology contains a node that is not online")))
+var errUnhealthy = fmt.Errorf("%w: a script on virtual shard 0: %w", ErrUnavailable,
+	fmt.Errorf("%w: slot 580 master Redis<127.0.0.1:37927 db:0> is fail", redis.ErrClusterTopologyUnhealthy))
 
 func TestNodeLost(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
@@ -50,7 +49,7 @@ func TestNodeLost(t *testing.T) {
 		{replyErr("CLUSTERDOWN The cluster is down"), true},
 		{fmt.Errorf("%w: %w", ErrUnavailable, replyErr("CLUSTERDOWN Hash slot not served")), true},
 		{fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, errors.New(noNodes)), true}, // a slot map of no node
-		{unhealthy, true},
+		{errUnhealthy, true},
 
 		{nil, false},
 		{replyErr("NOSCRIPT No matching script"), false},
@@ -224,7 +223,7 @@ func TestClassify(t *testing.T) {
 		{replyErr("ERR user_script:1: Script attempted to access nonexistent global variable"), actFail},
 		{replyErr("CLUSTERDOWN The cluster is down"), actLost},
 		{errors.New(noNodes), actLost}, // a slot map loaded before the slots were assigned
-		{unhealthy, actLost},
+		{errUnhealthy, actLost},
 		{context.DeadlineExceeded, actFail}, // the call's deadline: the script may have run
 		{context.Canceled, actFail},
 		{&net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, actLost},
@@ -259,7 +258,7 @@ func TestUnreachable(t *testing.T) {
 		{replyErr("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), true},
 		{replyErr("CLUSTERDOWN The cluster is down"), true},
 		{fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, errors.New(noNodes)), true},
-		{unhealthy, true}, // a master down: New starts the store, as with go-redis v9.23.0
+		{errUnhealthy, true}, // a master down: New starts the store, as with go-redis v9.23.0
 		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
 		{&net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}, true},
 		{fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, os.ErrDeadlineExceeded), true}, // as a cluster client gives it

@@ -132,8 +132,8 @@ func cleanPrefix(c redis.UniversalClient, p string) {
 	ctx := context.Background()
 	clean := func(ctx context.Context, c redis.UniversalClient) error {
 		iter := c.Scan(ctx, 0, p+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			c.Del(ctx, iter.Val())
+		for key := range iter.Vals(ctx) {
+			c.Del(ctx, key)
 		}
 		return nil
 	}

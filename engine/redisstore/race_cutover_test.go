@@ -113,8 +113,7 @@ func TestRacingLengtheningCutovers(t *testing.T) {
 	var worst *big.Int
 	iter := c.Scan(ctx, 0, p+"{*}k:*", 1000).Iterator()
 	n := 0
-	for iter.Next(ctx) {
-		key := iter.Val()
+	for key := range iter.Vals(ctx) {
 		if c.Exists(ctx, key).Val() == 0 {
 			continue // expired meanwhile: it was full
 		}

@@ -43,8 +43,8 @@ func newStore(t *testing.T, addr, prefix string, cfg redisstore.Config) *redisst
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
+		for key := range iter.Vals(ctx) {
+			rdb.Del(ctx, key)
 		}
 	})
 	cfg.Client, cfg.Prefix, cfg.Clock = rdb, prefix, clock.NewManual(0)

@@ -59,8 +59,8 @@ func deleteKeys(t *testing.T, c redis.UniversalClient, prefix string) {
 		ctx := context.Background()
 		del := func(ctx context.Context, node *redis.Client) error {
 			iter := node.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-			for iter.Next(ctx) {
-				node.Del(ctx, iter.Val())
+			for key := range iter.Vals(ctx) {
+				node.Del(ctx, key)
 			}
 			return iter.Err()
 		}
