@@ -1,3 +1,11 @@
+//go:build !race
+
+// Not under the race detector: the warmed path is the shard goroutine's
+// alone, which the shard's other tests run under it, and the math/big
+// model this test checks it against ran eight times slower there, the
+// longest test of CI's race step. `go test work` without -race runs it,
+// and so does CI, after the race step.
+
 package shard
 
 import (

@@ -21,6 +21,7 @@ import (
 // need chains; a call's requests have up to 15 limits), against the engine
 // on the same clock.
 func TestBigBatchesMatchEngine(t *testing.T) {
+	skipUnderRace(t)
 	exactBalances(t)
 	for seed := uint64(1); seed <= 4; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 // written under the server's TIME, one Allow, then the expiry is checked
 // against the exact full instant of the state written back.
 func TestExpiryRandomStates(t *testing.T) {
+	skipUnderRace(t)
 	r := rand.New(rand.NewPCG(9, 9))
 	c := client(t, redisAddr(t))
 	ctx := context.Background()

@@ -151,14 +151,17 @@ func redisAddr(t testing.TB) string { return redistest.Addr(t) }
 // reconfigure or kill).
 func startPrivate(t *testing.T) *redistest.Server { return redistest.Start(t) }
 
-// skipUnderRace skips a sequential check of the decide script's arithmetic
-// against the math/big model under the race detector: the check starts no
-// goroutine, so the detector finds nothing there, and it doubled the time
-// of the longest test binary in CI's race step. `go test work` without
-// -race runs it, and so does CI, after the race step.
+// skipUnderRace skips a sequential check against a model under the race
+// detector: the decide script's arithmetic against math/big, or one
+// caller's calls on the store against the engine's answers. Such a check
+// has no goroutine of its own beside the caller, so the detector watches
+// only the store's and the engine's machinery, which the concurrent tests
+// run under it, and these checks doubled the time of the longest test
+// binary in CI's race step. `go test work` without -race runs them, and so
+// does CI, after the race step.
 func skipUnderRace(t *testing.T) {
 	t.Helper()
 	if raceEnabled {
-		t.Skip("a sequential arithmetic check: `go test work` without -race runs it")
+		t.Skip("a sequential check against a model: `go test work` without -race runs it")
 	}
 }

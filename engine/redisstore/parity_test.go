@@ -363,6 +363,7 @@ func parityCosts(p policy.Policy, key string) []int64 {
 // cost, under every context, on a plain policy, bands and overrides, with
 // the clock moving between rounds.
 func TestParitySingle(t *testing.T) {
+	skipUnderRace(t)
 	exactBalances(t)
 	for name, p := range parityPolicies(t) {
 		t.Run(name, func(t *testing.T) {
@@ -403,6 +404,7 @@ func TestParitySingle(t *testing.T) {
 // long and longer, with every edge key and cost mixed among valid
 // requests and repeated keys, under every context.
 func TestParityBatch(t *testing.T) {
+	skipUnderRace(t)
 	exactBalances(t)
 	for name, p := range parityPolicies(t) {
 		t.Run(name, func(t *testing.T) {
@@ -449,6 +451,7 @@ func TestParityBatch(t *testing.T) {
 // wins, and whether anything is taken: the Peeks after say), under every
 // context.
 func TestParityAllowAll(t *testing.T) {
+	skipUnderRace(t)
 	exactBalances(t)
 	for name, p := range parityPolicies(t) {
 		t.Run(name, func(t *testing.T) {
@@ -751,6 +754,7 @@ func parityStep(r *rand.Rand) time.Duration {
 // Refund and Peek among them, over random policies with bands, overrides
 // of every period and cutovers between them.
 func TestParityRandom(t *testing.T) {
+	skipUnderRace(t)
 	exactBalances(t)
 	for seed := range uint64(parityRandomSeeds) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
