@@ -21,19 +21,7 @@ import (
 // again once a Reload brings its configurations to that policy.
 func TestCheckPolicy(t *testing.T) {
 	cfgs := rlstest.Parse(t, rlstest.TreeYAML)
-	p, err := envoyrls.Policy(1, cfgs...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := engine.New(engine.Config{Policy: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
-	srv, err := envoyrls.NewServer(e, cfgs...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, srv := engineServer(t, cfgs)
 	if err := srv.CheckPolicy(); err != nil {
 		t.Fatalf("a fresh server: %v", err)
 	}
@@ -111,6 +99,17 @@ func TestZeroServerAndNilContext(t *testing.T) {
 	}
 
 	cfgs := rlstest.Parse(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	_, srv := engineServer(t, cfgs)
+	var nilCtx context.Context // a variable, not the literal, so that staticcheck (SA1012) keeps flagging real code
+	if _, err := srv.ShouldRateLimit(nilCtx, req); !strings.Contains(fmt.Sprint(err), engine.ErrNilContext.Error()) {
+		t.Errorf("nil context: %v, want an error naming engine.ErrNilContext", err)
+	}
+}
+
+// engineServer is an engine on cfgs' policy at version 1, and a Server on
+// it, both closed with the test.
+func engineServer(t *testing.T, cfgs []*envoyrls.Config) (*engine.Engine, *envoyrls.Server) {
+	t.Helper()
 	p, err := envoyrls.Policy(1, cfgs...)
 	if err != nil {
 		t.Fatal(err)
@@ -124,8 +123,5 @@ func TestZeroServerAndNilContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var nilCtx context.Context // a variable, not the literal, so that staticcheck (SA1012) keeps flagging real code
-	if _, err := srv.ShouldRateLimit(nilCtx, req); !strings.Contains(fmt.Sprint(err), engine.ErrNilContext.Error()) {
-		t.Errorf("nil context: %v, want an error naming engine.ErrNilContext", err)
-	}
+	return e, srv
 }
