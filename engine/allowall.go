@@ -151,11 +151,14 @@ type allCall struct {
 	first   []int
 	over    []bool
 	answers *msg.Answers
-	// Two sets of parts, used in turn: a shard releases a hold's part once
-	// it has carried out its end, usually before it answers the next
-	// attempt's, and a set still in use is replaced.
-	sent [2]sentParts
-	turn int
+	// Sets of parts as sent: an attempt takes the first one the shards
+	// have released, and replaces the last if none is. A shard releases a
+	// hold's part once it has carried out its end, before it answers the
+	// next part sent to it; one that the next calls send nothing to does
+	// so when it next runs, and a caller sending to other shards may get
+	// a few calls ahead of it (more often with -tags purego, whose yield
+	// is runtime.Gosched). Each set is made when first needed.
+	sent [4]sentParts
 }
 
 // sentParts are the parts an attempt sends, with their answers' room.
@@ -173,13 +176,20 @@ type sentPart struct {
 	h msg.Hold
 }
 
+// released reports whether the shards are done with every part of s.
+func (s *sentParts) released() bool {
+	for i := range s.parts {
+		if !s.parts[i].h.Released() {
+			return false
+		}
+	}
+	return true
+}
+
 // take returns room for parts parts of items items in all.
 func (s *sentParts) take(parts, items int) ([]sentPart, []msg.Item, []msg.Reply, []msg.Snap) {
-	free := cap(s.parts) >= parts && cap(s.outs) >= items
-	for i := range s.parts {
-		free = free && s.parts[i].h.Released()
-	}
-	if !free { // as large as any call before, so calls of varied shapes reuse it
+	if cap(s.parts) < parts || cap(s.outs) < items || !s.released() {
+		// As large as any call before, so calls of varied shapes reuse it.
 		n, m := max(items, cap(s.outs), 4), max(parts, cap(s.parts), 4)
 		s.parts = make([]sentPart, parts, m)
 		s.items = make([]msg.Item, items, n)
@@ -348,8 +358,11 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 		p.held = true
 		T = max(T, p.m.Hold.Now)
 	}
-	c.turn ^= 1
-	ms, items, outs, snaps := c.sent[c.turn].take(len(c.parts), len(c.at))
+	set := 0
+	for set < len(c.sent)-1 && !c.sent[set].released() {
+		set++
+	}
+	ms, items, outs, snaps := c.sent[set].take(len(c.parts), len(c.at))
 	sent := 0
 	var sendErr error
 	for k := range c.parts {
