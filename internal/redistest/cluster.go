@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -50,17 +51,43 @@ func findCLI() (string, error) {
 	return "", errors.New("redistest: no redis-cli binary on PATH, in /usr/bin or in /usr/sbin")
 }
 
-// createCluster joins the nodes at addrs into one cluster of masters with
-// redis-cli --cluster create, then waits until every node reports
-// cluster_state:ok and knows every slot.
-func createCluster(cli string, addrs []string) error {
+// clusterCreate bounds redis-cli --cluster create, whose wait for the nodes
+// to join has no end of its own: a node that never hears from another
+// (seen once, on a loaded machine) would hold the test until the binary's
+// timeout, with nothing to show why.
+var clusterCreate = time.Minute // a variable, for a test to shorten
+
+// createCluster joins the nodes at addrs into one cluster with redis-cli
+// --cluster create, replicas replicas to a master, then waits until every
+// node reports cluster_state:ok and knows every slot. Its error shows the
+// tail of each node's log (logs, in the order of addrs).
+func createCluster(cli string, addrs, logs []string, replicas int) error {
 	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
+	ctx, cancel := context.WithTimeout(context.Background(), clusterCreate)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cli, args...)
+	cmd.WaitDelay = time.Second // the output is a pipe: a child of redis-cli's may hold it open
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("not done within %v", clusterCreate)
 	}
-	return waitCluster(cli, addrs)
+	if err == nil {
+		err = waitCluster(cli, addrs)
+	} else {
+		err = fmt.Errorf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	if err != nil {
+		for i, a := range addrs {
+			err = fmt.Errorf("%w\n%s's log:\n%s", err, a, tail(logs[i]))
+		}
+	}
+	return err
 }
+
+// createTries is how many times a cluster is started afresh, on new ports,
+// when its nodes would not form one.
+const createTries = 2
 
 // waitCluster waits until every node at addrs reports cluster_state:ok with
 // every slot assigned.
@@ -103,14 +130,32 @@ func StartCluster(t testing.TB) *Cluster {
 		skipOrFail(t, err.Error()+".")
 	}
 	c := &Cluster{cli: cli}
-	for range ClusterMasters {
-		s := startNode(t, true)
-		c.nodes = append(c.nodes, s)
+	for try := 1; ; try++ {
+		c.nodes = c.nodes[:0]
+		for range ClusterMasters {
+			c.nodes = append(c.nodes, startNode(t, true))
+		}
+		err := createCluster(cli, c.Addrs(), c.logs(), 0)
+		if err == nil {
+			return c
+		}
+		if try == createTries {
+			t.Fatalf("%v\n(try %d of %d)", err, try, createTries)
+		}
+		t.Logf("%v\n(try %d of %d: starting the cluster again)", err, try, createTries)
+		for _, n := range c.nodes {
+			n.Kill()
+		}
 	}
-	if err := createCluster(cli, c.Addrs()); err != nil {
-		t.Fatal(err)
+}
+
+// logs returns the paths of the nodes' logs.
+func (c *Cluster) logs() []string {
+	out := make([]string, len(c.nodes))
+	for i, n := range c.nodes {
+		out[i] = n.log
 	}
-	return c
+	return out
 }
 
 // startNode starts one cluster node, with persistence if persist (an
@@ -224,10 +269,17 @@ func ClusterAddrs(t testing.TB) []string {
 	if err != nil {
 		skipOrFail(t, err.Error()+".")
 	}
-	if err := startSharedCluster(bin, cli); err != nil {
+	for try := 1; ; try++ {
+		err := startSharedCluster(bin, cli)
+		if err == nil {
+			break
+		}
 		stopSharedCluster()
-		sharedCluster.err = err
-		t.Fatalf("%v", err)
+		if try == createTries {
+			sharedCluster.err = err
+			t.Fatalf("%v\n(try %d of %d)", err, try, createTries)
+		}
+		t.Logf("%v\n(try %d of %d: starting the cluster again)", err, try, createTries)
 	}
 	return sharedCluster.addrs
 }
@@ -238,9 +290,10 @@ func startSharedCluster(bin, cli string) error {
 		return fmt.Errorf("redistest: %w", err)
 	}
 	sharedCluster.dir = dir
-	var addrs []string
+	var addrs, logs []string
 	for i := range ClusterMasters {
 		nd := filepath.Join(dir, strconv.Itoa(i))
+		logs = append(logs, filepath.Join(nd, "redis.log"))
 		if err := os.Mkdir(nd, 0o755); err != nil {
 			return fmt.Errorf("redistest: %w", err)
 		}
@@ -249,7 +302,7 @@ func startSharedCluster(bin, cli string) error {
 			if err != nil {
 				return fmt.Errorf("redistest: finding a free port: %w", err)
 			}
-			p, err := startProcess(bin, port, nd, filepath.Join(nd, "redis.log"), clusterArgs(port)...)
+			p, err := startProcess(bin, port, nd, logs[i], clusterArgs(port)...)
 			if err == nil {
 				sharedCluster.procs = append(sharedCluster.procs, p)
 				addrs = append(addrs, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
@@ -260,7 +313,7 @@ func startSharedCluster(bin, cli string) error {
 			}
 		}
 	}
-	if err := createCluster(cli, addrs); err != nil {
+	if err := createCluster(cli, addrs, logs, 0); err != nil {
 		return err
 	}
 	sharedCluster.addrs = addrs

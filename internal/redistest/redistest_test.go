@@ -353,3 +353,34 @@ func TestParseClusterNodes(t *testing.T) {
 		t.Fatal("a short line parsed")
 	}
 }
+
+// TestCreateClusterBounded: a redis-cli --cluster create that never ends
+// (its wait for the nodes to join has no end of its own) fails within
+// clusterCreate, naming the wait and showing each node's log, instead of
+// holding the test binary until its timeout.
+func TestCreateClusterBounded(t *testing.T) {
+	dir := t.TempDir()
+	cli := filepath.Join(dir, "redis-cli")
+	if err := os.WriteFile(cli, []byte("#!/bin/sh\necho Waiting for the cluster to join\nexec sleep 600\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(dir, "redis.log")
+	if err := os.WriteFile(log, []byte("a line of the node's log\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer func(d time.Duration) { clusterCreate = d }(clusterCreate)
+	clusterCreate = 200 * time.Millisecond
+	start := time.Now()
+	err := createCluster(cli, []string{"127.0.0.1:1"}, []string{log}, 0)
+	if took := time.Since(start); took > 30*time.Second {
+		t.Fatalf("createCluster took %v with a bound of %v", took, clusterCreate)
+	}
+	if err == nil {
+		t.Fatal("createCluster of a redis-cli that never ends: no error")
+	}
+	for _, want := range []string{"not done within", "Waiting for the cluster to join", "a line of the node's log"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not show %q:\n%v", want, err)
+		}
+	}
+}

@@ -83,16 +83,26 @@ func GetReplicaCluster(t testing.TB) *ReplicaCluster {
 		c.WaitHealthy(t)
 		return c
 	}
-	c.nodes = map[string]*Server{}
-	for range 2 * ClusterMasters {
-		s := startNode(t, false, replicaArgs...)
-		c.nodes[s.Addr()] = s
-		c.addrs = append(c.addrs, s.Addr())
-	}
-	args := append([]string{"--cluster", "create"}, c.addrs...)
-	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
-	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
-		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	for try := 1; ; try++ {
+		c.nodes, c.addrs = map[string]*Server{}, nil
+		var logs []string
+		for range 2 * ClusterMasters {
+			s := startNode(t, false, replicaArgs...)
+			c.nodes[s.Addr()] = s
+			c.addrs = append(c.addrs, s.Addr())
+			logs = append(logs, s.log)
+		}
+		err := createCluster(cli, c.addrs, logs, 1)
+		if err == nil {
+			break
+		}
+		if try == createTries {
+			t.Fatalf("%v\n(try %d of %d)", err, try, createTries)
+		}
+		t.Logf("%v\n(try %d of %d: starting the cluster again)", err, try, createTries)
+		for _, s := range c.nodes {
+			s.Kill()
+		}
 	}
 	c.WaitHealthy(t)
 	return c
