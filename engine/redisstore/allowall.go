@@ -116,17 +116,6 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	bctx, cancel := context.WithTimeout(ctx, s.timeout) // one deadline for reaching Redis and deciding
 	defer cancel()
 	ready, err := s.up(bctx)
-	// One script call, so on a cluster one slot: one virtual shard, under
-	// the key map now and under one exec may adopt (see syncKeyMap).
-	cross := func() int {
-		sh := s.shard(reqs[0].Key)
-		return slices.IndexFunc(reqs, func(r engine.Request) bool { return s.shard(r.Key) != sh })
-	}
-	if ready && s.cluster != nil {
-		if i := cross(); i >= 0 {
-			return engine.Decision{}, i, ErrCrossShard
-		}
-	}
 	// One item per key, in the order of the keys' first requests, its costs
 	// summed; of[i] is reqs[i]'s item (so item j's first request is the
 	// first i with of[i] == j).
@@ -149,8 +138,9 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	if ready {
 		_, err = s.exec(bctx, modeAll, "", items)
 	}
-	if errors.Is(err, ErrCrossShard) {
-		return engine.Decision{}, max(cross(), 0), ErrCrossShard
+	if errors.Is(err, ErrCrossShard) { // exec's, before it sends: one script call is one slot on a cluster
+		sh := s.shard(reqs[0].Key)
+		return engine.Decision{}, max(slices.IndexFunc(reqs, func(r engine.Request) bool { return s.shard(r.Key) != sh }), 0), ErrCrossShard
 	}
 	if !ready || err != nil { // up's error, or exec's
 		if errors.Is(ctx.Err(), context.Canceled) {

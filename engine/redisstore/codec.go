@@ -104,13 +104,6 @@ type shapeArgs struct {
 	bands string
 }
 
-// plain reports whether sh is one band refilled per second: the shape
-// every TokensPerSecond policy has, which the script decides on its fast
-// path with the bucket layout it has always had.
-func plain(sh policy.Shape) bool {
-	return sh.Bands == nil && sh.Primary.Rate().Per == time.Second
-}
-
 // encodeShape returns sh's script arguments.
 func encodeShape(sh policy.Shape) shapeArgs {
 	bands := make([]string, sh.Bands.Len())

@@ -99,11 +99,10 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	if expectedVersion != cur.Version || next.Version <= cur.Version {
 		return staleErr(expectedVersion, next.Version, cur.Version)
 	}
-	var retained int64
-	if err := s.round(ctx, func(ctx context.Context) (err error) {
-		retained, err = one(ctx, s, func(c redis.Cmdable) *redis.IntCmd { return c.LLen(ctx, s.kHistory) }).Result()
-		return err
-	}); err != nil {
+	retained, err := roundGet(ctx, s, func(ctx context.Context) (int64, error) {
+		return one(ctx, s, func(c redis.Cmdable) *redis.IntCmd { return c.LLen(ctx, s.kHistory) }).Result()
+	})
+	if err != nil {
 		return err
 	}
 	lengthens := !safeCutover(cur, next)
@@ -198,11 +197,10 @@ func (s *Store) EvictFull(ctx context.Context) (int, error) {
 func (s *Store) convertPass(ctx context.Context, mode, token string) (int, error) {
 	at := s.nowArg()
 	if at == "" {
-		var t time.Time
-		if err := s.round(ctx, func(ctx context.Context) (err error) {
-			t, err = one(ctx, s, func(c redis.Cmdable) *redis.TimeCmd { return c.Time(ctx) }).Result()
-			return err
-		}); err != nil {
+		t, err := roundGet(ctx, s, func(ctx context.Context) (time.Time, error) {
+			return one(ctx, s, func(c redis.Cmdable) *redis.TimeCmd { return c.Time(ctx) }).Result()
+		})
+		if err != nil {
 			return 0, err
 		}
 		at = strconv.FormatInt(t.UnixNano(), 10)
@@ -257,6 +255,13 @@ func (s *Store) round(ctx context.Context, f func(ctx context.Context) error) er
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// roundGet is round for an exchange f that returns a value.
+func roundGet[T any](ctx context.Context, s *Store, f func(context.Context) (T, error)) (T, error) {
+	var v T
+	err := s.round(ctx, func(ctx context.Context) (err error) { v, err = f(ctx); return err })
+	return v, err
 }
 
 // ended is ctx's error, or context.DeadlineExceeded once its deadline has
@@ -392,13 +397,11 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 	nv := strconv.FormatInt(next.Version, 10)
 	// Intent: idempotent (it writes nothing a second run would not), so
 	// go-redis may retry it.
-	var res []any
-	err := s.round(ctx, func(ctx context.Context) (err error) {
-		res, err = one(ctx, s, func(c redis.Cmdable) *redis.Cmd {
+	res, err := roundGet(ctx, s, func(ctx context.Context) ([]any, error) {
+		return one(ctx, s, func(c redis.Cmdable) *redis.Cmd {
 			return c.Eval(ctx, intentSrc, []string{s.kPolicy, s.kBlobs, s.kLock},
 				expectedVersion, nv, tail(next), blob, token, flag(trim), flag(lengthens))
 		}).Slice()
-		return err
 	})
 	if err != nil {
 		// unknown, or not published: the caller may retry with the same expectedVersion

@@ -474,10 +474,7 @@ func (l *leaser) judge(ctx context.Context, gs []gift, try int) (items []item, f
 	for _, g := range gs {
 		if err == nil && g.ver != st.p.Version {
 			if retained == nil && unread == nil {
-				unread = s.round(ctx, func(ctx context.Context) (err error) {
-					retained, _, err = s.history(ctx)
-					return err
-				})
+				retained, unread = roundGet(ctx, s, func(ctx context.Context) ([]int64, error) { vs, _, err := s.history(ctx); return vs, err })
 			}
 			switch {
 			case unread != nil:
@@ -510,11 +507,7 @@ func (l *leaser) raised(ctx context.Context, g gift, st *state, retained []int64
 		if v == st.p.Version {
 			return false
 		}
-		var old policy.Policy
-		err := l.s.round(ctx, func(ctx context.Context) (err error) { // the fetcher's ctx has no deadline
-			old, err = l.s.policyAt(ctx, v)
-			return err
-		})
+		old, err := roundGet(ctx, l.s, func(ctx context.Context) (policy.Policy, error) { return l.s.policyAt(ctx, v) }) // the fetcher's ctx has no deadline
 		if err != nil {
 			return true
 		}

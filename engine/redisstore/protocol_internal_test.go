@@ -55,9 +55,9 @@ func TestCallWords(t *testing.T) {
 		chunk []*item
 		want  []any // ARGV from argShapes on: the shapes, then each bucket's words
 	}{
-		{"one shape", p, []*item{{key: "x", cost: 3}, {key: "y", cost: 4}}, []any{1, int64(10), int64(3), any(int64(3)), any(int64(4))}},
+		{"one shape", p, []*item{{key: "x", cost: 3}, {key: "y", cost: 4}}, []any{1, int64(10), "3", any(int64(3)), any(int64(4))}},
 		{"two shapes, a chain", p2, []*item{{key: "x", cost: 3}, {key: "vip", cost: 4, chain: "6 1 1"}, {key: "x", cost: 1}},
-			[]any{2, int64(10), int64(3), int64(20), int64(5), int64(3), 1, int64(4), "2;6 1 1", int64(1), 1}},
+			[]any{2, int64(10), "3", int64(20), "5", int64(3), 1, int64(4), "2;6 1 1", int64(1), 1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			a := s.callWords(sk, newState(c.p), &km, c.chunk, "a", "", "1")

@@ -329,11 +329,7 @@ func (s *Store) settle(ctx context.Context, token string) (bool, error) {
 			return false, fmt.Errorf("%w: malformed cutover record %q", ErrUnavailable, next)
 		}
 		rec := record{nv: f[0], trim: f[1], lengthens: f[2], at: f[3], tail: f[4]}
-		var published bool
-		err = s.round(ctx, func(ctx context.Context) (err error) {
-			published, err = s.finish(ctx, v, rec)
-			return err
-		})
+		published, err := roundGet(ctx, s, func(ctx context.Context) (bool, error) { return s.finish(ctx, v, rec) })
 		switch {
 		case errors.Is(err, errShardMoved):
 			continue // read again
@@ -361,14 +357,13 @@ func (s *Store) settle(ctx context.Context, token string) (bool, error) {
 // policyRecord reads the version in force and the cutover record
 // ("" for none) from the global keys.
 func (s *Store) policyRecord(ctx context.Context) (v, next string, err error) {
-	err = s.round(ctx, func(ctx context.Context) error {
-		vals, err := one(ctx, s, func(c redis.Cmdable) *redis.SliceCmd { return c.HMGet(ctx, s.kPolicy, "v", "next") }).Result()
-		if err == nil {
-			v, _ = vals[0].(string)
-			next, _ = vals[1].(string)
-		}
-		return err
+	vals, err := roundGet(ctx, s, func(ctx context.Context) ([]any, error) {
+		return one(ctx, s, func(c redis.Cmdable) *redis.SliceCmd { return c.HMGet(ctx, s.kPolicy, "v", "next") }).Result()
 	})
+	if err == nil {
+		v, _ = vals[0].(string)
+		next, _ = vals[1].(string)
+	}
 	return v, next, err
 }
 

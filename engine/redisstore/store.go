@@ -369,11 +369,7 @@ type limitArgs struct{ capacity, rate any }
 func newState(p policy.Policy) *state {
 	st := &state{p: p, verWord: strconv.FormatInt(p.Version, 10)}
 	for _, sh := range p.Shapes() {
-		a := limitArgs{capacity: sh.Primary.Capacity, rate: encodeShape(sh).arg()}
-		if plain(sh) {
-			a.rate = sh.Primary.Rate().Tokens
-		}
-		st.args = append(st.args, a)
+		st.args = append(st.args, limitArgs{capacity: sh.Primary.Capacity, rate: encodeShape(sh).arg()})
 	}
 	return st
 }
@@ -557,28 +553,19 @@ func (s *Store) connect(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("%w: reading the policy: %w", ErrUnavailable, err)
 	}
-	pol := s.cfgPolicy
+	pol, kept := s.cfgPolicy, [2]string{seed, tags}
 	if n == 0 {
 		s.layout(s.cfgShards)
-		q, kept, err := s.reinstallPolicy(ctx)
+		// An earlier attempt may have read a newer version than Config's
+		// before it failed: the newest known is the floor.
+		pol, kept, err = s.survivors(ctx, pol, kept)
 		s.shards, s.shardByTag = nil, nil
 		if err != nil {
 			return err
 		}
-		if kept[0] != "" {
-			seed, tags = kept[0], kept[1]
-		}
-		// An earlier attempt may have read a newer version than Config's
-		// before it failed: the newest known is the floor.
-		if q.Version > pol.Version {
-			pol = q
-		}
 	}
-	installed, stored, kept, err := s.install(ctx, pol, s.cfgShards, seed, tags)
+	installed, stored, err := s.install(ctx, pol, s.cfgShards, kept)
 	if err != nil {
-		return err
-	}
-	if err := s.adopt(kept); err != nil {
 		return err
 	}
 	s.layout(stored)
@@ -729,15 +716,15 @@ func (s *Store) nowArg() string {
 // sets if the prefix has none, so that every store adopts the first one's.
 // Once the store has its virtual shards (New), another number in force is
 // an error.
-func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, tags string) (installed bool, n int, kept [2]string, err error) {
+func (s *Store) install(ctx context.Context, p policy.Policy, shards int, kept [2]string) (installed bool, n int, err error) {
 	blob, err := encodePolicy(p)
 	if err != nil {
-		return false, 0, kept, err
+		return false, 0, err
 	}
 	a := encodeShape(p.Shape())
 	cmd := one(ctx, s, func(c redis.Cmdable) *redis.Cmd {
 		return c.Eval(ctx, installSrc, []string{s.kPolicy, s.kHistory, s.kBlobs},
-			p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, seed, tags)
+			p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, kept[0], kept[1])
 	})
 	if shortOfReplicas(cmd.Err()) {
 		s.report(cmd.Err()) // it ran, on a master short of replicas (see ensureShards)
@@ -748,17 +735,18 @@ func (s *Store) install(ctx context.Context, p policy.Policy, shards int, seed, 
 		err = fmt.Errorf("reply %v", res)
 	}
 	if err != nil {
-		return false, 0, kept, fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
+		return false, 0, fmt.Errorf("%w: installing the policy: %w", ErrUnavailable, err)
 	}
 	n, err = strconv.Atoi(res[1])
-	kept = [2]string{res[2], res[3]}
 	switch {
 	case err != nil || n < 1 || n > MaxVirtualShards:
 		err = fmt.Errorf("%w: the stored number of virtual shards %q", ErrUnavailable, res[1])
 	case s.shards != nil && n != len(s.shards):
 		err = fmt.Errorf("%w: the prefix was reinstalled with %d virtual shards, not %d", ErrUnavailable, n, len(s.shards))
+	default:
+		err = s.adopt([2]string{res[2], res[3]}) // the map in force: this one, or the first store's
 	}
-	return res[0] == "ok", n, kept, err
+	return res[0] == "ok", n, err
 }
 
 // adopt makes the key map kept (seed and tags, as stored) this store's,
@@ -891,17 +879,10 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 			return err
 		}
 		if v == "" {
-			p, kept, err := s.reinstallPolicy(ctx)
-			if err != nil {
-				return err
-			}
-			if kept[0] == "" { // else the map the surviving shards' buckets were placed by
-				m := s.kmap.Load()
-				kept = [2]string{m.seed, m.tags}
-			}
-			_, _, kept, err = s.install(ctx, p, len(s.shards), kept[0], kept[1])
+			m := s.kmap.Load()
+			p, kept, err := s.survivors(ctx, s.cur.Load().p, [2]string{m.seed, m.tags})
 			if err == nil {
-				err = s.adopt(kept) // the shards', or another store's if it reinstalled the prefix first
+				_, _, err = s.install(ctx, p, len(s.shards), kept)
 			}
 			if err != nil {
 				return err
@@ -990,6 +971,21 @@ func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, 
 		return p, kept, fmt.Errorf("%w: the prefix's global keys are lost and virtual shard %d holds policy version %d, newer than this store's %d: only a store that knows version %d can reinstall them", ErrUnavailable, at, newest, p.Version, newest)
 	}
 	return q, kept, nil
+}
+
+// survivors is the policy and key map to reinstall the prefix's global keys
+// with: p, or the newer policy a surviving shard holds (see
+// reinstallPolicy), and the key map the surviving shards' buckets were
+// placed by, else m.
+func (s *Store) survivors(ctx context.Context, p policy.Policy, m [2]string) (policy.Policy, [2]string, error) {
+	q, kept, err := s.reinstallPolicy(ctx)
+	if kept[0] == "" {
+		kept = m
+	}
+	if q.Version > p.Version {
+		p = q
+	}
+	return p, kept, err
 }
 
 // policyAt returns the retained policy of a version, decoded once.
