@@ -8,6 +8,8 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tokenshard/tokenshard/engine"
@@ -147,6 +149,66 @@ func TestAllowAllDoesNotAllocate(t *testing.T) {
 		}
 		if a := testing.AllocsPerRun(200, round); a != 0 {
 			t.Errorf("%s: %v allocations per round", name, a)
+		}
+	}
+}
+
+// endingCtx is a context that ends at its left+1-th look at Err: a
+// deadline that passes in the middle of a call, at a chosen step.
+type endingCtx struct {
+	context.Context
+	left atomic.Int32
+	once sync.Once
+	done chan struct{}
+}
+
+func (c *endingCtx) Done() <-chan struct{} { return c.done }
+
+func (c *endingCtx) Err() error {
+	if c.left.Add(-1) >= 0 {
+		return nil
+	}
+	c.once.Do(func() { close(c.done) })
+	return context.Canceled
+}
+
+// TestAllowAllDoesNotAllocateAfterFailedSends: an AllowAll whose context
+// ends between the sends of its parts leaves nothing behind that makes
+// later calls allocate. (The parts it never sent were never given back,
+// and once a few calls had ended so, every later one made its parts anew.)
+func TestAllowAllDoesNotAllocateAfterFailedSends(t *testing.T) {
+	e, _ := newEngine(t, engine.Config{Policy: pol(1, 1<<40, 1<<40), Shards: 16})
+	var reqs []engine.Request // 3 keys on 3 shards
+	seen := map[int]bool{}
+	for i := 0; len(reqs) < 3; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if s := e.ShardOf(k); !seen[s] {
+			seen[s] = true
+			reqs = append(reqs, engine.Request{Key: k, Cost: 1})
+		}
+	}
+	round := func() {
+		if _, _, err := e.AllowAll(context.Background(), reqs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A call looks at its context once before it sends, then once a
+	// part: each of these ends at the second part's send, the first sent.
+	// Whether their calls' parts were pooled together is the scheduler's
+	// choice: a few goes.
+	for range 5 {
+		for range 6 {
+			ctx := &endingCtx{Context: context.Background(), done: make(chan struct{})}
+			ctx.left.Store(2)
+			if _, _, err := e.AllowAll(ctx, reqs); err == nil {
+				t.Fatal("a call whose context ended at its second send: no error")
+			}
+		}
+		for range 20 {
+			round()
+		}
+		if a := testing.AllocsPerRun(200, round); a != 0 {
+			t.Fatalf("after calls that ended in their context: %v allocations per call", a)
 		}
 	}
 }

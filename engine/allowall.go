@@ -383,6 +383,9 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 			}
 		}
 	}
+	for k := sent; k < len(ms); k++ {
+		ms[k].h.Release() // never sent: no shard will, and the set would stay taken
+	}
 	if try {
 		c.answers.Wait(e.waitYields)
 		for k := range sent {
