@@ -69,7 +69,7 @@ func createCluster(cli string, addrs, logs []string, replicas int) error {
 	cmd := exec.CommandContext(ctx, cli, args...)
 	cmd.WaitDelay = time.Second // the output is a pipe: a child of redis-cli's may hold it open
 	out, err := cmd.CombinedOutput()
-	if ctx.Err() != nil {
+	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("not done within %v", clusterCreate)
 	}
 	if err == nil {
