@@ -20,8 +20,12 @@ import (
 // instant), by script calls of at most ChunkSize requests each, none of
 // which holds Redis for more than a few ms (SLOWLOG of a private server,
 // which logs every command): the median under 2 ms, nine in ten under 5,
-// every one under 25 (a shared 2-core machine preempts Redis at times; a
-// single call of them all took 115 ms).
+// every one under 25 (a single call of them all took 115 ms). SLOWLOG
+// times a call by the wall clock, which a shared 2-core machine stretches
+// when it preempts Redis mid-call (one call of 40 took 44 ms so); the work
+// of a call does not change. So the batch runs three times, each on a key
+// of its own, as the same calls on the same bucket states, and each call
+// counts its least time of the three.
 func TestBigSingleKeyBatchBoundedCalls(t *testing.T) {
 	srv := startPrivate(t)
 	c := client(t, srv.Addr())
@@ -34,38 +38,49 @@ func TestBigSingleKeyBatchBoundedCalls(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.ConfigSet(ctx, "slowlog-log-slower-than", "0").Err())
 	require.NoError(t, c.ConfigSet(ctx, "slowlog-max-len", "10000").Err())
-	require.NoError(t, c.Do(ctx, "SLOWLOG", "RESET").Err())
 
-	const n = 10_000
-	reqs := make([]engine.Request, n)
-	for i := range reqs {
-		reqs[i] = engine.Request{Key: "hot", Cost: 1}
-	}
-	out := make([]engine.Result, n)
-	require.NoError(t, s.AllowBatch(ctx, reqs, out))
-	for i, r := range out {
-		require.NoError(t, r.Err, "request %d", i)
-		require.Equal(t, i < 5000, r.Decision.Allowed, "request %d: %+v", i, r.Decision)
-	}
-	require.NoError(t, c.ConfigSet(ctx, "slowlog-log-slower-than", "10000").Err())
-
-	logs, err := c.SlowLogGet(ctx, 10_000).Result()
-	require.NoError(t, err)
-	var took []time.Duration
-	for _, l := range logs {
-		if len(l.Args) < 3 || (l.Args[0] != "fcall" && l.Args[0] != "evalsha") {
+	const n, runs = 10_000, 3
+	var took []time.Duration // each call's least time, in the order sent
+	for run := range runs {
+		require.NoError(t, c.Do(ctx, "SLOWLOG", "RESET").Err())
+		reqs := make([]engine.Request, n)
+		for i := range reqs {
+			reqs[i] = engine.Request{Key: fmt.Sprint("hot", run), Cost: 1}
+		}
+		out := make([]engine.Result, n)
+		require.NoError(t, s.AllowBatch(ctx, reqs, out))
+		for i, r := range out {
+			require.NoError(t, r.Err, "request %d", i)
+			require.Equal(t, i < 5000, r.Decision.Allowed, "request %d: %+v", i, r.Decision)
+		}
+		logs, err := c.SlowLogGet(ctx, 10_000).Result()
+		require.NoError(t, err)
+		slices.Reverse(logs) // SLOWLOG GET gives the newest first
+		var calls []time.Duration
+		for _, l := range logs {
+			if len(l.Args) < 3 || (l.Args[0] != "fcall" && l.Args[0] != "evalsha") {
+				continue
+			}
+			var keys int
+			_, err := fmt.Sscan(l.Args[2], &keys)
+			require.NoError(t, err, "%v", l.Args)
+			require.LessOrEqual(t, keys-3, redisstore.ChunkSize, "a call of %d requests", keys-3)
+			calls = append(calls, l.Duration)
+		}
+		require.GreaterOrEqual(t, len(calls), n/redisstore.ChunkSize)
+		if run == 0 {
+			took = calls
 			continue
 		}
-		var keys int
-		_, err := fmt.Sscan(l.Args[2], &keys)
-		require.NoError(t, err, "%v", l.Args)
-		require.LessOrEqual(t, keys-3, redisstore.ChunkSize, "a call of %d requests", keys-3)
-		took = append(took, l.Duration)
+		require.Len(t, calls, len(took), "run %d: the same calls as the first", run)
+		for i, d := range calls {
+			took[i] = min(took[i], d)
+		}
 	}
+	require.NoError(t, c.ConfigSet(ctx, "slowlog-log-slower-than", "10000").Err())
 	slices.Sort(took)
-	t.Logf("%d requests on one key: %d script calls, median %s, longest %s", n, len(took), took[len(took)/2], took[len(took)-1])
-	require.GreaterOrEqual(t, len(took), n/redisstore.ChunkSize)
-	// A call takes ~0.3 ms alone; a busy machine (-race) preempts Redis.
+	t.Logf("%d requests on one key: %d script calls, least of %d runs: median %s, longest %s", n, len(took), runs, took[len(took)/2], took[len(took)-1])
+	// A call takes ~0.3 ms alone.
 	require.Less(t, took[len(took)/2], 2*time.Millisecond, "the median script call held Redis too long")
 	require.Less(t, took[len(took)*9/10], 5*time.Millisecond, "script calls held Redis too long")
 	require.Less(t, took[len(took)-1], 25*time.Millisecond, "a script call held Redis too long")
