@@ -91,6 +91,24 @@ func createCluster(cli string, addrs, logs []string, replicas int) error {
 // when its nodes would not form one.
 const createTries = 3
 
+// formCluster runs form, which starts fresh nodes and joins them, until it
+// succeeds, createTries times at most, running undo (which stops form's
+// nodes) after each failure. It returns the last failure.
+func formCluster(t testing.TB, form func() error, undo func()) error {
+	t.Helper()
+	for try := 1; ; try++ {
+		err := form()
+		if err == nil {
+			return nil
+		}
+		undo()
+		if try == createTries {
+			return fmt.Errorf("%w\n(try %d of %d)", err, try, createTries)
+		}
+		t.Logf("%v\n(try %d of %d: starting the cluster again)", err, try, createTries)
+	}
+}
+
 // waitCluster waits until every node at addrs reports cluster_state:ok with
 // every slot assigned.
 func waitCluster(cli string, addrs []string) error {
@@ -132,23 +150,21 @@ func StartCluster(t testing.TB) *Cluster {
 		skipOrFail(t, err.Error()+".")
 	}
 	c := &Cluster{cli: cli}
-	for try := 1; ; try++ {
+	err = formCluster(t, func() error {
 		c.nodes = c.nodes[:0]
 		for range ClusterMasters {
 			c.nodes = append(c.nodes, startNode(t, true))
 		}
-		err := createCluster(cli, c.Addrs(), c.logs(), 0)
-		if err == nil {
-			return c
-		}
-		if try == createTries {
-			t.Fatalf("%v\n(try %d of %d)", err, try, createTries)
-		}
-		t.Logf("%v\n(try %d of %d: starting the cluster again)", err, try, createTries)
+		return createCluster(cli, c.Addrs(), c.logs(), 0)
+	}, func() {
 		for _, n := range c.nodes {
 			n.Kill()
 		}
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return c
 }
 
 // logs returns the paths of the nodes' logs.
@@ -271,17 +287,9 @@ func ClusterAddrs(t testing.TB) []string {
 	if err != nil {
 		skipOrFail(t, err.Error()+".")
 	}
-	for try := 1; ; try++ {
-		err := startSharedCluster(bin, cli)
-		if err == nil {
-			break
-		}
-		stopSharedCluster()
-		if try == createTries {
-			sharedCluster.err = err
-			t.Fatalf("%v\n(try %d of %d)", err, try, createTries)
-		}
-		t.Logf("%v\n(try %d of %d: starting the cluster again)", err, try, createTries)
+	if err := formCluster(t, func() error { return startSharedCluster(bin, cli) }, stopSharedCluster); err != nil {
+		sharedCluster.err = err
+		t.Fatal(err)
 	}
 	return sharedCluster.addrs
 }

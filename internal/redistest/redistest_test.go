@@ -384,3 +384,25 @@ func TestCreateClusterBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestFormClusterRetries: a cluster that would not form is started again,
+// its nodes stopped first, createTries times in all; then the last
+// failure is the error.
+func TestFormClusterRetries(t *testing.T) {
+	forms, undos := 0, 0
+	err := formCluster(t, func() error {
+		if forms++; forms < createTries {
+			return fmt.Errorf("form %d failed", forms)
+		}
+		return nil
+	}, func() { undos++ })
+	if err != nil || forms != createTries || undos != createTries-1 {
+		t.Errorf("formed on the last try: err %v, %d forms, %d undos; want nil, %d, %d", err, forms, undos, createTries, createTries-1)
+	}
+	forms, undos = 0, 0
+	err = formCluster(t, func() error { forms++; return fmt.Errorf("form %d failed", forms) }, func() { undos++ })
+	want := fmt.Sprintf("form %d failed\n(try %d of %d)", createTries, createTries, createTries)
+	if err == nil || err.Error() != want || forms != createTries || undos != createTries {
+		t.Errorf("never formed: err %v, %d forms, %d undos; want %q, %d, %d", err, forms, undos, want, createTries, createTries)
+	}
+}

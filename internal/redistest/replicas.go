@@ -83,7 +83,7 @@ func GetReplicaCluster(t testing.TB) *ReplicaCluster {
 		c.WaitHealthy(t)
 		return c
 	}
-	for try := 1; ; try++ {
+	err = formCluster(t, func() error {
 		c.nodes, c.addrs = map[string]*Server{}, nil
 		var logs []string
 		for range 2 * ClusterMasters {
@@ -92,17 +92,14 @@ func GetReplicaCluster(t testing.TB) *ReplicaCluster {
 			c.addrs = append(c.addrs, s.Addr())
 			logs = append(logs, s.log)
 		}
-		err := createCluster(cli, c.addrs, logs, 1)
-		if err == nil {
-			break
-		}
-		if try == createTries {
-			t.Fatalf("%v\n(try %d of %d)", err, try, createTries)
-		}
-		t.Logf("%v\n(try %d of %d: starting the cluster again)", err, try, createTries)
+		return createCluster(cli, c.addrs, logs, 1)
+	}, func() {
 		for _, s := range c.nodes {
 			s.Kill()
 		}
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	c.WaitHealthy(t)
 	return c
