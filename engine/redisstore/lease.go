@@ -658,12 +658,13 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		k = &lease{from: now}
 		q.keys[strings.Clone(r.key)] = k
 		q.renew(r.key, k, st)
-	} else if stale := k.ver != st.p.Version; stale || q.l.expired(now, k) {
+	} else if stale := k.ver != st.p.Version; stale || r.op == opCharge || q.l.expired(now, k) {
 		// A cutover ended the lease, or it is past MaxAge or its key went
 		// idle (the sweep would give it back, but may not have run since:
 		// it runs after a group, or on a timer): it goes back here, so that
 		// no lease is spent under a replaced limit, past MaxAge, or after
-		// its key went idle.
+		// its key went idle. A charge's goes back too, before Redis
+		// charges the key.
 		r.back, r.bver = k.left, k.ver
 		q.owe(k, k.left)
 		k.left = 0
@@ -678,12 +679,8 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		r.err, r.held = errRemote, k.left
 	case r.op == opRefund: // the balance grows: a denial no longer holds
 		r.err, r.held, k.deniedTill = errRemote, k.left, 0
-	case r.op == opCharge: // the lease goes back before Redis charges the key
-		if r.back == 0 { // else it just ended (a cutover, MaxAge): back is the lease
-			r.back, r.bver = k.left, k.ver
-			q.owe(k, k.left)
-		}
-		r.err, k.left, k.deniedTill = errRemote, 0, 0
+	case r.op == opCharge: // its lease went back above
+		r.err, k.deniedTill = errRemote, 0
 	case cost > k.cap: // under the policy as last seen: Redis, under the one in force, answers
 		r.err, r.ver = errRemote, k.ver
 		q.pending++
