@@ -35,6 +35,7 @@ type item struct {
 	counted  bool  // decided by Redis in mode "a"
 	over     bool  // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
 	lease    bool  // a lease asked for: the failure rule's answer counts as no request's
+	charge   bool  // a Charge: the failure rule admits it, whatever the rule (see Charge)
 	pin      int64 // decided (refunded) under this version only, else answered errMoved (0: any)
 	w        int   // the request's work in the script, in fast-path requests (see weight)
 	ref      int   // its shape's place among its call's shapes (see callWords)
@@ -170,10 +171,7 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	if err != nil && mode == modeCharge {
 		if !errors.Is(ctx.Err(), context.Canceled) { // see Charge: allowed, Degraded, counted and told
 			s.report(unavailable(err))
-			s.failedOpen.Add(1)
-			d := s.failResult(s.cur.Load(), &item{key: key}, 0).Decision
-			d.Allowed, d.RetryAfter = true, 0
-			return d, nil
+			return s.failResult(s.cur.Load(), &item{key: key, charge: true}, 1).Decision, nil
 		}
 		err = ctx.Err()
 	}
@@ -308,18 +306,19 @@ func (s *Store) failAnswers(items []item) {
 }
 
 // failResult is the failure rule's answer to it under st, counted as n
-// requests: admitted with nothing Remaining (fail open), or denied with
-// RetryAfter Config.FailRetryAfter (fail closed); Degraded either way. A
-// cost no band of the key's shape holds is engine.ErrCostExceedsCapacity
-// (not counted), whatever Redis would say.
+// requests: admitted with nothing Remaining (fail open, and a charge
+// whatever the rule), or denied with RetryAfter Config.FailRetryAfter
+// (fail closed); Degraded either way. A cost no band of the key's shape
+// holds is engine.ErrCostExceedsCapacity (not counted), whatever Redis
+// would say.
 func (s *Store) failResult(st *state, it *item, n uint64) engine.Result {
 	sh := st.p.ShapeAt(st.p.Overrides.Resolve(it.key))
 	if it.over || it.cost > minCapacity(sh) {
 		return engine.Result{Err: engine.ErrCostExceedsCapacity}
 	}
-	d := engine.Decision{Allowed: s.failOpen, Version: st.p.Version, Limit: sh.Primary.Capacity, Band: sh.Name, Degraded: true}
+	d := engine.Decision{Allowed: s.failOpen || it.charge, Version: st.p.Version, Limit: sh.Primary.Capacity, Band: sh.Name, Degraded: true}
 	counter := &s.failedOpen
-	if !s.failOpen {
+	if !d.Allowed {
 		d.RetryAfter, counter = s.failRetry, &s.failedClosed
 	}
 	counter.Add(n)
