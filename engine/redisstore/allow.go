@@ -338,11 +338,7 @@ func (s *Store) failResult(st *state, it *item, n uint64) engine.Result {
 // a lost node has the cluster client reload its slot map (see nodeFailed);
 // the call is not sent again.
 func (s *Store) exec(ctx context.Context, mode, at string, items []item) (deleted int, err error) {
-	defer func() {
-		if err != nil {
-			s.nodeFailed(ctx, err)
-		}
-	}()
+	defer func() { s.nodeFailed(ctx, err) }()
 	st0, weigh := s.cur.Load(), len(items) > 1 && mode != modeAll // mode "A" is one call, whatever its work
 	todo := make([]*item, len(items))
 	for i := range items {

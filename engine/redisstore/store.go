@@ -532,11 +532,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 // attempts would go to a dead master for as long as go-redis keeps its
 // slot map (a minute), though its replica has taken its place.
 func (s *Store) connect(ctx context.Context) (err error) {
-	defer func() {
-		if err != nil {
-			s.nodeFailed(ctx, err)
-		}
-	}()
+	defer func() { s.nodeFailed(ctx, err) }()
 	s.shards, s.shardByTag, s.queues = nil, nil, nil
 	s.kmap.Store(nil)
 	seed, tags := newSeed(), tagsArg(s.cfgTags)
