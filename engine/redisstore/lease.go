@@ -719,16 +719,12 @@ func (q *leaseShard) owe(k *lease, n int64) {
 // estimates, from the global bucket's last answer and the lease's tokens.
 // A denial kept answers from the denial itself as well (see denied).
 func (k *lease) answer(now int64, allowed bool) engine.Decision {
-	remaining, resetAt, limit, band := k.remaining, k.resetAt, k.limit, k.band
+	remaining, resetAt, limit, band, retry := k.remaining, k.resetAt, k.limit, k.band, int64(0)
 	if !allowed {
-		remaining, resetAt, limit, band = k.deniedRemaining(), max(resetAt, k.denial.resetAt), k.denial.limit, k.denial.band
+		remaining, resetAt, limit, band, retry = k.deniedRemaining(), max(resetAt, k.denial.resetAt), k.denial.limit, k.denial.band, k.deniedTill-now
 	}
-	d := engine.Decision{Allowed: allowed, Remaining: min(satAdd(remaining, k.left), limit), Version: k.ver,
+	return engine.Decision{Allowed: allowed, Remaining: min(satAdd(remaining, k.left), limit), RetryAfter: time.Duration(retry), Version: k.ver,
 		Limit: limit, ResetAfter: time.Duration(max(0, resetAt-now)), Band: band}
-	if !allowed {
-		d.RetryAfter = time.Duration(k.deniedTill - now)
-	}
-	return d
 }
 
 // deniedRemaining is the bucket's tokens by the denial kept and the last
