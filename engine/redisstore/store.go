@@ -838,14 +838,10 @@ func shortOfReplicas(err error) bool {
 // commands, answered, or the first failure: the context's, or a shard's
 // (wrapping ErrUnavailable).
 func (s *Store) eachShard(ctx context.Context, which []int, src string, keys func(shardKeys) []string, args ...any) ([]*redis.Cmd, error) {
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(which))
-	sent := make([]redis.Cmder, len(which))
-	for j, i := range which {
-		cmds[j] = pipe.Eval(ctx, src, keys(s.shards[i]), args...)
-		sent[j] = cmds[j]
-	}
-	if err := execute(ctx, pipe, sent...); err != nil && ctx.Err() != nil {
+	cmds, err := inPipeline(ctx, s, len(which), func(pipe redis.Pipeliner, j int) *redis.Cmd {
+		return pipe.Eval(ctx, src, keys(s.shards[which[j]]), args...)
+	})
+	if err != nil && ctx.Err() != nil {
 		return cmds, ctx.Err()
 	}
 	for j, c := range cmds {
@@ -930,14 +926,9 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, error) {
 	p := s.cur.Load().p
 	var kept [2]string
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(s.shards))
-	sent := make([]redis.Cmder, len(s.shards))
-	for i, k := range s.shards {
-		cmds[i] = pipe.HMGet(ctx, k.policy, "v", "seed", "tags")
-		sent[i] = cmds[i]
-	}
-	_ = execute(ctx, pipe, sent...) // each command holds its error
+	cmds, _ := inPipeline(ctx, s, len(s.shards), func(pipe redis.Pipeliner, i int) *redis.SliceCmd { // each command holds its error
+		return pipe.HMGet(ctx, s.shards[i].policy, "v", "seed", "tags")
+	})
 	newest, at := p.Version, -1
 	for i, c := range cmds {
 		vals, err := c.Result()
