@@ -83,17 +83,16 @@ type lreq struct {
 // what the lease held, taken for the request (opAllow: Redis is asked for
 // the rest of its cost; opPeek and opRefund: the tokens, which the lease
 // keeps), ver the version it was taken under, and want the lease to ask
-// for with the request (0 for none). With back, the caller first gives
-// back that many tokens taken under version bver, so that Redis decides
-// with them: a lease a cutover of the key ended, or for opCharge the
-// key's lease.
+// for with the request (0 for none). The caller first gives gifts back,
+// so that Redis decides with them: for opFlush every lease the shard held,
+// else the key's lease, if a cutover of the key ended it, it expired, or
+// the request is an opCharge.
 type lreply struct {
 	d          engine.Decision
 	err        error
 	held, want int64
 	ver        int64
-	back, bver int64
-	gifts      []gift // opFlush: every lease the shard held
+	gifts      []gift
 }
 
 // The stages of an lreq's answer: the caller and the shard each move it
@@ -301,15 +300,13 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 	bounded := false
 	for try := 1; ; try++ {
 		a := l.ask(l.shardOf(key), opAllow, key, cost)
-		if !bounded && (a.back > 0 || a.err == errRemote) {
+		if !bounded && (a.gifts != nil || a.err == errRemote) {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithDeadline(ctx, dl)
 			defer cancel()
 			bounded = true
 		}
-		if a.back > 0 {
-			l.giveBackOwed(ctx, []gift{{key, a.back, a.bver}})
-		}
+		l.giveBackOwed(ctx, a.gifts)
 		if a.err != nil && a.err != errRemote {
 			s.errs[kindOf(a.err)].Add(1)
 		}
@@ -378,9 +375,7 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 // takes its tokens from the bucket as a whole).
 func (l *leaser) before(ctx context.Context, op, key string) int64 {
 	a := l.ask(l.shardOf(key), op, key, 1)
-	if a.back > 0 {
-		l.giveBackOwed(ctx, []gift{{key, a.back, a.bver}})
-	}
+	l.giveBackOwed(ctx, a.gifts)
 	return a.held // 0 but for a Peek's or a Refund's
 }
 
@@ -665,9 +660,11 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		// no lease is spent under a replaced limit, past MaxAge, or after
 		// its key went idle. A charge's goes back too, before Redis
 		// charges the key.
-		r.back, r.bver = k.left, k.ver
-		q.owe(k, k.left)
-		k.left = 0
+		if k.left > 0 {
+			r.gifts = []gift{{r.key, k.left, k.ver}}
+			q.owe(k, k.left)
+			k.left = 0
+		}
 		if stale {
 			q.renew(r.key, k, st)
 		}
