@@ -160,9 +160,8 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	var out engine.Result
 	err := s.need(rctx)
 	if err == nil {
-		err = s.round(rctx, func(ctx context.Context) error {
-			_, err := s.exec(ctx, mode, "", []item{{out: &out, key: key, cost: tokens}})
-			return err
+		_, err = roundGet(rctx, s, func(ctx context.Context) (int, error) {
+			return s.exec(ctx, mode, "", []item{{out: &out, key: key, cost: tokens}})
 		})
 	}
 	if err != nil && ended(ctx) == nil && ended(rctx) != nil && !errors.Is(err, ErrUnavailable) {

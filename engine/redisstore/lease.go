@@ -428,10 +428,7 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 		items, from, err := l.judge(ctx, gs, try)
 		s.atHook(hookGiveBack)
 		if err == nil && len(items) > 0 {
-			err = s.round(ctx, func(ctx context.Context) error {
-				_, err := s.exec(ctx, "r", "", items)
-				return err
-			})
+			_, err = roundGet(ctx, s, func(ctx context.Context) (int, error) { return s.exec(ctx, "r", "", items) })
 		}
 		gs = nil
 		for i, it := range items {
