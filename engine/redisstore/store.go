@@ -499,10 +499,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	s.globals()
 	s.cur.Store(newState(cfg.Policy))
 
-	bctx, cancel := context.WithTimeout(ctx, s.timeout)
-	err := s.connect(bctx)
-	cancel()
-	if err != nil {
+	if err := s.connect(ctx); err != nil {
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return nil, ctx.Err()
 		}
@@ -522,16 +519,19 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// connect reads the prefix's key map, virtual shards and policy, installing
-// Config's if the prefix has none, and then marks the store ready: no call
-// goes to Redis with a key before it has. Only one caller runs it at a time
-// (New, or up), and only before the store is ready: it writes the fields
-// the calls read once ready is set. An attempt that fails starts afresh the
+// connect reads the prefix's key map, virtual shards and policy (under ctx
+// bounded by Config.Timeout), installing Config's if the prefix has none,
+// and then marks the store ready: no call goes to Redis with a key before
+// it has. Only one caller runs it at a time (New, or up), and only before
+// the store is ready: it writes the fields the calls read once ready is
+// set. An attempt that fails starts afresh the
 // next time. A failure that may mean a lost node has the cluster client
 // reload its slot map (see nodeFailed), as a call's does: else the next
 // attempts would go to a dead master for as long as go-redis keeps its
 // slot map (a minute), though its replica has taken its place.
 func (s *Store) connect(ctx context.Context) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	defer func() { s.nodeFailed(ctx, err) }()
 	s.shards, s.shardByTag, s.queues = nil, nil, nil
 	s.kmap.Store(nil)
@@ -607,9 +607,7 @@ func (s *Store) up(ctx context.Context) (bool, error) {
 	if s.ready.Load() { // another caller's attempt ended meanwhile
 		return true, nil
 	}
-	bctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	err := s.connect(bctx)
+	err := s.connect(ctx)
 	return err == nil, err
 }
 
