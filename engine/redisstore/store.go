@@ -912,26 +912,27 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 	return fmt.Errorf("%w: the policy disappeared while it was read", ErrUnavailable)
 }
 
-// reinstallPolicy is the policy to reinstall the prefix's global keys at
-// once they are lost: the one this store is at, or, if a virtual shard
-// that survived (on a cluster, on another master) holds a newer version,
-// that one, whose policy this store must know: else it fails, and no store
+// survivors is the policy and key map to reinstall the prefix's global
+// keys with once they are lost. The policy is the newest of p, the one
+// this store is at and, if a virtual shard that survived (on a cluster, on
+// another master) holds a version newer than this store's, that one,
+// whose policy this store must know: else it fails, and no store
 // reinstalls the keys until one that knows it does (a global older than a
-// shard would make every call on that shard answer "stale" for good). It
-// also returns the key map (seed and tags) the first surviving shard holds
-// a copy of, or ""s: the map the shards' buckets were placed by, which New
+// shard would make every call on that shard answer "stale" for good). The
+// key map is the one (seed and tags) the first surviving shard holds a
+// copy of, else m: the map the shards' buckets were placed by, which New
 // reinstalls rather than draw a seed of its own.
-func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, error) {
-	p := s.cur.Load().p
+func (s *Store) survivors(ctx context.Context, p policy.Policy, m [2]string) (policy.Policy, [2]string, error) {
+	q := s.cur.Load().p
 	var kept [2]string
 	cmds, _ := inPipeline(ctx, s, len(s.shards), func(pipe redis.Pipeliner, i int) *redis.SliceCmd { // each command holds its error
 		return pipe.HMGet(ctx, s.shards[i].policy, "v", "seed", "tags")
 	})
-	newest, at := p.Version, -1
+	newest, at := q.Version, -1
 	for i, c := range cmds {
 		vals, err := c.Result()
 		if err != nil {
-			return p, kept, fmt.Errorf("%w: reading virtual shard %d's version: %w", ErrUnavailable, i, err)
+			return p, m, fmt.Errorf("%w: reading virtual shard %d's version: %w", ErrUnavailable, i, err)
 		}
 		seed, _ := vals[1].(string)
 		tags, _ := vals[2].(string)
@@ -946,31 +947,22 @@ func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, 
 			newest, at = n, i
 		}
 	}
-	if at < 0 {
-		return p, kept, nil
-	}
-	s.mu.Lock()
-	q, ok := s.past[newest]
-	s.mu.Unlock()
-	if !ok {
-		return p, kept, fmt.Errorf("%w: the prefix's global keys are lost and virtual shard %d holds policy version %d, newer than this store's %d: only a store that knows version %d can reinstall them", ErrUnavailable, at, newest, p.Version, newest)
-	}
-	return q, kept, nil
-}
-
-// survivors is the policy and key map to reinstall the prefix's global keys
-// with: p, or the newer policy a surviving shard holds (see
-// reinstallPolicy), and the key map the surviving shards' buckets were
-// placed by, else m.
-func (s *Store) survivors(ctx context.Context, p policy.Policy, m [2]string) (policy.Policy, [2]string, error) {
-	q, kept, err := s.reinstallPolicy(ctx)
 	if kept[0] == "" {
 		kept = m
+	}
+	if at >= 0 {
+		s.mu.Lock()
+		known, ok := s.past[newest]
+		s.mu.Unlock()
+		if !ok {
+			return p, kept, fmt.Errorf("%w: the prefix's global keys are lost and virtual shard %d holds policy version %d, newer than this store's %d: only a store that knows version %d can reinstall them", ErrUnavailable, at, newest, q.Version, newest)
+		}
+		q = known
 	}
 	if q.Version > p.Version {
 		p = q
 	}
-	return p, kept, err
+	return p, kept, nil
 }
 
 // policyAt returns the retained policy of a version, decoded once.
