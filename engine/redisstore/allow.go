@@ -570,7 +570,7 @@ func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*ite
 	// the server's TIME and expiries, or Config.Clock's readings and none
 	nowArg, expiry := cmp.Or(at, s.nowArg()), flag(s.clk == nil)
 	cmds := make([]*redis.Cmd, len(chunks))
-	queue := func(via processor, c int) {
+	queue := func(via processor, c int) *redis.Cmd {
 		sk := s.shards[s.stateShard(chunks[c][0].shard)]
 		// FCALL, or EVALSHA with eval or once FUNCTION was refused; never
 		// retried by go-redis
@@ -581,19 +581,14 @@ func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*ite
 		}
 		cmds[c] = redis.NewCmd(ctx, a...)
 		_ = via.Process(ctx, noRetryCmd{cmds[c]})
+		return cmds[c]
 	}
 	if len(chunks) == 1 {
 		queue(direct{s}, 0)
 		return cmds
 	}
 	pipeline := func(group []int) {
-		pipe := s.rdb.Pipeline()
-		sent := make([]redis.Cmder, len(group))
-		for i, c := range group {
-			queue(pipe, c)
-			sent[i] = cmds[c]
-		}
-		_ = execute(ctx, pipe, sent...) // each command holds its error
+		_, _ = inPipeline(ctx, s, len(group), func(pipe redis.Pipeliner, i int) *redis.Cmd { return queue(pipe, group[i]) }) // each command holds its error
 	}
 	// One pipeline per master, all at once (the first on this goroutine,
 	// each other in one of its own): go-redis ends a cluster pipeline that
