@@ -242,16 +242,23 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 // store's Timeout, answering the undecided ones if it fails (see fail).
 // It is the path of a batch, and of a single Allow sent alone.
 func (s *Store) decideItems(ctx context.Context, items []item) error {
-	bctx, cancel := context.WithTimeout(ctx, s.timeout) // one deadline for reaching Redis and deciding
-	defer cancel()
-	ok, err := s.up(bctx)
-	if ok {
-		_, err = s.exec(bctx, "a", "", items)
-	}
-	if !ok || err != nil {
+	if ok, err := s.upExec(ctx, "a", items); !ok || err != nil {
 		return s.fail(ctx, items, err)
 	}
 	return nil
+}
+
+// upExec reaches Redis if the store has not yet (see up), then, if it has,
+// runs items through the decide script in mode (see exec): one deadline
+// for both, ctx's bounded by the store's Timeout. ok reports whether the
+// store had reached Redis; err is up's error, or exec's.
+func (s *Store) upExec(ctx context.Context, mode string, items []item) (ok bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if ok, err = s.up(ctx); ok {
+		_, err = s.exec(ctx, mode, "", items)
+	}
+	return ok, err
 }
 
 // fail answers every undecided item: with ctx's error, which it returns, if
