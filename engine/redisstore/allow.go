@@ -35,6 +35,7 @@ type item struct {
 	counted  bool  // decided by Redis in mode "a"
 	over     bool  // mode "A": the key's summed cost passed math.MaxInt64, so every capacity
 	lease    bool  // a lease asked for: the failure rule's answer counts as no request's
+	charge   bool  // a Charge: the failure rule admits it, whatever the rule (see Charge)
 	pin      int64 // decided (refunded) under this version only, else answered errMoved (0: any)
 	w        int   // the request's work in the script, in fast-path requests (see weight)
 	ref      int   // its shape's place among its call's shapes (see callWords)
@@ -159,9 +160,8 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	var out engine.Result
 	err := s.need(rctx)
 	if err == nil {
-		err = s.round(rctx, func(ctx context.Context) error {
-			_, err := s.exec(ctx, mode, "", []item{{out: &out, key: key, cost: tokens}})
-			return err
+		_, err = roundGet(rctx, s, func(ctx context.Context) (int, error) {
+			return s.exec(ctx, mode, "", []item{{out: &out, key: key, cost: tokens}})
 		})
 	}
 	if err != nil && ended(ctx) == nil && ended(rctx) != nil && !errors.Is(err, ErrUnavailable) {
@@ -170,10 +170,7 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	if err != nil && mode == modeCharge {
 		if !errors.Is(ctx.Err(), context.Canceled) { // see Charge: allowed, Degraded, counted and told
 			s.report(unavailable(err))
-			s.failedOpen.Add(1)
-			d := s.failResult(s.cur.Load(), &item{key: key}, 0).Decision
-			d.Allowed, d.RetryAfter = true, 0
-			return d, nil
+			return s.failResult(s.cur.Load(), &item{key: key, charge: true}, 1).Decision, nil
 		}
 		err = ctx.Err()
 	}
@@ -245,16 +242,23 @@ func (s *Store) allowBatch(ctx context.Context, reqs []engine.Request, out []eng
 // store's Timeout, answering the undecided ones if it fails (see fail).
 // It is the path of a batch, and of a single Allow sent alone.
 func (s *Store) decideItems(ctx context.Context, items []item) error {
-	bctx, cancel := context.WithTimeout(ctx, s.timeout) // one deadline for reaching Redis and deciding
-	defer cancel()
-	ok, err := s.up(bctx)
-	if ok {
-		_, err = s.exec(bctx, "a", "", items)
-	}
-	if !ok || err != nil {
+	if ok, err := s.upExec(ctx, "a", items); !ok || err != nil {
 		return s.fail(ctx, items, err)
 	}
 	return nil
+}
+
+// upExec reaches Redis if the store has not yet (see up), then, if it has,
+// runs items through the decide script in mode (see exec): one deadline
+// for both, ctx's bounded by the store's Timeout. ok reports whether the
+// store had reached Redis; err is up's error, or exec's.
+func (s *Store) upExec(ctx context.Context, mode string, items []item) (ok bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if ok, err = s.up(ctx); ok {
+		_, err = s.exec(ctx, mode, "", items)
+	}
+	return ok, err
 }
 
 // fail answers every undecided item: with ctx's error, which it returns, if
@@ -308,18 +312,19 @@ func (s *Store) failAnswers(items []item) {
 }
 
 // failResult is the failure rule's answer to it under st, counted as n
-// requests: admitted with nothing Remaining (fail open), or denied with
-// RetryAfter Config.FailRetryAfter (fail closed); Degraded either way. A
-// cost no band of the key's shape holds is engine.ErrCostExceedsCapacity
-// (not counted), whatever Redis would say.
+// requests: admitted with nothing Remaining (fail open, and a charge
+// whatever the rule), or denied with RetryAfter Config.FailRetryAfter
+// (fail closed); Degraded either way. A cost no band of the key's shape
+// holds is engine.ErrCostExceedsCapacity (not counted), whatever Redis
+// would say.
 func (s *Store) failResult(st *state, it *item, n uint64) engine.Result {
 	sh := st.p.ShapeAt(st.p.Overrides.Resolve(it.key))
 	if it.over || it.cost > minCapacity(sh) {
 		return engine.Result{Err: engine.ErrCostExceedsCapacity}
 	}
-	d := engine.Decision{Allowed: s.failOpen, Version: st.p.Version, Limit: sh.Primary.Capacity, Band: sh.Name, Degraded: true}
+	d := engine.Decision{Allowed: s.failOpen || it.charge, Version: st.p.Version, Limit: sh.Primary.Capacity, Band: sh.Name, Degraded: true}
 	counter := &s.failedOpen
-	if !s.failOpen {
+	if !d.Allowed {
 		d.RetryAfter, counter = s.failRetry, &s.failedClosed
 	}
 	counter.Add(n)
@@ -339,11 +344,7 @@ func (s *Store) failResult(st *state, it *item, n uint64) engine.Result {
 // a lost node has the cluster client reload its slot map (see nodeFailed);
 // the call is not sent again.
 func (s *Store) exec(ctx context.Context, mode, at string, items []item) (deleted int, err error) {
-	defer func() {
-		if err != nil {
-			s.nodeFailed(ctx, err)
-		}
-	}()
+	defer func() { s.nodeFailed(ctx, err) }()
 	st0, weigh := s.cur.Load(), len(items) > 1 && mode != modeAll // mode "A" is one call, whatever its work
 	todo := make([]*item, len(items))
 	for i := range items {
@@ -576,7 +577,7 @@ func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*ite
 	// the server's TIME and expiries, or Config.Clock's readings and none
 	nowArg, expiry := cmp.Or(at, s.nowArg()), flag(s.clk == nil)
 	cmds := make([]*redis.Cmd, len(chunks))
-	queue := func(via processor, c int) {
+	queue := func(via processor, c int) *redis.Cmd {
 		sk := s.shards[s.stateShard(chunks[c][0].shard)]
 		// FCALL, or EVALSHA with eval or once FUNCTION was refused; never
 		// retried by go-redis
@@ -587,19 +588,14 @@ func (s *Store) send(ctx context.Context, st *state, km *keyMap, chunks [][]*ite
 		}
 		cmds[c] = redis.NewCmd(ctx, a...)
 		_ = via.Process(ctx, noRetryCmd{cmds[c]})
+		return cmds[c]
 	}
 	if len(chunks) == 1 {
 		queue(direct{s}, 0)
 		return cmds
 	}
 	pipeline := func(group []int) {
-		pipe := s.rdb.Pipeline()
-		sent := make([]redis.Cmder, len(group))
-		for i, c := range group {
-			queue(pipe, c)
-			sent[i] = cmds[c]
-		}
-		_ = execute(ctx, pipe, sent...) // each command holds its error
+		_, _ = inPipeline(ctx, s, len(group), func(pipe redis.Pipeliner, i int) *redis.Cmd { return queue(pipe, group[i]) }) // each command holds its error
 	}
 	// One pipeline per master, all at once (the first on this goroutine,
 	// each other in one of its own): go-redis ends a cluster pipeline that

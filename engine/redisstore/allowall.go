@@ -113,9 +113,6 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 	if err := s.usable(ctx); err != nil {
 		return engine.Decision{}, -1, err
 	}
-	bctx, cancel := context.WithTimeout(ctx, s.timeout) // one deadline for reaching Redis and deciding
-	defer cancel()
-	ready, err := s.up(bctx)
 	// One item per key, in the order of the keys' first requests, its costs
 	// summed; of[i] is reqs[i]'s item (so item j's first request is the
 	// first i with of[i] == j).
@@ -135,9 +132,7 @@ func (s *Store) allowAll(ctx context.Context, reqs []engine.Request) (engine.Dec
 		}
 		of[i] = j
 	}
-	if ready {
-		_, err = s.exec(bctx, modeAll, "", items)
-	}
+	ready, err := s.upExec(ctx, modeAll, items)
 	if errors.Is(err, ErrCrossShard) { // exec's, before it sends: one script call is one slot on a cluster
 		sh := s.shard(reqs[0].Key)
 		return engine.Decision{}, max(slices.IndexFunc(reqs, func(r engine.Request) bool { return s.shard(r.Key) != sh }), 0), ErrCrossShard

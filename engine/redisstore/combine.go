@@ -91,8 +91,7 @@ func (s *Store) decideOne(ctx context.Context, key string, cost, pin int64) (eng
 	// A waiter needs no context of its own, only its deadline and a timer:
 	// the call that sends it makes one for all its requests.
 	w := waiters.Get().(*waiter)
-	w.it = item{key: key, cost: cost, pin: pin, combined: true}
-	w.it.out = &w.res
+	w.it = item{out: &w.res, key: key, cost: cost, pin: pin, combined: true}
 	w.res, w.parent, w.deadline = engine.Result{}, ctx, s.deadline(ctx)
 	w.state = queued
 	w.timer.Reset(clock.Until(w.deadline))

@@ -227,11 +227,7 @@ func (s *Store) convertPass(ctx context.Context, mode, token string) (int, error
 func (s *Store) persistPass(ctx context.Context, token string) error {
 	return s.scan(ctx, func(keys []string) error {
 		return s.round(ctx, func(ctx context.Context) error {
-			pipe := s.rdb.Pipeline()
-			for _, k := range keys {
-				pipe.Persist(ctx, k)
-			}
-			if _, err := pipe.Exec(ctx); err != nil {
+			if _, err := inPipeline(ctx, s, len(keys), func(pipe redis.Pipeliner, i int) *redis.BoolCmd { return pipe.Persist(ctx, keys[i]) }); err != nil {
 				return err
 			}
 			return s.renew(ctx, token)

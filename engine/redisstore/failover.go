@@ -191,6 +191,19 @@ func execute(ctx context.Context, pipe redis.Pipeliner, cmds ...redis.Cmder) err
 	return err
 }
 
+// inPipeline sends n commands in one pipeline, the i-th the one f queues
+// on it, and returns them, each holding its reply or its error (see
+// execute), and execute's error.
+func inPipeline[C redis.Cmder](ctx context.Context, s *Store, n int, f func(pipe redis.Pipeliner, i int) C) ([]C, error) {
+	pipe := s.rdb.Pipeline()
+	cmds, sent := make([]C, n), make([]redis.Cmder, n)
+	for i := range cmds {
+		cmds[i] = f(pipe, i)
+		sent[i] = cmds[i]
+	}
+	return cmds, execute(ctx, pipe, sent...)
+}
+
 // direct is a processor that sends a command at once, as one does.
 type direct struct{ s *Store }
 

@@ -83,17 +83,16 @@ type lreq struct {
 // what the lease held, taken for the request (opAllow: Redis is asked for
 // the rest of its cost; opPeek and opRefund: the tokens, which the lease
 // keeps), ver the version it was taken under, and want the lease to ask
-// for with the request (0 for none). With back, the caller first gives
-// back that many tokens taken under version bver, so that Redis decides
-// with them: a lease a cutover of the key ended, or for opCharge the
-// key's lease.
+// for with the request (0 for none). The caller first gives gifts back,
+// so that Redis decides with them: for opFlush every lease the shard held,
+// else the key's lease, if a cutover of the key ended it, it expired, or
+// the request is an opCharge.
 type lreply struct {
 	d          engine.Decision
 	err        error
 	held, want int64
 	ver        int64
-	back, bver int64
-	gifts      []gift // opFlush: every lease the shard held
+	gifts      []gift
 }
 
 // The stages of an lreq's answer: the caller and the shard each move it
@@ -301,15 +300,13 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 	bounded := false
 	for try := 1; ; try++ {
 		a := l.ask(l.shardOf(key), opAllow, key, cost)
-		if !bounded && (a.back > 0 || a.err == errRemote) {
+		if !bounded && (a.gifts != nil || a.err == errRemote) {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithDeadline(ctx, dl)
 			defer cancel()
 			bounded = true
 		}
-		if a.back > 0 {
-			l.giveBackOwed(ctx, []gift{{key, a.back, a.bver}})
-		}
+		l.giveBackOwed(ctx, a.gifts)
 		if a.err != nil && a.err != errRemote {
 			s.errs[kindOf(a.err)].Add(1)
 		}
@@ -378,9 +375,7 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 // takes its tokens from the bucket as a whole).
 func (l *leaser) before(ctx context.Context, op, key string) int64 {
 	a := l.ask(l.shardOf(key), op, key, 1)
-	if a.back > 0 {
-		l.giveBackOwed(ctx, []gift{{key, a.back, a.bver}})
-	}
+	l.giveBackOwed(ctx, a.gifts)
 	return a.held // 0 but for a Peek's or a Refund's
 }
 
@@ -433,10 +428,7 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 		items, from, err := l.judge(ctx, gs, try)
 		s.atHook(hookGiveBack)
 		if err == nil && len(items) > 0 {
-			err = s.round(ctx, func(ctx context.Context) error {
-				_, err := s.exec(ctx, "r", "", items)
-				return err
-			})
+			_, err = roundGet(ctx, s, func(ctx context.Context) (int, error) { return s.exec(ctx, "r", "", items) })
 		}
 		gs = nil
 		for i, it := range items {
@@ -658,15 +650,18 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		k = &lease{from: now}
 		q.keys[strings.Clone(r.key)] = k
 		q.renew(r.key, k, st)
-	} else if stale := k.ver != st.p.Version; stale || q.l.expired(now, k) {
+	} else if stale := k.ver != st.p.Version; stale || r.op == opCharge || q.l.expired(now, k) {
 		// A cutover ended the lease, or it is past MaxAge or its key went
 		// idle (the sweep would give it back, but may not have run since:
 		// it runs after a group, or on a timer): it goes back here, so that
 		// no lease is spent under a replaced limit, past MaxAge, or after
-		// its key went idle.
-		r.back, r.bver = k.left, k.ver
-		q.owe(k, k.left)
-		k.left = 0
+		// its key went idle. A charge's goes back too, before Redis
+		// charges the key.
+		if k.left > 0 {
+			r.gifts = []gift{{r.key, k.left, k.ver}}
+			q.owe(k, k.left)
+			k.left = 0
+		}
 		if stale {
 			q.renew(r.key, k, st)
 		}
@@ -678,12 +673,8 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		r.err, r.held = errRemote, k.left
 	case r.op == opRefund: // the balance grows: a denial no longer holds
 		r.err, r.held, k.deniedTill = errRemote, k.left, 0
-	case r.op == opCharge: // the lease goes back before Redis charges the key
-		if r.back == 0 { // else it just ended (a cutover, MaxAge): back is the lease
-			r.back, r.bver = k.left, k.ver
-			q.owe(k, k.left)
-		}
-		r.err, k.left, k.deniedTill = errRemote, 0, 0
+	case r.op == opCharge: // its lease went back above
+		r.err, k.deniedTill = errRemote, 0
 	case cost > k.cap: // under the policy as last seen: Redis, under the one in force, answers
 		r.err, r.ver = errRemote, k.ver
 		q.pending++
@@ -722,16 +713,12 @@ func (q *leaseShard) owe(k *lease, n int64) {
 // estimates, from the global bucket's last answer and the lease's tokens.
 // A denial kept answers from the denial itself as well (see denied).
 func (k *lease) answer(now int64, allowed bool) engine.Decision {
-	remaining, resetAt, limit, band := k.remaining, k.resetAt, k.limit, k.band
+	remaining, resetAt, limit, band, retry := k.remaining, k.resetAt, k.limit, k.band, int64(0)
 	if !allowed {
-		remaining, resetAt, limit, band = k.deniedRemaining(), max(resetAt, k.denial.resetAt), k.denial.limit, k.denial.band
+		remaining, resetAt, limit, band, retry = k.deniedRemaining(), max(resetAt, k.denial.resetAt), k.denial.limit, k.denial.band, k.deniedTill-now
 	}
-	d := engine.Decision{Allowed: allowed, Remaining: min(satAdd(remaining, k.left), limit), Version: k.ver,
+	return engine.Decision{Allowed: allowed, Remaining: min(satAdd(remaining, k.left), limit), RetryAfter: time.Duration(retry), Version: k.ver,
 		Limit: limit, ResetAfter: time.Duration(max(0, resetAt-now)), Band: band}
-	if !allowed {
-		d.RetryAfter = time.Duration(k.deniedTill - now)
-	}
-	return d
 }
 
 // deniedRemaining is the bucket's tokens by the denial kept and the last

@@ -499,10 +499,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	s.globals()
 	s.cur.Store(newState(cfg.Policy))
 
-	bctx, cancel := context.WithTimeout(ctx, s.timeout)
-	err := s.connect(bctx)
-	cancel()
-	if err != nil {
+	if err := s.connect(ctx); err != nil {
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return nil, ctx.Err()
 		}
@@ -522,21 +519,20 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// connect reads the prefix's key map, virtual shards and policy, installing
-// Config's if the prefix has none, and then marks the store ready: no call
-// goes to Redis with a key before it has. Only one caller runs it at a time
-// (New, or up), and only before the store is ready: it writes the fields
-// the calls read once ready is set. An attempt that fails starts afresh the
+// connect reads the prefix's key map, virtual shards and policy (under ctx
+// bounded by Config.Timeout), installing Config's if the prefix has none,
+// and then marks the store ready: no call goes to Redis with a key before
+// it has. Only one caller runs it at a time (New, or up), and only before
+// the store is ready: it writes the fields the calls read once ready is
+// set. An attempt that fails starts afresh the
 // next time. A failure that may mean a lost node has the cluster client
 // reload its slot map (see nodeFailed), as a call's does: else the next
 // attempts would go to a dead master for as long as go-redis keeps its
 // slot map (a minute), though its replica has taken its place.
 func (s *Store) connect(ctx context.Context) (err error) {
-	defer func() {
-		if err != nil {
-			s.nodeFailed(ctx, err)
-		}
-	}()
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	defer func() { s.nodeFailed(ctx, err) }()
 	s.shards, s.shardByTag, s.queues = nil, nil, nil
 	s.kmap.Store(nil)
 	seed, tags := newSeed(), tagsArg(s.cfgTags)
@@ -611,9 +607,7 @@ func (s *Store) up(ctx context.Context) (bool, error) {
 	if s.ready.Load() { // another caller's attempt ended meanwhile
 		return true, nil
 	}
-	bctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	err := s.connect(bctx)
+	err := s.connect(ctx)
 	return err == nil, err
 }
 
@@ -842,14 +836,10 @@ func shortOfReplicas(err error) bool {
 // commands, answered, or the first failure: the context's, or a shard's
 // (wrapping ErrUnavailable).
 func (s *Store) eachShard(ctx context.Context, which []int, src string, keys func(shardKeys) []string, args ...any) ([]*redis.Cmd, error) {
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(which))
-	sent := make([]redis.Cmder, len(which))
-	for j, i := range which {
-		cmds[j] = pipe.Eval(ctx, src, keys(s.shards[i]), args...)
-		sent[j] = cmds[j]
-	}
-	if err := execute(ctx, pipe, sent...); err != nil && ctx.Err() != nil {
+	cmds, err := inPipeline(ctx, s, len(which), func(pipe redis.Pipeliner, j int) *redis.Cmd {
+		return pipe.Eval(ctx, src, keys(s.shards[which[j]]), args...)
+	})
+	if err != nil && ctx.Err() != nil {
 		return cmds, ctx.Err()
 	}
 	for j, c := range cmds {
@@ -922,31 +912,27 @@ func (s *Store) load(ctx context.Context, all, published bool) error {
 	return fmt.Errorf("%w: the policy disappeared while it was read", ErrUnavailable)
 }
 
-// reinstallPolicy is the policy to reinstall the prefix's global keys at
-// once they are lost: the one this store is at, or, if a virtual shard
-// that survived (on a cluster, on another master) holds a newer version,
-// that one, whose policy this store must know: else it fails, and no store
+// survivors is the policy and key map to reinstall the prefix's global
+// keys with once they are lost. The policy is the newest of p, the one
+// this store is at and, if a virtual shard that survived (on a cluster, on
+// another master) holds a version newer than this store's, that one,
+// whose policy this store must know: else it fails, and no store
 // reinstalls the keys until one that knows it does (a global older than a
-// shard would make every call on that shard answer "stale" for good). It
-// also returns the key map (seed and tags) the first surviving shard holds
-// a copy of, or ""s: the map the shards' buckets were placed by, which New
+// shard would make every call on that shard answer "stale" for good). The
+// key map is the one (seed and tags) the first surviving shard holds a
+// copy of, else m: the map the shards' buckets were placed by, which New
 // reinstalls rather than draw a seed of its own.
-func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, error) {
-	p := s.cur.Load().p
+func (s *Store) survivors(ctx context.Context, p policy.Policy, m [2]string) (policy.Policy, [2]string, error) {
+	q := s.cur.Load().p
 	var kept [2]string
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(s.shards))
-	sent := make([]redis.Cmder, len(s.shards))
-	for i, k := range s.shards {
-		cmds[i] = pipe.HMGet(ctx, k.policy, "v", "seed", "tags")
-		sent[i] = cmds[i]
-	}
-	_ = execute(ctx, pipe, sent...) // each command holds its error
-	newest, at := p.Version, -1
+	cmds, _ := inPipeline(ctx, s, len(s.shards), func(pipe redis.Pipeliner, i int) *redis.SliceCmd { // each command holds its error
+		return pipe.HMGet(ctx, s.shards[i].policy, "v", "seed", "tags")
+	})
+	newest, at := q.Version, -1
 	for i, c := range cmds {
 		vals, err := c.Result()
 		if err != nil {
-			return p, kept, fmt.Errorf("%w: reading virtual shard %d's version: %w", ErrUnavailable, i, err)
+			return p, m, fmt.Errorf("%w: reading virtual shard %d's version: %w", ErrUnavailable, i, err)
 		}
 		seed, _ := vals[1].(string)
 		tags, _ := vals[2].(string)
@@ -961,31 +947,22 @@ func (s *Store) reinstallPolicy(ctx context.Context) (policy.Policy, [2]string, 
 			newest, at = n, i
 		}
 	}
-	if at < 0 {
-		return p, kept, nil
-	}
-	s.mu.Lock()
-	q, ok := s.past[newest]
-	s.mu.Unlock()
-	if !ok {
-		return p, kept, fmt.Errorf("%w: the prefix's global keys are lost and virtual shard %d holds policy version %d, newer than this store's %d: only a store that knows version %d can reinstall them", ErrUnavailable, at, newest, p.Version, newest)
-	}
-	return q, kept, nil
-}
-
-// survivors is the policy and key map to reinstall the prefix's global keys
-// with: p, or the newer policy a surviving shard holds (see
-// reinstallPolicy), and the key map the surviving shards' buckets were
-// placed by, else m.
-func (s *Store) survivors(ctx context.Context, p policy.Policy, m [2]string) (policy.Policy, [2]string, error) {
-	q, kept, err := s.reinstallPolicy(ctx)
 	if kept[0] == "" {
 		kept = m
+	}
+	if at >= 0 {
+		s.mu.Lock()
+		known, ok := s.past[newest]
+		s.mu.Unlock()
+		if !ok {
+			return p, kept, fmt.Errorf("%w: the prefix's global keys are lost and virtual shard %d holds policy version %d, newer than this store's %d: only a store that knows version %d can reinstall them", ErrUnavailable, at, newest, q.Version, newest)
+		}
+		q = known
 	}
 	if q.Version > p.Version {
 		p = q
 	}
-	return p, kept, err
+	return p, kept, nil
 }
 
 // policyAt returns the retained policy of a version, decoded once.

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -30,10 +31,7 @@ func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decisi
 	if s.uninitialized() {
 		return s.Allow(ctx, key, cost) // its error
 	}
-	clk := s.clk
-	if clk == nil {
-		clk = s.slotMap.clk // a monotonic clock, for a real timer
-	}
+	clk := cmp.Or(s.clk, s.slotMap.clk) // else a monotonic clock, for a real timer
 	for {
 		asked := clk.Now()
 		d, err := s.Allow(ctx, key, cost)
