@@ -5,6 +5,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/internal/keycopy"
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
@@ -53,5 +54,23 @@ func BenchmarkBatchZipf(b *testing.B) {
 	// The bucket is far too large to deny anything.
 	if decided := (b.N + batch - 1) / batch * batch; allowed != decided {
 		b.Fatalf("allowed %d of %d", allowed, decided)
+	}
+}
+
+// BenchmarkCountBatch is the tally and publish of a part of 64 answers,
+// all admitted, as a batch's part pays it before its answer; ns/op is per
+// part.
+func BenchmarkCountBatch(b *testing.B) {
+	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	s := New(p, clock.NewManual(0), NewBudget(10), NewMailbox(8, nil), &testHasher)
+	m := msg.Batch{Items: make([]msg.Item, 64), Out: make([]msg.Reply, 64)}
+	for i := range m.Out {
+		m.Out[i].Decision.Allowed = i%4 != 0
+	}
+	for b.Loop() {
+		s.countBatch(1, &m)
+	}
+	if got := s.stats.pub[msg.Allowed].Load(); got == 0 {
+		b.Fatalf("published %d admissions", got)
 	}
 }
