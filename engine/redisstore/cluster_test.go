@@ -549,6 +549,7 @@ func TestClusterLostReplyNotResent(t *testing.T) {
 	shards, err := clusterClient(t, addrs).ClusterShards(ctx).Result()
 	require.NoError(t, err)
 	var slots []redis.ClusterSlot
+	var proxies []*dropProxy
 	for _, sh := range shards {
 		var master string
 		for _, n := range sh.Nodes {
@@ -556,7 +557,9 @@ func TestClusterLostReplyNotResent(t *testing.T) {
 				master = fmt.Sprintf("%s:%d", n.IP, n.Port)
 			}
 		}
-		px := startDropProxy(t, master, regexp.MustCompile(`lost-once`))
+		// The decide call on the key, not any command that names it.
+		px := startDropProxy(t, master, regexp.MustCompile(`(?i)(evalsha\r\n\$40\r\n[0-9a-f]{40}|fcall\r\n\$\d+\r\ntokenshard_decide_[0-9a-f]+)\r\n[^ ]*lost-once`))
+		proxies = append(proxies, px)
 		for _, r := range sh.Slots {
 			slots = append(slots, redis.ClusterSlot{Start: int(r.Start), End: int(r.End), Nodes: []redis.ClusterNode{{Addr: px.ln.Addr().String()}}})
 		}
@@ -577,7 +580,14 @@ func TestClusterLostReplyNotResent(t *testing.T) {
 
 	d, err = direct.Peek(ctx, "lost-once")
 	require.NoError(t, err)
-	require.Equal(t, int64(7), d.Remaining, "the script ran once: 3 taken, not 6")
+	var dropped []string
+	for _, px := range proxies {
+		if px.fired.Load() {
+			dropped = append(dropped, px.droppedReply())
+		}
+	}
+	require.Len(t, dropped, 1, "one decide call's reply dropped")
+	require.Equal(t, int64(7), d.Remaining, "the script ran once: 3 taken, not 6 (the reply dropped: %s)", dropped[0])
 }
 
 // TestPlainClientOnClusterNodeFails: a *redis.Client pointed at one node of

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"regexp"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -27,6 +28,16 @@ type dropProxy struct {
 	wg      sync.WaitGroup
 	mu      sync.Mutex
 	conns   []net.Conn
+	dropped []byte // the start of the reply swallowed, once fired
+}
+
+// droppedReply is the start of the server's reply the proxy swallowed,
+// quoted: a test that fails shows whether the lost reply was the
+// command's answer or an error sent instead of running it.
+func (p *dropProxy) droppedReply() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strconv.Quote(string(p.dropped))
 }
 
 func startDropProxy(t *testing.T, target string, trigger *regexp.Regexp) *dropProxy {
@@ -77,6 +88,9 @@ func startDropProxy(t *testing.T, target string, trigger *regexp.Regexp) *dropPr
 				for {
 					n, err := s.Read(buf)
 					if n > 0 && mine.Load() {
+						p.mu.Lock()
+						p.dropped = append(p.dropped, buf[:min(n, 200)]...)
+						p.mu.Unlock()
 						c.Close() // the reply is lost on the way
 						s.Close()
 						return
