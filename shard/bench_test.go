@@ -58,8 +58,8 @@ func BenchmarkBatchZipf(b *testing.B) {
 }
 
 // BenchmarkCountBatch is the tally and publish of a part of 64 answers,
-// all admitted, as a batch's part pays it before its answer; ns/op is per
-// part.
+// three in four admitted, as a batch's part pays it before its answer;
+// ns/op is per part.
 func BenchmarkCountBatch(b *testing.B) {
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 	s := New(p, clock.NewManual(0), NewBudget(10), NewMailbox(8, nil), &testHasher)

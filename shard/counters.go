@@ -137,12 +137,14 @@ func (s *Shard) count(now int64, a *msg.Single) {
 // processors, and a part changes two or three of the counters.
 func (s *Shard) countBatch(now int64, b *msg.Batch) {
 	st := &s.stats
-	var allowed, denied uint64
+	var allowed, denied, failed uint64
+	var errs [msg.NumErrKinds]uint64
 	for i := range b.Items {
 		r := &b.Out[i]
 		switch {
 		case r.Err != nil:
-			st.bump(msg.ErrorCounter(msg.KindOf(r.Err)), 1)
+			errs[msg.KindOf(r.Err)]++
+			failed++
 		case r.Decision.Allowed:
 			allowed++
 		default:
@@ -154,6 +156,12 @@ func (s *Shard) countBatch(now int64, b *msg.Batch) {
 	}
 	if denied > 0 {
 		st.bump(msg.Denied, denied)
+	}
+	for k := 0; failed > 0; k++ {
+		if n := errs[k]; n > 0 {
+			st.bump(msg.ErrorCounter(msg.ErrKind(k)), n)
+			failed -= n
+		}
 	}
 	s.publishKeys()
 	if st.events != nil {
