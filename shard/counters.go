@@ -137,14 +137,13 @@ func (s *Shard) count(now int64, a *msg.Single) {
 // processors, and a part changes two or three of the counters.
 func (s *Shard) countBatch(now int64, b *msg.Batch) {
 	st := &s.stats
-	var allowed, denied, failed uint64
+	var allowed, denied uint64
 	var errs [msg.NumErrKinds]uint64
 	for i := range b.Items {
 		r := &b.Out[i]
 		switch {
 		case r.Err != nil:
 			errs[msg.KindOf(r.Err)]++
-			failed++
 		case r.Decision.Allowed:
 			allowed++
 		default:
@@ -157,10 +156,9 @@ func (s *Shard) countBatch(now int64, b *msg.Batch) {
 	if denied > 0 {
 		st.bump(msg.Denied, denied)
 	}
-	for k := 0; failed > 0; k++ {
-		if n := errs[k]; n > 0 {
+	for k, n := range errs {
+		if n > 0 {
 			st.bump(msg.ErrorCounter(msg.ErrKind(k)), n)
-			failed -= n
 		}
 	}
 	s.publishKeys()
