@@ -155,8 +155,9 @@ func TestParseConfigYAML11Booleans(t *testing.T) {
 	}
 }
 
-// TestPolicy: the policy's overrides, one per limited entry, with the
-// reference's units, each of them (a month is 30 days, a year 365).
+// TestPolicy: the policy's overrides, one per limited entry (a limit of 0
+// keeps a bucket of one token), with the reference's units, each of them (a
+// month is 30 days, a year 365).
 func TestPolicy(t *testing.T) {
 	cfgs := rlstest.Parse(t, "domain: d\ndescriptors:\n"+
 		"  - {key: a, value: x, rate_limit: {unit: second, requests_per_unit: 3}}\n"+
@@ -179,6 +180,7 @@ func TestPolicy(t *testing.T) {
 	want := []policy.Override{
 		{Match: "{d}/a=x|", Capacity: 3, TokensPerSecond: 3},
 		{Match: "{d}/b~|*", Capacity: 7, Refill: policy.Rate{Tokens: 7, Per: 30 * 24 * 3600e9}},
+		{Match: "{d}/z~|*", Capacity: 1, TokensPerSecond: 1},
 		{Match: "{d}/d=v|", Capacity: 2, Refill: policy.Rate{Tokens: 2, Per: 24 * 3600e9}},
 		{Match: "{d}/h=v|", Capacity: 2, Refill: policy.Rate{Tokens: 2, Per: 3600e9}},
 		{Match: "{d}/m=v|", Capacity: 2, Refill: policy.Rate{Tokens: 2, Per: 60e9}},

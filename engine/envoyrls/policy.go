@@ -28,8 +28,11 @@ const DefaultCapacity = math.MaxInt64
 
 // Policy returns the policy the admitter must run for configs: version,
 // a default that never denies (DefaultCapacity) and one override per limited
-// configuration entry with requests_per_unit at least 1, of capacity
-// requests_per_unit refilled at requests_per_unit per unit. So a key that
+// configuration entry, of capacity requests_per_unit refilled at
+// requests_per_unit per unit (an entry whose requests_per_unit is 0 gets
+// capacity 1 and 1 per unit: the server refuses its requests without its
+// bucket, which only keeps a spent key spent across a reload to 0 and back,
+// giving it at most one token on the way). So a key that
 // has not been used admits exactly requests_per_unit at once, what a fixed
 // window admits at the start of a window, and after that no more than the
 // rate: never twice the limit across a window's boundary. An entry whose
@@ -61,10 +64,14 @@ func Policy(version int64, configs ...*Config) (policy.Policy, error) {
 	for _, c := range sorted {
 		for _, n := range c.rules {
 			l := n.limit
-			if l.unlimited || l.requestsPerUnit == 0 {
+			if l.unlimited {
 				continue
 			}
-			o := policy.Override{Match: n.rule + "|", Capacity: int64(l.requestsPerUnit)}
+			// A limit of 0 keeps a bucket of one token, though the server
+			// refuses the entry's requests without asking it: at the default
+			// its keys would refill at once, and a reload back to a real
+			// limit would hand every one of them a fresh burst.
+			o := policy.Override{Match: n.rule + "|", Capacity: max(int64(l.requestsPerUnit), 1)}
 			if n.variable {
 				o.Match += "*"
 				patterns++

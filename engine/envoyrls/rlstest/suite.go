@@ -49,6 +49,7 @@ func Run(t *testing.T, f Factory) {
 		{"AllOrNothing", AllOrNothing},
 		{"HitsAddend", HitsAddend},
 		{"ReloadTopsNobodyUp", ReloadTopsNobodyUp},
+		{"ReloadThroughZeroTopsNobodyUp", ReloadThroughZeroTopsNobodyUp},
 		{"Headers", Headers},
 		{"KeysDoNotCollide", KeysDoNotCollide},
 		{"BadRequests", BadRequests},
@@ -455,6 +456,37 @@ func ReloadTopsNobodyUp(t *testing.T, f Factory) {
 		!strings.Contains(err.Error(), "line 5") {
 		t.Errorf("ParseConfig of an unknown unit: %v, want an error naming line 5", err)
 	}
+}
+
+// ReloadThroughZeroTopsNobodyUp: a limit taken to 0 (every request refused)
+// and then back keeps a spent bucket spent: the client gets back at most
+// one token, not a fresh burst. Before it was kept, the entry's keys fell to
+// the never-denying default while at 0 and came back full.
+func ReloadThroughZeroTopsNobodyUp(t *testing.T, f Factory) {
+	h := Start(t, f, TreeYAML)
+	resp := h.Ask(Req("storefront", 4, D("tenant=acme", "client=r")))
+	check(t, "spent", resp.Statuses[0], lim(ok, 4, second, 0))
+	limit := "unit: second\n          requests_per_unit: 4\n"
+	zero := strings.Replace(TreeYAML, limit, "unit: second\n          requests_per_unit: 0\n", 1)
+	if zero == TreeYAML {
+		t.Fatal("the replacement did not apply")
+	}
+	if err := h.Server.Reload(context.Background(), Parse(t, zero)...); err != nil {
+		t.Fatalf("Reload to 0: %v", err)
+	}
+	resp = h.Ask(Req("storefront", 1, D("tenant=acme", "client=r")))
+	check(t, "at 0", resp.Statuses[0], lim(over, 0, second, 0))
+	h.Clock.Advance(2 * time.Second) // twice what refills 4 at 4 a second
+	if err := h.Server.Reload(context.Background(), Parse(t, TreeYAML)...); err != nil {
+		t.Fatalf("Reload back to 4: %v", err)
+	}
+	resp = h.Ask(Req("storefront", 2, D("tenant=acme", "client=r")))
+	check(t, "back at 4", resp.Statuses[0], lim(over, 4, second, 1))
+	resp = h.Ask(Req("storefront", 1, D("tenant=acme", "client=r")))
+	check(t, "the one token", resp.Statuses[0], lim(ok, 4, second, 0))
+	h.Clock.Advance(250 * time.Millisecond) // one token at 4 a second
+	resp = h.Ask(Req("storefront", 1, D("tenant=acme", "client=r")))
+	check(t, "refilled at 4 a second", resp.Statuses[0], lim(ok, 4, second, 0))
 }
 
 // Headers: the RateLimit fields of the binding descriptor, and Retry-After
