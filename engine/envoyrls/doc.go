@@ -161,7 +161,9 @@
 // when none of its buckets already tracked lacks its cost: one that does
 // refuses the request whatever a new key would hold, so it is OVER_LIMIT
 // (as an error, it would let a client over its limit pass wherever Envoy
-// fails open, by sending a value never seen).
+// fails open, by sending a value never seen); and a shadow descriptor whose
+// bucket finds no room is reported without its numbers, never failing the
+// request.
 //
 // # Reloads
 //

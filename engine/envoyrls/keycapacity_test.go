@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -57,5 +58,35 @@ func TestFullTableStillRefusesOverLimit(t *testing.T) {
 	}
 	if got := h.Ask(rlstest.Req("k", 0, rlstest.D("s=1"))).Statuses[0].GetLimitRemaining(); got != 5 {
 		t.Errorf("s=1 after the failed request: limit_remaining %d, want 5 (it took nothing)", got)
+	}
+}
+
+// "a shadow descriptor whose bucket finds no room is reported without its
+// numbers, never failing the request": the enforced descriptor's answer
+// stands, refused or admitted.
+func TestFullTableShadowDoesNotFailRequest(t *testing.T) {
+	const yaml = `domain: k
+descriptors:
+  - key: x
+    rate_limit: {unit: minute, requests_per_unit: 2, name: x2}
+  - key: sh
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, name: sh1}
+`
+	h := rlstest.Start(t, boundedEngine(2), yaml)
+	h.Ask(rlstest.Req("k", 0, rlstest.D("x=1")))
+	h.Ask(rlstest.Req("k", 0, rlstest.D("sh=fill"))) // the table is full
+
+	for _, want := range []rlsv3.RateLimitResponse_Code{rlstest.OK, rlstest.OverLimit} {
+		resp, err := h.Client.ShouldRateLimit(context.Background(), rlstest.Req("k", 0, rlstest.D("x=1"), rlstest.D("sh=fresh")))
+		if err != nil {
+			t.Fatalf("a shadow descriptor with no room: %v, want %v", err, want)
+		}
+		if resp.OverallCode != want || resp.Statuses[1].GetCode() != rlstest.OK {
+			t.Fatalf("got %v, want %v and the shadow descriptor OK", resp, want)
+		}
+		if resp.Statuses[1].GetDurationUntilReset() != nil {
+			t.Errorf("the shadow descriptor with no bucket reports numbers: %v", resp.Statuses[1])
+		}
 	}
 }

@@ -495,6 +495,9 @@ func (s *Server) decideShadow(ctx context.Context, items []item) error {
 		switch {
 		case errors.Is(r.Err, engine.ErrCostExceedsCapacity):
 			it.over = true
+		case errors.Is(r.Err, engine.ErrKeyCapacity):
+			// No room for its bucket: it has no numbers to report, and a
+			// descriptor that never changes the answer does not fail it.
 		case r.Err != nil || r.Decision.Degraded:
 			return answerErr(ctx, r.Decision, r.Err, it.key)
 		default:
