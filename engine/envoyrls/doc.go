@@ -157,7 +157,13 @@
 // after its decision: if the admitter fails between the two, the request
 // is such an error though its tokens were taken, so an outage's first
 // moment can charge a few requests that failure_mode_deny then refuses
-// (it never admits one uncharged).
+// (it never admits one uncharged). A full key table fails a request only
+// when none of its buckets already tracked lacks its cost: one that does
+// refuses the request whatever a new key would hold, so it is OVER_LIMIT
+// (as an error, it would let a client over its limit pass wherever Envoy
+// fails open, by sending a value never seen); and a shadow descriptor whose
+// bucket finds no room is reported without its numbers, never failing the
+// request.
 //
 // # Reloads
 //

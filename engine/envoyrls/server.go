@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -370,6 +371,7 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 			it.over, it.retry, over = true, d.RetryAfter, true
 		}
 	}
+	var full error // the admitter had no room for a new key: the answer unless a bucket refuses
 	if !over && len(reqs) > 0 {
 		d, b, err := s.allowAll(ctx, reqs, sums)
 		switch {
@@ -378,6 +380,12 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 			// request was matched under and the policy.
 			it := &items[idx[b]]
 			it.over, it.retry, over = true, -1, true
+		case errors.Is(err, engine.ErrKeyCapacity) && ctx.Err() == nil:
+			// A bucket already tracked that lacks its cost refuses the
+			// request whatever the new key would hold: the Peeks below
+			// find it, and the answer is OVER_LIMIT, not an error that
+			// Envoy's failure_mode_deny may admit.
+			full, over = answerErr(ctx, d, err, ""), true
 		case err != nil || d.Degraded:
 			return false, answerErr(ctx, d, err, "")
 		default:
@@ -415,6 +423,9 @@ func (s *Server) decideEnforced(ctx context.Context, items []item) (bool, error)
 			// Refused with the others: its own bucket lacks its cost too.
 			it.over, it.retry = true, waitFor(d, sums[it.key], it.node.limit)
 		}
+	}
+	if full != nil && !slices.ContainsFunc(idx, func(i int) bool { return items[i].over }) {
+		return false, full
 	}
 	for _, i := range checks {
 		// A check of a bucket the request charged reports it after the
@@ -484,6 +495,9 @@ func (s *Server) decideShadow(ctx context.Context, items []item) error {
 		switch {
 		case errors.Is(r.Err, engine.ErrCostExceedsCapacity):
 			it.over = true
+		case errors.Is(r.Err, engine.ErrKeyCapacity):
+			// No room for its bucket: it has no numbers to report, and a
+			// descriptor that never changes the answer does not fail it.
 		case r.Err != nil || r.Decision.Degraded:
 			return answerErr(ctx, r.Decision, r.Err, it.key)
 		default:
