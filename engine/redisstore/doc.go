@@ -492,7 +492,12 @@
 // so loses about one lease a key, not one a failed call: more only by the
 // answers Redis gave just before it that arrive after a lost one, and a
 // key forgotten while idle forgets its doubt. Close waits for the calls to
-// Redis the leases still await, then gives every lease back.
+// Redis the leases still await, then gives every lease back. In memory, a
+// process keeps a small record of each key it decided in the last
+// Leases.MaxAge (longer while a lease or a kept denial holds), so its
+// lease state grows with the rate of distinct keys, about that rate times
+// MaxAge records, not with the keys Redis holds; a sweep walks them at
+// least once a Horizon.
 //
 // # Failures
 //
