@@ -176,7 +176,11 @@
 // its keys fall to the default, which never denies, and come back full if
 // the entry does (while unlimited, they could take anything anyway). An entry
 // keeps its bucket while its place in the tree (its domain and the keys and
-// values on its path) stays the same.
+// values on its path) and the share_threshold of every wildcard on that path
+// stay the same. Turning a share_threshold on or off is moving the entry:
+// its buckets are others (one shared, or one per value), which start full,
+// and the ones it had fall to the default meanwhile, so they come back full
+// if it is turned back, however soon.
 //
 // # Keys
 //

@@ -155,9 +155,10 @@ func (s *Server) CheckPolicy() error {
 // version: an exact cutover in which every bucket keeps what it has, clamped
 // to its new capacity, and raising a limit tops nobody up. Requests decided
 // meanwhile see the old configurations with the new policy: an entry's bucket
-// key does not change while the entry stays where it is in the tree, so such
-// a request is decided under the entry's new limit, and the key of an entry
-// the new configurations drop gets the default that never denies
+// key does not change while the entry stays where it is in the tree (and
+// no share_threshold on its path is turned on or off), so such a request is
+// decided under the entry's new limit, and the key of an entry the new
+// configurations drop or move gets the default that never denies
 // (DefaultCapacity). Then the server answers with configs.
 //
 // When ReplacePolicy finds that another process moved the version on (a
