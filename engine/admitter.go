@@ -31,7 +31,8 @@ import (
 // Charge and Refund settle a cost known only once the work is done: Charge
 // takes tokens without a decision, into a debt bounded by each band's
 // floor, and Refund gives back an over-estimate, capped at the capacity
-// (see Engine.Charge and Engine.Refund).
+// (see Engine.Charge and Engine.Refund: a refund late enough for the bucket
+// to have refilled gives back tokens the refill already restored).
 type Admitter interface {
 	Allow(ctx context.Context, key string, cost int64) (Decision, error)
 	AllowBatch(ctx context.Context, reqs []Request, out []Result) error

@@ -81,6 +81,13 @@ func (e *Engine) Peek(ctx context.Context, key string) (Decision, error) {
 // spent. It never creates a key: refunding a key not tracked (never seen,
 // or evicted because it was full) changes nothing. It answers like Peek,
 // with the balance after the refund.
+//
+// The bucket keeps no record of the spend a refund corrects, so a refund
+// made after the bucket has refilled credits tokens its refill already gave
+// back: the key can then pass its limit by up to what was refunded (at most
+// its capacity). Refund as soon as the real cost is known; for work that
+// takes long, take a low estimate and Charge the rest, which never gives
+// anything back.
 func (e *Engine) Refund(ctx context.Context, key string, tokens int64) (Decision, error) {
 	d, _, err := e.single(ctx, msg.OpRefund, key, tokens)
 	if err == nil && e.reclaim.pressure {

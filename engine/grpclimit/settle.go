@@ -34,7 +34,9 @@ var (
 // (engine.Admitter.Charge: never refused, into debt that the key's later
 // calls repay before any is admitted) or refunds the difference when it is
 // below (engine.Admitter.Refund, capped at the capacity), on the same key.
-// Unary and stream calls alike are settled once for the whole call.
+// Unary and stream calls alike are settled once for the whole call. As with
+// httplimit.Settle, a refund made once the bucket has refilled gives back
+// tokens the refill already restored: for a long call, estimate low.
 //
 // A call is settleable only when it passed through a Limiter with WithCost:
 // a unary call always, a stream unless WithPerMessage makes it spend per

@@ -17,7 +17,10 @@ import (
 // bucket may go into debt, which its later requests repay before any of
 // them is admitted) or gives back the difference when actual is below it
 // (engine.Admitter.Refund, capped at the capacity), on the same key. An
-// actual equal to the estimate changes nothing. Under WithKeys every key of the request is settled by that same
+// actual equal to the estimate changes nothing. A refund made once the
+// bucket has refilled gives back tokens the refill already restored (see
+// engine.Engine.Refund): for a handler that runs long, estimate low and let
+// Settle charge the rest. Under WithKeys every key of the request is settled by that same
 // difference, actual less the cost each key was given (a key given more
 // than once counts its costs added up), so every key must have been given
 // the same cost (else ErrUnevenEstimate).
