@@ -166,7 +166,9 @@
 // rounding down (floor(units*Pnew/Pold): a cutover may lose part of a unit,
 // never mint one), the only rounding anywhere; a band new in the policy
 // starts full, so it only ever restricts; a band the policy no longer has is
-// dropped. No caller sees the new version and then the old one, and every
+// dropped. A band is known only by its name: renaming one is dropping it and
+// adding another, which starts full, so keep a band's name to keep its
+// balance. No caller sees the new version and then the old one, and every
 // call that starts after ReplacePolicy returns sees the new version. A
 // context that ends, or a Close that starts, before publish aborts the
 // cutover everywhere; once publish has begun, the cutover completes.
