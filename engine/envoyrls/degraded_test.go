@@ -2,6 +2,7 @@ package envoyrls_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -46,12 +47,8 @@ func (e degradedEngine) Peek(ctx context.Context, key string) (engine.Decision, 
 	return d, err
 }
 
-// A degraded answer, admitted or not, is gRPC Unavailable, never an OK:
-// Envoy's failure_mode_deny decides, not the failure rule's guess. Each
-// shape of request is covered: one key (Allow), several (AllowAll), a
-// check-only descriptor (Peek) and a shadow one (AllowBatch).
-func TestDegradedIsUnavailable(t *testing.T) {
-	const yaml = `domain: d
+// degradedYAML has two enforced entries and a shadow one.
+const degradedYAML = `domain: d
 descriptors:
   - key: a
     rate_limit: {unit: second, requests_per_unit: 10}
@@ -61,9 +58,15 @@ descriptors:
     shadow_mode: true
     rate_limit: {unit: second, requests_per_unit: 10}
 `
+
+// A degraded answer, admitted or not, is gRPC Unavailable, never an OK:
+// Envoy's failure_mode_deny decides, not the failure rule's guess. Each
+// shape of request is covered: one key (Allow), several (AllowAll), a
+// check-only descriptor (Peek) and a shadow one (AllowBatch).
+func TestDegradedIsUnavailable(t *testing.T) {
 	h := rlstest.Start(t, func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
 		return degradedEngine{newEngine(t, p, clk).(*engine.Engine)}
-	}, yaml)
+	}, degradedYAML)
 	for name, req := range map[string]*rlsv3.RateLimitRequest{
 		"one key":    rlstest.Req("d", 0, rlstest.D("a=1")),
 		"two keys":   rlstest.Req("d", 0, rlstest.D("a=1"), rlstest.D("b=2")),
@@ -76,6 +79,55 @@ descriptors:
 		}
 		if msg := status.Convert(err).Message(); strings.Count(msg, "envoyrls:") != 1 {
 			t.Errorf("%s: message %q says envoyrls: more than once", name, msg)
+		}
+	}
+}
+
+// failingEngine is an engine whose every call fails with errBroken after
+// doing its work, as an admitter that lost its answer would.
+type failingEngine struct{ *engine.Engine }
+
+var errBroken = errors.New("broken admitter")
+
+func (e failingEngine) Allow(ctx context.Context, key string, cost int64) (engine.Decision, error) {
+	d, _ := e.Engine.Allow(ctx, key, cost)
+	return d, errBroken
+}
+
+func (e failingEngine) AllowAll(ctx context.Context, reqs []engine.Request) (engine.Decision, int, error) {
+	d, i, _ := e.Engine.AllowAll(ctx, reqs)
+	return d, i, errBroken
+}
+
+func (e failingEngine) AllowBatch(ctx context.Context, reqs []engine.Request, out []engine.Result) error {
+	err := e.Engine.AllowBatch(ctx, reqs, out)
+	for i := range reqs {
+		out[i].Err = errBroken
+	}
+	return err
+}
+
+func (e failingEngine) Peek(ctx context.Context, key string) (engine.Decision, error) {
+	d, _ := e.Engine.Peek(ctx, key)
+	return d, errBroken
+}
+
+// An admitter's error, on every shape of request, is gRPC Unavailable
+// wrapping ErrAdmitter and the admitter's error, never an OK.
+func TestAdmitterErrorIsUnavailable(t *testing.T) {
+	h := rlstest.Start(t, func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
+		return failingEngine{newEngine(t, p, clk).(*engine.Engine)}
+	}, degradedYAML)
+	for name, req := range map[string]*rlsv3.RateLimitRequest{
+		"one key":    rlstest.Req("d", 0, rlstest.D("a=1")),
+		"two keys":   rlstest.Req("d", 0, rlstest.D("a=1"), rlstest.D("b=2")),
+		"check only": rlstest.Req("d", 0, rlstest.DH(0, "a=1")),
+		"shadow":     rlstest.Req("d", 0, rlstest.D("s=3")),
+	} {
+		_, err := h.Client.ShouldRateLimit(context.Background(), req)
+		msg := status.Convert(err).Message()
+		if status.Code(err) != codes.Unavailable || !strings.Contains(msg, envoyrls.ErrAdmitter.Error()) || !strings.Contains(msg, errBroken.Error()) {
+			t.Errorf("%s: err %v, want Unavailable with %q and %q", name, err, envoyrls.ErrAdmitter, errBroken)
 		}
 	}
 }

@@ -578,6 +578,9 @@ func TestLeaseChargeGivesTheLeaseBackFirst(t *testing.T) {
 				held = pa.Remaining - pb.Remaining
 				require.Less(t, admitted, p.Capacity/2, "a's lease on k held nothing: %+v", a.Stats())
 			}
+			leaseLanded(t, a, b, "k") // no top-up on its way: the lease holds what it will hold
+			held := peek(t, a, "k").Remaining - peek(t, b, "k").Remaining
+			returned := a.Stats().ReturnedTokens
 			if cutover {
 				require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 1000, TokensPerSecond: 1}, 1))
 				_, err := a.Allow(ctx, "other", 1) // a's next call to Redis: it meets the version in force
@@ -587,6 +590,9 @@ func TestLeaseChargeGivesTheLeaseBackFirst(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, d.Allowed)
 			require.False(t, d.Degraded)
+			// The lease went back with the charge, not at Close.
+			require.Equal(t, uint64(held), a.Stats().ReturnedTokens-returned, "%+v", a.Stats())
+			require.Equal(t, p.Capacity-admitted-5, peek(t, b, "k").Remaining, "the charge left the lease in place: %+v", a.Stats())
 			require.NoError(t, a.Close())
 			st := a.Stats()
 			require.Zero(t, st.ForfeitedTokens, "%+v", st)
