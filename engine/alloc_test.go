@@ -8,6 +8,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -112,6 +113,60 @@ func allocsPerDecision(t *testing.T, cfg engine.Config) {
 		}
 	}); n != 0 {
 		t.Errorf("rejections: %v allocations per call, want 0", n)
+	}
+}
+
+// TestAllowBatchMixedKeysDoesNotAllocate: a batch of 64 requests drawn at
+// random from many keys, as a service collects them (not grouped by shard),
+// allocates nothing once its keys exist, for stored limits too, whose level
+// records the batch warms as well as their slots.
+func TestAllowBatchMixedKeysDoesNotAllocate(t *testing.T) {
+	const nkeys = 1 << 17
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("user:%012d", i)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	batches := make([][]engine.Request, 64)
+	for b := range batches {
+		batches[b] = make([]engine.Request, 64)
+		for j := range batches[b] {
+			batches[b][j] = engine.Request{Key: keys[r.IntN(nkeys)], Cost: 1}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		p    policy.Policy
+	}{
+		{"plain", pol(1, 1000, 1000)},
+		{"bands", policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1000, Bands: bands(t,
+			policy.Band{Name: "daily", Capacity: 5000, Refill: policy.PerDay(5000)})}},
+	} {
+		for _, shards := range []int{1, 2, 16} {
+			t.Run(fmt.Sprintf("%s/shards=%d", tc.name, shards), func(t *testing.T) {
+				e, _ := newEngine(t, engine.Config{Policy: tc.p, Shards: shards})
+				ctx := context.Background()
+				out := make([]engine.Result, 64)
+				fill := make([]engine.Request, 64)
+				for i := 0; i < nkeys; i += len(fill) {
+					for j := range fill {
+						fill[j] = engine.Request{Key: keys[i+j], Cost: 1}
+					}
+					if err := e.AllowBatch(ctx, fill, out); err != nil {
+						t.Fatal(err)
+					}
+				}
+				i := 0
+				if n := testing.AllocsPerRun(200, func() {
+					i++
+					if err := e.AllowBatch(ctx, batches[i%len(batches)], out); err != nil {
+						t.Fatal(err)
+					}
+				}); n != 0 {
+					t.Errorf("AllowBatch of 64 mixed keys: %v allocations per call, want 0", n)
+				}
+			})
+		}
 	}
 }
 

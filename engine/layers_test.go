@@ -5,6 +5,8 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -241,5 +243,83 @@ func TestShardExportsOnlyWhatEngineUses(t *testing.T) {
 	slices.Sort(unused)
 	if len(unused) > 0 {
 		t.Errorf("shard exports names engine never uses (unexport them): %v", unused)
+	}
+}
+
+// TestTimeReadThroughClock: engine and every package below it in the tree
+// (the adapters, the Redis store) read the time through package clock
+// only, never time.Now, time.Since or time.Until, so that a Manual clock
+// drives all of it; timers that only wait are not readings and stay.
+func TestTimeReadThroughClock(t *testing.T) {
+	reads := map[string]bool{"Now": true, "Since": true, "Until": true}
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		for _, imp := range f.Imports {
+			if imp.Path.Value != `"time"` {
+				continue
+			}
+			name := "time"
+			if imp.Name != nil {
+				name = imp.Name.Name
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				if sel, ok := n.(*ast.SelectorExpr); ok && reads[sel.Sel.Name] {
+					if id, ok := sel.X.(*ast.Ident); ok && id.Name == name {
+						t.Errorf("%s: time.%s: read the time through package clock", fset.Position(sel.Pos()), sel.Sel.Name)
+					}
+				}
+				return true
+			})
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDocsSelfContained: no Go, Lua, assembly or Markdown file of the
+// repository points its reader at a design document or lab notes that
+// live outside it; the package docs are the specification. The names are
+// built at run time so that this file does not match itself.
+func TestDocsSelfContained(t *testing.T) {
+	outside := []string{strings.ToUpper("design"), strings.ToUpper("perf-notes")}
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if d.Name() == ".git" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".lua", ".s", ".md":
+		default:
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			for _, w := range outside {
+				if strings.Contains(line, w) {
+					t.Errorf("%s:%d cites %s, a document outside the repository: %s", path, i+1, w, strings.TrimSpace(line))
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
