@@ -35,7 +35,7 @@ const (
 // shard. On a prefix that ignores tags (Config.IgnoreKeyTags) keys share a
 // shard only by chance, so AllowAll over several keys mostly returns this
 // there. On one server (not a cluster) AllowAll takes keys of any shards.
-var ErrCrossShard = errors.New("redisstore: AllowAll keys in more than one virtual shard on Redis Cluster (co-locate them with a {tag})")
+var ErrCrossShard = errors.New("redisstore: AllowAll keys in more than one virtual shard on Redis Cluster (co-locate them with a {tag}; under IgnoreKeyTags, keys share one only by chance)")
 
 // slots is Redis Cluster's number of hash slots.
 const slots = 16384
