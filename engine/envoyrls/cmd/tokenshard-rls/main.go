@@ -17,7 +17,12 @@
 // The configuration is every *.yaml and *.yml file directly in DIR, one domain
 // each (package envoyrls says what is read and what is refused); a directory
 // without one is an error, not a service that limits nothing. Files in its
-// subdirectories are not read. Nor are envoyproxy/ratelimit's environment
+// subdirectories are not read. In a Kubernetes ConfigMap or Secret volume,
+// whose files are links through DIR/..data, they are read from the
+// directory ..data names, so that a poll reads one version of the volume
+// whole, never part of an update. Elsewhere, replace a file by renaming a
+// new one over it, as editors do: one written in place may be read
+// halfway, and taken as it stands if that parses. Nor are envoyproxy/ratelimit's environment
 // settings: no global SHADOW_MODE (shadow_mode is set per descriptor), no
 // MERGE_DOMAIN_CONFIG (a domain is one file; two are an error), no dynamic
 // metadata in responses. Every -poll the
@@ -296,9 +301,46 @@ type snapshot struct {
 	digest [32]byte
 }
 
+// dataLink is the link through which a Kubernetes ConfigMap or Secret
+// volume's files reach its current version: each file is a link
+// name -> ..data/name, and ..data a link to a directory of that version's
+// files, which an update replaces whole by renaming a new ..data over it
+// (only then are the links of new files made and those of removed ones
+// dropped).
+const dataLink = "..data"
+
+// readDir reads the configuration files of dir; in a ConfigMap volume, from
+// the directory ..data names, so that it reads one version whole: the links
+// would give the files of an update without those it adds, or, meeting the
+// rename, part of each version. When ..data has moved on by the end of the
+// read, the update may have removed files of the version being read: that
+// read is dropped and the new version read, up to three times.
 func readDir(dir string) (snapshot, error) {
+	link := filepath.Join(dir, dataLink)
+	for attempt := 1; ; attempt++ {
+		target, err := os.Readlink(link)
+		if err != nil {
+			return readFiles(dir, dir) // not a ConfigMap volume
+		}
+		from := target
+		if !filepath.IsAbs(from) {
+			from = filepath.Join(dir, from)
+		}
+		s, err := readFiles(dir, from)
+		if now, _ := os.Readlink(link); now == target {
+			return s, err
+		}
+		if attempt == 3 {
+			return snapshot{}, fmt.Errorf("%s: updated again while each of %d reads was under way", link, attempt)
+		}
+	}
+}
+
+// readFiles reads the configuration files in from, dir's files or, in a
+// ConfigMap volume, the directory of its current version.
+func readFiles(dir, from string) (snapshot, error) {
 	var s snapshot
-	entries, err := os.ReadDir(dir)
+	entries, err := os.ReadDir(from)
 	if err != nil {
 		return s, err
 	}
@@ -308,7 +350,7 @@ func readDir(dir string) (snapshot, error) {
 		if ext != ".yaml" && ext != ".yml" || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		path := filepath.Join(dir, e.Name())
+		path := filepath.Join(from, e.Name())
 		if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
 			continue // a directory, or a dangling link: not a configuration file
 		}
