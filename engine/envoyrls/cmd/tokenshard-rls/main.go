@@ -32,7 +32,9 @@
 // reported on stderr once (so is a directory that cannot be read or holds no
 // file, until that changes); a reload that fails (Redis away, or another
 // replica's cutover meanwhile) keeps it too, and is reported and tried again at
-// every poll. SIGINT or SIGTERM stops it: health turns NOT_SERVING, requests in
+// every poll. SIGHUP makes it read the files at once, as a -poll does, and
+// it goes on serving (envoyproxy/ratelimit stops at SIGHUP). SIGINT or
+// SIGTERM stops it: health turns NOT_SERVING, requests in
 // flight finish (up to -drain; then their clients are cut off, and a request
 // waiting on Redis ends within -redis-timeout), and it exits 0.
 //
@@ -111,7 +113,10 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stderr, hooks{})
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	err := run(ctx, os.Args[1:], os.Stderr, hooks{reread: hup})
+	signal.Stop(hup)
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
 		return
@@ -132,12 +137,13 @@ func newLogger(w io.Writer) *log.Logger {
 	return log.New(w, "tokenshard-rls: ", log.LstdFlags|log.LUTC|log.Lmsgprefix)
 }
 
-// hooks let tests drive the command: poll replaces the -poll ticker and
-// retry the ticker of a replica started while Redis was down (see
-// settleStart), ready is told the listeners' addresses, reloaded each
-// reload's outcome (after polled, told at the end of each poll) and settled
-// each retry's.
+// hooks let main and tests drive the command: reread (SIGHUP) makes it
+// poll at once; poll replaces the -poll ticker and retry the ticker of a
+// replica started while Redis was down (see settleStart), ready is told the
+// listeners' addresses, reloaded each reload's outcome (after polled, told
+// at the end of each poll) and settled each retry's.
 type hooks struct {
+	reread      <-chan os.Signal
 	poll, retry <-chan time.Time
 	ready       func(grpcAddr, metricsAddr string)
 	reloaded    func(error)
@@ -545,6 +551,71 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	mismatch := ""   // what the last poll's CheckPolicy said, reported once
 	var serveErr error
 	received := 0
+	// pollNow reads -config and installs what changed, at each -poll and
+	// at SIGHUP.
+	pollNow := func() {
+		// The files before the check: when a deploy reaches another
+		// replica first, this one may already have met that replica's
+		// cutover to the very files it is about to read. Checked first,
+		// that would be reported as another replica's policy for a poll.
+		tried, err := func() (bool, error) {
+			next, err := readDir(o.dir)
+			switch {
+			case err != nil && err.Error() == unreadable:
+				return false, nil // reported once, as an invalid file is
+			case err != nil:
+				unreadable = err.Error()
+			default:
+				unreadable = ""
+				if next.digest == snap.digest {
+					return false, nil
+				}
+			}
+			if err == nil {
+				var cfgs []*envoyrls.Config
+				if cfgs, err = next.parse(); err != nil {
+					snap = next // an invalid file is reported once, not every poll
+				} else if err = srv.Reload(ctx, cfgs...); err == nil {
+					snap, live = next, cfgs
+				} // else a failed Reload (Redis away, another replica's cutover) is tried again at the next poll
+			}
+			if err != nil {
+				reloads.WithLabelValues("error").Inc()
+				logger.Printf("reload: %v (keeping the last good configuration)", err)
+			} else {
+				reloads.WithLabelValues("ok").Inc()
+				logger.Printf("reloaded %d files from %s, policy version %d", len(next.names), o.dir, a.Policy().Version)
+			}
+			return true, err
+		}()
+		if store != nil && retry == nil {
+			// Another replica may have installed its configuration
+			// (the last to start or reload wins): say so, once.
+			m := ""
+			if err := srv.CheckPolicy(); err != nil {
+				m = err.Error()
+			}
+			switch {
+			case m == mismatch:
+			case m != "":
+				foreign.Set(1)
+				logger.Printf("%v: another replica installed its configuration; this one enforces it and reports its own limits until its files match (or it reloads)", m)
+			default:
+				foreign.Set(0)
+				logger.Printf("the prefix's policy is this configuration's again, version %d", a.Policy().Version)
+			}
+			mismatch = m
+		}
+		if store != nil {
+			trouble.report(logger, store.Stats().Decisions)
+		}
+		if hk.polled != nil {
+			hk.polled()
+		}
+		if tried && hk.reloaded != nil {
+			hk.reloaded(err)
+		}
+	}
 loop:
 	for {
 		select {
@@ -567,67 +638,10 @@ loop:
 				hk.settled(ok, err)
 			}
 		case <-poll:
-			// The files before the check: when a deploy reaches another
-			// replica first, this one may already have met that replica's
-			// cutover to the very files it is about to read. Checked first,
-			// that would be reported as another replica's policy for a poll.
-			tried, err := func() (bool, error) {
-				next, err := readDir(o.dir)
-				switch {
-				case err != nil && err.Error() == unreadable:
-					return false, nil // reported once, as an invalid file is
-				case err != nil:
-					unreadable = err.Error()
-				default:
-					unreadable = ""
-					if next.digest == snap.digest {
-						return false, nil
-					}
-				}
-				if err == nil {
-					var cfgs []*envoyrls.Config
-					if cfgs, err = next.parse(); err != nil {
-						snap = next // an invalid file is reported once, not every poll
-					} else if err = srv.Reload(ctx, cfgs...); err == nil {
-						snap, live = next, cfgs
-					} // else a failed Reload (Redis away, another replica's cutover) is tried again at the next poll
-				}
-				if err != nil {
-					reloads.WithLabelValues("error").Inc()
-					logger.Printf("reload: %v (keeping the last good configuration)", err)
-				} else {
-					reloads.WithLabelValues("ok").Inc()
-					logger.Printf("reloaded %d files from %s, policy version %d", len(next.names), o.dir, a.Policy().Version)
-				}
-				return true, err
-			}()
-			if store != nil && retry == nil {
-				// Another replica may have installed its configuration
-				// (the last to start or reload wins): say so, once.
-				m := ""
-				if err := srv.CheckPolicy(); err != nil {
-					m = err.Error()
-				}
-				switch {
-				case m == mismatch:
-				case m != "":
-					foreign.Set(1)
-					logger.Printf("%v: another replica installed its configuration; this one enforces it and reports its own limits until its files match (or it reloads)", m)
-				default:
-					foreign.Set(0)
-					logger.Printf("the prefix's policy is this configuration's again, version %d", a.Policy().Version)
-				}
-				mismatch = m
-			}
-			if store != nil {
-				trouble.report(logger, store.Stats().Decisions)
-			}
-			if hk.polled != nil {
-				hk.polled()
-			}
-			if tried && hk.reloaded != nil {
-				hk.reloaded(err)
-			}
+			pollNow()
+		case <-hk.reread:
+			logger.Print("SIGHUP: reading -config now")
+			pollNow()
 		}
 	}
 

@@ -28,7 +28,15 @@ type stopRedis struct{ m *testing.M }
 
 func (s stopRedis) Run() int { defer redistest.Stop(); return s.m.Run() }
 
+// asCommand, set in a process's environment, makes the test binary the
+// command itself (see process_test.go).
+const asCommand = "TOKENSHARD_RLS_TEST_AS_COMMAND"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(asCommand) == "1" {
+		main()
+		os.Exit(0)
+	}
 	_ = os.Unsetenv(passwordEnv) // the tests give the password they mean to
 	goleak.VerifyTestMain(stopRedis{m})
 }
