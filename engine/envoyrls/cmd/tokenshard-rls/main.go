@@ -51,7 +51,9 @@
 // start if Redis answers then; one that starts while Redis is down answers
 // by the failure rule until it can log in. A replica that starts
 // with a configuration other than the prefix's installs its own (the last to
-// start or reload wins, as with files deployed one replica at a time); one that
+// start or reload wins, as with files deployed one replica at a time), once
+// it listens on -grpc and -metrics: one that cannot stops first, leaving the
+// prefix as it was; one that
 // starts while Redis is down makes that check once Redis answers, within about
 // a second (so after an outage the last replica to reach Redis wins). A replica
 // whose configuration is not the prefix's policy, since another installed its
@@ -425,6 +427,19 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 		return err
 	}
 
+	// Listen before the store starts: a replica that cannot serve must not
+	// install its configuration on the prefix the others share.
+	gl, err := net.Listen("tcp", o.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("-grpc: %w", err)
+	}
+	defer func() { _ = gl.Close() }() // already closed once served
+	ml, err := net.Listen("tcp", o.metricsAddr)
+	if err != nil {
+		return fmt.Errorf("-metrics: %w", err)
+	}
+	defer func() { _ = ml.Close() }()
+
 	reg := prometheus.NewRegistry()
 	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: promstats.Namespace, Name: "rls_reloads_total",
@@ -502,15 +517,6 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	// until the store reaches Redis (see settleStart).
 	owed := store != nil && !reached(ctx, store)
 
-	gl, err := net.Listen("tcp", o.grpcAddr)
-	if err != nil {
-		return err
-	}
-	ml, err := net.Listen("tcp", o.metricsAddr)
-	if err != nil {
-		_ = gl.Close()
-		return err
-	}
 	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers, &trouble.unavailable)))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
