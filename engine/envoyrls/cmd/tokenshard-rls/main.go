@@ -17,7 +17,12 @@
 // The configuration is every *.yaml and *.yml file directly in DIR, one domain
 // each (package envoyrls says what is read and what is refused); a directory
 // without one is an error, not a service that limits nothing. Files in its
-// subdirectories are not read. Nor are envoyproxy/ratelimit's environment
+// subdirectories are not read. In a Kubernetes ConfigMap or Secret volume,
+// whose files are links through DIR/..data, they are read from the
+// directory ..data names, so that a poll reads one version of the volume
+// whole, never part of an update. Elsewhere, replace a file by renaming a
+// new one over it, as editors do: one written in place may be read
+// halfway, and taken as it stands if that parses. Nor are envoyproxy/ratelimit's environment
 // settings: no global SHADOW_MODE (shadow_mode is set per descriptor), no
 // MERGE_DOMAIN_CONFIG (a domain is one file; two are an error), no dynamic
 // metadata in responses. Every -poll the
@@ -27,7 +32,9 @@
 // reported on stderr once (so is a directory that cannot be read or holds no
 // file, until that changes); a reload that fails (Redis away, or another
 // replica's cutover meanwhile) keeps it too, and is reported and tried again at
-// every poll. SIGINT or SIGTERM stops it: health turns NOT_SERVING, requests in
+// every poll. SIGHUP makes it read the files at once, as a -poll does, and
+// it goes on serving (envoyproxy/ratelimit stops at SIGHUP). SIGINT or
+// SIGTERM stops it: health turns NOT_SERVING, requests in
 // flight finish (up to -drain; then their clients are cut off, and a request
 // waiting on Redis ends within -redis-timeout), and it exits 0.
 //
@@ -44,7 +51,9 @@
 // start if Redis answers then; one that starts while Redis is down answers
 // by the failure rule until it can log in. A replica that starts
 // with a configuration other than the prefix's installs its own (the last to
-// start or reload wins, as with files deployed one replica at a time); one that
+// start or reload wins, as with files deployed one replica at a time), once
+// it listens on -grpc and -metrics: one that cannot stops first, leaving the
+// prefix as it was; one that
 // starts while Redis is down makes that check once Redis answers, within about
 // a second (so after an outage the last replica to reach Redis wins). A replica
 // whose configuration is not the prefix's policy, since another installed its
@@ -106,7 +115,10 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stderr, hooks{})
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	err := run(ctx, os.Args[1:], os.Stderr, hooks{reread: hup})
+	signal.Stop(hup)
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
 		return
@@ -127,12 +139,13 @@ func newLogger(w io.Writer) *log.Logger {
 	return log.New(w, "tokenshard-rls: ", log.LstdFlags|log.LUTC|log.Lmsgprefix)
 }
 
-// hooks let tests drive the command: poll replaces the -poll ticker and
-// retry the ticker of a replica started while Redis was down (see
-// settleStart), ready is told the listeners' addresses, reloaded each
-// reload's outcome (after polled, told at the end of each poll) and settled
-// each retry's.
+// hooks let main and tests drive the command: reread (SIGHUP) makes it
+// poll at once; poll replaces the -poll ticker and retry the ticker of a
+// replica started while Redis was down (see settleStart), ready is told the
+// listeners' addresses, reloaded each reload's outcome (after polled, told
+// at the end of each poll) and settled each retry's.
 type hooks struct {
+	reread      <-chan os.Signal
 	poll, retry <-chan time.Time
 	ready       func(grpcAddr, metricsAddr string)
 	reloaded    func(error)
@@ -296,9 +309,46 @@ type snapshot struct {
 	digest [32]byte
 }
 
+// dataLink is the link through which a Kubernetes ConfigMap or Secret
+// volume's files reach its current version: each file is a link
+// name -> ..data/name, and ..data a link to a directory of that version's
+// files, which an update replaces whole by renaming a new ..data over it
+// (only then are the links of new files made and those of removed ones
+// dropped).
+const dataLink = "..data"
+
+// readDir reads the configuration files of dir; in a ConfigMap volume, from
+// the directory ..data names, so that it reads one version whole: the links
+// would give the files of an update without those it adds, or, meeting the
+// rename, part of each version. When ..data has moved on by the end of the
+// read, the update may have removed files of the version being read: that
+// read is dropped and the new version read, up to three times.
 func readDir(dir string) (snapshot, error) {
+	link := filepath.Join(dir, dataLink)
+	for attempt := 1; ; attempt++ {
+		target, err := os.Readlink(link)
+		if err != nil {
+			return readFiles(dir, dir) // not a ConfigMap volume
+		}
+		from := target
+		if !filepath.IsAbs(from) {
+			from = filepath.Join(dir, from)
+		}
+		s, err := readFiles(dir, from)
+		if now, _ := os.Readlink(link); now == target {
+			return s, err
+		}
+		if attempt == 3 {
+			return snapshot{}, fmt.Errorf("%s: updated again while each of %d reads was under way", link, attempt)
+		}
+	}
+}
+
+// readFiles reads the configuration files in from, dir's files or, in a
+// ConfigMap volume, the directory of its current version.
+func readFiles(dir, from string) (snapshot, error) {
 	var s snapshot
-	entries, err := os.ReadDir(dir)
+	entries, err := os.ReadDir(from)
 	if err != nil {
 		return s, err
 	}
@@ -308,7 +358,7 @@ func readDir(dir string) (snapshot, error) {
 		if ext != ".yaml" && ext != ".yml" || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		path := filepath.Join(dir, e.Name())
+		path := filepath.Join(from, e.Name())
 		if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
 			continue // a directory, or a dangling link: not a configuration file
 		}
@@ -376,6 +426,19 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	if err != nil {
 		return err
 	}
+
+	// Listen before the store starts: a replica that cannot serve must not
+	// install its configuration on the prefix the others share.
+	gl, err := net.Listen("tcp", o.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("-grpc: %w", err)
+	}
+	defer func() { _ = gl.Close() }() // already closed once served
+	ml, err := net.Listen("tcp", o.metricsAddr)
+	if err != nil {
+		return fmt.Errorf("-metrics: %w", err)
+	}
+	defer func() { _ = ml.Close() }()
 
 	reg := prometheus.NewRegistry()
 	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -454,15 +517,6 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	// until the store reaches Redis (see settleStart).
 	owed := store != nil && !reached(ctx, store)
 
-	gl, err := net.Listen("tcp", o.grpcAddr)
-	if err != nil {
-		return err
-	}
-	ml, err := net.Listen("tcp", o.metricsAddr)
-	if err != nil {
-		_ = gl.Close()
-		return err
-	}
 	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers, &trouble.unavailable)))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
@@ -503,6 +557,71 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	mismatch := ""   // what the last poll's CheckPolicy said, reported once
 	var serveErr error
 	received := 0
+	// pollNow reads -config and installs what changed, at each -poll and
+	// at SIGHUP.
+	pollNow := func() {
+		// The files before the check: when a deploy reaches another
+		// replica first, this one may already have met that replica's
+		// cutover to the very files it is about to read. Checked first,
+		// that would be reported as another replica's policy for a poll.
+		tried, err := func() (bool, error) {
+			next, err := readDir(o.dir)
+			switch {
+			case err != nil && err.Error() == unreadable:
+				return false, nil // reported once, as an invalid file is
+			case err != nil:
+				unreadable = err.Error()
+			default:
+				unreadable = ""
+				if next.digest == snap.digest {
+					return false, nil
+				}
+			}
+			if err == nil {
+				var cfgs []*envoyrls.Config
+				if cfgs, err = next.parse(); err != nil {
+					snap = next // an invalid file is reported once, not every poll
+				} else if err = srv.Reload(ctx, cfgs...); err == nil {
+					snap, live = next, cfgs
+				} // else a failed Reload (Redis away, another replica's cutover) is tried again at the next poll
+			}
+			if err != nil {
+				reloads.WithLabelValues("error").Inc()
+				logger.Printf("reload: %v (keeping the last good configuration)", err)
+			} else {
+				reloads.WithLabelValues("ok").Inc()
+				logger.Printf("reloaded %d files from %s, policy version %d", len(next.names), o.dir, a.Policy().Version)
+			}
+			return true, err
+		}()
+		if store != nil && retry == nil {
+			// Another replica may have installed its configuration
+			// (the last to start or reload wins): say so, once.
+			m := ""
+			if err := srv.CheckPolicy(); err != nil {
+				m = err.Error()
+			}
+			switch {
+			case m == mismatch:
+			case m != "":
+				foreign.Set(1)
+				logger.Printf("%v: another replica installed its configuration; this one enforces it and reports its own limits until its files match (or it reloads)", m)
+			default:
+				foreign.Set(0)
+				logger.Printf("the prefix's policy is this configuration's again, version %d", a.Policy().Version)
+			}
+			mismatch = m
+		}
+		if store != nil {
+			trouble.report(logger, store.Stats().Decisions)
+		}
+		if hk.polled != nil {
+			hk.polled()
+		}
+		if tried && hk.reloaded != nil {
+			hk.reloaded(err)
+		}
+	}
 loop:
 	for {
 		select {
@@ -525,67 +644,10 @@ loop:
 				hk.settled(ok, err)
 			}
 		case <-poll:
-			// The files before the check: when a deploy reaches another
-			// replica first, this one may already have met that replica's
-			// cutover to the very files it is about to read. Checked first,
-			// that would be reported as another replica's policy for a poll.
-			tried, err := func() (bool, error) {
-				next, err := readDir(o.dir)
-				switch {
-				case err != nil && err.Error() == unreadable:
-					return false, nil // reported once, as an invalid file is
-				case err != nil:
-					unreadable = err.Error()
-				default:
-					unreadable = ""
-					if next.digest == snap.digest {
-						return false, nil
-					}
-				}
-				if err == nil {
-					var cfgs []*envoyrls.Config
-					if cfgs, err = next.parse(); err != nil {
-						snap = next // an invalid file is reported once, not every poll
-					} else if err = srv.Reload(ctx, cfgs...); err == nil {
-						snap, live = next, cfgs
-					} // else a failed Reload (Redis away, another replica's cutover) is tried again at the next poll
-				}
-				if err != nil {
-					reloads.WithLabelValues("error").Inc()
-					logger.Printf("reload: %v (keeping the last good configuration)", err)
-				} else {
-					reloads.WithLabelValues("ok").Inc()
-					logger.Printf("reloaded %d files from %s, policy version %d", len(next.names), o.dir, a.Policy().Version)
-				}
-				return true, err
-			}()
-			if store != nil && retry == nil {
-				// Another replica may have installed its configuration
-				// (the last to start or reload wins): say so, once.
-				m := ""
-				if err := srv.CheckPolicy(); err != nil {
-					m = err.Error()
-				}
-				switch {
-				case m == mismatch:
-				case m != "":
-					foreign.Set(1)
-					logger.Printf("%v: another replica installed its configuration; this one enforces it and reports its own limits until its files match (or it reloads)", m)
-				default:
-					foreign.Set(0)
-					logger.Printf("the prefix's policy is this configuration's again, version %d", a.Policy().Version)
-				}
-				mismatch = m
-			}
-			if store != nil {
-				trouble.report(logger, store.Stats().Decisions)
-			}
-			if hk.polled != nil {
-				hk.polled()
-			}
-			if tried && hk.reloaded != nil {
-				hk.reloaded(err)
-			}
+			pollNow()
+		case <-hk.reread:
+			logger.Print("SIGHUP: reading -config now")
+			pollNow()
 		}
 	}
 

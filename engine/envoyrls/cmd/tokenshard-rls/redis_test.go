@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/envoyrls"
 	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/internal/redistest"
@@ -28,7 +30,15 @@ type stopRedis struct{ m *testing.M }
 
 func (s stopRedis) Run() int { defer redistest.Stop(); return s.m.Run() }
 
+// asCommand, set in a process's environment, makes the test binary the
+// command itself (see process_test.go).
+const asCommand = "TOKENSHARD_RLS_TEST_AS_COMMAND"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(asCommand) == "1" {
+		main()
+		os.Exit(0)
+	}
 	_ = os.Unsetenv(passwordEnv) // the tests give the password they mean to
 	goleak.VerifyTestMain(stopRedis{m})
 }
@@ -371,5 +381,51 @@ func TestCommandRedisPassword(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("password %q: run: %v, want an error saying %s", pw, err, want)
 		}
+	}
+}
+
+// TestPortInUseChangesNoPolicy: a replica that cannot listen (its -grpc or
+// -metrics address taken) stops with an error naming the address, before
+// it installs its configuration on the Redis prefix: a replica that never
+// served must not change the limits the others enforce.
+func TestPortInUseChangesNoPolicy(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := "envoyrls-cmd-port:" + time.Now().Format("150405.000000000") + ":"
+	old, err := envoyrls.Policy(1, rlstest.Parse(t, rlstest.TreeYAML)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	deleteKeys(t, client, prefix)
+	store, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, Policy: old, Timeout: answersTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"), []byte(limitsYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, flag := range []string{"-grpc", "-metrics"} {
+		args := []string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0",
+			"-redis", addr, "-redis-prefix", prefix, "-redis-timeout", slowMachine, flag, taken.Addr().String()}
+		var stderr syncBuffer
+		err := run(context.Background(), args, &stderr, hooks{})
+		if err == nil || !strings.Contains(err.Error(), taken.Addr().String()) {
+			t.Errorf("%s on a taken address: %v, want an error naming it", flag, err)
+		}
+	}
+	if _, err := store.Peek(context.Background(), "{gw}/route~|/x"); err != nil {
+		t.Fatal(err)
+	}
+	if v := store.Policy().Version; v != 1 {
+		t.Errorf("version %d on the prefix, want 1: a replica that could not listen installed its configuration", v)
 	}
 }
