@@ -20,7 +20,10 @@ var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the contex
 // does, waits until the clock reaches the reading the denial was decided at
 // plus its RetryAfter, and decides again: an estimate is not a
 // reservation, so others may take the tokens meanwhile and Wait then waits
-// again.
+// again. Waiters are not served in the order they came: a later call, or
+// one of a smaller cost, may pass first. The estimate is the denial's: a
+// Refund, or a cutover to a faster rate, meanwhile does not wake Wait
+// sooner.
 //
 // Wait never waits past ctx's deadline: if the instant a denial's estimate
 // names comes after it, Wait returns at once with ErrWouldExceedDeadline

@@ -141,3 +141,36 @@ func TestWaitAcrossCutovers(t *testing.T) {
 		require.Zero(t, clk.Waiting())
 	})
 }
+
+// TestWaitIsNotFirstComeFirstServed: a Wait for 5 tokens, parked until
+// 5 s, is overtaken by a later Wait for 1 at 4 s, and then waits again;
+// a Refund meanwhile does not wake it before its estimate.
+func TestWaitIsNotFirstComeFirstServed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, clk := newEngine(t, engine.Config{Policy: pol(1, 5, 1)})
+		ctx := context.Background()
+		_, err := e.Allow(ctx, "k", 5)
+		require.NoError(t, err)
+		got := make(chan waitResult, 1)
+		go func() {
+			d, err := e.Wait(ctx, "k", 5) // 5 s
+			got <- waitResult{d, err}
+		}()
+		synctest.Wait()
+		clk.Set(int64(4 * time.Second))
+		d, err := e.Wait(ctx, "k", 1) // came later, passes first
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		clk.Set(int64(5 * time.Second)) // the first wakes, is denied: 1 token of 5
+		synctest.Wait()
+		require.Empty(t, got)
+		_, err = e.Refund(ctx, "k", 5) // the key is full, but the waiter sleeps on
+		require.NoError(t, err)
+		synctest.Wait()
+		require.Empty(t, got)
+		clk.Set(int64(9 * time.Second)) // its second estimate
+		r := <-got
+		require.NoError(t, r.err)
+		require.True(t, r.d.Allowed)
+	})
+}
