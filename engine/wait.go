@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -19,11 +20,16 @@ var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the contex
 // does, waits until the clock reaches the reading the denial was decided at
 // plus its RetryAfter, and decides again: an estimate is not a
 // reservation, so others may take the tokens meanwhile and Wait then waits
-// again.
+// again. Waiters are not served in the order they came: a later call, or
+// one of a smaller cost, may pass first. The estimate is the denial's: a
+// Refund, or a cutover to a faster rate, meanwhile does not wake Wait
+// sooner.
 //
 // Wait never waits past ctx's deadline: if the instant a denial's estimate
 // names comes after it, Wait returns at once with ErrWouldExceedDeadline
-// (wrapped, giving the wait), having spent nothing. If ctx ends while
+// (wrapped, giving the wait), having spent nothing. An instant past
+// math.MaxInt64, the clock's last reading, comes after every deadline, and
+// without one Wait waits for ctx or Close. If ctx ends while
 // waiting it returns ctx's error, and ErrClosed if the engine closes. Any
 // other error of Allow is returned as it is. Like every error, these come
 // with the zero Decision.
@@ -41,6 +47,14 @@ func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, er
 		// The estimate counts from the shard's reading at, not from now:
 		// the clock may have moved on since the shard decided.
 		t := satAdd(at, int64(d.RetryAfter))
+		if at > math.MaxInt64-int64(d.RetryAfter) {
+			// Past the clock's last reading: the key never holds cost,
+			// and waking at that reading would decide again at once.
+			if _, ok := ctx.Deadline(); ok {
+				return Decision{}, fmt.Errorf("%w: retry after %v, past the clock's end", ErrWouldExceedDeadline, d.RetryAfter)
+			}
+			return Decision{}, until(e, ctx, nil)
+		}
 		if deadline, ok := ctx.Deadline(); ok {
 			if wait, left := time.Duration(t-e.clk.Now()), clock.Until(deadline); wait > left {
 				return Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", ErrWouldExceedDeadline, wait, left)

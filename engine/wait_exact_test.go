@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"math"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/policy"
 )
 
 // movedClock is a Manual clock that, once armed, moves on by a step right
@@ -110,5 +112,63 @@ func TestWaitAsksTheAlarmForTheEstimate(t *testing.T) {
 		r := <-got
 		require.NoError(t, r.err)
 		assert.True(t, r.d.Allowed)
+	})
+}
+
+// countingAlarm is a Manual clock that counts the alarms Wait sets, and
+// after limit of them sets none that ever rings, so that a Wait that would
+// spin parks instead and the test can count.
+type countingAlarm struct {
+	*clock.Manual
+	limit int
+	set   atomic.Int64
+}
+
+func (c *countingAlarm) At(t int64) (<-chan struct{}, func()) {
+	if c.set.Add(1) > int64(c.limit) {
+		return make(chan struct{}), func() {}
+	}
+	return c.Manual.At(t)
+}
+
+// TestWaitPastTheClocksEnd: a wait that ends past math.MaxInt64, the last
+// reading a clock has, never ends: Wait with no deadline waits for its
+// context or Close, with no alarm, rather than waking at math.MaxInt64 and
+// deciding again and again; one with a deadline returns
+// ErrWouldExceedDeadline at once.
+func TestWaitPastTheClocksEnd(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 2, Refill: policy.Rate{Tokens: 1, Per: math.MaxInt64}}
+	synctest.Test(t, func(t *testing.T) {
+		clk := &countingAlarm{Manual: clock.NewManual(0), limit: 10}
+		e, _ := newEngine(t, engine.Config{Policy: p, Clock: clk})
+		ctx := context.Background()
+		_, err := e.Allow(ctx, "k", 2)
+		require.NoError(t, err)
+		got := make(chan waitResult, 1)
+		go func() {
+			d, err := e.Wait(ctx, "k", 2) // 2*MaxInt64 ns from 0
+			got <- waitResult{d, err}
+		}()
+		synctest.Wait()
+		clk.Set(math.MaxInt64) // the key holds one token, and never more
+		synctest.Wait()
+		assert.LessOrEqual(t, clk.set.Load(), int64(1), "Wait set an alarm at the clock's end and woke to decide again")
+		assert.Zero(t, clk.Waiting())
+		select {
+		case r := <-got:
+			t.Fatalf("Wait returned %+v, %v", r.d, r.err)
+		default:
+		}
+		require.NoError(t, e.Close())
+		r := <-got
+		require.ErrorIs(t, r.err, engine.ErrClosed)
+
+		e, _ = newEngine(t, engine.Config{Policy: p, Clock: clk})
+		dl, cancel := context.WithTimeout(ctx, time.Hour)
+		defer cancel()
+		_, err = e.Wait(dl, "k", 2) // a fresh key at MaxInt64, full
+		require.NoError(t, err)
+		_, err = e.Wait(dl, "k", 1)
+		require.ErrorIs(t, err, engine.ErrWouldExceedDeadline)
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -19,12 +20,17 @@ import (
 // again a little early, at the cost of a round trip, but never late. A
 // degraded denial (Redis unreachable, fail closed) is waited out for
 // Config.FailRetryAfter from its answer. It never waits past ctx's
-// deadline: a wait that would end after it returns at once an error wrapping
-// engine.ErrWouldExceedDeadline, having spent nothing; when that wait is
-// the failure rule's, the error wraps ErrUnavailable too, so that a caller
-// can tell an outage from the key's limit. If ctx ends while waiting it
-// returns ctx's error, and engine.ErrClosed if the store closes; Allow's
-// errors are returned as they are.
+// deadline: a wait that would end after it returns at once an error
+// wrapping engine.ErrWouldExceedDeadline; when that wait is the failure
+// rule's, the error wraps ErrUnavailable too, so that a caller can tell an
+// outage from the key's limit. That error spends nothing, but where the
+// failure rule answered a call whose reply was lost: Redis may have decided
+// it and taken its cost, so that a Wait that asks again after such an
+// answer may pay the key twice for one admission (never the reverse). An
+// instant past math.MaxInt64, the clock's last reading, comes after every
+// deadline, and without one Wait waits for ctx or Close. If ctx ends while
+// waiting it returns ctx's error, and engine.ErrClosed if the store
+// closes; Allow's errors are returned as they are.
 // It waits on Config.Clock if that is a clock.Alarm or a clock.Sleeper
 // (clock.Manual is both), else on a real timer, and leaves no timer behind.
 func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decision, error) {
@@ -42,6 +48,19 @@ func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decisi
 			asked = clk.Now()
 		}
 		t := satAdd(asked, int64(d.RetryAfter))
+		if asked > math.MaxInt64-int64(d.RetryAfter) {
+			// Past the clock's last reading: the key never holds cost,
+			// and waking at that reading would ask again at once.
+			if _, ok := ctx.Deadline(); ok {
+				return engine.Decision{}, fmt.Errorf("%w: retry after %v, past the clock's end", engine.ErrWouldExceedDeadline, d.RetryAfter)
+			}
+			select {
+			case <-ctx.Done():
+				return engine.Decision{}, ctx.Err()
+			case <-s.closing:
+				return engine.Decision{}, engine.ErrClosed
+			}
+		}
 		if deadline, ok := ctx.Deadline(); ok {
 			if wait, left := time.Duration(t-clk.Now()), clock.Until(deadline); wait > left {
 				if d.Degraded { // the outage's wait, not the key's limit
