@@ -180,7 +180,7 @@ func TestPolicy(t *testing.T) {
 	want := []policy.Override{
 		{Match: "{d}/a=x|", Capacity: 3, TokensPerSecond: 3},
 		{Match: "{d}/b~|*", Capacity: 7, Refill: policy.Rate{Tokens: 7, Per: 30 * 24 * 3600e9}},
-		{Match: "{d}/z~|*", Capacity: 1, TokensPerSecond: 1},
+		{Match: "{d}/z~|*", Capacity: 1, Refill: policy.Rate{Tokens: 1, Per: 365 * 24 * 3600e9}},
 		{Match: "{d}/d=v|", Capacity: 2, Refill: policy.Rate{Tokens: 2, Per: 24 * 3600e9}},
 		{Match: "{d}/h=v|", Capacity: 2, Refill: policy.Rate{Tokens: 2, Per: 3600e9}},
 		{Match: "{d}/m=v|", Capacity: 2, Refill: policy.Rate{Tokens: 2, Per: 60e9}},

@@ -66,8 +66,8 @@
 // of the request its own bucket, as does a wildcard without share_threshold.
 // A limit of requests_per_unit 0 refuses every request, as it does in
 // envoyproxy/ratelimit, without asking the admitter; its entry still has a
-// bucket, of one token, so that a reload to 0 and back keeps a spent key
-// spent (see Reloads). The entries (0 included) whose
+// bucket, of one token earned once a year, so that a reload to 0 and back
+// keeps a spent key spent (see Reloads). The entries (0 included) whose
 // buckets are per value are pattern overrides of the policy, of which all
 // the configurations together may have policy.MaxPatterns (128); entries
 // of fixed values are exact overrides, without a bound.
@@ -170,9 +170,13 @@
 // Server.Reload changes the configurations by ReplacePolicy, an exact cutover:
 // every bucket keeps its balance, clamped to its new capacity, so raising a
 // limit tops nobody up and lowering one takes effect at once. A limit taken
-// to 0 and back does not either: at 0 the bucket holds at most one token,
-// which is all a key has when its limit comes back, and it refills at the
-// restored rate from there. An entry made unlimited or removed is different:
+// to 0 and back does not either: at 0 a key's bucket holds at most one token
+// and earns one a year, so a key spent when its limit went to 0 comes back
+// (within a year) as spent as it left, and refills at the restored rate
+// from there. A key that held a token or more is full at 0, and may be
+// dropped as full buckets are (engine.Engine.EvictFull, a Redis expiry); it
+// then comes back full, as any full bucket dropped before a limit is raised
+// does. An entry made unlimited or removed is different:
 // its keys fall to the default, which never denies, and come back full if
 // the entry does (while unlimited, they could take anything anyway). An entry
 // keeps its bucket while its place in the tree (its domain and the keys and

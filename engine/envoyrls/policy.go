@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -26,13 +27,17 @@ var ErrNilConfig = errors.New("envoyrls: nil configuration")
 // unlimited anyway.
 const DefaultCapacity = math.MaxInt64
 
+// zeroRefill is the refill of an entry whose requests_per_unit is 0: one
+// token a year, the longest unit.
+var zeroRefill = policy.Rate{Tokens: 1, Per: 365 * 24 * time.Hour}
+
 // Policy returns the policy the admitter must run for configs: version,
 // a default that never denies (DefaultCapacity) and one override per limited
 // configuration entry, of capacity requests_per_unit refilled at
 // requests_per_unit per unit (an entry whose requests_per_unit is 0 gets
-// capacity 1 and 1 per unit: the server refuses its requests without its
-// bucket, which only keeps a spent key spent across a reload to 0 and back,
-// giving it at most one token on the way). So a key that
+// capacity 1 and one token a year: the server refuses its requests without
+// its bucket, which only keeps a spent key spent across a reload to 0 and
+// back). So a key that
 // has not been used admits exactly requests_per_unit at once, what a fixed
 // window admits at the start of a window, and after that no more than the
 // rate: never twice the limit across a window's boundary. An entry whose
@@ -67,18 +72,23 @@ func Policy(version int64, configs ...*Config) (policy.Policy, error) {
 			if l.unlimited {
 				continue
 			}
-			// A limit of 0 keeps a bucket of one token, though the server
-			// refuses the entry's requests without asking it: at the default
-			// its keys would refill at once, and a reload back to a real
-			// limit would hand every one of them a fresh burst.
-			o := policy.Override{Match: n.rule + "|", Capacity: max(int64(l.requestsPerUnit), 1)}
+			o := policy.Override{Match: n.rule + "|", Capacity: int64(l.requestsPerUnit)}
 			if n.variable {
 				o.Match += "*"
 				patterns++
 			}
-			if l.unit == unitSecond {
+			switch {
+			case l.requestsPerUnit == 0:
+				// The server refuses the entry's requests without asking
+				// its bucket, which only keeps a spent key spent: at the
+				// default it would refill at once, and a reload back to a
+				// real limit would hand every key a fresh burst; at one
+				// token a unit, a spent key would be full, and dropped as
+				// full buckets are, within a unit.
+				o.Capacity, o.Refill = 1, zeroRefill
+			case l.unit == unitSecond:
 				o.TokensPerSecond = o.Capacity
-			} else {
+			default:
 				o.Refill = policy.Rate{Tokens: o.Capacity, Per: unitDuration[l.unit]}
 			}
 			ovs = append(ovs, o)
