@@ -48,8 +48,8 @@ func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, er
 		// the clock may have moved on since the shard decided.
 		t := satAdd(at, int64(d.RetryAfter))
 		if at > math.MaxInt64-int64(d.RetryAfter) {
-			// Past the clock's last reading: the key never holds cost,
-			// and waking at that reading would decide again at once.
+			// The estimate is past the clock's last reading: waking at
+			// that reading would decide again at once, and again.
 			if _, ok := ctx.Deadline(); ok {
 				return Decision{}, fmt.Errorf("%w: retry after %v, past the clock's end", ErrWouldExceedDeadline, d.RetryAfter)
 			}

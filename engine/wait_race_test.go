@@ -79,8 +79,11 @@ func waitersRun(t *testing.T, seed uint64) {
 			}
 			got := admitted
 			mu.Unlock()
-			if left == 0 || step > 10_000 {
+			if left == 0 {
 				break
+			}
+			if step > 10_000 {
+				t.Fatalf("seed %d: %d waiters still parked after %d steps", seed, left, step)
 			}
 			pk, err := e.Peek(ctx, "k")
 			require.NoError(t, err)

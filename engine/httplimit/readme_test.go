@@ -36,9 +36,11 @@ func TestREADMEQuickstartIsTheExample(t *testing.T) {
 	require.Contains(t, body, "// "+strings.TrimSuffix(strings.TrimPrefix(serve, "log.Fatal("), ")"),
 		"the Example names the call the README serves with")
 	want := codeLines(body)
-	next := 0
+	next, served := 0, false
+	matched := map[int]bool{}
 	for _, line := range codeLines(block) {
 		if line == serve {
+			served = true
 			continue
 		}
 		line = strings.ReplaceAll(line, "log.Fatal(err)", "panic(err)")
@@ -46,7 +48,17 @@ func TestREADMEQuickstartIsTheExample(t *testing.T) {
 			next++
 		}
 		require.Less(t, next, len(want), "the README's quickstart line %q is not the Example's (in order)", line)
+		matched[next] = true
 		next++
+	}
+	require.True(t, served, "the README's quickstart does not serve")
+	// And the other way: every line of the Example before it starts its
+	// test server is in the README, so the README leaves out no step.
+	for i, line := range want {
+		if strings.HasPrefix(line, "srv := httptest.NewServer(") {
+			break
+		}
+		require.True(t, matched[i], "the Example's line %q is not in the README's quickstart", line)
 	}
 }
 

@@ -49,9 +49,12 @@ func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decisi
 		}
 		t := satAdd(asked, int64(d.RetryAfter))
 		if asked > math.MaxInt64-int64(d.RetryAfter) {
-			// Past the clock's last reading: the key never holds cost,
-			// and waking at that reading would ask again at once.
+			// The estimate is past the clock's last reading: waking at
+			// that reading would ask again at once, and again.
 			if _, ok := ctx.Deadline(); ok {
+				if d.Degraded { // the outage's wait, not the key's limit
+					return engine.Decision{}, fmt.Errorf("%w: %w: the failure rule's retry after %v, past the clock's end", engine.ErrWouldExceedDeadline, ErrUnavailable, d.RetryAfter)
+				}
 				return engine.Decision{}, fmt.Errorf("%w: retry after %v, past the clock's end", engine.ErrWouldExceedDeadline, d.RetryAfter)
 			}
 			select {

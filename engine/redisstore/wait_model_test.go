@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/big"
 	"math/rand/v2"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -133,9 +132,7 @@ func TestWaitModelThroughTheScript(t *testing.T) {
 			case res := <-got:
 				t.Fatalf("%s: Wait returned at %d, want at %d: %+v", name, asked, T, res)
 			}
-			for clk.Waiting() == 0 { // parked on the clock
-				runtime.Gosched()
-			}
+			spinUntil(t, name+": Wait parks on the clock", func() bool { return clk.Waiting() > 0 })
 			clk.Set(T)
 		}
 		res := <-got
@@ -215,9 +212,7 @@ func TestWaitPastTheClocksEnd(t *testing.T) {
 		d, err := s.Wait(ctx, "k", 2) // 2*MaxInt64 ns from 0
 		got <- waitResult{d, err}
 	}()
-	for clk.Waiting() == 0 { // parked on the clock
-		runtime.Gosched()
-	}
+	spinUntil(t, "Wait parks on the clock", func() bool { return clk.Waiting() > 0 })
 	clk.Set(math.MaxInt64) // the key holds one token, and never more
 	spinUntil(t, "Wait asks again at the clock's end", func() bool { return s.Stats().Denied >= 2 })
 	cancel()
@@ -231,4 +226,23 @@ func TestWaitPastTheClocksEnd(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Wait(dl, "k2", 1)
 	require.ErrorIs(t, err, engine.ErrWouldExceedDeadline)
+}
+
+// TestWaitPastTheClocksEndDegraded: when the failure rule's RetryAfter
+// ends past the clock's last reading, a Wait with a deadline returns at
+// once an error wrapping ErrWouldExceedDeadline and ErrUnavailable, as
+// every wait of the failure rule that the deadline cuts short does: the
+// outage is told apart from the key's limit there too.
+func TestWaitPastTheClocksEndDegraded(t *testing.T) {
+	srv := downServer(t)
+	clk := clock.NewManual(math.MaxInt64 - int64(time.Millisecond))
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: quickClient(t, srv.Addr()), Prefix: prefix(t),
+		Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: 2 * time.Second, Clock: clk})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	_, err = s.Wait(ctx, "k", 1) // denied by the rule, retry after FailRetryAfter (1 s)
+	require.ErrorIs(t, err, engine.ErrWouldExceedDeadline)
+	require.ErrorIs(t, err, redisstore.ErrUnavailable)
 }

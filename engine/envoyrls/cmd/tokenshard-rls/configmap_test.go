@@ -155,6 +155,9 @@ func TestReadDirDuringUpdates(t *testing.T) {
 		case err := <-updated:
 			must(t, err)
 			t.Logf("%d reads, %d whole versions", reads, whole)
+			if whole == 0 {
+				t.Fatalf("none of %d reads during the updates gave a version", reads)
+			}
 			return
 		default:
 		}

@@ -558,8 +558,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	var serveErr error
 	received := 0
 	// pollNow reads -config and installs what changed, at each -poll and
-	// at SIGHUP.
-	pollNow := func() {
+	// at SIGHUP, and reports whether it tried to install a change (a
+	// failure already reported is not tried again).
+	pollNow := func() bool {
 		// The files before the check: when a deploy reaches another
 		// replica first, this one may already have met that replica's
 		// cutover to the very files it is about to read. Checked first,
@@ -621,6 +622,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 		if tried && hk.reloaded != nil {
 			hk.reloaded(err)
 		}
+		return tried
 	}
 loop:
 	for {
@@ -647,7 +649,9 @@ loop:
 			pollNow()
 		case <-hk.reread:
 			logger.Print("SIGHUP: reading -config now")
-			pollNow()
+			if !pollNow() {
+				logger.Print("SIGHUP: -config unchanged since the last reload or report")
+			}
 		}
 	}
 
