@@ -59,6 +59,18 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 10}
 `
 
+// requestShapes are a request of degradedYAML of each shape: one key
+// (Allow), several (AllowAll), a check-only descriptor (Peek) and a shadow
+// one (AllowBatch).
+func requestShapes() map[string]*rlsv3.RateLimitRequest {
+	return map[string]*rlsv3.RateLimitRequest{
+		"one key":    rlstest.Req("d", 0, rlstest.D("a=1")),
+		"two keys":   rlstest.Req("d", 0, rlstest.D("a=1"), rlstest.D("b=2")),
+		"check only": rlstest.Req("d", 0, rlstest.DH(0, "a=1")),
+		"shadow":     rlstest.Req("d", 0, rlstest.D("s=3")),
+	}
+}
+
 // A degraded answer, admitted or not, is gRPC Unavailable, never an OK:
 // Envoy's failure_mode_deny decides, not the failure rule's guess. Each
 // shape of request is covered: one key (Allow), several (AllowAll), a
@@ -67,12 +79,7 @@ func TestDegradedIsUnavailable(t *testing.T) {
 	h := rlstest.Start(t, func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
 		return degradedEngine{newEngine(t, p, clk).(*engine.Engine)}
 	}, degradedYAML)
-	for name, req := range map[string]*rlsv3.RateLimitRequest{
-		"one key":    rlstest.Req("d", 0, rlstest.D("a=1")),
-		"two keys":   rlstest.Req("d", 0, rlstest.D("a=1"), rlstest.D("b=2")),
-		"check only": rlstest.Req("d", 0, rlstest.DH(0, "a=1")),
-		"shadow":     rlstest.Req("d", 0, rlstest.D("s=3")),
-	} {
+	for name, req := range requestShapes() {
 		_, err := h.Client.ShouldRateLimit(context.Background(), req)
 		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), envoyrls.ErrDegraded.Error()) {
 			t.Errorf("%s: err %v, want Unavailable with %q", name, err, envoyrls.ErrDegraded)
@@ -118,12 +125,7 @@ func TestAdmitterErrorIsUnavailable(t *testing.T) {
 	h := rlstest.Start(t, func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
 		return failingEngine{newEngine(t, p, clk).(*engine.Engine)}
 	}, degradedYAML)
-	for name, req := range map[string]*rlsv3.RateLimitRequest{
-		"one key":    rlstest.Req("d", 0, rlstest.D("a=1")),
-		"two keys":   rlstest.Req("d", 0, rlstest.D("a=1"), rlstest.D("b=2")),
-		"check only": rlstest.Req("d", 0, rlstest.DH(0, "a=1")),
-		"shadow":     rlstest.Req("d", 0, rlstest.D("s=3")),
-	} {
+	for name, req := range requestShapes() {
 		_, err := h.Client.ShouldRateLimit(context.Background(), req)
 		msg := status.Convert(err).Message()
 		if status.Code(err) != codes.Unavailable || !strings.Contains(msg, envoyrls.ErrAdmitter.Error()) || !strings.Contains(msg, errBroken.Error()) {

@@ -370,21 +370,7 @@ func TestCommandRefusesAtStart(t *testing.T) {
 // configuration's policy (an earlier deployment's) gets the command's, at
 // the next version.
 func TestCommandInstallsItsConfiguration(t *testing.T) {
-	addr := redistest.Addr(t)
-	prefix := "envoyrls-cmd-install:" + time.Now().Format("150405.000000000") + ":"
-	old, err := envoyrls.Policy(1, rlstest.Parse(t, rlstest.TreeYAML)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = client.Close() })
-	deleteKeys(t, client, prefix)
-	store, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, Policy: old, Timeout: answersTimeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-
+	addr, prefix, store := earlierDeployment(t, "envoyrls-cmd-install")
 	c := startCommand(t, "-redis", addr, "-redis-prefix", prefix, "-redis-timeout", slowMachine)
 	resp := c.ask("gw", "route=/x")
 	if got := resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 2 || overall(resp) != "OK" {

@@ -64,6 +64,29 @@ func storeOn(client func(t *testing.T) redis.UniversalClient) rlstest.Factory {
 
 // deleteKeys deletes every key under prefix when t ends (registered before
 // the client's own cleanup, so it runs first).
+// earlierDeployment makes a fresh prefix, named from name, on the test
+// Redis, and a store on it that has installed the policy of another
+// configuration (rlstest.TreeYAML's, version 1), as an earlier deployment
+// would have; it returns the server's address, the prefix and that store.
+func earlierDeployment(t *testing.T, name string) (addr, prefix string, store *redisstore.Store) {
+	t.Helper()
+	addr = redistest.Addr(t)
+	prefix = name + ":" + time.Now().Format("150405.000000000") + ":"
+	old, err := envoyrls.Policy(1, rlstest.Parse(t, rlstest.TreeYAML)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	deleteKeys(t, client, prefix)
+	store, err = redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, Policy: old, Timeout: answersTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	return addr, prefix, store
+}
+
 func deleteKeys(t *testing.T, c redis.UniversalClient, prefix string) {
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -389,21 +412,7 @@ func TestCommandRedisPassword(t *testing.T) {
 // it installs its configuration on the Redis prefix: a replica that never
 // served must not change the limits the others enforce.
 func TestPortInUseChangesNoPolicy(t *testing.T) {
-	addr := redistest.Addr(t)
-	prefix := "envoyrls-cmd-port:" + time.Now().Format("150405.000000000") + ":"
-	old, err := envoyrls.Policy(1, rlstest.Parse(t, rlstest.TreeYAML)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = client.Close() })
-	deleteKeys(t, client, prefix)
-	store, err := redisstore.New(context.Background(), redisstore.Config{Client: client, Prefix: prefix, Policy: old, Timeout: answersTimeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-
+	addr, prefix, store := earlierDeployment(t, "envoyrls-cmd-port")
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
