@@ -47,18 +47,20 @@ func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, er
 		// The estimate counts from the shard's reading at, not from now:
 		// the clock may have moved on since the shard decided.
 		t := satAdd(at, int64(d.RetryAfter))
-		if at > math.MaxInt64-int64(d.RetryAfter) {
-			// The estimate is past the clock's last reading: waking at
-			// that reading would decide again at once, and again.
-			if _, ok := ctx.Deadline(); ok {
-				return Decision{}, fmt.Errorf("%w: retry after %v, past the clock's end", ErrWouldExceedDeadline, d.RetryAfter)
-			}
-			return Decision{}, until(e, ctx, nil)
-		}
+		// An instant past the clock's last reading never comes: an alarm
+		// at that reading would ring at once, and again.
+		never := at > math.MaxInt64-int64(d.RetryAfter)
 		if deadline, ok := ctx.Deadline(); ok {
-			if wait, left := time.Duration(t-e.clk.Now()), clock.Until(deadline); wait > left {
+			wait, left := time.Duration(t-e.clk.Now()), clock.Until(deadline)
+			if never {
+				wait = math.MaxInt64
+			}
+			if wait > left {
 				return Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", ErrWouldExceedDeadline, wait, left)
 			}
+		}
+		if never {
+			return Decision{}, until(e, ctx, nil)
 		}
 		if err := e.sleepUntil(ctx, t); err != nil {
 			return Decision{}, err

@@ -48,31 +48,26 @@ func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decisi
 			asked = clk.Now()
 		}
 		t := satAdd(asked, int64(d.RetryAfter))
-		if asked > math.MaxInt64-int64(d.RetryAfter) {
-			// The estimate is past the clock's last reading: waking at
-			// that reading would ask again at once, and again.
-			if _, ok := ctx.Deadline(); ok {
-				if d.Degraded { // the outage's wait, not the key's limit
-					return engine.Decision{}, fmt.Errorf("%w: %w: the failure rule's retry after %v, past the clock's end", engine.ErrWouldExceedDeadline, ErrUnavailable, d.RetryAfter)
-				}
-				return engine.Decision{}, fmt.Errorf("%w: retry after %v, past the clock's end", engine.ErrWouldExceedDeadline, d.RetryAfter)
-			}
-			select {
-			case <-ctx.Done():
-				return engine.Decision{}, ctx.Err()
-			case <-s.closing:
-				return engine.Decision{}, engine.ErrClosed
-			}
-		}
+		// An instant past the clock's last reading never comes: an alarm
+		// at that reading would ring at once, and again.
+		never := asked > math.MaxInt64-int64(d.RetryAfter)
 		if deadline, ok := ctx.Deadline(); ok {
-			if wait, left := time.Duration(t-clk.Now()), clock.Until(deadline); wait > left {
+			wait, left := time.Duration(t-clk.Now()), clock.Until(deadline)
+			if never {
+				wait = math.MaxInt64
+			}
+			if wait > left {
 				if d.Degraded { // the outage's wait, not the key's limit
 					return engine.Decision{}, fmt.Errorf("%w: %w: the failure rule's retry after %v, deadline in %v", engine.ErrWouldExceedDeadline, ErrUnavailable, wait, left)
 				}
 				return engine.Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", engine.ErrWouldExceedDeadline, wait, left)
 			}
 		}
-		ch, stop := s.until(clk, t)
+		var ch <-chan struct{} // nil: never
+		stop := func() {}
+		if !never {
+			ch, stop = s.until(clk, t)
+		}
 		select {
 		case <-ch:
 			stop()
