@@ -168,7 +168,7 @@ func TestWaitLostReplyMaySpend(t *testing.T) {
 	}))
 	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}}, clk)
 	lose.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond) // under FailRetryAfter (1 s), with room for a loaded machine
 	defer cancel()
 	_, err := s.Wait(ctx, "k", 4)
 	require.ErrorIs(t, err, engine.ErrWouldExceedDeadline)
