@@ -51,11 +51,10 @@ func (e *Engine) Wait(ctx context.Context, key string, cost int64) (Decision, er
 		// at that reading would ring at once, and again.
 		never := at > math.MaxInt64-int64(d.RetryAfter)
 		if deadline, ok := ctx.Deadline(); ok {
-			wait, left := time.Duration(t-e.clk.Now()), clock.Until(deadline)
 			if never {
-				wait = math.MaxInt64
+				return Decision{}, fmt.Errorf("%w: retry after %v, past the clock's end", ErrWouldExceedDeadline, d.RetryAfter)
 			}
-			if wait > left {
+			if wait, left := time.Duration(t-e.clk.Now()), clock.Until(deadline); wait > left {
 				return Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", ErrWouldExceedDeadline, wait, left)
 			}
 		}

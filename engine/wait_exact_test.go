@@ -170,5 +170,11 @@ func TestWaitPastTheClocksEnd(t *testing.T) {
 		require.NoError(t, err)
 		_, err = e.Wait(dl, "k", 1)
 		require.ErrorIs(t, err, engine.ErrWouldExceedDeadline)
+		// A deadline as far as time.Until reaches (it saturates) is still
+		// before an instant that never comes.
+		far, cancelFar := context.WithDeadline(ctx, time.Unix(1<<62, 0))
+		defer cancelFar()
+		_, err = e.Wait(far, "k", 1)
+		require.ErrorIs(t, err, engine.ErrWouldExceedDeadline)
 	})
 }

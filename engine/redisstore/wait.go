@@ -53,14 +53,15 @@ func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decisi
 		never := asked > math.MaxInt64-int64(d.RetryAfter)
 		if deadline, ok := ctx.Deadline(); ok {
 			wait, left := time.Duration(t-clk.Now()), clock.Until(deadline)
-			if never {
-				wait = math.MaxInt64
-			}
-			if wait > left {
-				if d.Degraded { // the outage's wait, not the key's limit
-					return engine.Decision{}, fmt.Errorf("%w: %w: the failure rule's retry after %v, deadline in %v", engine.ErrWouldExceedDeadline, ErrUnavailable, wait, left)
+			if never || wait > left {
+				why := fmt.Sprintf("retry after %v, deadline in %v", wait, left)
+				if never {
+					why = fmt.Sprintf("retry after %v, past the clock's end", d.RetryAfter)
 				}
-				return engine.Decision{}, fmt.Errorf("%w: retry after %v, deadline in %v", engine.ErrWouldExceedDeadline, wait, left)
+				if d.Degraded { // the outage's wait, not the key's limit
+					return engine.Decision{}, fmt.Errorf("%w: %w: the failure rule's %s", engine.ErrWouldExceedDeadline, ErrUnavailable, why)
+				}
+				return engine.Decision{}, fmt.Errorf("%w: %s", engine.ErrWouldExceedDeadline, why)
 			}
 		}
 		var ch <-chan struct{} // nil: never

@@ -226,6 +226,12 @@ func TestWaitPastTheClocksEnd(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Wait(dl, "k2", 1)
 	require.ErrorIs(t, err, engine.ErrWouldExceedDeadline)
+	// A deadline as far as time.Until reaches (it saturates) is still
+	// before an instant that never comes.
+	far, cancelFar := context.WithDeadline(context.Background(), time.Unix(1<<62, 0))
+	defer cancelFar()
+	_, err = s.Wait(far, "k2", 1)
+	require.ErrorIs(t, err, engine.ErrWouldExceedDeadline)
 }
 
 // TestWaitPastTheClocksEndDegraded: when the failure rule's RetryAfter

@@ -62,8 +62,6 @@ func storeOn(client func(t *testing.T) redis.UniversalClient) rlstest.Factory {
 	}
 }
 
-// deleteKeys deletes every key under prefix when t ends (registered before
-// the client's own cleanup, so it runs first).
 // earlierDeployment makes a fresh prefix, named from name, on the test
 // Redis, and a store on it that has installed the policy of another
 // configuration (rlstest.TreeYAML's, version 1), as an earlier deployment
@@ -87,6 +85,8 @@ func earlierDeployment(t *testing.T, name string) (addr, prefix string, store *r
 	return addr, prefix, store
 }
 
+// deleteKeys deletes every key under prefix when t ends (registered before
+// the client's own cleanup, so it runs first).
 func deleteKeys(t *testing.T, c redis.UniversalClient, prefix string) {
 	t.Cleanup(func() {
 		ctx := context.Background()
