@@ -124,7 +124,9 @@ func TestVersionOrderEveryOperation(t *testing.T) {
 		}
 		clk.Advance(time.Duration(rng.IntN(20)) * time.Millisecond)
 		s := seq.Add(1)
-		err := e.ReplacePolicy(ctx, pol(v, 1+rng.Int64N(1000), 1+rng.Int64N(1000)), v-1)
+		// A capacity of at least 3: an AllowAll's three requests may name
+		// one key, and their summed cost above its capacity is an error.
+		err := e.ReplacePolicy(ctx, pol(v, 3+rng.Int64N(998), 1+rng.Int64N(1000)), v-1)
 		end := seq.Add(1)
 		if err != nil {
 			close(done)

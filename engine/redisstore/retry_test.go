@@ -149,18 +149,24 @@ func TestDecideReplyLost(t *testing.T) {
 	p := prefix(t)
 	c := client(t, addr)
 	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
-	realStores(t, addr, 1, redisstore.Config{Client: c, Prefix: p, Policy: v1})
+	direct := realStores(t, addr, 1, redisstore.Config{Client: c, Prefix: p, Policy: v1})[0]
+	// The script loaded first, so the reply dropped is the decision's, not
+	// the "Function not found" of a server that has never run it.
+	_, err := direct.Peek(context.Background(), "k")
+	require.NoError(t, err)
 	px := startDropProxy(t, addr, regexp.MustCompile(`(?i)(evalsha\r\n\$40\r\n[0-9a-f]{40}|fcall\r\n\$\d+\r\ntokenshard_decide_[0-9a-f]+)\r\n\$1\r\n4\r\n`))
 	s, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, px.ln.Addr().String()), Prefix: p, Policy: v1})
 	require.NoError(t, err)
 	d, err := s.Allow(context.Background(), "k", 6)
 	require.NoError(t, err)
 	require.True(t, px.fired.Load())
-	t.Logf("decision %+v; bucket %q", d, c.Get(context.Background(), redisstore.BucketKey(p, "k")).Val())
 	// The outcome is unknown to the client: the failure rule (reported to
 	// OnError and Stats) is the honest answer, not a second run's denial
 	// presented as Redis's decision.
 	require.Equal(t, uint64(1), s.Stats().Failures, "decision %+v", d)
+	pk, err := direct.Peek(context.Background(), "k")
+	require.NoError(t, err)
+	require.Equal(t, int64(4), pk.Remaining, "the script ran once: 6 taken (the reply dropped: %s)", px.droppedReply())
 }
 
 var _ = io.EOF
