@@ -140,16 +140,19 @@ func TestNewAdoptsStoredPolicyOfSameVersion(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity)
 }
 
-// TestScriptReloaded: a Redis that lost its script cache (SCRIPT FLUSH, a
-// restart) gets the script again on the next call.
+// TestScriptReloaded: a Redis that lost its scripts and functions (SCRIPT
+// FLUSH and FUNCTION FLUSH, as after a restart without persistence) gets
+// the script again on the next call. On a server of its own: the flush
+// would make other tests' first call meet the script missing.
 func TestScriptReloaded(t *testing.T) {
 	clk := clock.NewManual(0)
-	c := client(t, redisAddr(t))
+	c := client(t, startPrivate(t).Addr())
 	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}}, clk)
 	ctx := context.Background()
 	_, err := s.Allow(ctx, "k", 1)
 	require.NoError(t, err)
 	require.NoError(t, c.ScriptFlush(ctx).Err())
+	require.NoError(t, c.FunctionFlush(ctx).Err())
 	d, err := s.Allow(ctx, "k", 1)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), d.Remaining)
