@@ -255,7 +255,7 @@ func leases(out io.Writer, cfg config) (err error) {
 		for i, s := range specs {
 			cfg.prog.show("leases: round %d/%d, cell %d/%d: %s, %d processes x %d goroutines",
 				round+1, times.rounds, i+1, len(specs), s.row.name, s.procs, s.goroutines)
-			job := leaseJob{Kind: s.row.kind, Addr: cfg.redisAddr, Prefix: leasePrefix(prefix, s.row.kind), Goroutines: s.goroutines}
+			job := leaseJob{Kind: s.row.kind, Addr: cfg.redisAddr, Prefix: leasePrefix(prefix, s.row.kind), Goroutines: s.goroutines, Window: times.window}
 			if cfg.cpuProfile != "" {
 				job.CPUProfile = fmt.Sprintf("%s.%s.%dx%d", cfg.cpuProfile, s.row.kind, s.procs, s.goroutines)
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
@@ -94,6 +95,26 @@ func TestLeasesPart(t *testing.T) {
 		t.Errorf("the run met refusals, failures or errors, or skipped Redis:\n%s", got)
 	}
 	requireNothingLeft(t, got, addr, rateKeyPrefix)
+}
+
+// TestLeaseWorkerLateLines: a worker that reads its lines late, here all
+// at once, still measures a whole window and decides in it. When the part
+// closed the window with a "stop" line, a worker the scheduler ran late on
+// a loaded machine read "measure" and "stop" together and measured nothing.
+func TestLeaseWorkerLateLines(t *testing.T) {
+	job := leaseJob{Kind: kindEngine, Goroutines: 2, Window: 20 * time.Millisecond}
+	var out bytes.Buffer
+	if err := leaseWork(job, strings.NewReader("run\nmeasure\nstop\n"), &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var r leaseReport
+	if len(lines) != 2 || lines[0] != "ready" || json.Unmarshal([]byte(lines[1]), &r) != nil {
+		t.Fatalf("worker wrote %q, want ready and a report", out.String())
+	}
+	if r.Elapsed < job.Window || r.Decisions == 0 {
+		t.Errorf("window of %s with %d decisions, want at least %s and some", r.Elapsed, r.Decisions, job.Window)
+	}
 }
 
 // TestLeasesPartSkipped: without -redis the part says how to run it.

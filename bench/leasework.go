@@ -32,10 +32,13 @@ import (
 // TestMain) look for it before anything else. It sets its contender up,
 // says "ready" on stdout, and then follows the lines the part writes on its
 // stdin: "run" starts its goroutines deciding, "measure" opens the window
-// (counts, and a CPU profile if asked), "stop" closes it. It then writes
-// what the window measured, one line of JSON, closes its contender (a
-// leased store gives its leases back) and exits. Its stdin closing early
-// stops it too: a worker outlives no part.
+// (counts, and a CPU profile if asked), which the worker closes itself once
+// the job's Window has passed: a worker the scheduler runs late still
+// measures a whole window, where one closed by a second line could read
+// both at once and measure nothing. It then writes what the window
+// measured, one line of JSON, closes its contender (a leased store gives
+// its leases back) and exits. Its stdin closing before "measure" stops it
+// too: a worker outlives no part by more than its window.
 
 // leaseWorkerEnv names the variable that makes this binary a worker.
 const leaseWorkerEnv = "TOKENSHARD_BENCH_LEASE_WORKER"
@@ -48,6 +51,7 @@ type leaseJob struct {
 	Goroutines int
 	Index      int    // the process's place in its cell: its draws
 	CPUProfile string // if not "", the window's CPU profile goes to CPUProfile.<Index>.pprof
+	Window     time.Duration
 }
 
 // leaseReport is what a worker's window measured.
@@ -217,7 +221,7 @@ func leaseWork(job leaseJob, in io.Reader, out io.Writer) (err error) {
 	errs.Store(0)
 	t0 := time.Now()
 	phase.Store(phaseMeasure)
-	err = expect("stop")
+	time.Sleep(job.Window) // the measurement window, on the real clock
 	phase.Store(phaseStop)
 	elapsed := time.Since(t0)
 	wg.Wait()
@@ -354,9 +358,6 @@ func runLeaseCell(ctx context.Context, rdb redis.UniversalClient, exe string, jo
 		return c, err
 	}
 	time.Sleep(times.window)
-	if err := say("stop"); err != nil {
-		return c, err
-	}
 	cpu1, err2 := redisCPU(ctx, rdb)
 	cmd1, err3 := readCmdStats(ctx, rdb)
 	c.info = errors.Join(err0, err1, err2, err3) == nil
