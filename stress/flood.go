@@ -106,6 +106,13 @@ type floodRun struct {
 // runFlood floods an engine with distinct keys until ctx ends and returns
 // the first violation, if any. It closes its engine and leaves no goroutine.
 func runFlood(ctx context.Context, o options, c *counters) error {
+	return floodFor(ctx, 0, o, c)
+}
+
+// floodFor is runFlood, except that its first minRounds rounds run whole,
+// and are checked, even once ctx has ended: a floor on the work checked
+// however slowly the machine runs them.
+func floodFor(ctx context.Context, minRounds int, o options, c *counters) error {
 	f := &floodRun{o: o, c: c, clk: clock.NewManual(0)}
 	f.pol = policy.Policy{Version: 1, Capacity: floodShapes[0].Capacity, TokensPerSecond: floodShapes[0].TokensPerSecond}
 	eng, err := engine.New(engine.Config{Policy: f.pol, MaxKeys: floodMaxKeys, Shards: o.shards, Clock: f.clk})
@@ -126,8 +133,12 @@ func runFlood(ctx context.Context, o options, c *counters) error {
 
 	var baseline uint64
 	lastHeap := time.Now()
-	for round := 0; ctx.Err() == nil; round++ {
-		v, complete := f.round(ctx, round)
+	for round := 0; round < minRounds || ctx.Err() == nil; round++ {
+		rctx := ctx
+		if round < minRounds {
+			rctx = context.WithoutCancel(ctx)
+		}
+		v, complete := f.round(rctx, round)
 		if v != nil {
 			return v
 		}

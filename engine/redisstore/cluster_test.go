@@ -82,11 +82,14 @@ func slotOwners(t *testing.T, c *redis.ClusterClient) func(key string) string {
 
 // TestClusterShardsSpread: the default virtual shards sit evenly on the
 // three masters, and a batch over many keys writes buckets on every one.
+// The refill is a token an hour, so that no bucket is full, and expired,
+// by the KeyCount: at a token a second the buckets expired a second after
+// the batch, and a loaded machine took longer over the 300 owner lookups.
 func TestClusterShardsSpread(t *testing.T) {
 	addr := clusterAddr(t)
 	c := clusterClient(t, redistest.ClusterAddrs(t))
 	p := prefix(t)
-	s := realStores(t, addr, 1, redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}})[0]
+	s := realStores(t, addr, 1, redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, Refill: policy.PerHour(1)}})[0]
 	owner := slotOwners(t, c)
 	per := map[string]int{}
 	policies, _, _ := redisstore.ShardStateKeys(p)

@@ -223,6 +223,9 @@ func TestCommandRedis(t *testing.T) {
 
 // TestCommandRedisLeased is TestCommand on a Redis store with -leases, and
 // a limit large enough to be leased admits exactly its requests_per_unit.
+// The command runs on the real clock, so the limit is 1000 a year, a token
+// every 8.76 hours: at 1000 an hour, a token every 3.6 s, a loaded machine
+// took long enough over the 1100 requests to refill one, and admitted 1001.
 func TestCommandRedisLeased(t *testing.T) {
 	addr := redistest.Addr(t)
 	prefix := "envoyrls-cmd-leased-test:" + time.Now().Format("150405.000000000") + ":"
@@ -233,7 +236,7 @@ func TestCommandRedisLeased(t *testing.T) {
 
 	deleteKeys(t, c, prefix)
 	cmd := startCommand(t, "-redis", addr, "-redis-prefix", prefix, "-leases", "-redis-timeout", slowMachine)
-	cmd.write("limits.yaml", strings.Replace(limitsYAML, "unit: minute, requests_per_unit: 2", "unit: hour, requests_per_unit: 1000", 1))
+	cmd.write("limits.yaml", strings.Replace(limitsYAML, "unit: minute, requests_per_unit: 2", "unit: year, requests_per_unit: 1000", 1))
 	if err := cmd.reload(); err != nil {
 		t.Fatalf("reload: %v\n%s", err, cmd.stderr)
 	}
