@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -120,6 +121,12 @@ func startDropProxy(t *testing.T, target string, trigger *regexp.Regexp) *dropPr
 	return p
 }
 
+// slowMachine is the Timeout of the stores behind a dropProxy: the reply
+// they lose ends their call at once (the connection closes), and nothing
+// else should end it; with the 250 ms default a loaded machine timed out a
+// call before the command the proxy waits for was sent.
+const slowMachine = 10 * time.Second
+
 // TestPublishReplyLost: the script that records the cutover runs and its
 // reply is lost (connection reset). go-redis retries commands by default
 // (MaxRetries 3): the script is idempotent, so a second run records the same
@@ -132,7 +139,7 @@ func TestPublishReplyLost(t *testing.T) {
 	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 	realStores(t, addr, 1, redisstore.Config{Client: c, Prefix: p, Policy: v1})
 	px := startDropProxy(t, addr, intentCall(p))
-	admin, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, px.ln.Addr().String()), Prefix: p, Policy: v1})
+	admin, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, px.ln.Addr().String()), Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.NoError(t, err)
 	err = admin.ReplacePolicy(context.Background(), policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1)
 	require.True(t, px.fired.Load())
@@ -155,7 +162,7 @@ func TestDecideReplyLost(t *testing.T) {
 	_, err := direct.Peek(context.Background(), "k")
 	require.NoError(t, err)
 	px := startDropProxy(t, addr, regexp.MustCompile(`(?i)(evalsha\r\n\$40\r\n[0-9a-f]{40}|fcall\r\n\$\d+\r\ntokenshard_decide_[0-9a-f]+)\r\n\$1\r\n4\r\n`))
-	s, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, px.ln.Addr().String()), Prefix: p, Policy: v1})
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, px.ln.Addr().String()), Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.NoError(t, err)
 	d, err := s.Allow(context.Background(), "k", 6)
 	require.NoError(t, err)
@@ -182,7 +189,7 @@ func TestPublishReplyLostNoRetries(t *testing.T) {
 	px := startDropProxy(t, addr, intentCall(p))
 	ac := redis.NewClient(&redis.Options{Addr: px.ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = ac.Close() })
-	admin, err := redisstore.New(context.Background(), redisstore.Config{Client: ac, Prefix: p, Policy: v1})
+	admin, err := redisstore.New(context.Background(), redisstore.Config{Client: ac, Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.NoError(t, err)
 	err = admin.ReplacePolicy(context.Background(), policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1)
 	require.True(t, px.fired.Load())
