@@ -26,7 +26,10 @@ func TestLeaseCallEndsByItsDeadline(t *testing.T) {
 	addr := redistest.Start(t).Addr()
 	admin := client(t, addr)
 	ctx := context.Background()
-	const timeout = 250 * time.Millisecond
+	// A timeout long enough that half of it is slack for a loaded machine,
+	// and still below the two timeouts a call without the shared deadline
+	// takes.
+	const timeout = time.Second
 	for _, c := range []struct {
 		name     string
 		deadline time.Duration // the caller's, 0 for none
@@ -53,7 +56,7 @@ func TestLeaseCallEndsByItsDeadline(t *testing.T) {
 			require.NoError(t, err)
 			require.EqualValues(t, 2, leased.Policy().Version)
 
-			require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", "700", "ALL").Err())
+			require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", "2500", "WRITE").Err())
 			t.Cleanup(func() { admin.Do(ctx, "CLIENT", "UNPAUSE") })
 			cctx, cancel := ctx, context.CancelFunc(func() {})
 			bound := timeout
@@ -78,6 +81,7 @@ func TestLeaseCallEndsByItsDeadline(t *testing.T) {
 				d, err = leased.Allow(cctx, "hot", 1)
 			}
 			took := time.Since(start)
+			require.NoError(t, admin.Do(ctx, "CLIENT", "UNPAUSE").Err()) // Close gives the lease back
 			require.NoError(t, err, "a deadline that passed during the call is the failure rule's, not the caller's error")
 			require.True(t, d.Degraded, "%+v", d)
 			// The bound plus half a timeout's slack for the race detector
