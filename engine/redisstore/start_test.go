@@ -652,3 +652,35 @@ func TestRetriedConnectKeepsNewerVersion(t *testing.T) {
 	require.False(t, d.Degraded)
 	require.Equal(t, int64(2), d.Version)
 }
+
+// TestOnErrorSaysWhereAtStart: New's attempt to read the prefix's state
+// that runs out of the store's Timeout after Redis has answered its first
+// commands (here the pipelined scripts that set up the virtual shards
+// never come back) is told to OnError as an error that wraps
+// ErrUnavailable and the deadline, and says what the attempt was, not a
+// bare "context deadline exceeded" that names nothing.
+func TestOnErrorSaysWhereAtStart(t *testing.T) {
+	t.Parallel() // waits on a deadline; on a fresh prefix of the shared server
+	c, p := client(t, redisAddr(t)), prefix(t)
+	t.Cleanup(func() { cleanPrefix(c, p) })
+	c.AddHook(hook{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		if cmds[0].Name() != "eval" {
+			return next(ctx, cmds)
+		}
+		<-ctx.Done() // the shards' set-up scripts: never answered
+		for _, c := range cmds {
+			c.SetErr(ctx.Err())
+		}
+		return ctx.Err()
+	}})
+	var log errorLog
+	s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: p,
+		Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: 200 * time.Millisecond, OnError: log.add})
+	require.NoError(t, err, "a server too slow to answer is one New starts without")
+	t.Cleanup(func() { _ = s.Close() })
+	errs := log.all()
+	require.Len(t, errs, 1, "New's one attempt")
+	require.ErrorIs(t, errs[0], redisstore.ErrUnavailable)
+	require.ErrorIs(t, errs[0], context.DeadlineExceeded)
+	require.ErrorContains(t, errs[0], "reading the prefix's state")
+}

@@ -528,11 +528,19 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 // next time. A failure that may mean a lost node has the cluster client
 // reload its slot map (see nodeFailed), as a call's does: else the next
 // attempts would go to a dead master for as long as go-redis keeps its
-// slot map (a minute), though its replica has taken its place.
+// slot map (a minute), though its replica has taken its place. Its error
+// wraps ErrUnavailable (a deadline met on the way, bare from a step that
+// took it for the caller's, says where), or is ErrKeyTags or
+// ErrNotReplicated.
 func (s *Store) connect(ctx context.Context) (err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	defer func() { s.nodeFailed(ctx, err) }()
+	defer func() {
+		s.nodeFailed(ctx, err)
+		if err != nil && !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrKeyTags) && !errors.Is(err, ErrNotReplicated) {
+			err = fmt.Errorf("%w: reading the prefix's state: %w", ErrUnavailable, err)
+		}
+	}()
 	s.shards, s.shardByTag, s.queues = nil, nil, nil
 	s.kmap.Store(nil)
 	seed, tags := newSeed(), tagsArg(s.cfgTags)
