@@ -479,7 +479,10 @@
 // lease cannot cover is a round trip of its own); AllowAll and Charge go
 // to Redis (AllowAll without the tokens this process's leases hold, so it
 // may deny what a lease would have covered; Charge after the lease is
-// given back); Peek and Refund go to Redis (a Refund ends a kept denial)
+// given back, though a top-up Redis granted just before may reach the
+// process after it, and admit the requests it covers, paid for before
+// the charge, while the key is in debt); Peek and Refund go to Redis (a
+// Refund ends a kept denial)
 // and add what the lease holds to its answer: to Remaining, at most
 // Limit, and, while the lease holds a token, Allowed with no RetryAfter,
 // since a request of one token would take it from the lease (a top-up
