@@ -38,7 +38,8 @@ type wireOverride struct {
 	Bands      []policy.Band `json:",omitempty"`
 }
 
-func encodePolicy(p policy.Policy) (string, error) {
+// encodePolicy is p as Redis stores it.
+func encodePolicy(p policy.Policy) string {
 	w := wirePolicy{Version: p.Version, Capacity: p.Capacity, TokensPerSecond: p.TokensPerSecond,
 		Refill: p.Refill, Bands: p.Bands.Bands()}
 	for _, o := range p.Overrides.Overrides() {
@@ -48,8 +49,8 @@ func encodePolicy(p policy.Policy) (string, error) {
 		}
 		w.Overrides = append(w.Overrides, wo)
 	}
-	b, err := json.Marshal(w)
-	return string(b), err
+	b, _ := json.Marshal(w) // integers, strings and bytes only: it cannot fail
+	return string(b)
 }
 
 func decodePolicy(blob string) (policy.Policy, error) {

@@ -76,10 +76,6 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	if err := s.need(ctx); err != nil {
 		return err
 	}
-	blob, err := encodePolicy(next)
-	if err != nil {
-		return err
-	}
 	token, err := s.lock(ctx)
 	if err != nil {
 		return err
@@ -141,7 +137,7 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		return err
 	}
 	pctx := context.WithoutCancel(ctx)
-	if err := s.publish(pctx, next, expectedVersion, blob, token, trim, lengthens); err != nil {
+	if err := s.publish(pctx, next, expectedVersion, token, trim, lengthens); err != nil {
 		return err
 	}
 	s.remember(next)
@@ -389,14 +385,14 @@ func (s *Store) allShards() []int {
 // publish makes next the policy in force, expectedVersion permitting, once
 // the caller holds the lock and every pass before it is done; ctx has no
 // cancellation. It is the two-phase cutover (see ReplacePolicy).
-func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion int64, blob, token string, trim, lengthens bool) error {
+func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion int64, token string, trim, lengthens bool) error {
 	nv := strconv.FormatInt(next.Version, 10)
 	// Intent: idempotent (it writes nothing a second run would not), so
 	// go-redis may retry it.
 	res, err := roundGet(ctx, s, func(ctx context.Context) ([]any, error) {
 		return one(ctx, s, func(c redis.Cmdable) *redis.Cmd {
 			return c.Eval(ctx, intentSrc, []string{s.kPolicy, s.kBlobs, s.kLock},
-				expectedVersion, nv, tail(next), blob, token, flag(trim), flag(lengthens))
+				expectedVersion, nv, tail(next), encodePolicy(next), token, flag(trim), flag(lengthens))
 		}).Slice()
 	})
 	if err != nil {

@@ -107,13 +107,10 @@ type action int
 const (
 	// actFail: the script may have run and its reply been lost, or the
 	// server refused it for a reason a resend would meet again (BUSY,
-	// LOADING, READONLY, MASTERDOWN, a context's deadline): never sent
-	// again; the failure rule answers.
+	// LOADING, READONLY, MASTERDOWN, a context's deadline), or the node
+	// may be gone (see nodeLost: then, on a cluster, the slot map is
+	// reloaded, see nodeFailed): never sent again; the failure rule answers.
 	actFail action = iota
-	// actLost: as actFail, and the node may be gone (a connection refused,
-	// reset, closed or timed out, EOF, CLUSTERDOWN, a slot map of no node):
-	// on a cluster the slot map is reloaded (see nodeFailed).
-	actLost
 	// actWait: the script did not run, a slot being migrated (TRYAGAIN, or
 	// a MOVED or ASK that go-redis, which follows them, could not settle):
 	// sent again after a pause, within the call's deadline.
@@ -146,9 +143,6 @@ func classify(err error) action {
 		if redis.HasErrorPrefix(err, c.prefix) {
 			return c.a
 		}
-	}
-	if nodeLost(err) {
-		return actLost
 	}
 	return actFail
 }

@@ -201,6 +201,10 @@ func (timeoutErr) Error() string   { return "i/o timeout" }
 func (timeoutErr) Timeout() bool   { return true }
 func (timeoutErr) Temporary() bool { return true }
 
+// actLost, in TestClassify's table: actFail for an error that may mean a
+// lost node (nodeLost), on which exec has the slot map reloaded.
+const actLost action = -1
+
 // TestClassify: what exec does with each error Redis, the network or the
 // context gives a script call.
 func TestClassify(t *testing.T) {
@@ -235,7 +239,11 @@ func TestClassify(t *testing.T) {
 		{redis.ErrClosed, actFail},
 		{redis.ErrPoolTimeout, actFail},
 	} {
-		if got := classify(c.err); got != c.want {
+		got := classify(c.err)
+		if got == actFail && nodeLost(c.err) {
+			got = actLost
+		}
+		if got != c.want {
 			t.Errorf("classify(%v) = %d, want %d", c.err, got, c.want)
 		}
 	}

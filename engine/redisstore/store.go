@@ -719,14 +719,10 @@ func (s *Store) nowArg() string {
 // Once the store has its virtual shards (New), another number in force is
 // an error.
 func (s *Store) install(ctx context.Context, p policy.Policy, shards int, kept [2]string) (installed bool, n int, err error) {
-	blob, err := encodePolicy(p)
-	if err != nil {
-		return false, 0, err
-	}
 	a := encodeShape(p.Shape())
 	cmd := one(ctx, s, func(c redis.Cmdable) *redis.Cmd {
 		return c.Eval(ctx, installSrc, []string{s.kPolicy, s.kHistory, s.kBlobs},
-			p.Version, p.Capacity, a.rate, overridden(p), blob, s.nowArg(), a.bands, shards, kept[0], kept[1])
+			p.Version, p.Capacity, a.rate, overridden(p), encodePolicy(p), s.nowArg(), a.bands, shards, kept[0], kept[1])
 	})
 	if shortOfReplicas(cmd.Err()) {
 		s.report(cmd.Err()) // it ran, on a master short of replicas (see ensureShards)
