@@ -47,7 +47,10 @@ func TestChargeExpiryCoversDebt(t *testing.T) {
 			}
 			b := readBucket(t, c, redisstore.BucketKey(p, key))
 			b.checkExpiry(t, fmt.Sprintf("%+v charged %d", l, tokens))
-			if b.units != nil && b.units.Sign() < 0 && l.TokensPerSecond < 1e6 { // still in debt
+			// Still in debt, and for long: a key of capacity 1 at 3 a second
+			// repays and refills within 0.67 s, which a loaded machine's
+			// EvictFull (a SCAN of the shared server) can take.
+			if b.units != nil && b.units.Sign() < 0 && l.TokensPerSecond < 1e6 && l.Capacity >= l.TokensPerSecond {
 				_, err := s.EvictFull(ctx)
 				require.NoError(t, err)
 				n, err := c.Exists(ctx, redisstore.BucketKey(p, key)).Result()
