@@ -20,11 +20,18 @@ import (
 )
 
 // realStores builds n stores as n processes would: one client each, one
-// prefix between them, time from the server's TIME.
+// prefix between them, time from the server's TIME. A Timeout of 0 is
+// slowMachine, not DefaultTimeout: the tests that leave it unset check
+// answers, not deadlines, and 250 ms can run out on a loaded machine (a
+// call that reads a cluster prefix's state and then decides does so under
+// one Timeout), when the failure rule would answer.
 func realStores(t *testing.T, addr string, n int, cfg redisstore.Config) []*redisstore.Store {
 	t.Helper()
 	if cfg.Prefix == "" {
 		cfg.Prefix = prefix(t)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = slowMachine
 	}
 	stores := make([]*redisstore.Store, n)
 	for i := range stores {
