@@ -33,8 +33,9 @@ func TestClusterStartOneMasterDown(t *testing.T) {
 	owner := slotOwners(t, admin)
 	p := prefix(t)
 	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
-	first, err := redisstore.New(ctx, redisstore.Config{Client: admin, Prefix: p, Policy: pol})
+	first, err := redisstore.New(ctx, redisstore.Config{Client: admin, Prefix: p, Policy: pol, Timeout: slowMachine})
 	require.NoError(t, err)
+	require.NoError(t, redisstore.Up(first), "the prefix set up")
 	require.NoError(t, first.Close())
 
 	// the master to kill: one that holds no global key

@@ -303,7 +303,7 @@ func TestClusterInterruptedCutover(t *testing.T) {
 		}
 		return next(ctx, cmds)
 	}})
-	admin, err := redisstore.New(ctx, redisstore.Config{Client: ac, Prefix: p, Policy: v1})
+	admin, err := redisstore.New(ctx, redisstore.Config{Client: ac, Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.NoError(t, err)
 	err = admin.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1)
 	require.ErrorIs(t, err, redisstore.ErrUnavailable)

@@ -72,7 +72,7 @@ func TestClusterCommittedUnpublishedThenReplace(t *testing.T) {
 	policies, _, _ := redisstore.ShardStateKeys(p)
 	var block atomic.Bool
 	block.Store(true)
-	admin, err := redisstore.New(ctx, redisstore.Config{Client: failPublish(t, addrs, policies[0], &block), Prefix: p, Policy: v1})
+	admin, err := redisstore.New(ctx, redisstore.Config{Client: failPublish(t, addrs, policies[0], &block), Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.NoError(t, err)
 	t.Cleanup(func() { cleanPrefix(clusterClient(t, addrs), p) })
 	err = admin.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 1}, 1)
@@ -96,7 +96,7 @@ func TestClusterCommittedUnpublishedThenReplace(t *testing.T) {
 		require.Equal(t, int64(3), d.Version)
 	}
 	require.Zero(t, other.Stats().Failures)
-	fresh, err := redisstore.New(ctx, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1})
+	fresh, err := redisstore.New(ctx, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), fresh.Policy().Version)
 }
@@ -165,7 +165,7 @@ func TestClusterLengtheningFinishedByAnother(t *testing.T) {
 		other = fmt.Sprint("o", i)
 	}
 	var block atomic.Bool
-	admin, err := redisstore.New(ctx, redisstore.Config{Client: failStep(t, addrs, redisstore.PrepareScript, policies[sh], &block), Prefix: p, Policy: v1})
+	admin, err := redisstore.New(ctx, redisstore.Config{Client: failStep(t, addrs, redisstore.PrepareScript, policies[sh], &block), Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.NoError(t, err)
 	cc := clusterClient(t, addrs)
 
@@ -231,7 +231,7 @@ func TestClusterGlobalLostNotReinstalledOlder(t *testing.T) {
 	require.ErrorContains(t, errs[len(errs)-1], "newer than this store's 1")
 	mu.Unlock()
 	require.Zero(t, cc.Exists(ctx, redisstore.GlobalKey(p, "policy")).Val(), "not reinstalled at version 1")
-	_, err = redisstore.New(ctx, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1})
+	_, err = redisstore.New(ctx, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.ErrorIs(t, err, redisstore.ErrUnavailable)
 	require.Zero(t, cc.Exists(ctx, redisstore.GlobalKey(p, "policy")).Val(), "New did not reinstall them at version 1")
 

@@ -47,7 +47,7 @@ func TestKeyMapSharedByStores(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range stores {
 			wg.Go(func() {
-				s, err := redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: p, Policy: keymapPolicy})
+				s, err := redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: p, Policy: keymapPolicy, Timeout: slowMachine})
 				if err != nil {
 					t.Error(err)
 					return
