@@ -253,18 +253,22 @@ func TestClusterLengtheningSetsExpiries(t *testing.T) {
 	addrs := redistest.ClusterAddrs(t)
 	p := prefix(t)
 	ctx := context.Background()
-	s := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}})[0]
+	// A token a minute: at a token a second k0 was full, and gone, 5.3 s
+	// after its Allow, which the 31 Allows after it and the cutover's
+	// first steps may take on a loaded machine. Each bucket's expiry is
+	// then 5 minutes and some, and 95 minutes under the new policy.
+	s := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, Refill: policy.PerMinute(1)}})[0]
 	keys := make([]string, 32) // over several shards, so over every master
 	for i := range keys {
 		keys[i] = fmt.Sprint("k", i)
-		d, err := s.Allow(ctx, keys[i], 5) // full again in 5 s
+		d, err := s.Allow(ctx, keys[i], 5) // full again in 5 minutes
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 	}
-	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100, TokensPerSecond: 1}, 1)) // lengthens
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100, Refill: policy.PerMinute(1)}, 1)) // lengthens
 	cc := clusterClient(t, addrs)
 	for _, k := range keys {
-		require.Greater(t, cc.PTTL(ctx, redisstore.BucketKey(p, k)).Val(), 10*time.Second, "%s after the lengthening cutover: no expiry, or the old one", k)
+		require.Greater(t, cc.PTTL(ctx, redisstore.BucketKey(p, k)).Val(), 10*time.Minute, "%s after the lengthening cutover: no expiry, or the old one", k)
 	}
 	_, _, pendings := redisstore.ShardStateKeys(p)
 	for _, k := range pendings {
