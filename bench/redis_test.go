@@ -15,7 +15,6 @@ import (
 	"github.com/jedib0t/go-pretty/v6/table"
 
 	"github.com/tokenshard/tokenshard/internal/redistest"
-	"github.com/tokenshard/tokenshard/policy"
 )
 
 // BenchmarkRedisStore is redisstore's Allow and AllowBatch of 128 on a real
@@ -159,9 +158,10 @@ func TestRateTopUp(t *testing.T) {
 	}
 	pfx := freshPrefix()
 	defer func() { _, _ = deletePrefix(ctx, rdb, rateKeyPrefix+pfx) }()
-	// 1,000 tokens: prespend leaves 400, and 500 requests drain them.
-	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
-	rp := &ratePeer{rdb: rdb, l: redis_rate.NewLimiter(rdb), limit: gcraLimit(p), sha: sha, pfx: pfx}
+	// 1,000 tokens: prespend leaves 400, and 500 requests drain them. A
+	// token an hour: at a token a second, 500 calls one after another that
+	// took over 2 s (a loaded machine, -race) admitted 402.
+	rp := &ratePeer{rdb: rdb, l: redis_rate.NewLimiter(rdb), limit: redis_rate.Limit{Rate: 1, Burst: 1000, Period: time.Hour}, sha: sha, pfx: pfx}
 	names := []string{"hot"}
 	var errs atomic.Int64
 	d := rp.decider(&errs, 1)

@@ -71,7 +71,7 @@ func TestChargeFailure(t *testing.T) {
 		srv := startPrivate(t)
 		var told atomic.Int64
 		pol := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
-		s := realStores(t, srv.Addr(), 1, redisstore.Config{Policy: pol, FailOpen: failOpen, Timeout: 200 * time.Millisecond,
+		s := realStores(t, srv.Addr(), 1, redisstore.Config{Policy: pol, FailOpen: failOpen, Timeout: slowMachine,
 			OnError: func(error) { told.Add(1) }})[0]
 		d, err := s.Charge(context.Background(), "k", 12)
 		require.NoError(t, err)

@@ -33,8 +33,9 @@ func TestClusterStartOneMasterDown(t *testing.T) {
 	owner := slotOwners(t, admin)
 	p := prefix(t)
 	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
-	first, err := redisstore.New(ctx, redisstore.Config{Client: admin, Prefix: p, Policy: pol})
+	first, err := redisstore.New(ctx, redisstore.Config{Client: admin, Prefix: p, Policy: pol, Timeout: slowMachine})
 	require.NoError(t, err)
+	require.NoError(t, redisstore.Up(first), "the prefix set up")
 	require.NoError(t, first.Close())
 
 	// the master to kill: one that holds no global key
@@ -189,10 +190,14 @@ func TestClusterScriptLoadOneMasterHung(t *testing.T) {
 	p := prefix(t)
 	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
 	cc := clusterClient(t, c.Addrs())
-	const timeout = 300 * time.Millisecond
-	s, err := redisstore.New(ctx, redisstore.Config{Client: cc, Prefix: p, Policy: pol, Timeout: timeout})
+	// A call that loaded the script on the hung master too would be held
+	// to this deadline and answered by the failure rule; 300 ms also had
+	// to cover New's reading of the prefix's state on a cluster just
+	// started, and each decision with its script load, on a loaded machine.
+	s, err := redisstore.New(ctx, redisstore.Config{Client: cc, Prefix: p, Policy: pol, Timeout: slowMachine})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
+	require.NoError(t, redisstore.Up(s), "the prefix set up before the hang")
 
 	// a master that holds no global key, and a key on each other master
 	global := owner(redisstore.GlobalKey(p, "policy"))

@@ -72,7 +72,7 @@ func TestClusterCommittedUnpublishedThenReplace(t *testing.T) {
 	policies, _, _ := redisstore.ShardStateKeys(p)
 	var block atomic.Bool
 	block.Store(true)
-	admin, err := redisstore.New(ctx, redisstore.Config{Client: failPublish(t, addrs, policies[0], &block), Prefix: p, Policy: v1})
+	admin, err := redisstore.New(ctx, redisstore.Config{Client: failPublish(t, addrs, policies[0], &block), Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.NoError(t, err)
 	t.Cleanup(func() { cleanPrefix(clusterClient(t, addrs), p) })
 	err = admin.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 1}, 1)
@@ -96,7 +96,7 @@ func TestClusterCommittedUnpublishedThenReplace(t *testing.T) {
 		require.Equal(t, int64(3), d.Version)
 	}
 	require.Zero(t, other.Stats().Failures)
-	fresh, err := redisstore.New(ctx, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1})
+	fresh, err := redisstore.New(ctx, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), fresh.Policy().Version)
 }
@@ -165,7 +165,7 @@ func TestClusterLengtheningFinishedByAnother(t *testing.T) {
 		other = fmt.Sprint("o", i)
 	}
 	var block atomic.Bool
-	admin, err := redisstore.New(ctx, redisstore.Config{Client: failStep(t, addrs, redisstore.PrepareScript, policies[sh], &block), Prefix: p, Policy: v1})
+	admin, err := redisstore.New(ctx, redisstore.Config{Client: failStep(t, addrs, redisstore.PrepareScript, policies[sh], &block), Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.NoError(t, err)
 	cc := clusterClient(t, addrs)
 
@@ -231,7 +231,7 @@ func TestClusterGlobalLostNotReinstalledOlder(t *testing.T) {
 	require.ErrorContains(t, errs[len(errs)-1], "newer than this store's 1")
 	mu.Unlock()
 	require.Zero(t, cc.Exists(ctx, redisstore.GlobalKey(p, "policy")).Val(), "not reinstalled at version 1")
-	_, err = redisstore.New(ctx, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1})
+	_, err = redisstore.New(ctx, redisstore.Config{Client: clusterClient(t, addrs), Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.ErrorIs(t, err, redisstore.ErrUnavailable)
 	require.Zero(t, cc.Exists(ctx, redisstore.GlobalKey(p, "policy")).Val(), "New did not reinstall them at version 1")
 
@@ -253,18 +253,22 @@ func TestClusterLengtheningSetsExpiries(t *testing.T) {
 	addrs := redistest.ClusterAddrs(t)
 	p := prefix(t)
 	ctx := context.Background()
-	s := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}})[0]
+	// A token a minute: at a token a second k0 was full, and gone, 5.3 s
+	// after its Allow, which the 31 Allows after it and the cutover's
+	// first steps may take on a loaded machine. Each bucket's expiry is
+	// then 5 minutes and some, and 95 minutes under the new policy.
+	s := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, Refill: policy.PerMinute(1)}})[0]
 	keys := make([]string, 32) // over several shards, so over every master
 	for i := range keys {
 		keys[i] = fmt.Sprint("k", i)
-		d, err := s.Allow(ctx, keys[i], 5) // full again in 5 s
+		d, err := s.Allow(ctx, keys[i], 5) // full again in 5 minutes
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 	}
-	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100, TokensPerSecond: 1}, 1)) // lengthens
+	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 100, Refill: policy.PerMinute(1)}, 1)) // lengthens
 	cc := clusterClient(t, addrs)
 	for _, k := range keys {
-		require.Greater(t, cc.PTTL(ctx, redisstore.BucketKey(p, k)).Val(), 10*time.Second, "%s after the lengthening cutover: no expiry, or the old one", k)
+		require.Greater(t, cc.PTTL(ctx, redisstore.BucketKey(p, k)).Val(), 10*time.Minute, "%s after the lengthening cutover: no expiry, or the old one", k)
 	}
 	_, _, pendings := redisstore.ShardStateKeys(p)
 	for _, k := range pendings {

@@ -154,9 +154,11 @@ func TestGoRedisDefaultsTheDocCites(t *testing.T) {
 func TestManualClockSetsNoExpiry(t *testing.T) {
 	ctx := context.Background()
 	c := client(t, redisAddr(t))
-	// Full again 10 s after a token is taken: the bucket decided at TIME
-	// outlives the rest of the test on a loaded machine.
-	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	// Full again a minute after a token is taken: the bucket decided at
+	// TIME outlives the rest of the test on a loaded machine (at a token
+	// a second it expired 1.06 s after its Allow, before the PTTL that
+	// follows a New and an Allow).
+	p := policy.Policy{Version: 1, Capacity: 10, Refill: policy.PerMinute(1)}
 
 	realPfx := prefix(t)
 	atTIME := newStore(t, redisstore.Config{Client: c, Prefix: realPfx, Policy: p}, nil)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"math/big"
-	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -254,17 +253,24 @@ func TestSmallLengtheningSetsExpiries(t *testing.T) {
 // none can expire before the new expiries are set.
 func TestPendingCutoverWritesNoExpiry(t *testing.T) {
 	ctx := context.Background()
-	c, p, s := timeStore(t, policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1})
+	c, p, s := timeStore(t, policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1})
 	_, _, pendings := redisstore.ShardStateKeys(p)
 	require.NoError(t, c.HSet(ctx, pendings[0], "someone", "1").Err()) // one server: every call reads shard 0's
-	_, err := s.Allow(ctx, "k", 1)
+	_, err := s.Allow(ctx, "k", 50)
 	require.NoError(t, err)
 	require.Equal(t, int64(-1), pexpireTime(t, c, redisstore.BucketKey(p, "k")))
 	require.NoError(t, c.Del(ctx, pendings[0]).Err())
 	_, err = s.Allow(ctx, "k", 1)
 	require.NoError(t, err)
-	readBucket(t, c, redisstore.BucketKey(p, "k")).checkExpiry(t, "after the flag is gone")
-	require.True(t, strings.HasPrefix(redisstore.DecimalBucket(c.Get(ctx, redisstore.BucketKey(p, "k")).Val()), "8"))
+	b := readBucket(t, c, redisstore.BucketKey(p, "k"))
+	b.checkExpiry(t, "after the flag is gone")
+	// The second write took its token from the bucket the first wrote (49
+	// tokens and what refilled since), not from a fresh one (99): 50 s
+	// apart at a token a second, where 9 and 8 of a capacity of 10 were
+	// one second, which a loaded machine could take.
+	require.False(t, b.gone)
+	require.GreaterOrEqual(t, b.units.Cmp(big.NewInt(49*policy.UnitsPerToken)), 0, "%v units", b.units)
+	require.Negative(t, b.units.Cmp(big.NewInt(99*policy.UnitsPerToken)), "%v units: a fresh bucket", b.units)
 }
 
 // TestExpiryLaterWriteNeedsLaterExpiry: a compact bucket whose time-to-full

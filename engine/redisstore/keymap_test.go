@@ -24,7 +24,10 @@ func onBoth(t *testing.T, f func(t *testing.T, addr string)) {
 	t.Run("cluster", func(t *testing.T) { f(t, clusterAddr(t)) })
 }
 
-var keymapPolicy = policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+// keymapPolicy refills a token an hour: a bucket a test drains must still
+// be drained when a later store, opened since, finds it (at a token a
+// second, opening it on a loaded machine could take the second).
+var keymapPolicy = policy.Policy{Version: 1, Capacity: 10, Refill: policy.PerHour(1)}
 
 // sameMapping fails unless a and b put each of n keys in the same shard.
 func sameMapping(t *testing.T, a, b *redisstore.Store, n int) {
@@ -47,7 +50,7 @@ func TestKeyMapSharedByStores(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range stores {
 			wg.Go(func() {
-				s, err := redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: p, Policy: keymapPolicy})
+				s, err := redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: p, Policy: keymapPolicy, Timeout: slowMachine})
 				if err != nil {
 					t.Error(err)
 					return
@@ -225,12 +228,13 @@ func TestIgnoreKeyTags(t *testing.T) {
 			require.True(t, d.Allowed)
 		}
 
-		_, err = redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: p, Policy: keymapPolicy})
+		// a slow New would start degraded, with no error (see TestIgnoreKeyTagsRace)
+		_, err = redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: p, Policy: keymapPolicy, Timeout: slowMachine})
 		require.ErrorIs(t, err, redisstore.ErrKeyTags, "a store that honours tags on a prefix that ignores them")
 		q := prefix(t)
 		realStores(t, addr, 1, redisstore.Config{Prefix: q, Policy: keymapPolicy})
 		require.Equal(t, "1", anyClient(t, addr).HGet(ctx, redisstore.GlobalKey(q, "policy"), "tags").Val())
-		_, err = redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: q, Policy: keymapPolicy, IgnoreKeyTags: true})
+		_, err = redisstore.New(ctx, redisstore.Config{Client: anyClient(t, addr), Prefix: q, Policy: keymapPolicy, IgnoreKeyTags: true, Timeout: slowMachine})
 		require.ErrorIs(t, err, redisstore.ErrKeyTags, "a store that ignores tags on a prefix that honours them")
 	})
 }

@@ -235,7 +235,7 @@ func TestLeaseOutlivesRedis(t *testing.T) {
 	clk := clock.NewManual(0)
 	p := policy.Policy{Version: 1, Capacity: 1 << 30, TokensPerSecond: 1000}
 	s := newStore(t, redisstore.Config{Client: client(t, srv.Addr()), Policy: p, Leases: &redisstore.Leases{},
-		Timeout: 200 * time.Millisecond}, clk)
+		Timeout: slowMachine}, clk)
 	ctx := context.Background()
 	warm(t, s, "k")
 	srv.Kill()

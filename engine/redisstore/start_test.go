@@ -631,7 +631,7 @@ func TestRetriedConnectKeepsNewerVersion(t *testing.T) {
 		}
 		return context.DeadlineExceeded
 	}})
-	b, err := redisstore.New(ctx, redisstore.Config{Client: bc, Prefix: p, Policy: v1})
+	b, err := redisstore.New(ctx, redisstore.Config{Client: bc, Prefix: p, Policy: v1, Timeout: slowMachine})
 	require.NoError(t, err, "started without Redis")
 	t.Cleanup(func() { _ = b.Close() })
 	failing.Store(false)

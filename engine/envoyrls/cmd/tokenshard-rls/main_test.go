@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -515,6 +516,12 @@ func TestCommandRedisDownAnswersAtOnce(t *testing.T) {
 	}
 	srv.Kill()
 	defer srv.Restart(t)
+	// go-redis's default dial retries take 400 ms a request, and waiting
+	// out the Redis timeout 5 s: each request is held to well under the
+	// latter, and the fastest of three to under the former, which a loaded
+	// machine stretching one request's few ms (to 200 ms and more) does
+	// not reach.
+	fastest := time.Duration(math.MaxInt64)
 	for i := range 3 {
 		start := time.Now()
 		_, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req("gw", 0, rlstest.D("route=/x")))
@@ -522,9 +529,13 @@ func TestCommandRedisDownAnswersAtOnce(t *testing.T) {
 		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("request %d with Redis down: %v, want Unavailable", i+1, err)
 		}
-		if took > 200*time.Millisecond { // go-redis's default dial retries take 400 ms
+		if took > 2*time.Second {
 			t.Errorf("request %d with Redis down took %v; want a few milliseconds", i+1, took)
 		}
+		fastest = min(fastest, took)
+	}
+	if fastest > 300*time.Millisecond {
+		t.Errorf("the fastest of 3 requests with Redis down took %v; want a few milliseconds", fastest)
 	}
 }
 
