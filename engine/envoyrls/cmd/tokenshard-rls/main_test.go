@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -518,10 +517,9 @@ func TestCommandRedisDownAnswersAtOnce(t *testing.T) {
 	defer srv.Restart(t)
 	// go-redis's default dial retries take 400 ms a request, and waiting
 	// out the Redis timeout 5 s: each request is held to well under the
-	// latter, and the fastest of three to under the former, which a loaded
-	// machine stretching one request's few ms (to 200 ms and more) does
-	// not reach.
-	fastest := time.Duration(math.MaxInt64)
+	// latter, and two of three to under the former, which a loaded machine
+	// stretching one request's few ms (to 200 ms and more) does not reach.
+	fast := 0
 	for i := range 3 {
 		start := time.Now()
 		_, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req("gw", 0, rlstest.D("route=/x")))
@@ -532,10 +530,12 @@ func TestCommandRedisDownAnswersAtOnce(t *testing.T) {
 		if took > 2*time.Second {
 			t.Errorf("request %d with Redis down took %v; want a few milliseconds", i+1, took)
 		}
-		fastest = min(fastest, took)
+		if took < 300*time.Millisecond {
+			fast++
+		}
 	}
-	if fastest > 300*time.Millisecond {
-		t.Errorf("the fastest of 3 requests with Redis down took %v; want a few milliseconds", fastest)
+	if fast < 2 {
+		t.Errorf("%d of 3 requests with Redis down took under 300 ms; want a few milliseconds each", fast)
 	}
 }
 
