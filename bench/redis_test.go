@@ -159,8 +159,8 @@ func TestRateTopUp(t *testing.T) {
 	pfx := freshPrefix()
 	defer func() { _, _ = deletePrefix(ctx, rdb, rateKeyPrefix+pfx) }()
 	// 1,000 tokens: prespend leaves 400, and 500 requests drain them. A
-	// token an hour: at a token a second, 500 calls one after another that
-	// took over 2 s (a loaded machine, -race) admitted 402.
+	// token an hour, so that no refill lands among the 500 calls, however
+	// long a loaded machine takes over them.
 	rp := &ratePeer{rdb: rdb, l: redis_rate.NewLimiter(rdb), limit: redis_rate.Limit{Rate: 1, Burst: 1000, Period: time.Hour}, sha: sha, pfx: pfx}
 	names := []string{"hot"}
 	var errs atomic.Int64

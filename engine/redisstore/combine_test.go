@@ -102,8 +102,9 @@ func TestCombinedAllowsExact(t *testing.T) {
 // leave at the store's Timeout from their own start, with the fail-closed
 // answer. A combined call runs until its latest caller's deadline, so the
 // earlier callers in it leave by their own timers. A caller may return
-// 400 ms late (a loaded machine's timers); one held to the end of a call
-// whose callers span 750 ms would be up to 700 ms late.
+// 400 ms late (a loaded machine's timers); one held to the end of the
+// combined call (the first two callers send calls of their own, the other
+// fourteen join one) would be up to about 650 ms late.
 func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
 	t.Parallel() // waits on deadlines and outages; on a server of its own
 	const timeout = 800 * time.Millisecond

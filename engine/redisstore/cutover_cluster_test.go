@@ -253,9 +253,9 @@ func TestClusterLengtheningSetsExpiries(t *testing.T) {
 	addrs := redistest.ClusterAddrs(t)
 	p := prefix(t)
 	ctx := context.Background()
-	// A token a minute: at a token a second k0 was full, and gone, 5.3 s
-	// after its Allow, which the 31 Allows after it and the cutover's
-	// first steps may take on a loaded machine. Each bucket's expiry is
+	// A token a minute, so that k0 (5 tokens short) is not full, and gone,
+	// before the 31 Allows after it and the cutover's first steps are
+	// done, however long a loaded machine takes. Each bucket's expiry is
 	// then 5 minutes and some, and 95 minutes under the new policy.
 	s := realStores(t, strings.Join(addrs, ","), 1, redisstore.Config{Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, Refill: policy.PerMinute(1)}})[0]
 	keys := make([]string, 32) // over several shards, so over every master

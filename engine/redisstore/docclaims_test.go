@@ -155,9 +155,8 @@ func TestManualClockSetsNoExpiry(t *testing.T) {
 	ctx := context.Background()
 	c := client(t, redisAddr(t))
 	// Full again a minute after a token is taken: the bucket decided at
-	// TIME outlives the rest of the test on a loaded machine (at a token
-	// a second it expired 1.06 s after its Allow, before the PTTL that
-	// follows a New and an Allow).
+	// TIME outlives the New, the Allow and the PTTL that follow it, however
+	// long a loaded machine takes over them.
 	p := policy.Policy{Version: 1, Capacity: 10, Refill: policy.PerMinute(1)}
 
 	realPfx := prefix(t)

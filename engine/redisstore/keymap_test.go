@@ -25,8 +25,8 @@ func onBoth(t *testing.T, f func(t *testing.T, addr string)) {
 }
 
 // keymapPolicy refills a token an hour: a bucket a test drains must still
-// be drained when a later store, opened since, finds it (at a token a
-// second, opening it on a loaded machine could take the second).
+// be drained when a later store, opened since, finds it, however long a
+// loaded machine takes to open it.
 var keymapPolicy = policy.Policy{Version: 1, Capacity: 10, Refill: policy.PerHour(1)}
 
 // sameMapping fails unless a and b put each of n keys in the same shard.

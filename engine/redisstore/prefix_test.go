@@ -88,9 +88,8 @@ func TestPrefixAnyBytesCountAndEvict(t *testing.T) {
 // TestPassExpiryAfterConcurrentAllow does: no sleep, and no local clock.
 func TestPrefixAnyBytesLengtheningCutover(t *testing.T) {
 	// Tokens per second: the drained bucket is full after 5 s at capacity
-	// 10, which the cutover must beat to its expiry, its SCAN of the
-	// shared server included (at 10 a second, 1.06 s: a loaded machine's
-	// stall of 1.1 s before it failed every subtest).
+	// 10, which the cutover, its SCAN of the shared server included, must
+	// beat to its expiry.
 	const rate = 2
 	for _, tc := range oddPrefixes {
 		t.Run(tc.name, func(t *testing.T) {

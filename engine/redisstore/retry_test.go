@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -120,12 +119,6 @@ func startDropProxy(t *testing.T, target string, trigger *regexp.Regexp) *dropPr
 	})
 	return p
 }
-
-// slowMachine is the Timeout of the stores behind a dropProxy: the reply
-// they lose ends their call at once (the connection closes), and nothing
-// else should end it; with the 250 ms default a loaded machine timed out a
-// call before the command the proxy waits for was sent.
-const slowMachine = 10 * time.Second
 
 // TestPublishReplyLost: the script that records the cutover runs and its
 // reply is lost (connection reset). go-redis retries commands by default

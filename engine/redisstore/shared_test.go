@@ -19,6 +19,12 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
+// slowMachine is the Timeout of a store whose test checks what Redis
+// answers, not when a call ends: no loaded machine takes it, and a call
+// that must fail still fails at once or by its own bound (a reply lost
+// behind a dropProxy ends its call as the connection closes).
+const slowMachine = 10 * time.Second
+
 // realStores builds n stores as n processes would: one client each, one
 // prefix between them, time from the server's TIME. A Timeout of 0 is
 // slowMachine, not DefaultTimeout: the tests that leave it unset check

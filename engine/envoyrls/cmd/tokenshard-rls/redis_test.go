@@ -139,7 +139,7 @@ func TestRedisDownIsAnError(t *testing.T) {
 				c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 				t.Cleanup(func() { _ = c.Close() })
 				s, err := redisstore.New(context.Background(), redisstore.Config{
-					Client: c, Policy: p, Clock: clk, FailOpen: failOpen, Timeout: answersTimeout, // Redis down refuses at once
+					Client: c, Policy: p, Clock: clk, FailOpen: failOpen, Timeout: answersTimeout, // Redis down refuses within go-redis's dial retries
 					Prefix: fmt.Sprintf("down:%d:", prefixes.Add(1)),
 				})
 				if err != nil {
