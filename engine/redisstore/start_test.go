@@ -658,29 +658,33 @@ func TestRetriedConnectKeepsNewerVersion(t *testing.T) {
 // commands (here the pipelined scripts that set up the virtual shards
 // never come back) is told to OnError as an error that wraps
 // ErrUnavailable and the deadline, and says what the attempt was, not a
-// bare "context deadline exceeded" that names nothing.
+// bare "context deadline exceeded" that names nothing: on one server,
+// where the attempt fails, and on a cluster, where the store starts with
+// the shards it could not set up left to the calls that meet them.
 func TestOnErrorSaysWhereAtStart(t *testing.T) {
-	t.Parallel() // waits on a deadline; on a fresh prefix of the shared server
-	c, p := client(t, redisAddr(t)), prefix(t)
-	t.Cleanup(func() { cleanPrefix(c, p) })
-	c.AddHook(hook{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
-		if cmds[0].Name() != "eval" {
-			return next(ctx, cmds)
-		}
-		<-ctx.Done() // the shards' set-up scripts: never answered
-		for _, c := range cmds {
-			c.SetErr(ctx.Err())
-		}
-		return ctx.Err()
-	}})
-	var log errorLog
-	s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: p,
-		Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: 200 * time.Millisecond, OnError: log.add})
-	require.NoError(t, err, "a server too slow to answer is one New starts without")
-	t.Cleanup(func() { _ = s.Close() })
-	errs := log.all()
-	require.Len(t, errs, 1, "New's one attempt")
-	require.ErrorIs(t, errs[0], redisstore.ErrUnavailable)
-	require.ErrorIs(t, errs[0], context.DeadlineExceeded)
-	require.ErrorContains(t, errs[0], "reading the prefix's state")
+	t.Parallel() // waits on a deadline; on a fresh prefix of the shared server and cluster
+	onBoth(t, func(t *testing.T, addr string) {
+		c, p := anyClient(t, addr), prefix(t)
+		t.Cleanup(func() { cleanPrefix(c, p) })
+		c.AddHook(hook{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+			if len(cmds) == 1 || cmds[0].Name() != "eval" {
+				return next(ctx, cmds)
+			}
+			<-ctx.Done() // the shards' set-up scripts, one per shard: never answered
+			for _, c := range cmds {
+				c.SetErr(ctx.Err())
+			}
+			return ctx.Err()
+		}})
+		var log errorLog
+		s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: p,
+			Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: 200 * time.Millisecond, OnError: log.add})
+		require.NoError(t, err, "a server too slow to answer is one New starts without")
+		t.Cleanup(func() { _ = s.Close() })
+		errs := log.all()
+		require.Len(t, errs, 1, "New's one attempt")
+		require.ErrorIs(t, errs[0], redisstore.ErrUnavailable)
+		require.ErrorIs(t, errs[0], context.DeadlineExceeded)
+		require.ErrorContains(t, errs[0], "reading the prefix's state")
+	})
 }

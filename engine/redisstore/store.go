@@ -528,18 +528,14 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 // next time. A failure that may mean a lost node has the cluster client
 // reload its slot map (see nodeFailed), as a call's does: else the next
 // attempts would go to a dead master for as long as go-redis keeps its
-// slot map (a minute), though its replica has taken its place. Its error
-// wraps ErrUnavailable (a deadline met on the way, bare from a step that
-// took it for the caller's, says where), or is ErrKeyTags or
-// ErrNotReplicated.
+// slot map (a minute), though its replica has taken its place. Its error,
+// and one it reports, is as startErr says.
 func (s *Store) connect(ctx context.Context) (err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	defer func() {
 		s.nodeFailed(ctx, err)
-		if err != nil && !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrKeyTags) && !errors.Is(err, ErrNotReplicated) {
-			err = fmt.Errorf("%w: reading the prefix's state: %w", ErrUnavailable, err)
-		}
+		err = startErr(err)
 	}()
 	s.shards, s.shardByTag, s.queues = nil, nil, nil
 	s.kmap.Store(nil)
@@ -590,10 +586,21 @@ func (s *Store) connect(ctx context.Context) (err error) {
 		// see mend), as after a master lost its data, and the other
 		// masters' keys are decided meanwhile, as by a store that was
 		// running when the master went away.
-		s.report(err)
+		s.report(startErr(err))
 	}
 	s.ready.Store(true)
 	return nil
+}
+
+// startErr is err, from an attempt to read the prefix's state, as OnError
+// and New's caller are told it: wrapping ErrUnavailable, saying where if a
+// step returned a deadline bare (taking connect's bounded context for the
+// caller's), unless it already does or is ErrKeyTags or ErrNotReplicated.
+func startErr(err error) error {
+	if err == nil || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrKeyTags) || errors.Is(err, ErrNotReplicated) {
+		return err
+	}
+	return fmt.Errorf("%w: reading the prefix's state: %w", ErrUnavailable, err)
 }
 
 // up reports whether the store has read the prefix's state (see connect),
