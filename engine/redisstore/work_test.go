@@ -2,15 +2,14 @@ package redisstore_test
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
-	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -48,46 +47,13 @@ func TestBigBatchOffFastPathBoundedCalls(t *testing.T) {
 			s := realStores(t, srv.Addr(), 1, redisstore.Config{Policy: tc.p, Timeout: 20 * time.Second, Clock: clock.NewManual(1e18)})[0]
 			_, err := s.Allow(ctx, "warm", 1)
 			require.NoError(t, err)
-			require.NoError(t, c.ConfigSet(ctx, "slowlog-log-slower-than", "0").Err())
-			require.NoError(t, c.ConfigSet(ctx, "slowlog-max-len", "10000").Err())
-			const n, runs = 10_000, 3
-			var took []time.Duration // each call's least time, in the order sent
-			for run := range runs {
-				key := fmt.Sprint("hot", run)
+			const n = 10_000
+			took := leastCallTimes(t, c, s, n, 3, func(key string) {
 				// leave 5,000 tokens in the smallest band
 				d, err := s.Allow(ctx, key, tc.least-5000)
 				require.NoError(t, err)
 				require.True(t, d.Allowed)
-				require.NoError(t, c.Do(ctx, "SLOWLOG", "RESET").Err())
-				reqs := make([]engine.Request, n)
-				for i := range reqs {
-					reqs[i] = engine.Request{Key: key, Cost: 1}
-				}
-				out := make([]engine.Result, n)
-				require.NoError(t, s.AllowBatch(ctx, reqs, out))
-				for i, r := range out {
-					require.NoError(t, r.Err, "request %d", i)
-					require.Equal(t, i < 5000, r.Decision.Allowed, "request %d: %+v", i, r.Decision)
-				}
-				logs, err := c.SlowLogGet(ctx, 10_000).Result()
-				require.NoError(t, err)
-				slices.Reverse(logs) // SLOWLOG GET gives the newest first
-				var calls []time.Duration
-				for _, l := range logs {
-					if len(l.Args) >= 3 && (l.Args[0] == "fcall" || l.Args[0] == "evalsha") {
-						calls = append(calls, l.Duration)
-					}
-				}
-				if run == 0 {
-					took = calls
-					continue
-				}
-				require.Len(t, calls, len(took), "run %d: the same calls as the first", run)
-				for i, d := range calls {
-					took[i] = min(took[i], d)
-				}
-			}
-			require.NoError(t, c.ConfigSet(ctx, "slowlog-log-slower-than", "10000").Err())
+			}, func(redis.SlowLog) {})
 			slices.Sort(took)
 			t.Logf("%d requests on one key: %d script calls, median %s, p90 %s, longest %s", n, len(took), took[len(took)/2], took[len(took)*9/10], took[len(took)-1])
 			require.Less(t, took[len(took)/2], 2*time.Millisecond, "the median script call held Redis too long")
