@@ -138,7 +138,7 @@ func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
 }
 
 // TestCombinedAllowsKeepTheirDeadlines: with Redis paused, concurrent
-// single Allows with deadlines from 50 to 400 ms each return by their own
+// single Allows with deadlines from 100 to 800 ms each return by their own
 // deadline (the fail-closed answer), whether they send their own call or
 // wait for one, canceled callers return context.Canceled, and Stats counts
 // each fail-closed answer once.
@@ -152,7 +152,7 @@ func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			d := time.Duration(50+350*i/n) * time.Millisecond
+			d := time.Duration(100+700*i/n) * time.Millisecond
 			ctx, cancel := context.WithTimeout(context.Background(), d)
 			defer cancel()
 			if i%6 == 5 {
@@ -161,7 +161,7 @@ func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
 			start := time.Now()
 			dec, err := s.Allow(ctx, "k", 1)
 			took := time.Since(start)
-			if took > d+300*time.Millisecond {
+			if took > d+400*time.Millisecond { // slack for a loaded machine's timers; one held to its call's end is up to 700 ms late
 				late.Add(1)
 				t.Errorf("caller %d with a %s deadline returned after %s", i, d, took)
 			}
