@@ -482,7 +482,9 @@ func (h *slowRedis) hook() hook {
 // is answered by the failure rule by then, not after a Timeout each.
 func TestStartWithoutRedisOneDeadline(t *testing.T) {
 	t.Parallel() // waits on deadlines and outages; on a fresh prefix of the shared server
-	const timeout = time.Second // half of it slack for a loaded machine, under the 1.2 s of two
+	// Half of it is slack for a loaded machine, still under the 1.2 s that
+	// two exchanges of 0.6 Timeout take.
+	const timeout = time.Second
 	calls := map[string]func(s *redisstore.Store) (engine.Decision, error){
 		"Allow": func(s *redisstore.Store) (engine.Decision, error) { return s.Allow(context.Background(), "k", 1) },
 		"AllowBatch": func(s *redisstore.Store) (engine.Decision, error) {
