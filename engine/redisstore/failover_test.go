@@ -26,8 +26,11 @@ import (
 // decisions again within a few seconds (not after go-redis's periodic
 // reload of its slot map, a minute later), and no key admits more than its
 // credit across the failover (the capacity, plus the rate times the span
-// of its calls). The killed node is started again and rejoins as a
-// replica, so the cluster is whole for the next run. A master that hangs
+// of its calls), but for the admissions the replica had not received when
+// its master failed (replication is asynchronous; a heartbeat written to
+// the master until the failure shows how far the replica had got). The
+// killed node is started again and rejoins as a replica, so the cluster
+// is whole for the next run. A master that hangs
 // (SIGSTOP: it accepts connections and answers nothing, so calls end at
 // their deadlines rather than on a refused connection) is failed over the
 // same way, and continued at the end.
@@ -125,6 +128,41 @@ func testPromoted(t *testing.T, hang bool) {
 	}
 	require.NotEmpty(t, replica, "a replica of %s in %+v", victim, nodes)
 
+	// The heartbeat: the time of each write, written to the victim master
+	// until its failure. The replica promoted in its place holds the last it
+	// received, and with it every admission whose answer the test had
+	// before that time: the master ran it before the heartbeat, and
+	// replicates its writes in order.
+	hbKey := p + "{" + at[keys[0]].shard + "}heartbeat"
+	vc := redis.NewClient(&redis.Options{Addr: victim})
+	t.Cleanup(func() { _ = vc.Close() })
+	require.NoError(t, vc.Set(ctx, hbKey, time.Now().UnixNano(), 0).Err())
+	n, err := vc.Wait(ctx, 1, 10*time.Second).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the replica has the warm-up and the first heartbeat")
+	hbStop, hbDone := make(chan struct{}), make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-hbStop:
+				hbDone <- nil
+				return
+			case <-tick.C:
+			}
+			if err := vc.Set(ctx, hbKey, time.Now().UnixNano(), 0).Err(); err != nil {
+				hbDone <- err
+				return
+			}
+		}
+	}()
+	stopHeartbeat := sync.OnceValue(func() error {
+		close(hbStop)
+		return <-hbDone
+	})
+	t.Cleanup(func() { _ = stopHeartbeat() })
+
 	// The load: every worker calls every key, in an order of its own, until
 	// told to stop, and records each call in a slice of its own. Progress
 	// the test waits on goes through atomics and back, under mu.
@@ -207,14 +245,21 @@ func testPromoted(t *testing.T, hang bool) {
 	})
 	require.Zero(t, s.Stats().Failures, "failures before the kill")
 
+	require.NoError(t, stopHeartbeat(), "the heartbeat, before the failure")
 	killed := time.Now()
 	if hang {
 		rc.Hang(t, victim)
 	} else {
 		rc.Kill(t, victim)
 	}
+	failed := time.Now() // a call made after this was not answered by the victim
 	promoted := waitPromoted(t, rc, replica)
 	promotedAt.Store(promoted.UnixNano())
+	rcl := redis.NewClient(&redis.Options{Addr: replica})
+	t.Cleanup(func() { _ = rcl.Close() })
+	hb, err := rcl.Get(ctx, hbKey).Int64()
+	require.NoError(t, err, "the heartbeat on the promoted replica")
+	received := time.Unix(0, hb) // the replica holds every admission answered before
 	// Keep the load on until every shard of the dead master has answered a
 	// call made after the promotion, or resumeBy has passed (the check
 	// below says which), and half a second more.
@@ -239,14 +284,14 @@ func testPromoted(t *testing.T, hang bool) {
 
 	// The credit bound, per key: the capacity plus the rate times the time
 	// from the start of its first call (the warm-up's) to the end of its
-	// last, and a token for the fraction. A victim key may go over it by the tokens
-	// of writes the replica never received (replication is asynchronous):
-	// at most the admissions answered by the dead master in its last second,
-	// on loopback far more than its replication falls behind.
+	// last, and a token for the fraction. A victim key may go over it by the
+	// tokens of writes the replica never received: at most its admissions
+	// answered after the last heartbeat the replica received, in calls made
+	// before the victim failed.
 	type tally struct {
-		admitted, failures, lastSecond int64
-		last                           time.Time
-		lastFailure                    time.Time
+		admitted, failures, unreplicated int64
+		last                             time.Time
+		lastFailure                      time.Time
 	}
 	per := map[string]*tally{}
 	for _, k := range keys {
@@ -257,8 +302,8 @@ func testPromoted(t *testing.T, hang bool) {
 			tl := per[c.key]
 			if c.allowed {
 				tl.admitted++
-				if !c.end.After(killed) && c.end.After(killed.Add(-time.Second)) {
-					tl.lastSecond++
+				if c.end.After(received) && c.start.Before(failed) {
+					tl.unreplicated++
 				}
 			}
 			if c.failure {
@@ -281,14 +326,14 @@ func testPromoted(t *testing.T, hang bool) {
 		}
 		failures += tl.failures
 		lastFailure = later(lastFailure, tl.lastFailure)
-		require.LessOrEqual(t, tl.admitted, bound+tl.lastSecond,
-			"%s admitted over its credit, by more than the writes the replica may have missed", k)
+		require.LessOrEqual(t, tl.admitted, bound+tl.unreplicated,
+			"%s admitted over its credit, by more than the writes the replica had not received (%v before the failure)", k, killed.Sub(received))
 		over += max(0, tl.admitted-bound)
 		closest = max(closest, tl.admitted-bound)
 	}
-	t.Logf("failed %s (hung: %v): its replica %s promoted %v later; its %d virtual shards decided again at most %v after the promotion; "+
+	t.Logf("failed %s (hung: %v): its replica %s, which had its writes up to %v before the failure, promoted %v later; its %d virtual shards decided again at most %v after the promotion; "+
 		"%d calls on them answered by the failure rule, the last %v after the promotion; %d tokens over the credit bound across its keys (the closest key admitted %+d against its bound)",
-		victim, hang, replica, promoted.Sub(killed).Round(time.Millisecond), len(victimShards), worst.Round(time.Millisecond),
+		victim, hang, replica, killed.Sub(received).Round(time.Millisecond), promoted.Sub(killed).Round(time.Millisecond), len(victimShards), worst.Round(time.Millisecond),
 		failures, lastFailure.Sub(promoted).Round(time.Millisecond), over, closest)
 
 	// Whole again for the next run: the killed node rejoins, as a replica
