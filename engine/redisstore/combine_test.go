@@ -108,7 +108,7 @@ func TestCombinedAllowsExact(t *testing.T) {
 func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
 	t.Parallel() // waits on deadlines and outages; on a server of its own
 	const timeout = 800 * time.Millisecond
-	s := pausedStore(t, timeout)
+	s, unpause := pausedStore(t, timeout)
 	const n = 16
 	var wg sync.WaitGroup
 	var late, wrong atomic.Int64
@@ -134,7 +134,7 @@ func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
 	st := s.Stats()
 	require.EqualValues(t, n, st.Failures, "every caller answered by the rule, counted once")
 	require.EqualValues(t, 1, st.Decisions)
-	requireResumes(t, s)
+	requireResumes(t, s, unpause)
 }
 
 // TestCombinedAllowsKeepTheirDeadlines: with Redis paused, concurrent
@@ -144,7 +144,7 @@ func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
 // each fail-closed answer once.
 func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
 	t.Parallel() // waits on deadlines and outages; on a server of its own
-	s := pausedStore(t, 5*time.Second)
+	s, unpause := pausedStore(t, 5*time.Second)
 	const n = 24
 	var wg sync.WaitGroup
 	var late, wrong, canceled atomic.Int64
@@ -188,27 +188,34 @@ func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
 	require.GreaterOrEqual(t, st.Failures, uint64(n-n/6))
 	require.LessOrEqual(t, st.Failures, uint64(n))
 	require.EqualValues(t, 1, st.Decisions)
-	requireResumes(t, s)
+	requireResumes(t, s, unpause)
 }
 
 // pausedStore is a store with the given Timeout on a private server, with
 // key "k" decided once (its bucket and the script are in place), and then
-// every client of the server paused for 3 s (CLIENT PAUSE).
-func pausedStore(t *testing.T, timeout time.Duration) *redisstore.Store {
+// the server's writes, every script call among them, paused (CLIENT PAUSE
+// WRITE) until the test calls unpause, or for a minute. The test ends the
+// pause itself: a pause's own duration runs on Redis's wall clock, which a
+// step of the machine's clock cuts short.
+func pausedStore(t *testing.T, timeout time.Duration) (s *redisstore.Store, unpause func()) {
 	srv := startPrivate(t)
 	c := client(t, srv.Addr())
-	s := realStores(t, srv.Addr(), 1, redisstore.Config{
+	s = realStores(t, srv.Addr(), 1, redisstore.Config{
 		Policy:  policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1},
 		Timeout: timeout,
 	})[0]
 	_, err := s.Allow(context.Background(), "k", 1)
 	require.NoError(t, err)
-	require.NoError(t, c.Do(context.Background(), "CLIENT", "PAUSE", "3000", "ALL").Err())
-	return s
+	require.NoError(t, c.Do(context.Background(), "CLIENT", "PAUSE", "60000", "WRITE").Err())
+	unpause = func() { require.NoError(t, c.Do(context.Background(), "CLIENT", "UNPAUSE").Err()) }
+	t.Cleanup(func() { c.Do(context.Background(), "CLIENT", "UNPAUSE") })
+	return s, unpause
 }
 
-// requireResumes requires s to admit "k" again once its server's pause ends.
-func requireResumes(t *testing.T, s *redisstore.Store) {
+// requireResumes ends the pause of s's server and requires s to admit "k"
+// again.
+func requireResumes(t *testing.T, s *redisstore.Store, unpause func()) {
+	unpause()
 	require.Eventually(t, func() bool {
 		d, err := s.Allow(context.Background(), "k", 1)
 		return err == nil && d.Allowed

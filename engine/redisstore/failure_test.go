@@ -39,20 +39,19 @@ func TestFailureCostAboveCapacity(t *testing.T) {
 	}
 }
 
-// TestHungRedis: a Redis that stops answering (CLIENT PAUSE) rather than
-// refusing connections: every call returns by its deadline. The pause
-// outlasts the calls; a call that waited past its deadline would wait for
-// go-redis's ReadTimeout (3 s) or the pause's end.
+// TestHungRedis: a Redis that stops answering (SIGSTOP) rather than
+// refusing connections: every call returns by its deadline. The server
+// stays stopped until the test ends; a call that waited past its deadline
+// would wait for go-redis's ReadTimeout (3 s).
 func TestHungRedis(t *testing.T) {
 	t.Parallel() // waits on deadlines and outages; on a server of its own
 	srv := startPrivate(t)
-	c := client(t, srv.Addr())
 	const timeout = 400 * time.Millisecond
 	s := realStores(t, srv.Addr(), 1, redisstore.Config{Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: timeout})[0]
 	ctx := context.Background()
 	_, err := s.Allow(ctx, "k", 1)
 	require.NoError(t, err)
-	require.NoError(t, c.Do(context.Background(), "CLIENT", "PAUSE", "6000", "ALL").Err())
+	srv.Hang(t)
 	for _, call := range []struct {
 		name string
 		f    func() error
