@@ -141,11 +141,14 @@ func TestCombinedAllowsKeepTheStoreTimeout(t *testing.T) {
 // single Allows with deadlines from 100 to 800 ms each return by their own
 // deadline (the fail-closed answer), whether they send their own call or
 // wait for one, canceled callers return context.Canceled, and Stats counts
-// each fail-closed answer once.
+// each fail-closed answer once. The calls they made end by the latest of
+// those deadlines too, not when go-redis's ReadTimeout (3 s) gives up on
+// a reply.
 func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
 	t.Parallel() // waits on deadlines and outages; on a server of its own
 	s, unpause := pausedStore(t, 5*time.Second)
 	const n = 24
+	begin := time.Now()
 	var wg sync.WaitGroup
 	var late, wrong, canceled atomic.Int64
 	for i := range n {
@@ -181,6 +184,11 @@ func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
 	wg.Wait()
 	require.Zero(t, late.Load())
 	require.Zero(t, wrong.Load())
+	pollUntil(t, time.Until(begin.Add(800*time.Millisecond+400*time.Millisecond)), // the latest deadline, and the callers' slack
+		"no call on k in flight after its callers' latest deadline", func() bool {
+			_, inFlight := redisstore.Queued(s, "k")
+			return inFlight == 0
+		})
 	st := s.Stats()
 	t.Logf("stats %+v; %d canceled callers got context.Canceled", st, canceled.Load())
 	// Every caller not canceled got the fail-closed answer, counted once;
