@@ -182,8 +182,18 @@ func durStartCluster(ctx context.Context, base, bus int, root string, nodeTimeou
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
-	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
+	// redis-cli waits for the nodes to agree without a limit of its own: a
+	// cluster that never does must fail the check, not hold it.
+	const create = 30 * time.Second
+	cctx, cancel := context.WithTimeout(ctx, create)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, cli, args...)
+	cmd.WaitDelay = time.Second // the output is a pipe: a child of redis-cli's may hold it open
+	if out, err := cmd.CombinedOutput(); err != nil {
 		cl.kill()
+		if cctx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("not done within %v", create)
+		}
 		return nil, fmt.Errorf("durability: redis-cli --cluster create: %w\n%s", err, out)
 	}
 	if err := cl.waitHealthy(ctx); err != nil {
