@@ -183,7 +183,8 @@ func durStartCluster(ctx context.Context, base, bus int, root string, nodeTimeou
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
 	// redis-cli waits for the nodes to agree without a limit of its own: a
-	// cluster that never does must fail the check, not hold it.
+	// cluster that never does must fail the check, not hold it (as in
+	// internal/redistest's createCluster).
 	const create = 30 * time.Second
 	cctx, cancel := context.WithTimeout(ctx, create)
 	defer cancel()
@@ -192,7 +193,7 @@ func durStartCluster(ctx context.Context, base, bus int, root string, nodeTimeou
 	if out, err := cmd.CombinedOutput(); err != nil {
 		cl.kill()
 		if cctx.Err() != nil && ctx.Err() == nil {
-			err = fmt.Errorf("not done within %v", create)
+			err = fmt.Errorf("not done within %v: %w", create, err)
 		}
 		return nil, fmt.Errorf("durability: redis-cli --cluster create: %w\n%s", err, out)
 	}

@@ -19,10 +19,8 @@ import (
 // the latest deadline of its callers, so a caller whose deadline is later
 // than another's gets Redis's answer when Redis answers in time for it,
 // not the failure rule's: the earlier deadline ends only its own caller's
-// wait. Redis holds the call (CLIENT PAUSE WRITE) until the earlier
-// deadline has passed, and answers it well within the later. The test
-// ends the pause itself: a pause's own duration runs on Redis's wall
-// clock, which a step of the machine's clock cuts short.
+// wait. Redis holds the call (pauseWrites) until the earlier deadline has
+// passed, and answers it well within the later.
 func TestCombinedCallOutlivesAnEarlierDeadline(t *testing.T) {
 	t.Parallel() // waits on deadlines and outages; on a server of its own
 	srv := startPrivate(t)
@@ -31,13 +29,18 @@ func TestCombinedCallOutlivesAnEarlierDeadline(t *testing.T) {
 		Timeout: 10 * time.Second}, clock.NewManual(0))
 	release := make(chan struct{})
 	paused := make(chan error, 1)
+	var unpause func() // set before paused is sent
 	var once sync.Once
 	redisstore.SetCombineHook(s, func(point string) {
 		switch point {
 		case redisstore.HookAlone:
 			<-release
 		case redisstore.HookTaken: // the batch of both callers, before it is sent
-			once.Do(func() { paused <- c.Do(context.Background(), "CLIENT", "PAUSE", "60000", "WRITE").Err() })
+			once.Do(func() {
+				var err error
+				unpause, err = pauseWrites(t, c)
+				paused <- err
+			})
 		}
 	})
 	bg := context.Background()
@@ -69,11 +72,10 @@ func TestCombinedCallOutlivesAnEarlierDeadline(t *testing.T) {
 	}
 	close(release)
 	require.NoError(t, <-paused)
-	t.Cleanup(func() { c.Do(context.Background(), "CLIENT", "UNPAUSE") })
 	a := <-short
 	require.NoError(t, a.err)
 	require.True(t, a.d.Degraded, "the short caller's deadline passed during the pause: %+v", a.d)
-	require.NoError(t, c.Do(bg, "CLIENT", "UNPAUSE").Err()) // the calls on x and y may be held too
+	unpause() // the calls on x and y may be held too
 	require.NoError(t, <-errs)
 	require.NoError(t, <-errs)
 	a = <-long

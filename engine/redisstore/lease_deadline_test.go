@@ -56,10 +56,8 @@ func TestLeaseCallEndsByItsDeadline(t *testing.T) {
 			require.NoError(t, err)
 			require.EqualValues(t, 2, leased.Policy().Version)
 
-			// A pause the test ends: its own duration runs on Redis's wall
-			// clock, which a step of the machine's clock cuts short.
-			require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err())
-			t.Cleanup(func() { admin.Do(ctx, "CLIENT", "UNPAUSE") })
+			unpause, err := pauseWrites(t, admin)
+			require.NoError(t, err)
 			cctx, cancel := ctx, context.CancelFunc(func() {})
 			bound := timeout
 			if c.deadline > 0 {
@@ -83,7 +81,7 @@ func TestLeaseCallEndsByItsDeadline(t *testing.T) {
 				d, err = leased.Allow(cctx, "hot", 1)
 			}
 			took := time.Since(start)
-			require.NoError(t, admin.Do(ctx, "CLIENT", "UNPAUSE").Err()) // Close gives the lease back
+			unpause() // Close gives the lease back
 			require.NoError(t, err, "a deadline that passed during the call is the failure rule's, not the caller's error")
 			require.True(t, d.Degraded, "%+v", d)
 			// The bound plus half a timeout's slack for the race detector

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -62,6 +63,18 @@ func client(t testing.TB, addr string) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// pauseWrites pauses every write to c's server, the store's script calls
+// among them (CLIENT PAUSE WRITE), until unpause or the test's end. The
+// test ends the pause, not a duration: a duration runs on Redis's wall
+// clock, which a step of the machine's clock cuts short. It returns the
+// pause's error rather than failing the test, so that a hook may call it
+// on a goroutine of the store's; unpause is for the test's goroutine.
+func pauseWrites(t testing.TB, c *redis.Client) (unpause func(), err error) {
+	t.Cleanup(func() { c.Do(context.Background(), "CLIENT", "UNPAUSE") })
+	err = c.Do(context.Background(), "CLIENT", "PAUSE", "3600000", "WRITE").Err()
+	return func() { require.NoError(t, c.Do(context.Background(), "CLIENT", "UNPAUSE").Err()) }, err
 }
 
 // anyClient is client, or for an addr of several addresses joined by commas
