@@ -72,14 +72,14 @@ func startChild(cmd *exec.Cmd) (chan struct{}, error) {
 	return done, nil
 }
 
-// killChildren sends SIGKILL (on Windows, TerminateProcess) to every child
-// startChild started that has not been reaped, and refuses later starts:
-// the command is about to end without its checks' cleanup.
+// killChildren kills every child startChild started that has not been
+// reaped, with the processes of its group (see kill), and refuses later
+// starts: the command is about to end without its checks' cleanup.
 func killChildren() {
 	children.mu.Lock()
 	defer children.mu.Unlock()
 	children.killed = true
 	for p := range children.procs {
-		_ = p.Kill() // one already exited is reaped by its goroutine
+		kill(p) // one already exited is reaped by its goroutine
 	}
 }

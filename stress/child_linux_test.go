@@ -209,12 +209,17 @@ func TestMainDeathKillsServers(t *testing.T) {
 }
 
 // TestKillChildren: killChildren kills every child startChild started and
-// not yet reaped, and a start after it is refused; a child is in a process
-// group of its own.
+// not yet reaped, and the processes the child started (a redis-server's
+// save child, here a shell's sleep), and a start after it is refused; a
+// child is in a process group of its own.
 func TestKillChildren(t *testing.T) {
 	bin, err := exec.LookPath("sleep")
 	if err != nil {
 		t.Skip("no sleep command")
+	}
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh command")
 	}
 	t.Cleanup(func() {
 		children.mu.Lock()
@@ -232,6 +237,24 @@ func TestKillChildren(t *testing.T) {
 		assert.Equal(t, cmd.Process.Pid, pgid, "the child is not the leader of a group of its own")
 		dones = append(dones, done)
 	}
+	// A child that started one of its own, in its group, and prints its pid.
+	cmd := exec.Command(sh, "-c", "sleep 600 & echo $!; wait")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	done, err := startChild(cmd)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	dones = append(dones, done)
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	grandchild, err := strconv.Atoi(strings.TrimSpace(line))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = syscall.Kill(grandchild, syscall.SIGKILL) })
+	running := func() bool {
+		st, ok := readStat(grandchild)
+		return ok && st.comm == "sleep" && st.state != 'Z' && st.state != 'X'
+	}
+	require.True(t, running(), "the shell's sleep is not running")
 	killChildren()
 	for _, done := range dones {
 		select {
@@ -239,6 +262,10 @@ func TestKillChildren(t *testing.T) {
 		case <-time.After(30 * time.Second): // a bound on a failure, not a wait for success
 			t.Fatal("a child still runs 30s after killChildren")
 		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); running(); {
+		require.True(t, time.Now().Before(deadline), "the child's own child still runs 30s after killChildren")
+		time.Sleep(10 * time.Millisecond) // polling /proc, not synchronising
 	}
 	_, err = startChild(exec.Command(bin, "600"))
 	assert.ErrorIs(t, err, errEnding)
