@@ -671,10 +671,8 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 	switch {
 	case r.op == opPeek:
 		r.err, r.held = errRemote, k.left
-	case r.op == opRefund: // the balance grows: a denial no longer holds
+	case r.op == opRefund, r.op == opCharge: // a denial no longer holds: a refund grows the balance, a charge's lease went back above (it holds 0)
 		r.err, r.held, k.deniedTill = errRemote, k.left, 0
-	case r.op == opCharge: // its lease went back above
-		r.err, k.deniedTill = errRemote, 0
 	case cost > k.cap: // under the policy as last seen: Redis, under the one in force, answers
 		r.err, r.ver = errRemote, k.ver
 		q.pending++
