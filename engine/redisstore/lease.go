@@ -297,14 +297,12 @@ func (l *leaser) ask(q *leaseShard, op, key string, cost int64) lreply {
 // is. A request its lease decides makes none, and allocates nothing.
 func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int64) (engine.Decision, error) {
 	s := l.s
-	bounded := false
+	var cancel context.CancelFunc // set once ctx is bounded by dl
 	for try := 1; ; try++ {
 		a := l.ask(l.shardOf(key), opAllow, key, cost)
-		if !bounded && (a.gifts != nil || a.err == errRemote) {
-			var cancel context.CancelFunc
+		if cancel == nil && (a.gifts != nil || a.err == errRemote) {
 			ctx, cancel = context.WithDeadline(ctx, dl)
 			defer cancel()
-			bounded = true
 		}
 		l.giveBackOwed(ctx, a.gifts)
 		if a.err != nil && a.err != errRemote {
