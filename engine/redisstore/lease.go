@@ -679,8 +679,11 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		k.used = satAdd(k.used, cost)
 		r.d = k.answer(now, true)
 		q.allowed.Add(1)
-		if !k.fetch && 2*k.left < k.target {
-			q.topUp(now, r.key, k)
+		if 2*k.left < k.target { // the lease runs low: the fetcher asks for the next (none if one is being asked for)
+			if n := q.l.want(now, k, 0); n > 0 && q.send(job{gift: gift{r.key, n, k.ver}}) {
+				k.fetch = true
+				q.pending++
+			}
 		}
 	case k.denied(now, cost, q.l.maxAge):
 		r.d = k.answer(now, false)
@@ -797,14 +800,6 @@ func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 	}
 	k.target = 0 // asks again at the next request Redis decides
 	return 0
-}
-
-// topUp asks the fetcher for the next lease of a key whose lease runs low.
-func (q *leaseShard) topUp(now int64, key string, k *lease) {
-	if n := q.l.want(now, k, 0); n > 0 && q.send(job{gift: gift{key, n, k.ver}}) {
-		k.fetch = true
-		q.pending++
-	}
 }
 
 // send queues j for the fetcher, false if its queue is full.
