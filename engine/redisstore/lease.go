@@ -949,7 +949,6 @@ func (q *leaseShard) takeAll(owed bool) []gift {
 // fetcher sends the shard's jobs to Redis: the leases asked for in one
 // batch call, the leases given back one call each.
 func (q *leaseShard) fetcher() {
-	s := q.l.s
 	var asks []job
 	var reqs []engine.Request
 	var out []engine.Result
@@ -993,7 +992,7 @@ func (q *leaseShard) fetcher() {
 		}
 		out = append(out[:0], make([]engine.Result, len(asks))...)
 		at := q.l.clk.Now()
-		_ = s.allowBatch(context.Background(), reqs, out, 0) // only ErrClosed, which every out holds then
+		_ = q.l.s.allowBatch(context.Background(), reqs, out, 0) // only ErrClosed, which every out holds then
 		for i, a := range asks {
 			q.posts <- post{key: a.key, ver: a.ver, at: at, asked: a.n, leaseD: out[i].Decision, lseErr: out[i].Err}
 		}
