@@ -826,7 +826,7 @@ func (q *leaseShard) settle(p post) {
 	q.pending--
 	now := p.at
 	var n int64 // the lease Redis granted
-	if p.asked > 0 && p.lseErr == nil && p.leaseD.Allowed && !p.leaseD.Degraded {
+	if p.asked > 0 && heard(p.leaseD, p.lseErr) && p.leaseD.Allowed {
 		n = p.asked
 	}
 	q.l.granted.Add(uint64(n))
@@ -836,7 +836,7 @@ func (q *leaseShard) settle(p post) {
 	}
 	// the tokens the request took from the lease are still the process's if
 	// Redis did not admit it (a failure rule's admission took nothing)
-	if p.held > 0 && (p.dErr != nil || !p.d.Allowed || p.d.Degraded) {
+	if p.held > 0 && !(heard(p.d, p.dErr) && p.d.Allowed) {
 		q.keep(p.key, k, p.held, p.ver)
 	}
 	if k == nil {
@@ -856,7 +856,7 @@ func (q *leaseShard) settle(p post) {
 	case p.cost > 0 && heard(p.d, p.dErr), p.asked > 0 && heard(p.leaseD, p.lseErr):
 		k.doubt = false
 	}
-	if p.cost > 0 && p.dErr == nil && !p.d.Degraded && p.ver == k.ver { // an answer under an older version says nothing of this one
+	if p.cost > 0 && heard(p.d, p.dErr) && p.ver == k.ver { // an answer under an older version says nothing of this one
 		k.learn(now, p.d)
 		if p.d.Allowed {
 			k.used = satAdd(k.used, p.cost)
@@ -865,7 +865,7 @@ func (q *leaseShard) settle(p post) {
 			k.denial.remaining, k.denial.resetAt, k.denial.limit, k.denial.band = p.d.Remaining, now+int64(p.d.ResetAfter), p.d.Limit, p.d.Band
 		}
 	}
-	if p.asked > 0 && p.lseErr == nil && !p.leaseD.Degraded && p.ver == k.ver {
+	if p.asked > 0 && heard(p.leaseD, p.lseErr) && p.ver == k.ver {
 		k.learn(now, p.leaseD)
 	}
 	if n > 0 {
