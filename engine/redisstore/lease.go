@@ -189,16 +189,13 @@ type lease struct {
 	resetAt    int64 // reading at which it would be full, by that answer
 	limit      int64
 	band       string
-	deniedTill int64 // a denial by the global bucket holds until then,
-	deniedCost int64 // for requests of at least this cost,
-	deniedAt   int64 // and is kept at most MaxAge from this reading (see denied)
-	// The denial's own answer, which a denial kept answers from: Redis's
-	// answers reach the shard in any order, so an admission decided before
-	// the denial may be learned after it.
-	denial struct {
-		remaining, resetAt, limit int64
-		band                      string
-	}
+	deniedCost int64 // a denial by the global bucket holds for requests of this cost (0: none holds),
+	deniedAt   int64 // and is kept at most MaxAge from this reading, where Redis gave it (see denied)
+	// The denial itself, Redis's answer, which a denial kept answers from
+	// (its RetryAfter and ResetAfter count from deniedAt): Redis's answers
+	// reach the shard in any order, so an admission decided before the
+	// denial may be learned after it.
+	denial engine.Decision
 }
 
 // post is what Redis answered about a key: a caller's request of cost
@@ -670,7 +667,7 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 	case r.op == opPeek:
 		r.err, r.held = errRemote, k.left
 	case r.op == opRefund, r.op == opCharge: // a denial no longer holds: a refund grows the balance, a charge's lease went back above (it holds 0)
-		r.err, r.held, k.deniedTill = errRemote, k.left, 0
+		r.err, r.held, k.deniedCost = errRemote, k.left, 0
 	case cost > k.cap: // under the policy as last seen: Redis, under the one in force, answers
 		r.err, r.ver = errRemote, k.ver
 		q.pending++
@@ -714,7 +711,8 @@ func (q *leaseShard) owe(k *lease, n int64) {
 func (k *lease) answer(now int64, allowed bool) engine.Decision {
 	remaining, resetAt, limit, band, retry := k.remaining, k.resetAt, k.limit, k.band, int64(0)
 	if !allowed {
-		remaining, resetAt, limit, band, retry = k.deniedRemaining(), max(resetAt, k.denial.resetAt), k.denial.limit, k.denial.band, k.deniedTill-now
+		remaining, resetAt, limit, band = k.deniedRemaining(), max(resetAt, k.deniedAt+int64(k.denial.ResetAfter)), k.denial.Limit, k.denial.Band
+		retry = k.deniedAt + int64(k.denial.RetryAfter) - now
 	}
 	return engine.Decision{Allowed: allowed, Remaining: min(satAdd(remaining, k.left), limit), RetryAfter: time.Duration(retry), Version: k.ver,
 		Limit: limit, ResetAfter: time.Duration(max(0, resetAt-now)), Band: band}
@@ -723,7 +721,7 @@ func (k *lease) answer(now int64, allowed bool) engine.Decision {
 // deniedRemaining is the bucket's tokens by the denial kept and the last
 // answer, the fewer: Redis's answers reach the shard in any order, so an
 // admission decided before the denial may be learned after it.
-func (k *lease) deniedRemaining() int64 { return min(k.remaining, k.denial.remaining) }
+func (k *lease) deniedRemaining() int64 { return min(k.remaining, k.denial.Remaining) }
 
 // denied reports whether the denial k keeps answers a request of cost at
 // now: the same cost, before its RetryAfter and less than maxAge after
@@ -738,10 +736,10 @@ func (k *lease) denied(now, cost, maxAge int64) bool {
 	return k.denialHolds(now, maxAge) && cost == k.deniedCost && satAdd(k.deniedRemaining(), k.left) < cost
 }
 
-// denialHolds reports whether k's denial may still answer at now: before
-// its RetryAfter, and less than maxAge after Redis gave it.
+// denialHolds reports whether k keeps a denial that may still answer at
+// now: before its RetryAfter, and less than maxAge after Redis gave it.
 func (k *lease) denialHolds(now, maxAge int64) bool {
-	return now < k.deniedTill && now-k.deniedAt < maxAge
+	return k.deniedCost > 0 && now < k.deniedAt+int64(k.denial.RetryAfter) && now-k.deniedAt < maxAge
 }
 
 // renew sets k for the version in force, st, holding nothing.
@@ -750,7 +748,7 @@ func (q *leaseShard) renew(key string, k *lease, st *state) {
 	c := minCapacity(sh)
 	k.ver, k.cap, k.max, k.reserve = st.p.Version, c, c/q.l.divisor, c-c/2
 	k.remaining, k.resetAt, k.limit, k.band = c, 0, sh.Primary.Capacity, sh.Name
-	k.deniedTill, k.target = 0, 0
+	k.deniedCost, k.target = 0, 0
 }
 
 // raises reports whether next gives some band of prev a higher capacity,
@@ -861,8 +859,7 @@ func (q *leaseShard) settle(p post) {
 		if p.d.Allowed {
 			k.used = satAdd(k.used, p.cost)
 		} else {
-			k.deniedTill, k.deniedCost, k.deniedAt = now+int64(p.d.RetryAfter), p.cost, now
-			k.denial.remaining, k.denial.resetAt, k.denial.limit, k.denial.band = p.d.Remaining, now+int64(p.d.ResetAfter), p.d.Limit, p.d.Band
+			k.deniedCost, k.deniedAt, k.denial = p.cost, now, p.d
 		}
 	}
 	if p.asked > 0 && heard(p.leaseD, p.lseErr) && p.ver == k.ver {
