@@ -495,10 +495,7 @@ func (l *leaser) raised(ctx context.Context, g gift, st *state, retained []int64
 			return false
 		}
 		old, err := roundGet(ctx, l.s, func(ctx context.Context) (policy.Policy, error) { return l.s.policyAt(ctx, v) }) // the fetcher's ctx has no deadline
-		if err != nil {
-			return true
-		}
-		if raises(old.ShapeAt(old.Overrides.Resolve(g.key)), next) {
+		if err != nil || raises(old.ShapeAt(old.Overrides.Resolve(g.key)), next) {
 			return true
 		}
 	}
