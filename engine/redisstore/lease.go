@@ -328,7 +328,7 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 			continue
 		}
 		d := p.d // the shard learns the bucket's own balance
-		if p.dErr == nil && !d.Allowed && !d.Degraded {
+		if heard(d, p.dErr) && !d.Allowed {
 			d.Remaining = satAdd(d.Remaining, a.held) // the tokens held go back to the lease
 		}
 		s.countOne(d, p.dErr)
