@@ -189,16 +189,13 @@ type lease struct {
 	resetAt    int64 // reading at which it would be full, by that answer
 	limit      int64
 	band       string
-	deniedTill int64 // a denial by the global bucket holds until then,
-	deniedCost int64 // for requests of at least this cost,
-	deniedAt   int64 // and is kept at most MaxAge from this reading (see denied)
-	// The denial's own answer, which a denial kept answers from: Redis's
-	// answers reach the shard in any order, so an admission decided before
-	// the denial may be learned after it.
-	denial struct {
-		remaining, resetAt, limit int64
-		band                      string
-	}
+	deniedCost int64 // a denial by the global bucket holds for requests of this cost (0: none holds),
+	deniedAt   int64 // and is kept at most MaxAge from this reading, where Redis gave it (see denied)
+	// The denial itself, Redis's answer, which a denial kept answers from
+	// (its RetryAfter and ResetAfter count from deniedAt): Redis's answers
+	// reach the shard in any order, so an admission decided before the
+	// denial may be learned after it.
+	denial engine.Decision
 }
 
 // post is what Redis answered about a key: a caller's request of cost
@@ -297,14 +294,12 @@ func (l *leaser) ask(q *leaseShard, op, key string, cost int64) lreply {
 // is. A request its lease decides makes none, and allocates nothing.
 func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int64) (engine.Decision, error) {
 	s := l.s
-	bounded := false
+	var cancel context.CancelFunc // set once ctx is bounded by dl
 	for try := 1; ; try++ {
 		a := l.ask(l.shardOf(key), opAllow, key, cost)
-		if !bounded && (a.gifts != nil || a.err == errRemote) {
-			var cancel context.CancelFunc
+		if cancel == nil && (a.gifts != nil || a.err == errRemote) {
 			ctx, cancel = context.WithDeadline(ctx, dl)
 			defer cancel()
-			bounded = true
 		}
 		l.giveBackOwed(ctx, a.gifts)
 		if a.err != nil && a.err != errRemote {
@@ -333,7 +328,7 @@ func (l *leaser) decide(ctx context.Context, dl time.Time, key string, cost int6
 			continue
 		}
 		d := p.d // the shard learns the bucket's own balance
-		if p.dErr == nil && !d.Allowed && !d.Degraded {
+		if heard(d, p.dErr) && !d.Allowed {
 			d.Remaining = satAdd(d.Remaining, a.held) // the tokens held go back to the lease
 		}
 		s.countOne(d, p.dErr)
@@ -500,10 +495,7 @@ func (l *leaser) raised(ctx context.Context, g gift, st *state, retained []int64
 			return false
 		}
 		old, err := roundGet(ctx, l.s, func(ctx context.Context) (policy.Policy, error) { return l.s.policyAt(ctx, v) }) // the fetcher's ctx has no deadline
-		if err != nil {
-			return true
-		}
-		if raises(old.ShapeAt(old.Overrides.Resolve(g.key)), next) {
+		if err != nil || raises(old.ShapeAt(old.Overrides.Resolve(g.key)), next) {
 			return true
 		}
 	}
@@ -671,10 +663,8 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 	switch {
 	case r.op == opPeek:
 		r.err, r.held = errRemote, k.left
-	case r.op == opRefund: // the balance grows: a denial no longer holds
-		r.err, r.held, k.deniedTill = errRemote, k.left, 0
-	case r.op == opCharge: // its lease went back above
-		r.err, k.deniedTill = errRemote, 0
+	case r.op == opRefund, r.op == opCharge: // a denial no longer holds: a refund grows the balance, a charge's lease went back above (it holds 0)
+		r.err, r.held, k.deniedCost = errRemote, k.left, 0
 	case cost > k.cap: // under the policy as last seen: Redis, under the one in force, answers
 		r.err, r.ver = errRemote, k.ver
 		q.pending++
@@ -683,8 +673,11 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 		k.used = satAdd(k.used, cost)
 		r.d = k.answer(now, true)
 		q.allowed.Add(1)
-		if !k.fetch && 2*k.left < k.target {
-			q.topUp(now, r.key, k)
+		if 2*k.left < k.target { // the lease runs low: the fetcher asks for the next (none if one is being asked for)
+			if n := q.l.want(now, k, 0); n > 0 && q.send(job{gift: gift{r.key, n, k.ver}}) {
+				k.fetch = true
+				q.pending++
+			}
 		}
 	case k.denied(now, cost, q.l.maxAge):
 		r.d = k.answer(now, false)
@@ -715,7 +708,8 @@ func (q *leaseShard) owe(k *lease, n int64) {
 func (k *lease) answer(now int64, allowed bool) engine.Decision {
 	remaining, resetAt, limit, band, retry := k.remaining, k.resetAt, k.limit, k.band, int64(0)
 	if !allowed {
-		remaining, resetAt, limit, band, retry = k.deniedRemaining(), max(resetAt, k.denial.resetAt), k.denial.limit, k.denial.band, k.deniedTill-now
+		remaining, resetAt, limit, band = k.deniedRemaining(), max(resetAt, k.deniedAt+int64(k.denial.ResetAfter)), k.denial.Limit, k.denial.Band
+		retry = k.deniedAt + int64(k.denial.RetryAfter) - now
 	}
 	return engine.Decision{Allowed: allowed, Remaining: min(satAdd(remaining, k.left), limit), RetryAfter: time.Duration(retry), Version: k.ver,
 		Limit: limit, ResetAfter: time.Duration(max(0, resetAt-now)), Band: band}
@@ -724,7 +718,7 @@ func (k *lease) answer(now int64, allowed bool) engine.Decision {
 // deniedRemaining is the bucket's tokens by the denial kept and the last
 // answer, the fewer: Redis's answers reach the shard in any order, so an
 // admission decided before the denial may be learned after it.
-func (k *lease) deniedRemaining() int64 { return min(k.remaining, k.denial.remaining) }
+func (k *lease) deniedRemaining() int64 { return min(k.remaining, k.denial.Remaining) }
 
 // denied reports whether the denial k keeps answers a request of cost at
 // now: the same cost, before its RetryAfter and less than maxAge after
@@ -739,10 +733,10 @@ func (k *lease) denied(now, cost, maxAge int64) bool {
 	return k.denialHolds(now, maxAge) && cost == k.deniedCost && satAdd(k.deniedRemaining(), k.left) < cost
 }
 
-// denialHolds reports whether k's denial may still answer at now: before
-// its RetryAfter, and less than maxAge after Redis gave it.
+// denialHolds reports whether k keeps a denial that may still answer at
+// now: before its RetryAfter, and less than maxAge after Redis gave it.
 func (k *lease) denialHolds(now, maxAge int64) bool {
-	return now < k.deniedTill && now-k.deniedAt < maxAge
+	return k.deniedCost > 0 && now < k.deniedAt+int64(k.denial.RetryAfter) && now-k.deniedAt < maxAge
 }
 
 // renew sets k for the version in force, st, holding nothing.
@@ -751,7 +745,7 @@ func (q *leaseShard) renew(key string, k *lease, st *state) {
 	c := minCapacity(sh)
 	k.ver, k.cap, k.max, k.reserve = st.p.Version, c, c/q.l.divisor, c-c/2
 	k.remaining, k.resetAt, k.limit, k.band = c, 0, sh.Primary.Capacity, sh.Name
-	k.deniedTill, k.target = 0, 0
+	k.deniedCost, k.target = 0, 0
 }
 
 // raises reports whether next gives some band of prev a higher capacity,
@@ -803,14 +797,6 @@ func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 	return 0
 }
 
-// topUp asks the fetcher for the next lease of a key whose lease runs low.
-func (q *leaseShard) topUp(now int64, key string, k *lease) {
-	if n := q.l.want(now, k, 0); n > 0 && q.send(job{gift: gift{key, n, k.ver}}) {
-		k.fetch = true
-		q.pending++
-	}
-}
-
 // send queues j for the fetcher, false if its queue is full.
 func (q *leaseShard) send(j job) bool {
 	select {
@@ -835,7 +821,7 @@ func (q *leaseShard) settle(p post) {
 	q.pending--
 	now := p.at
 	var n int64 // the lease Redis granted
-	if p.asked > 0 && p.lseErr == nil && p.leaseD.Allowed && !p.leaseD.Degraded {
+	if p.asked > 0 && heard(p.leaseD, p.lseErr) && p.leaseD.Allowed {
 		n = p.asked
 	}
 	q.l.granted.Add(uint64(n))
@@ -845,7 +831,7 @@ func (q *leaseShard) settle(p post) {
 	}
 	// the tokens the request took from the lease are still the process's if
 	// Redis did not admit it (a failure rule's admission took nothing)
-	if p.held > 0 && (p.dErr != nil || !p.d.Allowed || p.d.Degraded) {
+	if p.held > 0 && !(heard(p.d, p.dErr) && p.d.Allowed) {
 		q.keep(p.key, k, p.held, p.ver)
 	}
 	if k == nil {
@@ -865,16 +851,15 @@ func (q *leaseShard) settle(p post) {
 	case p.cost > 0 && heard(p.d, p.dErr), p.asked > 0 && heard(p.leaseD, p.lseErr):
 		k.doubt = false
 	}
-	if p.cost > 0 && p.dErr == nil && !p.d.Degraded && p.ver == k.ver { // an answer under an older version says nothing of this one
+	if p.cost > 0 && heard(p.d, p.dErr) && p.ver == k.ver { // an answer under an older version says nothing of this one
 		k.learn(now, p.d)
 		if p.d.Allowed {
 			k.used = satAdd(k.used, p.cost)
 		} else {
-			k.deniedTill, k.deniedCost, k.deniedAt = now+int64(p.d.RetryAfter), p.cost, now
-			k.denial.remaining, k.denial.resetAt, k.denial.limit, k.denial.band = p.d.Remaining, now+int64(p.d.ResetAfter), p.d.Limit, p.d.Band
+			k.deniedCost, k.deniedAt, k.denial = p.cost, now, p.d
 		}
 	}
-	if p.asked > 0 && p.lseErr == nil && !p.leaseD.Degraded && p.ver == k.ver {
+	if p.asked > 0 && heard(p.leaseD, p.lseErr) && p.ver == k.ver {
 		k.learn(now, p.leaseD)
 	}
 	if n > 0 {
@@ -958,7 +943,6 @@ func (q *leaseShard) takeAll(owed bool) []gift {
 // fetcher sends the shard's jobs to Redis: the leases asked for in one
 // batch call, the leases given back one call each.
 func (q *leaseShard) fetcher() {
-	s := q.l.s
 	var asks []job
 	var reqs []engine.Request
 	var out []engine.Result
@@ -1002,7 +986,7 @@ func (q *leaseShard) fetcher() {
 		}
 		out = append(out[:0], make([]engine.Result, len(asks))...)
 		at := q.l.clk.Now()
-		_ = s.allowBatch(context.Background(), reqs, out, 0) // only ErrClosed, which every out holds then
+		_ = q.l.s.allowBatch(context.Background(), reqs, out, 0) // only ErrClosed, which every out holds then
 		for i, a := range asks {
 			q.posts <- post{key: a.key, ver: a.ver, at: at, asked: a.n, leaseD: out[i].Decision, lseErr: out[i].Err}
 		}
