@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -171,13 +172,8 @@ func one[C redis.Cmder](ctx context.Context, s *Store, f func(redis.Cmdable) C) 
 // reply): each then takes the pipeline's error. It returns Exec's error.
 func execute(ctx context.Context, pipe redis.Pipeliner, cmds ...redis.Cmder) error {
 	_, err := pipe.Exec(ctx)
-	if err == nil {
-		return nil
-	}
-	for _, c := range cmds {
-		if c.Err() != nil {
-			return err
-		}
+	if err == nil || slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Err() != nil }) {
+		return err
 	}
 	for _, c := range cmds {
 		c.SetErr(err)
