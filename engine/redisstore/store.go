@@ -677,13 +677,9 @@ func hostPort(ctx context.Context, addr string) bool {
 // would answer too (a reply of the wrong kind of server, a prefix set up
 // otherwise, a WAIT the server or an ACL refuses).
 func unreachable(err error) bool {
-	if nodeLost(err) {
+	refusals := []string{"LOADING", "MASTERDOWN", "TRYAGAIN", "BUSY", "OOM", "NOREPLICAS", "MISCONF"}
+	if nodeLost(err) || slices.ContainsFunc(refusals, func(p string) bool { return redis.HasErrorPrefix(err, p) }) {
 		return true
-	}
-	for _, p := range []string{"LOADING", "MASTERDOWN", "TRYAGAIN", "BUSY", "OOM", "NOREPLICAS", "MISCONF"} {
-		if redis.HasErrorPrefix(err, p) {
-			return true
-		}
 	}
 	var reply redis.Error
 	if errors.As(err, &reply) {
