@@ -904,10 +904,8 @@ func (s *Store) history(ctx context.Context) (vs []int64, overridden []bool, err
 func repeats(chunk []*item) bool {
 	if len(chunk) <= 16 {
 		for i, it := range chunk {
-			for _, o := range chunk[:i] {
-				if o.key == it.key {
-					return true
-				}
+			if slices.ContainsFunc(chunk[:i], func(o *item) bool { return o.key == it.key }) {
+				return true
 			}
 		}
 		return false
