@@ -93,7 +93,7 @@ func (h *waitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		pipe := h.c.Pipeline() // through ProcessPipelineHook below
 		_ = pipe.Process(ctx, cmd)
-		_ = execute(ctx, pipe, cmd)
+		_ = execute(ctx, pipe)
 		return cmd.Err()
 	}
 }
