@@ -88,8 +88,7 @@ func nodeLost(err error) bool {
 	if redis.HasErrorPrefix(err, "CLUSTERDOWN") || strings.Contains(err.Error(), noNodes) || errors.Is(err, redis.ErrClusterTopologyUnhealthy) {
 		return true
 	}
-	var reply redis.Error
-	if errors.As(err, &reply) {
+	if _, reply := errors.AsType[redis.Error](err); reply {
 		return false // the node answered
 	}
 	var op *net.OpError

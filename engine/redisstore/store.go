@@ -681,8 +681,7 @@ func unreachable(err error) bool {
 	if nodeLost(err) || slices.ContainsFunc(refusals, func(p string) bool { return redis.HasErrorPrefix(err, p) }) {
 		return true
 	}
-	var reply redis.Error
-	if errors.As(err, &reply) {
+	if _, reply := errors.AsType[redis.Error](err); reply {
 		return false
 	}
 	return errors.Is(err, ErrNotReplicated) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout)
