@@ -437,15 +437,16 @@ type pass struct {
 // an error.
 func (s *Store) read(ctx context.Context, st *state, mode string, chunk []*item, cmd *redis.Cmd, p *pass) error {
 	raw, err := cmd.Slice()
+	home := s.stateShard(chunk[0].shard)
 	if err != nil {
 		switch a := classify(err); {
 		case a == actWait && (s.cluster != nil || redis.HasErrorPrefix(err, "TRYAGAIN")):
 			p.tryAgain = true
 		case a == actLoad:
-			p.load = append(p.load, s.shards[s.stateShard(chunk[0].shard)].policy)
+			p.load = append(p.load, s.shards[home].policy)
 		case a == actNoFunc && p.viaFunc:
 			s.noFunc.Store(true)
-			p.load = append(p.load, s.shards[s.stateShard(chunk[0].shard)].policy)
+			p.load = append(p.load, s.shards[home].policy)
 		case a == actOOM && p.viaFunc:
 			p.eval = true
 		case a == actOOM && (mode == "a" || mode == modeAll || mode == modeCharge):
@@ -479,7 +480,7 @@ func (s *Store) read(ctx context.Context, st *state, mode string, chunk []*item,
 		}
 		it.done = true
 	}
-	rest, home := chunk[r.done:], s.stateShard(chunk[0].shard)
+	rest := chunk[r.done:]
 	switch r.status {
 	case "ok":
 		return nil
@@ -903,10 +904,8 @@ func (s *Store) history(ctx context.Context) (vs []int64, overridden []bool, err
 func repeats(chunk []*item) bool {
 	if len(chunk) <= 16 {
 		for i, it := range chunk {
-			for _, o := range chunk[:i] {
-				if o.key == it.key {
-					return true
-				}
+			if slices.ContainsFunc(chunk[:i], func(o *item) bool { return o.key == it.key }) {
+				return true
 			}
 		}
 		return false

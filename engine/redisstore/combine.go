@@ -271,7 +271,7 @@ func (s *Store) sendCombined(c *combiner, batch []*waiter) bool {
 			it.done = true // answered and counted by its caller
 			continue
 		}
-		w.it.done, w.state, woke = it.done, answered, true
+		w.state, woke = answered, true
 		select { // one token: answered
 		case w.wake <- struct{}{}:
 		default:

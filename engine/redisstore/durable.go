@@ -93,7 +93,7 @@ func (h *waitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		pipe := h.c.Pipeline() // through ProcessPipelineHook below
 		_ = pipe.Process(ctx, cmd)
-		_ = execute(ctx, pipe, cmd)
+		_ = execute(ctx, pipe)
 		return cmd.Err()
 	}
 }
@@ -104,7 +104,7 @@ func (h *waitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 			return next(ctx, cmds)
 		}
 		wait := redis.NewIntCmd(ctx, "wait", h.replicas, h.timeout.Milliseconds())
-		err := next(ctx, append(cmds[:len(cmds):len(cmds)], wait))
+		err := next(ctx, append(slices.Clip(cmds), wait))
 		got, werr := wait.Result()
 		if werr == nil && got >= h.replicas {
 			return err

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -87,8 +88,7 @@ func nodeLost(err error) bool {
 	if redis.HasErrorPrefix(err, "CLUSTERDOWN") || strings.Contains(err.Error(), noNodes) || errors.Is(err, redis.ErrClusterTopologyUnhealthy) {
 		return true
 	}
-	var reply redis.Error
-	if errors.As(err, &reply) {
+	if _, reply := errors.AsType[redis.Error](err); reply {
 		return false // the node answered
 	}
 	var op *net.OpError
@@ -161,23 +161,18 @@ func one[C redis.Cmder](ctx context.Context, s *Store, f func(redis.Cmdable) C) 
 	}
 	pipe := s.cluster.Pipeline()
 	cmd := f(pipe)
-	_ = execute(ctx, pipe, cmd) // the command holds the error
+	_ = execute(ctx, pipe) // the command holds the error
 	return cmd
 }
 
-// execute sends pipe, whose commands are cmds. Each command keeps its own
-// error, but for a pipeline that a hook on the client failed without
-// sending it, which leaves every command without one (and without a
-// reply): each then takes the pipeline's error. It returns Exec's error.
-func execute(ctx context.Context, pipe redis.Pipeliner, cmds ...redis.Cmder) error {
-	_, err := pipe.Exec(ctx)
-	if err == nil {
-		return nil
-	}
-	for _, c := range cmds {
-		if c.Err() != nil {
-			return err
-		}
+// execute sends pipe. Each command keeps its own error, but for a pipeline
+// that a hook on the client failed without sending it, which leaves every
+// command without one (and without a reply): each then takes the
+// pipeline's error. It returns Exec's error.
+func execute(ctx context.Context, pipe redis.Pipeliner) error {
+	cmds, err := pipe.Exec(ctx) // every command queued, whatever the error
+	if err == nil || slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Err() != nil }) {
+		return err
 	}
 	for _, c := range cmds {
 		c.SetErr(err)
@@ -190,12 +185,11 @@ func execute(ctx context.Context, pipe redis.Pipeliner, cmds ...redis.Cmder) err
 // execute), and execute's error.
 func inPipeline[C redis.Cmder](ctx context.Context, s *Store, n int, f func(pipe redis.Pipeliner, i int) C) ([]C, error) {
 	pipe := s.rdb.Pipeline()
-	cmds, sent := make([]C, n), make([]redis.Cmder, n)
+	cmds := make([]C, n)
 	for i := range cmds {
 		cmds[i] = f(pipe, i)
-		sent[i] = cmds[i]
 	}
-	return cmds, execute(ctx, pipe, sent...)
+	return cmds, execute(ctx, pipe)
 }
 
 // direct is a processor that sends a command at once, as one does.

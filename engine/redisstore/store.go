@@ -576,7 +576,7 @@ func (s *Store) connect(ctx context.Context) (err error) {
 	if err := s.load(ctx, !installed, true); err != nil {
 		return err
 	}
-	if err := s.ensureShards(ctx, nil); err != nil {
+	if err := s.ensureShards(ctx, s.allShards()); err != nil {
 		if s.cluster == nil || !unreachable(err) {
 			return err
 		}
@@ -677,16 +677,11 @@ func hostPort(ctx context.Context, addr string) bool {
 // would answer too (a reply of the wrong kind of server, a prefix set up
 // otherwise, a WAIT the server or an ACL refuses).
 func unreachable(err error) bool {
-	if nodeLost(err) {
+	refusals := []string{"LOADING", "MASTERDOWN", "TRYAGAIN", "BUSY", "OOM", "NOREPLICAS", "MISCONF"}
+	if nodeLost(err) || slices.ContainsFunc(refusals, func(p string) bool { return redis.HasErrorPrefix(err, p) }) {
 		return true
 	}
-	for _, p := range []string{"LOADING", "MASTERDOWN", "TRYAGAIN", "BUSY", "OOM", "NOREPLICAS", "MISCONF"} {
-		if redis.HasErrorPrefix(err, p) {
-			return true
-		}
-	}
-	var reply redis.Error
-	if errors.As(err, &reply) {
+	if _, reply := errors.AsType[redis.Error](err); reply {
 		return false
 	}
 	return errors.Is(err, ErrNotReplicated) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout)
@@ -807,15 +802,12 @@ func tail(p policy.Policy) string {
 	return t
 }
 
-// ensureShards installs the virtual shards (all of them for nil) that have
-// no version yet at the policy in force as this store last saw it, and
-// writes the prefix's key map into each shard's copy: at New, and when a
-// shard answers that it has none (its master lost its data). It is one
+// ensureShards installs the virtual shards in which that have no version
+// yet at the policy in force as this store last saw it, and writes the
+// prefix's key map into each shard's copy: at New (every shard), and when
+// a shard answers that it has none (its master lost its data). It is one
 // script per shard, pipelined.
 func (s *Store) ensureShards(ctx context.Context, which []int) error {
-	if which == nil {
-		which = s.allShards()
-	}
 	p, m := s.cur.Load().p, s.kmap.Load()
 	cmds, err := s.eachShard(ctx, which, shardInstallSrc, func(k shardKeys) []string { return []string{k.policy, k.history} },
 		p.Version, tail(p), s.nowArg(), m.seed, m.tags)
