@@ -250,11 +250,13 @@ func TestKillChildren(t *testing.T) {
 	grandchild, err := strconv.Atoi(strings.TrimSpace(line))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = syscall.Kill(grandchild, syscall.SIGKILL) })
+	// Its child, by its group: before it has run sleep it is a copy of the
+	// shell, and a pid reused after it ended is not in the group.
 	running := func() bool {
 		st, ok := readStat(grandchild)
-		return ok && st.comm == "sleep" && st.state != 'Z' && st.state != 'X'
+		return ok && st.pgrp == cmd.Process.Pid && st.state != 'Z' && st.state != 'X'
 	}
-	require.True(t, running(), "the shell's sleep is not running")
+	require.True(t, running(), "the shell's child is not running in its group")
 	killChildren()
 	for _, done := range dones {
 		select {
