@@ -447,3 +447,63 @@ func TestLeaseFailedGiveBackSettles(t *testing.T) {
 	require.NoError(t, a.Close())
 	requireSettled(t, a)
 }
+
+// A lease the sweep gives back reads, from the fetcher, the policy of each
+// version since the one it was taken under that the store has not seen
+// (here another store's cutovers): that read ends within the store's
+// Timeout. The fetcher's context has no deadline, and the client here has
+// no read timeout either, so a server that stops answering mid-read would
+// otherwise hold the fetcher, and Close, which waits for its give-back,
+// until the server came back.
+func TestLeaseSweptGiveBackEndsOnAHungServer(t *testing.T) {
+	srv := startPrivate(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	var armed atomic.Bool
+	reached, hung := make(chan struct{}), make(chan struct{})
+	c.AddHook(hook{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		// the read of version 2's policy, which only a give-back makes
+		if a := cmd.Args(); cmd.Name() == "hget" && len(a) == 3 && fmt.Sprint(a[2]) == "2" && armed.CompareAndSwap(true, false) {
+			close(reached)
+			<-hung // the test has stopped the server
+		}
+		return next(ctx, cmd)
+	}})
+	clk := clock.NewManual(0)
+	const timeout = 200 * time.Millisecond
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	pfx := prefix(t)
+	a := newStore(t, redisstore.Config{Client: c, Policy: p, Prefix: pfx, Timeout: timeout, Leases: &redisstore.Leases{}}, clk)
+	b := newStore(t, redisstore.Config{Client: client(t, srv.Addr()), Policy: p, Prefix: pfx}, clk)
+	ctx := context.Background()
+	held := holding(t, a, b, "k", 100)
+	require.Positive(t, held)
+	// Cutovers a never sees, none raising the capacity: the give-back
+	// reads version 2 from Redis to judge the lease (3 it reads anyway,
+	// as the version in force).
+	for v := int64(2); v <= 3; v++ {
+		require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: v, Capacity: 1000, TokensPerSecond: v}, v-1))
+	}
+	armed.Store(true)
+	clk.Advance(redisstore.DefaultLeaseMaxAge) // the lease's key idle, and kept MaxAge: the sweep's timer gives it back
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sweep's give-back never read version 2's policy")
+	}
+	srv.Hang(t)
+	close(hung)
+	closed := make(chan struct{})
+	go func() { defer close(closed); _ = a.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second): // many Timeouts
+		srv.Resume(t)
+		<-closed
+		t.Fatalf("Close waited more than 5 s (Timeout %v) on a give-back's read from a hung server", timeout)
+	}
+	srv.Resume(t)
+	requireSettled(t, a)
+	st := a.Stats()
+	require.Equal(t, uint64(held), st.ForfeitedTokens, "the lease, judged without version 2, is given up: %+v", st)
+}
