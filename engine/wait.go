@@ -30,7 +30,8 @@ var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the contex
 // (wrapped, giving the wait), having spent nothing. An instant past
 // math.MaxInt64, the clock's last reading, comes after every deadline, and
 // without one Wait waits for ctx or Close. If ctx ends while
-// waiting it returns ctx's error, and ErrClosed if the engine closes. Any
+// waiting it returns ctx's error, and ErrClosed if the engine closes (also
+// when both have happened by the time it wakes). Any
 // other error of Allow is returned as it is. Like every error, these come
 // with the zero Decision.
 //
@@ -81,13 +82,20 @@ func (e *Engine) sleepUntil(ctx context.Context, t int64) error {
 	return until(e, ctx, ch)
 }
 
-// until waits for done, ctx or Close.
+// until waits for done, ctx or Close. When ctx has ended and Close has
+// started both, it is ErrClosed, as before a request is sent: a select
+// would pick either.
 func until(e *Engine, ctx context.Context, done <-chan struct{}) error {
 	select {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		return ctx.Err()
+		select {
+		case <-e.closing:
+			return ErrClosed
+		default:
+			return ctx.Err()
+		}
 	case <-e.closing:
 		return ErrClosed
 	}

@@ -178,3 +178,34 @@ func TestWaitPastTheClocksEnd(t *testing.T) {
 		require.ErrorIs(t, err, engine.ErrWouldExceedDeadline)
 	})
 }
+
+// hookAlarm is a Manual clock that runs hook when Wait sets an alarm, the
+// last thing Wait does before it waits.
+type hookAlarm struct {
+	*clock.Manual
+	hook func()
+}
+
+func (c hookAlarm) At(t int64) (<-chan struct{}, func()) {
+	c.hook()
+	return c.Manual.At(t)
+}
+
+// TestWaitClosedWhenBothEnd: a Wait whose context ends and whose engine
+// closes before it wakes returns ErrClosed, every time, as a request does
+// when both have happened before it is sent: not whichever a select picks.
+func TestWaitClosedWhenBothEnd(t *testing.T) {
+	for range 50 {
+		ctx, cancel := context.WithCancel(context.Background())
+		var e *engine.Engine
+		clk := hookAlarm{Manual: clock.NewManual(0), hook: func() {
+			cancel()
+			require.NoError(t, e.Close())
+		}}
+		e, _ = newEngine(t, engine.Config{Policy: pol(1, 10, 2), Clock: clk})
+		_, err := e.Allow(context.Background(), "k", 10)
+		require.NoError(t, err)
+		_, err = e.Wait(ctx, "k", 3)
+		require.ErrorIs(t, err, engine.ErrClosed)
+	}
+}

@@ -30,7 +30,8 @@ import (
 // instant past math.MaxInt64, the clock's last reading, comes after every
 // deadline, and without one Wait waits for ctx or Close. If ctx ends while
 // waiting it returns ctx's error, and engine.ErrClosed if the store
-// closes; Allow's errors are returned as they are.
+// closes (also when both have happened by the time it wakes); Allow's
+// errors are returned as they are.
 // It waits on Config.Clock if that is a clock.Alarm or a clock.Sleeper
 // (clock.Manual is both), else on a real timer, and leaves no timer behind.
 func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decision, error) {
@@ -74,7 +75,12 @@ func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decisi
 			stop()
 		case <-ctx.Done():
 			stop()
-			return engine.Decision{}, ctx.Err()
+			select {
+			case <-s.closing: // both: Close, as before a request is sent
+				return engine.Decision{}, engine.ErrClosed
+			default:
+				return engine.Decision{}, ctx.Err()
+			}
 		case <-s.closing:
 			stop()
 			return engine.Decision{}, engine.ErrClosed

@@ -49,6 +49,41 @@ func TestWaitReleasedByClose(t *testing.T) {
 	}
 }
 
+// hookAlarm is a Manual clock that runs hook when Wait sets an alarm, the
+// last thing Wait does before it waits.
+type hookAlarm struct {
+	*clock.Manual
+	hook func()
+}
+
+func (c hookAlarm) At(t int64) (<-chan struct{}, func()) {
+	c.hook()
+	return c.Manual.At(t)
+}
+
+// A Wait whose context ends and whose store closes before it wakes returns
+// engine.ErrClosed, every time, as the engine's does: not whichever a
+// select picks. With leases as without.
+func TestWaitClosedWhenBothEnd(t *testing.T) {
+	p := policy.Policy{Version: 1, Capacity: 10, Refill: policy.PerHour(10)}
+	for _, lz := range []*redisstore.Leases{nil, {}} {
+		for range 20 {
+			ctx, cancel := context.WithCancel(context.Background())
+			var s *redisstore.Store
+			clk := hookAlarm{Manual: clock.NewManual(0), hook: func() {
+				cancel()
+				require.NoError(t, s.Close())
+			}}
+			s = newStore(t, redisstore.Config{Policy: p, Leases: lz}, clk)
+			d, err := s.Allow(context.Background(), "k", 10)
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			_, err = s.Wait(ctx, "k", 1)
+			require.ErrorIs(t, err, engine.ErrClosed, "leases %v", lz != nil)
+		}
+	}
+}
+
 // A Wait whose deadline comes before the failure rule's RetryAfter (Redis
 // unreachable, fail closed) says the outage, not a limit: its error wraps
 // ErrUnavailable besides engine.ErrWouldExceedDeadline, with leases as
