@@ -802,11 +802,11 @@ func tail(p policy.Policy) string {
 	return t
 }
 
-// ensureShards installs the virtual shards in which that have no version
-// yet at the policy in force as this store last saw it, and writes the
-// prefix's key map into each shard's copy: at New (every shard), and when
-// a shard answers that it has none (its master lost its data). It is one
-// script per shard, pipelined.
+// ensureShards installs those of the virtual shards named by which that
+// have no version yet at the policy in force as this store last saw it, and
+// writes the prefix's key map into each one's copy: at New (every shard),
+// and when a shard answers that it has none (its master lost its data). It
+// is one script per shard, pipelined.
 func (s *Store) ensureShards(ctx context.Context, which []int) error {
 	p, m := s.cur.Load().p, s.kmap.Load()
 	cmds, err := s.eachShard(ctx, which, shardInstallSrc, func(k shardKeys) []string { return []string{k.policy, k.history} },
