@@ -21,14 +21,14 @@ func (e *Engine) take(ctx context.Context, sem chan struct{}) error {
 	if ctx == nil {
 		return ErrNilContext
 	}
-	if err := ctx.Err(); err != nil {
+	if err := e.ctxErr(ctx); err != nil {
 		return err
 	}
 	select {
 	case sem <- struct{}{}:
 		return nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return e.ctxErr(ctx)
 	case <-e.closing:
 		return ErrClosed
 	}
@@ -82,7 +82,7 @@ func (e *Engine) sweep(ctx context.Context, estimate bool) (sweepResult, error) 
 	res := sweepResult{soonest: math.MaxInt64}
 	var regression error
 	for _, mb := range e.mailboxes {
-		if err := ctx.Err(); err != nil {
+		if err := e.ctxErr(ctx); err != nil {
 			return res, err
 		}
 		r := mb.Sweep(ctx, w)
@@ -91,7 +91,7 @@ func (e *Engine) sweep(ctx context.Context, estimate bool) (sweepResult, error) 
 		case r.Err == ErrClockRegression:
 			regression = r.Err
 		case r.Err == msg.ErrSweepStopped:
-			return res, ctx.Err() // Stop is ctx.Done(), closed: never nil
+			return res, e.ctxErr(ctx) // Stop is ctx.Done(), closed: never nil
 		case r.Err != nil:
 			return res, r.Err
 		default:

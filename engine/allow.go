@@ -104,3 +104,17 @@ func (e *Engine) nilContext() error {
 	}
 	return ErrNilContext
 }
+
+// ctxErr is the error of a call that finds ctx ended, nil if it has not:
+// ErrClosed if Close has begun too, as ErrClosed comes first in the order
+// of errors, whichever of the two the call noticed (a select waiting on
+// both picks either).
+func (e *Engine) ctxErr(ctx context.Context) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	return ctx.Err()
+}

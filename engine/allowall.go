@@ -114,7 +114,7 @@ func (e *Engine) allowAllCall(ctx context.Context, reqs []Request) (Decision, in
 	case ctx == nil:
 		return Decision{}, -1, e.nilContext()
 	}
-	if err := ctx.Err(); err != nil {
+	if err := e.ctxErr(ctx); err != nil {
 		return Decision{}, -1, err
 	}
 	c := e.newAllCall(reqs)

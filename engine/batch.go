@@ -83,7 +83,7 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Result) e
 	case ctx == nil:
 		err = ErrNilContext
 	default:
-		err = ctx.Err()
+		err = e.ctxErr(ctx)
 	}
 	sent := 0
 	for i := range c.parts {

@@ -94,7 +94,8 @@
 //  3. ErrInvalidCost: the cost is below 1.
 //  4. ErrClosed: the engine is closed.
 //  5. ErrNilContext for a nil context, else the context's error if it is
-//     done.
+//     done (ErrClosed instead if Close has begun by then, wherever the call
+//     finds the context done: before it sends, or while it waits).
 //
 // and then by the key's shard, at its clock reading:
 //

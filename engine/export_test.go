@@ -18,3 +18,6 @@ func (e *Engine) ShardOf(key string) int {
 // before it waits for an earlier call and "rename" before its rename. Set
 // it before any SnapshotFile of e.
 func SetSnapshotFileHook(e *Engine, f func(stage string)) { e.snapshotFileHook = f }
+
+// Closing returns the channel e's Close closes as it begins.
+func Closing(e *Engine) <-chan struct{} { return e.closing }

@@ -146,7 +146,7 @@ func (e *Engine) Snapshot(ctx context.Context, w io.Writer) error {
 				return sw.err
 			}
 		case <-ctx.Done():
-			return ctx.Err()
+			return e.ctxErr(ctx)
 		case <-e.closing:
 			return ErrClosed
 		}

@@ -82,20 +82,13 @@ func (e *Engine) sleepUntil(ctx context.Context, t int64) error {
 	return until(e, ctx, ch)
 }
 
-// until waits for done, ctx or Close. When ctx has ended and Close has
-// started both, it is ErrClosed, as before a request is sent: a select
-// would pick either.
+// until waits for done, ctx or Close.
 func until(e *Engine, ctx context.Context, done <-chan struct{}) error {
 	select {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		select {
-		case <-e.closing:
-			return ErrClosed
-		default:
-			return ctx.Err()
-		}
+		return e.ctxErr(ctx)
 	case <-e.closing:
 		return ErrClosed
 	}

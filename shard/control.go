@@ -52,7 +52,7 @@ func (m *Mailbox) send(ctx context.Context, c control) error {
 	case m.ctl[c.gate()] <- c:
 		return nil
 	case <-ctx.Done():
-		err = ctx.Err()
+		err = m.ended(ctx)
 	case <-m.closing:
 		err = msg.ErrClosed
 	}

@@ -96,8 +96,10 @@ func (m *Mailbox) SendBatch(ctx context.Context, b *msg.Batch) error {
 	if !m.enter() {
 		return msg.ErrClosed
 	}
-	err := ctx.Err()
-	if err == nil {
+	var err error
+	if ctx.Err() != nil {
+		err = m.ended(ctx)
+	} else {
 		select {
 		case m.batch <- b:
 		default: // full: wait for room, the context or Close

@@ -23,8 +23,8 @@ func (m *Mailbox) SendSingle(ctx context.Context, a *msg.Single) error {
 	if m.head.Load() == closedQueue {
 		return msg.ErrClosed
 	}
-	if err := ctx.Err(); err != nil {
-		return err
+	if ctx.Err() != nil {
+		return m.ended(ctx)
 	}
 	if m.queued.Add(1) > m.size {
 		if err := m.waitRoom(ctx); err != nil {
@@ -78,9 +78,9 @@ func (m *Mailbox) waitRoom(ctx context.Context) error {
 	}
 }
 
-// ended is the error for a wait that ctx ended: ErrClosed if the engine
-// is closing too, since a select between the two picks at random and
-// ErrClosed comes before the context's error.
+// ended is the error for a send that found ctx ended: ErrClosed if the
+// engine is closing too, as ErrClosed comes before the context's error
+// (where a send waits on both, a select would pick either).
 func (m *Mailbox) ended(ctx context.Context) error {
 	select {
 	case <-m.closing:
