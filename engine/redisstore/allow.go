@@ -80,7 +80,11 @@ func (s *Store) usable(ctx context.Context) error {
 	case ctx == nil:
 		return engine.ErrNilContext
 	}
-	return ended(ctx)
+	err := ended(ctx)
+	if err != nil && s.closed.Load() {
+		return engine.ErrClosed // Close began as ctx ended: it comes first
+	}
+	return err
 }
 
 // badKey reports whether key is not a valid key: blank, or too long.
