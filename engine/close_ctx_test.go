@@ -60,8 +60,8 @@ func TestClosedBeforeContextWhenBothEnd(t *testing.T) {
 		// returned (nil for nothing).
 		prep func(t *testing.T, e *engine.Engine) func()
 		call func(ctx context.Context, e *engine.Engine) error
-		// looks, if set, is how many looks to try: a call that waits for
-		// something only undo ends looks no more, and must be ended.
+		// looks, if set, is the last look to try: a call that gets past
+		// it waits for what only undo ends.
 		looks int64
 	}
 	drain := func(t *testing.T, e *engine.Engine) func() {
