@@ -75,7 +75,9 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // has every answer) makes it give the hold up, so they never wait on a
 // hold; after that, they wait only for the call's own next step, which
 // waits on nothing. The call then starts over once, holding the
-// coordinator those need, so nothing but Close can interrupt it again.
+// coordinator those need, so nothing but Close can interrupt it again; it
+// waits for the coordinator as they do, until the cutover, sweep or
+// snapshot in progress has returned (a Snapshot's writer included).
 // AllowAll does not allocate once warm, except for a call that has to
 // start over.
 func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (Decision, int, error) {

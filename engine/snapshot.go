@@ -80,7 +80,9 @@ var (
 //
 // Each shard copies its buckets itself, a chunk at a time, between requests,
 // and Snapshot writes the chunks to w as they come: a slow writer pauses the
-// copying, never admission, and the state is never copied whole. Each bucket
+// copying, never admission (but for an AllowAll whose hold the snapshot's
+// start made a shard give up: it tries again holding the coordinator, so
+// once Snapshot has returned), and the state is never copied whole. Each bucket
 // is copied as it is at the moment its shard copies it, so the snapshot is
 // consistent per key; across keys it is not a single instant (requests
 // served during the snapshot show in the buckets copied after them), and a
