@@ -65,8 +65,11 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // it holds and holds them again one shard at a time, in the order of their
 // numbers, waiting on each; so concurrent calls cannot deadlock, whichever
 // keys they share, and a call that gives way always completes. A held
-// key's requests wait until the call ends; every other key, on every
-// shard, is served meanwhile, and so are other AllowAlls over other keys.
+// key's requests wait until the call ends, and so do those of a key whose
+// shard keeps the call's part waiting for a sweep to end (the keys it holds
+// on other shards meanwhile included), for as long as the sweep; every
+// other key, on every shard, is served meanwhile, and so are other
+// AllowAlls over other keys.
 // Each shard answers with a copy of its held buckets, which nothing else
 // touches while they are held, so the call decides every key at the latest
 // of the shards' readings without asking them again, and then admits or
