@@ -69,11 +69,10 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // shard keeps the call's part waiting for a sweep to end (the keys it holds
 // on other shards meanwhile included), for as long as the sweep; every
 // other key, on every shard, is served meanwhile, and so are other
-// AllowAlls over other keys.
-// Each shard answers with a copy of its held buckets, which nothing else
-// touches while they are held, so the call decides every key at the latest
-// of the shards' readings without asking them again, and then admits or
-// refuses them all. A cutover, sweep, snapshot or Close that reaches a
+// AllowAlls over other keys. Each shard answers with a copy of its held
+// buckets, which nothing else touches while they are held, so the call
+// decides every key at the latest of the shards' readings without asking
+// them again, and then admits or refuses them all. A cutover, sweep, snapshot or Close that reaches a
 // shard before the call has claimed its hold there (which it does once it
 // has every answer) makes it give the hold up, so they never wait on a
 // hold; after that, they wait only for the call's own next step, which
