@@ -30,7 +30,8 @@ func (c *gatedClock) Now() int64 {
 // and AllowAll's docs state to a sweep holding no request up for more than
 // one slice: an AllowAll part that reaches a shard being swept waits for
 // the sweep to end, and so does an Allow for its key that comes after it,
-// slice after slice; both are served once the sweep has ended.
+// slice after slice; both are served once the sweep has ended. Neither
+// counts in MailboxDepth meanwhile, as ShardStats says.
 func TestSweepKeepsAllowAllAndItsKeysWaiting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		clk := &gatedClock{step: make(chan struct{})}
@@ -62,6 +63,7 @@ func TestSweepKeepsAllowAllAndItsKeysWaiting(t *testing.T) {
 			readings++
 		}
 		require.Greater(t, readings, 3, "the sweep took several slices")
+		assert.Zero(t, e.Stats().Shards[0].MailboxDepth, "taken, and kept waiting: not in the depth, as Stats says")
 		assert.Zero(t, len(allowed), "the Allow waits for the sweep")
 		assert.Zero(t, len(allDone), "the AllowAll waits for the sweep")
 		close(clk.step)
