@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,6 +27,32 @@ func (c *gatedClock) Now() int64 {
 	return 0
 }
 
+// sweepingWithAllowAll starts, in a synctest bubble, an EvictFull over
+// one shard of many keys, none full, each of its slices waiting for a step
+// of clk, and once its first slice is done, an AllowAll of one of those
+// keys, k, whose part the shard keeps waiting for the sweep to end.
+func sweepingWithAllowAll(t *testing.T) (e *engine.Engine, clk *gatedClock, k string, swept, allDone <-chan error) {
+	clk = &gatedClock{step: make(chan struct{})}
+	e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 1, Clock: clk, SweepEvery: -1})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	ctx := context.Background()
+	keys := longKeys(40 * 1024)
+	fill(t, e, keys, 1) // none full: the sweep keeps them all
+	k = keys[0]
+
+	clk.gated.Store(true)
+	sw := make(chan error, 1)
+	go func() { _, err := e.EvictFull(ctx); sw <- err }()
+	synctest.Wait() // the first slice waits on the clock
+	all := make(chan error, 1)
+	go func() { _, _, err := e.AllowAll(ctx, []engine.Request{{Key: k, Cost: 1}}); all <- err }()
+	synctest.Wait()
+	clk.step <- struct{}{} // the first slice; then the AllowAll's part waits for the sweep
+	synctest.Wait()
+	return e, clk, k, sw, all
+}
+
 // TestSweepKeepsAllowAllAndItsKeysWaiting pins the exception EvictFull's
 // and AllowAll's docs state to a sweep holding no request up for more than
 // one slice: an AllowAll part that reaches a shard being swept waits for
@@ -34,24 +61,8 @@ func (c *gatedClock) Now() int64 {
 // counts in MailboxDepth meanwhile, as ShardStats says.
 func TestSweepKeepsAllowAllAndItsKeysWaiting(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		clk := &gatedClock{step: make(chan struct{})}
-		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 1, Clock: clk, SweepEvery: -1})
-		require.NoError(t, err)
-		defer e.Close()
+		e, clk, k, swept, allDone := sweepingWithAllowAll(t)
 		ctx := context.Background()
-		keys := longKeys(40 * 1024)
-		fill(t, e, keys, 1) // none full: the sweep keeps them all
-		k := keys[0]
-
-		clk.gated.Store(true)
-		swept := make(chan error, 1)
-		go func() { _, err := e.EvictFull(ctx); swept <- err }()
-		synctest.Wait() // the first slice waits on the clock
-		allDone := make(chan error, 1)
-		go func() { _, _, err := e.AllowAll(ctx, []engine.Request{{Key: k, Cost: 1}}); allDone <- err }()
-		synctest.Wait()
-		clk.step <- struct{}{} // the first slice; then the AllowAll's part waits for the sweep
-		synctest.Wait()
 		allowed := make(chan error, 1)
 		go func() { _, err := e.Allow(ctx, k, 1); allowed <- err }()
 		synctest.Wait()
@@ -73,5 +84,46 @@ func TestSweepKeepsAllowAllAndItsKeysWaiting(t *testing.T) {
 		d, err := e.Peek(ctx, k)
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), d.Remaining, "both took their token")
+	})
+}
+
+// TestWaitAnsweredPastDeadlineBehindSweep pins Wait's doc: it never sleeps
+// past its context's deadline, but a decision it asked for that the shard
+// has taken is answered as an Allow's is, whatever the context does. Here
+// the shard keeps the Wait's request waiting behind an AllowAll's part,
+// which waits for a sweep, past the deadline; once the sweep ends, Wait
+// returns the admission, not the context's error.
+func TestWaitAnsweredPastDeadlineBehindSweep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, clk, k, swept, allDone := sweepingWithAllowAll(t)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		type answer struct {
+			d   engine.Decision
+			err error
+		}
+		waited := make(chan answer, 1)
+		go func() { d, err := e.Wait(ctx, k, 1); waited <- answer{d, err} }()
+		synctest.Wait()
+		for range 2 { // the second slice, then the reading the shard takes the request at
+			clk.step <- struct{}{}
+			synctest.Wait()
+		}
+		// The shard keeps the request waiting behind the AllowAll's part,
+		// and is in its third slice.
+		require.Zero(t, e.Stats().Shards[0].MailboxDepth, "the shard has taken the request")
+		<-ctx.Done() // the bubble's time passes the deadline
+		for range 3 {
+			clk.step <- struct{}{}
+			synctest.Wait()
+			require.Zero(t, len(waited), "the shard has the request: Wait waits for its answer")
+		}
+		require.Zero(t, len(swept))
+		close(clk.step)
+		r := <-waited
+		require.NoError(t, r.err)
+		assert.True(t, r.d.Allowed)
+		require.NoError(t, <-swept)
+		require.NoError(t, <-allDone)
 	})
 }
