@@ -46,7 +46,9 @@ func (e *Engine) release() { <-e.admin }
 //
 // Each shard sweeps in slices of about 1024 slots of its table, serving requests
 // between slices, so a sweep over a million keys holds no request up for
-// more than one slice; each bucket is judged at the clock reading of the
+// more than one slice, but for an AllowAll that names a key of a shard
+// being swept: it waits for the sweep, and so do the requests for its keys
+// (see AllowAll); each bucket is judged at the clock reading of the
 // slice that reaches it. Shards are swept one after another. If ctx ends
 // part-way, the shard sweeping finishes the slice in progress and starts no
 // other, and EvictFull returns the count so far with the context's error. A

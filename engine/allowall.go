@@ -65,17 +65,21 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // it holds and holds them again one shard at a time, in the order of their
 // numbers, waiting on each; so concurrent calls cannot deadlock, whichever
 // keys they share, and a call that gives way always completes. A held
-// key's requests wait until the call ends; every other key, on every
-// shard, is served meanwhile, and so are other AllowAlls over other keys.
-// Each shard answers with a copy of its held buckets, which nothing else
-// touches while they are held, so the call decides every key at the latest
-// of the shards' readings without asking them again, and then admits or
-// refuses them all. A cutover, sweep, snapshot or Close that reaches a
+// key's requests wait until the call ends, and so do those of a key whose
+// shard keeps the call's part waiting for a sweep to end (the keys it holds
+// on other shards meanwhile included), for as long as the sweep; every
+// other key, on every shard, is served meanwhile, and so are other
+// AllowAlls over other keys. Each shard answers with a copy of its held
+// buckets, which nothing else touches while they are held, so the call
+// decides every key at the latest of the shards' readings without asking
+// them again, and then admits or refuses them all. A cutover, sweep, snapshot or Close that reaches a
 // shard before the call has claimed its hold there (which it does once it
 // has every answer) makes it give the hold up, so they never wait on a
 // hold; after that, they wait only for the call's own next step, which
 // waits on nothing. The call then starts over once, holding the
-// coordinator those need, so nothing but Close can interrupt it again.
+// coordinator those need, so nothing but Close can interrupt it again; it
+// waits for the coordinator as they do, until the cutover, sweep or
+// snapshot in progress has returned (a Snapshot's writer included).
 // AllowAll does not allocate once warm, except for a call that has to
 // start over.
 func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (Decision, int, error) {

@@ -25,15 +25,19 @@ var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the contex
 // Refund, or a cutover to a faster rate, meanwhile does not wake Wait
 // sooner.
 //
-// Wait never waits past ctx's deadline: if the instant a denial's estimate
+// Wait never sleeps past ctx's deadline: if the instant a denial's estimate
 // names comes after it, Wait returns at once with ErrWouldExceedDeadline
 // (wrapped, giving the wait), having spent nothing. An instant past
 // math.MaxInt64, the clock's last reading, comes after every deadline, and
 // without one Wait waits for ctx or Close. If ctx ends while
-// waiting it returns ctx's error, and ErrClosed if the engine closes (also
+// sleeping it returns ctx's error, and ErrClosed if the engine closes (also
 // when both have happened by the time it wakes). Any
 // other error of Allow is returned as it is. Like every error, these come
-// with the zero Decision.
+// with the zero Decision. Each decision it asks for is answered as an
+// Allow's is: once the key's shard has taken it, Wait returns its answer
+// whatever ctx does, even past the deadline if the shard kept it waiting
+// (behind an AllowAll's hold, for as long as a sweep keeps that call
+// waiting: see AllowAll).
 //
 // It waits on the engine's clock if that is a clock.Sleeper (clock.Manual
 // is; as a clock.Alarm it wakes at that instant however the clock moves

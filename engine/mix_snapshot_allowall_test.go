@@ -1,0 +1,67 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"testing/synctest"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tokenshard/tokenshard/engine"
+)
+
+// TestSnapshotSlowWriterAndInterruptedAllowAll: an AllowAll whose hold a
+// Snapshot's start made a shard give up tries again holding the
+// coordinator, so it waits until Snapshot returns, its writer included (as
+// Snapshot's and AllowAll's docs say), and is then admitted. Shard 1,
+// stalled on the clock, keeps the call's part for b from being answered
+// while shard 0 holds a, so the snapshot reaches shard 0 first.
+func TestSnapshotSlowWriterAndInterruptedAllowAll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := &haStallClock{gate: make(chan struct{})}
+		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 2, Clock: clk})
+		require.NoError(t, err)
+		defer e.Close()
+		var onShard [2]string
+		for i := 0; onShard[0] == "" || onShard[1] == ""; i++ {
+			if k := fmt.Sprint("k", i); onShard[e.ShardOf(k)] == "" {
+				onShard[e.ShardOf(k)] = k
+			}
+		}
+		a, b := onShard[0], onShard[1]
+		ctx := context.Background()
+
+		clk.armed.Store(true)
+		allowed := make(chan error, 1)
+		go func() { _, err := e.Allow(ctx, b, 1); allowed <- err }()
+		synctest.Wait() // shard 1 stalls on the clock
+		allDone := make(chan error, 1)
+		go func() {
+			_, _, err := e.AllowAll(ctx, []engine.Request{{Key: a, Cost: 1}, {Key: b, Cost: 1}})
+			allDone <- err
+		}()
+		synctest.Wait() // shard 0 holds a; b's part waits behind the stall
+		w := newBlockingWriter(nil)
+		snapped := make(chan error, 1)
+		go func() { snapped <- e.Snapshot(ctx, w) }()
+		synctest.Wait() // shard 0 gave its hold up and began its copy
+		close(clk.gate)
+		require.NoError(t, <-allowed)
+		synctest.Wait() // the snapshot waits on the writer
+		select {
+		case <-w.blocked:
+		default:
+			t.Fatal("the snapshot did not reach the writer")
+		}
+		assert.Zero(t, len(allDone), "the AllowAll waits for the coordinator, which the snapshot holds")
+		assert.Equal(t, uint64(1), e.Stats().Shards[0].HoldsAborted, "shard 0 gave its hold up for the snapshot")
+		close(w.release)
+		require.NoError(t, <-snapped)
+		require.NoError(t, <-allDone)
+		d, err := e.Peek(ctx, a)
+		require.NoError(t, err)
+		assert.Equal(t, int64(4), d.Remaining, "admitted once, after the snapshot")
+	})
+}
