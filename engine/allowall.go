@@ -72,11 +72,11 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // AllowAlls over other keys. Each shard answers with a copy of its held
 // buckets, which nothing else touches while they are held, so the call
 // decides every key at the latest of the shards' readings without asking
-// them again, and then admits or refuses them all. A cutover, sweep, snapshot or Close that reaches a
-// shard before the call has claimed its hold there (which it does once it
-// has every answer) makes it give the hold up, so they never wait on a
-// hold; after that, they wait only for the call's own next step, which
-// waits on nothing. The call then starts over once, holding the
+// them again, and then admits or refuses them all. A cutover, sweep,
+// snapshot or Close that reaches a shard before the call has claimed its
+// hold there (which it does once it has every answer) makes it give the
+// hold up, so they never wait on a hold; after that, they wait only for
+// the call's own next step, which waits on nothing. The call then starts over once, holding the
 // coordinator those need, so nothing but Close can interrupt it again; it
 // waits for the coordinator as they do, until the cutover, sweep or
 // snapshot in progress has returned (a Snapshot's writer included).
