@@ -44,16 +44,16 @@ func (e *Engine) release() { <-e.admin }
 // depleted or partly refilled bucket is never dropped, however old. Keys
 // created after their shard's pass began survive it.
 //
-// Each shard sweeps in slices of about 1024 slots of its table, serving requests
-// between slices, so a sweep over a million keys holds no request up for
-// more than one slice, but for an AllowAll that names a key of a shard
-// being swept: it waits for the sweep, and so do the requests for its keys
-// (see AllowAll); each bucket is judged at the clock reading of the
-// slice that reaches it. Shards are swept one after another. If ctx ends
-// part-way, the shard sweeping finishes the slice in progress and starts no
-// other, and EvictFull returns the count so far with the context's error. A
-// slice whose clock reading stepped back ends that shard's pass (what earlier
-// slices removed stays removed and is counted), and EvictFull returns
+// Each shard sweeps in slices of about 1024 slots of its table, serving
+// requests between slices, so a sweep over a million keys holds no request
+// up for more than one slice (an AllowAll that meets a shard being swept
+// starts over once the sweep is done, holding no key meanwhile: see
+// AllowAll); each bucket is judged at the clock reading of the slice that
+// reaches it. Shards are swept one after another. If ctx ends part-way, the
+// shard sweeping finishes the slice in progress and starts no other, and
+// EvictFull returns the count so far with the context's error. A slice whose
+// clock reading stepped back ends that shard's pass (what earlier slices
+// removed stays removed and is counted), and EvictFull returns
 // ErrClockRegression once every other shard is done. After Close, or if
 // Close comes part-way, it returns ErrClosed with the count so far. Before
 // it sweeps: ErrNotInitialized for a zero Engine, then ErrClosed, then

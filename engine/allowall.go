@@ -60,28 +60,26 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // need more.
 //
 // How: the call's keys are held on every shard at once, each shard holding
-// its keys only if none is held by another call (or waited on) and no
-// sweep runs there. If one shard finds its keys busy, the call ends what
-// it holds and holds them again one shard at a time, in the order of their
-// numbers, waiting on each; so concurrent calls cannot deadlock, whichever
-// keys they share, and a call that gives way always completes. A held
-// key's requests wait until the call ends, and so do those of a key whose
-// shard keeps the call's part waiting for a sweep to end (the keys it holds
-// on other shards meanwhile included), for as long as the sweep; every
-// other key, on every shard, is served meanwhile, and so are other
-// AllowAlls over other keys. Each shard answers with a copy of its held
-// buckets, which nothing else touches while they are held, so the call
-// decides every key at the latest of the shards' readings without asking
-// them again, and then admits or refuses them all. A cutover, sweep,
-// snapshot or Close that reaches a shard before the call has claimed its
-// hold there (which it does once it has every answer) makes it give the
-// hold up, so they never wait on a hold; after that, they wait only for
-// the call's own next step, which waits on nothing. The call then starts over once, holding the
-// coordinator those need, so nothing but Close can interrupt it again; it
-// waits for the coordinator as they do, until the cutover, sweep or
-// snapshot in progress has returned (a Snapshot's writer included).
-// AllowAll does not allocate once warm, except for a call that has to
-// start over.
+// its keys only if none is held by another call (or waited on) and no sweep
+// runs there. If one shard finds its keys busy, the call ends what it holds
+// and holds them again one shard at a time, in the order of their numbers,
+// waiting on each; so concurrent calls cannot deadlock, whichever keys they
+// share, and a call that gives way always completes. A held key's requests
+// wait until the call ends; every other key, on every shard, is served
+// meanwhile, and so are other AllowAlls over other keys. Each shard answers
+// with a copy of its held buckets, which nothing else touches while they are
+// held, so the call decides every key at the latest of the shards' readings
+// without asking them again, and then admits or refuses them all. A cutover,
+// sweep, snapshot or Close that reaches a shard before the call has claimed
+// its hold there (which it does once it has every answer) makes it give the
+// hold up, so they never wait on a hold; after that, they wait only for the
+// call's own next step, which waits on nothing. A shard being swept holds
+// nothing, and the call ends what it holds too, so no key waits for a sweep.
+// Either way the call then starts over once, holding the coordinator those
+// need, so nothing but Close can interrupt it again; it waits for the
+// coordinator as they do, until the cutover, sweep or snapshot in progress
+// has returned (a Snapshot's writer included). AllowAll does not allocate
+// once warm, except for a call that has to start over.
 func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (Decision, int, error) {
 	if e.uninitialized() {
 		return Decision{}, -1, ErrNotInitialized
@@ -126,9 +124,9 @@ func (e *Engine) allowAllCall(ctx context.Context, reqs []Request) (Decision, in
 	if d, i, again, err := e.allowAll(ctx, c, reqs); !again {
 		return d, i, err
 	}
-	// A cutover, sweep or snapshot made a shard give its hold up. Try again
-	// holding the coordinator, which every one of them needs: then only
-	// Close can interrupt.
+	// A cutover, sweep or snapshot made a shard give its hold up, or a
+	// sweep was running. Try again holding the coordinator, which every one
+	// of them needs: then only Close can interrupt.
 	for {
 		if err := e.acquire(ctx); err != nil {
 			return Decision{}, -1, err
@@ -292,9 +290,9 @@ func holdErrRank(err error) int {
 	return 2 // ErrKeyCapacity
 }
 
-// allowAll is one attempt. again reports that a shard gave its hold up, or
-// that the shards checked the call under different policy versions, and
-// nothing was decided. It first sends every part at once, each waiting for
+// allowAll is one attempt. again reports that a shard gave its hold up or
+// was being swept, or that the shards checked the call under different
+// policy versions, and nothing was decided. It first sends every part at once, each waiting for
 // nothing; if a shard answers that one of its keys is busy, it ends what it
 // holds and holds the parts one at a time, in shard order.
 func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d Decision, at int, again bool, err error) {
@@ -303,8 +301,10 @@ func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d De
 			return d, at, again, err
 		}
 	}
-	d, at, again, _, err = e.hold(ctx, c, reqs, false)
-	return d, at, again, err
+	// Held in order, a part is Busy only on a shard being swept: start
+	// over once the sweep, which holds the coordinator, is done.
+	d, at, again, busy, err := e.hold(ctx, c, reqs, false)
+	return d, at, again || busy, err
 }
 
 // hold is one attempt, its parts sent at once with try (busy: a shard
@@ -382,7 +382,7 @@ func (e *Engine) hold(ctx context.Context, c *allCall, reqs []Request, try bool)
 		sent++
 		if !try {
 			c.answers.Wait(e.waitYields) // a shard always answers a part it took
-			if answer(k); closed {
+			if answer(k); closed || busy {
 				break
 			}
 		}

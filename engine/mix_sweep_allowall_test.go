@@ -27,75 +27,96 @@ func (c *gatedClock) Now() int64 {
 	return 0
 }
 
-// sweepingWithAllowAll starts, in a synctest bubble, an EvictFull over
-// one shard of many keys, none full, each of its slices waiting for a step
-// of clk, and once its first slice is done, an AllowAll of one of those
-// keys, k, whose part the shard keeps waiting for the sweep to end.
-func sweepingWithAllowAll(t *testing.T) (e *engine.Engine, clk *gatedClock, k string, swept, allDone <-chan error) {
-	clk = &gatedClock{step: make(chan struct{})}
-	e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 1, Clock: clk, SweepEvery: -1})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = e.Close() })
-	ctx := context.Background()
-	keys := longKeys(40 * 1024)
-	fill(t, e, keys, 1) // none full: the sweep keeps them all
-	k = keys[0]
-
-	clk.gated.Store(true)
-	sw := make(chan error, 1)
-	go func() { _, err := e.EvictFull(ctx); sw <- err }()
-	synctest.Wait() // the first slice waits on the clock
-	all := make(chan error, 1)
-	go func() { _, _, err := e.AllowAll(ctx, []engine.Request{{Key: k, Cost: 1}}); all <- err }()
-	synctest.Wait()
-	clk.step <- struct{}{} // the first slice; then the AllowAll's part waits for the sweep
-	synctest.Wait()
-	return e, clk, k, sw, all
-}
-
-// TestSweepKeepsAllowAllAndItsKeysWaiting pins the exception EvictFull's
-// and AllowAll's docs state to a sweep holding no request up for more than
-// one slice: an AllowAll part that reaches a shard being swept waits for
-// the sweep to end, and so does an Allow for its key that comes after it,
-// slice after slice; both are served once the sweep has ended. Neither
-// counts in MailboxDepth meanwhile, as ShardStats says.
-func TestSweepKeepsAllowAllAndItsKeysWaiting(t *testing.T) {
+// TestSweepHoldsNoKeyForAllowAll: an AllowAll that meets a shard being
+// swept holds no key meanwhile, on that shard or another, and starts over
+// once the sweep is done, as AllowAll's and EvictFull's docs say: so a
+// sweep holds no request up for more than one slice, not even one for a
+// key the call names on a shard it has held. Here shard 0 has been swept,
+// shard 1 is being swept (one slice per reading of the clock), and an
+// Allow for the call's key on shard 0 is answered while the sweep goes
+// on; the call admits once EvictFull has returned.
+func TestSweepHoldsNoKeyForAllowAll(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e, clk, k, swept, allDone := sweepingWithAllowAll(t)
+		clk := &gatedClock{step: make(chan struct{})}
+		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 2, Clock: clk, SweepEvery: -1})
+		require.NoError(t, err)
+		defer e.Close()
 		ctx := context.Background()
-		allowed := make(chan error, 1)
-		go func() { _, err := e.Allow(ctx, k, 1); allowed <- err }()
-		synctest.Wait()
-		readings := 0
-		for len(swept) == 0 {
-			require.Zero(t, len(allowed), "the Allow was answered during the sweep, after %d readings", readings)
+		keys := longKeys(80 * 1024)
+		fill(t, e, keys, 1) // none full: the sweep keeps them all
+		var on [2]string    // a key of each shard
+		for _, k := range keys {
+			if i := e.ShardOf(k); on[i] == "" {
+				on[i] = k
+			}
+		}
+		step := func() {
 			clk.step <- struct{}{}
 			synctest.Wait()
-			readings++
 		}
-		require.Greater(t, readings, 3, "the sweep took several slices")
-		assert.Zero(t, e.Stats().Shards[0].MailboxDepth, "taken, and kept waiting: not in the depth, as Stats says")
-		assert.Zero(t, len(allowed), "the Allow waits for the sweep")
-		assert.Zero(t, len(allDone), "the AllowAll waits for the sweep")
+
+		clk.gated.Store(true)
+		swept := make(chan error, 1)
+		go func() { _, err := e.EvictFull(ctx); swept <- err }()
+		synctest.Wait()
+		for e.Stats().Shards[0].Sweeps == 0 {
+			step()
+		}
+		step() // shard 1's first slice
+		type answer struct {
+			d   engine.Decision
+			err error
+		}
+		all := make(chan answer, 1)
+		go func() {
+			d, _, err := e.AllowAll(ctx, []engine.Request{{Key: on[0], Cost: 1}, {Key: on[1], Cost: 1}})
+			all <- answer{d, err}
+		}()
+		synctest.Wait()
+		for range 8 { // readings enough for the call to hold on shard 0 and meet shard 1
+			step()
+		}
+		allowed := make(chan answer, 1)
+		go func() { d, err := e.Allow(ctx, on[0], 1); allowed <- answer{d, err} }()
+		synctest.Wait()
+		slices := 0
+		for len(allowed) == 0 {
+			require.Zero(t, len(swept), "the Allow waited for the whole sweep")
+			step()
+			slices++
+		}
+		require.Less(t, slices, 4, "the Allow waited for slice after slice")
+		a := <-allowed
+		require.NoError(t, a.err)
+		assert.True(t, a.d.Allowed)
+		assert.Zero(t, len(swept), "the sweep goes on")
+		assert.Zero(t, len(all), "the AllowAll waits for the sweep to be done")
 		close(clk.step)
 		require.NoError(t, <-swept)
-		require.NoError(t, <-allDone)
-		require.NoError(t, <-allowed)
-		d, err := e.Peek(ctx, k)
-		require.NoError(t, err)
-		assert.Equal(t, int64(2), d.Remaining, "both took their token")
+		r := <-all
+		require.NoError(t, r.err)
+		assert.True(t, r.d.Allowed)
+		for i, want := range []int64{2, 3} { // spent: the fill, the AllowAll, and on shard 0 the Allow
+			d, err := e.Peek(ctx, on[i])
+			require.NoError(t, err)
+			assert.Equal(t, want, d.Remaining, "shard %d's key", i)
+		}
+		assert.Equal(t, uint64(1), e.Stats().AllowAll.Admitted)
 	})
 }
 
-// TestWaitAnsweredPastDeadlineBehindSweep pins Wait's doc: it never sleeps
-// past its context's deadline, but a decision it asked for that the shard
-// has taken is answered as an Allow's is, whatever the context does. Here
-// the shard keeps the Wait's request waiting behind an AllowAll's part,
-// which waits for a sweep, past the deadline; once the sweep ends, Wait
-// returns the admission, not the context's error.
-func TestWaitAnsweredPastDeadlineBehindSweep(t *testing.T) {
+// TestWaitAnsweredPastDeadline pins Wait's doc: it never sleeps past its
+// context's deadline, but a decision it asked for that the shard has taken
+// is answered as an Allow's is, whatever the context does. Here the shard
+// has the request and waits for a clock reading past the deadline; Wait
+// then returns the admission, not the context's error.
+func TestWaitAnsweredPastDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e, clk, k, swept, allDone := sweepingWithAllowAll(t)
+		clk := &gatedClock{step: make(chan struct{})}
+		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 1, Clock: clk, SweepEvery: -1})
+		require.NoError(t, err)
+		defer e.Close()
+		clk.gated.Store(true)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		type answer struct {
@@ -103,27 +124,14 @@ func TestWaitAnsweredPastDeadlineBehindSweep(t *testing.T) {
 			err error
 		}
 		waited := make(chan answer, 1)
-		go func() { d, err := e.Wait(ctx, k, 1); waited <- answer{d, err} }()
-		synctest.Wait()
-		for range 2 { // the second slice, then the reading the shard takes the request at
-			clk.step <- struct{}{}
-			synctest.Wait()
-		}
-		// The shard keeps the request waiting behind the AllowAll's part,
-		// and is in its third slice.
-		require.Zero(t, e.Stats().Shards[0].MailboxDepth, "the shard has taken the request")
+		go func() { d, err := e.Wait(ctx, "k", 1); waited <- answer{d, err} }()
+		synctest.Wait() // the request is queued, and the shard waits for a reading to decide it
 		<-ctx.Done() // the bubble's time passes the deadline
-		for range 3 {
-			clk.step <- struct{}{}
-			synctest.Wait()
-			require.Zero(t, len(waited), "the shard has the request: Wait waits for its answer")
-		}
-		require.Zero(t, len(swept))
+		synctest.Wait()
+		require.Zero(t, len(waited), "the shard has the request: Wait waits for its answer")
 		close(clk.step)
 		r := <-waited
 		require.NoError(t, r.err)
 		assert.True(t, r.d.Allowed)
-		require.NoError(t, <-swept)
-		require.NoError(t, <-allDone)
 	})
 }

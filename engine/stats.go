@@ -77,10 +77,10 @@ type ShardStats struct {
 	// MailboxDepth is how many single requests and batch parts wait for the
 	// shard now (single requests count until the group the shard took them
 	// with is served); those the shard has taken and keeps waiting for an
-	// AllowAll's hold, or an AllowAll's part it keeps waiting for a hold or
-	// a sweep (see AllowAll), no longer count. MailboxHighWater is the most
-	// single requests it has found waiting at once. In Total, the sum and
-	// the largest.
+	// AllowAll's hold, or an AllowAll's part it keeps waiting for one (see
+	// AllowAll), no longer count. MailboxHighWater is the most single
+	// requests it has found waiting at once. In Total, the sum and the
+	// largest.
 	MailboxDepth, MailboxHighWater int64
 	Cutovers, Sweeps               uint64 // cutovers taken part in, sweeps run
 	Evicted                        uint64 // keys evicted by sweeps

@@ -36,8 +36,7 @@ var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the contex
 // with the zero Decision. Each decision it asks for is answered as an
 // Allow's is: once the key's shard has taken it, Wait returns its answer
 // whatever ctx does, even past the deadline if the shard kept it waiting
-// (behind an AllowAll's hold, for as long as a sweep keeps that call
-// waiting: see AllowAll).
+// (behind an AllowAll's hold: see AllowAll).
 //
 // It waits on the engine's clock if that is a clock.Sleeper (clock.Manual
 // is; as a clock.Alarm it wakes at that instant however the clock moves

@@ -38,9 +38,11 @@ import (
 // internal to tokenshard: only packages engine and shard use it.
 type Hold struct {
 	// Try: the part waits for nothing. If one of its keys is held or has
-	// work waiting, or a sweep runs, the shard takes no hold and answers
-	// Busy, so a caller may send every part at once: no two such calls
-	// ever wait on each other.
+	// work waiting, the shard takes no hold and answers Busy, so a caller
+	// may send every part at once: no two such calls ever wait on each
+	// other. While a sweep runs, the shard answers every part Busy, Try or
+	// not: the caller ends what it holds and starts over once the sweep
+	// is done, and keeps no key held on another shard meanwhile.
 	Try, Busy bool
 	// Answers is told when the shard has answered the part, in the place
 	// of the Batch's Done.

@@ -29,10 +29,11 @@ type holdSet struct {
 	parts    []*msg.Batch   // held parts, each with its Hold
 	waiting  []waiter       // work naming a held or waiting key, oldest first
 	waitKeys map[string]int // the keys of waiting work, counted
-	// aside: hold parts wait for no key, but for the end of a sweep or of
-	// the control message that made releaseHolds keep them aside; the loop
-	// replays them once no sweep runs (tendHolds). Any other waiting work
-	// waits on a hold, whose end replays it.
+	// aside: hold parts wait for no key, but for the end of the control
+	// message that made releaseHolds keep them aside; the loop's next
+	// holds step replays them (tendHolds), and a sweep then running
+	// answers them Busy. Any other waiting work waits on a hold, whose end
+	// replays it.
 	aside bool
 	// ended: a hold ended outside tendHolds (see serveHold), and the work
 	// waiting on its keys is yet to be served.
@@ -88,31 +89,30 @@ func (w waiter) keys() []string {
 	return keys
 }
 
-// serveHold serves b, a hold part: unless one of its keys is blocked, or a
-// sweep is in progress (then it waits, or a Try part is answered Busy at
-// once, holding nothing), it checks the part at its reading, copies its
-// buckets into the Hold's Snaps and answers; then, unless the check failed,
-// it holds the part's keys until the caller ends the hold or the shard
-// gives it up.
+// serveHold serves b, a hold part: unless one of its keys is blocked (then
+// it waits, or a Try part is answered Busy at once, holding nothing), or a
+// sweep is in progress (then it is answered Busy), it checks the part at
+// its reading, copies its buckets into the Hold's Snaps and answers; then,
+// unless the check failed, it holds the part's keys until the caller ends
+// the hold or the shard gives it up.
 //
 // No hold is taken while a sweep runs: every sweep begins with a control
 // message, which ends the holds first, so a sweep never meets a held key,
 // which it could neither judge (the call may yet take from it) nor skip
-// (the pass would then miss a bucket that stays full).
+// (the pass would then miss a bucket that stays full). Nor does a part
+// wait for the sweep: its caller may hold keys on other shards, whose
+// requests would wait as long, so it is answered Busy, and the caller
+// starts over once the sweep is done.
 func (s *Shard) serveHold(b *msg.Batch) {
 	h := b.Hold
 	blocked, sweeping := s.partBlocked(b), s.state.sweeping() && !s.stopping
 	switch {
-	case h.Try && (blocked || sweeping):
-		h.Busy = true // waits for nothing: the caller holds in order instead
+	case (h.Try && blocked) || sweeping:
+		h.Busy = true // waits for nothing: the caller holds in order, or after the sweep, instead
 		b.Answer()
 		return
 	case blocked:
 		s.wait(waiter{part: b})
-		return
-	case sweeping:
-		s.wait(waiter{part: b})
-		s.holds.aside = true
 		return
 	}
 	if s.stopping {
@@ -152,9 +152,10 @@ func (s *Shard) endSent() {
 
 // tendHolds is the loop's holds step (see Shard.turn): it carries out the
 // ends the holds' callers sent, then serves the waiting work whose keys a
-// hold ending freed, and the hold parts kept aside once no sweep runs.
+// hold ending freed, and the hold parts kept aside (a sweep running
+// answers them Busy).
 func (s *Shard) tendHolds() {
-	if s.endHolds() || s.holds.ended || (s.holds.aside && !s.state.sweeping()) {
+	if s.endHolds() || s.holds.ended || s.holds.aside {
 		s.holds.ended = false
 		s.replay(true)
 	}

@@ -85,10 +85,10 @@ func (s *Shard) Run(stop <-chan struct{}) {
 //  3. One slice of background work (task.go), so requests wait at most a
 //     slice.
 //  4. Data: the holds' part of it first, when there are holds (hold.go):
-//     the ends their callers sent, and hold parts kept aside, once no
-//     sweep runs; then every queued single request, then the batch parts
-//     queued, up to partsPerTurn, each after the ends sent before it
-//     (endSent).
+//     the ends their callers sent, and hold parts kept aside (answered
+//     Busy while a sweep runs); then every queued single request, then
+//     the batch parts queued, up to partsPerTurn, each after the ends
+//     sent before it (endSent).
 //  5. With background work that can go on and no data served, a yield to
 //     the scheduler's global queue, where preempted callers wait; else,
 //     after serving data, one yield on this processor's queue, so callers
