@@ -126,7 +126,7 @@ func TestWaitAnsweredPastDeadline(t *testing.T) {
 		waited := make(chan answer, 1)
 		go func() { d, err := e.Wait(ctx, "k", 1); waited <- answer{d, err} }()
 		synctest.Wait() // the request is queued, and the shard waits for a reading to decide it
-		<-ctx.Done() // the bubble's time passes the deadline
+		<-ctx.Done()    // the bubble's time passes the deadline
 		synctest.Wait()
 		require.Zero(t, len(waited), "the shard has the request: Wait waits for its answer")
 		close(clk.step)

@@ -23,7 +23,7 @@ func TestAllowAllUnderSweeps(t *testing.T) {
 	e, _ := newEngine(t, engine.Config{Policy: pol(1, capacity, 1), Shards: 2})
 	ctx := context.Background()
 	fill(t, e, longKeys(40*1024), 1) // none full: every sweep walks them all
-	var on [2][]string                // keys of each shard
+	var on [2][]string               // keys of each shard
 	for i := 0; len(on[0]) < 4 || len(on[1]) < 4; i++ {
 		k := string(rune('a'+i%26)) + string(rune('a'+i/26))
 		if s := e.ShardOf(k); len(on[s]) < 4 {
