@@ -832,7 +832,7 @@ func (q *leaseShard) settle(p post) {
 	// the tokens the request took from the lease are still the process's if
 	// Redis did not admit it (a failure rule's admission took nothing)
 	if p.held > 0 && !(heard(p.d, p.dErr) && p.d.Allowed) {
-		q.keep(p.key, k, p.held, p.ver)
+		q.keep(p.key, k, p.held, p.ver, p.ver)
 	}
 	if k == nil {
 		return
@@ -865,8 +865,9 @@ func (q *leaseShard) settle(p post) {
 	if n > 0 {
 		// taken under the version Redis decided the grant at: a cutover
 		// since the lease was asked for moves it past p.ver, and then the
-		// tokens go back under it, not under p.ver (see giveBack)
-		q.keep(p.key, k, n, p.leaseD.Version)
+		// tokens go back under it, not under p.ver (see giveBack), also if
+		// the lease has met it since: they were sized under p.ver's bound
+		q.keep(p.key, k, n, p.leaseD.Version, p.ver)
 		k.got = now
 	}
 }
@@ -880,11 +881,11 @@ func unheard(d engine.Decision, err error) bool {
 // heard reports whether an answer d, err is Redis's decision.
 func heard(d engine.Decision, err error) bool { return err == nil && !d.Degraded }
 
-// keep adds n tokens taken under version ver to k's lease, or, if k is
-// under another version or nil (its key forgotten), has the fetcher give
-// them back (see giveBack).
-func (q *leaseShard) keep(key string, k *lease, n, ver int64) {
-	if k == nil || ver != k.ver {
+// keep adds n tokens taken under version ver, and asked for under asked,
+// to k's lease, or, if k is under another version than either or nil (its
+// key forgotten), has the fetcher give them back (see giveBack).
+func (q *leaseShard) keep(key string, k *lease, n, ver, asked int64) {
+	if k == nil || ver != k.ver || asked != k.ver {
 		if !q.send(job{gift{key, n, ver}, true, k != nil}) {
 			q.l.lost(n, errors.New("the lease shard's queue to Redis is full"))
 		} else if k != nil {
