@@ -658,7 +658,9 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 			q.renew(r.key, k, st)
 		}
 	}
-	k.seen = now
+	if r.op == opAllow { // a Peek or a Refund is no request: it keeps no idle lease
+		k.seen = now
+	}
 	cost := r.cost
 	switch {
 	case r.op == opPeek:
