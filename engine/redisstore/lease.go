@@ -355,8 +355,8 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 		if err := cmp.Or(l.s.checkReq(r.Key, r.Cost), fail); err != nil {
 			out[i] = engine.Result{Err: err}
 			t.add(engine.Decision{}, err)
-		} else {
-			out[i].Decision, out[i].Err = l.decide(ctx, dl, r.Key, r.Cost)
+		} else if out[i].Decision, out[i].Err = l.decide(ctx, dl, r.Key, r.Cost); out[i].Err == engine.ErrClosed {
+			fail = out[i].Err // its lease shard has stopped: Close is under way, before the store counts as closed
 		}
 	}
 	l.s.count(&t)
