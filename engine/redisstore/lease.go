@@ -355,8 +355,8 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 		if err := cmp.Or(l.s.checkReq(r.Key, r.Cost), fail); err != nil {
 			out[i] = engine.Result{Err: err}
 			t.add(engine.Decision{}, err)
-		} else {
-			out[i].Decision, out[i].Err = l.decide(ctx, dl, r.Key, r.Cost)
+		} else if out[i].Decision, out[i].Err = l.decide(ctx, dl, r.Key, r.Cost); out[i].Err == engine.ErrClosed {
+			fail = out[i].Err // its lease shard has stopped: Close is under way, before the store counts as closed
 		}
 	}
 	l.s.count(&t)
@@ -658,7 +658,9 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 			q.renew(r.key, k, st)
 		}
 	}
-	k.seen = now
+	if r.op == opAllow { // a Peek or a Refund is no request: it keeps no idle lease
+		k.seen = now
+	}
 	cost := r.cost
 	switch {
 	case r.op == opPeek:
@@ -832,7 +834,7 @@ func (q *leaseShard) settle(p post) {
 	// the tokens the request took from the lease are still the process's if
 	// Redis did not admit it (a failure rule's admission took nothing)
 	if p.held > 0 && !(heard(p.d, p.dErr) && p.d.Allowed) {
-		q.keep(p.key, k, p.held, p.ver)
+		q.keep(p.key, k, p.held, p.ver, p.ver)
 	}
 	if k == nil {
 		return
@@ -865,8 +867,9 @@ func (q *leaseShard) settle(p post) {
 	if n > 0 {
 		// taken under the version Redis decided the grant at: a cutover
 		// since the lease was asked for moves it past p.ver, and then the
-		// tokens go back under it, not under p.ver (see giveBack)
-		q.keep(p.key, k, n, p.leaseD.Version)
+		// tokens go back under it, not under p.ver (see giveBack), also if
+		// the lease has met it since: they were sized under p.ver's bound
+		q.keep(p.key, k, n, p.leaseD.Version, p.ver)
 		k.got = now
 	}
 }
@@ -880,11 +883,11 @@ func unheard(d engine.Decision, err error) bool {
 // heard reports whether an answer d, err is Redis's decision.
 func heard(d engine.Decision, err error) bool { return err == nil && !d.Degraded }
 
-// keep adds n tokens taken under version ver to k's lease, or, if k is
-// under another version or nil (its key forgotten), has the fetcher give
-// them back (see giveBack).
-func (q *leaseShard) keep(key string, k *lease, n, ver int64) {
-	if k == nil || ver != k.ver {
+// keep adds n tokens taken under version ver, and asked for under asked,
+// to k's lease, or, if k is under another version than either or nil (its
+// key forgotten), has the fetcher give them back (see giveBack).
+func (q *leaseShard) keep(key string, k *lease, n, ver, asked int64) {
+	if k == nil || ver != k.ver || asked != k.ver {
 		if !q.send(job{gift{key, n, ver}, true, k != nil}) {
 			q.l.lost(n, errors.New("the lease shard's queue to Redis is full"))
 		} else if k != nil {

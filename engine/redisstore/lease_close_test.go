@@ -508,3 +508,40 @@ func TestLeaseSweptGiveBackEndsOnAHungServer(t *testing.T) {
 	st := a.Stats()
 	require.Equal(t, uint64(held), st.ForfeitedTokens, "the lease, judged without version 2, is given up: %+v", st)
 }
+
+// An AllowBatch that meets a Close under way, its lease shards stopped,
+// returns engine.ErrClosed, as its requests do: here Close waits for a
+// call a lease shard still awaits (held on its way), and the batch comes
+// meanwhile, before the store counts as closed.
+func TestLeaseAllowBatchDuringClose(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 16_000, TokensPerSecond: 1}
+	var armed atomic.Bool
+	caught, release := make(chan struct{}), make(chan struct{})
+	c := client(t, redisAddr(t))
+	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		if armed.CompareAndSwap(true, false) {
+			close(caught)
+			<-release
+		}
+		return next(ctx, cmds)
+	}))
+	a := newStore(t, redisstore.Config{Client: c, Policy: p, Leases: &redisstore.Leases{}}, clk)
+	ctx := context.Background()
+	armed.Store(true)
+	go func() { _, _ = a.Allow(ctx, "k", 1) }() // its call is held: its shard awaits it
+	<-caught
+	closed := make(chan struct{})
+	go func() { _ = a.Close(); close(closed) }()
+	require.Eventually(t, func() bool {
+		_, err := a.Allow(ctx, "k", 1)
+		return errors.Is(err, engine.ErrClosed)
+	}, 10*time.Second, time.Millisecond, "the lease shards did not stop")
+	out := make([]engine.Result, 2)
+	err := a.AllowBatch(ctx, []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}}, out)
+	close(release)
+	<-closed
+	require.ErrorIs(t, out[0].Err, engine.ErrClosed)
+	require.ErrorIs(t, out[1].Err, engine.ErrClosed)
+	require.ErrorIs(t, err, engine.ErrClosed, "a batch whose requests met Close")
+}

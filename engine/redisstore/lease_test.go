@@ -1198,3 +1198,21 @@ func TestLeaseKeptDenialFollowsAnotherCutover(t *testing.T) {
 	require.True(t, d.Allowed, "%+v", d)
 	require.Equal(t, int64(2), d.Version)
 }
+
+// A lease goes back once its key has had no request for two Horizons,
+// though the key is peeked meanwhile: a Peek takes nothing, so it is no
+// demand the lease serves (here every 150 ms, for 1.5 s, with a Horizon of
+// 100 ms and MaxAge an hour).
+func TestLeasePeeksKeepNoIdleLease(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 100_000, TokensPerSecond: 1}
+	pfx := prefix(t)
+	a := newStore(t, redisstore.Config{Policy: p, Prefix: pfx, Leases: &redisstore.Leases{MaxAge: time.Hour}}, clk)
+	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
+	held := holding(t, a, b, "k", 300)
+	for range 10 {
+		clk.Advance(150 * time.Millisecond)
+		peek(t, a, "k")
+	}
+	require.Zero(t, peek(t, a, "k").Remaining-peek(t, b, "k").Remaining, "Peeks kept a lease of %d tokens on a key with no request", held)
+}
