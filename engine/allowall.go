@@ -75,11 +75,14 @@ var ErrAllowAllSize = errors.New("engine: AllowAll takes 1 to MaxAllowAll reques
 // hold up, so they never wait on a hold; after that, they wait only for the
 // call's own next step, which waits on nothing. A shard being swept holds
 // nothing, and the call ends what it holds too, so no key waits for a sweep.
-// Either way the call then starts over once, holding the coordinator those
-// need, so nothing but Close can interrupt it again; it waits for the
-// coordinator as they do, until the cutover, sweep or snapshot in progress
-// has returned (a Snapshot's writer included). AllowAll does not allocate
-// once warm, except for a call that has to start over.
+// Either way the call then starts over at once, which a snapshot that has
+// begun copying or a cutover that is done no longer interrupts; if that
+// try is interrupted too, it starts over once more, holding the
+// coordinator those need, so nothing but Close can interrupt it again, and
+// waits for the coordinator as they do, until the cutover, sweep or
+// snapshot in progress has returned (a Snapshot's writer included).
+// AllowAll does not allocate once warm, except for a call that has to
+// start over.
 func (e *Engine) AllowAll(ctx context.Context, reqs []Request) (Decision, int, error) {
 	if e.uninitialized() {
 		return Decision{}, -1, ErrNotInitialized
@@ -121,18 +124,23 @@ func (e *Engine) allowAllCall(ctx context.Context, reqs []Request) (Decision, in
 	}
 	c := e.newAllCall(reqs)
 	defer e.free(c)
-	if d, i, again, err := e.allowAll(ctx, c, reqs); !again {
-		return d, i, err
-	}
-	// A cutover, sweep or snapshot made a shard give its hold up, or a
-	// sweep was running. Try again holding the coordinator, which every one
-	// of them needs: then only Close can interrupt.
-	for {
-		if err := e.acquire(ctx); err != nil {
-			return Decision{}, -1, err
+	// A cutover, sweep or snapshot that made a shard give its hold up, or
+	// a sweep running, sends the call round again: once more as it is,
+	// since a snapshot that has begun copies beside holds and a cutover
+	// done takes none, so the call waits for no snapshot's writer; then
+	// holding the coordinator, which every one of them needs: then only
+	// Close can interrupt.
+	for try := 0; ; try++ {
+		held := try > 1
+		if held {
+			if err := e.acquire(ctx); err != nil {
+				return Decision{}, -1, err
+			}
 		}
 		d, i, again, err := e.allowAll(ctx, c, reqs)
-		e.release()
+		if held {
+			e.release()
+		}
 		if !again {
 			return d, i, err
 		}

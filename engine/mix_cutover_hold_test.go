@@ -16,11 +16,13 @@ import (
 
 // TestCutoverAddsBandWhileAllowAllHolds: a cutover that adds a band
 // reaches a shard while an AllowAll holds a key there (its other part not
-// yet answered: shard 1 stalls on the clock). The shard gives the hold up,
-// the call starts over once the cutover has returned, and is decided under
-// the new policy: the charged key keeps its balance in the primary band,
-// the new band starts full (it only restricts), and the Decision carries
-// the new version. The clock reads 0 throughout.
+// yet answered: shard 1 stalls on the clock). The shard gives the hold up
+// and the call starts over: at once, where it may be decided under the old
+// policy before the cutover prepares, or, interrupted again, once the
+// cutover has returned, under the new one. Either way the charged key
+// keeps its balance in the primary band, the new band starts full (it
+// only restricts), and the Decision carries the version that decided it.
+// The clock reads 0 throughout.
 func TestCutoverAddsBandWhileAllowAllHolds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		clk := &haStallClock{gate: make(chan struct{})}
@@ -65,11 +67,17 @@ func TestCutoverAddsBandWhileAllowAllHolds(t *testing.T) {
 		r := <-allDone
 		require.NoError(t, r.err)
 		assert.Equal(t, 0, r.at)
-		assert.Equal(t, engine.Decision{Allowed: true, Remaining: 0, Version: 2, Limit: 5, ResetAfter: 5 * time.Second}, r.d,
-			"a: 2 left in the primary band, all taken; its new band x started full at 3")
+		assert.Equal(t, engine.Decision{Allowed: true, Remaining: 0, Version: r.d.Version, Limit: 5, ResetAfter: 5 * time.Second}, r.d,
+			"a: 2 left in the primary band, all taken (under version 2, its new band x started full at 3)")
+		// b: 5, less the Allow's token and the call's; under version 2 its
+		// band x starts full at 3, and then the call takes one of it too.
+		wantB := engine.Decision{Allowed: true, Remaining: 3, Version: 2, Limit: 5, ResetAfter: 2 * time.Second}
+		if r.d.Version == 2 {
+			wantB = engine.Decision{Allowed: true, Remaining: 2, Version: 2, Limit: 3, ResetAfter: 20 * time.Second, Band: "x"}
+		}
 		for key, want := range map[string]engine.Decision{
 			a: {Remaining: 0, RetryAfter: time.Second, Version: 2, Limit: 5, ResetAfter: 5 * time.Second},
-			b: {Allowed: true, Remaining: 2, Version: 2, Limit: 3, ResetAfter: 20 * time.Second, Band: "x"},
+			b: wantB,
 		} {
 			d, err := e.Peek(ctx, key)
 			require.NoError(t, err)

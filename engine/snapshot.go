@@ -80,15 +80,15 @@ var (
 //
 // Each shard copies its buckets itself, a chunk at a time, between requests,
 // and Snapshot writes the chunks to w as they come: a slow writer pauses the
-// copying, never admission (but for an AllowAll whose hold the snapshot's
-// start made a shard give up: it tries again holding the coordinator, so
-// once Snapshot has returned), and the state is never copied whole. Each
-// bucket is copied as it is at the moment its shard copies it, so the
-// snapshot is consistent per key; across keys it is not a single instant
-// (requests served during the snapshot show in the buckets copied after
-// them), and a key created while the snapshot runs may or may not be in
-// it. Snapshot holds the coordinator, so no cutover or sweep runs
-// meanwhile.
+// copying, never admission (an AllowAll whose hold the snapshot's start made
+// a shard give up starts over at once; only one that the start interrupts
+// twice waits for the coordinator, so for Snapshot to return: see AllowAll),
+// and the state is never copied whole. Each bucket is copied as it is at the
+// moment its shard copies it, so the snapshot is consistent per key; across
+// keys it is not a single instant (requests served during the snapshot show
+// in the buckets copied after them), and a key created while the snapshot
+// runs may or may not be in it. Snapshot holds the coordinator, so no
+// cutover or sweep runs meanwhile.
 //
 // A snapshot taken while requests are served misses what they spend after
 // their keys are copied: for a restart, stop admitting (http.Server's
