@@ -88,10 +88,11 @@ func (l *Limiter) failure(err error) refusal {
 
 // contextEnded reports whether r answers the call's context ending before
 // the engine decided, which is not the limiter's refusal: shadow mode
-// returns it too.
+// returns it too. A key function's own status of the same code (a lookup
+// that met its own deadline, the call alive) is the key function failing.
 func (r refusal) contextEnded() bool {
 	c := status.Code(r.status)
-	return c == codes.Canceled || c == codes.DeadlineExceeded
+	return (c == codes.Canceled || c == codes.DeadlineExceeded) && !errors.Is(r.cause, ErrKeyFunc)
 }
 
 // retryable returns a status error with a google.rpc.RetryInfo detail
