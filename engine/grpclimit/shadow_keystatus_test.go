@@ -36,4 +36,16 @@ func TestShadowKeyFuncOwnContextStatus(t *testing.T) {
 		require.ErrorIs(t, errs[0], grpclimit.ErrKeyFunc, "%v", c)
 		require.Equal(t, c, status.Code(errs[0]), "the status it would have been answered with")
 	}
+
+	// The call's own context ended: still answered, whatever the key
+	// function said, and counted nowhere.
+	l := newLimiter(t, e, grpclimit.WithShadow(), grpclimit.WithKey(func(context.Context, string, string) (string, error) {
+		return "", status.Error(codes.DeadlineExceeded, "tenant lookup")
+	}))
+	ctx, cancel := context.WithCancel(from("192.0.2.1:1"))
+	cancel()
+	ran, err := call(ctx, l, checkMethod)
+	require.False(t, ran)
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	require.Equal(t, grpclimit.ShadowStats{}, l.ShadowStats())
 }
