@@ -325,7 +325,7 @@ func (l *Limiter) judge(ctx context.Context, method, key string, d engine.Decisi
 	if r.cause != nil && l.onError != nil {
 		l.onError(ctx, method, &callError{status: status.Convert(r.status), cause: r.cause})
 	}
-	if l.shadow && !r.contextEnded() {
+	if l.shadow && !r.contextEnded(ctx) {
 		switch {
 		case r.cause == nil:
 			l.shadowRefused.Add(1)

@@ -86,12 +86,13 @@ func (l *Limiter) failure(err error) refusal {
 	return refusal{status: errFailed, cause: err}
 }
 
-// contextEnded reports whether r answers the call's context ending before
-// the engine decided, which is not the limiter's refusal: shadow mode
-// returns it too.
-func (r refusal) contextEnded() bool {
+// contextEnded reports whether r answers the call's context, ctx, ending
+// before the engine decided, which is not the limiter's refusal: shadow
+// mode returns it too. A status of the same code while ctx lives (a key
+// function's lookup that met its own deadline) is not that.
+func (r refusal) contextEnded(ctx context.Context) bool {
 	c := status.Code(r.status)
-	return c == codes.Canceled || c == codes.DeadlineExceeded
+	return (c == codes.Canceled || c == codes.DeadlineExceeded) && ctx.Err() != nil
 }
 
 // retryable returns a status error with a google.rpc.RetryInfo detail
