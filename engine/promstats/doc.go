@@ -36,7 +36,7 @@
 //
 // decisions_total counts every decision, whichever call made it, as
 // engine.Stats does: each Allow (Wait's too), each Charge (never refused,
-// so always "allowed": httplimit's Settle adds one when it charges), each
+// so always "allowed": httplimit's Settle adds one per key it charges), each
 // request of an AllowBatch, and each request of an AllowAll that returned
 // a Decision, all "allowed" when the call was admitted and all "denied"
 // when it was refused (it took nothing from any key); a request that names a key
