@@ -300,9 +300,10 @@ func holdErrRank(err error) int {
 
 // allowAll is one attempt. again reports that a shard gave its hold up or
 // was being swept, or that the shards checked the call under different
-// policy versions, and nothing was decided. It first sends every part at once, each waiting for
-// nothing; if a shard answers that one of its keys is busy, it ends what it
-// holds and holds the parts one at a time, in shard order.
+// policy versions, and nothing was decided. It first sends every part at
+// once, each waiting for nothing; if a shard answers that one of its keys is
+// busy, it ends what it holds and holds the parts one at a time, in shard
+// order.
 func (e *Engine) allowAll(ctx context.Context, c *allCall, reqs []Request) (d Decision, at int, again bool, err error) {
 	if len(c.parts) > 1 {
 		if d, at, again, busy, err := e.hold(ctx, c, reqs, true); !busy {
