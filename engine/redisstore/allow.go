@@ -370,8 +370,6 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			attempt-- // only items held back: a round, not an attempt
 		case attempt == maxAttempts:
 			return deleted, fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
-		case attempt > 0:
-			s.retries.Add(1)
 		}
 		st := s.cur.Load()
 		if todo, later = unpinned(todo, st), unpinned(later, st); len(todo)+len(later) == 0 {
@@ -389,6 +387,11 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		}
 		var chunks [][]*item
 		chunks, later = s.route(all)
+		for _, c := range chunks {
+			if attempt > 0 && slices.Contains(todo, c[0]) { // sent again: not a call of held-back items only
+				s.retries.Add(1)
+			}
+		}
 		cmds := s.send(ctx, st, km, chunks, mode, at, eval)
 		p := pass{viaFunc: !eval && !s.noFunc.Load()}
 		for c, cmd := range cmds {
