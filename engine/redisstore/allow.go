@@ -132,9 +132,9 @@ func (s *Store) Peek(ctx context.Context, key string) (engine.Decision, error) {
 // key's limit, each capped at its capacity. It never creates a bucket:
 // refunding a key not in Redis (never seen, or expired because it was
 // full) changes nothing. It answers like Peek, with the balance after the
-// refund, and fails like Peek, but that a Redis out of memory refuses it,
-// crediting nothing: engine.ErrKeyCapacity. A refund whose answer is lost
-// may or may not have been credited; it is never credited twice.
+// refund, and fails like Peek, but for a Redis out of memory, which refuses
+// it and credits nothing: engine.ErrKeyCapacity. A refund whose answer is
+// lost may or may not have been credited; it is never credited twice.
 func (s *Store) Refund(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
 	return s.one(ctx, "r", key, tokens)
 }
