@@ -345,9 +345,9 @@ func (s *Store) failResult(st *state, it *item, n uint64) engine.Result {
 // policy, a history their bucket needs or a missing script. It returns how
 // many buckets mode "e" deleted, and the first error that stopped it:
 // Redis's or the context's. (A Redis out of memory answers modes "a", "A",
-// "d" and "r" with engine.ErrKeyCapacity per request.) A failure that may mean
-// a lost node has the cluster client reload its slot map (see nodeFailed);
-// the call is not sent again.
+// "d" and "r" with engine.ErrKeyCapacity per request.) A failure that may
+// mean a lost node has the cluster client reload its slot map (see
+// nodeFailed); the call is not sent again.
 func (s *Store) exec(ctx context.Context, mode, at string, items []item) (deleted int, err error) {
 	defer func() { s.nodeFailed(ctx, err) }()
 	st0, weigh := s.cur.Load(), len(items) > 1 && mode != modeAll // mode "A" is one call, whatever its work
