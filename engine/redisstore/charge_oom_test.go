@@ -37,6 +37,7 @@ func TestChargeOutOfMemoryAboveCapacity(t *testing.T) {
 // ErrKeyCapacity, counted so, and credits nothing: Redis answered, so it is
 // not an error wrapping ErrUnavailable, as when Redis cannot answer.
 func TestRefundOutOfMemory(t *testing.T) {
+	exactBalances(t)
 	srv := startPrivate(t)
 	c := client(t, srv.Addr())
 	ctx := context.Background()

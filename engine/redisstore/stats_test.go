@@ -95,6 +95,7 @@ func TestStatsCountEveryCall(t *testing.T) {
 // under a version another store has since replaced, is sent again call by
 // call, and Retries counts every call sent again, not one per round.
 func TestRetriesCountEachCallSentAgain(t *testing.T) {
+	exactBalances(t)
 	c := clusterClient(t, redistest.ClusterAddrs(t))
 	var calls atomic.Int64
 	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
