@@ -132,8 +132,9 @@ func (s *Store) Peek(ctx context.Context, key string) (engine.Decision, error) {
 // key's limit, each capped at its capacity. It never creates a bucket:
 // refunding a key not in Redis (never seen, or expired because it was
 // full) changes nothing. It answers like Peek, with the balance after the
-// refund, and fails like Peek. A refund whose answer is lost may or may not
-// have been credited; it is never credited twice.
+// refund, and fails like Peek, but for a Redis out of memory, which refuses
+// it and credits nothing: engine.ErrKeyCapacity. A refund whose answer is
+// lost may or may not have been credited; it is never credited twice.
 func (s *Store) Refund(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
 	return s.one(ctx, "r", key, tokens)
 }
@@ -343,10 +344,10 @@ func (s *Store) failResult(st *state, it *item, n uint64) engine.Result {
 // and repeats, for the items not yet done, the calls that met a newer
 // policy, a history their bucket needs or a missing script. It returns how
 // many buckets mode "e" deleted, and the first error that stopped it:
-// Redis's or the context's. (A Redis out of memory answers modes "a", "A"
-// and "d" with engine.ErrKeyCapacity per request.) A failure that may mean
-// a lost node has the cluster client reload its slot map (see nodeFailed);
-// the call is not sent again.
+// Redis's or the context's. (A Redis out of memory answers modes "a", "A",
+// "d" and "r" with engine.ErrKeyCapacity per request.) A failure that may
+// mean a lost node has the cluster client reload its slot map (see
+// nodeFailed); the call is not sent again.
 func (s *Store) exec(ctx context.Context, mode, at string, items []item) (deleted int, err error) {
 	defer func() { s.nodeFailed(ctx, err) }()
 	st0, weigh := s.cur.Load(), len(items) > 1 && mode != modeAll // mode "A" is one call, whatever its work
@@ -370,8 +371,6 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			attempt-- // only items held back: a round, not an attempt
 		case attempt == maxAttempts:
 			return deleted, fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
-		case attempt > 0:
-			s.retries.Add(1)
 		}
 		st := s.cur.Load()
 		if todo, later = unpinned(todo, st), unpinned(later, st); len(todo)+len(later) == 0 {
@@ -389,6 +388,11 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		}
 		var chunks [][]*item
 		chunks, later = s.route(all)
+		for _, c := range chunks {
+			if attempt > 0 && slices.Contains(todo, c[0]) { // sent again: not a call of held-back items only
+				s.retries.Add(1)
+			}
+		}
 		cmds := s.send(ctx, st, km, chunks, mode, at, eval)
 		p := pass{viaFunc: !eval && !s.noFunc.Load()}
 		for c, cmd := range cmds {
@@ -453,10 +457,10 @@ func (s *Store) read(ctx context.Context, st *state, mode string, chunk []*item,
 			p.load = append(p.load, s.shards[home].policy)
 		case a == actOOM && p.viaFunc:
 			p.eval = true
-		case a == actOOM && (mode == "a" || mode == modeAll || mode == modeCharge):
+		case a == actOOM && (mode == "a" || mode == modeAll || mode == modeCharge || mode == "r"):
 			for _, it := range chunk {
 				*it.out, it.done = engine.Result{Err: engine.ErrKeyCapacity}, true
-				if mode != modeCharge && (it.over || it.cost > minCapacity(st.p.ShapeAt(it.idx))) {
+				if (mode == "a" || mode == modeAll) && (it.over || it.cost > minCapacity(st.p.ShapeAt(it.idx))) {
 					it.out.Err = engine.ErrCostExceedsCapacity // checked before the key bound
 				}
 			}

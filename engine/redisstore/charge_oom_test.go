@@ -32,3 +32,28 @@ func TestChargeOutOfMemoryAboveCapacity(t *testing.T) {
 	_, err = s.Allow(ctx, "k", 10)
 	require.ErrorIs(t, err, engine.ErrCostExceedsCapacity, "checked before the key bound")
 }
+
+// A Refund that Redis refuses for want of memory is answered
+// ErrKeyCapacity, counted so, and credits nothing: Redis answered, so it is
+// not an error wrapping ErrUnavailable, as when Redis cannot answer.
+func TestRefundOutOfMemory(t *testing.T) {
+	exactBalances(t)
+	srv := startPrivate(t)
+	c := client(t, srv.Addr())
+	ctx := context.Background()
+	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}}, clock.NewManual(0))
+	_, err := s.Allow(ctx, "k", 2)
+	require.NoError(t, err)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
+	defer c.ConfigSet(ctx, "maxmemory", "0")
+
+	_, err = s.Refund(ctx, "k", 1)
+	require.ErrorIs(t, err, engine.ErrKeyCapacity)
+	require.NotErrorIs(t, err, redisstore.ErrUnavailable)
+	require.Equal(t, engine.Errors{KeyCapacity: 1}, s.Stats().Errors)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "0").Err())
+	d, err := s.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), d.Remaining, "nothing credited")
+}

@@ -74,6 +74,9 @@ func TestNilContext(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrClosed, "EvictFull after Close")
 	require.ErrorIs(t, s.ReplacePolicy(nilCtx, policy.Policy{Version: 2, Capacity: 5, TokensPerSecond: 1}, 1),
 		engine.ErrClosed, "ReplacePolicy after Close")
+	n, err = s.KeyCount(context.Background())
+	require.NoError(t, err, "KeyCount keeps answering after Close, as the engine's does")
+	require.Zero(t, n)
 }
 
 // TestZeroStore: a zero Store, and the nil *Store a New that failed

@@ -2,14 +2,17 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/redisstore"
+	"github.com/tokenshard/tokenshard/internal/redistest"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -86,4 +89,41 @@ func TestStatsCountEveryCall(t *testing.T) {
 	// AllowAlls that returned a Decision.
 	require.Equal(t, uint64(4+3+1+7+3+2+2), st.Allowed+st.Denied+st.Failures+st.Peeks+st.Refunds+st.Errors.Sum())
 	require.Equal(t, uint64(2+4+3+2+1), st.Decisions, "Redis decided the Allows, the batch's requests but the bad key, and the AllowAlls' (a sum above capacity too)")
+}
+
+// TestRetriesCountEachCallSentAgain: a batch over a cluster's shards, sent
+// under a version another store has since replaced, is sent again call by
+// call, and Retries counts every call sent again, not one per round.
+func TestRetriesCountEachCallSentAgain(t *testing.T) {
+	exactBalances(t)
+	c := clusterClient(t, redistest.ClusterAddrs(t))
+	var calls atomic.Int64
+	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+		for _, cmd := range cmds {
+			if redisstore.IsDecideCall(cmd) {
+				calls.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}))
+	pfx := prefix(t)
+	p1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	s := newStore(t, redisstore.Config{Client: c, Prefix: pfx, Policy: p1}, clock.NewManual(0))
+	o := newStore(t, redisstore.Config{Client: clusterClient(t, redistest.ClusterAddrs(t)), Prefix: pfx, Policy: p1}, clock.NewManual(0))
+	reqs := make([]engine.Request, 40)
+	for i := range reqs {
+		reqs[i] = engine.Request{Key: fmt.Sprint("k", i), Cost: 1}
+	}
+	out := make([]engine.Result, len(reqs))
+	require.NoError(t, s.AllowBatch(context.Background(), reqs, out)) // the script loaded on every master
+	calls.Store(0)
+	require.NoError(t, s.AllowBatch(context.Background(), reqs, out))
+	first := calls.Load() // one call per shard, none sent again
+	require.NoError(t, o.ReplacePolicy(context.Background(), policy.Policy{Version: 2, Capacity: 9, TokensPerSecond: 1}, 1))
+	calls.Store(0)
+	r0 := s.Stats().Retries
+	require.NoError(t, s.AllowBatch(context.Background(), reqs, out))
+	require.Greater(t, first, int64(1), "a batch over several shards")
+	require.Equal(t, 2*first, calls.Load(), "every call met the new version and was sent again")
+	require.Equal(t, uint64(first), s.Stats().Retries-r0, "each call sent again counts")
 }

@@ -1034,7 +1034,8 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-// Close makes every later call return engine.ErrClosed; calls already in
+// Close makes every later call return engine.ErrClosed but KeyCount, Policy
+// and Stats, which keep answering, as the engine's do; calls already in
 // flight finish, but a Wait returns ErrClosed. With Config.Leases it first
 // gives every lease back, each give-back bounded by Config.Timeout (tokens
 // Redis has not taken back by then are given up, and OnError told), so call
