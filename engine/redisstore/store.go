@@ -1000,8 +1000,8 @@ func (s *Store) remember(p policy.Policy) {
 
 // Policy returns the policy in force as this store last saw it: a cutover
 // made by another process shows from this store's next script call to
-// Redis on, a decision's, a Peek's or a Refund's (with Leases, a request
-// its lease decides makes none; KeyCount, a scan, reads no policy). Until the
+// Redis on (with Leases, a request its lease decides makes none; nor does
+// KeyCount, a scan of keys). Until the
 // store has first read the prefix's policy from Redis (see New) it is
 // Config.Policy; a first connection that read it and then failed leaves
 // the version it read, which the next one keeps as its floor.
