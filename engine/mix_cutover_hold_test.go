@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -25,25 +24,13 @@ import (
 // The clock reads 0 throughout.
 func TestCutoverAddsBandWhileAllowAllHolds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		clk := &haStallClock{gate: make(chan struct{})}
-		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 2, Clock: clk, SweepEvery: -1})
-		require.NoError(t, err)
+		e, clk, a, b := haPair(t)
 		defer e.Close()
-		var onShard [2]string
-		for i := 0; onShard[0] == "" || onShard[1] == ""; i++ {
-			if k := fmt.Sprint("k", i); onShard[e.ShardOf(k)] == "" {
-				onShard[e.ShardOf(k)] = k
-			}
-		}
-		a, b := onShard[0], onShard[1]
 		ctx := context.Background()
-		_, err = e.Charge(ctx, a, 3) // 2 left
+		_, err := e.Charge(ctx, a, 3) // 2 left
 		require.NoError(t, err)
 
-		clk.armed.Store(true)
-		allowed := make(chan error, 1)
-		go func() { _, err := e.Allow(ctx, b, 1); allowed <- err }()
-		synctest.Wait() // shard 1 stalls on the clock
+		allowed := stallOn(ctx, e, clk, b) // shard 1 stalls on the clock
 		type all struct {
 			d   engine.Decision
 			at  int

@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"testing/synctest"
 
@@ -21,23 +20,11 @@ import (
 // snapshot's start before the call's part, as control comes first.
 func TestSnapshotSlowWriterAndInterruptedAllowAll(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		clk := &haStallClock{gate: make(chan struct{})}
-		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 2, Clock: clk})
-		require.NoError(t, err)
+		e, clk, a, b := haPair(t)
 		defer e.Close()
-		var onShard [2]string
-		for i := 0; onShard[0] == "" || onShard[1] == ""; i++ {
-			if k := fmt.Sprint("k", i); onShard[e.ShardOf(k)] == "" {
-				onShard[e.ShardOf(k)] = k
-			}
-		}
-		a, b := onShard[0], onShard[1]
 		ctx := context.Background()
 
-		clk.armed.Store(true)
-		allowed := make(chan error, 1)
-		go func() { _, err := e.Allow(ctx, b, 1); allowed <- err }()
-		synctest.Wait() // shard 1 stalls on the clock
+		allowed := stallOn(ctx, e, clk, b) // shard 1 stalls on the clock
 		allDone := make(chan error, 1)
 		go func() {
 			_, _, err := e.AllowAll(ctx, []engine.Request{{Key: a, Cost: 1}, {Key: b, Cost: 1}})

@@ -27,6 +27,32 @@ func (c *haStallClock) Now() int64 {
 	return 0
 }
 
+// haPair starts an engine of two shards on a haStallClock (no background
+// sweeps: the clock is not the system's) and returns it, its clock, and a
+// key of each shard: a on shard 0, b on shard 1. Close it when done.
+func haPair(t *testing.T) (e *engine.Engine, clk *haStallClock, a, b string) {
+	clk = &haStallClock{gate: make(chan struct{})}
+	e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 2, Clock: clk})
+	require.NoError(t, err)
+	var onShard [2]string
+	for i := 0; onShard[0] == "" || onShard[1] == ""; i++ {
+		if k := fmt.Sprint("k", i); onShard[e.ShardOf(k)] == "" {
+			onShard[e.ShardOf(k)] = k
+		}
+	}
+	return e, clk, onShard[0], onShard[1]
+}
+
+// stallOn arms clk and sends an Allow of b, whose shard then stalls on the
+// clock until clk.gate closes; the Allow's error comes on the channel.
+func stallOn(ctx context.Context, e *engine.Engine, clk *haStallClock, b string) <-chan error {
+	clk.armed.Store(true)
+	allowed := make(chan error, 1)
+	go func() { _, err := e.Allow(ctx, b, 1); allowed <- err }()
+	synctest.Wait()
+	return allowed
+}
+
 // TestStatsHoldsAbortedWhenIdle: a hold a shard gives up for a control
 // message is counted in HoldsAborted by the time the shard idles, as Stats
 // promises for the counts of background work. Here shard 0 holds an
@@ -38,23 +64,11 @@ func (c *haStallClock) Now() int64 {
 // shard served something else (or closed): an idle shard's Stats said 0.
 func TestStatsHoldsAbortedWhenIdle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		clk := &haStallClock{gate: make(chan struct{})}
-		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 2, Clock: clk})
-		require.NoError(t, err)
+		e, clk, a, b := haPair(t)
 		defer e.Close()
-		var onShard [2]string
-		for i := 0; onShard[0] == "" || onShard[1] == ""; i++ {
-			if k := fmt.Sprint("k", i); onShard[e.ShardOf(k)] == "" {
-				onShard[e.ShardOf(k)] = k
-			}
-		}
-		a, b := onShard[0], onShard[1]
 		ctx := context.Background()
 
-		clk.armed.Store(true)
-		allowed := make(chan error, 1)
-		go func() { _, err := e.Allow(ctx, b, 1); allowed <- err }()
-		synctest.Wait() // shard 1 stalls on the clock, deciding b
+		allowed := stallOn(ctx, e, clk, b) // shard 1 stalls on the clock, deciding b
 		allCtx, allCancel := context.WithCancel(ctx)
 		allDone := make(chan error, 1)
 		go func() {

@@ -185,13 +185,17 @@ func TestLeaseForgottenKeyGetsHeldTokensBack(t *testing.T) {
 }
 
 // hungCall makes the next call of the decide script on a client, once
-// armed, close blocked and wait until release is closed, then fail.
+// armed, close blocked and wait for release (a send, or its close); then
+// the call fails (hangNextCall) or goes on to Redis (holdNextCall).
 type hungCall struct {
 	armed            atomic.Bool
 	blocked, release chan struct{}
 }
 
-func hangNextCall(c *redis.Client) *hungCall {
+func hangNextCall(c *redis.Client) *hungCall { return hookNextCall(c, true) }
+func holdNextCall(c *redis.Client) *hungCall { return hookNextCall(c, false) }
+
+func hookNextCall(c *redis.Client, fail bool) *hungCall {
 	h := &hungCall{blocked: make(chan struct{}), release: make(chan struct{})}
 	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
 		if !h.armed.CompareAndSwap(true, false) {
@@ -199,6 +203,9 @@ func hangNextCall(c *redis.Client) *hungCall {
 		}
 		close(h.blocked)
 		<-h.release
+		if !fail {
+			return next(ctx, cmds)
+		}
 		err := errors.New("test: the call failed")
 		for _, cmd := range cmds {
 			cmd.SetErr(err)
@@ -516,21 +523,13 @@ func TestLeaseSweptGiveBackEndsOnAHungServer(t *testing.T) {
 func TestLeaseAllowBatchDuringClose(t *testing.T) {
 	clk := clock.NewManual(0)
 	p := policy.Policy{Version: 1, Capacity: 16_000, TokensPerSecond: 1}
-	var armed atomic.Bool
-	caught, release := make(chan struct{}), make(chan struct{})
 	c := client(t, redisAddr(t))
-	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
-		if armed.CompareAndSwap(true, false) {
-			close(caught)
-			<-release
-		}
-		return next(ctx, cmds)
-	}))
+	h := holdNextCall(c)
 	a := newStore(t, redisstore.Config{Client: c, Policy: p, Leases: &redisstore.Leases{}}, clk)
 	ctx := context.Background()
-	armed.Store(true)
+	h.armed.Store(true)
 	go func() { _, _ = a.Allow(ctx, "k", 1) }() // its call is held: its shard awaits it
-	<-caught
+	<-h.blocked
 	closed := make(chan struct{})
 	go func() { _ = a.Close(); close(closed) }()
 	require.Eventually(t, func() bool {
@@ -539,7 +538,7 @@ func TestLeaseAllowBatchDuringClose(t *testing.T) {
 	}, 10*time.Second, time.Millisecond, "the lease shards did not stop")
 	out := make([]engine.Result, 2)
 	err := a.AllowBatch(ctx, []engine.Request{{Key: "k", Cost: 1}, {Key: "j", Cost: 1}}, out)
-	close(release)
+	close(h.release)
 	<-closed
 	require.ErrorIs(t, out[0].Err, engine.ErrClosed)
 	require.ErrorIs(t, out[1].Err, engine.ErrClosed)

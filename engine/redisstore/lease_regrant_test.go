@@ -2,11 +2,9 @@ package redisstore_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -26,26 +24,18 @@ func TestLeaseGrantSizedUnderAnOlderVersionGoesBack(t *testing.T) {
 	clk := clock.NewManual(0)
 	p := policy.Policy{Version: 1, Capacity: 16_000, TokensPerSecond: 1}
 	pfx := prefix(t)
-	var armed atomic.Bool
-	caught, release := make(chan struct{}), make(chan struct{})
 	c := client(t, redisAddr(t))
-	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
-		if armed.CompareAndSwap(true, false) {
-			close(caught)
-			<-release
-		}
-		return next(ctx, cmds)
-	}))
+	h := holdNextCall(c)
 	lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour}
 	a := newStore(t, redisstore.Config{Client: c, Policy: p, Prefix: pfx, Leases: lz}, clk)
 	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
-	t.Cleanup(func() { close(release) }) // before a's Close, which its cleanup runs
+	t.Cleanup(func() { close(h.release) }) // before a's Close, which its cleanup runs
 	ctx := context.Background()
 	d, err := a.Allow(ctx, "k", 600) // the key's demand: 600
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 1500, TokensPerSecond: 1}, 1))
-	armed.Store(true)
+	h.armed.Store(true)
 	done := make(chan engine.Decision, 1)
 	go func() {
 		d, err := a.Allow(ctx, "k", 600) // asks for a lease of 600 with it, under v1: held
@@ -54,12 +44,12 @@ func TestLeaseGrantSizedUnderAnOlderVersionGoesBack(t *testing.T) {
 		}
 		done <- d
 	}()
-	<-caught
+	<-h.blocked
 	_, err = a.Allow(ctx, "other", 1) // meets v2
 	require.NoError(t, err)
 	_, err = a.Allow(ctx, "k", 1) // the key's lease meets v2
 	require.NoError(t, err)
-	release <- struct{}{}
+	h.release <- struct{}{}
 	require.True(t, (<-done).Allowed)
 	held := peek(t, a, "k").Remaining - peek(t, b, "k").Remaining // a's Peek takes its shard past Redis's answer
 	require.Equal(t, uint64(600), a.Stats().LeasedTokens, "no lease was granted")

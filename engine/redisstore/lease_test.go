@@ -754,15 +754,7 @@ func TestLeaseBoundCountsTokensAtRedis(t *testing.T) {
 	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
 	const bound = 1000 / redisstore.DefaultLeaseDivisor
 	c := client(t, redisAddr(t))
-	var armed atomic.Bool
-	blocked, release := make(chan struct{}), make(chan struct{})
-	c.AddHook(decideHook(func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
-		if armed.CompareAndSwap(true, false) {
-			close(blocked)
-			<-release
-		}
-		return next(ctx, cmds)
-	}))
+	h := holdNextCall(c)
 	pfx := prefix(t)
 	a := newStore(t, redisstore.Config{Client: c, Policy: p, Prefix: pfx, Leases: &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour}}, clk)
 	b := newStore(t, redisstore.Config{Policy: p, Prefix: pfx}, clk)
@@ -778,7 +770,7 @@ func TestLeaseBoundCountsTokensAtRedis(t *testing.T) {
 	allow(b, 1000-62-60-200, true)
 	// The bucket keeps 200; a asks for 600 with its 60, and no lease (the
 	// bucket, as a last heard it, keeps too little). Its call is held.
-	armed.Store(true)
+	h.armed.Store(true)
 	denied := make(chan error)
 	go func() {
 		d, err := a.Allow(ctx, "k", 600)
@@ -787,9 +779,9 @@ func TestLeaseBoundCountsTokensAtRedis(t *testing.T) {
 		}
 		denied <- err
 	}()
-	<-blocked
+	<-h.blocked
 	allow(a, 1, true) // a lease, of what the bound leaves with the 60 at Redis
-	close(release)
+	close(h.release)
 	require.NoError(t, <-denied)
 	pk, err := b.Peek(ctx, "k")
 	require.NoError(t, err)
