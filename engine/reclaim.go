@@ -29,9 +29,9 @@ const (
 	// that evicted nothing waits until the first bucket it kept is full,
 	// since no earlier sweep could evict anything, unless a cutover or a
 	// refund, which can fill buckets sooner, comes meanwhile: then it waits
-	// PressureSweepGap from that at most; or new keys the sweep did not see
-	// take the table's last free slot: then it waits only for the spacing
-	// above.
+	// PressureSweepGap from that at most, or for the spacing above if that
+	// is longer; or new keys the sweep did not see take the table's last
+	// free slot: then it waits only for the spacing above.
 	PressureSweepGap = 250 * time.Millisecond
 )
 
@@ -209,13 +209,14 @@ func (r *reclaimer) unseen() {
 
 // fillsSooner brings the pressure schedule forward after a cutover or a
 // refund, which may make buckets full sooner than the last sweep found: the
-// next pressure sweep may start PressureSweepGap after now at the latest.
+// next pressure sweep may start PressureSweepGap after now at the latest,
+// or when the last one's spacing (base) ends, if that is later.
 func (r *reclaimer) fillsSooner(now int64) {
 	if !r.pressure {
 		return
 	}
 	r.sooner.Store(true)
-	at := satAdd(now, int64(PressureSweepGap))
+	at := max(satAdd(now, int64(PressureSweepGap)), r.base.Load())
 	for n := r.next.Load(); n > at && !r.next.CompareAndSwap(n, at); n = r.next.Load() {
 	}
 	select {
@@ -229,10 +230,11 @@ func (r *reclaimer) fillsSooner(now int64) {
 // sweep can end, which is no sooner than the first tracked bucket the last
 // one kept is full again, or PressureSweepGap after a cutover or a refund
 // since, which can fill buckets sooner, or the spacing alone once keys it
-// did not see have filled the table. ok is false when no background
-// sweep runs (Config.SweepEvery), so only EvictFull can free a slot. It is
-// an estimate, not a promise: other new keys may take a slot first. It
-// never blocks, and answers after Close with the last schedule.
+// did not see have filled the table; never before the spacing
+// PressureSweepGap describes. ok is false when no background sweep runs
+// (Config.SweepEvery), so only EvictFull can free a slot. It is an
+// estimate, not a promise: other new keys may take a slot first. It never
+// blocks, and answers after Close with the last schedule.
 func (e *Engine) ReclaimAfter() (d time.Duration, ok bool) {
 	if e == nil || !e.reclaim.pressure {
 		return 0, false
