@@ -165,7 +165,13 @@ func (s *Server) CheckPolicy() error {
 // replica sharing a Redis store), Reload reads the policy again and, if that
 // is not already the configurations', tries once more at the version after it.
 //
-// On any error nothing changes. Errors: those of Policy, and those of
+// On any error the server keeps its configurations, and the admitter its
+// policy, unless ReplacePolicy's error leaves the cutover made or its
+// outcome unknown (a Redis store's, wrapping ErrUnavailable, when Redis
+// failed after the cutover was recorded): the admitter may then run the
+// new policy under the old configurations, as between the two steps above,
+// until a Reload of the same configurations finds it in force and completes
+// without another cutover. Errors: those of Policy, and those of
 // ReplacePolicy or Peek, wrapped (engine.ErrStalePolicy if the version moved
 // on twice: call Reload again).
 func (s *Server) Reload(ctx context.Context, configs ...*Config) error {
