@@ -137,7 +137,10 @@ func NewServer(a engine.Admitter, configs ...*Config) (*Server, error) {
 // installed its own (a replica started or reloaded with other files; the
 // last to do so wins). The server then answers with its configurations'
 // limits and names while the admitter enforces the other policy's, until
-// Reload brings the two together. It is nil when they agree. The policy is
+// Reload brings the two together; but for a limit of 0 there, which only
+// a server of that configuration refuses: this one asks the entry's bucket,
+// which holds one token a year, so each key may pass one request more
+// (and is left spent). It is nil when they agree. The policy is
 // the admitter's as it last saw it: a store meets another process's
 // cutover at its next call.
 func (s *Server) CheckPolicy() error {
@@ -157,7 +160,8 @@ func (s *Server) CheckPolicy() error {
 // meanwhile see the old configurations with the new policy: an entry's bucket
 // key does not change while the entry stays where it is in the tree (and
 // no share_threshold on its path is turned on or off), so such a request is
-// decided under the entry's new limit, and the key of an entry the new
+// decided under the entry's new limit (a new limit of 0 as its bucket, one
+// token a year, decides: see CheckPolicy), and the key of an entry the new
 // configurations drop or move gets the default that never denies
 // (DefaultCapacity). Then the server answers with configs.
 //

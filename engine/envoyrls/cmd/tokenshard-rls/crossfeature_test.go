@@ -373,3 +373,44 @@ descriptors:
 		t.Errorf("%d admitted, want the 700 left", n)
 	}
 }
+
+// TestMixReplicaBeforeItsReloadToZero: when one replica takes a limit to 0,
+// another that has not reloaded yet asks the entry's bucket, one token a
+// year, as envoyrls.Server.CheckPolicy says: each key passes one request
+// more, and no second.
+func TestMixReplicaBeforeItsReloadToZero(t *testing.T) {
+	addr := redistest.Addr(t)
+	prefix := fmt.Sprintf("envoyrls-mix-zero:%d:", time.Now().UnixNano())
+	cleaner := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = cleaner.Close() })
+	deleteKeys(t, cleaner, prefix)
+	shared := func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
+		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: prefix, Policy: p, Clock: clk, Timeout: answersTimeout})
+		if err != nil {
+			t.Fatalf("redisstore.New: %v", err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	const y = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 5}\n"
+	a := rlstest.Start(t, shared, y)
+	b := rlstest.Start(t, shared, y)
+	if err := a.Server.Reload(context.Background(), rlstest.Parse(t, strings.Replace(y, "requests_per_unit: 5", "requests_per_unit: 0", 1))...); err != nil {
+		t.Fatal(err)
+	}
+	req := rlstest.Req("d", 0, rlstest.D("user=u"))
+	if resp := b.Ask(req); resp.OverallCode != rlstest.OK {
+		t.Errorf("replica b, first request: %v, want the bucket's one token", resp)
+	}
+	if resp := b.Ask(req); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("replica b, second request: %v, want OVER_LIMIT", resp)
+	}
+	if resp := a.Ask(req); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("replica a: %v, want OVER_LIMIT", resp)
+	}
+	if err := b.Server.CheckPolicy(); err == nil {
+		t.Error("replica b's CheckPolicy: nil, want a mismatch")
+	}
+}
