@@ -137,7 +137,10 @@ func NewServer(a engine.Admitter, configs ...*Config) (*Server, error) {
 // installed its own (a replica started or reloaded with other files; the
 // last to do so wins). The server then answers with its configurations'
 // limits and names while the admitter enforces the other policy's, until
-// Reload brings the two together. It is nil when they agree. The policy is
+// Reload brings the two together; but for a limit of 0 there, which only
+// a server of that configuration refuses: this one asks the entry's bucket,
+// which holds one token a year, so each key may pass one request more
+// (and is left spent). It is nil when they agree. The policy is
 // the admitter's as it last saw it: a store meets another process's
 // cutover at its next call.
 func (s *Server) CheckPolicy() error {
@@ -157,7 +160,8 @@ func (s *Server) CheckPolicy() error {
 // meanwhile see the old configurations with the new policy: an entry's bucket
 // key does not change while the entry stays where it is in the tree (and
 // no share_threshold on its path is turned on or off), so such a request is
-// decided under the entry's new limit, and the key of an entry the new
+// decided under the entry's new limit (a new limit of 0 as its bucket, one
+// token a year, decides: see CheckPolicy), and the key of an entry the new
 // configurations drop or move gets the default that never denies
 // (DefaultCapacity). Then the server answers with configs.
 //
@@ -165,7 +169,13 @@ func (s *Server) CheckPolicy() error {
 // replica sharing a Redis store), Reload reads the policy again and, if that
 // is not already the configurations', tries once more at the version after it.
 //
-// On any error nothing changes. Errors: those of Policy, and those of
+// On any error the server keeps its configurations, and the admitter its
+// policy, unless ReplacePolicy's error leaves the cutover made or its
+// outcome unknown (a Redis store's, wrapping ErrUnavailable, when Redis
+// failed after the cutover was recorded): the admitter may then run the
+// new policy under the old configurations, as between the two steps above,
+// until a Reload of the same configurations finds it in force and completes
+// without another cutover. Errors: those of Policy, and those of
 // ReplacePolicy or Peek, wrapped (engine.ErrStalePolicy if the version moved
 // on twice: call Reload again).
 func (s *Server) Reload(ctx context.Context, configs ...*Config) error {

@@ -57,7 +57,8 @@
 // starts while Redis is down makes that check once Redis answers, within about
 // a second (so after an outage the last replica to reach Redis wins). A replica
 // whose configuration is not the prefix's policy, since another installed its
-// own, enforces the prefix's limits but reports its own configuration's in its
+// own, enforces the prefix's limits (a limit of 0 there as
+// envoyrls.Server.CheckPolicy says) but reports its own configuration's in its
 // answers: at each -poll, after reading its files, it checks
 // (envoyrls.Server.CheckPolicy), says so on stderr once, and sets
 // tokenshard_rls_foreign_policy to 1 until its files match again. Decisions

@@ -73,12 +73,18 @@ descriptors:
 
 func startCommand(t *testing.T, extra ...string) *command {
 	t.Helper()
+	return startCommandWith(t, limitsYAML, extra...)
+}
+
+// startCommandWith is startCommand with limits.yaml holding yaml.
+func startCommandWith(t *testing.T, yaml string, extra ...string) *command {
+	t.Helper()
 	c := &command{
 		t: t, dir: t.TempDir(), stderr: &syncBuffer{},
 		poll: make(chan time.Time), polled: make(chan struct{}, 1), reloaded: make(chan error, 1), exited: make(chan error, 1),
 		retry: make(chan time.Time), settled: make(chan settled, 1),
 	}
-	c.write("limits.yaml", limitsYAML)
+	c.write("limits.yaml", yaml)
 	ready := make(chan [2]string, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
