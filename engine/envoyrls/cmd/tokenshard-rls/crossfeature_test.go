@@ -53,41 +53,48 @@ func mixShapes(v string) map[string]*rlsv3.RateLimitRequest {
 // leases or without.
 func TestMixRedisDownEveryShape(t *testing.T) {
 	srv := redistest.Start(t)
+	harnesses := map[string]*rlstest.Harness{}
 	for _, leases := range []bool{false, true} {
 		for _, failOpen := range []bool{false, true} {
-			t.Run(fmt.Sprintf("leases=%v/FailOpen=%v", leases, failOpen), func(t *testing.T) {
-				factory := func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
-					c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-					t.Cleanup(func() { _ = c.Close() })
-					cfg := redisstore.Config{Client: c, Policy: p, Clock: clk, FailOpen: failOpen, Timeout: answersTimeout,
-						Prefix: fmt.Sprintf("down:%d:", prefixes.Add(1))}
-					if leases {
-						cfg.Leases = &redisstore.Leases{}
-					}
-					s, err := redisstore.New(context.Background(), cfg)
-					if err != nil {
-						t.Fatalf("redisstore.New: %v", err)
-					}
-					t.Cleanup(func() { _ = s.Close() })
-					return s
+			factory := func(t *testing.T, p policy.Policy, clk clock.Clock) engine.Admitter {
+				c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+				t.Cleanup(func() { _ = c.Close() })
+				cfg := redisstore.Config{Client: c, Policy: p, Clock: clk, FailOpen: failOpen, Timeout: answersTimeout,
+					Prefix: fmt.Sprintf("down:%d:", prefixes.Add(1))}
+				if leases {
+					cfg.Leases = &redisstore.Leases{}
 				}
-				h := rlstest.Start(t, factory, mixYAML)
-				for name, req := range mixShapes("up") {
-					if resp := h.Ask(req); resp.OverallCode != rlstest.OK {
-						t.Fatalf("%s, Redis up: %v", name, resp)
-					}
+				s, err := redisstore.New(context.Background(), cfg)
+				if err != nil {
+					t.Fatalf("redisstore.New: %v", err)
 				}
-				srv.Kill()
-				defer srv.Restart(t)
-				for name, req := range mixShapes("down") {
-					resp, err := h.Client.ShouldRateLimit(context.Background(), req)
-					if status.Code(err) != codes.Unavailable {
-						t.Errorf("%s, Redis down: %v %v, want Unavailable", name, resp, err)
-					}
+				t.Cleanup(func() { _ = s.Close() })
+				return s
+			}
+			combo := fmt.Sprintf("leases=%v/FailOpen=%v", leases, failOpen)
+			h := rlstest.Start(t, factory, mixYAML)
+			for name, req := range mixShapes("up") {
+				if resp := h.Ask(req); resp.OverallCode != rlstest.OK {
+					t.Fatalf("%s, %s, Redis up: %v", combo, name, resp)
+				}
+			}
+			harnesses[combo] = h
+		}
+	}
+	srv.Kill()
+	defer srv.Restart(t)
+	var asks sync.WaitGroup // at once: each takes the store a while to find Redis gone
+	for combo, h := range harnesses {
+		for name, req := range mixShapes("down") {
+			asks.Go(func() {
+				resp, err := h.Client.ShouldRateLimit(context.Background(), req)
+				if status.Code(err) != codes.Unavailable {
+					t.Errorf("%s, %s, Redis down: %v %v, want Unavailable", combo, name, resp, err)
 				}
 			})
 		}
 	}
+	asks.Wait()
 }
 
 // TestMixClosedStoreEveryShape: once the store is closed, every shape of
