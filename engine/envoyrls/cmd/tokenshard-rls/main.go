@@ -225,7 +225,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.timeout, "redis-timeout", 0, "bound on each Redis exchange (0: the store's default)")
 	fs.DurationVar(&o.poll, "poll", 5*time.Second, "how often the configuration directory is read for changes")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown, before their clients are cut off (one waiting on Redis then ends within -redis-timeout)")
-	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys)")
+	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys); not with -redis or -redis-cluster")
 	fs.BoolVar(&o.leases, "leases", false, "with -redis or -redis-cluster: take tokens of hot keys in advance and decide them in the process (redisstore.Leases, defaults)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -242,6 +242,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("%w: -redis and -redis-cluster exclude each other", errUsage)
 	case o.leases && o.redisAddr == "" && o.redisCluster == "":
 		return o, fmt.Errorf("%w: -leases needs -redis or -redis-cluster", errUsage)
+	case o.maxKeys != 0 && (o.redisAddr != "" || o.redisCluster != ""):
+		return o, fmt.Errorf("%w: -max-keys bounds the in-process engine; with -redis or -redis-cluster the buckets are Redis's", errUsage)
 	case o.poll <= 0:
 		return o, fmt.Errorf("%w: -poll must be positive", errUsage)
 	case o.drain < 0 || o.timeout < 0:

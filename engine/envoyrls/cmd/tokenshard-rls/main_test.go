@@ -366,6 +366,8 @@ func TestCommandRefusesAtStart(t *testing.T) {
 		{[]string{}, errUsage},
 		{[]string{"-config", dir, "-redis", "x:1", "-redis-cluster", "y:1"}, errUsage},
 		{[]string{"-config", dir, "-leases"}, errUsage},
+		{[]string{"-config", dir, "-redis", "x:1", "-max-keys", "5"}, errUsage},
+		{[]string{"-config", dir, "-redis-cluster", "x:1", "-max-keys", "5"}, errUsage},
 		{[]string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, envoyrls.ErrUnknownField},
 		{[]string{"-config", runtimeRoot, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, errNoConfig},
 	} {
