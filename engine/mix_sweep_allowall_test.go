@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -12,20 +11,6 @@ import (
 
 	"github.com/tokenshard/tokenshard/engine"
 )
-
-// gatedClock reads 0; gated, each read waits for one send on step (or for
-// step to close).
-type gatedClock struct {
-	gated atomic.Bool
-	step  chan struct{}
-}
-
-func (c *gatedClock) Now() int64 {
-	if c.gated.Load() {
-		<-c.step
-	}
-	return 0
-}
 
 // TestSweepHoldsNoKeyForAllowAll: an AllowAll that meets a shard being
 // swept holds no key meanwhile, on that shard or another, and starts over
@@ -37,7 +22,7 @@ func (c *gatedClock) Now() int64 {
 // on; the call admits once EvictFull has returned.
 func TestSweepHoldsNoKeyForAllowAll(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		clk := &gatedClock{step: make(chan struct{})}
+		clk := &scGateClock{gate: make(chan struct{})}
 		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 2, Clock: clk, SweepEvery: -1})
 		require.NoError(t, err)
 		defer e.Close()
@@ -51,11 +36,11 @@ func TestSweepHoldsNoKeyForAllowAll(t *testing.T) {
 			}
 		}
 		step := func() {
-			clk.step <- struct{}{}
+			clk.gate <- struct{}{}
 			synctest.Wait()
 		}
 
-		clk.gated.Store(true)
+		clk.armed.Store(true)
 		swept := make(chan error, 1)
 		go func() { _, err := e.EvictFull(ctx); swept <- err }()
 		synctest.Wait()
@@ -91,7 +76,7 @@ func TestSweepHoldsNoKeyForAllowAll(t *testing.T) {
 		assert.True(t, a.d.Allowed)
 		assert.Zero(t, len(swept), "the sweep goes on")
 		assert.Zero(t, len(all), "the AllowAll waits for the sweep to be done")
-		close(clk.step)
+		close(clk.gate)
 		require.NoError(t, <-swept)
 		r := <-all
 		require.NoError(t, r.err)
@@ -112,11 +97,11 @@ func TestSweepHoldsNoKeyForAllowAll(t *testing.T) {
 // then returns the admission, not the context's error.
 func TestWaitAnsweredPastDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		clk := &gatedClock{step: make(chan struct{})}
+		clk := &scGateClock{gate: make(chan struct{})}
 		e, err := engine.New(engine.Config{Policy: pol(1, 5, 1), Shards: 1, Clock: clk, SweepEvery: -1})
 		require.NoError(t, err)
 		defer e.Close()
-		clk.gated.Store(true)
+		clk.armed.Store(true)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		type answer struct {
@@ -129,7 +114,7 @@ func TestWaitAnsweredPastDeadline(t *testing.T) {
 		<-ctx.Done()    // the bubble's time passes the deadline
 		synctest.Wait()
 		require.Zero(t, len(waited), "the shard has the request: Wait waits for its answer")
-		close(clk.step)
+		close(clk.gate)
 		r := <-waited
 		require.NoError(t, r.err)
 		assert.True(t, r.d.Allowed)

@@ -198,9 +198,7 @@ func TestAllowAllOutOfMemory(t *testing.T) {
 	_, err := s.Allow(ctx, "before", 2)
 	require.NoError(t, err)
 	raw := rawBuckets(t, c, pfx, "before", "after")
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
-	defer c.ConfigSet(ctx, "maxmemory", "0")
+	outOfMemory(t, c)
 
 	d, at, err := s.AllowAll(ctx, []engine.Request{{Key: "before", Cost: 1}, {Key: "after", Cost: 1}})
 	require.ErrorIs(t, err, engine.ErrKeyCapacity)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -22,9 +23,7 @@ func TestChargeOutOfMemoryAboveCapacity(t *testing.T) {
 	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}}, clock.NewManual(0))
 	_, err := s.Charge(ctx, "k", 1) // the script loaded, the bucket written
 	require.NoError(t, err)
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
-	defer c.ConfigSet(ctx, "maxmemory", "0")
+	outOfMemory(t, c)
 
 	_, err = s.Charge(ctx, "k", 10)
 	require.ErrorIs(t, err, engine.ErrKeyCapacity)
@@ -44,9 +43,7 @@ func TestRefundOutOfMemory(t *testing.T) {
 	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}}, clock.NewManual(0))
 	_, err := s.Allow(ctx, "k", 2)
 	require.NoError(t, err)
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
-	defer c.ConfigSet(ctx, "maxmemory", "0")
+	outOfMemory(t, c)
 
 	_, err = s.Refund(ctx, "k", 1)
 	require.ErrorIs(t, err, engine.ErrKeyCapacity)
@@ -56,4 +53,13 @@ func TestRefundOutOfMemory(t *testing.T) {
 	d, err := s.Peek(ctx, "k")
 	require.NoError(t, err)
 	require.Equal(t, int64(1), d.Remaining, "nothing credited")
+}
+
+// outOfMemory has the private server c refuse every write for want of
+// memory (maxmemory 1, noeviction) until the test ends.
+func outOfMemory(t *testing.T, c *redis.Client) {
+	ctx := context.Background()
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
+	t.Cleanup(func() { c.ConfigSet(ctx, "maxmemory", "0") })
 }

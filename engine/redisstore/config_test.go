@@ -186,9 +186,7 @@ func TestOutOfMemoryIsKeyCapacity(t *testing.T) {
 	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, FailOpen: true}, clk)
 	_, err := s.Allow(ctx, "before", 1)
 	require.NoError(t, err)
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
-	defer c.ConfigSet(ctx, "maxmemory", "0")
+	outOfMemory(t, c)
 	retries := s.Stats().Retries
 	_, err = s.Allow(ctx, "after", 1)
 	require.ErrorIs(t, err, engine.ErrKeyCapacity)

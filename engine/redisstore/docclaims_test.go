@@ -213,9 +213,7 @@ func TestOutOfMemoryRefusesWritesNotDenials(t *testing.T) {
 	d, err := s.Allow(ctx, "{x}drained", 3)
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
-	defer c.ConfigSet(ctx, "maxmemory", "0")
+	outOfMemory(t, c)
 	before := s.Stats()
 
 	_, err = s.Allow(ctx, "{x}some", 1)

@@ -102,11 +102,7 @@ func TestMixRedisDownEveryShape(t *testing.T) {
 func TestMixClosedStoreEveryShape(t *testing.T) {
 	for _, leases := range []bool{false, true} {
 		t.Run(fmt.Sprintf("leases=%v", leases), func(t *testing.T) {
-			f := storeOn(func(t *testing.T) redis.UniversalClient {
-				c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), ContextTimeoutEnabled: true})
-				t.Cleanup(func() { _ = c.Close() })
-				return c
-			})
+			f := singleStore
 			if leases {
 				f = leasedStore
 			}
@@ -209,20 +205,12 @@ descriptors:
 `
 	for _, kind := range []string{"single", "leased", "cluster"} {
 		t.Run(kind, func(t *testing.T) {
-			f := storeOn(func(t *testing.T) redis.UniversalClient {
-				c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), ContextTimeoutEnabled: true})
-				t.Cleanup(func() { _ = c.Close() })
-				return c
-			})
+			f := singleStore
 			switch kind {
 			case "leased":
 				f = leasedStore
 			case "cluster":
-				f = storeOn(func(t *testing.T) redis.UniversalClient {
-					c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), ContextTimeoutEnabled: true})
-					t.Cleanup(func() { _ = c.Close() })
-					return c
-				})
+				f = clusterStore
 			}
 			h := rlstest.Start(t, f, base)
 			stop := make(chan struct{})
@@ -279,11 +267,7 @@ func TestMixManyExactEntries(t *testing.T) {
 	for i := range 20000 {
 		fmt.Fprintf(&b, "  - key: k\n    value: v%d\n    rate_limit: {unit: hour, requests_per_unit: %d}\n", i, 1+i%7)
 	}
-	f := storeOn(func(t *testing.T) redis.UniversalClient {
-		c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), ContextTimeoutEnabled: true})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	})
+	f := singleStore
 	start := time.Now()
 	h := rlstest.Start(t, f, b.String())
 	t.Logf("start %v", time.Since(start))

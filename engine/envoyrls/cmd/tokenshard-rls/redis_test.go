@@ -109,23 +109,30 @@ func deleteKeys(t *testing.T, c redis.UniversalClient, prefix string) {
 	})
 }
 
-func TestSuiteRedis(t *testing.T) {
-	rlstest.Run(t, storeOn(func(t *testing.T) redis.UniversalClient {
+// singleStore and clusterStore are suite factories of Redis stores on the
+// shared server and on the cluster, each on a prefix of its own.
+var (
+	singleStore = storeOn(func(t *testing.T) redis.UniversalClient {
 		c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = c.Close() })
 		return c
-	}))
+	})
+	clusterStore = storeOn(func(t *testing.T) redis.UniversalClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	})
+)
+
+func TestSuiteRedis(t *testing.T) {
+	rlstest.Run(t, singleStore)
 }
 
 func TestSuiteRedisCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a Redis Cluster: not in -short")
 	}
-	rlstest.Run(t, storeOn(func(t *testing.T) redis.UniversalClient {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), ContextTimeoutEnabled: true})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}))
+	rlstest.Run(t, clusterStore)
 }
 
 // TestRedisDownIsAnError: when Redis cannot answer, the RLS answers with a
