@@ -137,6 +137,8 @@
 // "name";r=tokens left;t=seconds until full, rounded up. When the request is
 // refused and some wait admits it, Retry-After is the seconds until every
 // bucket of the request holds its cost (at least 1), and t is that too.
+// Both are at most 9223372036, the longest time.Duration, so that a client
+// multiplying them by a second does not overflow.
 // For a limit of 0, which no wait admits, there is no Retry-After and t is
 // the seconds of its unit, a fixed window's length: not 0, which would
 // tell a client to retry at once.
