@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/envoyrls"
@@ -125,6 +126,43 @@ func TestParseConfigAccepts(t *testing.T) {
 		}
 		if _, err := envoyrls.Policy(1, c); err != nil {
 			t.Errorf("Policy(%.40q): %v", y, err)
+		}
+	}
+}
+
+// "requests_per_unit is a whole number from 0 to 4294967295, written as
+// envoyproxy/ratelimit's YAML library reads one ... anything larger is
+// refused, not wrapped or clamped": each form's limit, as the policy's
+// capacity, or its refusal.
+func TestParseConfigNumbers(t *testing.T) {
+	for _, c := range []struct {
+		rpu  string
+		want int64 // -1: refused
+	}{
+		{"0", 0}, {"-0", 0}, {"+5", 5}, {"1_000", 1000}, {"0x10", 16}, {"0b11", 3}, {"017", 15}, {"0o17", 15},
+		{"4294967295", math.MaxUint32}, {"0xffffffff", math.MaxUint32},
+		{"4294967296", -1}, {"0x100000000", -1}, {"18446744073709551616", -1}, {"-1", -1}, {"-4294967295", -1},
+		{"1e3", -1}, {"1.0", -1}, {".inf", -1}, {"'5'", -1}, {"0x", -1},
+	} {
+		y := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: " + c.rpu + "}\n"
+		cfg, err := envoyrls.ParseConfig([]byte(y))
+		if c.want < 0 {
+			if !errors.Is(err, envoyrls.ErrFieldType) {
+				t.Errorf("requests_per_unit %s: %v, want ErrFieldType", c.rpu, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("requests_per_unit %s: %v", c.rpu, err)
+			continue
+		}
+		p, err := envoyrls.Policy(1, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := p.Overrides.Overrides()[0]
+		if got := o.Capacity; c.want > 0 && got != c.want || c.want == 0 && o.Refill.Per != 365*24*time.Hour {
+			t.Errorf("requests_per_unit %s: capacity %d, refill %v; want %d", c.rpu, got, o.Refill, c.want)
 		}
 	}
 }

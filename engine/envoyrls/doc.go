@@ -23,9 +23,12 @@
 // name, unlimited, replaces: [{name}]}, shadow_mode, share_threshold,
 // detailed_metric, value_to_metric, metadata and descriptors below it. Units
 // are second, minute, hour, day, week, month (30 days) and year (365 days), in
-// any case. A '*' in a value is a wildcard matching any run of bytes; with
-// share_threshold every value it matches shares one bucket, without it each
-// value has its own. That is envoyproxy/ratelimit's rule since it took
+// any case. requests_per_unit is a whole number from 0 to 4294967295,
+// written as envoyproxy/ratelimit's YAML library reads one: 1_000 is 1000,
+// 0x10 is 16, 0b11 is 3, and 017 and 0o17 are octal, 15; anything larger
+// is refused, not wrapped or clamped. A '*' in a value is a wildcard
+// matching any run of bytes; with share_threshold every value it matches
+// shares one bucket, without it each value has its own. That is envoyproxy/ratelimit's rule since it took
 // '*' anywhere in a value (its releases before that took only a trailing
 // '*', a prefix match, and read a '*' elsewhere as a literal byte).
 // detailed_metric and value_to_metric name metrics in envoyproxy/ratelimit
@@ -137,6 +140,8 @@
 // "name";r=tokens left;t=seconds until full, rounded up. When the request is
 // refused and some wait admits it, Retry-After is the seconds until every
 // bucket of the request holds its cost (at least 1), and t is that too.
+// Both are at most 9223372036, the longest time.Duration, so that a client
+// multiplying them by a second does not overflow.
 // For a limit of 0, which no wait admits, there is no Retry-After and t is
 // the seconds of its unit, a fixed window's length: not 0, which would
 // tell a client to retry at once.

@@ -3,6 +3,7 @@ package envoyrls_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -428,6 +429,50 @@ descriptors:
 	for i, d := range descs {
 		if resp := h.Ask(rlstest.Req("inj", 0, d)); resp.OverallCode != rlstest.OK {
 			t.Errorf("descriptor %d (%q), the first of its bucket: %v, want OK", i, d.GetEntries(), resp.OverallCode)
+		}
+	}
+}
+
+// "t=seconds until full, rounded up" and Retry-After "the seconds until
+// every bucket of the request holds its cost" are at most 9223372036, the
+// longest time.Duration's whole seconds, as engine/httplimit writes them:
+// an admitter running another policy than the configurations' (see
+// Server.CheckPolicy), here one token per math.MaxInt64 ns, reports waits
+// of up to math.MaxInt64 ns, and rounding those up must not wrap to a
+// negative t or to a Retry-After of 1.
+func TestLongestWaitsAreClamped(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	cur := h.A.Policy()
+	ovs := cur.Overrides.Overrides()
+	for i := range ovs {
+		if ovs[i].Capacity == 7 { // "seven", key s
+			ovs[i].TokensPerSecond, ovs[i].Refill = 0, policy.Rate{Tokens: 1, Per: math.MaxInt64}
+		}
+	}
+	set, err := policy.NewOverrideSet(ovs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := cur
+	next.Version, next.Overrides = cur.Version+1, set
+	if err := h.A.ReplacePolicy(context.Background(), next, cur.Version); err != nil {
+		t.Fatal(err)
+	}
+	const longest = "9223372036" // math.MaxInt64 ns in whole seconds
+	for _, c := range []struct {
+		hits             uint32
+		rateLimit, retry string
+	}{
+		{1, `"seven";r=6;t=` + longest, ""},
+		{6, `"seven";r=0;t=` + longest, ""},
+		{1, `"seven";r=0;t=` + longest, longest},
+	} {
+		resp := h.Ask(rlstest.Req("k", c.hits, rlstest.D("s=1")))
+		if got := hdr(resp.ResponseHeadersToAdd, "RateLimit"); got != c.rateLimit {
+			t.Errorf("hits %d: RateLimit %q, want %q", c.hits, got, c.rateLimit)
+		}
+		if got := hdr(resp.ResponseHeadersToAdd, "Retry-After"); got != c.retry {
+			t.Errorf("hits %d: Retry-After %q, want %q", c.hits, got, c.retry)
 		}
 	}
 }

@@ -678,11 +678,19 @@ func (l *limit) headerFields() {
 	l.policyField = l.sfName + ";q=" + strconv.FormatUint(uint64(l.requestsPerUnit), 10) + ";w=" + strconv.FormatInt(w, 10)
 }
 
+// ceilSeconds is d in whole seconds, rounded up, 0 for d <= 0, and at most
+// the longest Duration's whole seconds: a client that multiplies it by a
+// second would otherwise overflow to a wait below 0. d + time.Second - 1
+// would wrap for a d near math.MaxInt64, a wait an admitter may report.
 func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second != 0 && s < math.MaxInt64/int64(time.Second) {
+		s++
+	}
+	return s
 }
 
 func printable(s string) bool {

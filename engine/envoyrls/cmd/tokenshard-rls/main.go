@@ -246,8 +246,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("%w: -max-keys bounds the in-process engine; with -redis or -redis-cluster the buckets are Redis's", errUsage)
 	case o.poll <= 0:
 		return o, fmt.Errorf("%w: -poll must be positive", errUsage)
-	case o.drain < 0 || o.timeout < 0:
-		return o, fmt.Errorf("%w: -drain and -redis-timeout must not be negative", errUsage)
+	case o.drain < 0 || o.timeout < 0 || o.maxKeys < 0:
+		return o, fmt.Errorf("%w: -drain, -redis-timeout and -max-keys must not be negative", errUsage)
 	}
 	if err := o.redisOptions(os.Getenv(passwordEnv)); err != nil {
 		return o, fmt.Errorf("%w: %v", errUsage, err)

@@ -368,6 +368,7 @@ func TestCommandRefusesAtStart(t *testing.T) {
 		{[]string{"-config", dir, "-leases"}, errUsage},
 		{[]string{"-config", dir, "-redis", "x:1", "-max-keys", "5"}, errUsage},
 		{[]string{"-config", dir, "-redis-cluster", "x:1", "-max-keys", "5"}, errUsage},
+		{[]string{"-config", filepath.Join(runtimeRoot, "config"), "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-max-keys", "-1"}, errUsage},
 		{[]string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, envoyrls.ErrUnknownField},
 		{[]string{"-config", runtimeRoot, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, errNoConfig},
 	} {
