@@ -25,15 +25,15 @@
 // are second, minute, hour, day, week, month (30 days) and year (365 days), in
 // any case. requests_per_unit is a whole number from 0 to 4294967295,
 // written as envoyproxy/ratelimit's YAML library reads one: 1_000 is 1000,
-// 0x10 is 16, 0b11 is 3, and 017 and 0o17 are octal, 15; anything larger
-// is refused, not wrapped or clamped. A '*' in a value is a wildcard
-// matching any run of bytes; with share_threshold every value it matches
-// shares one bucket, without it each value has its own. That is envoyproxy/ratelimit's rule since it took
-// '*' anywhere in a value (its releases before that took only a trailing
-// '*', a prefix match, and read a '*' elsewhere as a literal byte).
-// detailed_metric and value_to_metric name metrics in envoyproxy/ratelimit
-// and change no decision here; metadata is read and not used, as
-// envoyproxy/ratelimit does not use it unless told to.
+// 0x10 is 16, 0b11 is 3, and 017 and 0o17 are octal, 15; anything larger is
+// refused, not wrapped or clamped. A '*' in a value is a wildcard matching
+// any run of bytes; with share_threshold every value it matches shares one
+// bucket, without it each value has its own. That is envoyproxy/ratelimit's
+// rule since it took '*' anywhere in a value (its releases before that took
+// only a trailing '*', a prefix match, and read a '*' elsewhere as a literal
+// byte). detailed_metric and value_to_metric name metrics in
+// envoyproxy/ratelimit and change no decision here; metadata is read and not
+// used, as envoyproxy/ratelimit does not use it unless told to.
 //
 // What envoyproxy/ratelimit refuses is refused: YAML that does not parse, an
 // empty domain, a descriptor without a key, two descriptors of one level
