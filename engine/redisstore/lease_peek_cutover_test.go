@@ -35,8 +35,11 @@ func TestLeasePeekMeetsCutover(t *testing.T) {
 			require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: tc.capacity, TokensPerSecond: 1}, 1))
 			bucket := peek(t, b, "k").Remaining // under version 2, without a's lease
 
+			// The lease ends where the Peek meets version 2: it counts no
+			// more, since the next request gives it back, or up, first.
 			d := peek(t, a, "k")
 			require.Equal(t, int64(2), d.Version)
+			require.Equal(t, bucket, d.Remaining, "a's Peek counted the lease the cutover ended (%d tokens)", held)
 
 			back := int64(0)
 			if !tc.givenUp {
