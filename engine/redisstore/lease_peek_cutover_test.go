@@ -67,3 +67,22 @@ func TestLeasePeekMeetsCutover(t *testing.T) {
 		})
 	}
 }
+
+// A Refund that meets another store's cutover answers, as a Peek does,
+// without the lease taken under the version it replaced: the lease ends
+// there, and with the capacity raised it is given up, so counting it would
+// report tokens no request can take.
+func TestLeaseRefundMeetsCutover(t *testing.T) {
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	a, b := leasedBeside(t, p, clk)
+	ctx := context.Background()
+	held := holding(t, a, b, "k", 100)
+	require.NoError(t, b.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 2000, TokensPerSecond: 1}, 1))
+	d, err := a.Refund(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), d.Version)
+	require.Equal(t, peek(t, b, "k").Remaining, d.Remaining, "a's Refund counted the lease the cutover ended (%d tokens)", held)
+	require.NoError(t, a.Close())
+	require.Equal(t, uint64(held), a.Stats().ForfeitedTokens, "%+v", a.Stats())
+}
