@@ -52,6 +52,10 @@ type Engine struct {
 	// called by SnapshotFile with "wait" before it waits for an earlier
 	// call to end and with "rename" before it renames its file over path.
 	snapshotFileHook func(stage string)
+	// pressureHook, if set (by tests only, before the first pressure
+	// sweep), is called by each pressure sweep once it has decided when
+	// the next may start, before it records that time.
+	pressureHook func()
 
 	closed    atomic.Bool
 	closing   chan struct{} // closed when Close starts

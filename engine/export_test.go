@@ -19,5 +19,10 @@ func (e *Engine) ShardOf(key string) int {
 // it before any SnapshotFile of e.
 func SetSnapshotFileHook(e *Engine, f func(stage string)) { e.snapshotFileHook = f }
 
+// SetPressureHook sets the hook each pressure sweep of e calls once it has
+// decided when the next may start, before it records that time. Set it
+// before the first pressure sweep of e.
+func SetPressureHook(e *Engine, f func()) { e.pressureHook = f }
+
 // Closing returns the channel e's Close closes as it begins.
 func Closing(e *Engine) <-chan struct{} { return e.closing }

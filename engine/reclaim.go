@@ -190,8 +190,17 @@ func (e *Engine) background(pressure bool) (evicted int, ok bool) {
 			// base once they fill the table (unseen).
 			next = max(next, r.soonest)
 		}
+		if e.pressureHook != nil {
+			e.pressureHook()
+		}
 		e.reclaim.took.Store(took)
 		e.reclaim.next.Store(next)
+		if e.reclaim.sooner.Load() {
+			// A refund since the look above may have found the last
+			// schedule and lowered it, not this one: undo the wait for
+			// the first bucket kept, as if it had come during the sweep.
+			e.reclaim.lower(e.reclaim.base.Load())
+		}
 	}
 	return r.evicted, true
 }
@@ -201,8 +210,10 @@ func (e *Engine) background(pressure bool) (evicted int, ok bool) {
 // duration): keys it never saw have taken the table's last free slot, and
 // one of their buckets may be full sooner. The sweeper calls it, between
 // sweeps.
-func (r *reclaimer) unseen() {
-	at := r.base.Load()
+func (r *reclaimer) unseen() { r.lower(r.base.Load()) }
+
+// lower brings next forward to at, if it is later.
+func (r *reclaimer) lower(at int64) {
 	for n := r.next.Load(); n > at && !r.next.CompareAndSwap(n, at); n = r.next.Load() {
 	}
 }
@@ -216,9 +227,7 @@ func (r *reclaimer) fillsSooner(now int64) {
 		return
 	}
 	r.sooner.Store(true)
-	at := max(satAdd(now, int64(PressureSweepGap)), r.base.Load())
-	for n := r.next.Load(); n > at && !r.next.CompareAndSwap(n, at); n = r.next.Load() {
-	}
+	r.lower(max(satAdd(now, int64(PressureSweepGap)), r.base.Load()))
 	select {
 	case r.kick <- struct{}{}:
 	default:

@@ -437,3 +437,48 @@ func drained(t *testing.T, maxKeys int, keys ...string) (*engine.Engine, *clock.
 	}
 	return e, clk
 }
+
+// TestPressureScheduleAfterRefundAsSweepEnds: a refund that lands as a
+// pressure sweep ends, after it found nothing refunded and before it
+// recorded the next sweep's time, still brings that time forward: the
+// sweep does not put the next off until the first bucket it kept is full.
+func TestPressureScheduleAfterRefundAsSweepEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clk := clock.NewManual(0)
+		e, err := engine.New(engine.Config{Policy: pol(1, 1000, 1), MaxKeys: 2, Shards: 2, Clock: clk, SweepEvery: time.Hour})
+		require.NoError(t, err)
+		defer e.Close()
+		ctx := context.Background()
+		for _, k := range []string{"a", "b"} {
+			_, err = e.Allow(ctx, k, 1000) // full at 1,000 s
+			require.NoError(t, err)
+		}
+		refunded := false
+		engine.SetPressureHook(e, func() {
+			if refunded {
+				return
+			}
+			refunded = true
+			d, err := e.Refund(ctx, "a", 1000)
+			assert.NoError(t, err)
+			assert.Equal(t, int64(1000), d.Remaining, "a full again")
+		})
+		_, err = e.Allow(ctx, "c", 1)
+		require.ErrorIs(t, err, engine.ErrKeyCapacity)
+		synctest.Wait() // the pressure sweep ran, and a was refunded as it ended
+		require.True(t, refunded)
+		require.Equal(t, uint64(1), e.Stats().PressureSweeps)
+		d, _ := e.ReclaimAfter()
+		assert.Equal(t, engine.PressureSweepGap, d, "the refund brought the next sweep forward")
+
+		_, err = e.Allow(ctx, "c", 1) // a sweep now waits
+		require.ErrorIs(t, err, engine.ErrKeyCapacity)
+		synctest.Wait()
+		clk.Set(int64(engine.PressureSweepGap)) // the waiting sweep's time has come
+		synctest.Wait()
+		assert.Equal(t, uint64(2), e.Stats().PressureSweeps)
+		assert.Equal(t, 1, e.KeyCount(), "a was full, and is gone; b is not")
+		_, err = e.Allow(ctx, "c", 1)
+		require.NoError(t, err)
+	})
+}

@@ -108,6 +108,17 @@
 // At most engine.MaxAllowAll descriptors of a request may be limited
 // (check-only and shadow ones included: each costs the admitter a call).
 //
+// When the enforced descriptors that take tokens (check-only ones aside) all
+// name one bucket, the request is one Allow of their summed cost. That
+// matters on engine/redisstore's Store with leases (its Config.Leases): an
+// Allow may be decided by the replica's lease, without Redis, but an
+// AllowAll always goes to Redis, which decides it without the tokens the
+// replicas' leases hold. So a request whose enforced descriptors take tokens
+// from two buckets or more costs a round trip to Redis every time, and may
+// be refused while leases hold tokens that would have covered it (at most
+// each bucket's capacity divided by Leases.Divisor, a replica); its limits
+// are still never passed.
+//
 // A descriptor in shadow_mode is decided on its own, with Allow's meaning
 // (its cost is taken if its bucket holds it, whatever the others' answer),
 // and reported with its numbers, but its code is always OK, as in

@@ -150,7 +150,7 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 		s.errs[kindOf(err)].Add(1)
 		return engine.Decision{}, err
 	}
-	var held int64
+	var held, ver int64
 	// One deadline for the lease's give-back, reaching Redis (a store
 	// started without it) and the call.
 	rctx := ctx
@@ -160,7 +160,7 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 		defer cancel()
 	}
 	if s.lease != nil {
-		held = s.lease.before(rctx, mode, key)
+		held, ver = s.lease.before(rctx, mode, key)
 	}
 	var out engine.Result
 	err := s.need(rctx)
@@ -190,7 +190,7 @@ func (s *Store) one(ctx context.Context, mode, key string, tokens int64) (engine
 	case "r":
 		n = &s.refunds
 	}
-	if held > 0 { // a Peek's or a Refund's: what this process's lease holds counts
+	if held > 0 && d.Version == ver { // a Peek's or a Refund's: what this process's lease holds counts, unless the call met a cutover, which ends the lease
 		d.Remaining = min(satAdd(d.Remaining, held), d.Limit)
 		d.Allowed, d.RetryAfter = true, 0 // a request of one token would take it from the lease
 	}

@@ -34,7 +34,10 @@ const modeCharge = "d"
 // is nil; Config.OnError is told and Stats counts it under Failures and
 // DegradedAllowed. A charge whose answer is lost may or may not have been
 // taken; it is never taken twice. The context's error is returned only if
-// it is done before the call starts, or canceled during it.
+// it is done before the call starts, or canceled during it. With
+// Config.Leases, the key's lease goes back to Redis before the charge, and
+// is given up if Redis does not take it: a charge during an outage ends
+// this process's lease on the key (see the package doc's Leases section).
 func (s *Store) Charge(ctx context.Context, key string, tokens int64) (engine.Decision, error) {
 	return s.one(ctx, modeCharge, key, tokens)
 }

@@ -488,9 +488,15 @@
 // Limit, and, while the lease holds a token, Allowed with no RetryAfter,
 // since a request of one token would take it from the lease (a top-up
 // Redis has granted but the process has not yet taken in is in neither,
-// so a Peek or Refund during one reads low by it). With Redis
+// so a Peek or Refund during one reads low by it; one that meets a
+// cutover adds nothing, since the lease ends there, so it reads low by
+// what the lease gives back at the key's next request). With Redis
 // unreachable, a process spends what it holds, then answers by the
-// failure rule, marked Degraded. Redis may yet run a call whose answer is
+// failure rule, marked Degraded; a lease that goes back meanwhile (before
+// a Charge, a cutover or Close, or once it expired) and that Redis does
+// not take is given up, not kept, since Redis may yet credit it: the key
+// under-admits by it, as after a crash, and Stats counts it in
+// ForfeitedTokens. Redis may yet run a call whose answer is
 // lost, and so grant its lease to nobody: a key whose call went unanswered
 // asks for no lease until Redis decides one of its Allows again. A stall
 // so loses about one lease a key, not one a failed call: more only by the

@@ -364,14 +364,15 @@ func (l *leaser) allowBatch(ctx context.Context, reqs []engine.Request, out []en
 }
 
 // before readies key's lease for a Peek (mode "p": it returns the tokens
-// the lease holds, which the Peek adds to Redis's answer), a Refund ("r":
+// the lease holds and the version they were taken under, which the Peek
+// adds to Redis's answer if it is under that version), a Refund ("r":
 // likewise, and a denial the process keeps for the key no longer holds) or
 // a Charge (modeCharge: the lease goes back first, so that the charge
 // takes its tokens from the bucket as a whole).
-func (l *leaser) before(ctx context.Context, op, key string) int64 {
+func (l *leaser) before(ctx context.Context, op, key string) (held, ver int64) {
 	a := l.ask(l.shardOf(key), op, key, 1)
 	l.giveBackOwed(ctx, a.gifts)
-	return a.held // 0 but for a Peek's or a Refund's
+	return a.held, a.ver // held is 0 but for a Peek's or a Refund's
 }
 
 // flush takes every lease back from the shards and gives its unspent
@@ -664,9 +665,9 @@ func (q *leaseShard) decide(now int64, st *state, r *lreq) {
 	cost := r.cost
 	switch {
 	case r.op == opPeek:
-		r.err, r.held = errRemote, k.left
+		r.err, r.held, r.ver = errRemote, k.left, k.ver
 	case r.op == opRefund, r.op == opCharge: // a denial no longer holds: a refund grows the balance, a charge's lease went back above (it holds 0)
-		r.err, r.held, k.deniedCost = errRemote, k.left, 0
+		r.err, r.held, r.ver, k.deniedCost = errRemote, k.left, k.ver, 0
 	case cost > k.cap: // under the policy as last seen: Redis, under the one in force, answers
 		r.err, r.ver = errRemote, k.ver
 		q.pending++

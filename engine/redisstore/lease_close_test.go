@@ -456,6 +456,45 @@ func TestLeaseFailedGiveBackSettles(t *testing.T) {
 	requireSettled(t, a)
 }
 
+// A Charge during an outage gives its key's lease up, not back to the
+// process: the give-back Redis did not answer may yet be credited (here
+// once the hung server resumes), so a process that kept the tokens could
+// spend them after the bucket took them back. The key under-admits by
+// them meanwhile, as after a crash, and ForfeitedTokens counts them.
+func TestLeaseChargeInOutageGivesTheLeaseUp(t *testing.T) {
+	srv := startPrivate(t)
+	clk := clock.NewManual(0)
+	p := policy.Policy{Version: 1, Capacity: 1000, TokensPerSecond: 1}
+	pfx := prefix(t)
+	lz := &redisstore.Leases{Horizon: time.Hour, MaxAge: time.Hour}
+	a := newStore(t, redisstore.Config{Client: client(t, srv.Addr()), Policy: p, Prefix: pfx, Timeout: 200 * time.Millisecond, Leases: lz}, clk)
+	b := newStore(t, redisstore.Config{Client: client(t, srv.Addr()), Policy: p, Prefix: pfx}, clk)
+	ctx := context.Background()
+	held := holding(t, a, b, "k", 100)
+	require.Greater(t, held, int64(5))
+	before := peek(t, b, "k").Remaining
+	var armed atomic.Bool
+	armed.Store(true)
+	redisstore.SetCombineHook(a, func(point string) {
+		if point == redisstore.HookGiveBack && armed.CompareAndSwap(true, false) {
+			srv.Hang(t) // the Charge's give-back is sent to a server that answers nothing
+		}
+	})
+	d, err := a.Charge(ctx, "k", 5)
+	require.NoError(t, err)
+	require.True(t, d.Degraded, "%+v", d)
+	require.False(t, armed.Load(), "the Charge gave no lease back")
+	require.Equal(t, uint64(held), a.Stats().ForfeitedTokens, "the lease is given up: %+v", a.Stats())
+	srv.Resume(t)
+	// The charge may or may not have been taken; the give-back is credited.
+	require.Eventually(t, func() bool { return peek(t, b, "k").Remaining >= before+held-5 }, 5*time.Second, time.Millisecond,
+		"the give-back, sent before the outage ended, is credited once the server resumes")
+	after := peek(t, b, "k").Remaining
+	require.Less(t, after, before+held+5, "credited once: the bucket refills a token a second")
+	require.Equal(t, after, peek(t, a, "k").Remaining, "a holds none of what it gave up")
+	requireSettled(t, a)
+}
+
 // A lease the sweep gives back reads, from the fetcher, the policy of each
 // version since the one it was taken under that the store has not seen
 // (here another store's cutovers): that read ends within the store's

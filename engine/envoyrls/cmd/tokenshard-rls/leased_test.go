@@ -71,3 +71,54 @@ descriptors:
 		t.Errorf("no decision came from a lease: %+v", st)
 	}
 }
+
+// With leases, a request whose descriptors name two buckets is decided by
+// Redis without the tokens the replica's leases hold, as envoyrls's and
+// -leases's docs say: once Redis's bucket for user=a is spent by such
+// requests, they are refused, while a request naming user=a alone is still
+// admitted from the lease. The clock stands still: nothing refills.
+func TestLeasedSeveralBucketsGoToRedisWithoutTheLease(t *testing.T) {
+	h := rlstest.Start(t, leasedStore, `
+domain: leased
+descriptors:
+  - key: user
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1000
+  - key: route
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100000
+`)
+	s := h.A.(*redisstore.Store)
+	one := rlstest.Req("leased", 0, rlstest.D("user=a"))
+	two := rlstest.Req("leased", 0, rlstest.D("user=a"), rlstest.D("route=r"))
+	for i := 0; s.Stats().Local < 2; i++ { // a lease on user=a, which has decided a request
+		if i == 1000 {
+			t.Fatalf("no lease on user=a: %+v", s.Stats())
+		}
+		if code := h.Ask(one).OverallCode; code != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("a request of user=a alone: %v", code)
+		}
+	}
+	local := s.Stats().Local
+	refused := false
+	for range 1000 {
+		if h.Ask(two).OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+			refused = true
+			break
+		}
+	}
+	if !refused {
+		t.Fatal("1000 requests of two buckets were all admitted")
+	}
+	if st := s.Stats(); st.Local != local {
+		t.Fatalf("a lease decided a request of two buckets: %+v", st)
+	}
+	if code := h.Ask(one).OverallCode; code != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("user=a alone, after a request of two buckets was refused: %v, want OK from the lease", code)
+	}
+	if st := s.Stats(); st.Local != local+1 {
+		t.Fatalf("user=a alone was not decided by the lease: %+v", st)
+	}
+}

@@ -71,7 +71,11 @@
 // replica takes tokens of a hot key from Redis in advance and decides the
 // requests they cover without Redis (redisstore.Leases, with its defaults): the
 // limits stay exact across replicas, and unspent tokens go back when a key goes
-// idle, at a reload and at shutdown.
+// idle, at a reload and at shutdown. Only a request whose enforced descriptors
+// take tokens from one bucket is decided from a lease: one that takes from two
+// or more goes to Redis every time, which decides it without the leases'
+// tokens, so it may be refused while they would cover it (see package
+// envoyrls, Decisions).
 //
 // It logs to stderr, each line stamped with the time in UTC (the usage text
 // that -h and a flag error print excepted).
@@ -226,7 +230,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.poll, "poll", 5*time.Second, "how often the configuration directory is read for changes")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown, before their clients are cut off (one waiting on Redis then ends within -redis-timeout)")
 	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys); not with -redis or -redis-cluster")
-	fs.BoolVar(&o.leases, "leases", false, "with -redis or -redis-cluster: take tokens of hot keys in advance and decide them in the process (redisstore.Leases, defaults)")
+	fs.BoolVar(&o.leases, "leases", false, "with -redis or -redis-cluster: take tokens of hot keys in advance and decide them in the process (redisstore.Leases, defaults); a request taking tokens from several buckets still goes to Redis, without them")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err // -h: the usage, printed, is the answer
