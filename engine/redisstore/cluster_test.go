@@ -615,7 +615,7 @@ func TestPlainClientOnClusterNodeFails(t *testing.T) {
 	_, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, addr), Prefix: prefix(t),
 		Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, Timeout: 2 * time.Second})
 	require.ErrorIs(t, err, redisstore.ErrUnavailable)
-	require.ErrorContains(t, err, "make Config.Client a *redis.ClusterClient")
+	require.ErrorContains(t, err, "the server is a node of a Redis Cluster, which the store reaches only through a *redis.ClusterClient")
 	t.Log(err)
 }
 

@@ -548,7 +548,7 @@ func (s *Store) connect(ctx context.Context) (err error) {
 		s.nodeFailed(ctx, err)
 		err = startErr(err)
 		if s.cluster == nil && slices.ContainsFunc([]string{"MOVED", "ASK", "CROSSSLOT"}, func(p string) bool { return redis.HasErrorPrefix(err, p) }) {
-			err = fmt.Errorf("%w: the server is a node of a Redis Cluster: make Config.Client a *redis.ClusterClient", err)
+			err = fmt.Errorf("%w: the server is a node of a Redis Cluster, which the store reaches only through a *redis.ClusterClient", err)
 		}
 	}()
 	s.shards, s.shardByTag, s.queues = nil, nil, nil

@@ -96,6 +96,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -484,6 +485,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 			cfg.Leases = &redisstore.Leases{}
 		}
 		store, err = redisstore.New(ctx, cfg)
+		if err != nil && o.redis != nil && slices.ContainsFunc([]string{"MOVED", "ASK", "CROSSSLOT"}, func(p string) bool { return redis.HasErrorPrefix(err, p) }) {
+			return fmt.Errorf("redis store: %w: name its nodes with -redis-cluster, not -redis", err)
+		}
 		if err != nil {
 			return fmt.Errorf("redis store: %w", err)
 		}
