@@ -485,10 +485,16 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 			cfg.Leases = &redisstore.Leases{}
 		}
 		store, err = redisstore.New(ctx, cfg)
-		if err != nil && o.redis != nil && slices.ContainsFunc([]string{"MOVED", "ASK", "CROSSSLOT"}, func(p string) bool { return redis.HasErrorPrefix(err, p) }) {
-			return fmt.Errorf("redis store: %w: name its nodes with -redis-cluster, not -redis", err)
+		replied := func(prefixes ...string) bool {
+			return slices.ContainsFunc(prefixes, func(p string) bool { return redis.HasErrorPrefix(err, p) })
 		}
-		if err != nil {
+		switch {
+		case err == nil:
+		case o.redis != nil && replied("MOVED", "ASK", "CROSSSLOT"):
+			return fmt.Errorf("redis store: %w: name its nodes with -redis-cluster, not -redis", err)
+		case replied("NOAUTH", "WRONGPASS"):
+			return fmt.Errorf("redis store: %w: give Redis's password in %s or in the URL (redis://:password@host:port)", err, passwordEnv)
+		default:
 			return fmt.Errorf("redis store: %w", err)
 		}
 		defer func() { _ = store.Close() }()
