@@ -120,6 +120,7 @@ import (
 )
 
 func main() {
+	redis.SetLogger(redisLog{newLogger(os.Stderr)})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -144,6 +145,13 @@ var errUsage = errors.New("usage")
 func newLogger(w io.Writer) *log.Logger {
 	return log.New(w, "tokenshard-rls: ", log.LstdFlags|log.LUTC|log.Lmsgprefix)
 }
+
+// redisLog writes go-redis's own lines (a dial that failed) to the
+// command's log, stamped in UTC as its other lines are, where go-redis
+// would stamp them in local time.
+type redisLog struct{ l *log.Logger }
+
+func (r redisLog) Printf(_ context.Context, format string, v ...any) { r.l.Printf(format, v...) }
 
 // hooks let main and tests drive the command: reread (SIGHUP) makes it
 // poll at once; poll replaces the -poll ticker and retry the ticker of a
