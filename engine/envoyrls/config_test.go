@@ -287,6 +287,29 @@ func TestNewServer(t *testing.T) {
 	}
 }
 
+// TestNewServerMismatchSaysWhat: the error of a policy that is not the
+// configurations' names the entry it limits otherwise and says how to
+// install theirs, as on a Redis store whose prefix kept an earlier
+// configuration's policy.
+func TestNewServerMismatchSaysWhat(t *testing.T) {
+	yaml := func(n int) []*envoyrls.Config {
+		return rlstest.Parse(t, fmt.Sprintf("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: %d}\n  - key: j\n    value: v\n    rate_limit: {unit: minute, requests_per_unit: 3}\n", n))
+	}
+	p, err := envoyrls.Policy(1, yaml(5)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = envoyrls.NewServer(newEngine(t, p, nil), yaml(7)...)
+	if !errors.Is(err, envoyrls.ErrPolicyMismatch) {
+		t.Fatalf("another limit: %v, want ErrPolicyMismatch", err)
+	}
+	for _, want := range []string{`limits "{d}/k`, "with the admitter's ReplacePolicy"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}
+
 // TestParseConfigAliasBomb: nested aliases that expand to millions of
 // descriptors are refused, quickly.
 func TestParseConfigAliasBomb(t *testing.T) {

@@ -115,8 +115,40 @@ func samePolicy(a, b policy.Policy) bool {
 		!a.Bands.Equal(b.Bands) {
 		return false
 	}
-	return slices.EqualFunc(a.Overrides.Overrides(), b.Overrides.Overrides(), func(x, y policy.Override) bool {
-		return x.Match == y.Match && x.Capacity == y.Capacity && x.TokensPerSecond == y.TokensPerSecond &&
-			x.Refill == y.Refill && x.Name == y.Name && x.Bands.Equal(y.Bands)
-	})
+	return slices.EqualFunc(a.Overrides.Overrides(), b.Overrides.Overrides(), sameOverride)
+}
+
+// sameOverride reports whether x and y are one entry with one limit.
+func sameOverride(x, y policy.Override) bool {
+	return x.Match == y.Match && x.Capacity == y.Capacity && x.TokensPerSecond == y.TokensPerSecond &&
+		x.Refill == y.Refill && x.Name == y.Name && x.Bands.Equal(y.Bands)
+}
+
+// policyDiff says, for an error, where a gives a key another limit than
+// want: the default limit, or the first entry of want (else of a) that the
+// other lacks or limits otherwise, by its key.
+func policyDiff(a, want policy.Policy) string {
+	if a.Capacity != want.Capacity || a.TokensPerSecond != want.TokensPerSecond || a.Refill != want.Refill ||
+		!a.Bands.Equal(want.Bands) {
+		return "its default limit is not the configurations'"
+	}
+	have := map[string]policy.Override{}
+	for _, o := range a.Overrides.Overrides() {
+		have[o.Match] = o
+	}
+	for _, o := range want.Overrides.Overrides() {
+		switch h, ok := have[o.Match]; {
+		case !ok:
+			return fmt.Sprintf("it has no limit for %q", o.Match)
+		case !sameOverride(h, o):
+			return fmt.Sprintf("it limits %q otherwise", o.Match)
+		}
+		delete(have, o.Match)
+	}
+	for _, o := range a.Overrides.Overrides() {
+		if _, ok := have[o.Match]; ok {
+			return fmt.Sprintf("it limits %q, which the configurations do not", o.Match)
+		}
+	}
+	return "it differs"
 }

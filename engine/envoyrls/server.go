@@ -122,8 +122,8 @@ func NewServer(a engine.Admitter, configs ...*Config) (*Server, error) {
 		return nil, err
 	}
 	if cur := a.Policy(); !samePolicy(cur, want) {
-		return nil, fmt.Errorf("%w: version %d has %d overrides, the configurations need %d",
-			ErrPolicyMismatch, cur.Version, cur.Overrides.Len(), want.Overrides.Len())
+		return nil, fmt.Errorf("%w: at version %d %s; install Policy(configs) with the admitter's ReplacePolicy first (a Redis store keeps its prefix's policy, whatever its Config.Policy)",
+			ErrPolicyMismatch, cur.Version, policyDiff(cur, want))
 	}
 	st.want = want
 	s := &Server{a: a, peek: pk}

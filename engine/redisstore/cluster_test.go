@@ -609,12 +609,13 @@ func TestClusterLostReplyNotResent(t *testing.T) {
 
 // TestPlainClientOnClusterNodeFails: a *redis.Client pointed at one node of
 // a cluster cannot run the store (its scripts span shards, or meet MOVED):
-// New says so rather than a later decision.
+// New says so rather than a later decision, and says what to give it.
 func TestPlainClientOnClusterNodeFails(t *testing.T) {
 	addr := redistest.ClusterAddrs(t)[0]
 	_, err := redisstore.New(context.Background(), redisstore.Config{Client: client(t, addr), Prefix: prefix(t),
 		Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, Timeout: 2 * time.Second})
 	require.ErrorIs(t, err, redisstore.ErrUnavailable)
+	require.ErrorContains(t, err, "the server is a node of a Redis Cluster, which the store reaches only through a *redis.ClusterClient")
 	t.Log(err)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,6 +94,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			s, err := redisstore.New(context.Background(), tc.cfg)
 			require.ErrorIs(t, err, tc.want)
 			require.Nil(t, s)
+			if field, ok := strings.CutPrefix(tc.name, "negative "); ok {
+				require.ErrorContains(t, err, "Config."+field+" is negative", "the error names the field to fix")
+			}
 		})
 	}
 }

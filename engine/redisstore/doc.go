@@ -465,7 +465,11 @@
 // ResetAfter counts from that answer, and a kept denial answers from the
 // denial too (the fewer tokens, the later reset, its Band and that band's
 // Limit; RetryAfter counts down from the one Redis gave), since answers
-// may arrive in another order than Redis gave them; Allowed and Version are as without
+// may arrive in another order than Redis gave them. Redis's answer to a
+// request the lease could not cover, asked while a top-up Redis granted
+// before it is on its way, reads low by that top-up, as a Peek does
+// (below): a key's Remaining, and httplimit's r, can drop by a lease's
+// size and rise again at the next leased answer. Allowed and Version are as without
 // leases but for a cutover made by another process, which a process's
 // leased answers follow only once it meets the new version (at its next
 // call to Redis, within MaxAge): until then it spends its lease under the

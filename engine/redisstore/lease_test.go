@@ -181,12 +181,19 @@ func TestLeaseCutoverRaiseTopsNobodyUp(t *testing.T) {
 	require.LessOrEqual(t, admitted, p.Capacity, "the cutover minted tokens")
 }
 
+// TestLeaseConfigErrors: a negative Leases field is refused, and the error
+// names the field to fix.
 func TestLeaseConfigErrors(t *testing.T) {
-	_, err := redisstore.New(context.Background(), redisstore.Config{
-		Client: client(t, redisAddr(t)), Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1},
-		Leases: &redisstore.Leases{MaxAge: -time.Second},
-	})
-	require.ErrorIs(t, err, engine.ErrInvalidConfig)
+	for field, l := range map[string]redisstore.Leases{
+		"Divisor": {Divisor: -1}, "Horizon": {Horizon: -time.Second}, "MaxAge": {MaxAge: -time.Second},
+	} {
+		_, err := redisstore.New(context.Background(), redisstore.Config{
+			Client: client(t, redisAddr(t)), Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1},
+			Leases: &l,
+		})
+		require.ErrorIs(t, err, engine.ErrInvalidConfig)
+		require.ErrorContains(t, err, "Config.Leases."+field+" is negative")
+	}
 }
 
 // Wait works in lease mode: it waits out a denial, kept in the process or

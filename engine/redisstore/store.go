@@ -460,8 +460,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	switch {
 	case !timeouts:
 		return nil, fmt.Errorf("%w: redisstore: the client needs ContextTimeoutEnabled: true, or a call could outlive its deadline", engine.ErrInvalidConfig)
-	case cfg.MaxKeyBytes < 0, cfg.FailRetryAfter < 0, cfg.Timeout < 0:
-		return nil, fmt.Errorf("%w: redisstore: negative MaxKeyBytes, FailRetryAfter or Timeout", engine.ErrInvalidConfig)
+	case cfg.MaxKeyBytes < 0:
+		return nil, fmt.Errorf("%w: redisstore: Config.MaxKeyBytes is negative (%d)", engine.ErrInvalidConfig, cfg.MaxKeyBytes)
+	case cfg.FailRetryAfter < 0:
+		return nil, fmt.Errorf("%w: redisstore: Config.FailRetryAfter is negative (%v)", engine.ErrInvalidConfig, cfg.FailRetryAfter)
+	case cfg.Timeout < 0:
+		return nil, fmt.Errorf("%w: redisstore: Config.Timeout is negative (%v)", engine.ErrInvalidConfig, cfg.Timeout)
 	case cfg.VirtualShards < 0 || cfg.VirtualShards > MaxVirtualShards:
 		return nil, fmt.Errorf("%w: redisstore: VirtualShards %d is not in [0, %d]", engine.ErrInvalidConfig, cfg.VirtualShards, MaxVirtualShards)
 	case tagged && strings.HasPrefix(tag, "}"): // its first "{" is followed at once by "}"
@@ -472,8 +476,15 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("%w: redisstore: the client's address %q is not host:port with a host free of blanks, commas and slashes and a port a dial can use", engine.ErrInvalidConfig, a)
 		}
 	}
-	if l := cfg.Leases; l != nil && (l.Divisor < 0 || l.Horizon < 0 || l.MaxAge < 0) {
-		return nil, fmt.Errorf("%w: redisstore: negative Leases field", engine.ErrInvalidConfig)
+	if l := cfg.Leases; l != nil {
+		switch {
+		case l.Divisor < 0:
+			return nil, fmt.Errorf("%w: redisstore: Config.Leases.Divisor is negative (%d)", engine.ErrInvalidConfig, l.Divisor)
+		case l.Horizon < 0:
+			return nil, fmt.Errorf("%w: redisstore: Config.Leases.Horizon is negative (%v)", engine.ErrInvalidConfig, l.Horizon)
+		case l.MaxAge < 0:
+			return nil, fmt.Errorf("%w: redisstore: Config.Leases.MaxAge is negative (%v)", engine.ErrInvalidConfig, l.MaxAge)
+		}
 	}
 	if _, ok := cfg.Clock.(*clock.Monotonic); ok {
 		return nil, fmt.Errorf("%w: redisstore: Config.Clock is a clock.Monotonic, whose readings count from its construction; leave it nil for the server's TIME", engine.ErrInvalidConfig)
@@ -536,6 +547,9 @@ func (s *Store) connect(ctx context.Context) (err error) {
 	defer func() {
 		s.nodeFailed(ctx, err)
 		err = startErr(err)
+		if s.cluster == nil && slices.ContainsFunc([]string{"MOVED", "ASK", "CROSSSLOT"}, func(p string) bool { return redis.HasErrorPrefix(err, p) }) {
+			err = fmt.Errorf("%w: the server is a node of a Redis Cluster, which the store reaches only through a *redis.ClusterClient", err)
+		}
 	}()
 	s.shards, s.shardByTag, s.queues = nil, nil, nil
 	s.kmap.Store(nil)

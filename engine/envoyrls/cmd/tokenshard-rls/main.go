@@ -96,6 +96,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -119,6 +120,7 @@ import (
 )
 
 func main() {
+	redis.SetLogger(redisLog{newLogger(os.Stderr)})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -143,6 +145,13 @@ var errUsage = errors.New("usage")
 func newLogger(w io.Writer) *log.Logger {
 	return log.New(w, "tokenshard-rls: ", log.LstdFlags|log.LUTC|log.Lmsgprefix)
 }
+
+// redisLog writes go-redis's own lines (a dial that failed) to the
+// command's log, stamped in UTC as its other lines are, where go-redis
+// would stamp them in local time.
+type redisLog struct{ l *log.Logger }
+
+func (r redisLog) Printf(_ context.Context, format string, v ...any) { r.l.Printf(format, v...) }
 
 // hooks let main and tests drive the command: reread (SIGHUP) makes it
 // poll at once; poll replaces the -poll ticker and retry the ticker of a
@@ -484,7 +493,16 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 			cfg.Leases = &redisstore.Leases{}
 		}
 		store, err = redisstore.New(ctx, cfg)
-		if err != nil {
+		replied := func(prefixes ...string) bool {
+			return slices.ContainsFunc(prefixes, func(p string) bool { return redis.HasErrorPrefix(err, p) })
+		}
+		switch {
+		case err == nil:
+		case o.redis != nil && replied("MOVED", "ASK", "CROSSSLOT"):
+			return fmt.Errorf("redis store: %w: name its nodes with -redis-cluster, not -redis", err)
+		case replied("NOAUTH", "WRONGPASS"):
+			return fmt.Errorf("redis store: %w: give Redis's password in %s or in the URL (redis://:password@host:port)", err, passwordEnv)
+		default:
 			return fmt.Errorf("redis store: %w", err)
 		}
 		defer func() { _ = store.Close() }()

@@ -378,6 +378,29 @@ func TestCommandRefusesAtStart(t *testing.T) {
 	}
 }
 
+// TestCommandRedisOnClusterNode: -redis naming a node of a Redis Cluster
+// stops the command at start, saying to name the nodes with -redis-cluster.
+func TestCommandRedisOnClusterNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a Redis Cluster: not in -short")
+	}
+	addrs := redistest.ClusterAddrs(t)
+	prefix := "envoyrls-cmd-cluster-node-test:" + time.Now().Format("150405.000000000") + ":"
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = c.Close() })
+	deleteKeys(t, c, prefix)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(limitsYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncBuffer
+	err := run(context.Background(), []string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0",
+		"-redis", addrs[0], "-redis-prefix", prefix, "-redis-timeout", slowMachine}, &stderr, hooks{})
+	if err == nil || !strings.Contains(err.Error(), "name its nodes with -redis-cluster, not -redis") {
+		t.Errorf("-redis on a cluster node: %v, want it to say -redis-cluster", err)
+	}
+}
+
 // TestCommandInstallsItsConfiguration: a Redis prefix holding another
 // configuration's policy (an earlier deployment's) gets the command's, at
 // the next version.

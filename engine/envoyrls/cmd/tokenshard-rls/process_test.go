@@ -1,9 +1,11 @@
 package main
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -92,5 +94,38 @@ func TestProcessSignals(t *testing.T) {
 	}
 	if !strings.Contains(p.stderr.String(), "stopped") {
 		t.Errorf("stderr does not say it stopped:\n%s", p.stderr)
+	}
+}
+
+// TestProcessLogsInUTC: every line the command writes, go-redis's own
+// (a dial to a Redis that is down) included, is stamped in UTC after the
+// command's name, whatever the machine's time zone.
+func TestProcessLogsInUTC(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"), []byte(limitsYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := l.Addr().String() // nothing listens there once closed
+	_ = l.Close()
+	t.Setenv("TZ", "Etc/GMT+5") // the process's zone: five hours behind UTC
+	p := startProcess(t, "-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-redis", down, "-poll", "1h")
+	p.await("failed to dial")
+	p.signal(syscall.SIGTERM)
+	<-p.exited
+	p.exited <- nil
+	stamp := regexp.MustCompile(`^\d{4}/\d\d/\d\d (\d\d):\d\d:\d\d tokenshard-rls: `)
+	for line := range strings.Lines(p.stderr.String()) {
+		m := stamp.FindStringSubmatch(line)
+		if m == nil {
+			t.Errorf("a line not stamped as the command's: %q", line)
+			continue
+		}
+		if h, now := m[1], time.Now().UTC(); h != now.Format("15") && h != now.Add(-time.Hour).Format("15") {
+			t.Errorf("a line not stamped in UTC (hour %s, UTC %s): %q", h, now.Format("15"), line)
+		}
 	}
 }

@@ -411,6 +411,9 @@ func TestCommandRedisPassword(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("password %q: run: %v, want an error saying %s", pw, err, want)
 		}
+		if err == nil || !strings.Contains(err.Error(), "give Redis's password in "+passwordEnv) {
+			t.Errorf("password %q: run: %v, want it to say where the password goes", pw, err)
+		}
 	}
 }
 
