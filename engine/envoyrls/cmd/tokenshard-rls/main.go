@@ -12,7 +12,12 @@
 // tokenshard_rls_requests_total{answer="ok"|"over_limit"|"error"},
 // tokenshard_rls_reloads_total{result="ok"|"error"} and
 // tokenshard_rls_foreign_policy (see below). Both listen on loopback unless
-// told otherwise.
+// told otherwise. A connection to -grpc has at most -max-streams requests in
+// flight at once (250, as Go's HTTP/2 server: a gRPC client waits for a
+// slot, Envoy opens another connection, a client that pushes on is refused
+// the stream): the answer to a request its client does not read is held
+// until it does, so a client that sends and never reads would otherwise
+// make the server hold answers without end, twenty times the bytes it sent.
 //
 // The configuration is every *.yaml and *.yml file directly in DIR, one domain
 // each (package envoyrls says what is read and what is refused); a directory
@@ -90,6 +95,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -214,7 +220,7 @@ type options struct {
 	dir, grpcAddr, metricsAddr   string
 	redisAddr, redisCluster, pfx string
 	poll, drain, timeout         time.Duration
-	maxKeys                      int
+	maxKeys, maxStreams          int
 	leases                       bool
 	redis                        *redis.Options        // from -redis, if given
 	cluster                      *redis.ClusterOptions // from -redis-cluster, if given
@@ -239,6 +245,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.poll, "poll", 5*time.Second, "how often the configuration directory is read for changes")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown, before their clients are cut off (one waiting on Redis then ends within -redis-timeout)")
 	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys); not with -redis or -redis-cluster")
+	fs.IntVar(&o.maxStreams, "max-streams", 250, "bound on the requests in flight on one connection to -grpc; a client's further requests wait for a slot")
 	fs.BoolVar(&o.leases, "leases", false, "with -redis or -redis-cluster: take tokens of hot keys in advance and decide them in the process (redisstore.Leases, defaults); a request taking tokens from several buckets still goes to Redis, without them")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -261,6 +268,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("%w: -poll must be positive", errUsage)
 	case o.drain < 0 || o.timeout < 0 || o.maxKeys < 0:
 		return o, fmt.Errorf("%w: -drain, -redis-timeout and -max-keys must not be negative", errUsage)
+	case o.maxStreams <= 0 || uint64(o.maxStreams) > math.MaxUint32:
+		return o, fmt.Errorf("%w: -max-streams must be from 1 to %d", errUsage, uint32(math.MaxUint32))
 	}
 	if err := o.redisOptions(os.Getenv(passwordEnv)); err != nil {
 		return o, fmt.Errorf("%w: %v", errUsage, err)
@@ -542,7 +551,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	// until the store reaches Redis (see settleStart).
 	owed := store != nil && !reached(ctx, store)
 
-	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers, &trouble.unavailable)))
+	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers, &trouble.unavailable)),
+		grpc.MaxConcurrentStreams(uint32(o.maxStreams)))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
 	stopping := make(chan struct{})

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
+)
+
+// rawClient is an HTTP/2 client on a connection of its own that sends
+// ShouldRateLimit requests and grants no flow-control window: the server
+// can send it headers, never an answer's message.
+type rawClient struct {
+	t    *testing.T
+	conn net.Conn
+	fr   *http2.Framer
+	hdr  []byte // the request's header block
+	msg  []byte // the request, framed as gRPC frames a message
+	next uint32 // the next stream id
+}
+
+func dialRaw(t *testing.T, addr string, req *rlsv3.RateLimitRequest) *rawClient {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	if err := conn.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	c := &rawClient{t: t, conn: conn, fr: http2.NewFramer(conn, conn), next: 1}
+	if err := c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}); err != nil {
+		t.Fatal(err)
+	}
+	body, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.msg = binary.BigEndian.AppendUint32([]byte{0}, uint32(len(body)))
+	c.msg = append(c.msg, body...)
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{
+		{":method", "POST"}, {":scheme", "http"}, {":authority", "rls"},
+		{":path", rlsv3.RateLimitService_ShouldRateLimit_FullMethodName},
+		{"content-type", "application/grpc"}, {"te", "trailers"},
+	} {
+		if err := enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.hdr = hb.Bytes()
+	return c
+}
+
+// send sends one request on a new stream and returns its id.
+func (c *rawClient) send() uint32 {
+	c.t.Helper()
+	id := c.next
+	c.next += 2
+	if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hdr, EndHeaders: true}); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := c.fr.WriteData(id, true, c.msg); err != nil {
+		c.t.Fatal(err)
+	}
+	return id
+}
+
+// TestUnreadAnswersAreBounded: a client that sends requests and never
+// reads their answers holds at most -max-streams of them on the server;
+// the stream after is refused, not taken and its answer held too.
+func TestUnreadAnswersAreBounded(t *testing.T) {
+	c := startCommand(t)
+	raw := dialRaw(t, c.addrs[0], rlstest.Req("gw", 0, rlstest.D("route=r")))
+	const streams = 250 // -max-streams' default
+	for range streams + 1 {
+		raw.send()
+	}
+	last := raw.next - 2
+	headers, refused := map[uint32]bool{}, false
+	for len(headers) < streams || !refused {
+		f, err := raw.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("after the answers' headers of %d streams (stream %d refused: %v): %v", len(headers), last, refused, err)
+		}
+		switch f := f.(type) {
+		case *http2.HeadersFrame:
+			if headers[f.StreamID] = true; len(headers) > streams {
+				t.Fatalf("%d unread answers taken on one connection; want at most %d", len(headers), streams)
+			}
+		case *http2.RSTStreamFrame:
+			if f.StreamID != last || f.ErrCode != http2.ErrCodeRefusedStream {
+				t.Fatalf("stream %d reset with %v; want stream %d refused", f.StreamID, f.ErrCode, last)
+			}
+			refused = true
+		}
+	}
+	if headers[last] {
+		t.Fatalf("stream %d answered; want it refused", last)
+	}
+}
