@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
+	"io"
 	"net"
+	"net/http"
 	"testing"
 	"time"
 
@@ -110,5 +113,36 @@ func TestUnreadAnswersAreBounded(t *testing.T) {
 	}
 	if headers[last] {
 		t.Fatalf("stream %d answered; want it refused", last)
+	}
+}
+
+// TestMetricsIdleConnectionsClose: a connection to -metrics kept alive
+// after a scrape is closed once idle for metricsIdle, not kept for ever.
+func TestMetricsIdleConnectionsClose(t *testing.T) {
+	const idle = 100 * time.Millisecond
+	c := startCommandHooks(t, limitsYAML, hooks{metricsIdle: idle})
+	conn, err := net.Dial("tcp", c.addrs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /metrics HTTP/1.1\r\nHost: rls\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil || resp.StatusCode != http.StatusOK || resp.Close {
+		t.Fatalf("scrape: %v, %v, close %v", resp.Status, err, resp.Close)
+	}
+	_ = resp.Body.Close()
+	start := time.Now()
+	if err := conn.SetReadDeadline(start.Add(100 * idle)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("idle connection after %v: %v, want the server's close (EOF)", time.Since(start), err)
 	}
 }

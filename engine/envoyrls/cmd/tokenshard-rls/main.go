@@ -18,6 +18,9 @@
 // the stream): the answer to a request its client does not read is held
 // until it does, so a client that sends and never reads would otherwise
 // make the server hold answers without end, twenty times the bytes it sent.
+// A connection to -metrics has 10 seconds to send a request's header and,
+// kept alive between requests, is closed after a minute without one, so
+// that connections left open do not pile up.
 //
 // The configuration is every *.yaml and *.yml file directly in DIR, one domain
 // each (package envoyrls says what is read and what is refused); a directory
@@ -163,10 +166,12 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) { r.l.Print
 // poll at once; poll replaces the -poll ticker and retry the ticker of a
 // replica started while Redis was down (see settleStart), ready is told the
 // listeners' addresses, reloaded each reload's outcome (after polled, told
-// at the end of each poll) and settled each retry's.
+// at the end of each poll) and settled each retry's; metricsIdle, if not 0,
+// replaces metricsIdle's time.
 type hooks struct {
 	reread      <-chan os.Signal
 	poll, retry <-chan time.Time
+	metricsIdle time.Duration
 	ready       func(grpcAddr, metricsAddr string)
 	reloaded    func(error)
 	polled      func()
@@ -561,7 +566,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: metricsHeader, IdleTimeout: cmp.Or(hk.metricsIdle, metricsIdle)}
 
 	done := make(chan error, 2)
 	go func() { done <- gs.Serve(gl) }()
@@ -717,6 +722,14 @@ loop:
 	logger.Print("stopped")
 	return nil
 }
+
+// The -metrics server's bounds on a connection: the time to send a
+// request's header, and the time it is kept open between requests (an
+// http.Server with neither IdleTimeout nor ReadTimeout keeps it for ever).
+const (
+	metricsHeader = 10 * time.Second
+	metricsIdle   = time.Minute
+)
 
 // endingHealth is the health service whose Watch streams end when stopping
 // closes, after NOT_SERVING: health.Server's Shutdown only sends

@@ -80,6 +80,13 @@ func startCommand(t *testing.T, extra ...string) *command {
 // startCommandWith is startCommand with limits.yaml holding yaml.
 func startCommandWith(t *testing.T, yaml string, extra ...string) *command {
 	t.Helper()
+	return startCommandHooks(t, yaml, hooks{}, extra...)
+}
+
+// startCommandHooks is startCommandWith with the hooks of hk that the
+// command type does not drive (metricsIdle).
+func startCommandHooks(t *testing.T, yaml string, hk hooks, extra ...string) *command {
+	t.Helper()
 	c := &command{
 		t: t, dir: t.TempDir(), stderr: &syncBuffer{},
 		poll: make(chan time.Time), polled: make(chan struct{}, 1), reloaded: make(chan error, 1), exited: make(chan error, 1),
@@ -101,8 +108,9 @@ func startCommandWith(t *testing.T, yaml string, extra ...string) *command {
 				default:
 				}
 			},
-			retry:   c.retry,
-			settled: func(reached bool, err error) { c.settled <- settled{reached, err} },
+			retry:       c.retry,
+			settled:     func(reached bool, err error) { c.settled <- settled{reached, err} },
+			metricsIdle: hk.metricsIdle,
 		})
 	}()
 	var addrs [2]string
