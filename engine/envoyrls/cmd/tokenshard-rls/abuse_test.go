@@ -3,16 +3,20 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
@@ -144,5 +148,27 @@ func TestMetricsIdleConnectionsClose(t *testing.T) {
 	}
 	if _, err := br.ReadByte(); err != io.EOF {
 		t.Fatalf("idle connection after %v: %v, want the server's close (EOF)", time.Since(start), err)
+	}
+}
+
+// TestLongRequestsAreRefused: a request longer than -max-request-bytes
+// (1 MiB) is refused ResourceExhausted; one of exactly that length is
+// answered.
+func TestLongRequestsAreRefused(t *testing.T) {
+	c := startCommand(t)
+	const bound = 1 << 20
+	req := rlstest.Req("gw", 0, rlstest.D("route=r"))
+	entry := req.Descriptors[0].Entries[0]
+	entry.Value = strings.Repeat("v", bound-proto.Size(req))
+	entry.Value = entry.Value[proto.Size(req)-bound:] // less the lengths' longer varints
+	if n := proto.Size(req); n != bound {
+		t.Fatalf("request of %d bytes, want %d", n, bound)
+	}
+	if _, err := c.rls.ShouldRateLimit(context.Background(), req); err != nil {
+		t.Fatalf("%d bytes: %v", bound, err)
+	}
+	entry.Value += "v"
+	if _, err := c.rls.ShouldRateLimit(context.Background(), req); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("%d bytes: %v, want ResourceExhausted", proto.Size(req), err)
 	}
 }

@@ -18,6 +18,11 @@
 // the stream): the answer to a request its client does not read is held
 // until it does, so a client that sends and never reads would otherwise
 // make the server hold answers without end, twenty times the bytes it sent.
+// A request may be at most -max-request-bytes long (1 MiB; Envoy's are
+// a few descriptors, each value at most a request's header, 60 KiB by
+// default): a longer one is refused (ResourceExhausted) unread, as
+// reading a request of empty entries costs the server fifty times its
+// size.
 // A connection to -metrics has 10 seconds to send a request's header and,
 // kept alive between requests, is closed after a minute without one, so
 // that connections left open do not pile up.
@@ -225,7 +230,7 @@ type options struct {
 	dir, grpcAddr, metricsAddr   string
 	redisAddr, redisCluster, pfx string
 	poll, drain, timeout         time.Duration
-	maxKeys, maxStreams          int
+	maxKeys, maxStreams, maxReq  int
 	leases                       bool
 	redis                        *redis.Options        // from -redis, if given
 	cluster                      *redis.ClusterOptions // from -redis-cluster, if given
@@ -251,6 +256,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown, before their clients are cut off (one waiting on Redis then ends within -redis-timeout)")
 	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys); not with -redis or -redis-cluster")
 	fs.IntVar(&o.maxStreams, "max-streams", 250, "bound on the requests in flight on one connection to -grpc; a client's further requests wait for a slot")
+	fs.IntVar(&o.maxReq, "max-request-bytes", 1<<20, "bound on a request's length; a longer one is refused")
 	fs.BoolVar(&o.leases, "leases", false, "with -redis or -redis-cluster: take tokens of hot keys in advance and decide them in the process (redisstore.Leases, defaults); a request taking tokens from several buckets still goes to Redis, without them")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -275,6 +281,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("%w: -drain, -redis-timeout and -max-keys must not be negative", errUsage)
 	case o.maxStreams <= 0 || uint64(o.maxStreams) > math.MaxUint32:
 		return o, fmt.Errorf("%w: -max-streams must be from 1 to %d", errUsage, uint32(math.MaxUint32))
+	case o.maxReq <= 0:
+		return o, fmt.Errorf("%w: -max-request-bytes must be positive", errUsage)
 	}
 	if err := o.redisOptions(os.Getenv(passwordEnv)); err != nil {
 		return o, fmt.Errorf("%w: %v", errUsage, err)
@@ -557,7 +565,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	owed := store != nil && !reached(ctx, store)
 
 	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers, &trouble.unavailable)),
-		grpc.MaxConcurrentStreams(uint32(o.maxStreams)))
+		grpc.MaxConcurrentStreams(uint32(o.maxStreams)), grpc.MaxRecvMsgSize(o.maxReq))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
 	stopping := make(chan struct{})
