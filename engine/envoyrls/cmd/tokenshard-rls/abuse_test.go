@@ -172,3 +172,32 @@ func TestLongRequestsAreRefused(t *testing.T) {
 		t.Fatalf("%d bytes: %v, want ResourceExhausted", proto.Size(req), err)
 	}
 }
+
+// TestGRPCIdleConnectionsClose: a -grpc connection without a request in
+// flight for grpcIdle is told to go (GOAWAY), also one whose request's
+// header block was left halfway.
+func TestGRPCIdleConnectionsClose(t *testing.T) {
+	const idle = 100 * time.Millisecond
+	c := startCommandHooks(t, limitsYAML, hooks{grpcIdle: idle})
+	for _, halfway := range []bool{false, true} {
+		raw := dialRaw(t, c.addrs[0], rlstest.Req("gw", 0, rlstest.D("route=r")))
+		if halfway {
+			if err := raw.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: raw.hdr[:len(raw.hdr)/2]}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		if err := raw.conn.SetReadDeadline(start.Add(100 * idle)); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			f, err := raw.fr.ReadFrame()
+			if err != nil {
+				t.Fatalf("halfway %v: after %v: %v, want GOAWAY", halfway, time.Since(start), err)
+			}
+			if _, ok := f.(*http2.GoAwayFrame); ok {
+				break
+			}
+		}
+	}
+}

@@ -23,7 +23,10 @@
 // default): a longer one is refused (ResourceExhausted) unread, as
 // reading a request of empty entries costs the server fifty times its
 // size.
-// A connection to -metrics has 10 seconds to send a request's header and,
+// A connection to -grpc without a request in flight for five minutes is
+// closed (with GOAWAY: a client reconnects for its next request), so that
+// idle or half-open connections, and headers sent halfway, are not held
+// for ever. A connection to -metrics has 10 seconds to send a request's header and,
 // kept alive between requests, is closed after a minute without one, so
 // that connections left open do not pile up.
 //
@@ -124,6 +127,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/tokenshard/tokenshard/engine"
@@ -171,16 +175,16 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) { r.l.Print
 // poll at once; poll replaces the -poll ticker and retry the ticker of a
 // replica started while Redis was down (see settleStart), ready is told the
 // listeners' addresses, reloaded each reload's outcome (after polled, told
-// at the end of each poll) and settled each retry's; metricsIdle, if not 0,
-// replaces metricsIdle's time.
+// at the end of each poll) and settled each retry's; grpcIdle and
+// metricsIdle, if not 0, replace the constants of those names.
 type hooks struct {
-	reread      <-chan os.Signal
-	poll, retry <-chan time.Time
-	metricsIdle time.Duration
-	ready       func(grpcAddr, metricsAddr string)
-	reloaded    func(error)
-	polled      func()
-	settled     func(reached bool, err error)
+	reread                <-chan os.Signal
+	poll, retry           <-chan time.Time
+	grpcIdle, metricsIdle time.Duration
+	ready                 func(grpcAddr, metricsAddr string)
+	reloaded              func(error)
+	polled                func()
+	settled               func(reached bool, err error)
 }
 
 // redisErrors gathers what an outage reports on the goroutines of the
@@ -565,7 +569,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	owed := store != nil && !reached(ctx, store)
 
 	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers, &trouble.unavailable)),
-		grpc.MaxConcurrentStreams(uint32(o.maxStreams)), grpc.MaxRecvMsgSize(o.maxReq))
+		grpc.MaxConcurrentStreams(uint32(o.maxStreams)), grpc.MaxRecvMsgSize(o.maxReq),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cmp.Or(hk.grpcIdle, grpcIdle)}))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
 	stopping := make(chan struct{})
@@ -730,6 +735,10 @@ loop:
 	logger.Print("stopped")
 	return nil
 }
+
+// grpcIdle is how long a -grpc connection without a request in flight is
+// kept (gRPC's default: for ever).
+const grpcIdle = 5 * time.Minute
 
 // The -metrics server's bounds on a connection: the time to send a
 // request's header, and the time it is kept open between requests (an

@@ -84,7 +84,7 @@ func startCommandWith(t *testing.T, yaml string, extra ...string) *command {
 }
 
 // startCommandHooks is startCommandWith with the hooks of hk that the
-// command type does not drive (metricsIdle).
+// command type does not drive (grpcIdle, metricsIdle).
 func startCommandHooks(t *testing.T, yaml string, hk hooks, extra ...string) *command {
 	t.Helper()
 	c := &command{
@@ -111,6 +111,7 @@ func startCommandHooks(t *testing.T, yaml string, hk hooks, extra ...string) *co
 			retry:       c.retry,
 			settled:     func(reached bool, err error) { c.settled <- settled{reached, err} },
 			metricsIdle: hk.metricsIdle,
+			grpcIdle:    hk.grpcIdle,
 		})
 	}()
 	var addrs [2]string
