@@ -201,3 +201,37 @@ func TestGRPCIdleConnectionsClose(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsSlowBodyCloses: a request to -metrics whose body trickles in
+// is cut off after metricsRead, its connection closed, not kept for as
+// long as the body takes.
+func TestMetricsSlowBodyCloses(t *testing.T) {
+	const read = 200 * time.Millisecond
+	c := startCommandHooks(t, limitsYAML, hooks{metricsRead: read})
+	conn, err := net.Dial("tcp", c.addrs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "POST /metrics HTTP/1.1\r\nHost: rls\r\nContent-Length: 1000\r\n\r\nx"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := conn.SetReadDeadline(start.Add(50 * read)); err != nil {
+		t.Fatal(err)
+	}
+	// The server reads the body to its end before it answers: the answer,
+	// and the close, come once that read fails.
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("body trickling in after %v: %v, want the server's close (EOF)", time.Since(start), err)
+	}
+}

@@ -26,7 +26,7 @@
 // A connection to -grpc without a request in flight for five minutes is
 // closed (with GOAWAY: a client reconnects for its next request), so that
 // idle or half-open connections, and headers sent halfway, are not held
-// for ever. A connection to -metrics has 10 seconds to send a request's header and,
+// for ever. A connection to -metrics has 10 seconds to send a request and,
 // kept alive between requests, is closed after a minute without one, so
 // that connections left open do not pile up.
 //
@@ -176,11 +176,13 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) { r.l.Print
 // replica started while Redis was down (see settleStart), ready is told the
 // listeners' addresses, reloaded each reload's outcome (after polled, told
 // at the end of each poll) and settled each retry's; grpcIdle and
-// metricsIdle, if not 0, replace the constants of those names.
+// metricsIdle and metricsRead, if not 0, replace the constants of those
+// names.
 type hooks struct {
 	reread                <-chan os.Signal
 	poll, retry           <-chan time.Time
 	grpcIdle, metricsIdle time.Duration
+	metricsRead           time.Duration
 	ready                 func(grpcAddr, metricsAddr string)
 	reloaded              func(error)
 	polled                func()
@@ -579,7 +581,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: metricsHeader, IdleTimeout: cmp.Or(hk.metricsIdle, metricsIdle)}
+	hsrv := &http.Server{Handler: mux, ReadTimeout: cmp.Or(hk.metricsRead, metricsRead), IdleTimeout: cmp.Or(hk.metricsIdle, metricsIdle)}
 
 	done := make(chan error, 2)
 	go func() { done <- gs.Serve(gl) }()
@@ -741,11 +743,13 @@ loop:
 const grpcIdle = 5 * time.Minute
 
 // The -metrics server's bounds on a connection: the time to send a
-// request's header, and the time it is kept open between requests (an
-// http.Server with neither IdleTimeout nor ReadTimeout keeps it for ever).
+// request, its body included (which the server reads to the end, up to
+// 256 KiB, though /metrics has no use for it), and the time it is kept
+// open between requests (an http.Server with neither IdleTimeout nor
+// ReadTimeout keeps it for ever).
 const (
-	metricsHeader = 10 * time.Second
-	metricsIdle   = time.Minute
+	metricsRead = 10 * time.Second
+	metricsIdle = time.Minute
 )
 
 // endingHealth is the health service whose Watch streams end when stopping

@@ -84,7 +84,7 @@ func startCommandWith(t *testing.T, yaml string, extra ...string) *command {
 }
 
 // startCommandHooks is startCommandWith with the hooks of hk that the
-// command type does not drive (grpcIdle, metricsIdle).
+// command type does not drive (grpcIdle, metricsIdle, metricsRead).
 func startCommandHooks(t *testing.T, yaml string, hk hooks, extra ...string) *command {
 	t.Helper()
 	c := &command{
@@ -112,6 +112,7 @@ func startCommandHooks(t *testing.T, yaml string, hk hooks, extra ...string) *co
 			settled:     func(reached bool, err error) { c.settled <- settled{reached, err} },
 			metricsIdle: hk.metricsIdle,
 			grpcIdle:    hk.grpcIdle,
+			metricsRead: hk.metricsRead,
 		})
 	}()
 	var addrs [2]string
