@@ -12,23 +12,24 @@
 // tokenshard_rls_requests_total{answer="ok"|"over_limit"|"error"},
 // tokenshard_rls_reloads_total{result="ok"|"error"} and
 // tokenshard_rls_foreign_policy (see below). Both listen on loopback unless
-// told otherwise. A connection to -grpc has at most -max-streams requests in
-// flight at once (250, as Go's HTTP/2 server: a gRPC client waits for a
-// slot, Envoy opens another connection, a client that pushes on is refused
-// the stream): the answer to a request its client does not read is held
-// until it does, so a client that sends and never reads would otherwise
-// make the server hold answers without end, twenty times the bytes it sent.
-// A request may be at most -max-request-bytes long (1 MiB; Envoy's are
-// a few descriptors, each value at most a request's header, 60 KiB by
-// default): a longer one is refused (ResourceExhausted) unread, as
-// reading a request of empty entries costs the server fifty times its
-// size.
-// A connection to -grpc without a request in flight for five minutes is
-// closed (with GOAWAY: a client reconnects for its next request), so that
-// idle or half-open connections, and headers sent halfway, are not held
-// for ever. A connection to -metrics has 10 seconds to send a request and,
-// kept alive between requests, is closed after a minute without one, so
-// that connections left open do not pile up.
+// told otherwise.
+//
+// A connection to -grpc has at most -max-streams requests in flight at once
+// (250, as Go's HTTP/2 server: a gRPC client waits for a slot, Envoy opens
+// another connection, a client that pushes on is refused the stream): the
+// answer to a request its client does not read is held until it does, so a
+// client that sends and never reads would otherwise make the server hold
+// answers without end, twenty times the bytes it sent. A request may be at
+// most -max-request-bytes long (1 MiB; Envoy's are a few descriptors, each
+// value at most a request's header, 60 KiB by default): a longer one is
+// refused (ResourceExhausted) unread, as reading a request of empty entries
+// costs the server forty times its size or more. A connection to -grpc
+// without a request in flight for five minutes is closed (with GOAWAY: a
+// client reconnects for its next request), so that idle or half-open
+// connections, and headers sent halfway, are not held for ever. A
+// connection to -metrics has 10 seconds to send a request and, kept alive
+// between requests, is closed after a minute without one, so that
+// connections left open do not pile up.
 //
 // The configuration is every *.yaml and *.yml file directly in DIR, one domain
 // each (package envoyrls says what is read and what is refused); a directory
@@ -175,9 +176,8 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) { r.l.Print
 // poll at once; poll replaces the -poll ticker and retry the ticker of a
 // replica started while Redis was down (see settleStart), ready is told the
 // listeners' addresses, reloaded each reload's outcome (after polled, told
-// at the end of each poll) and settled each retry's; grpcIdle and
-// metricsIdle and metricsRead, if not 0, replace the constants of those
-// names.
+// at the end of each poll) and settled each retry's; grpcIdle, metricsIdle
+// and metricsRead, if not 0, replace the constants of those names.
 type hooks struct {
 	reread                <-chan os.Signal
 	poll, retry           <-chan time.Time
