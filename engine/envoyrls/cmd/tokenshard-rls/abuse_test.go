@@ -235,3 +235,72 @@ func TestMetricsSlowBodyCloses(t *testing.T) {
 		t.Fatalf("body trickling in after %v: %v, want the server's close (EOF)", time.Since(start), err)
 	}
 }
+
+// stuck opens a stream whose request never ends: its message is sent
+// halfway.
+func (c *rawClient) stuck() {
+	c.t.Helper()
+	id := c.next
+	c.next += 2
+	if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: c.hdr, EndHeaders: true}); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := c.fr.WriteData(id, false, c.msg[:len(c.msg)/2]); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// sync returns once the server has read every frame sent before: it
+// answers frames in order, and a PING at once.
+func (c *rawClient) sync() {
+	c.t.Helper()
+	data := [8]byte{'s', 'y', 'n', 'c'}
+	if err := c.fr.WritePing(false, data); err != nil {
+		c.t.Fatal(err)
+	}
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if p, ok := f.(*http2.PingFrame); ok && p.IsAck() && p.Data == data {
+			return
+		}
+	}
+}
+
+// TestInFlightBoundAcrossConnections: requests whose messages never end
+// hold at most -max-in-flight streams, all connections together; the
+// requests beyond are refused ResourceExhausted until those end, and a
+// request answered holds none.
+func TestInFlightBoundAcrossConnections(t *testing.T) {
+	c := startCommand(t, "-max-in-flight", "4", "-max-streams", "2")
+	var raws []*rawClient
+	for range 2 {
+		raw := dialRaw(t, c.addrs[0], rlstest.Req("gw", 0, rlstest.D("route=r")))
+		raw.stuck()
+		raw.stuck()
+		raw.sync()
+		raws = append(raws, raw)
+	}
+	_, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req("gw", 0, rlstest.D("route=r")))
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("beside 4 requests in flight: %v, want ResourceExhausted", err)
+	}
+	_ = raws[0].conn.Close() // its two streams end, in time
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req("gw", 0, rlstest.D("route=r")))
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.ResourceExhausted || time.Now().After(deadline) {
+			t.Fatalf("after a connection holding two closed: %v", err)
+		}
+	}
+	for i := range 10 { // a request answered is no longer in flight
+		if _, err := c.rls.ShouldRateLimit(context.Background(), rlstest.Req("gw", 0, rlstest.D("route=r"))); err != nil {
+			t.Fatalf("request %d beside 2 in flight: %v", i, err)
+		}
+	}
+}

@@ -19,17 +19,21 @@
 // another connection, a client that pushes on is refused the stream): the
 // answer to a request its client does not read is held until it does, so a
 // client that sends and never reads would otherwise make the server hold
-// answers without end, twenty times the bytes it sent. A request may be at
-// most -max-request-bytes long (1 MiB; Envoy's are a few descriptors, each
-// value at most a request's header, 60 KiB by default): a longer one is
-// refused (ResourceExhausted) unread, as reading a request of empty entries
-// costs the server forty times its size or more. A connection to -grpc
-// without a request in flight for five minutes is closed (with GOAWAY: a
-// client reconnects for its next request), so that idle or half-open
-// connections, and headers sent halfway, are not held for ever. A
-// connection to -metrics has 10 seconds to send a request and, kept alive
-// between requests, is closed after a minute without one, so that
-// connections left open do not pile up.
+// answers without end, twenty times the bytes it sent. At most -max-in-flight
+// requests (10,000) are in flight on all connections together, a health Watch
+// included; one beyond is refused (ResourceExhausted, so Envoy's
+// failure_mode_deny decides): a request whose message never ends holds a
+// goroutine until its connection closes, and costs the server some 10 KB, two
+// hundred times the bytes of its start. A request may be at most
+// -max-request-bytes long (1 MiB; Envoy's are a few descriptors, each value at
+// most a request's header, 60 KiB by default): a longer one is refused
+// (ResourceExhausted) unread, as reading a request of empty entries costs the
+// server forty times its size or more. A connection to -grpc without a request
+// in flight for five minutes is closed (with GOAWAY: a client reconnects for
+// its next request), so that idle or half-open connections, and headers sent
+// halfway, are not held for ever. A connection to -metrics has 10 seconds to
+// send a request and, kept alive between requests, is closed after a minute
+// without one, so that connections left open do not pile up.
 //
 // The configuration is every *.yaml and *.yml file directly in DIR, one domain
 // each (package envoyrls says what is read and what is refused); a directory
@@ -130,6 +134,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/envoyrls"
@@ -237,6 +242,7 @@ type options struct {
 	redisAddr, redisCluster, pfx string
 	poll, drain, timeout         time.Duration
 	maxKeys, maxStreams, maxReq  int
+	maxInFlight                  int
 	leases                       bool
 	redis                        *redis.Options        // from -redis, if given
 	cluster                      *redis.ClusterOptions // from -redis-cluster, if given
@@ -262,6 +268,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown, before their clients are cut off (one waiting on Redis then ends within -redis-timeout)")
 	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys); not with -redis or -redis-cluster")
 	fs.IntVar(&o.maxStreams, "max-streams", 250, "bound on the requests in flight on one connection to -grpc; a client's further requests wait for a slot")
+	fs.IntVar(&o.maxInFlight, "max-in-flight", 10000, "bound on the requests in flight on -grpc, all connections together; a request beyond is refused")
 	fs.IntVar(&o.maxReq, "max-request-bytes", 1<<20, "bound on a request's length; a longer one is refused")
 	fs.BoolVar(&o.leases, "leases", false, "with -redis or -redis-cluster: take tokens of hot keys in advance and decide them in the process (redisstore.Leases, defaults); a request taking tokens from several buckets still goes to Redis, without them")
 	if err := fs.Parse(args); err != nil {
@@ -287,8 +294,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("%w: -drain, -redis-timeout and -max-keys must not be negative", errUsage)
 	case o.maxStreams <= 0 || uint64(o.maxStreams) > math.MaxUint32:
 		return o, fmt.Errorf("%w: -max-streams must be from 1 to %d", errUsage, uint32(math.MaxUint32))
-	case o.maxReq <= 0:
-		return o, fmt.Errorf("%w: -max-request-bytes must be positive", errUsage)
+	case o.maxReq <= 0 || o.maxInFlight <= 0:
+		return o, fmt.Errorf("%w: -max-request-bytes and -max-in-flight must be positive", errUsage)
 	}
 	if err := o.redisOptions(os.Getenv(passwordEnv)); err != nil {
 		return o, fmt.Errorf("%w: %v", errUsage, err)
@@ -571,7 +578,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	owed := store != nil && !reached(ctx, store)
 
 	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers, &trouble.unavailable)),
-		grpc.MaxConcurrentStreams(uint32(o.maxStreams)), grpc.MaxRecvMsgSize(o.maxReq),
+		grpc.MaxConcurrentStreams(uint32(o.maxStreams)), grpc.MaxRecvMsgSize(o.maxReq), grpc.InTapHandle(inFlight(o.maxInFlight)),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cmp.Or(hk.grpcIdle, grpcIdle)}))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
@@ -807,6 +814,24 @@ func (s *watchStream) Send(r *healthpb.HealthCheckResponse) error {
 	}
 	return err
 }
+
+// inFlight admits a stream while fewer than max are in flight, and
+// refuses it ResourceExhausted otherwise. A stream is in flight until its
+// context ends, which the transport sees to when the stream ends, however
+// it ends (at the latest when its connection closes).
+func inFlight(max int) tap.ServerInHandle {
+	var n atomic.Int64
+	return func(ctx context.Context, _ *tap.Info) (context.Context, error) {
+		if n.Add(1) > int64(max) {
+			n.Add(-1)
+			return nil, errInFlight
+		}
+		context.AfterFunc(ctx, func() { n.Add(-1) })
+		return ctx, nil
+	}
+}
+
+var errInFlight = status.Error(codes.ResourceExhausted, "tokenshard-rls: -max-in-flight requests in flight")
 
 // countAnswers counts each ShouldRateLimit answer in answers, and those
 // answered Unavailable (Redis did not decide) in unavailable too.
