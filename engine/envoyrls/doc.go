@@ -160,8 +160,9 @@
 //
 // # Errors
 //
-// A request without a domain or descriptors, or with more than
-// engine.MaxAllowAll limited descriptors, is a gRPC InvalidArgument error;
+// A request without a domain or descriptors, with more than MaxDescriptors
+// descriptors, or with more than engine.MaxAllowAll limited descriptors, is
+// a gRPC InvalidArgument error;
 // a descriptor carrying its own limit (Envoy's limit override) is
 // Unimplemented. When the admitter fails the answer is a gRPC error
 // (Unavailable; ResourceExhausted for engine.ErrKeyCapacity; the context's

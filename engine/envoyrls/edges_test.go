@@ -16,6 +16,7 @@ import (
 
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/engine"
+	"github.com/tokenshard/tokenshard/engine/envoyrls"
 	"github.com/tokenshard/tokenshard/engine/envoyrls/rlstest"
 	"github.com/tokenshard/tokenshard/policy"
 )
@@ -186,7 +187,7 @@ func TestReplacesOncePerEntry(t *testing.T) {
 		fmt.Fprintf(&b, "        - name: r%d\n", i)
 	}
 	h := rlstest.Start(t, newEngine, b.String())
-	descs := make([]*rlv3.RateLimitDescriptor, 2000)
+	descs := make([]*rlv3.RateLimitDescriptor, envoyrls.MaxDescriptors)
 	for i := range descs {
 		descs[i] = rlstest.D("k=" + strconv.Itoa(i))
 	}
@@ -194,9 +195,9 @@ func TestReplacesOncePerEntry(t *testing.T) {
 	_, err := h.Client.ShouldRateLimit(context.Background(), rlstest.Req("r", 0, descs...))
 	took := time.Since(start)
 	if status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("2,000 limited descriptors: %v, want InvalidArgument", err)
+		t.Fatalf("%d limited descriptors: %v, want InvalidArgument", len(descs), err)
 	}
-	if took > 3*time.Second { // 9 s when each descriptor read the list; tens of ms now
+	if took > 3*time.Second { // seconds when each descriptor read the list; tens of ms now
 		t.Errorf("one request took %v", took)
 	}
 }
@@ -474,5 +475,25 @@ func TestLongestWaitsAreClamped(t *testing.T) {
 		if got := hdr(resp.ResponseHeadersToAdd, "Retry-After"); got != c.retry {
 			t.Errorf("hits %d: Retry-After %q, want %q", c.hits, got, c.retry)
 		}
+	}
+}
+
+// "A request with more than MaxDescriptors descriptors is a gRPC
+// InvalidArgument error": a descriptor is two bytes on the wire and the
+// server's work and answer for it a hundred or more, so a request of
+// empty descriptors is refused at the bound, unmatched as they are.
+func TestDescriptorsAreBounded(t *testing.T) {
+	h := rlstest.Start(t, newEngine, edgesYAML)
+	descs := make([]*rlv3.RateLimitDescriptor, envoyrls.MaxDescriptors+1)
+	for i := range descs {
+		descs[i] = &rlv3.RateLimitDescriptor{}
+	}
+	resp, err := h.Client.ShouldRateLimit(context.Background(), rlstest.Req("k", 0, descs[:envoyrls.MaxDescriptors]...))
+	if err != nil || len(resp.GetStatuses()) != envoyrls.MaxDescriptors {
+		t.Fatalf("%d descriptors: %d statuses, %v; want one each", envoyrls.MaxDescriptors, len(resp.GetStatuses()), err)
+	}
+	_, err = h.Client.ShouldRateLimit(context.Background(), rlstest.Req("k", 0, descs...))
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("%d descriptors: %v, want InvalidArgument", len(descs), err)
 	}
 }

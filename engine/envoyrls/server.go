@@ -36,8 +36,8 @@ var (
 	// for the configurations.
 	ErrPolicyMismatch = errors.New("envoyrls: the admitter's policy is not Policy(configs)")
 	// ErrBadRequest: a request without a domain or without descriptors
-	// (gRPC InvalidArgument), or with more limited descriptors than
-	// engine.MaxAllowAll.
+	// (gRPC InvalidArgument), with more descriptors than MaxDescriptors, or
+	// with more limited descriptors than engine.MaxAllowAll.
 	ErrBadRequest = errors.New("envoyrls: invalid request")
 	// ErrLimitOverride: a descriptor carries its own limit (Envoy's
 	// limit override), which this server does not implement: its limits are
@@ -52,6 +52,12 @@ var (
 	// bucket; the request is answered gRPC Unavailable, never OK.
 	ErrDegraded = errors.New("envoyrls: admitter answered by its failure rule")
 )
+
+// MaxDescriptors is the most descriptors a request may have, limited or
+// not: Envoy sends one a rate limit action, a few a route. Each costs the
+// server memory, and its answer a status, so a request of a few bytes a
+// descriptor must not make it allocate a hundred times its size.
+const MaxDescriptors = 1024
 
 // Peeker is the method, beside engine.Admitter's, that a Server needs: the
 // balance of a key without spending from it. engine.Engine and
@@ -265,6 +271,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	descs := req.GetDescriptors()
 	if len(descs) == 0 {
 		return nil, status.Error(codes.InvalidArgument, ErrBadRequest.Error()+": rate limit descriptor list must not be empty")
+	}
+	if len(descs) > MaxDescriptors {
+		return nil, status.Errorf(codes.InvalidArgument, "%v: %d descriptors, at most %d", ErrBadRequest, len(descs), MaxDescriptors)
 	}
 	st := s.state()
 	if st == nil {

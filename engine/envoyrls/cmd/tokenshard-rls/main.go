@@ -14,6 +14,27 @@
 // tokenshard_rls_foreign_policy (see below). Both listen on loopback unless
 // told otherwise.
 //
+// A connection to -grpc has at most -max-streams requests in flight at once
+// (250, as Go's HTTP/2 server: a gRPC client waits for a slot, Envoy opens
+// another connection, a client that pushes on is refused the stream): the
+// answer to a request its client does not read is held until it does, so a
+// client that sends and never reads would otherwise make the server hold
+// answers without end, twenty times the bytes it sent. At most -max-in-flight
+// requests (10,000) are in flight on all connections together, a health Watch
+// included; one beyond is refused (ResourceExhausted, so Envoy's
+// failure_mode_deny decides): a request whose message never ends holds a
+// goroutine until its connection closes, and costs the server some 10 KB, two
+// hundred times the bytes of its start. A request may be at most
+// -max-request-bytes long (1 MiB; Envoy's are a few descriptors, each value at
+// most a request's header, 60 KiB by default): a longer one is refused
+// (ResourceExhausted) unread, as reading a request of empty entries costs the
+// server forty times its size or more. A connection to -grpc without a request
+// in flight for five minutes is closed (with GOAWAY: a client reconnects for
+// its next request), so that idle or half-open connections, and headers sent
+// halfway, are not held for ever. A connection to -metrics has 10 seconds to
+// send a request and, kept alive between requests, is closed after a minute
+// without one, so that connections left open do not pile up.
+//
 // The configuration is every *.yaml and *.yml file directly in DIR, one domain
 // each (package envoyrls says what is read and what is refused); a directory
 // without one is an error, not a service that limits nothing. Files in its
@@ -90,6 +111,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -110,7 +132,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/engine/envoyrls"
@@ -157,14 +181,17 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) { r.l.Print
 // poll at once; poll replaces the -poll ticker and retry the ticker of a
 // replica started while Redis was down (see settleStart), ready is told the
 // listeners' addresses, reloaded each reload's outcome (after polled, told
-// at the end of each poll) and settled each retry's.
+// at the end of each poll) and settled each retry's; grpcIdle, metricsIdle
+// and metricsRead, if not 0, replace the constants of those names.
 type hooks struct {
-	reread      <-chan os.Signal
-	poll, retry <-chan time.Time
-	ready       func(grpcAddr, metricsAddr string)
-	reloaded    func(error)
-	polled      func()
-	settled     func(reached bool, err error)
+	reread                <-chan os.Signal
+	poll, retry           <-chan time.Time
+	grpcIdle, metricsIdle time.Duration
+	metricsRead           time.Duration
+	ready                 func(grpcAddr, metricsAddr string)
+	reloaded              func(error)
+	polled                func()
+	settled               func(reached bool, err error)
 }
 
 // redisErrors gathers what an outage reports on the goroutines of the
@@ -214,7 +241,8 @@ type options struct {
 	dir, grpcAddr, metricsAddr   string
 	redisAddr, redisCluster, pfx string
 	poll, drain, timeout         time.Duration
-	maxKeys                      int
+	maxKeys, maxStreams, maxReq  int
+	maxInFlight                  int
 	leases                       bool
 	redis                        *redis.Options        // from -redis, if given
 	cluster                      *redis.ClusterOptions // from -redis-cluster, if given
@@ -239,6 +267,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.poll, "poll", 5*time.Second, "how often the configuration directory is read for changes")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown, before their clients are cut off (one waiting on Redis then ends within -redis-timeout)")
 	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys); not with -redis or -redis-cluster")
+	fs.IntVar(&o.maxStreams, "max-streams", 250, "bound on the requests in flight on one connection to -grpc; a client's further requests wait for a slot")
+	fs.IntVar(&o.maxInFlight, "max-in-flight", 10000, "bound on the requests in flight on -grpc, all connections together; a request beyond is refused")
+	fs.IntVar(&o.maxReq, "max-request-bytes", 1<<20, "bound on a request's length; a longer one is refused")
 	fs.BoolVar(&o.leases, "leases", false, "with -redis or -redis-cluster: take tokens of hot keys in advance and decide them in the process (redisstore.Leases, defaults); a request taking tokens from several buckets still goes to Redis, without them")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -261,6 +292,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("%w: -poll must be positive", errUsage)
 	case o.drain < 0 || o.timeout < 0 || o.maxKeys < 0:
 		return o, fmt.Errorf("%w: -drain, -redis-timeout and -max-keys must not be negative", errUsage)
+	case o.maxStreams <= 0 || uint64(o.maxStreams) > math.MaxUint32:
+		return o, fmt.Errorf("%w: -max-streams must be from 1 to %d", errUsage, uint32(math.MaxUint32))
+	case o.maxReq <= 0 || o.maxInFlight <= 0:
+		return o, fmt.Errorf("%w: -max-request-bytes and -max-in-flight must be positive", errUsage)
 	}
 	if err := o.redisOptions(os.Getenv(passwordEnv)); err != nil {
 		return o, fmt.Errorf("%w: %v", errUsage, err)
@@ -542,7 +577,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	// until the store reaches Redis (see settleStart).
 	owed := store != nil && !reached(ctx, store)
 
-	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers, &trouble.unavailable)))
+	gs := grpc.NewServer(grpc.UnaryInterceptor(countAnswers(answers, &trouble.unavailable)),
+		grpc.MaxConcurrentStreams(uint32(o.maxStreams)), grpc.MaxRecvMsgSize(o.maxReq), grpc.InTapHandle(inFlight(o.maxInFlight)),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cmp.Or(hk.grpcIdle, grpcIdle)}))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
 	stopping := make(chan struct{})
@@ -551,7 +588,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, hk hooks) error {
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	hsrv := &http.Server{Handler: mux, ReadTimeout: cmp.Or(hk.metricsRead, metricsRead), IdleTimeout: cmp.Or(hk.metricsIdle, metricsIdle)}
 
 	done := make(chan error, 2)
 	go func() { done <- gs.Serve(gl) }()
@@ -708,6 +745,20 @@ loop:
 	return nil
 }
 
+// grpcIdle is how long a -grpc connection without a request in flight is
+// kept (gRPC's default: for ever).
+const grpcIdle = 5 * time.Minute
+
+// The -metrics server's bounds on a connection: the time to send a
+// request, its body included (which the server reads to the end, up to
+// 256 KiB, though /metrics has no use for it), and the time it is kept
+// open between requests (an http.Server with neither IdleTimeout nor
+// ReadTimeout keeps it for ever).
+const (
+	metricsRead = 10 * time.Second
+	metricsIdle = time.Minute
+)
+
 // endingHealth is the health service whose Watch streams end when stopping
 // closes, after NOT_SERVING: health.Server's Shutdown only sends
 // NOT_SERVING and leaves them open, so one client watching health (gRPC's
@@ -763,6 +814,24 @@ func (s *watchStream) Send(r *healthpb.HealthCheckResponse) error {
 	}
 	return err
 }
+
+// inFlight admits a stream while fewer than max are in flight, and
+// refuses it ResourceExhausted otherwise. A stream is in flight until its
+// context ends, which the transport sees to when the stream ends, however
+// it ends (at the latest when its connection closes).
+func inFlight(max int) tap.ServerInHandle {
+	var n atomic.Int64
+	return func(ctx context.Context, _ *tap.Info) (context.Context, error) {
+		if n.Add(1) > int64(max) {
+			n.Add(-1)
+			return nil, errInFlight
+		}
+		context.AfterFunc(ctx, func() { n.Add(-1) })
+		return ctx, nil
+	}
+}
+
+var errInFlight = status.Error(codes.ResourceExhausted, "tokenshard-rls: -max-in-flight requests in flight")
 
 // countAnswers counts each ShouldRateLimit answer in answers, and those
 // answered Unavailable (Redis did not decide) in unavailable too.

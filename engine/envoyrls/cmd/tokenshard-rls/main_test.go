@@ -63,6 +63,7 @@ type command struct {
 	rls      rlsv3.RateLimitServiceClient
 	health   healthpb.HealthClient
 	metrics  string
+	addrs    [2]string // the gRPC and metrics listeners' addresses
 }
 
 const limitsYAML = `domain: gw
@@ -78,6 +79,13 @@ func startCommand(t *testing.T, extra ...string) *command {
 
 // startCommandWith is startCommand with limits.yaml holding yaml.
 func startCommandWith(t *testing.T, yaml string, extra ...string) *command {
+	t.Helper()
+	return startCommandHooks(t, yaml, hooks{}, extra...)
+}
+
+// startCommandHooks is startCommandWith with the hooks of hk that the
+// command type does not drive (grpcIdle, metricsIdle, metricsRead).
+func startCommandHooks(t *testing.T, yaml string, hk hooks, extra ...string) *command {
 	t.Helper()
 	c := &command{
 		t: t, dir: t.TempDir(), stderr: &syncBuffer{},
@@ -100,8 +108,11 @@ func startCommandWith(t *testing.T, yaml string, extra ...string) *command {
 				default:
 				}
 			},
-			retry:   c.retry,
-			settled: func(reached bool, err error) { c.settled <- settled{reached, err} },
+			retry:       c.retry,
+			settled:     func(reached bool, err error) { c.settled <- settled{reached, err} },
+			metricsIdle: hk.metricsIdle,
+			grpcIdle:    hk.grpcIdle,
+			metricsRead: hk.metricsRead,
 		})
 	}()
 	var addrs [2]string
@@ -118,6 +129,7 @@ func startCommandWith(t *testing.T, yaml string, extra ...string) *command {
 		t.Fatal(err)
 	}
 	c.rls, c.health, c.metrics = rlsv3.NewRateLimitServiceClient(conn), healthpb.NewHealthClient(conn), "http://"+addrs[1]+"/metrics"
+	c.addrs = addrs
 	t.Cleanup(func() {
 		_ = conn.Close()
 		c.stop()
@@ -369,6 +381,10 @@ func TestCommandRefusesAtStart(t *testing.T) {
 		{[]string{"-config", dir, "-redis", "x:1", "-max-keys", "5"}, errUsage},
 		{[]string{"-config", dir, "-redis-cluster", "x:1", "-max-keys", "5"}, errUsage},
 		{[]string{"-config", filepath.Join(runtimeRoot, "config"), "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-max-keys", "-1"}, errUsage},
+		{[]string{"-config", filepath.Join(runtimeRoot, "config"), "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-max-streams", "0"}, errUsage},
+		{[]string{"-config", filepath.Join(runtimeRoot, "config"), "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-max-streams", "4294967296"}, errUsage},
+		{[]string{"-config", filepath.Join(runtimeRoot, "config"), "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-max-request-bytes", "0"}, errUsage},
+		{[]string{"-config", filepath.Join(runtimeRoot, "config"), "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-max-in-flight", "0"}, errUsage},
 		{[]string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, envoyrls.ErrUnknownField},
 		{[]string{"-config", runtimeRoot, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, errNoConfig},
 	} {
