@@ -162,25 +162,23 @@
 //
 // A request without a domain or descriptors, with more than MaxDescriptors
 // descriptors, or with more than engine.MaxAllowAll limited descriptors, is
-// a gRPC InvalidArgument error;
-// a descriptor carrying its own limit (Envoy's limit override) is
-// Unimplemented. When the admitter fails the answer is a gRPC error
-// (Unavailable; ResourceExhausted for engine.ErrKeyCapacity; the context's
-// code), never an OK, so Envoy's failure_mode_deny decides. So is a
-// decision the admitter marks Degraded (ErrDegraded, Unavailable): the Redis
-// store answers a Redis it cannot reach by its own failure rule, fail open
-// or closed, and such an answer is no bucket's. The reads that report the
-// other buckets of a request (and its shadow descriptors' decisions) come
-// after its decision: if the admitter fails between the two, the request
-// is such an error though its tokens were taken, so an outage's first
-// moment can charge a few requests that failure_mode_deny then refuses
+// a gRPC InvalidArgument error; a descriptor carrying its own limit (Envoy's
+// limit override) is Unimplemented. When the admitter fails the answer is a
+// gRPC error (Unavailable; ResourceExhausted for engine.ErrKeyCapacity; the
+// context's code), never an OK, so Envoy's failure_mode_deny decides. So is
+// a decision the admitter marks Degraded (ErrDegraded, Unavailable): the
+// Redis store answers a Redis it cannot reach by its own failure rule, fail
+// open or closed, and such an answer is no bucket's. The reads that report
+// the other buckets of a request (and its shadow descriptors' decisions)
+// come after its decision: if the admitter fails between the two, the
+// request is such an error though its tokens were taken, so an outage's
+// first moment can charge a few requests that failure_mode_deny then refuses
 // (it never admits one uncharged). A full key table fails a request only
 // when none of its buckets already tracked lacks its cost: one that does
-// refuses the request whatever a new key would hold, so it is OVER_LIMIT
-// (as an error, it would let a client over its limit pass wherever Envoy
-// fails open, by sending a value never seen); and a shadow descriptor whose
-// bucket finds no room is reported without its numbers, never failing the
-// request.
+// refuses the request whatever a new key would hold, so it is OVER_LIMIT (as
+// an error, it would let a client over its limit pass wherever Envoy fails
+// open, by sending a value never seen); and a shadow descriptor whose bucket
+// finds no room is reported without its numbers, never failing the request.
 //
 // # Reloads
 //
