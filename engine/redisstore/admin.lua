@@ -23,29 +23,31 @@ end
 -- script: install
 -- install stores the first policy of a prefix, its number of virtual
 -- shards and its key map (fields seed and tags: see keyMap), if it has
--- none; each of the three is set once, by the first store, and every later
--- store adopts it, so all map keys alike. KEYS: policy hash, history list,
--- blobs hash. ARGV: version, and the default shape's cap and rate,
--- overridden ("1"/"0"), blob, time override, the default shape's bands
--- (see decide.lua), shards, seed, tags. Reply {"ok" or "exists", the
--- shards, seed and tags in force}.
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HSETNX', KEYS[1], 'shards', ARGV[8])
-  redis.call('HSETNX', KEYS[1], 'seed', ARGV[9])
-  redis.call('HSETNX', KEYS[1], 'tags', ARGV[10])
-  local m = redis.call('HMGET', KEYS[1], 'shards', 'seed', 'tags')
-  return {'exists', m[1], m[2], m[3]}
+-- no version (none, or one lost while the rest of the hash was kept); each
+-- of the three is set once, by the first store, and every later store
+-- adopts it, so all map keys alike. KEYS: policy hash, history list, blobs
+-- hash. ARGV: version, and the default shape's cap and rate, overridden
+-- ("1"/"0"), blob, time override, the default shape's bands (see
+-- decide.lua), shards, seed, tags. Reply {"ok" or "exists", the shards,
+-- seed and tags in force}.
+local status = 'exists'
+if redis.call('HEXISTS', KEYS[1], 'v') == 0 then
+  local now = nowNs(ARGV[6])
+  redis.call('DEL', KEYS[2], KEYS[3])
+  redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. now .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4] .. bands(ARGV[7]))
+  redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
+  redis.call('HSET', KEYS[1], 'v', ARGV[1])
+  status = 'ok'
 end
-local now = nowNs(ARGV[6])
-redis.call('DEL', KEYS[2], KEYS[3])
-redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. now .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4] .. bands(ARGV[7]))
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
-redis.call('HSET', KEYS[1], 'v', ARGV[1], 'shards', ARGV[8], 'seed', ARGV[9], 'tags', ARGV[10])
-return {'ok', ARGV[8], ARGV[9], ARGV[10]}
+redis.call('HSETNX', KEYS[1], 'shards', ARGV[8])
+redis.call('HSETNX', KEYS[1], 'seed', ARGV[9])
+redis.call('HSETNX', KEYS[1], 'tags', ARGV[10])
+local m = redis.call('HMGET', KEYS[1], 'shards', 'seed', 'tags')
+return {status, m[1], m[2], m[3]}
 
 -- script: shardInstall
--- shardInstall gives each virtual shard that has no version yet the
--- version in force and a history of that one version, and writes the
+-- shardInstall gives each virtual shard that has no version yet (or lost
+-- it) the version in force and a history of that one version, and writes the
 -- prefix's key map into every shard's copy: on a cluster, the copy a store
 -- reinstalls the global keys with once they are lost (see reinstallPolicy),
 -- so that the surviving buckets keep their shards. KEYS: pairs of a
@@ -54,7 +56,7 @@ return {'ok', ARGV[8], ARGV[9], ARGV[10]}
 local now = nowNs(ARGV[3])
 local n = 0
 for i = 1, #KEYS, 2 do
-  if redis.call('EXISTS', KEYS[i]) == 0 then
+  if redis.call('HEXISTS', KEYS[i], 'v') == 0 then
     redis.call('DEL', KEYS[i + 1])
     redis.call('RPUSH', KEYS[i + 1], ARGV[1] .. ' ' .. now .. ' ' .. ARGV[2])
     redis.call('HSET', KEYS[i], 'v', ARGV[1])

@@ -495,6 +495,10 @@ func (s *Store) read(ctx context.Context, st *state, mode string, chunk []*item,
 	case "nopolicy", "keymap": // no policy, or a key map not the caller's: see syncKeyMap
 		p.reload, p.missing = true, append(p.missing, home)
 	case "stale":
+		if !storedVersion(r.behind) { // not one a store writes: no reload mends it
+			p.failed = cmp.Or(p.failed, fmt.Errorf("%w: virtual shard %d holds version %q, not a version", ErrUnavailable, home, r.behind))
+			return nil
+		}
 		p.reload = true
 		if strings.HasPrefix(r.behind, "p") { // mid-cutover: settled by mend
 			p.repair = true

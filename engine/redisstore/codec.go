@@ -3,6 +3,7 @@ package redisstore
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/bits"
 	"strconv"
@@ -53,10 +54,18 @@ func encodePolicy(p policy.Policy) string {
 	return string(b)
 }
 
+// decodePolicy reads a policy as Redis stores it. A field it does not
+// know is an error: a newer version of the package wrote it, and read
+// without it the policy would not limit what it says.
 func decodePolicy(blob string) (policy.Policy, error) {
 	var w wirePolicy
-	if err := json.Unmarshal([]byte(blob), &w); err != nil {
+	dec := json.NewDecoder(strings.NewReader(blob))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&w); err != nil {
 		return policy.Policy{}, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return policy.Policy{}, fmt.Errorf("decoding %q: more than one value", blob)
 	}
 	bands, err := policy.NewBands(w.Bands...)
 	if err != nil {

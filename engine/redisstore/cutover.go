@@ -32,7 +32,10 @@ const minLockTTL = 10 * time.Second
 // rounding down if its period changes, and clamped to its new capacity; a
 // band new in next starts full, and one next lacks is dropped.
 //
-// Cutovers are serialised by a lock in Redis. The store retains the last
+// Cutovers are serialised by a lock in Redis, which a ReplacePolicy waits
+// for as long as ctx allows while another store holds it; a lock no store
+// set (a key with no expiry, or of another type) fails it at once with
+// ErrUnavailable: delete the key. The store retains the last
 // HistoryVersions policies, so a bucket several versions behind replays
 // every cutover it missed; the cutover that would retain more first brings
 // every bucket up to the version in force (a pass over the keyspace).
@@ -269,19 +272,23 @@ func ended(ctx context.Context) error {
 var errLostLock = fmt.Errorf("%w: lost the cutover lock", ErrUnavailable)
 
 // lock takes the prefix's cutover lock, waiting for another holder as long
-// as ctx allows, and returns the token that proves it.
+// as ctx allows, and returns the token that proves it; a lock no store set
+// is an error (see foreignLock).
 func (s *Store) lock(ctx context.Context) (string, error) {
 	token := newSeed() // 16 random bytes in hex, as a prefix's seed is
 	wait := time.Millisecond
 	for {
 		var ok bool
+		var foreign error
 		if err := s.round(ctx, func(ctx context.Context) (err error) {
 			ok, err = one(ctx, s, func(c redis.Cmdable) *redis.BoolCmd { return c.SetNX(ctx, s.kLock, token, s.lockTTL) }).Result()
 			if err == nil && !ok {
 				// go-redis sends a SET again after a lost reply: the
 				// holder may be this very call.
 				held, gerr := one(ctx, s, func(c redis.Cmdable) *redis.StringCmd { return c.Get(ctx, s.kLock) }).Result()
-				ok = gerr == nil && held == token
+				if ok = gerr == nil && held == token; !ok {
+					foreign = s.foreignLock(ctx, gerr)
+				}
 			}
 			return err
 		}); err != nil {
@@ -290,14 +297,35 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 			s.unlock(ctx, token)
 			return "", err
 		}
-		if ok {
+		switch {
+		case ok:
 			return token, nil
+		case foreign != nil:
+			return "", foreign
 		}
 		if err := sleep(ctx, wait); err != nil {
 			return "", err
 		}
 		wait = min(2*wait, 50*time.Millisecond)
 	}
+}
+
+// foreignLock is an error if the cutover lock another token holds (GET
+// answered gerr) is none a store sets: a key of another type, or one with
+// no expiry (a store's always has one). Such a lock never goes away by
+// itself, and every ReplacePolicy would wait on it as long as its context
+// allows.
+func (s *Store) foreignLock(ctx context.Context, gerr error) error {
+	if _, reply := errors.AsType[redis.Error](gerr); reply && !errors.Is(gerr, redis.Nil) {
+		return fmt.Errorf("%w: the cutover lock %s is no store's (%w): delete it", ErrUnavailable, s.kLock, gerr)
+	}
+	if gerr != nil {
+		return nil
+	}
+	if ttl, err := one(ctx, s, func(c redis.Cmdable) *redis.DurationCmd { return c.PTTL(ctx, s.kLock) }).Result(); err == nil && ttl == -1 {
+		return fmt.Errorf("%w: the cutover lock %s has no expiry, so no store set it: delete it", ErrUnavailable, s.kLock)
+	}
+	return nil
 }
 
 // renew extends the cutover lock, then this holder's pending flags, in one

@@ -177,7 +177,11 @@
 // replica holds it. The repository's README has the measured figures and
 // the command that measures them. A bucket whose version Redis no longer
 // retains (only if the policy keys alone were lost) restarts empty at the
-// current cutover: a denial too many, never a free burst.
+// current cutover: a denial too many, never a free burst. The keys under
+// a prefix are the stores' alone: a value no store wrote at a bucket's key
+// (another program's, or one edited by hand) is outside what this package
+// promises: a call that meets one may be answered by the failure rule,
+// with every request of its script call, until the key is deleted.
 //
 // Keys are Prefix + "{" + tag + "}" + name. The prefix's global keys share
 // one tag, "g" and a hash of the prefix: "policy" (the version in force,
@@ -336,10 +340,12 @@
 // A store whose call meets a prepared shard finishes the cutover itself
 // (steps 2 to 4, or 4 alone once committed) and sends the call again, as
 // do New and ReplacePolicy (the latter under the lock, before it records
-// its own), so a process that dies mid-cutover blocks no one. A cutover
-// starts only if every master answers; a master that fails between the
-// steps leaves the prepared shards answering by the failure rule until it
-// is back and a call finishes the cutover.
+// its own), so a process that dies mid-cutover blocks no one. (A record
+// whose next policy the global keys do not hold, one written by hand, is
+// never finished: New and ReplacePolicy fail, saying so, until it is
+// removed.) A cutover starts only if every master answers; a master that
+// fails between the steps leaves the prepared shards answering by the
+// failure rule until it is back and a call finishes the cutover.
 //
 // A lengthening cutover (see Store.ReplacePolicy) says so in its record.
 // On a cluster its pending flag is set in every shard after the lock is
@@ -366,7 +372,10 @@
 //
 // On a cluster a master may lose its data alone (a restart without
 // persistence). Its shards are reinstalled at the version in force, and
-// their buckets start full. If it held the global keys, the first store to
+// their buckets start full. (A shard's copy of the policy state, or the
+// global policy hash, that lost only its version field, an operator's HDEL,
+// is reinstalled in the same way, on one server too, and keeps its key
+// map.) If it held the global keys, the first store to
 // need them reinstalls them, with the key map the surviving shards hold a
 // copy of (so their buckets keep their shards; a store that met no
 // surviving copy draws a new seed), and never below the newest version a
@@ -386,9 +395,13 @@
 //
 // The layout of a prefix's keys and buckets belongs to this package's
 // version: stores of different versions must not share a prefix. Give a
-// new version a prefix of its own, or stop the older stores first. Each
-// version loads its own decide FUNCTION (named after the script's hash), so
-// stores of different versions may share a server on different prefixes.
+// new version a prefix of its own, or stop the older stores first. A store
+// that reads a stored policy with a field it does not know (a newer
+// version's) fails, with ErrUnavailable, rather than limit less than the
+// policy says: New, ReplacePolicy, and a call that reloads the policy (by
+// the failure rule). Each version loads its own decide FUNCTION (named
+// after the script's hash), so stores of different versions may share a
+// server on different prefixes.
 //
 // # Leases
 //

@@ -267,12 +267,19 @@ func (s *Store) finish(ctx context.Context, v string, rec record) (bool, error) 
 		if err != nil {
 			return false, fmt.Errorf("%w: the stored policy version %q", ErrUnavailable, v)
 		}
-		if n, err := strconv.ParseInt(rec.nv, 10, 64); err != nil || n <= ov {
+		n, err := strconv.ParseInt(rec.nv, 10, 64)
+		if err != nil || n <= ov {
 			return false, nil // an older record: nothing to finish
 		}
 		op, err := s.policyAt(ctx, ov)
 		if err != nil {
 			return false, err
+		}
+		// Recorded with its policy (intentSrc): a record without one was
+		// written by hand, and committed, no store could read the version
+		// in force.
+		if _, err := s.policyAt(ctx, n); err != nil {
+			return false, fmt.Errorf("%w: the cutover to version %s recorded without its policy (remove field next of %s): %w", ErrUnavailable, rec.nv, s.kPolicy, err)
 		}
 		if token != "" {
 			if err := s.shardStep(ctx, all, flagSrc, func(k shardKeys) []string { return []string{k.policy, k.pending} },
@@ -384,11 +391,23 @@ func (s *Store) shardStep(ctx context.Context, which []int, src string, keys fun
 		return err
 	}
 	for j, c := range cmds {
-		if v, _ := c.Text(); v != "ok" {
+		switch v, _ := c.Text(); {
+		case v == "ok":
+		case v != "" && !storedVersion(v): // no finisher moves a shard there: reading again would not help
+			return fmt.Errorf("%w: virtual shard %d holds version %q, not a version", ErrUnavailable, which[j], v)
+		default:
 			return fmt.Errorf("%w: %w: virtual shard %d is at version %q", ErrUnavailable, errShardMoved, which[j], v)
 		}
 	}
 	return nil
+}
+
+// storedVersion reports whether v, a virtual shard's version as stored, is
+// one a store writes: a version in decimal, or "p" and one (prepared).
+func storedVersion(v string) bool {
+	v = strings.TrimPrefix(v, "p")
+	n, err := strconv.ParseInt(v, 10, 64)
+	return err == nil && n >= 1 && strconv.FormatInt(n, 10) == v
 }
 
 // errShardMoved: a shard was not in the state a cutover step expects.

@@ -500,9 +500,9 @@ func TestStartWithoutRedisOneDeadline(t *testing.T) {
 	}
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {
-			// Reading the prefix's state begins with EXISTS, and each
+			// Reading the prefix's state begins with HEXISTS, and each
 			// takes 0.6 Timeout: both together pass it.
-			h := &slowRedis{slow: map[string]bool{"exists": true, "fcall": true, "evalsha": true}, delay: timeout * 6 / 10}
+			h := &slowRedis{slow: map[string]bool{"hexists": true, "fcall": true, "evalsha": true}, delay: timeout * 6 / 10}
 			c, p := client(t, redisAddr(t)), prefix(t)
 			t.Cleanup(func() { cleanPrefix(c, p) })
 			c.AddHook(h.hook())

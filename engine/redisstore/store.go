@@ -561,7 +561,7 @@ func (s *Store) connect(ctx context.Context) (err error) {
 	// would hold every call of a store started without Redis for about 100
 	// ms, and the next call tries again anyway. (A cluster's pipeline
 	// retries a node it cannot reach all the same: see the package doc.)
-	probe := redis.NewCmd(ctx, "exists", s.kPolicy)
+	probe := redis.NewCmd(ctx, "hexists", s.kPolicy, "v") // a hash that lost only its version is lost too
 	_ = direct{s}.Process(ctx, noRetryCmd{probe})
 	n, err := probe.Int64()
 	if err != nil {
@@ -982,7 +982,8 @@ func (s *Store) survivors(ctx context.Context, p policy.Policy, m [2]string) (po
 	return p, kept, nil
 }
 
-// policyAt returns the retained policy of a version, decoded once.
+// policyAt returns the retained policy of a version, decoded once; a
+// record that holds another version is an error.
 func (s *Store) policyAt(ctx context.Context, version int64) (policy.Policy, error) {
 	s.mu.Lock()
 	p, ok := s.past[version]
@@ -995,8 +996,11 @@ func (s *Store) policyAt(ctx context.Context, version int64) (policy.Policy, err
 		return policy.Policy{}, fmt.Errorf("%w: reading policy version %d: %w", ErrUnavailable, version, err)
 	}
 	p, err = decodePolicy(blob)
-	if err != nil {
+	switch {
+	case err != nil:
 		return policy.Policy{}, fmt.Errorf("%w: stored policy version %d: %w", ErrUnavailable, version, err)
+	case p.Version != version:
+		return policy.Policy{}, fmt.Errorf("%w: stored policy version %d holds version %d", ErrUnavailable, version, p.Version)
 	}
 	s.remember(p)
 	return p, nil
