@@ -400,8 +400,11 @@ local function bring(lv, t, v, c, r, sh, chain)
     local nxt = w == version and sh or shapeAt(history[h], chain)
     if not nxt then return nil, v end
     -- The cutover rule: refill under the old shape up to the cutover, then
-    -- carry the bands over to the new one.
-    t = refill(lv, t, big(cut), cur)
+    -- carry the bands over to the new one. An instant after now (another
+    -- master's TIME, or a clock that stepped back since) has not come
+    -- here: the old shape refills up to now at most.
+    cut = big(cut)
+    t = refill(lv, t, cmp(cut, now) > 0 and now or cut, cur)
     lv, cur = carry(cur, lv, nxt), nxt
   end
   return lv, refill(lv, t, now, sh)
