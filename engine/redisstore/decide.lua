@@ -102,7 +102,10 @@
 -- "p", "r" and "d", 1 if the bucket exists, else 0 (unused in "d"). Then
 -- the balance after the operation: on the fast path T and F, two integers
 -- (T negative in debt); on the general path the units, one decimal per band
--- joined by " " ("-" in debt), and ""; for 2, "" and "".
+-- joined by " " ("-" in debt), and "", or, for a bucket last updated after
+-- the call's instant (which refills nothing until that update), the
+-- nanoseconds until it (a decimal), the fast path then answering as the
+-- general one does; for 2, "" and "".
 
 -- The protocol's positions, which the Go encoder is tested against.
 local KEY = { policy = 1, history = 2, pending = 3, buckets = 4 }
@@ -515,7 +518,14 @@ local function fastOne(key, raw, cost, m, T, F, ls, lns, x)
   local ttf = T == C and 0 or ((C - T) * P - F) / N
   local lastMs = (ls == nowSec and lns == nowNs) and nowMs or ls * 1000 + floor(lns / 1e6)
   if mode ~= 'e' and mode ~= 'c' then
-    out[no + 1], out[no + 2], out[no + 3], no = decide and code or (raw and 1 or 0), T, F, no + 3
+    if ls > nowSec or (ls == nowSec and lns > nowNs) then -- updated after now: answered as the general path does
+      instant()
+      local u = mul(big(format('%.0f', T < 0 and -T or T)), big(format('%.0f', P)))
+      u = sadd(T < 0 and neg(u) or u, big(format('%.0f', F)))
+      emit(decide and code or (raw and 1 or 0), sstr(u), str(minus(big(format('%.0f', ls) .. format('%09.0f', lns)), now)))
+    else
+      out[no + 1], out[no + 2], out[no + 3], no = decide and code or (raw and 1 or 0), T, F, no + 3
+    end
   end
   if mode ~= 'a' or not memoOn then return code, ttf, lastMs, write, T, F, ls, lns end
   -- Held for the rest of the call: a key met again is read from here, and
@@ -579,7 +589,7 @@ local function slowOne(raw, cost, cap, rate, bands, chain)
     ttf = mmax(ttf, tod(lv[k].neg and add(sh[k].full, lv[k]) or minus(sh[k].full, lv[k])) / sh[k].nD)
   end
   local units, tS = table.concat(p, ' '), str(t)
-  if mode ~= 'e' and mode ~= 'c' then emit(decide and code or (raw and 1 or 0), units, '') end
+  if mode ~= 'e' and mode ~= 'c' then emit(decide and code or (raw and 1 or 0), units, cmp(t, now) > 0 and str(minus(t, now)) or '') end
   if not sFast then
     local val = p[1] .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate
     if #p > 1 then val = val .. ' ' .. table.concat(p, ' ', 2) end

@@ -88,12 +88,15 @@
 // replicas with skewed clocks cannot mint tokens. A server clock that steps
 // back counts as no time at all: a bucket never moves its last update back,
 // nor is it refilled up to a cutover instant its server's TIME has not
-// reached, and there is no ErrClockRegression; one that steps forward
-// refills every bucket by the step's worth of tokens, up to its capacity.
-// Tests that need deterministic time set Config.Clock instead, which also
-// turns expiries off. On Redis Cluster each virtual shard decides at its master's TIME:
-// keep the masters' clocks in step (NTP), since a slot that moves to a
-// master whose clock is ahead refills its buckets by the difference.
+// reached, and there is no ErrClockRegression; a bucket last updated at an
+// instant TIME has not reached refills nothing until then, and a denial's
+// RetryAfter and a ResetAfter count that time too, so Wait sleeps through
+// it. One that steps forward refills every bucket by the step's worth of
+// tokens, up to its capacity. Tests that need deterministic time set
+// Config.Clock instead, which also turns expiries off. On Redis Cluster
+// each virtual shard decides at its master's TIME: keep the masters' clocks
+// in step (NTP), since a slot that moves to a master whose clock is ahead
+// refills its buckets by the difference.
 //
 // A band refilled at N tokens per P ns counts one token as P units, so a
 // refill over e ns adds exactly e*N units (for a rate per second, one token
