@@ -86,6 +86,9 @@ func TestStampAheadOfServerCountsInWaits(t *testing.T) {
 			d, err = sb.Peek(ctx, "k")
 			require.NoError(t, err)
 			require.Equal(t, 61*time.Second, d.RetryAfter)
+			d, _, err = sb.AllowAll(ctx, []engine.Request{{Key: "k", Cost: 1}})
+			require.NoError(t, err)
+			require.Equal(t, 61*time.Second, d.RetryAfter)
 
 			// Wait asks once more, when the token is there, not once a second.
 			before := sb.Stats().Decisions
