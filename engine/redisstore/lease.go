@@ -711,10 +711,19 @@ func (k *lease) answer(now int64, allowed bool) engine.Decision {
 	remaining, resetAt, limit, band, retry := k.remaining, k.resetAt, k.limit, k.band, int64(0)
 	if !allowed {
 		remaining, resetAt, limit, band = k.deniedRemaining(), max(resetAt, satAdd(k.deniedAt, int64(k.denial.ResetAfter))), k.denial.Limit, k.denial.Band
-		retry = satAdd(k.deniedAt, int64(k.denial.RetryAfter)) - now
+		retry = timeTo(satAdd(k.deniedAt, int64(k.denial.RetryAfter)), now)
 	}
 	return engine.Decision{Allowed: allowed, Remaining: min(satAdd(remaining, k.left), limit), RetryAfter: time.Duration(retry), Version: k.ver,
-		Limit: limit, ResetAfter: time.Duration(max(0, resetAt-now)), Band: band}
+		Limit: limit, ResetAfter: time.Duration(max(0, timeTo(resetAt, now))), Band: band}
+}
+
+// timeTo is the time from now to the reading at; at math.MaxInt64, where a
+// saturated wait lands, it stays math.MaxInt64: never.
+func timeTo(at, now int64) int64 {
+	if at == math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return at - now
 }
 
 // deniedRemaining is the bucket's tokens by the denial kept and the last

@@ -76,8 +76,8 @@ func TestLeaseWantInDeepDebt(t *testing.T) {
 
 // A denial whose waits saturate (over 292 years: a rate far too slow for
 // the cost, or a server clock centuries behind its bucket) is kept as any
-// other, MaxAge at most, and answers with waits that stay saturated: its
-// reading plus its waits saturate rather than wrap negative, which dropped
+// other, MaxAge at most, and answers with waits that stay saturated
+// (never): its reading plus its waits saturate rather than wrap, which dropped
 // the denial at once and let the reset of an admission learned after it
 // (a second) win over its own.
 func TestLeaseDenialAtTheClocksEnd(t *testing.T) {
@@ -89,6 +89,6 @@ func TestLeaseDenialAtTheClocksEnd(t *testing.T) {
 	k.learn(at, engine.Decision{Allowed: true, Remaining: 3, Limit: 10, ResetAfter: time.Second}) // decided before the denial, learned after
 	require.True(t, k.denialHolds(now, maxAge))
 	got := k.answer(now, false)
-	require.Equal(t, time.Duration(math.MaxInt64-now), got.RetryAfter)
-	require.Equal(t, time.Duration(math.MaxInt64-now), got.ResetAfter)
+	require.Equal(t, time.Duration(math.MaxInt64), got.RetryAfter)
+	require.Equal(t, time.Duration(math.MaxInt64), got.ResetAfter)
 }
