@@ -104,8 +104,8 @@
 -- (T negative in debt); on the general path the units, one decimal per band
 -- joined by " " ("-" in debt), and "", or, for a bucket last updated after
 -- the call's instant (which refills nothing until that update), the
--- nanoseconds until it (a decimal), the fast path then answering as the
--- general one does; for 2, "" and "".
+-- nanoseconds until it (a decimal: such a bucket takes the general path);
+-- for 2, "" and "".
 
 -- The protocol's positions, which the Go encoder is tested against.
 local KEY = { policy = 1, history = 2, pending = 3, buckets = 4 }
@@ -406,8 +406,7 @@ local function bring(lv, t, v, c, r, sh, chain)
     -- carry the bands over to the new one. An instant after now (another
     -- master's TIME, or a clock that stepped back since) has not come
     -- here: the old shape refills up to now at most.
-    cut = big(cut)
-    t = refill(lv, t, cmp(cut, now) > 0 and now or cut, cur)
+    t = refill(lv, t, cmp(big(cut), now) > 0 and now or big(cut), cur)
     lv, cur = carry(cur, lv, nxt), nxt
   end
   return lv, refill(lv, t, now, sh)
@@ -518,14 +517,7 @@ local function fastOne(key, raw, cost, m, T, F, ls, lns, x)
   local ttf = T == C and 0 or ((C - T) * P - F) / N
   local lastMs = (ls == nowSec and lns == nowNs) and nowMs or ls * 1000 + floor(lns / 1e6)
   if mode ~= 'e' and mode ~= 'c' then
-    if ls > nowSec or (ls == nowSec and lns > nowNs) then -- updated after now: answered as the general path does
-      instant()
-      local u = mul(big(format('%.0f', T < 0 and -T or T)), big(format('%.0f', P)))
-      u = sadd(T < 0 and neg(u) or u, big(format('%.0f', F)))
-      emit(decide and code or (raw and 1 or 0), sstr(u), str(minus(big(format('%.0f', ls) .. format('%09.0f', lns)), now)))
-    else
-      out[no + 1], out[no + 2], out[no + 3], no = decide and code or (raw and 1 or 0), T, F, no + 3
-    end
+    out[no + 1], out[no + 2], out[no + 3], no = decide and code or (raw and 1 or 0), T, F, no + 3
   end
   if mode ~= 'a' or not memoOn then return code, ttf, lastMs, write, T, F, ls, lns end
   -- Held for the rest of the call: a key met again is read from here, and
@@ -645,7 +637,9 @@ local function one(i, key, cost, cap, chain, pre)
     end
   end
   local code, ttf, lastMs, write, val
-  if T and nowSec - ls <= 9000000 then
+  -- a bucket last updated after now (another master's TIME, a clock that
+  -- stepped back) takes the general path, which says so in its answer
+  if T and nowSec - ls <= 9000000 and (ls < nowSec or ls == nowSec and lns <= nowNs) then
     code, ttf, lastMs, write, T, F, ls, lns = fastOne(key, raw, cost, m, T, F, ls, lns, x)
   else
     code, ttf, lastMs, val, T, F, ls, lns = slowOne(raw, cost, cap, rate, sBands, chain)
