@@ -31,7 +31,10 @@ const (
 	// refund, which can fill buckets sooner, comes meanwhile: then it waits
 	// PressureSweepGap from that at most, or for the spacing above if that
 	// is longer; or new keys the sweep did not see take the table's last
-	// free slot: then it waits only for the spacing above.
+	// free slot: then it waits only for the spacing above. Durations are
+	// the engine clock's: a clock that jumps forward while a sweep runs
+	// counts the jump as the sweep's duration, and puts the next pressure
+	// sweep off by nine times it (periodic sweeps keep their period).
 	PressureSweepGap = 250 * time.Millisecond
 )
 

@@ -786,13 +786,16 @@ func (s *Store) decided(it *item, st *state, mode string, code int64, x, y any) 
 // as the bands stand after the operation; for mode "d", of the charge, as
 // the bands stand after it. x and y are the balance the
 // script returned: whole tokens and the fraction (two integers, the fast
-// path's), or the units of each band as decimals and "". The binding band
-// is chosen by the policy package's rule (policy.DecideLevels), from the
-// balances the decision saw.
+// path's), or the units of each band as decimals and "" or the time until
+// the bucket's last update, which refills nothing before it comes: a
+// denial's RetryAfter and a ResetAfter count that time too. The binding
+// band is chosen by the policy package's rule (policy.DecideLevels), from
+// the balances the decision saw.
 func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) (engine.Decision, error) {
 	var buf [1 + policy.MaxBands]policy.Level
 	lv := buf[:sh.Len()]
-	if err := levels(sh, x, y, lv); err != nil {
+	ahead, err := levels(sh, x, y, lv)
+	if err != nil {
 		return engine.Decision{}, err
 	}
 	var o policy.Outcome
@@ -819,6 +822,14 @@ func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) 
 	default:
 		o, at = policy.PeekLevels(sh, lv)
 	}
+	if ahead > 0 {
+		if !o.Allowed {
+			o.RetryAfter = satAdd(o.RetryAfter, ahead)
+		}
+		if o.ResetAfter > 0 {
+			o.ResetAfter = satAdd(o.ResetAfter, ahead)
+		}
+	}
 	return engine.Decision{
 		Allowed:    o.Allowed,
 		Remaining:  o.Remaining,
@@ -830,33 +841,39 @@ func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) 
 }
 
 // levels reads a script's balance (see decision) into lv, one level per
-// band of sh.
-func levels(sh policy.Shape, x, y any, lv []policy.Level) error {
+// band of sh, and returns the ns until the bucket's last update (0 if it
+// has come), saturated at math.MaxInt64.
+func levels(sh policy.Shape, x, y any, lv []policy.Level) (ahead int64, err error) {
 	if t, ok := x.(int64); ok {
 		f, ok := y.(int64)
 		if !ok || len(lv) != 1 || t < -sh.Primary.Capacity || f < 0 || uint64(f) >= period(sh.Primary) {
-			return fmt.Errorf("balance %v %v for %d bands", x, y, len(lv))
+			return 0, fmt.Errorf("balance %v %v for %d bands", x, y, len(lv))
 		}
 		lv[0] = policy.Level{Tokens: t, Frac: uint64(f)}
-		return nil
+		return 0, nil
 	}
 	units, ok := x.(string)
 	if !ok {
-		return fmt.Errorf("balance %v %v", x, y)
+		return 0, fmt.Errorf("balance %v %v", x, y)
+	}
+	if lag, _ := y.(string); lag != "" {
+		if ahead, err = parseAhead(lag); err != nil {
+			return 0, err
+		}
 	}
 	rest := units
 	for i := range lv {
 		u, tail, _ := strings.Cut(rest, " ")
 		l, err := parseSigned(u, period(sh.Band(i)))
 		if err != nil {
-			return err
+			return 0, err
 		}
 		lv[i], rest = l, tail
 	}
 	if rest != "" {
-		return fmt.Errorf("balances %q for %d bands", units, sh.Len())
+		return 0, fmt.Errorf("balances %q for %d bands", units, sh.Len())
 	}
-	return nil
+	return ahead, nil
 }
 
 // chains gives each item its own shapes under the retained versions that

@@ -155,6 +155,17 @@ func (rig *arithRig) check(t *testing.T, c arithCase) {
 	tokens, frac := new(big.Int).QuoRem(c.units, big.NewInt(policy.UnitsPerToken), new(big.Int))
 	b := policy.Bucket{Tokens: tokens.Int64(), Frac: uint32(frac.Int64()), Last: c.last}
 	o := b.Decide(lim, max(c.now, c.last), c.cost)
+	// A bucket updated after now refills nothing until then: the waits
+	// count from now, that time included (saturated).
+	if ahead := c.last - c.now; ahead > 0 {
+		later := func(d int64) int64 { return d + min(ahead, math.MaxInt64-d) }
+		if !o.Allowed {
+			o.RetryAfter = later(o.RetryAfter)
+		}
+		if o.ResetAfter > 0 {
+			o.ResetAfter = later(o.ResetAfter)
+		}
+	}
 	want := engine.Decision{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: time.Duration(o.RetryAfter),
 		Version: 1, Limit: c.capacity, ResetAfter: time.Duration(o.ResetAfter)}
 

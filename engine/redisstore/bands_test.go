@@ -134,14 +134,17 @@ func policyOf(t *testing.T, v int64, def, own []mBand, other bool) policy.Policy
 }
 
 // mState is a key's balance in the model: units per band, and the last
-// update.
+// update; ahead is how long after the last refill's instant that update
+// is (it refills nothing before it).
 type mState struct {
 	sh    []mBand
 	units []*big.Int
 	last  int64
+	ahead int64
 }
 
 func (s *mState) refill(now int64) {
+	s.ahead = max(s.last-now, 0)
 	if now <= s.last {
 		return
 	}
@@ -223,6 +226,15 @@ func (s *mState) answer(cost int64, allowed bool, version int64) engine.Decision
 		ResetAfter: ceilNs(new(big.Int).Sub(b.full(), s.units[at]), b.tokens), Band: b.name}
 	if !allowed {
 		d.RetryAfter = waits[at]
+	}
+	// The waits count from the refill's instant, the time before the last
+	// update included (saturated).
+	later := func(w time.Duration) time.Duration { return w + min(time.Duration(s.ahead), math.MaxInt64-w) }
+	if s.ahead > 0 && !allowed {
+		d.RetryAfter = later(d.RetryAfter)
+	}
+	if s.ahead > 0 && d.ResetAfter > 0 {
+		d.ResetAfter = later(d.ResetAfter)
 	}
 	return d
 }

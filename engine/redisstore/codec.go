@@ -154,6 +154,28 @@ func minCapacity(sh policy.Shape) int64 {
 // period returns band l's units per token, P ns.
 func period(l policy.Limit) uint64 { return uint64(l.Rate().Per) }
 
+// parseAhead reads the script's time until a bucket's last update: a
+// positive decimal of ns, saturated at math.MaxInt64 (a server clock
+// centuries behind).
+func parseAhead(ns string) (int64, error) {
+	var n int64
+	for i := range len(ns) {
+		d := ns[i] - '0'
+		if d > 9 {
+			return 0, fmt.Errorf("malformed time ahead %q", ns)
+		}
+		if n > (math.MaxInt64-int64(d))/10 {
+			n = math.MaxInt64
+			continue
+		}
+		n = n*10 + int64(d)
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("malformed time ahead %q", ns)
+	}
+	return n, nil
+}
+
 // parseSigned reads one band's balance in units as the script writes it, a
 // decimal of magnitude below capacity*P <= 2^126 that carries a "-" in
 // debt, as a level of period per: floor(units / per) whole tokens and the

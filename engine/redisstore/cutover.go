@@ -27,10 +27,12 @@ const minLockTTL = 10 * time.Second
 // the meaning of engine.Engine.ReplacePolicy: versioned, compare-and-set in
 // Redis, and the engine's cutover rule applied to each bucket when it is
 // next touched: refilled under the limit of the version it was last written
-// under up to the cutover instant, then each band carried over to the band
-// of the same name (the primary to the primary), moved to the new unit
-// rounding down if its period changes, and clamped to its new capacity; a
-// band new in next starts full, and one next lacks is dropped.
+// under up to the cutover instant (or its server's TIME, if that reads
+// earlier: the instant is another master's, or the clock stepped back),
+// then each band carried over to the band of the same name (the primary to
+// the primary), moved to the new unit rounding down if its period changes,
+// and clamped to its new capacity; a band new in next starts full, and one
+// next lacks is dropped.
 //
 // Cutovers are serialised by a lock in Redis, which a ReplacePolicy waits
 // for as long as ctx allows while another store holds it; a lock no store

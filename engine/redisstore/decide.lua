@@ -102,7 +102,10 @@
 -- "p", "r" and "d", 1 if the bucket exists, else 0 (unused in "d"). Then
 -- the balance after the operation: on the fast path T and F, two integers
 -- (T negative in debt); on the general path the units, one decimal per band
--- joined by " " ("-" in debt), and ""; for 2, "" and "".
+-- joined by " " ("-" in debt), and "", or, for a bucket last updated after
+-- the call's instant (which refills nothing until that update), the
+-- nanoseconds until it (a decimal: such a bucket takes the general path);
+-- for 2, "" and "".
 
 -- The protocol's positions, which the Go encoder is tested against.
 local KEY = { policy = 1, history = 2, pending = 3, buckets = 4 }
@@ -400,8 +403,10 @@ local function bring(lv, t, v, c, r, sh, chain)
     local nxt = w == version and sh or shapeAt(history[h], chain)
     if not nxt then return nil, v end
     -- The cutover rule: refill under the old shape up to the cutover, then
-    -- carry the bands over to the new one.
-    t = refill(lv, t, big(cut), cur)
+    -- carry the bands over to the new one. An instant after now (another
+    -- master's TIME, or a clock that stepped back since) has not come
+    -- here: the old shape refills up to now at most.
+    t = refill(lv, t, cmp(big(cut), now) > 0 and now or big(cut), cur)
     lv, cur = carry(cur, lv, nxt), nxt
   end
   return lv, refill(lv, t, now, sh)
@@ -576,7 +581,7 @@ local function slowOne(raw, cost, cap, rate, bands, chain)
     ttf = mmax(ttf, tod(lv[k].neg and add(sh[k].full, lv[k]) or minus(sh[k].full, lv[k])) / sh[k].nD)
   end
   local units, tS = table.concat(p, ' '), str(t)
-  if mode ~= 'e' and mode ~= 'c' then emit(decide and code or (raw and 1 or 0), units, '') end
+  if mode ~= 'e' and mode ~= 'c' then emit(decide and code or (raw and 1 or 0), units, cmp(t, now) > 0 and str(minus(t, now)) or '') end
   if not sFast then
     local val = p[1] .. ' ' .. tS .. ' ' .. version .. ' ' .. cap .. ' ' .. rate
     if #p > 1 then val = val .. ' ' .. table.concat(p, ' ', 2) end
@@ -632,7 +637,9 @@ local function one(i, key, cost, cap, chain, pre)
     end
   end
   local code, ttf, lastMs, write, val
-  if T and nowSec - ls <= 9000000 then
+  -- a bucket last updated after now (another master's TIME, a clock that
+  -- stepped back) takes the general path, which says so in its answer
+  if T and nowSec - ls <= 9000000 and (ls < nowSec or ls == nowSec and lns <= nowNs) then
     code, ttf, lastMs, write, T, F, ls, lns = fastOne(key, raw, cost, m, T, F, ls, lns, x)
   else
     code, ttf, lastMs, val, T, F, ls, lns = slowOne(raw, cost, cap, rate, sBands, chain)

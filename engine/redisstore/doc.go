@@ -87,12 +87,16 @@
 // The time authority is the Redis server's TIME, read inside the script, so
 // replicas with skewed clocks cannot mint tokens. A server clock that steps
 // back counts as no time at all: a bucket never moves its last update back,
-// and there is no ErrClockRegression; one that steps forward refills every
-// bucket by the step's worth of tokens, up to its capacity. Tests that need
-// deterministic time set Config.Clock instead, which also turns expiries
-// off. On Redis Cluster each virtual shard decides at its master's TIME:
-// keep the masters' clocks in step (NTP), since a slot that moves to a
-// master whose clock is ahead refills its buckets by the difference.
+// nor is it refilled up to a cutover instant its server's TIME has not
+// reached, and there is no ErrClockRegression; a bucket last updated at an
+// instant TIME has not reached refills nothing until then, and a denial's
+// RetryAfter and a ResetAfter count that time too, so Wait sleeps through
+// it. One that steps forward refills every bucket by the step's worth of
+// tokens, up to its capacity. Tests that need deterministic time set
+// Config.Clock instead, which also turns expiries off. On Redis Cluster
+// each virtual shard decides at its master's TIME: keep the masters' clocks
+// in step (NTP), since a slot that moves to a master whose clock is ahead
+// refills its buckets by the difference.
 //
 // A band refilled at N tokens per P ns counts one token as P units, so a
 // refill over e ns adds exactly e*N units (for a rate per second, one token
@@ -330,7 +334,8 @@
 //  4. publish: each shard takes the next version as of that one instant,
 //     however late it is published (a shard whose master was away is
 //     converted as of the commit, never refilled under the old limit past
-//     it); once every shard is, the record is removed.
+//     it, nor up to it while its own TIME reads earlier: such a bucket is
+//     converted as of that TIME); once every shard is, the record is removed.
 //
 // No caller decides under the old version once any has decided under the
 // next: every shard stops deciding under the old version (step 2) before

@@ -711,11 +711,20 @@ func (q *leaseShard) owe(k *lease, n int64) {
 func (k *lease) answer(now int64, allowed bool) engine.Decision {
 	remaining, resetAt, limit, band, retry := k.remaining, k.resetAt, k.limit, k.band, int64(0)
 	if !allowed {
-		remaining, resetAt, limit, band = k.deniedRemaining(), max(resetAt, k.deniedAt+int64(k.denial.ResetAfter)), k.denial.Limit, k.denial.Band
-		retry = k.deniedAt + int64(k.denial.RetryAfter) - now
+		remaining, resetAt, limit, band = k.deniedRemaining(), max(resetAt, satAdd(k.deniedAt, int64(k.denial.ResetAfter))), k.denial.Limit, k.denial.Band
+		retry = timeTo(satAdd(k.deniedAt, int64(k.denial.RetryAfter)), now)
 	}
 	return engine.Decision{Allowed: allowed, Remaining: min(satAdd(remaining, k.left), limit), RetryAfter: time.Duration(retry), Version: k.ver,
-		Limit: limit, ResetAfter: time.Duration(max(0, resetAt-now)), Band: band}
+		Limit: limit, ResetAfter: time.Duration(max(0, timeTo(resetAt, now))), Band: band}
+}
+
+// timeTo is the time from now to the reading at; at math.MaxInt64, where a
+// saturated wait lands, it stays math.MaxInt64: never.
+func timeTo(at, now int64) int64 {
+	if at == math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return at - now
 }
 
 // deniedRemaining is the bucket's tokens by the denial kept and the last
@@ -739,7 +748,7 @@ func (k *lease) denied(now, cost, maxAge int64) bool {
 // denialHolds reports whether k keeps a denial that may still answer at
 // now: before its RetryAfter, and less than maxAge after Redis gave it.
 func (k *lease) denialHolds(now, maxAge int64) bool {
-	return k.deniedCost > 0 && now < k.deniedAt+int64(k.denial.RetryAfter) && now-k.deniedAt < maxAge
+	return k.deniedCost > 0 && now < satAdd(k.deniedAt, int64(k.denial.RetryAfter)) && now-k.deniedAt < maxAge
 }
 
 // renew sets k for the version in force, st, holding nothing.
@@ -901,7 +910,7 @@ func (q *leaseShard) keep(key string, k *lease, n, ver, asked int64) {
 
 // learn keeps what the global bucket answered.
 func (k *lease) learn(now int64, d engine.Decision) {
-	k.remaining, k.resetAt, k.limit, k.band = d.Remaining, now+int64(d.ResetAfter), d.Limit, d.Band
+	k.remaining, k.resetAt, k.limit, k.band = d.Remaining, satAdd(now, int64(d.ResetAfter)), d.Limit, d.Band
 }
 
 // expired reports whether k holds a lease that must go back at now: kept

@@ -3,9 +3,11 @@ package redisstore
 import (
 	"math"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tokenshard/tokenshard/engine"
 	"github.com/tokenshard/tokenshard/policy"
 )
 
@@ -70,4 +72,23 @@ func TestLeaseWantInDeepDebt(t *testing.T) {
 	require.Zero(t, l.want(50, k, 4))
 	k.remaining = math.MaxInt64 // and a full one leases what the demand asks
 	require.Equal(t, int64(1<<40), l.want(50, k, 4))
+}
+
+// A denial whose waits saturate (over 292 years: a rate far too slow for
+// the cost, or a server clock centuries behind its bucket) is kept as any
+// other, MaxAge at most, and answers with waits that stay saturated
+// (never): its reading plus its waits saturate rather than wrap, which dropped
+// the denial at once and let the reset of an admission learned after it
+// (a second) win over its own.
+func TestLeaseDenialAtTheClocksEnd(t *testing.T) {
+	const at, now, maxAge = int64(5e9), int64(5e9 + 1), int64(1e9)
+	k := &lease{}
+	d := engine.Decision{Remaining: 0, Limit: 10, RetryAfter: math.MaxInt64, ResetAfter: math.MaxInt64}
+	k.learn(at, d)
+	k.deniedCost, k.deniedAt, k.denial = 1, at, d
+	k.learn(at, engine.Decision{Allowed: true, Remaining: 3, Limit: 10, ResetAfter: time.Second}) // decided before the denial, learned after
+	require.True(t, k.denialHolds(now, maxAge))
+	got := k.answer(now, false)
+	require.Equal(t, time.Duration(math.MaxInt64), got.RetryAfter)
+	require.Equal(t, time.Duration(math.MaxInt64), got.ResetAfter)
 }
