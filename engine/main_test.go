@@ -16,6 +16,18 @@ import (
 // are no ignores, because an engine that has been closed owns none.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// skipUnderRace skips a sequential check against the math/big model under
+// the race detector: one caller drives the engine, so the detector watches
+// only the hand-offs to the shards, which the concurrent tests run under
+// it, and these checks took a third of the package's race run. `go test
+// work` without -race runs them, and so does CI, after the race step.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("a sequential check against the model: `go test work` without -race runs it")
+	}
+}
+
 // shardCounts is the table every behaviour test runs over: one shard, a
 // pair, more shards than cores, and many.
 var shardCounts = []int{1, 2, 16, 64}
