@@ -79,6 +79,7 @@ func BenchmarkRedisStore(b *testing.B) {
 func TestRedisSection(t *testing.T) {
 	skipUnderRace(t)
 	addr := redistest.Alone(t)
+	tinyRedisTimes(t)
 	var out bytes.Buffer
 	if code := run([]string{"-quick", "-parts", "latency,redis", "-cpu", "1", "-redis", addr}, &out, &out); code != 0 {
 		t.Fatalf("bench -parts latency,redis exited %d:\n%s", code, out.String())
@@ -105,6 +106,16 @@ func TestRedisSection(t *testing.T) {
 	// The prefix is printed in the last line; nothing may be left under it,
 	// nor under redis_rate's.
 	requireNothingLeft(t, got, addr, rateKeyPrefix)
+}
+
+// tinyRedisTimes makes the Redis section's cells last milliseconds for the
+// test: the table's shape is checked, not its figures.
+func tinyRedisTimes(t *testing.T) {
+	old := redisTimesFor
+	redisTimesFor = func(bool) redisTimes {
+		return redisTimes{store: 20 * time.Millisecond, engine: 5 * time.Millisecond, warm: 10 * time.Millisecond, rounds: 1}
+	}
+	t.Cleanup(func() { redisTimesFor = old })
 }
 
 // requireNothingLeft reads from a Redis part's output the prefix it says it

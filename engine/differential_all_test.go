@@ -25,6 +25,7 @@ import (
 // math.MaxInt64, and clock steps a quarter of it. The admissiontest differential leaves out Charge,
 // Refund, Peek, AllowAll and restores.
 func TestDifferentialEveryOperation(t *testing.T) {
+	skipUnderRace(t)
 	differential(t, diffRun{seeds: 100, stream: 101, ops: 60, policy: randPolicy, huge: true})
 }
 
@@ -34,6 +35,7 @@ func TestDifferentialEveryOperation(t *testing.T) {
 // kind, small costs, and in half of the runs mostly cutovers, so that
 // untouched buckets convert across long chains of generations.
 func TestDifferentialOverrideChains(t *testing.T) {
+	skipUnderRace(t)
 	differential(t, diffRun{seeds: 40, stream: 77, ops: 300, policy: chainPolicy, chains: true})
 }
 

@@ -225,6 +225,7 @@ func keyBoundErr(err error) string {
 // policy or (as a cutover at the restore) a new one. Every answer and
 // KeyCount after every step must be the model's.
 func TestKeyBoundAgreesWithModel(t *testing.T) {
+	skipUnderRace(t)
 	for seed := uint64(1); seed <= 40; seed++ {
 		for _, shards := range []int{1, 3} {
 			t.Run(fmt.Sprintf("seed=%d/shards=%d", seed, shards), func(t *testing.T) { keyBoundRun(t, seed, shards) })

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +16,32 @@ import (
 // TestMain fails the package if any test leaves a goroutine behind; there
 // are no ignores, because an engine that has been closed owns none.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// skipUnderRace skips a sequential check against the math/big model under
+// the race detector: one caller drives the engine, so the detector watches
+// only the hand-offs to the shards, which the concurrent tests run under
+// it, and these checks took a third of the package's race run. `go test
+// work` without -race runs them, and so does CI, after the race step.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("a sequential check against the model: `go test work` without -race runs it")
+	}
+}
+
+// concurrentBehaviour reports whether t is, or runs under, one of the
+// behaviour suite's tests that use their subject from several goroutines at
+// once: admissiontest names them Concurrent..., and every other one uses its
+// subject from one goroutine at a time, a sequential check against the
+// model that skipUnderRace leaves to the run without -race.
+func concurrentBehaviour(t *testing.T) bool {
+	for _, name := range strings.Split(t.Name(), "/") {
+		if strings.HasPrefix(name, "Concurrent") {
+			return true
+		}
+	}
+	return false
+}
 
 // shardCounts is the table every behaviour test runs over: one shard, a
 // pair, more shards than cores, and many.

@@ -71,6 +71,7 @@ func randPolicy(t testing.TB, r *rand.Rand, version int64) policy.Policy {
 // forgotten, no key topped up. The stress differential restores only at
 // the same instant under the same policy.
 func TestRestoreAgreesWithModel(t *testing.T) {
+	skipUnderRace(t)
 	keys := []string{"k1", "k2", "x", "y"}
 	for seed := range uint64(1000) {
 		r := rand.New(rand.NewPCG(seed, 7))

@@ -636,6 +636,7 @@ func TestCutover(t *testing.T) {
 // TestCutoverNeverTopsUp: whatever the limits, the balance after a cutover is
 // at most what the old limit alone would have given at that instant.
 func TestCutoverNeverTopsUp(t *testing.T) {
+	skipUnderRace(t)
 	r, seed := newRand(t)
 	for i := range 20_000 {
 		old, b, now, _ := randomState(r)

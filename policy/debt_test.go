@@ -252,6 +252,7 @@ func TestDebtLevelsMatchModelRandom(t *testing.T) {
 // Level of the same limit (checked against the model above) on every
 // operation: refill, decide, charge, credit and cutover.
 func TestDebtBucketMatchesLevel(t *testing.T) {
+	skipUnderRace(t)
 	r, seed := newRand(t)
 	for i := range 5_000 {
 		l := randomLimit(r)

@@ -12,13 +12,14 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// skipUnderRace skips a sequential check against the math/big model under
-// the race detector: it starts no goroutine, so the detector finds nothing
-// there, and it runs ten times slower. `go test work` without -race runs
-// it, and so does CI, after the race step.
+// skipUnderRace skips a sequential check (against the math/big model, or
+// over many limits) under the race detector: package policy starts no
+// goroutine, nor do its tests, so the detector finds nothing there, and the
+// check runs ten times slower. `go test work` without -race runs it, and
+// so does CI, after the race step.
 func skipUnderRace(t *testing.T) {
 	t.Helper()
 	if raceEnabled {
-		t.Skip("a sequential model check: `go test work` without -race runs it")
+		t.Skip("a sequential check: `go test work` without -race runs it")
 	}
 }

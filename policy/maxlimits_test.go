@@ -13,6 +13,7 @@ import (
 // at LimitIndex MaxLimits, the top of the 16-bit index; one more is
 // ErrInvalid naming the entry; any number of overrides may share fewer.
 func TestOverrideSetMaxLimits(t *testing.T) {
+	skipUnderRace(t)
 	ovs := make([]policy.Override, policy.MaxLimits+1)
 	for i := range ovs {
 		ovs[i] = policy.Override{Match: "k" + strconv.Itoa(i), Capacity: int64(i + 1), TokensPerSecond: 1}

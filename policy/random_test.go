@@ -17,6 +17,7 @@ import (
 // min(C, min(C, u+x) + y) = min(C, u+x+y) for x, y >= 0 and the arithmetic
 // is exact.
 func TestRefillComposes(t *testing.T) {
+	skipUnderRace(t)
 	r, seed := newRand(t)
 	for i := range 50_000 {
 		l, start, mid, _ := randomState(r)
@@ -40,6 +41,7 @@ func TestRefillComposes(t *testing.T) {
 // the read-only estimates against the model: the same comparison as
 // FuzzDecide, with a fresh seed each run.
 func TestDecideMatchesModelRandom(t *testing.T) {
+	skipUnderRace(t)
 	r, seed := newRand(t)
 	for i := range 5_000 {
 		l, b, now, cost := randomState(r)

@@ -133,6 +133,7 @@ func TestRatesRefillMatchModel(t *testing.T) {
 // 2^32 ns) the 24-byte Bucket and the Level give the same balance and the
 // same answers, both the model's, through Refill, Decide and the estimates.
 func TestRatesBucketAgreesWithLevel(t *testing.T) {
+	skipUnderRace(t)
 	r, seed := newRand(t)
 	compact := 0
 	for name, l := range awkwardLimits() {
@@ -185,6 +186,7 @@ func TestRatesBucketAgreesWithLevel(t *testing.T) {
 // TestRatesPerSecondIsRefillPerSecond: TokensPerSecond n and Refill
 // PerSecond(n) are the same limit, bit for bit, in a Bucket and a Level.
 func TestRatesPerSecondIsRefillPerSecond(t *testing.T) {
+	skipUnderRace(t)
 	r, seed := newRand(t)
 	for i := range 20_000 {
 		tps := randomLimit(r)
@@ -284,6 +286,7 @@ func TestRatesCredit(t *testing.T) {
 // unit and clamps it to the new capacity: it may lose part of a unit, never
 // mint one. Hand-worked cases first, then every pair of awkward limits.
 func TestRatesConvert(t *testing.T) {
+	skipUnderRace(t)
 	sevenPer3s := rateLimit(10, 7, 3*time.Second)
 	for _, tc := range []struct {
 		name       string

@@ -192,6 +192,7 @@ func randomShapedPolicy(t *testing.T, r *rand.Rand, version int64) policy.Policy
 // sweeps and cutovers between shapes. Every answer must match, and so must
 // the invariants, the level store's included.
 func TestStateBandsMatchEager(t *testing.T) {
+	skipUnderRace(t)
 	for seed := uint64(1); seed <= 30; seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, seed*104729))

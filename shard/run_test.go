@@ -19,6 +19,18 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// skipUnderRace skips a check that drives a table or a State from the
+// test's goroutine alone, against a map or the eager reference: neither
+// starts a goroutine, so the race detector finds nothing there, and these
+// checks took most of the package's race run. `go test work` without -race
+// runs them, and so does CI, after the race step.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("a sequential check with no goroutine: `go test work` without -race runs it")
+	}
+}
+
 // gateClock hands out exactly the readings the test sends it, and blocks the
 // shard until it does: the test decides when the shard may go on.
 type gateClock chan int64

@@ -82,6 +82,7 @@ func (m *eager) sweep(now int64) msg.SweepReply {
 // every balance once both are brought to the same instant. Long runs without
 // sweeps push the lazy history past maxGenerations.
 func TestStateMatchesEagerCutover(t *testing.T) {
+	skipUnderRace(t)
 	for seed := uint64(1); seed <= 40; seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, seed*7919))

@@ -24,6 +24,7 @@ import (
 // every state it gets into and must leave it as it was, and the lookups its
 // hints lead to must find what find does.
 func TestTableMatchesMap(t *testing.T) {
+	skipUnderRace(t)
 	// long of every 2 keys is too long to inline: with none, every segment
 	// keeps short keys in its slots; with both, every segment keeps all its
 	// keys in its arena; with one, segments change layout as keys come and go.
@@ -184,6 +185,7 @@ func checkTable(t *testing.T, tab *table, model map[string]int64) {
 // TestTableShrinksAfterSweep: once a sweep has evicted most keys, the table
 // gives the memory back rather than keeping its high-water size.
 func TestTableShrinksAfterSweep(t *testing.T) {
+	skipUnderRace(t)
 	s := newState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(1<<20), &testHasher)
 	for i := range 100_000 {
 		require.NoError(t, s.allow(0, fmt.Sprintf("k%d", i), 1).Err)
@@ -297,6 +299,7 @@ func TestShortKeysStayInSlots(t *testing.T) {
 // mark through every split and compaction, wherever its bytes live, and
 // lookups tell apart keys that differ only past the inline length.
 func TestBornSurvivesRehash(t *testing.T) {
+	skipUnderRace(t)
 	tab := newTable(&testHasher)
 	tab.maxGroups = 2
 	key := func(i int) string {

@@ -39,11 +39,15 @@ func clusterClient(t testing.TB, addrs []string) *redis.ClusterClient {
 // calls take keys without a shared hash tag, which a cluster refuses
 // (ErrCrossShard, TestAllowAllCrossShard): its AllowAll tests run on a
 // prefix of one virtual shard, where every key is co-located as a {tag}
-// would put them.
+// would put them. Under the race detector only its Concurrent behaviours
+// run (concurrentBehaviour).
 func TestAdmissionCluster(t *testing.T) {
 	exactBalances(t)
 	c := clusterClient(t, redistest.ClusterAddrs(t))
 	admissiontest.Run(t, func(t *testing.T, s admissiontest.Setup) engine.Admitter {
+		if !concurrentBehaviour(t) {
+			skipUnderRace(t)
+		}
 		cfg := redisstore.Config{Client: c, Policy: s.Policy}
 		if strings.Contains(t.Name(), "/AllowAll/") {
 			cfg.VirtualShards = 1

@@ -166,15 +166,29 @@ func startPrivate(t *testing.T) *redistest.Server { return redistest.Start(t) }
 
 // skipUnderRace skips a sequential check against a model under the race
 // detector: the decide script's arithmetic against math/big, or one
-// caller's calls on the store against the engine's answers. Such a check
-// has no goroutine of its own beside the caller, so the detector watches
-// only the store's and the engine's machinery, which the concurrent tests
-// run under it, and these checks doubled the time of the longest test
-// binary in CI's race step. `go test work` without -race runs them, and so
-// does CI, after the race step.
+// caller's calls on the store against the engine's answers or timed by
+// SLOWLOG. Such a check has no goroutine of its own beside the caller, so
+// the detector watches only the store's and the engine's machinery, which
+// the concurrent tests run under it, and these checks doubled the time of
+// the longest test binary in CI's race step. `go test work` without -race
+// runs them, and so does CI, after the race step.
 func skipUnderRace(t *testing.T) {
 	t.Helper()
 	if raceEnabled {
 		t.Skip("a sequential check against a model: `go test work` without -race runs it")
 	}
+}
+
+// concurrentBehaviour reports whether t is, or runs under, one of the
+// behaviour suite's tests that use their subject from several goroutines at
+// once: admissiontest names them Concurrent..., and every other one uses its
+// subject from one goroutine at a time, a sequential check against the
+// model that skipUnderRace leaves to the run without -race.
+func concurrentBehaviour(t *testing.T) bool {
+	for _, name := range strings.Split(t.Name(), "/") {
+		if strings.HasPrefix(name, "Concurrent") {
+			return true
+		}
+	}
+	return false
 }

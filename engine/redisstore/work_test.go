@@ -24,8 +24,11 @@ import (
 // by the wall clock, which a loaded machine stretches when it preempts
 // Redis mid-call, as TestBigSingleKeyBatchBoundedCalls says: the batch runs
 // three times, each on a key of its own in the same state, and each call
-// counts its least time of the three.
+// counts its least time of the three. One caller's batches, as in
+// TestBigBatchesMatchEngine: not under the race detector, which watches the
+// same splitting in TestBigSingleKeyBatchBoundedCalls.
 func TestBigBatchOffFastPathBoundedCalls(t *testing.T) {
+	skipUnderRace(t)
 	bands, err := policy.NewBands(
 		policy.Band{Name: "m", Capacity: 1 << 60, Refill: policy.PerMinute(1 << 40)},
 		policy.Band{Name: "h", Capacity: 1 << 61, Refill: policy.Rate{Tokens: 1 << 41, Per: time.Hour}},
