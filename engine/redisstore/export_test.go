@@ -251,3 +251,15 @@ func LeaseDebts(s *Store) (pending, unread int, left, out, back int64) {
 	}
 	return pending, unread, left, out, back
 }
+
+// LeaseFetching reports how many jobs s's lease shards have sent their
+// fetchers (top-ups asked for, leases given back) whose posts the fetchers
+// have not yet sent: 0 once every one has landed in a shard's queue, which
+// the shard takes in before it serves its next request.
+func LeaseFetching(s *Store) int64 {
+	var n int64
+	for _, q := range s.lease.shards {
+		n += q.fetching.Load()
+	}
+	return n
+}

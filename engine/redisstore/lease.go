@@ -159,6 +159,7 @@ type leaseShard struct {
 	wake     chan struct{} // one-slot buffer
 	posts    chan post     // every post is owed (see pending): stop takes them all
 	jobs     chan job      // to the fetcher
+	fetching atomic.Int64  // jobs sent to the fetcher whose posts it has not yet sent (read by tests)
 
 	keys    map[string]*lease
 	sweepAt int64
@@ -813,6 +814,7 @@ func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 func (q *leaseShard) send(j job) bool {
 	select {
 	case q.jobs <- j:
+		q.fetching.Add(1)
 		return true
 	default:
 		return false
@@ -963,7 +965,9 @@ func (q *leaseShard) fetcher() {
 	var owed []gift           // the gifts of gives owed a post (see owe)
 	for j := range q.jobs {
 		asks, reqs = asks[:0], reqs[:0]
+		n := 0 // the jobs this round takes
 		for more := true; more; {
+			n++
 			if j.give {
 				gives[gift{key: j.key, ver: j.ver}] += j.n
 				if j.owed {
@@ -994,15 +998,15 @@ func (q *leaseShard) fetcher() {
 				owed = nil
 			}
 		}
-		if len(asks) == 0 {
-			continue
+		if len(asks) > 0 {
+			out = append(out[:0], make([]engine.Result, len(asks))...)
+			at := q.l.clk.Now()
+			_ = q.l.s.allowBatch(context.Background(), reqs, out, 0) // only ErrClosed, which every out holds then
+			for i, a := range asks {
+				q.posts <- post{key: a.key, ver: a.ver, at: at, asked: a.n, leaseD: out[i].Decision, lseErr: out[i].Err}
+			}
 		}
-		out = append(out[:0], make([]engine.Result, len(asks))...)
-		at := q.l.clk.Now()
-		_ = q.l.s.allowBatch(context.Background(), reqs, out, 0) // only ErrClosed, which every out holds then
-		for i, a := range asks {
-			q.posts <- post{key: a.key, ver: a.ver, at: at, asked: a.n, leaseD: out[i].Decision, lseErr: out[i].Err}
-		}
+		q.fetching.Add(int64(-n))
 	}
 }
 

@@ -31,9 +31,8 @@ func TestLeaseDenialRemainingCountsHeldTokens(t *testing.T) {
 	// A request of the whole capacity: more than any lease holds, so the
 	// lease's tokens and Redis's empty bucket cannot cover it. What the
 	// lease holds is what a reads beyond b; a top-up that left Redis before
-	// the bucket emptied may still land and add to it, which leaseLanded
-	// cannot always see: read it before and after, and use a reading the
-	// two agree on.
+	// the bucket emptied may still land and add to it: read it before and
+	// after, each once it has landed, and use a reading the two agree on.
 	// Each try asks another cost: a process keeps a denial it met for its
 	// cost (see Leases), and would answer the same request again without
 	// Redis, by another path than the one under test.

@@ -379,8 +379,7 @@ func drain(t *testing.T, s *redisstore.Store, key string, n int64) int64 {
 // a's Peek reports beyond b's, a store without leases on the same prefix.
 // A top-up those requests started has landed by then (see leaseLanded):
 // the reading is taken twice, each after leaseLanded, and kept only when
-// the two agree, since under load a fetcher can be slow to post a grant
-// Redis has already made, longer than leaseLanded's round trips.
+// the two agree.
 func holding(t *testing.T, a, b *redisstore.Store, key string, n int) int64 {
 	t.Helper()
 	ctx := context.Background()
@@ -402,17 +401,19 @@ func holding(t *testing.T, a, b *redisstore.Store, key string, n int) int64 {
 	return 0
 }
 
-// leaseLanded waits until a top-up of a's lease on key that has reached
-// Redis has landed: the bucket (as b, a store without leases, reads it)
-// and the tokens a has been granted stay the same over several round trips
-// through a's lease shard and Redis. The clock must stand still. A top-up
-// still queued for a fetcher the scheduler has not run is not seen: a test
-// that must not meet one (a sweep leaves a key that awaits one) tries
-// again instead.
+// leaseLanded waits until every top-up of a's leases has landed: a's
+// fetchers hold no job whose answer they have not posted, and the bucket
+// (as b, a store without leases, reads it) and the tokens a has been
+// granted stay the same over several round trips through a's lease shard,
+// which takes the posts in first, and Redis. The clock must stand still,
+// and nothing but the caller may send a requests meanwhile.
 func leaseLanded(t *testing.T, a, b *redisstore.Store, key string) {
 	t.Helper()
 	ctx := context.Background()
 	require.Eventually(t, func() bool {
+		if redisstore.LeaseFetching(a) != 0 {
+			return false
+		}
 		leased := a.Stats().LeasedTokens
 		before, err := b.Peek(ctx, key)
 		if err != nil {
