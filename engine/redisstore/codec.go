@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -158,22 +159,14 @@ func period(l policy.Limit) uint64 { return uint64(l.Rate().Per) }
 // positive decimal of ns, saturated at math.MaxInt64 (a server clock
 // centuries behind).
 func parseAhead(ns string) (int64, error) {
-	var n int64
-	for i := range len(ns) {
-		d := ns[i] - '0'
-		if d > 9 {
-			return 0, fmt.Errorf("malformed time ahead %q", ns)
-		}
-		if n > (math.MaxInt64-int64(d))/10 {
-			n = math.MaxInt64
-			continue
-		}
-		n = n*10 + int64(d)
+	n, err := strconv.ParseUint(ns, 10, 63)
+	if errors.Is(err, strconv.ErrRange) {
+		n, err = math.MaxInt64, nil
 	}
-	if n == 0 {
+	if err != nil || n == 0 {
 		return 0, fmt.Errorf("malformed time ahead %q", ns)
 	}
-	return n, nil
+	return int64(n), nil
 }
 
 // parseSigned reads one band's balance in units as the script writes it, a

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"math"
 	"regexp"
 	"strconv"
 	"testing"
@@ -85,5 +86,20 @@ func TestCallWords(t *testing.T) {
 			require.Equal(t, "000102030405060708090a0b0c0d0e0f", aw[args["seed"]-1])
 			require.Equal(t, c.want, aw[args["shapes"]-1:])
 		})
+	}
+}
+
+// TestParseAhead: the script's time until a bucket's last update is a
+// positive decimal, read saturating at math.MaxInt64; anything else is an
+// error, never a wait of 0.
+func TestParseAhead(t *testing.T) {
+	for in, want := range map[string]int64{"1": 1, "84000000000000": 84e12, "9223372036854775807": math.MaxInt64, "99999999999999999999999": math.MaxInt64} {
+		got, err := parseAhead(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"", "0", "-5", "+5", "5x", " 5", "1_000"} {
+		_, err := parseAhead(in)
+		require.Error(t, err, "%q", in)
 	}
 }
