@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -27,20 +26,6 @@ func skipUnderRace(t *testing.T) {
 	if raceEnabled {
 		t.Skip("a sequential check against the model: `go test work` without -race runs it")
 	}
-}
-
-// concurrentBehaviour reports whether t is, or runs under, one of the
-// behaviour suite's tests that use their subject from several goroutines at
-// once: admissiontest names them Concurrent..., and every other one uses its
-// subject from one goroutine at a time, a sequential check against the
-// model that skipUnderRace leaves to the run without -race.
-func concurrentBehaviour(t *testing.T) bool {
-	for _, name := range strings.Split(t.Name(), "/") {
-		if strings.HasPrefix(name, "Concurrent") {
-			return true
-		}
-	}
-	return false
 }
 
 // shardCounts is the table every behaviour test runs over: one shard, a

@@ -42,6 +42,7 @@
 package admissiontest
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -132,6 +133,20 @@ func RunWith(t *testing.T, f Factory, o Options) {
 			}
 		})
 	}
+}
+
+// Concurrent reports whether t is, or runs under, one of the behaviours
+// that use their subject from several goroutines at once, whose names
+// begin with Concurrent. Every other behaviour uses its subject from one
+// goroutine at a time, so a Factory may skip those where only concurrency
+// is of interest, as under the race detector.
+func Concurrent(t *testing.T) bool {
+	for _, name := range strings.Split(t.Name(), "/") {
+		if strings.HasPrefix(name, "Concurrent") {
+			return true
+		}
+	}
+	return false
 }
 
 // newSubject builds a subject serving p with its own Manual clock at 0.

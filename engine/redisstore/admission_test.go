@@ -11,11 +11,11 @@ import (
 // TestAdmission runs the behaviour suite every Admitter passes, the one the
 // engine passes, on the store through a real Redis, its time driven by the
 // suite's clock through the scripts (Config.Clock). Under the race
-// detector only its Concurrent behaviours run (concurrentBehaviour).
+// detector only its Concurrent behaviours run (admissiontest.Concurrent).
 func TestAdmission(t *testing.T) {
 	exactBalances(t)
 	admissiontest.Run(t, func(t *testing.T, s admissiontest.Setup) engine.Admitter {
-		if !concurrentBehaviour(t) {
+		if !admissiontest.Concurrent(t) {
 			skipUnderRace(t)
 		}
 		return newStore(t, redisstore.Config{Policy: s.Policy}, s.Clock)
@@ -27,7 +27,7 @@ func TestAdmission(t *testing.T) {
 // under the race detector, only its Concurrent behaviours.
 func TestAdmissionLeased(t *testing.T) {
 	admissiontest.RunWith(t, func(t *testing.T, s admissiontest.Setup) engine.Admitter {
-		if !concurrentBehaviour(t) {
+		if !admissiontest.Concurrent(t) {
 			skipUnderRace(t)
 		}
 		return newStore(t, redisstore.Config{Policy: s.Policy, Leases: &redisstore.Leases{}}, s.Clock)

@@ -40,12 +40,12 @@ func clusterClient(t testing.TB, addrs []string) *redis.ClusterClient {
 // (ErrCrossShard, TestAllowAllCrossShard): its AllowAll tests run on a
 // prefix of one virtual shard, where every key is co-located as a {tag}
 // would put them. Under the race detector only its Concurrent behaviours
-// run (concurrentBehaviour).
+// run (admissiontest.Concurrent).
 func TestAdmissionCluster(t *testing.T) {
 	exactBalances(t)
 	c := clusterClient(t, redistest.ClusterAddrs(t))
 	admissiontest.Run(t, func(t *testing.T, s admissiontest.Setup) engine.Admitter {
-		if !concurrentBehaviour(t) {
+		if !admissiontest.Concurrent(t) {
 			skipUnderRace(t)
 		}
 		cfg := redisstore.Config{Client: c, Policy: s.Policy}
