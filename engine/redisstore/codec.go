@@ -160,7 +160,9 @@ func period(l policy.Limit) uint64 { return uint64(l.Rate().Per) }
 // centuries behind).
 func parseAhead(ns string) (int64, error) {
 	n, err := strconv.ParseUint(ns, 10, 63)
-	if errors.Is(err, strconv.ErrRange) {
+	// ParseUint stops at the first digit past the range: the rest must be
+	// digits too.
+	if errors.Is(err, strconv.ErrRange) && strings.Trim(ns, "0123456789") == "" {
 		n, err = math.MaxInt64, nil
 	}
 	if err != nil || n == 0 {

@@ -318,7 +318,7 @@ func (s *Store) lock(ctx context.Context) (string, error) {
 // itself, and every ReplacePolicy would wait on it as long as its context
 // allows.
 func (s *Store) foreignLock(ctx context.Context, gerr error) error {
-	if _, reply := errors.AsType[redis.Error](gerr); reply && !errors.Is(gerr, redis.Nil) {
+	if redis.HasErrorPrefix(gerr, "WRONGTYPE") { // another reply (BUSY, LOADING, CLUSTERDOWN) tells of the server, not the key
 		return fmt.Errorf("%w: the cutover lock %s is no store's (%w): delete it", ErrUnavailable, s.kLock, gerr)
 	}
 	if gerr != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tokenshard/tokenshard/clock"
@@ -109,6 +110,41 @@ func TestForeignCutoverLock(t *testing.T) {
 	}
 	require.NoError(t, s.ReplacePolicy(ctx, policy.Policy{Version: 2, Capacity: 10, TokensPerSecond: 1}, 1))
 }
+
+// TestCutoverLockReadFails: a reply error other than WRONGTYPE to the
+// read of a cutover lock another store holds (BUSY, LOADING, CLUSTERDOWN:
+// the server's state, not the key's) says nothing of who set the lock, so
+// ReplacePolicy waits on as for any holder, rather than fail telling the
+// user to delete a live store's lock.
+func TestCutoverLockReadFails(t *testing.T) {
+	c, holder := client(t, redisAddr(t)), client(t, redisAddr(t))
+	p := prefix(t)
+	lock := redisstore.GlobalKey(p, "lock")
+	ctx := context.Background()
+	var once sync.Once
+	c.AddHook(hook{process: func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		err := next(ctx, cmd)
+		if a := cmd.Args(); cmd.Name() == "get" && len(a) == 2 && a[1] == lock {
+			once.Do(func() {
+				// the holder lets go as the read fails
+				require.NoError(t, holder.Del(ctx, lock).Err())
+				err = transientReply("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.")
+				cmd.SetErr(err)
+			})
+		}
+		return err
+	}})
+	s := newStore(t, redisstore.Config{Client: c, Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}}, nil)
+	require.NoError(t, c.Set(ctx, lock, "another store", time.Minute).Err()) // a store's: with an expiry
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, s.ReplacePolicy(rctx, policy.Policy{Version: 2, Capacity: 10, TokensPerSecond: 1}, 1))
+}
+
+type transientReply string
+
+func (e transientReply) Error() string { return string(e) }
+func (transientReply) RedisError()     {}
 
 // TestCutoverRecordWithoutPolicy: a cutover record that names a version
 // whose policy is not stored (written by hand) is never finished: its

@@ -98,7 +98,9 @@ func TestParseAhead(t *testing.T) {
 		require.NoError(t, err, in)
 		require.Equal(t, want, got, in)
 	}
-	for _, in := range []string{"", "0", "-5", "+5", "5x", " 5", "1_000"} {
+	// Digits past the range and then something else are no decimal either:
+	// the range is not all a reading checks.
+	for _, in := range []string{"", "0", "-5", "+5", "5x", " 5", "1_000", "99999999999999999999x", "9223372036854775808 5"} {
 		_, err := parseAhead(in)
 		require.Error(t, err, "%q", in)
 	}
