@@ -812,11 +812,12 @@ func (l *leaser) want(now int64, k *lease, cost int64) int64 {
 
 // send queues j for the fetcher, false if its queue is full.
 func (q *leaseShard) send(j job) bool {
+	q.fetching.Add(1) // before the fetcher can take it, and subtract it
 	select {
 	case q.jobs <- j:
-		q.fetching.Add(1)
 		return true
 	default:
+		q.fetching.Add(-1)
 		return false
 	}
 }
