@@ -285,36 +285,36 @@
 // migrates, and one that waits past its deadline is answered by the
 // failure rule.
 //
-// A master that dies is replaced by its replica, where it has one, once
-// the other masters agree that it failed (after the cluster's node timeout)
-// and elect the replica: about two to three seconds in all with a node
-// timeout of one second. Until then the failure rule answers the calls on
-// its shards, and the other masters' shards decide as before, provided the
-// cluster serves while some slots have no master: Redis's default
-// cluster-require-full-coverage yes makes every master answer CLUSTERDOWN
-// once a dead master's slots are uncovered (for good without a replica;
-// about a second during a failover), and with it every shard answers by
-// the failure rule. Set it to no on every node. go-redis
-// moves a slot to a new master when a node answers MOVED, which a dead one
-// never does, or at its periodic reload of the slot map
-// (ClusterOptions.ClusterStateReloadInterval, a minute by default), and it
-// neither marks failing nor reloads on a connection error of a command it
-// does not retry, as every script call is. So when a call fails on a
-// connection error (a dial refused or timed out, a connection reset or timed
-// out), CLUSTERDOWN, go-redis's refusal of a master its slot map marks
-// failed (from go-redis v9.24.0), or a deadline that passed without a reply
-// (all a master that hangs rather than dies gives), the store asks the
-// client to reload its slot map (ClusterClient.ReloadState), at most once
-// per 100 ms however many calls fail, and go-redis reloads it on a goroutine
-// of its own, at most once per 200 ms. Calls on the lost master's shards are
-// decided again within a few hundred milliseconds of the promotion, under
-// load; the first call after a quiet spell may still meet the old slot map,
-// and the failure rule. A reload that asks a hung master first waits for
-// the client's ReadTimeout (ClusterOptions.ReadTimeout, 5 s by default)
-// before it asks another node: set it to a second or so to bound that. The call that failed is not sent again: its reply, not its
-// request, may be what was lost. A replica that had not received its
-// master's last writes (replication is asynchronous) gives their tokens
-// again, as in a failover on one server (see Policies).
+// A master that dies is replaced by its replica, where it has one, once the
+// other masters agree that it failed (after the cluster's node timeout) and
+// elect the replica: about two to three seconds in all with a node timeout
+// of one second. Until then the failure rule answers the calls on its
+// shards, and the other masters' shards decide as before, provided the
+// cluster serves while some slots have no master: Redis's default cluster-
+// require-full-coverage yes makes every master answer CLUSTERDOWN once a
+// dead master's slots are uncovered (for good without a replica; about a
+// second during a failover), and with it every shard answers by the failure
+// rule. Set it to no on every node. go-redis moves a slot to a new master
+// when a node answers MOVED, which a dead one never does, or at its periodic
+// reload of the slot map (ClusterOptions.ClusterStateReloadInterval, a
+// minute by default), and it neither marks failing nor reloads on a
+// connection error of a command it does not retry, as every script call is.
+// So when a call fails on a connection error (a dial refused or timed out, a
+// connection reset or timed out), CLUSTERDOWN, go-redis's refusal of a
+// master its slot map marks failed (from go-redis v9.24.0), or a deadline
+// that passed without a reply (all a master that hangs rather than dies
+// gives), the store asks the client to reload its slot map
+// (ClusterClient.ReloadState), at most once per 100 ms however many calls
+// fail, and go-redis reloads it on a goroutine of its own, at most once per
+// 200 ms. Calls on the lost master's shards are decided again within a few
+// hundred milliseconds of the promotion, under load; the first call after a
+// quiet spell may still meet the old slot map, and the failure rule. A
+// reload that asks a hung master first waits for the client's ReadTimeout
+// (ClusterOptions.ReadTimeout, 5 s by default) before it asks another node:
+// set it to a second or so to bound that. The call that failed is not sent
+// again: its reply, not its request, may be what was lost. A replica that
+// had not received its master's last writes (replication is asynchronous)
+// gives their tokens again, as in a failover on one server (see Policies).
 //
 // A cutover moves every shard's copy of the version. On a cluster no
 // script can move them all at once, so a cutover has four steps, each
@@ -352,49 +352,48 @@
 // fails between the steps leaves the prepared shards answering by the
 // failure rule until it is back and a call finishes the cutover.
 //
-// A lengthening cutover (see Store.ReplacePolicy) says so in its record.
-// On a cluster its pending flag is set in every shard after the lock is
-// checked, not with it (a different slot): a holder whose lock expired in between adds
-// a flag of its own, which costs memory (buckets written without expiry
-// until the flag expires), never tokens. Every finisher also sets the
-// cutover's own flag in each shard not yet published, before it prepares
-// any, and each shard's publish removes that one token only; so a shard
-// that has not met the cutover writes no expiry under the old version once
-// anyone may finish it. That token keeps the shard's whole flag from
+// A lengthening cutover (see Store.ReplacePolicy) says so in its record. On
+// a cluster its pending flag is set in every shard after the lock is
+// checked, not with it (a different slot): a holder whose lock expired in
+// between adds a flag of its own, which costs memory (buckets written
+// without expiry until the flag expires), never tokens. Every finisher also
+// sets the cutover's own flag in each shard not yet published, before it
+// prepares any, and each shard's publish removes that one token only; so a
+// shard that has not met the cutover writes no expiry under the old version
+// once anyone may finish it. That token keeps the shard's whole flag from
 // expiring; the publish that removes it gives the flag, if holders' tokens
-// remain in it, the lock's TTL again, so that a process that dies
-// mid-cutover leaves no flag for good. The cutover's record stays until every bucket's
-// expiry is set under the new version: by the process that made it, or
-// else by the next ReplacePolicy on the prefix, which runs that pass
+// remain in it, the lock's TTL again, so that a process that dies mid-
+// cutover leaves no flag for good. The cutover's record stays until every
+// bucket's expiry is set under the new version: by the process that made it,
+// or else by the next ReplacePolicy on the prefix, which runs that pass
 // first. A call or New that finishes such a cutover does not run the pass:
 // until it runs, the buckets not touched since the cutover began keep no
 // expiry (memory, never tokens). One gap remains: if the process that
-// recorded a lengthening cutover dies before any finisher sets the
-// cutover's flag and its own flags expire (after the lock's TTL), the
-// shards not yet prepared write expiries under the old version meanwhile,
-// and a bucket not touched again before that expiry is dropped before it
-// is full under the new one.
+// recorded a lengthening cutover dies before any finisher sets the cutover's
+// flag and its own flags expire (after the lock's TTL), the shards not yet
+// prepared write expiries under the old version meanwhile, and a bucket not
+// touched again before that expiry is dropped before it is full under the
+// new one.
 //
 // On a cluster a master may lose its data alone (a restart without
 // persistence). Its shards are reinstalled at the version in force, and
 // their buckets start full. (A shard's copy of the policy state, or the
 // global policy hash, that lost only its version field, an operator's HDEL,
-// is reinstalled in the same way, on one server too, and keeps its key
-// map.) If it held the global keys, the first store to
-// need them reinstalls them, with the key map the surviving shards hold a
-// copy of (so their buckets keep their shards; a store that met no
-// surviving copy draws a new seed), and never below the newest version a
-// surviving shard holds: a store that does not know that version (one that never met
-// the last cutover) fails instead, and its calls get the failure rule,
-// until a store that knows it reinstalls them (its next call that reloads,
-// or its next ReplacePolicy); New with an older Config.Policy fails the
-// same way. A shard is raised to a committed version only if the global
-// keys hold it. Limits: a shard left prepared ("p" and a next version)
-// while the global keys, and so the cutover's record, were lost stays
-// refused until an operator sets its version; and a shard reinstalled from
-// a version read just before a commit is raised by the first call that
-// meets it, so a call on it may decide under the old version after
-// another decided under the new.
+// is reinstalled in the same way, on one server too, and keeps its key map.)
+// If it held the global keys, the first store to need them reinstalls them,
+// with the key map the surviving shards hold a copy of (so their buckets
+// keep their shards; a store that met no surviving copy draws a new seed),
+// and never below the newest version a surviving shard holds: a store that
+// does not know that version (one that never met the last cutover) fails
+// instead, and its calls get the failure rule, until a store that knows it
+// reinstalls them (its next call that reloads, or its next ReplacePolicy);
+// New with an older Config.Policy fails the same way. A shard is raised to a
+// committed version only if the global keys hold it. Limits: a shard left
+// prepared ("p" and a next version) while the global keys, and so the
+// cutover's record, were lost stays refused until an operator sets its
+// version; and a shard reinstalled from a version read just before a commit
+// is raised by the first call that meets it, so a call on it may decide
+// under the old version after another decided under the new.
 //
 // # Versions
 //
@@ -469,67 +468,63 @@
 // lease (the quota then under-admits by at most that, never over-admits).
 //
 // What it costs: while a process holds a lease, the bucket refills behind
-// it, so a burst may pass the capacity by the tokens the processes hold
-// (as it may with any limiter that spends locally); in the same way, a
-// debt floored at minus the capacity (by a Charge, or a cutover's clamp)
-// is floored without the tokens the processes hold, which then go back to
-// it; and a request the lease cannot cover, on a key whose leases other
-// processes hold, can be denied with those tokens unspent. A kept denial can deny a request
-// others' refunds would have admitted, until its RetryAfter (MaxAge at
-// most). A leased
-// answer's Decision is the bucket's as last heard: Remaining is the
-// bucket's whole tokens at its last answer plus what the lease holds (at
-// most Limit, which the sum passes once the bucket refilled behind it),
-// ResetAfter counts from that answer, and a kept denial answers from the
-// denial too (the fewer tokens, the later reset, its Band and that band's
-// Limit; RetryAfter counts down from the one Redis gave), since answers
-// may arrive in another order than Redis gave them. Redis's answer to a
-// request the lease could not cover, asked while a top-up Redis granted
-// before it is on its way, reads low by that top-up, as a Peek does
-// (below): a key's Remaining, and httplimit's r, can drop by a lease's
-// size and rise again at the next leased answer. Allowed and Version are as without
-// leases but for a cutover made by another process, which a process's
-// leased answers follow only once it meets the new version (at its next
-// call to Redis, within MaxAge): until then it spends its lease under the
-// old one, so a lowered limit can be passed by what the processes hold,
+// it, so a burst may pass the capacity by the tokens the processes hold (as
+// it may with any limiter that spends locally); in the same way, a debt
+// floored at minus the capacity (by a Charge, or a cutover's clamp) is
+// floored without the tokens the processes hold, which then go back to it;
+// and a request the lease cannot cover, on a key whose leases other
+// processes hold, can be denied with those tokens unspent. A kept denial can
+// deny a request others' refunds would have admitted, until its RetryAfter
+// (MaxAge at most). A leased answer's Decision is the bucket's as last
+// heard: Remaining is the bucket's whole tokens at its last answer plus what
+// the lease holds (at most Limit, which the sum passes once the bucket
+// refilled behind it), ResetAfter counts from that answer, and a kept denial
+// answers from the denial too (the fewer tokens, the later reset, its Band
+// and that band's Limit; RetryAfter counts down from the one Redis gave),
+// since answers may arrive in another order than Redis gave them. Redis's
+// answer to a request the lease could not cover, asked while a top-up Redis
+// granted before it is on its way, reads low by that top-up, as a Peek does
+// (below): a key's Remaining, and httplimit's r, can drop by a lease's size
+// and rise again at the next leased answer. Allowed and Version are as
+// without leases but for a cutover made by another process, which a
+// process's leased answers follow only once it meets the new version (at its
+// next call to Redis, within MaxAge): until then it spends its lease under
+// the old one, so a lowered limit can be passed by what the processes hold,
 // at most the old capacity/Divisor each. Limit and Band are as without
-// leases for a key of one band; for a key of
-// several they name the band that bound the bucket's last answer (a kept
-// denial's, for the requests it denies), which
-// may no longer be the one that binds, since bands refill at their own
-// rates. Stats.Local counts the leased decisions. AllowBatch
+// leases for a key of one band; for a key of several they name the band that
+// bound the bucket's last answer (a kept denial's, for the requests it
+// denies), which may no longer be the one that binds, since bands refill at
+// their own rates. Stats.Local counts the leased decisions. AllowBatch
 // decides its requests one by one, each as Allow would (so a request its
-// lease cannot cover is a round trip of its own); AllowAll and Charge go
-// to Redis (AllowAll without the tokens this process's leases hold, so it
-// may deny what a lease would have covered; Charge after the lease is
-// given back, though a top-up Redis granted just before may reach the
-// process after it, and admit the requests it covers, paid for before
-// the charge, while the key is in debt); Peek and Refund go to Redis (a
-// Refund ends a kept denial)
-// and add what the lease holds to its answer: to Remaining, at most
-// Limit, and, while the lease holds a token, Allowed with no RetryAfter,
-// since a request of one token would take it from the lease (a top-up
-// Redis has granted but the process has not yet taken in is in neither,
-// so a Peek or Refund during one reads low by it; one that meets a
-// cutover adds nothing, since the lease ends there, so it reads low by
-// what the lease gives back at the key's next request). With Redis
-// unreachable, a process spends what it holds, then answers by the
-// failure rule, marked Degraded; a lease that goes back meanwhile (before
-// a Charge, a cutover or Close, or once it expired) and that Redis does
-// not take is given up, not kept, since Redis may yet credit it: the key
-// under-admits by it, as after a crash, and Stats counts it in
-// ForfeitedTokens. Redis may yet run a call whose answer is
-// lost, and so grant its lease to nobody: a key whose call went unanswered
-// asks for no lease until Redis decides one of its Allows again. A stall
-// so loses about one lease a key, not one a failed call: more only by the
-// answers Redis gave just before it that arrive after a lost one, and a
-// key forgotten while idle forgets its doubt. Close waits for the calls to
-// Redis the leases still await, then gives every lease back. In memory, a
-// process keeps a small record of each key it decided in the last
-// Leases.MaxAge (longer while a lease or a kept denial holds), so its
-// lease state grows with the rate of distinct keys, about that rate times
-// MaxAge records, not with the keys Redis holds; a sweep walks them at
-// least once a Horizon.
+// lease cannot cover is a round trip of its own); AllowAll and Charge go to
+// Redis (AllowAll without the tokens this process's leases hold, so it may
+// deny what a lease would have covered; Charge after the lease is given
+// back, though a top-up Redis granted just before may reach the process
+// after it, and admit the requests it covers, paid for before the charge,
+// while the key is in debt); Peek and Refund go to Redis (a Refund ends a
+// kept denial) and add what the lease holds to its answer: to Remaining, at
+// most Limit, and, while the lease holds a token, Allowed with no
+// RetryAfter, since a request of one token would take it from the lease (a
+// top-up Redis has granted but the process has not yet taken in is in
+// neither, so a Peek or Refund during one reads low by it; one that meets a
+// cutover adds nothing, since the lease ends there, so it reads low by what
+// the lease gives back at the key's next request). With Redis unreachable, a
+// process spends what it holds, then answers by the failure rule, marked
+// Degraded; a lease that goes back meanwhile (before a Charge, a cutover or
+// Close, or once it expired) and that Redis does not take is given up, not
+// kept, since Redis may yet credit it: the key under-admits by it, as after
+// a crash, and Stats counts it in ForfeitedTokens. Redis may yet run a call
+// whose answer is lost, and so grant its lease to nobody: a key whose call
+// went unanswered asks for no lease until Redis decides one of its Allows
+// again. A stall so loses about one lease a key, not one a failed call: more
+// only by the answers Redis gave just before it that arrive after a lost
+// one, and a key forgotten while idle forgets its doubt. Close waits for the
+// calls to Redis the leases still await, then gives every lease back. In
+// memory, a process keeps a small record of each key it decided in the last
+// Leases.MaxAge (longer while a lease or a kept denial holds), so its lease
+// state grows with the rate of distinct keys, about that rate times MaxAge
+// records, not with the keys Redis holds; a sweep walks them at least once a
+// Horizon.
 //
 // # Failures
 //
