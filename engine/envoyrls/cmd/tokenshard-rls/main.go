@@ -35,29 +35,29 @@
 // send a request and, kept alive between requests, is closed after a minute
 // without one, so that connections left open do not pile up.
 //
-// The configuration is every *.yaml and *.yml file directly in DIR, one domain
-// each (package envoyrls says what is read and what is refused); a directory
-// without one is an error, not a service that limits nothing. Files in its
-// subdirectories are not read. In a Kubernetes ConfigMap or Secret volume,
-// whose files are links through DIR/..data, they are read from the
-// directory ..data names, so that a poll reads one version of the volume
-// whole, never part of an update. Elsewhere, replace a file by renaming a
-// new one over it, as editors do: one written in place may be read
-// halfway, and taken as it stands if that parses. Nor are envoyproxy/ratelimit's environment
-// settings: no global SHADOW_MODE (shadow_mode is set per descriptor), no
-// MERGE_DOMAIN_CONFIG (a domain is one file; two are an error), no dynamic
-// metadata in responses. Every -poll the
-// files are read again; when their names or contents changed they are parsed
-// and installed with envoyrls.Server.Reload, an exact cutover that tops nobody
-// up. A file that does not parse keeps the last good configuration and is
-// reported on stderr once (so is a directory that cannot be read or holds no
-// file, until that changes); a reload that fails (Redis away, or another
-// replica's cutover meanwhile) keeps it too, and is reported and tried again at
-// every poll. SIGHUP makes it read the files at once, as a -poll does, and
-// it goes on serving (envoyproxy/ratelimit stops at SIGHUP). SIGINT or
-// SIGTERM stops it: health turns NOT_SERVING, requests in
-// flight finish (up to -drain; then their clients are cut off, and a request
-// waiting on Redis ends within -redis-timeout), and it exits 0.
+// The configuration is every *.yaml and *.yml file directly in DIR, one
+// domain each (package envoyrls says what is read and what is refused); a
+// directory without one is an error, not a service that limits nothing.
+// Files in its subdirectories are not read. In a Kubernetes ConfigMap or
+// Secret volume, whose files are links through DIR/..data, they are read
+// from the directory ..data names, so that a poll reads one version of the
+// volume whole, never part of an update. Elsewhere, replace a file by
+// renaming a new one over it, as editors do: one written in place may be
+// read halfway, and taken as it stands if that parses. Nor does it read
+// envoyproxy/ratelimit's environment settings: no global SHADOW_MODE
+// (shadow_mode is set per descriptor), no MERGE_DOMAIN_CONFIG (a domain is
+// one file; two are an error), no dynamic metadata in responses. Every -poll
+// the files are read again; when their names or contents changed they are
+// parsed and installed with envoyrls.Server.Reload, an exact cutover that
+// tops nobody up. A file that does not parse keeps the last good
+// configuration and is reported on stderr once (so is a directory that
+// cannot be read or holds no file, until that changes); a reload that fails
+// (Redis away, or another replica's cutover meanwhile) keeps it too, and is
+// reported and tried again at every poll. SIGHUP makes it read the files at
+// once, as a -poll does, and it goes on serving (envoyproxy/ratelimit stops
+// at SIGHUP). SIGINT or SIGTERM stops it: health turns NOT_SERVING, requests
+// in flight finish (up to -drain; then their clients are cut off, and a
+// request waiting on Redis ends within -redis-timeout), and it exits 0.
 //
 // With -redis or -redis-cluster, the buckets and the policy live in Redis under
 // -redis-prefix, shared by every replica on that prefix. Either takes
