@@ -822,13 +822,11 @@ func decision(sh policy.Shape, mode string, allowed bool, x, y any, cost int64) 
 	default:
 		o, at = policy.PeekLevels(sh, lv)
 	}
-	if ahead > 0 {
-		if !o.Allowed {
-			o.RetryAfter = satAdd(o.RetryAfter, ahead)
-		}
-		if o.ResetAfter > 0 {
-			o.ResetAfter = satAdd(o.ResetAfter, ahead)
-		}
+	if !o.Allowed {
+		o.RetryAfter = satAdd(o.RetryAfter, ahead) // ahead is 0 once the last update has come
+	}
+	if o.ResetAfter > 0 {
+		o.ResetAfter = satAdd(o.ResetAfter, ahead)
 	}
 	return engine.Decision{
 		Allowed:    o.Allowed,

@@ -92,8 +92,7 @@ func (s *Store) decideOne(ctx context.Context, key string, cost, pin int64) (eng
 	// the call that sends it makes one for all its requests.
 	w := waiters.Get().(*waiter)
 	w.it = item{out: &w.res, key: key, cost: cost, pin: pin, combined: true}
-	w.res, w.parent, w.deadline = engine.Result{}, ctx, s.deadline(ctx)
-	w.state = queued
+	w.parent, w.deadline, w.state = ctx, s.deadline(ctx), queued // res is zero: see done
 	w.timer.Reset(clock.Until(w.deadline))
 	c.queue = append(c.queue, w)
 	c.mu.Unlock()
@@ -233,25 +232,16 @@ func (s *Store) drain(c *combiner) {
 func (s *Store) sendCombined(c *combiner, batch []*waiter) bool {
 	s.atHook(hookTaken)
 	// Callers that gave up since the batch was taken have their answer:
-	// sending them would only spend their tokens.
+	// sending them would only spend their tokens (batch is the drainer's own).
 	c.mu.Lock()
-	send := batch[:0] // the drainer's own slice
-	var last *waiter  // the latest deadline
-	for _, w := range batch {
-		if w.state == abandoned {
-			continue
-		}
-		send = append(send, w)
-		if last == nil || w.deadline.After(last.deadline) {
-			last = w
-		}
-	}
+	send := slices.DeleteFunc(batch, func(w *waiter) bool { return w.state == abandoned })
 	c.mu.Unlock()
 	if len(send) == 0 {
 		return false
 	}
-	// The call runs until the latest deadline of its callers, with that
-	// caller's context values; no caller's cancellation cuts the others'.
+	// The call runs until the latest deadline of its callers, with the first
+	// such caller's context values; no caller's cancellation cuts the others'.
+	last := slices.MaxFunc(send, func(a, b *waiter) int { return a.deadline.Compare(b.deadline) })
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(last.parent), last.deadline)
 	items := make([]item, len(send))
 	for i, w := range send {
