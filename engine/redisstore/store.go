@@ -1147,17 +1147,10 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 // globEscape makes s match itself in a SCAN MATCH pattern: a backslash
 // before each of Redis's glob metacharacters, every other byte as it is. It
 // works on bytes, not runes: a prefix need not be UTF-8, and ranging over
-// runes would turn each invalid byte into U+FFFD and match nothing.
-func globEscape(s string) string {
-	var b strings.Builder
-	for i := range len(s) {
-		switch s[i] {
-		case '*', '?', '[', ']', '\\':
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
+// runes would turn each invalid byte into U+FFFD and match nothing. A
+// strings.Replacer whose old strings are single bytes replaces byte by byte.
+func globEscape(s string) string { return globEscaper.Replace(s) }
+
+var globEscaper = strings.NewReplacer(`*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`, `\`, `\\`)
 
 func overridden(p policy.Policy) string { return flag(p.Overrides.Len() > 0) }
