@@ -106,13 +106,13 @@ func (h *waitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		wait := redis.NewIntCmd(ctx, "wait", h.replicas, h.timeout.Milliseconds())
 		err := next(ctx, append(slices.Clip(cmds), wait))
 		got, werr := wait.Result()
-		if werr == nil && got >= h.replicas {
-			return err
-		}
-		if werr == nil {
-			werr = fmt.Errorf("%w: WAIT %d %d answered %d", ErrNotReplicated, h.replicas, h.timeout.Milliseconds(), got)
-		} else {
+		switch {
+		case werr != nil:
 			werr = fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, werr)
+		case got >= h.replicas:
+			return err
+		default:
+			werr = fmt.Errorf("%w: WAIT %d %d answered %d", ErrNotReplicated, h.replicas, h.timeout.Milliseconds(), got)
 		}
 		for _, c := range cmds {
 			if scripted(c) && c.Err() == nil {

@@ -131,20 +131,23 @@ const (
 
 // classify says what err, a script call's error, calls for.
 func classify(err error) action {
-	for _, c := range []struct {
-		prefix string
-		a      action
-	}{
-		{"TRYAGAIN", actWait}, {"MOVED", actWait}, {"ASK", actWait},
-		{"NOSCRIPT", actLoad}, {"Function not found", actLoad},
-		{"unknown command", actNoFunc}, {"NOPERM", actNoFunc},
-		{"OOM", actOOM},
-	} {
-		if redis.HasErrorPrefix(err, c.prefix) {
-			return c.a
-		}
+	switch {
+	case replyIs(err, "TRYAGAIN", "MOVED", "ASK"):
+		return actWait
+	case replyIs(err, "NOSCRIPT", "Function not found"):
+		return actLoad
+	case replyIs(err, "unknown command", "NOPERM"):
+		return actNoFunc
+	case replyIs(err, "OOM"):
+		return actOOM
 	}
 	return actFail
+}
+
+// replyIs reports whether err is a Redis reply that starts with one of
+// prefixes.
+func replyIs(err error, prefixes ...string) bool {
+	return slices.ContainsFunc(prefixes, func(p string) bool { return redis.HasErrorPrefix(err, p) })
 }
 
 // one sends the command f makes, at once: on one server by the client, on

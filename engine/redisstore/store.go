@@ -456,7 +456,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("%w: redisstore: Config.Client is a %T; want a *redis.Client or a *redis.ClusterClient", engine.ErrInvalidConfig, cfg.Client)
 	}
-	_, tag, tagged := strings.Cut(cfg.Prefix, "{")
+	_, tag, _ := strings.Cut(cfg.Prefix, "{")
 	switch {
 	case !timeouts:
 		return nil, fmt.Errorf("%w: redisstore: the client needs ContextTimeoutEnabled: true, or a call could outlive its deadline", engine.ErrInvalidConfig)
@@ -468,7 +468,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: Config.Timeout is negative (%v)", engine.ErrInvalidConfig, cfg.Timeout)
 	case cfg.VirtualShards < 0 || cfg.VirtualShards > MaxVirtualShards:
 		return nil, fmt.Errorf("%w: redisstore: VirtualShards %d is not in [0, %d]", engine.ErrInvalidConfig, cfg.VirtualShards, MaxVirtualShards)
-	case tagged && strings.HasPrefix(tag, "}"): // its first "{" is followed at once by "}"
+	case strings.HasPrefix(tag, "}"): // its first "{" is followed at once by "}"
 		return nil, fmt.Errorf("%w: redisstore: Config.Prefix %q closes its first \"{\" at once: Redis Cluster would hash each key whole, and a script's keys would not share a slot", engine.ErrInvalidConfig, cfg.Prefix)
 	}
 	for _, a := range addrs {
@@ -547,7 +547,7 @@ func (s *Store) connect(ctx context.Context) (err error) {
 	defer func() {
 		s.nodeFailed(ctx, err)
 		err = startErr(err)
-		if s.cluster == nil && slices.ContainsFunc([]string{"MOVED", "ASK", "CROSSSLOT"}, func(p string) bool { return redis.HasErrorPrefix(err, p) }) {
+		if s.cluster == nil && replyIs(err, "MOVED", "ASK", "CROSSSLOT") {
 			err = fmt.Errorf("%w: the server is a node of a Redis Cluster, which the store reaches only through a *redis.ClusterClient", err)
 		}
 	}()
@@ -691,8 +691,7 @@ func hostPort(ctx context.Context, addr string) bool {
 // would answer too (a reply of the wrong kind of server, a prefix set up
 // otherwise, a WAIT the server or an ACL refuses).
 func unreachable(err error) bool {
-	refusals := []string{"LOADING", "MASTERDOWN", "TRYAGAIN", "BUSY", "OOM", "NOREPLICAS", "MISCONF"}
-	if nodeLost(err) || slices.ContainsFunc(refusals, func(p string) bool { return redis.HasErrorPrefix(err, p) }) {
+	if nodeLost(err) || replyIs(err, "LOADING", "MASTERDOWN", "TRYAGAIN", "BUSY", "OOM", "NOREPLICAS", "MISCONF") {
 		return true
 	}
 	if _, reply := errors.AsType[redis.Error](err); reply {
@@ -1148,17 +1147,10 @@ func (s *Store) scan(ctx context.Context, f func(keys []string) error) error {
 // globEscape makes s match itself in a SCAN MATCH pattern: a backslash
 // before each of Redis's glob metacharacters, every other byte as it is. It
 // works on bytes, not runes: a prefix need not be UTF-8, and ranging over
-// runes would turn each invalid byte into U+FFFD and match nothing.
-func globEscape(s string) string {
-	var b strings.Builder
-	for i := range len(s) {
-		switch s[i] {
-		case '*', '?', '[', ']', '\\':
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
+// runes would turn each invalid byte into U+FFFD and match nothing. A
+// strings.Replacer whose old strings are single bytes replaces byte by byte.
+func globEscape(s string) string { return globEscaper.Replace(s) }
+
+var globEscaper = strings.NewReplacer(`*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`, `\`, `\\`)
 
 func overridden(p policy.Policy) string { return flag(p.Overrides.Len() > 0) }
