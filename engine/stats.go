@@ -78,10 +78,11 @@ type ShardStats struct {
 	// shard now (single requests count until the group the shard took them
 	// with is served); those the shard has taken and keeps waiting for an
 	// AllowAll's hold, or an AllowAll's part it keeps waiting for one (see
-	// AllowAll), no longer count. MailboxHighWater is the most single
-	// requests it has found waiting at once. In Total, the sum and the
-	// largest.
+	// AllowAll), no longer count: Waiting counts them, until the shard
+	// serves them. MailboxHighWater is the most single requests it has
+	// found waiting at once. In Total, the sums and the largest.
 	MailboxDepth, MailboxHighWater int64
+	Waiting                        int64
 	Cutovers, Sweeps               uint64 // cutovers taken part in, sweeps run
 	Evicted                        uint64 // keys evicted by sweeps
 	EventsDropped                  uint64 // sampled decisions dropped on a full buffer
@@ -114,13 +115,13 @@ func (e *Errors) add(o Errors) {
 	e.Other += o.Other
 }
 
-// shardStats reports counters c and a mailbox depth.
-func shardStats(c *msg.Counters, depth int64) ShardStats {
+// shardStats reports counters c, a mailbox depth and the work kept aside.
+func shardStats(c *msg.Counters, depth, waiting int64) ShardStats {
 	errs := c.Errors()
 	return ShardStats{
 		Allowed: c[msg.Allowed], Denied: c[msg.Denied], Errors: errorsOf(&errs),
 		Peeks: c[msg.Peeks], Refunds: c[msg.Refunds], Keys: int64(c[msg.Keys]),
-		MailboxDepth: depth, MailboxHighWater: int64(c[msg.HighWater]),
+		MailboxDepth: depth, MailboxHighWater: int64(c[msg.HighWater]), Waiting: waiting,
 		Cutovers: c[msg.Cutovers], Sweeps: c[msg.Sweeps], Evicted: c[msg.Evicted],
 		EventsDropped: c[msg.EventsDropped],
 		Holds:         c[msg.Holds], HoldsAborted: c[msg.HoldsAborted],
@@ -185,18 +186,19 @@ func (e *Engine) Stats() Stats {
 		SweepFailures: e.sweepFailures.Load(), PressureSweeps: e.pressureSweeps.Load(),
 		AllowAll: AllowAllStats{Admitted: e.allAdmitted.Load(), Refused: e.allRefused.Load(), Errors: e.allErrs.read()}}
 	var total msg.Counters
-	depth := int64(0)
+	depth, waiting := int64(0), int64(0)
 	for i, s := range e.shards {
 		c := s.Counters()
 		c[msg.Allowed] += e.allDecided[i].allowed.Load()
 		c[msg.Denied] += e.allDecided[i].denied.Load()
 		c[msg.Cutovers] = e.cutovers[i].Load()
-		d := int64(e.mailboxes[i].Depth())
-		st.Shards[i] = shardStats(&c, d)
+		d, w := int64(e.mailboxes[i].Depth()), int64(s.Waiting())
+		st.Shards[i] = shardStats(&c, d, w)
 		total.Add(&c)
 		depth += d
+		waiting += w
 	}
-	st.Total = shardStats(&total, depth)
+	st.Total = shardStats(&total, depth, waiting)
 	st.Total.Errors.add(st.Caller)
 	return st
 }

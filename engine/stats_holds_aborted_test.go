@@ -96,3 +96,41 @@ func TestStatsHoldsAbortedWhenIdle(t *testing.T) {
 		assert.Equal(t, engine.Errors{Context: 1}, st.AllowAll.Errors)
 	})
 }
+
+// TestStatsWaitingBehindHold: the requests a shard has taken and keeps
+// aside behind an AllowAll's hold are counted in Waiting while they wait,
+// since MailboxDepth no longer counts them: a queue that grows behind a
+// hold shows in Stats. Shard 0 holds a while shard 1, stalled on the
+// clock, has not answered the call's other part.
+func TestStatsWaitingBehindHold(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, clk, a, b := haPair(t)
+		defer e.Close()
+		ctx := context.Background()
+
+		allowed := stallOn(ctx, e, clk, b)
+		allDone := make(chan error, 1)
+		go func() {
+			_, _, err := e.AllowAll(ctx, []engine.Request{{Key: a, Cost: 1}, {Key: b, Cost: 1}})
+			allDone <- err
+		}()
+		synctest.Wait() // shard 0 holds a
+		done := make(chan error, 3)
+		for range 3 {
+			go func() { _, err := e.Allow(ctx, a, 1); done <- err }()
+		}
+		synctest.Wait()
+		st := e.Stats()
+		assert.Equal(t, int64(3), st.Shards[0].Waiting, "kept aside behind the hold")
+		assert.Zero(t, st.Shards[0].MailboxDepth)
+		assert.Equal(t, int64(3), st.Total.Waiting)
+
+		close(clk.gate)
+		require.NoError(t, <-allowed)
+		require.NoError(t, <-allDone)
+		for range 3 {
+			require.NoError(t, <-done)
+		}
+		assert.Zero(t, e.Stats().Total.Waiting, "served once the hold ended")
+	})
+}

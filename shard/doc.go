@@ -59,6 +59,6 @@
 // State's methods). The Budget is the only state shared between shards, and
 // it is a single atomic counter. The Mailbox (its queue of single requests,
 // its channels and its counters) is the only thing both callers and the
-// owner touch, and published counters are atomics the owner stores and
-// anyone may load.
+// owner touch, and published counters (and the count of work kept aside
+// behind holds, Waiting) are atomics the owner stores and anyone may load.
 package shard

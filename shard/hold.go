@@ -2,6 +2,7 @@ package shard
 
 import (
 	"slices"
+	"sync/atomic"
 
 	"github.com/tokenshard/tokenshard/msg"
 )
@@ -29,6 +30,7 @@ type holdSet struct {
 	parts    []*msg.Batch   // held parts, each with its Hold
 	waiting  []waiter       // work naming a held or waiting key, oldest first
 	waitKeys map[string]int // the keys of waiting work, counted
+	queued   atomic.Int64   // len(waiting), stored as it changes: the one field other goroutines read (Waiting)
 	// aside: hold parts wait for no key, but for the end of the control
 	// message that made releaseHolds keep them aside; the loop's next
 	// holds step replays them (tendHolds), and a sweep then running
@@ -73,6 +75,7 @@ func (s *Shard) wait(w waiter) {
 		s.holds.waitKeys = map[string]int{}
 	}
 	s.holds.waiting = append(s.holds.waiting, w)
+	s.holds.queued.Store(int64(len(s.holds.waiting)))
 	for _, k := range w.keys() {
 		s.holds.waitKeys[k]++
 	}
@@ -270,4 +273,10 @@ func (s *Shard) replay(holds bool) {
 			s.serveBatch(w.part)
 		}
 	}
+	s.holds.queued.Store(int64(len(s.holds.waiting)))
 }
+
+// Waiting returns how many single requests and batch parts the shard has
+// taken from its mailbox and keeps aside behind an AllowAll's hold (see
+// holdSet). It is safe to call from any goroutine.
+func (s *Shard) Waiting() int { return int(s.holds.queued.Load()) }

@@ -188,8 +188,9 @@
 //     ErrCostBelowOne).
 //   - The request's context ended before the engine decided (the client went
 //     away, or a server deadline passed): 503 with no body, and nothing spent.
-//     So is a key function's error that is that context's ending (a lookup
-//     canceled with the request), which is not ErrKeyFunc. A Redis store
+//     So is a key function's error returned once that context has ended (a
+//     lookup canceled with the request, whether or not its error wraps the
+//     context's), which is not ErrKeyFunc. A Redis store
 //     (engine/redisstore) may instead answer by its own rules: a deadline
 //     that passes while Redis is slow is met by its failure rule (a
 //     degraded answer, above), and a request canceled after the store sent

@@ -16,8 +16,9 @@ var (
 	ErrNoClientIP = errors.New("httplimit: no client IP in request")
 	// ErrKeyFunc: the WithKey, WithClientKey or WithKeys function returned
 	// an error, which the error given to WithOnError wraps too. Answered
-	// with 500; but an error that is the request's context ending is
-	// answered as that (503, no body), and is not ErrKeyFunc.
+	// with 500; but an error returned once the request's context has
+	// ended (a lookup canceled with it) is answered as that ending (503,
+	// no body), and is not ErrKeyFunc.
 	ErrKeyFunc = errors.New("httplimit: the key function failed")
 	// ErrCostBelowOne: the WithCost function, or a request of a WithKeys
 	// function, gave a cost below 1. Answered with 500.

@@ -18,7 +18,8 @@ import (
 // own context ended (an API-key lookup made with r.Context() when the
 // client went away) is the client going away, answered as when the context
 // ends before the engine decides: 503 with no body, and not ErrKeyFunc, so
-// a dashboard of 500s does not count disconnects. A key function's own
+// a dashboard of 500s does not count disconnects, whatever error the
+// function returns once that context has ended. A key function's own
 // deadline passing while the request lives is still the server failing.
 func TestKeyFuncContextEnded(t *testing.T) {
 	for _, c := range []struct {
@@ -55,6 +56,14 @@ func TestKeyFuncContextEnded(t *testing.T) {
 			assert.Empty(t, rec.Body.String())
 			assert.ErrorIs(t, got, context.Canceled)
 			assert.NotErrorIs(t, got, httplimit.ErrKeyFunc)
+			// A lookup over gRPC under the request's context gets a
+			// status, which wraps no context error: the same.
+			rec, got = serve(ctx, func(*http.Request) error { return grpcCanceled{} })
+			assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+			assert.Empty(t, rec.Body.String())
+			assert.ErrorIs(t, got, context.Canceled)
+			assert.ErrorIs(t, got, grpcCanceled{}, "the key function's error, for WithOnError")
+			assert.NotErrorIs(t, got, httplimit.ErrKeyFunc)
 
 			rec, got = serve(t.Context(), func(*http.Request) error { return context.DeadlineExceeded })
 			assert.Equal(t, http.StatusInternalServerError, rec.Code, "the lookup's own deadline, the request alive")
@@ -62,3 +71,9 @@ func TestKeyFuncContextEnded(t *testing.T) {
 		})
 	}
 }
+
+// grpcCanceled is shaped as grpc-go's status error for a call canceled by
+// its context: it says so in its text and wraps no context error.
+type grpcCanceled struct{}
+
+func (grpcCanceled) Error() string { return "rpc error: code = Canceled desc = context canceled" }

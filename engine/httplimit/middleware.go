@@ -297,15 +297,20 @@ func clearFields(h http.Header) {
 	delete(h, headerRateLimit)
 }
 
-// keyFuncErr wraps a key function's error in ErrKeyFunc, unless it is the
-// request's own context ending (a lookup canceled because the client went
-// away): that request is answered as any whose context ended, not as the
-// server's failure.
+// keyFuncErr wraps a key function's error in ErrKeyFunc, unless the
+// request's own context has ended (a lookup canceled because the client
+// went away): that request is answered as any whose context ended, not as
+// the server's failure, whether or not err wraps the context's error (a
+// gRPC lookup's status does not).
 func keyFuncErr(r *http.Request, err error) error {
-	if ctxErr := r.Context().Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+	ctxErr := r.Context().Err()
+	switch {
+	case ctxErr == nil:
+		return fmt.Errorf("%w: %w", ErrKeyFunc, err)
+	case errors.Is(err, ctxErr):
 		return fmt.Errorf("httplimit: the key function: %w", err)
 	}
-	return fmt.Errorf("%w: %w", ErrKeyFunc, err)
+	return fmt.Errorf("httplimit: the key function, the request's context ended (%w): %w", ctxErr, err)
 }
 
 // fail answers a request that could not be decided, for err.

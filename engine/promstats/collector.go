@@ -78,7 +78,7 @@ var metrics = [numMetrics]struct {
 	errorsByKind:     {vocab.Errors, false},
 	keys:             {vocab.Family{Name: "keys", Help: "Keys tracked."}, true},
 	keysMax:          {vocab.Family{Name: "keys_max", Help: "The bound on keys tracked (MaxKeys)."}, false},
-	mailboxDepth:     {vocab.Family{Name: "mailbox_depth", Help: "Single requests and batch parts waiting for the shards."}, true},
+	mailboxDepth:     {vocab.Family{Name: "mailbox_depth", Help: "Single requests and batch parts waiting for the shards, in their mailboxes or kept aside behind an AllowAll."}, true},
 	mailboxHighWater: {vocab.Family{Name: "mailbox_high_water", Help: "The most single requests found waiting for one shard at once."}, true},
 	shardCutovers:    {vocab.Family{Name: "shard_cutovers_total", Help: "Policy cutovers taken part in, summed over the shards."}, false},
 	shardSweeps:      {vocab.Family{Name: "shard_sweeps_total", Help: "Sweeps run, summed over the shards."}, false},
@@ -149,12 +149,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for i, s := range st.Shards {
 			shard := strconv.Itoa(i)
 			gauge(keys, s.Keys, shard)
-			gauge(mailboxDepth, s.MailboxDepth, shard)
+			gauge(mailboxDepth, s.MailboxDepth+s.Waiting, shard)
 			gauge(mailboxHighWater, s.MailboxHighWater, shard)
 		}
 	} else {
 		gauge(keys, t.Keys)
-		gauge(mailboxDepth, t.MailboxDepth)
+		gauge(mailboxDepth, t.MailboxDepth+t.Waiting)
 		gauge(mailboxHighWater, t.MailboxHighWater)
 	}
 	gauge(keysMax, int64(c.e.MaxKeys()))

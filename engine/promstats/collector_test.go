@@ -118,7 +118,7 @@ func fromStats(st engine.Stats, maxKeys int) map[string]want {
 		),
 		"tokenshard_keys":                  gauge(one(t.Keys)),
 		"tokenshard_keys_max":              gauge(one(maxKeys)),
-		"tokenshard_mailbox_depth":         gauge(one(t.MailboxDepth)),
+		"tokenshard_mailbox_depth":         gauge(one(t.MailboxDepth + t.Waiting)),
 		"tokenshard_mailbox_high_water":    gauge(one(t.MailboxHighWater)),
 		"tokenshard_shard_cutovers_total":  counter(one(t.Cutovers)),
 		"tokenshard_shard_sweeps_total":    counter(one(t.Sweeps)),
@@ -307,7 +307,7 @@ func TestCollectShardLabels(t *testing.T) {
 		return out
 	}
 	wants["tokenshard_keys"] = gauge(perShard(func(s engine.ShardStats) int64 { return s.Keys })...)
-	wants["tokenshard_mailbox_depth"] = gauge(perShard(func(s engine.ShardStats) int64 { return s.MailboxDepth })...)
+	wants["tokenshard_mailbox_depth"] = gauge(perShard(func(s engine.ShardStats) int64 { return s.MailboxDepth + s.Waiting })...)
 	wants["tokenshard_mailbox_high_water"] = gauge(perShard(func(s engine.ShardStats) int64 { return s.MailboxHighWater })...)
 	check(t, mfs, wants)
 

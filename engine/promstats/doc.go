@@ -21,7 +21,7 @@
 //	tokenshard_errors_total{kind}             counter  calls and batch requests that ended with an error, caller-side ones included
 //	tokenshard_keys                           gauge    keys tracked
 //	tokenshard_keys_max                       gauge    the bound on keys tracked (engine.Engine.MaxKeys)
-//	tokenshard_mailbox_depth                  gauge    single requests and batch parts waiting for the shards
+//	tokenshard_mailbox_depth                  gauge    single requests and batch parts waiting for the shards (kept aside behind an AllowAll too)
 //	tokenshard_mailbox_high_water             gauge    most single requests found waiting for one shard at once
 //	tokenshard_shard_cutovers_total           counter  cutovers taken part in, summed over the shards
 //	tokenshard_shard_sweeps_total             counter  sweeps run, summed over the shards

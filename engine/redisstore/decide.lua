@@ -41,8 +41,9 @@
 -- KEYS (see KEY): the shard's policy hash (v = version in force), its
 -- history list (one entry per retained version, oldest first: "version
 -- cutover cap rate overridden" for the default shape, then " bands" if it
--- has bands), its pending flag (set while a cutover that may lengthen
--- times-to-full is prepared: buckets are then written without expiry), then
+-- has bands), its pending flag (a hash, set while a cutover that may
+-- lengthen times-to-full is prepared: buckets are then written without
+-- expiry; a value of another type is no store's and sets nothing), then
 -- the buckets. A bucket is in one of two formats:
 --   compact, for every key of a shape the fast path takes (written by
 --   either path): the byte 2, then T, F and the last update's seconds as
@@ -422,7 +423,7 @@ end
 -- as only put sets an expiry and a cutover's pass only clears them (then
 -- rewriting every bucket in mode "c", which always sets its own).
 local function put(key, val, ttf, lastMs, x, T, F, ls, lns, tg)
-  if expiry and pending == nil then pending = rcall('EXISTS', K[KEY.pending]) == 1 end
+  if expiry and pending == nil then pending = rcall('TYPE', K[KEY.pending]).ok == 'hash' end
   local at, ms -- the expiry the time-to-full needs, and the time-to-full, in ms
   if expiry and not pending then
     ms = ttf / 1e6

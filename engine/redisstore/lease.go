@@ -145,8 +145,23 @@ type leaser struct {
 	wg              sync.WaitGroup
 	closing         sync.Once
 
-	granted, returned, forfeited atomic.Uint64 // tokens (see Stats)
+	granted, returned, forfeited tokenCount // see Stats
 }
+
+// tokenCount counts tokens up to math.MaxUint64, where it stops: a lease
+// may be most of a capacity near math.MaxInt64, so a few would wrap it.
+type tokenCount struct{ n atomic.Uint64 }
+
+func (c *tokenCount) add(n int64) {
+	for {
+		old := c.n.Load()
+		if c.n.CompareAndSwap(old, old+min(uint64(n), math.MaxUint64-old)) {
+			return
+		}
+	}
+}
+
+func (c *tokenCount) load() uint64 { return c.n.Load() }
 
 // leaseShard owns the leases of its keys: only its goroutine (run) reads
 // or writes keys. Requests (flushes too) reach it on a lock-free take-all
@@ -435,7 +450,7 @@ func (l *leaser) giveBack(ctx context.Context, gs []gift) {
 			case !it.done || it.out.Err != nil:
 				l.lost(it.cost, cmp.Or(it.out.Err, err))
 			default:
-				l.returned.Add(uint64(it.cost))
+				l.returned.add(it.cost)
 			}
 		}
 	}
@@ -470,7 +485,7 @@ func (l *leaser) judge(ctx context.Context, gs []gift, try int) (items []item, f
 				l.lost(g.n, unread)
 				continue
 			case l.raised(ctx, g, st, retained):
-				l.forfeited.Add(uint64(g.n))
+				l.forfeited.add(g.n)
 				continue
 			}
 		}
@@ -506,7 +521,7 @@ func (l *leaser) raised(ctx context.Context, g gift, st *state, retained []int64
 
 // lost counts n tokens given up, and tells OnError why.
 func (l *leaser) lost(n int64, why error) {
-	l.forfeited.Add(uint64(n))
+	l.forfeited.add(n)
 	l.s.report(fmt.Errorf("redisstore: %d leased tokens given up: %w", n, why))
 }
 
@@ -839,7 +854,7 @@ func (q *leaseShard) settle(p post) {
 	if p.asked > 0 && heard(p.leaseD, p.lseErr) && p.leaseD.Allowed {
 		n = p.asked
 	}
-	q.l.granted.Add(uint64(n))
+	q.l.granted.add(n)
 	k := q.keys[p.key] // nil if swept meanwhile, in a call longer than MaxAge that held and asked nothing
 	if k != nil {
 		k.out -= p.held

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"errors"
 	"math"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func TestLeaseSweepKeepsWhatItCannotQueue(t *testing.T) {
 	for now := int64(100); now < 200; now += 10 {
 		q.sweep(now)
 	}
-	require.Zero(t, l.forfeited.Load())
+	require.Zero(t, l.forfeited.load())
 	require.Equal(t, int64(5), q.keys["k"].left, "still held")
 	<-q.jobs
 	q.sweep(300)
@@ -91,4 +92,17 @@ func TestLeaseDenialAtTheClocksEnd(t *testing.T) {
 	got := k.answer(now, false)
 	require.Equal(t, time.Duration(math.MaxInt64), got.RetryAfter)
 	require.Equal(t, time.Duration(math.MaxInt64), got.ResetAfter)
+}
+
+// The lease counters stop at math.MaxUint64 rather than wrap: a lease may
+// be most of a capacity near math.MaxInt64, and a few such leases given up
+// would otherwise read as a handful of tokens.
+func TestLeaseCountersSaturate(t *testing.T) {
+	l := &leaser{s: &Store{}}
+	l.forfeited.add(math.MaxInt64)
+	l.forfeited.add(math.MaxInt64)
+	l.lost(math.MaxInt64, errors.New("no answer"))
+	require.Equal(t, uint64(math.MaxUint64), l.forfeited.load())
+	l.lost(1, errors.New("no answer"))
+	require.Equal(t, uint64(math.MaxUint64), l.forfeited.load())
 }

@@ -216,7 +216,7 @@ func TestLeaseGrantUnderANewerVersionGoesBack(t *testing.T) {
 	k := &lease{ver: 1, cap: 1000, max: 62, reserve: 500, remaining: 1000, limit: 1000, fetch: true}
 	q.keys["k"], q.pending = k, 1 // the fetcher owes the grant's post
 	q.settle(post{key: "k", ver: 1, at: 10, asked: 20, leaseD: engine.Decision{Allowed: true, Remaining: 980, Limit: 1000, Version: 2}})
-	require.Equal(t, uint64(20), q.l.granted.Load())
+	require.Equal(t, uint64(20), q.l.granted.load())
 	require.Len(t, q.jobs, 1)
 	require.Equal(t, job{gift{"k", 20, 2}, true, true}, <-q.jobs)
 	require.Zero(t, k.left)
@@ -279,7 +279,7 @@ func TestLeaseFailOpenAnswerGrantsNoLease(t *testing.T) {
 	k := &lease{ver: 1, cap: 1000, max: 62, reserve: 500, remaining: 1000, limit: 1000, fetch: true}
 	q.keys["k"], q.pending = k, 1
 	q.settle(post{key: "k", ver: 1, at: 10, asked: 20, leaseD: engine.Decision{Allowed: true, Degraded: true, Limit: 1000, Version: 1}})
-	require.Zero(t, q.l.granted.Load())
+	require.Zero(t, q.l.granted.load())
 	require.Zero(t, k.left)
 	require.Empty(t, q.jobs)
 	require.True(t, k.doubt, "Redis may have granted it to nobody")

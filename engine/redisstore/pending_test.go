@@ -57,3 +57,24 @@ func TestPendingFlagNeedsTheLock(t *testing.T) {
 	require.Equal(t, "B", c.Get(ctx, redisstore.GlobalKey(p, "lock")).Val(), "B's lock untouched")
 	require.Equal(t, int64(1), a.Policy().Version)
 }
+
+// TestPendingFlagOfAnotherType: a value at a shard's pending flag of a type
+// no store writes there (a string: an operator's) is no cutover's flag, so
+// the shard's buckets keep their expiries; were it taken for one, every
+// bucket written on the shard would keep its memory for good.
+func TestPendingFlagOfAnotherType(t *testing.T) {
+	exactBalances(t)
+	c := client(t, redisAddr(t))
+	p := prefix(t)
+	s := newStore(t, redisstore.Config{Client: c, Prefix: p, Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}}, nil)
+	ctx := context.Background()
+	_, _, pendings := redisstore.ShardStateKeys(p)
+	for _, k := range pendings {
+		require.NoError(t, c.Set(ctx, k, "1", 0).Err())
+		t.Cleanup(func() { c.Del(context.Background(), k) })
+	}
+	d, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, d.Allowed && !d.Degraded, "%+v", d)
+	require.Positive(t, c.PTTL(ctx, redisstore.BucketKey(p, "k")).Val(), "the bucket expires when full")
+}

@@ -206,6 +206,8 @@ type Stats struct {
 	// given up unspent: taken across cutovers that could have clamped them
 	// (see the package doc's Leases section), or not returned because Redis
 	// did not answer. What was leased and is neither was spent, or is held.
+	// Each stops at math.MaxUint64 (a few leases of capacities near
+	// math.MaxInt64 reach it) rather than wrap.
 	LeasedTokens, ReturnedTokens, ForfeitedTokens uint64
 }
 
@@ -1047,7 +1049,7 @@ func (s *Store) Stats() Stats {
 			a, d := q.allowed.Load(), q.denied.Load()
 			st.Allowed, st.Denied, st.Local = st.Allowed+a, st.Denied+d, st.Local+a+d
 		}
-		st.LeasedTokens, st.ReturnedTokens, st.ForfeitedTokens = l.granted.Load(), l.returned.Load(), l.forfeited.Load()
+		st.LeasedTokens, st.ReturnedTokens, st.ForfeitedTokens = l.granted.load(), l.returned.load(), l.forfeited.load()
 	}
 	return st
 }

@@ -253,6 +253,12 @@ type options struct {
 // process's environment is not on its command line for ps to show.
 const passwordEnv = "TOKENSHARD_RLS_REDIS_PASSWORD"
 
+// minPoll is the shortest -poll: each poll reads every file of -config and,
+// with Redis, asks it for the prefix's policy, so a shorter period spends a
+// core and Redis's time on files that seldom change (SIGHUP reads them at
+// once).
+const minPoll = time.Second
+
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("tokenshard-rls", flag.ContinueOnError)
@@ -264,7 +270,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.redisCluster, "redis-cluster", "", "Redis Cluster nodes: host:port,host:port,..., or a URL redis[s]://[[user]:password@]host:port?addr=host:port&addr=...")
 	fs.StringVar(&o.pfx, "redis-prefix", "tokenshard-rls:", "prefix of every Redis key")
 	fs.DurationVar(&o.timeout, "redis-timeout", 0, "bound on each Redis exchange (0: the store's default)")
-	fs.DurationVar(&o.poll, "poll", 5*time.Second, "how often the configuration directory is read for changes")
+	fs.DurationVar(&o.poll, "poll", 5*time.Second, "how often the configuration directory is read for changes (at least 1s)")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long requests in flight may take to finish at shutdown, before their clients are cut off (one waiting on Redis then ends within -redis-timeout)")
 	fs.IntVar(&o.maxKeys, "max-keys", 0, "bound on buckets of the in-process engine (0: engine.DefaultMaxKeys); not with -redis or -redis-cluster")
 	fs.IntVar(&o.maxStreams, "max-streams", 250, "bound on the requests in flight on one connection to -grpc; a client's further requests wait for a slot")
@@ -288,8 +294,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("%w: -leases needs -redis or -redis-cluster", errUsage)
 	case o.maxKeys != 0 && (o.redisAddr != "" || o.redisCluster != ""):
 		return o, fmt.Errorf("%w: -max-keys bounds the in-process engine; with -redis or -redis-cluster the buckets are Redis's", errUsage)
-	case o.poll <= 0:
-		return o, fmt.Errorf("%w: -poll must be positive", errUsage)
+	case o.poll < minPoll:
+		return o, fmt.Errorf("%w: -poll must be at least %v", errUsage, minPoll)
 	case o.drain < 0 || o.timeout < 0 || o.maxKeys < 0:
 		return o, fmt.Errorf("%w: -drain, -redis-timeout and -max-keys must not be negative", errUsage)
 	case o.maxStreams <= 0 || uint64(o.maxStreams) > math.MaxUint32:

@@ -385,6 +385,8 @@ func TestCommandRefusesAtStart(t *testing.T) {
 		{[]string{"-config", filepath.Join(runtimeRoot, "config"), "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-max-streams", "4294967296"}, errUsage},
 		{[]string{"-config", filepath.Join(runtimeRoot, "config"), "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-max-request-bytes", "0"}, errUsage},
 		{[]string{"-config", filepath.Join(runtimeRoot, "config"), "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-max-in-flight", "0"}, errUsage},
+		{[]string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-poll", "1ns"}, errUsage},
+		{[]string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0", "-poll", "999ms"}, errUsage},
 		{[]string{"-config", dir, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, envoyrls.ErrUnknownField},
 		{[]string{"-config", runtimeRoot, "-grpc", "127.0.0.1:0", "-metrics", "127.0.0.1:0"}, errNoConfig},
 	} {
