@@ -185,7 +185,9 @@
 // a prefix are the stores' alone: a value no store wrote at a bucket's key
 // (another program's, or one edited by hand) is outside what this package
 // promises: a call that meets one may be answered by the failure rule,
-// with every request of its script call, until the key is deleted.
+// with every request of its script call, until the key is deleted. So is
+// a value of another type at a policy key, which fails the calls that
+// read it with Redis's WRONGTYPE until it is deleted.
 //
 // Keys are Prefix + "{" + tag + "}" + name. The prefix's global keys share
 // one tag, "g" and a hash of the prefix: "policy" (the version in force,
