@@ -30,11 +30,26 @@ type generation struct {
 	stored bool // some limit keeps its keys' levels in the level store
 }
 
-func newGeneration(p policy.Policy, start int64) generation {
-	g := generation{pol: p, limits: limitInfos(p), start: start}
+// Limits is a policy's limit table as a shard serves it. Building it takes
+// time and memory in proportion to the policy's distinct limits (up to
+// policy.MaxLimits), so an engine builds it once per policy, before any
+// shard stops for the cutover, and every shard shares it: nothing changes
+// it once built. It is internal to tokenshard: only package engine uses it.
+type Limits struct{ g generation }
+
+// NewLimits builds p's limit table.
+func NewLimits(p policy.Policy) *Limits {
+	g := generation{pol: p, limits: limitInfos(p)}
 	for _, in := range g.limits {
 		g.stored = g.stored || in.n != 0
 	}
+	return &Limits{g}
+}
+
+// newGeneration returns the generation of l's policy from start on.
+func newGeneration(l *Limits, start int64) generation {
+	g := l.g
+	g.start = start
 	return g
 }
 
@@ -73,14 +88,15 @@ type State struct {
 	held map[string]struct{} // the keys of the holds in progress (state_hold.go)
 }
 
-// newState returns an empty shard state serving p, sharing budget with the
-// other shards, that hashes keys with h (the engine's routing hash).
-func newState(p policy.Policy, budget *Budget, h *Hasher) *State {
+// newState returns an empty shard state serving l's policy, sharing budget
+// with the other shards, that hashes keys with h (the engine's routing
+// hash).
+func newState(l *Limits, budget *Budget, h *Hasher) *State {
 	return &State{
 		hasher: h,
 		tab:    newTable(h),
 		budget: budget,
-		gens:   []generation{newGeneration(p, 0)},
+		gens:   []generation{newGeneration(l, 0)},
 	}
 }
 
@@ -272,10 +288,12 @@ func (s *State) warmFinish()                  { s.tab.warmFinish(); s.warmLevels
 // unwarm ends a warm.
 func (s *State) unwarm() { s.tab.unwarm() }
 
-// prepare takes now as the cutover reading for next and stops the shard from
-// serving data until publish or abort. A reading older than the last one
-// observed is ErrClockRegression, and then nothing changes.
-func (s *State) prepare(now int64, next policy.Policy) error {
+// prepare takes now as the cutover reading for next's policy and stops the
+// shard from serving data until publish or abort. next is built already, so
+// the shard's pause does not grow with the policy's limits. A reading older
+// than the last one observed is ErrClockRegression, and then nothing
+// changes.
+func (s *State) prepare(now int64, next *Limits) error {
 	if now < s.last {
 		return msg.ErrClockRegression
 	}
