@@ -25,8 +25,8 @@ var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the contex
 // key share one estimate, so n of them cost n decisions for each token
 // they wait for, and all but one wait again. With thousands waiting on a
 // key, those decisions and wake-ups can take the CPU that deciding needs,
-// and a key of small capacity then admits less than its rate: its tokens
-// come due while no decision reaches it, and refill past full unclaimed.
+// and a key of small capacity then admits less than its rate: its bucket
+// stands full while no decision reaches it, and that refill is lost.
 // Where many callers wait on one key, queue them in front of Wait (one
 // Wait per key at a time). The estimate is the denial's: a
 // Refund, or a cutover to a faster rate, meanwhile does not wake Wait
