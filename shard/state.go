@@ -28,6 +28,10 @@ type generation struct {
 	limits []limitInfo // pol.Shapes(): a bucket's Limit indexes it
 	start  int64
 	stored bool // some limit keeps its keys' levels in the level store
+	// replay is the work of bringing a bucket over the cutover into this
+	// generation, in convertSlice's units: the cutover, and each pattern
+	// its key may be tried against to resolve it again.
+	replay int
 }
 
 // Limits is a policy's limit table as a shard serves it. Building it takes
@@ -39,7 +43,7 @@ type Limits struct{ g generation }
 
 // NewLimits builds p's limit table.
 func NewLimits(p policy.Policy) *Limits {
-	g := generation{pol: p, limits: limitInfos(p)}
+	g := generation{pol: p, limits: limitInfos(p), replay: 1 + p.Overrides.Patterns()}
 	for _, in := range g.limits {
 		g.stored = g.stored || in.n != 0
 	}
