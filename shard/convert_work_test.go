@@ -47,3 +47,34 @@ func TestConvertSliceCountsPatterns(t *testing.T) {
 	}
 	require.Zero(t, s.stale)
 }
+
+// TestPatternCutoverConvertsFirst: a cutover into a policy with patterns
+// starts a conversion pass at once, which a sweep or a snapshot waits for,
+// so they find every bucket converted: sliced by segments, they would
+// otherwise bring thousands of keys over the cutover in one slice, each
+// tried against every pattern. A cutover into a policy without patterns
+// leaves its buckets to convert lazily, as before.
+func TestPatternCutoverConvertsFirst(t *testing.T) {
+	const keys = 2000
+	set, err := policy.NewOverrideSet(policy.Override{Match: "tenant:*", Capacity: 5, TokensPerSecond: 1})
+	require.NoError(t, err)
+	plain := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
+	s := newState(NewLimits(plain), NewBudget(keys), &testHasher)
+	for i := range keys {
+		require.NoError(t, s.allow(1, fmt.Sprintf("user:%d", i), 1).Err)
+	}
+	plain.Version = 2
+	require.NoError(t, s.prepare(2, NewLimits(plain)))
+	s.publish()
+	require.False(t, s.converting(), "a cutover without patterns converts lazily")
+	require.Equal(t, keys, s.stale)
+
+	require.NoError(t, s.prepare(3, NewLimits(policy.Policy{Version: 3, Capacity: 10, TokensPerSecond: 1, Overrides: set})))
+	s.publish()
+	require.True(t, s.converting(), "a cutover into a policy with patterns converts at once")
+	for s.converting() {
+		s.convertSlice(SliceSize)
+	}
+	require.Zero(t, s.stale)
+	require.Len(t, s.gens, 1, "the history is dropped")
+}

@@ -9,10 +9,10 @@ import (
 )
 
 // Policy history bounds. Buckets convert lazily when touched; once more than
-// convertAfter generations are kept, the shard also converts the untouched
-// ones in a background pass, sliced like a sweep and invisible in every
-// answer, so a service that cuts over often but never sweeps keeps a short
-// history. If cutovers outpace those passes and maxGenerations are kept, the
+// convertAfter generations are kept, or at once under a policy with
+// patterns (see publish), the shard also converts the untouched ones in a
+// background pass, sliced like a sweep and invisible in every answer, so a
+// service that cuts over often but never sweeps keeps a short history. If cutovers outpace those passes and maxGenerations are kept, the
 // shard's loop takes no prepare until a pass has finished (the coordinator
 // waits for it before preparing any shard: see engine's ReplacePolicy),
 // serving requests all the while; prepare itself converts everything at once
@@ -310,7 +310,11 @@ func (s *State) prepare(now int64, next *Limits) error {
 }
 
 // publish switches to the staged policy in O(1): buckets convert lazily. It
-// does nothing if no cutover is staged.
+// does nothing if no cutover is staged. Under a policy with patterns it
+// also starts a conversion pass at once: bringing a bucket over the
+// cutover then tries its key against every pattern, which a pass sliced by
+// work bounds, where a sweep or a snapshot, sliced by segments, would do it
+// for thousands of keys in one slice (and they wait for the pass).
 func (s *State) publish() {
 	if !s.prepared {
 		return
@@ -320,7 +324,7 @@ func (s *State) publish() {
 	s.epoch++
 	s.last = s.staged.start
 	s.stale = s.tab.count
-	if len(s.gens) > convertAfter {
+	if len(s.gens) > convertAfter || s.staged.replay > 1 {
 		s.beginConvert()
 	}
 	s.compact()
