@@ -97,7 +97,7 @@ func (c snapCtl) serve(s *Shard) {
 type (
 	prepareCtl struct {
 		*msg.Prepare
-		next *Limits
+		next *limitTable
 	}
 	sweepCtl struct{ *msg.Sweep }
 	snapCtl  struct{ *msg.Snapshot }
@@ -114,7 +114,7 @@ func (m *Mailbox) WaitReady(ctx context.Context) error { return m.send(ctx, read
 // answer: nil or ErrClockRegression; until Publish or Abort the shard
 // serves nothing else. ctx and Close end the wait for the shard to take it;
 // once taken, it is answered.
-func (m *Mailbox) Prepare(ctx context.Context, next *Limits, p *msg.Prepare) error {
+func (m *Mailbox) Prepare(ctx context.Context, next *limitTable, p *msg.Prepare) error {
 	if err := m.send(ctx, prepareCtl{p, next}); err != nil {
 		return err
 	}

@@ -34,7 +34,7 @@ type Shard struct {
 // New returns a shard serving l's policy on mb, reading clk, sharing
 // budget (and l) with the other shards. Keys arrive hashed by h. It is
 // internal to tokenshard: only package engine calls it.
-func New(l *Limits, clk clock.Clock, budget *Budget, mb *Mailbox, h *Hasher) *Shard {
+func New(l *limitTable, clk clock.Clock, budget *Budget, mb *Mailbox, h *Hasher) *Shard {
 	return &Shard{
 		state: newState(l, budget, h),
 		clk:   clk,

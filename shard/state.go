@@ -34,24 +34,25 @@ type generation struct {
 	replay int
 }
 
-// Limits is a policy's limit table as a shard serves it. Building it takes
-// time and memory in proportion to the policy's distinct limits (up to
-// policy.MaxLimits), so an engine builds it once per policy, before any
-// shard stops for the cutover, and every shard shares it: nothing changes
-// it once built. It is internal to tokenshard: only package engine uses it.
-type Limits struct{ g generation }
+// limitTable is a policy's table of limits as a shard serves it. Building
+// it takes time and memory in proportion to the policy's distinct limits
+// (up to policy.MaxLimits), so an engine builds it once per policy, before
+// any shard stops for the cutover, and every shard shares it: nothing
+// changes it once built.
+type limitTable struct{ g generation }
 
-// NewLimits builds p's limit table.
-func NewLimits(p policy.Policy) *Limits {
+// NewLimits builds p's table of limits, for New and Mailbox.Prepare. It is
+// internal to tokenshard: only package engine calls it.
+func NewLimits(p policy.Policy) *limitTable {
 	g := generation{pol: p, limits: limitInfos(p), replay: 1 + p.Overrides.Patterns()}
 	for _, in := range g.limits {
 		g.stored = g.stored || in.n != 0
 	}
-	return &Limits{g}
+	return &limitTable{g}
 }
 
 // newGeneration returns the generation of l's policy from start on.
-func newGeneration(l *Limits, start int64) generation {
+func newGeneration(l *limitTable, start int64) generation {
 	g := l.g
 	g.start = start
 	return g
@@ -95,7 +96,7 @@ type State struct {
 // newState returns an empty shard state serving l's policy, sharing budget
 // with the other shards, that hashes keys with h (the engine's routing
 // hash).
-func newState(l *Limits, budget *Budget, h *Hasher) *State {
+func newState(l *limitTable, budget *Budget, h *Hasher) *State {
 	return &State{
 		hasher: h,
 		tab:    newTable(h),
@@ -297,7 +298,7 @@ func (s *State) unwarm() { s.tab.unwarm() }
 // the shard's pause does not grow with the policy's limits. A reading older
 // than the last one observed is ErrClockRegression, and then nothing
 // changes.
-func (s *State) prepare(now int64, next *Limits) error {
+func (s *State) prepare(now int64, next *limitTable) error {
 	if now < s.last {
 		return msg.ErrClockRegression
 	}
