@@ -7,6 +7,7 @@ import (
 
 	"github.com/tokenshard/tokenshard/msg"
 	"github.com/tokenshard/tokenshard/policy"
+	"github.com/tokenshard/tokenshard/shard"
 )
 
 // acquire takes the coordinator, honouring ctx and Close. A nil ctx is
@@ -127,6 +128,10 @@ func (e *Engine) sweep(ctx context.Context, estimate bool) (sweepResult, error) 
 // before it (then ReplacePolicy returns ErrClosed); once publish has begun,
 // ReplacePolicy completes and returns nil. Concurrent calls with the same
 // expectedVersion: exactly one succeeds.
+//
+// The work that grows with next's overrides, building the table of its
+// distinct limits (once, shared by every shard), is done before any shard
+// prepares, so the barrier does not lengthen with it.
 func (e *Engine) ReplacePolicy(ctx context.Context, next policy.Policy, expectedVersion int64) error {
 	if e.uninitialized() {
 		return ErrNotInitialized
@@ -144,9 +149,12 @@ func (e *Engine) ReplacePolicy(ctx context.Context, next policy.Policy, expected
 			ErrStalePolicy, expectedVersion, next.Version, cur.Version)
 	}
 
-	// Phase 0: wait until every shard can prepare at once (one that has
-	// kept too much policy history finishes converting first, serving
-	// requests meanwhile), so no prepared shard waits on another.
+	// Phase 0: build the limit table every shard will share, and wait until
+	// every shard can prepare at once (one that has kept too much policy
+	// history finishes converting first, serving requests meanwhile), so
+	// no prepared shard waits on another: a table of many limits takes
+	// milliseconds to build.
+	lim := shard.NewLimits(next)
 	for _, mb := range e.mailboxes {
 		if err := mb.WaitReady(ctx); err != nil {
 			return err
@@ -155,11 +163,11 @@ func (e *Engine) ReplacePolicy(ctx context.Context, next policy.Policy, expected
 
 	// Phase 1: prepare. Each prepared shard serves nothing until publish or
 	// abort, so the barrier lasts only as long as this loop.
-	p := &msg.Prepare{Next: next, Done: make(chan error, 1)}
+	p := &msg.Prepare{Done: make(chan error, 1)}
 	prepared := 0
 	var err error
 	for _, mb := range e.mailboxes {
-		if err = mb.Prepare(ctx, p); err != nil {
+		if err = mb.Prepare(ctx, lim, p); err != nil {
 			break
 		}
 		prepared++

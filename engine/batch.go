@@ -49,6 +49,12 @@ func (c *batchCall) reset() {
 // request order at one clock reading: every result is what the same Allow
 // calls made one by one in that order would give at that instant.
 //
+// A shard decides its part without a break: its other callers wait until
+// the whole part is decided, and so does a ReplacePolicy, whose prepared
+// shards serve nothing meanwhile. So a batch of a million requests holds
+// every shard up for as long as deciding its share of a million takes;
+// where other callers' latency matters, send batches of thousands.
+//
 // Per-request errors are only in out[i].Err, and AllowBatch returns nil, when
 // every part reached its shard. Otherwise it returns ErrClosed, or
 // ErrNilContext for a nil ctx, or the context's error, which is also written

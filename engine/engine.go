@@ -136,9 +136,10 @@ func build(cfg Config) (*Engine, []*shard.Shard) {
 		e.events = make(chan msg.Event, cfg.EventBuffer)
 	}
 	shards := make([]*shard.Shard, cfg.Shards)
+	lim := shard.NewLimits(p) // one table for every shard: it grows with the policy's limits
 	for i := range shards {
 		e.mailboxes[i] = shard.NewMailbox(mailboxSize, e.closing)
-		shards[i] = shard.New(p, cfg.Clock, e.budget, e.mailboxes[i], &e.hasher)
+		shards[i] = shard.New(lim, cfg.Clock, e.budget, e.mailboxes[i], &e.hasher)
 		if e.events != nil {
 			shards[i].Sample(i, e.events, uint64(cfg.EventEvery))
 		}

@@ -21,7 +21,14 @@ var ErrWouldExceedDeadline = errors.New("engine: waiting would exceed the contex
 // plus its RetryAfter, and decides again: an estimate is not a
 // reservation, so others may take the tokens meanwhile and Wait then waits
 // again. Waiters are not served in the order they came: a later call, or
-// one of a smaller cost, may pass first. The estimate is the denial's: a
+// one of a smaller cost, may pass first. Nor do they queue: waiters on one
+// key share one estimate, so n of them cost n decisions for each token
+// they wait for, and all but one wait again. With thousands waiting on a
+// key, those decisions and wake-ups can take the CPU that deciding needs,
+// and a key of small capacity then admits less than its rate: its bucket
+// stands full while no decision reaches it, and that refill is lost.
+// Where many callers wait on one key, queue them in front of Wait (one
+// Wait per key at a time). The estimate is the denial's: a
 // Refund, or a cutover to a faster rate, meanwhile does not wake Wait
 // sooner.
 //

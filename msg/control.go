@@ -1,10 +1,6 @@
 package msg
 
-import (
-	"errors"
-
-	"github.com/tokenshard/tokenshard/policy"
-)
+import "errors"
 
 // Control messages are rare and administrative. The engine's coordinator
 // sends them one at a time over unbuffered channels, one per kind, so a send
@@ -13,11 +9,11 @@ import (
 // which a prepared shard handles before it takes any other message.
 
 // Prepare asks a shard to take its cutover reading and stop serving data
-// until Publish or Abort. The shard answers on Done with nil or
+// until Publish or Abort; the next policy goes with it, as the limit table
+// every shard shares (package shard). The shard answers on Done with nil or
 // ErrClockRegression (in which case it stays as it was). It is internal to
 // tokenshard: only packages engine and shard use it.
 type Prepare struct {
-	Next policy.Policy
 	Done chan error // one-slot buffer
 }
 

@@ -189,6 +189,15 @@ func (s *OverrideSet) Len() int {
 	return len(s.overrides)
 }
 
+// Patterns returns the number of pattern overrides: the most a key is
+// tried against when it is resolved.
+func (s *OverrideSet) Patterns() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.patterns)
+}
+
 // Resolve returns the index of key's limit: that of the override whose Match
 // is key, else that of the first pattern that matches key, else 0 for the
 // policy's default. A nil set resolves every key to 0.

@@ -93,6 +93,7 @@ func TestResolveNoOverrides(t *testing.T) {
 	assert.Equal(t, []policy.Limit{p.Limit()}, p.Limits())
 	var none *policy.OverrideSet
 	assert.Zero(t, none.Len())
+	assert.Zero(t, none.Patterns())
 	assert.Nil(t, none.Overrides())
 	set, err := policy.NewOverrideSet()
 	require.NoError(t, err)
@@ -117,6 +118,7 @@ func TestOverrideSetLimits(t *testing.T) {
 	_, c := p.Resolve("c")
 	assert.Equal(t, a, c)
 	assert.Equal(t, 4, set.Len())
+	assert.Equal(t, 1, set.Patterns(), "b* alone is a pattern")
 	got := set.Overrides()
 	assert.Equal(t, []policy.Override{ov("a", 5, 1), ov("b*", 7, 2), ov("c", 5, 1), ov("d", 5, 2)}, got)
 	got[0].Capacity = 99 // a copy: the set cannot be changed through it

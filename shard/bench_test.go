@@ -19,7 +19,7 @@ import (
 func BenchmarkBatchZipf(b *testing.B) {
 	const n, batch, draws = 1_000_000, 128, 1 << 20
 	h := NewHasher(7)
-	s := newState(policy.Policy{Version: 1, Capacity: 1 << 40, TokensPerSecond: 1 << 30}, NewBudget(n), &h)
+	s := newState(NewLimits(policy.Policy{Version: 1, Capacity: 1 << 40, TokensPerSecond: 1 << 30}), NewBudget(n), &h)
 	names := make([]string, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("user:%012d", i)
@@ -62,7 +62,7 @@ func BenchmarkBatchZipf(b *testing.B) {
 // ns/op is per part.
 func BenchmarkCountBatch(b *testing.B) {
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
-	s := New(p, clock.NewManual(0), NewBudget(10), NewMailbox(8, nil), &testHasher)
+	s := New(NewLimits(p), clock.NewManual(0), NewBudget(10), NewMailbox(8, nil), &testHasher)
 	m := msg.Batch{Items: make([]msg.Item, 64), Out: make([]msg.Reply, 64)}
 	for i := range m.Out {
 		m.Out[i].Decision.Allowed = i%4 != 0

@@ -31,7 +31,7 @@ func TestChargeState(t *testing.T) {
 	over, err := policy.NewOverrideSet(policy.Override{Match: "banded", Capacity: 5, TokensPerSecond: 5, Bands: daily})
 	require.NoError(t, err)
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1, Overrides: over}
-	s := newState(p, NewBudget(2), &testHasher)
+	s := newState(NewLimits(p), NewBudget(2), &testHasher)
 	defer s.abandon()
 
 	r := s.chargeKey(0, "plain", 12)
@@ -69,7 +69,7 @@ func TestChargeState(t *testing.T) {
 
 	require.NoError(t, s.chargeKey(2*sec, "plain", 100).Err)
 	next := policy.Policy{Version: 2, Capacity: 3, TokensPerSecond: 1}
-	require.NoError(t, s.prepare(2*sec, next))
+	require.NoError(t, s.prepare(2*sec, NewLimits(next)))
 	s.publish()
 	r = s.chargeKey(2*sec, "banded", 1)
 	require.NoError(t, r.Err)

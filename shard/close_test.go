@@ -26,7 +26,7 @@ func TestMailboxConcurrentClose(t *testing.T) {
 	for round := range 2000 {
 		closing, stop := make(chan struct{}), make(chan struct{})
 		mb := NewMailbox(queued, closing)
-		s := New(p, clock.NewManual(0), NewBudget(queued), mb, &testHasher)
+		s := New(NewLimits(p), clock.NewManual(0), NewBudget(queued), mb, &testHasher)
 		// Queue requests while no shard runs, so Close is what takes them.
 		reqs := make([]*msg.Single, queued)
 		for i := range reqs {

@@ -81,7 +81,7 @@ type readyCheck struct{}
 func (readyCheck) gate() gate       { return roomy }
 func (readyCheck) serve(s *Shard)   {}
 func (c prepareCtl) gate() gate     { return roomy }
-func (c prepareCtl) serve(s *Shard) { c.Done <- s.state.prepare(s.clk.Now(), c.Next) }
+func (c prepareCtl) serve(s *Shard) { c.Done <- s.state.prepare(s.clk.Now(), c.next) }
 func (c sweepCtl) gate() gate       { return unbusied }
 func (c sweepCtl) serve(s *Shard)   { s.state.beginSweep(c.Soonest); s.task = &sweepTask{w: c.Sweep} }
 func (c snapCtl) gate() gate        { return unbusied }
@@ -95,9 +95,12 @@ func (c snapCtl) serve(s *Shard) {
 }
 
 type (
-	prepareCtl struct{ *msg.Prepare }
-	sweepCtl   struct{ *msg.Sweep }
-	snapCtl    struct{ *msg.Snapshot }
+	prepareCtl struct {
+		*msg.Prepare
+		next *limitTable
+	}
+	sweepCtl struct{ *msg.Sweep }
+	snapCtl  struct{ *msg.Snapshot }
 )
 
 // WaitReady returns once the shard could take a prepare at once: a shard
@@ -107,12 +110,12 @@ type (
 // end the wait.
 func (m *Mailbox) WaitReady(ctx context.Context) error { return m.send(ctx, readyCheck{}) }
 
-// Prepare sends a cutover prepare and returns the shard's answer: nil or
-// ErrClockRegression; until Publish or Abort the shard serves nothing else.
-// ctx and Close end the wait for the shard to take it; once taken, it is
-// answered.
-func (m *Mailbox) Prepare(ctx context.Context, p *msg.Prepare) error {
-	if err := m.send(ctx, prepareCtl{p}); err != nil {
+// Prepare sends a cutover prepare to next's policy and returns the shard's
+// answer: nil or ErrClockRegression; until Publish or Abort the shard
+// serves nothing else. ctx and Close end the wait for the shard to take it;
+// once taken, it is answered.
+func (m *Mailbox) Prepare(ctx context.Context, next *limitTable, p *msg.Prepare) error {
+	if err := m.send(ctx, prepareCtl{p, next}); err != nil {
 		return err
 	}
 	return <-p.Done

@@ -75,7 +75,7 @@ func TestControlSenderGivesUp(t *testing.T) {
 
 		prep := make(chan error, 1)
 		go func() {
-			prep <- l.mb.Prepare(context.Background(), &msg.Prepare{Next: policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 4}, Done: make(chan error, 1)})
+			prep <- l.mb.Prepare(context.Background(), NewLimits(policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 4}), &msg.Prepare{Done: make(chan error, 1)})
 		}()
 		clk <- 1
 		require.NoError(t, <-prep)

@@ -142,7 +142,7 @@ func TestRunControlEndsHolds(t *testing.T) {
 	prepare := func() error {
 		next := p1
 		next.Version = 2
-		return l.mb.Prepare(ctx, &msg.Prepare{Next: next, Done: make(chan error, 1)})
+		return l.mb.Prepare(ctx, NewLimits(next), &msg.Prepare{Done: make(chan error, 1)})
 	}
 	pending := holdPart(false, "a")
 	sendHold(t, l, pending)
@@ -217,7 +217,7 @@ func TestRunHoldReleases(t *testing.T) {
 	sendHold(t, l, g)
 	next := p1
 	next.Version = 2
-	require.NoError(t, l.mb.Prepare(ctx, &msg.Prepare{Next: next, Done: make(chan error, 1)}))
+	require.NoError(t, l.mb.Prepare(ctx, NewLimits(next), &msg.Prepare{Done: make(chan error, 1)}))
 	assert.True(t, g.Hold.Released(), "given up: released")
 	require.True(t, l.mb.Abort())
 
@@ -285,7 +285,7 @@ func TestHoldEndSentBeforeWorkComesFirst(t *testing.T) {
 		clk <- 50  // the next work's, older
 		budget := NewBudget(10)
 		mb := NewMailbox(8, make(chan struct{}))
-		s := New(p1, clk, budget, mb, &testHasher)
+		s := New(NewLimits(p1), clk, budget, mb, &testHasher)
 		held := holdPart(false, "a")
 		s.serveHold(held) // the loop's steps are called here, so the test places the end between them
 		require.NoError(t, held.Out[0].Err)
@@ -320,7 +320,7 @@ func TestHoldEndSentBeforeWorkComesFirst(t *testing.T) {
 func TestHoldKeepsEachKeysOrder(t *testing.T) {
 	budget := NewBudget(10)
 	mb := NewMailbox(8, make(chan struct{}))
-	s := New(p1, zeroClock(64), budget, mb, &testHasher) // the loop's steps are called here, in a known order
+	s := New(NewLimits(p1), zeroClock(64), budget, mb, &testHasher) // the loop's steps are called here, in a known order
 	held := holdPart(false, "a")
 	s.serveHold(held)
 	require.NoError(t, held.Out[0].Err)
@@ -410,7 +410,7 @@ func TestPreparedPublishesAtBarrier(t *testing.T) {
 
 		next := p1
 		next.Version = 2
-		require.NoError(t, l.mb.Prepare(context.Background(), &msg.Prepare{Next: next, Done: make(chan error, 1)}))
+		require.NoError(t, l.mb.Prepare(context.Background(), NewLimits(next), &msg.Prepare{Done: make(chan error, 1)}))
 		assert.False(t, pending.Hold.Claim(), "the prepare gave the hold up")
 		synctest.Wait() // the shard waits at the barrier
 		assert.Equal(t, uint64(1), l.s.Counters()[msg.HoldsAborted], "published before the barrier")

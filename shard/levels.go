@@ -90,9 +90,8 @@ func limitInfos(p policy.Policy) []limitInfo {
 	for _, sh := range shapes {
 		count += sh.Len()
 	}
-	// Every limit's band names, in one array of each (a cutover builds
-	// this in its pause, for up to policy.MaxLimits limits): strs keeps
-	// the strings that names point to.
+	// Every limit's band names, in one array of each (for up to
+	// policy.MaxLimits limits): strs keeps the strings that names point to.
 	strs, names := make([]string, count), make([]decision.Name, count)
 	for i, sh := range shapes {
 		in := limitInfo{lim: sh.Primary, maxCost: sh.Primary.Capacity, shape: sh, names: names[:sh.Len():sh.Len()]}

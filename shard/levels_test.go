@@ -199,7 +199,7 @@ func TestStateBandsMatchEager(t *testing.T) {
 			start := randomShapedPolicy(t, r, 1)
 			maxKeys := 3 + r.IntN(6)
 			budget := NewBudget(int64(maxKeys))
-			s := newState(start, budget, &testHasher)
+			s := newState(NewLimits(start), budget, &testHasher)
 			if seed%2 == 1 {
 				s.tab.maxGroups = 1
 			}
@@ -219,7 +219,7 @@ func TestStateBandsMatchEager(t *testing.T) {
 				case op < 3:
 					next := randomShapedPolicy(t, r, m.pol.Version+1)
 					require.NoError(t, m.cutover(now, next))
-					require.NoError(t, s.prepare(now, next))
+					require.NoError(t, s.prepare(now, NewLimits(next)))
 					s.publish()
 				case op < 6:
 					var got msg.Reply

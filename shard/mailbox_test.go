@@ -25,7 +25,7 @@ var maxYields = max(msg.WaitYields(1), msg.WaitYields(2)) + 1
 func manualLoop(p policy.Policy, size int, keys int64) (*Mailbox, func()) {
 	closing, stop, exited := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	mb := NewMailbox(size, closing)
-	s := New(p, clock.NewManual(0), NewBudget(keys), mb, &testHasher)
+	s := New(NewLimits(p), clock.NewManual(0), NewBudget(keys), mb, &testHasher)
 	go func() {
 		defer close(exited)
 		s.Run(stop)

@@ -27,7 +27,7 @@ func TestStateRestoreFromEarlierUpdate(t *testing.T) {
 	require.True(t, m.allow(last, "k", 10).Decision.Allowed)
 	require.NoError(t, m.cutover(now, next))
 
-	s := newState(next, NewBudget(10), &testHasher)
+	s := newState(NewLimits(next), NewBudget(10), &testHasher)
 	defer s.abandon()
 	lv := []policy.Level{{}} // empty at last
 	require.NoError(t, s.Restore(now, "k", s.hasher.Sum("k"), last, old.Shape(), lv))

@@ -50,7 +50,7 @@ type loop struct {
 func startLoop(p policy.Policy, clk gateClock, budget *Budget) *loop {
 	l := &loop{closing: make(chan struct{}), stop: make(chan struct{}), exited: make(chan struct{})}
 	l.mb = NewMailbox(8, l.closing)
-	s := New(p, clk, budget, l.mb, &testHasher)
+	s := New(NewLimits(p), clk, budget, l.mb, &testHasher)
 	l.s = s
 	go func() {
 		defer close(l.exited)
@@ -129,7 +129,9 @@ func TestRunPreparedServesNothing(t *testing.T) {
 
 		p2 := policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 4}
 		prep := make(chan error, 1)
-		go func() { prep <- l.mb.Prepare(context.Background(), &msg.Prepare{Next: p2, Done: make(chan error, 1)}) }()
+		go func() {
+			prep <- l.mb.Prepare(context.Background(), NewLimits(p2), &msg.Prepare{Done: make(chan error, 1)})
+		}()
 		clk <- 100
 		require.NoError(t, <-prep)
 
@@ -158,7 +160,7 @@ func TestRunStopDrains(t *testing.T) {
 
 		prep := make(chan error, 1)
 		go func() {
-			prep <- l.mb.Prepare(context.Background(), &msg.Prepare{Next: policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}, Done: make(chan error, 1)})
+			prep <- l.mb.Prepare(context.Background(), NewLimits(policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}), &msg.Prepare{Done: make(chan error, 1)})
 		}()
 		clk <- 0
 		require.NoError(t, <-prep)
@@ -197,7 +199,7 @@ func TestRunStopDrainCountsBeforeAnswers(t *testing.T) {
 		l := startLoop(p1, clk, NewBudget(10))
 		prep := make(chan error, 1)
 		go func() { // a prepared shard takes no data: what is sent stays queued for the drain
-			prep <- l.mb.Prepare(context.Background(), &msg.Prepare{Next: policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}, Done: make(chan error, 1)})
+			prep <- l.mb.Prepare(context.Background(), NewLimits(policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}), &msg.Prepare{Done: make(chan error, 1)})
 		}()
 		clk <- 0
 		require.NoError(t, <-prep)
@@ -295,7 +297,7 @@ func TestRunCutoversOutpaceConversion(t *testing.T) {
 	clk := clock.NewManual(0)
 	closing, stop, exited := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	mb := NewMailbox(8, closing)
-	sh := New(p, clk, NewBudget(int64(keys)), mb, &testHasher)
+	sh := New(NewLimits(p), clk, NewBudget(int64(keys)), mb, &testHasher)
 	m := &eager{pol: p, buckets: map[string]policy.Bucket{}, max: keys}
 	// Create the keys before the loop starts: the test owns the state until then.
 	for i := range keys {
@@ -311,7 +313,7 @@ func TestRunCutoversOutpaceConversion(t *testing.T) {
 		clk.Set(v * sec)
 		next := policy.Policy{Version: v, Capacity: 1000 - 7*v, TokensPerSecond: 1 + v%5}
 		require.NoError(t, m.cutover(v*sec, next))
-		require.NoError(t, mb.Prepare(ctx, &msg.Prepare{Next: next, Done: make(chan error, 1)}), "cutover to version %d", v)
+		require.NoError(t, mb.Prepare(ctx, NewLimits(next), &msg.Prepare{Done: make(chan error, 1)}), "cutover to version %d", v)
 		require.True(t, mb.Publish())
 	}
 	clk.Set(100 * sec)
@@ -348,8 +350,8 @@ func TestGroupDecidedNewestFirst(t *testing.T) {
 			closing, stop, exited := make(chan struct{}), make(chan struct{}), make(chan struct{})
 			const group = 1000
 			mb := NewMailbox(group, closing)
-			s := New(p, clock.NewManual(7e8), NewBudget(1<<20), mb, &testHasher)
-			model := newState(p, NewBudget(1<<20), &testHasher)
+			s := New(NewLimits(p), clock.NewManual(7e8), NewBudget(1<<20), mb, &testHasher)
+			model := newState(NewLimits(p), NewBudget(1<<20), &testHasher)
 			for i := range known {
 				require.NoError(t, s.State().allow(0, key(i), 1).Err)
 				require.NoError(t, model.allow(0, key(i), 1).Err)

@@ -6,7 +6,6 @@ import (
 	"github.com/tokenshard/tokenshard/clock"
 	"github.com/tokenshard/tokenshard/internal/yield"
 	"github.com/tokenshard/tokenshard/msg"
-	"github.com/tokenshard/tokenshard/policy"
 )
 
 // Shard is one goroutine's worth of state: a State, the clock it reads and
@@ -32,12 +31,12 @@ type Shard struct {
 	stats counters
 }
 
-// New returns a shard serving p on mb, reading clk, sharing budget. Keys
-// arrive hashed by h. It is internal to tokenshard: only package engine
-// calls it.
-func New(p policy.Policy, clk clock.Clock, budget *Budget, mb *Mailbox, h *Hasher) *Shard {
+// New returns a shard serving l's policy on mb, reading clk, sharing
+// budget (and l) with the other shards. Keys arrive hashed by h. It is
+// internal to tokenshard: only package engine calls it.
+func New(l *limitTable, clk clock.Clock, budget *Budget, mb *Mailbox, h *Hasher) *Shard {
 	return &Shard{
-		state: newState(p, budget, h),
+		state: newState(l, budget, h),
 		clk:   clk,
 		mb:    mb,
 		group: make([]*msg.Single, 0, mb.size), // the most a mailbox queues

@@ -9,10 +9,10 @@ import (
 )
 
 // Policy history bounds. Buckets convert lazily when touched; once more than
-// convertAfter generations are kept, the shard also converts the untouched
-// ones in a background pass, sliced like a sweep and invisible in every
-// answer, so a service that cuts over often but never sweeps keeps a short
-// history. If cutovers outpace those passes and maxGenerations are kept, the
+// convertAfter generations are kept, or at once under a policy with
+// patterns (see publish), the shard also converts the untouched ones in a
+// background pass, sliced like a sweep and invisible in every answer, so a
+// service that cuts over often but never sweeps keeps a short history. If cutovers outpace those passes and maxGenerations are kept, the
 // shard's loop takes no prepare until a pass has finished (the coordinator
 // waits for it before preparing any shard: see engine's ReplacePolicy),
 // serving requests all the while; prepare itself converts everything at once
@@ -28,13 +28,33 @@ type generation struct {
 	limits []limitInfo // pol.Shapes(): a bucket's Limit indexes it
 	start  int64
 	stored bool // some limit keeps its keys' levels in the level store
+	// replay is the work of bringing a bucket over the cutover into this
+	// generation, in convertSlice's units: the cutover, and each pattern
+	// its key may be tried against to resolve it again.
+	replay int
 }
 
-func newGeneration(p policy.Policy, start int64) generation {
-	g := generation{pol: p, limits: limitInfos(p), start: start}
+// limitTable is a policy's table of limits as a shard serves it. Building
+// it takes time and memory in proportion to the policy's distinct limits
+// (up to policy.MaxLimits), so an engine builds it once per policy, before
+// any shard stops for the cutover, and every shard shares it: nothing
+// changes it once built.
+type limitTable struct{ g generation }
+
+// NewLimits builds p's table of limits, for New and Mailbox.Prepare. It is
+// internal to tokenshard: only package engine calls it.
+func NewLimits(p policy.Policy) *limitTable {
+	g := generation{pol: p, limits: limitInfos(p), replay: 1 + p.Overrides.Patterns()}
 	for _, in := range g.limits {
 		g.stored = g.stored || in.n != 0
 	}
+	return &limitTable{g}
+}
+
+// newGeneration returns the generation of l's policy from start on.
+func newGeneration(l *limitTable, start int64) generation {
+	g := l.g
+	g.start = start
 	return g
 }
 
@@ -73,14 +93,15 @@ type State struct {
 	held map[string]struct{} // the keys of the holds in progress (state_hold.go)
 }
 
-// newState returns an empty shard state serving p, sharing budget with the
-// other shards, that hashes keys with h (the engine's routing hash).
-func newState(p policy.Policy, budget *Budget, h *Hasher) *State {
+// newState returns an empty shard state serving l's policy, sharing budget
+// with the other shards, that hashes keys with h (the engine's routing
+// hash).
+func newState(l *limitTable, budget *Budget, h *Hasher) *State {
 	return &State{
 		hasher: h,
 		tab:    newTable(h),
 		budget: budget,
-		gens:   []generation{newGeneration(p, 0)},
+		gens:   []generation{newGeneration(l, 0)},
 	}
 }
 
@@ -272,10 +293,12 @@ func (s *State) warmFinish()                  { s.tab.warmFinish(); s.warmLevels
 // unwarm ends a warm.
 func (s *State) unwarm() { s.tab.unwarm() }
 
-// prepare takes now as the cutover reading for next and stops the shard from
-// serving data until publish or abort. A reading older than the last one
-// observed is ErrClockRegression, and then nothing changes.
-func (s *State) prepare(now int64, next policy.Policy) error {
+// prepare takes now as the cutover reading for next's policy and stops the
+// shard from serving data until publish or abort. next is built already, so
+// the shard's pause does not grow with the policy's limits. A reading older
+// than the last one observed is ErrClockRegression, and then nothing
+// changes.
+func (s *State) prepare(now int64, next *limitTable) error {
 	if now < s.last {
 		return msg.ErrClockRegression
 	}
@@ -288,7 +311,11 @@ func (s *State) prepare(now int64, next policy.Policy) error {
 }
 
 // publish switches to the staged policy in O(1): buckets convert lazily. It
-// does nothing if no cutover is staged.
+// does nothing if no cutover is staged. Under a policy with patterns it
+// also starts a conversion pass at once: bringing a bucket over the
+// cutover then tries its key against every pattern, which a pass sliced by
+// work bounds, where a sweep or a snapshot, sliced by segments, would do it
+// for thousands of keys in one slice (and they wait for the pass).
 func (s *State) publish() {
 	if !s.prepared {
 		return
@@ -298,7 +325,7 @@ func (s *State) publish() {
 	s.epoch++
 	s.last = s.staged.start
 	s.stale = s.tab.count
-	if len(s.gens) > convertAfter {
+	if len(s.gens) > convertAfter || s.staged.replay > 1 {
 		s.beginConvert()
 	}
 	s.compact()

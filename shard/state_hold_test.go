@@ -36,8 +36,8 @@ func decideAt(s *State, now, T int64, items []msg.Item, out []msg.Reply) {
 func TestStateHold(t *testing.T) {
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 	budget := NewBudget(3)
-	s := newState(p, budget, &testHasher)
-	ref := newState(p, NewBudget(3), &testHasher)
+	s := newState(NewLimits(p), budget, &testHasher)
+	ref := newState(NewLimits(p), NewBudget(3), &testHasher)
 	require.NoError(t, s.allow(0, "a", 4).Err)
 	require.NoError(t, ref.allow(0, "a", 4).Err)
 
@@ -92,7 +92,7 @@ func TestStateHold(t *testing.T) {
 // later reading is still ErrClockRegression.
 func TestHoldCommitKeepsLatestReading(t *testing.T) {
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
-	s := newState(p, NewBudget(10), &testHasher)
+	s := newState(NewLimits(p), NewBudget(10), &testHasher)
 	items := holdItems(s, "a", 1)
 	out := make([]msg.Reply, 1)
 	var fresh []int
@@ -111,8 +111,8 @@ func TestHoldCommitKeepsLatestReading(t *testing.T) {
 func TestHoldCommitAfterLaterReadingTakesEveryCost(t *testing.T) {
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}
 	budget := NewBudget(10)
-	s := newState(p, budget, &testHasher)
-	ref := newState(p, NewBudget(10), &testHasher)
+	s := newState(NewLimits(p), budget, &testHasher)
+	ref := newState(NewLimits(p), NewBudget(10), &testHasher)
 	require.NoError(t, s.allow(0, "a", 10).Err)
 	require.NoError(t, ref.allow(0, "a", 10).Err)
 

@@ -89,7 +89,7 @@ func TestStateMatchesEagerCutover(t *testing.T) {
 			start := policy.Policy{Version: 1, Capacity: 1 + r.Int64N(20), TokensPerSecond: 1 + r.Int64N(5)}
 			maxKeys := 3 + r.IntN(6)
 			budget := NewBudget(int64(maxKeys))
-			s := newState(start, budget, &testHasher)
+			s := newState(NewLimits(start), budget, &testHasher)
 			if seed%2 == 1 {
 				s.tab.maxGroups = 1 // one group per segment: splits all the time
 			}
@@ -111,7 +111,7 @@ func TestStateMatchesEagerCutover(t *testing.T) {
 				case op < 4:
 					next := randomPolicy(r, m.pol.Version+1)
 					wantErr := m.cutover(now, next)
-					gotErr := s.prepare(now, next)
+					gotErr := s.prepare(now, NewLimits(next))
 					require.Equal(t, wantErr, gotErr, "seed %d step %d: prepare", seed, step)
 					if gotErr == nil {
 						s.publish()
@@ -192,12 +192,12 @@ func randomPolicy(r *rand.Rand, version int64) policy.Policy {
 // bucket has been converted, and bounded when no bucket is ever touched.
 func TestStateHistoryCompacts(t *testing.T) {
 	const sec = int64(time.Second)
-	s := newState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10), &testHasher)
+	s := newState(NewLimits(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}), NewBudget(10), &testHasher)
 	defer s.abandon()
 	require.NoError(t, s.allow(0, "a", 10).Err)
 	require.NoError(t, s.allow(0, "b", 10).Err)
 	for v := int64(2); v <= 5; v++ {
-		require.NoError(t, s.prepare(v*sec, policy.Policy{Version: v, Capacity: 10, TokensPerSecond: 1}))
+		require.NoError(t, s.prepare(v*sec, NewLimits(policy.Policy{Version: v, Capacity: 10, TokensPerSecond: 1})))
 		s.publish()
 	}
 	assert.Len(t, s.gens, 5, "four cutovers, nothing touched: five generations kept")
@@ -212,7 +212,7 @@ func TestStateHistoryCompacts(t *testing.T) {
 
 	// Cutovers with nothing touched in between stay bounded.
 	for v := int64(6); v < 6+3*maxGenerations; v++ {
-		require.NoError(t, s.prepare(6*sec+v, policy.Policy{Version: v, Capacity: 10, TokensPerSecond: 1}))
+		require.NoError(t, s.prepare(6*sec+v, NewLimits(policy.Policy{Version: v, Capacity: 10, TokensPerSecond: 1})))
 		s.publish()
 		require.LessOrEqual(t, len(s.gens), maxGenerations)
 		s.checkInvariants(t, "version %d", v)
@@ -229,7 +229,7 @@ func TestStateHistoryCompacts(t *testing.T) {
 // nothing.
 func TestStateDroppedKeyIsNew(t *testing.T) {
 	for _, key := range []string{"", "k"} {
-		s := newState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, NewBudget(10), &testHasher)
+		s := newState(NewLimits(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}), NewBudget(10), &testHasher)
 		require.NoError(t, s.allow(1, key, 4).Err)
 		require.True(t, s.Drop(key, testHasher.Sum(key)))
 		s.checkInvariants(t, "key %q dropped", key)
@@ -245,11 +245,11 @@ func TestStateDroppedKeyIsNew(t *testing.T) {
 // that a prepare with a regressed clock is refused with nothing staged.
 func TestStatePrepareAbort(t *testing.T) {
 	p1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
-	s := newState(p1, NewBudget(10), &testHasher)
+	s := newState(NewLimits(p1), NewBudget(10), &testHasher)
 	require.NoError(t, s.allow(100, "a", 10).Err)
-	require.ErrorIs(t, s.prepare(99, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}), msg.ErrClockRegression)
+	require.ErrorIs(t, s.prepare(99, NewLimits(policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1})), msg.ErrClockRegression)
 	require.False(t, s.prepared)
-	require.NoError(t, s.prepare(200, policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1}))
+	require.NoError(t, s.prepare(200, NewLimits(policy.Policy{Version: 2, Capacity: 1, TokensPerSecond: 1})))
 	require.True(t, s.prepared)
 	s.abort()
 	require.False(t, s.prepared)
@@ -269,7 +269,7 @@ func durationOf(ns int64) time.Duration { return time.Duration(ns) }
 func TestStateConversionPass(t *testing.T) {
 	const sec = int64(time.Second)
 	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
-	s := newState(p, NewBudget(100), &testHasher)
+	s := newState(NewLimits(p), NewBudget(100), &testHasher)
 	s.tab.maxGroups = 1 // many small segments, so a slice of 7 slots is one of them
 	defer s.abandon()
 	m := &eager{pol: p, buckets: map[string]policy.Bucket{}, max: 100}
@@ -280,7 +280,7 @@ func TestStateConversionPass(t *testing.T) {
 	for v := int64(2); v <= convertAfter+2; v++ {
 		next := policy.Policy{Version: v, Capacity: 100 - 5*v, TokensPerSecond: v}
 		require.NoError(t, m.cutover(v*sec, next))
-		require.NoError(t, s.prepare(v*sec, next))
+		require.NoError(t, s.prepare(v*sec, NewLimits(next)))
 		s.publish()
 	}
 	require.True(t, s.converting(), "more than convertAfter generations start a pass")
@@ -312,7 +312,7 @@ var testHasher = NewHasher(0x5eed)
 func TestBatchMatchesSingles(t *testing.T) {
 	p := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 2}
 	h := NewHasher(3)
-	batched, single := newState(p, NewBudget(1<<20), &h), newState(p, NewBudget(1<<20), &h)
+	batched, single := newState(NewLimits(p), NewBudget(1<<20), &h), newState(NewLimits(p), NewBudget(1<<20), &h)
 	key := func(i int) string {
 		if i%5 == 0 {
 			return fmt.Sprintf("a-key-long-enough-for-the-arena:%d", i) // past inlineKey
@@ -359,10 +359,10 @@ func TestBatchMatchesSingles(t *testing.T) {
 // later cutover's generation, forever).
 func TestDropStaleKeepsCount(t *testing.T) {
 	v1 := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
-	s := newState(v1, NewBudget(10), &testHasher)
+	s := newState(NewLimits(v1), NewBudget(10), &testHasher)
 	require.NoError(t, s.allow(1, "a", 1).Err)
 	require.NoError(t, s.allow(1, "b", 1).Err)
-	require.NoError(t, s.prepare(2, policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 4}))
+	require.NoError(t, s.prepare(2, NewLimits(policy.Policy{Version: 2, Capacity: 20, TokensPerSecond: 4})))
 	s.publish()
 	require.True(t, s.Drop("a", testHasher.Sum("a")))
 	require.NoError(t, s.allow(3, "b", 1).Err) // converts the last stale bucket
@@ -382,7 +382,7 @@ func TestPeekAndRefundClockRegression(t *testing.T) {
 	ov, err := policy.NewOverrideSet(policy.Override{Match: "plain", Capacity: 10, TokensPerSecond: 1})
 	require.NoError(t, err)
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1, Bands: daily, Overrides: ov}
-	s := newState(p, NewBudget(10), &testHasher)
+	s := newState(NewLimits(p), NewBudget(10), &testHasher)
 	for _, k := range []string{"plain", "banded"} {
 		require.NoError(t, s.allow(5e9, k, 4).Err)
 	}

@@ -72,11 +72,12 @@ func (s *State) beginConvert() {
 }
 
 // convertSlice does about n units of the conversion pass, a unit being one
-// slot looked at or one cutover replayed on a bucket, and reports
-// done when the pass is over (the history is then dropped). Work, not slots,
-// bounds a slice: a bucket many cutovers behind costs that many. It reads no
-// clock and changes no answer: converting is what the bucket's next touch
-// would do first anyway.
+// slot looked at, one cutover replayed on a bucket, or one pattern its key
+// is tried against to resolve it again at a cutover, and reports done when
+// the pass is over (the history is then dropped). Work, not slots, bounds
+// a slice: a bucket many cutovers behind costs that many, and more under
+// policies with patterns. It reads no clock and changes no answer:
+// converting is what the bucket's next touch would do first anyway.
 func (s *State) convertSlice(n int) (done bool) {
 	p := s.pass
 	for work := 0; s.stale != 0; {
@@ -96,7 +97,9 @@ func (s *State) convertSlice(n int) (done bool) {
 			}
 			sl := seg.at(i)
 			if b := &sl.b; b.Epoch != s.epoch {
-				work += len(s.gens) - 1 - int(b.Epoch-s.base)
+				for i := int(b.Epoch-s.base) + 1; i < len(s.gens); i++ {
+					work += s.gens[i].replay
+				}
 				s.bringUp(b, seg.key(sl))
 			}
 		}

@@ -21,7 +21,7 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 	const sec, keys = int64(time.Second), 80
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
 	budget := NewBudget(1000)
-	s := newState(p, budget, &testHasher)
+	s := newState(NewLimits(p), budget, &testHasher)
 	s.tab.maxGroups = 1 // many small segments, so a slice of 3 slots is one of them
 	defer s.abandon()
 	for i := range keys {
@@ -78,7 +78,7 @@ func TestSweepSlicesInterleaved(t *testing.T) {
 // TestSweepSliceRegression: a slice whose reading went back ends the pass
 // with ErrClockRegression; what earlier slices evicted is counted.
 func TestSweepSliceRegression(t *testing.T) {
-	s := newState(policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}, NewBudget(100), &testHasher)
+	s := newState(NewLimits(policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}), NewBudget(100), &testHasher)
 	s.tab.maxGroups = 1
 	for i := range 30 {
 		require.NoError(t, s.allow(0, fmt.Sprintf("k%d", i), 1).Err)
@@ -122,13 +122,13 @@ func sweepAll(s *State, now int64) msg.SweepReply {
 func TestConvertSliceBoundedByLooking(t *testing.T) {
 	const sec = int64(time.Second)
 	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
-	s := newState(p, NewBudget(10_000), &testHasher)
+	s := newState(NewLimits(p), NewBudget(10_000), &testHasher)
 	defer s.abandon()
 	for i := range 5000 {
 		require.NoError(t, s.allow(0, fmt.Sprintf("k%d", i), 1).Err)
 	}
 	for v := int64(2); v <= convertAfter+2; v++ {
-		require.NoError(t, s.prepare(v*sec, policy.Policy{Version: v, Capacity: 100, TokensPerSecond: v}))
+		require.NoError(t, s.prepare(v*sec, NewLimits(policy.Policy{Version: v, Capacity: 100, TokensPerSecond: v})))
 		s.publish()
 	}
 	require.True(t, s.converting())
@@ -154,14 +154,14 @@ func TestConvertSliceBoundedByLooking(t *testing.T) {
 func TestFailedSweepRestartsConversion(t *testing.T) {
 	const sec = int64(time.Second)
 	p := policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1}
-	s := newState(p, NewBudget(1000), &testHasher)
+	s := newState(NewLimits(p), NewBudget(1000), &testHasher)
 	s.tab.maxGroups = 1
 	defer s.abandon()
 	for i := range 100 {
 		require.NoError(t, s.allow(0, fmt.Sprintf("k%d", i), 1).Err)
 	}
 	for v := int64(2); v <= convertAfter+2; v++ {
-		require.NoError(t, s.prepare(v*sec, policy.Policy{Version: v, Capacity: 100, TokensPerSecond: 1}))
+		require.NoError(t, s.prepare(v*sec, NewLimits(policy.Policy{Version: v, Capacity: 100, TokensPerSecond: 1})))
 		s.publish()
 	}
 	require.True(t, s.converting())
@@ -186,7 +186,7 @@ func TestFailedSweepRestartsConversion(t *testing.T) {
 // judges it like any other.
 func TestKeyCreatedAfterSweepWalkIsNotBorn(t *testing.T) {
 	const sec = int64(time.Second)
-	s := newState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(100), &testHasher)
+	s := newState(NewLimits(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}), NewBudget(100), &testHasher)
 	require.NoError(t, s.allow(0, "old", 1).Err)
 	s.beginSweep(false)
 	for {
@@ -213,7 +213,7 @@ func TestKeyCreatedAfterSweepWalkIsNotBorn(t *testing.T) {
 func TestSweepSoonest(t *testing.T) {
 	const sec = int64(time.Second)
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 3}
-	s := newState(p, NewBudget(100), &testHasher)
+	s := newState(NewLimits(p), NewBudget(100), &testHasher)
 	defer s.abandon()
 	require.NoError(t, s.allow(0, "a", 10).Err)   // full at ceil(10e9/3) ns
 	require.NoError(t, s.allow(0, "b", 1).Err)    // full at ceil(1e9/3) ns
@@ -251,7 +251,7 @@ func TestSweepSoonest(t *testing.T) {
 func TestSweepSoonestSaturates(t *testing.T) {
 	const sec = int64(time.Second)
 	p := policy.Policy{Version: 1, Capacity: math.MaxInt64, TokensPerSecond: 1}
-	s := newState(p, NewBudget(10), &testHasher)
+	s := newState(NewLimits(p), NewBudget(10), &testHasher)
 	defer s.abandon()
 	require.NoError(t, s.allow(0, "deep", math.MaxInt64).Err) // empty: full in MaxInt64 s, saturated as ns
 	s.beginSweep(true)
@@ -299,7 +299,7 @@ func TestSweepSparesKeysChargedIntoBeing(t *testing.T) {
 	const sec = int64(time.Second)
 	p := policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}
 	budget := NewBudget(1000)
-	s := newState(p, budget, &testHasher)
+	s := newState(NewLimits(p), budget, &testHasher)
 	s.tab.maxGroups = 1
 	defer s.abandon()
 	for i := range 80 {
@@ -331,7 +331,7 @@ func TestSweepSparesKeysChargedIntoBeing(t *testing.T) {
 // born ahead of the cursor are then judged by the next sweep like any other.
 func TestStoppedSweepUnmarksInSlices(t *testing.T) {
 	const sec, keys = int64(time.Second), 200
-	s := newState(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}, NewBudget(1000), &testHasher)
+	s := newState(NewLimits(policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 2}), NewBudget(1000), &testHasher)
 	s.tab.maxGroups = 1 // many small segments, so a slice of 3 slots is one of them
 	defer s.abandon()
 	for i := range keys {

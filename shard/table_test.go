@@ -186,7 +186,7 @@ func checkTable(t *testing.T, tab *table, model map[string]int64) {
 // gives the memory back rather than keeping its high-water size.
 func TestTableShrinksAfterSweep(t *testing.T) {
 	skipUnderRace(t)
-	s := newState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(1<<20), &testHasher)
+	s := newState(NewLimits(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}), NewBudget(1<<20), &testHasher)
 	for i := range 100_000 {
 		require.NoError(t, s.allow(0, fmt.Sprintf("k%d", i), 1).Err)
 	}
@@ -206,7 +206,7 @@ func TestTableShrinksAfterSweep(t *testing.T) {
 // TestKeyIsCopied: the table keeps its own copy of a key, so a key that
 // aliases a request buffer may change once the call returns.
 func TestKeyIsCopied(t *testing.T) {
-	s := newState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(10), &testHasher)
+	s := newState(NewLimits(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}), NewBudget(10), &testHasher)
 	buf := []byte("tenant-a")
 	key := unsafe.String(&buf[0], len(buf)) // what a zero-copy parser hands over
 	require.NoError(t, s.allow(0, key, 5).Err)
@@ -246,7 +246,7 @@ func TestSlotSize(t *testing.T) {
 // TestLongKeyIsCopied: a key too long for the arena is copied too, and the
 // slots of removed long keys are reused rather than piling up.
 func TestLongKeyIsCopied(t *testing.T) {
-	s := newState(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}, NewBudget(10), &testHasher)
+	s := newState(NewLimits(policy.Policy{Version: 1, Capacity: 5, TokensPerSecond: 1}), NewBudget(10), &testHasher)
 	buf := []byte(strings.Repeat("k", longKey+1))
 	key := unsafe.String(&buf[0], len(buf))
 	require.NoError(t, s.allow(0, key, 5).Err)

@@ -101,7 +101,7 @@ func TestWarmedPathMatchesModel(t *testing.T) {
 	closing, stop, exited := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	const maxGroup = 256
 	mb := NewMailbox(1024, closing) // room for a round's peeks: a part's keys and a group's
-	s := New(pols[0], clk, NewBudget(int64(maxKeys)), mb, &testHasher)
+	s := New(NewLimits(pols[0]), clk, NewBudget(int64(maxKeys)), mb, &testHasher)
 	go func() {
 		defer close(exited)
 		s.Run(stop)
@@ -190,7 +190,7 @@ func TestWarmedPathMatchesModel(t *testing.T) {
 		if round == rounds/3 || round == 2*rounds/3 {
 			ver++
 			prep := make(chan error, 1)
-			go func() { prep <- mb.Prepare(ctx, &msg.Prepare{Next: pols[ver], Done: make(chan error, 1)}) }()
+			go func() { prep <- mb.Prepare(ctx, NewLimits(pols[ver]), &msg.Prepare{Done: make(chan error, 1)}) }()
 			clk.tick(now)
 			require.NoError(t, <-prep)
 			require.True(t, mb.Publish())
