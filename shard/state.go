@@ -9,14 +9,15 @@ import (
 )
 
 // Policy history bounds. Buckets convert lazily when touched; once more than
-// convertAfter generations are kept, or at once under a policy with
-// patterns (see publish), the shard also converts the untouched ones in a
-// background pass, sliced like a sweep and invisible in every answer, so a
-// service that cuts over often but never sweeps keeps a short history. If cutovers outpace those passes and maxGenerations are kept, the
-// shard's loop takes no prepare until a pass has finished (the coordinator
-// waits for it before preparing any shard: see engine's ReplacePolicy),
-// serving requests all the while; prepare itself converts everything at once
-// only for a caller that drives State directly.
+// convertAfter generations are kept, or at once under a policy with patterns
+// (see publish), the shard also converts the untouched ones in a background
+// pass, sliced like a sweep and invisible in every answer, so a service that
+// cuts over often but never sweeps keeps a short history. If cutovers
+// outpace those passes and maxGenerations are kept, the shard's loop takes
+// no prepare until a pass has finished (the coordinator waits for it before
+// preparing any shard: see engine's ReplacePolicy), serving requests all the
+// while; prepare itself converts everything at once only for a caller that
+// drives State directly.
 const (
 	convertAfter   = 8
 	maxGenerations = 64
