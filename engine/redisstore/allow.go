@@ -360,11 +360,12 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		}
 		todo[i] = it
 	}
-	var km *keyMap    // the key map the items' shards are of
-	busy := 0         // rounds that met a slot being migrated (TRYAGAIN)
-	eval := false     // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
-	var later []*item // items held for a later round (see route)
-	loaded := false   // a round loaded the decide script
+	todo, waves := rounds(todo) // the first round's items, and each later round's
+	var km *keyMap              // the key map the items' shards are of
+	busy := 0                   // rounds that met a slot being migrated (TRYAGAIN)
+	eval := false               // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
+	var later []*item           // items held for the next round (see route), the next of waves among them
+	loaded := false             // a round loaded the decide script
 	for attempt := 0; len(todo) > 0 || len(later) > 0; attempt++ {
 		switch {
 		case attempt > 0 && len(todo) == 0:
@@ -388,6 +389,12 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		}
 		var chunks [][]*item
 		chunks, later = s.route(all)
+		if len(waves) > 0 { // after the items route held: a key's items go in order
+			for _, it := range waves[0] {
+				it.shard = km.shardOf(it.key, len(s.shards))
+			}
+			later, waves = append(later, waves[0]...), waves[1:]
+		}
 		for _, c := range chunks {
 			if attempt > 0 && slices.Contains(todo, c[0]) { // sent again: not a call of held-back items only
 				s.retries.Add(1)
@@ -925,6 +932,41 @@ func (s *Store) history(ctx context.Context) (vs []int64, overridden []bool, err
 		return nil, nil, fmt.Errorf("%w: malformed history entry %q", ErrUnavailable, e)
 	}
 	return vs, overridden, nil
+}
+
+// rounds splits items, in order, into the rounds route would send them in
+// if every call succeeded: a key's items go in a round until their work
+// there reaches ChunkSize, the rest in the rounds after. Split once, each
+// round routes only its own items: routing every item still held, each
+// round, cost a key repeated n times O(n*n/ChunkSize) on the client.
+func rounds(items []*item) (first []*item, rest [][]*item) {
+	w := 0
+	for _, it := range items {
+		w += it.w
+	}
+	if w <= ChunkSize {
+		return items, nil
+	}
+	type at struct{ round, work int }
+	keys := make(map[string]at, len(items))
+	first = items[:0] // in place: it never passes the item it takes
+	for _, it := range items {
+		k := keys[it.key]
+		if k.work >= ChunkSize {
+			k = at{round: k.round + 1}
+		}
+		k.work += it.w
+		keys[it.key] = k
+		if k.round == 0 {
+			first = append(first, it)
+			continue
+		}
+		if k.round > len(rest) {
+			rest = append(rest, nil)
+		}
+		rest[k.round-1] = append(rest[k.round-1], it)
+	}
+	return first, rest
 }
 
 // repeats reports whether a key comes more than once in chunk.
