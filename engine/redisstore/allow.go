@@ -358,6 +358,9 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		if weigh {
 			it.w = weight(st0, it.key)
 		}
+		if mode == "c" || mode == "e" { // a pass: its buckets replay the cutovers they missed
+			it.w = max(it.w, replayWeight)
+		}
 		todo[i] = it
 	}
 	todo, waves := rounds(todo) // the first round's items, and each later round's
@@ -988,6 +991,13 @@ func repeats(chunk []*item) bool {
 	}
 	return false
 }
+
+// replayWeight is about what a bucket that replays a cutover costs the
+// decide script, in requests of the fast path: the general path's limbs,
+// through the cutover and on to now. Each bucket a pass (modes "c" and
+// "e") brings up to date counts as at least that much, so that a pass's
+// calls hold Redis no longer than a batch's (TestPassCallsBounded).
+const replayWeight = 8
 
 // weight is about what a request of key costs the decide script, in
 // requests of the fast path (~1 us each): a limit beyond the fast path
