@@ -41,7 +41,11 @@ const minLockTTL = 10 * time.Second
 // ErrUnavailable: delete the key. The store retains the last
 // HistoryVersions policies, so a bucket several versions behind replays
 // every cutover it missed; the cutover that would retain more first brings
-// every bucket up to the version in force (a pass over the keyspace).
+// every bucket up to the version in force (a pass over the keyspace). So
+// does a cutover while the retained versions with overrides hold
+// chainBytes (16 MiB) of policy or more between them, as stored (about 60
+// bytes an override): a bucket behind them makes every process that meets
+// it read and decode each of them, and keep them in memory.
 //
 // A bucket expires at its time-to-full under its own limit. A cutover that
 // could lengthen some bucket's time-to-full, from any balance, a debt
@@ -117,6 +121,11 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		}
 	}
 	trim := retained >= HistoryVersions
+	if !trim {
+		if trim, err = roundGet(ctx, s, s.heavyHistory); err != nil {
+			return err
+		}
+	}
 	if trim {
 		if _, err := s.convertPass(ctx, "c", token); err != nil {
 			return err
@@ -459,6 +468,37 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 		return unfinished
 	}
 	return nil
+}
+
+// chainBytes bounds the policies, as stored, of the retained versions
+// with overrides (see ReplacePolicy); a variable for tests.
+var chainBytes int64 = 16 << 20
+
+// heavyHistory reports whether the retained versions with overrides hold
+// chainBytes of stored policy or more between them.
+func (s *Store) heavyHistory(ctx context.Context) (bool, error) {
+	vs, overridden, err := s.history(ctx)
+	if err != nil {
+		return false, err
+	}
+	var fields []string
+	for i, v := range vs {
+		if overridden[i] {
+			fields = append(fields, strconv.FormatInt(v, 10))
+		}
+	}
+	if len(fields) == 0 {
+		return false, nil
+	}
+	cmds, err := inPipeline(ctx, s, len(fields), func(pipe redis.Pipeliner, i int) *redis.IntCmd { return pipe.HStrLen(ctx, s.kBlobs, fields[i]) })
+	if err != nil {
+		return false, fmt.Errorf("%w: reading the retained policies' sizes: %w", ErrUnavailable, err)
+	}
+	n := int64(0)
+	for _, c := range cmds {
+		n += c.Val()
+	}
+	return n >= chainBytes, nil
 }
 
 // safeCutover reports whether no bucket can take longer to fill under next

@@ -157,8 +157,9 @@
 // next touched: it refills under the limit of the version it was last
 // written under up to each cutover it missed, and is clamped at each. Keys
 // under overrides are resolved by the client, per version when needed.
-// HistoryVersions versions are retained; the cutover that would retain more
-// first brings every bucket up to the version in force.
+// HistoryVersions versions are retained (fewer while their overrides are
+// many: see Store.ReplacePolicy); the cutover that would retain more first
+// brings every bucket up to the version in force.
 //
 // If Redis loses everything (a restart without persistence), buckets start
 // full again and the first store to call reinstalls the newest policy it
