@@ -377,7 +377,14 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			return deleted, fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
 		}
 		st := s.cur.Load()
-		if todo, later = unpinned(todo, st), unpinned(later, st); len(todo)+len(later) == 0 {
+		todo, later = unpinned(todo, st), unpinned(later, st)
+		for len(todo)+len(later) == 0 && len(waves) > 0 { // every item of the round answered: the next round's
+			later, waves = unpinned(waves[0], st), waves[1:]
+			for i := 0; km != nil && i < len(later); i++ { // else the first round's, below
+				later[i].shard = km.shardOf(later[i].key, len(s.shards))
+			}
+		}
+		if len(todo)+len(later) == 0 {
 			break
 		}
 		all := append(todo, later...)
