@@ -165,7 +165,13 @@
 // Redis's).
 // HistoryVersions versions are retained (fewer while their overrides are
 // many: see Store.ReplacePolicy); the cutover that would retain more first
-// brings every bucket up to the version in force.
+// brings every bucket up to the version in force. A pass over the
+// keyspace (such a cutover's, a lengthening one's, EvictFull's, KeyCount's)
+// walks every key of the server's database with SCAN, other prefixes' and
+// programs' too, so its time grows with all of them: a prefix of a
+// thousand buckets on a server holding a million other keys takes ten to
+// twenty times as long as it would alone. Give a store whose passes must be
+// quick a database of its own.
 //
 // If Redis loses everything (a restart without persistence), buckets start
 // full again and the first store to call reinstalls the newest policy it
