@@ -524,8 +524,9 @@ func (s *Store) heavyHistory(ctx context.Context) (bool, error) {
 // default lengthen at every cutover, and pass over the keyspace, whatever
 // changed.)
 func safeCutover(cur, next policy.Policy) bool {
-	as, am := loose(cur)
-	bs, bm := loose(next)
+	ao, bo := cur.Overrides.Overrides(), next.Overrides.Overrides()
+	as, am := loose(cur, ao)
+	bs, bm := loose(next, bo)
 	for i, a := range as {
 		for j, b := range bs {
 			if (i == j || !slices.Equal(am, bm)) && !noSlower(a, b) {
@@ -534,8 +535,8 @@ func safeCutover(cur, next policy.Policy) bool {
 		}
 	}
 	seen := map[[2]policy.LimitIndex]bool{}
-	for _, p := range []policy.Policy{cur, next} {
-		for _, o := range p.Overrides.Overrides() {
+	for _, os := range [][]policy.Override{ao, bo} {
+		for _, o := range os {
 			if strings.Contains(o.Match, "*") {
 				continue // a pattern: among loose's
 			}
@@ -551,11 +552,12 @@ func safeCutover(cur, next policy.Policy) bool {
 	return true
 }
 
-// loose is the shapes p may give a key no exact override names, its
-// default and then its patterns', and the patterns, in order.
-func loose(p policy.Policy) (shs []policy.Shape, patterns []string) {
+// loose is the shapes p, whose overrides are os, may give a key no exact
+// override names, its default and then its patterns', and the patterns, in
+// order.
+func loose(p policy.Policy, os []policy.Override) (shs []policy.Shape, patterns []string) {
 	shs = []policy.Shape{p.Shape()}
-	for _, o := range p.Overrides.Overrides() {
+	for _, o := range os {
 		if strings.Contains(o.Match, "*") {
 			lim := policy.Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond, Refill: o.Refill}
 			shs, patterns = append(shs, policy.Shape{Name: o.Name, Primary: lim, Bands: o.Bands}), append(patterns, o.Match)
@@ -564,7 +566,7 @@ func loose(p policy.Policy) (shs []policy.Shape, patterns []string) {
 	return shs, patterns
 }
 
-// noSlower reports whether no band b keeps from a fills slower under b.
+// noSlower reports whether no band of a that b keeps fills slower under b.
 func noSlower(a, b policy.Shape) bool {
 	for i := range b.Len() {
 		j := 0
