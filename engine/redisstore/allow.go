@@ -358,13 +358,17 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		if weigh {
 			it.w = weight(st0, it.key)
 		}
+		if mode == "c" || mode == "e" { // a pass: its buckets replay the cutovers they missed
+			it.w = max(it.w, replayWeight)
+		}
 		todo[i] = it
 	}
-	var km *keyMap    // the key map the items' shards are of
-	busy := 0         // rounds that met a slot being migrated (TRYAGAIN)
-	eval := false     // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
-	var later []*item // items held for a later round (see route)
-	loaded := false   // a round loaded the decide script
+	todo, waves := rounds(todo) // the first round's items, and each later round's
+	var km *keyMap              // the key map the items' shards are of
+	busy := 0                   // rounds that met a slot being migrated (TRYAGAIN)
+	eval := false               // send EVALSHA, not FCALL: a Redis out of memory refuses FCALL before it runs
+	var later []*item           // items held for the next round (see route), the next of waves among them
+	loaded := false             // a round loaded the decide script
 	for attempt := 0; len(todo) > 0 || len(later) > 0; attempt++ {
 		switch {
 		case attempt > 0 && len(todo) == 0:
@@ -373,7 +377,14 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			return deleted, fmt.Errorf("%w: gave up after %d attempts (policies changing too fast?)", ErrUnavailable, maxAttempts)
 		}
 		st := s.cur.Load()
-		if todo, later = unpinned(todo, st), unpinned(later, st); len(todo)+len(later) == 0 {
+		todo, later = unpinned(todo, st), unpinned(later, st)
+		for len(todo)+len(later) == 0 && len(waves) > 0 { // every item of the round answered: the next round's
+			later, waves = unpinned(waves[0], st), waves[1:]
+			for i := 0; km != nil && i < len(later); i++ { // else the first round's, below
+				later[i].shard = km.shardOf(later[i].key, len(s.shards))
+			}
+		}
+		if len(todo)+len(later) == 0 {
 			break
 		}
 		all := append(todo, later...)
@@ -388,6 +399,12 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 		}
 		var chunks [][]*item
 		chunks, later = s.route(all)
+		if len(waves) > 0 { // after the items route held: a key's items go in order
+			for _, it := range waves[0] {
+				it.shard = km.shardOf(it.key, len(s.shards))
+			}
+			later, waves = append(later, waves[0]...), waves[1:]
+		}
 		for _, c := range chunks {
 			if attempt > 0 && slices.Contains(todo, c[0]) { // sent again: not a call of held-back items only
 				s.retries.Add(1)
@@ -927,6 +944,41 @@ func (s *Store) history(ctx context.Context) (vs []int64, overridden []bool, err
 	return vs, overridden, nil
 }
 
+// rounds splits items, in order, into the rounds route would send them in
+// if every call succeeded: a key's items go in a round until their work
+// there reaches ChunkSize, the rest in the rounds after. Split once, each
+// round routes only its own items: routing every item still held, each
+// round, cost a key repeated n times O(n*n/ChunkSize) on the client.
+func rounds(items []*item) (first []*item, rest [][]*item) {
+	w := 0
+	for _, it := range items {
+		w += it.w
+	}
+	if w <= ChunkSize {
+		return items, nil
+	}
+	type at struct{ round, work int }
+	keys := make(map[string]at, len(items))
+	first = items[:0] // in place: it never passes the item it takes
+	for _, it := range items {
+		k := keys[it.key]
+		if k.work >= ChunkSize {
+			k = at{round: k.round + 1}
+		}
+		k.work += it.w
+		keys[it.key] = k
+		if k.round == 0 {
+			first = append(first, it)
+			continue
+		}
+		if k.round > len(rest) {
+			rest = append(rest, nil)
+		}
+		rest[k.round-1] = append(rest[k.round-1], it)
+	}
+	return first, rest
+}
+
 // repeats reports whether a key comes more than once in chunk.
 func repeats(chunk []*item) bool {
 	if len(chunk) <= 16 {
@@ -946,6 +998,13 @@ func repeats(chunk []*item) bool {
 	}
 	return false
 }
+
+// replayWeight is about what a bucket that replays a cutover costs the
+// decide script, in requests of the fast path: the general path's limbs,
+// through the cutover and on to now. Each bucket a pass (modes "c" and
+// "e") brings up to date counts as at least that much, so that a pass's
+// calls hold Redis no longer than a batch's (TestPassCallsBounded).
+const replayWeight = 8
 
 // weight is about what a request of key costs the decide script, in
 // requests of the fast path (~1 us each): a limit beyond the fast path

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,7 +41,11 @@ const minLockTTL = 10 * time.Second
 // ErrUnavailable: delete the key. The store retains the last
 // HistoryVersions policies, so a bucket several versions behind replays
 // every cutover it missed; the cutover that would retain more first brings
-// every bucket up to the version in force (a pass over the keyspace).
+// every bucket up to the version in force (a pass over the keyspace). So
+// does a cutover while the retained versions with overrides hold
+// chainBytes (16 MiB) of policy or more between them, as stored (about 60
+// bytes an override): a bucket behind them makes every process that meets
+// it read and decode each of them, and keep them in memory.
 //
 // A bucket expires at its time-to-full under its own limit. A cutover that
 // could lengthen some bucket's time-to-full, from any balance, a debt
@@ -116,6 +121,11 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 		}
 	}
 	trim := retained >= HistoryVersions
+	if !trim {
+		if trim, err = roundGet(ctx, s, s.heavyHistory); err != nil {
+			return err
+		}
+	}
 	if trim {
 		if _, err := s.convertPass(ctx, "c", token); err != nil {
 			return err
@@ -460,6 +470,37 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 	return nil
 }
 
+// chainBytes bounds the policies, as stored, of the retained versions
+// with overrides (see ReplacePolicy); a variable for tests.
+var chainBytes int64 = 16 << 20
+
+// heavyHistory reports whether the retained versions with overrides hold
+// chainBytes of stored policy or more between them.
+func (s *Store) heavyHistory(ctx context.Context) (bool, error) {
+	vs, overridden, err := s.history(ctx)
+	if err != nil {
+		return false, err
+	}
+	var fields []string
+	for i, v := range vs {
+		if overridden[i] {
+			fields = append(fields, strconv.FormatInt(v, 10))
+		}
+	}
+	if len(fields) == 0 {
+		return false, nil
+	}
+	cmds, err := inPipeline(ctx, s, len(fields), func(pipe redis.Pipeliner, i int) *redis.IntCmd { return pipe.HStrLen(ctx, s.kBlobs, fields[i]) })
+	if err != nil {
+		return false, fmt.Errorf("%w: reading the retained policies' sizes: %w", ErrUnavailable, err)
+	}
+	n := int64(0)
+	for _, c := range cmds {
+		n += c.Val()
+	}
+	return n >= chainBytes, nil
+}
+
 // safeCutover reports whether no bucket can take longer to fill under next
 // than under cur, whatever its balance at the cutover, so that expiries set
 // under cur stay at or after each bucket's time-to-full. A bucket is full
@@ -474,26 +515,68 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 // 2*Cb*Pb*Na <= (Ca+Cb)*Pa*Nb at x = -Cb. A deeper debt raised to -Cb by
 // the clamp only had longer to go. A change of period also rounds the
 // balance down by less than one unit, less than 1 ns of refill, which the
-// expiry's margin of a millisecond covers. Every pair of shapes is
-// checked, since a key may move from any of cur's to any of next's.
+// expiry's margin of a millisecond covers. Each pair of shapes a key may
+// move between is checked: a key an exact override of either policy names,
+// from its shape under cur to its shape under next; any other key, from
+// cur's default or pattern to next's default or the pattern at the same
+// place if both have the same patterns in the same order, else to any.
+// (Checking every pair of shapes made a policy with an override below its
+// default lengthen at every cutover, and pass over the keyspace, whatever
+// changed.)
 func safeCutover(cur, next policy.Policy) bool {
-	as, bs := cur.Shapes(), next.Shapes()
-	if len(as)*len(bs) > 1<<20 {
-		return false
+	ao, bo := cur.Overrides.Overrides(), next.Overrides.Overrides()
+	as, am := loose(cur, ao)
+	bs, bm := loose(next, bo)
+	for i, a := range as {
+		for j, b := range bs {
+			if (i == j || !slices.Equal(am, bm)) && !noSlower(a, b) {
+				return false
+			}
+		}
 	}
-	for _, a := range as {
-		for _, b := range bs {
-			for i := range b.Len() {
-				j := 0
-				if i > 0 {
-					if j = a.Bands.Index(b.BandName(i)) + 1; j == 0 {
-						continue // new: starts full
-					}
-				}
-				if !fillsNoSlower(a.Band(j), b.Band(i)) {
+	seen := map[[2]policy.LimitIndex]bool{}
+	for _, os := range [][]policy.Override{ao, bo} {
+		for _, o := range os {
+			if strings.Contains(o.Match, "*") {
+				continue // a pattern: among loose's
+			}
+			k := [2]policy.LimitIndex{cur.Overrides.Resolve(o.Match), next.Overrides.Resolve(o.Match)}
+			if !seen[k] {
+				seen[k] = true
+				if !noSlower(cur.ShapeAt(k[0]), next.ShapeAt(k[1])) {
 					return false
 				}
 			}
+		}
+	}
+	return true
+}
+
+// loose is the shapes p, whose overrides are os, may give a key no exact
+// override names, its default and then its patterns', and the patterns, in
+// order.
+func loose(p policy.Policy, os []policy.Override) (shs []policy.Shape, patterns []string) {
+	shs = []policy.Shape{p.Shape()}
+	for _, o := range os {
+		if strings.Contains(o.Match, "*") {
+			lim := policy.Limit{Capacity: o.Capacity, TokensPerSecond: o.TokensPerSecond, Refill: o.Refill}
+			shs, patterns = append(shs, policy.Shape{Name: o.Name, Primary: lim, Bands: o.Bands}), append(patterns, o.Match)
+		}
+	}
+	return shs, patterns
+}
+
+// noSlower reports whether no band of a that b keeps fills slower under b.
+func noSlower(a, b policy.Shape) bool {
+	for i := range b.Len() {
+		j := 0
+		if i > 0 {
+			if j = a.Bands.Index(b.BandName(i)) + 1; j == 0 {
+				continue // new: starts full
+			}
+		}
+		if !fillsNoSlower(a.Band(j), b.Band(i)) {
+			return false
 		}
 	}
 	return true

@@ -157,8 +157,21 @@
 // next touched: it refills under the limit of the version it was last
 // written under up to each cutover it missed, and is clamped at each. Keys
 // under overrides are resolved by the client, per version when needed.
-// HistoryVersions versions are retained; the cutover that would retain more
-// first brings every bucket up to the version in force.
+// Each version's policy is stored whole, about 60 bytes an override: a
+// store reads and decodes it at New and when it meets the version, and the
+// cutover that records it hands it to Redis in one script call, which
+// holds Redis while it copies it (a policy of a million overrides, some 60
+// MB, takes seconds of the process's CPU and a good part of a second of
+// Redis's).
+// HistoryVersions versions are retained (fewer while their overrides are
+// many: see Store.ReplacePolicy); the cutover that would retain more first
+// brings every bucket up to the version in force. A pass over the
+// keyspace (such a cutover's, a lengthening one's, EvictFull's, KeyCount's)
+// walks every key of the server's database with SCAN, other prefixes' and
+// programs' too, so its time grows with all of them: a prefix of a
+// thousand buckets on a server holding a million other keys takes ten to
+// twenty times as long as it would alone. Give a store whose passes must be
+// quick a database of its own.
 //
 // If Redis loses everything (a restart without persistence), buckets start
 // full again and the first store to call reinstalls the newest policy it

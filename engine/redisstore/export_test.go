@@ -57,6 +57,14 @@ func opener(prefix string) *Store {
 	return s.(*Store)
 }
 
+// SetChainBytes sets the bound on the retained policies with overrides
+// (see ReplacePolicy) until restore.
+func SetChainBytes(n int64) (restore func()) {
+	old := chainBytes
+	chainBytes = n
+	return func() { chainBytes = old }
+}
+
 // Up makes s reach Redis if it has not yet, trying again for up to 30 s,
 // and returns the last attempt's error if none succeeded. New gives up on
 // Redis after Config.Timeout and leaves the store to start on a later call,

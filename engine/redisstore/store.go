@@ -37,7 +37,9 @@ const (
 	ChunkSize = 256
 	// HistoryVersions is how many policy versions the store retains for
 	// buckets not touched since an older one. A cutover that would retain
-	// more first brings every bucket up to the version in force.
+	// more first brings every bucket up to the version in force, as does
+	// one while the retained versions' overrides are many (see
+	// Store.ReplacePolicy).
 	HistoryVersions = 64
 )
 
