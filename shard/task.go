@@ -63,8 +63,9 @@ func (t *sweepTask) end(s *Shard, err error) {
 }
 
 // convertTask is the conversion pass the State starts when it keeps many
-// policy generations: it brings untouched buckets to the policy in force,
-// reading no clock and changing no answer, so the history can be dropped.
+// policy generations, or at a cutover into a policy with patterns: it
+// brings untouched buckets to the policy in force, reading no clock and
+// changing no answer, so the history can be dropped.
 type convertTask struct{}
 
 func (convertTask) step(s *Shard) bool { return s.state.convertSlice(SliceSize) }

@@ -64,6 +64,14 @@ func TestKeyFuncContextEnded(t *testing.T) {
 			assert.ErrorIs(t, got, context.Canceled)
 			assert.ErrorIs(t, got, grpcCanceled{}, "the key function's error, for WithOnError")
 			assert.NotErrorIs(t, got, httplimit.ErrKeyFunc)
+			// Nor does an error the answer would otherwise be chosen
+			// by, such as ErrNoClientIP, which a function may return to
+			// answer 500 while the request lives.
+			rec, got = serve(ctx, func(*http.Request) error { return httplimit.ErrNoClientIP })
+			assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+			assert.Empty(t, rec.Body.String())
+			assert.ErrorIs(t, got, context.Canceled)
+			assert.ErrorIs(t, got, httplimit.ErrNoClientIP, "the key function's error, for WithOnError")
 
 			rec, got = serve(t.Context(), func(*http.Request) error { return context.DeadlineExceeded })
 			assert.Equal(t, http.StatusInternalServerError, rec.Code, "the lookup's own deadline, the request alive")

@@ -322,9 +322,20 @@ func keyFuncErr(r *http.Request, err error) error {
 func (m *Middleware) fail(w http.ResponseWriter, err error) {
 	clearFields(w.Header())
 	switch {
-	case errors.Is(err, ErrKeyFunc) && m.keys != nil, errors.Is(err, engine.ErrAllowAllSize):
+	case errors.Is(err, ErrKeyFunc) && m.keys != nil:
 		http.Error(w, bodyKeys, http.StatusInternalServerError)
-	case errors.Is(err, ErrKeyFunc), errors.Is(err, ErrNoClientIP), errors.Is(err, engine.ErrInvalidKey):
+	case errors.Is(err, ErrKeyFunc):
+		http.Error(w, bodyKey, http.StatusInternalServerError)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The client has gone or the server's deadline passed: nobody reads
+		// a body, but a status keeps outer handlers from logging a 200. It
+		// comes before the errors below, which a key function's error
+		// returned once the request's context ended may wrap too
+		// (ErrNoClientIP from a WithClientKey function).
+		w.WriteHeader(http.StatusServiceUnavailable)
+	case errors.Is(err, engine.ErrAllowAllSize):
+		http.Error(w, bodyKeys, http.StatusInternalServerError)
+	case errors.Is(err, ErrNoClientIP), errors.Is(err, engine.ErrInvalidKey):
 		http.Error(w, bodyKey, http.StatusInternalServerError)
 	case errors.Is(err, ErrCostBelowOne):
 		http.Error(w, bodyCost, http.StatusInternalServerError)
@@ -341,10 +352,6 @@ func (m *Middleware) fail(w http.ResponseWriter, err error) {
 			w.Header().Set(headerRetryAfter, m.overload)
 		}
 		http.Error(w, bodyClosed, http.StatusServiceUnavailable)
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		// The client has gone or the server's deadline passed: nobody reads
-		// a body, but a status keeps outer handlers from logging a 200.
-		w.WriteHeader(http.StatusServiceUnavailable)
 	default:
 		http.Error(w, bodyFailed, http.StatusInternalServerError)
 	}
