@@ -104,10 +104,11 @@ func WithKey(f KeyFunc) Option {
 // Unlike the default key, which answers 500 when the request has no client
 // address (ErrNoClientIP: RemoteAddr holds none, as over a Unix socket), f
 // is then called with client "", as grpclimit's WithKey is for a peer
-// without an IP address: it may key such a request by something else (an
-// API token), or return ErrNoClientIP (or any error) to answer it with 500.
-// A key that only adds "" to a fixed text puts every such request in one
-// bucket. WithKey and WithClientKey exclude each other.
+// without an IP address: it may key such a request by something else (an API
+// token), or return ErrNoClientIP (or any error) to answer it with 500 (503
+// with no body once the request's context has ended, as for every key
+// function's error then). A key that only adds "" to a fixed text puts every
+// such request in one bucket. WithKey and WithClientKey exclude each other.
 func WithClientKey(f ClientKeyFunc) Option {
 	return func(c *config) error {
 		if f == nil {
