@@ -44,8 +44,9 @@ const minLockTTL = 10 * time.Second
 // every bucket up to the version in force (a pass over the keyspace). So
 // does a cutover while the retained versions with overrides hold
 // chainBytes (16 MiB) of policy or more between them, as stored (about 60
-// bytes an override): a bucket behind them makes every process that meets
-// it read and decode each of them, and keep them in memory.
+// bytes an override), one of them older than the version in force: a
+// bucket behind them makes every process that meets it read and decode
+// each of them, and keep them in memory.
 //
 // A bucket expires at its time-to-full under its own limit. A cutover that
 // could lengthen some bucket's time-to-full, from any balance, a debt
@@ -475,10 +476,12 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 var chainBytes int64 = 16 << 20
 
 // heavyHistory reports whether the retained versions with overrides hold
-// chainBytes of stored policy or more between them.
+// chainBytes of stored policy or more between them, one of them older than
+// the version in force: the trim keeps that one, so without another it
+// drops nothing a bucket behind would read.
 func (s *Store) heavyHistory(ctx context.Context) (bool, error) {
 	vs, overridden, err := s.history(ctx)
-	if err != nil {
+	if err != nil || !slices.Contains(overridden[:max(len(overridden)-1, 0)], true) {
 		return false, err
 	}
 	var fields []string
