@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -124,12 +125,30 @@ func TestRateLimit(t *testing.T) {
 		limit rate.Limit
 		burst int
 	}{
-		{admitAll, 1 << 40, 1 << 40},
+		{admitAll, 1 << 40, min(1<<40, math.MaxInt)}, // not 0 where int is 32 bits: a burst of 0 admits nothing
 		{mostlyDenied, 1, 1},
 		{allDenied, 1.0 / 60, 1},
 	} {
 		if l, b := rateLimit(c.p); l != c.limit || b != c.burst {
 			t.Errorf("rateLimit(%v) = %v, %d, want %v, %d", c.p.Limit().Rate(), l, b, c.limit, c.burst)
+		}
+	}
+}
+
+// TestGCRALimit: redis_rate gets the policy's capacity as its burst and
+// its rate per second, both as ints, math.MaxInt at most, so that a
+// policy that admits everything does on a 32-bit platform too.
+func TestGCRALimit(t *testing.T) {
+	for _, c := range []struct {
+		p           policy.Policy
+		rate, burst int
+	}{
+		{leasePolicy, 1, min(1<<40, math.MaxInt)},
+		{admitAll, min(1<<40, math.MaxInt), min(1<<40, math.MaxInt)},
+		{mostlyDenied, 1, 1},
+	} {
+		if l := gcraLimit(c.p); l.Rate != c.rate || l.Burst != c.burst || l.Period != time.Second {
+			t.Errorf("gcraLimit(%+v) = %+v, want rate %d, burst %d a second", c.p, l, c.rate, c.burst)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -215,8 +216,13 @@ func withBands(setup func(policy.Policy, int) instance) func(policy.Policy, int)
 // tokens per second (a Refill's Tokens per Per), and the capacity as burst.
 func rateLimit(p policy.Policy) (rate.Limit, int) {
 	r := p.Limit().Rate()
-	return rate.Limit(float64(r.Tokens) / r.Per.Seconds()), int(p.Capacity)
+	return rate.Limit(float64(r.Tokens) / r.Per.Seconds()), asInt(p.Capacity)
 }
+
+// asInt is v as an int, math.MaxInt if it is larger: where int is 32 bits
+// a conversion alone would make admitAll's capacity of 1<<40 a burst of 0,
+// which admits nothing.
+func asInt(v int64) int { return int(min(v, math.MaxInt)) }
 
 // rateMap is how services commonly use x/time/rate: a map of limiters
 // guarded by one mutex.

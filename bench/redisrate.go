@@ -25,9 +25,9 @@ import (
 const rateKeyPrefix = "rate:"
 
 // gcraLimit is p as a redis_rate limit: its capacity as the burst, its
-// rate per second.
+// rate per second, each math.MaxInt at most.
 func gcraLimit(p policy.Policy) redis_rate.Limit {
-	return redis_rate.Limit{Rate: int(p.TokensPerSecond), Burst: int(p.Capacity), Period: time.Second}
+	return redis_rate.Limit{Rate: asInt(p.TokensPerSecond), Burst: asInt(p.Capacity), Period: time.Second}
 }
 
 // rateArgs are the script arguments redis_rate's AllowN sends for a cost.

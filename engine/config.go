@@ -43,8 +43,8 @@ type Config struct {
 	// holds up to 1024 single requests and, apart from them, 1024 batch
 	// parts; a caller that finds it full blocks until there is room, its
 	// context ends or the engine closes. New allocates about 22 KiB per
-	// shard, most of it for the mailbox (1.4 GiB at 65536), and nothing in
-	// proportion to MaxKeys.
+	// shard on 64-bit platforms (1.4 GiB at 65536) and 12 KiB on 32-bit
+	// ones, most of it for the mailbox, and nothing in proportion to MaxKeys.
 	Shards int
 	// Clock is the time source; nil means clock.NewMonotonic().
 	Clock clock.Clock
@@ -90,7 +90,8 @@ type Config struct {
 	EventEvery int
 	// EventBuffer is how many sampled events may wait for Events; 0 means
 	// DefaultEventBuffer. At most 1<<24. With Events set, New allocates the
-	// buffer whole: 112 bytes an event on 64-bit platforms, 1.75 GiB at 1<<24.
+	// buffer whole: 112 bytes an event on 64-bit platforms (1.75 GiB at
+	// 1<<24) and 84 on 32-bit ones.
 	EventBuffer int
 }
 
