@@ -15,25 +15,27 @@ import (
 // Decision, with the meaning of engine.Engine.Wait: it decides with Allow
 // (from a lease, with Config.Leases), waits until a denial's RetryAfter has
 // passed since it asked, and decides again, so others may take the tokens
-// meanwhile. The decision's own reading (Redis's TIME, or Config.Clock
-// read as the call goes out) is no earlier than the ask, so Wait may ask
-// again a little early, at the cost of a round trip, but never late. A
-// degraded denial (Redis unreachable, fail closed) is waited out for
-// Config.FailRetryAfter from its answer. It never waits past ctx's
-// deadline: a wait that would end after it returns at once an error
-// wrapping engine.ErrWouldExceedDeadline; when that wait is the failure
-// rule's, the error wraps ErrUnavailable too, so that a caller can tell an
-// outage from the key's limit. That error spends nothing, but where the
-// failure rule answered a call whose reply was lost: Redis may have decided
-// it and taken its cost, so that a Wait that asks again after such an
-// answer may pay the key twice for one admission (never the reverse). An
-// instant past math.MaxInt64, the clock's last reading, comes after every
-// deadline, and without one Wait waits for ctx or Close. If ctx ends while
-// waiting it returns ctx's error, and engine.ErrClosed if the store
-// closes (also when both have happened by the time it wakes); Allow's
-// errors are returned as they are.
-// It waits on Config.Clock if that is a clock.Alarm or a clock.Sleeper
-// (clock.Manual is both), else on a real timer, and leaves no timer behind.
+// meanwhile. Nor do its waiters queue: n of them on one key make about n
+// decisions of Redis for each token they wait for (1,585 a token at 2,000
+// waiters, measured), so queue callers in front where many wait on one key.
+// The decision's own reading (Redis's TIME, or Config.Clock read as the call
+// goes out) is no earlier than the ask, so Wait may ask again a little
+// early, at the cost of a round trip, but never late. A degraded denial
+// (Redis unreachable, fail closed) is waited out for Config.FailRetryAfter
+// from its answer. It never waits past ctx's deadline: a wait that would end
+// after it returns at once an error wrapping engine.ErrWouldExceedDeadline;
+// when that wait is the failure rule's, the error wraps ErrUnavailable too,
+// so that a caller can tell an outage from the key's limit. That error
+// spends nothing, but where the failure rule answered a call whose reply was
+// lost: Redis may have decided it and taken its cost, so that a Wait that
+// asks again after such an answer may pay the key twice for one admission
+// (never the reverse). An instant past math.MaxInt64, the clock's last
+// reading, comes after every deadline, and without one Wait waits for ctx or
+// Close. If ctx ends while waiting it returns ctx's error, and
+// engine.ErrClosed if the store closes (also when both have happened by the
+// time it wakes); Allow's errors are returned as they are. It waits on
+// Config.Clock if that is a clock.Alarm or a clock.Sleeper (clock.Manual is
+// both), else on a real timer, and leaves no timer behind.
 func (s *Store) Wait(ctx context.Context, key string, cost int64) (engine.Decision, error) {
 	if s.uninitialized() {
 		return s.Allow(ctx, key, cost) // its error
