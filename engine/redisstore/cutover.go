@@ -106,12 +106,6 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 	if expectedVersion != cur.Version || next.Version <= cur.Version {
 		return staleErr(expectedVersion, next.Version, cur.Version)
 	}
-	retained, err := roundGet(ctx, s, func(ctx context.Context) (int64, error) {
-		return one(ctx, s, func(c redis.Cmdable) *redis.IntCmd { return c.LLen(ctx, s.kHistory) }).Result()
-	})
-	if err != nil {
-		return err
-	}
 	lengthens := !safeCutover(cur, next)
 	if lengthens {
 		if err := s.round(ctx, func(ctx context.Context) error { return s.setPending(ctx, token) }); err != nil {
@@ -121,11 +115,9 @@ func (s *Store) ReplacePolicy(ctx context.Context, next policy.Policy, expectedV
 			return err
 		}
 	}
-	trim := retained >= HistoryVersions
-	if !trim {
-		if trim, err = roundGet(ctx, s, s.heavyHistory); err != nil {
-			return err
-		}
+	trim, err := roundGet(ctx, s, s.mustTrim)
+	if err != nil {
+		return err
 	}
 	if trim {
 		if _, err := s.convertPass(ctx, "c", token); err != nil {
@@ -475,23 +467,27 @@ func (s *Store) publish(ctx context.Context, next policy.Policy, expectedVersion
 // with overrides (see ReplacePolicy); a variable for tests.
 var chainBytes int64 = 16 << 20
 
-// heavyHistory reports whether the retained versions with overrides hold
-// chainBytes of stored policy or more between them, one of them older than
-// the version in force: the trim keeps that one, so without another it
-// drops nothing a bucket behind would read.
-func (s *Store) heavyHistory(ctx context.Context) (bool, error) {
+// mustTrim reports whether the cutover must first bring every bucket up to
+// the version in force, so that the history can be trimmed: it holds
+// HistoryVersions versions, or its versions with overrides hold chainBytes
+// of stored policy or more between them, one of them older than the
+// version in force (the trim keeps that one, so without another it drops
+// nothing a bucket behind would read).
+func (s *Store) mustTrim(ctx context.Context) (bool, error) {
 	vs, overridden, err := s.history(ctx)
-	if err != nil || !slices.Contains(overridden[:max(len(overridden)-1, 0)], true) {
+	switch {
+	case err != nil:
 		return false, err
+	case len(vs) >= HistoryVersions:
+		return true, nil
+	case !slices.Contains(overridden[:max(len(overridden)-1, 0)], true):
+		return false, nil
 	}
 	var fields []string
 	for i, v := range vs {
 		if overridden[i] {
 			fields = append(fields, strconv.FormatInt(v, 10))
 		}
-	}
-	if len(fields) == 0 {
-		return false, nil
 	}
 	cmds, err := inPipeline(ctx, s, len(fields), func(pipe redis.Pipeliner, i int) *redis.IntCmd { return pipe.HStrLen(ctx, s.kBlobs, fields[i]) })
 	if err != nil {
