@@ -602,6 +602,6 @@
 // when that deadline ends first, so with its defaults (3 s and 5 s) a
 // sentinel that hangs, as on a host that froze with the primary, keeps
 // every call on the failure rule long after the switch.
-// TestSentinelFailoverCosts measures these (TOKENSHARD_SOAK=1); the README
-// has the figures.
+// TestSentinelFailoverCosts measures these (with TOKENSHARD_SOAK set); the
+// README has the figures.
 package redisstore

@@ -101,7 +101,7 @@ func TestSentinelFailover(t *testing.T) {
 // replica acknowledges each decision (WaitForReplicas).
 func TestSentinelFailoverCosts(t *testing.T) {
 	if os.Getenv("TOKENSHARD_SOAK") == "" {
-		t.Skip("a measurement of about a minute: set TOKENSHARD_SOAK=1 to run it")
+		t.Skip("a measurement of about a minute: set TOKENSHARD_SOAK (a Go duration, as TestSharedLoadCreditBound reads it: 10s) to run it")
 	}
 	run := func(name string, short, waitAll bool, fail func(t *testing.T, rs *redistest.Sentinel) (to string)) {
 		t.Run(name, func(t *testing.T) {
