@@ -191,7 +191,7 @@
 // appendfsync everysec or always; without it, every bucket drained since
 // the last snapshot is full again), and against a failover give the store
 // a client passed to WaitForReplicas, so that no decision counts before a
-// replica holds it. The repository's README has the measured figures and
+// replica holds it (behind Sentinel, every replica: see Failures). The repository's README has the measured figures and
 // the command that measures them. A bucket whose version Redis no longer
 // retains (only if the policy keys alone were lost) restarts empty at the
 // current cutover: a denial too many, never a free burst. The keys under
@@ -580,4 +580,28 @@
 // set up before, provided the master that holds the prefix's global keys
 // answers (a new prefix waits for every master: a lost master's shards
 // could hold a newer version than the store would install).
+//
+// Behind Sentinel (tried with Redis 7.0 and go-redis v9.24), the client
+// closes its connections to the old primary when its sentinel announces
+// the new one: the calls then in flight are answered by the failure rule,
+// and the next ones decide on the new primary. A primary that dies is
+// answered by the failure rule until the sentinels have promoted a replica
+// (its down-after-milliseconds, plus their election), and up to a second
+// more (go-redis's hold-off of dials, above). SENTINEL FAILOVER does not
+// pause the old primary: it goes on deciding until the client hears of the
+// switch, and the replica promoted never receives those decisions, so each
+// key busy then admits its refill over that time again, and a cutover made
+// then may return nil and be undone (the version before it is in force
+// again). WaitForReplicas bounds that only when it waits for every
+// replica: one that acknowledged the old primary's last writes drops them
+// when it follows the new one. Waiting for every replica costs the failure
+// rule until Sentinel has made the old primary a replica, at its next INFO
+// of it (every 10 s). Give redis.FailoverOptions a ReadTimeout and a
+// DialTimeout well under Config.Timeout: for each new connection go-redis
+// asks the sentinel it last used, under the call's deadline, and gives up
+// when that deadline ends first, so with its defaults (3 s and 5 s) a
+// sentinel that hangs, as on a host that froze with the primary, keeps
+// every call on the failure rule long after the switch.
+// TestSentinelFailoverCosts measures these (with TOKENSHARD_SOAK set); the
+// README has the figures.
 package redisstore

@@ -37,7 +37,10 @@ var ErrNotReplicated = errors.New("redisstore: the write was not acknowledged by
 // is yours to check (OnError reports each ErrNotReplicated). It does not
 // guard against what WAIT cannot: with more than one replica per master,
 // a failover may promote a replica that was not among those that
-// acknowledged.
+// acknowledged, and behind Sentinel, where SENTINEL FAILOVER lets the old
+// primary decide until the switch, a replica that acknowledged drops what
+// it took then when it follows the new primary: there only replicas equal
+// to every replica bounds the loss (see the package doc's Failures).
 //
 // Call it before the client's first command, on a client that serves the
 // store alone: it adds a go-redis hook to c (a *redis.ClusterClient's to

@@ -113,20 +113,24 @@ type process struct {
 // readyTimeout it is killed. Either way the error ends with the log's tail.
 //
 // extra arguments follow the defaults and override them (redis-server takes
-// the last of a repeated option).
+// the last of a repeated option), but for a configuration file, extra's
+// first element if it is not an option: redis-server takes it only first.
 func startProcess(bin string, port int, dir, logPath string, extra ...string) (*process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{
-		"--port", strconv.Itoa(port),
+	var args []string
+	if len(extra) > 0 && !strings.HasPrefix(extra[0], "--") {
+		args, extra = []string{extra[0]}, extra[1:]
+	}
+	args = append(args, "--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--save", "",
 		"--appendonly", "no",
 		"--daemonize", "no",
-		"--dir", dir,
-	}, extra...)
+		"--dir", dir)
+	args = append(args, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout = logf // an *os.File is handed to the child as is: no copying goroutine
 	cmd.Stderr = logf

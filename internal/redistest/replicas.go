@@ -182,11 +182,16 @@ func (c *ReplicaCluster) Role(addr string) (string, error) {
 	return strings.TrimSpace(role), nil
 }
 
-// run runs redis-cli against the node at addr and returns its output; a
-// reply that is an error, or no connection, is an error.
+// run runs redis-cli against the node at addr (see runCLI).
 func (c *ReplicaCluster) run(addr string, args ...string) (string, error) {
+	return runCLI(c.cli, addr, args...)
+}
+
+// runCLI runs the redis-cli at cli against the server at addr and returns
+// its output; a reply that is an error, or no connection, is an error.
+func runCLI(cli, addr string, args ...string) (string, error) {
 	host, port, _ := net.SplitHostPort(addr)
-	out, err := exec.Command(c.cli, append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
+	out, err := exec.Command(cli, append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
 	s := string(out)
 	if err != nil || strings.HasPrefix(s, "Could not connect") || strings.HasPrefix(s, "ERR") ||
 		strings.HasPrefix(s, "(error)") {

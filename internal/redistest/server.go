@@ -34,6 +34,7 @@ type Server struct {
 
 	mu   sync.Mutex
 	proc *process // nil while killed; guarded by mu
+	hung bool     // stopped by Hang; guarded by mu
 }
 
 // Start starts redis-server on a free 127.0.0.1 port with no persistence and
@@ -84,6 +85,7 @@ func (s *Server) Kill() {
 		s.proc.kill()
 		s.proc = nil
 	}
+	s.hung = false
 }
 
 // Hang stops the server with SIGSTOP: it keeps its connections and its
@@ -100,6 +102,7 @@ func (s *Server) Hang(t testing.TB) {
 	if err := freeze(s.proc.cmd.Process.Pid); err != nil {
 		t.Fatalf("redistest: stopping %s: %v", s.Addr(), err)
 	}
+	s.hung = true
 }
 
 // Resume continues a server Hang stopped; it does nothing to a running one.
@@ -112,6 +115,14 @@ func (s *Server) Resume(t testing.TB) {
 			t.Errorf("redistest: continuing %s: %v", s.Addr(), err)
 		}
 	}
+	s.hung = false
+}
+
+// up reports whether the server runs and is not stopped by Hang.
+func (s *Server) up() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proc != nil && !s.hung
 }
 
 // Restart starts the server again on the same port and waits until it
