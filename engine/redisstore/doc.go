@@ -179,28 +179,28 @@
 // not yet seen the last cutover). A store made by New after the loss and
 // before every running store has called again draws a new key map; each
 // virtual shard holds a copy of the map in force and refuses a call whose
-// keys another map placed, so a running store adopts the new map at its
-// next call, and a key keeps one bucket. (A prefix set up anew with
-// another number of virtual shards, Config.VirtualShards, or another
-// Config.IgnoreKeyTags cannot be adopted: the running store's decisions
-// are then answered by the failure rule, and OnError says why; restart
-// the process with the prefix's settings.) A failover to a replica that
-// missed the last writes (replication is asynchronous) loses their
-// decisions as a restart without persistence does. Where that matters,
-// run Redis with appendonly yes (a kill -9 then loses nothing with
-// appendfsync everysec or always; without it, every bucket drained since
-// the last snapshot is full again), and against a failover give the store
-// a client passed to WaitForReplicas, so that no decision counts before a
-// replica holds it (behind Sentinel, every replica: see Failures). The repository's README has the measured figures and
-// the command that measures them. A bucket whose version Redis no longer
-// retains (only if the policy keys alone were lost) restarts empty at the
-// current cutover: a denial too many, never a free burst. The keys under
-// a prefix are the stores' alone: a value no store wrote at a bucket's key
-// (another program's, or one edited by hand) is outside what this package
-// promises: a call that meets one may be answered by the failure rule,
-// with every request of its script call, until the key is deleted. So is
-// a value of another type at a policy key, which fails the calls that
-// read it with Redis's WRONGTYPE until it is deleted.
+// keys another map placed, so a running store adopts the new map at its next
+// call, and a key keeps one bucket. (A prefix set up anew with another
+// number of virtual shards, Config.VirtualShards, or another
+// Config.IgnoreKeyTags cannot be adopted: the running store's decisions are
+// then answered by the failure rule, and OnError says why; restart the
+// process with the prefix's settings.) A failover to a replica that missed
+// the last writes (replication is asynchronous) loses their decisions as a
+// restart without persistence does. Where that matters, run Redis with
+// appendonly yes (a kill -9 then loses nothing with appendfsync everysec or
+// always; without it, every bucket drained since the last snapshot is full
+// again), and against a failover give the store a client passed to
+// WaitForReplicas, so that no decision counts before a replica holds it
+// (behind Sentinel, every replica: see Failures). The repository's README
+// has the measured figures and the command that measures them. A bucket
+// whose version Redis no longer retains (only if the policy keys alone were
+// lost) restarts empty at the current cutover: a denial too many, never a
+// free burst. The keys under a prefix are the stores' alone: a value no
+// store wrote at a bucket's key (another program's, or one edited by hand)
+// is outside what this package promises: a call that meets one may be
+// answered by the failure rule, with every request of its script call, until
+// the key is deleted. So is a value of another type at a policy key, which
+// fails the calls that read it with Redis's WRONGTYPE until it is deleted.
 //
 // Keys are Prefix + "{" + tag + "}" + name. The prefix's global keys share
 // one tag, "g" and a hash of the prefix: "policy" (the version in force,
