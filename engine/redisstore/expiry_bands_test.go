@@ -33,7 +33,7 @@ func readRaw(t *testing.T, c *redis.Client, key string) rawBucket {
 	var exp *redis.Cmd
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		get = p.Get(ctx, key)
-		exp = p.Do(ctx, "PEXPIRETIME", key)
+		exp = p.Eval(ctx, pexpireTimeSrc, []string{key})
 		return nil
 	})
 	if errors.Is(err, redis.Nil) || errors.Is(get.Err(), redis.Nil) {
