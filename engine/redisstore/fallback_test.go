@@ -2,6 +2,8 @@ package redisstore_test
 
 import (
 	"context"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -93,4 +95,19 @@ func TestFunctionRefusedConcurrentFirstCalls(t *testing.T) {
 	require.Equal(t, engine.Decision{Allowed: true, Remaining: 2, Version: 1, Limit: 3, ResetAfter: time.Second}, d, "the second call")
 	require.Equal(t, engine.Decision{Allowed: true, Remaining: 2, Version: 1, Limit: 3, ResetAfter: time.Second}, <-answer, "the first call")
 	require.Zero(t, st.Stats().Failures)
+}
+
+// TestScriptsNeedOnlyRedis60: the scripts send no command or option that
+// Redis 6.0 lacks, so that the store runs there (its suite passes on
+// 6.0.16): SET's PXAT (6.2) was a syntax error there, which failed every
+// decision that set an expiry.
+func TestScriptsNeedOnlyRedis60(t *testing.T) {
+	for _, f := range []string{"decide.lua", "admin.lua"} {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		src := strings.ToUpper(string(b))
+		for _, w := range []string{"PXAT", "EXAT", "GETEX", "GETDEL", "COPY", "LMOVE", "LMPOP", "EXPIRETIME", "PEXPIRETIME", "SINTERCARD"} {
+			require.NotContains(t, src, "'"+w+"'", "%s sends %s, which Redis 6.0 lacks", f, w)
+		}
+	}
 }
