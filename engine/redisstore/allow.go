@@ -411,7 +411,7 @@ func (s *Store) exec(ctx context.Context, mode, at string, items []item) (delete
 			}
 		}
 		cmds := s.send(ctx, st, km, chunks, mode, at, eval)
-		p := pass{viaFunc: !eval && !s.noFunc.Load()}
+		var p pass
 		for c, cmd := range cmds {
 			if err := s.read(ctx, st, mode, chunks[c], cmd, &p); err != nil {
 				return deleted + p.deleted, err
@@ -447,7 +447,6 @@ type pass struct {
 	lagging []lag   // shards behind the committed version
 	failed  error   // the first chunk Redis failed; the others still count
 	deleted int     // buckets mode "e" deleted
-	viaFunc bool    // the round's calls went by FCALL
 	eval    bool    // FCALL met a Redis out of memory: send EVALSHA from now on
 
 	load    []string // a key of each call that met the script not loaded (see loadDecide)
@@ -464,15 +463,18 @@ func (s *Store) read(ctx context.Context, st *state, mode string, chunk []*item,
 	raw, err := cmd.Slice()
 	home := s.stateShard(chunk[0].shard)
 	if err != nil {
+		// by FCALL: the call's own word, not noFunc, which a concurrent
+		// call's refusal may have set since this one was sent
+		viaFunc := cmd.Args()[0] == "fcall"
 		switch a := classify(err); {
 		case a == actWait && (s.cluster != nil || redis.HasErrorPrefix(err, "TRYAGAIN")):
 			p.tryAgain = true
 		case a == actLoad:
 			p.load = append(p.load, s.shards[home].policy)
-		case a == actNoFunc && p.viaFunc:
+		case a == actNoFunc && viaFunc:
 			s.noFunc.Store(true)
 			p.load = append(p.load, s.shards[home].policy)
-		case a == actOOM && p.viaFunc:
+		case a == actOOM && viaFunc:
 			p.eval = true
 		case a == actOOM && (mode == "a" || mode == modeAll || mode == modeCharge || mode == "r"):
 			for _, it := range chunk {

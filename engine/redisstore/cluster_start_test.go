@@ -88,6 +88,30 @@ func TestClusterStartOneMasterDown(t *testing.T) {
 	require.Positive(t, decided)
 	require.Positive(t, degraded)
 
+	// Redis 8.0 (as from 7.2) lists no slots for a failed master in CLUSTER SHARDS
+	// (redis/redis#13414), which go-redis reads for its slot map: a command
+	// on those slots goes to a live master and comes back MOVED to the dead
+	// one. A slot map without them, given here, is that on Redis 7.0 too.
+	liveOnly := func(ctx context.Context) ([]redis.ClusterSlot, error) {
+		rc := redis.NewClient(&redis.Options{Addr: live})
+		defer rc.Close()
+		all, err := rc.ClusterSlots(ctx).Result()
+		return slices.DeleteFunc(all, func(s redis.ClusterSlot) bool { return s.Nodes[0].Addr == deadAddr }), err
+	}
+	cc8 := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: liveOnly, ContextTimeoutEnabled: true, DialerRetries: 1})
+	t.Cleanup(func() { _ = cc8.Close() })
+	s8, err := redisstore.New(ctx, redisstore.Config{Client: cc8, Prefix: p, Policy: pol, Timeout: 5 * time.Second})
+	require.NoError(t, err, "a store started with a master away, its slots in no node's CLUSTER SHARDS")
+	t.Cleanup(func() { _ = s8.Close() })
+	for i := range 60 {
+		if key := fmt.Sprint("k", i); owner(redisstore.BucketKey(p, key)) != deadAddr {
+			d, err := s8.Allow(ctx, key, 1)
+			require.NoError(t, err)
+			require.True(t, d.Allowed && !d.Degraded, "key %s on a live master: %+v", key, d)
+			break
+		}
+	}
+
 	c.Node(dead).Restart(t)
 	c.Wait(t)
 	for i := range 60 {

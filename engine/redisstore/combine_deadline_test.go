@@ -25,6 +25,7 @@ func TestCombinedCallOutlivesAnEarlierDeadline(t *testing.T) {
 	t.Parallel() // waits on deadlines and outages; on a server of its own
 	srv := startPrivate(t)
 	c := client(t, srv.Addr())
+	needPauseWrite(t, c)
 	s := newStore(t, redisstore.Config{Client: c, Policy: policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1},
 		Timeout: 10 * time.Second}, clock.NewManual(0))
 	release := make(chan struct{})

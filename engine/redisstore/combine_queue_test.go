@@ -62,6 +62,12 @@ func combinedGiveUp(t *testing.T, giveUpAt string) (d1, d2 engine.Decision, st r
 		Timeout: 5 * time.Second,
 		OnError: func(error) { errs.Add(1) },
 	}, clock.NewManual(0))
+	// Where the server has no FUNCTION (Redis 6), a store's first decide
+	// call is refused as FCALL and sent again by EVALSHA: s pays that here,
+	// on another key, and the Stats returned leave this Peek out.
+	_, err = s.Peek(context.Background(), "warm")
+	require.NoError(t, err)
+	warm := s.Stats()
 	release := make(chan struct{})
 	w2ctx := newGiveUpCtx(4 * time.Second)
 	w2done := make(chan struct{})
@@ -121,7 +127,9 @@ func combinedGiveUp(t *testing.T, giveUpAt string) (d1, d2 engine.Decision, st r
 	redisstore.SetCombineHook(s, nil)
 	p, err := s.Peek(ctx, "k")
 	require.NoError(t, err)
-	return d1, d2, s.Stats(), capacity - p.Remaining, errs.Load()
+	st = s.Stats()
+	st.Peeks, st.Retries = st.Peeks-warm.Peeks, st.Retries-warm.Retries
+	return d1, d2, st, capacity - p.Remaining, errs.Load()
 }
 
 // TestCombinedGiveUpBeforeSend: a caller whose deadline passes after its

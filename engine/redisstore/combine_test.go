@@ -212,6 +212,7 @@ func TestCombinedAllowsKeepTheirDeadlines(t *testing.T) {
 func pausedStore(t *testing.T, timeout time.Duration) (s *redisstore.Store, unpause func()) {
 	srv := startPrivate(t)
 	c := client(t, srv.Addr())
+	needPauseWrite(t, c)
 	s = realStores(t, srv.Addr(), 1, redisstore.Config{
 		Policy:  policy.Policy{Version: 1, Capacity: 100, TokensPerSecond: 1},
 		Timeout: timeout,

@@ -156,7 +156,9 @@ func TestScriptReloaded(t *testing.T) {
 	_, err := s.Allow(ctx, "k", 1)
 	require.NoError(t, err)
 	require.NoError(t, c.ScriptFlush(ctx).Err())
-	require.NoError(t, c.FunctionFlush(ctx).Err())
+	if err := c.FunctionFlush(ctx).Err(); !redis.HasErrorPrefix(err, "unknown command") { // Redis 6 has no FUNCTION
+		require.NoError(t, err)
+	}
 	d, err := s.Allow(ctx, "k", 1)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), d.Remaining)
@@ -197,8 +199,10 @@ func TestOutOfMemoryIsKeyCapacity(t *testing.T) {
 	require.Zero(t, s.Stats().Failures)
 	require.False(t, errors.Is(err, redisstore.ErrUnavailable))
 	// Redis refuses FCALL out of memory before it runs: the call is sent
-	// again as EVALSHA, and Stats.Retries says so.
-	require.Greater(t, s.Stats().Retries, retries, "the FCALL refused for memory, sent again")
+	// again as EVALSHA, and Stats.Retries says so (where there is FCALL).
+	if noFuncRetries(t, c) == 0 {
+		require.Greater(t, s.Stats().Retries, retries, "the FCALL refused for memory, sent again")
+	}
 }
 
 // TestNewCanceled: New with a canceled context returns its error and no

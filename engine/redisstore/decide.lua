@@ -445,7 +445,8 @@ local function put(key, val, ttf, lastMs, x, T, F, ls, lns, tg)
     if d < 4294967296 then at = lastMs + d else d = 0 end -- due in more than 49 days: not recorded
   end
   val = val or pack('<BdddIIc0', 2, T, F, ls, lns, d, tg)
-  if at then rcall('SET', key, val, 'PXAT', format('%d', at)) else rcall('SET', key, val) end
+  rcall('SET', key, val)
+  if at then rcall('PEXPIREAT', key, format('%d', at)) end -- not SET's PXAT: Redis 6.0 lacks it
 end
 
 -- readBucket reads a written bucket for the general path: its bands (limbs)

@@ -26,7 +26,7 @@
 // A Lua script refills, decides and writes atomically. It is loaded as a
 // Redis FUNCTION library (named after the script's hash, so stores of
 // different versions on one server each call their own) and called with
-// FCALL; where FUNCTION is missing (Redis 6.2) or refused, the store sends
+// FCALL; where FUNCTION is missing (Redis 6) or refused, the store sends
 // it with EVALSHA instead, as it does for one call that Redis refuses for
 // lack of memory before it runs (a FUNCTION that may write is refused
 // whole; a script only at its first write, so a call whose requests are
@@ -287,7 +287,11 @@
 // cluster client that sends reads to replicas (ReadOnly, RouteByLatency,
 // RouteRandomly) is refused: the store reads its policy and its cutover
 // lock on the masters, and such a client reads the command table to route
-// any command.
+// any command. On Redis 8.0 (and 7.2, as reported: redis/redis#13414) a
+// call on a master that is down is answered by the failure rule only at
+// its deadline: CLUSTER SHARDS, from which go-redis maps the slots, lists
+// none for a failed master, so go-redis sends the call to a live one,
+// whose MOVED points back to it. Valkey 8.1 lists them.
 //
 // A script call is never sent twice, on a cluster too: go-redis follows
 // MOVED and ASK (the script did not run) for these commands as for any,
@@ -571,7 +575,11 @@
 // and reads the prefix's key map, virtual shards and policy; from then on
 // it decides as if New had reached Redis (see New).
 //
-// The store needs Redis 6.2 or later (tested with 7.0): one server, a
+// The store needs Redis 6.0 or later, or Valkey (its tests pass on Redis
+// 6.0.16, by EVALSHA, but for the few that need CLIENT PAUSE WRITE, from
+// 6.2, or scripts held to min-replicas-to-write, from 7.0, which skip; on
+// 7.0.15 and 8.0.2; and on Valkey 8.1.1; each on one server and on a
+// cluster): one server, a
 // primary behind Sentinel through redis.NewFailoverClient, or a Redis
 // Cluster (see Redis Cluster above). On a cluster, a master that is down
 // answers its shards' calls by the failure rule, until it is back or its

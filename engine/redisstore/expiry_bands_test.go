@@ -33,7 +33,7 @@ func readRaw(t *testing.T, c *redis.Client, key string) rawBucket {
 	var exp *redis.Cmd
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		get = p.Get(ctx, key)
-		exp = p.Do(ctx, "PEXPIRETIME", key)
+		exp = p.Eval(ctx, pexpireTimeSrc, []string{key})
 		return nil
 	})
 	if errors.Is(err, redis.Nil) || errors.Is(get.Err(), redis.Nil) {
@@ -42,6 +42,9 @@ func readRaw(t *testing.T, c *redis.Client, key string) rawBucket {
 	require.NoError(t, err, key)
 	ms, err := exp.Int64()
 	require.NoError(t, err, key)
+	if ms == -2 { // expired after the GET (see pexpireTimeSrc)
+		return rawBucket{gone: true}
+	}
 	_, recorded := redisstore.CompactExpiry(get.Val())
 	return rawBucket{raw: redisstore.DecimalBucket(get.Val()), expireAtMs: ms, recorded: recorded}
 }

@@ -41,7 +41,7 @@ func readBucket(t *testing.T, c *redis.Client, key string) bucketState {
 	var exp *redis.Cmd
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		get = p.Get(ctx, key)
-		exp = p.Do(ctx, "PEXPIRETIME", key)
+		exp = p.Eval(ctx, pexpireTimeSrc, []string{key})
 		return nil
 	})
 	var b bucketState
@@ -58,6 +58,9 @@ func readBucket(t *testing.T, c *redis.Client, key string) bucketState {
 	b.units, _ = new(big.Int).SetString(units, 10)
 	b.expireAtMs, err = exp.Int64()
 	require.NoError(t, err, key)
+	if b.expireAtMs == -2 { // expired after the GET (see pexpireTimeSrc)
+		return bucketState{gone: true}
+	}
 	deficit := new(big.Int).Sub(new(big.Int).Mul(big.NewInt(b.capacity), big.NewInt(policy.UnitsPerToken)), b.units)
 	r := big.NewInt(b.rate)
 	ttf := new(big.Int).Div(new(big.Int).Add(deficit, new(big.Int).Sub(r, big.NewInt(1))), r)
@@ -65,11 +68,23 @@ func readBucket(t *testing.T, c *redis.Client, key string) bucketState {
 	return b
 }
 
+// pexpireTimeSrc is PEXPIRETIME (Redis 7.0), or where the server has none
+// (Redis 6) PTTL plus TIME: at most a millisecond late, if one passes
+// between the two. Either is -2 for a key gone, which a key a transaction's
+// GET read may be by the next command on Redis 6, where each runs at its
+// own time (from 7.0, at the transaction's).
+const pexpireTimeSrc = `local r = redis.pcall('PEXPIRETIME', KEYS[1])
+if type(r) == 'number' then return r end
+r = redis.call('PTTL', KEYS[1])
+if r < 0 then return r end
+local t = redis.call('TIME')
+return t[1] * 1000 + math.floor(t[2] / 1000) + r`
+
 // pexpireTime is PEXPIRETIME as Redis answers it, in ms (go-redis's
 // Duration overflows past the year 2262).
 func pexpireTime(t *testing.T, c *redis.Client, key string) int64 {
 	t.Helper()
-	ms, err := c.Do(context.Background(), "PEXPIRETIME", key).Int64()
+	ms, err := c.Eval(context.Background(), pexpireTimeSrc, []string{key}).Int64()
 	require.NoError(t, err, key)
 	return ms
 }

@@ -138,8 +138,8 @@ func classify(err error) action {
 		return actLoad
 	case replyIs(err, "unknown command", "NOPERM"):
 		return actNoFunc
-	case replyIs(err, "OOM"):
-		return actOOM
+	case replyIs(err, "OOM") || replyIs(err, "Error running script") && strings.Contains(err.Error(), ": -OOM "):
+		return actOOM // the second, a write refused in a script, as Redis 6 words it
 	}
 	return actFail
 }

@@ -220,6 +220,9 @@ func TestClassify(t *testing.T) {
 		{replyErr("ERR unknown command 'FCALL', with args beginning with: "), actNoFunc},
 		{replyErr("NOPERM this user has no permissions to run the 'fcall' command"), actNoFunc},
 		{replyErr("OOM command not allowed when used memory > 'maxmemory'."), actOOM},
+		{replyErr("ERR unknown command `fcall`, with args beginning with: `tokenshard_decide_f5ab5d113420e045`, `4`, "), actNoFunc}, // Redis 6.0
+		{replyErr("ERR Error running script (call to f_f5ab5d113420e045a2ee82a82347cdd242ee27f0): @user_script:448: @user_script: 448: -OOM command not allowed when used memory > 'maxmemory'."), actOOM}, // Redis 6.0's, raised at a script's first write
+		{replyErr("ERR Error running script (call to f_f5ab5d113420e045a2ee82a82347cdd242ee27f0): @user_script:12: user_script:12: Script attempted to access nonexistent global variable 'x'"), actFail},
 		{replyErr("BUSY Redis is busy running a script."), actFail},
 		{replyErr("LOADING Redis is loading the dataset in memory"), actFail},
 		{replyErr("READONLY You can't write against a read only replica."), actFail},

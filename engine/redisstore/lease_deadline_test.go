@@ -25,6 +25,7 @@ func TestLeaseCallEndsByItsDeadline(t *testing.T) {
 	t.Parallel() // waits on deadlines and outages; on a server of its own
 	addr := redistest.Start(t).Addr()
 	admin := client(t, addr)
+	needPauseWrite(t, admin)
 	ctx := context.Background()
 	// A timeout long enough that half of it is slack for a loaded machine,
 	// and still below the two timeouts a call without the shared deadline

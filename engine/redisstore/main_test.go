@@ -77,6 +77,28 @@ func pauseWrites(t testing.TB, c *redis.Client) (unpause func(), err error) {
 	return func() { require.NoError(t, c.Do(context.Background(), "CLIENT", "UNPAUSE").Err()) }, err
 }
 
+// noFuncRetries is the retries a store's first decide call adds where the
+// server has no FUNCTION (Redis 6): sent by FCALL, refused, and sent again
+// by EVALSHA. It is 0 where the server has FUNCTION.
+func noFuncRetries(t testing.TB, c redis.UniversalClient) uint64 {
+	t.Helper()
+	err := c.Do(context.Background(), "FUNCTION", "LIST", "LIBRARYNAME", "none").Err()
+	if redis.HasErrorPrefix(err, "unknown command") {
+		return 1
+	}
+	require.NoError(t, err)
+	return 0
+}
+
+// needPauseWrite skips t where the server has no CLIENT UNPAUSE, nor PAUSE
+// WRITE (both Redis 6.2), which pauseWrites sends: Redis 6.0.
+func needPauseWrite(t testing.TB, c *redis.Client) {
+	t.Helper()
+	if err := c.Do(context.Background(), "CLIENT", "UNPAUSE").Err(); redis.HasErrorPrefix(err, "Unknown subcommand") {
+		t.Skipf("the server cannot pause writes alone: %v", err)
+	}
+}
+
 // anyClient is client, or for an addr of several addresses joined by commas
 // (clusterAddr) a *redis.ClusterClient, so that a test written against one
 // server runs on a cluster unchanged.

@@ -597,11 +597,14 @@ func (s *Store) connect(ctx context.Context) (err error) {
 		return err
 	}
 	if err := s.ensureShards(ctx, s.allShards()); err != nil {
-		if s.cluster == nil || !unreachable(err) {
+		if s.cluster == nil || !unreachable(err) && !replyIs(err, "MOVED", "ASK") {
 			return err
 		}
 		// A master away (the prefix's global keys, read above, are on
-		// another): its shards are set up by the first call that meets one
+		// another; or a MOVED go-redis gave up following: Redis 8.0, as
+		// from 7.2, lists no slots for a failed master in CLUSTER SHARDS,
+		// redis/redis#13414, so go-redis's slot map places them nowhere):
+		// its shards are set up by the first call that meets one
 		// with no version or key map once it is back (status "nopolicy",
 		// see mend), as after a master lost its data, and the other
 		// masters' keys are decided meanwhile, as by a store that was
