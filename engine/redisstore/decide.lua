@@ -112,15 +112,16 @@
 local KEY = { policy = 1, history = 2, pending = 3, buckets = 4 }
 local ARG = { mode = 1, version = 2, now = 3, expiry = 4, per = 5, seed = 6, shapes = 7 }
 
--- The library functions of every request's path, as upvalues: in a
--- FUNCTION library a global is looked up through the library's own
--- environment, about twice as slow. A library's load cannot read them, so
--- its first call sets them (bind).
-local floor, mmax, rcall, byte, find, format, pack, unpackS, tonum, sub, match
+-- The library functions of every request's path, and the server's
+-- REDIS_VERSION_NUM (nil before 7.0), as upvalues: in a FUNCTION library a
+-- global is looked up through the library's own environment, about twice
+-- as slow. A library's load cannot read them, so its first call sets them
+-- (bind).
+local floor, mmax, rcall, byte, find, format, pack, unpackS, tonum, sub, match, v7
 
 local function bind()
   floor, mmax, rcall, byte, find, format = math.floor, math.max, redis.call, string.byte, string.find, string.format
-  pack, unpackS, tonum, sub, match = struct.pack, struct.unpack, tonumber, string.sub, string.match
+  pack, unpackS, tonum, sub, match, v7 = struct.pack, struct.unpack, tonumber, string.sub, string.match, redis.REDIS_VERSION_NUM
 end
 
 -- Limbs: base B, least significant first.
@@ -424,17 +425,15 @@ end
 -- rewriting every bucket in mode "c", which always sets its own).
 local function put(key, val, ttf, lastMs, x, T, F, ls, lns, tg)
   if expiry and pending == nil then pending = rcall('TYPE', K[KEY.pending]).ok == 'hash' end
-  local at, ms -- the expiry the time-to-full needs, and the time-to-full, in ms
-  if expiry and not pending then
-    ms = ttf / 1e6
-    if ms <= 1e15 then -- over 30,000 years: never expires
-      -- ms's relative error is far below 1e-12; +1 and +2 cover the ms
-      -- rounding of the instant and of the expiry. The time-to-full counts
-      -- from the last update, which a pass judging at an earlier instant, a
-      -- cutover replayed past it or a server clock that stepped back leaves
-      -- after nowMs.
-      at = mmax(nowMs, lastMs) + (ttf == 0 and 1 or floor(ms * (1 + 1e-12)) + 2)
-    end
+  -- the expiry the time-to-full needs, and the time-to-full, in ms
+  local at, ms = nil, expiry and not pending and ttf / 1e6
+  if ms and ms <= 1e15 then -- over 30,000 years: never expires
+    -- ms's relative error is far below 1e-12; +1 and +2 cover the ms
+    -- rounding of the instant and of the expiry. The time-to-full counts
+    -- from the last update, which a pass judging at an earlier instant, a
+    -- cutover replayed past it or a server clock that stepped back leaves
+    -- after nowMs.
+    at = mmax(nowMs, lastMs) + (ttf == 0 and 1 or floor(ms * (1 + 1e-12)) + 2)
   end
   local d = 0 -- a compact bucket's recorded expiry, in ms after lastMs
   if at and not val then
@@ -445,8 +444,10 @@ local function put(key, val, ttf, lastMs, x, T, F, ls, lns, tg)
     if d < 4294967296 then at = lastMs + d else d = 0 end -- due in more than 49 days: not recorded
   end
   val = val or pack('<BdddIIc0', 2, T, F, ls, lns, d, tg)
-  rcall('SET', key, val)
-  if at then rcall('PEXPIREAT', key, format('%d', at)) end -- not SET's PXAT: Redis 6.0 lacks it
+  -- SET's PXAT is Redis 6.2's: before 7.0 (no REDIS_VERSION_NUM), a
+  -- PEXPIREAT after, which costs a written bucket about twice the time
+  if at and v7 then rcall('SET', key, val, 'PXAT', format('%d', at)) else rcall('SET', key, val) end
+  if at and not v7 then rcall('PEXPIREAT', key, format('%d', at)) end
 end
 
 -- readBucket reads a written bucket for the general path: its bands (limbs)
