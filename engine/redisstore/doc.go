@@ -579,15 +579,16 @@
 // 6.0.16, by EVALSHA, but for the few that need CLIENT PAUSE WRITE, from
 // 6.2, or scripts held to min-replicas-to-write, from 7.0, which skip; on
 // 7.0.15 and 8.0.2; and on Valkey 8.1.1; each on one server and on a
-// cluster): one server, a
-// primary behind Sentinel through redis.NewFailoverClient, or a Redis
-// Cluster (see Redis Cluster above). On a cluster, a master that is down
-// answers its shards' calls by the failure rule, until it is back or its
-// replica has taken its place, and the other masters' shards decide as
-// before; so does a store started while the master is down, on a prefix
-// set up before, provided the master that holds the prefix's global keys
-// answers (a new prefix waits for every master: a lost master's shards
-// could hold a newer version than the store would install).
+// cluster; before 7.0, a bucket written with an expiry costs Redis a second
+// command, PEXPIREAT, in the script): one server, a primary behind Sentinel
+// through redis.NewFailoverClient, or a Redis Cluster (see Redis Cluster
+// above). On a cluster, a master that is down answers its shards' calls by
+// the failure rule, until it is back or its replica has taken its place, and
+// the other masters' shards decide as before; so does a store started while
+// the master is down, on a prefix set up before, provided the master that
+// holds the prefix's global keys answers (a new prefix waits for every
+// master: a lost master's shards could hold a newer version than the store
+// would install).
 //
 // Behind Sentinel (tried with Redis 7.0 and go-redis v9.24), the client
 // closes its connections to the old primary when its sentinel announces
