@@ -63,7 +63,8 @@ func TestClusterTwoStoresOneQuota(t *testing.T) { twoStoresOneQuota(t, clusterAd
 // holds a key's slot.
 func slotOwners(t *testing.T, c *redis.ClusterClient) func(key string) string {
 	t.Helper()
-	ss, err := c.ClusterSlots(context.Background()).Result() // not SHARDS, which Redis 6 lacks
+	//lint:ignore SA1019 not CLUSTER SHARDS, which Redis 6 lacks
+	ss, err := c.ClusterSlots(context.Background()).Result()
 	require.NoError(t, err)
 	return func(key string) string {
 		slot := int(c.ClusterKeySlot(context.Background(), key).Val())
@@ -557,6 +558,7 @@ func TestClusterMasterKilled(t *testing.T) {
 func TestClusterLostReplyNotResent(t *testing.T) {
 	addrs := redistest.ClusterAddrs(t)
 	ctx := context.Background()
+	//lint:ignore SA1019 not CLUSTER SHARDS, which Redis 6 lacks
 	ranges, err := clusterClient(t, addrs).ClusterSlots(ctx).Result()
 	require.NoError(t, err)
 	var slots []redis.ClusterSlot
