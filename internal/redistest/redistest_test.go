@@ -406,3 +406,34 @@ func TestFormClusterRetries(t *testing.T) {
 		t.Errorf("never formed: err %v, %d forms, %d undos; want %q, %d, %d", err, forms, undos, want, createTries, createTries)
 	}
 }
+
+// TestRunCLIErrorReplies: an error reply is an error whatever its code
+// (redis-cli prints it bare and exits 0 out of a terminal), and a reply
+// that is not one is not.
+func TestRunCLIErrorReplies(t *testing.T) {
+	cli, err := findCLI()
+	if err != nil {
+		skipOrFail(t, err.Error())
+	}
+	s := Start(t)
+	for _, bad := range [][]string{
+		{"nosuchcommand"},                  // ERR
+		{"lpush", "redistest:string", "x"}, // WRONGTYPE, after the SET below
+		{"sentinel", "failover", "nosuch"}, // ERR or unknown command: not a sentinel
+	} {
+		if bad[0] == "lpush" {
+			_, err := runCLI(cli, s.Addr(), "set", "redistest:string", "v")
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if out, err := runCLI(cli, s.Addr(), bad...); err == nil {
+			t.Errorf("%v: %q is not an error", bad, out)
+		}
+	}
+	for _, good := range [][]string{{"ping"}, {"info", "server"}, {"role"}, {"get", "redistest:string"}} {
+		if out, err := runCLI(cli, s.Addr(), good...); err != nil {
+			t.Errorf("%v: %v (%q)", good, err, out)
+		}
+	}
+}

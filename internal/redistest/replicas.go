@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -189,16 +190,22 @@ func (c *ReplicaCluster) run(addr string, args ...string) (string, error) {
 
 // runCLI runs the redis-cli at cli against the server at addr and returns
 // its output; a reply that is an error, or no connection, is an error.
+// Out of a terminal redis-cli prints an error reply as its code and
+// message ("ERR ...", "NOGOODSLAVE ...", "LOADING ..."), and exits 0.
 func runCLI(cli, addr string, args ...string) (string, error) {
 	host, port, _ := net.SplitHostPort(addr)
 	out, err := exec.Command(cli, append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
 	s := string(out)
-	if err != nil || strings.HasPrefix(s, "Could not connect") || strings.HasPrefix(s, "ERR") ||
+	if err != nil || strings.HasPrefix(s, "Could not connect") || errorReply.MatchString(s) ||
 		strings.HasPrefix(s, "(error)") {
 		return s, fmt.Errorf("redistest: redis-cli -p %s %s: %v: %s", port, strings.Join(args, " "), err, strings.TrimSpace(s))
 	}
 	return s, nil
 }
+
+// errorReply matches redis-cli's output of an error reply: one line, a code
+// in capitals, a space.
+var errorReply = regexp.MustCompile(`^[A-Z][A-Z_]+ [^\n]*\s*$`)
 
 // info returns the fields of INFO section at addr.
 func (c *ReplicaCluster) info(addr, section string) (map[string]string, error) {
