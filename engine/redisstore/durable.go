@@ -46,7 +46,9 @@ var ErrNotReplicated = errors.New("redisstore: the write was not acknowledged by
 // store alone: it adds a go-redis hook to c (a *redis.ClusterClient's to
 // every node client it makes from then on), which any other user of c
 // would go through too. timeout must be under Config.Timeout, else a call
-// ends by its deadline before WAIT answers.
+// ends by its deadline before WAIT answers, and under the client's
+// ReadTimeout, else its read times out first (WaitForReplicas refuses
+// that one).
 func WaitForReplicas(c redis.UniversalClient, replicas int, timeout time.Duration) error {
 	if replicas < 1 || timeout < time.Millisecond {
 		return fmt.Errorf("%w: WaitForReplicas needs replicas >= 1 and a timeout of at least 1ms, not %d and %v",
@@ -55,14 +57,21 @@ func WaitForReplicas(c redis.UniversalClient, replicas int, timeout time.Duratio
 	add := func(n *redis.Client) {
 		n.AddHook(&waitHook{c: n, replicas: int64(replicas), timeout: timeout})
 	}
+	var read time.Duration // as the client made it: go-redis's default for 0, 0 for none
+	var hook func()
 	switch c := c.(type) {
 	case *redis.Client:
-		add(c)
+		read, hook = c.Options().ReadTimeout, func() { add(c) }
 	case *redis.ClusterClient:
-		c.OnNewNode(add)
+		read, hook = c.Options().ReadTimeout, func() { c.OnNewNode(add) }
 	default:
 		return fmt.Errorf("%w: WaitForReplicas takes a *redis.Client or a *redis.ClusterClient, not %T", engine.ErrInvalidConfig, c)
 	}
+	if read > 0 && read <= timeout {
+		return fmt.Errorf("%w: WaitForReplicas's timeout (%v) must be under the client's ReadTimeout (%v), else each call's read times out before WAIT answers",
+			engine.ErrInvalidConfig, timeout, read)
+	}
+	hook()
 	return nil
 }
 

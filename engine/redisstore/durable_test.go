@@ -21,7 +21,8 @@ import (
 )
 
 // TestWaitForReplicasConfig: a count under one, a timeout under a
-// millisecond (WAIT's unit; 0 would wait for ever) and a Ring are refused.
+// millisecond (WAIT's unit; 0 would wait for ever), a Ring, and a client
+// whose ReadTimeout is not over the timeout are refused.
 func TestWaitForReplicasConfig(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	t.Cleanup(func() { _ = c.Close() })
@@ -30,6 +31,21 @@ func TestWaitForReplicasConfig(t *testing.T) {
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
 	t.Cleanup(func() { _ = ring.Close() })
 	assert.ErrorIs(t, redisstore.WaitForReplicas(ring, 1, time.Second), engine.ErrInvalidConfig)
+	// A read that times out before WAIT answers would fail every call
+	// (as a lost connection, not ErrNotReplicated).
+	for _, read := range []time.Duration{50 * time.Millisecond, 300 * time.Millisecond} {
+		short := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: read, ContextTimeoutEnabled: true})
+		assert.ErrorIs(t, redisstore.WaitForReplicas(short, 1, 300*time.Millisecond), engine.ErrInvalidConfig, "%v", read)
+		assert.NoError(t, short.Close())
+	}
+	sc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ReadTimeout: 50 * time.Millisecond, ContextTimeoutEnabled: true})
+	assert.ErrorIs(t, redisstore.WaitForReplicas(sc, 1, 300*time.Millisecond), engine.ErrInvalidConfig, "cluster")
+	assert.NoError(t, sc.Close())
+	for _, read := range []time.Duration{0, -1, time.Second} { // the default (5 s), none, over
+		ok := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: read, ContextTimeoutEnabled: true})
+		assert.NoError(t, redisstore.WaitForReplicas(ok, 1, 300*time.Millisecond), "%v", read)
+		assert.NoError(t, ok.Close())
+	}
 	assert.NoError(t, redisstore.WaitForReplicas(c, 1, time.Second))
 }
 

@@ -63,11 +63,12 @@ type Config struct {
 	// Client is the connection to Redis: a *redis.Client (one server, or a
 	// primary behind Sentinel from redis.NewFailoverClient) or a
 	// *redis.ClusterClient (Redis Cluster, or redis.NewFailoverClusterClient).
-	// It must be created with ContextTimeoutEnabled, so that every call ends
-	// by its deadline; behind Sentinel, with a ReadTimeout and a DialTimeout
-	// well under Timeout, so that a sentinel that hangs costs a call, not
-	// every call (see Failures). A *redis.Ring is refused: it shards keys by
-	// itself. The store does not close it.
+	// It must be created with ContextTimeoutEnabled, so that every call ends by
+	// its deadline; behind Sentinel, with a ReadTimeout and a DialTimeout well
+	// under Timeout, so that a sentinel that hangs costs a call, not every call
+	// (see Failures), the ReadTimeout over WaitForReplicas's timeout if it waits
+	// for replicas. A *redis.Ring is refused: it shards keys by itself. The
+	// store does not close it.
 	Client redis.UniversalClient
 	// Prefix starts every key the store writes; "" means DefaultPrefix.
 	// It may hold any bytes: it need not be UTF-8, and a NUL or a glob
