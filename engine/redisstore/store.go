@@ -556,6 +556,9 @@ func (s *Store) connect(ctx context.Context) (err error) {
 		if s.cluster == nil && replyIs(err, "MOVED", "ASK", "CROSSSLOT") {
 			err = fmt.Errorf("%w: the server is a node of a Redis Cluster, which the store reaches only through a *redis.ClusterClient", err)
 		}
+		if s.cluster != nil && replyIs(err, "This instance has cluster support disabled") {
+			err = fmt.Errorf("%w: the server is not a node of a Redis Cluster; reach it through a *redis.Client", err)
+		}
 	}()
 	s.shards, s.shardByTag, s.queues = nil, nil, nil
 	s.kmap.Store(nil)
