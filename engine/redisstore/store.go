@@ -421,6 +421,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if ctx == nil {
 		return nil, engine.ErrNilContext
 	}
+	if cfg.Policy == (policy.Policy{}) { // Validate's "version 0" would mislead
+		return nil, fmt.Errorf("%w: Config.Policy is not set, and it is required", engine.ErrInvalidPolicy)
+	}
 	if err := cfg.Policy.Validate(); err != nil {
 		return nil, err
 	}
