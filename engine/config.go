@@ -114,8 +114,15 @@ const (
 	maxEventBuffer = 1 << 24
 )
 
+// errNoPolicy is New's error for a Config without a Policy: Validate's
+// "version 0" would send the reader looking for a version they never set.
+var errNoPolicy = fmt.Errorf("%w: Config.Policy is not set, and it is required", ErrInvalidPolicy)
+
 // withDefaults validates c and fills its defaults.
 func (c Config) withDefaults() (Config, error) {
+	if c.Policy == (policy.Policy{}) {
+		return c, errNoPolicy
+	}
 	if err := c.Policy.Validate(); err != nil {
 		return c, err
 	}

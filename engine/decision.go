@@ -47,7 +47,9 @@ type Decision struct {
 	// balance's, and a denial is the server's fault, not the caller's
 	// limit: answer it as unavailability (HTTP 503, gRPC Unavailable), not
 	// as a rate limit. It is false for every decision a bucket made, and
-	// the Engine never sets it.
+	// the Engine never sets it. Only the answer is the failure rule's: a
+	// request whose reply the store lost (Redis hung past the deadline) may
+	// still have been decided by Redis, its cost taken.
 	Degraded bool
 }
 

@@ -357,6 +357,14 @@ func TestErrorsCostFollowsPolicy(t *testing.T) {
 	})
 }
 
+// TestNewWithoutPolicySaysSo: a Config with no Policy at all is told so,
+// not that its policy's version 0 is too low.
+func TestNewWithoutPolicySaysSo(t *testing.T) {
+	_, err := engine.New(engine.Config{MaxKeys: 10})
+	require.ErrorIs(t, err, engine.ErrInvalidPolicy)
+	require.EqualError(t, err, "policy: invalid: Config.Policy is not set, and it is required")
+}
+
 func TestErrorsNew(t *testing.T) {
 	valid := pol(1, 10, 2)
 	for _, tc := range []struct {

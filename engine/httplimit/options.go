@@ -101,6 +101,11 @@ func WithKey(f KeyFunc) Option {
 //
 // r.Pattern is empty when the middleware wraps the whole mux; there,
 // `_, pattern := mux.Handler(r)` finds the pattern the mux would route to.
+// On a Redis store (engine/redisstore) a pattern's wildcard, "{id}", is a
+// hash tag: the key's first "{...}" places it, so every client's key of
+// that route goes to one virtual shard (on Redis Cluster, one master).
+// Start the key with a tag of the client's, "{" + client + "}" + r.Pattern,
+// or set redisstore.Config.IgnoreKeyTags.
 // Unlike the default key, which answers 500 when the request has no client
 // address (ErrNoClientIP: RemoteAddr holds none, as over a Unix socket), f
 // is then called with client "", as grpclimit's WithKey is for a peer
@@ -151,7 +156,18 @@ func WithClientKey(f ClientKeyFunc) Option {
 // 500), give a request's keys one hash tag, as in "{" + client + "}:login"
 // and "{" + client + "}", so that they always do; a store set to ignore
 // tags (redisstore.Config.IgnoreKeyTags) places each key whole, so there
-// such keys share a shard only by chance.
+// such keys share a shard only by chance. Only a key's first "{...}" is its
+// tag, and a ServeMux pattern's wildcard is one: "route:" + r.Pattern + " {"
+// + client + "}" is tagged "id" for "GET /users/{id}", so put the client's
+// tag before the pattern.
+//
+// Every request is one AllowAll, a single key too. A Redis store with
+// leases (redisstore.Config.Leases) sends every AllowAll to Redis, so no
+// request of this middleware is decided by a lease: a key whose traffic
+// should be leased needs a middleware of its own (the default key, or
+// WithClientKey), whose Allow a lease covers, at the price that
+// engine.Engine.AllowAll states: under saturation, its Allows starve an
+// AllowAll on the same key.
 func WithKeys(f KeysFunc) Option {
 	return func(c *config) error {
 		if f == nil {

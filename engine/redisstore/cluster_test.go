@@ -616,6 +616,18 @@ func TestPlainClientOnClusterNodeFails(t *testing.T) {
 	t.Log(err)
 }
 
+// TestClusterClientOnPlainServerFails: the mirror of
+// TestPlainClientOnClusterNodeFails. A *redis.ClusterClient pointed at a
+// server that is not in a cluster gets go-redis's "cluster support disabled"
+// from every command: New says what to give it instead.
+func TestClusterClientOnPlainServerFails(t *testing.T) {
+	_, err := redisstore.New(context.Background(), redisstore.Config{Client: clusterClient(t, []string{redisAddr(t)}), Prefix: prefix(t),
+		Policy: policy.Policy{Version: 1, Capacity: 10, TokensPerSecond: 1}, Timeout: 2 * time.Second})
+	require.ErrorIs(t, err, redisstore.ErrUnavailable)
+	require.ErrorContains(t, err, "the server is not a node of a Redis Cluster; reach it through a *redis.Client")
+	t.Log(err)
+}
+
 // TestClusterMasterLosesData: a master restarts empty (no persistence),
 // losing its shards' policy state, their buckets and perhaps the global
 // keys. The store reinstalls what is missing at the policy it knows and

@@ -17,6 +17,16 @@ import (
 	"github.com/tokenshard/tokenshard/policy"
 )
 
+// TestNewWithoutPolicySaysSo: a Config with no Policy at all is told so,
+// not that its policy's version 0 is too low.
+func TestNewWithoutPolicySaysSo(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	_, err := redisstore.New(context.Background(), redisstore.Config{Client: c})
+	require.ErrorIs(t, err, engine.ErrInvalidPolicy)
+	require.EqualError(t, err, "policy: invalid: Config.Policy is not set, and it is required")
+}
+
 func TestNewRejectsBadConfig(t *testing.T) {
 	good := policy.Policy{Version: 1, Capacity: 1, TokensPerSecond: 1}
 	noTimeout := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})

@@ -422,6 +422,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if ctx == nil {
 		return nil, engine.ErrNilContext
 	}
+	if cfg.Policy == (policy.Policy{}) { // Validate's "version 0" would mislead
+		return nil, fmt.Errorf("%w: Config.Policy is not set, and it is required", engine.ErrInvalidPolicy)
+	}
 	if err := cfg.Policy.Validate(); err != nil {
 		return nil, err
 	}
@@ -556,6 +559,9 @@ func (s *Store) connect(ctx context.Context) (err error) {
 		err = startErr(err)
 		if s.cluster == nil && replyIs(err, "MOVED", "ASK", "CROSSSLOT") {
 			err = fmt.Errorf("%w: the server is a node of a Redis Cluster, which the store reaches only through a *redis.ClusterClient", err)
+		}
+		if s.cluster != nil && replyIs(err, "This instance has cluster support disabled") {
+			err = fmt.Errorf("%w: the server is not a node of a Redis Cluster; reach it through a *redis.Client", err)
 		}
 	}()
 	s.shards, s.shardByTag, s.queues = nil, nil, nil
