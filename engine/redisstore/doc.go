@@ -297,10 +297,11 @@
 // redirects, about 100 ms, as on 7.0 or Valkey, whose slot map marks the
 // master failed, but the dial of the dead node, which go-redis makes for
 // it, costs as for any node that refuses connections (DialerRetries, see
-// below) until the node's dialer has failed PoolSize times in a row. A
-// master that hangs rather than dies, once marked failed, holds each call
-// on its slots to its deadline on Redis 8.0 (go-redis follows the MOVED to
-// it), where on 7.0 or Valkey go-redis refuses the call at once.
+// below) until the node's pool has failed PoolSize dials (go-redis then
+// fails them at once, and probes the node every second). A master that
+// hangs rather than dies, once marked failed, holds each call on its slots
+// to its deadline on Redis 8.0 (go-redis follows the MOVED to it), where
+// on 7.0 or Valkey go-redis refuses the call at once.
 //
 // A script call is never sent twice, on a cluster too: go-redis follows
 // MOVED and ASK (the script did not run) for these commands as for any,
