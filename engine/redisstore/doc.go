@@ -301,7 +301,7 @@
 // fails them at once, and probes the node every second). A master that
 // hangs rather than dies, once marked failed, holds each call on its slots
 // to its deadline on Redis 8.0 (go-redis follows the MOVED to it), where
-// on 7.0 or Valkey go-redis refuses the call at once.
+// on 7.0 or Valkey go-redis refuses it after its redirects, as a dead one's.
 //
 // A script call is never sent twice, on a cluster too: go-redis follows
 // MOVED and ASK (the script did not run) for these commands as for any,
