@@ -467,7 +467,7 @@ func (s *Store) read(ctx context.Context, st *state, mode string, chunk []*item,
 		// call's refusal may have set since this one was sent
 		viaFunc := cmd.Args()[0] == "fcall"
 		switch a := classify(err); {
-		case a == actWait && (s.cluster != nil || redis.HasErrorPrefix(err, "TRYAGAIN")):
+		case a == actWait && (s.cluster != nil || redis.HasErrorPrefix(err, "TRYAGAIN")) && !s.movedToFailed(ctx, err):
 			p.tryAgain = true
 		case a == actLoad:
 			p.load = append(p.load, s.shards[home].policy)

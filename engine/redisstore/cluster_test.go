@@ -451,6 +451,57 @@ func TestClusterSlotMigration(t *testing.T) {
 	t.Logf("%d calls over %v; slot %d moved from %s to %s", answered.Load(), elapsed, slot, from, to)
 }
 
+// TestClusterMovedToLiveMasterRetried: a MOVED that go-redis did not follow
+// (here MaxRedirects -1, and a slot map that sends every slot to the wrong
+// master), which points at a master that answers, as during a migration,
+// is sent again once go-redis has reloaded its slot map, and decided by
+// Redis: only a MOVED to a node the cluster marks failed is answered by
+// the failure rule (TestClusterStartOneMasterDown).
+func TestClusterMovedToLiveMasterRetried(t *testing.T) {
+	addrs := redistest.ClusterAddrs(t)
+	ctx := context.Background()
+	real := clusterClient(t, addrs)
+	var wrong atomic.Bool // the next slot map read sends each slot to the next master
+	cc := redis.NewClusterClient(&redis.ClusterOptions{
+		ContextTimeoutEnabled: true,
+		MaxRedirects:          -1, // none followed
+		ClusterSlots: func(ctx context.Context) ([]redis.ClusterSlot, error) {
+			//lint:ignore SA1019 ClusterOptions.ClusterSlots takes CLUSTER SLOTS' form, whichever command Redis prefers
+			ss, err := real.ClusterSlots(ctx).Result()
+			if err != nil || !wrong.CompareAndSwap(true, false) {
+				return ss, err
+			}
+			moved := make([]redis.ClusterSlot, len(ss))
+			for i := range ss {
+				moved[i] = redis.ClusterSlot{Start: ss[i].Start, End: ss[i].End, Nodes: ss[(i+1)%len(ss)].Nodes}
+			}
+			return moved, nil
+		},
+	})
+	t.Cleanup(func() { _ = cc.Close() })
+	p := prefix(t)
+	t.Cleanup(func() { cleanPrefix(real, p) })
+	pol := policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}
+	s, err := redisstore.New(ctx, redisstore.Config{Client: cc, Prefix: p, Policy: pol, Timeout: slowMachine})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	require.NoError(t, redisstore.Up(s))
+	master := func() string {
+		m, err := cc.MasterForKey(ctx, redisstore.BucketKey(p, "k"))
+		require.NoError(t, err)
+		return m.Options().Addr
+	}
+	owner := master()
+	wrong.Store(true)
+	cc.ReloadState(ctx)
+	require.Eventually(t, func() bool { return master() != owner }, 5*time.Second, 5*time.Millisecond) // go-redis reloads on a goroutine of its own
+
+	d, err := s.Allow(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, engine.Decision{Allowed: true, Remaining: 2, Version: 1, Limit: 3, ResetAfter: time.Second}, d)
+	require.Zero(t, s.Stats().Failures)
+}
+
 // TestClusterMasterKilled kills the master that holds a key's shard: calls
 // on that key are answered by the failure rule (closed, then open), keys
 // of shards on the other masters are decided as before, and once the

@@ -287,11 +287,21 @@
 // cluster client that sends reads to replicas (ReadOnly, RouteByLatency,
 // RouteRandomly) is refused: the store reads its policy and its cutover
 // lock on the masters, and such a client reads the command table to route
-// any command. On Redis 8.0 (and 7.2, as reported: redis/redis#13414) a
-// call on a master that is down is answered by the failure rule only at
-// its deadline: CLUSTER SHARDS, from which go-redis maps the slots, lists
-// none for a failed master, so go-redis sends the call to a live one,
-// whose MOVED points back to it. Valkey 8.1 lists them.
+// any command. On Redis 8.0 (and 7.2, as reported: redis/redis#13414)
+// CLUSTER SHARDS, from which go-redis maps the slots, lists none for a
+// master the cluster marks failed (Valkey 8.1 lists them), so go-redis
+// sends a call on them to a live master and follows its MOVED to the dead
+// one. A MOVED that go-redis could not follow is answered by the failure
+// rule at once when a live node's CLUSTER SHARDS marks its target failed,
+// and sent again otherwise (a migration's): such a call takes go-redis's
+// redirects, about 100 ms, as on 7.0 or Valkey, whose slot map marks the
+// master failed, but the dial of the dead node, which go-redis makes for
+// it, costs as for any node that refuses connections (DialerRetries, see
+// below) until the node's pool has failed PoolSize dials (go-redis then
+// fails them at once, and probes the node every second). A master that
+// hangs rather than dies, once marked failed, holds each call on its slots
+// to its deadline on Redis 8.0 (go-redis follows the MOVED to it), where
+// on 7.0 or Valkey go-redis refuses it after its redirects, as a dead one's.
 //
 // A script call is never sent twice, on a cluster too: go-redis follows
 // MOVED and ASK (the script did not run) for these commands as for any,

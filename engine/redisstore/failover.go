@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -112,8 +113,9 @@ const (
 	// reloaded, see nodeFailed): never sent again; the failure rule answers.
 	actFail action = iota
 	// actWait: the script did not run, a slot being migrated (TRYAGAIN, or
-	// a MOVED or ASK that go-redis, which follows them, could not settle):
-	// sent again after a pause, within the call's deadline.
+	// a MOVED or ASK that go-redis, which follows them, could not settle,
+	// but to a node the cluster marks failed: see movedToFailed): sent
+	// again after a pause, within the call's deadline.
 	actWait
 	// actLoad: the script or the FUNCTION is not loaded (NOSCRIPT, Function
 	// not found): loaded, and sent again.
@@ -142,6 +144,34 @@ func classify(err error) action {
 		return actOOM // the second, a write refused in a script, as Redis 6 words it
 	}
 	return actFail
+}
+
+// movedToFailed reports whether err, a MOVED or ASK that go-redis gave up
+// following, points at a node that a live node's CLUSTER SHARDS marks
+// failed: a master down, not a slot migrating, whose calls would meet the
+// same until their deadline. Redis 8.0 (as from 7.2, redis/redis#13414)
+// lists no slots for a failed master in CLUSTER SHARDS, from which go-redis
+// maps them, so it sends their calls to a live master, and follows its
+// MOVED to the dead one, which it cannot reach. A MOVED during a migration
+// points at a node that answers. A server without CLUSTER SHARDS (Redis 6,
+// which maps a failed master's slots to it) or a node it does not list
+// counts as a migration.
+func (s *Store) movedToFailed(ctx context.Context, err error) bool {
+	f := strings.Fields(err.Error())
+	if len(f) != 3 || f[0] != "MOVED" && f[0] != "ASK" {
+		return false
+	}
+	host, port, _ := net.SplitHostPort(f[2])
+	shards, _ := one(ctx, s, func(c redis.Cmdable) *redis.ClusterShardsCmd { return c.ClusterShards(ctx) }).Result()
+	for _, sh := range shards {
+		for _, n := range sh.Nodes {
+			if host != "" && slices.Contains([]string{n.Endpoint, n.IP, n.Hostname}, host) &&
+				(strconv.FormatInt(n.Port, 10) == port || strconv.FormatInt(n.TLSPort, 10) == port) {
+				return strings.HasPrefix(n.Health, "fail")
+			}
+		}
+	}
+	return false
 }
 
 // replyIs reports whether err is a Redis reply that starts with one of
