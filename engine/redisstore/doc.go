@@ -578,7 +578,10 @@
 // by default, before it is answered. With DialerRetries: 1 it is answered
 // as soon as the dial is refused, in well under a millisecond on loopback;
 // a server that does not answer at all (a host gone, a network cut) still
-// costs the deadline, or the client's DialTimeout if shorter.
+// costs the deadline, or the client's DialTimeout if shorter. go-redis
+// also logs each failed dial, to standard error unless redis.SetLogger
+// sends its log elsewhere; the store reports the failures themselves to
+// Config.OnError and Stats.
 //
 // A store may start while Redis is unreachable: New returns it, and it
 // answers every decision by the failure rule until a call reaches Redis
