@@ -663,22 +663,32 @@ func TestRetriedConnectKeepsNewerVersion(t *testing.T) {
 }
 
 // TestOnErrorSaysWhereAtStart: New's attempt to read the prefix's state
-// that runs out of the store's Timeout after Redis has answered its first
+// that runs out of its deadline after Redis has answered its first
 // commands (here the pipelined scripts that set up the virtual shards
 // never come back) is told to OnError as an error that wraps
 // ErrUnavailable and the deadline, and says what the attempt was, not a
 // bare "context deadline exceeded" that names nothing: on one server,
 // where the attempt fails, and on a cluster, where the store starts with
 // the shards it could not set up left to the calls that meet them.
+//
+// The deadline passes when the scripts are held, not at a time: it is
+// New's context's (see heldDeadline), under which the attempt runs (its
+// Timeout is slowMachine's). A 200 ms Timeout had to cover the commands
+// before the scripts, which a loaded machine stretched past it: the
+// deadline then met the reading of the shards' versions, which says so
+// ("reading virtual shard 5's version"), and the test failed 1 run in 20
+// on one CPU shared with 17 busy loops.
 func TestOnErrorSaysWhereAtStart(t *testing.T) {
 	t.Parallel() // waits on a deadline; on a fresh prefix of the shared server and cluster
 	onBoth(t, func(t *testing.T, addr string) {
 		c, p := anyClient(t, addr), prefix(t)
 		t.Cleanup(func() { cleanPrefix(c, p) })
+		newCtx := newHeldDeadline()
 		c.AddHook(hook{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
 			if len(cmds) == 1 || cmds[0].Name() != "eval" {
 				return next(ctx, cmds)
 			}
+			newCtx.pass()
 			<-ctx.Done() // the shards' set-up scripts, one per shard: never answered
 			for _, c := range cmds {
 				c.SetErr(ctx.Err())
@@ -686,8 +696,8 @@ func TestOnErrorSaysWhereAtStart(t *testing.T) {
 			return ctx.Err()
 		}})
 		var log errorLog
-		s, err := redisstore.New(context.Background(), redisstore.Config{Client: c, Prefix: p,
-			Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: 200 * time.Millisecond, OnError: log.add})
+		s, err := redisstore.New(newCtx, redisstore.Config{Client: c, Prefix: p,
+			Policy: policy.Policy{Version: 1, Capacity: 3, TokensPerSecond: 1}, Timeout: slowMachine, OnError: log.add})
 		require.NoError(t, err, "a server too slow to answer is one New starts without")
 		t.Cleanup(func() { _ = s.Close() })
 		errs := log.all()
@@ -696,4 +706,29 @@ func TestOnErrorSaysWhereAtStart(t *testing.T) {
 		require.ErrorIs(t, errs[0], context.DeadlineExceeded)
 		require.ErrorContains(t, errs[0], "reading the prefix's state")
 	})
+}
+
+// heldDeadline is a context whose deadline passes when pass is called,
+// not at a time: a test's hook calls it at the step it holds, so that the
+// steps before it finish however slowly the machine runs them.
+type heldDeadline struct {
+	context.Context // Background: no values, no deadline of its own
+	done            chan struct{}
+	once            sync.Once
+}
+
+func newHeldDeadline() *heldDeadline {
+	return &heldDeadline{Context: context.Background(), done: make(chan struct{})}
+}
+
+func (h *heldDeadline) pass()                 { h.once.Do(func() { close(h.done) }) }
+func (h *heldDeadline) Done() <-chan struct{} { return h.done }
+
+func (h *heldDeadline) Err() error {
+	select {
+	case <-h.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
 }
