@@ -672,7 +672,7 @@ func TestRetriedConnectKeepsNewerVersion(t *testing.T) {
 // the shards it could not set up left to the calls that meet them.
 //
 // The deadline passes when the scripts are held, not at a time: it is
-// New's context's (see heldDeadline), under which the attempt runs (its
+// New's context's (a giveUpCtx), under which the attempt runs (its
 // Timeout is slowMachine's). A 200 ms Timeout had to cover the commands
 // before the scripts, which a loaded machine stretched past it: the
 // deadline then met the reading of the shards' versions, which says so
@@ -683,12 +683,13 @@ func TestOnErrorSaysWhereAtStart(t *testing.T) {
 	onBoth(t, func(t *testing.T, addr string) {
 		c, p := anyClient(t, addr), prefix(t)
 		t.Cleanup(func() { cleanPrefix(c, p) })
-		newCtx := newHeldDeadline()
+		newCtx := newGiveUpCtx(slowMachine)
+		held := sync.OnceFunc(func() { close(newCtx.done) }) // one pipeline per master on a cluster
 		c.AddHook(hook{pipeline: func(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
 			if len(cmds) == 1 || cmds[0].Name() != "eval" {
 				return next(ctx, cmds)
 			}
-			newCtx.pass()
+			held()
 			<-ctx.Done() // the shards' set-up scripts, one per shard: never answered
 			for _, c := range cmds {
 				c.SetErr(ctx.Err())
@@ -706,29 +707,4 @@ func TestOnErrorSaysWhereAtStart(t *testing.T) {
 		require.ErrorIs(t, errs[0], context.DeadlineExceeded)
 		require.ErrorContains(t, errs[0], "reading the prefix's state")
 	})
-}
-
-// heldDeadline is a context whose deadline passes when pass is called,
-// not at a time: a test's hook calls it at the step it holds, so that the
-// steps before it finish however slowly the machine runs them.
-type heldDeadline struct {
-	context.Context // Background: no values, no deadline of its own
-	done            chan struct{}
-	once            sync.Once
-}
-
-func newHeldDeadline() *heldDeadline {
-	return &heldDeadline{Context: context.Background(), done: make(chan struct{})}
-}
-
-func (h *heldDeadline) pass()                 { h.once.Do(func() { close(h.done) }) }
-func (h *heldDeadline) Done() <-chan struct{} { return h.done }
-
-func (h *heldDeadline) Err() error {
-	select {
-	case <-h.done:
-		return context.DeadlineExceeded
-	default:
-		return nil
-	}
 }
